@@ -1,0 +1,9 @@
+package liveness_test
+
+import (
+	"testing"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }

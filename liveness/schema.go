@@ -1,0 +1,40 @@
+package liveness
+
+import (
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultSchema is where the migrations put the liveness objects unless configured.
+const DefaultSchema = "liveness"
+
+// Mode selects the liveness signals an instance relies on.
+type Mode string
+
+const (
+	// ModeAdvisoryLockWhenAvailable uses the alive lock when it is held and verified,
+	// with the heartbeat table as fallback; the heartbeat slows down while the lock holds.
+	ModeAdvisoryLockWhenAvailable Mode = "advisory-lock-when-available"
+	// ModeHeartbeatTableOnly ignores the lock and always beats at the fast interval.
+	ModeHeartbeatTableOnly Mode = "heartbeat-table-only"
+)
+
+// ParseMode accepts the two mode names.
+func ParseMode(s string) (Mode, bool) {
+	switch m := Mode(s); m {
+	case ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly:
+		return m, true
+	}
+	return "", false
+}
+
+// sqlFor renders a statement template whose objects are written as {schema}.name. The
+// schema only ever enters SQL as a quoted identifier. Statements are rendered once, when
+// a component is built.
+func sqlFor(schema, tmpl string) string {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	return strings.ReplaceAll(tmpl, "{schema}", pgx.Identifier{schema}.Sanitize())
+}

@@ -1,0 +1,50 @@
+package liveness
+
+import (
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// AliveLockStats is a point-in-time view of an AliveLock, for exporters.
+type AliveLockStats struct {
+	Held       bool   // claimed and verified on this connection's own backend
+	Claims     uint64 // successful claims
+	Losses     uint64 // times a held lock was lost (connection dropped, backend gone)
+	Reconnects uint64 // direct connections opened after the first
+}
+
+// HeartbeatStats is a point-in-time view of a HeartbeatWorker.
+type HeartbeatStats struct {
+	Interval time.Duration // the cadence chosen on the last tick
+	Beats    uint64        // successful heartbeat writes
+	Failures uint64        // failed heartbeat writes
+	LastBeat time.Time     // database time of the last successful write; zero before it
+}
+
+// LostReason says why a lease was lost.
+type LostReason string
+
+const (
+	LostExpired LostReason = "expired" // the local trust window ran out without a renewal
+	LostTaken   LostReason = "taken"   // a renewal found another holder or epoch, or no row
+	LostError   LostReason = "error"   // a renewal failed and the lease could not be confirmed
+)
+
+// LeaseStats is a point-in-time view of one lease name as used by this process.
+type LeaseStats struct {
+	Name string
+	Held bool                  // this process holds it now
+	Lost map[LostReason]uint64 // leases lost, by reason
+}
+
+// AgentSnapshot is everything an exporter reports about the local agent.
+type AgentSnapshot struct {
+	InstanceID  uuid.UUID
+	ServiceName string
+	Mode        Mode
+	AliveLock   AliveLockStats
+	Heartbeat   HeartbeatStats
+	Leases      []LeaseStats // sorted by Name
+	Reaped      uint64       // instances removed by this agent's reaper
+}

@@ -1,0 +1,136 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestApplyTwiceIsNoOp(t *testing.T) {
+	ctx := ctxT(t)
+	db := pgtest.NewDB(t)
+	pool := db.Pool(t, 2)
+
+	applied, err := migrations.Apply(ctx, pool, migrations.DefaultSchema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) != migrations.Latest() {
+		t.Fatalf("first Apply applied %v, want all %d", applied, migrations.Latest())
+	}
+	applied, err = migrations.Apply(ctx, pool, migrations.DefaultSchema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) != 0 {
+		t.Fatalf("second Apply applied %v, want none", applied)
+	}
+	v, err := migrations.Version(ctx, pool, migrations.DefaultSchema)
+	if err != nil || v != migrations.Latest() {
+		t.Fatalf("Version = %d, %v; want %d", v, err, migrations.Latest())
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM liveness.schema_migrations`).Scan(&n); err != nil || n != migrations.Latest() {
+		t.Fatalf("schema_migrations has %d rows (%v), want %d", n, err, migrations.Latest())
+	}
+}
+
+func TestConcurrentApplyAppliesOnce(t *testing.T) {
+	ctx := ctxT(t)
+	db := pgtest.NewDB(t)
+	const runners = 5
+	var wg sync.WaitGroup
+	results := make([][]int, runners)
+	errs := make([]error, runners)
+	for i := range runners {
+		// One connection each: separate sessions, as separate processes would have.
+		conn := db.Conn(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = migrations.Apply(ctx, conn, "concurrent")
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for i := range runners {
+		if errs[i] != nil {
+			t.Fatalf("runner %d: %v", i, errs[i])
+		}
+		total += len(results[i])
+	}
+	if total != migrations.Latest() {
+		t.Fatalf("runners applied %d migrations in all (%v), want %d", total, results, migrations.Latest())
+	}
+}
+
+func TestNewerDatabaseIsRefused(t *testing.T) {
+	ctx := ctxT(t)
+	db := pgtest.NewDB(t)
+	pool := db.Pool(t, 2)
+	if _, err := migrations.Apply(ctx, pool, "liveness"); err != nil {
+		t.Fatal(err)
+	}
+	future := migrations.Latest() + 1
+	db.Exec(t, `INSERT INTO liveness.schema_migrations (version, name) VALUES ($1, 'from_the_future')`, future)
+	_, err := migrations.Apply(ctx, pool, "liveness")
+	if !errors.Is(err, migrations.ErrDatabaseNewer) {
+		t.Fatalf("Apply on a newer database: %v, want ErrDatabaseNewer", err)
+	}
+	for _, want := range []string{`"liveness"`, "upgrade", "--db.schema"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %s", err, want)
+		}
+	}
+}
+
+func TestSchemaNameIsAnIdentifierNotSQL(t *testing.T) {
+	ctx := ctxT(t)
+	db := pgtest.NewDB(t)
+	pool := db.Pool(t, 2)
+	db.Exec(t, `CREATE TABLE public.victim (x int)`)
+	schema := `We"ird; DROP TABLE public.victim; --`
+	if _, err := migrations.Apply(ctx, pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	var victim, instances bool
+	err := pool.QueryRow(ctx, `SELECT to_regclass('public.victim') IS NOT NULL, to_regclass($1) IS NOT NULL`,
+		pgx.Identifier{schema, "instances"}.Sanitize()).Scan(&victim, &instances)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !victim {
+		t.Fatal("the schema name was executed as SQL: public.victim is gone")
+	}
+	if !instances {
+		t.Fatal("instances was not created in the oddly named schema")
+	}
+	// Its functions resolve their own schema whatever the caller's search_path.
+	var alive bool
+	err = pool.QueryRow(ctx, `SELECT `+pgx.Identifier{schema, "is_instance_alive"}.Sanitize()+`(gen_random_uuid(), 30)`).Scan(&alive)
+	if err != nil || alive {
+		t.Fatalf("is_instance_alive in odd schema = %v, %v", alive, err)
+	}
+}
+
+func TestEmptySchemaRefused(t *testing.T) {
+	if _, err := migrations.Apply(context.Background(), nil, ""); err == nil {
+		t.Fatal("Apply accepted an empty schema name")
+	}
+}

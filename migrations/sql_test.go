@@ -1,0 +1,278 @@
+package migrations_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+)
+
+// migrated returns a fresh database with the liveness schema and a pool on it.
+func migrated(t *testing.T) (*pgtest.DB, *pgxpool.Pool) {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	pool := db.Pool(t, 4)
+	if _, err := migrations.Apply(ctxT(t), pool, migrations.DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
+	return db, pool
+}
+
+func lockKey(t *testing.T, q *pgxpool.Pool, id uuid.UUID) int64 {
+	t.Helper()
+	var k int64
+	if err := q.QueryRow(ctxT(t), `SELECT liveness.instance_lock_key($1)`, id).Scan(&k); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func queryBool(t *testing.T, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, sql string, args ...any) bool {
+	t.Helper()
+	var b bool
+	if err := q.QueryRow(ctxT(t), sql, args...).Scan(&b); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return b
+}
+
+func TestInstanceLockKeyIs64Bit(t *testing.T) {
+	_, pool := migrated(t)
+	seen := map[int64]bool{}
+	wide := false
+	for range 200 {
+		id := uuid.New()
+		k := lockKey(t, pool, id)
+		if k != lockKey(t, pool, id) {
+			t.Fatal("instance_lock_key is not deterministic")
+		}
+		if seen[k] {
+			t.Fatalf("key collision among 200 ids: %d", k)
+		}
+		seen[k] = true
+		if k > 1<<31 || k < -(1<<31) {
+			wide = true
+		}
+	}
+	if !wide {
+		t.Fatal("no key among 200 ids is outside the int32 range: the key is not 64-bit")
+	}
+}
+
+func TestClaimAliveLock(t *testing.T) {
+	db, pool := migrated(t)
+	id := uuid.New()
+	a, b := db.Conn(t), db.Conn(t)
+	if !queryBool(t, a, `SELECT liveness.claim_instance_alive_lock($1)`, id) {
+		t.Fatal("first claim returned false")
+	}
+	if queryBool(t, b, `SELECT liveness.claim_instance_alive_lock($1)`, id) {
+		t.Fatal("a second session claimed a held alive lock (duplicate id must get false)")
+	}
+	if !queryBool(t, pool, `SELECT liveness.alive_lock_held($1)`, id) {
+		t.Fatal("alive_lock_held is false while the lock is held")
+	}
+	if err := a.Close(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	// The backend ends shortly after the client's Terminate message.
+	deadline := time.Now().Add(10 * time.Second)
+	for queryBool(t, pool, `SELECT liveness.alive_lock_held($1)`, id) {
+		if time.Now().After(deadline) {
+			t.Fatal("the lock is still held 10s after its session closed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !queryBool(t, b, `SELECT liveness.claim_instance_alive_lock($1)`, id) {
+		t.Fatal("the lock was not claimable after its session ended")
+	}
+}
+
+// The public implementation matched pg_locks without objsubid, so a two-int4 lock on the
+// key's halves counted as alive.
+func TestTwoInt4LockOnKeyHalvesIsNotAlive(t *testing.T) {
+	db, pool := migrated(t)
+	id := uuid.New()
+	k := lockKey(t, pool, id)
+	c := db.Conn(t)
+	if _, err := c.Exec(ctxT(t), `SELECT pg_advisory_lock($1::int4, $2::int4)`, int32(k>>32), int32(k)); err != nil {
+		t.Fatal(err)
+	}
+	// The impostor really has the same classid/objid as the key would.
+	if !queryBool(t, pool, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
+		AND classid = liveness.lock_key_classid($1) AND objid = liveness.lock_key_objid($1))`, k) {
+		t.Fatal("test setup: the two-int4 lock does not share the key's halves")
+	}
+	if queryBool(t, pool, `SELECT liveness.is_instance_alive($1, 30)`, id) {
+		t.Fatal("a two-int4 lock with the key's halves counts as the alive lock")
+	}
+	if queryBool(t, pool, `SELECT EXISTS (SELECT 1 FROM liveness.instance_alive_locks)`) {
+		t.Fatal("instance_alive_locks lists a two-int4 lock")
+	}
+}
+
+func TestLockInAnotherDatabaseDoesNotCount(t *testing.T) {
+	_, pool := migrated(t)
+	other := pgtest.NewDB(t)
+	id := uuid.New()
+	k := lockKey(t, pool, id)
+	c := other.Conn(t)
+	if _, err := c.Exec(ctxT(t), `SELECT pg_advisory_lock($1::bigint)`, k); err != nil {
+		t.Fatal(err)
+	}
+	if queryBool(t, pool, `SELECT liveness.is_instance_alive($1, 30)`, id) {
+		t.Fatal("a lock on the same key in another database counts as alive")
+	}
+}
+
+// Keys with the high bit set and a negative low half broke `::int` casts and
+// `classid + objid` in the public implementation.
+func TestNegativeKeysWork(t *testing.T) {
+	db, pool := migrated(t)
+	var id uuid.UUID
+	found := false
+	for range 1000 {
+		id = uuid.New()
+		k := lockKey(t, pool, id)
+		if k < 0 && int32(k) < 0 && int32(k>>32) < 0 {
+			found = true
+			break
+		}
+	}
+	if !found {
+		t.Fatal("no id with a negative key and negative halves among 1000")
+	}
+	c := db.Conn(t)
+	if !queryBool(t, c, `SELECT liveness.claim_instance_alive_lock($1)`, id) {
+		t.Fatal("claim failed")
+	}
+	if !queryBool(t, pool, `SELECT liveness.is_instance_alive($1, 30)`, id) {
+		t.Fatal("is_instance_alive is false for a held negative key")
+	}
+}
+
+func TestIsInstanceAlive(t *testing.T) {
+	db, pool := migrated(t)
+	lockOnly, hbOnly, both, neither, stale := uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New()
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at) VALUES
+		($1, 'svc', now() - interval '10 minutes'),
+		($2, 'svc', now() - interval '5 seconds'),
+		($3, 'svc', now()),
+		($4, 'svc', now() - interval '31 seconds')`, lockOnly, hbOnly, both, stale)
+	c := db.Conn(t)
+	for _, id := range []uuid.UUID{lockOnly, both} {
+		if !queryBool(t, c, `SELECT liveness.claim_instance_alive_lock($1)`, id) {
+			t.Fatal("claim failed")
+		}
+	}
+	for name, tc := range map[string]struct {
+		id   uuid.UUID
+		want bool
+	}{
+		"lock only":                {lockOnly, true},
+		"heartbeat only":           {hbOnly, true},
+		"both":                     {both, true},
+		"neither (no row)":         {neither, false},
+		"heartbeat older than 30s": {stale, false},
+	} {
+		if got := queryBool(t, pool, `SELECT liveness.is_instance_alive($1, 30)`, tc.id); got != tc.want {
+			t.Errorf("%s: is_instance_alive = %v, want %v", name, got, tc.want)
+		}
+	}
+}
+
+func TestCleanupStaleInstances(t *testing.T) {
+	db, pool := migrated(t)
+	fresh, staleFree, staleLocked, deadLocked, deadFree := uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New()
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at) VALUES
+		($1, 'svc', now()),
+		($2, 'svc', now() - interval '2 minutes'),
+		($3, 'svc', now() - interval '2 minutes'),
+		($4, 'svc', now() - interval '10 minutes'),
+		($5, 'svc', now() - interval '10 minutes')`, fresh, staleFree, staleLocked, deadLocked, deadFree)
+	c := db.Conn(t)
+	for _, id := range []uuid.UUID{staleLocked, deadLocked} {
+		if !queryBool(t, c, `SELECT liveness.claim_instance_alive_lock($1)`, id) {
+			t.Fatal("claim failed")
+		}
+	}
+	reap := func(sql string) []uuid.UUID {
+		rows, err := pool.Query(ctxT(t), sql)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.SortFunc(ids, func(a, b uuid.UUID) int { return slices.Compare(a[:], b[:]) })
+		return ids
+	}
+	sorted := func(ids ...uuid.UUID) []uuid.UUID {
+		slices.SortFunc(ids, func(a, b uuid.UUID) int { return slices.Compare(a[:], b[:]) })
+		return ids
+	}
+
+	// Without a definitive-dead cutoff, held locks protect their rows however old.
+	got := reap(`SELECT * FROM liveness.cleanup_stale_instances(now() - interval '90 seconds')`)
+	if want := sorted(staleFree, deadFree); !slices.Equal(got, want) {
+		t.Fatalf("first cleanup deleted %v, want %v", got, want)
+	}
+	// Past the definitive-dead cutoff the lock no longer protects (a half-open session).
+	got = reap(`SELECT * FROM liveness.cleanup_stale_instances(now() - interval '90 seconds', now() - interval '5 minutes')`)
+	if want := sorted(deadLocked); !slices.Equal(got, want) {
+		t.Fatalf("second cleanup deleted %v, want %v", got, want)
+	}
+	var left []uuid.UUID
+	left = reap(`SELECT instance_id FROM liveness.instances`)
+	if want := sorted(fresh, staleLocked); !slices.Equal(left, want) {
+		t.Fatalf("rows left %v, want %v", left, want)
+	}
+}
+
+func TestLeaseIsHeldRejectsOldEpoch(t *testing.T) {
+	db, pool := migrated(t)
+	var oldEpoch, newEpoch int64
+	if err := pool.QueryRow(ctxT(t), `INSERT INTO liveness.leases (name, holder, expires_at)
+		VALUES ('cleanup', 'a:1:1', now() + interval '1 minute') RETURNING epoch`).Scan(&oldEpoch); err != nil {
+		t.Fatal(err)
+	}
+	if !queryBool(t, pool, `SELECT liveness.lease_is_held('cleanup', $1)`, oldEpoch) {
+		t.Fatal("lease_is_held is false for the current epoch")
+	}
+	// A takeover assigns a new epoch from the sequence.
+	if err := pool.QueryRow(ctxT(t), `UPDATE liveness.leases SET holder = 'b:2:2', epoch = nextval('liveness.lease_epoch_seq')
+		WHERE name = 'cleanup' RETURNING epoch`).Scan(&newEpoch); err != nil {
+		t.Fatal(err)
+	}
+	if newEpoch <= oldEpoch {
+		t.Fatalf("new epoch %d is not above old %d", newEpoch, oldEpoch)
+	}
+	if queryBool(t, pool, `SELECT liveness.lease_is_held('cleanup', $1)`, oldEpoch) {
+		t.Fatal("lease_is_held is true for an old epoch")
+	}
+	// A write fenced with the old epoch touches nothing.
+	db.Exec(t, `CREATE TABLE results (v int)`)
+	db.Exec(t, `INSERT INTO results VALUES (1)`)
+	tag, err := pool.Exec(ctxT(t), `UPDATE results SET v = 2 WHERE liveness.lease_is_held('cleanup', $1)`, oldEpoch)
+	if err != nil || tag.RowsAffected() != 0 {
+		t.Fatalf("fenced write with old epoch: %v rows, %v", tag.RowsAffected(), err)
+	}
+	tag, err = pool.Exec(ctxT(t), `UPDATE results SET v = 3 WHERE liveness.lease_is_held('cleanup', $1)`, newEpoch)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("fenced write with current epoch: %v rows, %v", tag.RowsAffected(), err)
+	}
+	db.Exec(t, `UPDATE liveness.leases SET expires_at = now() - interval '1 second'`)
+	if queryBool(t, pool, `SELECT liveness.lease_is_held('cleanup', $1)`, newEpoch) {
+		t.Fatal("lease_is_held is true for an expired lease")
+	}
+}
