@@ -232,8 +232,7 @@ func TestCleanupStaleInstances(t *testing.T) {
 	if want := sorted(deadLocked); !slices.Equal(got, want) {
 		t.Fatalf("second cleanup deleted %v, want %v", got, want)
 	}
-	var left []uuid.UUID
-	left = reap(`SELECT instance_id FROM liveness.instances`)
+	left := reap(`SELECT instance_id FROM liveness.instances`)
 	if want := sorted(fresh, staleLocked); !slices.Equal(left, want) {
 		t.Fatalf("rows left %v, want %v", left, want)
 	}

@@ -5,6 +5,8 @@ package dsn
 
 import (
 	"errors"
+	"fmt"
+	"os"
 	"regexp"
 	"strings"
 
@@ -53,4 +55,31 @@ func Validate(s string) error {
 		return RedactError(err)
 	}
 	return nil
+}
+
+// Resolve picks the DSN from --db.dsn, --db.dsn-file or the DATA_SOURCE_NAME value, in
+// that order, and validates it. Setting both flags is an error. Errors name the source
+// and never contain the password.
+func Resolve(flagDSN, file, env string) (string, error) {
+	var s, source string
+	switch {
+	case flagDSN != "" && file != "":
+		return "", errors.New("--db.dsn and --db.dsn-file are both set; use one")
+	case flagDSN != "":
+		s, source = flagDSN, "--db.dsn"
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("--db.dsn-file: %w", err)
+		}
+		s, source = strings.TrimSpace(string(b)), "--db.dsn-file "+file
+	case env != "":
+		s, source = env, "DATA_SOURCE_NAME"
+	default:
+		return "", errors.New("no database given: set DATA_SOURCE_NAME, --db.dsn or --db.dsn-file")
+	}
+	if err := Validate(s); err != nil {
+		return "", fmt.Errorf("%s: malformed DSN: %w", source, err)
+	}
+	return s, nil
 }

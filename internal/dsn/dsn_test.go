@@ -2,6 +2,7 @@ package dsn
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 )
@@ -63,5 +64,38 @@ func TestRedactErrorUnwraps(t *testing.T) {
 	}
 	if RedactError(nil) != nil {
 		t.Error("RedactError(nil) is not nil")
+	}
+}
+
+func TestResolve(t *testing.T) {
+	file := t.TempDir() + "/dsn"
+	if err := os.WriteFile(file, []byte("host=fromfile password=filepw\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, flag, file, env, want, errHas string
+	}{
+		{name: "flag wins over env", flag: "host=a", env: "host=b", want: "host=a"},
+		{name: "file, trimmed", file: file, env: "host=b", want: "host=fromfile password=filepw"},
+		{name: "env", env: "host=b", want: "host=b"},
+		{name: "both flags", flag: "host=a", file: file, errHas: "--db.dsn and --db.dsn-file"},
+		{name: "none", errHas: "DATA_SOURCE_NAME"},
+		{name: "missing file", file: file + ".missing", errHas: "--db.dsn-file"},
+		{name: "malformed flag", flag: "host=a password=hunter2 port=x", errHas: "--db.dsn: malformed DSN"},
+		{name: "malformed env", env: "postgres://u:hunter2@h:x/db", errHas: "DATA_SOURCE_NAME: malformed DSN"},
+	} {
+		got, err := Resolve(tc.flag, tc.file, tc.env)
+		if tc.errHas != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.errHas) {
+				t.Errorf("%s: err = %v, want it to mention %q", tc.name, err, tc.errHas)
+			}
+			if err != nil && strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("%s: error leaks the password: %v", tc.name, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%s: Resolve = %q, %v; want %q", tc.name, got, err, tc.want)
+		}
 	}
 }
