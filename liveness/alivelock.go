@@ -1,0 +1,420 @@
+package liveness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+)
+
+// Defaults of AliveLockConfig. With them the server drops a half-open client's session,
+// and so frees its lock, after about 25–30 s instead of Linux's two hours: 10 s idle, then
+// 3 probes 5 s apart, and unacknowledged data gives up after 30 s.
+const (
+	DefaultKeepaliveIdle     = 10 * time.Second
+	DefaultKeepaliveInterval = 5 * time.Second
+	DefaultKeepaliveCount    = 3
+	DefaultUserTimeout       = 30 * time.Second
+	DefaultVerifyInterval    = 10 * time.Second
+)
+
+const (
+	aliveLockStatementTimeout = 5 * time.Second
+	aliveLockConnectTimeout   = 10 * time.Second
+	aliveLockCloseTimeout     = 5 * time.Second
+	reconnectBackoffMin       = 250 * time.Millisecond
+	reconnectBackoffMax       = 10 * time.Second
+)
+
+// AliveLockConfig configures an AliveLock. Zero keepalive and verify settings take the
+// package defaults.
+type AliveLockConfig struct {
+	// DSN of PostgreSQL itself (--db.direct-dsn), not of a transaction-mode pooler.
+	DSN         string
+	Schema      string // where the migrations put the objects; DefaultSchema if empty
+	InstanceID  uuid.UUID
+	ServiceName string // names the connection: application_name is "<ServiceName>:alive-lock"
+
+	// Server-side TCP keepalive and user timeout of the lock's session, passed as startup
+	// parameters. Idle and Interval are whole seconds. The client socket gets the same
+	// keepalive, so that this side notices a dead server too.
+	KeepaliveIdle     time.Duration
+	KeepaliveInterval time.Duration
+	KeepaliveCount    int
+	UserTimeout       time.Duration
+
+	// VerifyInterval is how often the lock is re-verified (or, while not held, re-claimed).
+	// A dropped connection is noticed at once, independently of it.
+	VerifyInterval time.Duration
+
+	Logger *slog.Logger // nil discards
+}
+
+// AliveLock holds the instance's session-level advisory lock on a dedicated connection.
+// PostgreSQL releases the lock when the session ends, which makes it the fast liveness
+// signal: at once on a clean exit or a crash, and after the keepalive settings on a
+// half-open connection.
+type AliveLock struct {
+	connCfg     *pgx.ConnConfig
+	instanceID  string
+	verifyEvery time.Duration
+	claimSQL    string
+	verifySQL   string
+	log         *slog.Logger
+
+	running atomic.Bool
+	held    atomic.Bool
+	changed atomic.Pointer[chan struct{}]
+
+	claims     atomic.Uint64
+	losses     atomic.Uint64
+	reconnects atomic.Uint64
+
+	// Owned by the Run goroutine.
+	connectedOnce bool
+	condition     string
+
+	// afterConnect lets tests inspect the lock's own session; nil otherwise.
+	afterConnect func(ctx context.Context, conn *pgx.Conn)
+}
+
+// Validate checks the configuration without connecting. Errors name the flag at fault and
+// never contain the password.
+func (c AliveLockConfig) Validate() error {
+	_, err := c.connConfig()
+	return err
+}
+
+// connConfig validates c and builds the lock connection's configuration.
+func (c AliveLockConfig) connConfig() (*pgx.ConnConfig, error) {
+	if strings.TrimSpace(c.DSN) == "" {
+		return nil, fmt.Errorf("%s must not be empty", flagName("DSN"))
+	}
+	if c.InstanceID == uuid.Nil {
+		return nil, fmt.Errorf("%s must not be the nil UUID", flagName("InstanceID"))
+	}
+	if strings.TrimSpace(c.ServiceName) == "" {
+		return nil, fmt.Errorf("%s must not be empty", flagName("ServiceName"))
+	}
+	idle, err := wholeSeconds("KeepaliveIdle", c.KeepaliveIdle, DefaultKeepaliveIdle)
+	if err != nil {
+		return nil, err
+	}
+	interval, err := wholeSeconds("KeepaliveInterval", c.KeepaliveInterval, DefaultKeepaliveInterval)
+	if err != nil {
+		return nil, err
+	}
+	count := c.KeepaliveCount
+	switch {
+	case count < 0:
+		return nil, fmt.Errorf("%s (%d) must not be negative", flagName("KeepaliveCount"), count)
+	case count == 0:
+		count = DefaultKeepaliveCount
+	}
+	userTimeout := c.UserTimeout
+	switch {
+	case userTimeout < 0:
+		return nil, fmt.Errorf("%s (%s) must not be negative", flagName("UserTimeout"), userTimeout)
+	case userTimeout == 0:
+		userTimeout = DefaultUserTimeout
+	case userTimeout < time.Millisecond:
+		return nil, fmt.Errorf("%s (%s) must be at least 1ms", flagName("UserTimeout"), userTimeout)
+	}
+	if c.VerifyInterval < 0 {
+		return nil, fmt.Errorf("%s (%s) must not be negative", flagName("VerifyInterval"), c.VerifyInterval)
+	}
+
+	cfg, err := pgx.ParseConfig(c.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flagName("DSN"), dsn.RedactError(err))
+	}
+	rp := cfg.RuntimeParams
+	rp["application_name"] = c.ServiceName + ":alive-lock"
+	rp["tcp_keepalives_idle"] = strconv.Itoa(int(idle / time.Second))
+	rp["tcp_keepalives_interval"] = strconv.Itoa(int(interval / time.Second))
+	rp["tcp_keepalives_count"] = strconv.Itoa(count)
+	rp["tcp_user_timeout"] = strconv.FormatInt(userTimeout.Milliseconds(), 10)
+	rp["idle_session_timeout"] = "0"
+	// No named prepared statements: they would not survive a pooler, and then the
+	// verification could not say what went wrong.
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	// The client side of the socket needs its own keepalive to notice a dead server
+	// between verifications.
+	dialer := &net.Dialer{
+		Timeout: cfg.ConnectTimeout,
+		KeepAliveConfig: net.KeepAliveConfig{
+			Enable: true, Idle: idle, Interval: interval, Count: count,
+		},
+	}
+	cfg.DialFunc = dialer.DialContext
+	return cfg, nil
+}
+
+// wholeSeconds applies the default to zero and refuses what PostgreSQL cannot take.
+func wholeSeconds(field string, d, def time.Duration) (time.Duration, error) {
+	switch {
+	case d == 0:
+		return def, nil
+	case d < 0:
+		return 0, fmt.Errorf("%s (%s) must not be negative", flagName(field), d)
+	case d%time.Second != 0:
+		return 0, fmt.Errorf("%s (%s) must be a whole number of seconds", flagName(field), d)
+	}
+	return d, nil
+}
+
+// NewAliveLock validates cfg and prepares the lock. It does not connect; Run does.
+func NewAliveLock(cfg AliveLockConfig) (*AliveLock, error) {
+	connCfg, err := cfg.connConfig()
+	if err != nil {
+		return nil, fmt.Errorf("alive lock: %w", err)
+	}
+	a := &AliveLock{
+		connCfg:     connCfg,
+		instanceID:  cfg.InstanceID.String(),
+		verifyEvery: cfg.VerifyInterval,
+		claimSQL:    sqlFor(cfg.Schema, claimSQL),
+		verifySQL:   sqlFor(cfg.Schema, verifySQL),
+		log:         cfg.Logger,
+	}
+	if a.verifyEvery == 0 {
+		a.verifyEvery = DefaultVerifyInterval
+	}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	a.log = a.log.With("component", "alive_lock", "instance_id", a.instanceID)
+	ch := make(chan struct{})
+	a.changed.Store(&ch)
+	return a, nil
+}
+
+// Held reports whether the lock is claimed and was verified on this connection's own
+// backend. It never blocks, is safe from any goroutine, and is false on a nil AliveLock.
+func (a *AliveLock) Held() bool { return a != nil && a.held.Load() }
+
+// Changed returns a channel that is closed at the next change of Held. Take the channel
+// before reading Held, then wait on it; call Changed again for the change after that.
+func (a *AliveLock) Changed() <-chan struct{} {
+	if a == nil {
+		return nil
+	}
+	return *a.changed.Load()
+}
+
+// Stats returns counters for exporters. Safe from any goroutine.
+func (a *AliveLock) Stats() AliveLockStats {
+	return AliveLockStats{
+		Held:       a.held.Load(),
+		Claims:     a.claims.Load(),
+		Losses:     a.losses.Load(),
+		Reconnects: a.reconnects.Load(),
+	}
+}
+
+// Run connects, claims, verifies and reconnects (with backoff and jitter) until ctx is
+// done; it then closes its connection, which releases the lock, and returns nil. Failures
+// are logged, never returned: the heartbeat carries liveness while the lock is not held.
+func (a *AliveLock) Run(ctx context.Context) error {
+	if !a.running.CompareAndSwap(false, true) {
+		return errors.New("alive lock: Run is already running")
+	}
+	defer a.running.Store(false)
+	attempt := 0
+	for {
+		began := time.Now()
+		a.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		// A session that lasted resets the backoff; a connection that keeps failing or
+		// dropping at once backs off further.
+		if time.Since(began) > reconnectBackoffMax {
+			attempt = 0
+		}
+		attempt++
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff(attempt)):
+		}
+	}
+}
+
+// backoff doubles from reconnectBackoffMin up to reconnectBackoffMax, with jitter in the
+// upper half so that a fleet does not reconnect in step after a server restart.
+func backoff(attempt int) time.Duration {
+	d := reconnectBackoffMax
+	if attempt < 16 {
+		d = min(reconnectBackoffMin<<(attempt-1), reconnectBackoffMax)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// session runs one connection: claim, then verify or re-claim every verifyEvery, while a
+// read on the idle connection notices at once when the server ends the session.
+func (a *AliveLock) session(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, aliveLockConnectTimeout)
+	conn, err := pgx.ConnectConfig(cctx, a.connCfg)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			a.connectFailed(err)
+		}
+		return
+	}
+	if a.connectedOnce {
+		a.reconnects.Add(1)
+	}
+	a.connectedOnce = true
+	defer func() {
+		if ctx.Err() != nil {
+			a.release() // shutting down: not a loss
+		} else {
+			a.setHeld(false)
+		}
+		closeCtx, cancel := context.WithTimeout(context.Background(), aliveLockCloseTimeout)
+		defer cancel()
+		_ = conn.Close(closeCtx) // ends the session, which releases the lock
+	}()
+	if a.afterConnect != nil {
+		a.afterConnect(ctx, conn)
+	}
+
+	for a.tick(ctx, conn) {
+		wctx, cancel := context.WithTimeout(ctx, a.verifyEvery)
+		err := conn.PgConn().WaitForNotification(wctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil:
+			// A notification, though this session never listens: nothing to do.
+		case pgconn.Timeout(err) && !conn.IsClosed():
+			// Time for the next verification.
+		default:
+			a.report("lost", slog.LevelWarn, "alive lock connection lost; reconnecting",
+				"held_before", a.held.Load(), "error", dsn.RedactError(err))
+			return
+		}
+	}
+}
+
+// tick claims the lock when not held and verifies it when held. It returns false when the
+// connection must be dropped and opened again.
+func (a *AliveLock) tick(ctx context.Context, conn *pgx.Conn) bool {
+	qctx, cancel := context.WithTimeout(ctx, aliveLockStatementTimeout)
+	defer cancel()
+	startupPID := int64(conn.PgConn().PID())
+	var backendPID int64
+	var ok *bool // NULL from the claim when this is not our own session
+	claiming := !a.held.Load()
+	sql := a.verifySQL
+	if claiming {
+		sql = a.claimSQL
+	}
+	err := conn.QueryRow(qctx, sql, a.instanceID, startupPID).Scan(&backendPID, &ok)
+	if err != nil {
+		a.setHeld(false)
+		if ctx.Err() != nil {
+			return false
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && !conn.IsClosed() {
+			// The server answered, so the connection is fine; the objects may be missing
+			// (migrations not applied yet). Try again on the next tick.
+			a.report("error:"+pgErr.Code, slog.LevelError,
+				"alive lock claim failed; the heartbeat goes on at the fast cadence",
+				"error", err)
+			return true
+		}
+		a.report("lost", slog.LevelWarn, "alive lock connection failed; reconnecting",
+			"error", dsn.RedactError(err))
+		return false
+	}
+	if backendPID != startupPID {
+		a.setHeld(false)
+		a.report("pooled", slog.LevelError,
+			"alive lock not held: statements on its connection run on another backend than the one the "+
+				"server opened for it, so the direct DSN most likely points at PgBouncer in transaction "+
+				"pooling mode (or another pooler); point "+flagName("DSN")+" at PostgreSQL itself",
+			"startup_pid", startupPID, "backend_pid", backendPID)
+		return true
+	}
+	switch {
+	case ok != nil && *ok:
+		if claiming {
+			a.claims.Add(1)
+		}
+		a.setHeld(true)
+		a.report("held", slog.LevelInfo, "alive lock held", "backend_pid", backendPID)
+	case claiming:
+		a.report("duplicate", slog.LevelWarn,
+			"alive lock held by another session: a duplicate instance id, or this instance's previous "+
+				"session not yet ended; retrying, the heartbeat goes on at the fast cadence",
+			"backend_pid", backendPID)
+	default:
+		a.setHeld(false)
+		a.report("vanished", slog.LevelWarn, "alive lock no longer held by this session; re-claiming",
+			"backend_pid", backendPID)
+	}
+	return true
+}
+
+func (a *AliveLock) connectFailed(err error) {
+	err = dsn.RedactError(err)
+	if strings.Contains(err.Error(), "unsupported startup parameter") {
+		a.report("connect:pooler", slog.LevelError,
+			"alive lock cannot connect: the server refused the keepalive startup parameters, so the "+
+				"direct DSN most likely points at PgBouncer; point "+flagName("DSN")+" at PostgreSQL itself",
+			"error", err)
+		return
+	}
+	a.report("connect", slog.LevelWarn, "alive lock cannot connect; retrying", "error", err)
+}
+
+// report logs once per condition: a repeat of the previous condition goes to debug.
+func (a *AliveLock) report(condition string, level slog.Level, msg string, attrs ...any) {
+	if condition == a.condition {
+		level = slog.LevelDebug
+	}
+	a.condition = condition
+	a.log.Log(context.Background(), level, msg, attrs...)
+}
+
+// setHeld records a change of Held, counting a loss, and wakes whoever waits on
+// Changed. Only the Run goroutine calls it.
+func (a *AliveLock) setHeld(v bool) {
+	if a.held.Load() == v {
+		return
+	}
+	if !v {
+		a.losses.Add(1)
+	}
+	a.change(v)
+}
+
+// release clears Held on shutdown, which is not a loss.
+func (a *AliveLock) release() {
+	if a.held.Load() {
+		a.change(false)
+	}
+}
+
+func (a *AliveLock) change(v bool) {
+	a.held.Store(v)
+	next := make(chan struct{})
+	close(*a.changed.Swap(&next))
+}

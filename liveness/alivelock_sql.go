@@ -1,0 +1,42 @@
+package liveness
+
+// Statements of the alive lock and the heartbeat. Each starts with its pg_liveness tag so
+// that the exporter's pg_stat_statements collector can classify it; {schema} is rendered
+// by sqlFor. Ids are passed as text and cast on the server, which works in every pgx query
+// mode, including the ones a PgBouncer in front of the service's pool needs.
+
+// claimSQL claims the alive lock, but only when the statement runs on the session the
+// server opened for this connection ($2 is the backend pid from the startup handshake).
+// Behind a transaction-mode pooler it runs on some other server session, and a claim there
+// would leave the lock on a pooled backend that outlives this process; so it returns
+// NULL instead, and the caller reports the pooling.
+const claimSQL = `/* pg_liveness:alive_lock_claim */ SELECT pg_catalog.pg_backend_pid(),
+       CASE WHEN pg_catalog.pg_backend_pid() = $2::bigint
+            THEN {schema}.claim_instance_alive_lock($1::uuid) END`
+
+// verifySQL reports whether this very backend holds the instance's alive lock, with the
+// same match (this database, objsubid = 1, both key halves) the views use.
+const verifySQL = `/* pg_liveness:alive_lock_verify */ SELECT pg_catalog.pg_backend_pid(),
+       EXISTS (SELECT 1 FROM {schema}.bigint_advisory_locks l
+                WHERE l.granted
+                  AND l.pid = pg_catalog.pg_backend_pid()
+                  AND l.classid = {schema}.lock_key_classid({schema}.instance_lock_key($1::uuid))
+                  AND l.objid = {schema}.lock_key_objid({schema}.instance_lock_key($1::uuid)))`
+
+// heartbeatSQL upserts the instance row, timed by the database clock. started_at is kept
+// from the first insert.
+const heartbeatSQL = `/* pg_liveness:heartbeat */ INSERT INTO {schema}.instances AS i
+       (instance_id, service_name, host_name, process_id, started_at, last_heartbeat_at, liveness_mode, metadata)
+VALUES ($1::uuid, $2::text, $3::text, $4::integer, now(), now(), $5::text, $6::jsonb)
+ON CONFLICT (instance_id) DO UPDATE
+   SET service_name = excluded.service_name,
+       host_name = excluded.host_name,
+       process_id = excluded.process_id,
+       last_heartbeat_at = excluded.last_heartbeat_at,
+       liveness_mode = excluded.liveness_mode,
+       metadata = excluded.metadata
+RETURNING i.last_heartbeat_at`
+
+// heartbeatDeleteSQL removes the instance row on graceful shutdown, so that other
+// instances see it gone at once.
+const heartbeatDeleteSQL = `/* pg_liveness:heartbeat_delete */ DELETE FROM {schema}.instances WHERE instance_id = $1::uuid`

@@ -1,0 +1,318 @@
+package liveness
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+)
+
+func startAliveLock(t *testing.T, cfg AliveLockConfig) *AliveLock {
+	t.Helper()
+	lock, _ := startAliveLockStoppable(t, cfg)
+	return lock
+}
+
+func startAliveLockStoppable(t *testing.T, cfg AliveLockConfig) (*AliveLock, func()) {
+	t.Helper()
+	lock, err := NewAliveLock(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lock, runUntilCleanup(t, lock.Run)
+}
+
+// lockHolderPID returns the pid of the backend that holds the instance's alive lock, or 0.
+func lockHolderPID(t *testing.T, ctx context.Context, pool *pgxpool.Pool, id uuid.UUID) int {
+	t.Helper()
+	var pid int
+	err := pool.QueryRow(ctx, `SELECT coalesce(max(l.pid), 0) FROM liveness.bigint_advisory_locks l
+	                            WHERE l.granted
+	                              AND l.classid = liveness.lock_key_classid(liveness.instance_lock_key($1))
+	                              AND l.objid = liveness.lock_key_objid(liveness.instance_lock_key($1))`, id).Scan(&pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// TestAliveLockTerminatedBackend ends the lock's session from the server. The verify
+// interval is a minute, so only the read on the idle connection can notice in time:
+// Held turns false, the heartbeat beats at once instead of after its slow 60s, and the
+// lock is claimed again on a new connection.
+func TestAliveLockTerminatedBackend(t *testing.T) {
+	ctx := livenessTestCtx(t)
+	db, pool := livenessDB(t, ctx)
+	id := uuid.New()
+	lock := startAliveLock(t, AliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc", VerifyInterval: time.Minute})
+	eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
+
+	cfg := testHeartbeatConfig(pool, lock)
+	cfg.InstanceID = id
+	h, _ := startHeartbeat(t, cfg)
+	eventually(t, 5*time.Second, "the first beat, at the slow cadence", func() bool {
+		s := h.Stats()
+		return s.Beats == 1 && s.Interval == DefaultHeartbeatSlowInterval
+	})
+	lastBeat := h.Stats().LastBeat
+
+	oldPID := lockHolderPID(t, ctx, pool, id)
+	if oldPID == 0 {
+		t.Fatal("no backend holds the alive lock")
+	}
+	changed := lock.Changed()
+	var ok bool
+	if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, oldPID).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the alive lock did not notice its terminated backend within 3s")
+	}
+	if s := lock.Stats(); s.Losses != 1 {
+		t.Fatalf("Stats = %+v, want 1 loss", s)
+	}
+	eventually(t, 3*time.Second, "a beat right after the loss", func() bool { return h.Stats().Beats == 2 })
+	var rowBeat time.Time
+	if err := pool.QueryRow(ctx, `SELECT last_heartbeat_at FROM liveness.instances WHERE instance_id = $1`, id).Scan(&rowBeat); err != nil {
+		t.Fatal(err)
+	}
+	if !rowBeat.After(lastBeat) {
+		t.Fatalf("last_heartbeat_at %s did not move past %s", rowBeat, lastBeat)
+	}
+
+	eventually(t, 5*time.Second, "the lock claimed again after reconnecting", lock.Held)
+	if s := lock.Stats(); s.Claims != 2 || s.Reconnects != 1 || s.Losses != 1 || !s.Held {
+		t.Fatalf("Stats = %+v, want 2 claims, 1 reconnect, 1 loss, held", s)
+	}
+	if pid := lockHolderPID(t, ctx, pool, id); pid == 0 || pid == oldPID {
+		t.Fatalf("lock holder pid = %d, want a new backend (the old one was %d)", pid, oldPID)
+	}
+}
+
+// TestAliveLockDuplicateInstance starts a second lock with the same instance id: its
+// claim is false, logged once, its heartbeat stays fast, and it takes the lock over once
+// the first one is gone.
+func TestAliveLockDuplicateInstance(t *testing.T) {
+	ctx := livenessTestCtx(t)
+	db, pool := livenessDB(t, ctx)
+	id := uuid.New()
+	first, stopFirst := startAliveLockStoppable(t, AliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc"})
+	eventually(t, 5*time.Second, "the first lock is held", first.Held)
+
+	logs := &logRecorder{}
+	second := startAliveLock(t, AliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc",
+		VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
+	cfg := testHeartbeatConfig(pool, second)
+	cfg.InstanceID = id
+	h, _ := startHeartbeat(t, cfg)
+
+	const dup = "held by another session"
+	eventually(t, 5*time.Second, "several failed claims"+logs.String(), func() bool {
+		n, _ := logs.count(dup, slog.LevelDebug)
+		return n >= 5
+	})
+	if _, loud := logs.count(dup, slog.LevelWarn); loud != 1 {
+		t.Fatalf("%d warnings about the duplicate, want exactly 1 (once per condition):%s", loud, logs)
+	}
+	if second.Held() || second.Stats().Claims != 0 || !first.Held() {
+		t.Fatalf("first held %v, second %+v: want only the first to hold", first.Held(), second.Stats())
+	}
+	eventually(t, 5*time.Second, "the second instance's first beat", func() bool { return h.Stats().Beats >= 1 })
+	if s := h.Stats(); s.Interval != DefaultHeartbeatInterval {
+		t.Fatalf("the duplicate's heartbeat runs at %s, want the fast %s", s.Interval, DefaultHeartbeatInterval)
+	}
+
+	stopFirst()
+	if s := first.Stats(); s.Held || s.Losses != 0 || s.Claims != 1 {
+		t.Fatalf("first Stats after a clean stop = %+v, want not held, 1 claim and no loss", s)
+	}
+	eventually(t, 5*time.Second, "the second lock takes over once the first is gone", second.Held)
+	if s := second.Stats(); s.Claims != 1 {
+		t.Fatalf("second Stats = %+v, want 1 claim", s)
+	}
+}
+
+// TestAliveLockMissingFunction: before the migrations, the claim fails with an error
+// that is logged once and is not fatal; the claim succeeds once the objects exist.
+func TestAliveLockMissingFunction(t *testing.T) {
+	ctx := livenessTestCtx(t)
+	db, pool := livenessDB(t, ctx)
+	db.Exec(t, `CREATE SCHEMA not_migrated_yet`) // the schema exists, its functions do not
+	logs := &logRecorder{}
+	lock := startAliveLock(t, AliveLockConfig{DSN: db.DSN, Schema: "not_migrated_yet", InstanceID: uuid.New(),
+		ServiceName: "svc", VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
+	const failed = "alive lock claim failed"
+	eventually(t, 5*time.Second, "several failed claims"+logs.String(), func() bool {
+		n, _ := logs.count(failed, slog.LevelDebug)
+		return n >= 5
+	})
+	if _, loud := logs.count(failed, slog.LevelError); loud != 1 || lock.Held() {
+		t.Fatalf("%d errors logged (want 1), held %v (want false):%s", loud, lock.Held(), logs)
+	}
+	if _, err := migrations.Apply(ctx, pool, "not_migrated_yet"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the claim once the migrations are applied", lock.Held)
+}
+
+// TestAliveLockKeepaliveSettings reads, on the lock's own session, the settings its
+// startup parameters chose, over TCP and against database defaults that say otherwise;
+// and, on Linux, the client socket's keepalive options.
+func TestAliveLockKeepaliveSettings(t *testing.T) {
+	ctx := livenessTestCtx(t)
+	db, _ := livenessDB(t, ctx)
+	db.Exec(t, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+` SET idle_session_timeout = '1h'`)
+	db.Exec(t, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+` SET tcp_keepalives_idle = 100`)
+
+	cases := []struct {
+		name                    string
+		idle, interval, timeout time.Duration
+		count                   int
+		want                    map[string]string
+		wantSock                [3]int // TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT
+	}{
+		{name: "defaults", want: map[string]string{
+			"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3",
+			"tcp_user_timeout": "30000", "idle_session_timeout": "0", "application_name": "svc:alive-lock",
+		}, wantSock: [3]int{10, 5, 3}},
+		{name: "configured", idle: 7 * time.Second, interval: 2 * time.Second, count: 4, timeout: 21 * time.Second,
+			want: map[string]string{
+				"tcp_keepalives_idle": "7", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "4",
+				"tcp_user_timeout": "21000", "idle_session_timeout": "0", "application_name": "svc:alive-lock",
+			}, wantSock: [3]int{7, 2, 4}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			lock, err := NewAliveLock(AliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc",
+				KeepaliveIdle: tc.idle, KeepaliveInterval: tc.interval, KeepaliveCount: tc.count, UserTimeout: tc.timeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			type seen struct {
+				settings map[string]string
+				sock     [3]int
+				err      error
+			}
+			got := make(chan seen, 1)
+			lock.afterConnect = func(ctx context.Context, conn *pgx.Conn) {
+				s := seen{settings: map[string]string{}}
+				defer func() { got <- s }()
+				rows, _ := conn.Query(ctx, `SELECT name, setting FROM pg_settings WHERE name = ANY($1)`,
+					[]string{"tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
+						"tcp_user_timeout", "idle_session_timeout", "application_name"})
+				var name, setting string
+				if _, s.err = pgx.ForEachRow(rows, []any{&name, &setting}, func() error {
+					s.settings[name] = setting
+					return nil
+				}); s.err != nil {
+					return
+				}
+				s.sock, s.err = clientKeepalive(conn.PgConn().Conn())
+			}
+			runUntilCleanup(t, lock.Run)
+			var s seen
+			select {
+			case s = <-got:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the alive lock did not connect within 10s")
+			}
+			if s.err != nil {
+				t.Fatal(s.err)
+			}
+			for name, want := range tc.want {
+				if s.settings[name] != want {
+					t.Errorf("%s = %q on the lock's session, want %q", name, s.settings[name], want)
+				}
+			}
+			if runtime.GOOS == "linux" && s.sock != tc.wantSock {
+				t.Errorf("client socket TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT = %v, want %v", s.sock, tc.wantSock)
+			}
+		})
+	}
+}
+
+// clientKeepalive reads the socket's keepalive options on Linux (TCP_KEEPIDLE = 4,
+// TCP_KEEPINTVL = 5, TCP_KEEPCNT = 6); elsewhere it returns zeros. Keepalive must be on.
+func clientKeepalive(c net.Conn) (opts [3]int, err error) {
+	if runtime.GOOS != "linux" {
+		return opts, nil
+	}
+	tcp, ok := c.(*net.TCPConn)
+	if !ok {
+		return opts, fmt.Errorf("the lock's connection is a %T, not TCP", c)
+	}
+	raw, err := tcp.SyscallConn()
+	if err != nil {
+		return opts, err
+	}
+	var on int
+	var sockErr error
+	err = raw.Control(func(fd uintptr) {
+		if on, sockErr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_KEEPALIVE); sockErr != nil {
+			return
+		}
+		for i, opt := range []int{4, 5, 6} {
+			if opts[i], sockErr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, opt); sockErr != nil {
+				return
+			}
+		}
+	})
+	if err == nil {
+		err = sockErr
+	}
+	if err == nil && on == 0 {
+		err = fmt.Errorf("SO_KEEPALIVE is off on the lock's client socket")
+	}
+	return opts, err
+}
+
+// TestAliveLockConfigErrors: bad settings are refused naming the flag, without the
+// password.
+func TestAliveLockConfigErrors(t *testing.T) {
+	good := AliveLockConfig{DSN: "host=127.0.0.1 user=u password=s3cret dbname=d", InstanceID: uuid.New(), ServiceName: "svc"}
+	if err := good.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		edit func(*AliveLockConfig)
+		want string
+	}{
+		{"empty DSN", func(c *AliveLockConfig) { c.DSN = "" }, "--db.direct-dsn must not be empty"},
+		{"malformed DSN", func(c *AliveLockConfig) { c.DSN = "postgres://u:s3cret@host:notaport/db" }, "--db.direct-dsn"},
+		{"nil instance id", func(c *AliveLockConfig) { c.InstanceID = uuid.Nil }, "--agent.instance-id"},
+		{"no service name", func(c *AliveLockConfig) { c.ServiceName = "" }, "--agent.service-name"},
+		{"fractional idle", func(c *AliveLockConfig) { c.KeepaliveIdle = 1500 * time.Millisecond },
+			"--agent.tcp-keepalive-idle (1.5s) must be a whole number of seconds"},
+		{"negative interval", func(c *AliveLockConfig) { c.KeepaliveInterval = -time.Second },
+			"--agent.tcp-keepalive-interval (-1s) must not be negative"},
+		{"negative count", func(c *AliveLockConfig) { c.KeepaliveCount = -1 }, "--agent.tcp-keepalive-count (-1)"},
+		{"negative user timeout", func(c *AliveLockConfig) { c.UserTimeout = -time.Second }, "--agent.tcp-user-timeout (-1s)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := good
+			tc.edit(&c)
+			_, err := NewAliveLock(c)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("NewAliveLock() = %v, want an error containing %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Fatalf("the error shows the password: %v", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,349 @@
+package liveness
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+)
+
+// Defaults of the heartbeat timing, as the agent's flags have them.
+const (
+	DefaultHeartbeatInterval     = 30 * time.Second
+	DefaultHeartbeatSlowInterval = 60 * time.Second
+	DefaultStaleThreshold        = 90 * time.Second
+)
+
+const (
+	// heartbeatMaxStatementTimeout caps a beat's deadline, which is otherwise half the
+	// fast interval.
+	heartbeatMaxStatementTimeout = 10 * time.Second
+	// heartbeatMaxFirstRetry caps the first retry after a failed beat, which is otherwise a
+	// quarter of the fast interval.
+	heartbeatMaxFirstRetry = 5 * time.Second
+)
+
+// flagNames is the one place that maps configuration fields to the agent's flags, so
+// that errors name what an operator can change. Fields without a flag are named as they
+// are.
+var flagNames = map[string]string{
+	"DSN":               "--db.direct-dsn",
+	"InstanceID":        "--agent.instance-id",
+	"ServiceName":       "--agent.service-name",
+	"Mode":              "--agent.liveness-mode",
+	"Interval":          "--agent.heartbeat-interval",
+	"SlowInterval":      "--agent.heartbeat-slow-interval",
+	"StaleThreshold":    "--agent.stale-threshold",
+	"KeepaliveIdle":     "--agent.tcp-keepalive-idle",
+	"KeepaliveInterval": "--agent.tcp-keepalive-interval",
+	"KeepaliveCount":    "--agent.tcp-keepalive-count",
+	"UserTimeout":       "--agent.tcp-user-timeout",
+}
+
+func flagName(field string) string {
+	if f, ok := flagNames[field]; ok {
+		return f
+	}
+	return field
+}
+
+// LockSource tells the heartbeat whether the alive lock is held and verified. An
+// *AliveLock is one. If the source also has a Changed() <-chan struct{} method, as
+// AliveLock does, losing the lock triggers a beat at once.
+type LockSource interface {
+	Held() bool
+}
+
+type lockNotifier interface {
+	Changed() <-chan struct{}
+}
+
+// clock is the worker's time source; tests replace it to drive the cadence.
+type clock interface {
+	Now() time.Time
+	After(d time.Duration) <-chan time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                         { return time.Now() }
+func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// HeartbeatConfig configures a HeartbeatWorker.
+type HeartbeatConfig struct {
+	Pool        *pgxpool.Pool // the service's pool; the worker borrows a connection per beat
+	Schema      string        // DefaultSchema if empty
+	InstanceID  uuid.UUID
+	ServiceName string
+	HostName    string // os.Hostname() if empty
+	ProcessID   int    // os.Getpid() if zero
+
+	Mode           Mode          // ModeAdvisoryLockWhenAvailable if empty
+	Interval       time.Duration // fast cadence: while the lock is not held, and in table-only mode
+	SlowInterval   time.Duration // cadence while the lock is held and verified
+	StaleThreshold time.Duration // the age after which observers call an instance stale
+
+	// Lock is the alive lock, or nil; without one the cadence is always fast.
+	Lock LockSource
+
+	Metadata map[string]any // stored in the row's metadata column; must marshal to JSON
+	Logger   *slog.Logger   // nil discards
+
+	clock clock // nil is the real clock
+}
+
+// Validate checks identity, mode and timing without touching the database. Errors name
+// the flags at fault.
+func (c HeartbeatConfig) Validate() error {
+	if c.InstanceID == uuid.Nil {
+		return fmt.Errorf("%s must not be the nil UUID", flagName("InstanceID"))
+	}
+	if strings.TrimSpace(c.ServiceName) == "" {
+		return fmt.Errorf("%s must not be empty", flagName("ServiceName"))
+	}
+	if c.Mode != "" {
+		if _, ok := ParseMode(string(c.Mode)); !ok {
+			return fmt.Errorf("%s: unknown mode %q (want %s or %s)", flagName("Mode"), c.Mode,
+				ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly)
+		}
+	}
+	for _, f := range []struct {
+		field string
+		d     time.Duration
+	}{{"Interval", c.Interval}, {"SlowInterval", c.SlowInterval}, {"StaleThreshold", c.StaleThreshold}} {
+		if f.d <= 0 {
+			return fmt.Errorf("%s (%s) must be positive", flagName(f.field), f.d)
+		}
+	}
+	if c.SlowInterval < c.Interval {
+		return fmt.Errorf("%s (%s) must not be below %s (%s)",
+			flagName("SlowInterval"), c.SlowInterval, flagName("Interval"), c.Interval)
+	}
+	if c.StaleThreshold < c.SlowInterval {
+		return fmt.Errorf("%s (%s) must not be below %s (%s)",
+			flagName("StaleThreshold"), c.StaleThreshold, flagName("SlowInterval"), c.SlowInterval)
+	}
+	if c.StaleThreshold <= c.Interval {
+		return fmt.Errorf("%s (%s) must be above %s (%s): the watchdog beats again within the stale "+
+			"threshold minus one fast interval", flagName("StaleThreshold"), c.StaleThreshold,
+			flagName("Interval"), c.Interval)
+	}
+	return nil
+}
+
+// HeartbeatWorker upserts the instance's row on an adaptive cadence: slow while the alive
+// lock is held and verified, fast otherwise.
+type HeartbeatWorker struct {
+	pool       *pgxpool.Pool
+	upsertSQL  string
+	deleteSQL  string
+	instanceID string
+	service    string
+	host       string
+	pid        int
+	mode       Mode
+	metadata   string
+	lock       LockSource
+	notifier   lockNotifier
+	clock      clock
+	log        *slog.Logger
+
+	fast, slow   time.Duration
+	watchdog     time.Duration // the longest wait between the starts of two beats
+	stmtTimeout  time.Duration
+	firstRetry   time.Duration
+	maxRetryWait time.Duration
+
+	running atomic.Bool
+	mu      sync.Mutex
+	stats   HeartbeatStats
+}
+
+// NewHeartbeatWorker validates cfg and prepares the worker. It does not touch the
+// database; Run does.
+func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("heartbeat: %w", err)
+	}
+	if cfg.Pool == nil {
+		return nil, errors.New("heartbeat: HeartbeatConfig.Pool must not be nil")
+	}
+	meta := []byte("{}")
+	if len(cfg.Metadata) > 0 {
+		var err error
+		if meta, err = json.Marshal(cfg.Metadata); err != nil {
+			return nil, fmt.Errorf("heartbeat: HeartbeatConfig.Metadata: %w", err)
+		}
+	}
+	h := &HeartbeatWorker{
+		pool:         cfg.Pool,
+		upsertSQL:    sqlFor(cfg.Schema, heartbeatSQL),
+		deleteSQL:    sqlFor(cfg.Schema, heartbeatDeleteSQL),
+		instanceID:   cfg.InstanceID.String(),
+		service:      cfg.ServiceName,
+		host:         cfg.HostName,
+		pid:          cfg.ProcessID,
+		mode:         cfg.Mode,
+		metadata:     string(meta),
+		lock:         cfg.Lock,
+		clock:        cfg.clock,
+		log:          cfg.Logger,
+		fast:         cfg.Interval,
+		slow:         cfg.SlowInterval,
+		watchdog:     cfg.StaleThreshold - cfg.Interval,
+		stmtTimeout:  min(cfg.Interval/2, heartbeatMaxStatementTimeout),
+		firstRetry:   min(cfg.Interval/4, heartbeatMaxFirstRetry),
+		maxRetryWait: cfg.Interval / 2,
+	}
+	if h.host == "" {
+		h.host, _ = os.Hostname()
+	}
+	if h.pid == 0 {
+		h.pid = os.Getpid()
+	}
+	if h.mode == "" {
+		h.mode = ModeAdvisoryLockWhenAvailable
+	}
+	if h.mode == ModeHeartbeatTableOnly {
+		h.lock = nil // the mode ignores the lock
+	}
+	if n, ok := h.lock.(lockNotifier); ok {
+		h.notifier = n
+	}
+	if h.clock == nil {
+		h.clock = realClock{}
+	}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	h.log = h.log.With("component", "heartbeat", "instance_id", h.instanceID)
+	h.stats.Interval = h.fast
+	return h, nil
+}
+
+// Stats returns the worker's counters and cadence. Safe from any goroutine.
+func (h *HeartbeatWorker) Stats() HeartbeatStats {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.stats
+}
+
+// Run beats at once and then on the adaptive cadence until ctx is done, when it returns
+// nil. Failed beats are logged and retried sooner than a full interval, never returned.
+func (h *HeartbeatWorker) Run(ctx context.Context) error {
+	if !h.running.CompareAndSwap(false, true) {
+		return errors.New("heartbeat: Run is already running")
+	}
+	defer h.running.Store(false)
+	if h.mode == ModeAdvisoryLockWhenAvailable && h.lock == nil {
+		h.log.Warn("no alive lock source: the heartbeat stays at the fast cadence")
+	}
+	failures := 0
+	for {
+		began := h.clock.Now()
+		at, err := h.beat(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			failures++
+			retry := min(h.firstRetry<<min(failures-1, 16), h.maxRetryWait)
+			h.failed(failures, err, retry)
+			if !h.wait(ctx, retry, nil) {
+				return nil
+			}
+			continue
+		}
+		if failures > 0 {
+			h.log.Info("heartbeat recovered", "failures", failures)
+			failures = 0
+		}
+		// Take the change channel before reading Held, so that no change is missed.
+		var changed <-chan struct{}
+		if h.notifier != nil {
+			changed = h.notifier.Changed()
+		}
+		slow := h.lock != nil && h.lock.Held()
+		interval := h.fast
+		if slow {
+			interval = h.slow
+		}
+		// The watchdog: whatever the cadence, the next beat starts within stale − fast of
+		// this one, so the row never gets closer to stale than one fast interval.
+		interval = min(interval, h.watchdog)
+		h.succeeded(at, interval)
+		if !slow {
+			changed = nil // a claim takes effect on the next tick; nothing to hurry
+		}
+		if !h.wait(ctx, interval-h.clock.Now().Sub(began), changed) {
+			return nil
+		}
+	}
+}
+
+// wait returns true when it is time to beat: after d, or at once when changed fires (the
+// lock changed while the slow cadence was in effect, so it was lost). It returns false
+// when ctx is done.
+func (h *HeartbeatWorker) wait(ctx context.Context, d time.Duration, changed <-chan struct{}) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-h.clock.After(d):
+		return true
+	case <-changed:
+		h.log.Info("alive lock lost: beating at once")
+		return true
+	}
+}
+
+func (h *HeartbeatWorker) beat(ctx context.Context) (time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, h.stmtTimeout)
+	defer cancel()
+	var at time.Time
+	err := h.pool.QueryRow(ctx, h.upsertSQL, h.instanceID, h.service, h.host, h.pid, string(h.mode),
+		h.metadata).Scan(&at)
+	return at, err
+}
+
+func (h *HeartbeatWorker) succeeded(at time.Time, interval time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stats.Beats++
+	h.stats.LastBeat = at
+	h.stats.Interval = interval
+}
+
+// failed counts a failed beat and logs the first of a series; the rest go to debug.
+func (h *HeartbeatWorker) failed(failures int, err error, retry time.Duration) {
+	h.mu.Lock()
+	h.stats.Failures++
+	h.mu.Unlock()
+	level := slog.LevelWarn
+	if failures > 1 {
+		level = slog.LevelDebug
+	}
+	h.log.Log(context.Background(), level, "heartbeat failed; retrying",
+		"failures", failures, "retry_in", retry, "error", dsn.RedactError(err))
+}
+
+// Remove deletes this instance's row, so that other instances see it gone at once. Call
+// it on graceful shutdown, after Run has returned.
+func (h *HeartbeatWorker) Remove(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, h.stmtTimeout)
+	defer cancel()
+	if _, err := h.pool.Exec(ctx, h.deleteSQL, h.instanceID); err != nil {
+		return fmt.Errorf("heartbeat: remove instance row: %w", dsn.RedactError(err))
+	}
+	return nil
+}

@@ -1,0 +1,536 @@
+package liveness
+
+// These tests are in package liveness (not liveness_test) to drive the heartbeat with a
+// fake clock and to reach the alive lock's own session. PostgreSQL is always real.
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+)
+
+// livenessTestCtx is the deadline of a whole test.
+func livenessTestCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// livenessDB is a fresh database with the migrations applied in the default schema.
+func livenessDB(t *testing.T, ctx context.Context) (*pgtest.DB, *pgxpool.Pool) {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	pool := db.Pool(t, 4)
+	if _, err := migrations.Apply(ctx, pool, DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
+	return db, pool
+}
+
+// runUntilCleanup runs run in a goroutine until the returned stop (or the test's end)
+// cancels it, and checks that it returns nil promptly.
+func runUntilCleanup(t *testing.T, run func(context.Context) error) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run returned %v, want nil", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Errorf("Run did not return within 10s of its context ending")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// eventually polls cond every 10 ms and fails the test when it is still false after
+// within.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// logRecorder is a slog handler that keeps every record, debug included.
+type logRecorder struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (r *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *logRecorder) WithGroup(string) slog.Handler            { return r }
+func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recs = append(r.recs, rec.Clone())
+	return nil
+}
+
+// count returns how many records contain substr in their message, at any level and at
+// level or above.
+func (r *logRecorder) count(substr string, level slog.Level) (any, atOrAbove int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rec := range r.recs {
+		if strings.Contains(rec.Message, substr) {
+			any++
+			if rec.Level >= level {
+				atOrAbove++
+			}
+		}
+	}
+	return any, atOrAbove
+}
+
+func (r *logRecorder) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	for _, rec := range r.recs {
+		fmt.Fprintf(&b, "\n  %s %s", rec.Level, rec.Message)
+		rec.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s", a); return true })
+	}
+	return b.String()
+}
+
+// fakeClock drives the heartbeat's timers by hand. Every After call is reported on
+// requests, so a test sees the wait the worker chose after each beat.
+type fakeClock struct {
+	mu       sync.Mutex
+	now      time.Time
+	timers   []fakeTimer
+	requests chan time.Duration
+}
+
+type fakeTimer struct {
+	at time.Time
+	ch chan time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC), requests: make(chan time.Duration, 1000)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) After(d time.Duration) <-chan time.Time {
+	ch := make(chan time.Time, 1)
+	c.mu.Lock()
+	if d <= 0 {
+		ch <- c.now
+	} else {
+		c.timers = append(c.timers, fakeTimer{at: c.now.Add(d), ch: ch})
+	}
+	c.mu.Unlock()
+	c.requests <- d
+	return ch
+}
+
+// Advance moves the clock and fires the timers that are due.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	keep := c.timers[:0]
+	for _, tm := range c.timers {
+		if tm.at.After(c.now) {
+			keep = append(keep, tm)
+		} else {
+			tm.ch <- c.now
+		}
+	}
+	c.timers = keep
+}
+
+// next returns the duration of the worker's next wait, that is, what it chose after its
+// latest beat.
+func (c *fakeClock) next(t *testing.T) time.Duration {
+	t.Helper()
+	select {
+	case d := <-c.requests:
+		return d
+	case <-time.After(10 * time.Second):
+		t.Fatal("the heartbeat requested no timer within 10s")
+		return 0
+	}
+}
+
+// quiet checks that the worker starts no wait (so it did not beat) for a while.
+func (c *fakeClock) quiet(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case d := <-c.requests:
+		t.Fatalf("%s: the heartbeat beat and chose a %s wait", what, d)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// fakeLock is a LockSource without change notification, like the lock source the first
+// field report's worker polled.
+type fakeLock struct{ held atomic.Bool }
+
+func (l *fakeLock) Held() bool { return l.held.Load() }
+
+// notifyingLock also notifies changes, as AliveLock does.
+type notifyingLock struct {
+	fakeLock
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newNotifyingLock(held bool) *notifyingLock {
+	l := &notifyingLock{ch: make(chan struct{})}
+	l.held.Store(held)
+	return l
+}
+
+func (l *notifyingLock) Changed() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ch
+}
+
+func (l *notifyingLock) set(v bool) {
+	l.held.Store(v)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	close(l.ch)
+	l.ch = make(chan struct{})
+}
+
+// testHeartbeatConfig has the agent's default timing.
+func testHeartbeatConfig(pool *pgxpool.Pool, lock LockSource) HeartbeatConfig {
+	return HeartbeatConfig{
+		Pool:           pool,
+		InstanceID:     uuid.New(),
+		ServiceName:    "svc",
+		Interval:       DefaultHeartbeatInterval,
+		SlowInterval:   DefaultHeartbeatSlowInterval,
+		StaleThreshold: DefaultStaleThreshold,
+		Lock:           lock,
+	}
+}
+
+func startHeartbeat(t *testing.T, cfg HeartbeatConfig) (*HeartbeatWorker, func()) {
+	t.Helper()
+	h, err := NewHeartbeatWorker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, runUntilCleanup(t, h.Run)
+}
+
+// TestHeartbeatCadence drives the worker with a fake clock against a real database and
+// checks the wait it chooses after each beat: the cadence is resolved on every tick.
+func TestHeartbeatCadence(t *testing.T) {
+	ctx := livenessTestCtx(t)
+	_, pool := livenessDB(t, ctx)
+	const fast, slow = DefaultHeartbeatInterval, DefaultHeartbeatSlowInterval
+
+	cases := []struct {
+		name     string
+		mode     Mode
+		noLock   bool
+		held     bool
+		slowIntv time.Duration // SlowInterval, if not the default
+		want     time.Duration // the wait after the first beat
+		flipTo   *bool         // then set the lock, let the wait run out, and expect wantNext
+		wantNext time.Duration
+	}{
+		{name: "held is slow", held: true, want: slow},
+		{name: "not held is fast", held: false, want: fast},
+		{name: "no lock source is fast", noLock: true, want: fast},
+		{name: "table-only mode with the lock held is fast", mode: ModeHeartbeatTableOnly, held: true, want: fast},
+		{name: "held then released is fast on the next tick", held: true, want: slow, flipTo: ptr(false), wantNext: fast},
+		{name: "released then held is slow on the next tick", held: false, want: fast, flipTo: ptr(true), wantNext: slow},
+		// stale 90s − fast 30s = 60s: the watchdog caps an 80s slow interval.
+		{name: "the watchdog caps the slow interval", held: true, slowIntv: 80 * time.Second, want: 60 * time.Second},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			lock := &fakeLock{}
+			lock.held.Store(tc.held)
+			cfg := testHeartbeatConfig(pool, lock)
+			if tc.noLock {
+				cfg.Lock = nil
+			}
+			if tc.mode != "" {
+				cfg.Mode = tc.mode
+			}
+			if tc.slowIntv != 0 {
+				cfg.SlowInterval = tc.slowIntv
+			}
+			clk := newFakeClock()
+			cfg.clock = clk
+			h, _ := startHeartbeat(t, cfg)
+
+			if got := clk.next(t); got != tc.want {
+				t.Fatalf("after the first beat the worker waits %s, want %s", got, tc.want)
+			}
+			if s := h.Stats(); s.Beats != 1 || s.Interval != tc.want {
+				t.Fatalf("Stats = %+v, want 1 beat at interval %s", s, tc.want)
+			}
+			if tc.flipTo == nil {
+				return
+			}
+			lock.held.Store(*tc.flipTo)
+			clk.Advance(tc.want)
+			if got := clk.next(t); got != tc.wantNext {
+				t.Fatalf("after the lock changed, the next beat chose %s, want %s", got, tc.wantNext)
+			}
+			if s := h.Stats(); s.Beats != 2 || s.Interval != tc.wantNext {
+				t.Fatalf("Stats = %+v, want 2 beats at interval %s", s, tc.wantNext)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestHeartbeatBeatsAtOnceOnLockLoss: a lock source that notifies changes makes a loss
+// trigger a beat without waiting for the slow interval, while a claim waits for the
+// next tick.
+func TestHeartbeatBeatsAtOnceOnLockLoss(t *testing.T) {
+	ctx := livenessTestCtx(t)
+	_, pool := livenessDB(t, ctx)
+	lock := newNotifyingLock(true)
+	cfg := testHeartbeatConfig(pool, lock)
+	clk := newFakeClock()
+	cfg.clock = clk
+	h, _ := startHeartbeat(t, cfg)
+
+	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
+		t.Fatalf("held: the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
+	}
+	lock.set(false) // the clock does not move: only the loss can cause a beat
+	if got := clk.next(t); got != DefaultHeartbeatInterval {
+		t.Fatalf("after the loss the worker waits %s, want the fast %s", got, DefaultHeartbeatInterval)
+	}
+	if s := h.Stats(); s.Beats != 2 {
+		t.Fatalf("Beats = %d after the loss, want 2: the loss must trigger a beat at once", s.Beats)
+	}
+	lock.set(true)
+	clk.quiet(t, "a claim must not trigger a beat")
+	clk.Advance(DefaultHeartbeatInterval)
+	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
+		t.Fatalf("on the tick after the claim the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
+	}
+}
+
+// TestHeartbeatRetriesFailedBeat breaks the upsert for real (the table is renamed away)
+// and checks that retries come well before a full interval, backing off to a cap below
+// the fast interval, and that the cadence resumes once the table is back.
+func TestHeartbeatRetriesFailedBeat(t *testing.T) {
+	ctx := livenessTestCtx(t)
+	db, pool := livenessDB(t, ctx)
+	db.Exec(t, `ALTER TABLE liveness.instances RENAME TO instances_away`)
+	lock := &fakeLock{}
+	lock.held.Store(true)
+	cfg := testHeartbeatConfig(pool, lock)
+	clk := newFakeClock()
+	cfg.clock = clk
+	h, _ := startHeartbeat(t, cfg)
+
+	// fast 30s: the first retry after min(30s/4, 5s), doubling, capped at 30s/2.
+	for i, want := range []time.Duration{5 * time.Second, 10 * time.Second, 15 * time.Second, 15 * time.Second} {
+		if got := clk.next(t); got != want {
+			t.Fatalf("retry %d after %s, want %s", i+1, got, want)
+		}
+		if i == 3 {
+			db.Exec(t, `ALTER TABLE liveness.instances_away RENAME TO instances`)
+		}
+		clk.Advance(want)
+	}
+	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
+		t.Fatalf("after recovering the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
+	}
+	if s := h.Stats(); s.Failures != 4 || s.Beats != 1 {
+		t.Fatalf("Stats = %+v, want 4 failures and 1 beat", s)
+	}
+}
+
+// TestHeartbeatRow checks what a beat writes: the row's fields, started_at kept across
+// beats, last_heartbeat_at from the database clock (the worker's own clock says 2000),
+// and Remove deleting the row.
+func TestHeartbeatRow(t *testing.T) {
+	ctx := livenessTestCtx(t)
+	_, pool := livenessDB(t, ctx)
+	cfg := testHeartbeatConfig(pool, nil)
+	cfg.Mode = ModeHeartbeatTableOnly
+	cfg.HostName, cfg.ProcessID = "host-a", 4242
+	cfg.Metadata = map[string]any{"version": "1.2.3"}
+	clk := newFakeClock()
+	cfg.clock = clk
+
+	var before time.Time
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	h, stop := startHeartbeat(t, cfg)
+	clk.next(t)
+	clk.Advance(DefaultHeartbeatInterval)
+	clk.next(t)
+	stop()
+
+	var (
+		service, host, mode, meta string
+		pid                       int
+		started, last, after      time.Time
+	)
+	err := pool.QueryRow(ctx, `SELECT service_name, host_name, process_id, liveness_mode, metadata::text,
+	                                  started_at, last_heartbeat_at, now()
+	                             FROM liveness.instances WHERE instance_id = $1`, cfg.InstanceID).
+		Scan(&service, &host, &pid, &mode, &meta, &started, &last, &after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if service != "svc" || host != "host-a" || pid != 4242 || mode != string(ModeHeartbeatTableOnly) || meta != `{"version": "1.2.3"}` {
+		t.Fatalf("row = %q %q %d %q %s", service, host, pid, mode, meta)
+	}
+	s := h.Stats()
+	if s.Beats != 2 || !s.LastBeat.Equal(last) {
+		t.Fatalf("Stats = %+v; want 2 beats and LastBeat = the row's last_heartbeat_at %s", s, last)
+	}
+	if !started.Before(last) {
+		t.Fatalf("started_at %s is not before last_heartbeat_at %s: the second beat overwrote it", started, last)
+	}
+	if last.Before(before) || last.After(after) {
+		t.Fatalf("last_heartbeat_at %s is outside the database's [%s, %s]", last, before, after)
+	}
+
+	if err := h.Remove(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM liveness.instances`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d rows (%v) after Remove, want 0", n, err)
+	}
+}
+
+// TestHeartbeatWritesPerHour simulates an hour at the agent's default timing, one
+// instance per database and mode, both holding a real alive lock, and counts the
+// heartbeat statements in pg_stat_statements: one write per slow interval with the lock
+// in advisory-lock mode, one per fast interval in table-only mode.
+func TestHeartbeatWritesPerHour(t *testing.T) {
+	ctx := livenessTestCtx(t)
+	writes := map[Mode]int64{}
+	for _, mode := range []Mode{ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly} {
+		db, pool := livenessDB(t, ctx)
+		db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
+		lock := startAliveLock(t, AliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc"})
+		eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
+
+		cfg := testHeartbeatConfig(pool, lock)
+		cfg.InstanceID = uuid.New()
+		cfg.Mode = mode
+		clk := newFakeClock()
+		cfg.clock = clk
+		_, stop := startHeartbeat(t, cfg)
+		for elapsed := time.Duration(0); ; {
+			d := clk.next(t)
+			if elapsed+d > time.Hour {
+				break
+			}
+			elapsed += d
+			clk.Advance(d)
+		}
+		stop()
+		if !lock.Held() {
+			t.Fatalf("%s: the alive lock was lost during the simulated hour", mode)
+		}
+		var n int64
+		err := pool.QueryRow(ctx, `SELECT coalesce(sum(s.calls), 0)::bigint
+		                             FROM pg_stat_statements s
+		                            WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+		                              AND s.query LIKE '/* pg_liveness:heartbeat */%'`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writes[mode] = n
+	}
+	lockMode, tableOnly := writes[ModeAdvisoryLockWhenAvailable], writes[ModeHeartbeatTableOnly]
+	t.Logf("heartbeat writes in a simulated hour: %d with the lock held, %d in table-only mode", lockMode, tableOnly)
+	// The first beat at once, then one per 60s or 30s.
+	if lockMode != 61 || tableOnly != 121 {
+		t.Fatalf("writes = %d (lock held) and %d (table-only), want 61 and 121", lockMode, tableOnly)
+	}
+	if r := float64(tableOnly) / float64(lockMode); r < 1.8 || r > 2.2 {
+		t.Fatalf("ratio %.2f, want slow/fast = 2 ± 0.2", r)
+	}
+}
+
+// TestHeartbeatConfigValidate: nonsense timing is refused, naming the flags.
+func TestHeartbeatConfigValidate(t *testing.T) {
+	good := HeartbeatConfig{InstanceID: uuid.New(), ServiceName: "svc",
+		Interval: 30 * time.Second, SlowInterval: 60 * time.Second, StaleThreshold: 90 * time.Second}
+	if err := good.Validate(); err != nil {
+		t.Fatalf("the default timing is refused: %v", err)
+	}
+	cases := []struct {
+		name string
+		edit func(*HeartbeatConfig)
+		want string
+	}{
+		{"slow below fast", func(c *HeartbeatConfig) { c.SlowInterval = 10 * time.Second },
+			"--agent.heartbeat-slow-interval (10s) must not be below --agent.heartbeat-interval (30s)"},
+		{"zero interval", func(c *HeartbeatConfig) { c.Interval = 0 },
+			"--agent.heartbeat-interval (0s) must be positive"},
+		{"negative slow interval", func(c *HeartbeatConfig) { c.SlowInterval = -time.Second },
+			"--agent.heartbeat-slow-interval (-1s) must be positive"},
+		{"stale below slow", func(c *HeartbeatConfig) { c.StaleThreshold = 50 * time.Second },
+			"--agent.stale-threshold (50s) must not be below --agent.heartbeat-slow-interval (1m0s)"},
+		{"stale equal to fast", func(c *HeartbeatConfig) {
+			c.Interval, c.SlowInterval, c.StaleThreshold = 30*time.Second, 30*time.Second, 30*time.Second
+		}, "--agent.stale-threshold (30s) must be above --agent.heartbeat-interval (30s)"},
+		{"unknown mode", func(c *HeartbeatConfig) { c.Mode = "lock-only" }, "--agent.liveness-mode"},
+		{"nil instance id", func(c *HeartbeatConfig) { c.InstanceID = uuid.Nil }, "--agent.instance-id"},
+		{"no service name", func(c *HeartbeatConfig) { c.ServiceName = " " }, "--agent.service-name"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := good
+			tc.edit(&c)
+			err := c.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate() = %v, want an error containing %q", err, tc.want)
+			}
+			if _, err := NewHeartbeatWorker(c); err == nil {
+				t.Fatal("NewHeartbeatWorker accepted what Validate refuses")
+			}
+		})
+	}
+	if _, err := NewHeartbeatWorker(good); err == nil || !strings.Contains(err.Error(), "Pool") {
+		t.Fatalf("NewHeartbeatWorker without a pool = %v, want an error naming Pool", err)
+	}
+}

@@ -1,0 +1,91 @@
+package liveness
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+)
+
+// aliveLockStartupParameters are the parameters the lock's connection sends that
+// PgBouncer does not know.
+var aliveLockStartupParameters = []string{"tcp_keepalives_idle", "tcp_keepalives_interval",
+	"tcp_keepalives_count", "tcp_user_timeout", "idle_session_timeout"}
+
+// TestAliveLockBehindPgBouncer points the direct DSN at a real PgBouncer in transaction
+// pooling mode. The lock must be reported not held, with one clear log line, no lock may
+// be left on a pooled server connection, and the heartbeat stays fast.
+func TestAliveLockBehindPgBouncer(t *testing.T) {
+	ctx := livenessTestCtx(t)
+
+	t.Run("transaction pooling", func(t *testing.T) {
+		db, direct := livenessDB(t, ctx)
+		bouncer := pgtest.NewPgBouncer(t, db.DSN, pgtest.WithIgnoreStartupParameters(aliveLockStartupParameters...))
+		id := uuid.New()
+		logs := &logRecorder{}
+		lock := startAliveLock(t, AliveLockConfig{DSN: bouncer.DSN(db.Name), InstanceID: id, ServiceName: "svc",
+			VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
+
+		// The service's pool goes through PgBouncer too, as it would behind one; pgx must
+		// not use named prepared statements there.
+		poolCfg := bouncer.DSN(db.Name) + " default_query_exec_mode=exec"
+		pool := pgtest.Pool(t, poolCfg, 2)
+		cfg := testHeartbeatConfig(pool, lock)
+		cfg.InstanceID = id
+		h, _ := startHeartbeat(t, cfg)
+
+		const pooled = "PgBouncer in transaction pooling mode"
+		eventually(t, 5*time.Second, "several verifications through PgBouncer"+logs.String(), func() bool {
+			n, _ := logs.count(pooled, slog.LevelDebug)
+			return n >= 5
+		})
+		if _, loud := logs.count(pooled, slog.LevelError); loud != 1 {
+			t.Fatalf("%d error lines about pooling, want exactly 1:%s", loud, logs)
+		}
+		if s := lock.Stats(); s.Held || s.Claims != 0 {
+			t.Fatalf("alive lock Stats = %+v through PgBouncer, want not held and no claim", s)
+		}
+		if pid := lockHolderPID(t, ctx, direct, id); pid != 0 {
+			t.Fatalf("backend %d holds the alive lock: a claim leaked onto a pooled server connection", pid)
+		}
+		eventually(t, 5*time.Second, "a beat through PgBouncer", func() bool { return h.Stats().Beats >= 1 })
+		if s := h.Stats(); s.Interval != DefaultHeartbeatInterval {
+			t.Fatalf("heartbeat interval %s, want the fast %s", s.Interval, DefaultHeartbeatInterval)
+		}
+		var n int
+		if err := direct.QueryRow(ctx, `SELECT count(*) FROM liveness.instances WHERE instance_id = $1`, id).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("%d instance rows (%v), want 1", n, err)
+		}
+	})
+
+	// A stock PgBouncer refuses the keepalive startup parameters: the lock cannot
+	// connect, says why once, and the heartbeat goes on at the fast cadence.
+	t.Run("startup parameters refused", func(t *testing.T) {
+		db, pool := livenessDB(t, ctx)
+		bouncer := pgtest.NewPgBouncer(t, db.DSN)
+		logs := &logRecorder{}
+		lock := startAliveLock(t, AliveLockConfig{DSN: bouncer.DSN(db.Name), InstanceID: uuid.New(), ServiceName: "svc",
+			Logger: slog.New(logs)})
+		cfg := testHeartbeatConfig(pool, lock)
+		h, _ := startHeartbeat(t, cfg)
+
+		const refused = "points at PgBouncer"
+		eventually(t, 10*time.Second, "two refused connections"+logs.String(), func() bool {
+			n, _ := logs.count(refused, slog.LevelDebug)
+			return n >= 2
+		})
+		if _, loud := logs.count(refused, slog.LevelError); loud != 1 {
+			t.Fatalf("%d error lines about the refused parameters, want exactly 1:%s", loud, logs)
+		}
+		if lock.Held() {
+			t.Fatal("the alive lock is held without a connection")
+		}
+		eventually(t, 5*time.Second, "the first beat", func() bool { return h.Stats().Beats >= 1 })
+		if s := h.Stats(); s.Interval != DefaultHeartbeatInterval {
+			t.Fatalf("heartbeat interval %s, want the fast %s", s.Interval, DefaultHeartbeatInterval)
+		}
+	})
+}
