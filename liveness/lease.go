@@ -1,0 +1,449 @@
+package liveness
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+)
+
+// MinLeaseTTL is the shortest ttl a lease may have.
+const MinLeaseTTL = 100 * time.Millisecond
+
+// runReleaseTimeout bounds the release at the end of Run, which runs even when Run's
+// context has ended (shutdown), so that other instances can take the lease at once.
+const runReleaseTimeout = 5 * time.Second
+
+// ErrLeaseLost matches (errors.Is) every *LeaseLostError.
+var ErrLeaseLost = errors.New("lease lost")
+
+// ErrLeaseReleased is the cause of a lease's context after Release.
+var ErrLeaseReleased = errors.New("lease released")
+
+// LeaseLostError is the cause of a lost lease's context. Reasons:
+//
+//   - LostTaken: a renewal reached the database and touched no row. Another holder took
+//     the lease over, the row was deleted, or it had expired by the database clock.
+//   - LostError: the trust window ran out while the most recent renewal attempt had
+//     failed with an error (connection refused, pool closed, SQL error). Err is that
+//     error. A failed renewal is retried every ttl/16 until the window runs out.
+//   - LostExpired: the trust window ran out with no failed attempt to blame: a renewal
+//     was still unanswered (a hung network, a stalled server) or none could be sent in
+//     time (a paused process).
+type LeaseLostError struct {
+	Name   string
+	Epoch  int64
+	Reason LostReason
+	Err    error
+}
+
+func (e *LeaseLostError) Error() string {
+	msg := fmt.Sprintf("liveness: lease %q (epoch %d) lost: %s", e.Name, e.Epoch, e.Reason)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is makes errors.Is(err, ErrLeaseLost) true.
+func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
+
+func (e *LeaseLostError) Unwrap() error { return e.Err }
+
+// LeasesConfig configures Leases.
+type LeasesConfig struct {
+	// Pool runs every lease statement, each on a connection borrowed for that statement
+	// alone; no connection is held while a lease is held.
+	Pool *pgxpool.Pool
+	// Schema holds the migrations' objects; empty means DefaultSchema.
+	Schema string
+	// Margin is taken off the ttl to get the local trust window. It covers clock-rate
+	// differences between this host and the server, and the time a job needs to notice
+	// its cancelled context. 0 means ttl/10. It must be below ttl/2.
+	Margin time.Duration
+	// Logger receives a warning for each lost lease; nil discards.
+	Logger *slog.Logger
+}
+
+// Leases takes and keeps table leases: singleton jobs held by a row in <schema>.leases,
+// never by a connection. Every time is the database's now(); only the local trust window
+// uses this host's monotonic clock.
+//
+// The trust window ends ttl − margin after the last successful acquire or renew
+// statement was sent. The server evaluated now() for that statement after it was sent,
+// so the window closes at least margin before the row expires by the database clock (at
+// equal clock rates): the lease's context is cancelled before anyone else can take it.
+type Leases struct {
+	pool   *pgxpool.Pool
+	stmts  leaseStatements
+	margin time.Duration
+	log    *slog.Logger
+	host   string
+
+	mu    sync.Mutex
+	names map[string]*leaseCounts
+}
+
+type leaseCounts struct {
+	held int
+	lost map[LostReason]uint64
+}
+
+// NewLeases checks cfg and returns a Leases.
+func NewLeases(cfg LeasesConfig) (*Leases, error) {
+	if cfg.Pool == nil {
+		return nil, errors.New("liveness: LeasesConfig.Pool is nil")
+	}
+	if cfg.Margin < 0 {
+		return nil, fmt.Errorf("liveness: LeasesConfig.Margin %v is negative", cfg.Margin)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	return &Leases{
+		pool:   cfg.Pool,
+		stmts:  newLeaseStatements(cfg.Schema),
+		margin: cfg.Margin,
+		log:    log,
+		host:   host,
+		names:  map[string]*leaseCounts{},
+	}, nil
+}
+
+// Lease is one acquisition of a named lease. Its context is cancelled when the lease is
+// lost, released, or when the context given to TryAcquire ends.
+type Lease struct {
+	Name string
+	// Holder is hostname:pid:64 random bits in hex, new on every acquisition.
+	Holder string
+	// Epoch is the fencing token: it strictly increases across acquisitions, takeovers,
+	// releases and deletes. Fence writes with <schema>.lease_is_held(Name, Epoch).
+	Epoch int64
+	// TakenAt is the database time of the acquisition.
+	TakenAt time.Time
+
+	leases      *Leases
+	ttl         time.Duration
+	margin      time.Duration
+	ctx         context.Context
+	cancel      context.CancelCauseFunc
+	window      *time.Timer // cancels the lease when the trust window runs out
+	renewerDone chan struct{}
+
+	mu         sync.Mutex
+	expiresAt  time.Time // database time
+	trustUntil time.Time // monotonic: start of the last successful statement + ttl - margin
+	lastErr    error     // the most recent renewal attempt's error; nil once it is sent
+	ended      bool
+
+	releaseOnce sync.Once
+	releaseErr  error
+}
+
+// holderID returns hostname:pid:64 random bits.
+func (l *Leases) holderID() (string, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("liveness: random holder id: %w", err)
+	}
+	return fmt.Sprintf("%s:%d:%016x", l.host, os.Getpid(), binary.BigEndian.Uint64(b[:])), nil
+}
+
+// marginFor validates name and ttl and returns the margin for ttl.
+func (l *Leases) marginFor(name string, ttl time.Duration) (time.Duration, error) {
+	if name == "" {
+		return 0, errors.New("liveness: lease name is empty")
+	}
+	if ttl < MinLeaseTTL {
+		return 0, fmt.Errorf("liveness: lease %q: ttl %v is below the minimum %v", name, ttl, MinLeaseTTL)
+	}
+	if l.margin == 0 {
+		return ttl / 10, nil
+	}
+	// Below ttl/2 leaves the window room for the first renewal (at ttl/4) and retries.
+	if l.margin >= ttl/2 {
+		return 0, fmt.Errorf("liveness: lease %q: LeasesConfig.Margin %v must be below half the ttl %v", name, l.margin, ttl)
+	}
+	return l.margin, nil
+}
+
+// TryAcquire takes the lease name for ttl if nobody holds it or its holder let it
+// expire. It returns nil, nil when another holder has it. The lease renews itself every
+// ttl/4 until Release, loss, or the end of ctx; call Release in every case.
+func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+	margin, err := l.marginFor(name, ttl)
+	if err != nil {
+		return nil, err
+	}
+	holder, err := l.holderID()
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	trustUntil := start.Add(ttl - margin)
+	// An answer after the trust window would be a lease we may not trust anyway.
+	actx, cancel := context.WithDeadline(ctx, trustUntil)
+	defer cancel()
+	var (
+		epoch            int64
+		taken, expiresAt time.Time
+	)
+	err = l.pool.QueryRow(actx, l.stmts.acquire, name, holder, ttl.Seconds()).Scan(&epoch, &taken, &expiresAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		// If the insert committed but its answer was lost, the row simply expires.
+		return nil, fmt.Errorf("liveness: acquire lease %q: %w", name, dsn.RedactError(err))
+	}
+
+	lctx, lcancel := context.WithCancelCause(ctx)
+	le := &Lease{
+		Name: name, Holder: holder, Epoch: epoch, TakenAt: taken,
+		leases: l, ttl: ttl, margin: margin,
+		ctx: lctx, cancel: lcancel,
+		renewerDone: make(chan struct{}),
+		expiresAt:   expiresAt, trustUntil: trustUntil,
+	}
+	l.noteAcquired(name)
+	le.mu.Lock()
+	le.window = time.AfterFunc(time.Until(trustUntil), le.windowClosed)
+	le.mu.Unlock()
+	go le.renewLoop()
+	return le, nil
+}
+
+// Run runs fn under the lease name if it can be taken, and reports whether it ran. When
+// another holder has the lease, Run skips the round: false, nil. fn's context is the
+// lease's, cancelled when the lease is lost. The lease is released when fn returns, with
+// its own short deadline even if ctx has ended. The error joins fn's error, the
+// *LeaseLostError if the lease was lost, and any release error.
+func (l *Leases) Run(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, lease *Lease) error) (ran bool, err error) {
+	lease, err := l.TryAcquire(ctx, name, ttl)
+	if err != nil || lease == nil {
+		return false, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
+		defer cancel()
+		relErr := lease.Release(rctx)
+		var lost error
+		if cause := context.Cause(lease.ctx); errors.Is(cause, ErrLeaseLost) {
+			lost = cause
+		}
+		err = errors.Join(err, lost, relErr)
+	}()
+	return true, fn(lease.ctx, lease)
+}
+
+// Context is cancelled when the lease is lost, released, or its parent context ends.
+func (le *Lease) Context() context.Context { return le.ctx }
+
+// Done is Context().Done().
+func (le *Lease) Done() <-chan struct{} { return le.ctx.Done() }
+
+// Err is nil while the lease is held. Afterwards it is a *LeaseLostError when the lease
+// was lost, ErrLeaseReleased after Release, or the parent context's cause.
+func (le *Lease) Err() error {
+	if le.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(le.ctx)
+}
+
+// LostReason reports why the lease was lost; false if it was not lost.
+func (le *Lease) LostReason() (LostReason, bool) {
+	var lost *LeaseLostError
+	if errors.As(le.Err(), &lost) {
+		return lost.Reason, true
+	}
+	return "", false
+}
+
+// ExpiresAt is the database time the lease expires at, as of the last successful
+// renewal.
+func (le *Lease) ExpiresAt() time.Time {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.expiresAt
+}
+
+// Release stops the renewals, waits for the renewer to exit, cancels the lease's context
+// and deletes the row if it still belongs to this acquisition (name, holder and epoch), so
+// a late Release never deletes a newer holder's lease. It is safe to call more than once
+// and after a loss; later calls return the first call's error.
+func (le *Lease) Release(ctx context.Context) error {
+	le.releaseOnce.Do(func() {
+		le.end(ErrLeaseReleased)
+		<-le.renewerDone
+		if _, err := le.leases.pool.Exec(ctx, le.leases.stmts.release, le.Name, le.Holder, le.Epoch); err != nil {
+			le.releaseErr = fmt.Errorf("liveness: release lease %q: %w", le.Name, dsn.RedactError(err))
+		}
+	})
+	return le.releaseErr
+}
+
+// renewLoop renews every ttl/4, and ttl/16 after a failed attempt, until the lease's
+// context ends. It is owned by the lease: Release waits for it.
+func (le *Lease) renewLoop() {
+	defer close(le.renewerDone)
+	every, retry := le.ttl/4, le.ttl/16
+	t := time.NewTimer(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-le.ctx.Done():
+			le.end(nil) // the parent context ended, unless the lease already had
+			return
+		case <-t.C:
+		}
+		if le.renew() {
+			t.Reset(every)
+		} else {
+			t.Reset(retry)
+		}
+	}
+}
+
+// renew sends one renewal and reports whether it succeeded.
+func (le *Lease) renew() bool {
+	sent := time.Now()
+	le.mu.Lock()
+	until := le.trustUntil
+	le.lastErr = nil // an unanswered attempt counts as "expired", not "error"
+	le.mu.Unlock()
+
+	rctx, cancel := context.WithDeadline(le.ctx, until)
+	defer cancel()
+	var expiresAt time.Time
+	err := le.leases.pool.QueryRow(rctx, le.leases.stmts.renew, le.Name, le.Holder, le.Epoch, le.ttl.Seconds()).Scan(&expiresAt)
+	switch {
+	case err == nil:
+		le.mu.Lock()
+		defer le.mu.Unlock()
+		if !le.ended {
+			le.expiresAt = expiresAt
+			// Measured from when the renewal was sent: the server's now() came later.
+			le.trustUntil = sent.Add(le.ttl - le.margin)
+			le.window.Reset(time.Until(le.trustUntil))
+		}
+		return true
+	case errors.Is(err, pgx.ErrNoRows):
+		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostTaken})
+		return false
+	case le.ctx.Err() != nil:
+		return false // released, lost or the parent ended: the loop exits
+	default:
+		err = dsn.RedactError(err)
+		le.mu.Lock()
+		if time.Now().Before(until) { // an answer past the window is no answer
+			le.lastErr = err
+		}
+		le.mu.Unlock()
+		le.leases.log.Debug("lease renewal failed; retrying", "lease", le.Name, "epoch", le.Epoch, "err", err)
+		return false
+	}
+}
+
+// windowClosed runs when the trust window may have run out.
+func (le *Lease) windowClosed() {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	if le.ended || time.Now().Before(le.trustUntil) {
+		return // a renewal extended the window while this timer fired
+	}
+	lost := &LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostExpired}
+	if le.lastErr != nil {
+		lost.Reason, lost.Err = LostError, le.lastErr
+	}
+	le.endLocked(lost)
+}
+
+func (le *Lease) end(cause error) {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	le.endLocked(cause)
+}
+
+// endLocked ends the lease once: it stops the window timer, cancels the context with
+// cause and updates the counts. A nil cause, or a context the parent already ended, means
+// the parent context ended it; that is not a loss.
+func (le *Lease) endLocked(cause error) {
+	if le.ended {
+		return
+	}
+	le.ended = true
+	le.window.Stop()
+	var lost *LeaseLostError
+	if le.ctx.Err() != nil || !errors.As(cause, &lost) {
+		lost = nil
+	}
+	// Count and log first: whoever wakes on Done must see the loss.
+	le.leases.noteEnded(le.Name, lost)
+	if lost != nil {
+		attrs := []any{"lease", le.Name, "epoch", le.Epoch, "holder", le.Holder, "reason", string(lost.Reason)}
+		if lost.Err != nil {
+			attrs = append(attrs, "err", lost.Err)
+		}
+		le.leases.log.Warn("lease lost; cancelling its context", attrs...)
+	}
+	le.cancel(cause) // no-op when the parent already cancelled it
+}
+
+func (l *Leases) counts(name string) *leaseCounts {
+	c := l.names[name]
+	if c == nil {
+		c = &leaseCounts{lost: map[LostReason]uint64{}}
+		l.names[name] = c
+	}
+	return c
+}
+
+func (l *Leases) noteAcquired(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.counts(name).held++
+}
+
+func (l *Leases) noteEnded(name string, lost *LeaseLostError) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.counts(name)
+	c.held--
+	if lost != nil {
+		c.lost[lost.Reason]++
+	}
+}
+
+// Stats lists every name this Leases has acquired, sorted by Name. Lost has every reason,
+// zero included.
+func (l *Leases) Stats() []LeaseStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]LeaseStats, 0, len(l.names))
+	for name, c := range l.names {
+		lost := map[LostReason]uint64{LostExpired: 0, LostTaken: 0, LostError: 0}
+		for r, n := range c.lost {
+			lost[r] = n
+		}
+		out = append(out, LeaseStats{Name: name, Held: c.held > 0, Lost: lost})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}

@@ -1,0 +1,1058 @@
+package liveness_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+)
+
+// leaseTestCtx is the deadline of a whole lease test.
+func leaseTestCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// leaseDB is a fresh database with the migrations applied in the default schema.
+func leaseDB(t *testing.T, ctx context.Context, maxConns int32) (*pgtest.DB, *pgxpool.Pool) {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	pool := db.Pool(t, maxConns)
+	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
+	return db, pool
+}
+
+func newTestLeases(t *testing.T, pool *pgxpool.Pool) *liveness.Leases {
+	t.Helper()
+	l, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// mustAcquire takes a lease that must be free and releases it when the test ends.
+func mustAcquire(t *testing.T, ctx context.Context, l *liveness.Leases, name string, ttl time.Duration) *liveness.Lease {
+	t.Helper()
+	le, err := l.TryAcquire(ctx, name, ttl)
+	if err != nil {
+		t.Fatalf("TryAcquire(%q): %v", name, err)
+	}
+	if le == nil {
+		t.Fatalf("TryAcquire(%q) = nil: another holder has it", name)
+	}
+	t.Cleanup(func() {
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = le.Release(rctx)
+	})
+	return le
+}
+
+// acquireWhenFree polls until the lease is taken, within 10 s.
+func acquireWhenFree(t *testing.T, ctx context.Context, l *liveness.Leases, name string, ttl time.Duration) *liveness.Lease {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		le, err := l.TryAcquire(ctx, name, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if le != nil {
+			t.Cleanup(func() {
+				rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = le.Release(rctx)
+			})
+			return le
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("lease %q was not free within 10s", name)
+	return nil
+}
+
+// waitLost waits up to 5 s for the lease's context and returns its lost reason.
+func waitLost(t *testing.T, le *liveness.Lease) liveness.LostReason {
+	t.Helper()
+	select {
+	case <-le.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatalf("lease %q (epoch %d) still believes it is held 5s after losing it", le.Name, le.Epoch)
+	}
+	reason, lost := le.LostReason()
+	if !lost {
+		t.Fatalf("lease %q ended with %v, want a loss", le.Name, le.Err())
+	}
+	if !errors.Is(le.Err(), liveness.ErrLeaseLost) || !errors.Is(context.Cause(le.Context()), liveness.ErrLeaseLost) {
+		t.Fatalf("Err() = %v, Cause = %v; want ErrLeaseLost", le.Err(), context.Cause(le.Context()))
+	}
+	return reason
+}
+
+// expireRow makes a lease expire now by the database clock, as if its holder had stopped
+// renewing ttl ago.
+func expireRow(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string) {
+	t.Helper()
+	tag, err := pool.Exec(ctx, `UPDATE liveness.leases SET expires_at = now() - interval '1 millisecond' WHERE name = $1`, name)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("expire lease row %q: %v, %d rows", name, err, tag.RowsAffected())
+	}
+}
+
+type leaseRow struct {
+	holder string
+	epoch  int64
+}
+
+// rowOf reads a lease's row; ok is false when there is none.
+func rowOf(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string) (leaseRow, bool) {
+	t.Helper()
+	var r leaseRow
+	err := pool.QueryRow(ctx, `SELECT holder, epoch FROM liveness.leases WHERE name = $1`, name).Scan(&r.holder, &r.epoch)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, true
+}
+
+// lockedBuffer collects log output written from the renewer's goroutine.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// describe names a lease in failure messages.
+func describe(le *liveness.Lease) string {
+	if le == nil {
+		return "nil"
+	}
+	return fmt.Sprintf("lease %q holder %s epoch %d", le.Name, le.Holder, le.Epoch)
+}
+
+func statsOf(t *testing.T, l *liveness.Leases, name string) liveness.LeaseStats {
+	t.Helper()
+	for _, s := range l.Stats() {
+		if s.Name == name {
+			return s
+		}
+	}
+	t.Fatalf("Stats() has no %q: %+v", name, l.Stats())
+	return liveness.LeaseStats{}
+}
+
+// The report's own test: four leases held on a pool of ONE connection, their jobs using
+// that pool too, and still the readiness probe's write commits within 3 s. A lease that
+// kept its connection (the old TryExclusive) would starve every other statement.
+func TestLeasesHoldNoConnection(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	db, pool := leaseDB(t, ctx, 1)
+	db.Exec(t, `CREATE TABLE readiness_probe (id serial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())`)
+	leases := newTestLeases(t, pool)
+
+	// ttl 1 s: each lease renews every 250 ms, through the same single connection.
+	const ttl = time.Second
+	names := []string{"cleanup", "alerts", "mail-checks", "uptime-runner:node-a"}
+	inside := make(chan *liveness.Lease, len(names))
+	finish := make(chan struct{})
+	type result struct {
+		ran bool
+		err error
+	}
+	results := make(chan result, len(names))
+	for _, name := range names {
+		go func() {
+			ran, err := leases.Run(ctx, name, ttl, func(ctx context.Context, le *liveness.Lease) error {
+				// Like the report's jobs, the work itself needs a pool connection.
+				var n int
+				if err := pool.QueryRow(ctx, `SELECT count(*) FROM readiness_probe`).Scan(&n); err != nil {
+					return err
+				}
+				inside <- le
+				select {
+				case <-finish:
+					return nil
+				case <-ctx.Done():
+					return context.Cause(ctx)
+				}
+			})
+			results <- result{ran, err}
+		}()
+	}
+	held := map[string]*liveness.Lease{}
+	for range names {
+		select {
+		case le := <-inside:
+			held[le.Name] = le
+		case <-time.After(10 * time.Second):
+			close(finish)
+			t.Fatalf("only %d of %d jobs got their lease and a connection within 10s", len(held), len(names))
+		}
+	}
+	// Let every lease renew at least twice on the one connection.
+	time.Sleep(ttl * 3 / 5)
+
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	tx, err := pool.Begin(wctx)
+	if err == nil {
+		_, err = tx.Exec(wctx, `INSERT INTO readiness_probe DEFAULT VALUES`)
+		if err == nil {
+			err = tx.Commit(wctx)
+		}
+		_ = tx.Rollback(ctx)
+	}
+	if err != nil {
+		close(finish)
+		t.Fatalf("readiness write with %d leases held on a pool of one did not commit within 3s (%v): %v", len(names), time.Since(start), err)
+	}
+
+	var renewed int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM liveness.leases WHERE expires_at > taken_at + $1::interval`, ttl).Scan(&renewed); err != nil {
+		t.Fatal(err)
+	}
+	for name, le := range held {
+		if le.Err() != nil {
+			t.Errorf("lease %q ended while held: %v", name, le.Err())
+		}
+	}
+	if renewed != len(names) {
+		t.Errorf("%d of %d leases were renewed through the pool of one", renewed, len(names))
+	}
+	close(finish)
+	for range names {
+		if r := <-results; !r.ran || r.err != nil {
+			t.Errorf("Run = %v, %v; want true, nil", r.ran, r.err)
+		}
+	}
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM liveness.leases`).Scan(&left); err != nil || left != 0 {
+		t.Errorf("%d lease rows left after every Run returned (%v), want 0", left, err)
+	}
+}
+
+// 32 contenders, hundreds of rounds, one name. The database itself checks that no two
+// holders are ever inside at once: entering inserts a row keyed by the lease name (a
+// second holder inside gets a unique violation), the work is a write fenced by
+// lease_is_held(name, epoch), and leaving deletes the row by its epoch.
+func TestLeaseContentionOneHolderAtATime(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	db, pool := leaseDB(t, ctx, 8)
+	db.Exec(t, `CREATE TABLE lease_inside (name text PRIMARY KEY, epoch bigint NOT NULL);
+		CREATE TABLE lease_counter (name text PRIMARY KEY, n bigint NOT NULL);
+		INSERT INTO lease_counter VALUES ('contended', 0)`)
+	leases := newTestLeases(t, pool)
+
+	const (
+		contenders = 32
+		wantRounds = 300
+		name       = "contended"
+	)
+	var (
+		rounds, attempts atomic.Int64
+		stopAll          atomic.Bool
+		mu               sync.Mutex
+		epochs           = map[int64]bool{}
+		failures         []error
+	)
+	critical := func(ctx context.Context, le *liveness.Lease) error {
+		if _, err := pool.Exec(ctx, `INSERT INTO lease_inside VALUES ($1, $2)`, name, le.Epoch); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+				return fmt.Errorf("epoch %d entered while another holder was inside: %w", le.Epoch, err)
+			}
+			return err
+		}
+		tag, err := pool.Exec(ctx, `UPDATE lease_counter SET n = n + 1 WHERE name = $1 AND liveness.lease_is_held($1, $2)`, name, le.Epoch)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("epoch %d: write fenced by lease_is_held was rejected inside the critical section", le.Epoch)
+		}
+		if tag, err = pool.Exec(ctx, `DELETE FROM lease_inside WHERE name = $1 AND epoch = $2`, name, le.Epoch); err != nil {
+			return err
+		}
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("epoch %d: its entry row was gone when it left: another holder removed it", le.Epoch)
+		}
+		mu.Lock()
+		if epochs[le.Epoch] {
+			failures = append(failures, fmt.Errorf("epoch %d handed out twice", le.Epoch))
+		}
+		epochs[le.Epoch] = true
+		mu.Unlock()
+		rounds.Add(1)
+		return nil
+	}
+
+	var wg sync.WaitGroup
+	for range contenders {
+		wg.Go(func() {
+			for rounds.Load() < wantRounds && ctx.Err() == nil && !stopAll.Load() {
+				attempts.Add(1)
+				// A long ttl: no lease may expire here, so any overlap is a bug.
+				ran, err := leases.Run(ctx, name, 10*time.Second, critical)
+				if err != nil {
+					mu.Lock()
+					failures = append(failures, err)
+					mu.Unlock()
+					stopAll.Store(true)
+					return
+				}
+				if !ran {
+					time.Sleep(time.Millisecond) // skipped: try the next round soon
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range failures {
+		t.Error(err)
+	}
+	if t.Failed() {
+		return
+	}
+	var n int64
+	if err := pool.QueryRow(ctx, `SELECT n FROM lease_counter`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if r := rounds.Load(); r < wantRounds || n != r {
+		t.Fatalf("%d rounds ran, the fenced counter says %d; want ≥ %d and equal", r, n, wantRounds)
+	}
+	if a := attempts.Load(); a <= rounds.Load() {
+		t.Fatalf("%d attempts for %d rounds: the contenders never contended", a, rounds.Load())
+	}
+	t.Logf("%d contenders: %d rounds in %d attempts", contenders, rounds.Load(), attempts.Load())
+}
+
+func TestLeaseTakeover(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	_, pool := leaseDB(t, ctx, 4)
+	a, b := newTestLeases(t, pool), newTestLeases(t, pool) // two processes
+
+	t.Run("unrenewed lease is taken over after it expires", func(t *testing.T) {
+		const ttl = time.Second
+		// A holder that stops renewing: its context ends, and nobody releases the row.
+		parent, stop := context.WithCancel(ctx)
+		old := mustAcquire(t, parent, a, "unrenewed", ttl)
+		stop()
+		<-old.Done()
+		for deadline := time.Now().Add(time.Second); statsOf(t, a, "unrenewed").Held && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond) // the renewer notices the parent's end on its own
+		}
+		if s := statsOf(t, a, "unrenewed"); s.Held || s.Lost[liveness.LostExpired]+s.Lost[liveness.LostTaken]+s.Lost[liveness.LostError] != 0 {
+			t.Fatalf("a lease whose parent context ended: Stats = %+v; want not held, no loss", s)
+		}
+		if _, lost := old.LostReason(); lost || !errors.Is(old.Err(), context.Canceled) {
+			t.Fatalf("a lease whose parent context ended: Err = %v; want context.Canceled, not a loss", old.Err())
+		}
+		if le, err := b.TryAcquire(ctx, "unrenewed", ttl); err != nil || le != nil {
+			t.Fatalf("TryAcquire on an unexpired lease = %s, %v; want nil, nil", describe(le), err)
+		}
+		next := acquireWhenFree(t, ctx, b, "unrenewed", ttl)
+		if next.TakenAt.Before(old.ExpiresAt()) {
+			t.Fatalf("taken over at %v, before the old lease expired at %v (database clock)", next.TakenAt, old.ExpiresAt())
+		}
+		if next.Epoch <= old.Epoch || next.Holder == old.Holder {
+			t.Fatalf("takeover epoch %d holder %s; old epoch %d holder %s", next.Epoch, next.Holder, old.Epoch, old.Holder)
+		}
+	})
+
+	t.Run("renewed lease is never taken", func(t *testing.T) {
+		const ttl = 400 * time.Millisecond
+		held := mustAcquire(t, ctx, a, "renewed", ttl)
+		first := held.ExpiresAt()
+		for end := time.Now().Add(5 * ttl); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if le, err := b.TryAcquire(ctx, "renewed", ttl); err != nil || le != nil {
+				t.Fatalf("TryAcquire on a renewed lease = %s, %v; want nil, nil", describe(le), err)
+			}
+		}
+		if held.Err() != nil || !held.ExpiresAt().After(first.Add(3*ttl)) {
+			t.Fatalf("after 5 ttl: Err = %v, expires %v (first %v); want held and renewed", held.Err(), held.ExpiresAt(), first)
+		}
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if le := mustAcquire(t, ctx, b, "renewed", ttl); le.Epoch <= held.Epoch {
+			t.Fatalf("epoch after release %d, want > %d", le.Epoch, held.Epoch)
+		}
+	})
+}
+
+func TestLeaseLateReleaseKeepsNewerHolder(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	_, pool := leaseDB(t, ctx, 4)
+	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
+	const ttl = 300 * time.Millisecond
+
+	parent, stop := context.WithCancel(ctx)
+	old := mustAcquire(t, parent, a, "job", ttl)
+	stop() // stops renewing, as a paused process would
+	next := acquireWhenFree(t, ctx, b, "job", ttl)
+
+	if err := old.Release(ctx); err != nil {
+		t.Fatalf("late Release: %v", err)
+	}
+	if row, ok := rowOf(t, ctx, pool, "job"); !ok || row != (leaseRow{next.Holder, next.Epoch}) {
+		t.Fatalf("after a late Release the row is %+v (present %v), want the new holder's %s/%d", row, ok, next.Holder, next.Epoch)
+	}
+	// The new holder keeps renewing: its row was not touched.
+	first := next.ExpiresAt()
+	for end := time.Now().Add(3 * time.Second); !next.ExpiresAt().After(first); time.Sleep(10 * time.Millisecond) {
+		if next.Err() != nil || time.Now().After(end) {
+			t.Fatalf("new holder did not renew after the late Release: %v", next.Err())
+		}
+	}
+}
+
+// The old holder must notice, on its next renewal, that it no longer holds the lease,
+// however the row changed under it, and cancel its context.
+func TestLeaseLostIsReportedAndCancels(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	_, pool := leaseDB(t, ctx, 4)
+	const ttl = time.Second // renews every 250 ms
+
+	cases := []struct {
+		name   string
+		change func(t *testing.T, name string)
+	}{
+		{"taken over after expiry", func(t *testing.T, name string) {
+			expireRow(t, ctx, pool, name)
+			acquireWhenFree(t, ctx, newTestLeases(t, pool), name, time.Minute)
+		}},
+		// Without the expires_at guard a late renewal would resurrect the lease.
+		{"expired, not yet taken", func(t *testing.T, name string) {
+			expireRow(t, ctx, pool, name)
+		}},
+		// Without the epoch guard the same holder string with a new epoch would match.
+		{"same holder, newer epoch", func(t *testing.T, name string) {
+			if _, err := pool.Exec(ctx, `UPDATE liveness.leases SET epoch = nextval('liveness.lease_epoch_seq') WHERE name = $1`, name); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"row deleted", func(t *testing.T, name string) {
+			if _, err := pool.Exec(ctx, `DELETE FROM liveness.leases WHERE name = $1`, name); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs lockedBuffer
+			l, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := strings.ReplaceAll(tc.name, " ", "-")
+			le := mustAcquire(t, ctx, l, name, ttl)
+			tc.change(t, name)
+			if reason := waitLost(t, le); reason != liveness.LostTaken {
+				t.Fatalf("lost reason %q, want %q", reason, liveness.LostTaken)
+			}
+			var lostErr *liveness.LeaseLostError
+			if !errors.As(le.Err(), &lostErr) || lostErr.Name != name || lostErr.Epoch != le.Epoch {
+				t.Fatalf("Err() = %#v, want a *LeaseLostError for %s/%d", le.Err(), name, le.Epoch)
+			}
+			s := statsOf(t, l, name)
+			if s.Held || s.Lost[liveness.LostTaken] != 1 || s.Lost[liveness.LostExpired] != 0 || s.Lost[liveness.LostError] != 0 {
+				t.Fatalf("Stats = %+v, want not held and one loss (taken)", s)
+			}
+			if log := logs.String(); !strings.Contains(log, "level=WARN") || !strings.Contains(log, "reason=taken") {
+				t.Fatalf("no warning with reason=taken was logged: %q", log)
+			}
+			// The stale renewal changed nothing: the row is whatever the change left.
+			var resurrected bool
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM liveness.leases WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires_at >= now())`,
+				name, le.Holder, le.Epoch).Scan(&resurrected); err != nil || resurrected {
+				t.Fatalf("lost lease still valid in the table (%v)", err)
+			}
+		})
+	}
+}
+
+func TestLeaseEpochStrictlyIncreases(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	_, pool := leaseDB(t, ctx, 4)
+	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
+	const ttl = 10 * time.Second
+
+	var epochs []int64
+	check := func(step string, le *liveness.Lease) {
+		t.Helper()
+		if row, ok := rowOf(t, ctx, pool, le.Name); !ok || row.epoch != le.Epoch || row.holder != le.Holder {
+			t.Fatalf("%s: row %+v (present %v), lease %s/%d", step, row, ok, le.Holder, le.Epoch)
+		}
+		if n := len(epochs); n > 0 && le.Epoch <= epochs[n-1] {
+			t.Fatalf("%s: epoch %d after %v; want strictly increasing", step, le.Epoch, epochs)
+		}
+		epochs = append(epochs, le.Epoch)
+	}
+
+	first := mustAcquire(t, ctx, a, "job", ttl)
+	check("acquire", first)
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := mustAcquire(t, ctx, a, "job", ttl)
+	check("acquire after release", again)
+	expireRow(t, ctx, pool, "job")
+	takeover := mustAcquire(t, ctx, b, "job", ttl)
+	check("takeover", takeover)
+	if _, err := pool.Exec(ctx, `DELETE FROM liveness.leases WHERE name = 'job'`); err != nil {
+		t.Fatal(err)
+	}
+	check("acquire after delete", mustAcquire(t, ctx, a, "job", ttl))
+	check("another name", mustAcquire(t, ctx, a, "other", ttl))
+}
+
+// lease_is_held(name, epoch) is how a job fences its own writes; a write carrying an old
+// epoch must be rejected once someone else holds the lease.
+func TestLeaseIsHeldFencesOldEpoch(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	db, pool := leaseDB(t, ctx, 4)
+	db.Exec(t, `CREATE TABLE fenced (id int PRIMARY KEY, writes int NOT NULL); INSERT INTO fenced VALUES (1, 0)`)
+	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
+	fencedWrite := func(epoch int64) int64 {
+		t.Helper()
+		tag, err := pool.Exec(ctx, `UPDATE fenced SET writes = writes + 1 WHERE id = 1 AND liveness.lease_is_held('job', $1)`, epoch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tag.RowsAffected()
+	}
+
+	old := mustAcquire(t, ctx, a, "job", 10*time.Second)
+	if n := fencedWrite(old.Epoch); n != 1 {
+		t.Fatalf("holder's fenced write wrote %d rows, want 1", n)
+	}
+	expireRow(t, ctx, pool, "job")
+	if n := fencedWrite(old.Epoch); n != 0 {
+		t.Fatalf("fenced write on an expired lease wrote %d rows, want 0", n)
+	}
+	next := mustAcquire(t, ctx, b, "job", 10*time.Second)
+	if n := fencedWrite(old.Epoch); n != 0 {
+		t.Fatalf("fenced write with the old epoch %d after a takeover wrote %d rows, want 0", old.Epoch, n)
+	}
+	if n := fencedWrite(next.Epoch); n != 1 {
+		t.Fatalf("new holder's fenced write wrote %d rows, want 1", n)
+	}
+	if err := next.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := fencedWrite(next.Epoch); n != 0 {
+		t.Fatalf("fenced write after Release wrote %d rows, want 0", n)
+	}
+}
+
+func TestLeaseRun(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	_, pool := leaseDB(t, ctx, 4)
+	l, other := newTestLeases(t, pool), newTestLeases(t, pool)
+	const ttl = time.Second
+
+	t.Run("runs and releases", func(t *testing.T) {
+		var got *liveness.Lease
+		ran, err := l.Run(ctx, "job", ttl, func(ctx context.Context, le *liveness.Lease) error {
+			got = le
+			if row, ok := rowOf(t, ctx, pool, "job"); !ok || row != (leaseRow{le.Holder, le.Epoch}) {
+				return fmt.Errorf("inside Run the row is %+v (present %v)", row, ok)
+			}
+			return nil
+		})
+		if !ran || err != nil {
+			t.Fatalf("Run = %v, %v; want true, nil", ran, err)
+		}
+		if _, ok := rowOf(t, ctx, pool, "job"); ok || !errors.Is(got.Err(), liveness.ErrLeaseReleased) {
+			t.Fatalf("after Run: row present %v, Err %v; want released", ok, got.Err())
+		}
+	})
+
+	t.Run("skips a round when the lease is taken", func(t *testing.T) {
+		mustAcquire(t, ctx, other, "taken", ttl)
+		ran, err := l.Run(ctx, "taken", ttl, func(context.Context, *liveness.Lease) error {
+			t.Error("fn ran while another holder had the lease")
+			return nil
+		})
+		if ran || err != nil {
+			t.Fatalf("Run = %v, %v; want false, nil", ran, err)
+		}
+	})
+
+	t.Run("returns fn's error and releases", func(t *testing.T) {
+		boom := errors.New("boom")
+		ran, err := l.Run(ctx, "failing", ttl, func(context.Context, *liveness.Lease) error { return boom })
+		if !ran || !errors.Is(err, boom) {
+			t.Fatalf("Run = %v, %v; want true, boom", ran, err)
+		}
+		if _, ok := rowOf(t, ctx, pool, "failing"); ok {
+			t.Fatal("lease row left after fn failed")
+		}
+	})
+
+	t.Run("cancels fn when the lease is lost", func(t *testing.T) {
+		var taker *liveness.Lease
+		ran, err := l.Run(ctx, "lost", ttl, func(lctx context.Context, le *liveness.Lease) error {
+			expireRow(t, ctx, pool, "lost")
+			taker = acquireWhenFree(t, ctx, other, "lost", time.Minute)
+			select {
+			case <-lctx.Done():
+				return lctx.Err()
+			case <-time.After(5 * time.Second):
+				return errors.New("fn's context was not cancelled 5s after the lease was taken over")
+			}
+		})
+		var lost *liveness.LeaseLostError
+		if !ran || !errors.As(err, &lost) || lost.Reason != liveness.LostTaken {
+			t.Fatalf("Run = %v, %v; want true and a LeaseLostError (taken)", ran, err)
+		}
+		if row, ok := rowOf(t, ctx, pool, "lost"); !ok || row != (leaseRow{taker.Holder, taker.Epoch}) {
+			t.Fatalf("the new holder's row is %+v (present %v) after the loser's Run returned", row, ok)
+		}
+	})
+
+	t.Run("releases even when its context ends", func(t *testing.T) {
+		rctx, cancel := context.WithCancel(ctx)
+		ran, err := l.Run(rctx, "shutdown", ttl, func(context.Context, *liveness.Lease) error {
+			cancel() // SIGTERM arrives while the job runs
+			return nil
+		})
+		if !ran || err != nil {
+			t.Fatalf("Run = %v, %v; want true, nil", ran, err)
+		}
+		if _, ok := rowOf(t, ctx, pool, "shutdown"); ok {
+			t.Fatal("lease row left after Run's context ended: other instances must wait for expiry")
+		}
+	})
+}
+
+func TestLeaseFieldsAndStats(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	_, pool := leaseDB(t, ctx, 4)
+	l := newTestLeases(t, pool)
+	const ttl = 90 * time.Second // no renewal before the checks
+
+	b := mustAcquire(t, ctx, l, "b", ttl)
+	a := mustAcquire(t, ctx, l, "a", ttl)
+	host, _ := os.Hostname()
+	holder := regexp.MustCompile(`^` + regexp.QuoteMeta(host) + fmt.Sprintf(":%d:", os.Getpid()) + `[0-9a-f]{16}$`)
+	for _, le := range []*liveness.Lease{a, b} {
+		if !holder.MatchString(le.Holder) {
+			t.Errorf("holder %q, want hostname:pid:16 hex digits", le.Holder)
+		}
+		// Both times are the server's now() of one statement.
+		if d := le.ExpiresAt().Sub(le.TakenAt); d != ttl {
+			t.Errorf("ExpiresAt - TakenAt = %v, want %v", d, ttl)
+		}
+		if le.Err() != nil {
+			t.Errorf("fresh lease Err() = %v", le.Err())
+		}
+	}
+	if a.Holder == b.Holder {
+		t.Errorf("two acquisitions share holder %q", a.Holder)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatalf("second Release: %v", err)
+	}
+	stats := l.Stats()
+	zero := map[liveness.LostReason]uint64{liveness.LostExpired: 0, liveness.LostTaken: 0, liveness.LostError: 0}
+	if len(stats) != 2 || stats[0].Name != "a" || stats[0].Held || stats[1].Name != "b" || !stats[1].Held {
+		t.Fatalf("Stats() = %+v, want a (released) then b (held)", stats)
+	}
+	for _, s := range stats {
+		if fmt.Sprint(s.Lost) != fmt.Sprint(zero) {
+			t.Errorf("%s: Lost = %v, want every reason at 0", s.Name, s.Lost)
+		}
+	}
+}
+
+func TestLeaseConfigErrorsNameTheField(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	_, pool := leaseDB(t, ctx, 1)
+	if _, err := liveness.NewLeases(liveness.LeasesConfig{}); err == nil || !strings.Contains(err.Error(), "Pool") {
+		t.Errorf("NewLeases without a pool: %v, want an error naming Pool", err)
+	}
+	if _, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Margin: -time.Second}); err == nil || !strings.Contains(err.Error(), "Margin") {
+		t.Errorf("negative margin: %v, want an error naming Margin", err)
+	}
+	l := newTestLeases(t, pool)
+	wide, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Margin: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		l    *liveness.Leases
+		name string
+		ttl  time.Duration
+		want string
+	}{
+		{l, "", time.Second, "name"},
+		{l, "job", 0, "ttl"},
+		{l, "job", liveness.MinLeaseTTL - 1, "ttl"},
+		{wide, "job", 2 * time.Second, "Margin"},
+	} {
+		le, err := tc.l.TryAcquire(ctx, tc.name, tc.ttl)
+		if le != nil || err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("TryAcquire(%q, %v) = %s, %v; want an error naming %s", tc.name, tc.ttl, describe(le), err, tc.want)
+		}
+	}
+	mustAcquire(t, ctx, wide, "job", 2*time.Second+time.Millisecond)
+}
+
+// A schema name needing quotes, even a single quote, reaches every statement safely.
+func TestLeaseCustomSchema(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	db := pgtest.NewDB(t)
+	pool := db.Pool(t, 2)
+	const schema = `Jobs "x" o'clock`
+	if _, err := migrations.Apply(ctx, pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	l, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = 400 * time.Millisecond
+	le := mustAcquire(t, ctx, l, "job", ttl)
+	first := le.ExpiresAt()
+	for deadline := time.Now().Add(3 * time.Second); !le.ExpiresAt().After(first); time.Sleep(10 * time.Millisecond) {
+		if le.Err() != nil || time.Now().After(deadline) {
+			t.Fatalf("no renewal in schema %q: %v", schema, le.Err())
+		}
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	table := pgx.Identifier{schema, "leases"}.Sanitize()
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d rows in %s after Release (%v)", n, table, err)
+	}
+	if le2 := mustAcquire(t, ctx, l, "job", ttl); le2.Epoch <= le.Epoch {
+		t.Fatalf("epoch %d after %d", le2.Epoch, le.Epoch)
+	}
+}
+
+// The exporter classifies statements by their tag comment in pg_stat_statements.
+func TestLeaseStatementsAreTagged(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	db, pool := leaseDB(t, ctx, 2)
+	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
+	l := newTestLeases(t, pool)
+	const ttl = 200 * time.Millisecond
+	le := mustAcquire(t, ctx, l, "job", ttl)
+	first := le.ExpiresAt()
+	for deadline := time.Now().Add(3 * time.Second); !le.ExpiresAt().After(first); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no renewal within 3s")
+		}
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, tag := range []string{"lease_acquire", "lease_renew", "lease_release"} {
+		var calls int64
+		err := pool.QueryRow(ctx, `SELECT coalesce(sum(calls), 0) FROM pg_stat_statements
+			WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+			  AND starts_with(query, $1)`, "/* pg_liveness:"+tag+" */ ").Scan(&calls)
+		if err != nil || calls == 0 {
+			t.Errorf("no pg_stat_statements entry starting with the %s tag (%v)", tag, err)
+		}
+	}
+}
+
+// The server stops or crashes mid-lease: renewals fail, and the trust window, not a
+// hang, cancels the lease within ttl of its last renewal.
+func TestLeaseDatabaseGoneMidLease(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	srv := pgtest.NewServer(t)
+	db := pgtest.NewDBOn(t, srv)
+	if _, err := migrations.Apply(ctx, pgtest.Pool(t, db.DSN, 1), liveness.DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
+	const ttl = time.Second
+
+	for _, stop := range []struct {
+		name string
+		do   func()
+	}{{"stop", srv.Stop}, {"kill", srv.Kill}} {
+		t.Run(stop.name, func(t *testing.T) {
+			if err := srv.Start(); err != nil {
+				t.Fatal(err)
+			}
+			l := newTestLeases(t, pgtest.Pool(t, db.DSN, 2))
+			le := acquireWhenFree(t, ctx, l, "job-"+stop.name, ttl)
+			stopped := time.Now()
+			stop.do()
+			reason := waitLost(t, le)
+			if took := time.Since(stopped); took > ttl+2*time.Second {
+				t.Fatalf("lease cancelled %v after the server went away, want within ttl (%v) plus slack", took, ttl)
+			}
+			if reason != liveness.LostError && reason != liveness.LostExpired {
+				t.Fatalf("lost reason %q, want error or expired", reason)
+			}
+			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			if err := le.Release(rctx); err == nil {
+				t.Fatal("Release with the server down reported success")
+			}
+			t.Logf("%s: lost (%s) %v after the server went away", stop.name, reason, time.Since(stopped))
+		})
+	}
+}
+
+// The network to the server hangs without an error (a partition): the renewal in
+// flight never answers, and the trust window must still cancel the lease on time, as
+// "expired". The proxy only relays bytes to the real server; it fakes nothing.
+func TestLeaseNetworkHangExpires(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	db := pgtest.NewDB(t)
+	proxy := newFreezingProxy(t, db.DSN, 0)
+	pool := pgtest.Pool(t, proxy.dsn(), 2)
+	t.Cleanup(proxy.close) // before the pool closes: cleanups run last-in first-out
+	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
+	l := newTestLeases(t, pool)
+	const ttl = time.Second
+
+	le := mustAcquire(t, ctx, l, "job", ttl)
+	first := le.ExpiresAt()
+	for deadline := time.Now().Add(3 * time.Second); !le.ExpiresAt().After(first); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no renewal within 3s")
+		}
+	}
+	frozen := time.Now()
+	proxy.freeze()
+	reason := waitLost(t, le)
+	took := time.Since(frozen)
+	if reason != liveness.LostExpired {
+		t.Fatalf("lost reason %q, want %q", reason, liveness.LostExpired)
+	}
+	if took > ttl+time.Second {
+		t.Fatalf("lease cancelled %v after the network hung, want within ttl (%v) plus slack", took, ttl)
+	}
+	// Release does not hang either: the renewer is already gone and the DELETE obeys ctx.
+	rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_ = le.Release(rctx)
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Release took %v on a hung network", d)
+	}
+	if s := statsOf(t, l, "job"); s.Held || s.Lost[liveness.LostExpired] != 1 {
+		t.Fatalf("Stats = %+v, want one loss (expired)", s)
+	}
+}
+
+// The trust window must close before the database lets anyone else take the lease, even
+// when answers are slow: it counts from when a renewal was sent, not when its answer
+// came back. Here every answer from the server is 300 ms late, three times the margin;
+// when the network then hangs, the lease's context must be cancelled while its row is
+// still valid by the database clock.
+func TestLeaseTrustWindowEndsBeforeDatabaseExpiry(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	db := pgtest.NewDB(t)
+	direct := db.Pool(t, 1)
+	if _, err := migrations.Apply(ctx, direct, liveness.DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
+	const (
+		ttl    = 2 * time.Second
+		margin = 100 * time.Millisecond
+		delay  = 300 * time.Millisecond
+	)
+	proxy := newFreezingProxy(t, db.DSN, delay)
+	pool := pgtest.Pool(t, proxy.dsn(), 1)
+	t.Cleanup(proxy.close)
+	if err := pool.Ping(ctx); err != nil { // connect (several slow round trips) up front
+		t.Fatal(err)
+	}
+	l, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Margin: margin})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	le := mustAcquire(t, ctx, l, "job", ttl)
+	first := le.ExpiresAt()
+	for deadline := time.Now().Add(5 * time.Second); !le.ExpiresAt().After(first); time.Sleep(5 * time.Millisecond) {
+		if le.Err() != nil || time.Now().After(deadline) {
+			t.Fatalf("no renewal within 5s: %v", le.Err())
+		}
+	}
+	proxy.freeze()
+	if reason := waitLost(t, le); reason != liveness.LostExpired {
+		t.Fatalf("lost reason %q, want %q", reason, liveness.LostExpired)
+	}
+	var left time.Duration
+	if err := direct.QueryRow(ctx, `SELECT expires_at - clock_timestamp() FROM liveness.leases WHERE name = 'job'`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left <= 0 {
+		t.Fatalf("the lease's context was cancelled %v after its row expired by the database clock; another holder could already have taken it", -left)
+	}
+	t.Logf("context cancelled %v before the row expired", left)
+}
+
+// freezingProxy relays TCP to a server, each answer from the server delayed by a fixed
+// time, until frozen; then it stops relaying without closing anything, as a network
+// partition does. It only relays bytes to a real server; it fakes nothing.
+type freezingProxy struct {
+	ln              net.Listener
+	upstream        string // the DSN it relays for
+	delay           time.Duration
+	network, target string
+	frozen          chan struct{} // closed by freeze
+	done            chan struct{} // closed by close
+	once            sync.Once
+	wg              sync.WaitGroup
+
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newFreezingProxy(t *testing.T, dsn string, delay time.Duration) *freezingProxy {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port := cfg.Host, cfg.Port
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &freezingProxy{ln: ln, upstream: dsn, delay: delay, network: "tcp", target: net.JoinHostPort(host, fmt.Sprint(port)),
+		frozen: make(chan struct{}), done: make(chan struct{})}
+	if strings.HasPrefix(host, "/") { // a socket folder, when the tests use an existing server
+		p.network, p.target = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", host, port)
+	}
+	p.wg.Go(p.accept)
+	return p
+}
+
+// dsn is the upstream DSN pointed at the proxy (a later keyword wins).
+func (p *freezingProxy) dsn() string {
+	return p.upstream + fmt.Sprintf(" host=127.0.0.1 port=%d", p.ln.Addr().(*net.TCPAddr).Port)
+}
+
+func (p *freezingProxy) freeze() { close(p.frozen) }
+
+func (p *freezingProxy) close() {
+	p.once.Do(func() {
+		close(p.done)
+		_ = p.ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			_ = c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+}
+
+func (p *freezingProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.done:
+		_ = c.Close()
+		return false
+	default:
+	}
+	p.conns = append(p.conns, c)
+	return true
+}
+
+func (p *freezingProxy) accept() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if !p.track(client) {
+			return
+		}
+		server, err := net.DialTimeout(p.network, p.target, 5*time.Second)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		if !p.track(server) {
+			return
+		}
+		p.wg.Go(func() { p.relay(server, client, 0) })
+		p.wg.Go(func() { p.relay(client, server, p.delay) })
+	}
+}
+
+// relay copies until either side closes, each chunk delay late; once frozen it holds
+// what it read.
+func (p *freezingProxy) relay(dst, src net.Conn, delay time.Duration) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && delay > 0 {
+			select {
+			case <-time.After(delay):
+			case <-p.done:
+				return
+			}
+		}
+		if n > 0 {
+			select {
+			case <-p.frozen:
+				<-p.done
+				return
+			default:
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			_ = dst.Close()
+			return
+		}
+	}
+}
