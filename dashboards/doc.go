@@ -1,0 +1,14 @@
+// Package dashboards ships the Grafana dashboards for pg_liveness_exporter.
+//
+// overview.json, leases.json and advisory-locks.json are plain Grafana dashboard JSON, to
+// import or provision as they are. Each picks its Prometheus data source, job and
+// exporter instance through template variables. The tests in this package check those
+// conventions and parse every query with the real promtool.
+package dashboards
+
+import "embed"
+
+// Files holds the dashboard JSON files.
+//
+//go:embed *.json
+var Files embed.FS
