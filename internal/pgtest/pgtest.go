@@ -208,3 +208,28 @@ func firstLine(s string) string {
 
 // redact keeps a password out of test logs.
 func redact(err error) string { return dsn.Redact(err.Error()) }
+
+// FreshDSN starts the shared server if needed and returns the DSN of a new, empty
+// database on it. It is for runnable examples, which get no *testing.T; the database goes
+// away with the shared server when Main ends.
+func FreshDSN() (string, error) {
+	if dsn := os.Getenv(EnvDSN); dsn != "" {
+		return "", fmt.Errorf("pgtest: FreshDSN needs a throwaway server; unset %s", EnvDSN)
+	}
+	shared.once.Do(func() { shared.srv, shared.err = StartServer() })
+	if shared.err != nil {
+		return "", shared.err
+	}
+	name := fmt.Sprintf("example_%d_%d", os.Getpid(), dbCounter.Add(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, shared.srv.AdminDSN("postgres"))
+	if err != nil {
+		return "", err
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE template0"); err != nil {
+		return "", err
+	}
+	return shared.srv.DSN(name), nil
+}

@@ -1,0 +1,215 @@
+package liveness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// AgentConfig wires an AliveLock, a HeartbeatWorker and optionally a Reaper into one
+// participating instance. Durations map one to one onto the --agent.* flags.
+type AgentConfig struct {
+	Pool        *pgxpool.Pool // short statements: heartbeat, leases, reaper
+	DirectDSN   string        // the alive lock's dedicated connection; never a pooler in transaction mode
+	Schema      string
+	InstanceID  uuid.UUID
+	ServiceName string
+	HostName    string
+	ProcessID   int
+	Mode        Mode
+
+	HeartbeatInterval     time.Duration
+	HeartbeatSlowInterval time.Duration
+	StaleThreshold        time.Duration
+	DefinitiveDeadCutoff  time.Duration
+
+	KeepaliveIdle     time.Duration
+	KeepaliveInterval time.Duration
+	KeepaliveCount    int
+	UserTimeout       time.Duration
+
+	Reaper         bool
+	ReaperInterval time.Duration
+	ReaperLeaseTTL time.Duration
+
+	// ShutdownTimeout bounds the clean-up after Run's context ends.
+	ShutdownTimeout time.Duration
+	Logger          *slog.Logger
+}
+
+// Validate refuses timing that would make an alive instance look dead or a dead one
+// look alive. Messages name the flags.
+func (c AgentConfig) Validate() error {
+	if c.ServiceName == "" {
+		return errors.New("--agent.service-name must not be empty")
+	}
+	if c.InstanceID == uuid.Nil {
+		return errors.New("--agent.instance-id must not be the nil uuid")
+	}
+	if err := c.heartbeatConfig(nil).Validate(); err != nil {
+		return err
+	}
+	if c.DefinitiveDeadCutoff <= c.HeartbeatSlowInterval+c.StaleThreshold {
+		return fmt.Errorf("--agent.definitive-dead-cutoff (%s) must be above --agent.heartbeat-slow-interval (%s) plus --agent.stale-threshold (%s)",
+			c.DefinitiveDeadCutoff, c.HeartbeatSlowInterval, c.StaleThreshold)
+	}
+	if c.Reaper {
+		if c.ReaperInterval <= 0 {
+			return fmt.Errorf("--agent.reaper-interval must be above zero, got %s", c.ReaperInterval)
+		}
+		if c.ReaperLeaseTTL/4 <= 0 || c.ReaperLeaseTTL < time.Second {
+			return fmt.Errorf("--agent.reaper-lease-ttl (%s) must be at least 1s: it is renewed every ttl/4", c.ReaperLeaseTTL)
+		}
+	}
+	return nil
+}
+
+func (c AgentConfig) heartbeatConfig(lock LockSource) HeartbeatConfig {
+	return HeartbeatConfig{
+		Pool:           c.Pool,
+		Schema:         c.Schema,
+		InstanceID:     c.InstanceID,
+		ServiceName:    c.ServiceName,
+		HostName:       c.HostName,
+		ProcessID:      c.ProcessID,
+		Mode:           c.Mode,
+		Interval:       c.HeartbeatInterval,
+		SlowInterval:   c.HeartbeatSlowInterval,
+		StaleThreshold: c.StaleThreshold,
+		Lock:           lock,
+		Logger:         c.Logger,
+	}
+}
+
+// Agent is one participating instance: it holds its alive lock, beats, and reaps.
+type Agent struct {
+	cfg       AgentConfig
+	lock      *AliveLock
+	heartbeat *HeartbeatWorker
+	leases    *Leases
+	reaper    *Reaper // nil when disabled
+}
+
+// NewAgent builds the parts; nothing connects until Run.
+func NewAgent(cfg AgentConfig) (*Agent, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = discardLogger()
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg}
+	// The lock is held in both modes: observers detect a dead instance by it either way;
+	// the mode only decides whether the heartbeat may slow down while it holds.
+	lock, err := NewAliveLock(AliveLockConfig{
+		DSN:               cfg.DirectDSN,
+		Schema:            cfg.Schema,
+		InstanceID:        cfg.InstanceID,
+		ServiceName:       cfg.ServiceName,
+		KeepaliveIdle:     cfg.KeepaliveIdle,
+		KeepaliveInterval: cfg.KeepaliveInterval,
+		KeepaliveCount:    cfg.KeepaliveCount,
+		UserTimeout:       cfg.UserTimeout,
+		Logger:            cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.lock = lock
+	hb, err := NewHeartbeatWorker(cfg.heartbeatConfig(lock))
+	if err != nil {
+		return nil, err
+	}
+	a.heartbeat = hb
+	if a.leases, err = NewLeases(LeasesConfig{Pool: cfg.Pool, Schema: cfg.Schema, Logger: cfg.Logger.With("component", "leases")}); err != nil {
+		return nil, err
+	}
+	if cfg.Reaper {
+		a.reaper, err = NewReaper(ReaperConfig{
+			Pool:                 cfg.Pool,
+			Leases:               a.leases,
+			Schema:               cfg.Schema,
+			Interval:             cfg.ReaperInterval,
+			LeaseTTL:             cfg.ReaperLeaseTTL,
+			StaleThreshold:       cfg.StaleThreshold,
+			DefinitiveDeadCutoff: cfg.DefinitiveDeadCutoff,
+			Logger:               cfg.Logger.With("component", "reaper"),
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// Leases returns the agent's lease manager, for jobs of its own.
+func (a *Agent) Leases() *Leases { return a.leases }
+
+// Run participates until ctx ends, then shuts down cleanly: the reaper's lease is
+// released, the instance row is deleted and the alive lock's session is closed, so
+// other instances see this one gone at once.
+func (a *Agent) Run(ctx context.Context) error {
+	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	var wg sync.WaitGroup
+	start := func(name string, run func(context.Context) error) {
+		wg.Go(func() {
+			if err := run(work); err != nil && work.Err() == nil {
+				a.cfg.Logger.Error("agent component stopped", "component", name, "err", err)
+			}
+		})
+	}
+	var lockWG sync.WaitGroup
+	lockCtx, stopLock := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLock()
+	lockWG.Go(func() {
+		if err := a.lock.Run(lockCtx); err != nil && lockCtx.Err() == nil {
+			a.cfg.Logger.Error("alive lock stopped", "err", err)
+		}
+	})
+	start("heartbeat", a.heartbeat.Run)
+	if a.reaper != nil {
+		start("reaper", a.reaper.Run)
+	}
+
+	<-ctx.Done()
+	// Stop beating and reaping first (a running reap round releases its lease as it
+	// returns), then delete the row while the lock is still held, then drop the lock.
+	stopWork()
+	wg.Wait()
+	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
+	defer cancel()
+	var err error
+	if rerr := a.heartbeat.Remove(cleanup); rerr != nil {
+		err = fmt.Errorf("remove own instance row: %w", rerr)
+	}
+	stopLock()
+	lockWG.Wait()
+	a.cfg.Logger.Info("agent stopped", "instance_id", a.cfg.InstanceID)
+	return err
+}
+
+// Snapshot reports the agent's state for the exporter. It never blocks on the database.
+func (a *Agent) Snapshot() AgentSnapshot {
+	s := AgentSnapshot{
+		InstanceID:  a.cfg.InstanceID,
+		ServiceName: a.cfg.ServiceName,
+		Mode:        a.cfg.Mode,
+		Heartbeat:   a.heartbeat.Stats(),
+		AliveLock:   a.lock.Stats(),
+		Leases:      a.leases.Stats(),
+	}
+	if a.reaper != nil {
+		s.Reaped = a.reaper.Reaped()
+	}
+	return s
+}

@@ -1,0 +1,235 @@
+package liveness_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+)
+
+func agentDB(t *testing.T, maxConns int32) (*pgtest.DB, *pgxpool.Pool) {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	pool := db.Pool(t, maxConns)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
+	return db, pool
+}
+
+func agentConfig(db *pgtest.DB, pool *pgxpool.Pool) liveness.AgentConfig {
+	return liveness.AgentConfig{
+		Pool: pool, DirectDSN: db.DSN, Schema: liveness.DefaultSchema,
+		InstanceID: uuid.New(), ServiceName: "agent-test", Mode: liveness.ModeAdvisoryLockWhenAvailable,
+		HeartbeatInterval: 200 * time.Millisecond, HeartbeatSlowInterval: 400 * time.Millisecond,
+		StaleThreshold: time.Second, DefinitiveDeadCutoff: 3 * time.Second,
+		Reaper: true, ReaperInterval: 200 * time.Millisecond, ReaperLeaseTTL: 2 * time.Second,
+	}
+}
+
+func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func isAlive(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) (alive, row bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := pool.QueryRow(ctx, `SELECT liveness.is_instance_alive($1, 3600),
+		EXISTS (SELECT 1 FROM liveness.instances WHERE instance_id = $1)`, id).Scan(&alive, &row); err != nil {
+		t.Fatal(err)
+	}
+	return alive, row
+}
+
+func TestAgentValidateNamesFlags(t *testing.T) {
+	db, pool := agentDB(t, 2)
+	for _, tc := range []struct {
+		mutate func(*liveness.AgentConfig)
+		flag   string
+	}{
+		{func(c *liveness.AgentConfig) { c.DefinitiveDeadCutoff = c.HeartbeatSlowInterval + c.StaleThreshold }, "--agent.definitive-dead-cutoff"},
+		{func(c *liveness.AgentConfig) { c.ReaperInterval = 0 }, "--agent.reaper-interval"},
+		{func(c *liveness.AgentConfig) { c.ReaperLeaseTTL = 3 * time.Millisecond }, "--agent.reaper-lease-ttl"},
+		{func(c *liveness.AgentConfig) { c.HeartbeatInterval = 0 }, "--agent.heartbeat-interval"},
+		{func(c *liveness.AgentConfig) { c.ServiceName = "" }, "--agent.service-name"},
+	} {
+		cfg := agentConfig(db, pool)
+		tc.mutate(&cfg)
+		if _, err := liveness.NewAgent(cfg); err == nil || !strings.Contains(err.Error(), tc.flag) {
+			t.Errorf("want an error naming %s, got %v", tc.flag, err)
+		}
+	}
+	if _, err := liveness.NewAgent(agentConfig(db, pool)); err != nil {
+		t.Fatalf("valid config refused: %v", err)
+	}
+}
+
+// The agent participates, reaps others, and on shutdown leaves nothing that makes it
+// look alive.
+func TestAgentParticipatesAndShutsDownCleanly(t *testing.T) {
+	db, pool := agentDB(t, 2)
+	cfg := agentConfig(db, pool)
+	agent, err := liveness.NewAgent(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A dead instance (no lock, old heartbeat) for the reaper.
+	dead := uuid.New()
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at)
+		VALUES ($1, 'other', now() - interval '1 hour')`, dead)
+
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	finished := make(chan struct{})
+	go func() { done <- agent.Run(ctx); close(finished) }()
+	t.Cleanup(func() { stop(); <-finished })
+
+	waitUntil(t, 10*time.Second, "alive lock held and a beat written", func() bool {
+		s := agent.Snapshot()
+		return s.AliveLock.Held && s.Heartbeat.Beats > 0
+	})
+	waitUntil(t, 10*time.Second, "slow cadence while the lock is held", func() bool {
+		return agent.Snapshot().Heartbeat.Interval == cfg.HeartbeatSlowInterval
+	})
+	waitUntil(t, 10*time.Second, "the dead instance reaped", func() bool {
+		_, row := isAlive(t, pool, dead)
+		return !row
+	})
+	s := agent.Snapshot()
+	if s.Reaped < 1 || s.InstanceID != cfg.InstanceID || s.ServiceName != "agent-test" || s.Mode != cfg.Mode {
+		t.Fatalf("snapshot: %+v", s)
+	}
+	if !hasLease(s.Leases, liveness.ReaperLease) {
+		t.Fatalf("snapshot has no reaper lease stats: %+v", s.Leases)
+	}
+	if alive, row := isAlive(t, pool, cfg.InstanceID); !alive || !row {
+		t.Fatalf("agent not alive while running: alive=%v row=%v", alive, row)
+	}
+
+	stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("agent did not stop within 15s")
+	}
+	// Gone at once: no row, and the lock session is closed (the backend may take a moment
+	// to exit after the client's Terminate).
+	waitUntil(t, 5*time.Second, "instance dead after shutdown", func() bool {
+		alive, row := isAlive(t, pool, cfg.InstanceID)
+		return !alive && !row
+	})
+	var leases int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM liveness.leases`).Scan(&leases); err != nil || leases != 0 {
+		t.Fatalf("leases left after shutdown: %d, %v", leases, err)
+	}
+}
+
+func hasLease(ls []liveness.LeaseStats, name string) bool {
+	for _, l := range ls {
+		if l.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func TestReaperRespectsLocksAndItsLease(t *testing.T) {
+	db, pool := agentDB(t, 2)
+	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reaper, err := liveness.NewReaper(liveness.ReaperConfig{
+		Pool: pool, Leases: leases, Schema: liveness.DefaultSchema,
+		Interval: time.Second, LeaseTTL: 2 * time.Second,
+		StaleThreshold: 90 * time.Second, DefinitiveDeadCutoff: 5 * time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale, lockedStale, zombie, fresh := uuid.New(), uuid.New(), uuid.New(), uuid.New()
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at) VALUES
+		($1, 's', now() - interval '2 minutes'), ($2, 's', now() - interval '2 minutes'),
+		($3, 's', now() - interval '10 minutes'), ($4, 's', now())`, stale, lockedStale, zombie, fresh)
+	holder := db.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, id := range []uuid.UUID{lockedStale, zombie} {
+		if _, err := holder.Exec(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Another agent holds the reaper lease: this one skips the round.
+	other, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := other.TryAcquire(ctx, liveness.ReaperLease, 10*time.Second)
+	if err != nil || held == nil {
+		t.Fatalf("TryAcquire: %v, %v", held, err)
+	}
+	if ids, err := reaper.RunOnce(ctx); err != nil || len(ids) != 0 {
+		t.Fatalf("reaped %v (%v) while another agent held the lease", ids, err)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	ids, err := reaper.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[uuid.UUID]bool{}
+	for _, id := range ids {
+		got[id] = true
+	}
+	if len(ids) != 2 || !got[stale] || !got[zombie] {
+		t.Fatalf("reaped %v, want exactly the stale %s and the zombie %s", ids, stale, zombie)
+	}
+	if reaper.Reaped() != 2 {
+		t.Fatalf("Reaped() = %d, want 2", reaper.Reaped())
+	}
+}
+
+func TestReaperConfigErrors(t *testing.T) {
+	_, pool := agentDB(t, 1)
+	leases, _ := liveness.NewLeases(liveness.LeasesConfig{Pool: pool})
+	base := liveness.ReaperConfig{Pool: pool, Leases: leases, Interval: time.Second, LeaseTTL: time.Minute,
+		StaleThreshold: 90 * time.Second, DefinitiveDeadCutoff: 5 * time.Minute}
+	for flag, mutate := range map[string]func(*liveness.ReaperConfig){
+		"--agent.reaper-interval":        func(c *liveness.ReaperConfig) { c.Interval = 0 },
+		"--agent.definitive-dead-cutoff": func(c *liveness.ReaperConfig) { c.DefinitiveDeadCutoff = c.StaleThreshold },
+		"--agent.stale-threshold":        func(c *liveness.ReaperConfig) { c.StaleThreshold = 0 },
+	} {
+		cfg := base
+		mutate(&cfg)
+		if _, err := liveness.NewReaper(cfg); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("want error naming %s, got %v", flag, err)
+		}
+	}
+	if _, err := liveness.NewReaper(liveness.ReaperConfig{}); err == nil || errors.Is(err, context.Canceled) {
+		t.Error("empty config accepted")
+	}
+}

@@ -1,0 +1,106 @@
+package liveness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ReaperLease is the lease name under which one agent at a time reaps.
+const ReaperLease = "pg_liveness.reaper"
+
+const reapSQL = `/* pg_liveness:cleanup */ SELECT id FROM {schema}.cleanup_stale_instances(
+	now() - make_interval(secs => $1), now() - make_interval(secs => $2)) AS id`
+
+// ReaperConfig configures a Reaper.
+type ReaperConfig struct {
+	Pool                 *pgxpool.Pool
+	Leases               *Leases
+	Schema               string
+	Interval             time.Duration // how often to try; --agent.reaper-interval
+	LeaseTTL             time.Duration // --agent.reaper-lease-ttl
+	StaleThreshold       time.Duration // rows older than this go unless their lock is held
+	DefinitiveDeadCutoff time.Duration // rows older than this go even with the lock held
+	Logger               *slog.Logger
+}
+
+// Reaper runs cleanup_stale_instances periodically as a lease-protected singleton.
+type Reaper struct {
+	cfg    ReaperConfig
+	sql    string
+	reaped atomic.Uint64
+}
+
+// NewReaper checks the configuration; errors name the flags.
+func NewReaper(cfg ReaperConfig) (*Reaper, error) {
+	if cfg.Pool == nil || cfg.Leases == nil {
+		return nil, errors.New("liveness: reaper needs a pool and leases")
+	}
+	if cfg.Interval <= 0 {
+		return nil, fmt.Errorf("--agent.reaper-interval must be above zero, got %s", cfg.Interval)
+	}
+	if cfg.LeaseTTL/4 <= 0 {
+		return nil, fmt.Errorf("--agent.reaper-lease-ttl (%s) is too short: it is renewed every ttl/4", cfg.LeaseTTL)
+	}
+	if cfg.StaleThreshold <= 0 {
+		return nil, fmt.Errorf("--agent.stale-threshold must be above zero, got %s", cfg.StaleThreshold)
+	}
+	if cfg.DefinitiveDeadCutoff <= cfg.StaleThreshold {
+		return nil, fmt.Errorf("--agent.definitive-dead-cutoff (%s) must be above --agent.stale-threshold (%s)",
+			cfg.DefinitiveDeadCutoff, cfg.StaleThreshold)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = discardLogger()
+	}
+	return &Reaper{cfg: cfg, sql: sqlFor(cfg.Schema, reapSQL)}, nil
+}
+
+// Reaped counts the instances this reaper deleted.
+func (r *Reaper) Reaped() uint64 { return r.reaped.Load() }
+
+// Run reaps every Interval until ctx ends.
+func (r *Reaper) Run(ctx context.Context) error {
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("reaper round failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// RunOnce runs one round under the lease and returns the deleted ids; none when another
+// agent holds the lease.
+func (r *Reaper) RunOnce(ctx context.Context) ([]uuid.UUID, error) {
+	var ids []uuid.UUID
+	_, err := r.cfg.Leases.Run(ctx, ReaperLease, r.cfg.LeaseTTL, func(ctx context.Context, _ *Lease) error {
+		ctx, cancel := context.WithTimeout(ctx, min(r.cfg.LeaseTTL/2, 30*time.Second))
+		defer cancel()
+		rows, err := r.cfg.Pool.Query(ctx, r.sql, r.cfg.StaleThreshold.Seconds(), r.cfg.DefinitiveDeadCutoff.Seconds())
+		if err != nil {
+			return err
+		}
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(ids) > 0 {
+		r.reaped.Add(uint64(len(ids)))
+		r.cfg.Logger.Info("reaped stale instances", "count", len(ids), "instance_ids", ids)
+	}
+	return ids, nil
+}
