@@ -1,0 +1,177 @@
+package collector
+
+import (
+	"context"
+	"sort"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// advisoryLocksSQL reads this database's advisory locks and client backends in one
+// statement. A lock is an alive lock when it is a bigint lock (objsubid = 1) whose key
+// halves are those of some instance's alive-lock key (a hash semi-join over instances).
+// Rows of kind 'locks' count locks by (alive, granted); rows of kind 'backends' count
+// client backends by (application_name, state), with how many of them hold a granted
+// advisory lock, how many wait for one, and the longest an idle holder has been idle.
+// "Idle" covers idle in transaction too: either way the backend sits on its locks.
+const advisoryLocksSQL = `
+WITH db AS (
+    SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()
+), locks AS MATERIALIZED (
+    SELECT l.pid, l.granted,
+           l.objsubid = 1 AND (l.classid, l.objid) IN (
+               SELECT {schema}.lock_key_classid(k.key), {schema}.lock_key_objid(k.key)
+                 FROM (SELECT {schema}.instance_lock_key(i.instance_id) AS key
+                         FROM {schema}.instances i) k) AS alive
+      FROM pg_catalog.pg_locks l
+     WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM db)
+), per_pid AS (
+    SELECT pid, bool_or(granted) AS holds, bool_or(NOT granted) AS waits
+      FROM locks GROUP BY pid
+), backends AS (
+    SELECT coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state,
+           coalesce(p.holds, false) AS holds, coalesce(p.waits, false) AS waits,
+           extract(epoch FROM now() - a.state_change)::float8 AS idle_for
+      FROM pg_catalog.pg_stat_activity a
+      LEFT JOIN per_pid p ON p.pid = a.pid
+     WHERE a.datid = (SELECT oid FROM db) AND a.backend_type = 'client backend'
+)
+SELECT 'backends', app, state, count(*),
+       count(*) FILTER (WHERE holds), count(*) FILTER (WHERE waits),
+       coalesce(max(idle_for) FILTER (WHERE holds AND state LIKE 'idle%'), 0)
+  FROM backends GROUP BY app, state
+UNION ALL
+SELECT 'locks', CASE WHEN alive THEN 'alive_lock' ELSE 'other' END, granted::text, count(*), 0, 0, 0
+  FROM locks GROUP BY 2, 3`
+
+type advisoryLocksCollector struct {
+	pool                                 *pgxpool.Pool
+	sql                                  string
+	maxApps                              int
+	locks, holders, backends, idle, wait *prometheus.Desc
+}
+
+func newAdvisoryLocksCollector(pool *pgxpool.Pool, schema string, maxApps int) *advisoryLocksCollector {
+	app := []string{"application_name"}
+	return &advisoryLocksCollector{
+		pool:    pool,
+		sql:     strings.ReplaceAll(advisoryLocksSQL, "{schema}", schema),
+		maxApps: maxApps,
+		locks: prometheus.NewDesc(namespace+"_advisory_locks",
+			"Advisory locks in this database: kind alive_lock (an instance's alive-lock key) or other, granted true or false (waiting).",
+			[]string{"kind", "granted"}, nil),
+		holders: prometheus.NewDesc(namespace+"_advisory_lock_holders",
+			"Client backends of this database that hold a granted advisory lock, by application and backend state.",
+			[]string{"application_name", "backend_state"}, nil),
+		backends: prometheus.NewDesc(namespace+"_backends",
+			"Client backends connected to this database, the exporter's own included.", app, nil),
+		idle: prometheus.NewDesc(namespace+"_advisory_lock_idle_holder_max_seconds",
+			"Longest time an idle (or idle in transaction) backend holding an advisory lock has been idle; 0 when none is.", app, nil),
+		wait: prometheus.NewDesc(namespace+"_advisory_lock_waiters",
+			"Client backends of this database waiting for an advisory lock.", app, nil),
+	}
+}
+
+type appStats struct {
+	backends, waiters float64
+	idleMax           float64
+	holders           map[string]float64 // by backend state
+}
+
+func (c *advisoryLocksCollector) Update(ctx context.Context, ch chan<- prometheus.Metric) error {
+	rows, err := c.pool.Query(ctx, c.sql)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	lockCounts := map[[2]string]float64{}
+	apps := map[string]*appStats{}
+	for rows.Next() {
+		var (
+			kind, a, b              string
+			count, holders, waiters int64
+			idleMax                 float64
+		)
+		if err := rows.Scan(&kind, &a, &b, &count, &holders, &waiters, &idleMax); err != nil {
+			return err
+		}
+		if kind == "locks" {
+			lockCounts[[2]string{a, b}] = float64(count)
+			continue
+		}
+		app, state := labelOr(a), labelOr(b)
+		s := apps[app]
+		if s == nil {
+			s = &appStats{holders: map[string]float64{}}
+			apps[app] = s
+		}
+		s.backends += float64(count)
+		s.waiters += float64(waiters)
+		s.idleMax = max(s.idleMax, idleMax)
+		s.holders[state] += float64(holders)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+
+	for _, kind := range []string{"alive_lock", "other"} {
+		for _, granted := range []string{"true", "false"} {
+			ch <- prometheus.MustNewConstMetric(c.locks, prometheus.GaugeValue, lockCounts[[2]string{kind, granted}], kind, granted)
+		}
+	}
+	for app, s := range foldApps(apps, c.maxApps) {
+		ch <- prometheus.MustNewConstMetric(c.backends, prometheus.GaugeValue, s.backends, app)
+		ch <- prometheus.MustNewConstMetric(c.wait, prometheus.GaugeValue, s.waiters, app)
+		ch <- prometheus.MustNewConstMetric(c.idle, prometheus.GaugeValue, s.idleMax, app)
+		for state, n := range s.holders {
+			ch <- prometheus.MustNewConstMetric(c.holders, prometheus.GaugeValue, n, app, state)
+		}
+	}
+	return nil
+}
+
+// labelOr names an empty application name or a state hidden from this role "unknown".
+func labelOr(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// foldApps keeps the max applications with the most backends (ties by name) and folds
+// the rest into "other", so that application_name stays bounded.
+func foldApps(apps map[string]*appStats, maxApps int) map[string]*appStats {
+	if len(apps) <= maxApps {
+		return apps
+	}
+	names := make([]string, 0, len(apps))
+	for n := range apps {
+		names = append(names, n)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		a, b := apps[names[i]], apps[names[j]]
+		if a.backends != b.backends {
+			return a.backends > b.backends
+		}
+		return names[i] < names[j]
+	})
+	out := make(map[string]*appStats, maxApps+1)
+	other := &appStats{holders: map[string]float64{}}
+	for i, n := range names {
+		s := apps[n]
+		if i < maxApps && n != "other" {
+			out[n] = s
+			continue
+		}
+		other.backends += s.backends
+		other.waiters += s.waiters
+		other.idleMax = max(other.idleMax, s.idleMax)
+		for state, h := range s.holders {
+			other.holders[state] += h
+		}
+	}
+	out["other"] = other
+	return out
+}

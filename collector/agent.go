@@ -1,0 +1,69 @@
+package collector
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+)
+
+// lostReasons are zero-filled for every lease so that increase() sees the first loss.
+var lostReasons = []liveness.LostReason{liveness.LostExpired, liveness.LostTaken, liveness.LostError}
+
+// agentCollector reports the local agent from its snapshot; it does not touch the
+// database.
+type agentCollector struct {
+	agent AgentSource
+
+	info, lockHeld, interval, beats, failures, lastBeat, reconnects *prometheus.Desc
+	leaseHeld, leasesLost, reaped                                   *prometheus.Desc
+}
+
+func newAgentCollector(agent AgentSource) *agentCollector {
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(namespace+"_agent_"+name, help, labels, nil)
+	}
+	return &agentCollector{
+		agent:    agent,
+		info:     desc("info", "The local agent's identity; always 1.", "instance_id", "service", "mode"),
+		lockHeld: desc("alive_lock_held", "1 while the agent holds its alive lock, verified on its own backend."),
+		interval: desc("heartbeat_interval_seconds", "Heartbeat cadence chosen on the last tick."),
+		beats:    desc("heartbeats_total", "Successful heartbeat writes."),
+		failures: desc("heartbeat_failures_total", "Failed heartbeat writes."),
+		lastBeat: desc("last_heartbeat_timestamp_seconds",
+			"Database time of the last successful heartbeat, as a Unix timestamp; absent before the first."),
+		reconnects: desc("alive_lock_reconnects_total", "Direct connections opened for the alive lock after the first."),
+		leaseHeld:  desc("lease_held", "1 while the agent holds the lease.", "lease"),
+		leasesLost: desc("leases_lost_total", "Leases the agent lost, by reason: expired, taken or error.", "lease", "reason"),
+		reaped:     desc("instances_reaped_total", "Stale instances removed by the agent's reaper."),
+	}
+}
+
+func (c *agentCollector) Update(_ context.Context, ch chan<- prometheus.Metric) error {
+	s := c.agent.Snapshot()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge(c.info, 1, s.InstanceID.String(), s.ServiceName, string(s.Mode))
+	gauge(c.lockHeld, boolFloat(s.AliveLock.Held))
+	gauge(c.interval, s.Heartbeat.Interval.Seconds())
+	counter(c.beats, s.Heartbeat.Beats)
+	counter(c.failures, s.Heartbeat.Failures)
+	if !s.Heartbeat.LastBeat.IsZero() {
+		gauge(c.lastBeat, float64(s.Heartbeat.LastBeat.UnixNano())/float64(time.Second))
+	}
+	counter(c.reconnects, s.AliveLock.Reconnects)
+	for _, l := range s.Leases {
+		gauge(c.leaseHeld, boolFloat(l.Held), l.Name)
+		for _, r := range lostReasons {
+			counter(c.leasesLost, l.Lost[r], l.Name, string(r))
+		}
+	}
+	counter(c.reaped, s.Reaped)
+	return nil
+}

@@ -1,0 +1,322 @@
+// Package collector exports pg_liveness_* metrics, collected from PostgreSQL and from the
+// local agent at scrape time. Each collector is one file and one Collector; the Exporter
+// runs the enabled ones concurrently under the scrape's deadline and serves them over
+// HTTP together with the caller's own registry.
+//
+// Each database collector sends one statement per scrape (the statements collector a
+// second one, only when pg_stat_statements has queryids it has not classified yet), with
+// bind parameters; the schema and the leases table enter SQL only as quoted identifiers,
+// rendered once. Every age is computed by the database clock. A collector that fails or
+// misses the deadline exports nothing but its pg_liveness_scrape_collector_success 0.
+//
+// pg_liveness_up is 1 when PostgreSQL answered some database collector in this scrape,
+// with rows or with an ERROR (a FATAL one, such as a shutdown or a refused login, is no
+// answer); with no database collector enabled, a ping decides.
+package collector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+)
+
+const namespace = "pg_liveness"
+
+// Collector produces one group of metrics. Update sends const metrics to ch and returns
+// when it is done or ctx ends; it must not use ch after it returns.
+type Collector interface {
+	Update(ctx context.Context, ch chan<- prometheus.Metric) error
+}
+
+// AgentSource is what the agent collector reads; liveness's agent implements it.
+type AgentSource interface {
+	Snapshot() liveness.AgentSnapshot
+}
+
+var (
+	upDesc = prometheus.NewDesc(namespace+"_up",
+		"1 when PostgreSQL answered during this scrape, 0 otherwise.", nil, nil)
+	durationDesc = prometheus.NewDesc(namespace+"_scrape_collector_duration_seconds",
+		"Time a collector took in this scrape; the whole budget when it missed the deadline.",
+		[]string{"collector"}, nil)
+	successDesc = prometheus.NewDesc(namespace+"_scrape_collector_success",
+		"1 when a collector succeeded in this scrape, 0 when it failed or missed the deadline.",
+		[]string{"collector"}, nil)
+)
+
+// Exporter runs the enabled collectors for each scrape.
+type Exporter struct {
+	cfg        Config
+	pool       *pgxpool.Pool
+	logger     *slog.Logger
+	collectors []*entry // sorted by name
+}
+
+type entry struct {
+	name string
+	c    Collector
+	db   bool // talks to PostgreSQL, so its outcome tells whether the server answers
+
+	mu      sync.Mutex
+	lastErr string // the failure last logged at warn level, "" while healthy
+}
+
+// New builds the enabled collectors. pool may be nil only when no database collector is
+// enabled. agent may be nil (--no-agent): the agent collector is then not registered.
+func New(cfg Config, pool *pgxpool.Pool, agent AgentSource, logger *slog.Logger) (*Exporter, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	schema, leasesTable, patterns, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	e := &Exporter{cfg: cfg, pool: pool, logger: logger}
+	add := func(name string, db bool, c Collector) {
+		e.collectors = append(e.collectors, &entry{name: name, c: c, db: db})
+	}
+	if cfg.Instances.Enabled {
+		add(NameInstances, true, newInstancesCollector(pool, schema, cfg))
+	}
+	if cfg.Leases.Enabled {
+		add(NameLeases, true, newLeasesCollector(pool, leasesTable))
+	}
+	if cfg.AdvisoryLocks.Enabled {
+		add(NameAdvisoryLocks, true, newAdvisoryLocksCollector(pool, schema, cfg.AdvisoryLocks.MaxApplications))
+	}
+	if cfg.Statements.Enabled {
+		add(NameStatements, true, newStatementsCollector(pool, patterns, cfg.Statements.CacheSize,
+			logger.With("collector", NameStatements)))
+	}
+	if cfg.Agent.Enabled && agent != nil {
+		add(NameAgent, false, newAgentCollector(agent))
+	}
+	if pool == nil {
+		for _, c := range e.collectors {
+			if c.db {
+				return nil, fmt.Errorf("collector %s needs a database pool", c.name)
+			}
+		}
+	}
+	sort.Slice(e.collectors, func(i, j int) bool { return e.collectors[i].name < e.collectors[j].name })
+	return e, nil
+}
+
+// Enabled returns the names of the collectors that run on each scrape.
+func (e *Exporter) Enabled() []string {
+	names := make([]string, len(e.collectors))
+	for i, c := range e.collectors {
+		names[i] = c.name
+	}
+	return names
+}
+
+// Handler serves one scrape per request: it runs the enabled collectors concurrently
+// under the request's deadline and answers with their metrics plus extra's (the caller's
+// Go, process and build-info registry; may be nil).
+//
+// opts is passed to promhttp.HandlerFor, which is built per request because the metrics
+// are: its Timeout, MaxRequestsInFlight and CoalesceGather are ignored (the scrape
+// deadline bounds each request). ErrorLog defaults to the Exporter's logger.
+func (e *Exporter) Handler(extra prometheus.Gatherer, opts promhttp.HandlerOpts) http.Handler {
+	opts.Timeout, opts.MaxRequestsInFlight, opts.CoalesceGather = 0, 0, false
+	if opts.ErrorLog == nil {
+		opts.ErrorLog = slog.NewLogLogger(e.logger.Handler(), slog.LevelError)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), e.scrapeTimeout(r.Header))
+		metrics := e.scrape(ctx)
+		cancel() // ends stragglers
+
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(constCollector(metrics))
+		gatherers := prometheus.Gatherers{reg}
+		if extra != nil {
+			gatherers = append(gatherers, extra)
+		}
+		promhttp.HandlerFor(gatherers, opts).ServeHTTP(w, r)
+	})
+}
+
+// scrapeTimeout is the scraper's timeout less the offset, or the default without one. An
+// offset that would leave nothing halves the scraper's timeout instead.
+func (e *Exporter) scrapeTimeout(h http.Header) time.Duration {
+	v := h.Get("X-Prometheus-Scrape-Timeout-Seconds")
+	if v == "" {
+		return e.cfg.ScrapeDefaultTimeout
+	}
+	secs, err := strconv.ParseFloat(v, 64)
+	if err != nil || secs <= 0 || secs > 24*3600 {
+		return e.cfg.ScrapeDefaultTimeout
+	}
+	total := time.Duration(secs * float64(time.Second))
+	if t := total - e.cfg.ScrapeTimeoutOffset; t > 0 {
+		return t
+	}
+	return total / 2
+}
+
+type result struct {
+	idx      int
+	metrics  []prometheus.Metric
+	err      error
+	duration time.Duration
+}
+
+// scrape runs every collector in its own goroutine and returns what finished before ctx
+// ended, plus the exporter's own metrics. It does not wait for stragglers: they end when
+// the caller cancels ctx, and their results go to a buffered channel nobody reads.
+func (e *Exporter) scrape(ctx context.Context) []prometheus.Metric {
+	start := time.Now()
+	results := make(chan result, len(e.collectors))
+	for i, c := range e.collectors {
+		go func() {
+			t0 := time.Now()
+			ms, err := run(ctx, c.c)
+			results <- result{idx: i, metrics: ms, err: err, duration: time.Since(t0)}
+		}()
+	}
+
+	done := make([]*result, len(e.collectors))
+	pending := len(e.collectors)
+wait:
+	for pending > 0 {
+		select {
+		case r := <-results:
+			done[r.idx] = &r
+			pending--
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	for drained := false; !drained && pending > 0; { // results that raced the deadline
+		select {
+		case r := <-results:
+			done[r.idx] = &r
+			pending--
+		default:
+			drained = true
+		}
+	}
+
+	var out []prometheus.Metric
+	answered, anyDB := false, false
+	for i, c := range e.collectors {
+		r := done[i]
+		if r == nil {
+			r = &result{err: fmt.Errorf("missed the scrape deadline: %w", context.Cause(ctx)), duration: time.Since(start)}
+		}
+		anyDB = anyDB || c.db
+		if c.db && (r.err == nil || isServerError(r.err)) {
+			answered = true
+		}
+		success := 0.0
+		if r.err == nil {
+			success = 1
+			out = append(out, r.metrics...)
+		}
+		e.logOutcome(c, r.err)
+		out = append(out,
+			prometheus.MustNewConstMetric(durationDesc, prometheus.GaugeValue, r.duration.Seconds(), c.name),
+			prometheus.MustNewConstMetric(successDesc, prometheus.GaugeValue, success, c.name))
+	}
+	if !anyDB && e.pool != nil {
+		answered = e.pool.Ping(ctx) == nil
+	}
+	return append(out, prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, boolFloat(answered)))
+}
+
+// run collects one collector's metrics. A panic becomes an error: the agent lives in
+// this process, and a collector bug must not drop its alive lock.
+func run(ctx context.Context, c Collector) (ms []prometheus.Metric, err error) {
+	ch := make(chan prometheus.Metric, 256) // buffered: fewer goroutine switches per metric
+	collected := make(chan []prometheus.Metric)
+	go func() {
+		var ms []prometheus.Metric
+		for m := range ch {
+			ms = append(ms, m)
+		}
+		collected <- ms
+	}()
+	func() {
+		defer close(ch) // Update's only writer is done with ch
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("panic: %v", p)
+			}
+		}()
+		err = c.Update(ctx, ch)
+	}()
+	return <-collected, err
+}
+
+// isServerError reports whether PostgreSQL answered a statement with an error, which
+// means it is up. A FATAL error is not an answer: it ends the session, as a server
+// shutting down does to every connection (57P01), or refuses one (starting up, bad
+// password).
+func isServerError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	severity := pgErr.SeverityUnlocalized
+	if severity == "" {
+		severity = pgErr.Severity
+	}
+	return severity == "ERROR"
+}
+
+// logOutcome logs a collector's failure at warn level when it starts or changes, at debug
+// level while it repeats, and its recovery once, so a database that stays down does not
+// write a line per scrape.
+func (e *Exporter) logOutcome(c *entry, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil {
+		if c.lastErr != "" {
+			e.logger.Info("collector recovered", "collector", c.name)
+			c.lastErr = ""
+		}
+		return
+	}
+	msg := dsn.Redact(err.Error())
+	if msg == c.lastErr {
+		e.logger.Debug("collector failed", "collector", c.name, "err", msg)
+		return
+	}
+	c.lastErr = msg
+	e.logger.Warn("collector failed", "collector", c.name, "err", msg)
+}
+
+// constCollector hands already-built metrics to a registry. It describes nothing, so the
+// registry treats it as unchecked; const metrics carry their own descriptors.
+type constCollector []prometheus.Metric
+
+func (constCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (c constCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range c {
+		ch <- m
+	}
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

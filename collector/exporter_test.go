@@ -1,0 +1,464 @@
+package collector
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+)
+
+var dbCollectors = []string{NameAdvisoryLocks, NameInstances, NameLeases, NameStatements}
+
+// TestDatabaseDownThenBack: with the server stopped, /metrics still answers 200 at once
+// with up 0 and every database collector failed; once the server is back, up is 1 again
+// without a new exporter or pool.
+func TestDatabaseDownThenBack(t *testing.T) {
+	t.Parallel() // a server of its own: start it alongside the others
+	srv := pgtest.NewServer(t)
+	db := pgtest.NewDBOn(t, srv)
+	migrate(t, db, "liveness")
+	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
+	e := newExporter(t, DefaultConfig(), exporterPool(t, db.DSN, 2, nil), testAgent, nil)
+
+	check := func(wantUp float64) {
+		t.Helper()
+		start := time.Now()
+		rec := scrapeResponse(t, e, "5")
+		if took := time.Since(start); took > 3*time.Second {
+			t.Errorf("scrape took %s, want well under the 4.5s budget", took)
+		}
+		if rec.Code != http.StatusOK {
+			t.Fatalf("status %d, want 200: %s", rec.Code, rec.Body.String())
+		}
+		mfs := parseText(t, rec.Body)
+		if got := value(mfs, "pg_liveness_up"); got != wantUp {
+			t.Errorf("pg_liveness_up = %v, want %v", got, wantUp)
+		}
+		for _, c := range dbCollectors {
+			if got := value(mfs, "pg_liveness_scrape_collector_success", "collector", c); got != wantUp {
+				t.Errorf("success{collector=%q} = %v, want %v", c, got, wantUp)
+			}
+		}
+		// The agent does not need the database.
+		if got := value(mfs, "pg_liveness_scrape_collector_success", "collector", NameAgent); got != 1 {
+			t.Errorf("success{collector=agent} = %v, want 1", got)
+		}
+	}
+	check(1)
+	srv.Stop()
+	check(0)
+	check(0)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	check(1)
+}
+
+// TestScrapeDeadline: a collector blocked in the database misses the deadline the
+// scraper's header sets; the response still comes in time, with success 0 for it and 1
+// for the others, and the straggler lets go of its connection.
+func TestScrapeDeadline(t *testing.T) {
+	db := pgtest.NewDB(t)
+	migrate(t, db, "liveness")
+	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
+	pool := exporterPool(t, db.DSN, 2, nil)
+	e := newExporter(t, DefaultConfig(), pool, nil, nil)
+
+	locker := db.Conn(t)
+	ctx := ctxT(t, 30*time.Second)
+	tx, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx, `LOCK TABLE liveness.leases IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- scrapeResponse(t, e, "1") }() // 1s less the 0.5s offset
+	var rec *httptest.ResponseRecorder
+	select {
+	case rec = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no response 5s into a scrape with a 1s timeout") // the rollback then frees it
+	}
+	took := time.Since(start)
+	if took > 3*time.Second {
+		t.Errorf("scrape took %s with a 1s scrape timeout", took)
+	}
+	if took < 400*time.Millisecond {
+		t.Errorf("scrape took %s: the leases query should have waited for the deadline", took)
+	}
+	if rec.Code != http.StatusOK {
+		t.Fatalf("status %d", rec.Code)
+	}
+	mfs := parseText(t, rec.Body)
+	for _, c := range dbCollectors {
+		want := 1.0
+		if c == NameLeases {
+			want = 0
+		}
+		if got := value(mfs, "pg_liveness_scrape_collector_success", "collector", c); got != want {
+			t.Errorf("success{collector=%q} = %v, want %v", c, got, want)
+		}
+	}
+	if got := value(mfs, "pg_liveness_up"); got != 1 {
+		t.Errorf("pg_liveness_up = %v, want 1 (the other collectors got answers)", got)
+	}
+	if got := value(mfs, "pg_liveness_scrape_collector_duration_seconds", "collector", NameLeases); !(got >= 0.4 && got < 2.5) {
+		t.Errorf("duration{collector=leases} = %v, want about the 0.5s budget", got)
+	}
+	if _, ok := mfs["pg_liveness_lease_held"]; ok {
+		t.Error("a collector that missed the deadline exported metrics")
+	}
+	waitFor(t, 3*time.Second, "the straggler to release its connection", func() bool {
+		return pool.Stat().AcquiredConns() == 0
+	})
+}
+
+// TestUpWhenServerAnswersWithError: an ERROR from PostgreSQL (here: the schema was never
+// migrated) fails the collector but proves the server is up.
+func TestUpWhenServerAnswersWithError(t *testing.T) {
+	db := pgtest.NewDB(t)
+	cfg := DefaultConfig()
+	cfg.Leases.Enabled, cfg.Statements.Enabled, cfg.AdvisoryLocks.Enabled, cfg.Agent.Enabled = false, false, false, false
+	e := newExporter(t, cfg, exporterPool(t, db.DSN, 1, nil), nil, nil)
+	mfs := scrapeFamilies(t, e)
+	if got := value(mfs, "pg_liveness_scrape_collector_success", "collector", NameInstances); got != 0 {
+		t.Errorf("success{collector=instances} = %v without the schema, want 0", got)
+	}
+	if got := value(mfs, "pg_liveness_up"); got != 1 {
+		t.Errorf("pg_liveness_up = %v, want 1: the server answered", got)
+	}
+}
+
+// TestSecretsStayOut scrapes with debug logging, with the database up and down, and
+// looks for the server's password in the logs and in /metrics.
+func TestSecretsStayOut(t *testing.T) {
+	t.Parallel() // a server of its own: start it alongside the others
+	srv := pgtest.NewServer(t)
+	db := pgtest.NewDBOn(t, srv)
+	migrate(t, db, "liveness")
+	if !strings.Contains(db.DSN, srv.Password) {
+		t.Fatal("the test DSN carries no password; the test would prove nothing")
+	}
+	logger, logs := bufLogger()
+	e := newExporter(t, DefaultConfig(), exporterPool(t, db.DSN, 2, nil), testAgent, logger)
+
+	var bodies strings.Builder
+	scrape := func() {
+		rec := scrapeResponse(t, e, "3")
+		bodies.WriteString(rec.Body.String())
+	}
+	scrape() // up, without pg_stat_statements: logged
+	srv.Stop()
+	scrape() // down: every database collector logs its error
+	scrape()
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	scrape()
+
+	if !strings.Contains(logs.String(), "collector failed") {
+		t.Fatalf("no collector error was logged while the database was down; logs:\n%s", logs)
+	}
+	if strings.Contains(logs.String(), srv.Password) {
+		t.Errorf("the password appears in the logs:\n%s", logs)
+	}
+	if strings.Contains(bodies.String(), srv.Password) {
+		t.Error("the password appears in /metrics")
+	}
+}
+
+// TestFailuresLoggedOnce: a database that stays down is one warning per collector, not
+// one per scrape; the recovery is logged once.
+func TestFailuresLoggedOnce(t *testing.T) {
+	t.Parallel() // a server of its own: start it alongside the others
+	srv := pgtest.NewServer(t)
+	db := pgtest.NewDBOn(t, srv)
+	migrate(t, db, "liveness")
+	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
+	logger, logs := bufLogger()
+	cfg := DefaultConfig()
+	cfg.Leases.Enabled, cfg.Statements.Enabled, cfg.AdvisoryLocks.Enabled = false, false, false
+	e := newExporter(t, cfg, exporterPool(t, db.DSN, 1, nil), nil, logger)
+
+	srv.Stop()
+	for range 3 {
+		scrapeResponse(t, e, "3")
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	scrapeResponse(t, e, "3")
+	out := logs.String()
+	if n := strings.Count(out, "level=WARN msg=\"collector failed\""); n != 1 {
+		t.Errorf("%d warnings for a database down during 3 scrapes, want 1:\n%s", n, out)
+	}
+	if n := strings.Count(out, "level=DEBUG msg=\"collector failed\""); n != 2 {
+		t.Errorf("%d debug lines for the repeated failure, want 2:\n%s", n, out)
+	}
+	if n := strings.Count(out, "collector recovered"); n != 1 {
+		t.Errorf("%d recovery lines, want 1:\n%s", n, out)
+	}
+}
+
+// TestHandlerHTTP serves through a real HTTP server: status, content type, the extra
+// gatherer's metrics, and the scrape-timeout header.
+func TestHandlerHTTP(t *testing.T) {
+	db := pgtest.NewDB(t)
+	migrate(t, db, "liveness")
+	e := newExporter(t, DefaultConfig(), exporterPool(t, db.DSN, 2, nil), testAgent, nil)
+	extra := prometheus.NewRegistry()
+	extra.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "extra_gauge", Help: "From the caller's registry."},
+		func() float64 { return 7 }))
+	srv := httptest.NewServer(e.Handler(extra, promhttp.HandlerOpts{}))
+	t.Cleanup(srv.Close)
+
+	req, _ := http.NewRequestWithContext(ctxT(t, 10*time.Second), http.MethodGet, srv.URL, nil)
+	req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", "2")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
+		t.Errorf("Content-Type = %q, want the text exposition format", ct)
+	}
+	mfs := parseText(t, strings.NewReader(string(body)))
+	if got := value(mfs, "extra_gauge"); got != 7 {
+		t.Errorf("extra_gauge = %v, want 7 from the extra gatherer", got)
+	}
+	if got := value(mfs, "pg_liveness_up"); got != 1 {
+		t.Errorf("pg_liveness_up = %v, want 1", got)
+	}
+}
+
+func TestScrapeTimeout(t *testing.T) {
+	e := &Exporter{cfg: DefaultConfig()}
+	for _, c := range []struct {
+		header string
+		want   time.Duration
+	}{
+		{"", 10 * time.Second},          // no header: --scrape.default-timeout
+		{"2", 1500 * time.Millisecond},  // less --scrape.timeout-offset
+		{"10.5", 10 * time.Second},      // fractional seconds
+		{"0.4", 200 * time.Millisecond}, // the offset would leave nothing: half
+		{"abc", 10 * time.Second},       // unparsable: the default
+		{"-1", 10 * time.Second},        // nonsense: the default
+	} {
+		h := http.Header{}
+		if c.header != "" {
+			h.Set("X-Prometheus-Scrape-Timeout-Seconds", c.header)
+		}
+		if got := e.scrapeTimeout(h); got != c.want {
+			t.Errorf("header %q: timeout %s, want %s", c.header, got, c.want)
+		}
+	}
+}
+
+// TestNoDatabaseCollectorPings: with only the agent collector, up comes from a ping.
+func TestNoDatabaseCollectorPings(t *testing.T) {
+	t.Parallel() // a server of its own: start it alongside the others
+	srv := pgtest.NewServer(t)
+	db := pgtest.NewDBOn(t, srv)
+	cfg := Config{Agent: AgentConfig{Enabled: true}, ScrapeDefaultTimeout: 3 * time.Second}
+	e := newExporter(t, cfg, exporterPool(t, db.DSN, 1, nil), testAgent, nil)
+	if got := e.Enabled(); len(got) != 1 || got[0] != NameAgent {
+		t.Fatalf("Enabled() = %v, want [agent]", got)
+	}
+	if got := value(scrapeFamilies(t, e), "pg_liveness_up"); got != 1 {
+		t.Errorf("pg_liveness_up = %v with the database up, want 1", got)
+	}
+	srv.Stop()
+	if got := value(scrapeFamilies(t, e), "pg_liveness_up"); got != 0 {
+		t.Errorf("pg_liveness_up = %v with the database down, want 0", got)
+	}
+}
+
+type panicky struct{}
+
+func (panicky) Update(context.Context, chan<- prometheus.Metric) error { panic("boom") }
+
+type failing struct{}
+
+func (failing) Update(_ context.Context, ch chan<- prometheus.Metric) error {
+	ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, 42) // must not be exported
+	return errors.New("half way")
+}
+
+// stuck ignores its context, like a collector blocked on a lock in this process would.
+// Once released it still sends a metric, after the scrape has long returned.
+type stuck struct{ release, finished chan struct{} }
+
+func (s stuck) Update(_ context.Context, ch chan<- prometheus.Metric) error {
+	defer close(s.finished)
+	<-s.release
+	ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, 1)
+	return nil
+}
+
+// TestStragglersAreNotAwaited: a collector that ignores its context does not hold the
+// scrape past its deadline, and what it sends afterwards goes nowhere, without a panic.
+func TestStragglersAreNotAwaited(t *testing.T) {
+	s := stuck{release: make(chan struct{}), finished: make(chan struct{})}
+	e := &Exporter{cfg: DefaultConfig(), logger: discard(), collectors: []*entry{
+		{name: "agent", c: newAgentCollector(testAgent)},
+		{name: "stuck", c: s},
+	}}
+	var once sync.Once
+	release := func() { once.Do(func() { close(s.release) }) }
+	defer release()
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- scrapeResponse(t, e, "0.8") }() // 0.3s after the offset
+	var rec *httptest.ResponseRecorder
+	select {
+	case rec = <-done:
+	case <-time.After(2 * time.Second):
+		t.Fatal("no response 2s into a scrape with a 0.3s budget")
+	}
+	mfs := parseText(t, rec.Body)
+	if got := value(mfs, "pg_liveness_scrape_collector_success", "collector", "stuck"); got != 0 {
+		t.Errorf("success{collector=stuck} = %v, want 0", got)
+	}
+	if got := value(mfs, "pg_liveness_scrape_collector_success", "collector", "agent"); got != 1 {
+		t.Errorf("success{collector=agent} = %v, want 1", got)
+	}
+	release()
+	select {
+	case <-s.finished:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the straggler could not finish sending")
+	}
+}
+
+// TestCollectorFailuresAreContained: a panic or an error fails only that collector and
+// drops what it sent before failing.
+func TestCollectorFailuresAreContained(t *testing.T) {
+	e := &Exporter{cfg: DefaultConfig(), logger: discard(), collectors: []*entry{
+		{name: "agent", c: newAgentCollector(testAgent)},
+		{name: "failing", c: failing{}},
+		{name: "panicky", c: panicky{}},
+	}}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(constCollector(e.scrape(ctxT(t, 5*time.Second))))
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	mfs := parseText(t, rec.Body)
+	for c, want := range map[string]float64{"agent": 1, "failing": 0, "panicky": 0} {
+		if got := value(mfs, "pg_liveness_scrape_collector_success", "collector", c); got != want {
+			t.Errorf("success{collector=%q} = %v, want %v", c, got, want)
+		}
+	}
+	if got := value(mfs, "pg_liveness_up"); got != 0 {
+		t.Errorf("pg_liveness_up = %v, want 0 (no pool, no database collector)", got)
+	}
+}
+
+func TestConfigErrorsNameTheFlag(t *testing.T) {
+	for flag, mutate := range map[string]func(*Config){
+		"--agent.stale-threshold":                     func(c *Config) { c.StaleThreshold = 0 },
+		"--agent.definitive-dead-cutoff":              func(c *Config) { c.DefinitiveDeadCutoff = c.StaleThreshold },
+		"--collector.instances.max-series":            func(c *Config) { c.Instances.MaxSeries = -1 },
+		"--collector.leases.table":                    func(c *Config) { c.Leases.Table = "a.b.c" },
+		"--collector.advisory_locks.max-applications": func(c *Config) { c.AdvisoryLocks.MaxApplications = 0 },
+		"--collector.statements.pattern":              func(c *Config) { c.Statements.Patterns = []string{"bad=("} },
+		"--collector.statements.cache-size":           func(c *Config) { c.Statements.CacheSize = 0 },
+		"--scrape.timeout-offset":                     func(c *Config) { c.ScrapeTimeoutOffset = -time.Second },
+		"--scrape.default-timeout":                    func(c *Config) { c.ScrapeDefaultTimeout = 0 },
+	} {
+		cfg := DefaultConfig()
+		mutate(&cfg)
+		_, err := New(cfg, nil, nil, nil)
+		if err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s: error %v, want one naming the flag", flag, err)
+		}
+	}
+	for _, bad := range []string{"noequals", "=regex", ".leases", "x."} {
+		cfg := DefaultConfig()
+		cfg.Statements.Patterns = []string{bad}
+		cfg.Leases.Table = bad
+		if _, err := New(cfg, nil, nil, nil); err == nil {
+			t.Errorf("%q accepted as a pattern and a table", bad)
+		}
+	}
+	if _, err := New(DefaultConfig(), nil, nil, nil); err == nil || !strings.Contains(err.Error(), "pool") {
+		t.Errorf("no pool: error %v, want one saying a pool is needed", err)
+	}
+}
+
+func TestAddFlags(t *testing.T) {
+	app := kingpin.New("test", "")
+	cfg := AddFlags(app)
+	if _, err := app.Parse([]string{
+		"--no-collector.leases", "--no-collector.agent",
+		"--collector.instances.max-series=7",
+		"--collector.leases.table=blog.leases",
+		"--collector.advisory_locks.max-applications=3",
+		"--collector.statements.pattern=heartbeat=my_heartbeat",
+		"--collector.statements.pattern=cleanup=",
+		"--collector.statements.pattern=reports=^/\\* reports",
+		"--collector.statements.cache-size=99",
+		"--scrape.timeout-offset=250ms", "--scrape.default-timeout=4s",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Leases.Enabled || cfg.Agent.Enabled || !cfg.Instances.Enabled || !cfg.Statements.Enabled || !cfg.AdvisoryLocks.Enabled {
+		t.Errorf("enabled collectors wrong: %+v", cfg)
+	}
+	if cfg.Instances.MaxSeries != 7 || cfg.Leases.Table != "blog.leases" || cfg.AdvisoryLocks.MaxApplications != 3 ||
+		cfg.Statements.CacheSize != 99 || cfg.ScrapeTimeoutOffset != 250*time.Millisecond || cfg.ScrapeDefaultTimeout != 4*time.Second {
+		t.Errorf("options not parsed: %+v", cfg)
+	}
+	patterns, err := parsePatterns(cfg.Statements.Patterns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range patterns {
+		got = append(got, p.name+"="+p.re.String())
+	}
+	want := strings.Join([]string{
+		`heartbeat=my_heartbeat`, // overridden in place
+		`heartbeat_delete=pg_liveness:heartbeat_delete\b`,
+		`lease_acquire=pg_liveness:lease_acquire\b`,
+		`lease_renew=pg_liveness:lease_renew\b`,
+		`lease_release=pg_liveness:lease_release\b`,
+		// cleanup removed
+		`alive_lock_claim=pg_liveness:alive_lock_claim\b`,
+		`alive_lock_verify=pg_liveness:alive_lock_verify\b`,
+		`reports=^/\* reports`,
+	}, "\n")
+	if strings.Join(got, "\n") != want {
+		t.Errorf("patterns:\n%s\nwant:\n%s", strings.Join(got, "\n"), want)
+	}
+
+	defaults := kingpin.New("test", "")
+	dcfg := AddFlags(defaults)
+	if _, err := defaults.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if want := DefaultConfig(); dcfg.Instances != want.Instances || dcfg.Leases != want.Leases ||
+		dcfg.AdvisoryLocks != want.AdvisoryLocks || dcfg.Statements.CacheSize != want.Statements.CacheSize ||
+		len(dcfg.Statements.Patterns) != 0 || dcfg.ScrapeTimeoutOffset != want.ScrapeTimeoutOffset ||
+		dcfg.ScrapeDefaultTimeout != want.ScrapeDefaultTimeout || !dcfg.Agent.Enabled {
+		t.Errorf("flag defaults %+v differ from DefaultConfig %+v", *dcfg, want)
+	}
+}

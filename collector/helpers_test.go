@@ -1,0 +1,292 @@
+package collector
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// exporterApp is the application_name of the exporter's pool in these tests.
+const exporterApp = "pg_liveness_exporter"
+
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// queryCounter counts the statements a pool sends: the round trips per scrape.
+type queryCounter struct{ n atomic.Int64 }
+
+func (q *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	q.n.Add(1)
+	return ctx
+}
+
+func (q *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// exporterPool opens the pool an exporter scrapes with, named exporterApp.
+func exporterPool(t testing.TB, dsn string, maxConns int32, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["application_name"] = exporterApp
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	if tracer != nil {
+		cfg.ConnConfig.Tracer = tracer
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// migrate creates the liveness objects in schema.
+func migrate(t testing.TB, db *pgtest.DB, schema string) {
+	t.Helper()
+	ctx := ctxT(t, 60*time.Second)
+	conn, err := pgx.Connect(ctx, db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := migrations.Apply(ctx, conn, schema); err != nil {
+		t.Fatalf("migrations: %v", err)
+	}
+}
+
+func newExporter(t testing.TB, cfg Config, pool *pgxpool.Pool, agent AgentSource, logger *slog.Logger) *Exporter {
+	t.Helper()
+	e, err := New(cfg, pool, agent, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// syncBuffer can be read while scrapes write log lines to it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// bufLogger logs every level, debug included, to a buffer.
+func bufLogger() (*slog.Logger, *syncBuffer) {
+	b := &syncBuffer{}
+	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug})), b
+}
+
+// scrapeResponse runs one request through the Handler.
+func scrapeResponse(t testing.TB, e *Exporter, timeoutHeader string) *httptest.ResponseRecorder {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	if timeoutHeader != "" {
+		req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", timeoutHeader)
+	}
+	rec := httptest.NewRecorder()
+	e.Handler(nil, promhttp.HandlerOpts{}).ServeHTTP(rec, req)
+	return rec
+}
+
+// scrapeFamilies scrapes through the Handler and parses the text exposition.
+func scrapeFamilies(t testing.TB, e *Exporter) map[string]*dto.MetricFamily {
+	t.Helper()
+	rec := scrapeResponse(t, e, "")
+	if rec.Code != http.StatusOK {
+		t.Fatalf("scrape: status %d: %s", rec.Code, rec.Body.String())
+	}
+	return parseText(t, rec.Body)
+}
+
+func parseText(t testing.TB, r io.Reader) map[string]*dto.MetricFamily {
+	t.Helper()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		t.Fatalf("parse exposition: %v", err)
+	}
+	return mfs
+}
+
+// value returns the sample of name whose labels include want, or NaN when there is none.
+func value(mfs map[string]*dto.MetricFamily, name string, want ...string) float64 {
+	mf := mfs[name]
+	if mf == nil {
+		return math.NaN()
+	}
+	for _, m := range mf.GetMetric() {
+		if hasLabels(m, want...) {
+			return sampleValue(m)
+		}
+	}
+	return math.NaN()
+}
+
+func hasLabels(m *dto.Metric, pairs ...string) bool {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		found := false
+		for _, l := range m.GetLabel() {
+			if l.GetName() == pairs[i] && l.GetValue() == pairs[i+1] {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+func sampleValue(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.GetGauge().GetValue()
+	case m.Counter != nil:
+		return m.GetCounter().GetValue()
+	default:
+		return m.GetUntyped().GetValue()
+	}
+}
+
+func setSample(m *dto.Metric, v float64) {
+	switch {
+	case m.Gauge != nil:
+		m.Gauge.Value = &v
+	case m.Counter != nil:
+		m.Counter.Value = &v
+	default:
+		m.Untyped.Value = &v
+	}
+}
+
+// approx lets a time-dependent sample differ from the expected one: got − want must lie
+// in [lo, hi]. labels, as name/value pairs, narrow it to some series.
+type approx struct {
+	name   string
+	lo, hi float64
+	labels []string
+}
+
+// compareExposition compares the scraped families with the expected exposition exactly,
+// except that samples covered by an approx rule must be within its bounds of the
+// expected value. HELP texts are not compared (promlint checks they exist).
+func compareExposition(t testing.TB, got map[string]*dto.MetricFamily, expected string, rules ...approx) {
+	t.Helper()
+	want := parseText(t, strings.NewReader(expected))
+	var problems []string
+	for _, r := range rules {
+		gmf, wmf := got[r.name], want[r.name]
+		if gmf == nil || wmf == nil {
+			continue // the comparison below reports the missing family
+		}
+		for _, gm := range gmf.GetMetric() {
+			if !hasLabels(gm, r.labels...) {
+				continue
+			}
+			for _, wm := range wmf.GetMetric() {
+				if !sameLabels(gm, wm) {
+					continue
+				}
+				g, w := sampleValue(gm), sampleValue(wm)
+				if d := g - w; d < r.lo || d > r.hi {
+					problems = append(problems, fmt.Sprintf("%s%s = %g, want %g within [%+g, %+g]",
+						r.name, labelString(gm), g, w, r.lo, r.hi))
+				}
+				setSample(gm, w)
+			}
+		}
+	}
+	if len(problems) > 0 {
+		t.Errorf("time-dependent samples out of bounds:\n%s", strings.Join(problems, "\n"))
+	}
+	var fams []*dto.MetricFamily
+	for _, mf := range got {
+		mf.Help = new("")
+		fams = append(fams, mf)
+	}
+	sort.Slice(fams, func(i, j int) bool { return fams[i].GetName() < fams[j].GetName() })
+	g := prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) { return fams, nil })
+	if err := testutil.GatherAndCompare(g, strings.NewReader(expected)); err != nil {
+		t.Errorf("exposition differs:\n%v", err)
+	}
+}
+
+func sameLabels(a, b *dto.Metric) bool {
+	return labelString(a) == labelString(b)
+}
+
+func labelString(m *dto.Metric) string {
+	var parts []string
+	for _, l := range m.GetLabel() {
+		parts = append(parts, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+	}
+	sort.Strings(parts)
+	return "{" + strings.Join(parts, ",") + "}"
+}
+
+// readTestdata returns a file of testdata/.
+func readTestdata(t testing.TB, name string) string {
+	t.Helper()
+	b, err := os.ReadFile("testdata/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// waitFor polls cond every 20 ms until it holds, failing the test after limit.
+func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", limit, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -1,0 +1,306 @@
+package collector
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+)
+
+// scenarioSchema needs quoting, so the test also shows the schema only ever enters SQL as
+// a quoted identifier.
+const scenarioSchema = "Live Ness"
+
+var schemaIdent = pgx.Identifier{scenarioSchema}.Sanitize()
+
+func id(s string) uuid.UUID { return uuid.MustParse("00000000-0000-0000-0000-0000000000" + s) }
+
+// connAs opens a connection with the given application_name, closed when the test ends.
+func connAs(t *testing.T, db *pgtest.DB, app string) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = app
+	c, err := pgx.ConnectConfig(ctxT(t, 30*time.Second), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+func exec(t *testing.T, c *pgx.Conn, sql string, args ...any) {
+	t.Helper()
+	if _, err := c.Exec(ctxT(t, 30*time.Second), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// newScenario makes a database with instances in every state, leases, advisory locks
+// held by idle and active backends, a waiter, and tagged statements in
+// pg_stat_statements.
+func newScenario(t *testing.T) *pgtest.DB {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	migrate(t, db, scenarioSchema)
+	setup := connAs(t, db, "setup")
+	// pg_stat_statements may live in any schema; the collector has to find it.
+	exec(t, setup, `CREATE SCHEMA stats; CREATE EXTENSION pg_stat_statements SCHEMA stats`)
+
+	insert := `INSERT INTO ` + schemaIdent + `.instances (instance_id, service_name, last_heartbeat_at, liveness_mode)
+	           VALUES ($1, $2, now() - make_interval(secs => $3), $4)`
+	for _, in := range []struct {
+		id      string
+		service string
+		age     float64
+		mode    liveness.Mode
+	}{
+		{"a1", "api", 10, liveness.ModeAdvisoryLockWhenAvailable},    // alive
+		{"a2", "api", 120, liveness.ModeAdvisoryLockWhenAvailable},   // lock_only
+		{"a3", "api", 600, liveness.ModeAdvisoryLockWhenAvailable},   // zombie
+		{"a4", "api", 5, liveness.ModeAdvisoryLockWhenAvailable},     // heartbeat_only
+		{"a5", "api", 200, liveness.ModeAdvisoryLockWhenAvailable},   // stale
+		{"a6", "api", 100, liveness.ModeAdvisoryLockWhenAvailable},   // stale: a two-int4 lock on its key halves is not its alive lock
+		{"b1", "worker", 10, liveness.ModeAdvisoryLockWhenAvailable}, // alive
+		{"b2", "worker", 5, liveness.ModeHeartbeatTableOnly},         // heartbeat_only
+	} {
+		exec(t, setup, insert, id(in.id), in.service, in.age, string(in.mode))
+	}
+
+	leases := `INSERT INTO ` + schemaIdent + `.leases (name, holder, taken_at, expires_at)
+	           VALUES ($1, $2, now() - make_interval(secs => $3), now() + make_interval(secs => $4))`
+	exec(t, setup, leases, "cleanup", "host-a:123:0123456789abcdef", 30.0, 90.0)  // held, epoch 1
+	exec(t, setup, leases, "alerts", "host-b:456:fedcba9876543210", 300.0, -60.0) // expired, epoch 2
+
+	// Tagged statements: 3 heartbeat-like updates of the 2 worker rows, 2 lease renewals,
+	// and an untagged statement that matches nothing.
+	for range 3 {
+		exec(t, setup, `/* pg_liveness:heartbeat */ UPDATE `+schemaIdent+`.instances
+		                 SET last_heartbeat_at = last_heartbeat_at WHERE service_name = $1`, "worker")
+	}
+	for range 2 {
+		exec(t, setup, `/* pg_liveness:lease_renew */ UPDATE `+schemaIdent+`.leases
+		                 SET expires_at = expires_at WHERE name = $1`, "cleanup")
+	}
+	exec(t, setup, `SELECT count(*) FROM `+schemaIdent+`.leases`)
+	_ = setup.Close(context.Background())
+
+	// Alive locks: "svc-api" holds a1, a2, a3 and a two-int4 lock on a6's key halves;
+	// "svc-worker" holds b1. Both then sit idle.
+	api := connAs(t, db, "svc-api")
+	for _, s := range []string{"a1", "a2", "a3"} {
+		var ok bool
+		if err := api.QueryRow(ctxT(t, 10*time.Second), `SELECT `+schemaIdent+`.claim_instance_alive_lock($1)`, id(s)).Scan(&ok); err != nil || !ok {
+			t.Fatalf("claim %s: %v %v", s, ok, err)
+		}
+	}
+	var key int64
+	if err := api.QueryRow(ctxT(t, 10*time.Second), `SELECT `+schemaIdent+`.instance_lock_key($1)`, id("a6")).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, api, `SELECT pg_advisory_lock($1::int4, $2::int4)`, int32(uint32(key>>32)), int32(uint32(key)))
+	worker := connAs(t, db, "svc-worker")
+	exec(t, worker, `SELECT `+schemaIdent+`.claim_instance_alive_lock($1)`, id("b1"))
+
+	// An idle holder without application_name, an active holder ("jobs" sleeping while
+	// holding 42) and a waiter ("jobs" blocked on 42).
+	anon := connAs(t, db, "")
+	exec(t, anon, `SELECT pg_advisory_lock(43)`)
+	active := connAs(t, db, "jobs")
+	exec(t, active, `SELECT pg_advisory_lock(42)`)
+	waiter := connAs(t, db, "jobs")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() }) // runs before the connections close
+	wg.Go(func() { _, _ = active.Exec(ctx, `SELECT pg_sleep(60)`) })
+	waitFor(t, 10*time.Second, "the active holder", func() bool {
+		return count(t, db, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'jobs' AND state = 'active'`) == 1
+	})
+	wg.Go(func() { _, _ = waiter.Exec(ctx, `SELECT pg_advisory_lock(42)`) })
+	waitFor(t, 10*time.Second, "the waiter", func() bool {
+		return count(t, db, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) == 1
+	})
+	// The setup connection and the pollers must be gone: 5 client backends remain.
+	waitFor(t, 10*time.Second, "short-lived backends to exit", func() bool {
+		return count(t, db, `SELECT count(*) FROM pg_stat_activity
+		                      WHERE datname = current_database() AND backend_type = 'client backend'
+		                        AND pid <> pg_backend_pid()`) == 5
+	})
+	return db
+}
+
+// count runs a count query on a short-lived connection.
+func count(t *testing.T, db *pgtest.DB, sql string) int {
+	t.Helper()
+	ctx := ctxT(t, 10*time.Second)
+	c, err := pgx.Connect(ctx, db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	var n int
+	if err := c.QueryRow(ctx, sql).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// fixedAgent is a stand-in for the liveness agent: the agent collector only reads its
+// snapshot and never touches the database.
+type fixedAgent liveness.AgentSnapshot
+
+func (a fixedAgent) Snapshot() liveness.AgentSnapshot { return liveness.AgentSnapshot(a) }
+
+var testAgent = fixedAgent{
+	InstanceID:  id("ee"),
+	ServiceName: "pg_liveness_exporter",
+	Mode:        liveness.ModeAdvisoryLockWhenAvailable,
+	AliveLock:   liveness.AliveLockStats{Held: true, Claims: 2, Losses: 1, Reconnects: 1},
+	Heartbeat: liveness.HeartbeatStats{Interval: time.Minute, Beats: 42, Failures: 3,
+		LastBeat: time.Unix(1_800_000_000, 500_000_000)},
+	Leases: []liveness.LeaseStats{
+		{Name: "pg_liveness_reaper", Held: true, Lost: map[liveness.LostReason]uint64{liveness.LostTaken: 2}},
+	},
+	Reaped: 7,
+}
+
+// scenarioRules are the bounds of the samples that depend on when the scrape runs.
+var scenarioRules = []approx{
+	{name: "pg_liveness_scrape_collector_duration_seconds", lo: 0, hi: 10},
+	{name: "pg_liveness_instance_heartbeat_age_seconds", lo: 0, hi: 60},
+	{name: "pg_liveness_instance_oldest_heartbeat_age_seconds", lo: 0, hi: 60},
+	{name: "pg_liveness_lease_expires_in_seconds", lo: -60, hi: 0},
+	{name: "pg_liveness_lease_held_for_seconds", lo: 0, hi: 60},
+	// Idle holders have been idle a little while; the others' 0 is exact.
+	{name: "pg_liveness_advisory_lock_idle_holder_max_seconds", lo: 1e-6, hi: 60, labels: []string{"application_name", "svc-api"}},
+	{name: "pg_liveness_advisory_lock_idle_holder_max_seconds", lo: 1e-6, hi: 60, labels: []string{"application_name", "svc-worker"}},
+	{name: "pg_liveness_advisory_lock_idle_holder_max_seconds", lo: 1e-6, hi: 60, labels: []string{"application_name", "unknown"}},
+	{name: "pg_liveness_statement_seconds_total", lo: 1e-9, hi: 5, labels: []string{"statement", "heartbeat"}},
+	{name: "pg_liveness_statement_seconds_total", lo: 1e-9, hi: 5, labels: []string{"statement", "lease_renew"}},
+}
+
+func scenarioConfig() Config {
+	cfg := DefaultConfig()
+	cfg.Schema = scenarioSchema
+	return cfg
+}
+
+func TestScenario(t *testing.T) {
+	db := newScenario(t)
+	// One connection: everything must work with --db.max-conns=1, and the exporter's
+	// own backend is then exactly one, active while it reads pg_stat_activity.
+	pool := exporterPool(t, db.DSN, 1, nil)
+	e := newExporter(t, scenarioConfig(), pool, testAgent, nil)
+
+	// Twice: the first scrape classifies the statements, the second uses the cache and
+	// must export the same counts (the exporter's own statements match no pattern).
+	for i := range 2 {
+		got := scrapeFamilies(t, e)
+		compareExposition(t, got, readTestdata(t, "scenario.prom"), scenarioRules...)
+		if t.Failed() {
+			t.Fatalf("scrape %d differs", i+1)
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(constCollector(e.scrape(ctxT(t, 10*time.Second))))
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+}
+
+func TestScenarioFoldsApplications(t *testing.T) {
+	db := newScenario(t)
+	cfg := scenarioConfig()
+	cfg.AdvisoryLocks.MaxApplications = 2
+	e := newExporter(t, cfg, exporterPool(t, db.DSN, 1, nil), nil, nil)
+	got := scrapeFamilies(t, e)
+	// jobs (2 backends) and the first of the 1-backend names stay; svc-api, svc-worker and
+	// unknown become "other".
+	want := `
+# TYPE pg_liveness_backends gauge
+pg_liveness_backends{application_name="jobs"} 2
+pg_liveness_backends{application_name="other"} 3
+pg_liveness_backends{application_name="pg_liveness_exporter"} 1
+# TYPE pg_liveness_advisory_lock_holders gauge
+pg_liveness_advisory_lock_holders{application_name="jobs",backend_state="active"} 1
+pg_liveness_advisory_lock_holders{application_name="other",backend_state="idle"} 3
+pg_liveness_advisory_lock_holders{application_name="pg_liveness_exporter",backend_state="active"} 0
+# TYPE pg_liveness_advisory_lock_waiters gauge
+pg_liveness_advisory_lock_waiters{application_name="jobs"} 1
+pg_liveness_advisory_lock_waiters{application_name="other"} 0
+pg_liveness_advisory_lock_waiters{application_name="pg_liveness_exporter"} 0
+`
+	only := map[string]*dto.MetricFamily{}
+	for _, n := range []string{"pg_liveness_backends", "pg_liveness_advisory_lock_holders", "pg_liveness_advisory_lock_waiters"} {
+		only[n] = got[n]
+	}
+	compareExposition(t, only, want)
+	if v := value(got, "pg_liveness_advisory_lock_idle_holder_max_seconds", "application_name", "other"); !(v > 0) {
+		t.Errorf("idle holder max of other = %v, want > 0 (folded from idle holders)", v)
+	}
+}
+
+// TestLeasesPlainTable reads a blog-style leases table without an epoch column, named
+// as schema.table and as a bare table on the search_path.
+func TestLeasesPlainTable(t *testing.T) {
+	db := pgtest.NewDB(t)
+	c := connAs(t, db, "setup")
+	for _, tbl := range []string{`blog.leases`, `public."Job Leases"`} {
+		if strings.HasPrefix(tbl, "blog") {
+			exec(t, c, `CREATE SCHEMA blog`)
+		}
+		exec(t, c, `CREATE TABLE `+tbl+` (name text PRIMARY KEY, holder text NOT NULL,
+		               taken_at timestamptz NOT NULL DEFAULT now(), expires_at timestamptz NOT NULL)`)
+		exec(t, c, `INSERT INTO `+tbl+` VALUES ('uptime', 'node-1:77:00ff00ff00ff00ff', now() - interval '10 s', now() + interval '110 s'),
+		                                        ('mail', 'node-2', now() - interval '200 s', now() - interval '80 s')`)
+	}
+	want := `
+# TYPE pg_liveness_lease_expires_in_seconds gauge
+pg_liveness_lease_expires_in_seconds{lease="mail"} -80
+pg_liveness_lease_expires_in_seconds{lease="uptime"} 110
+# TYPE pg_liveness_lease_held gauge
+pg_liveness_lease_held{lease="mail"} 0
+pg_liveness_lease_held{lease="uptime"} 1
+# TYPE pg_liveness_lease_holder_info gauge
+pg_liveness_lease_holder_info{holder_host="node-1",lease="uptime"} 1
+pg_liveness_lease_holder_info{holder_host="node-2",lease="mail"} 1
+# TYPE pg_liveness_lease_held_for_seconds gauge
+pg_liveness_lease_held_for_seconds{lease="mail"} 200
+pg_liveness_lease_held_for_seconds{lease="uptime"} 10
+# TYPE pg_liveness_scrape_collector_duration_seconds gauge
+pg_liveness_scrape_collector_duration_seconds{collector="leases"} 0
+# TYPE pg_liveness_scrape_collector_success gauge
+pg_liveness_scrape_collector_success{collector="leases"} 1
+# TYPE pg_liveness_up gauge
+pg_liveness_up 1
+`
+	for _, table := range []string{"blog.leases", "Job Leases"} {
+		t.Run(table, func(t *testing.T) {
+			cfg := Config{Leases: LeasesConfig{Enabled: true, Table: table},
+				ScrapeDefaultTimeout: 10 * time.Second}
+			e := newExporter(t, cfg, exporterPool(t, db.DSN, 1, nil), nil, nil)
+			compareExposition(t, scrapeFamilies(t, e), want,
+				approx{name: "pg_liveness_scrape_collector_duration_seconds", lo: 0, hi: 10},
+				approx{name: "pg_liveness_lease_expires_in_seconds", lo: -60, hi: 0},
+				approx{name: "pg_liveness_lease_held_for_seconds", lo: 0, hi: 60})
+		})
+	}
+}

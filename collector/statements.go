@@ -1,0 +1,310 @@
+package collector
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// extensionSchemaSQL finds where pg_stat_statements is installed; it may be any schema.
+const extensionSchemaSQL = `
+SELECT n.nspname::text
+  FROM pg_catalog.pg_extension e
+  JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+ WHERE e.extname = 'pg_stat_statements'`
+
+// statsSQL reads this database's counters without query texts: reading texts means
+// reading pg_stat_statements' whole text file, so it is done only for new queryids
+// (textsSQL). {ext} is the extension's schema as a quoted identifier. Entries whose
+// queryid is hidden from this role are skipped.
+const (
+	statsSQL = `
+SELECT s.userid, s.queryid, s.toplevel, s.calls,
+       (s.total_exec_time + s.total_plan_time) / 1000, s.rows
+  FROM {ext}.pg_stat_statements(false) s
+ WHERE s.dbid = (SELECT d.oid FROM pg_catalog.pg_database d
+                  WHERE d.datname = pg_catalog.current_database())
+   AND s.queryid IS NOT NULL`
+
+	textsSQL = `
+SELECT DISTINCT ON (s.queryid) s.queryid, coalesce(s.query, '')
+  FROM {ext}.pg_stat_statements(true) s
+ WHERE s.dbid = (SELECT d.oid FROM pg_catalog.pg_database d
+                  WHERE d.datname = pg_catalog.current_database())
+   AND s.queryid = ANY($1)`
+)
+
+// SQLSTATEs that mean pg_stat_statements cannot be read here, rather than a failure. The
+// first three mean the extension was dropped or moved: look it up again. The others
+// (not in shared_preload_libraries, not granted to this role) keep the schema.
+var unavailableCodes = map[string]bool{
+	"42883": true,  // undefined_function
+	"42P01": true,  // undefined_table
+	"3F000": true,  // invalid_schema_name
+	"55000": false, // object_not_in_prerequisite_state
+	"42501": false, // insufficient_privilege
+}
+
+// stmtKey identifies one pg_stat_statements entry within this database.
+type stmtKey struct {
+	userid   uint32
+	queryid  int64
+	toplevel bool
+}
+
+type stmtCounts struct {
+	calls, seconds, rows float64
+}
+
+// statementsCollector sums the counters of the entries each pattern matches. Exported
+// counters are accumulated from per-entry increments, so they never go down within one
+// exporter run: not when an entry is evicted (pg_stat_statements.max) and not when
+// pg_stat_statements is reset. When the extension is missing, every scrape makes the
+// one cheap catalog lookup instead, so CREATE EXTENSION is seen at the next scrape and
+// the lookup still tells the exporter that the server answers.
+type statementsCollector struct {
+	pool      *pgxpool.Pool
+	patterns  []statementPattern
+	cacheSize int
+	logger    *slog.Logger
+
+	calls, seconds, rows, available *prometheus.Desc
+
+	// sem serializes scrapes: the state below is read-modify-write, and two scrapes
+	// interleaving their increments would count twice.
+	sem          chan struct{}
+	stats, texts string                 // rendered for the extension's schema; "" when unknown
+	problem      string                 // the unavailability last logged, "" while available
+	cacheFull    bool                   // logged once that the cache is too small
+	class        map[int64]int          // queryid → pattern index, -1 for none
+	last         map[stmtKey]stmtCounts // last seen counters of classified entries
+	totals       []stmtCounts           // by pattern index
+}
+
+func newStatementsCollector(pool *pgxpool.Pool, patterns []statementPattern, cacheSize int, logger *slog.Logger) *statementsCollector {
+	stmt := []string{"statement"}
+	return &statementsCollector{
+		pool:      pool,
+		patterns:  patterns,
+		cacheSize: cacheSize,
+		logger:    logger,
+		calls: prometheus.NewDesc(namespace+"_statement_calls_total",
+			"Calls of the statements whose query text matches the named --collector.statements.pattern, from pg_stat_statements.", stmt, nil),
+		seconds: prometheus.NewDesc(namespace+"_statement_seconds_total",
+			"Planning plus execution time of the statements matching the named pattern, from pg_stat_statements.", stmt, nil),
+		rows: prometheus.NewDesc(namespace+"_statement_rows_total",
+			"Rows retrieved or affected by the statements matching the named pattern, from pg_stat_statements.", stmt, nil),
+		available: prometheus.NewDesc(namespace+"_stat_statements_available",
+			"1 when pg_stat_statements can be read in this database, else 0.", nil, nil),
+		sem:    make(chan struct{}, 1),
+		class:  map[int64]int{},
+		last:   map[stmtKey]stmtCounts{},
+		totals: make([]stmtCounts, len(patterns)),
+	}
+}
+
+type stmtRow struct {
+	key stmtKey
+	stmtCounts
+}
+
+func (c *statementsCollector) Update(ctx context.Context, ch chan<- prometheus.Metric) error {
+	select {
+	case c.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-c.sem }()
+
+	var entries []stmtRow
+	for attempt := 1; ; attempt++ {
+		if c.stats == "" {
+			found, err := c.lookup(ctx)
+			if err != nil {
+				return err
+			}
+			if !found {
+				c.unavailable(ch, "the pg_stat_statements extension is not installed in this database (CREATE EXTENSION pg_stat_statements)")
+				return nil
+			}
+		}
+		var err error
+		if entries, err = c.readStats(ctx); err == nil {
+			break
+		}
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) {
+			return err
+		}
+		lookAgain, ok := unavailableCodes[pgErr.Code]
+		if !ok {
+			return err
+		}
+		if lookAgain {
+			c.stats, c.texts = "", ""
+			if attempt == 1 {
+				continue // dropped or moved since the lookup: look it up now
+			}
+		}
+		c.unavailable(ch, "pg_stat_statements cannot be read: "+pgErr.Message)
+		return nil
+	}
+	uncached, err := c.classify(ctx, entries)
+	if err != nil {
+		return err
+	}
+	if c.problem != "" {
+		c.logger.Info("pg_stat_statements is available again")
+		c.problem = ""
+	}
+
+	next := make(map[stmtKey]stmtCounts, len(c.last))
+	for _, e := range entries {
+		idx, ok := c.class[e.key.queryid]
+		if !ok {
+			idx, ok = uncached[e.key.queryid]
+		}
+		if !ok || idx < 0 { // matches nothing, or its text vanished before we read it
+			continue
+		}
+		inc := e.stmtCounts
+		if prev, ok := c.last[e.key]; ok && e.calls >= prev.calls {
+			inc = stmtCounts{calls: e.calls - prev.calls, seconds: max(e.seconds-prev.seconds, 0), rows: max(e.rows-prev.rows, 0)}
+		} // else a new entry, or one reset since: all of it is new
+		c.totals[idx].calls += inc.calls
+		c.totals[idx].seconds += inc.seconds
+		c.totals[idx].rows += inc.rows
+		next[e.key] = e.stmtCounts
+	}
+	c.last = next // forgets evicted entries
+
+	for i, p := range c.patterns {
+		ch <- prometheus.MustNewConstMetric(c.calls, prometheus.CounterValue, c.totals[i].calls, p.name)
+		ch <- prometheus.MustNewConstMetric(c.seconds, prometheus.CounterValue, c.totals[i].seconds, p.name)
+		ch <- prometheus.MustNewConstMetric(c.rows, prometheus.CounterValue, c.totals[i].rows, p.name)
+	}
+	ch <- prometheus.MustNewConstMetric(c.available, prometheus.GaugeValue, 1)
+	return nil
+}
+
+// lookup finds the extension's schema and renders the statements for it.
+func (c *statementsCollector) lookup(ctx context.Context) (found bool, err error) {
+	var schema string
+	err = c.pool.QueryRow(ctx, extensionSchemaSQL).Scan(&schema)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	ext := pgx.Identifier{schema}.Sanitize()
+	c.stats = strings.ReplaceAll(statsSQL, "{ext}", ext)
+	c.texts = strings.ReplaceAll(textsSQL, "{ext}", ext)
+	return true, nil
+}
+
+func (c *statementsCollector) readStats(ctx context.Context) ([]stmtRow, error) {
+	rows, err := c.pool.Query(ctx, c.stats)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]stmtRow, 0, len(c.class))
+	for rows.Next() {
+		var (
+			r           stmtRow
+			calls, nrow int64
+		)
+		if err := rows.Scan(&r.key.userid, &r.key.queryid, &r.key.toplevel, &calls, &r.seconds, &nrow); err != nil {
+			return nil, err
+		}
+		r.calls, r.rows = float64(calls), float64(nrow)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// classify fetches the texts of queryids not seen before, in one round trip, and
+// remembers which pattern each matches (-1 for none). The cache keeps at most cacheSize
+// ids: when it would overflow, ids absent from this scrape are dropped first; what still
+// does not fit is returned for this scrape only and read again on the next one.
+func (c *statementsCollector) classify(ctx context.Context, entries []stmtRow) (uncached map[int64]int, err error) {
+	var unseen []int64
+	seen := make(map[int64]bool, len(entries))
+	for _, e := range entries {
+		id := e.key.queryid
+		if _, ok := c.class[id]; !ok && !seen[id] {
+			unseen = append(unseen, id)
+		}
+		seen[id] = true
+	}
+	if len(unseen) == 0 {
+		return nil, nil
+	}
+	rows, err := c.pool.Query(ctx, c.texts, unseen)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	found := make(map[int64]int, len(unseen))
+	for rows.Next() {
+		var (
+			id   int64
+			text string
+		)
+		if err := rows.Scan(&id, &text); err != nil {
+			return nil, err
+		}
+		found[id] = c.match(text)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+
+	if len(c.class)+len(found) > c.cacheSize {
+		for id := range c.class {
+			if !seen[id] {
+				delete(c.class, id)
+			}
+		}
+	}
+	for id, idx := range found {
+		if len(c.class) < c.cacheSize {
+			c.class[id] = idx
+			continue
+		}
+		if uncached == nil {
+			uncached = map[int64]int{}
+			if !c.cacheFull {
+				c.cacheFull = true
+				c.logger.Warn("more pg_stat_statements entries than --collector.statements.cache-size; raise it to avoid reading query texts on every scrape",
+					"cache_size", c.cacheSize)
+			}
+		}
+		uncached[id] = idx
+	}
+	return uncached, nil
+}
+
+func (c *statementsCollector) match(text string) int {
+	for i, p := range c.patterns {
+		if p.re.MatchString(text) {
+			return i
+		}
+	}
+	return -1
+}
+
+func (c *statementsCollector) unavailable(ch chan<- prometheus.Metric, problem string) {
+	if problem != c.problem {
+		c.logger.Warn("statement metrics are off: " + problem)
+		c.problem = problem
+	}
+	ch <- prometheus.MustNewConstMetric(c.available, prometheus.GaugeValue, 0)
+}
