@@ -1,0 +1,31 @@
+# pg_liveness_exporter — see README.md.
+GO          ?= go
+BINARY      ?= pg_liveness_exporter
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+TEST_FLAGS  ?= -race -count=1 -timeout 30m
+
+.PHONY: all build test lint run bench clean
+
+all: lint test build
+
+build:
+	$(GO) build -o $(BINARY) .
+
+# The whole suite, against real PostgreSQL, PgBouncer, Prometheus and Alertmanager that
+# the tests start themselves on 127.0.0.1.
+test:
+	$(GO) test $(TEST_FLAGS) ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+run: build
+	@echo "make run: the local demo arrives with the first-run work; for now run ./$(BINARY) --db.dsn=..." >&2
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m ./...
+
+clean:
+	rm -f $(BINARY)

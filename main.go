@@ -1,0 +1,299 @@
+// Command pg_liveness_exporter takes part in a PostgreSQL-coordinated fleet as a live
+// instance (alive lock, adaptive heartbeat, lease-protected reaper) and exports what it
+// sees of every instance, lease and advisory lock as Prometheus metrics.
+//
+// This file only wires flags to constructors.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/promslog"
+	"github.com/prometheus/common/promslog/flag"
+	"github.com/prometheus/common/version"
+	"github.com/prometheus/exporter-toolkit/web"
+	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
+
+	"github.com/pg-liveness/pg_liveness_exporter/collector"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+)
+
+const exporterName = "pg_liveness_exporter"
+
+// Exit codes: 2 for bad flags or configuration (before listening), 1 for failures after.
+const (
+	exitRuntime = 1
+	exitConfig  = 2
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Getenv("DATA_SOURCE_NAME"), os.Stderr))
+}
+
+type flags struct {
+	web           *web.FlagConfig
+	telemetryPath string
+	log           promslog.Config
+
+	dsn, dsnFile, directDSN string
+	maxConns                int
+	schema                  string
+	connectTimeout          time.Duration
+	applyMigrations         bool
+
+	agent                                         bool
+	instanceID, serviceName, mode                 string
+	interval, slowInterval, stale, definitiveDead time.Duration
+	keepIdle, keepInterval, userTimeout           time.Duration
+	keepCount                                     int
+	reaper                                        bool
+	reaperInterval, reaperTTL                     time.Duration
+
+	collectors *collector.Config
+}
+
+func parseFlags(args []string, stderr io.Writer) (*flags, error) {
+	app := kingpin.New(exporterName, "Takes part in a PostgreSQL-coordinated fleet and exports its liveness, leases and advisory locks.")
+	app.UsageWriter(stderr)
+	app.ErrorWriter(stderr)
+	app.Version(version.Print(exporterName))
+	app.HelpFlag.Short('h')
+	f := &flags{log: promslog.Config{}}
+
+	f.web = kingpinflag.AddFlags(app, ":9816")
+	app.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").StringVar(&f.telemetryPath)
+	flag.AddFlags(app, &f.log)
+
+	app.Flag("db.dsn", "PostgreSQL DSN (keyword/value or URL). Overrides DATA_SOURCE_NAME. Prefer --db.dsn-file: flags are visible in the process list.").StringVar(&f.dsn)
+	app.Flag("db.dsn-file", "File holding the PostgreSQL DSN.").StringVar(&f.dsnFile)
+	app.Flag("db.direct-dsn", "DSN for the alive lock's dedicated session. Must reach PostgreSQL directly, not a pooler in transaction mode. Default: the main DSN.").StringVar(&f.directDSN)
+	app.Flag("db.max-conns", "Maximum connections in the pool for short statements (the alive lock adds one).").Default("2").IntVar(&f.maxConns)
+	app.Flag("db.schema", "Schema of the liveness objects.").Default(liveness.DefaultSchema).StringVar(&f.schema)
+	app.Flag("db.connect-timeout", "Timeout of one connection attempt.").Default("5s").DurationVar(&f.connectTimeout)
+	app.Flag("migrations.apply", "Apply the embedded migrations once the database answers.").Default("true").BoolVar(&f.applyMigrations)
+
+	app.Flag("agent", "Take part as a live instance (alive lock, heartbeat, reaper). --no-agent runs a pure observer.").Default("true").BoolVar(&f.agent)
+	app.Flag("agent.instance-id", "Instance id (uuid). Default: a new one per start.").StringVar(&f.instanceID)
+	app.Flag("agent.service-name", "Service name recorded in the instances table.").Default(exporterName).StringVar(&f.serviceName)
+	app.Flag("agent.liveness-mode", "advisory-lock-when-available or heartbeat-table-only.").Default(string(liveness.ModeAdvisoryLockWhenAvailable)).
+		EnumVar(&f.mode, string(liveness.ModeAdvisoryLockWhenAvailable), string(liveness.ModeHeartbeatTableOnly))
+	app.Flag("agent.heartbeat-interval", "Fast heartbeat cadence, used while the alive lock is not held.").Default("30s").DurationVar(&f.interval)
+	app.Flag("agent.heartbeat-slow-interval", "Slow heartbeat cadence, used while the alive lock is held and verified.").Default("60s").DurationVar(&f.slowInterval)
+	app.Flag("agent.stale-threshold", "A heartbeat older than this is stale (unless the alive lock is held).").Default("90s").DurationVar(&f.stale)
+	app.Flag("agent.definitive-dead-cutoff", "A heartbeat older than this is dead even with the alive lock held (half-open sessions, hung processes).").Default("5m").DurationVar(&f.definitiveDead)
+	app.Flag("agent.tcp-keepalive-idle", "Server-side tcp_keepalives_idle of the alive lock's session.").Default("10s").DurationVar(&f.keepIdle)
+	app.Flag("agent.tcp-keepalive-interval", "Server-side tcp_keepalives_interval of the alive lock's session.").Default("5s").DurationVar(&f.keepInterval)
+	app.Flag("agent.tcp-keepalive-count", "Server-side tcp_keepalives_count of the alive lock's session.").Default("3").IntVar(&f.keepCount)
+	app.Flag("agent.tcp-user-timeout", "Server-side tcp_user_timeout of the alive lock's session.").Default("30s").DurationVar(&f.userTimeout)
+	app.Flag("agent.reaper", "Run cleanup_stale_instances as a lease-protected singleton.").Default("true").BoolVar(&f.reaper)
+	app.Flag("agent.reaper-interval", "How often the reaper runs.").Default("30s").DurationVar(&f.reaperInterval)
+	app.Flag("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.").Default("2m").DurationVar(&f.reaperTTL)
+
+	f.collectors = collector.AddFlags(app)
+
+	if _, err := app.Parse(args); err != nil {
+		return nil, nameFlagInError(err, args)
+	}
+	return f, nil
+}
+
+// nameFlagInError prefixes kingpin's value errors ("time: invalid duration \"soon\"")
+// with the flag whose value they quote, so the one line says which flag is wrong.
+func nameFlagInError(err error, args []string) error {
+	msg := err.Error()
+	if strings.Contains(msg, "--") || strings.Contains(msg, "flag") {
+		return err
+	}
+	for i, a := range args {
+		name, value, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !strings.HasPrefix(a, "--") {
+			continue
+		}
+		if !ok && i+1 < len(args) {
+			value = args[i+1]
+		}
+		if value != "" && strings.Contains(msg, value) {
+			return fmt.Errorf("--%s: %s", name, msg)
+		}
+	}
+	return err
+}
+
+func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) int {
+	f, err := parseFlags(args, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
+		return exitConfig
+	}
+	logger := promslog.New(&promslog.Config{Level: f.log.Level, Format: f.log.Format, Writer: stderr})
+
+	// Everything that can be wrong with the configuration is found before listening.
+	w, err := wire(f, envDSN, logger)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
+		return exitConfig
+	}
+	defer w.pool.Close()
+	logger.Info("starting "+exporterName, "version", version.Info(), "schema", f.schema, "agent", f.agent)
+
+	var wg sync.WaitGroup
+	bg, stopBG := context.WithCancel(ctx)
+	defer stopBG()
+	fatal := make(chan error, 1)
+	wg.Go(func() {
+		if f.applyMigrations {
+			if err := database.ApplyMigrations(bg, w.pool, f.schema, logger); err != nil {
+				if bg.Err() == nil {
+					fatal <- err
+				}
+				return
+			}
+		}
+		if w.agent != nil {
+			if err := w.agent.Run(bg); err != nil {
+				logger.Error("agent shutdown", "err", dsn.RedactError(err))
+			}
+		}
+	})
+
+	srv := &http.Server{Handler: w.mux, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- web.ListenAndServe(srv, f.web, logger) }()
+
+	code := 0
+	select {
+	case <-ctx.Done():
+		logger.Info("shutting down")
+	case err := <-served:
+		if !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("cannot serve", "err", err)
+			code = exitRuntime
+		}
+	case err := <-fatal:
+		logger.Error("refusing to run", "err", dsn.RedactError(err))
+		code = exitRuntime
+	}
+	stopBG()
+	wg.Wait() // the agent releases its leases and removes its row before we go on
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutdown)
+	return code
+}
+
+type wired struct {
+	pool  *pgxpool.Pool
+	agent *liveness.Agent
+	mux   *http.ServeMux
+}
+
+func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
+	mainDSN, err := dsn.Resolve(f.dsn, f.dsnFile, envDSN)
+	if err != nil {
+		return nil, err
+	}
+	directDSN := mainDSN
+	if f.directDSN != "" {
+		if err := dsn.Validate(f.directDSN); err != nil {
+			return nil, fmt.Errorf("--db.direct-dsn: malformed DSN: %w", err)
+		}
+		directDSN = f.directDSN
+	}
+	if f.schema == "" {
+		return nil, errors.New("--db.schema must not be empty")
+	}
+	if f.maxConns < 1 || f.maxConns > 1000 {
+		return nil, fmt.Errorf("--db.max-conns must be between 1 and 1000, got %d", f.maxConns)
+	}
+	if f.connectTimeout <= 0 {
+		return nil, fmt.Errorf("--db.connect-timeout must be above zero, got %s", f.connectTimeout)
+	}
+	pool, err := database.NewPool(database.PoolConfig{
+		DSN: mainDSN, MaxConns: int32(f.maxConns), ApplicationName: exporterName + ":pool", ConnectTimeout: f.connectTimeout,
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	var agent *liveness.Agent
+	var source collector.AgentSource
+	if f.agent {
+		id := uuid.New()
+		if f.instanceID != "" {
+			if id, err = uuid.Parse(f.instanceID); err != nil {
+				pool.Close()
+				return nil, fmt.Errorf("--agent.instance-id: %q is not a uuid", f.instanceID)
+			}
+		}
+		host, _ := os.Hostname()
+		agent, err = liveness.NewAgent(liveness.AgentConfig{
+			Pool: pool, DirectDSN: directDSN, Schema: f.schema,
+			InstanceID: id, ServiceName: f.serviceName, HostName: host, ProcessID: os.Getpid(),
+			Mode:              liveness.Mode(f.mode),
+			HeartbeatInterval: f.interval, HeartbeatSlowInterval: f.slowInterval,
+			StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead,
+			KeepaliveIdle: f.keepIdle, KeepaliveInterval: f.keepInterval, KeepaliveCount: f.keepCount, UserTimeout: f.userTimeout,
+			Reaper: f.reaper, ReaperInterval: f.reaperInterval, ReaperLeaseTTL: f.reaperTTL,
+			Logger: logger.With("component", "agent"),
+		})
+		if err != nil {
+			pool.Close()
+			return nil, err
+		}
+		source = agent
+	}
+
+	f.collectors.Schema = f.schema
+	f.collectors.StaleThreshold = f.stale
+	f.collectors.DefinitiveDeadCutoff = f.definitiveDead
+	exporter, err := collector.New(*f.collectors, pool, source, logger.With("component", "collector"))
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		versioncollector.NewCollector(exporterName),
+	)
+	mux := http.NewServeMux()
+	mux.Handle(f.telemetryPath, exporter.Handler(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelError)}))
+	if f.telemetryPath != "/" {
+		landing, err := web.NewLandingPage(web.LandingConfig{
+			Name:        exporterName,
+			Description: "Liveness, leases and advisory locks of services that coordinate through PostgreSQL",
+			Version:     version.Info(),
+			Links:       []web.LandingLinks{{Address: f.telemetryPath, Text: "Metrics"}},
+		})
+		if err != nil {
+			pool.Close()
+			return nil, err
+		}
+		mux.Handle("/", landing)
+	}
+	return &wired{pool: pool, agent: agent, mux: mux}, nil
+}

@@ -1,0 +1,259 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "pg_liveness_exporter_bin_")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "pg_liveness_exporter")
+	if out, err := exec.Command("go", "build", "-race", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	defer os.RemoveAll(dir)
+	pgtest.Main(m)
+}
+
+// exporterProc is the real binary running against a real database.
+type exporterProc struct {
+	cmd  *exec.Cmd
+	addr string
+	mu   sync.Mutex
+	logs bytes.Buffer
+	done chan struct{}
+	code int
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func startExporter(t *testing.T, env []string, args ...string) *exporterProc {
+	t.Helper()
+	p := &exporterProc{addr: freeAddr(t), done: make(chan struct{})}
+	p.cmd = exec.Command(binary, append([]string{"--web.listen-address=" + p.addr, "--log.level=debug"}, args...)...)
+	p.cmd.Env = append(os.Environ(), env...)
+	pr, pw := io.Pipe()
+	p.cmd.Stdout, p.cmd.Stderr = pw, pw
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.logs.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+		}
+	}()
+	go func() {
+		_ = p.cmd.Wait()
+		p.code = p.cmd.ProcessState.ExitCode()
+		pw.Close()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("exporter logs:\n%s", p.Logs())
+		}
+	})
+	return p
+}
+
+func (p *exporterProc) Logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.logs.String()
+}
+
+func (p *exporterProc) scrape(t *testing.T) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.addr+"/metrics", nil)
+	req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", "5")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics: %s\n%s", resp.Status, b)
+	}
+	return string(b)
+}
+
+// waitFor scrapes until the exposition matches re, or fails after timeout.
+func (p *exporterProc) waitFor(t *testing.T, re string, timeout time.Duration) string {
+	t.Helper()
+	rx := regexp.MustCompile(re)
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			t.Fatalf("exporter exited with %d while waiting for %s", p.code, re)
+		default:
+		}
+		if last = p.scrape(t); rx.MatchString(last) {
+			return last
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("no %s within %s; last scrape:\n%s", re, timeout, last)
+	return ""
+}
+
+func runToExit(t *testing.T, env []string, args ...string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, _ := cmd.CombinedOutput()
+	return cmd.ProcessState.ExitCode(), string(out)
+}
+
+func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
+	const pw = "hunter2secret"
+	for _, tc := range []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"unknown flag", nil, []string{"--db.dsn=host=x", "--no-such-flag"}, "no-such-flag"},
+		{"bad duration", nil, []string{"--db.dsn=host=x", "--agent.heartbeat-interval=soon"}, "agent.heartbeat-interval"},
+		{"bad mode", nil, []string{"--db.dsn=host=x", "--agent.liveness-mode=vibes"}, "agent.liveness-mode"},
+		{"malformed dsn flag", nil, []string{"--db.dsn=host=x password=" + pw + " port=notaport"}, "--db.dsn"},
+		{"malformed dsn url", []string{"DATA_SOURCE_NAME=postgres://u:" + pw + "@h:notaport/db"}, nil, "DATA_SOURCE_NAME"},
+		{"malformed direct dsn", nil, []string{"--db.dsn=host=x", "--db.direct-dsn=postgres://u:" + pw + "@h:x/db"}, "--db.direct-dsn"},
+		{"no dsn", []string{"DATA_SOURCE_NAME="}, nil, "DATA_SOURCE_NAME"},
+		{"bad instance id", nil, []string{"--db.dsn=host=x", "--agent.instance-id=nope"}, "--agent.instance-id"},
+		{"slow below fast", nil, []string{"--db.dsn=host=x", "--agent.heartbeat-slow-interval=10s"}, "--agent.heartbeat-slow-interval"},
+		{"dead cutoff too low", nil, []string{"--db.dsn=host=x", "--agent.definitive-dead-cutoff=100s"}, "--agent.definitive-dead-cutoff"},
+		{"zero interval", nil, []string{"--db.dsn=host=x", "--agent.heartbeat-interval=0s"}, "--agent.heartbeat-interval"},
+		{"zero max conns", nil, []string{"--db.dsn=host=x", "--db.max-conns=0"}, "--db.max-conns"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out := runToExit(t, tc.env, tc.args...)
+			if code != exitConfig {
+				t.Fatalf("exit code %d, want %d; output:\n%s", code, exitConfig, out)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if len(lines) != 1 {
+				t.Errorf("want one line, got %d:\n%s", len(lines), out)
+			}
+			if !strings.Contains(out, tc.want) {
+				t.Errorf("output does not name %s:\n%s", tc.want, out)
+			}
+			if strings.Contains(out, pw) {
+				t.Errorf("output leaks the password:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestServesAndRecoversWhenDatabaseReturns(t *testing.T) {
+	srv := pgtest.NewServer(t)
+	db := pgtest.NewDBOn(t, srv)
+	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN},
+		"--agent.heartbeat-interval=1s", "--agent.heartbeat-slow-interval=2s",
+		"--agent.stale-threshold=5s", "--agent.definitive-dead-cutoff=20s")
+	body := p.waitFor(t, `(?m)^pg_liveness_up 1$`, 30*time.Second)
+	if !strings.Contains(body, "pg_liveness_build_info") && !strings.Contains(body, "pg_liveness_exporter_build_info") {
+		t.Errorf("no build info in /metrics")
+	}
+	// The migrations were applied.
+	var version int
+	if err := db.Conn(t).QueryRow(context.Background(), `SELECT max(version) FROM liveness.schema_migrations`).Scan(&version); err != nil || version < 2 {
+		t.Fatalf("migrations not applied: version %d, %v", version, err)
+	}
+
+	srv.Stop()
+	start := time.Now()
+	p.waitFor(t, `(?m)^pg_liveness_up 0$`, 30*time.Second)
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("noticing the database was down took %s", d)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p.waitFor(t, `(?m)^pg_liveness_up 1$`, 60*time.Second)
+	if strings.Contains(p.Logs(), srv.Password) {
+		t.Fatal("a log line contains the database password")
+	}
+}
+
+func TestUnreachableDatabaseIsNotFatal(t *testing.T) {
+	p := startExporter(t, nil, "--db.dsn=host=127.0.0.1 port=1 user=x password=topsecret dbname=x connect_timeout=1")
+	body := p.waitFor(t, `(?m)^pg_liveness_up 0$`, 30*time.Second)
+	if strings.Contains(body, "topsecret") || strings.Contains(p.Logs(), "topsecret") {
+		t.Fatal("password leaked into /metrics or logs")
+	}
+}
+
+func TestSIGTERMRemovesOwnRowAndExitsZero(t *testing.T) {
+	db := pgtest.NewDB(t)
+	const id = "7b4b8f1e-8c1e-4a57-9b7e-3f0a2e5c9d11"
+	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--agent.instance-id="+id)
+	p.waitFor(t, `(?m)^pg_liveness_agent_alive_lock_held 1$`, 30*time.Second)
+	conn := db.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var alive bool
+	if err := conn.QueryRow(ctx, `SELECT liveness.is_instance_alive($1, 90)`, id).Scan(&alive); err != nil || !alive {
+		t.Fatalf("agent not alive before SIGTERM: %v, %v", alive, err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("exporter did not exit within 20s of SIGTERM")
+	}
+	if p.code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0", p.code)
+	}
+	var rows int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM liveness.instances WHERE instance_id = $1`, id).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("own instance row still there after shutdown: %d, %v", rows, err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT liveness.is_instance_alive($1, 90)`, id).Scan(&alive); err != nil || alive {
+		t.Fatalf("instance still alive after shutdown: %v, %v", alive, err)
+	}
+}
