@@ -257,3 +257,64 @@ func TestSIGTERMRemovesOwnRowAndExitsZero(t *testing.T) {
 		t.Fatalf("instance still alive after shutdown: %v, %v", alive, err)
 	}
 }
+
+// The connection budget: the pool (--db.max-conns) plus one direct connection, never more.
+// With a pool of one, scrapes, heartbeats, the reaper and its lease all keep working.
+func TestConnectionBudgetWithOnePooledConnection(t *testing.T) {
+	db := pgtest.NewDB(t)
+	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
+	const service = "budget"
+	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--db.max-conns=1",
+		"--agent.service-name="+service,
+		"--agent.heartbeat-interval=300ms", "--agent.heartbeat-slow-interval=600ms",
+		"--agent.stale-threshold=2s", "--agent.definitive-dead-cutoff=5s",
+		"--agent.reaper-interval=200ms", "--agent.reaper-lease-ttl=2s")
+	p.waitFor(t, `(?m)^pg_liveness_agent_alive_lock_held 1$`, 30*time.Second)
+
+	// A dead instance for the reaper to remove through the same single connection.
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at)
+		VALUES (gen_random_uuid(), 'gone', now() - interval '1 hour')`)
+
+	conn := db.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	maxPool, maxTotal := 0, 0
+	var body string
+	for start := time.Now(); time.Since(start) < 6*time.Second; {
+		// Scrape concurrently with the agent's work, so they compete for the connection.
+		body = p.scrape(t)
+		var pool, total int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE application_name = 'pg_liveness_exporter:pool'),
+			count(*) FILTER (WHERE application_name IN ('pg_liveness_exporter:pool', $1))
+			FROM pg_stat_activity WHERE datname = current_database()`, service+":alive-lock").Scan(&pool, &total); err != nil {
+			t.Fatal(err)
+		}
+		maxPool, maxTotal = max(maxPool, pool), max(maxTotal, total)
+		time.Sleep(50 * time.Millisecond)
+	}
+	if maxPool > 1 || maxTotal > 2 {
+		t.Fatalf("connections: pool up to %d (budget 1), pool+direct up to %d (budget 2)", maxPool, maxTotal)
+	}
+	if maxTotal < 2 {
+		t.Fatalf("never saw the pool and the direct connection together (max %d): the check cannot tell", maxTotal)
+	}
+	for _, want := range []string{
+		`(?m)^pg_liveness_up 1$`,
+		`(?m)^pg_liveness_agent_alive_lock_held 1$`,
+		`(?m)^pg_liveness_agent_instances_reaped_total [1-9]`,
+		`(?m)^pg_liveness_agent_heartbeats_total ([3-9]|[1-9][0-9]+)$`,
+		`(?m)^pg_liveness_agent_heartbeat_failures_total 0$`,
+	} {
+		if !regexp.MustCompile(want).MatchString(body) {
+			t.Errorf("after 6s with one pooled connection, /metrics lacks %s", want)
+		}
+	}
+	for _, c := range []string{"instances", "leases", "advisory_locks", "statements", "agent"} {
+		if !strings.Contains(body, `pg_liveness_scrape_collector_success{collector="`+c+`"} 1`) {
+			t.Errorf("collector %s did not succeed with one pooled connection", c)
+		}
+	}
+	if t.Failed() {
+		t.Logf("last scrape:\n%s", body)
+	}
+}
