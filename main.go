@@ -75,6 +75,15 @@ type flags struct {
 }
 
 func parseFlags(args []string, stderr io.Writer) (*flags, error) {
+	app, f := newApp(stderr)
+	if _, err := app.Parse(args); err != nil {
+		return nil, nameFlagInError(err, args)
+	}
+	return f, nil
+}
+
+// newApp declares every flag of the binary.
+func newApp(stderr io.Writer) (*kingpin.Application, *flags) {
 	app := kingpin.New(exporterName, "Takes part in a PostgreSQL-coordinated fleet and exports its liveness, leases and advisory locks.")
 	app.UsageWriter(stderr)
 	app.ErrorWriter(stderr)
@@ -112,11 +121,7 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	app.Flag("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.").Default("2m").DurationVar(&f.reaperTTL)
 
 	f.collectors = collector.AddFlags(app)
-
-	if _, err := app.Parse(args); err != nil {
-		return nil, nameFlagInError(err, args)
-	}
-	return f, nil
+	return app, f
 }
 
 // nameFlagInError prefixes kingpin's value errors ("time: invalid duration \"soon\"")

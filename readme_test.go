@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+)
+
+// readmeBlock returns the README text between <!-- name:begin --> and <!-- name:end -->.
+func readmeBlock(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	start := strings.Index(s, "<!-- "+name+":begin -->")
+	end := strings.Index(s, "<!-- "+name+":end -->")
+	if start < 0 || end < start {
+		t.Fatalf("README.md has no %s block", name)
+	}
+	return s[start:end]
+}
+
+// firstColumnNames collects the `names` in the first column of a Markdown table.
+func firstColumnNames(block string, re *regexp.Regexp) []string {
+	var names []string
+	sc := bufio.NewScanner(strings.NewReader(block))
+	for sc.Scan() {
+		cols := strings.Split(sc.Text(), "|")
+		if len(cols) < 3 {
+			continue
+		}
+		if m := re.FindStringSubmatch(cols[1]); m != nil {
+			names = append(names, m[1])
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+func diff(a, b []string) (onlyA, onlyB []string) {
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			onlyA = append(onlyA, x)
+		}
+	}
+	for _, x := range b {
+		if !slices.Contains(a, x) {
+			onlyB = append(onlyB, x)
+		}
+	}
+	return onlyA, onlyB
+}
+
+// The configuration reference lists exactly the flags the binary accepts.
+func TestReadmeFlagsMatchTheBinary(t *testing.T) {
+	app, _ := newApp(io.Discard)
+	var accepted []string
+	for _, f := range app.Model().Flags {
+		switch f.Name {
+		case "help", "help-long", "help-man", "version", "completion-bash", "completion-script-bash", "completion-script-zsh":
+			continue
+		}
+		if f.Hidden {
+			continue
+		}
+		accepted = append(accepted, f.Name)
+	}
+	sort.Strings(accepted)
+	documented := firstColumnNames(readmeBlock(t, "flags"), regexp.MustCompile("`--(?:\\[no-\\])?([a-z0-9_.-]+)`"))
+	undocumented, unknown := diff(accepted, documented)
+	if len(undocumented) > 0 || len(unknown) > 0 {
+		t.Fatalf("README flags out of step: accepted but undocumented %v; documented but not accepted %v", undocumented, unknown)
+	}
+}
+
+// The metrics reference lists exactly the pg_liveness_* metrics the binary exposes: those
+// of the collectors' scenario (asserted exactly by collector/scenario_test.go) and those
+// a real run of the binary shows.
+func TestReadmeMetricsMatchTheExporter(t *testing.T) {
+	typeLine := regexp.MustCompile(`(?m)^# TYPE (pg_liveness_[a-z_]+) `)
+	exposed := map[string]bool{}
+	scenario, err := os.ReadFile("collector/testdata/scenario.prom")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range typeLine.FindAllStringSubmatch(string(scenario), -1) {
+		exposed[m[1]] = true
+	}
+	db := pgtest.NewDB(t)
+	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN})
+	body := p.waitFor(t, `(?m)^pg_liveness_agent_alive_lock_held 1$`, 30*time.Second)
+	for _, m := range typeLine.FindAllStringSubmatch(body, -1) {
+		exposed[m[1]] = true
+	}
+	var names []string
+	for n := range exposed {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	documented := firstColumnNames(readmeBlock(t, "metrics"), regexp.MustCompile("`(pg_liveness_[a-z_]+)`"))
+	undocumented, unknown := diff(names, documented)
+	if len(undocumented) > 0 || len(unknown) > 0 {
+		t.Fatalf("README metrics out of step: exposed but undocumented %v; documented but not exposed %v", undocumented, unknown)
+	}
+}
