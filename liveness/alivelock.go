@@ -321,11 +321,11 @@ func (a *AliveLock) tick(ctx context.Context, conn *pgx.Conn) bool {
 	var backendPID int64
 	var ok *bool // NULL from the claim when this is not our own session
 	claiming := !a.held.Load()
-	sql := a.verifySQL
+	sql, args := a.verifySQL, []any{a.instanceID}
 	if claiming {
-		sql = a.claimSQL
+		sql, args = a.claimSQL, []any{a.instanceID, startupPID}
 	}
-	err := conn.QueryRow(qctx, sql, a.instanceID, startupPID).Scan(&backendPID, &ok)
+	err := conn.QueryRow(qctx, sql, args...).Scan(&backendPID, &ok)
 	if err != nil {
 		a.setHeld(false)
 		if ctx.Err() != nil {

@@ -316,3 +316,31 @@ func TestAliveLockConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestAliveLockStaysHeldAcrossVerifications holds the lock through many verification
+// ticks: Held never flickers, there is one claim and no loss, and no log line above Info
+// (a failing verification would re-claim on every other tick).
+func TestAliveLockStaysHeldAcrossVerifications(t *testing.T) {
+	ctx := livenessTestCtx(t)
+	db, pool := livenessDB(t, ctx)
+	logs := &logRecorder{}
+	id := uuid.New()
+	lock := startAliveLock(t, AliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc",
+		VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
+	eventually(t, 10*time.Second, "lock held", lock.Held)
+	for range 50 { // about 50 verification ticks
+		if !lock.Held() {
+			t.Fatalf("Held() turned false while nothing happened to the lock\n%s", logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if s := lock.Stats(); s.Claims != 1 || s.Losses != 0 || s.Reconnects != 0 {
+		t.Fatalf("stats after holding quietly: %+v\n%s", s, logs)
+	}
+	if _, warnOrWorse := logs.count("", slog.LevelWarn); warnOrWorse != 0 {
+		t.Fatalf("%d warnings or errors while holding quietly:\n%s", warnOrWorse, logs)
+	}
+	if pid := lockHolderPID(t, ctx, pool, id); pid == 0 {
+		t.Fatal("no backend holds the lock")
+	}
+}
