@@ -12,11 +12,14 @@ import (
 
 // leaseAcquireSQL inserts the row, or takes it over only when it has expired by the
 // database clock. ON CONFLICT DO UPDATE decides atomically, so two callers can never both
-// get a row back. A new epoch is drawn from the sequence on every acquisition.
+// get a row back. The SELECT yields no row while the lease is held, so a refused attempt
+// draws no epoch: epochs count acquisitions (only racing attempts on an expired lease
+// waste one), and the common "held by another" answer takes no row lock.
 //
 // $1 name, $2 holder, $3 ttl in seconds.
 const leaseAcquireSQL = `/* pg_liveness:lease_acquire */ INSERT INTO {schema}.leases AS l (name, holder, epoch, taken_at, expires_at)
-VALUES ($1, $2, nextval({epoch_seq}), now(), now() + make_interval(secs => $3::float8))
+SELECT $1, $2, nextval({epoch_seq}), now(), now() + make_interval(secs => $3::float8)
+ WHERE NOT EXISTS (SELECT 1 FROM {schema}.leases h WHERE h.name = $1 AND h.expires_at >= now())
 ON CONFLICT (name) DO UPDATE
    SET holder = excluded.holder, epoch = excluded.epoch, taken_at = excluded.taken_at, expires_at = excluded.expires_at
  WHERE l.expires_at < now()

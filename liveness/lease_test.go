@@ -542,6 +542,27 @@ func TestLeaseEpochStrictlyIncreases(t *testing.T) {
 	check("another name", mustAcquire(t, ctx, a, "other", ttl))
 }
 
+// Refused attempts draw no epoch, so an epoch change means a new acquisition: that is
+// what pg_liveness_lease_epoch and the flapping alert rely on.
+func TestLeaseRefusedAttemptsDrawNoEpoch(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	_, pool := leaseDB(t, ctx, 4)
+	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
+	held := mustAcquire(t, ctx, a, "job", 10*time.Second)
+	for range 20 {
+		if le, err := b.TryAcquire(ctx, "job", 10*time.Second); err != nil || le != nil {
+			t.Fatalf("TryAcquire on a held lease: %v, %v", le, err)
+		}
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next := mustAcquire(t, ctx, b, "job", 10*time.Second)
+	if next.Epoch != held.Epoch+1 {
+		t.Fatalf("epoch went from %d to %d over one acquisition and 20 refused attempts; want +1", held.Epoch, next.Epoch)
+	}
+}
+
 // lease_is_held(name, epoch) is how a job fences its own writes; a write carrying an old
 // epoch must be rejected once someone else holds the lease.
 func TestLeaseIsHeldFencesOldEpoch(t *testing.T) {
