@@ -1,8 +1,6 @@
 package alerts
 
 import (
-	"bufio"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -161,36 +159,6 @@ func counterFuncMisuse(expr string) []string {
 	return bad
 }
 
-// loadMetricAllowList reads a file of metric names, one per line; blank lines and lines
-// starting with # are ignored.
-func loadMetricAllowList(t *testing.T, path string) map[string]bool {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatalf("metric allow-list: %v", err)
-	}
-	defer f.Close()
-	allowed := map[string]bool{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		if !regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`).MatchString(line) {
-			t.Fatalf("%s: %q is not a metric name", path, line)
-		}
-		allowed[line] = true
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatalf("metric allow-list: %v", err)
-	}
-	if len(allowed) == 0 {
-		t.Fatalf("%s lists no metrics", path)
-	}
-	return allowed
-}
-
 func TestMetricNamesInExpr(t *testing.T) {
 	for _, tc := range []struct {
 		expr string
@@ -212,7 +180,7 @@ func TestMetricNamesInExpr(t *testing.T) {
 		{`x * on(a) group_left y`, []string{"x", "y"}},
 		{`histogram_quantile(0.9, sum by (le) (rate(req_duration_seconds_bucket[5m]))) > bool 1`,
 			[]string{"req_duration_seconds_bucket"}},
-		{`pg_livenes_up == 0`, []string{"pg_livenes_up"}}, // a typo is a name, and the allow-list rejects it
+		{`pg_livenes_up == 0`, []string{"pg_livenes_up"}}, // a typo is a name, and the exposed set rejects it
 		{`vector(1)`, nil},
 		{"count without(instance)\n(up) + count", []string{"up", "count"}}, // a metric may be named like an aggregation
 	} {

@@ -15,7 +15,6 @@ const (
 	rulesFile      = "pg_liveness.rules.yml"
 	testsDir       = "tests"
 	runbooksFile   = "../docs/runbooks.md"
-	allowListFile  = "testdata/exported_metrics.txt"
 	runbookURLBase = "https://github.com/pg-liveness/pg_liveness_exporter/blob/main/docs/runbooks.md#"
 	// Every unit-test file names the rules with exactly this line, so that the mutation
 	// test can point a copy of it at a modified rule file.
@@ -81,7 +80,7 @@ func TestPromtoolUnitTests(t *testing.T) {
 // TestRuleConventions checks labels, annotations and metric names of every alert.
 func TestRuleConventions(t *testing.T) {
 	rules := alertingRules(t, loadedRules(t))
-	allowed := loadMetricAllowList(t, allowListFile)
+	allowed := exposedMetrics(t)
 	anchors := runbookAnchors(t)
 	seen := map[string]bool{}
 	nameRE := regexp.MustCompile(`^PgLiveness[A-Z][A-Za-z]+$`)
@@ -122,7 +121,7 @@ func TestRuleConventions(t *testing.T) {
 		}
 		for _, n := range names {
 			if !allowed[n] && !syntheticMetrics[n] {
-				t.Errorf("%s: metric %s is not in %s", r.Name, n, allowListFile)
+				t.Errorf("%s: metric %s is not exported (not in %s)", r.Name, n, scenarioExposition)
 			}
 		}
 		for _, call := range counterFuncMisuse(r.Query) {

@@ -1,7 +1,6 @@
 package dashboards
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -19,9 +18,6 @@ var wantUIDs = map[string]string{
 	"leases.json":         "pg-liveness-leases",
 	"advisory-locks.json": "pg-liveness-advisory-locks",
 }
-
-// allowListFile lists the metric names the exporter exports; the alert tests use it too.
-const allowListFile = "../alerts/testdata/exported_metrics.txt"
 
 const minSchemaVersion = 39
 
@@ -121,26 +117,6 @@ func allPanels(ps []panel) []panel {
 		out = append(out, allPanels(p.Panels)...)
 	}
 	return out
-}
-
-func loadAllowList(t *testing.T) map[string]bool {
-	t.Helper()
-	f, err := os.Open(allowListFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	allowed := map[string]bool{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if line := strings.TrimSpace(sc.Text()); line != "" && !strings.HasPrefix(line, "#") {
-			allowed[line] = true
-		}
-	}
-	if err := sc.Err(); err != nil || len(allowed) == 0 {
-		t.Fatalf("%s: no metric names (%v)", allowListFile, err)
-	}
-	return allowed
 }
 
 // selector is one vector selector of an expression: a metric name and the text between
@@ -309,7 +285,7 @@ func checkExpr(expr string, allowed map[string]bool, vars []string) []string {
 	}
 	for _, s := range sels {
 		if s.Name != "" && !allowed[s.Name] {
-			errs = append(errs, fmt.Sprintf("metric %s is not in %s", s.Name, allowListFile))
+			errs = append(errs, fmt.Sprintf("metric %s is not exported (not in %s)", s.Name, scenarioExposition))
 		}
 		if !hasMatcher(s.Matchers, "job", "=~", "$job") || !hasMatcher(s.Matchers, "instance", "=~", "$instance") {
 			errs = append(errs, fmt.Sprintf(`selector %s{%s} lacks job=~"$job",instance=~"$instance"`, s.Name, s.Matchers))
@@ -365,7 +341,7 @@ func TestCheckExpr(t *testing.T) {
 }
 
 func TestDashboardConventions(t *testing.T) {
-	allowed := loadAllowList(t)
+	allowed := exposedMetrics(t)
 	uids := map[string]string{}
 	for file, d := range loadDashboards(t) {
 		want, known := wantUIDs[file]
