@@ -48,7 +48,7 @@ type exporterProc struct {
 	code int
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -58,7 +58,12 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-func startExporter(t *testing.T, env []string, args ...string) *exporterProc {
+func startExporter(t testing.TB, env []string, args ...string) *exporterProc {
+	t.Helper()
+	return startBinary(t, binary, env, args...)
+}
+
+func startBinary(t testing.TB, binary string, env []string, args ...string) *exporterProc {
 	t.Helper()
 	p := &exporterProc{addr: freeAddr(t), done: make(chan struct{})}
 	p.cmd = exec.Command(binary, append([]string{"--web.listen-address=" + p.addr, "--log.level=debug"}, args...)...)
@@ -98,7 +103,7 @@ func (p *exporterProc) Logs() string {
 	return p.logs.String()
 }
 
-func (p *exporterProc) scrape(t *testing.T) string {
+func (p *exporterProc) scrape(t testing.TB) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -117,7 +122,7 @@ func (p *exporterProc) scrape(t *testing.T) string {
 }
 
 // waitFor scrapes until the exposition matches re, or fails after timeout.
-func (p *exporterProc) waitFor(t *testing.T, re string, timeout time.Duration) string {
+func (p *exporterProc) waitFor(t testing.TB, re string, timeout time.Duration) string {
 	t.Helper()
 	rx := regexp.MustCompile(re)
 	deadline := time.Now().Add(timeout)

@@ -1,0 +1,116 @@
+// Package benchdata builds a database at the scale of the scrape budget in DESIGN §7, for
+// benchmarks: 10,000 instances (1,500 holding their alive lock), 1,000 leases, 2,000
+// advisory locks held by 50 idle backends, and 5,000 pg_stat_statements entries. It is
+// for tests and benchmarks only.
+package benchdata
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+)
+
+// The scale.
+const (
+	Instances  = 10000
+	Services   = 20
+	Leases     = 1000
+	Backends   = 50
+	AliveLocks = 30 // per backend; with OtherLocks, 2,000 held locks in all
+	OtherLocks = 10
+	Statements = 5000
+)
+
+// Build starts a server of its own (pg_stat_statements may keep 10,000 entries there),
+// fills a database with the liveness schema at the budget's scale, and returns its DSN.
+// The lock-holding backends stay connected until the benchmark ends.
+func Build(b testing.TB) string {
+	b.Helper()
+	start := time.Now()
+	srv := pgtest.NewServer(b, pgtest.WithSetting("pg_stat_statements.max", "10000"))
+	db := pgtest.NewDBOn(b, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	setup, err := pgx.Connect(ctx, db.DSN)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer setup.Close(context.Background())
+	if _, err := migrations.Apply(ctx, setup, migrations.DefaultSchema); err != nil {
+		b.Fatal(err)
+	}
+	run := func(sql string, args ...any) {
+		if _, err := setup.Exec(ctx, sql, args...); err != nil {
+			b.Fatalf("%.80s: %v", sql, err)
+		}
+	}
+	run(`CREATE EXTENSION pg_stat_statements`)
+	run(`INSERT INTO liveness.instances (instance_id, service_name, host_name, process_id, last_heartbeat_at)
+	     SELECT gen_random_uuid(), 'service-' || (i % $2), 'host-' || (i % 500), i,
+	            now() - make_interval(secs => (i * 7919) % 900)
+	       FROM generate_series(1, $1) i`, Instances, Services)
+	run(`INSERT INTO liveness.leases (name, holder, taken_at, expires_at)
+	     SELECT 'job-' || i, 'host-' || (i % 50) || ':' || i || ':00ff00ff00ff00ff',
+	            now() - interval '1 minute', now() + make_interval(secs => (i % 240) - 120)
+	       FROM generate_series(1, $1) i`, Leases)
+
+	// 5,000 distinct statements: each selects a different ordered pair of columns of a
+	// wide table, so each has its own queryid. They run inside a DO block, as nested
+	// statements, which pg_stat_statements.track=all records.
+	cols := make([]string, 100)
+	for i := range cols {
+		cols[i] = fmt.Sprintf("c%d int", i)
+	}
+	run(`CREATE TABLE wide (` + strings.Join(cols, ", ") + `)`)
+	run(fmt.Sprintf(`DO $$ BEGIN
+	    FOR n IN 0..%d LOOP
+	        EXECUTE format('SELECT c%%s, c%%s FROM wide', n / 100, n %% 100);
+	    END LOOP; END $$`, Statements-1))
+	for range 10 {
+		run(`/* pg_liveness:heartbeat */ UPDATE liveness.instances SET last_heartbeat_at = now() WHERE instance_id = $1`,
+			"00000000-0000-0000-0000-000000000000")
+	}
+	var entries int
+	if err := setup.QueryRow(ctx, `SELECT count(*) FROM pg_stat_statements`).Scan(&entries); err != nil || entries < Statements {
+		b.Fatalf("pg_stat_statements has %d entries (%v), want at least %d", entries, err, Statements)
+	}
+
+	// 50 backends, each holding 30 alive locks and 10 other advisory locks, idle.
+	for i := range Backends {
+		cfg, err := pgx.ParseConfig(db.DSN)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg.RuntimeParams["application_name"] = fmt.Sprintf("service-%d", i%Services)
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = c.Close(context.Background()) })
+		if _, err := c.Exec(ctx, `SELECT liveness.claim_instance_alive_lock(instance_id)
+		                             FROM liveness.instances ORDER BY instance_id OFFSET $1 LIMIT $2`,
+			i*AliveLocks, AliveLocks); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.Exec(ctx, `SELECT pg_advisory_lock(k) FROM generate_series($1::bigint, $2::bigint) k`,
+			int64(i*OtherLocks), int64((i+1)*OtherLocks-1)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var held int
+	if err := setup.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&held); err != nil ||
+		held != Backends*(AliveLocks+OtherLocks) {
+		b.Fatalf("%d advisory locks held (%v), want %d", held, err, Backends*(AliveLocks+OtherLocks))
+	}
+	run(`VACUUM ANALYZE`)
+	b.Logf("setup took %s: %d instances, %d leases, %d advisory locks over %d backends, %d pg_stat_statements entries",
+		time.Since(start).Round(time.Millisecond), Instances, Leases, held, Backends, entries)
+	return db.DSN
+}
