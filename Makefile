@@ -21,8 +21,11 @@ lint:
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 
-run: build
-	@echo "make run: the local demo arrives with the first-run work; for now run ./$(BINARY) --db.dsn=..." >&2
+# The local demo: PostgreSQL in .run/, the exporter as an agent, a simulated fleet and,
+# if installed, Prometheus with the alert rules. Ctrl-C stops it all. See scripts/run.sh
+# for the PG_LIVENESS_* overrides.
+run:
+	GO=$(GO) ./scripts/run.sh
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m ./...

@@ -1,0 +1,278 @@
+package fleetsim_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/fleetsim"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+const stale = 2 * time.Second
+
+// testConfig is a fleet with short timings: a fast beat of 200ms, a stale threshold of
+// 2s, so that "at once" (well under a second) and "after the stale threshold" differ.
+func testConfig(db *pgtest.DB, services ...string) fleetsim.Config {
+	return fleetsim.Config{
+		DSN: db.DSN, Schema: liveness.DefaultSchema, ApplyMigrations: true,
+		Services:          services,
+		HeartbeatInterval: 200 * time.Millisecond, HeartbeatSlowInterval: 500 * time.Millisecond,
+		StaleThreshold: stale, VerifyInterval: 100 * time.Millisecond,
+		LeaseTTL: time.Second, JobDuration: 200 * time.Millisecond, JobPause: 100 * time.Millisecond,
+		MaxConns: 3,
+	}
+}
+
+func start(t *testing.T, cfg fleetsim.Config) *fleetsim.Fleet {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	f, err := fleetsim.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Stop)
+	return f
+}
+
+func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func statuses(t *testing.T, f *fleetsim.Fleet) []fleetsim.Status {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := f.Statuses(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func queryInt(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var n int
+	if err := pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+func TestKillAndHang(t *testing.T) {
+	db := pgtest.NewDB(t)
+	cfg := testConfig(db, "svc-a", "svc-b")
+	cfg.Instances, cfg.HeartbeatOnly = 5, 1 // 0 heartbeat-only; 1, 2 stay alive; 3 hangs; 4 dies
+	cfg.Leases = nil
+	f := start(t, cfg)
+	pool := db.Pool(t, 2)
+
+	waitUntil(t, 5*time.Second, "every instance has a row and every lock instance its lock", func() bool {
+		for _, s := range statuses(t, f) {
+			if !s.Row || s.LockHeld != s.AliveLock {
+				return false
+			}
+		}
+		return true
+	})
+	locks := queryInt(t, pool, `SELECT count(*) FROM liveness.instance_alive_locks`)
+	if locks != 4 {
+		t.Fatalf("instance_alive_locks has %d rows, want the 4 lock-holding instances", locks)
+	}
+	s0 := statuses(t, f)[0]
+	if s0.Mode != liveness.ModeHeartbeatTableOnly || s0.LockHeld || !s0.Alive {
+		t.Fatalf("heartbeat-only instance: %+v, want alive by heartbeat, no lock", s0)
+	}
+	mode := ""
+	if err := pool.QueryRow(context.Background(), `SELECT liveness_mode FROM liveness.instances WHERE instance_id = $1`, s0.ID).Scan(&mode); err != nil || mode != string(liveness.ModeHeartbeatTableOnly) {
+		t.Fatalf("heartbeat-only instance's row: mode %q, err %v", mode, err)
+	}
+
+	// Kill: the lock goes at once, the row stays, and the instance is dead once its
+	// heartbeat passes the stale threshold.
+	if err := f.Kill(4); err != nil {
+		t.Fatal(err)
+	}
+	killed := f.Instances()[4]
+	waitUntil(t, time.Second, "killed instance's lock released at once", func() bool {
+		return !statuses(t, f)[4].LockHeld
+	})
+	if s := statuses(t, f)[4]; !s.Alive || !s.Row {
+		t.Fatalf("killed instance right after the kill: %+v; want still alive by its fresh heartbeat", s)
+	}
+	if err := f.Hang(3); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, stale+2*time.Second, "killed instance not alive after the stale threshold", func() bool {
+		return !queryBool(t, pool, `SELECT liveness.is_instance_alive($1, $2)`, killed.ID, int(stale.Seconds()))
+	})
+
+	// Hang: by now the hung instance's heartbeat has aged too, but its lock holds.
+	waitUntil(t, stale+2*time.Second, "hung instance's heartbeat past the stale threshold", func() bool {
+		return statuses(t, f)[3].HeartbeatAge > stale
+	})
+	st := statuses(t, f)
+	if h := st[3]; h.State != fleetsim.Hung || !h.LockHeld || !h.Alive || h.ObservedState(stale, 10*time.Second) != "lock_only" {
+		t.Fatalf("hung instance: %+v; want lock held, alive by the lock, lock_only", h)
+	}
+	if k := st[4]; k.State != fleetsim.Killed || !k.Row || k.LockHeld || k.Alive || k.ObservedState(stale, 10*time.Second) != "stale" {
+		t.Fatalf("killed instance: %+v; want its row left behind, no lock, stale", k)
+	}
+	for _, i := range []int{0, 1, 2} {
+		if s := st[i]; !s.Alive || s.HeartbeatAge >= stale {
+			t.Fatalf("instance %d should be untouched by the faults: %+v", i, s)
+		}
+	}
+	if err := f.Kill(3); err == nil {
+		t.Fatal("Kill of a hung instance succeeded; want an error: it is not running")
+	}
+	if err := f.Hang(9); err == nil {
+		t.Fatal("Hang(9) on a fleet of 5 succeeded; want an error")
+	}
+}
+
+func queryBool(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var b bool
+	if err := pool.QueryRow(ctx, sql, args...).Scan(&b); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return b
+}
+
+// Every job run is recorded in the database with the lease's epoch, from its start to its
+// end by the database clock; no two runs of one lease may overlap.
+func TestLeasedJobsRunOnOneInstanceAtATime(t *testing.T) {
+	db := pgtest.NewDB(t)
+	db.Exec(t, `CREATE TABLE job_runs (lease text, epoch bigint, instance int,
+		started_at timestamptz NOT NULL DEFAULT clock_timestamp(), ended_at timestamptz)`)
+	jobs := db.Pool(t, 4)
+	cfg := testConfig(db, "jobs")
+	cfg.Instances, cfg.HeartbeatOnly = 4, 1
+	cfg.Leases = []string{"cleanup", "alerts"}
+	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, lease *liveness.Lease) error {
+		if _, err := jobs.Exec(ctx, `INSERT INTO job_runs (lease, epoch, instance) VALUES ($1, $2, $3)`, lease.Name, lease.Epoch, inst.Index); err != nil {
+			return err
+		}
+		time.Sleep(time.Duration(20+rand.IntN(80)) * time.Millisecond)
+		_, err := jobs.Exec(ctx, `UPDATE job_runs SET ended_at = clock_timestamp()
+			WHERE lease = $1 AND epoch = $2`, lease.Name, lease.Epoch)
+		return err
+	}
+	f := start(t, cfg)
+	pool := db.Pool(t, 2)
+	waitUntil(t, 15*time.Second, "each lease run at least 6 times, on at least 2 instances", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM (SELECT lease FROM job_runs WHERE ended_at IS NOT NULL
+			GROUP BY lease HAVING count(*) >= 6 AND count(DISTINCT instance) >= 2) x`) == 2
+	})
+	f.Stop()
+
+	if n := queryInt(t, pool, `SELECT count(*) FROM job_runs a JOIN job_runs b
+		ON a.lease = b.lease AND a.ctid < b.ctid
+		AND tstzrange(a.started_at, coalesce(a.ended_at, 'infinity')) && tstzrange(b.started_at, coalesce(b.ended_at, 'infinity'))`); n != 0 {
+		t.Fatalf("%d pairs of runs of one lease overlapped", n)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM job_runs a JOIN job_runs b
+		ON a.lease = b.lease AND a.epoch < b.epoch AND a.started_at > b.started_at`); n != 0 {
+		t.Fatalf("%d pairs of runs where a later run has a smaller epoch", n)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM liveness.leases`); n != 0 {
+		t.Fatalf("%d leases left after Stop; want every lease released", n)
+	}
+}
+
+// A killed holder does not release its lease: it expires, and another instance takes over
+// with a new epoch.
+func TestKilledHolderLeaseExpiresAndIsTakenOver(t *testing.T) {
+	db := pgtest.NewDB(t)
+	cfg := testConfig(db, "takeover")
+	cfg.Instances, cfg.HeartbeatOnly = 3, 0
+	cfg.Leases = []string{"uptime-runner"}
+	cfg.JobDuration = time.Minute // the holder keeps it until it dies
+	holders := make(chan [2]int64, 16)
+	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, lease *liveness.Lease) error {
+		holders <- [2]int64{int64(inst.Index), lease.Epoch}
+		<-ctx.Done()
+		return nil
+	}
+	f := start(t, cfg)
+	pool := db.Pool(t, 2)
+	var first [2]int64
+	select {
+	case first = <-holders:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no instance took the lease within 10s")
+	}
+	if err := f.Kill(int(first[0])); err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM liveness.leases WHERE name = 'uptime-runner' AND epoch = $1 AND expires_at > now()`, first[1]); n != 1 {
+		t.Fatal("the killed holder's lease row is gone or expired right after the kill; want it left to expire")
+	}
+	select {
+	case next := <-holders:
+		if next[0] == first[0] || next[1] <= first[1] {
+			t.Fatalf("takeover by instance %d with epoch %d; want another instance and an epoch above %d", next[0], next[1], first[1])
+		}
+	case <-time.After(cfg.LeaseTTL + 5*time.Second):
+		t.Fatal("nobody took the lease over after its expiry")
+	}
+}
+
+// Stop removes the rows of instances that did not die, and leaves no connection behind;
+// while running, the fleet uses at most its pool plus one connection per alive lock.
+func TestStopLeavesNoConnections(t *testing.T) {
+	db := pgtest.NewDB(t)
+	service := "conns-" + uuid.NewString()[:8]
+	cfg := testConfig(db, service)
+	cfg.Instances, cfg.HeartbeatOnly = 4, 1
+	cfg.Leases = []string{"cleanup", "alerts", "mail-checks", "uptime-runner"}
+	f := start(t, cfg)
+	pool := db.Pool(t, 1)
+	const conns = `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = ANY($1)`
+	names := []string{fleetsim.PoolApplicationName, service + ":alive-lock"}
+
+	waitUntil(t, 5*time.Second, "three alive locks", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM liveness.instance_alive_locks`) == 3
+	})
+	if err := f.Kill(3); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if n := queryInt(t, pool, conns, names); n > int(cfg.MaxConns)+3 {
+			t.Fatalf("the fleet has %d connections; want at most the pool (%d) plus 3 alive locks", n, cfg.MaxConns)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f.Stop()
+	waitUntil(t, 3*time.Second, "no connection of the fleet left", func() bool {
+		return queryInt(t, pool, conns, names) == 0
+	})
+	killed := f.Instances()[3].ID
+	if n := queryInt(t, pool, `SELECT count(*) FROM liveness.instances WHERE instance_id <> $1`, killed); n != 0 {
+		t.Fatalf("%d rows of stopped instances left; want them removed", n)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM liveness.instances WHERE instance_id = $1`, killed); n != 1 {
+		t.Fatal("the killed instance's row is gone; want it left for the reaper")
+	}
+	f.Stop() // a second Stop is a no-op
+}
