@@ -28,7 +28,8 @@ func BenchmarkExporterScrape(b *testing.B) {
 		b.Fatalf("go build: %v\n%s", err, out)
 	}
 	dsn := benchdata.Build(b)
-	p := startBinary(b, bin, []string{"DATA_SOURCE_NAME=" + dsn})
+	// The reaper would delete the data set's stale instances.
+	p := startBinary(b, bin, []string{"DATA_SOURCE_NAME=" + dsn}, "--no-agent.reaper")
 	p.waitFor(b, `(?m)^pg_liveness_agent_alive_lock_held 1$`, 60*time.Second)
 
 	client := &http.Client{Timeout: 15 * time.Second}

@@ -75,11 +75,13 @@ func startBinary(t testing.TB, binary string, env []string, args ...string) *exp
 	}
 	go func() {
 		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
 		for sc.Scan() {
 			p.mu.Lock()
 			p.logs.WriteString(sc.Text() + "\n")
 			p.mu.Unlock()
 		}
+		_, _ = io.Copy(io.Discard, pr) // keep draining, or the process blocks on its stderr
 	}()
 	go func() {
 		_ = p.cmd.Wait()

@@ -13,6 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// maxLoggedIDs bounds the ids one log line names.
+const maxLoggedIDs = 10
+
 // ReaperLease is the lease name under which one agent at a time reaps.
 const ReaperLease = "pg_liveness.reaper"
 
@@ -100,7 +103,8 @@ func (r *Reaper) RunOnce(ctx context.Context) ([]uuid.UUID, error) {
 	}
 	if len(ids) > 0 {
 		r.reaped.Add(uint64(len(ids)))
-		r.cfg.Logger.Info("reaped stale instances", "count", len(ids), "instance_ids", ids)
+		// A backlog can be thousands of rows; a log line names a few.
+		r.cfg.Logger.Info("reaped stale instances", "count", len(ids), "instance_ids", ids[:min(len(ids), maxLoggedIDs)])
 	}
 	return ids, nil
 }
