@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
 )
 
@@ -87,24 +88,24 @@ func TestReadmeFlagsMatchTheBinary(t *testing.T) {
 // of the collectors' scenario (asserted exactly by collector/scenario_test.go) and those
 // a real run of the binary shows.
 func TestReadmeMetricsMatchTheExporter(t *testing.T) {
-	typeLine := regexp.MustCompile(`(?m)^# TYPE (pg_liveness_[a-z_]+) `)
-	exposed := map[string]bool{}
-	scenario, err := os.ReadFile("collector/testdata/scenario.prom")
+	exposed, err := exposition.FileMetricNames("collector/testdata/scenario.prom")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range typeLine.FindAllStringSubmatch(string(scenario), -1) {
-		exposed[m[1]] = true
-	}
 	db := pgtest.NewDB(t)
 	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN})
-	body := p.waitFor(t, `(?m)^pg_liveness_agent_alive_lock_held 1$`, 30*time.Second)
-	for _, m := range typeLine.FindAllStringSubmatch(body, -1) {
-		exposed[m[1]] = true
+	live, err := exposition.MetricNames(p.waitFor(t, `(?m)^pg_liveness_agent_alive_lock_held 1$`, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
 	}
 	var names []string
+	for n := range live {
+		exposed[n] = true
+	}
 	for n := range exposed {
-		names = append(names, n)
+		if strings.HasPrefix(n, "pg_liveness_") {
+			names = append(names, n)
+		}
 	}
 	sort.Strings(names)
 	documented := firstColumnNames(readmeBlock(t, "metrics"), regexp.MustCompile("`(pg_liveness_[a-z_]+)`"))
