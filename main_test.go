@@ -34,8 +34,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
 		os.Exit(1)
 	}
-	defer os.RemoveAll(dir)
-	pgtest.Main(m)
+	code := pgtest.Run(m)
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // exporterProc is the real binary running against a real database.

@@ -31,12 +31,15 @@ var dbCounter atomic.Int64
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
 //
 // Without it the watchdog still stops the server when the test binary exits.
-func Main(m *testing.M) {
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run is Main without the exit, for a TestMain with clean-up of its own.
+func Run(m *testing.M) int {
 	code := m.Run()
 	if shared.srv != nil {
 		shared.srv.Close()
 	}
-	os.Exit(code)
+	return code
 }
 
 // SharedServer returns the test binary's server, started on first use. It fails the test
