@@ -11,7 +11,8 @@ import (
 
 // advisoryLocksSQL reads this database's advisory locks and client backends in one
 // statement. A lock is an alive lock when it is a bigint lock (objsubid = 1) whose key
-// halves are those of some instance's alive-lock key (a hash semi-join over instances).
+// halves are those of some instance's alive-lock key (a hash semi-join on the key-half
+// columns that migration 0003 stores with each instance).
 // Rows of kind 'locks' count locks by (alive, granted); rows of kind 'backends' count
 // client backends by (application_name, state), with how many of them hold a granted
 // advisory lock, how many wait for one, and the longest an idle holder has been idle.
@@ -22,9 +23,7 @@ WITH db AS (
 ), locks AS MATERIALIZED (
     SELECT l.pid, l.granted,
            l.objsubid = 1 AND (l.classid, l.objid) IN (
-               SELECT {schema}.lock_key_classid(k.key), {schema}.lock_key_objid(k.key)
-                 FROM (SELECT {schema}.instance_lock_key(i.instance_id) AS key
-                         FROM {schema}.instances i) k) AS alive
+               SELECT i.lock_classid, i.lock_objid FROM {schema}.instances i) AS alive
       FROM pg_catalog.pg_locks l
      WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM db)
 ), per_pid AS (
