@@ -65,7 +65,7 @@ func ExampleAgent() {
 	if err := <-done; err != nil {
 		fmt.Println(err)
 	}
-	for i := 0; i < 100 && alive(); i++ {
+	for i := 0; i < 500 && alive(); i++ {
 		time.Sleep(20 * time.Millisecond) // the backend exits just after the client hangs up
 	}
 	fmt.Println("alive after shutdown:", alive())

@@ -250,7 +250,7 @@ func (h *HeartbeatWorker) Run(ctx context.Context) error {
 		h.log.Warn("no alive lock source: the heartbeat stays at the fast cadence")
 	}
 	failures := 0
-	for {
+	for ctx.Err() == nil {
 		began := h.clock.Now()
 		at, err := h.beat(ctx)
 		if ctx.Err() != nil {
@@ -290,6 +290,7 @@ func (h *HeartbeatWorker) Run(ctx context.Context) error {
 			return nil
 		}
 	}
+	return nil
 }
 
 // wait returns true when it is time to beat: after d, or at once when changed fires (the
@@ -307,8 +308,11 @@ func (h *HeartbeatWorker) wait(ctx context.Context, d time.Duration, changed <-c
 	}
 }
 
+// beat is not cut short when Run's context ends: a cancelled statement can still commit
+// on the server after Run has returned, and an upsert landing after Remove's DELETE would
+// bring the row back. It is bounded by the statement timeout instead.
 func (h *HeartbeatWorker) beat(ctx context.Context) (time.Time, error) {
-	ctx, cancel := context.WithTimeout(ctx, h.stmtTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.stmtTimeout)
 	defer cancel()
 	var at time.Time
 	err := h.pool.QueryRow(ctx, h.upsertSQL, h.instanceID, h.service, h.host, h.pid, string(h.mode),

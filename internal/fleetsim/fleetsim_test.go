@@ -264,7 +264,7 @@ func TestStopLeavesNoConnections(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	f.Stop()
-	waitUntil(t, 3*time.Second, "no connection of the fleet left", func() bool {
+	waitUntil(t, 10*time.Second, "no connection of the fleet left", func() bool {
 		return queryInt(t, pool, conns, names) == 0
 	})
 	killed := f.Instances()[3].ID
