@@ -66,6 +66,7 @@ type flags struct {
 	agent                                         bool
 	instanceID, serviceName, mode                 string
 	interval, slowInterval, stale, definitiveDead time.Duration
+	lockGrace                                     time.Duration
 	keepIdle, keepInterval, userTimeout           time.Duration
 	keepCount                                     int
 	reaper                                        bool
@@ -110,8 +111,9 @@ func newApp(stderr io.Writer) (*kingpin.Application, *flags) {
 		EnumVar(&f.mode, string(liveness.ModeAdvisoryLockWhenAvailable), string(liveness.ModeHeartbeatTableOnly))
 	app.Flag("agent.heartbeat-interval", "Fast heartbeat cadence, used while the alive lock is not held.").Default("30s").DurationVar(&f.interval)
 	app.Flag("agent.heartbeat-slow-interval", "Slow heartbeat cadence, used while the alive lock is held and verified.").Default("60s").DurationVar(&f.slowInterval)
-	app.Flag("agent.stale-threshold", "A heartbeat older than this is stale (unless the alive lock is held).").Default("90s").DurationVar(&f.stale)
-	app.Flag("agent.definitive-dead-cutoff", "A heartbeat older than this is dead even with the alive lock held (half-open sessions, hung processes).").Default("5m").DurationVar(&f.definitiveDead)
+	app.Flag("agent.stale-threshold", "A heartbeat older than this is stale (unless the alive lock is held). Recorded in the agent's instance row; as an observer, used only for rows that record none.").Default("90s").DurationVar(&f.stale)
+	app.Flag("agent.definitive-dead-cutoff", "A heartbeat older than this is dead even with the alive lock held (half-open sessions, hung processes). Recorded in the agent's instance row; as an observer, used only for rows that record none.").Default("5m").DurationVar(&f.definitiveDead)
+	app.Flag("agent.lock-grace", "How long observers wait for proof of life after this agent's alive lock vanished before they call it dead. Recorded in its instance row.").Default(liveness.DefaultLockGrace.String()).DurationVar(&f.lockGrace)
 	app.Flag("agent.tcp-keepalive-idle", "Server-side tcp_keepalives_idle of the alive lock's session.").Default("10s").DurationVar(&f.keepIdle)
 	app.Flag("agent.tcp-keepalive-interval", "Server-side tcp_keepalives_interval of the alive lock's session.").Default("5s").DurationVar(&f.keepInterval)
 	app.Flag("agent.tcp-keepalive-count", "Server-side tcp_keepalives_count of the alive lock's session.").Default("3").IntVar(&f.keepCount)
@@ -258,7 +260,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 			InstanceID: id, ServiceName: f.serviceName, HostName: host, ProcessID: os.Getpid(),
 			Mode:              liveness.Mode(f.mode),
 			HeartbeatInterval: f.interval, HeartbeatSlowInterval: f.slowInterval,
-			StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead,
+			StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead, LockGrace: f.lockGrace,
 			KeepaliveIdle: f.keepIdle, KeepaliveInterval: f.keepInterval, KeepaliveCount: f.keepCount, UserTimeout: f.userTimeout,
 			Reaper: f.reaper, ReaperInterval: f.reaperInterval, ReaperLeaseTTL: f.reaperTTL,
 			Logger: logger.With("component", "agent"),

@@ -90,7 +90,7 @@ func New(cfg Config, pool *pgxpool.Pool, agent AgentSource, logger *slog.Logger)
 		e.collectors = append(e.collectors, &entry{name: name, c: c, db: db})
 	}
 	if cfg.Instances.Enabled {
-		add(NameInstances, true, newInstancesCollector(pool, schema, cfg))
+		add(NameInstances, true, newInstancesCollector(pool, schema, cfg, logger.With("collector", NameInstances)))
 	}
 	if cfg.Leases.Enabled {
 		add(NameLeases, true, newLeasesCollector(pool, leasesTable))

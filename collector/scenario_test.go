@@ -78,6 +78,16 @@ func newScenario(t *testing.T) *pgtest.DB {
 	} {
 		exec(t, setup, insert, id(in.id), in.service, in.age, string(in.mode))
 	}
+	// Two instances whose rows say they hold their alive lock, but no session holds it: a7
+	// within its grace (lock_lost, proving life), a8 seen missing a minute ago with no beat
+	// since (stale: dead although its heartbeat is fresh).
+	exec(t, setup, insert, id("a7"), "api", 10.0, string(liveness.ModeAdvisoryLockWhenAvailable))
+	exec(t, setup, insert, id("a8"), "api", 10.0, string(liveness.ModeAdvisoryLockWhenAvailable))
+	exec(t, setup, `UPDATE `+schemaIdent+`.instances SET (holds_alive_lock, lock_grace) = (true, interval '1 hour')
+	                 WHERE instance_id = $1`, id("a7"))
+	exec(t, setup, `UPDATE `+schemaIdent+`.instances SET holds_alive_lock = true WHERE instance_id = $1`, id("a8"))
+	exec(t, setup, `INSERT INTO `+schemaIdent+`.alive_lock_absences (instance_id, missing_since, server_started_at)
+	                 VALUES ($1, now() - interval '1 minute', pg_postmaster_start_time())`, id("a8"))
 
 	leases := `INSERT INTO ` + schemaIdent + `.leases (name, holder, taken_at, expires_at)
 	           VALUES ($1, $2, now() - make_interval(secs => $3), now() + make_interval(secs => $4))`

@@ -28,6 +28,7 @@ type AgentConfig struct {
 	HeartbeatSlowInterval time.Duration
 	StaleThreshold        time.Duration
 	DefinitiveDeadCutoff  time.Duration
+	LockGrace             time.Duration // DefaultLockGrace if zero
 
 	KeepaliveIdle     time.Duration
 	KeepaliveInterval time.Duration
@@ -72,18 +73,20 @@ func (c AgentConfig) Validate() error {
 
 func (c AgentConfig) heartbeatConfig(lock LockSource) HeartbeatConfig {
 	return HeartbeatConfig{
-		Pool:           c.Pool,
-		Schema:         c.Schema,
-		InstanceID:     c.InstanceID,
-		ServiceName:    c.ServiceName,
-		HostName:       c.HostName,
-		ProcessID:      c.ProcessID,
-		Mode:           c.Mode,
-		Interval:       c.HeartbeatInterval,
-		SlowInterval:   c.HeartbeatSlowInterval,
-		StaleThreshold: c.StaleThreshold,
-		Lock:           lock,
-		Logger:         c.Logger,
+		Pool:                 c.Pool,
+		Schema:               c.Schema,
+		InstanceID:           c.InstanceID,
+		ServiceName:          c.ServiceName,
+		HostName:             c.HostName,
+		ProcessID:            c.ProcessID,
+		Mode:                 c.Mode,
+		Interval:             c.HeartbeatInterval,
+		SlowInterval:         c.HeartbeatSlowInterval,
+		StaleThreshold:       c.StaleThreshold,
+		DefinitiveDeadCutoff: c.DefinitiveDeadCutoff,
+		LockGrace:            c.LockGrace,
+		Lock:                 lock,
+		Logger:               c.Logger,
 	}
 }
 

@@ -109,9 +109,9 @@ func TestAgentParticipatesAndShutsDownCleanly(t *testing.T) {
 	waitUntil(t, 10*time.Second, "slow cadence while the lock is held", func() bool {
 		return agent.Snapshot().Heartbeat.Interval == cfg.HeartbeatSlowInterval
 	})
-	waitUntil(t, 10*time.Second, "the dead instance reaped", func() bool {
+	waitUntil(t, 10*time.Second, "the dead instance reaped and counted", func() bool {
 		_, row := isAlive(t, pool, dead)
-		return !row
+		return !row && agent.Snapshot().Reaped >= 1
 	})
 	s := agent.Snapshot()
 	if s.Reaped < 1 || s.InstanceID != cfg.InstanceID || s.ServiceName != "agent-test" || s.Mode != cfg.Mode {

@@ -1,6 +1,7 @@
 package liveness
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,11 +11,13 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"golang.org/x/sys/unix"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 )
@@ -70,9 +73,12 @@ type AliveLock struct {
 	connCfg     *pgx.ConnConfig
 	instanceID  string
 	verifyEvery time.Duration
-	claimSQL    string
-	verifySQL   string
-	log         *slog.Logger
+	// clientUserTimeout is the socket's TCP_USER_TIMEOUT: how long unacknowledged data
+	// may wait before the connection is given up.
+	clientUserTimeout time.Duration
+	claimSQL          string
+	verifySQL         string
+	log               *slog.Logger
 
 	running atomic.Bool
 	held    atomic.Bool
@@ -93,52 +99,53 @@ type AliveLock struct {
 // Validate checks the configuration without connecting. Errors name the flag at fault and
 // never contain the password.
 func (c AliveLockConfig) Validate() error {
-	_, err := c.connConfig()
+	_, _, err := c.connConfig()
 	return err
 }
 
-// connConfig validates c and builds the lock connection's configuration.
-func (c AliveLockConfig) connConfig() (*pgx.ConnConfig, error) {
+// connConfig validates c and builds the lock connection's configuration. It also returns
+// the client socket's user timeout.
+func (c AliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
 	if strings.TrimSpace(c.DSN) == "" {
-		return nil, fmt.Errorf("%s must not be empty", flagName("DSN"))
+		return nil, 0, fmt.Errorf("%s must not be empty", flagName("DSN"))
 	}
 	if c.InstanceID == uuid.Nil {
-		return nil, fmt.Errorf("%s must not be the nil UUID", flagName("InstanceID"))
+		return nil, 0, fmt.Errorf("%s must not be the nil UUID", flagName("InstanceID"))
 	}
 	if strings.TrimSpace(c.ServiceName) == "" {
-		return nil, fmt.Errorf("%s must not be empty", flagName("ServiceName"))
+		return nil, 0, fmt.Errorf("%s must not be empty", flagName("ServiceName"))
 	}
 	idle, err := wholeSeconds("KeepaliveIdle", c.KeepaliveIdle, DefaultKeepaliveIdle)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	interval, err := wholeSeconds("KeepaliveInterval", c.KeepaliveInterval, DefaultKeepaliveInterval)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	count := c.KeepaliveCount
 	switch {
 	case count < 0:
-		return nil, fmt.Errorf("%s (%d) must not be negative", flagName("KeepaliveCount"), count)
+		return nil, 0, fmt.Errorf("%s (%d) must not be negative", flagName("KeepaliveCount"), count)
 	case count == 0:
 		count = DefaultKeepaliveCount
 	}
 	userTimeout := c.UserTimeout
 	switch {
 	case userTimeout < 0:
-		return nil, fmt.Errorf("%s (%s) must not be negative", flagName("UserTimeout"), userTimeout)
+		return nil, 0, fmt.Errorf("%s (%s) must not be negative", flagName("UserTimeout"), userTimeout)
 	case userTimeout == 0:
 		userTimeout = DefaultUserTimeout
 	case userTimeout < time.Millisecond:
-		return nil, fmt.Errorf("%s (%s) must be at least 1ms", flagName("UserTimeout"), userTimeout)
+		return nil, 0, fmt.Errorf("%s (%s) must be at least 1ms", flagName("UserTimeout"), userTimeout)
 	}
 	if c.VerifyInterval < 0 {
-		return nil, fmt.Errorf("%s (%s) must not be negative", flagName("VerifyInterval"), c.VerifyInterval)
+		return nil, 0, fmt.Errorf("%s (%s) must not be negative", flagName("VerifyInterval"), c.VerifyInterval)
 	}
 
 	cfg, err := pgx.ParseConfig(c.DSN)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", flagName("DSN"), dsn.RedactError(err))
+		return nil, 0, fmt.Errorf("%s: %w", flagName("DSN"), dsn.RedactError(err))
 	}
 	rp := cfg.RuntimeParams
 	rp["application_name"] = c.ServiceName + ":alive-lock"
@@ -150,16 +157,33 @@ func (c AliveLockConfig) connConfig() (*pgx.ConnConfig, error) {
 	// No named prepared statements: they would not survive a pooler, and then the
 	// verification could not say what went wrong.
 	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
-	// The client side of the socket needs its own keepalive to notice a dead server
-	// between verifications.
+	// The client side of the socket gets its own keepalive and user timeout, one probe
+	// short of the server's, so that an agent cut off from the database stops trusting
+	// its lock before the server frees it for someone else.
+	clientCount := max(count-1, 1)
+	clientUserTimeout := min(userTimeout, idle+interval*time.Duration(clientCount))
 	dialer := &net.Dialer{
 		Timeout: cfg.ConnectTimeout,
 		KeepAliveConfig: net.KeepAliveConfig{
-			Enable: true, Idle: idle, Interval: interval, Count: count,
+			Enable: true, Idle: idle, Interval: interval, Count: clientCount,
+		},
+		Control: func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			err := rc.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(clientUserTimeout.Milliseconds()))
+			})
+			return cmp.Or(err, serr)
 		},
 	}
 	cfg.DialFunc = dialer.DialContext
-	return cfg, nil
+	return cfg, clientUserTimeout, nil
+}
+
+// statementTimeout bounds one claim or verification. A cut-off network is detected by the
+// socket's keepalive and user timeout, so the deadline lies beyond them: a short network
+// blip delays a verification instead of dropping a lock that the server still grants.
+func (a *AliveLock) statementTimeout() time.Duration {
+	return max(aliveLockStatementTimeout, a.clientUserTimeout+aliveLockStatementTimeout)
 }
 
 // wholeSeconds applies the default to zero and refuses what PostgreSQL cannot take.
@@ -177,17 +201,18 @@ func wholeSeconds(field string, d, def time.Duration) (time.Duration, error) {
 
 // NewAliveLock validates cfg and prepares the lock. It does not connect; Run does.
 func NewAliveLock(cfg AliveLockConfig) (*AliveLock, error) {
-	connCfg, err := cfg.connConfig()
+	connCfg, clientUserTimeout, err := cfg.connConfig()
 	if err != nil {
 		return nil, fmt.Errorf("alive lock: %w", err)
 	}
 	a := &AliveLock{
-		connCfg:     connCfg,
-		instanceID:  cfg.InstanceID.String(),
-		verifyEvery: cfg.VerifyInterval,
-		claimSQL:    sqlFor(cfg.Schema, claimSQL),
-		verifySQL:   sqlFor(cfg.Schema, verifySQL),
-		log:         cfg.Logger,
+		connCfg:           connCfg,
+		instanceID:        cfg.InstanceID.String(),
+		verifyEvery:       cfg.VerifyInterval,
+		clientUserTimeout: clientUserTimeout,
+		claimSQL:          sqlFor(cfg.Schema, claimSQL),
+		verifySQL:         sqlFor(cfg.Schema, verifySQL),
+		log:               cfg.Logger,
 	}
 	if a.verifyEvery == 0 {
 		a.verifyEvery = DefaultVerifyInterval
@@ -315,7 +340,7 @@ func (a *AliveLock) session(ctx context.Context) {
 // tick claims the lock when not held and verifies it when held. It returns false when the
 // connection must be dropped and opened again.
 func (a *AliveLock) tick(ctx context.Context, conn *pgx.Conn) bool {
-	qctx, cancel := context.WithTimeout(ctx, aliveLockStatementTimeout)
+	qctx, cancel := context.WithTimeout(ctx, a.statementTimeout())
 	defer cancel()
 	startupPID := int64(conn.PgConn().PID())
 	var backendPID int64

@@ -24,18 +24,34 @@ const verifySQL = `/* pg_liveness:alive_lock_verify */ SELECT pg_catalog.pg_back
                   AND l.objid = {schema}.lock_key_objid({schema}.instance_lock_key($1::uuid)))`
 
 // heartbeatSQL upserts the instance row, timed by the database clock. started_at is kept
-// from the first insert.
+// from the first insert. The row carries the instance's own timing, so that observers
+// judge it by the settings it runs with, and whether it holds its alive lock: while that
+// is true, a vanished lock means the session ended (see instance_states). It returns
+// whether the row had to be inserted, which after the first beat means that it was
+// removed as dead in between.
+//
+// $7 holds_alive_lock; $8–$12 heartbeat interval, slow interval, stale threshold,
+// definitive-dead cutoff and lock grace in seconds (NULL when not configured).
 const heartbeatSQL = `/* pg_liveness:heartbeat */ INSERT INTO {schema}.instances AS i
-       (instance_id, service_name, host_name, process_id, started_at, last_heartbeat_at, liveness_mode, metadata)
-VALUES ($1::uuid, $2::text, $3::text, $4::integer, now(), now(), $5::text, $6::jsonb)
+       (instance_id, service_name, host_name, process_id, started_at, last_heartbeat_at, liveness_mode, metadata,
+        holds_alive_lock, heartbeat_interval, heartbeat_slow_interval, stale_threshold, definitive_dead_cutoff, lock_grace)
+VALUES ($1::uuid, $2::text, $3::text, $4::integer, now(), now(), $5::text, $6::jsonb,
+        $7::boolean, make_interval(secs => $8::float8), make_interval(secs => $9::float8),
+        make_interval(secs => $10::float8), make_interval(secs => $11::float8), make_interval(secs => $12::float8))
 ON CONFLICT (instance_id) DO UPDATE
    SET service_name = excluded.service_name,
        host_name = excluded.host_name,
        process_id = excluded.process_id,
        last_heartbeat_at = excluded.last_heartbeat_at,
        liveness_mode = excluded.liveness_mode,
-       metadata = excluded.metadata
-RETURNING i.last_heartbeat_at`
+       metadata = excluded.metadata,
+       holds_alive_lock = excluded.holds_alive_lock,
+       heartbeat_interval = excluded.heartbeat_interval,
+       heartbeat_slow_interval = excluded.heartbeat_slow_interval,
+       stale_threshold = excluded.stale_threshold,
+       definitive_dead_cutoff = excluded.definitive_dead_cutoff,
+       lock_grace = excluded.lock_grace
+RETURNING i.last_heartbeat_at, i.xmax = 0`
 
 // heartbeatDeleteSQL removes the instance row on graceful shutdown, so that other
 // instances see it gone at once.

@@ -182,17 +182,20 @@ func TestAliveLockKeepaliveSettings(t *testing.T) {
 		idle, interval, timeout time.Duration
 		count                   int
 		want                    map[string]string
-		wantSock                [3]int // TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT
+		// TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT, TCP_USER_TIMEOUT of the client socket:
+		// one probe fewer than the server's, and a user timeout that ends no later than
+		// those probes, so that the client gives up on its lock before the server frees it.
+		wantSock [4]int
 	}{
 		{name: "defaults", want: map[string]string{
 			"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3",
 			"tcp_user_timeout": "30000", "idle_session_timeout": "0", "application_name": "svc:alive-lock",
-		}, wantSock: [3]int{10, 5, 3}},
+		}, wantSock: [4]int{10, 5, 2, 20000}},
 		{name: "configured", idle: 7 * time.Second, interval: 2 * time.Second, count: 4, timeout: 21 * time.Second,
 			want: map[string]string{
 				"tcp_keepalives_idle": "7", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "4",
 				"tcp_user_timeout": "21000", "idle_session_timeout": "0", "application_name": "svc:alive-lock",
-			}, wantSock: [3]int{7, 2, 4}},
+			}, wantSock: [4]int{7, 2, 3, 13000}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -203,7 +206,7 @@ func TestAliveLockKeepaliveSettings(t *testing.T) {
 			}
 			type seen struct {
 				settings map[string]string
-				sock     [3]int
+				sock     [4]int
 				err      error
 			}
 			got := make(chan seen, 1)
@@ -238,15 +241,16 @@ func TestAliveLockKeepaliveSettings(t *testing.T) {
 				}
 			}
 			if runtime.GOOS == "linux" && s.sock != tc.wantSock {
-				t.Errorf("client socket TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT = %v, want %v", s.sock, tc.wantSock)
+				t.Errorf("client socket TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT, TCP_USER_TIMEOUT = %v, want %v", s.sock, tc.wantSock)
 			}
 		})
 	}
 }
 
-// clientKeepalive reads the socket's keepalive options on Linux (TCP_KEEPIDLE = 4,
-// TCP_KEEPINTVL = 5, TCP_KEEPCNT = 6); elsewhere it returns zeros. Keepalive must be on.
-func clientKeepalive(c net.Conn) (opts [3]int, err error) {
+// clientKeepalive reads the socket's keepalive options and user timeout on Linux
+// (TCP_KEEPIDLE = 4, TCP_KEEPINTVL = 5, TCP_KEEPCNT = 6, TCP_USER_TIMEOUT = 18); elsewhere
+// it returns zeros. Keepalive must be on.
+func clientKeepalive(c net.Conn) (opts [4]int, err error) {
 	if runtime.GOOS != "linux" {
 		return opts, nil
 	}
@@ -264,7 +268,7 @@ func clientKeepalive(c net.Conn) (opts [3]int, err error) {
 		if on, sockErr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_KEEPALIVE); sockErr != nil {
 			return
 		}
-		for i, opt := range []int{4, 5, 6} {
+		for i, opt := range []int{4, 5, 6, 18} {
 			if opts[i], sockErr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, opt); sockErr != nil {
 				return
 			}

@@ -1,6 +1,7 @@
 package liveness
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,6 +24,11 @@ const (
 	DefaultHeartbeatInterval     = 30 * time.Second
 	DefaultHeartbeatSlowInterval = 60 * time.Second
 	DefaultStaleThreshold        = 90 * time.Second
+	DefaultDefinitiveDeadCutoff  = 5 * time.Minute
+	// DefaultLockGrace is how long observers wait, after an instance's alive lock
+	// vanished, for the instance to prove life before they call it dead. A live agent
+	// notices the end of its lock's session at once and beats within milliseconds.
+	DefaultLockGrace = time.Second
 )
 
 const (
@@ -32,23 +38,28 @@ const (
 	// heartbeatMaxFirstRetry caps the first retry after a failed beat, which is otherwise a
 	// quarter of the fast interval.
 	heartbeatMaxFirstRetry = 5 * time.Second
+	// proofRetry is the retry period of a beat that proves life after the alive lock was
+	// lost: observers call the instance dead once its lock grace has run out.
+	proofRetry = 250 * time.Millisecond
 )
 
 // flagNames is the one place that maps configuration fields to the agent's flags, so
 // that errors name what an operator can change. Fields without a flag are named as they
 // are.
 var flagNames = map[string]string{
-	"DSN":               "--db.direct-dsn",
-	"InstanceID":        "--agent.instance-id",
-	"ServiceName":       "--agent.service-name",
-	"Mode":              "--agent.liveness-mode",
-	"Interval":          "--agent.heartbeat-interval",
-	"SlowInterval":      "--agent.heartbeat-slow-interval",
-	"StaleThreshold":    "--agent.stale-threshold",
-	"KeepaliveIdle":     "--agent.tcp-keepalive-idle",
-	"KeepaliveInterval": "--agent.tcp-keepalive-interval",
-	"KeepaliveCount":    "--agent.tcp-keepalive-count",
-	"UserTimeout":       "--agent.tcp-user-timeout",
+	"DSN":                  "--db.direct-dsn",
+	"InstanceID":           "--agent.instance-id",
+	"ServiceName":          "--agent.service-name",
+	"Mode":                 "--agent.liveness-mode",
+	"Interval":             "--agent.heartbeat-interval",
+	"SlowInterval":         "--agent.heartbeat-slow-interval",
+	"StaleThreshold":       "--agent.stale-threshold",
+	"DefinitiveDeadCutoff": "--agent.definitive-dead-cutoff",
+	"LockGrace":            "--agent.lock-grace",
+	"KeepaliveIdle":        "--agent.tcp-keepalive-idle",
+	"KeepaliveInterval":    "--agent.tcp-keepalive-interval",
+	"KeepaliveCount":       "--agent.tcp-keepalive-count",
+	"UserTimeout":          "--agent.tcp-user-timeout",
 }
 
 func flagName(field string) string {
@@ -94,6 +105,13 @@ type HeartbeatConfig struct {
 	SlowInterval   time.Duration // cadence while the lock is held and verified
 	StaleThreshold time.Duration // the age after which observers call an instance stale
 
+	// DefinitiveDeadCutoff is the heartbeat age past which observers call the instance
+	// dead even while its alive lock is held (a hung process); 0 leaves it to them.
+	DefinitiveDeadCutoff time.Duration
+	// LockGrace is how long observers wait for proof of life after the alive lock
+	// vanished; DefaultLockGrace if zero.
+	LockGrace time.Duration
+
 	// Lock is the alive lock, or nil; without one the cadence is always fast.
 	Lock LockSource
 
@@ -134,6 +152,13 @@ func (c HeartbeatConfig) Validate() error {
 		return fmt.Errorf("%s (%s) must not be below %s (%s)",
 			flagName("StaleThreshold"), c.StaleThreshold, flagName("SlowInterval"), c.SlowInterval)
 	}
+	if c.DefinitiveDeadCutoff < 0 || (c.DefinitiveDeadCutoff > 0 && c.DefinitiveDeadCutoff <= c.StaleThreshold) {
+		return fmt.Errorf("%s (%s) must be above %s (%s)", flagName("DefinitiveDeadCutoff"), c.DefinitiveDeadCutoff,
+			flagName("StaleThreshold"), c.StaleThreshold)
+	}
+	if c.LockGrace < 0 {
+		return fmt.Errorf("%s (%s) must not be negative", flagName("LockGrace"), c.LockGrace)
+	}
 	if c.StaleThreshold <= c.Interval {
 		return fmt.Errorf("%s (%s) must be above %s (%s): the watchdog beats again within the stale "+
 			"threshold minus one fast interval", flagName("StaleThreshold"), c.StaleThreshold,
@@ -160,6 +185,7 @@ type HeartbeatWorker struct {
 	log        *slog.Logger
 
 	fast, slow   time.Duration
+	timing       [5]*float64   // what the row records: interval, slow, stale, dead, grace in seconds
 	watchdog     time.Duration // the longest wait between the starts of two beats
 	stmtTimeout  time.Duration
 	firstRetry   time.Duration
@@ -168,6 +194,9 @@ type HeartbeatWorker struct {
 	running atomic.Bool
 	mu      sync.Mutex
 	stats   HeartbeatStats
+
+	// Owned by the Run goroutine.
+	rowHoldsLock bool // what the last successful beat recorded as holds_alive_lock
 }
 
 // NewHeartbeatWorker validates cfg and prepares the worker. It does not touch the
@@ -206,6 +235,15 @@ func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
 		firstRetry:   min(cfg.Interval/4, heartbeatMaxFirstRetry),
 		maxRetryWait: cfg.Interval / 2,
 	}
+	secs := func(d time.Duration) *float64 {
+		if d <= 0 {
+			return nil
+		}
+		v := d.Seconds()
+		return &v
+	}
+	h.timing = [5]*float64{secs(cfg.Interval), secs(cfg.SlowInterval), secs(cfg.StaleThreshold),
+		secs(cfg.DefinitiveDeadCutoff), secs(cmp.Or(cfg.LockGrace, DefaultLockGrace))}
 	if h.host == "" {
 		h.host, _ = os.Hostname()
 	}
@@ -241,6 +279,12 @@ func (h *HeartbeatWorker) Stats() HeartbeatStats {
 
 // Run beats at once and then on the adaptive cadence until ctx is done, when it returns
 // nil. Failed beats are logged and retried sooner than a full interval, never returned.
+//
+// Each beat records whether the alive lock is held. When the lock changes the worker beats
+// at once: a claim so that observers can trust the lock from now on, a loss to prove that
+// the process lives although its session ended. Such a proof is retried every
+// proofRetry until it lands, because observers call the instance dead once its lock
+// grace has run out.
 func (h *HeartbeatWorker) Run(ctx context.Context) error {
 	if !h.running.CompareAndSwap(false, true) {
 		return errors.New("heartbeat: Run is already running")
@@ -252,15 +296,24 @@ func (h *HeartbeatWorker) Run(ctx context.Context) error {
 	failures := 0
 	for ctx.Err() == nil {
 		began := h.clock.Now()
-		at, err := h.beat(ctx)
+		// Take the change channel before reading Held, so that no change is missed.
+		var changed <-chan struct{}
+		if h.notifier != nil {
+			changed = h.notifier.Changed()
+		}
+		holds := h.lock != nil && h.lock.Held()
+		at, inserted, err := h.beat(ctx, holds)
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err != nil {
 			failures++
 			retry := min(h.firstRetry<<min(failures-1, 16), h.maxRetryWait)
+			if h.rowHoldsLock && !holds {
+				retry = min(retry, proofRetry) // proving life: the grace is short
+			}
 			h.failed(failures, err, retry)
-			if !h.wait(ctx, retry, nil) {
+			if !h.wait(ctx, retry, changed) {
 				return nil
 			}
 			continue
@@ -269,23 +322,19 @@ func (h *HeartbeatWorker) Run(ctx context.Context) error {
 			h.log.Info("heartbeat recovered", "failures", failures)
 			failures = 0
 		}
-		// Take the change channel before reading Held, so that no change is missed.
-		var changed <-chan struct{}
-		if h.notifier != nil {
-			changed = h.notifier.Changed()
+		if inserted && h.Stats().Beats > 0 {
+			h.log.Warn("instance row was gone: it was removed as dead while this process was not beating " +
+				"(hung, paused or cut off); registered it again")
 		}
-		slow := h.lock != nil && h.lock.Held()
+		h.rowHoldsLock = holds
 		interval := h.fast
-		if slow {
+		if holds {
 			interval = h.slow
 		}
 		// The watchdog: whatever the cadence, the next beat starts within stale − fast of
 		// this one, so the row never gets closer to stale than one fast interval.
 		interval = min(interval, h.watchdog)
 		h.succeeded(at, interval)
-		if !slow {
-			changed = nil // a claim takes effect on the next tick; nothing to hurry
-		}
 		if !h.wait(ctx, interval-h.clock.Now().Sub(began), changed) {
 			return nil
 		}
@@ -294,8 +343,7 @@ func (h *HeartbeatWorker) Run(ctx context.Context) error {
 }
 
 // wait returns true when it is time to beat: after d, or at once when changed fires (the
-// lock changed while the slow cadence was in effect, so it was lost). It returns false
-// when ctx is done.
+// alive lock was claimed or lost). It returns false when ctx is done.
 func (h *HeartbeatWorker) wait(ctx context.Context, d time.Duration, changed <-chan struct{}) bool {
 	select {
 	case <-ctx.Done():
@@ -303,7 +351,11 @@ func (h *HeartbeatWorker) wait(ctx context.Context, d time.Duration, changed <-c
 	case <-h.clock.After(d):
 		return true
 	case <-changed:
-		h.log.Info("alive lock lost: beating at once")
+		if h.lock.Held() {
+			h.log.Debug("alive lock claimed: beating at once")
+		} else {
+			h.log.Info("alive lock lost: beating at once to prove life")
+		}
 		return true
 	}
 }
@@ -311,13 +363,13 @@ func (h *HeartbeatWorker) wait(ctx context.Context, d time.Duration, changed <-c
 // beat is not cut short when Run's context ends: a cancelled statement can still commit
 // on the server after Run has returned, and an upsert landing after Remove's DELETE would
 // bring the row back. It is bounded by the statement timeout instead.
-func (h *HeartbeatWorker) beat(ctx context.Context) (time.Time, error) {
+func (h *HeartbeatWorker) beat(ctx context.Context, holdsLock bool) (at time.Time, inserted bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.stmtTimeout)
 	defer cancel()
-	var at time.Time
-	err := h.pool.QueryRow(ctx, h.upsertSQL, h.instanceID, h.service, h.host, h.pid, string(h.mode),
-		h.metadata).Scan(&at)
-	return at, err
+	t := h.timing
+	err = h.pool.QueryRow(ctx, h.upsertSQL, h.instanceID, h.service, h.host, h.pid, string(h.mode),
+		h.metadata, holdsLock, t[0], t[1], t[2], t[3], t[4]).Scan(&at, &inserted)
+	return at, inserted, err
 }
 
 func (h *HeartbeatWorker) succeeded(at time.Time, interval time.Duration) {

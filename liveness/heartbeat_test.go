@@ -318,10 +318,11 @@ func TestHeartbeatCadence(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-// TestHeartbeatBeatsAtOnceOnLockLoss: a lock source that notifies changes makes a loss
-// trigger a beat without waiting for the slow interval, while a claim waits for the
-// next tick.
-func TestHeartbeatBeatsAtOnceOnLockLoss(t *testing.T) {
+// TestHeartbeatBeatsAtOnceOnLockChange: a lock source that notifies changes makes a loss
+// trigger a beat without waiting for the slow interval (the proof of life, recording
+// holds_alive_lock = false), and a claim trigger one too (recording true, so that
+// observers may trust the lock from then on).
+func TestHeartbeatBeatsAtOnceOnLockChange(t *testing.T) {
 	ctx := livenessTestCtx(t)
 	_, pool := livenessDB(t, ctx)
 	lock := newNotifyingLock(true)
@@ -329,9 +330,21 @@ func TestHeartbeatBeatsAtOnceOnLockLoss(t *testing.T) {
 	clk := newFakeClock()
 	cfg.clock = clk
 	h, _ := startHeartbeat(t, cfg)
+	rowHolds := func() bool {
+		t.Helper()
+		var b bool
+		if err := pool.QueryRow(ctx, `SELECT holds_alive_lock FROM liveness.instances WHERE instance_id = $1`,
+			cfg.InstanceID).Scan(&b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
 
 	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
 		t.Fatalf("held: the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
+	}
+	if !rowHolds() {
+		t.Fatal("holds_alive_lock is false after a beat with the lock held")
 	}
 	lock.set(false) // the clock does not move: only the loss can cause a beat
 	if got := clk.next(t); got != DefaultHeartbeatInterval {
@@ -340,11 +353,48 @@ func TestHeartbeatBeatsAtOnceOnLockLoss(t *testing.T) {
 	if s := h.Stats(); s.Beats != 2 {
 		t.Fatalf("Beats = %d after the loss, want 2: the loss must trigger a beat at once", s.Beats)
 	}
-	lock.set(true)
-	clk.quiet(t, "a claim must not trigger a beat")
-	clk.Advance(DefaultHeartbeatInterval)
+	if rowHolds() {
+		t.Fatal("holds_alive_lock is still true after the loss's beat: no proof of life was recorded")
+	}
+	lock.set(true) // again without moving the clock
 	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
-		t.Fatalf("on the tick after the claim the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
+		t.Fatalf("after the claim the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
+	}
+	if s := h.Stats(); s.Beats != 3 || !rowHolds() {
+		t.Fatalf("Beats = %d, holds_alive_lock = %v after the claim; want 3 and true", s.Beats, rowHolds())
+	}
+}
+
+// TestHeartbeatProofRetriesFast: when a beat that must prove life fails, it is retried
+// every proofRetry, not after the ordinary back-off, because observers call the instance
+// dead once its lock grace runs out.
+func TestHeartbeatProofRetriesFast(t *testing.T) {
+	ctx := livenessTestCtx(t)
+	db, pool := livenessDB(t, ctx)
+	lock := newNotifyingLock(true)
+	cfg := testHeartbeatConfig(pool, lock)
+	clk := newFakeClock()
+	cfg.clock = clk
+	h, _ := startHeartbeat(t, cfg)
+	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
+		t.Fatalf("held: the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
+	}
+	db.Exec(t, `ALTER TABLE liveness.instances RENAME TO instances_away`)
+	lock.set(false)
+	for i := range 3 {
+		if got := clk.next(t); got != proofRetry {
+			t.Fatalf("proof retry %d after %s, want %s", i+1, got, proofRetry)
+		}
+		if i == 2 {
+			db.Exec(t, `ALTER TABLE liveness.instances_away RENAME TO instances`)
+		}
+		clk.Advance(proofRetry)
+	}
+	if got := clk.next(t); got != DefaultHeartbeatInterval {
+		t.Fatalf("after the proof landed the worker waits %s, want the fast %s", got, DefaultHeartbeatInterval)
+	}
+	if s := h.Stats(); s.Failures != 3 || s.Beats != 2 {
+		t.Fatalf("Stats = %+v, want 3 failures and 2 beats", s)
 	}
 }
 

@@ -151,6 +151,9 @@ func TestNegativeKeysWork(t *testing.T) {
 	if !found {
 		t.Fatal("no id with a negative key and negative halves among 1000")
 	}
+	// A heartbeat past the threshold, so only the lock can make it alive.
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at)
+		VALUES ($1, 'svc', now() - interval '1 minute')`, id)
 	c := db.Conn(t)
 	if !queryBool(t, c, `SELECT liveness.claim_instance_alive_lock($1)`, id) {
 		t.Fatal("claim failed")
@@ -162,14 +165,15 @@ func TestNegativeKeysWork(t *testing.T) {
 
 func TestIsInstanceAlive(t *testing.T) {
 	db, pool := migrated(t)
-	lockOnly, hbOnly, both, neither, stale := uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New()
+	lockOnly, hbOnly, both, neither, stale, zombie := uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New()
 	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at) VALUES
-		($1, 'svc', now() - interval '10 minutes'),
+		($1, 'svc', now() - interval '2 minutes'),
 		($2, 'svc', now() - interval '5 seconds'),
 		($3, 'svc', now()),
-		($4, 'svc', now() - interval '31 seconds')`, lockOnly, hbOnly, both, stale)
+		($4, 'svc', now() - interval '31 seconds'),
+		($5, 'svc', now() - interval '10 minutes')`, lockOnly, hbOnly, both, stale, zombie)
 	c := db.Conn(t)
-	for _, id := range []uuid.UUID{lockOnly, both} {
+	for _, id := range []uuid.UUID{lockOnly, both, zombie} {
 		if !queryBool(t, c, `SELECT liveness.claim_instance_alive_lock($1)`, id) {
 			t.Fatal("claim failed")
 		}
@@ -183,6 +187,8 @@ func TestIsInstanceAlive(t *testing.T) {
 		"both":                     {both, true},
 		"neither (no row)":         {neither, false},
 		"heartbeat older than 30s": {stale, false},
+		// Rows without timing of their own get the 5-minute definitive-dead cutoff.
+		"lock held, heartbeat past the definitive-dead cutoff": {zombie, false},
 	} {
 		if got := queryBool(t, pool, `SELECT liveness.is_instance_alive($1, 30)`, tc.id); got != tc.want {
 			t.Errorf("%s: is_instance_alive = %v, want %v", name, got, tc.want)

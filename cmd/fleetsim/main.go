@@ -34,7 +34,6 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	cfg := fleetsim.DefaultConfig()
 	var (
 		dsnFlag, services, leases string
-		definitiveDead            time.Duration
 		killAfter, hangAfter      time.Duration
 		reportEvery               time.Duration
 		maxConns                  int
@@ -54,7 +53,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	app.Flag("heartbeat-interval", "Fast heartbeat cadence.").Default(cfg.HeartbeatInterval.String()).DurationVar(&cfg.HeartbeatInterval)
 	app.Flag("heartbeat-slow-interval", "Heartbeat cadence while the alive lock is held.").Default(cfg.HeartbeatSlowInterval.String()).DurationVar(&cfg.HeartbeatSlowInterval)
 	app.Flag("stale-threshold", "Heartbeat age after which an instance is stale; use the exporter's --agent.stale-threshold.").Default(cfg.StaleThreshold.String()).DurationVar(&cfg.StaleThreshold)
-	app.Flag("definitive-dead-cutoff", "Heartbeat age after which a lock holder is a zombie; use the exporter's --agent.definitive-dead-cutoff. Only for the status report.").Default("45s").DurationVar(&definitiveDead)
+	app.Flag("definitive-dead-cutoff", "Heartbeat age after which a lock holder is a zombie; recorded in each instance's row.").Default(cfg.DefinitiveDeadCutoff.String()).DurationVar(&cfg.DefinitiveDeadCutoff)
 	app.Flag("leases", "Comma-separated names of the leased singleton jobs every instance competes for; empty for none.").Default(strings.Join(cfg.Leases, ",")).StringVar(&leases)
 	app.Flag("lease-ttl", "TTL of the job leases; renewed every ttl/4.").Default(cfg.LeaseTTL.String()).DurationVar(&cfg.LeaseTTL)
 	app.Flag("job-duration", "How long a job holds its lease (±50%).").Default(cfg.JobDuration.String()).DurationVar(&cfg.JobDuration)
@@ -86,8 +85,8 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	}
 	cfg.MaxConns = int32(maxConns)
 	cfg.Logger = logger
-	if definitiveDead <= cfg.StaleThreshold {
-		fmt.Fprintf(stderr, "fleetsim: error: --definitive-dead-cutoff (%s) must be above --stale-threshold (%s)\n", definitiveDead, cfg.StaleThreshold)
+	if cfg.DefinitiveDeadCutoff <= cfg.StaleThreshold {
+		fmt.Fprintf(stderr, "fleetsim: error: --definitive-dead-cutoff (%s) must be above --stale-threshold (%s)\n", cfg.DefinitiveDeadCutoff, cfg.StaleThreshold)
 		return 2
 	}
 	// Faults go to the last lock-holding instances; the others stay alive.
@@ -148,12 +147,12 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 					"instance", hangIdx, "instance_id", fleet.Instances()[hangIdx].ID)
 			}
 		case <-report:
-			logReport(ctx, fleet, logger, cfg.StaleThreshold, definitiveDead)
+			logReport(ctx, fleet, logger)
 		}
 	}
 }
 
-func logReport(ctx context.Context, fleet *fleetsim.Fleet, logger *slog.Logger, stale, dead time.Duration) {
+func logReport(ctx context.Context, fleet *fleetsim.Fleet, logger *slog.Logger) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	statuses, err := fleet.Statuses(qctx)
@@ -164,7 +163,10 @@ func logReport(ctx context.Context, fleet *fleetsim.Fleet, logger *slog.Logger, 
 	counts := map[string]int{}
 	var parts []string
 	for _, s := range statuses {
-		state := s.ObservedState(stale, dead)
+		state := string(s.Observed)
+		if !s.Row {
+			state = "gone"
+		}
 		counts[state]++
 		parts = append(parts, fmt.Sprintf("%d:%s/%s", s.Index, s.State, state))
 	}

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
@@ -47,6 +46,7 @@ type Config struct {
 	HeartbeatInterval     time.Duration
 	HeartbeatSlowInterval time.Duration
 	StaleThreshold        time.Duration
+	DefinitiveDeadCutoff  time.Duration // recorded in each row: a hung lock holder is a zombie past it
 	VerifyInterval        time.Duration // of the alive locks
 
 	// Leases are the names of the singleton jobs every running instance competes for.
@@ -76,6 +76,7 @@ func DefaultConfig() Config {
 		HeartbeatInterval:     5 * time.Second,
 		HeartbeatSlowInterval: 10 * time.Second,
 		StaleThreshold:        20 * time.Second,
+		DefinitiveDeadCutoff:  45 * time.Second,
 		VerifyInterval:        2 * time.Second,
 		Leases:                []string{"cleanup", "alerts", "mail-checks", "uptime-runner"},
 		LeaseTTL:              8 * time.Second,
@@ -118,6 +119,7 @@ func (c *Config) defaults() error {
 	set(&c.HeartbeatInterval, d.HeartbeatInterval)
 	set(&c.HeartbeatSlowInterval, d.HeartbeatSlowInterval)
 	set(&c.StaleThreshold, d.StaleThreshold)
+	set(&c.DefinitiveDeadCutoff, max(d.DefinitiveDeadCutoff, 2*c.StaleThreshold))
 	set(&c.VerifyInterval, d.VerifyInterval)
 	set(&c.LeaseTTL, d.LeaseTTL)
 	set(&c.JobDuration, d.JobDuration)
@@ -246,7 +248,8 @@ func (f *Fleet) newInstance(i int, host string) (*instance, error) {
 		// Distinct process ids make the rows look like separate processes on one host.
 		HostName: host, ProcessID: 100000 + i, Mode: inst.info.Mode,
 		Interval: cfg.HeartbeatInterval, SlowInterval: cfg.HeartbeatSlowInterval, StaleThreshold: cfg.StaleThreshold,
-		Lock: lockSource, Metadata: map[string]any{"simulated": true, "index": i}, Logger: log,
+		DefinitiveDeadCutoff: cfg.DefinitiveDeadCutoff,
+		Lock:                 lockSource, Metadata: map[string]any{"simulated": true, "index": i}, Logger: log,
 	})
 	if err != nil {
 		return nil, err
@@ -396,11 +399,13 @@ func (f *Fleet) Kill(i int) error {
 	if err != nil {
 		return err
 	}
+	// The heartbeat stops before the session closes, as in a crash: a live process would
+	// notice its session's end and prove life with a beat.
 	inst.stopJobs()
 	inst.stopBeat()
+	<-inst.beatDone
 	inst.stopLock()
 	inst.jobs.Wait()
-	<-inst.beatDone
 	<-inst.lockDone
 	f.cfg.Logger.Info("instance killed", "instance", i, "instance_id", inst.info.ID)
 	return nil
@@ -475,69 +480,43 @@ func (f *Fleet) Stop() {
 // Status is what the database says about one instance.
 type Status struct {
 	Instance
-	Row          bool          // the instances row exists (false once reaped or removed)
-	LockHeld     bool          // <schema>.alive_lock_held
-	Alive        bool          // <schema>.is_instance_alive with the stale threshold
-	HeartbeatAge time.Duration // by the database clock; 0 without a row
+	Row          bool                   // the instances row exists (false once reaped or removed)
+	Observed     liveness.InstanceState // by instance_states, the verdict every consumer uses; "" without a row
+	LockHeld     bool                   // a session holds its alive lock
+	HeartbeatAge time.Duration          // by the database clock; 0 without a row
 }
 
-// ObservedState names the state the exporter reports for s (pg_liveness_instances'
-// state label), given the definitive-dead cutoff; "gone" once the row is deleted.
-func (s Status) ObservedState(stale, definitiveDead time.Duration) string {
-	switch {
-	case !s.Row:
-		return "gone"
-	case s.LockHeld && s.HeartbeatAge >= definitiveDead:
-		return "zombie"
-	case s.LockHeld && s.HeartbeatAge >= stale:
-		return "lock_only"
-	case s.LockHeld:
-		return "alive"
-	case s.HeartbeatAge >= stale:
-		return "stale"
-	default:
-		return "heartbeat_only"
-	}
-}
+// Alive reports whether the database calls the instance alive.
+func (s Status) Alive() bool { return s.Row && s.Observed.Alive() }
 
-// Statuses asks the database about every instance, in one round trip, through the
-// liveness functions the exporter and the reaper rely on.
+// Statuses asks the database about every instance, in one round trip, through the same
+// reader the library offers services (instance_states, the one verdict).
 func (f *Fleet) Statuses(ctx context.Context) ([]Status, error) {
-	infos := f.Instances()
-	ids := make([]uuid.UUID, len(infos))
-	for i, in := range infos {
-		ids[i] = in.ID
-	}
-	schema := pgx.Identifier{f.cfg.Schema}.Sanitize()
-	rows, err := f.pool.Query(ctx, `SELECT u.id, i.instance_id IS NOT NULL, `+schema+`.alive_lock_held(u.id),
-		       `+schema+`.is_instance_alive(u.id, $2),
-		       coalesce(extract(epoch FROM now() - i.last_heartbeat_at)::float8, 0)
-		  FROM unnest($1::uuid[]) AS u(id)
-		  LEFT JOIN `+schema+`.instances i ON i.instance_id = u.id`,
-		ids, int(f.cfg.StaleThreshold.Seconds()))
+	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: f.pool, Schema: f.cfg.Schema,
+		StaleThreshold: f.cfg.StaleThreshold, DefinitiveDeadCutoff: f.cfg.DefinitiveDeadCutoff})
 	if err != nil {
 		return nil, err
 	}
-	byID := map[uuid.UUID]Status{}
-	for rows.Next() {
-		var (
-			s   Status
-			age float64
-		)
-		if err := rows.Scan(&s.ID, &s.Row, &s.LockHeld, &s.Alive, &age); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		s.HeartbeatAge = time.Duration(age * float64(time.Second))
-		byID[s.ID] = s
-	}
-	if err := rows.Err(); err != nil {
+	var now time.Time
+	if err := f.pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 		return nil, err
 	}
+	all, err := reader.Instances(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	byID := map[uuid.UUID]liveness.InstanceStatus{}
+	for _, s := range all {
+		byID[s.InstanceID] = s
+	}
+	infos := f.Instances()
 	out := make([]Status, len(infos))
 	for i, in := range infos {
-		out[i] = byID[in.ID]
 		out[i].Instance = in
+		if s, ok := byID[in.ID]; ok {
+			out[i].Row, out[i].Observed, out[i].LockHeld = true, s.State, s.LockHeld
+			out[i].HeartbeatAge = max(now.Sub(s.LastHeartbeat), 0)
+		}
 	}
 	return out, nil
 }

@@ -97,7 +97,7 @@ func TestKillAndHang(t *testing.T) {
 		t.Fatalf("instance_alive_locks has %d rows, want the 4 lock-holding instances", locks)
 	}
 	s0 := statuses(t, f)[0]
-	if s0.Mode != liveness.ModeHeartbeatTableOnly || s0.LockHeld || !s0.Alive {
+	if s0.Mode != liveness.ModeHeartbeatTableOnly || s0.LockHeld || !s0.Alive() {
 		t.Fatalf("heartbeat-only instance: %+v, want alive by heartbeat, no lock", s0)
 	}
 	mode := ""
@@ -105,8 +105,8 @@ func TestKillAndHang(t *testing.T) {
 		t.Fatalf("heartbeat-only instance's row: mode %q, err %v", mode, err)
 	}
 
-	// Kill: the lock goes at once, the row stays, and the instance is dead once its
-	// heartbeat passes the stale threshold.
+	// Kill: the lock goes at once, the row stays, and with no proof of life the instance
+	// is dead once its lock grace has run out (the heartbeat is still fresh).
 	if err := f.Kill(4); err != nil {
 		t.Fatal(err)
 	}
@@ -114,8 +114,9 @@ func TestKillAndHang(t *testing.T) {
 	waitUntil(t, time.Second, "killed instance's lock released at once", func() bool {
 		return !statuses(t, f)[4].LockHeld
 	})
-	if s := statuses(t, f)[4]; !s.Alive || !s.Row {
-		t.Fatalf("killed instance right after the kill: %+v; want still alive by its fresh heartbeat", s)
+	if s := statuses(t, f)[4]; !s.Row || (s.Observed != liveness.StateLockLost && s.Observed != liveness.StateStale) {
+		t.Fatalf("killed instance right after the kill: %+v; want lock_lost (within its grace) or stale, "+
+			"never heartbeat_only: a dead process proves no life", s)
 	}
 	if err := f.Hang(3); err != nil {
 		t.Fatal(err)
@@ -129,14 +130,14 @@ func TestKillAndHang(t *testing.T) {
 		return statuses(t, f)[3].HeartbeatAge > stale
 	})
 	st := statuses(t, f)
-	if h := st[3]; h.State != fleetsim.Hung || !h.LockHeld || !h.Alive || h.ObservedState(stale, 10*time.Second) != "lock_only" {
+	if h := st[3]; h.State != fleetsim.Hung || !h.LockHeld || !h.Alive() || h.Observed != liveness.StateLockOnly {
 		t.Fatalf("hung instance: %+v; want lock held, alive by the lock, lock_only", h)
 	}
-	if k := st[4]; k.State != fleetsim.Killed || !k.Row || k.LockHeld || k.Alive || k.ObservedState(stale, 10*time.Second) != "stale" {
+	if k := st[4]; k.State != fleetsim.Killed || !k.Row || k.LockHeld || k.Alive() || k.Observed != liveness.StateStale {
 		t.Fatalf("killed instance: %+v; want its row left behind, no lock, stale", k)
 	}
 	for _, i := range []int{0, 1, 2} {
-		if s := st[i]; !s.Alive || s.HeartbeatAge >= stale {
+		if s := st[i]; !s.Alive() || s.HeartbeatAge >= stale {
 			t.Fatalf("instance %d should be untouched by the faults: %+v", i, s)
 		}
 	}

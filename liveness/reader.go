@@ -1,0 +1,142 @@
+package liveness
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// InstanceState is an instance's liveness state, as the migrations' instance_states
+// defines it. That SQL function is the only definition: the reaper, the exporter,
+// is_instance_alive and this reader all read it, so they always agree.
+type InstanceState string
+
+const (
+	StateAlive         InstanceState = "alive"          // lock held, heartbeat fresh
+	StateLockOnly      InstanceState = "lock_only"      // lock held, heartbeat stale (alive)
+	StateLockLost      InstanceState = "lock_lost"      // lock vanished, within the grace to prove life (alive)
+	StateHeartbeatOnly InstanceState = "heartbeat_only" // no lock, heartbeat fresh (alive)
+	StateStale         InstanceState = "stale"          // dead: heartbeat stale, or lock vanished without proof of life
+	StateZombie        InstanceState = "zombie"         // dead: lock held, heartbeat past the definitive-dead cutoff
+)
+
+// Alive reports whether the state counts as alive.
+func (s InstanceState) Alive() bool {
+	switch s {
+	case StateAlive, StateLockOnly, StateLockLost, StateHeartbeatOnly:
+		return true
+	}
+	return false
+}
+
+// ErrInstanceNotFound is returned by Reader.Instance for an id without a row: never
+// registered, removed on shutdown, or reaped as dead.
+var ErrInstanceNotFound = errors.New("liveness: instance not found")
+
+// Querier runs a query: *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx are ones.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// ReaderConfig configures a Reader.
+type ReaderConfig struct {
+	DB     Querier
+	Schema string // DefaultSchema if empty
+
+	// The timing for rows that record none (rows written by other software); rows
+	// written by a HeartbeatWorker are judged by their own. DefaultStaleThreshold and
+	// DefaultDefinitiveDeadCutoff if zero.
+	StaleThreshold       time.Duration
+	DefinitiveDeadCutoff time.Duration
+}
+
+// Reader answers "is instance X alive?" and "which instances of service Y are alive?"
+// from instance_states. Each call is one statement; it holds no connection in between.
+type Reader struct {
+	db          Querier
+	sql         string
+	stale, dead float64 // seconds
+}
+
+// InstanceStatus is one instance as the database judges it now.
+type InstanceStatus struct {
+	InstanceID    uuid.UUID
+	ServiceName   string
+	HostName      string
+	ProcessID     int
+	State         InstanceState
+	LockHeld      bool      // a session holds its alive lock (always false on a standby)
+	LastHeartbeat time.Time // by the database clock
+}
+
+// Alive reports whether the instance is alive by the one verdict.
+func (s InstanceStatus) Alive() bool { return s.State.Alive() }
+
+// readerSQL reads instance_states joined to the rows' identity. $1 and $2 the fallback
+// stale threshold and definitive-dead cutoff in seconds, $3 one instance id or NULL, $4 a
+// service name or NULL.
+const readerSQL = `/* pg_liveness:read_instances */ SELECT s.instance_id, s.service_name, i.host_name, i.process_id,
+       s.state, coalesce(s.lock_held, false), s.last_heartbeat_at
+  FROM {schema}.instance_states(make_interval(secs => $1::float8), make_interval(secs => $2::float8), $3::uuid) s
+  JOIN {schema}.instances i ON i.instance_id = s.instance_id
+ WHERE $4::text IS NULL OR s.service_name = $4::text
+ ORDER BY s.service_name, s.instance_id`
+
+// NewReader validates cfg. Errors name the ReaderConfig field.
+func NewReader(cfg ReaderConfig) (*Reader, error) {
+	if cfg.DB == nil {
+		return nil, errors.New("liveness: ReaderConfig.DB must not be nil")
+	}
+	stale := cmp.Or(cfg.StaleThreshold, DefaultStaleThreshold)
+	dead := cmp.Or(cfg.DefinitiveDeadCutoff, DefaultDefinitiveDeadCutoff)
+	if stale < 0 {
+		return nil, fmt.Errorf("liveness: ReaderConfig.StaleThreshold (%s) must not be negative", stale)
+	}
+	if dead <= stale {
+		return nil, fmt.Errorf("liveness: ReaderConfig.DefinitiveDeadCutoff (%s) must be above ReaderConfig.StaleThreshold (%s)", dead, stale)
+	}
+	return &Reader{db: cfg.DB, sql: sqlFor(cfg.Schema, readerSQL), stale: stale.Seconds(), dead: dead.Seconds()}, nil
+}
+
+// Instance returns one instance's status, or ErrInstanceNotFound.
+func (r *Reader) Instance(ctx context.Context, id uuid.UUID) (InstanceStatus, error) {
+	out, err := r.read(ctx, &id, nil)
+	if err != nil {
+		return InstanceStatus{}, err
+	}
+	if len(out) == 0 {
+		return InstanceStatus{}, fmt.Errorf("%w: %s", ErrInstanceNotFound, id)
+	}
+	return out[0], nil
+}
+
+// Instances returns the instances of one service (every service when service is empty),
+// ordered by service and id, dead ones included until they are reaped.
+func (r *Reader) Instances(ctx context.Context, service string) ([]InstanceStatus, error) {
+	var svc *string
+	if service != "" {
+		svc = &service
+	}
+	return r.read(ctx, nil, svc)
+}
+
+func (r *Reader) read(ctx context.Context, id *uuid.UUID, service *string) ([]InstanceStatus, error) {
+	rows, err := r.db.Query(ctx, r.sql, r.stale, r.dead, id, service)
+	if err != nil {
+		return nil, fmt.Errorf("liveness: read instances: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (InstanceStatus, error) {
+		var s InstanceStatus
+		err := row.Scan(&s.InstanceID, &s.ServiceName, &s.HostName, &s.ProcessID, &s.State, &s.LockHeld, &s.LastHeartbeat)
+		return s, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("liveness: read instances: %w", err)
+	}
+	return out, nil
+}
