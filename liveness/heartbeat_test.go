@@ -186,18 +186,7 @@ func (c *fakeClock) next(t *testing.T) time.Duration {
 	}
 }
 
-// quiet checks that the worker starts no wait (so it did not beat) for a while.
-func (c *fakeClock) quiet(t *testing.T, what string) {
-	t.Helper()
-	select {
-	case d := <-c.requests:
-		t.Fatalf("%s: the heartbeat beat and chose a %s wait", what, d)
-	case <-time.After(200 * time.Millisecond):
-	}
-}
-
-// fakeLock is a LockSource without change notification, like the lock source the first
-// field report's worker polled.
+// fakeLock is a LockSource without change notification: the worker only polls it.
 type fakeLock struct{ held atomic.Bool }
 
 func (l *fakeLock) Held() bool { return l.held.Load() }
