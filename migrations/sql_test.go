@@ -281,3 +281,62 @@ func TestLeaseIsHeldRejectsOldEpoch(t *testing.T) {
 		t.Fatal("lease_is_held is true for an expired lease")
 	}
 }
+
+// TestInstanceStatesWritesNothingWhenNothingChanges: instance_states stamps a vanished
+// lock once and clears the stamp once the lock is back; with nothing changing it writes
+// nothing at all. A transaction that writes (or row-locks) anything is assigned a
+// transaction id, so pg_current_xact_id_if_assigned() after the call tells exactly.
+func TestInstanceStatesWritesNothingWhenNothingChanges(t *testing.T) {
+	db, pool := migrated(t)
+	ids := make([]uuid.UUID, 50)
+	for i := range ids {
+		ids[i] = uuid.New()
+	}
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, holds_alive_lock)
+		SELECT id, 'svc', true FROM unnest($1::uuid[]) AS id`, ids)
+	holder := db.Conn(t)
+	for _, id := range ids[1:] { // ids[0]'s lock has vanished: its process died
+		if !queryBool(t, holder, `SELECT liveness.claim_instance_alive_lock($1)`, id) {
+			t.Fatal("claim failed")
+		}
+	}
+	// wrote runs instance_states in a transaction of its own and reports whether that
+	// transaction wrote anything.
+	wrote := func() bool {
+		t.Helper()
+		tx, err := pool.Begin(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctxT(t)) }()
+		var n int
+		var xid *string
+		if err := tx.QueryRow(ctxT(t), `SELECT count(*) FROM liveness.instance_states()`).Scan(&n); err != nil || n != len(ids) {
+			t.Fatalf("instance_states: %d rows, %v", n, err)
+		}
+		if err := tx.QueryRow(ctxT(t), `SELECT pg_current_xact_id_if_assigned()::text`).Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+		return xid != nil
+	}
+	if !wrote() {
+		t.Fatal("the first look at a vanished lock wrote no stamp")
+	}
+	for i := range 3 {
+		if wrote() {
+			t.Fatalf("look %d with nothing changed wrote something", i+2)
+		}
+	}
+	if !queryBool(t, holder, `SELECT liveness.claim_instance_alive_lock($1)`, ids[0]) {
+		t.Fatal("claim failed")
+	}
+	if !wrote() {
+		t.Fatal("the stamp of a lock that came back was not cleared")
+	}
+	if wrote() {
+		t.Fatal("a look with every lock held wrote something")
+	}
+}
