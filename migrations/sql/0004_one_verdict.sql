@@ -70,6 +70,12 @@ CREATE FUNCTION instance_states(
                    lock_held boolean, last_heartbeat_at timestamptz)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path FROM CURRENT
+    -- A generic plan cannot see that p_instance_id is NULL, and may then nest-loop every
+    -- instance over every lock: a thousand times slower at 10,000 instances.
+    SET plan_cache_mode = force_custom_plan
+    -- The per-row stamp lookup inflates the cost estimate past jit_above_cost, and JIT
+    -- compiling the plan takes 40 times longer than running it.
+    SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -93,8 +99,8 @@ BEGIN
                    coalesce(i.stale_threshold, p_stale_threshold) AS stale,
                    coalesce(i.definitive_dead_cutoff, p_definitive_dead_cutoff) AS dead,
                    coalesce(i.lock_grace, interval '1 second') AS grace,
-                   EXISTS (SELECT 1 FROM bigint_advisory_locks l
-                            WHERE l.granted AND l.classid = i.lock_classid AND l.objid = i.lock_objid) AS locked
+                   (i.lock_classid, i.lock_objid) IN (SELECT l.classid, l.objid FROM bigint_advisory_locks l
+                                                       WHERE l.granted) AS locked
               FROM instances i
              WHERE p_instance_id IS NULL OR i.instance_id = p_instance_id)
         SELECT c.instance_id, c.service_name, s.state,
@@ -106,24 +112,25 @@ BEGIN
         RETURN;
     END IF;
 
+    -- Only instances whose row says held while no session holds the lock need their
+    -- absence stamp, so the stamps are read per such row, never joined to every row.
     RETURN QUERY
-    WITH locks AS MATERIALIZED (
-        SELECT DISTINCT l.classid, l.objid FROM bigint_advisory_locks l WHERE l.granted),
-    cur AS MATERIALIZED (
+    WITH cur AS MATERIALIZED (
         SELECT i.instance_id, i.service_name, i.last_heartbeat_at, i.holds_alive_lock,
                coalesce(i.stale_threshold, p_stale_threshold) AS stale,
                coalesce(i.definitive_dead_cutoff, p_definitive_dead_cutoff) AS dead,
                coalesce(i.lock_grace, interval '1 second') AS grace,
-               l.classid IS NOT NULL AS locked
+               -- A hashed subplan: pg_locks is read once and probed per instance.
+               (i.lock_classid, i.lock_objid) IN (SELECT l.classid, l.objid FROM bigint_advisory_locks l
+                                                   WHERE l.granted) AS locked
           FROM instances i
-          LEFT JOIN locks l ON l.classid = i.lock_classid AND l.objid = i.lock_objid
          WHERE p_instance_id IS NULL OR i.instance_id = p_instance_id),
-    missing AS (
+    missing AS MATERIALIZED (
         SELECT c.instance_id FROM cur c WHERE c.holds_alive_lock AND NOT c.locked),
-    known AS (
-        SELECT a.instance_id, a.missing_since FROM alive_lock_absences a
-         WHERE a.server_started_at = v_started
-           AND (p_instance_id IS NULL OR a.instance_id = p_instance_id)),
+    known AS MATERIALIZED (
+        SELECT a.instance_id, a.missing_since
+          FROM alive_lock_absences a JOIN missing m ON m.instance_id = a.instance_id
+         WHERE a.server_started_at = v_started),
     stamped AS (
         INSERT INTO alive_lock_absences AS a (instance_id, missing_since, server_started_at)
         SELECT m.instance_id, v_now, v_started FROM missing m
@@ -135,15 +142,20 @@ BEGIN
         DELETE FROM alive_lock_absences a
          WHERE (p_instance_id IS NULL OR a.instance_id = p_instance_id)
            AND NOT EXISTS (SELECT 1 FROM missing m WHERE m.instance_id = a.instance_id)
-        RETURNING 1)
+        RETURNING 1),
+    since AS (
+        SELECT k.instance_id, k.missing_since FROM known k
+        UNION ALL
+        SELECT n.instance_id, n.missing_since FROM stamped n)
     SELECT c.instance_id, c.service_name, s.state,
            s.state IN ('alive', 'lock_only', 'lock_lost', 'heartbeat_only'), c.locked, c.last_heartbeat_at
       FROM cur c
-      LEFT JOIN known k ON k.instance_id = c.instance_id
-      LEFT JOIN stamped n ON n.instance_id = c.instance_id
      CROSS JOIN LATERAL (SELECT instance_state_rule(c.locked, c.holds_alive_lock, v_now - c.last_heartbeat_at,
                                                     c.stale, c.dead,
-                                                    v_now - coalesce(n.missing_since, k.missing_since),
+                                                    CASE WHEN c.holds_alive_lock AND NOT c.locked
+                                                         THEN v_now - (SELECT max(x.missing_since) FROM since x
+                                                                        WHERE x.instance_id = c.instance_id)
+                                                    END,
                                                     c.grace) AS state) s;
 END
 $$;
