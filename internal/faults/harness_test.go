@@ -90,7 +90,7 @@ func writeReport(path string) error {
 	results.Lock()
 	sc := append([]Scenario(nil), results.scenarios...)
 	results.Unlock()
-	sort.Slice(sc, func(i, j int) bool { return sc[i].Number < sc[j].Number })
+	sort.SliceStable(sc, func(i, j int) bool { return sc[i].Number < sc[j].Number || sc[i].Number == sc[j].Number && sc[i].Name < sc[j].Name })
 	r := Report{Generated: time.Now(), Machine: machine(), Scenarios: sc}
 	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
 		r.Revision = strings.TrimSpace(string(out))
@@ -208,6 +208,9 @@ type env struct {
 
 func newEnv(t *testing.T, opts ...pgtest.ServerOption) *env {
 	t.Helper()
+	// Commits must survive an immediate shutdown, as they do in production: the harness
+	// default (synchronous_commit=off) would lose the last rows written before it.
+	opts = append([]pgtest.ServerOption{pgtest.WithSetting("synchronous_commit", "on")}, opts...)
 	srv := pgtest.NewServer(t, opts...)
 	db := pgtest.NewDBOn(t, srv)
 	prepare(t, db.DSN)
