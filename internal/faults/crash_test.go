@@ -93,7 +93,10 @@ func TestCrash(t *testing.T) {
 			okLock, okSQL, okExp, okReap, okTake          bool
 		)
 		waitSeen(trialWindow,
-			func() bool { lockGone, okLock = s.firstSQL(t0, func(smp sqlSample) bool { return !smp.Inst[id].Locked }); return okLock },
+			func() bool {
+				lockGone, okLock = s.firstSQL(t0, func(smp sqlSample) bool { return !smp.Inst[id].Locked })
+				return okLock
+			},
 			func() bool { sqlDead, okSQL = s.firstSQL(t0, instDead(id)); return okSQL },
 			func() bool { expDeadT, okExp = s.firstExp(t0, expDead(svc)); return okExp },
 			func() bool {

@@ -90,7 +90,9 @@ func writeReport(path string) error {
 	results.Lock()
 	sc := append([]Scenario(nil), results.scenarios...)
 	results.Unlock()
-	sort.SliceStable(sc, func(i, j int) bool { return sc[i].Number < sc[j].Number || sc[i].Number == sc[j].Number && sc[i].Name < sc[j].Name })
+	sort.SliceStable(sc, func(i, j int) bool {
+		return sc[i].Number < sc[j].Number || sc[i].Number == sc[j].Number && sc[i].Name < sc[j].Name
+	})
 	r := Report{Generated: time.Now(), Machine: machine(), Scenarios: sc}
 	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
 		r.Revision = strings.TrimSpace(string(out))

@@ -63,7 +63,10 @@ func TestHalfOpenPartition(t *testing.T) {
 			return 0, false
 		}
 		waitSeen(window,
-			func() bool { freed, okFreed = s.firstSQL(t0, func(smp sqlSample) bool { return !smp.Inst[id].Locked }); return okFreed },
+			func() bool {
+				freed, okFreed = s.firstSQL(t0, func(smp sqlSample) bool { return !smp.Inst[id].Locked })
+				return okFreed
+			},
 			func() bool {
 				leaseDistrust, okLease = firstEvent(victim.proc, "lost", func(event) bool { return true })
 				return okLease

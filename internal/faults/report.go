@@ -56,10 +56,10 @@ type Scenario struct {
 type Quantity struct {
 	Name   string
 	Values []time.Duration // one per trial in which it was observed
-	Missed int            // trials in which it was not observed within Window
-	Window time.Duration  // how long a trial waited for it
-	Bound  string         // the promise it is checked against, or "" when only reported
-	Met    bool           // whether the bound held (meaningless when Bound is "")
+	Missed int             // trials in which it was not observed within Window
+	Window time.Duration   // how long a trial waited for it
+	Bound  string          // the promise it is checked against, or "" when only reported
+	Met    bool            // whether the bound held (meaningless when Bound is "")
 }
 
 // Median and Worst count a missed trial as slower than every observed one.

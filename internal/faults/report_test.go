@@ -29,7 +29,7 @@ func TestReportMarkdown(t *testing.T) {
 				FalseDead: 0, DoubleHolders: 0, StaleEpochWrites: 0, Notes: []string{"a note"}},
 			{Number: 8, Name: "TestLeaseContention", Title: "Contention", Trials: 1,
 				Quantities: []Quantity{{Name: "rounds", Values: ms(5000), Window: time.Minute}},
-				FalseDead: -1, DoubleHolders: 2, StaleEpochWrites: 3},
+				FalseDead:  -1, DoubleHolders: 2, StaleEpochWrites: 3},
 		},
 	}
 	var b strings.Builder
