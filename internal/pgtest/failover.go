@@ -84,7 +84,7 @@ func StartReplica(primary *Server, opts ...ServerOption) (*Server, error) {
 	}
 	cmd := exec.Command(filepath.Join(s.bindir, "pg_basebackup"),
 		"-D", s.dataDir(), "-h", primary.SocketDir(), "-p", strconv.Itoa(primary.Port),
-		"-U", Superuser, "-R", "-X", "stream", "--no-sync")
+		"-U", Superuser, "-R", "-X", "stream", "--no-sync", "--checkpoint=fast")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
 	if out, err := cmd.CombinedOutput(); err != nil {
