@@ -6,8 +6,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 // jobLeaseTTL is the ttl of the job lease the victims hold: 10 s, the order of
@@ -27,11 +25,6 @@ func waitSeen(window time.Duration, checks ...func() bool) {
 		}
 		return true
 	})
-}
-
-// holdsLock is a SQL-sample predicate: id's alive lock is granted.
-func holdsLock(id uuid.UUID) func(sqlSample) bool {
-	return func(smp sqlSample) bool { return smp.Inst[id].Locked }
 }
 
 // waitHealthy waits until the sampler sees every instance of a holding its lock, alive by

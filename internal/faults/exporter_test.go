@@ -138,7 +138,10 @@ func TestReadOnlyDatabase(t *testing.T) {
 		execSQL(t, e.dsn, "ALTER SYSTEM SET default_transaction_read_only = on")
 		execSQL(t, e.dsn, "SELECT pg_reload_conf()")
 		var seen time.Duration
-		ok := poll(window, func() bool { seen = time.Since(t0); return metric("pg_liveness_agent_heartbeat_failures_total") > failures })
+		ok := poll(window, func() bool {
+			seen = time.Since(t0)
+			return metric("pg_liveness_agent_heartbeat_failures_total") > failures
+		})
 		sc.observe("agent reports heartbeat failures", window, seen, ok)
 		time.Sleep(readOnlyFor - min(readOnlyFor, time.Since(t0)))
 		if !a.Running() {

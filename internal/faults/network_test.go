@@ -110,7 +110,7 @@ func TestHalfOpenPartition(t *testing.T) {
 }
 
 // TestNetworkBlip drops the agent's packets for 5 s and restores them: nothing may call
-// it dead, and it must keep the lease it held, whose ttl (%s) did not run out.
+// it dead, and it must keep the lease it held, whose ttl did not run out.
 func TestNetworkBlip(t *testing.T) {
 	const blip = 5 * time.Second
 	sc := newScenario(t, 4, "Network blip (packets dropped for 5 s)",
