@@ -4,7 +4,7 @@ BINARY      ?= pg_liveness_exporter
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 TEST_FLAGS  ?= -race -count=1 -timeout 30m
 
-.PHONY: all build test lint run bench clean
+.PHONY: all build test lint run bench clean faults
 
 all: lint test build
 
@@ -26,6 +26,11 @@ lint:
 # for the PG_LIVENESS_* overrides.
 run:
 	GO=$(GO) ./scripts/run.sh
+
+# The fault suite: every scenario FAULT_TRIALS times (default 10), then docs/failover.md
+# is rewritten from the measurements. Needs root for the network-namespace scenarios.
+faults:
+	$(GO) test -count=1 -timeout 60m ./internal/faults/ -args -faults.trials=$${FAULT_TRIALS:-10} -faults.report=$(CURDIR)/docs/failover.md
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m ./...

@@ -1,0 +1,96 @@
+package main
+
+// Every call into the liveness package is in this file, so that a change of the library's
+// API touches only here.
+
+import (
+	"context"
+	"flag"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+)
+
+type leaseHandle = liveness.Lease
+
+// timing mirrors the exporter's --agent.* flags, with the same names and defaults, so the
+// suite can start this program with exactly the flags it reads from the exporter's help.
+type timing struct {
+	interval, slowInterval, stale, definitiveDead time.Duration
+	keepIdle, keepInterval, userTimeout           time.Duration
+	keepCount                                     int
+	reaper                                        bool
+	reaperInterval, reaperTTL                     time.Duration
+}
+
+func (t *timing) addFlags() {
+	flag.DurationVar(&t.interval, "agent.heartbeat-interval", 30*time.Second, "fast heartbeat cadence")
+	flag.DurationVar(&t.slowInterval, "agent.heartbeat-slow-interval", 60*time.Second, "slow heartbeat cadence")
+	flag.DurationVar(&t.stale, "agent.stale-threshold", 90*time.Second, "stale threshold")
+	flag.DurationVar(&t.definitiveDead, "agent.definitive-dead-cutoff", 5*time.Minute, "definitive-dead cutoff")
+	flag.DurationVar(&t.keepIdle, "agent.tcp-keepalive-idle", 10*time.Second, "server-side tcp_keepalives_idle")
+	flag.DurationVar(&t.keepInterval, "agent.tcp-keepalive-interval", 5*time.Second, "server-side tcp_keepalives_interval")
+	flag.IntVar(&t.keepCount, "agent.tcp-keepalive-count", 3, "server-side tcp_keepalives_count")
+	flag.DurationVar(&t.userTimeout, "agent.tcp-user-timeout", 30*time.Second, "server-side tcp_user_timeout")
+	flag.BoolVar(&t.reaper, "agent.reaper", true, "run the reaper")
+	flag.DurationVar(&t.reaperInterval, "agent.reaper-interval", 30*time.Second, "reaper cadence")
+	flag.DurationVar(&t.reaperTTL, "agent.reaper-lease-ttl", 2*time.Minute, "reaper lease ttl")
+}
+
+// participant is one instance's use of the library: an Agent (alive lock, heartbeat,
+// reaper) and its Leases, or Leases alone with --agent=false.
+type participant struct {
+	agent  *liveness.Agent
+	leases *liveness.Leases
+}
+
+func newParticipant(c config, id uuid.UUID, service string, pool *pgxpool.Pool, logger *slog.Logger) (*participant, error) {
+	if !c.agent {
+		leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Schema: c.schema, Logger: logger})
+		return &participant{leases: leases}, err
+	}
+	host, _ := os.Hostname()
+	agent, err := liveness.NewAgent(liveness.AgentConfig{
+		Pool:                  pool,
+		DirectDSN:             c.directDSN,
+		Schema:                c.schema,
+		InstanceID:            id,
+		ServiceName:           service,
+		HostName:              host,
+		ProcessID:             os.Getpid(),
+		Mode:                  liveness.ModeAdvisoryLockWhenAvailable,
+		HeartbeatInterval:     c.timing.interval,
+		HeartbeatSlowInterval: c.timing.slowInterval,
+		StaleThreshold:        c.timing.stale,
+		DefinitiveDeadCutoff:  c.timing.definitiveDead,
+		KeepaliveIdle:         c.timing.keepIdle,
+		KeepaliveInterval:     c.timing.keepInterval,
+		KeepaliveCount:        c.timing.keepCount,
+		UserTimeout:           c.timing.userTimeout,
+		Reaper:                c.timing.reaper,
+		ReaperInterval:        c.timing.reaperInterval,
+		ReaperLeaseTTL:        c.timing.reaperTTL,
+		Logger:                logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &participant{agent: agent, leases: agent.Leases()}, nil
+}
+
+func (p *participant) run(ctx context.Context) {
+	if p.agent == nil {
+		<-ctx.Done()
+		return
+	}
+	if err := p.agent.Run(ctx); err != nil {
+		slog.Default().Error("agent stopped", "err", err)
+	}
+}
+
+func (p *participant) lockHeld() bool { return p.agent.Snapshot().AliveLock.Held }

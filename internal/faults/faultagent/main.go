@@ -1,0 +1,283 @@
+// Command faultagent is the fault suite's victim and competitor: one or more live
+// instances built from the liveness package (alive lock, heartbeat, optional reaper),
+// each competing for a named lease in a loop and, while it holds the lease, writing to a
+// fencing log under lease_is_held(name, epoch).
+//
+// It reports what it does as JSON lines on stderr, one object per event, with "ev" naming
+// the event and "t" the wall-clock time in Unix nanoseconds:
+//
+//	ready     the instances are built and running
+//	acquired  an instance took the lease (epoch)
+//	lost      its lease context ended while it meant to keep it (cause)
+//	released  it gave the lease back after --lease.hold
+//	rejected  a fenced write found the lease not held under its epoch
+//	lock      the instance's own view of its alive lock changed (held)
+//
+// The library's own log lines go to stderr as JSON too; they carry "msg", not "ev".
+//
+// SIGUSR1 holds every connection of each instance's pool busy for --busy-for, as a
+// service whose pool is exhausted by long transactions. SIGTERM and SIGINT shut down
+// cleanly.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+type config struct {
+	dsn, directDSN, schema string
+	service                string
+	instances              int
+	maxConns               int
+	agent                  bool
+	timing                 timing
+
+	lease      string
+	leaseTTL   time.Duration
+	hold       time.Duration // 0: hold until lost or shut down
+	retry      time.Duration
+	writeEvery time.Duration
+	fenceTable string
+	busyFor    time.Duration
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.dsn, "dsn", "", "DSN of the pool (heartbeat, leases, fenced writes)")
+	flag.StringVar(&c.directDSN, "direct-dsn", "", "DSN of the alive lock's connection; default: --dsn")
+	flag.StringVar(&c.schema, "schema", "liveness", "schema of the liveness objects")
+	flag.StringVar(&c.service, "service", "faultagent", "service name; with --instances above 1, instance i gets <service>-<i>")
+	flag.IntVar(&c.instances, "instances", 1, "instances run by this process")
+	flag.IntVar(&c.maxConns, "max-conns", 2, "pool size of each instance")
+	flag.BoolVar(&c.agent, "agent", true, "run the alive lock, heartbeat and reaper; --agent=false competes for the lease only")
+	c.timing.addFlags()
+	flag.StringVar(&c.lease, "lease", "", "lease to compete for; empty: none")
+	flag.DurationVar(&c.leaseTTL, "lease.ttl", 10*time.Second, "lease ttl")
+	flag.DurationVar(&c.hold, "lease.hold", 0, "give the lease back after holding it this long; 0 keeps it")
+	flag.DurationVar(&c.retry, "lease.retry", 150*time.Millisecond, "pause between attempts to take the lease")
+	flag.DurationVar(&c.writeEvery, "lease.write-every", 50*time.Millisecond, "fenced write cadence while holding the lease")
+	flag.StringVar(&c.fenceTable, "fence-table", "public.fence_log", "fencing log table (lease, epoch, writer)")
+	flag.DurationVar(&c.busyFor, "busy-for", 10*time.Second, "how long SIGUSR1 keeps the pool busy")
+	flag.Parse()
+	if c.dsn == "" {
+		fmt.Fprintln(os.Stderr, "faultagent: --dsn is required")
+		os.Exit(2)
+	}
+	if c.directDSN == "" {
+		c.directDSN = c.dsn
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, c); err != nil {
+		fmt.Fprintln(os.Stderr, "faultagent:", err)
+		os.Exit(1)
+	}
+}
+
+// events writes the JSON event lines; one mutex keeps lines whole.
+var events = struct {
+	sync.Mutex
+	enc *json.Encoder
+}{enc: json.NewEncoder(os.Stderr)}
+
+func emit(ev string, inst uuid.UUID, kv ...any) {
+	m := map[string]any{"t": time.Now().UnixNano(), "ev": ev, "inst": inst.String()}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i].(string)] = kv[i+1]
+	}
+	events.Lock()
+	defer events.Unlock()
+	_ = events.enc.Encode(m)
+}
+
+func run(ctx context.Context, c config) error {
+	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	busy := make(chan os.Signal, 1)
+	signal.Notify(busy, syscall.SIGUSR1)
+	defer signal.Stop(busy)
+
+	var insts []*instance
+	for i := 0; i < c.instances; i++ {
+		service := c.service
+		if c.instances > 1 {
+			service = fmt.Sprintf("%s-%d", c.service, i)
+		}
+		in, err := newInstance(ctx, c, service, logger)
+		if err != nil {
+			for _, in := range insts {
+				in.pool.Close()
+			}
+			return err
+		}
+		insts = append(insts, in)
+	}
+	var wg sync.WaitGroup
+	for _, in := range insts {
+		wg.Go(func() { in.run(ctx) })
+	}
+	for _, in := range insts {
+		emit("ready", in.id, "service", in.service)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			for _, in := range insts {
+				in.pool.Close()
+			}
+			return nil
+		case <-busy:
+			for _, in := range insts {
+				go in.exhaustPool(ctx, c.maxConns, c.busyFor)
+			}
+		}
+	}
+}
+
+type instance struct {
+	c       config
+	id      uuid.UUID
+	service string
+	pool    *pgxpool.Pool
+	parts   *participant
+	fence   string
+}
+
+func newInstance(ctx context.Context, c config, service string, logger *slog.Logger) (*instance, error) {
+	pcfg, err := pgxpool.ParseConfig(c.dsn)
+	if err != nil {
+		return nil, fmt.Errorf("--dsn: %w", err)
+	}
+	pcfg.MaxConns = int32(c.maxConns)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, err
+	}
+	in := &instance{c: c, id: uuid.New(), service: service, pool: pool}
+	in.fence = "INSERT INTO " + c.fenceTable + " (lease, epoch, writer) SELECT $1, $2, $3 WHERE " +
+		pgx.Identifier{c.schema}.Sanitize() + ".lease_is_held($1, $2)"
+	in.parts, err = newParticipant(c, in.id, service, pool, logger.With("instance_id", in.id.String()))
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return in, nil
+}
+
+func (in *instance) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { in.parts.run(ctx) })
+	wg.Go(func() { in.watchLock(ctx) })
+	if in.c.lease != "" {
+		wg.Go(func() { in.compete(ctx) })
+	}
+	wg.Wait()
+}
+
+// watchLock reports the instance's own view of its alive lock whenever it changes.
+func (in *instance) watchLock(ctx context.Context) {
+	if !in.c.agent {
+		return
+	}
+	last := false
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if held := in.parts.lockHeld(); held != last {
+			last = held
+			emit("lock", in.id, "held", held)
+		}
+	}
+}
+
+// compete tries to take the lease every --lease.retry and, while it holds it, writes to
+// the fencing log every --lease.write-every.
+func (in *instance) compete(ctx context.Context) {
+	for ctx.Err() == nil {
+		ran, err := in.parts.leases.Run(ctx, in.c.lease, in.c.leaseTTL, in.hold)
+		if err != nil && ctx.Err() == nil {
+			if !ran {
+				emit("acquire_error", in.id, "err", err.Error())
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(in.c.retry):
+		}
+	}
+}
+
+func (in *instance) hold(ctx context.Context, lease *leaseHandle) error {
+	emit("acquired", in.id, "lease", lease.Name, "epoch", lease.Epoch)
+	var until <-chan time.Time
+	if in.c.hold > 0 {
+		until = time.After(in.c.hold)
+	}
+	t := time.NewTicker(in.c.writeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			emit("lost", in.id, "lease", lease.Name, "epoch", lease.Epoch, "cause", fmt.Sprint(context.Cause(ctx)))
+			return nil
+		case <-until:
+			emit("released", in.id, "lease", lease.Name, "epoch", lease.Epoch)
+			return nil
+		case <-t.C:
+		}
+		if ctx.Err() != nil {
+			continue // report the loss above, write nothing
+		}
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		tag, err := in.pool.Exec(wctx, in.fence, lease.Name, lease.Epoch, in.id.String())
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded):
+			emit("write_error", in.id, "lease", lease.Name, "epoch", lease.Epoch, "err", err.Error())
+		case err == nil && tag.RowsAffected() == 0:
+			emit("rejected", in.id, "lease", lease.Name, "epoch", lease.Epoch)
+		}
+	}
+}
+
+// exhaustPool holds every connection of the pool in a transaction for d.
+func (in *instance) exhaustPool(ctx context.Context, n int, d time.Duration) {
+	emit("busy", in.id, "conns", n, "for_ms", d.Milliseconds())
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Go(func() {
+			bctx, cancel := context.WithTimeout(ctx, d+5*time.Second)
+			defer cancel()
+			tx, err := in.pool.Begin(bctx)
+			if err != nil {
+				emit("busy_error", in.id, "err", err.Error())
+				return
+			}
+			defer func() { _ = tx.Rollback(context.WithoutCancel(bctx)) }()
+			if _, err := tx.Exec(bctx, "SELECT pg_sleep($1)", d.Seconds()); err != nil {
+				emit("busy_error", in.id, "err", err.Error())
+			}
+		})
+	}
+	wg.Wait()
+	emit("idle", in.id)
+}

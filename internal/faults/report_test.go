@@ -1,0 +1,71 @@
+package faults
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestReportMarkdown renders a fixed report and compares it line by line.
+func TestReportMarkdown(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		var d []time.Duration
+		for _, x := range v {
+			d = append(d, time.Duration(x)*time.Millisecond)
+		}
+		return d
+	}
+	r := Report{
+		Generated: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC),
+		Revision:  "abc1234",
+		Machine:   Machine{CPUs: 2, CPUModel: "Test CPU", Kernel: "6.1.0", PostgreSQL: "15.8", Go: "go1.26"},
+		Defaults:  []Setting{{"agent.heartbeat-interval", "30s"}, {"agent.stale-threshold", "90s"}},
+		Scenarios: []Scenario{
+			{Number: 1, Name: "TestCrash", Title: "Crash", Settings: "defaults", Trials: 4,
+				Quantities: []Quantity{
+					{Name: "dead", Values: ms(100, 300, 200, 400), Window: time.Minute, Bound: "median < 2s, worst < 3s", Met: true},
+					{Name: "takeover", Values: ms(900), Missed: 1, Window: time.Minute, Bound: "every trial < 3s"},
+				},
+				FalseDead: 0, DoubleHolders: 0, StaleEpochWrites: 0, Notes: []string{"a note"}},
+			{Number: 8, Name: "TestLeaseContention", Title: "Contention", Trials: 1,
+				Quantities: []Quantity{{Name: "rounds", Values: ms(5000), Window: time.Minute}},
+				FalseDead:  -1, DoubleHolders: 2, StaleEpochWrites: 3},
+		},
+	}
+	var b strings.Builder
+	if err := r.WriteMarkdown(&b); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"# Failover report",
+		"- Date: 2026-01-02 03:04 UTC",
+		"- Source revision: abc1234",
+		"- Machine: 2 CPUs, Test CPU; Linux 6.1.0",
+		"- PostgreSQL: 15.8; Go: go1.26",
+		"- Agent defaults used unless a scenario says otherwise: `--agent.heartbeat-interval=30s`, `--agent.stale-threshold=90s`",
+		"| # | Scenario | Measured | Trials | Median ms | Worst ms | Missed | Bound | Met |",
+		"| 1 | Crash | dead | 4 | 250 | 400 | 0 | median < 2s, worst < 3s | yes |",
+		"| 1 | Crash | takeover | 2 | > 60000 | > 60000 | 1 | every trial < 3s | **no** |",
+		"| 8 | Contention | rounds | 1 | 5000 | 5000 | 0 | – | – |",
+		"| # | Scenario | Trials | False-dead verdicts | Double holders | Stale-epoch writes |",
+		"| 1 | Crash | 4 | 0 | 0 | 0 |",
+		"| 8 | Contention | 1 | – | 2 | 3 |",
+		"### 1. Crash (`TestCrash`)",
+		"Settings: defaults",
+		"- a note",
+		"### 8. Contention (`TestLeaseContention`)",
+	}
+	got := b.String()
+	lines := map[string]bool{}
+	for l := range strings.Lines(got) {
+		lines[strings.TrimRight(l, "\n")] = true
+	}
+	for _, w := range want {
+		if !lines[w] {
+			t.Errorf("report lacks the line\n%s\ngot:\n%s", w, got)
+		}
+	}
+	if strings.Index(got, "### 1.") > strings.Index(got, "### 8.") {
+		t.Error("scenarios out of order")
+	}
+}
