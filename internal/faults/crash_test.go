@@ -163,10 +163,17 @@ func TestHang(t *testing.T) {
 		tCont := time.Now()
 		victim.Signal(syscall.SIGCONT)
 		var (
-			reRegistered, lost time.Duration
-			okReg, okLost      bool
+			reRegistered, lost, said time.Duration
+			okReg, okLost, okSaid    bool
 		)
 		waitSeen(30*time.Second,
+			func() bool {
+				// The resumed process must say that it was written off.
+				if !okSaid && victim.Logged("instance row was gone") {
+					said, okSaid = time.Since(tCont), true
+				}
+				return okSaid
+			},
 			func() bool {
 				reRegistered, okReg = s.firstSQL(tCont, func(smp sqlSample) bool { return smp.Inst[id].Row })
 				return okReg
@@ -202,6 +209,7 @@ func TestHang(t *testing.T) {
 		sc.observe("lease held by another process", stopFor, d, ok)
 		sc.observe("after SIGCONT: lease context cancelled", 30*time.Second, lost, okLost)
 		sc.observe("after SIGCONT: row registered again", 30*time.Second, reRegistered, okReg)
+		sc.observe("after SIGCONT: logs that it was written off", 30*time.Second, said, okSaid)
 		rejected := len(victim.Events("rejected", tCont))
 		sc.note("Trial %d: %d fenced writes of the resumed victim were refused by lease_is_held (attempted after the takeover, before its lease context ended).", trial+1, rejected)
 		n, first := s.falseDead(t0, time.Now(), []*agent{heir})
@@ -213,6 +221,7 @@ func TestHang(t *testing.T) {
 	sc.bound("is_instance_alive false", 0, hangDeadBound)
 	sc.bound("exporter: not alive", 0, hangDeadBound)
 	sc.bound("after SIGCONT: row registered again", 0, 10*time.Second)
+	sc.bound("after SIGCONT: logs that it was written off", 0, 10*time.Second)
 	sc.s.Trials = trials()
 	sc.note("Times before SIGCONT are from SIGSTOP; a time not seen while the process was stopped (%s) is a miss.", stopFor)
 	sc.note("Dead is bounded at the definitive-dead cutoff plus one second (%s) after SIGSTOP, for is_instance_alive and the exporter alike.", hangDeadBound)
