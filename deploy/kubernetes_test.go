@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
-	"sigs.k8s.io/yaml"
 
 	"github.com/pg-liveness/pg_liveness_exporter/deploy/internal/manifests"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -74,7 +73,7 @@ func render(t *testing.T, dir string) *rendered {
 		default:
 			t.Fatalf("%s: %s: no official type known to this test for %s", dir, r.CurId(), gv)
 		}
-		if err := yaml.UnmarshalStrict(y, obj); err != nil {
+		if err := manifests.DecodeStrict(y, obj); err != nil {
 			t.Fatalf("%s: %s does not decode strictly into its official type: %v", dir, r.CurId(), err)
 		}
 		out.objectsTotal++
@@ -307,8 +306,8 @@ func TestSidecarAgent(t *testing.T) {
 	budget := cfg.ShutdownBudget() + serverShutdown
 	grace := d.Spec.Template.Spec.TerminationGracePeriodSeconds
 	if grace == nil || time.Duration(*grace)*time.Second <= budget {
-		t.Errorf("terminationGracePeriodSeconds %v must exceed the shutdown budget %s (agent %s + HTTP server %s)",
-			grace, budget, cfg.ShutdownBudget(), serverShutdown)
+		t.Errorf("terminationGracePeriodSeconds %s must exceed the shutdown budget %s (agent %s + HTTP server %s)",
+			fmtSeconds(grace), budget, cfg.ShutdownBudget(), serverShutdown)
 	}
 
 	// Instance id and service name from the pod, through the downward API.
@@ -365,4 +364,18 @@ func TestPodMonitorsMatchTheAlertRulesJob(t *testing.T) {
 			t.Errorf("PodMonitor %s sets job %q, which up{job=~%q} does not select", pm.Name, job, selector)
 		}
 	}
+}
+
+func fmtSeconds(s *int64) string {
+	if s == nil {
+		return "unset (30s)"
+	}
+	return fmt.Sprintf("%ds", *s)
+}
+
+func fmtMode(m *int32) string {
+	if m == nil {
+		return "unset (0644)"
+	}
+	return fmt.Sprintf("%#o", *m)
 }

@@ -6,6 +6,7 @@ package manifests
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
 
@@ -84,7 +86,7 @@ func prometheusRule(root string) ([]byte, error) {
 		return nil, err
 	}
 	var spec monitoringv1.PrometheusRuleSpec
-	if err := yaml.UnmarshalStrict(src, &spec); err != nil {
+	if err := DecodeStrict(src, &spec); err != nil {
 		return nil, fmt.Errorf("%s: %w", rulesFile, err)
 	}
 	if len(spec.Groups) == 0 {
@@ -96,6 +98,20 @@ func prometheusRule(root string) ([]byte, error) {
 		Spec:       spec,
 	}
 	return marshal(rulesFile, obj)
+}
+
+// DecodeStrict decodes YAML into v as the Kubernetes API server does in strict mode:
+// field names match case-sensitively, and unknown or duplicate fields are errors.
+func DecodeStrict(y []byte, v any) error {
+	j, err := yaml.YAMLToJSONStrict(y)
+	if err != nil {
+		return err
+	}
+	strict, err := kjson.UnmarshalStrict(j, v)
+	if err != nil {
+		return err
+	}
+	return errors.Join(strict...)
 }
 
 func dashboardConfigMap(root, name string) ([]byte, error) {
