@@ -220,7 +220,7 @@ func checkExporterContainer(t *testing.T, d *appsv1.Deployment) *corev1.Containe
 		t.Errorf("%s: the Secret volume does not put key dsn of pg-liveness-exporter-dsn at %s: %+v", d.Name, dsnFile, secret)
 	}
 	if secret.DefaultMode == nil || *secret.DefaultMode&0o007 != 0 {
-		t.Errorf("%s: the DSN file must not be world-readable (defaultMode %v)", d.Name, secret.DefaultMode)
+		t.Errorf("%s: the DSN file must not be world-readable (defaultMode %s)", d.Name, fmtMode(secret.DefaultMode))
 	}
 	if psc := pod.SecurityContext; psc == nil || psc.FSGroup == nil || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
 		t.Errorf("%s: the pod needs a non-root runAsUser and an fsGroup to read the DSN file", d.Name)
