@@ -4,22 +4,41 @@ BINARY      ?= pg_liveness_exporter
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 TEST_FLAGS  ?= -race -count=1 -timeout 30m
 
-.PHONY: all build test lint run bench clean faults
+# The version in pg_liveness_exporter_build_info and --version, from git. The Dockerfile
+# runs `make build` with these passed as build arguments.
+VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+REVISION   ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+BRANCH     ?= $(shell git rev-parse --abbrev-ref HEAD 2>/dev/null || echo unknown)
+BUILD_USER ?= $(shell id -un 2>/dev/null || echo unknown)@$(shell hostname 2>/dev/null || echo unknown)
+BUILD_DATE ?= $(shell date -u +%Y%m%d-%H:%M:%S)
+VERSION_PKG := github.com/prometheus/common/version
+LDFLAGS := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REVISION) \
+	-X $(VERSION_PKG).Branch=$(BRANCH) -X $(VERSION_PKG).BuildUser=$(BUILD_USER) \
+	-X $(VERSION_PKG).BuildDate=$(BUILD_DATE)
+
+.PHONY: all build test lint run bench clean deps faults
 
 all: lint test build
 
 build:
-	$(GO) build -o $(BINARY) .
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BINARY) .
+
+# Installs the Debian packages the tests need when run as root; otherwise names them.
+deps:
+	./scripts/install-deps.sh test
 
 # The whole suite, against real PostgreSQL, PgBouncer, Prometheus and Alertmanager that
-# the tests start themselves on 127.0.0.1.
-test:
+# the tests start themselves on 127.0.0.1. deploy/ is a module of its own, so that the
+# Kubernetes and BuildKit libraries its tests use stay out of the binary's dependencies.
+test: deps
 	$(GO) test $(TEST_FLAGS) ./...
+	cd deploy && $(GO) test $(TEST_FLAGS) ./...
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+	cd deploy && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 
 # The local demo: PostgreSQL in .run/, the exporter as an agent, a simulated fleet and,
 # if installed, Prometheus with the alert rules. Ctrl-C stops it all. See scripts/run.sh

@@ -1,6 +1,7 @@
 package liveness
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,6 +43,24 @@ type AgentConfig struct {
 	// ShutdownTimeout bounds the clean-up after Run's context ends.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
+}
+
+const defaultShutdownTimeout = 10 * time.Second
+
+// ShutdownBudget is the longest Run takes to return once its context ends, with this
+// configuration. The clean-up steps run one after the other, each under its own
+// deadline: an in-flight beat finishes while a reap round in flight releases its lease,
+// the instance row is deleted, and the alive lock's session is closed. Give a process
+// that runs an Agent at least this long between SIGTERM and SIGKILL, plus whatever else
+// it does on the way out.
+func (c AgentConfig) ShutdownBudget() time.Duration {
+	beat := min(c.HeartbeatInterval/2, heartbeatMaxStatementTimeout)
+	drain := beat
+	if c.Reaper {
+		drain = max(drain, runReleaseTimeout)
+	}
+	remove := min(cmp.Or(max(c.ShutdownTimeout, 0), defaultShutdownTimeout), beat)
+	return drain + remove + aliveLockCloseTimeout
 }
 
 // Validate refuses timing that would make an alive instance look dead or a dead one
@@ -105,7 +124,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		cfg.Logger = discardLogger()
 	}
 	if cfg.ShutdownTimeout <= 0 {
-		cfg.ShutdownTimeout = 10 * time.Second
+		cfg.ShutdownTimeout = defaultShutdownTimeout
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err

@@ -233,3 +233,64 @@ func TestReaperConfigErrors(t *testing.T) {
 		t.Error("empty config accepted")
 	}
 }
+
+// Run returns within ShutdownBudget even when every statement of the clean-up hangs:
+// another session locks the instances table while a beat and a reap round are waiting on
+// it, then the leases table, so that the reaper's lease release hangs too.
+func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
+	db, pool := agentDB(t, 4)
+	cfg := agentConfig(db, pool)
+	cfg.HeartbeatInterval, cfg.HeartbeatSlowInterval = 2*time.Second, 4*time.Second
+	cfg.StaleThreshold, cfg.DefinitiveDeadCutoff = 10*time.Second, 20*time.Second
+	budget := cfg.ShutdownBudget()
+	if want := 5*time.Second + time.Second + 5*time.Second; budget != want {
+		t.Fatalf("ShutdownBudget() = %s, want %s (lease release 5s, row removal 1s, lock session close 5s)", budget, want)
+	}
+	agent, err := liveness.NewAgent(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		if err := agent.Run(ctx); err != nil {
+			t.Logf("Run: %v", err) // the row removal times out, as intended
+		}
+	}()
+	t.Cleanup(func() { stop(); <-finished })
+	waitUntil(t, 10*time.Second, "alive lock held and a beat written", func() bool {
+		s := agent.Snapshot()
+		return s.AliveLock.Held && s.Heartbeat.Beats > 0
+	})
+
+	locker := db.Conn(t)
+	bg := context.Background()
+	if _, err := locker.Exec(bg, `BEGIN; LOCK TABLE liveness.instances IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = locker.Exec(context.Background(), `ROLLBACK`) })
+	waitUntil(t, 20*time.Second, "a beat and a reap round wait for the instances table", func() bool {
+		var beat, reap bool
+		if err := pool.QueryRow(bg, `SELECT
+			coalesce(bool_or(query LIKE '%pg_liveness:heartbeat %'), false),
+			coalesce(bool_or(query LIKE '%pg_liveness:cleanup %'), false)
+			FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&beat, &reap); err != nil {
+			t.Fatal(err)
+		}
+		return beat && reap
+	})
+	if _, err := locker.Exec(bg, `LOCK TABLE liveness.leases IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	stop()
+	const slack = 3 * time.Second // scheduling on a loaded machine
+	select {
+	case <-finished:
+	case <-time.After(budget + slack):
+		t.Fatalf("Run did not return within its budget %s (+%s)", budget, slack)
+	}
+	t.Logf("Run returned %s after its context ended; budget %s", time.Since(start).Round(time.Millisecond), budget)
+}

@@ -116,16 +116,8 @@ find_bindir() {
 	done
 	return 1
 }
-if ! bindir=$(find_bindir); then
-	if [[ $(id -u) -ne 0 ]]; then
-		die "PostgreSQL server binaries (initdb, postgres) not found. Install them as root: apt-get update && apt-get install -y postgresql postgresql-contrib"
-	fi
-	log "installing PostgreSQL: apt-get install -y postgresql postgresql-contrib"
-	DEBIAN_FRONTEND=noninteractive apt-get update -q >&2 &&
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql postgresql-contrib >&2 ||
-		die "apt-get install postgresql postgresql-contrib failed"
-	bindir=$(find_bindir) || die "PostgreSQL installed, but initdb and postgres are still not found"
-fi
+"$root/scripts/install-deps.sh" run || die "install the packages above, then run make run again"
+bindir=$(find_bindir) || die "PostgreSQL is installed, but initdb and postgres are not found"
 command -v "$go_cmd" >/dev/null || die "Go not found: install it from https://go.dev/dl/ (or set GO=/path/to/go)"
 
 # initdb refuses to run as root: as root, the cluster belongs to the postgres user.

@@ -1,0 +1,381 @@
+package deploy
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+
+	"github.com/pg-liveness/pg_liveness_exporter/deploy/internal/manifests"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+)
+
+// The kustomizations users apply.
+var kustomizations = []string{"kubernetes/base", "kubernetes/overlays/observer", "kubernetes/overlays/sidecar"}
+
+// rendered is the output of one kustomization, every object decoded into its official type.
+type rendered struct {
+	deployments  []*appsv1.Deployment
+	services     []*corev1.Service
+	configMaps   []*corev1.ConfigMap
+	namespaces   []*corev1.Namespace
+	podMonitors  []*monitoringv1.PodMonitor
+	promRules    []*monitoringv1.PrometheusRule
+	objectsTotal int
+}
+
+// render builds the kustomization in dir with the kustomize API and decodes every object
+// strictly: a field the official type does not have is an error.
+func render(t *testing.T, dir string) *rendered {
+	t.Helper()
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	var out rendered
+	for _, r := range m.Resources() {
+		y, err := r.AsYAML()
+		if err != nil {
+			t.Fatalf("%s: %s: %v", dir, r.CurId(), err)
+		}
+		gvk := r.GetGvk()
+		var obj any
+		switch gv := gvk.ApiVersion() + " " + gvk.Kind; gv {
+		case "apps/v1 Deployment":
+			d := &appsv1.Deployment{}
+			out.deployments, obj = append(out.deployments, d), d
+		case "v1 Service":
+			s := &corev1.Service{}
+			out.services, obj = append(out.services, s), s
+		case "v1 ConfigMap":
+			c := &corev1.ConfigMap{}
+			out.configMaps, obj = append(out.configMaps, c), c
+		case "v1 Namespace":
+			n := &corev1.Namespace{}
+			out.namespaces, obj = append(out.namespaces, n), n
+		case "monitoring.coreos.com/v1 PodMonitor":
+			p := &monitoringv1.PodMonitor{}
+			out.podMonitors, obj = append(out.podMonitors, p), p
+		case "monitoring.coreos.com/v1 PrometheusRule":
+			p := &monitoringv1.PrometheusRule{}
+			out.promRules, obj = append(out.promRules, p), p
+		default:
+			t.Fatalf("%s: %s: no official type known to this test for %s", dir, r.CurId(), gv)
+		}
+		if err := manifests.DecodeStrict(y, obj); err != nil {
+			t.Fatalf("%s: %s does not decode strictly into its official type: %v", dir, r.CurId(), err)
+		}
+		out.objectsTotal++
+	}
+	return &out
+}
+
+func TestKustomizationsRenderStrictlyIntoOfficialTypes(t *testing.T) {
+	dashboards, err := filepath.Glob("../dashboards/*.json")
+	if err != nil || len(dashboards) == 0 {
+		t.Fatalf("no dashboards found: %v", err)
+	}
+	for _, dir := range kustomizations {
+		t.Run(dir, func(t *testing.T) {
+			r := render(t, dir)
+			wantDeployments := 1
+			if strings.HasSuffix(dir, "sidecar") {
+				wantDeployments = 2
+			}
+			if len(r.deployments) != wantDeployments || len(r.services) != 1 || len(r.promRules) != 1 || len(r.podMonitors) != wantDeployments {
+				t.Errorf("got %d Deployments, %d Services, %d PodMonitors, %d PrometheusRules; want %d, 1, %d, 1",
+					len(r.deployments), len(r.services), len(r.podMonitors), len(r.promRules), wantDeployments, wantDeployments)
+			}
+			var labelled int
+			for _, c := range r.configMaps {
+				if c.Labels[manifests.DashboardLabel] == "1" {
+					labelled++
+				}
+			}
+			if labelled != len(dashboards) {
+				t.Errorf("%d ConfigMaps labelled %s=1, want one per dashboard (%d)", labelled, manifests.DashboardLabel, len(dashboards))
+			}
+			if strings.Contains(dir, "overlays") {
+				if len(r.namespaces) != 1 {
+					t.Fatalf("overlay creates %d namespaces, want 1", len(r.namespaces))
+				}
+				for _, d := range r.deployments {
+					if d.Namespace != r.namespaces[0].Name {
+						t.Errorf("Deployment %s in namespace %q, want %q", d.Name, d.Namespace, r.namespaces[0].Name)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestGeneratedManifestsAreUpToDate(t *testing.T) {
+	files, err := manifests.Generate("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range files {
+		got, err := os.ReadFile(filepath.Join("..", path))
+		if err != nil {
+			t.Errorf("%s: %v; regenerate with: %s", path, err, manifests.RegenerateCommand)
+			continue
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s differs from its source; regenerate with: %s", path, manifests.RegenerateCommand)
+		}
+	}
+	on, err := filepath.Glob(filepath.Join("..", manifests.Dir, "*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range on {
+		rel, _ := filepath.Rel("..", p)
+		if _, ok := files[rel]; !ok {
+			t.Errorf("%s is not generated from any source; regenerate with: %s", rel, manifests.RegenerateCommand)
+		}
+	}
+}
+
+// serverShutdown is the deadline main gives the HTTP server after the agent has stopped
+// (srv.Shutdown in main.go).
+const serverShutdown = 5 * time.Second
+
+const dsnFlag = "--db.dsn-file="
+
+func exporterContainer(t *testing.T, d *appsv1.Deployment) *corev1.Container {
+	t.Helper()
+	for i, c := range d.Spec.Template.Spec.Containers {
+		if c.Name == "pg-liveness-exporter" {
+			return &d.Spec.Template.Spec.Containers[i]
+		}
+	}
+	t.Fatalf("Deployment %s has no pg-liveness-exporter container", d.Name)
+	return nil
+}
+
+func flagValue(args []string, name string) (string, bool) {
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// checkExporterContainer asserts what every exporter container must do: the DSN from a
+// Secret mounted as a file, never in the environment or the arguments; non-root, read-only
+// root file system, no privilege escalation, no capabilities; requests and limits; probes
+// on the landing page.
+func checkExporterContainer(t *testing.T, d *appsv1.Deployment) *corev1.Container {
+	t.Helper()
+	c := exporterContainer(t, d)
+	pod := d.Spec.Template.Spec
+
+	for _, e := range c.Env {
+		if e.Name == "DATA_SOURCE_NAME" || strings.Contains(strings.ToLower(e.Value), "password") {
+			t.Errorf("%s: environment variable %s carries a DSN; use %s with a Secret", d.Name, e.Name, dsnFlag)
+		}
+	}
+	if len(c.EnvFrom) > 0 {
+		t.Errorf("%s: envFrom can put a DSN in the environment", d.Name)
+	}
+	for _, a := range slices.Concat(c.Command, c.Args) {
+		if strings.HasPrefix(a, "--db.dsn=") || strings.HasPrefix(a, "--db.direct-dsn=") {
+			t.Errorf("%s: %q puts a DSN in the process list", d.Name, a)
+		}
+	}
+	dsnFile, ok := flagValue(c.Args, "db.dsn-file")
+	if !ok {
+		t.Fatalf("%s: no %s argument", d.Name, dsnFlag)
+	}
+	var secret *corev1.SecretVolumeSource
+	for _, m := range c.VolumeMounts {
+		if filepath.Dir(dsnFile) != filepath.Clean(m.MountPath) {
+			continue
+		}
+		if !m.ReadOnly {
+			t.Errorf("%s: the DSN mount %s is writable", d.Name, m.MountPath)
+		}
+		for _, v := range pod.Volumes {
+			if v.Name == m.Name && v.Secret != nil {
+				secret = v.Secret
+			}
+		}
+	}
+	if secret == nil {
+		t.Fatalf("%s: %s is not on a mounted Secret volume", d.Name, dsnFile)
+	}
+	if secret.SecretName != "pg-liveness-exporter-dsn" || len(secret.Items) != 1 || secret.Items[0].Path != filepath.Base(dsnFile) {
+		t.Errorf("%s: the Secret volume does not put key dsn of pg-liveness-exporter-dsn at %s: %+v", d.Name, dsnFile, secret)
+	}
+	if secret.DefaultMode == nil || *secret.DefaultMode&0o007 != 0 {
+		t.Errorf("%s: the DSN file must not be world-readable (defaultMode %s)", d.Name, fmtMode(secret.DefaultMode))
+	}
+	if psc := pod.SecurityContext; psc == nil || psc.FSGroup == nil || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
+		t.Errorf("%s: the pod needs a non-root runAsUser and an fsGroup to read the DSN file", d.Name)
+	}
+
+	sc := c.SecurityContext
+	switch {
+	case sc == nil:
+		t.Fatalf("%s: no securityContext", d.Name)
+	case sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot:
+		t.Errorf("%s: runAsNonRoot is not true", d.Name)
+	case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+		t.Errorf("%s: readOnlyRootFilesystem is not true", d.Name)
+	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+		t.Errorf("%s: allowPrivilegeEscalation is not false", d.Name)
+	case sc.Privileged != nil && *sc.Privileged:
+		t.Errorf("%s: privileged", d.Name)
+	case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0:
+		t.Errorf("%s: capabilities must drop ALL and add none: %+v", d.Name, sc.Capabilities)
+	}
+
+	for _, res := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		req, lim := c.Resources.Requests[res], c.Resources.Limits[res]
+		if req.IsZero() || lim.IsZero() || lim.Cmp(req) < 0 {
+			t.Errorf("%s: %s request %s and limit %s: both must be set, limit ≥ request", d.Name, res, req.String(), lim.String())
+		}
+	}
+	if mem := c.Resources.Requests[corev1.ResourceMemory]; mem.Value() < 32<<20 {
+		t.Errorf("%s: memory request %s is below the 29 MiB peak measured in docs/performance.md", d.Name, mem.String())
+	}
+
+	if len(c.Ports) != 1 || c.Ports[0].ContainerPort != 9816 {
+		t.Fatalf("%s: want one container port 9816, got %+v", d.Name, c.Ports)
+	}
+	for name, p := range map[string]*corev1.Probe{"livenessProbe": c.LivenessProbe, "readinessProbe": c.ReadinessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/" || p.HTTPGet.Port.String() != c.Ports[0].Name {
+			t.Errorf("%s: %s must GET the landing page / on port %s: %+v", d.Name, name, c.Ports[0].Name, p)
+		}
+	}
+	return c
+}
+
+func deployment(t *testing.T, r *rendered, name string) *appsv1.Deployment {
+	t.Helper()
+	for _, d := range r.deployments {
+		if d.Name == name {
+			return d
+		}
+	}
+	t.Fatalf("no Deployment %s", name)
+	return nil
+}
+
+func TestObserverDeployment(t *testing.T) {
+	d := deployment(t, render(t, "kubernetes/overlays/observer"), "pg-liveness-exporter")
+	c := checkExporterContainer(t, d)
+	if !slices.Contains(c.Args, "--no-agent") {
+		t.Errorf("the observer must run with --no-agent: %q", c.Args)
+	}
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
+		t.Errorf("one observer per database, got replicas %v", d.Spec.Replicas)
+	}
+}
+
+// The sidecar's SIGTERM clean-up (leases released, row deleted, lock session closed, then
+// the HTTP server) always finishes before Kubernetes sends SIGKILL.
+func TestSidecarAgent(t *testing.T) {
+	d := deployment(t, render(t, "kubernetes/overlays/sidecar"), "checkout")
+	c := checkExporterContainer(t, d)
+	if slices.Contains(c.Args, "--no-agent") {
+		t.Fatal("the sidecar must run as an agent")
+	}
+
+	// The agent's timing as its arguments set it, on the flags' defaults.
+	cfg := liveness.AgentConfig{HeartbeatInterval: liveness.DefaultHeartbeatInterval, Reaper: true}
+	if v, ok := flagValue(c.Args, "agent.heartbeat-interval"); ok {
+		var err error
+		if cfg.HeartbeatInterval, err = time.ParseDuration(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.Reaper = !slices.Contains(c.Args, "--no-agent.reaper")
+	budget := cfg.ShutdownBudget() + serverShutdown
+	grace := d.Spec.Template.Spec.TerminationGracePeriodSeconds
+	if grace == nil || time.Duration(*grace)*time.Second <= budget {
+		t.Errorf("terminationGracePeriodSeconds %s must exceed the shutdown budget %s (agent %s + HTTP server %s)",
+			fmtSeconds(grace), budget, cfg.ShutdownBudget(), serverShutdown)
+	}
+
+	// Instance id and service name from the pod, through the downward API.
+	fromField := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			fromField[e.ValueFrom.FieldRef.FieldPath] = e.Name
+		}
+	}
+	for flag, field := range map[string]string{
+		"agent.instance-id":  "metadata.uid",
+		"agent.service-name": "metadata.labels['app.kubernetes.io/name']",
+	} {
+		v, _ := flagValue(c.Args, flag)
+		if env := fromField[field]; env == "" || v != fmt.Sprintf("$(%s)", env) {
+			t.Errorf("--%s=%q, want it from %s through the downward API", flag, v, field)
+		}
+	}
+	// The fleet-wide collectors run once, in the observer.
+	for _, coll := range []string{"instances", "leases", "advisory_locks", "statements"} {
+		if !slices.Contains(c.Args, "--no-collector."+coll) {
+			t.Errorf("the sidecar must not export the fleet (add --no-collector.%s)", coll)
+		}
+	}
+}
+
+// Each PodMonitor names its job so that PgLivenessExporterDown's selector finds it.
+func TestPodMonitorsMatchTheAlertRulesJob(t *testing.T) {
+	r := render(t, "kubernetes/overlays/sidecar")
+	var selector string
+	for _, g := range r.promRules[0].Spec.Groups {
+		for _, rule := range g.Rules {
+			if rule.Alert == "PgLivenessExporterDown" {
+				if m := regexp.MustCompile(`job=~"([^"]+)"`).FindStringSubmatch(rule.Expr.String()); m != nil {
+					selector = m[1]
+				}
+			}
+		}
+	}
+	if selector == "" {
+		t.Fatal("PgLivenessExporterDown has no job=~ selector")
+	}
+	re := regexp.MustCompile("^(?:" + selector + ")$")
+	for _, pm := range r.podMonitors {
+		var job string
+		for _, ep := range pm.Spec.PodMetricsEndpoints {
+			for _, rl := range ep.RelabelConfigs {
+				if rl.TargetLabel == "job" && rl.Replacement != nil {
+					job = *rl.Replacement
+				}
+			}
+		}
+		if !re.MatchString(job) {
+			t.Errorf("PodMonitor %s sets job %q, which up{job=~%q} does not select", pm.Name, job, selector)
+		}
+	}
+}
+
+func fmtSeconds(s *int64) string {
+	if s == nil {
+		return "unset (30s)"
+	}
+	return fmt.Sprintf("%ds", *s)
+}
+
+func fmtMode(m *int32) string {
+	if m == nil {
+		return "unset (0644)"
+	}
+	return fmt.Sprintf("%#o", *m)
+}
