@@ -19,9 +19,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -152,15 +154,21 @@ func (e *Exporter) Handler(extra prometheus.Gatherer, opts promhttp.HandlerOpts)
 	})
 }
 
+// maxScrapeTimeout bounds the scraper's timeout header; a larger value is treated as
+// absent.
+const maxScrapeTimeout = 24 * 3600 // seconds
+
 // scrapeTimeout is the scraper's timeout less the offset, or the default without one. An
-// offset that would leave nothing halves the scraper's timeout instead.
+// offset that would leave nothing halves the scraper's timeout instead. A header that is
+// no positive, finite number of seconds up to a day (NaN, Inf, negative, huge, hex) is
+// treated as absent: it must never remove the deadline.
 func (e *Exporter) scrapeTimeout(h http.Header) time.Duration {
-	v := h.Get("X-Prometheus-Scrape-Timeout-Seconds")
-	if v == "" {
+	v := strings.TrimSpace(h.Get("X-Prometheus-Scrape-Timeout-Seconds"))
+	if v == "" || strings.ContainsAny(v, "xX_") {
 		return e.cfg.ScrapeDefaultTimeout
 	}
 	secs, err := strconv.ParseFloat(v, 64)
-	if err != nil || secs <= 0 || secs > 24*3600 {
+	if err != nil || math.IsNaN(secs) || math.IsInf(secs, 0) || !(secs > 0) || secs > maxScrapeTimeout {
 		return e.cfg.ScrapeDefaultTimeout
 	}
 	total := time.Duration(secs * float64(time.Second))
