@@ -18,6 +18,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/google/uuid"
@@ -36,6 +38,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
 const exporterName = "pg_liveness_exporter"
@@ -226,8 +229,11 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		}
 		directDSN = f.directDSN
 	}
-	if f.schema == "" {
-		return nil, errors.New("--db.schema must not be empty")
+	if err := migrations.ValidateSchemaName(f.schema); err != nil {
+		return nil, fmt.Errorf("--db.schema %s", err)
+	}
+	if err := validateLabelFlag(f.serviceName); err != nil {
+		return nil, fmt.Errorf("--agent.service-name: %w", err)
 	}
 	if f.maxConns < 1 || f.maxConns > 1000 {
 		return nil, fmt.Errorf("--db.max-conns must be between 1 and 1000, got %d", f.maxConns)
@@ -301,4 +307,21 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		mux.Handle("/", landing)
 	}
 	return &wired{pool: pool, agent: agent, mux: mux}, nil
+}
+
+// validateLabelFlag refuses a value that ends up as a label value and in the database
+// as text: it must be non-empty, valid UTF-8 and free of control characters.
+func validateLabelFlag(s string) error {
+	if s == "" {
+		return errors.New("must not be empty")
+	}
+	if !utf8.ValidString(s) {
+		return errors.New("is not valid UTF-8")
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("contains the control character %U", r)
+		}
+	}
+	return nil
 }

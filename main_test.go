@@ -175,6 +175,12 @@ func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
 		{"dead cutoff too low", nil, []string{"--db.dsn=host=x", "--agent.definitive-dead-cutoff=100s"}, "--agent.definitive-dead-cutoff"},
 		{"zero interval", nil, []string{"--db.dsn=host=x", "--agent.heartbeat-interval=0s"}, "--agent.heartbeat-interval"},
 		{"zero max conns", nil, []string{"--db.dsn=host=x", "--db.max-conns=0"}, "--db.max-conns"},
+		{"empty schema", nil, []string{"--db.dsn=host=x", "--db.schema="}, "--db.schema"},
+		{"schema cut by the server", nil, []string{"--db.dsn=host=x", "--db.schema=" + strings.Repeat("s", 64)}, "--db.schema"},
+		{"reserved schema", nil, []string{"--db.dsn=host=x", "--db.schema=pg_liveness"}, "--db.schema"},
+		{"service name not utf-8", nil, []string{"--db.dsn=host=x", "--agent.service-name=api\xff"}, "--agent.service-name"},
+		{"service name control character", nil, []string{"--db.dsn=host=x", "--agent.service-name=api\nworker"}, "--agent.service-name"},
+		{"empty service name", nil, []string{"--db.dsn=host=x", "--agent.service-name="}, "--agent.service-name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out := runToExit(t, tc.env, tc.args...)

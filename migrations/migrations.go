@@ -17,6 +17,8 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -87,11 +89,34 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// MaxIdentifierLength is PostgreSQL's longest identifier in bytes (NAMEDATALEN - 1).
+// Longer names are silently cut by the server, so two different names could share one
+// schema.
+const MaxIdentifierLength = 63
+
+// ValidateSchemaName refuses names PostgreSQL would not keep as given: empty, longer
+// than 63 bytes, invalid UTF-8 or holding a NUL byte, or starting with "pg_", which is
+// reserved for system schemas (CREATE SCHEMA refuses it, so migrations would never
+// succeed).
+func ValidateSchemaName(schema string) error {
+	switch {
+	case schema == "":
+		return errors.New("must not be empty")
+	case len(schema) > MaxIdentifierLength:
+		return fmt.Errorf("is %d bytes long; PostgreSQL keeps only the first %d, so use a shorter name", len(schema), MaxIdentifierLength)
+	case !utf8.ValidString(schema) || strings.ContainsRune(schema, 0):
+		return errors.New("must be valid UTF-8 without NUL bytes")
+	case strings.HasPrefix(schema, "pg_"):
+		return errors.New(`must not start with "pg_": PostgreSQL reserves those names for system schemas`)
+	}
+	return nil
+}
+
 // Apply brings schema up to Latest and returns the versions it applied (none when the
 // schema is current). It is safe to call concurrently from many processes.
 func Apply(ctx context.Context, db Beginner, schema string) ([]int, error) {
-	if schema == "" {
-		return nil, errors.New("migrations: empty schema name")
+	if err := ValidateSchemaName(schema); err != nil {
+		return nil, fmt.Errorf("migrations: schema name %w", err)
 	}
 	var applied []int
 	for _, m := range all {

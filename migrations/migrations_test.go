@@ -134,3 +134,20 @@ func TestEmptySchemaRefused(t *testing.T) {
 		t.Fatal("Apply accepted an empty schema name")
 	}
 }
+
+// Names PostgreSQL would cut or refuses are refused before any statement is sent.
+func TestValidateSchemaName(t *testing.T) {
+	for _, ok := range []string{"liveness", "Live Ness", strings.Repeat("s", migrations.MaxIdentifierLength), "ünïcode", "Pg_upper"} {
+		if err := migrations.ValidateSchemaName(ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", strings.Repeat("s", migrations.MaxIdentifierLength+1), strings.Repeat("é", 32), "pg_liveness", "pg_", "a\x00b", "a\xffb"} {
+		if err := migrations.ValidateSchemaName(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+		if _, err := migrations.Apply(context.Background(), nil, bad); err == nil {
+			t.Errorf("Apply accepted schema %q", bad)
+		}
+	}
+}
