@@ -164,7 +164,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 		return exitConfig
 	}
 	defer w.pool.Close()
-	logger.Info("starting "+exporterName, "version", version.Info(), "schema", f.schema, "agent", f.agent)
+	logger.Info("starting "+exporterName, "version", version.Info(), "database", w.database, "schema", f.schema, "agent", f.agent)
 
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)
@@ -212,9 +212,10 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 }
 
 type wired struct {
-	pool  *pgxpool.Pool
-	agent *liveness.Agent
-	mux   *http.ServeMux
+	database string // the main DSN rebuilt without its password, for log lines
+	pool     *pgxpool.Pool
+	agent    *liveness.Agent
+	mux      *http.ServeMux
 }
 
 func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
@@ -306,7 +307,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		}
 		mux.Handle("/", landing)
 	}
-	return &wired{pool: pool, agent: agent, mux: mux}, nil
+	return &wired{database: dsn.Describe(mainDSN), pool: pool, agent: agent, mux: mux}, nil
 }
 
 // validateLabelFlag refuses a value that ends up as a label value and in the database
