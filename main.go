@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unicode"
@@ -169,17 +170,18 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)
 	defer stopBG()
-	fatal := make(chan error, 1)
 	wg.Go(func() {
-		if f.applyMigrations {
-			if err := database.ApplyMigrations(bg, w.pool, f.schema, logger); err != nil {
-				if bg.Err() == nil {
-					fatal <- err
-				}
-				return
+		// Whatever happens here, the exporter keeps serving: an agent that cannot join
+		// leaves an observer, and pg_liveness_agent_joined says so.
+		err := database.PrepareSchema(bg, w.pool, f.schema, f.applyMigrations, w.status.schema, logger.With("component", "schema"))
+		if err != nil {
+			if bg.Err() == nil {
+				logger.Error("serving as an observer only", "agent", w.agent != nil, "err", dsn.RedactError(err))
 			}
+			return
 		}
 		if w.agent != nil {
+			w.status.agentStarted.Store(true)
 			if err := w.agent.Run(bg); err != nil {
 				logger.Error("agent shutdown", "err", dsn.RedactError(err))
 			}
@@ -199,9 +201,6 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 			logger.Error("cannot serve", "err", err)
 			code = exitRuntime
 		}
-	case err := <-fatal:
-		logger.Error("refusing to run", "err", dsn.RedactError(err))
-		code = exitRuntime
 	}
 	stopBG()
 	wg.Wait() // the agent releases its leases and removes its row before we go on
@@ -211,7 +210,22 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	return code
 }
 
+// binaryStatus is the collector's view of the start-up step.
+type binaryStatus struct {
+	schema       *database.SchemaStatus
+	agentStarted atomic.Bool
+}
+
+func (b *binaryStatus) Status() collector.Status {
+	s := b.schema.Get()
+	return collector.Status{
+		SchemaRead: s.Read, SchemaVersion: s.State.Version, SchemaCompatibleFrom: s.State.CompatibleFrom,
+		BinaryVersion: s.Binary, SchemaCompatible: s.Compatible, AgentStarted: b.agentStarted.Load(),
+	}
+}
+
 type wired struct {
+	status   *binaryStatus
 	database string // the main DSN rebuilt without its password, for log lines
 	pool     *pgxpool.Pool
 	agent    *liveness.Agent
@@ -277,6 +291,8 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		source = agent
 	}
 
+	status := &binaryStatus{schema: &database.SchemaStatus{}}
+	f.collectors.Status = status
 	f.collectors.Schema = f.schema
 	f.collectors.StaleThreshold = f.stale
 	f.collectors.DefinitiveDeadCutoff = f.definitiveDead
@@ -307,7 +323,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		}
 		mux.Handle("/", landing)
 	}
-	return &wired{database: dsn.Describe(mainDSN), pool: pool, agent: agent, mux: mux}, nil
+	return &wired{status: status, database: dsn.Describe(mainDSN), pool: pool, agent: agent, mux: mux}, nil
 }
 
 // validateLabelFlag refuses a value that ends up as a label value and in the database

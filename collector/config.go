@@ -33,6 +33,10 @@ type Config struct {
 	ScrapeTimeoutOffset  time.Duration // subtracted from X-Prometheus-Scrape-Timeout-Seconds
 	ScrapeDefaultTimeout time.Duration // the budget when that header is absent
 
+	// Status, when set, adds the schema metrics and tells the agent collector whether
+	// the agent was started. Not a flag: the binary sets it.
+	Status StatusSource
+
 	Instances     InstancesConfig
 	Leases        LeasesConfig
 	AdvisoryLocks AdvisoryLocksConfig

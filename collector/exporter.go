@@ -105,7 +105,7 @@ func New(cfg Config, pool *pgxpool.Pool, agent AgentSource, logger *slog.Logger)
 			logger.With("collector", NameStatements)))
 	}
 	if cfg.Agent.Enabled && agent != nil {
-		add(NameAgent, false, newAgentCollector(agent))
+		add(NameAgent, false, newAgentCollector(agent, cfg.Status))
 	}
 	if pool == nil {
 		for _, c := range e.collectors {
@@ -244,6 +244,9 @@ wait:
 	}
 	if !anyDB && e.pool != nil {
 		answered = e.pool.Ping(ctx) == nil
+	}
+	if e.cfg.Status != nil {
+		out = append(out, statusMetrics(e.cfg.Status.Status())...)
 	}
 	return append(out, prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, boolFloat(answered)))
 }

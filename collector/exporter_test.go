@@ -336,7 +336,7 @@ func (s stuck) Update(_ context.Context, ch chan<- prometheus.Metric) error {
 func TestStragglersAreNotAwaited(t *testing.T) {
 	s := stuck{release: make(chan struct{}), finished: make(chan struct{})}
 	e := &Exporter{cfg: DefaultConfig(), logger: discard(), collectors: []*entry{
-		{name: "agent", c: newAgentCollector(testAgent)},
+		{name: "agent", c: newAgentCollector(testAgent, nil)},
 		{name: "stuck", c: s},
 	}}
 	var once sync.Once
@@ -369,7 +369,7 @@ func TestStragglersAreNotAwaited(t *testing.T) {
 // drops what it sent before failing.
 func TestCollectorFailuresAreContained(t *testing.T) {
 	e := &Exporter{cfg: DefaultConfig(), logger: discard(), collectors: []*entry{
-		{name: "agent", c: newAgentCollector(testAgent)},
+		{name: "agent", c: newAgentCollector(testAgent, nil)},
 		{name: "failing", c: failing{}},
 		{name: "panicky", c: panicky{}},
 	}}

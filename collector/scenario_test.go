@@ -192,9 +192,17 @@ var scenarioRules = []approx{
 	{name: "pg_liveness_statement_seconds_total", lo: 1e-9, hi: 5, labels: []string{"statement", "lease_renew"}},
 }
 
+// fixedStatus stands in for the binary's start-up step: a schema migrated by a newer
+// release that still serves this binary, and a started agent.
+type fixedStatus Status
+
+func (s fixedStatus) Status() Status { return Status(s) }
+
 func scenarioConfig() Config {
 	cfg := DefaultConfig()
 	cfg.Schema = scenarioSchema
+	cfg.Status = fixedStatus{SchemaRead: true, SchemaVersion: 5, SchemaCompatibleFrom: 2, BinaryVersion: 4,
+		SchemaCompatible: true, AgentStarted: true}
 	return cfg
 }
 
