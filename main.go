@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -159,12 +160,28 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	logger := promslog.New(&promslog.Config{Level: f.log.Level, Format: f.log.Format, Writer: stderr})
 
 	// Everything that can be wrong with the configuration is found before listening.
+	if err := validateWeb(f); err != nil {
+		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
+		return exitConfig
+	}
 	w, err := wire(f, envDSN, logger)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
 		return exitConfig
 	}
 	defer w.pool.Close()
+	// Binding the listeners now turns a bad address or a port in use into a
+	// configuration error, before anything starts.
+	listeners, err := listen(f)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, err)
+		return exitConfig
+	}
+	defer func() {
+		for _, l := range listeners {
+			_ = l.Close()
+		}
+	}()
 	logger.Info("starting "+exporterName, "version", version.Info(), "database", w.database, "schema", f.schema, "agent", f.agent)
 
 	var wg sync.WaitGroup
@@ -190,7 +207,13 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 
 	srv := &http.Server{Handler: w.mux, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
-	go func() { served <- web.ListenAndServe(srv, f.web, logger) }()
+	go func() {
+		if listeners == nil { // systemd socket activation or vsock: the toolkit listens
+			served <- web.ListenAndServe(srv, f.web, logger)
+			return
+		}
+		served <- web.ServeMultiple(listeners, srv, f.web, logger)
+	}()
 
 	code := 0
 	select {
@@ -341,4 +364,73 @@ func validateLabelFlag(s string) error {
 		}
 	}
 	return nil
+}
+
+// validateWeb checks --web.telemetry-path and --web.config.file.
+func validateWeb(f *flags) error {
+	if err := validateTelemetryPath(f.telemetryPath); err != nil {
+		return fmt.Errorf("--web.telemetry-path %q: %w", f.telemetryPath, err)
+	}
+	if path := *f.web.WebConfigFile; path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("--web.config.file: %w", err)
+		}
+		empty := true
+		for _, line := range strings.Split(string(b), "\n") {
+			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") && line != "---" {
+				empty = false
+				break
+			}
+		}
+		if empty {
+			return fmt.Errorf("--web.config.file %s is empty: it would serve without TLS and authentication; leave the flag out to mean that", path)
+		}
+		if err := web.Validate(path); err != nil {
+			return fmt.Errorf("--web.config.file %s: %s", path, strings.ReplaceAll(err.Error(), "\n", " "))
+		}
+	}
+	return nil
+}
+
+// validateTelemetryPath accepts what http.ServeMux takes as a path pattern.
+func validateTelemetryPath(p string) (err error) {
+	if !strings.HasPrefix(p, "/") {
+		return errors.New(`must start with "/"`)
+	}
+	if strings.ContainsAny(p, " \t\n{}?#") {
+		return errors.New("must be a plain path without spaces, braces, ? or #")
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("not a valid path: %v", r)
+		}
+	}()
+	http.NewServeMux().Handle(p, http.NotFoundHandler())
+	return nil
+}
+
+// listen binds every --web.listen-address. It returns no listeners for systemd socket
+// activation and vsock addresses, which the toolkit opens itself.
+func listen(f *flags) ([]net.Listener, error) {
+	if f.web.WebSystemdSocket != nil && *f.web.WebSystemdSocket {
+		return nil, nil
+	}
+	for _, a := range *f.web.WebListenAddresses {
+		if strings.HasPrefix(a, "vsock://") {
+			return nil, nil
+		}
+	}
+	var ls []net.Listener
+	for _, a := range *f.web.WebListenAddresses {
+		l, err := net.Listen("tcp", a)
+		if err != nil {
+			for _, l := range ls {
+				_ = l.Close()
+			}
+			return nil, fmt.Errorf("--web.listen-address %q: %w", a, err)
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
 }
