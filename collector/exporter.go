@@ -95,7 +95,7 @@ func New(cfg Config, pool *pgxpool.Pool, agent AgentSource, logger *slog.Logger)
 		add(NameInstances, true, newInstancesCollector(pool, schema, cfg))
 	}
 	if cfg.Leases.Enabled {
-		add(NameLeases, true, newLeasesCollector(pool, leasesTable))
+		add(NameLeases, true, newLeasesCollector(pool, leasesTable, cfg.Leases.MaxSeries, logger.With("collector", NameLeases)))
 	}
 	if cfg.AdvisoryLocks.Enabled {
 		add(NameAdvisoryLocks, true, newAdvisoryLocksCollector(pool, schema, cfg.AdvisoryLocks.MaxApplications))

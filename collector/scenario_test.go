@@ -293,6 +293,13 @@ pg_liveness_lease_holder_info{holder_host="node-2",lease="mail"} 1
 # TYPE pg_liveness_lease_held_for_seconds gauge
 pg_liveness_lease_held_for_seconds{lease="mail"} 200
 pg_liveness_lease_held_for_seconds{lease="uptime"} 10
+# TYPE pg_liveness_leases_folded gauge
+pg_liveness_leases_folded 0
+# TYPE pg_liveness_lease_row_anomalies gauge
+pg_liveness_lease_row_anomalies{kind="duplicate_name"} 0
+pg_liveness_lease_row_anomalies{kind="invalid_utf8"} 0
+pg_liveness_lease_row_anomalies{kind="null_name"} 0
+pg_liveness_lease_row_anomalies{kind="null_value"} 0
 # TYPE pg_liveness_scrape_collector_duration_seconds gauge
 pg_liveness_scrape_collector_duration_seconds{collector="leases"} 0
 # TYPE pg_liveness_scrape_collector_success gauge
@@ -302,7 +309,7 @@ pg_liveness_up 1
 `
 	for _, table := range []string{"blog.leases", "Job Leases"} {
 		t.Run(table, func(t *testing.T) {
-			cfg := Config{Leases: LeasesConfig{Enabled: true, Table: table},
+			cfg := Config{Leases: LeasesConfig{Enabled: true, Table: table, MaxSeries: 10},
 				ScrapeDefaultTimeout: 10 * time.Second}
 			e := newExporter(t, cfg, exporterPool(t, db.DSN, 1, nil), nil, nil)
 			compareExposition(t, scrapeFamilies(t, e), want,
