@@ -55,6 +55,11 @@ var (
 	durationDesc = prometheus.NewDesc(namespace+"_scrape_collector_duration_seconds",
 		"Time a collector took in this scrape; the whole budget when it missed the deadline.",
 		[]string{"collector"}, nil)
+	downReasonDesc = prometheus.NewDesc(namespace+"_database_down_reason",
+		"1 for why PostgreSQL did not answer this scrape (pg_liveness_up 0): auth (the login was refused: password, pg_hba.conf, role), "+
+			"unavailable (the server refused the session: starting, shutting down, too many connections), connection (no connection: "+
+			"network, TLS, DNS), timeout (no answer within the scrape deadline). All 0 while it answers.",
+		[]string{"reason"}, nil)
 	successDesc = prometheus.NewDesc(namespace+"_scrape_collector_success",
 		"1 when a collector succeeded in this scrape, 0 when it failed or missed the deadline.",
 		[]string{"collector"}, nil)
@@ -223,6 +228,7 @@ wait:
 
 	var out []prometheus.Metric
 	answered, anyDB := false, false
+	var downErr error // the first database collector's failure
 	for i, c := range e.collectors {
 		r := done[i]
 		if r == nil {
@@ -231,6 +237,9 @@ wait:
 		anyDB = anyDB || c.db
 		if c.db && (r.err == nil || isServerError(r.err)) {
 			answered = true
+		}
+		if c.db && r.err != nil && downErr == nil {
+			downErr = r.err
 		}
 		success := 0.0
 		if r.err == nil {
@@ -243,7 +252,17 @@ wait:
 			prometheus.MustNewConstMetric(successDesc, prometheus.GaugeValue, success, c.name))
 	}
 	if !anyDB && e.pool != nil {
-		answered = e.pool.Ping(ctx) == nil
+		downErr = e.pool.Ping(ctx)
+		answered = downErr == nil
+	}
+	if anyDB || e.pool != nil {
+		reason := ""
+		if !answered {
+			reason = downReason(downErr)
+		}
+		for _, r := range downReasons {
+			out = append(out, prometheus.MustNewConstMetric(downReasonDesc, prometheus.GaugeValue, boolFloat(r == reason), r))
+		}
 	}
 	if e.cfg.Status != nil {
 		out = append(out, statusMetrics(e.cfg.Status.Status())...)
@@ -273,6 +292,23 @@ func run(ctx context.Context, c Collector) (ms []prometheus.Metric, err error) {
 		err = c.Update(ctx, ch)
 	}()
 	return <-collected, err
+}
+
+var downReasons = []string{"auth", "connection", "timeout", "unavailable"}
+
+// downReason classifies why PostgreSQL did not answer.
+func downReason(err error) string {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "28"):
+		return "auth"
+	case errors.As(err, &pgErr):
+		return "unavailable"
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		return "timeout"
+	default:
+		return "connection"
+	}
 }
 
 // isServerError reports whether PostgreSQL answered a statement with an error, which

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -29,7 +30,9 @@ type PoolConfig struct {
 	ConnectTimeout  time.Duration // per connection attempt, unless the DSN sets one
 }
 
-// NewPool builds a pool for short statements. Errors carry no password.
+// NewPool builds a pool for short statements. Errors carry no password. Its connection
+// attempts go through a gate: one at a time until one succeeds, and none for a growing
+// while after PostgreSQL refused the login.
 func NewPool(cfg PoolConfig) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(cfg.DSN)
 	if err != nil {
@@ -48,6 +51,9 @@ func NewPool(cfg PoolConfig) (*pgxpool.Pool, error) {
 	}
 	// Keep the client side of pool connections from hanging on a dead peer.
 	pc.ConnConfig.DialFunc = (&net.Dialer{KeepAlive: 15 * time.Second, Timeout: pc.ConnConfig.ConnectTimeout}).DialContext
+	gate := &connectGate{}
+	pc.ConnConfig.Tracer = gateTracer{gate: gate, next: pc.ConnConfig.Tracer}
+	pc.BeforeConnect = func(ctx context.Context, _ *pgx.ConnConfig) error { return gate.before(ctx) }
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
 		return nil, dsn.RedactError(err)
