@@ -215,14 +215,26 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 		served <- web.ServeMultiple(listeners, srv, f.web, logger)
 	}()
 
+	// SIGHUP reloads what can be reloaded and never stops the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
 	code := 0
-	select {
-	case <-ctx.Done():
-		logger.Info("shutting down")
-	case err := <-served:
-		if !errors.Is(err, http.ErrServerClosed) {
-			logger.Error("cannot serve", "err", err)
-			code = exitRuntime
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			logger.Info("shutting down")
+			break loop
+		case <-hup:
+			reload(f, w, logger)
+		case err := <-served:
+			if !errors.Is(err, http.ErrServerClosed) {
+				logger.Error("cannot serve", "err", err)
+				code = exitRuntime
+			}
+			break loop
 		}
 	}
 	stopBG()
@@ -248,11 +260,12 @@ func (b *binaryStatus) Status() collector.Status {
 }
 
 type wired struct {
-	status   *binaryStatus
-	database string // the main DSN rebuilt without its password, for log lines
-	pool     *pgxpool.Pool
-	agent    *liveness.Agent
-	mux      *http.ServeMux
+	dsnSwitch *database.DSNSwitch
+	status    *binaryStatus
+	database  string // the main DSN rebuilt without its password, for log lines
+	pool      *pgxpool.Pool
+	agent     *liveness.Agent
+	mux       *http.ServeMux
 }
 
 func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
@@ -279,7 +292,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 	if f.connectTimeout <= 0 {
 		return nil, fmt.Errorf("--db.connect-timeout must be above zero, got %s", f.connectTimeout)
 	}
-	pool, err := database.NewPool(database.PoolConfig{
+	pool, dsnSwitch, err := database.NewSwitchablePool(database.PoolConfig{
 		DSN: mainDSN, MaxConns: int32(f.maxConns), ApplicationName: exporterName + ":pool", ConnectTimeout: f.connectTimeout,
 	})
 	if err != nil {
@@ -346,7 +359,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		}
 		mux.Handle("/", landing)
 	}
-	return &wired{status: status, database: dsn.Describe(mainDSN), pool: pool, agent: agent, mux: mux}, nil
+	return &wired{dsnSwitch: dsnSwitch, status: status, database: dsn.Describe(mainDSN), pool: pool, agent: agent, mux: mux}, nil
 }
 
 // validateLabelFlag refuses a value that ends up as a label value and in the database
@@ -433,4 +446,23 @@ func listen(f *flags) ([]net.Listener, error) {
 		ls = append(ls, l)
 	}
 	return ls, nil
+}
+
+// reload handles SIGHUP: it re-reads --db.dsn-file, whose DSN the pool's new connections
+// then use (credential rotation). The web config file needs no reload: it is read for
+// every new connection. The alive lock's direct connection keeps the DSN it started with.
+func reload(f *flags, w *wired, logger *slog.Logger) {
+	if f.dsnFile == "" {
+		logger.Info("SIGHUP: nothing to reload without --db.dsn-file; the web config file is re-read on every connection")
+		return
+	}
+	s, err := dsn.Resolve("", f.dsnFile, "")
+	if err == nil {
+		err = w.dsnSwitch.Set(s)
+	}
+	if err != nil {
+		logger.Error("SIGHUP: keeping the previous DSN", "err", dsn.RedactError(err))
+		return
+	}
+	logger.Info("SIGHUP: reloaded --db.dsn-file; new pool connections use it", "database", dsn.Describe(s))
 }

@@ -30,16 +30,58 @@ type PoolConfig struct {
 	ConnectTimeout  time.Duration // per connection attempt, unless the DSN sets one
 }
 
+// DSNSwitch replaces the DSN that the pool's new connections use.
+type DSNSwitch struct {
+	mu   sync.Mutex
+	cfg  *pgx.ConnConfig
+	gate *connectGate
+}
+
+// Set parses s and makes new connections use its hosts, user, password, database and TLS
+// settings; open connections are kept. A refused login's backoff ends. The error quotes
+// nothing of s.
+func (w *DSNSwitch) Set(s string) error {
+	if err := dsn.Validate(s); err != nil {
+		return err
+	}
+	cfg, err := pgx.ParseConfig(s)
+	if err != nil {
+		return dsn.RedactError(err)
+	}
+	w.mu.Lock()
+	w.cfg = cfg
+	w.mu.Unlock()
+	w.gate.Reset()
+	return nil
+}
+
+func (w *DSNSwitch) apply(cc *pgx.ConnConfig) {
+	w.mu.Lock()
+	n := w.cfg
+	w.mu.Unlock()
+	if n == nil {
+		return
+	}
+	cc.Host, cc.Port, cc.Database, cc.User, cc.Password = n.Host, n.Port, n.Database, n.User, n.Password
+	cc.TLSConfig, cc.Fallbacks = n.TLSConfig, n.Fallbacks
+}
+
 // NewPool builds a pool for short statements. Errors carry no password. Its connection
 // attempts go through a gate: one at a time until one succeeds, and none for a growing
 // while after PostgreSQL refused the login.
 func NewPool(cfg PoolConfig) (*pgxpool.Pool, error) {
+	pool, _, err := NewSwitchablePool(cfg)
+	return pool, err
+}
+
+// NewSwitchablePool is NewPool, and returns the switch that changes its DSN (on a reload).
+func NewSwitchablePool(cfg PoolConfig) (*pgxpool.Pool, *DSNSwitch, error) {
 	pc, err := pgxpool.ParseConfig(cfg.DSN)
 	if err != nil {
-		return nil, dsn.RedactError(err)
+		return nil, nil, dsn.RedactError(err)
 	}
 	if cfg.MaxConns < 1 {
-		return nil, fmt.Errorf("--db.max-conns must be at least 1, got %d", cfg.MaxConns)
+		return nil, nil, fmt.Errorf("--db.max-conns must be at least 1, got %d", cfg.MaxConns)
 	}
 	pc.MaxConns = cfg.MaxConns
 	pc.MinConns = 0
@@ -53,12 +95,16 @@ func NewPool(cfg PoolConfig) (*pgxpool.Pool, error) {
 	pc.ConnConfig.DialFunc = (&net.Dialer{KeepAlive: 15 * time.Second, Timeout: pc.ConnConfig.ConnectTimeout}).DialContext
 	gate := &connectGate{}
 	pc.ConnConfig.Tracer = gateTracer{gate: gate, next: pc.ConnConfig.Tracer}
-	pc.BeforeConnect = func(ctx context.Context, _ *pgx.ConnConfig) error { return gate.before(ctx) }
+	sw := &DSNSwitch{gate: gate}
+	pc.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+		sw.apply(cc)
+		return gate.before(ctx)
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
-		return nil, dsn.RedactError(err)
+		return nil, nil, dsn.RedactError(err)
 	}
-	return pool, nil
+	return pool, sw, nil
 }
 
 // SchemaState is what PrepareSchema found out, for the exporter's metrics.
