@@ -118,7 +118,7 @@ func TestMissingPrivilegeIsNotRetriedAndShows(t *testing.T) {
 		GRANT SELECT ON ALL TABLES IN SCHEMA liveness TO weak`, pw, db.Name))
 	dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=weak password=%s dbname=%s sslmode=disable", srv.Port, pw, db.Name)
 	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + dsn})
-	body := p.waitFor(t, `(?m)^pg_liveness_agent_joined 0$`, 30*time.Second)
+	p.waitFor(t, `(?m)^pg_liveness_agent_joined 0$`, 30*time.Second)
 	deadline := time.Now().Add(20 * time.Second)
 	for !strings.Contains(p.Logs(), "serving as an observer only") && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
@@ -131,7 +131,7 @@ func TestMissingPrivilegeIsNotRetriedAndShows(t *testing.T) {
 	if strings.Contains(logs, "retrying") {
 		t.Errorf("a permission error was retried:\n%s", logs)
 	}
-	body = p.scrape(t)
+	body := p.scrape(t)
 	for _, want := range []string{"pg_liveness_agent_joined 0", "pg_liveness_up 1",
 		fmt.Sprintf("pg_liveness_schema_version %d", migrations.Latest()-1)} {
 		if !strings.Contains(body, want+"\n") {

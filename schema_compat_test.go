@@ -43,11 +43,11 @@ func TestOlderBinaryAgainstNewerSchema(t *testing.T) {
 			p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--agent.instance-id="+id,
 				"--agent.heartbeat-interval=300ms", "--agent.heartbeat-slow-interval=600ms",
 				"--agent.stale-threshold=2s", "--agent.definitive-dead-cutoff=5s")
-			body := p.waitFor(t, `(?m)^`+tc.want[0]+`$`, 30*time.Second)
+			p.waitFor(t, `(?m)^`+tc.want[0]+`$`, 30*time.Second)
 			if tc.compatFrom > latest {
 				time.Sleep(2 * time.Second) // the agent would have beaten by now
 			}
-			body = p.waitFor(t, `(?m)^`+tc.want[1]+`$`, 30*time.Second)
+			body := p.waitFor(t, `(?m)^`+tc.want[1]+`$`, 30*time.Second)
 			for _, want := range append(tc.want, fmt.Sprintf("pg_liveness_schema_version %d", latest+1),
 				fmt.Sprintf("pg_liveness_schema_binary_version %d", latest)) {
 				if !strings.Contains(body, want+"\n") {
