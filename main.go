@@ -11,13 +11,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/google/uuid"
@@ -36,6 +40,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
 const exporterName = "pg_liveness_exporter"
@@ -157,28 +162,45 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	logger := promslog.New(&promslog.Config{Level: f.log.Level, Format: f.log.Format, Writer: stderr})
 
 	// Everything that can be wrong with the configuration is found before listening.
+	if err := validateWeb(f); err != nil {
+		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
+		return exitConfig
+	}
 	w, err := wire(f, envDSN, logger)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
 		return exitConfig
 	}
 	defer w.pool.Close()
-	logger.Info("starting "+exporterName, "version", version.Info(), "schema", f.schema, "agent", f.agent)
+	// Binding the listeners now turns a bad address or a port in use into a
+	// configuration error, before anything starts.
+	listeners, err := listen(f)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, err)
+		return exitConfig
+	}
+	defer func() {
+		for _, l := range listeners {
+			_ = l.Close()
+		}
+	}()
+	logger.Info("starting "+exporterName, "version", version.Info(), "database", w.database, "schema", f.schema, "agent", f.agent)
 
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)
 	defer stopBG()
-	fatal := make(chan error, 1)
 	wg.Go(func() {
-		if f.applyMigrations {
-			if err := database.ApplyMigrations(bg, w.pool, f.schema, logger); err != nil {
-				if bg.Err() == nil {
-					fatal <- err
-				}
-				return
+		// Whatever happens here, the exporter keeps serving: an agent that cannot join
+		// leaves an observer, and pg_liveness_agent_joined says so.
+		err := database.PrepareSchema(bg, w.pool, f.schema, f.applyMigrations, w.status.schema, logger.With("component", "schema"))
+		if err != nil {
+			if bg.Err() == nil {
+				logger.Error("serving as an observer only", "agent", w.agent != nil, "err", dsn.RedactError(err))
 			}
+			return
 		}
 		if w.agent != nil {
+			w.status.agentStarted.Store(true)
 			if err := w.agent.Run(bg); err != nil {
 				logger.Error("agent shutdown", "err", dsn.RedactError(err))
 			}
@@ -187,20 +209,35 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 
 	srv := &http.Server{Handler: w.mux, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
-	go func() { served <- web.ListenAndServe(srv, f.web, logger) }()
+	go func() {
+		if listeners == nil { // systemd socket activation or vsock: the toolkit listens
+			served <- web.ListenAndServe(srv, f.web, logger)
+			return
+		}
+		served <- web.ServeMultiple(listeners, srv, f.web, logger)
+	}()
+
+	// SIGHUP reloads what can be reloaded and never stops the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 
 	code := 0
-	select {
-	case <-ctx.Done():
-		logger.Info("shutting down")
-	case err := <-served:
-		if !errors.Is(err, http.ErrServerClosed) {
-			logger.Error("cannot serve", "err", err)
-			code = exitRuntime
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			logger.Info("shutting down")
+			break loop
+		case <-hup:
+			reload(f, w, logger)
+		case err := <-served:
+			if !errors.Is(err, http.ErrServerClosed) {
+				logger.Error("cannot serve", "err", err)
+				code = exitRuntime
+			}
+			break loop
 		}
-	case err := <-fatal:
-		logger.Error("refusing to run", "err", dsn.RedactError(err))
-		code = exitRuntime
 	}
 	stopBG()
 	wg.Wait() // the agent releases its leases and removes its row before we go on
@@ -210,10 +247,27 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	return code
 }
 
+// binaryStatus is the collector's view of the start-up step.
+type binaryStatus struct {
+	schema       *database.SchemaStatus
+	agentStarted atomic.Bool
+}
+
+func (b *binaryStatus) Status() collector.Status {
+	s := b.schema.Get()
+	return collector.Status{
+		SchemaRead: s.Read, SchemaVersion: s.State.Version, SchemaCompatibleFrom: s.State.CompatibleFrom,
+		BinaryVersion: s.Binary, SchemaCompatible: s.Compatible, AgentStarted: b.agentStarted.Load(),
+	}
+}
+
 type wired struct {
-	pool  *pgxpool.Pool
-	agent *liveness.Agent
-	mux   *http.ServeMux
+	dsnSwitch *database.DSNSwitch
+	status    *binaryStatus
+	database  string // the main DSN rebuilt without its password, for log lines
+	pool      *pgxpool.Pool
+	agent     *liveness.Agent
+	mux       *http.ServeMux
 }
 
 func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
@@ -228,8 +282,11 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		}
 		directDSN = f.directDSN
 	}
-	if f.schema == "" {
-		return nil, errors.New("--db.schema must not be empty")
+	if err := migrations.ValidateSchemaName(f.schema); err != nil {
+		return nil, fmt.Errorf("--db.schema %s", err)
+	}
+	if err := validateLabelFlag(f.serviceName); err != nil {
+		return nil, fmt.Errorf("--agent.service-name: %w", err)
 	}
 	if f.maxConns < 1 || f.maxConns > 1000 {
 		return nil, fmt.Errorf("--db.max-conns must be between 1 and 1000, got %d", f.maxConns)
@@ -237,7 +294,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 	if f.connectTimeout <= 0 {
 		return nil, fmt.Errorf("--db.connect-timeout must be above zero, got %s", f.connectTimeout)
 	}
-	pool, err := database.NewPool(database.PoolConfig{
+	pool, dsnSwitch, err := database.NewSwitchablePool(database.PoolConfig{
 		DSN: mainDSN, MaxConns: int32(f.maxConns), ApplicationName: exporterName + ":pool", ConnectTimeout: f.connectTimeout,
 	})
 	if err != nil {
@@ -272,6 +329,8 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		source = agent
 	}
 
+	status := &binaryStatus{schema: &database.SchemaStatus{}}
+	f.collectors.Status = status
 	f.collectors.Schema = f.schema
 	f.collectors.StaleThreshold = f.stale
 	f.collectors.DefinitiveDeadCutoff = f.definitiveDead
@@ -302,5 +361,110 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		}
 		mux.Handle("/", landing)
 	}
-	return &wired{pool: pool, agent: agent, mux: mux}, nil
+	return &wired{dsnSwitch: dsnSwitch, status: status, database: dsn.Describe(mainDSN), pool: pool, agent: agent, mux: mux}, nil
+}
+
+// validateLabelFlag refuses a value that ends up as a label value and in the database
+// as text: it must be non-empty, valid UTF-8 and free of control characters.
+func validateLabelFlag(s string) error {
+	if s == "" {
+		return errors.New("must not be empty")
+	}
+	if !utf8.ValidString(s) {
+		return errors.New("is not valid UTF-8")
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("contains the control character %U", r)
+		}
+	}
+	return nil
+}
+
+// validateWeb checks --web.telemetry-path and --web.config.file.
+func validateWeb(f *flags) error {
+	if err := validateTelemetryPath(f.telemetryPath); err != nil {
+		return fmt.Errorf("--web.telemetry-path %q: %w", f.telemetryPath, err)
+	}
+	if path := *f.web.WebConfigFile; path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("--web.config.file: %w", err)
+		}
+		empty := true
+		for _, line := range strings.Split(string(b), "\n") {
+			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") && line != "---" {
+				empty = false
+				break
+			}
+		}
+		if empty {
+			return fmt.Errorf("--web.config.file %s is empty: it would serve without TLS and authentication; leave the flag out to mean that", path)
+		}
+		if err := web.Validate(path); err != nil {
+			return fmt.Errorf("--web.config.file %s: %s", path, strings.ReplaceAll(err.Error(), "\n", " "))
+		}
+	}
+	return nil
+}
+
+// validateTelemetryPath accepts what http.ServeMux takes as a path pattern.
+func validateTelemetryPath(p string) (err error) {
+	if !strings.HasPrefix(p, "/") {
+		return errors.New(`must start with "/"`)
+	}
+	if strings.ContainsAny(p, " \t\n{}?#") {
+		return errors.New("must be a plain path without spaces, braces, ? or #")
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("not a valid path: %v", r)
+		}
+	}()
+	http.NewServeMux().Handle(p, http.NotFoundHandler())
+	return nil
+}
+
+// listen binds every --web.listen-address. It returns no listeners for systemd socket
+// activation and vsock addresses, which the toolkit opens itself.
+func listen(f *flags) ([]net.Listener, error) {
+	if f.web.WebSystemdSocket != nil && *f.web.WebSystemdSocket {
+		return nil, nil
+	}
+	for _, a := range *f.web.WebListenAddresses {
+		if strings.HasPrefix(a, "vsock://") {
+			return nil, nil
+		}
+	}
+	var ls []net.Listener
+	for _, a := range *f.web.WebListenAddresses {
+		l, err := net.Listen("tcp", a)
+		if err != nil {
+			for _, l := range ls {
+				_ = l.Close()
+			}
+			return nil, fmt.Errorf("--web.listen-address %q: %w", a, err)
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
+}
+
+// reload handles SIGHUP: it re-reads --db.dsn-file, whose DSN the pool's new connections
+// then use (credential rotation). The web config file needs no reload: it is read for
+// every new connection. The alive lock's direct connection keeps the DSN it started with.
+func reload(f *flags, w *wired, logger *slog.Logger) {
+	if f.dsnFile == "" {
+		logger.Info("SIGHUP: nothing to reload without --db.dsn-file; the web config file is re-read on every connection")
+		return
+	}
+	s, err := dsn.Resolve("", f.dsnFile, "")
+	if err == nil {
+		err = w.dsnSwitch.Set(s)
+	}
+	if err != nil {
+		logger.Error("SIGHUP: keeping the previous DSN", "err", dsn.RedactError(err))
+		return
+	}
+	logger.Info("SIGHUP: reloaded --db.dsn-file; new pool connections use it", "database", dsn.Describe(s))
 }

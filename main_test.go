@@ -175,6 +175,17 @@ func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
 		{"dead cutoff too low", nil, []string{"--db.dsn=host=x", "--agent.definitive-dead-cutoff=100s"}, "--agent.definitive-dead-cutoff"},
 		{"zero interval", nil, []string{"--db.dsn=host=x", "--agent.heartbeat-interval=0s"}, "--agent.heartbeat-interval"},
 		{"zero max conns", nil, []string{"--db.dsn=host=x", "--db.max-conns=0"}, "--db.max-conns"},
+		{"empty schema", nil, []string{"--db.dsn=host=x", "--db.schema="}, "--db.schema"},
+		{"schema cut by the server", nil, []string{"--db.dsn=host=x", "--db.schema=" + strings.Repeat("s", 64)}, "--db.schema"},
+		{"reserved schema", nil, []string{"--db.dsn=host=x", "--db.schema=pg_liveness"}, "--db.schema"},
+		{"service name not utf-8", nil, []string{"--db.dsn=host=x", "--agent.service-name=api\xff"}, "--agent.service-name"},
+		{"service name control character", nil, []string{"--db.dsn=host=x", "--agent.service-name=api\nworker"}, "--agent.service-name"},
+		{"telemetry path without slash", nil, []string{"--db.dsn=host=x", "--web.telemetry-path=metrics"}, "--web.telemetry-path"},
+		{"telemetry path with a pattern", nil, []string{"--db.dsn=host=x", "--web.telemetry-path=/metrics/{x}"}, "--web.telemetry-path"},
+		{"listen address without port", nil, []string{"--db.dsn=host=x", "--web.listen-address=127.0.0.1"}, "--web.listen-address"},
+		{"listen address bad port", nil, []string{"--db.dsn=host=x", "--web.listen-address=127.0.0.1:notaport"}, "--web.listen-address"},
+		{"missing web config", nil, []string{"--db.dsn=host=x", "--web.config.file=/nonexistent/web.yml"}, "--web.config.file"},
+		{"empty service name", nil, []string{"--db.dsn=host=x", "--agent.service-name="}, "--agent.service-name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out := runToExit(t, tc.env, tc.args...)
@@ -190,6 +201,53 @@ func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
 			}
 			if strings.Contains(out, pw) {
 				t.Errorf("output leaks the password:\n%s", out)
+			}
+		})
+	}
+}
+
+// Web configuration that cannot work is refused before anything starts: exit 2, one line
+// naming the flag, and no "starting" or "Listening" line before it.
+func TestBadWebConfigurationExitsTwo(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"yaml error", []string{"--web.config.file=" + write("bad.yml", "tls_server_config: [unclosed\n")}, "--web.config.file"},
+		{"unknown field", []string{"--web.config.file=" + write("unknown.yml", "tls_server_config:\n  no_such_field: 1\n")}, "--web.config.file"},
+		{"missing certificate", []string{"--web.config.file=" + write("nocert.yml", "tls_server_config:\n  cert_file: missing.crt\n  key_file: missing.key\n")}, "--web.config.file"},
+		{"empty file", []string{"--web.config.file=" + write("empty.yml", "")}, "--web.config.file"},
+		{"only comments", []string{"--web.config.file=" + write("comments.yml", "# nothing here\n\n")}, "--web.config.file"},
+		{"port in use", []string{"--web.listen-address=" + busy.Addr().String()}, "--web.listen-address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--db.dsn=host=127.0.0.1 port=1"}, tc.args...)
+			if !strings.HasPrefix(tc.args[0], "--web.listen-address") {
+				args = append(args, "--web.listen-address=127.0.0.1:0") // never the default :9816
+			}
+			code, out := runToExit(t, nil, args...)
+			if code != exitConfig {
+				t.Fatalf("exit code %d, want %d; output:\n%s", code, exitConfig, out)
+			}
+			if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 1 {
+				t.Errorf("want one line, got %d:\n%s", len(lines), out)
+			}
+			if !strings.Contains(out, tc.want) {
+				t.Errorf("output does not name %s:\n%s", tc.want, out)
 			}
 		})
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/migrationstest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
@@ -30,7 +31,7 @@ func TestLeastPrivileges(t *testing.T) {
 	for _, role := range []string{"liveness_observer", "liveness_agent"} {
 		db.Exec(t, fmt.Sprintf(`GRANT CONNECT ON DATABASE %s TO %s;
 			GRANT USAGE ON SCHEMA liveness TO %[2]s;
-			GRANT SELECT ON liveness.instances, liveness.leases,
+			GRANT SELECT ON liveness.instances, liveness.leases, liveness.schema_migrations,
 			                liveness.instance_alive_locks, liveness.bigint_advisory_locks TO %[2]s;
 			GRANT pg_read_all_stats TO %[2]s`, db.Name, role))
 	}
@@ -79,6 +80,66 @@ func TestLeastPrivileges(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("observer scrape:\n%s", body)
+	}
+
+	// The same agent without --no-migrations.apply: the schema is current, so it needs
+	// no CREATE privilege and joins.
+	joiner := startExporter(t, []string{"DATA_SOURCE_NAME=" + dsnFor("liveness_agent")},
+		"--agent.heartbeat-interval=300ms", "--agent.heartbeat-slow-interval=600ms",
+		"--agent.stale-threshold=2s", "--agent.definitive-dead-cutoff=5s")
+	body = joiner.waitFor(t, `(?m)^pg_liveness_agent_joined 1$`, 30*time.Second)
+	for _, want := range []string{"pg_liveness_agent_alive_lock_held 1", "pg_liveness_schema_compatible 1", "pg_liveness_up 1"} {
+		if !strings.Contains(body, want+"\n") {
+			t.Errorf("agent with least privileges and migrations on: no %q", want)
+		}
+	}
+	if strings.Contains(joiner.Logs(), "permission denied") {
+		t.Errorf("agent with least privileges and migrations on hit a permission error:\n%s", joiner.Logs())
+	}
+}
+
+// An agent that lacks a privilege it needs does not retry forever: it logs one line,
+// keeps serving as an observer and says in pg_liveness_agent_joined that it has not
+// joined, while pg_liveness_up stays about the database alone.
+func TestMissingPrivilegeIsNotRetriedAndShows(t *testing.T) {
+	srv := pgtest.NewServer(t)
+	db := pgtest.NewDBOn(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// A schema one migration behind, which this role may not migrate.
+	old := migrationstest.Future(t, 1)[:migrations.Latest()-1]
+	if _, err := old.Apply(ctx, db.Pool(t, 1), "liveness"); err != nil {
+		t.Fatal(err)
+	}
+	const pw = "no-create-pw"
+	db.Exec(t, fmt.Sprintf(`CREATE ROLE weak LOGIN PASSWORD '%s';
+		REVOKE CREATE ON DATABASE %s FROM PUBLIC;
+		GRANT USAGE ON SCHEMA liveness TO weak;
+		GRANT SELECT ON ALL TABLES IN SCHEMA liveness TO weak`, pw, db.Name))
+	dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=weak password=%s dbname=%s sslmode=disable", srv.Port, pw, db.Name)
+	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + dsn})
+	p.waitFor(t, `(?m)^pg_liveness_agent_joined 0$`, 30*time.Second)
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(p.Logs(), "serving as an observer only") && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second) // a retry loop would log again within this
+	logs := p.Logs()
+	if n := strings.Count(logs, "serving as an observer only"); n != 1 {
+		t.Fatalf("%d \"serving as an observer only\" lines, want 1:\n%s", n, logs)
+	}
+	if strings.Contains(logs, "retrying") {
+		t.Errorf("a permission error was retried:\n%s", logs)
+	}
+	body := p.scrape(t)
+	for _, want := range []string{"pg_liveness_agent_joined 0", "pg_liveness_up 1",
+		fmt.Sprintf("pg_liveness_schema_version %d", migrations.Latest()-1)} {
+		if !strings.Contains(body, want+"\n") {
+			t.Errorf("no %q in:\n%s", want, body)
+		}
+	}
+	if strings.Contains(logs, pw) || strings.Contains(body, pw) {
+		t.Error("the password was printed")
 	}
 }
 

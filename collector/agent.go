@@ -15,18 +15,22 @@ var lostReasons = []liveness.LostReason{liveness.LostExpired, liveness.LostTaken
 // agentCollector reports the local agent from its snapshot; it does not touch the
 // database.
 type agentCollector struct {
-	agent AgentSource
+	agent  AgentSource
+	status StatusSource // may be nil: the agent then counts as started
 
 	info, lockHeld, interval, beats, failures, lastBeat, reconnects *prometheus.Desc
-	leaseHeld, leasesLost, reaped                                   *prometheus.Desc
+	leaseHeld, leasesLost, reaped, joined                           *prometheus.Desc
 }
 
-func newAgentCollector(agent AgentSource) *agentCollector {
+func newAgentCollector(agent AgentSource, status StatusSource) *agentCollector {
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(namespace+"_agent_"+name, help, labels, nil)
 	}
 	return &agentCollector{
-		agent:    agent,
+		agent:  agent,
+		status: status,
+		joined: desc("joined", "1 once the agent runs and has written its instance row (a successful heartbeat); 0 while it waits for "+
+			"the database or the schema, or when it gave up (missing privilege, a schema that no longer serves this binary)."),
 		info:     desc("info", "The local agent's identity; always 1.", "instance_id", "service", "mode"),
 		lockHeld: desc("alive_lock_held", "1 while the agent holds its alive lock, verified on its own backend."),
 		interval: desc("heartbeat_interval_seconds", "Heartbeat cadence chosen on the last tick."),
@@ -49,6 +53,8 @@ func (c *agentCollector) Update(_ context.Context, ch chan<- prometheus.Metric) 
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
+	started := c.status == nil || c.status.Status().AgentStarted
+	gauge(c.joined, boolFloat(started && s.Heartbeat.Beats > 0))
 	gauge(c.info, 1, s.InstanceID.String(), s.ServiceName, string(s.Mode))
 	gauge(c.lockHeld, boolFloat(s.AliveLock.Held))
 	gauge(c.interval, s.Heartbeat.Interval.Seconds())

@@ -33,6 +33,10 @@ type Config struct {
 	ScrapeTimeoutOffset  time.Duration // subtracted from X-Prometheus-Scrape-Timeout-Seconds
 	ScrapeDefaultTimeout time.Duration // the budget when that header is absent
 
+	// Status, when set, adds the schema metrics and tells the agent collector whether
+	// the agent was started. Not a flag: the binary sets it.
+	Status StatusSource
+
 	Instances     InstancesConfig
 	Leases        LeasesConfig
 	AdvisoryLocks AdvisoryLocksConfig
@@ -53,6 +57,9 @@ type LeasesConfig struct {
 	Enabled bool
 	// Table is "table" or "schema.table"; "" means <Schema>.leases.
 	Table string
+	// MaxSeries caps the leases exported one by one, the most urgent (expired, or
+	// soonest to expire) first; the rest are exported together as lease="other".
+	MaxSeries int
 }
 
 // AdvisoryLocksConfig configures the advisory_locks collector.
@@ -96,6 +103,7 @@ const (
 	defaultScrapeDefaultTimeout = 10 * time.Second
 	defaultMaxSeries            = 500
 	defaultMaxApplications      = 50
+	defaultMaxLeases            = 500
 	defaultStatementsCacheSize  = 10000
 )
 
@@ -108,7 +116,7 @@ func DefaultConfig() Config {
 		ScrapeTimeoutOffset:  defaultScrapeTimeoutOffset,
 		ScrapeDefaultTimeout: defaultScrapeDefaultTimeout,
 		Instances:            InstancesConfig{Enabled: true, MaxSeries: defaultMaxSeries},
-		Leases:               LeasesConfig{Enabled: true},
+		Leases:               LeasesConfig{Enabled: true, MaxSeries: defaultMaxLeases},
 		AdvisoryLocks:        AdvisoryLocksConfig{Enabled: true, MaxApplications: defaultMaxApplications},
 		Statements:           StatementsConfig{Enabled: true, CacheSize: defaultStatementsCacheSize},
 		Agent:                AgentConfig{Enabled: true},
@@ -136,6 +144,9 @@ func AddFlags(app *kingpin.Application) *Config {
 	app.Flag("collector.leases.table",
 		`Leases table, as "table" or "schema.table" (default: <db.schema>.leases). A plain table without an epoch column works too.`).
 		PlaceHolder("TABLE").StringVar(&c.Leases.Table)
+	app.Flag("collector.leases.max-series",
+		`Most leases exported one by one, the most urgent first; the rest are exported together as lease="other".`).
+		Default(strconv.Itoa(defaultMaxLeases)).IntVar(&c.Leases.MaxSeries)
 	app.Flag("collector.advisory_locks.max-applications",
 		`Most application_name label values to export; the rest are folded into "other".`).
 		Default(strconv.Itoa(defaultMaxApplications)).IntVar(&c.AdvisoryLocks.MaxApplications)
@@ -184,6 +195,9 @@ func (c *Config) validate() (schema, leasesTable string, patterns []statementPat
 	if c.Leases.Enabled {
 		if leasesTable, err = parseTable(c.Leases.Table, c.Schema); err != nil {
 			return "", "", nil, fmt.Errorf("--collector.leases.table: %w", err)
+		}
+		if c.Leases.MaxSeries < 0 {
+			return "", "", nil, fmt.Errorf("--collector.leases.max-series must be 0 or more, got %d", c.Leases.MaxSeries)
 		}
 	}
 	if c.AdvisoryLocks.Enabled && c.AdvisoryLocks.MaxApplications < 1 {

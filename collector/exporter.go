@@ -19,9 +19,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,6 +55,11 @@ var (
 	durationDesc = prometheus.NewDesc(namespace+"_scrape_collector_duration_seconds",
 		"Time a collector took in this scrape; the whole budget when it missed the deadline.",
 		[]string{"collector"}, nil)
+	downReasonDesc = prometheus.NewDesc(namespace+"_database_down_reason",
+		"1 for why PostgreSQL did not answer this scrape (pg_liveness_up 0): auth (the login was refused: password, pg_hba.conf, role), "+
+			"unavailable (the server refused the session: starting, shutting down, too many connections), connection (no connection: "+
+			"network, TLS, DNS), timeout (no answer within the scrape deadline). All 0 while it answers.",
+		[]string{"reason"}, nil)
 	successDesc = prometheus.NewDesc(namespace+"_scrape_collector_success",
 		"1 when a collector succeeded in this scrape, 0 when it failed or missed the deadline.",
 		[]string{"collector"}, nil)
@@ -93,7 +100,7 @@ func New(cfg Config, pool *pgxpool.Pool, agent AgentSource, logger *slog.Logger)
 		add(NameInstances, true, newInstancesCollector(pool, schema, cfg, logger.With("collector", NameInstances)))
 	}
 	if cfg.Leases.Enabled {
-		add(NameLeases, true, newLeasesCollector(pool, leasesTable))
+		add(NameLeases, true, newLeasesCollector(pool, leasesTable, cfg.Leases.MaxSeries, logger.With("collector", NameLeases)))
 	}
 	if cfg.AdvisoryLocks.Enabled {
 		add(NameAdvisoryLocks, true, newAdvisoryLocksCollector(pool, schema, cfg.AdvisoryLocks.MaxApplications))
@@ -103,7 +110,7 @@ func New(cfg Config, pool *pgxpool.Pool, agent AgentSource, logger *slog.Logger)
 			logger.With("collector", NameStatements)))
 	}
 	if cfg.Agent.Enabled && agent != nil {
-		add(NameAgent, false, newAgentCollector(agent))
+		add(NameAgent, false, newAgentCollector(agent, cfg.Status))
 	}
 	if pool == nil {
 		for _, c := range e.collectors {
@@ -152,15 +159,21 @@ func (e *Exporter) Handler(extra prometheus.Gatherer, opts promhttp.HandlerOpts)
 	})
 }
 
+// maxScrapeTimeout bounds the scraper's timeout header; a larger value is treated as
+// absent.
+const maxScrapeTimeout = 24 * 3600 // seconds
+
 // scrapeTimeout is the scraper's timeout less the offset, or the default without one. An
-// offset that would leave nothing halves the scraper's timeout instead.
+// offset that would leave nothing halves the scraper's timeout instead. A header that is
+// no positive, finite number of seconds up to a day (NaN, Inf, negative, huge, hex) is
+// treated as absent: it must never remove the deadline.
 func (e *Exporter) scrapeTimeout(h http.Header) time.Duration {
-	v := h.Get("X-Prometheus-Scrape-Timeout-Seconds")
-	if v == "" {
+	v := strings.TrimSpace(h.Get("X-Prometheus-Scrape-Timeout-Seconds"))
+	if v == "" || strings.ContainsAny(v, "xX_") {
 		return e.cfg.ScrapeDefaultTimeout
 	}
 	secs, err := strconv.ParseFloat(v, 64)
-	if err != nil || secs <= 0 || secs > 24*3600 {
+	if err != nil || math.IsNaN(secs) || math.IsInf(secs, 0) || !(secs > 0) || secs > maxScrapeTimeout {
 		return e.cfg.ScrapeDefaultTimeout
 	}
 	total := time.Duration(secs * float64(time.Second))
@@ -215,6 +228,7 @@ wait:
 
 	var out []prometheus.Metric
 	answered, anyDB := false, false
+	var downErr error // the first database collector's failure
 	for i, c := range e.collectors {
 		r := done[i]
 		if r == nil {
@@ -223,6 +237,9 @@ wait:
 		anyDB = anyDB || c.db
 		if c.db && (r.err == nil || isServerError(r.err)) {
 			answered = true
+		}
+		if c.db && r.err != nil && downErr == nil {
+			downErr = r.err
 		}
 		success := 0.0
 		if r.err == nil {
@@ -235,7 +252,20 @@ wait:
 			prometheus.MustNewConstMetric(successDesc, prometheus.GaugeValue, success, c.name))
 	}
 	if !anyDB && e.pool != nil {
-		answered = e.pool.Ping(ctx) == nil
+		downErr = e.pool.Ping(ctx)
+		answered = downErr == nil
+	}
+	if anyDB || e.pool != nil {
+		reason := ""
+		if !answered {
+			reason = downReason(downErr)
+		}
+		for _, r := range downReasons {
+			out = append(out, prometheus.MustNewConstMetric(downReasonDesc, prometheus.GaugeValue, boolFloat(r == reason), r))
+		}
+	}
+	if e.cfg.Status != nil {
+		out = append(out, statusMetrics(e.cfg.Status.Status())...)
 	}
 	return append(out, prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, boolFloat(answered)))
 }
@@ -262,6 +292,23 @@ func run(ctx context.Context, c Collector) (ms []prometheus.Metric, err error) {
 		err = c.Update(ctx, ch)
 	}()
 	return <-collected, err
+}
+
+var downReasons = []string{"auth", "connection", "timeout", "unavailable"}
+
+// downReason classifies why PostgreSQL did not answer.
+func downReason(err error) string {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "28"):
+		return "auth"
+	case errors.As(err, &pgErr):
+		return "unavailable"
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		return "timeout"
+	default:
+		return "connection"
+	}
 }
 
 // isServerError reports whether PostgreSQL answered a statement with an error, which

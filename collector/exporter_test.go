@@ -263,6 +263,19 @@ func TestScrapeTimeout(t *testing.T) {
 		{"0.4", 200 * time.Millisecond}, // the offset would leave nothing: half
 		{"abc", 10 * time.Second},       // unparsable: the default
 		{"-1", 10 * time.Second},        // nonsense: the default
+		// Values that parse as floats but are no timeout are treated as absent; NaN used
+		// to turn into no deadline at all.
+		{"NaN", 10 * time.Second},
+		{"nan", 10 * time.Second},
+		{"Inf", 10 * time.Second},
+		{"+Inf", 10 * time.Second},
+		{"-Inf", 10 * time.Second},
+		{"0", 10 * time.Second},
+		{"-0", 10 * time.Second},
+		{"1e300", 10 * time.Second},
+		{"86401", 10 * time.Second},
+		{"0x10", 10 * time.Second}, // hexadecimal floats are no header Prometheus sends
+		{"1_0", 10 * time.Second},
 	} {
 		h := http.Header{}
 		if c.header != "" {
@@ -270,6 +283,9 @@ func TestScrapeTimeout(t *testing.T) {
 		}
 		if got := e.scrapeTimeout(h); got != c.want {
 			t.Errorf("header %q: timeout %s, want %s", c.header, got, c.want)
+		}
+		if got := e.scrapeTimeout(h); got <= 0 || got > 24*time.Hour {
+			t.Errorf("header %q: timeout %s is no deadline", c.header, got)
 		}
 	}
 }
@@ -320,7 +336,7 @@ func (s stuck) Update(_ context.Context, ch chan<- prometheus.Metric) error {
 func TestStragglersAreNotAwaited(t *testing.T) {
 	s := stuck{release: make(chan struct{}), finished: make(chan struct{})}
 	e := &Exporter{cfg: DefaultConfig(), logger: discard(), collectors: []*entry{
-		{name: "agent", c: newAgentCollector(testAgent)},
+		{name: "agent", c: newAgentCollector(testAgent, nil)},
 		{name: "stuck", c: s},
 	}}
 	var once sync.Once
@@ -353,7 +369,7 @@ func TestStragglersAreNotAwaited(t *testing.T) {
 // drops what it sent before failing.
 func TestCollectorFailuresAreContained(t *testing.T) {
 	e := &Exporter{cfg: DefaultConfig(), logger: discard(), collectors: []*entry{
-		{name: "agent", c: newAgentCollector(testAgent)},
+		{name: "agent", c: newAgentCollector(testAgent, nil)},
 		{name: "failing", c: failing{}},
 		{name: "panicky", c: panicky{}},
 	}}

@@ -202,9 +202,17 @@ var scenarioRules = []approx{
 	{name: "pg_liveness_statement_seconds_total", lo: 1e-9, hi: 5, labels: []string{"statement", "lease_renew"}},
 }
 
+// fixedStatus stands in for the binary's start-up step: a schema migrated by a newer
+// release that still serves this binary, and a started agent.
+type fixedStatus Status
+
+func (s fixedStatus) Status() Status { return Status(s) }
+
 func scenarioConfig() Config {
 	cfg := DefaultConfig()
 	cfg.Schema = scenarioSchema
+	cfg.Status = fixedStatus{SchemaRead: true, SchemaVersion: 5, SchemaCompatibleFrom: 2, BinaryVersion: 4,
+		SchemaCompatible: true, AgentStarted: true}
 	return cfg
 }
 
@@ -295,6 +303,18 @@ pg_liveness_lease_holder_info{holder_host="node-2",lease="mail"} 1
 # TYPE pg_liveness_lease_held_for_seconds gauge
 pg_liveness_lease_held_for_seconds{lease="mail"} 200
 pg_liveness_lease_held_for_seconds{lease="uptime"} 10
+# TYPE pg_liveness_leases_folded gauge
+pg_liveness_leases_folded 0
+# TYPE pg_liveness_lease_row_anomalies gauge
+pg_liveness_lease_row_anomalies{kind="duplicate_name"} 0
+pg_liveness_lease_row_anomalies{kind="invalid_utf8"} 0
+pg_liveness_lease_row_anomalies{kind="null_name"} 0
+pg_liveness_lease_row_anomalies{kind="null_value"} 0
+# TYPE pg_liveness_database_down_reason gauge
+pg_liveness_database_down_reason{reason="auth"} 0
+pg_liveness_database_down_reason{reason="connection"} 0
+pg_liveness_database_down_reason{reason="timeout"} 0
+pg_liveness_database_down_reason{reason="unavailable"} 0
 # TYPE pg_liveness_scrape_collector_duration_seconds gauge
 pg_liveness_scrape_collector_duration_seconds{collector="leases"} 0
 # TYPE pg_liveness_scrape_collector_success gauge
@@ -304,7 +324,7 @@ pg_liveness_up 1
 `
 	for _, table := range []string{"blog.leases", "Job Leases"} {
 		t.Run(table, func(t *testing.T) {
-			cfg := Config{Leases: LeasesConfig{Enabled: true, Table: table},
+			cfg := Config{Leases: LeasesConfig{Enabled: true, Table: table, MaxSeries: 10},
 				ScrapeDefaultTimeout: 10 * time.Second}
 			e := newExporter(t, cfg, exporterPool(t, db.DSN, 1, nil), nil, nil)
 			compareExposition(t, scrapeFamilies(t, e), want,

@@ -1,25 +1,31 @@
 package migrations
 
 import (
+	"strings"
 	"testing"
 	"testing/fstest"
 )
 
 func TestLoadOrdersAndValidates(t *testing.T) {
 	ms, err := load(fstest.MapFS{
-		"sql/0002_b.sql": {Data: []byte("B")},
-		"sql/0001_a.sql": {Data: []byte("A")},
+		"sql/0002_b.sql": {Data: []byte("-- compatible-from: 1\nB")},
+		"sql/0001_a.sql": {Data: []byte("-- compatible-from: 1\nA")},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ms) != 2 || ms[0].Name != "a" || ms[1].Version != 2 || ms[1].SQL != "B" {
+	if len(ms) != 2 || ms[0].Name != "a" || ms[1].Version != 2 || !strings.HasSuffix(ms[1].SQL, "\nB") || ms[1].CompatibleFrom != 1 {
 		t.Fatalf("load = %+v", ms)
 	}
 	for name, fsys := range map[string]fstest.MapFS{
 		"gap":      {"sql/0001_a.sql": {}, "sql/0003_c.sql": {}},
 		"bad name": {"sql/0001_a.sql": {}, "sql/2_b.sql": {}},
 		"no 0001":  {"sql/0002_b.sql": {}},
+		// Every file states the oldest binary it still serves, within 1..its version.
+		"no compatible-from":                {"sql/0001_a.sql": {Data: []byte("-- compatible-from: 1\nA")}, "sql/0002_b.sql": {Data: []byte("-- just a comment\nB")}},
+		"compatible-from after the SQL":     {"sql/0001_a.sql": {Data: []byte("A\n-- compatible-from: 1\n")}},
+		"compatible-from above own version": {"sql/0001_a.sql": {Data: []byte("-- compatible-from: 2\nA")}},
+		"compatible-from zero":              {"sql/0001_a.sql": {Data: []byte("-- compatible-from: 0\nA")}},
 	} {
 		if _, err := load(fsys); err == nil {
 			t.Errorf("%s: load accepted it", name)
@@ -30,5 +36,23 @@ func TestLoadOrdersAndValidates(t *testing.T) {
 func TestEmbeddedMigrationsLoad(t *testing.T) {
 	if Latest() < 2 || len(All()) != Latest() {
 		t.Fatalf("embedded migrations: latest %d, %d files", Latest(), len(All()))
+	}
+}
+
+func TestCompatibleFromHeader(t *testing.T) {
+	ms, err := load(fstest.MapFS{
+		"sql/0001_a.sql": {Data: []byte("-- compatible-from: 1\nA")},
+		"sql/0002_b.sql": {Data: []byte("-- What b does.\n\n--   compatible-from:  2  \n-- more\nB")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms[0].CompatibleFrom != 1 || ms[1].CompatibleFrom != 2 {
+		t.Fatalf("compatible-from = %d, %d; want 1, 2", ms[0].CompatibleFrom, ms[1].CompatibleFrom)
+	}
+	for _, m := range All() {
+		if m.CompatibleFrom < 1 || m.CompatibleFrom > m.Version {
+			t.Errorf("%04d_%s: compatible-from %d", m.Version, m.Name, m.CompatibleFrom)
+		}
 	}
 }

@@ -3,8 +3,27 @@
 //
 // Each file runs in its own transaction, serialized across processes by
 // pg_advisory_xact_lock, and is recorded in <schema>.schema_migrations; applying again is
-// a no-op. A database that is newer than this binary is refused. The schema name is only
-// ever used as a quoted identifier or a bind parameter, never pasted into SQL.
+// a no-op. The schema name is only ever used as a quoted identifier or a bind parameter,
+// never pasted into SQL.
+//
+// # Compatibility across versions
+//
+// Every file states, in a header line among its leading comments,
+//
+//	-- compatible-from: N
+//
+// the oldest binary schema version (the Latest of a binary) that still works with a
+// database once this file is applied. A migration that only adds nullable columns,
+// tables, views or functions states 1; one that drops or changes what older binaries use
+// states its own version. The line is required: a file without it does not load. Applying
+// a file records N in schema_migrations.compatible_from.
+//
+// The database serves binaries from the largest N of its applied migrations on. Reading
+// where a database stands (ReadState) needs only SELECT on schema_migrations, and Apply
+// sends no DDL when nothing is to be done. A binary whose Latest is below the database's
+// version runs normally when the database still serves it, and gets ErrDatabaseNewer
+// otherwise. During a rolling upgrade old pods therefore keep working as long as every
+// new migration is additive.
 package migrations
 
 import (
@@ -17,6 +36,8 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -32,9 +53,37 @@ type Migration struct {
 	Version int
 	Name    string
 	SQL     string
+	// CompatibleFrom is the oldest binary schema version that still works once this
+	// migration is applied, from the file's "-- compatible-from: N" line.
+	CompatibleFrom int
 }
 
-var fileName = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.sql$`)
+var (
+	fileName       = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.sql$`)
+	compatibleLine = regexp.MustCompile(`^--\s*compatible-from:\s*(\d+)\s*$`)
+)
+
+// compatibleFrom finds the "-- compatible-from: N" line among the leading comment lines.
+func compatibleFrom(name, sql string, version int) (int, error) {
+	for _, line := range strings.Split(sql, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		if !strings.HasPrefix(line, "--") {
+			break
+		}
+		if m := compatibleLine.FindStringSubmatch(line); m != nil {
+			n, err := strconv.Atoi(m[1])
+			if err != nil || n < 1 || n > version {
+				return 0, fmt.Errorf("migration file %q: compatible-from %s must be between 1 and its own version %d", name, m[1], version)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("migration file %q has no \"-- compatible-from: N\" line among its leading comments: "+
+		"state the oldest binary schema version that still works once it is applied (1 for additions only, %d when it breaks older binaries)", name, version)
+}
 
 var all = mustLoad(files)
 
@@ -62,7 +111,11 @@ func load(fsys fs.FS) ([]Migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		ms = append(ms, Migration{Version: v, Name: m[2], SQL: string(b)})
+		cf, err := compatibleFrom(e.Name(), string(b), v)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, Migration{Version: v, Name: m[2], SQL: string(b), CompatibleFrom: cf})
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	for i, m := range ms {
@@ -73,28 +126,157 @@ func load(fsys fs.FS) ([]Migration, error) {
 	return ms, nil
 }
 
+// Set is an ordered list of migrations without gaps, starting at 1. Embedded is this
+// binary's; tests build others with LoadSet.
+type Set []Migration
+
+// Embedded is the set of migrations compiled into this binary.
+var Embedded = Set(all)
+
+// LoadSet reads sql/NNNN_name.sql files from fsys, as the embedded set is read.
+func LoadSet(fsys fs.FS) (Set, error) {
+	ms, err := load(fsys)
+	return Set(ms), err
+}
+
 // All returns the embedded migrations in order.
 func All() []Migration { return append([]Migration(nil), all...) }
 
 // Latest is the highest version this binary knows.
-func Latest() int { return all[len(all)-1].Version }
+func Latest() int { return Embedded.Latest() }
 
-// ErrDatabaseNewer is returned when the schema records a version this binary does not know.
-var ErrDatabaseNewer = errors.New("database schema is newer than this binary")
+// Latest is the highest version of the set.
+func (s Set) Latest() int { return s[len(s)-1].Version }
+
+// ErrDatabaseNewer is returned when the schema has migrations this binary does not know
+// and no longer serves binaries at this binary's version.
+var ErrDatabaseNewer = errors.New("database schema is newer than this binary and no longer compatible with it")
+
+// State is where a schema stands.
+type State struct {
+	// Version is the highest applied migration, 0 when none is.
+	Version int
+	// CompatibleFrom is the oldest binary schema version the schema still serves: the
+	// largest compatible-from of its applied migrations (0 when none is applied).
+	CompatibleFrom int
+}
+
+// Serves reports whether a binary whose Latest is binary can run against the schema
+// (once the migrations it knows are applied).
+func (st State) Serves(binary int) bool { return st.CompatibleFrom <= binary }
+
+// ReadState reads the schema's migrations. It needs USAGE on the schema and SELECT on
+// schema_migrations, nothing else, and sends no DDL. Rows recorded before
+// compatible_from existed take the value of the set's file of that version (a version
+// the set does not know counts as compatible from itself).
+func (s Set) ReadState(ctx context.Context, q Querier, schema string) (State, error) {
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&exists); err != nil {
+		return State{}, fmt.Errorf("migrations: find %s.schema_migrations: %w", pgx.Identifier{schema}.Sanitize(), err)
+	}
+	if !exists {
+		return State{}, nil
+	}
+	// to_jsonb reads compatible_from whether or not the column exists yet.
+	rows, err := q.Query(ctx, `SELECT m.version, (pg_catalog.to_jsonb(m) ->> 'compatible_from')::integer FROM `+
+		pgx.Identifier{schema}.Sanitize()+`.schema_migrations AS m`)
+	if err != nil {
+		return State{}, fmt.Errorf("migrations: read %s.schema_migrations: %w", pgx.Identifier{schema}.Sanitize(), err)
+	}
+	var st State
+	var version int
+	var cf *int
+	_, err = pgx.ForEachRow(rows, []any{&version, &cf}, func() error {
+		st.Version = max(st.Version, version)
+		c := version
+		switch {
+		case cf != nil:
+			c = *cf
+		case version >= 1 && version <= len(s):
+			c = s[version-1].CompatibleFrom
+		}
+		st.CompatibleFrom = max(st.CompatibleFrom, c)
+		return nil
+	})
+	if err != nil {
+		return State{}, fmt.Errorf("migrations: read %s.schema_migrations: %w", pgx.Identifier{schema}.Sanitize(), err)
+	}
+	return st, nil
+}
+
+// ReadState reads the schema's state as the embedded set sees it.
+func ReadState(ctx context.Context, q Querier, schema string) (State, error) {
+	return Embedded.ReadState(ctx, q, schema)
+}
+
+// Querier is satisfied by *pgx.Conn, *pgxpool.Pool and *pgxpool.Conn.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// newerError explains a schema this binary cannot serve.
+func (s Set) newerError(schema string, st State) error {
+	return fmt.Errorf("%w: schema %s is at migration version %d and serves binaries from schema version %d on, but this binary knows versions up to %d; upgrade pg_liveness_exporter or use another --db.schema",
+		ErrDatabaseNewer, pgx.Identifier{schema}.Sanitize(), st.Version, st.CompatibleFrom, s.Latest())
+}
 
 // Beginner is satisfied by *pgx.Conn, *pgxpool.Pool and *pgxpool.Conn.
 type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Apply brings schema up to Latest and returns the versions it applied (none when the
-// schema is current). It is safe to call concurrently from many processes.
+// MaxIdentifierLength is PostgreSQL's longest identifier in bytes (NAMEDATALEN - 1).
+// Longer names are silently cut by the server, so two different names could share one
+// schema.
+const MaxIdentifierLength = 63
+
+// ValidateSchemaName refuses names PostgreSQL would not keep as given: empty, longer
+// than 63 bytes, invalid UTF-8 or holding a NUL byte, or starting with "pg_", which is
+// reserved for system schemas (CREATE SCHEMA refuses it, so migrations would never
+// succeed).
+func ValidateSchemaName(schema string) error {
+	switch {
+	case schema == "":
+		return errors.New("must not be empty")
+	case len(schema) > MaxIdentifierLength:
+		return fmt.Errorf("is %d bytes long; PostgreSQL keeps only the first %d, so use a shorter name", len(schema), MaxIdentifierLength)
+	case !utf8.ValidString(schema) || strings.ContainsRune(schema, 0):
+		return errors.New("must be valid UTF-8 without NUL bytes")
+	case strings.HasPrefix(schema, "pg_"):
+		return errors.New(`must not start with "pg_": PostgreSQL reserves those names for system schemas`)
+	}
+	return nil
+}
+
+// Apply brings schema up to Latest with the embedded migrations; see Set.Apply.
 func Apply(ctx context.Context, db Beginner, schema string) ([]int, error) {
-	if schema == "" {
-		return nil, errors.New("migrations: empty schema name")
+	return Embedded.Apply(ctx, db, schema)
+}
+
+// Apply brings schema up to the set's Latest and returns the versions it applied (none
+// when the schema is current). It first reads the schema's state: when nothing is to be
+// done it needs no privilege beyond reading schema_migrations and sends no DDL. A schema
+// newer than the set that still serves it is left alone (nil error); one that does not
+// gives ErrDatabaseNewer. It is safe to call concurrently from many processes.
+func (s Set) Apply(ctx context.Context, db Beginner, schema string) ([]int, error) {
+	if err := ValidateSchemaName(schema); err != nil {
+		return nil, fmt.Errorf("migrations: schema name %w", err)
+	}
+	if q, ok := db.(Querier); ok {
+		st, err := s.ReadState(ctx, q, schema)
+		if err != nil {
+			return nil, err
+		}
+		if st.Version >= s.Latest() {
+			if !st.Serves(s.Latest()) {
+				return nil, s.newerError(schema, st)
+			}
+			return nil, nil
+		}
 	}
 	var applied []int
-	for _, m := range all {
+	for _, m := range s {
 		did, err := applyOne(ctx, db, schema, m)
 		if err != nil {
 			return applied, err
@@ -122,21 +304,18 @@ func applyOne(ctx context.Context, db Beginner, schema string, m Migration) (boo
 		return false, fmt.Errorf("migrations: create schema %s: %w", ident, err)
 	}
 	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+ident+`.schema_migrations (
-		version    integer     PRIMARY KEY,
-		name       text        NOT NULL,
-		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		version         integer     PRIMARY KEY,
+		name            text        NOT NULL,
+		applied_at      timestamptz NOT NULL DEFAULT now(),
+		compatible_from integer);
+		ALTER TABLE `+ident+`.schema_migrations ADD COLUMN IF NOT EXISTS compatible_from integer`); err != nil {
 		return false, fmt.Errorf("migrations: create %s.schema_migrations: %w", ident, err)
 	}
-	var current int
 	var done bool
-	if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0), coalesce(bool_or(version = $1), false) FROM `+ident+`.schema_migrations`, m.Version).Scan(&current, &done); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+ident+`.schema_migrations WHERE version = $1)`, m.Version).Scan(&done); err != nil {
 		return false, fmt.Errorf("migrations: read versions: %w", err)
 	}
-	if current > Latest() {
-		return false, fmt.Errorf("%w: schema %s is at migration version %d but this binary knows versions up to %d; upgrade pg_liveness_exporter or use another --db.schema",
-			ErrDatabaseNewer, ident, current, Latest())
-	}
-	if done {
+	if done { // another process applied it meanwhile
 		return false, tx.Commit(ctx)
 	}
 	// Objects in the file are unqualified; they land in the schema.
@@ -146,7 +325,8 @@ func applyOne(ctx context.Context, db Beginner, schema string, m Migration) (boo
 	if _, err := tx.Exec(ctx, m.SQL); err != nil {
 		return false, fmt.Errorf("migrations: %04d_%s: %w", m.Version, m.Name, err)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO `+ident+`.schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO `+ident+`.schema_migrations (version, name, compatible_from) VALUES ($1, $2, $3)`,
+		m.Version, m.Name, m.CompatibleFrom); err != nil {
 		return false, fmt.Errorf("migrations: record %04d: %w", m.Version, err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/migrationstest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
@@ -132,5 +133,88 @@ func TestSchemaNameIsAnIdentifierNotSQL(t *testing.T) {
 func TestEmptySchemaRefused(t *testing.T) {
 	if _, err := migrations.Apply(context.Background(), nil, ""); err == nil {
 		t.Fatal("Apply accepted an empty schema name")
+	}
+}
+
+// Names PostgreSQL would cut or refuses are refused before any statement is sent.
+func TestValidateSchemaName(t *testing.T) {
+	for _, ok := range []string{"liveness", "Live Ness", strings.Repeat("s", migrations.MaxIdentifierLength), "ünïcode", "Pg_upper"} {
+		if err := migrations.ValidateSchemaName(ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", strings.Repeat("s", migrations.MaxIdentifierLength+1), strings.Repeat("é", 32), "pg_liveness", "pg_", "a\x00b", "a\xffb"} {
+		if err := migrations.ValidateSchemaName(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+		if _, err := migrations.Apply(context.Background(), nil, bad); err == nil {
+			t.Errorf("Apply accepted schema %q", bad)
+		}
+	}
+}
+
+// A later release's migration that states it still serves this binary's version leaves
+// this binary working; one that does not is refused with ErrDatabaseNewer.
+func TestNewerSchemaServesOlderBinaryWhenCompatible(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		compatFrom int
+		serves     bool
+	}{
+		{"additive", 1, true},
+		{"breaking", migrations.Latest() + 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxT(t)
+			db := pgtest.NewDB(t)
+			pool := db.Pool(t, 2)
+			future := migrationstest.Future(t, tc.compatFrom)
+			if applied, err := future.Apply(ctx, pool, "liveness"); err != nil || len(applied) != future.Latest() {
+				t.Fatalf("future set: applied %v, %v", applied, err)
+			}
+			st, err := migrations.ReadState(ctx, pool, "liveness")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Version != migrations.Latest()+1 || st.CompatibleFrom != tc.compatFrom {
+				t.Fatalf("state %+v, want version %d compatible from %d", st, migrations.Latest()+1, tc.compatFrom)
+			}
+			if st.Serves(migrations.Latest()) != tc.serves {
+				t.Fatalf("Serves(%d) = %v", migrations.Latest(), !tc.serves)
+			}
+			applied, err := migrations.Apply(ctx, pool, "liveness")
+			if tc.serves && (err != nil || len(applied) != 0) {
+				t.Fatalf("this binary against a compatible newer schema: applied %v, %v", applied, err)
+			}
+			if !tc.serves && !errors.Is(err, migrations.ErrDatabaseNewer) {
+				t.Fatalf("this binary against an incompatible newer schema: %v, want ErrDatabaseNewer", err)
+			}
+		})
+	}
+}
+
+// A schema that is current needs no privilege but reading schema_migrations: a role
+// without CREATE on the database applies nothing and succeeds.
+func TestCurrentSchemaNeedsNoCreatePrivilege(t *testing.T) {
+	ctx := ctxT(t)
+	db := pgtest.NewDB(t)
+	pool := db.Pool(t, 2)
+	if _, err := migrations.Apply(ctx, pool, "liveness"); err != nil {
+		t.Fatal(err)
+	}
+	reader := pgx.Identifier{"reader_" + db.Name}.Sanitize()
+	db.Exec(t, `CREATE ROLE `+reader+` LOGIN; REVOKE CREATE ON DATABASE `+pgx.Identifier{db.Name}.Sanitize()+` FROM PUBLIC;
+		GRANT USAGE ON SCHEMA liveness TO `+reader+`; GRANT SELECT ON liveness.schema_migrations TO `+reader)
+	conn := db.Conn(t)
+	if _, err := conn.Exec(ctx, `SET ROLE `+reader); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := migrations.Apply(ctx, conn, "liveness")
+	if err != nil || len(applied) != 0 {
+		t.Fatalf("Apply on a current schema without CREATE: applied %v, %v", applied, err)
+	}
+	// The same role cannot apply anything: the check is real.
+	if _, err := migrationstest.Future(t, 1).Apply(ctx, conn, "liveness"); err == nil {
+		t.Fatal("a role without CREATE applied a migration")
 	}
 }

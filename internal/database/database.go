@@ -10,8 +10,12 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"strings"
+	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
@@ -26,14 +30,58 @@ type PoolConfig struct {
 	ConnectTimeout  time.Duration // per connection attempt, unless the DSN sets one
 }
 
-// NewPool builds a pool for short statements. Errors carry no password.
+// DSNSwitch replaces the DSN that the pool's new connections use.
+type DSNSwitch struct {
+	mu   sync.Mutex
+	cfg  *pgx.ConnConfig
+	gate *connectGate
+}
+
+// Set parses s and makes new connections use its hosts, user, password, database and TLS
+// settings; open connections are kept. A refused login's backoff ends. The error quotes
+// nothing of s.
+func (w *DSNSwitch) Set(s string) error {
+	if err := dsn.Validate(s); err != nil {
+		return err
+	}
+	cfg, err := pgx.ParseConfig(s)
+	if err != nil {
+		return dsn.RedactError(err)
+	}
+	w.mu.Lock()
+	w.cfg = cfg
+	w.mu.Unlock()
+	w.gate.Reset()
+	return nil
+}
+
+func (w *DSNSwitch) apply(cc *pgx.ConnConfig) {
+	w.mu.Lock()
+	n := w.cfg
+	w.mu.Unlock()
+	if n == nil {
+		return
+	}
+	cc.Host, cc.Port, cc.Database, cc.User, cc.Password = n.Host, n.Port, n.Database, n.User, n.Password
+	cc.TLSConfig, cc.Fallbacks = n.TLSConfig, n.Fallbacks
+}
+
+// NewPool builds a pool for short statements. Errors carry no password. Its connection
+// attempts go through a gate: one at a time until one succeeds, and none for a growing
+// while after PostgreSQL refused the login.
 func NewPool(cfg PoolConfig) (*pgxpool.Pool, error) {
+	pool, _, err := NewSwitchablePool(cfg)
+	return pool, err
+}
+
+// NewSwitchablePool is NewPool, and returns the switch that changes its DSN (on a reload).
+func NewSwitchablePool(cfg PoolConfig) (*pgxpool.Pool, *DSNSwitch, error) {
 	pc, err := pgxpool.ParseConfig(cfg.DSN)
 	if err != nil {
-		return nil, dsn.RedactError(err)
+		return nil, nil, dsn.RedactError(err)
 	}
 	if cfg.MaxConns < 1 {
-		return nil, fmt.Errorf("--db.max-conns must be at least 1, got %d", cfg.MaxConns)
+		return nil, nil, fmt.Errorf("--db.max-conns must be at least 1, got %d", cfg.MaxConns)
 	}
 	pc.MaxConns = cfg.MaxConns
 	pc.MinConns = 0
@@ -45,37 +93,88 @@ func NewPool(cfg PoolConfig) (*pgxpool.Pool, error) {
 	}
 	// Keep the client side of pool connections from hanging on a dead peer.
 	pc.ConnConfig.DialFunc = (&net.Dialer{KeepAlive: 15 * time.Second, Timeout: pc.ConnConfig.ConnectTimeout}).DialContext
+	gate := &connectGate{}
+	pc.ConnConfig.Tracer = gateTracer{gate: gate, next: pc.ConnConfig.Tracer}
+	sw := &DSNSwitch{gate: gate}
+	pc.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+		sw.apply(cc)
+		return gate.before(ctx)
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
-		return nil, dsn.RedactError(err)
+		return nil, nil, dsn.RedactError(err)
 	}
-	return pool, nil
+	return pool, sw, nil
 }
 
-// ApplyMigrations applies the migrations, retrying with backoff and jitter while the
-// database is unreachable or failing. It returns nil once the schema is current, the
-// context's error when it ends first, and at once for a database newer than this binary.
-func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slog.Logger) error {
+// SchemaState is what PrepareSchema found out, for the exporter's metrics.
+type SchemaState struct {
+	Read       bool // the schema's state has been read at least once
+	State      migrations.State
+	Binary     int  // the newest migration version this binary knows
+	Compatible bool // this binary can run against the schema
+}
+
+// SchemaStatus holds the latest SchemaState; it is safe for concurrent use.
+type SchemaStatus struct {
+	mu sync.Mutex
+	s  SchemaState
+}
+
+// Get returns the latest state.
+func (s *SchemaStatus) Get() SchemaState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.s
+	st.Binary = migrations.Latest()
+	return st
+}
+
+func (s *SchemaStatus) set(st migrations.State) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.s = SchemaState{Read: true, State: st, Binary: migrations.Latest(), Compatible: st.Serves(migrations.Latest())}
+}
+
+// ErrNotJoining wraps the reasons PrepareSchema gives up: retrying cannot help.
+var ErrNotJoining = errors.New("the agent does not join the fleet")
+
+// PrepareSchema makes sure this binary can run against schema, retrying with backoff and
+// jitter only what can heal on its own (connections, a server starting or shutting down,
+// a schema that an operator has still to migrate). It first reads the schema's state,
+// which needs no privilege beyond reading schema_migrations; only when migrations are
+// missing and apply is set does it apply them (which needs CREATE).
+//
+// It returns nil when the schema is current, or newer and still serving this binary; an
+// error wrapping ErrNotJoining for what retrying cannot heal: a newer schema that no
+// longer serves this binary (migrations.ErrDatabaseNewer too), a missing privilege, an
+// invalid name; and the context's error when it ends first. status, if not nil, is
+// updated each time the state is read.
+func PrepareSchema(ctx context.Context, pool *pgxpool.Pool, schema string, apply bool, status *SchemaStatus, logger *slog.Logger) error {
 	backoff := 500 * time.Millisecond
+	var lastWarned string
 	for {
-		attempt, cancel := context.WithTimeout(ctx, 60*time.Second)
-		applied, err := migrations.Apply(attempt, pool, schema)
-		cancel()
+		err := prepareOnce(ctx, pool, schema, apply, status, logger)
 		if err == nil {
-			if len(applied) > 0 {
-				logger.Info("applied migrations", "schema", schema, "versions", applied)
-			} else {
-				logger.Debug("migrations are current", "schema", schema, "version", migrations.Latest())
+			if lastWarned != "" {
+				logger.Info("schema ready", "schema", schema)
 			}
 			return nil
-		}
-		if errors.Is(err, migrations.ErrDatabaseNewer) {
-			return err
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		logger.Warn("cannot apply migrations yet; retrying", "err", dsn.RedactError(err), "retry_in", backoff)
+		if !Healable(err) {
+			return fmt.Errorf("%w: %w", ErrNotJoining, dsn.RedactError(err))
+		}
+		// A line when the reason changes, debug while it repeats.
+		msg := dsn.RedactError(err).Error()
+		if msg != lastWarned {
+			logger.Warn("schema not ready yet; retrying", "schema", schema, "err", msg, "retry_in", backoff)
+			lastWarned = msg
+		} else {
+			logger.Debug("schema not ready yet; retrying", "schema", schema, "err", msg, "retry_in", backoff)
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -83,4 +182,73 @@ func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, schema string, log
 		}
 		backoff = min(backoff*2, 30*time.Second)
 	}
+}
+
+// errMigrationsPending is an old schema with --no-migrations.apply: an operator (or
+// another exporter) may migrate it, so it is waited for.
+var errMigrationsPending = errors.New("migrations pending")
+
+func prepareOnce(ctx context.Context, pool *pgxpool.Pool, schema string, apply bool, status *SchemaStatus, logger *slog.Logger) error {
+	attempt, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	st, err := migrations.ReadState(attempt, pool, schema)
+	if err != nil {
+		return err
+	}
+	if status != nil {
+		status.set(st)
+	}
+	latest := migrations.Latest()
+	switch {
+	case !st.Serves(latest):
+		return fmt.Errorf("%w: schema %q is at migration version %d and serves binaries from schema version %d on; this binary knows versions up to %d: upgrade pg_liveness_exporter",
+			migrations.ErrDatabaseNewer, schema, st.Version, st.CompatibleFrom, latest)
+	case st.Version >= latest:
+		logger.Debug("schema is current", "schema", schema, "version", st.Version, "binary_version", latest)
+		return nil
+	case !apply:
+		return fmt.Errorf("%w: schema %q is at migration version %d, this binary needs %d: apply the migrations with a role that may (or drop --no-migrations.apply)",
+			errMigrationsPending, schema, st.Version, latest)
+	}
+	applied, err := migrations.Apply(attempt, pool, schema)
+	if err != nil {
+		return err
+	}
+	logger.Info("applied migrations", "schema", schema, "versions", applied)
+	if st, err = migrations.ReadState(attempt, pool, schema); err == nil && status != nil {
+		status.set(st)
+	}
+	return nil
+}
+
+// Healable reports whether err can go away without anyone changing the configuration,
+// grants or schema: the connection failed or dropped, the server is starting, shutting
+// down or out of resources, a lock or serialization conflict, a timeout, migrations that
+// an operator still has to apply, or an authentication failure (passwords get rotated;
+// the connection gate spaces those attempts). A missing privilege, an unknown object, a
+// syntax or data error and a schema that no longer serves this binary are not.
+func Healable(err error) bool {
+	if errors.Is(err, migrations.ErrDatabaseNewer) {
+		return false
+	}
+	if errors.Is(err, errMigrationsPending) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
+			strings.HasPrefix(pgErr.Code, "28"), // invalid authorization
+			strings.HasPrefix(pgErr.Code, "40"), // serialization failure, deadlock
+			strings.HasPrefix(pgErr.Code, "53"), // insufficient resources
+			strings.HasPrefix(pgErr.Code, "57"), // operator intervention: shutdown, cannot connect now
+			strings.HasPrefix(pgErr.Code, "58"), // system error
+			pgErr.Code == "55P03",               // lock not available
+			pgErr.Code == "3D000":               // the database does not exist (yet)
+			return true
+		}
+		return false
+	}
+	// No answer from the server: dial errors, dropped connections, timeouts.
+	return true
 }

@@ -1,3 +1,4 @@
+-- compatible-from: 1
 -- Instances and the alive lock. The migration runner sets search_path to the target
 -- schema, so objects are created there; functions that touch tables pin that search_path
 -- with SET search_path FROM CURRENT so callers' settings cannot redirect them.

@@ -1,3 +1,4 @@
+-- compatible-from: 1
 -- Leases: singleton jobs held by a row, not by a connection.
 
 -- Epochs come from a sequence, so they strictly increase across takeovers, releases and

@@ -1,3 +1,4 @@
+-- compatible-from: 1
 -- Each instance's alive-lock key halves, stored with the row, so that matching pg_locks
 -- against every instance (the exporter does it on every scrape) joins on plain columns
 -- instead of hashing every id again. instance_lock_key stays the one definition of the

@@ -1,3 +1,6 @@
+-- compatible-from: 1
+-- Older binaries keep working: the new columns are nullable or defaulted, and
+-- is_instance_alive(uuid, integer) and cleanup_stale_instances keep their signatures.
 -- One liveness verdict. instance_states is the only place where an instance's state is
 -- defined; is_instance_alive, cleanup_stale_instances, the exporter and the Go readers all
 -- read it. Each instance records its own timing, so every observer judges it by the

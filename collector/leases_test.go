@@ -1,0 +1,146 @@
+package collector
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+)
+
+func leasesOnly(table string, maxSeries int) Config {
+	return Config{Leases: LeasesConfig{Enabled: true, Table: table, MaxSeries: maxSeries}, ScrapeDefaultTimeout: 10 * time.Second}
+}
+
+// A foreign leases table without a unique name, with NULLs: one name's two rows export
+// one lease (the one expiring last), a NULL name is skipped, NULL columns leave their
+// metric out, everything else (pg_liveness_up included) is exported, and the anomalies
+// are counted and logged once.
+func TestLeasesForeignTableRows(t *testing.T) {
+	db := pgtest.NewDB(t)
+	db.Exec(t, `CREATE TABLE jobs_leases (name text, holder text, taken_at timestamptz, expires_at timestamptz);
+		INSERT INTO jobs_leases VALUES
+		  ('mail', 'node-1:1', now() - interval '100 s', now() + interval '50 s'),
+		  ('mail', 'node-2:2', now() - interval '10 s', now() + interval '110 s'),
+		  (NULL, 'node-3', now(), now() + interval '10 s'),
+		  ('report', NULL, NULL, now() + interval '30 s'),
+		  ('uptime', 'node-4', now() - interval '5 s', now() + interval '20 s')`)
+	logger, logs := bufLogger()
+	e := newExporter(t, leasesOnly("jobs_leases", 10), exporterPool(t, db.DSN, 1, nil), nil, logger)
+	var got = scrapeFamilies(t, e)
+	got = scrapeFamilies(t, e)
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"pg_liveness_up", nil, 1},
+		{"pg_liveness_scrape_collector_success", []string{"collector", "leases"}, 1},
+		{"pg_liveness_lease_held", []string{"lease", "mail"}, 1},
+		{"pg_liveness_lease_held", []string{"lease", "report"}, 1},
+		{"pg_liveness_lease_held", []string{"lease", "uptime"}, 1},
+		{"pg_liveness_lease_holder_info", []string{"lease", "mail", "holder_host", "node-2"}, 1},
+		{"pg_liveness_lease_row_anomalies", []string{"kind", "duplicate_name"}, 1},
+		{"pg_liveness_lease_row_anomalies", []string{"kind", "null_name"}, 1},
+		{"pg_liveness_lease_row_anomalies", []string{"kind", "null_value"}, 1},
+		{"pg_liveness_lease_row_anomalies", []string{"kind", "invalid_utf8"}, 0},
+	} {
+		if v := value(got, c.name, c.labels...); v != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
+		}
+	}
+	if v := value(got, "pg_liveness_lease_expires_in_seconds", "lease", "mail"); !(v > 60) {
+		t.Errorf("mail expires in %v s, want the later row's ~110 s", v)
+	}
+	if n := len(got["pg_liveness_lease_holder_info"].GetMetric()); n != 2 {
+		t.Errorf("%d holder_info series, want 2 (report's holder is NULL)", n)
+	}
+	if v := value(got, "pg_liveness_lease_held_for_seconds", "lease", "report"); v == v { // not NaN
+		t.Errorf("held_for of a lease with NULL taken_at = %v, want absent", v)
+	}
+	if n := strings.Count(logs.String(), "not one clean lease"); n != 1 {
+		t.Errorf("%d anomaly log lines over two scrapes, want 1:\n%s", n, logs)
+	}
+}
+
+// In a SQL_ASCII database a lease name or holder can hold any bytes. The bad bytes are
+// replaced in the label; no other lease is lost.
+func TestLeasesInvalidUTF8(t *testing.T) {
+	db := pgtest.NewDB(t)
+	ascii := db.Name + "_ascii"
+	db.Exec(t, `CREATE DATABASE `+pgx.Identifier{ascii}.Sanitize()+` ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
+	t.Cleanup(func() { db.Exec(t, `DROP DATABASE IF EXISTS `+pgx.Identifier{ascii}.Sanitize()+` WITH (FORCE)`) })
+	if strings.Contains(db.DSN, "://") {
+		t.Fatalf("this test builds a keyword/value DSN; got a URL")
+	}
+	dsn := db.DSN + " dbname=" + ascii
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, `CREATE TABLE leases (name text PRIMARY KEY, holder text, taken_at timestamptz, expires_at timestamptz);
+		INSERT INTO leases VALUES (E'caf\xe9', E'h\xf6st:1', now(), now() + interval '60 s'),
+		                          ('good', 'node-1:1', now(), now() + interval '60 s')`); err != nil {
+		t.Fatal(err)
+	}
+	e := newExporter(t, leasesOnly("public.leases", 10), exporterPool(t, dsn, 1, nil), nil, nil)
+	got := scrapeFamilies(t, e)
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"pg_liveness_scrape_collector_success", []string{"collector", "leases"}, 1},
+		{"pg_liveness_lease_held", []string{"lease", "good"}, 1},
+		{"pg_liveness_lease_held", []string{"lease", "caf\uFFFD"}, 1},
+		{"pg_liveness_lease_holder_info", []string{"lease", "caf\uFFFD", "holder_host", "h\uFFFDst"}, 1},
+		{"pg_liveness_lease_row_anomalies", []string{"kind", "invalid_utf8"}, 1},
+	} {
+		if v := value(got, c.name, c.labels...); v != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
+		}
+	}
+}
+
+// Beyond --collector.leases.max-series, the most urgent leases are exported one by one
+// and the rest together as lease="other", with how many were folded.
+func TestLeasesCapFoldsIntoOther(t *testing.T) {
+	db := pgtest.NewDB(t)
+	db.Exec(t, `CREATE TABLE many (name text PRIMARY KEY, holder text, taken_at timestamptz, expires_at timestamptz);
+		INSERT INTO many SELECT 'job-' || lpad(i::text, 3, '0'), 'node:1', now() - make_interval(secs => i),
+		                        now() + make_interval(secs => i - 5)
+		  FROM generate_series(1, 50) i`)
+	e := newExporter(t, leasesOnly("many", 10), exporterPool(t, db.DSN, 1, nil), nil, nil)
+	got := scrapeFamilies(t, e)
+	if n := len(got["pg_liveness_lease_held"].GetMetric()); n != 11 {
+		t.Errorf("%d pg_liveness_lease_held series, want 10 leases and other", n)
+	}
+	// Expired ones (job-001 … job-004) are the most urgent and kept.
+	for i := 1; i <= 10; i++ {
+		if v := value(got, "pg_liveness_lease_held", "lease", fmt.Sprintf("job-%03d", i)); v != v {
+			t.Errorf("job-%03d not exported", i)
+		}
+	}
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"pg_liveness_leases_folded", nil, 40},
+		{"pg_liveness_lease_held", []string{"lease", "other"}, 40},
+	} {
+		if v := value(got, c.name, c.labels...); v != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
+		}
+	}
+	if v := value(got, "pg_liveness_lease_expires_in_seconds", "lease", "other"); !(v > 4 && v < 7) {
+		t.Errorf("other expires in %v s, want the soonest folded lease's ~6 s", v)
+	}
+}

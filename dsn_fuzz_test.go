@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pg-liveness/pg_liveness_exporter/collector"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+)
+
+// dsnShapes write a password into a DSN the ways operators do: keyword/value quoted and
+// escaped (\' and \\), quoted but not escaped, unquoted; URLs with the password raw (an
+// unencoded @) or percent-encoded, in the user info or as a query parameter; and the
+// password first, before the field that is wrong. port is "1" (nothing listens on
+// 127.0.0.1:1, so connecting fails at once) or "bad" (the DSN does not parse).
+var dsnShapes = []func(pw, port string) string{
+	func(pw, port string) string {
+		return "host=127.0.0.1 port=" + port + " user=u password='" + kvEscape(pw) + "' dbname=d sslmode=disable"
+	},
+	func(pw, port string) string {
+		return "host=127.0.0.1 port=" + port + " user=u password='" + pw + "' dbname=d sslmode=disable"
+	},
+	func(pw, port string) string {
+		return "host=127.0.0.1 port=" + port + " user=u dbname=d sslmode=disable password=" + pw
+	},
+	func(pw, port string) string {
+		return "postgres://u:" + pw + "@127.0.0.1:" + port + "/d?sslmode=disable"
+	},
+	func(pw, port string) string {
+		return "postgres://" + url.UserPassword("u", pw).String() + "@127.0.0.1:" + port + "/d?sslmode=disable"
+	},
+	func(pw, port string) string {
+		return "postgresql://u@127.0.0.1:" + port + "/d?sslmode=disable&password=" + pw
+	},
+	func(pw, port string) string {
+		return "postgresql://u@127.0.0.1:" + port + "/d?sslmode=disable&password=" + url.QueryEscape(pw)
+	},
+	func(pw, port string) string {
+		return "password='" + kvEscape(pw) + "' host=127.0.0.1 port=" + port + " user=u dbname=d sslmode=disable"
+	},
+}
+
+func kvEscape(s string) string {
+	return strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s)
+}
+
+// FuzzDSNNeverLeaksPassword feeds passwords in every DSN shape through every way a DSN
+// enters the binary (--db.dsn, --db.dsn-file, DATA_SOURCE_NAME, --db.direct-dsn) and
+// asserts that no 4-byte sequence of the password appears in any error, log line or
+// metric. A DSN that does not parse runs the binary's start-up in process, which must
+// exit 2; one that parses runs the binary for a moment against 127.0.0.1:1 and is
+// scraped once. Byte sequences that the same runs print with a harmless password
+// ("vocabulary": field names, messages) do not count.
+//
+// `go test` runs the seed corpus; `go test -fuzz FuzzDSNNeverLeaksPassword -run '^$' .`
+// explores further.
+func FuzzDSNNeverLeaksPassword(f *testing.F) {
+	for _, pw := range []string{
+		`ab\'cd TAILSECRET`, // pgx's own redaction stopped at the \'
+		`ab\ cd\\'TAILSECRET`,
+		`p@ssTAIL@SECRET`,          // an unencoded @ in a URL
+		`p@ss@TAIL:SEC/RET?x#y%zz`, // and worse
+		`TAILSECRET' port=5 x='`,
+	} {
+		for shape := range dsnShapes {
+			for _, bad := range []bool{true, false} {
+				f.Add(pw, uint8(shape), bad)
+			}
+		}
+	}
+	f.Fuzz(func(t *testing.T, pw string, shape uint8, badPort bool) {
+		if len(pw) < 4 || len(pw) > 48 {
+			return
+		}
+		port := "1"
+		if badPort {
+			port = "bad"
+		}
+		s := dsnShapes[int(shape)%len(dsnShapes)](pw, port)
+		out := dsnOutputs(t, s, pw)
+		vocab := dsnVocabulary(t)
+		// A DSN written carelessly (not escaped) may parse into something else than the
+		// shape meant: the tail of pw may become, by the DSN's own words, a user name, a
+		// database name or a setting, which may be printed. Never a host name, though:
+		// connection errors print it, and no host name holds such bytes.
+		said := ""
+		if dsn.Validate(s) == nil {
+			cfg, err := pgx.ParseConfig(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			said = cfg.User + "\x00" + cfg.Database
+			for k, v := range cfg.RuntimeParams {
+				said += "\x00" + k + "=" + v
+			}
+		}
+		for i := 0; i+4 <= len(pw); i++ {
+			w := pw[i : i+4]
+			if strings.Contains(said, w) {
+				continue
+			}
+			if strings.Contains(out, w) && !strings.Contains(vocab, w) {
+				t.Fatalf("password bytes %q printed for DSN shape %d (port %s):\n%s", w, int(shape)%len(dsnShapes), port, out)
+			}
+		}
+	})
+}
+
+var (
+	vocabOnce sync.Once
+	vocab     string
+)
+
+// dsnVocabulary is what the same runs print with a password made of bytes no message
+// contains, for every shape and port.
+func dsnVocabulary(t *testing.T) string {
+	vocabOnce.Do(func() {
+		var b strings.Builder
+		for _, shape := range dsnShapes {
+			for _, port := range []string{"1", "bad"} {
+				s := shape("\x01\x02\x03\x04", port)
+				b.WriteString(strings.ReplaceAll(s, "\x01\x02\x03\x04", "\x00") + "\x00")
+				b.WriteString(dsnOutputs(t, s, "\x01\x02\x03\x04") + "\x00")
+			}
+		}
+		vocab = b.String()
+	})
+	return vocab
+}
+
+// volatile removes values that change from run to run: times, durations, addresses of
+// the in-process listener.
+var volatile = regexp.MustCompile(`(?m)(\b(ts|time|retry_in|address|duration)=\S+|^pg_liveness_scrape_collector_duration_seconds.*$|127\.0\.0\.1:\d{2,}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})`)
+
+// dsnOutputs collects every error, log line and metric the binary's code paths print
+// for the DSN s.
+func dsnOutputs(t *testing.T, s, pw string) string {
+	t.Helper()
+	var out []string
+	add := func(what string, err error) {
+		if err != nil {
+			out = append(out, what+": "+err.Error())
+		}
+	}
+	file := filepath.Join(t.TempDir(), "dsn")
+	if err := os.WriteFile(file, []byte(s+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := dsn.Resolve(s, "", "")
+	add("flag", err)
+	_, err = dsn.Resolve("", file, "")
+	add("file", err)
+	_, err = dsn.Resolve("", "", s)
+	add("env", err)
+	add("validate", dsn.Validate(s))
+	out = append(out, dsn.Describe(s))
+
+	const good = "host=127.0.0.1 port=1 user=u dbname=d sslmode=disable connect_timeout=1"
+	binaryRun := func(d time.Duration, env string, args ...string) (int, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		var buf bytes.Buffer
+		code := run(ctx, append([]string{"--web.listen-address=127.0.0.1:0", "--log.level=debug"}, args...), env, &buf)
+		return code, buf.String()
+	}
+
+	if dsn.Validate(s) != nil {
+		for _, c := range []struct {
+			env  string
+			args []string
+		}{
+			{"", []string{"--db.dsn=" + s}},
+			{"", []string{"--db.dsn-file=" + file}},
+			{s, nil},
+			{"", []string{"--db.dsn=" + good, "--db.direct-dsn=" + s}},
+		} {
+			code, text := binaryRun(30*time.Second, c.env, c.args...)
+			if code != exitConfig {
+				t.Fatalf("malformed DSN: exit %d, want %d:\n%s", code, exitConfig, text)
+			}
+			out = append(out, text)
+		}
+		return volatile.ReplaceAllString(strings.Join(out, "\n"), "")
+	}
+
+	cfg, err := pgx.ParseConfig(s)
+	if err != nil || cfg.Password != pw || cfg.Host != "127.0.0.1" || len(cfg.Fallbacks) > 0 {
+		// The DSN says something else than the shape meant (the password is cut short,
+		// or spills into other fields): what it names as password is not pw, and it
+		// might name another host, which the test must not contact.
+		return volatile.ReplaceAllString(strings.Join(out, "\n"), "")
+	}
+	// Long enough for the first connection attempts and their log lines.
+	_, text := binaryRun(500*time.Millisecond, "", "--db.dsn-file="+file, "--db.direct-dsn="+s)
+	out = append(out, text)
+
+	pool, err := database.NewPool(database.PoolConfig{DSN: s, MaxConns: 1, ConnectTimeout: time.Second})
+	add("pool", err)
+	if err == nil {
+		defer pool.Close()
+		var logs bytes.Buffer
+		logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		e, err := collector.New(collector.DefaultConfig(), pool, nil, logger)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+		req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", "3")
+		e.Handler(nil, promhttp.HandlerOpts{}).ServeHTTP(rec, req)
+		out = append(out, rec.Body.String(), logs.String())
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		add("ping", pool.Ping(ctx))
+		cancel()
+	}
+	return volatile.ReplaceAllString(fmt.Sprint(strings.Join(out, "\n")), "")
+}
