@@ -50,6 +50,9 @@ type InstancesConfig struct {
 	// MaxSeries caps pg_liveness_instance_heartbeat_age_seconds; the oldest heartbeats
 	// are kept. 0 exports none.
 	MaxSeries int
+	// MaxServices caps the services exported one by one, those with dead instances first,
+	// then the largest; the rest are summed into service="other". 0 folds every service.
+	MaxServices int
 }
 
 // LeasesConfig configures the leases collector.
@@ -102,6 +105,7 @@ const (
 	defaultScrapeTimeoutOffset  = 500 * time.Millisecond
 	defaultScrapeDefaultTimeout = 10 * time.Second
 	defaultMaxSeries            = 500
+	defaultMaxServices          = 500
 	defaultMaxApplications      = 50
 	defaultMaxLeases            = 500
 	defaultStatementsCacheSize  = 10000
@@ -115,7 +119,7 @@ func DefaultConfig() Config {
 		DefinitiveDeadCutoff: 5 * time.Minute,
 		ScrapeTimeoutOffset:  defaultScrapeTimeoutOffset,
 		ScrapeDefaultTimeout: defaultScrapeDefaultTimeout,
-		Instances:            InstancesConfig{Enabled: true, MaxSeries: defaultMaxSeries},
+		Instances:            InstancesConfig{Enabled: true, MaxSeries: defaultMaxSeries, MaxServices: defaultMaxServices},
 		Leases:               LeasesConfig{Enabled: true, MaxSeries: defaultMaxLeases},
 		AdvisoryLocks:        AdvisoryLocksConfig{Enabled: true, MaxApplications: defaultMaxApplications},
 		Statements:           StatementsConfig{Enabled: true, CacheSize: defaultStatementsCacheSize},
@@ -141,6 +145,9 @@ func AddFlags(app *kingpin.Application) *Config {
 	app.Flag("collector.instances.max-series",
 		"Most pg_liveness_instance_heartbeat_age_seconds series to export; the oldest heartbeats are kept.").
 		Default(strconv.Itoa(defaultMaxSeries)).IntVar(&c.Instances.MaxSeries)
+	app.Flag("collector.instances.max-services",
+		`Most services whose instance counts are exported one by one, those with dead instances first; the rest are summed into service="other".`).
+		Default(strconv.Itoa(defaultMaxServices)).IntVar(&c.Instances.MaxServices)
 	app.Flag("collector.leases.table",
 		`Leases table, as "table" or "schema.table" (default: <db.schema>.leases). A plain table without an epoch column works too.`).
 		PlaceHolder("TABLE").StringVar(&c.Leases.Table)
@@ -190,6 +197,9 @@ func (c *Config) validate() (schema, leasesTable string, patterns []statementPat
 		}
 		if c.Instances.MaxSeries < 0 {
 			return "", "", nil, fmt.Errorf("--collector.instances.max-series must be 0 or more, got %d", c.Instances.MaxSeries)
+		}
+		if c.Instances.MaxServices < 0 {
+			return "", "", nil, fmt.Errorf("--collector.instances.max-services must be 0 or more, got %d", c.Instances.MaxServices)
 		}
 	}
 	if c.Leases.Enabled {

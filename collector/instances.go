@@ -1,8 +1,11 @@
 package collector
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
+	"math"
+	"slices"
 	"strings"
 	"sync/atomic"
 
@@ -52,21 +55,27 @@ type instancesCollector struct {
 	sql                string
 	stale, dead        float64 // seconds
 	maxSeries          int
+	maxServices        int
 	countDesc, ageDesc *prometheus.Desc
 	oldestDesc         *prometheus.Desc
 	recoveryDesc       *prometheus.Desc
+	foldedDesc         *prometheus.Desc
 	log                *slog.Logger
 	inRecovery         atomic.Bool // as of the last scrape; logged on change
 }
 
 func newInstancesCollector(pool *pgxpool.Pool, schema string, cfg Config, log *slog.Logger) *instancesCollector {
 	return &instancesCollector{
-		log:       log,
-		pool:      pool,
-		sql:       strings.ReplaceAll(instancesSQL, "{schema}", schema),
-		stale:     cfg.StaleThreshold.Seconds(),
-		dead:      cfg.DefinitiveDeadCutoff.Seconds(),
-		maxSeries: cfg.Instances.MaxSeries,
+		log:         log,
+		pool:        pool,
+		sql:         strings.ReplaceAll(instancesSQL, "{schema}", schema),
+		stale:       cfg.StaleThreshold.Seconds(),
+		dead:        cfg.DefinitiveDeadCutoff.Seconds(),
+		maxSeries:   cfg.Instances.MaxSeries,
+		maxServices: cfg.Instances.MaxServices,
+		foldedDesc: prometheus.NewDesc(namespace+"_instance_services_folded",
+			`Services beyond --collector.instances.max-services whose instances are counted under service="other".`,
+			nil, nil),
 		countDesc: prometheus.NewDesc(namespace+"_instances",
 			"Instances by service and liveness state: alive (lock held, fresh heartbeat), lock_only (lock held, stale heartbeat), "+
 				"lock_lost (lock vanished, proving life within its grace), heartbeat_only (no lock, fresh heartbeat), "+
@@ -85,12 +94,28 @@ func newInstancesCollector(pool *pgxpool.Pool, schema string, cfg Config, log *s
 	}
 }
 
+// serviceRow is one service's state counts (in instanceStates order) and oldest age.
+type serviceRow struct {
+	name   string
+	counts [6]float64
+	oldest float64
+}
+
+func (r serviceRow) dead() float64 { return r.counts[4] + r.counts[5] } // stale + zombie
+func (r serviceRow) total() (n float64) {
+	for _, c := range r.counts {
+		n += c
+	}
+	return n
+}
+
 func (c *instancesCollector) Update(ctx context.Context, ch chan<- prometheus.Metric) error {
 	rows, err := c.pool.Query(ctx, c.sql, c.stale, c.dead, c.maxSeries)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
+	var services []serviceRow
 	for rows.Next() {
 		var (
 			service  *string   // NULL on the standby row
@@ -108,15 +133,72 @@ func (c *instancesCollector) Update(ctx context.Context, ch chan<- prometheus.Me
 			c.reportRecovery(*recovery)
 			ch <- prometheus.MustNewConstMetric(c.recoveryDesc, prometheus.GaugeValue, boolFloat(*recovery))
 		case id != nil:
-			ch <- prometheus.MustNewConstMetric(c.ageDesc, prometheus.GaugeValue, *age, *service, *id)
+			// A service name from a SQL_ASCII database may hold any bytes: one such row
+			// must not cost the others their metrics.
+			svc, _ := labelValue(*service)
+			ch <- prometheus.MustNewConstMetric(c.ageDesc, prometheus.GaugeValue, *age, svc, *id)
 		default:
-			for i, state := range instanceStates {
-				ch <- prometheus.MustNewConstMetric(c.countDesc, prometheus.GaugeValue, float64(*counts[i]), *service, state)
+			r := serviceRow{oldest: *age}
+			r.name, _ = labelValue(*service)
+			for i := range counts {
+				r.counts[i] = float64(*counts[i])
 			}
-			ch <- prometheus.MustNewConstMetric(c.oldestDesc, prometheus.GaugeValue, *age, *service)
+			services = append(services, r)
 		}
 	}
-	return rows.Err()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	kept, other, folded := foldServices(services, c.maxServices)
+	for _, r := range kept {
+		c.emitService(ch, r)
+	}
+	if folded > 0 || other.total() > 0 { // folded services, or a real service named "other"
+		c.emitService(ch, other)
+	}
+	ch <- prometheus.MustNewConstMetric(c.foldedDesc, prometheus.GaugeValue, float64(folded))
+	return nil
+}
+
+func (c *instancesCollector) emitService(ch chan<- prometheus.Metric, r serviceRow) {
+	for i, state := range instanceStates {
+		ch <- prometheus.MustNewConstMetric(c.countDesc, prometheus.GaugeValue, r.counts[i], r.name, state)
+	}
+	ch <- prometheus.MustNewConstMetric(c.oldestDesc, prometheus.GaugeValue, r.oldest, r.name)
+}
+
+// foldServices keeps at most max services, those with dead instances first, then the
+// largest, then by name; the rest are summed into service="other" (the oldest age is the
+// largest of theirs). Sanitised names can collide, and a real service may be called
+// "other": rows with the same name are merged the same way.
+func foldServices(rows []serviceRow, max int) (kept []serviceRow, other serviceRow, folded int) {
+	slices.SortFunc(rows, func(a, b serviceRow) int {
+		return cmp.Or(cmp.Compare(b.dead(), a.dead()), cmp.Compare(b.total(), a.total()), cmp.Compare(a.name, b.name))
+	})
+	other.name = "other"
+	merge := func(into *serviceRow, r serviceRow) {
+		for i := range r.counts {
+			into.counts[i] += r.counts[i]
+		}
+		into.oldest = math.Max(into.oldest, r.oldest)
+	}
+	byName := map[string]int{}
+	for _, r := range rows {
+		if i, ok := byName[r.name]; ok {
+			merge(&kept[i], r)
+			continue
+		}
+		if len(kept) < max && r.name != "other" {
+			byName[r.name] = len(kept)
+			kept = append(kept, r)
+			continue
+		}
+		if r.name != "other" {
+			folded++
+		}
+		merge(&other, r)
+	}
+	return kept, other, folded
 }
 
 // reportRecovery logs when the database becomes a standby, and when it stops being one.
