@@ -76,6 +76,7 @@ type flags struct {
 	keepCount                                     int
 	reaper                                        bool
 	reaperInterval, reaperTTL                     time.Duration
+	duplicateTimeout                              time.Duration
 
 	collectors *collector.Config
 }
@@ -126,6 +127,7 @@ func newApp(stderr io.Writer) (*kingpin.Application, *flags) {
 	app.Flag("agent.reaper", "Run cleanup_stale_instances as a lease-protected singleton.").Default("true").BoolVar(&f.reaper)
 	app.Flag("agent.reaper-interval", "How often the reaper runs.").Default("30s").DurationVar(&f.reaperInterval)
 	app.Flag("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.").Default("2m").DurationVar(&f.reaperTTL)
+	app.Flag("agent.duplicate-timeout", "How long the agent waits, writing nothing, while another process holds its instance id's alive lock, before it exits non-zero.").Default(liveness.DefaultDuplicateTimeout.String()).DurationVar(&f.duplicateTimeout)
 
 	f.collectors = collector.AddFlags(app)
 	return app, f
@@ -189,6 +191,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)
 	defer stopBG()
+	agentFailed := make(chan error, 1) // the agent gave up for good: exit non-zero
 	wg.Go(func() {
 		// Whatever happens here, the exporter keeps serving: an agent that cannot join
 		// leaves an observer, and pg_liveness_agent_joined says so.
@@ -203,6 +206,9 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 			w.status.agentStarted.Store(true)
 			if err := w.agent.Run(bg); err != nil {
 				logger.Error("agent shutdown", "err", dsn.RedactError(err))
+				if errors.Is(err, liveness.ErrDuplicateInstance) {
+					agentFailed <- err
+				}
 			}
 		}
 	})
@@ -231,6 +237,9 @@ loop:
 			break loop
 		case <-hup:
 			reload(f, w, logger)
+		case <-agentFailed:
+			code = exitRuntime
+			break loop
 		case err := <-served:
 			if !errors.Is(err, http.ErrServerClosed) {
 				logger.Error("cannot serve", "err", err)
@@ -320,7 +329,8 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 			StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead, LockGrace: f.lockGrace,
 			KeepaliveIdle: f.keepIdle, KeepaliveInterval: f.keepInterval, KeepaliveCount: f.keepCount, UserTimeout: f.userTimeout,
 			Reaper: f.reaper, ReaperInterval: f.reaperInterval, ReaperLeaseTTL: f.reaperTTL,
-			Logger: logger.With("component", "agent"),
+			DuplicateTimeout: f.duplicateTimeout,
+			Logger:           logger.With("component", "agent"),
 		})
 		if err != nil {
 			pool.Close()

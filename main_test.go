@@ -384,3 +384,35 @@ func TestConnectionBudgetWithOnePooledConnection(t *testing.T) {
 		t.Logf("last scrape:\n%s", body)
 	}
 }
+
+// Two exporters with the same --agent.instance-id: the second cannot take the alive lock,
+// so it writes no row (the first one's service name stays), reports the duplicate in
+// /metrics, and exits 1 after --agent.duplicate-timeout; the first keeps its row.
+func TestDuplicateInstanceIDExitsNonZeroWithoutWriting(t *testing.T) {
+	db := pgtest.NewDB(t)
+	const id = "0d7c3c2a-41b5-4e0e-a6a5-3c5b7b8f9e10"
+	env := []string{"DATA_SOURCE_NAME=" + db.DSN}
+	first := startExporter(t, env, "--agent.instance-id="+id, "--agent.service-name=first")
+	first.waitFor(t, `(?m)^pg_liveness_agent_alive_lock_held 1$`, 30*time.Second)
+	second := startExporter(t, env, "--agent.instance-id="+id, "--agent.service-name=second",
+		"--agent.duplicate-timeout=3s")
+	second.waitFor(t, `(?m)^pg_liveness_agent_duplicate_instance 1$`, 30*time.Second)
+	select {
+	case <-second.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the duplicate did not exit within 30s (--agent.duplicate-timeout=3s)")
+	}
+	if second.code != 1 {
+		t.Fatalf("the duplicate exited with %d, want 1", second.code)
+	}
+	conn := db.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var service string
+	if err := conn.QueryRow(ctx, `SELECT service_name FROM liveness.instances WHERE instance_id = $1`, id).Scan(&service); err != nil {
+		t.Fatalf("the first exporter's row is gone: %v", err)
+	}
+	if service != "first" {
+		t.Fatalf("service_name = %q: the duplicate wrote the row", service)
+	}
+}

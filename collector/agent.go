@@ -19,7 +19,7 @@ type agentCollector struct {
 	status StatusSource // may be nil: the agent then counts as started
 
 	info, lockHeld, interval, beats, failures, lastBeat, reconnects *prometheus.Desc
-	leaseHeld, leasesLost, reaped, joined                           *prometheus.Desc
+	leaseHeld, leasesLost, reaped, joined, duplicate                *prometheus.Desc
 }
 
 func newAgentCollector(agent AgentSource, status StatusSource) *agentCollector {
@@ -31,6 +31,9 @@ func newAgentCollector(agent AgentSource, status StatusSource) *agentCollector {
 		status: status,
 		joined: desc("joined", "1 once the agent runs and has written its instance row (a successful heartbeat); 0 while it waits for "+
 			"the database or the schema, or when it gave up (missing privilege, a schema that no longer serves this binary)."),
+		duplicate: desc("duplicate_instance", "1 while another session holds the agent's instance id's alive lock: a second process "+
+			"with the same --agent.instance-id (or this one's previous session not yet ended). The agent then writes nothing, "+
+			"and exits non-zero after --agent.duplicate-timeout."),
 		info:     desc("info", "The local agent's identity; always 1.", "instance_id", "service", "mode"),
 		lockHeld: desc("alive_lock_held", "1 while the agent holds its alive lock, verified on its own backend."),
 		interval: desc("heartbeat_interval_seconds", "Heartbeat cadence chosen on the last tick."),
@@ -57,6 +60,7 @@ func (c *agentCollector) Update(_ context.Context, ch chan<- prometheus.Metric) 
 	gauge(c.joined, boolFloat(started && s.Heartbeat.Beats > 0))
 	gauge(c.info, 1, s.InstanceID.String(), s.ServiceName, string(s.Mode))
 	gauge(c.lockHeld, boolFloat(s.AliveLock.Held))
+	gauge(c.duplicate, boolFloat(s.AliveLock.Duplicate))
 	gauge(c.interval, s.Heartbeat.Interval.Seconds())
 	counter(c.beats, s.Heartbeat.Beats)
 	counter(c.failures, s.Heartbeat.Failures)

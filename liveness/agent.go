@@ -42,10 +42,25 @@ type AgentConfig struct {
 
 	// ShutdownTimeout bounds the clean-up after Run's context ends.
 	ShutdownTimeout time.Duration
-	Logger          *slog.Logger
+	// DuplicateTimeout is how long the agent waits, writing nothing, while another session
+	// holds its instance's alive lock, before Run gives up with ErrDuplicateInstance.
+	// A restarted process may find its previous session's lock for up to the keepalive
+	// bound (about 30 s); a second process with the same id finds it for good.
+	// DefaultDuplicateTimeout if zero.
+	DuplicateTimeout time.Duration
+	Logger           *slog.Logger
 }
 
 const defaultShutdownTimeout = 10 * time.Second
+
+// DefaultDuplicateTimeout is AgentConfig.DuplicateTimeout's default: twice the time the
+// server needs, with the default keepalive settings, to end a half-open session.
+const DefaultDuplicateTimeout = 2 * time.Minute
+
+// ErrDuplicateInstance is returned by Agent.Run when another session kept holding the
+// instance's alive lock for DuplicateTimeout: another process runs with the same
+// instance id.
+var ErrDuplicateInstance = errors.New("liveness: another process holds this instance id's alive lock")
 
 // ShutdownBudget is the longest Run takes to return once its context ends, with this
 // configuration. The clean-up steps run one after the other, each under its own
@@ -203,21 +218,60 @@ func (a *Agent) Run(ctx context.Context) error {
 		start("reaper", a.reaper.Run)
 	}
 
-	<-ctx.Done()
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case <-a.duplicateFor(ctx, cmp.Or(a.cfg.DuplicateTimeout, DefaultDuplicateTimeout)):
+		runErr = fmt.Errorf("%w: instance id %s, for %s", ErrDuplicateInstance, a.cfg.InstanceID,
+			cmp.Or(a.cfg.DuplicateTimeout, DefaultDuplicateTimeout))
+		a.cfg.Logger.Error("giving up: another process holds this instance id's alive lock; "+
+			"give every process its own instance id", "instance_id", a.cfg.InstanceID)
+	}
 	// Stop beating and reaping first (a running reap round releases its lease as it
 	// returns), then delete the row while the lock is still held, then drop the lock.
 	stopWork()
 	wg.Wait()
 	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
 	defer cancel()
-	var err error
-	if rerr := a.heartbeat.Remove(cleanup); rerr != nil {
-		err = fmt.Errorf("remove own instance row: %w", rerr)
+	err := runErr
+	// The row belongs to whoever holds the lock: a duplicate must not delete it.
+	if !a.lock.Duplicate() {
+		if rerr := a.heartbeat.Remove(cleanup); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("remove own instance row: %w", rerr))
+		}
 	}
 	stopLock()
 	lockWG.Wait()
 	a.cfg.Logger.Info("agent stopped", "instance_id", a.cfg.InstanceID)
 	return err
+}
+
+// duplicateFor returns a channel that is closed once the alive lock has been held by
+// another session for d without a break.
+func (a *Agent) duplicateFor(ctx context.Context, d time.Duration) <-chan struct{} {
+	out := make(chan struct{})
+	go func() {
+		var since time.Time
+		t := time.NewTicker(min(d/10, time.Second))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			switch {
+			case !a.lock.Duplicate():
+				since = time.Time{}
+			case since.IsZero():
+				since = time.Now()
+			case time.Since(since) >= d:
+				close(out)
+				return
+			}
+		}
+	}()
+	return out
 }
 
 // Snapshot reports the agent's state for the exporter. It never blocks on the database.

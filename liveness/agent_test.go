@@ -294,3 +294,61 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 	}
 	t.Logf("Run returned %s after its context ended; budget %s", time.Since(start).Round(time.Millisecond), budget)
 }
+
+// TestAgentDuplicateInstanceWritesNothing: a second agent with the same instance id
+// cannot take the alive lock, so it must not write the row (its service name would flip
+// the first one's), must not delete the row on its way out, and gives up with
+// ErrDuplicateInstance once the duplicate has lasted DuplicateTimeout.
+func TestAgentDuplicateInstanceWritesNothing(t *testing.T) {
+	db, pool := agentDB(t, 4)
+	first := agentConfig(db, pool)
+	first.Reaper = false
+	a1, err := liveness.NewAgent(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx1, stop1 := context.WithCancel(context.Background())
+	done1 := make(chan error, 1)
+	go func() { done1 <- a1.Run(ctx1) }()
+	t.Cleanup(func() { stop1(); <-done1 })
+	waitUntil(t, 10*time.Second, "the first agent holds its lock and beat", func() bool {
+		s := a1.Snapshot()
+		return s.AliveLock.Held && s.Heartbeat.Beats > 0
+	})
+
+	second := first
+	second.ServiceName = "impostor"
+	second.DuplicateTimeout = 2 * time.Second
+	a2, err := liveness.NewAgent(second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx2, stop2 := context.WithTimeout(context.Background(), time.Minute)
+	defer stop2()
+	done2 := make(chan error, 1)
+	go func() { done2 <- a2.Run(ctx2) }()
+	var runErr error
+	select {
+	case runErr = <-done2:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the duplicate agent did not give up within 30s (DuplicateTimeout 2s)")
+	}
+	if !errors.Is(runErr, liveness.ErrDuplicateInstance) {
+		t.Fatalf("the duplicate's Run returned %v, want ErrDuplicateInstance", runErr)
+	}
+	s := a2.Snapshot()
+	if s.Heartbeat.Beats != 0 || !s.AliveLock.Duplicate || !s.Heartbeat.Duplicate {
+		t.Fatalf("duplicate's snapshot: %+v; want no beat and Duplicate reported", s)
+	}
+	var service string
+	if err := pool.QueryRow(context.Background(), `SELECT service_name FROM liveness.instances WHERE instance_id = $1`,
+		first.InstanceID).Scan(&service); err != nil {
+		t.Fatalf("the first agent's row is gone after the duplicate left: %v", err)
+	}
+	if service != first.ServiceName {
+		t.Fatalf("service_name = %q: the duplicate wrote the row", service)
+	}
+	if alive, _ := isAlive(t, pool, first.InstanceID); !alive {
+		t.Fatal("the first agent is not alive after the duplicate left")
+	}
+}

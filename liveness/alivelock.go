@@ -10,6 +10,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -80,9 +81,12 @@ type AliveLock struct {
 	verifySQL         string
 	log               *slog.Logger
 
-	running atomic.Bool
-	held    atomic.Bool
-	changed atomic.Pointer[chan struct{}]
+	running   atomic.Bool
+	held      atomic.Bool
+	duplicate atomic.Bool // the last claim found the lock held by another session
+	changed   atomic.Pointer[chan struct{}]
+	settled   chan struct{} // closed once the first claim has an answer
+	settle    sync.Once
 
 	claims     atomic.Uint64
 	losses     atomic.Uint64
@@ -223,6 +227,7 @@ func NewAliveLock(cfg AliveLockConfig) (*AliveLock, error) {
 	a.log = a.log.With("component", "alive_lock", "instance_id", a.instanceID)
 	ch := make(chan struct{})
 	a.changed.Store(&ch)
+	a.settled = make(chan struct{})
 	return a, nil
 }
 
@@ -239,9 +244,25 @@ func (a *AliveLock) Changed() <-chan struct{} {
 	return *a.changed.Load()
 }
 
+// Duplicate reports whether the last claim found the lock held by another session: a
+// second process runs with this instance id, or this instance's previous session has
+// not ended yet. Such a process must not write the instance's row.
+func (a *AliveLock) Duplicate() bool { return a != nil && a.duplicate.Load() }
+
+// Settled returns a channel that is closed once the first claim has an answer: held,
+// held by another session, or refused (a pooler, a missing function). The heartbeat
+// waits for it, boundedly, so that a duplicate never writes a row.
+func (a *AliveLock) Settled() <-chan struct{} {
+	if a == nil {
+		return nil
+	}
+	return a.settled
+}
+
 // Stats returns counters for exporters. Safe from any goroutine.
 func (a *AliveLock) Stats() AliveLockStats {
 	return AliveLockStats{
+		Duplicate:  a.duplicate.Load(),
 		Held:       a.held.Load(),
 		Claims:     a.claims.Load(),
 		Losses:     a.losses.Load(),
@@ -360,6 +381,7 @@ func (a *AliveLock) tick(ctx context.Context, conn *pgx.Conn) bool {
 		if errors.As(err, &pgErr) && !conn.IsClosed() {
 			// The server answered, so the connection is fine; the objects may be missing
 			// (migrations not applied yet). Try again on the next tick.
+			a.settle.Do(func() { close(a.settled) })
 			a.report("error:"+pgErr.Code, slog.LevelError,
 				"alive lock claim failed; the heartbeat goes on at the fast cadence",
 				"error", err)
@@ -369,6 +391,7 @@ func (a *AliveLock) tick(ctx context.Context, conn *pgx.Conn) bool {
 			"error", dsn.RedactError(err))
 		return false
 	}
+	defer a.settle.Do(func() { close(a.settled) })
 	if backendPID != startupPID {
 		a.setHeld(false)
 		a.report("pooled", slog.LevelError,
@@ -383,9 +406,11 @@ func (a *AliveLock) tick(ctx context.Context, conn *pgx.Conn) bool {
 		if claiming {
 			a.claims.Add(1)
 		}
+		a.setDuplicate(false)
 		a.setHeld(true)
 		a.report("held", slog.LevelInfo, "alive lock held", "backend_pid", backendPID)
 	case claiming:
+		a.setDuplicate(true)
 		a.report("duplicate", slog.LevelWarn,
 			"alive lock held by another session: a duplicate instance id, or this instance's previous "+
 				"session not yet ended; retrying, the heartbeat goes on at the fast cadence",
@@ -429,6 +454,13 @@ func (a *AliveLock) setHeld(v bool) {
 		a.losses.Add(1)
 	}
 	a.change(v)
+}
+
+// setDuplicate records a change of Duplicate and wakes whoever waits on Changed.
+func (a *AliveLock) setDuplicate(v bool) {
+	if a.duplicate.Swap(v) != v {
+		a.change(a.held.Load())
+	}
 }
 
 // release clears Held on shutdown, which is not a loss.

@@ -80,6 +80,17 @@ type lockNotifier interface {
 	Changed() <-chan struct{}
 }
 
+// duplicateSource says whether another session holds this instance's lock, so that a
+// second process with the same instance id never writes the row. An *AliveLock is one.
+type duplicateSource interface {
+	Duplicate() bool
+	Settled() <-chan struct{}
+}
+
+// settleWait bounds how long the first beat waits for the lock's first claim: a direct
+// DSN that cannot connect must not hold back the heartbeat fallback.
+const settleWait = 10 * time.Second
+
 // clock is the worker's time source; tests replace it to drive the cadence.
 type clock interface {
 	Now() time.Time
@@ -181,6 +192,7 @@ type HeartbeatWorker struct {
 	metadata   string
 	lock       LockSource
 	notifier   lockNotifier
+	dup        duplicateSource // nil without a lock source that reports duplicates
 	clock      clock
 	log        *slog.Logger
 
@@ -253,11 +265,16 @@ func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
 	if h.mode == "" {
 		h.mode = ModeAdvisoryLockWhenAvailable
 	}
-	if h.mode == ModeHeartbeatTableOnly {
-		h.lock = nil // the mode ignores the lock
+	// Both modes refuse to write another process's row; only the cadence ignores the
+	// lock in table-only mode.
+	if d, ok := cfg.Lock.(duplicateSource); ok {
+		h.dup = d
 	}
-	if n, ok := h.lock.(lockNotifier); ok {
+	if n, ok := cfg.Lock.(lockNotifier); ok {
 		h.notifier = n
+	}
+	if h.mode == ModeHeartbeatTableOnly {
+		h.lock = nil // the cadence ignores the lock
 	}
 	if h.clock == nil {
 		h.clock = realClock{}
@@ -293,13 +310,39 @@ func (h *HeartbeatWorker) Run(ctx context.Context) error {
 	if h.mode == ModeAdvisoryLockWhenAvailable && h.lock == nil {
 		h.log.Warn("no alive lock source: the heartbeat stays at the fast cadence")
 	}
+	if h.dup != nil {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-h.dup.Settled():
+		case <-time.After(settleWait):
+		}
+	}
 	failures := 0
+	duplicate := false
 	for ctx.Err() == nil {
 		began := h.clock.Now()
 		// Take the change channel before reading Held, so that no change is missed.
 		var changed <-chan struct{}
 		if h.notifier != nil {
 			changed = h.notifier.Changed()
+		}
+		if h.dup != nil && h.dup.Duplicate() {
+			if !duplicate {
+				h.log.Error("not writing the instance row: another session holds this instance's alive lock " +
+					"(a second process with the same instance id, or this one's previous session not yet ended)")
+			}
+			duplicate = true
+			h.setDuplicate(true)
+			if !h.wait(ctx, h.fast, changed) {
+				return nil
+			}
+			continue
+		}
+		if duplicate {
+			h.log.Info("the alive lock is this process's again: writing the instance row")
+			duplicate = false
+			h.setDuplicate(false)
 		}
 		holds := h.lock != nil && h.lock.Held()
 		at, inserted, err := h.beat(ctx, holds)
@@ -351,9 +394,11 @@ func (h *HeartbeatWorker) wait(ctx context.Context, d time.Duration, changed <-c
 	case <-h.clock.After(d):
 		return true
 	case <-changed:
-		if h.lock.Held() {
+		switch {
+		case h.lock == nil:
+		case h.lock.Held():
 			h.log.Debug("alive lock claimed: beating at once")
-		} else {
+		default:
 			h.log.Info("alive lock lost: beating at once to prove life")
 		}
 		return true
@@ -370,6 +415,12 @@ func (h *HeartbeatWorker) beat(ctx context.Context, holdsLock bool) (at time.Tim
 	err = h.pool.QueryRow(ctx, h.upsertSQL, h.instanceID, h.service, h.host, h.pid, string(h.mode),
 		h.metadata, holdsLock, t[0], t[1], t[2], t[3], t[4]).Scan(&at, &inserted)
 	return at, inserted, err
+}
+
+func (h *HeartbeatWorker) setDuplicate(v bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stats.Duplicate = v
 }
 
 func (h *HeartbeatWorker) succeeded(at time.Time, interval time.Duration) {

@@ -8,6 +8,7 @@ import (
 
 // AliveLockStats is a point-in-time view of an AliveLock, for exporters.
 type AliveLockStats struct {
+	Duplicate  bool   // the last claim found the lock held by another session (a duplicate instance id)
 	Held       bool   // claimed and verified on this connection's own backend
 	Claims     uint64 // successful claims
 	Losses     uint64 // times a held lock was lost (connection dropped, backend gone)
@@ -20,6 +21,9 @@ type HeartbeatStats struct {
 	Beats    uint64        // successful heartbeat writes
 	Failures uint64        // failed heartbeat writes
 	LastBeat time.Time     // database time of the last successful write; zero before it
+	// Duplicate is true while the worker writes nothing because another session holds
+	// this instance's alive lock.
+	Duplicate bool
 }
 
 // LostReason says why a lease was lost.
