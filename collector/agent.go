@@ -10,7 +10,7 @@ import (
 )
 
 // lostReasons are zero-filled for every lease so that increase() sees the first loss.
-var lostReasons = []liveness.LostReason{liveness.LostExpired, liveness.LostTaken, liveness.LostError}
+var lostReasons = []liveness.LostReason{liveness.LostExpired, liveness.LostTaken, liveness.LostError, liveness.LostNotAlive}
 
 // agentCollector reports the local agent from its snapshot; it does not touch the
 // database.

@@ -424,6 +424,9 @@ func (a *AliveLock) tick(ctx context.Context, conn *pgx.Conn) bool {
 }
 
 func (a *AliveLock) connectFailed(err error) {
+	// The first claim has an answer too: there will be none for now. The heartbeat need
+	// not wait for it.
+	a.settle.Do(func() { close(a.settled) })
 	err = dsn.RedactError(err)
 	if strings.Contains(err.Error(), "unsupported startup parameter") {
 		a.report("connect:pooler", slog.LevelError,

@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -74,6 +76,19 @@ type LeasesConfig struct {
 	Margin time.Duration
 	// Logger receives a warning for each lost lease; nil discards.
 	Logger *slog.Logger
+	// InstanceID, when set, is recorded as the holder of every lease taken, so that
+	// readers show who leads and a dead holder's lease can be taken before it expires. A
+	// lease is then taken only while that instance is alive by the one verdict; its Agent
+	// sets this, and ends every lease the moment the instance can no longer prove life.
+	InstanceID uuid.UUID
+
+	life lifeGate // set by Agent: leases end when it says the instance is not alive
+}
+
+// lifeGate says whether this instance can still count on the fleet seeing it alive.
+type lifeGate interface {
+	Alive() bool
+	Changed() <-chan struct{} // closed at the next change of Alive
 }
 
 // Leases takes and keeps table leases: singleton jobs held by a row in <schema>.leases,
@@ -90,6 +105,8 @@ type Leases struct {
 	margin time.Duration
 	log    *slog.Logger
 	host   string
+	id     *uuid.UUID // the holder instance, or nil
+	life   lifeGate
 
 	mu    sync.Mutex
 	names map[string]*leaseCounts
@@ -116,22 +133,33 @@ func NewLeases(cfg LeasesConfig) (*Leases, error) {
 	if err != nil || host == "" {
 		host = "unknown"
 	}
-	return &Leases{
+	l := &Leases{
 		pool:   cfg.Pool,
 		stmts:  newLeaseStatements(cfg.Schema),
 		margin: cfg.Margin,
 		log:    log,
 		host:   host,
+		life:   cfg.life,
 		names:  map[string]*leaseCounts{},
-	}, nil
+	}
+	if cfg.InstanceID != uuid.Nil {
+		id := cfg.InstanceID
+		l.id = &id
+	}
+	return l, nil
 }
 
 // Lease is one acquisition of a named lease. Its context is cancelled when the lease is
 // lost, released, or when the context given to TryAcquire ends.
 type Lease struct {
 	Name string
-	// Holder is hostname:pid:64 random bits in hex, new on every acquisition.
+	// Holder is hostname:pid:64 random bits in hex, new on every acquisition; a ':' or
+	// '%' in the host name is percent-escaped. It is a token, not an identity: read
+	// HolderInstanceID (or Reader.Leader) to know who holds a lease.
 	Holder string
+	// HolderInstanceID is the holding instance (LeasesConfig.InstanceID); uuid.Nil when
+	// the Leases has none.
+	HolderInstanceID uuid.UUID
 	// Epoch is the fencing token: it strictly increases across acquisitions, takeovers,
 	// releases and deletes. Fence writes with <schema>.lease_is_held(Name, Epoch).
 	Epoch int64
@@ -156,13 +184,15 @@ type Lease struct {
 	releaseErr  error
 }
 
-// holderID returns hostname:pid:64 random bits.
+// holderID returns hostname:pid:64 random bits, with ':' and '%' in the host name
+// percent-escaped so that the token always splits into its three parts.
 func (l *Leases) holderID() (string, error) {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", fmt.Errorf("liveness: random holder id: %w", err)
 	}
-	return fmt.Sprintf("%s:%d:%016x", l.host, os.Getpid(), binary.BigEndian.Uint64(b[:])), nil
+	host := strings.NewReplacer("%", "%25", ":", "%3A").Replace(l.host)
+	return fmt.Sprintf("%s:%d:%016x", host, os.Getpid(), binary.BigEndian.Uint64(b[:])), nil
 }
 
 // marginFor validates name and ttl and returns the margin for ttl.
@@ -195,6 +225,11 @@ func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if err != nil {
 		return nil, err
 	}
+	if l.life != nil && !l.life.Alive() {
+		// The fleet may be about to call this instance dead: lead nothing until it can
+		// prove life again.
+		return nil, nil
+	}
 	start := time.Now()
 	trustUntil := start.Add(ttl - margin)
 	// An answer after the trust window would be a lease we may not trust anyway.
@@ -204,7 +239,7 @@ func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 		epoch            int64
 		taken, expiresAt time.Time
 	)
-	err = l.pool.QueryRow(actx, l.stmts.acquire, name, holder, ttl.Seconds()).Scan(&epoch, &taken, &expiresAt)
+	err = l.pool.QueryRow(actx, l.stmts.acquire, name, holder, ttl.Seconds(), l.id, l.host).Scan(&epoch, &taken, &expiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -215,7 +250,7 @@ func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 
 	lctx, lcancel := context.WithCancelCause(ctx)
 	le := &Lease{
-		Name: name, Holder: holder, Epoch: epoch, TakenAt: taken,
+		Name: name, Holder: holder, Epoch: epoch, TakenAt: taken, HolderInstanceID: l.instanceID(),
 		leases: l, ttl: ttl, margin: margin,
 		ctx: lctx, cancel: lcancel,
 		renewerDone: make(chan struct{}),
@@ -227,6 +262,13 @@ func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	le.mu.Unlock()
 	go le.renewLoop()
 	return le, nil
+}
+
+func (l *Leases) instanceID() uuid.UUID {
+	if l.id == nil {
+		return uuid.Nil
+	}
+	return *l.id
 }
 
 // Run runs fn under the lease name if it can be taken, and reports whether it ran. When
@@ -246,6 +288,11 @@ func (l *Leases) Run(ctx context.Context, name string, ttl time.Duration, fn fun
 		var lost error
 		if cause := context.Cause(lease.ctx); errors.Is(cause, ErrLeaseLost) {
 			lost = cause
+			// fn gave up because the loss cancelled its context: the loss is the error, so
+			// that filtering out context.Canceled never hides a lost lease.
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				err = nil
+			}
 		}
 		err = errors.Join(err, lost, relErr)
 	}()
@@ -300,17 +347,28 @@ func (le *Lease) Release(ctx context.Context) error {
 }
 
 // renewLoop renews every ttl/4, and ttl/16 after a failed attempt, until the lease's
-// context ends. It is owned by the lease: Release waits for it.
+// context ends, and ends the lease as soon as the instance can no longer prove life. It
+// is owned by the lease: Release waits for it.
 func (le *Lease) renewLoop() {
 	defer close(le.renewerDone)
 	every, retry := le.ttl/4, le.ttl/16
 	t := time.NewTimer(every)
 	defer t.Stop()
+	life := le.leases.life
+	var lifeChanged <-chan struct{}
 	for {
+		if life != nil {
+			lifeChanged = life.Changed() // before Alive, so that no change is missed
+			if !life.Alive() {
+				le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostNotAlive})
+			}
+		}
 		select {
 		case <-le.ctx.Done():
 			le.end(nil) // the parent context ended, unless the lease already had
 			return
+		case <-lifeChanged:
+			continue
 		case <-t.C:
 		}
 		if le.renew() {
@@ -438,7 +496,7 @@ func (l *Leases) Stats() []LeaseStats {
 	defer l.mu.Unlock()
 	out := make([]LeaseStats, 0, len(l.names))
 	for name, c := range l.names {
-		lost := map[LostReason]uint64{LostExpired: 0, LostTaken: 0, LostError: 0}
+		lost := map[LostReason]uint64{LostExpired: 0, LostTaken: 0, LostError: 0, LostNotAlive: 0}
 		for r, n := range c.lost {
 			lost[r] = n
 		}

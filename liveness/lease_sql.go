@@ -16,14 +16,30 @@ import (
 // draws no epoch: epochs count acquisitions (only racing attempts on an expired lease
 // waste one), and the common "held by another" answer takes no row lock.
 //
-// $1 name, $2 holder, $3 ttl in seconds.
-const leaseAcquireSQL = `/* pg_liveness:lease_acquire */ INSERT INTO {schema}.leases AS l (name, holder, epoch, taken_at, expires_at)
-SELECT $1, $2, nextval({epoch_seq}), now(), now() + make_interval(secs => $3::float8)
- WHERE NOT EXISTS (SELECT 1 FROM {schema}.leases h WHERE h.name = $1 AND h.expires_at >= now())
+// A lease whose holder instance is dead by the one verdict (is_instance_alive) is free
+// as well, so a crashed holder's lease moves without waiting for its ttl; and an
+// acquirer that names its instance takes the lease only while that instance is alive by
+// the same verdict, so that its own death is visible to the others.
+//
+// $1 name, $2 holder, $3 ttl in seconds, $4 the holder's instance id (or NULL), $5 its
+// host.
+const leaseAcquireSQL = `/* pg_liveness:lease_acquire */ INSERT INTO {schema}.leases AS l
+       (name, holder, holder_instance_id, holder_host, epoch, taken_at, expires_at)
+SELECT $1, $2, $4::uuid, $5::text, nextval({epoch_seq}), now(), now() + make_interval(secs => $3::float8)
+ WHERE {schema}.lease_is_free($1)
+   AND ($4::uuid IS NULL OR {schema}.is_instance_alive($4::uuid))
 ON CONFLICT (name) DO UPDATE
-   SET holder = excluded.holder, epoch = excluded.epoch, taken_at = excluded.taken_at, expires_at = excluded.expires_at
+   SET holder = excluded.holder, holder_instance_id = excluded.holder_instance_id, holder_host = excluded.holder_host,
+       epoch = excluded.epoch, taken_at = excluded.taken_at, expires_at = excluded.expires_at
  WHERE l.expires_at < now()
+    OR (l.holder_instance_id IS NOT NULL AND NOT {schema}.is_instance_alive(l.holder_instance_id))
 RETURNING l.epoch, l.taken_at, l.expires_at`
+
+// leaseLeaderSQL reads who holds a lease. $1 name.
+const leaseLeaderSQL = `/* pg_liveness:lease_leader */ SELECT l.holder_instance_id, coalesce(l.holder_host, ''), l.epoch,
+       l.taken_at, l.expires_at, l.expires_at >= now(),
+       l.holder_instance_id IS NULL OR {schema}.is_instance_alive(l.holder_instance_id)
+  FROM {schema}.leases l WHERE l.name = $1`
 
 // leaseRenewSQL extends the lease only while this very acquisition (name, holder and
 // epoch) still holds it and it has not expired by the database clock. Matching on name
@@ -45,7 +61,7 @@ const leaseReleaseSQL = `/* pg_liveness:lease_release */ DELETE FROM {schema}.le
 
 // leaseStatements are the lease statements rendered for one schema.
 type leaseStatements struct {
-	acquire, renew, release string
+	acquire, renew, release, leader string
 }
 
 func newLeaseStatements(schema string) leaseStatements {
@@ -62,5 +78,6 @@ func newLeaseStatements(schema string) leaseStatements {
 		acquire: render(leaseAcquireSQL),
 		renew:   render(leaseRenewSQL),
 		release: render(leaseReleaseSQL),
+		leader:  render(leaseLeaderSQL),
 	}
 }

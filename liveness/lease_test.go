@@ -715,7 +715,7 @@ func TestLeaseFieldsAndStats(t *testing.T) {
 		t.Fatalf("second Release: %v", err)
 	}
 	stats := l.Stats()
-	zero := map[liveness.LostReason]uint64{liveness.LostExpired: 0, liveness.LostTaken: 0, liveness.LostError: 0}
+	zero := map[liveness.LostReason]uint64{liveness.LostExpired: 0, liveness.LostTaken: 0, liveness.LostError: 0, liveness.LostNotAlive: 0}
 	if len(stats) != 2 || stats[0].Name != "a" || stats[0].Held || stats[1].Name != "b" || !stats[1].Held {
 		t.Fatalf("Stats() = %+v, want a (released) then b (held)", stats)
 	}

@@ -33,6 +33,10 @@ const (
 	LostExpired LostReason = "expired" // the local trust window ran out without a renewal
 	LostTaken   LostReason = "taken"   // a renewal found another holder or epoch, or no row
 	LostError   LostReason = "error"   // a renewal failed and the lease could not be confirmed
+	// LostNotAlive: the holder's instance could no longer prove that it is alive (its
+	// alive lock vanished without a heartbeat in time, or its heartbeat aged), so it
+	// stepped down before the fleet could call it dead and take the lease over.
+	LostNotAlive LostReason = "not_alive"
 )
 
 // LeaseStats is a point-in-time view of one lease name as used by this process.
