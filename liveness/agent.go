@@ -130,6 +130,7 @@ type Agent struct {
 	lock      *AliveLock
 	heartbeat *HeartbeatWorker
 	leases    *Leases
+	life      *lifeMonitor
 	reaper    *Reaper // nil when disabled
 }
 
@@ -167,7 +168,12 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		return nil, err
 	}
 	a.heartbeat = hb
-	if a.leases, err = NewLeases(LeasesConfig{Pool: cfg.Pool, Schema: cfg.Schema, Logger: cfg.Logger.With("component", "leases")}); err != nil {
+	a.life = newLifeMonitor(lock, hb, cfg.Mode != ModeHeartbeatTableOnly, cfg.HeartbeatInterval,
+		cfg.StaleThreshold, cfg.DefinitiveDeadCutoff, cmp.Or(cfg.LockGrace, DefaultLockGrace))
+	// Leases record this instance as their holder, and end when it can no longer prove
+	// life, before the fleet could take them over.
+	if a.leases, err = NewLeases(LeasesConfig{Pool: cfg.Pool, Schema: cfg.Schema, InstanceID: cfg.InstanceID,
+		life: a.life, Logger: cfg.Logger.With("component", "leases")}); err != nil {
 		return nil, err
 	}
 	if cfg.Reaper {
@@ -213,6 +219,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.cfg.Logger.Error("alive lock stopped", "err", err)
 		}
 	})
+	lockWG.Go(func() { a.life.run(lockCtx) })
 	start("heartbeat", a.heartbeat.Run)
 	if a.reaper != nil {
 		start("reaper", a.reaper.Run)

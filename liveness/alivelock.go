@@ -94,6 +94,7 @@ type AliveLock struct {
 
 	// Owned by the Run goroutine.
 	connectedOnce bool
+	lastExchange  time.Time // when the last statement that got an answer was sent
 	condition     string
 
 	// afterConnect lets tests inspect the lock's own session; nil otherwise.
@@ -339,6 +340,7 @@ func (a *AliveLock) session(ctx context.Context) {
 		a.afterConnect(ctx, conn)
 	}
 
+	a.lastExchange = time.Now()
 	for a.tick(ctx, conn) {
 		wctx, cancel := context.WithTimeout(ctx, a.verifyEvery)
 		err := conn.PgConn().WaitForNotification(wctx)
@@ -361,7 +363,18 @@ func (a *AliveLock) session(ctx context.Context) {
 // tick claims the lock when not held and verifies it when held. It returns false when the
 // connection must be dropped and opened again.
 func (a *AliveLock) tick(ctx context.Context, conn *pgx.Conn) bool {
-	qctx, cancel := context.WithTimeout(ctx, a.statementTimeout())
+	// The server frees the lock of a client it has not heard from for its keepalive
+	// time; the client socket gives up one probe earlier, counted from the last exchange.
+	// A statement sent late in that span must not push this side's giving up past it.
+	sent := time.Now()
+	deadline := a.lastExchange.Add(a.clientUserTimeout)
+	if limit := sent.Add(a.statementTimeout()); deadline.After(limit) {
+		deadline = limit
+	}
+	if least := sent.Add(time.Second); deadline.Before(least) {
+		deadline = least
+	}
+	qctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	startupPID := int64(conn.PgConn().PID())
 	var backendPID int64
@@ -392,6 +405,7 @@ func (a *AliveLock) tick(ctx context.Context, conn *pgx.Conn) bool {
 		return false
 	}
 	defer a.settle.Do(func() { close(a.settled) })
+	a.lastExchange = sent
 	if backendPID != startupPID {
 		a.setHeld(false)
 		a.report("pooled", slog.LevelError,

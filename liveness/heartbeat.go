@@ -203,9 +203,11 @@ type HeartbeatWorker struct {
 	firstRetry   time.Duration
 	maxRetryWait time.Duration
 
-	running atomic.Bool
-	mu      sync.Mutex
-	stats   HeartbeatStats
+	running   atomic.Bool
+	mu        sync.Mutex
+	stats     HeartbeatStats
+	lastSent  time.Time // monotonic send time of the last successful beat
+	lastHolds bool      // what that beat recorded as holds_alive_lock
 
 	// Owned by the Run goroutine.
 	rowHoldsLock bool // what the last successful beat recorded as holds_alive_lock
@@ -345,6 +347,7 @@ func (h *HeartbeatWorker) Run(ctx context.Context) error {
 			h.setDuplicate(false)
 		}
 		holds := h.lock != nil && h.lock.Held()
+		sent := time.Now() // the row's time is later: the server sets it
 		at, inserted, err := h.beat(ctx, holds)
 		if ctx.Err() != nil {
 			return nil
@@ -377,7 +380,7 @@ func (h *HeartbeatWorker) Run(ctx context.Context) error {
 		// The watchdog: whatever the cadence, the next beat starts within stale − fast of
 		// this one, so the row never gets closer to stale than one fast interval.
 		interval = min(interval, h.watchdog)
-		h.succeeded(at, interval)
+		h.succeeded(at, interval, sent, holds)
 		if !h.wait(ctx, interval-h.clock.Now().Sub(began), changed) {
 			return nil
 		}
@@ -423,12 +426,21 @@ func (h *HeartbeatWorker) setDuplicate(v bool) {
 	h.stats.Duplicate = v
 }
 
-func (h *HeartbeatWorker) succeeded(at time.Time, interval time.Duration) {
+func (h *HeartbeatWorker) succeeded(at time.Time, interval time.Duration, sent time.Time, holds bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.stats.Beats++
 	h.stats.LastBeat = at
 	h.stats.Interval = interval
+	h.lastSent, h.lastHolds = sent, holds
+}
+
+// lastProof returns when the last successful beat was sent, by this host's monotonic
+// clock (zero before the first), and whether it recorded the alive lock as held.
+func (h *HeartbeatWorker) lastProof() (sent time.Time, holdsLock bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lastSent, h.lastHolds
 }
 
 // failed counts a failed beat and logs the first of a series; the rest go to debug.

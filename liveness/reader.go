@@ -60,6 +60,7 @@ type ReaderConfig struct {
 type Reader struct {
 	db          Querier
 	sql         string
+	leaderSQL   string
 	stale, dead float64 // seconds
 }
 
@@ -100,7 +101,8 @@ func NewReader(cfg ReaderConfig) (*Reader, error) {
 	if dead <= stale {
 		return nil, fmt.Errorf("liveness: ReaderConfig.DefinitiveDeadCutoff (%s) must be above ReaderConfig.StaleThreshold (%s)", dead, stale)
 	}
-	return &Reader{db: cfg.DB, sql: sqlFor(cfg.Schema, readerSQL), stale: stale.Seconds(), dead: dead.Seconds()}, nil
+	return &Reader{db: cfg.DB, sql: sqlFor(cfg.Schema, readerSQL), leaderSQL: newLeaseStatements(cfg.Schema).leader,
+		stale: stale.Seconds(), dead: dead.Seconds()}, nil
 }
 
 // Instance returns one instance's status, or ErrInstanceNotFound.
@@ -113,6 +115,13 @@ func (r *Reader) Instance(ctx context.Context, id uuid.UUID) (InstanceStatus, er
 		return InstanceStatus{}, fmt.Errorf("%w: %s", ErrInstanceNotFound, id)
 	}
 	return out[0], nil
+}
+
+// Leader returns who holds the lease name: the holder's instance id and host, the
+// epoch (the fencing token) and the expiry, or ErrNoLeader when nobody does (no row, an
+// expired lease, or a holder that is dead by the one verdict).
+func (r *Reader) Leader(ctx context.Context, name string) (Leader, error) {
+	return readLeader(ctx, r.db, r.leaderSQL, name)
 }
 
 // Instances returns the instances of one service (every service when service is empty),

@@ -68,36 +68,40 @@ func NewReaper(cfg ReaperConfig) (*Reaper, error) {
 // Reaped counts the instances this reaper deleted.
 func (r *Reaper) Reaped() uint64 { return r.reaped.Load() }
 
-// Run reaps every Interval until ctx ends.
+// Run campaigns for the reaper's lease until ctx ends, and reaps every Interval while
+// it leads. Followers try every Interval (at most every 5 s), so a dead reaper is
+// replaced within about that.
 func (r *Reaper) Run(ctx context.Context) error {
-	t := time.NewTicker(r.cfg.Interval)
-	defer t.Stop()
-	for {
-		if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Warn("reaper round failed", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	return r.cfg.Leases.Elect(ctx, ElectorConfig{
+		Lease:       ReaperLease,
+		TTL:         r.cfg.LeaseTTL,
+		RetryPeriod: min(r.cfg.Interval, 5*time.Second),
+		OnStartedLeading: func(ctx context.Context, _ Leader) {
+			t := time.NewTicker(r.cfg.Interval)
+			defer t.Stop()
+			for {
+				if _, err := r.reap(ctx); err != nil && ctx.Err() == nil {
+					r.cfg.Logger.Warn("reaper round failed", "err", err)
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+			}
+		},
+	})
 }
 
-// RunOnce runs one round under the lease and returns the deleted ids; none when another
-// agent holds the lease.
-func (r *Reaper) RunOnce(ctx context.Context) ([]uuid.UUID, error) {
-	var ids []uuid.UUID
-	_, err := r.cfg.Leases.Run(ctx, ReaperLease, r.cfg.LeaseTTL, func(ctx context.Context, _ *Lease) error {
-		ctx, cancel := context.WithTimeout(ctx, min(r.cfg.LeaseTTL/2, 30*time.Second))
-		defer cancel()
-		rows, err := r.cfg.Pool.Query(ctx, r.sql, r.cfg.StaleThreshold.Seconds(), r.cfg.DefinitiveDeadCutoff.Seconds())
-		if err != nil {
-			return err
-		}
-		ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-		return err
-	})
+// reap runs cleanup_stale_instances once and counts and logs what it deleted.
+func (r *Reaper) reap(ctx context.Context) ([]uuid.UUID, error) {
+	ctx, cancel := context.WithTimeout(ctx, min(r.cfg.LeaseTTL/2, 30*time.Second))
+	defer cancel()
+	rows, err := r.cfg.Pool.Query(ctx, r.sql, r.cfg.StaleThreshold.Seconds(), r.cfg.DefinitiveDeadCutoff.Seconds())
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	if err != nil {
 		return nil, err
 	}
@@ -105,6 +109,21 @@ func (r *Reaper) RunOnce(ctx context.Context) ([]uuid.UUID, error) {
 		r.reaped.Add(uint64(len(ids)))
 		// A backlog can be thousands of rows; a log line names a few.
 		r.cfg.Logger.Info("reaped stale instances", "count", len(ids), "instance_ids", ids[:min(len(ids), maxLoggedIDs)])
+	}
+	return ids, nil
+}
+
+// RunOnce runs one round under the lease and returns the deleted ids; none when another
+// agent holds the lease.
+func (r *Reaper) RunOnce(ctx context.Context) ([]uuid.UUID, error) {
+	var ids []uuid.UUID
+	_, err := r.cfg.Leases.Run(ctx, ReaperLease, r.cfg.LeaseTTL, func(ctx context.Context, _ *Lease) error {
+		var err error
+		ids, err = r.reap(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	return ids, nil
 }

@@ -1,0 +1,187 @@
+package liveness_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+)
+
+// leadership records, for one campaign, when each leadership started and ended.
+type leadership struct {
+	mu    sync.Mutex
+	spans []span
+	stops []error
+}
+
+type span struct {
+	epoch      int64
+	start, end time.Time
+}
+
+func (l *leadership) config(lease string, ttl time.Duration) liveness.ElectorConfig {
+	return liveness.ElectorConfig{
+		Lease: lease, TTL: ttl, RetryPeriod: 100 * time.Millisecond,
+		OnStartedLeading: func(ctx context.Context, self liveness.Leader) {
+			l.mu.Lock()
+			i := len(l.spans)
+			l.spans = append(l.spans, span{epoch: self.Epoch, start: time.Now()})
+			l.mu.Unlock()
+			<-ctx.Done()
+			l.mu.Lock()
+			l.spans[i].end = time.Now()
+			l.mu.Unlock()
+		},
+		OnStoppedLeading: func(reason error) {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.stops = append(l.stops, reason)
+		},
+	}
+}
+
+func (l *leadership) snapshot() ([]span, []error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]span(nil), l.spans...), append([]error(nil), l.stops...)
+}
+
+// startAgent runs an agent whose every connection (pool and alive lock) goes through a
+// proxy that the test can cut, like a process that dies: the server ends its sessions at
+// once and it can reach nothing any more. It returns the agent and the proxy.
+func startCuttableAgent(t *testing.T, db *pgtest.DB, service string) (*liveness.Agent, *freezingProxy) {
+	t.Helper()
+	proxy := newFreezingProxy(t, db.DSN, 0)
+	t.Cleanup(proxy.close)
+	pcfg, err := pgxpool.ParseConfig(proxy.dsn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 3
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	cfg := agentConfig(db, pool)
+	cfg.DirectDSN = proxy.dsn()
+	cfg.ServiceName = service
+	cfg.Reaper = false
+	cfg.HeartbeatInterval, cfg.HeartbeatSlowInterval = time.Second, 2*time.Second
+	cfg.StaleThreshold, cfg.DefinitiveDeadCutoff = 30*time.Second, time.Minute
+	a, err := liveness.NewAgent(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	waitUntil(t, 10*time.Second, service+" holds its lock and beat", func() bool {
+		s := a.Snapshot()
+		return s.AliveLock.Held && s.Heartbeat.Beats > 0
+	})
+	return a, proxy
+}
+
+// TestElectorTakesOverFromADeadLeaderBeforeTheTTL: a leader whose process dies (every
+// connection cut) stops leading on its own within its lock grace, and another process
+// leads well before the 30 s ttl, once the leader is dead by the one verdict; the two
+// leaderships never overlap and their epochs increase.
+func TestElectorTakesOverFromADeadLeaderBeforeTheTTL(t *testing.T) {
+	db, migratedPool := agentDB(t, 2)
+	a1, cut := startCuttableAgent(t, db, "elector-a")
+	a2, _ := startCuttableAgent(t, db, "elector-b")
+
+	const ttl = 30 * time.Second
+	var l1, l2 leadership
+	ctx, stop := context.WithTimeout(context.Background(), time.Minute)
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = a1.Leases().Elect(ctx, l1.config("job", ttl)) })
+	waitUntil(t, 10*time.Second, "a1 leads", func() bool { s, _ := l1.snapshot(); return len(s) == 1 })
+	var seen []liveness.Leader
+	var seenMu sync.Mutex
+	c2 := l2.config("job", ttl)
+	c2.OnNewLeader = func(l liveness.Leader) { seenMu.Lock(); seen = append(seen, l); seenMu.Unlock() }
+	wg.Go(func() { _ = a2.Leases().Elect(ctx, c2) })
+	waitUntil(t, 5*time.Second, "a2 sees a1 leading", func() bool {
+		seenMu.Lock()
+		defer seenMu.Unlock()
+		return len(seen) > 0 && seen[0].InstanceID == a1.Snapshot().InstanceID
+	})
+
+	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: migratedPool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leader, err := reader.Leader(ctx, "job"); err != nil || leader.InstanceID != a1.Snapshot().InstanceID {
+		t.Fatalf("Reader.Leader = %+v, %v; want a1 (%s)", leader, err, a1.Snapshot().InstanceID)
+	}
+
+	cutAt := time.Now()
+	cut.close() // a1's process "dies": its sessions end, it reaches nothing
+	waitUntil(t, 15*time.Second, "a2 leads", func() bool { s, _ := l2.snapshot(); return len(s) == 1 })
+	s1, stops1 := l1.snapshot()
+	s2, _ := l2.snapshot()
+	if s1[0].end.IsZero() {
+		t.Fatal("a2 leads while a1 still leads: two leaders")
+	}
+	if !s1[0].end.Before(s2[0].start) {
+		t.Fatalf("a1 stopped leading at %s, after a2 started at %s: two leaders",
+			s1[0].end.Sub(cutAt), s2[0].start.Sub(cutAt))
+	}
+	if took := s2[0].start.Sub(cutAt); took > ttl/3 {
+		t.Fatalf("takeover took %s; want far below the %s ttl", took, ttl)
+	}
+	if s2[0].epoch <= s1[0].epoch {
+		t.Fatalf("epochs %d then %d: want increasing", s1[0].epoch, s2[0].epoch)
+	}
+	if len(stops1) != 1 || !errors.Is(stops1[0], liveness.ErrLeaseLost) {
+		t.Fatalf("a1's OnStoppedLeading reasons %v; want one lost lease", stops1)
+	}
+	var lost *liveness.LeaseLostError
+	if errors.As(stops1[0], &lost) && lost.Reason != liveness.LostNotAlive {
+		t.Fatalf("a1 stopped because %s; want %s (it could not prove life)", lost.Reason, liveness.LostNotAlive)
+	}
+	if leader, err := reader.Leader(ctx, "job"); err != nil || leader.InstanceID != a2.Snapshot().InstanceID || leader.Epoch != s2[0].epoch {
+		t.Fatalf("Reader.Leader = %+v, %v; want a2 at epoch %d", leader, err, s2[0].epoch)
+	}
+	t.Logf("a1 stopped leading %s after the cut; a2 led %s after it", s1[0].end.Sub(cutAt).Round(time.Millisecond),
+		s2[0].start.Sub(cutAt).Round(time.Millisecond))
+	stop()
+	wg.Wait()
+	// Stopping the campaign releases the lease: nobody leads.
+	if _, err := reader.Leader(context.Background(), "job"); !errors.Is(err, liveness.ErrNoLeader) {
+		t.Fatalf("after the campaigns ended Reader.Leader says %v; want ErrNoLeader", err)
+	}
+}
+
+// TestElectorConfigErrorsNameTheField: a library has no flags, so its errors name the
+// configuration field.
+func TestElectorConfigErrorsNameTheField(t *testing.T) {
+	noop := func(context.Context, liveness.Leader) {}
+	for _, tc := range []struct {
+		cfg   liveness.ElectorConfig
+		field string
+	}{
+		{liveness.ElectorConfig{OnStartedLeading: noop}, "ElectorConfig.Lease"},
+		{liveness.ElectorConfig{Lease: "x"}, "ElectorConfig.OnStartedLeading"},
+		{liveness.ElectorConfig{Lease: "x", OnStartedLeading: noop, TTL: time.Millisecond}, "ElectorConfig.TTL"},
+		{liveness.ElectorConfig{Lease: "x", OnStartedLeading: noop, RetryPeriod: -1}, "ElectorConfig.RetryPeriod"},
+	} {
+		var ce *liveness.ConfigError
+		if err := tc.cfg.Validate(); !errors.As(err, &ce) || ce.Field != tc.field {
+			t.Errorf("Validate(%+v) = %v; want a *ConfigError for %s", tc.cfg, err, tc.field)
+		}
+	}
+	if err := (liveness.ElectorConfig{Lease: "x", OnStartedLeading: noop}).Validate(); err != nil {
+		t.Errorf("zero values must take the defaults: %v", err)
+	}
+}
