@@ -5,7 +5,10 @@
 //
 // # Signals
 //
-// An instance is alive while either signal says so (is_instance_alive in SQL):
+// Two signals feed one verdict. The SQL function instance_states (from the migrations)
+// is the only definition of an instance's state; is_instance_alive, the reaper, the
+// exporter and Reader all read it, and each instance is judged by the timing its own
+// heartbeat records:
 //
 //   - The alive lock (AliveLock): a session-level advisory lock on the instance's id,
 //     held on a dedicated connection. PostgreSQL releases it when the session ends: at
@@ -13,7 +16,24 @@
 //     (a crashed host, a network partition) when TCP keepalive gives up, about 30 s with
 //     the defaults instead of Linux's two hours.
 //   - The heartbeat (HeartbeatWorker): the instance's row in <schema>.instances, whose
-//     last_heartbeat_at is set by the database clock.
+//     last_heartbeat_at is set by the database clock, and which records whether the
+//     instance holds its lock.
+//
+// A lock that vanishes while the row says it is held means the session ended. The
+// instance is dead unless it proves life within its lock grace (1 s by default): a live
+// agent notices its session's end at once and beats through its pool. So a crashed
+// process is dead for everyone about a second after PostgreSQL frees its lock, while a
+// restarted server, a terminated backend or a short network blip kills nobody.
+//
+// # Leadership
+//
+// Leases hold no connection. An Agent's leases record its instance as their holder, so
+// Reader.Leader can say who leads, and a holder that is dead by the verdict may be
+// replaced before its lease expires. In exchange the agent ends its leases (reason
+// LostNotAlive) as soon as it cannot be sure that the fleet still sees it alive, always
+// before anyone else can take them. Leases.Elect runs a campaign with callbacks on top.
+// Every write that must never come from two leaders is fenced in the database with
+// lease_is_held(name, epoch).
 //
 // # What it guarantees
 //
