@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -115,18 +116,18 @@ func newApp(stderr io.Writer) (*kingpin.Application, *flags) {
 	app.Flag("agent.service-name", "Service name recorded in the instances table.").Default(exporterName).StringVar(&f.serviceName)
 	app.Flag("agent.liveness-mode", "advisory-lock-when-available or heartbeat-table-only.").Default(string(liveness.ModeAdvisoryLockWhenAvailable)).
 		EnumVar(&f.mode, string(liveness.ModeAdvisoryLockWhenAvailable), string(liveness.ModeHeartbeatTableOnly))
-	app.Flag("agent.heartbeat-interval", "Fast heartbeat cadence, used while the alive lock is not held.").Default("30s").DurationVar(&f.interval)
-	app.Flag("agent.heartbeat-slow-interval", "Slow heartbeat cadence, used while the alive lock is held and verified.").Default("60s").DurationVar(&f.slowInterval)
-	app.Flag("agent.stale-threshold", "A heartbeat older than this is stale (unless the alive lock is held). Recorded in the agent's instance row; as an observer, used only for rows that record none.").Default("90s").DurationVar(&f.stale)
-	app.Flag("agent.definitive-dead-cutoff", "A heartbeat older than this is dead even with the alive lock held (half-open sessions, hung processes). Recorded in the agent's instance row; as an observer, used only for rows that record none.").Default("5m").DurationVar(&f.definitiveDead)
+	app.Flag("agent.heartbeat-interval", "Fast heartbeat cadence, used while the alive lock is not held.").Default(liveness.DefaultHeartbeatInterval.String()).DurationVar(&f.interval)
+	app.Flag("agent.heartbeat-slow-interval", "Slow heartbeat cadence, used while the alive lock is held and verified.").Default(liveness.DefaultHeartbeatSlowInterval.String()).DurationVar(&f.slowInterval)
+	app.Flag("agent.stale-threshold", "A heartbeat older than this is stale (unless the alive lock is held). Recorded in the agent's instance row; as an observer, used only for rows that record none.").Default(liveness.DefaultStaleThreshold.String()).DurationVar(&f.stale)
+	app.Flag("agent.definitive-dead-cutoff", "A heartbeat older than this is dead even with the alive lock held (half-open sessions, hung processes). Recorded in the agent's instance row; as an observer, used only for rows that record none.").Default(liveness.DefaultDefinitiveDeadCutoff.String()).DurationVar(&f.definitiveDead)
 	app.Flag("agent.lock-grace", "How long observers wait for proof of life after this agent's alive lock vanished before they call it dead. Recorded in its instance row.").Default(liveness.DefaultLockGrace.String()).DurationVar(&f.lockGrace)
-	app.Flag("agent.tcp-keepalive-idle", "Server-side tcp_keepalives_idle of the alive lock's session.").Default("10s").DurationVar(&f.keepIdle)
-	app.Flag("agent.tcp-keepalive-interval", "Server-side tcp_keepalives_interval of the alive lock's session.").Default("5s").DurationVar(&f.keepInterval)
-	app.Flag("agent.tcp-keepalive-count", "Server-side tcp_keepalives_count of the alive lock's session.").Default("3").IntVar(&f.keepCount)
-	app.Flag("agent.tcp-user-timeout", "Server-side tcp_user_timeout of the alive lock's session.").Default("30s").DurationVar(&f.userTimeout)
+	app.Flag("agent.tcp-keepalive-idle", "Server-side tcp_keepalives_idle of the alive lock's session.").Default(liveness.DefaultKeepaliveIdle.String()).DurationVar(&f.keepIdle)
+	app.Flag("agent.tcp-keepalive-interval", "Server-side tcp_keepalives_interval of the alive lock's session.").Default(liveness.DefaultKeepaliveInterval.String()).DurationVar(&f.keepInterval)
+	app.Flag("agent.tcp-keepalive-count", "Server-side tcp_keepalives_count of the alive lock's session.").Default(strconv.Itoa(liveness.DefaultKeepaliveCount)).IntVar(&f.keepCount)
+	app.Flag("agent.tcp-user-timeout", "Server-side tcp_user_timeout of the alive lock's session.").Default(liveness.DefaultUserTimeout.String()).DurationVar(&f.userTimeout)
 	app.Flag("agent.reaper", "Run cleanup_stale_instances as a lease-protected singleton.").Default("true").BoolVar(&f.reaper)
-	app.Flag("agent.reaper-interval", "How often the reaper runs.").Default("30s").DurationVar(&f.reaperInterval)
-	app.Flag("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.").Default("2m").DurationVar(&f.reaperTTL)
+	app.Flag("agent.reaper-interval", "How often the reaper runs.").Default(liveness.DefaultReaperInterval.String()).DurationVar(&f.reaperInterval)
+	app.Flag("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.").Default(liveness.DefaultReaperLeaseTTL.String()).DurationVar(&f.reaperTTL)
 	app.Flag("agent.duplicate-timeout", "How long the agent waits, writing nothing, while another process holds its instance id's alive lock, before it exits non-zero.").Default(liveness.DefaultDuplicateTimeout.String()).DurationVar(&f.duplicateTimeout)
 
 	f.collectors = collector.AddFlags(app)
@@ -320,6 +321,21 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 				return nil, fmt.Errorf("--agent.instance-id: %q is not a uuid", f.instanceID)
 			}
 		}
+		// The library takes zero for its default; on the command line a zero is a mistake.
+		for _, d := range []struct {
+			flag string
+			v    time.Duration
+		}{
+			{"--agent.heartbeat-interval", f.interval}, {"--agent.heartbeat-slow-interval", f.slowInterval},
+			{"--agent.stale-threshold", f.stale}, {"--agent.definitive-dead-cutoff", f.definitiveDead},
+			{"--agent.lock-grace", f.lockGrace}, {"--agent.reaper-interval", f.reaperInterval},
+			{"--agent.reaper-lease-ttl", f.reaperTTL}, {"--agent.duplicate-timeout", f.duplicateTimeout},
+		} {
+			if d.v <= 0 {
+				pool.Close()
+				return nil, fmt.Errorf("%s (%s) must be positive", d.flag, d.v)
+			}
+		}
 		host, _ := os.Hostname()
 		agent, err = liveness.NewAgent(liveness.AgentConfig{
 			Pool: pool, DirectDSN: directDSN, Schema: f.schema,
@@ -334,7 +350,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		})
 		if err != nil {
 			pool.Close()
-			return nil, err
+			return nil, asFlagError(err)
 		}
 		source = agent
 	}
@@ -477,4 +493,42 @@ func reload(f *flags, w *wired, logger *slog.Logger) {
 		return
 	}
 	logger.Info("SIGHUP: reloaded --db.dsn-file; new pool connections use it", "database", dsn.Describe(s))
+}
+
+// agentFlagFields is the one table from the liveness library's AgentConfig fields to the
+// flags that set them: the library's errors name fields, and the binary reports flags.
+var agentFlagFields = map[string]string{
+	"AgentConfig.DirectDSN":             "--db.direct-dsn",
+	"AgentConfig.InstanceID":            "--agent.instance-id",
+	"AgentConfig.ServiceName":           "--agent.service-name",
+	"AgentConfig.Mode":                  "--agent.liveness-mode",
+	"AgentConfig.HeartbeatInterval":     "--agent.heartbeat-interval",
+	"AgentConfig.HeartbeatSlowInterval": "--agent.heartbeat-slow-interval",
+	"AgentConfig.StaleThreshold":        "--agent.stale-threshold",
+	"AgentConfig.DefinitiveDeadCutoff":  "--agent.definitive-dead-cutoff",
+	"AgentConfig.LockGrace":             "--agent.lock-grace",
+	"AgentConfig.KeepaliveIdle":         "--agent.tcp-keepalive-idle",
+	"AgentConfig.KeepaliveInterval":     "--agent.tcp-keepalive-interval",
+	"AgentConfig.KeepaliveCount":        "--agent.tcp-keepalive-count",
+	"AgentConfig.UserTimeout":           "--agent.tcp-user-timeout",
+	"AgentConfig.ReaperInterval":        "--agent.reaper-interval",
+	"AgentConfig.ReaperLeaseTTL":        "--agent.reaper-lease-ttl",
+	"AgentConfig.DuplicateTimeout":      "--agent.duplicate-timeout",
+}
+
+// asFlagError rewrites a *liveness.ConfigError in terms of the flags.
+func asFlagError(err error) error {
+	var ce *liveness.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	field := ce.Field
+	if flag, ok := agentFlagFields[field]; ok {
+		field = flag
+	}
+	reason := ce.Reason
+	for from, to := range agentFlagFields {
+		reason = strings.ReplaceAll(reason, from, to)
+	}
+	return errors.New(field + " " + reason)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,7 +15,8 @@ import (
 )
 
 // AgentConfig wires an AliveLock, a HeartbeatWorker and optionally a Reaper into one
-// participating instance. Durations map one to one onto the --agent.* flags.
+// participating instance. Zero values take the defaults (DefaultHeartbeatInterval and
+// the other Default* constants); Pool, DirectDSN, InstanceID and ServiceName must be set.
 type AgentConfig struct {
 	Pool        *pgxpool.Pool // short statements: heartbeat, leases, reaper
 	DirectDSN   string        // the alive lock's dedicated connection; never a pooler in transaction mode
@@ -78,31 +80,118 @@ func (c AgentConfig) ShutdownBudget() time.Duration {
 	return drain + remove + aliveLockCloseTimeout
 }
 
-// Validate refuses timing that would make an alive instance look dead or a dead one
-// look alive. Messages name the flags.
-func (c AgentConfig) Validate() error {
-	if c.ServiceName == "" {
-		return errors.New("--agent.service-name must not be empty")
-	}
-	if c.InstanceID == uuid.Nil {
-		return errors.New("--agent.instance-id must not be the nil uuid")
-	}
-	if err := c.heartbeatConfig(nil).Validate(); err != nil {
+// Defaults of AgentConfig's reaper.
+const (
+	DefaultReaperInterval = 30 * time.Second
+	DefaultReaperLeaseTTL = 2 * time.Minute
+)
+
+// withDefaults fills zero values with the documented defaults. Negative values stay, for
+// Validate to refuse.
+func (c AgentConfig) withDefaults() AgentConfig {
+	c.Schema = cmp.Or(c.Schema, DefaultSchema)
+	c.Mode = cmp.Or(c.Mode, ModeAdvisoryLockWhenAvailable)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.HeartbeatSlowInterval = cmp.Or(c.HeartbeatSlowInterval, DefaultHeartbeatSlowInterval)
+	c.StaleThreshold = cmp.Or(c.StaleThreshold, DefaultStaleThreshold)
+	c.DefinitiveDeadCutoff = cmp.Or(c.DefinitiveDeadCutoff, DefaultDefinitiveDeadCutoff)
+	c.LockGrace = cmp.Or(c.LockGrace, DefaultLockGrace)
+	c.ReaperInterval = cmp.Or(c.ReaperInterval, DefaultReaperInterval)
+	c.ReaperLeaseTTL = cmp.Or(c.ReaperLeaseTTL, DefaultReaperLeaseTTL)
+	c.DuplicateTimeout = cmp.Or(c.DuplicateTimeout, DefaultDuplicateTimeout)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, defaultShutdownTimeout)
+	return c
+}
+
+// agentFields names, for each field of the parts' configurations, the AgentConfig field
+// it comes from, so that an Agent's errors name what its caller set.
+var agentFields = map[string]string{
+	"HeartbeatConfig.InstanceID":           "AgentConfig.InstanceID",
+	"HeartbeatConfig.ServiceName":          "AgentConfig.ServiceName",
+	"HeartbeatConfig.Mode":                 "AgentConfig.Mode",
+	"HeartbeatConfig.Interval":             "AgentConfig.HeartbeatInterval",
+	"HeartbeatConfig.SlowInterval":         "AgentConfig.HeartbeatSlowInterval",
+	"HeartbeatConfig.StaleThreshold":       "AgentConfig.StaleThreshold",
+	"HeartbeatConfig.DefinitiveDeadCutoff": "AgentConfig.DefinitiveDeadCutoff",
+	"HeartbeatConfig.LockGrace":            "AgentConfig.LockGrace",
+	"AliveLockConfig.DSN":                  "AgentConfig.DirectDSN",
+	"AliveLockConfig.InstanceID":           "AgentConfig.InstanceID",
+	"AliveLockConfig.ServiceName":          "AgentConfig.ServiceName",
+	"AliveLockConfig.KeepaliveIdle":        "AgentConfig.KeepaliveIdle",
+	"AliveLockConfig.KeepaliveInterval":    "AgentConfig.KeepaliveInterval",
+	"AliveLockConfig.KeepaliveCount":       "AgentConfig.KeepaliveCount",
+	"AliveLockConfig.UserTimeout":          "AgentConfig.UserTimeout",
+}
+
+// asAgentError renames a part's *ConfigError to the AgentConfig fields.
+func asAgentError(err error) error {
+	var ce *ConfigError
+	if !errors.As(err, &ce) {
 		return err
 	}
+	out := &ConfigError{Field: ce.Field, Reason: ce.Reason}
+	if f, ok := agentFields[ce.Field]; ok {
+		out.Field = f
+	}
+	for from, to := range agentFields {
+		out.Reason = strings.ReplaceAll(out.Reason, from, to)
+	}
+	return out
+}
+
+// Validate refuses configuration that would make an alive instance look dead or a dead
+// one look alive, after filling zero values with the defaults. Errors are *ConfigError
+// naming the AgentConfig field.
+func (c AgentConfig) Validate() error {
+	c = c.withDefaults()
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: "AgentConfig." + field, Reason: fmt.Sprintf(format, args...)}
+	}
+	if c.ServiceName == "" {
+		return bad("ServiceName", "must not be empty")
+	}
+	if c.InstanceID == uuid.Nil {
+		return bad("InstanceID", "must not be the nil UUID")
+	}
+	if err := c.heartbeatConfig(nil).Validate(); err != nil {
+		return asAgentError(err)
+	}
 	if c.DefinitiveDeadCutoff <= c.HeartbeatSlowInterval+c.StaleThreshold {
-		return fmt.Errorf("--agent.definitive-dead-cutoff (%s) must be above --agent.heartbeat-slow-interval (%s) plus --agent.stale-threshold (%s)",
+		return bad("DefinitiveDeadCutoff", "(%s) must be above AgentConfig.HeartbeatSlowInterval (%s) plus AgentConfig.StaleThreshold (%s)",
 			c.DefinitiveDeadCutoff, c.HeartbeatSlowInterval, c.StaleThreshold)
 	}
 	if c.Reaper {
-		if c.ReaperInterval <= 0 {
-			return fmt.Errorf("--agent.reaper-interval must be above zero, got %s", c.ReaperInterval)
+		if c.ReaperInterval < 0 {
+			return bad("ReaperInterval", "(%s) must be positive", c.ReaperInterval)
 		}
-		if c.ReaperLeaseTTL/4 <= 0 || c.ReaperLeaseTTL < time.Second {
-			return fmt.Errorf("--agent.reaper-lease-ttl (%s) must be at least 1s: it is renewed every ttl/4", c.ReaperLeaseTTL)
+		if c.ReaperLeaseTTL < time.Second {
+			return bad("ReaperLeaseTTL", "(%s) must be at least 1s: it is renewed every ttl/4", c.ReaperLeaseTTL)
 		}
 	}
+	if c.DuplicateTimeout < 0 {
+		return bad("DuplicateTimeout", "(%s) must not be negative", c.DuplicateTimeout)
+	}
+	if c.ShutdownTimeout < 0 {
+		return bad("ShutdownTimeout", "(%s) must not be negative", c.ShutdownTimeout)
+	}
+	if err := c.aliveLockConfig().Validate(); err != nil {
+		return asAgentError(err)
+	}
 	return nil
+}
+
+func (c AgentConfig) aliveLockConfig() AliveLockConfig {
+	return AliveLockConfig{
+		DSN:               c.DirectDSN,
+		Schema:            c.Schema,
+		InstanceID:        c.InstanceID,
+		ServiceName:       c.ServiceName,
+		KeepaliveIdle:     c.KeepaliveIdle,
+		KeepaliveInterval: c.KeepaliveInterval,
+		KeepaliveCount:    c.KeepaliveCount,
+		UserTimeout:       c.UserTimeout,
+		Logger:            c.Logger,
+	}
 }
 
 func (c AgentConfig) heartbeatConfig(lock LockSource) HeartbeatConfig {
@@ -139,33 +228,24 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = discardLogger()
 	}
-	if cfg.ShutdownTimeout <= 0 {
-		cfg.ShutdownTimeout = defaultShutdownTimeout
-	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Pool == nil {
+		return nil, &ConfigError{Field: "AgentConfig.Pool", Reason: "must be set"}
+	}
+	cfg = cfg.withDefaults()
 	a := &Agent{cfg: cfg}
 	// The lock is held in both modes: observers detect a dead instance by it either way;
 	// the mode only decides whether the heartbeat may slow down while it holds.
-	lock, err := NewAliveLock(AliveLockConfig{
-		DSN:               cfg.DirectDSN,
-		Schema:            cfg.Schema,
-		InstanceID:        cfg.InstanceID,
-		ServiceName:       cfg.ServiceName,
-		KeepaliveIdle:     cfg.KeepaliveIdle,
-		KeepaliveInterval: cfg.KeepaliveInterval,
-		KeepaliveCount:    cfg.KeepaliveCount,
-		UserTimeout:       cfg.UserTimeout,
-		Logger:            cfg.Logger,
-	})
+	lock, err := NewAliveLock(cfg.aliveLockConfig())
 	if err != nil {
-		return nil, err
+		return nil, asAgentError(err)
 	}
 	a.lock = lock
 	hb, err := NewHeartbeatWorker(cfg.heartbeatConfig(lock))
 	if err != nil {
-		return nil, err
+		return nil, asAgentError(err)
 	}
 	a.heartbeat = hb
 	a.life = newLifeMonitor(lock, hb, cfg.Mode != ModeHeartbeatTableOnly, cfg.HeartbeatInterval,
@@ -188,7 +268,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 			Logger:               cfg.Logger.With("component", "reaper"),
 		})
 		if err != nil {
-			return nil, err
+			return nil, asAgentError(err)
 		}
 	}
 	return a, nil

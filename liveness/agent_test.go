@@ -59,26 +59,38 @@ func isAlive(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) (alive, row bool) {
 	return alive, row
 }
 
-func TestAgentValidateNamesFlags(t *testing.T) {
+func TestAgentValidateNamesFields(t *testing.T) {
 	db, pool := agentDB(t, 2)
 	for _, tc := range []struct {
 		mutate func(*liveness.AgentConfig)
-		flag   string
+		field  string
 	}{
-		{func(c *liveness.AgentConfig) { c.DefinitiveDeadCutoff = c.HeartbeatSlowInterval + c.StaleThreshold }, "--agent.definitive-dead-cutoff"},
-		{func(c *liveness.AgentConfig) { c.ReaperInterval = 0 }, "--agent.reaper-interval"},
-		{func(c *liveness.AgentConfig) { c.ReaperLeaseTTL = 3 * time.Millisecond }, "--agent.reaper-lease-ttl"},
-		{func(c *liveness.AgentConfig) { c.HeartbeatInterval = 0 }, "--agent.heartbeat-interval"},
-		{func(c *liveness.AgentConfig) { c.ServiceName = "" }, "--agent.service-name"},
+		{func(c *liveness.AgentConfig) { c.DefinitiveDeadCutoff = c.HeartbeatSlowInterval + c.StaleThreshold }, "AgentConfig.DefinitiveDeadCutoff"},
+		{func(c *liveness.AgentConfig) { c.ReaperInterval = -time.Second }, "AgentConfig.ReaperInterval"},
+		{func(c *liveness.AgentConfig) { c.ReaperLeaseTTL = 3 * time.Millisecond }, "AgentConfig.ReaperLeaseTTL"},
+		{func(c *liveness.AgentConfig) { c.HeartbeatInterval = -time.Second }, "AgentConfig.HeartbeatInterval"},
+		{func(c *liveness.AgentConfig) { c.LockGrace = -time.Second }, "AgentConfig.LockGrace"},
+		{func(c *liveness.AgentConfig) { c.KeepaliveIdle = 1500 * time.Millisecond }, "AgentConfig.KeepaliveIdle"},
+		{func(c *liveness.AgentConfig) { c.DirectDSN = "" }, "AgentConfig.DirectDSN"},
+		{func(c *liveness.AgentConfig) { c.ServiceName = "" }, "AgentConfig.ServiceName"},
+		{func(c *liveness.AgentConfig) { c.Pool = nil }, "AgentConfig.Pool"},
 	} {
 		cfg := agentConfig(db, pool)
 		tc.mutate(&cfg)
-		if _, err := liveness.NewAgent(cfg); err == nil || !strings.Contains(err.Error(), tc.flag) {
-			t.Errorf("want an error naming %s, got %v", tc.flag, err)
+		_, err := liveness.NewAgent(cfg)
+		var ce *liveness.ConfigError
+		if !errors.As(err, &ce) || ce.Field != tc.field || strings.Contains(err.Error(), "--") {
+			t.Errorf("want a *ConfigError for %s that names no flag, got %v", tc.field, err)
 		}
 	}
 	if _, err := liveness.NewAgent(agentConfig(db, pool)); err != nil {
 		t.Fatalf("valid config refused: %v", err)
+	}
+	// Zero values take the documented defaults: only the identity and the connections
+	// must be given.
+	if _, err := liveness.NewAgent(liveness.AgentConfig{Pool: pool, DirectDSN: db.DSN, InstanceID: uuid.New(),
+		ServiceName: "minimal", Reaper: true}); err != nil {
+		t.Fatalf("a config with only the required fields is refused: %v", err)
 	}
 }
 
@@ -219,9 +231,9 @@ func TestReaperConfigErrors(t *testing.T) {
 	base := liveness.ReaperConfig{Pool: pool, Leases: leases, Interval: time.Second, LeaseTTL: time.Minute,
 		StaleThreshold: 90 * time.Second, DefinitiveDeadCutoff: 5 * time.Minute}
 	for flag, mutate := range map[string]func(*liveness.ReaperConfig){
-		"--agent.reaper-interval":        func(c *liveness.ReaperConfig) { c.Interval = 0 },
-		"--agent.definitive-dead-cutoff": func(c *liveness.ReaperConfig) { c.DefinitiveDeadCutoff = c.StaleThreshold },
-		"--agent.stale-threshold":        func(c *liveness.ReaperConfig) { c.StaleThreshold = 0 },
+		"ReaperConfig.Interval":             func(c *liveness.ReaperConfig) { c.Interval = 0 },
+		"ReaperConfig.DefinitiveDeadCutoff": func(c *liveness.ReaperConfig) { c.DefinitiveDeadCutoff = c.StaleThreshold },
+		"ReaperConfig.StaleThreshold":       func(c *liveness.ReaperConfig) { c.StaleThreshold = 0 },
 	} {
 		cfg := base
 		mutate(&cfg)

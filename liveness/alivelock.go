@@ -112,13 +112,13 @@ func (c AliveLockConfig) Validate() error {
 // the client socket's user timeout.
 func (c AliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
 	if strings.TrimSpace(c.DSN) == "" {
-		return nil, 0, fmt.Errorf("%s must not be empty", flagName("DSN"))
+		return nil, 0, aliveLockErr("DSN", "must not be empty")
 	}
 	if c.InstanceID == uuid.Nil {
-		return nil, 0, fmt.Errorf("%s must not be the nil UUID", flagName("InstanceID"))
+		return nil, 0, aliveLockErr("InstanceID", "must not be the nil UUID")
 	}
 	if strings.TrimSpace(c.ServiceName) == "" {
-		return nil, 0, fmt.Errorf("%s must not be empty", flagName("ServiceName"))
+		return nil, 0, aliveLockErr("ServiceName", "must not be empty")
 	}
 	idle, err := wholeSeconds("KeepaliveIdle", c.KeepaliveIdle, DefaultKeepaliveIdle)
 	if err != nil {
@@ -131,26 +131,26 @@ func (c AliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
 	count := c.KeepaliveCount
 	switch {
 	case count < 0:
-		return nil, 0, fmt.Errorf("%s (%d) must not be negative", flagName("KeepaliveCount"), count)
+		return nil, 0, aliveLockErr("KeepaliveCount", "(%d) must not be negative", count)
 	case count == 0:
 		count = DefaultKeepaliveCount
 	}
 	userTimeout := c.UserTimeout
 	switch {
 	case userTimeout < 0:
-		return nil, 0, fmt.Errorf("%s (%s) must not be negative", flagName("UserTimeout"), userTimeout)
+		return nil, 0, aliveLockErr("UserTimeout", "(%s) must not be negative", userTimeout)
 	case userTimeout == 0:
 		userTimeout = DefaultUserTimeout
 	case userTimeout < time.Millisecond:
-		return nil, 0, fmt.Errorf("%s (%s) must be at least 1ms", flagName("UserTimeout"), userTimeout)
+		return nil, 0, aliveLockErr("UserTimeout", "(%s) must be at least 1ms", userTimeout)
 	}
 	if c.VerifyInterval < 0 {
-		return nil, 0, fmt.Errorf("%s (%s) must not be negative", flagName("VerifyInterval"), c.VerifyInterval)
+		return nil, 0, aliveLockErr("VerifyInterval", "(%s) must not be negative", c.VerifyInterval)
 	}
 
 	cfg, err := pgx.ParseConfig(c.DSN)
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s: %w", flagName("DSN"), dsn.RedactError(err))
+		return nil, 0, &ConfigError{Field: "AliveLockConfig.DSN", Reason: dsn.RedactError(err).Error()}
 	}
 	rp := cfg.RuntimeParams
 	rp["application_name"] = c.ServiceName + ":alive-lock"
@@ -191,15 +191,19 @@ func (a *AliveLock) statementTimeout() time.Duration {
 	return max(aliveLockStatementTimeout, a.clientUserTimeout+aliveLockStatementTimeout)
 }
 
+func aliveLockErr(field, format string, args ...any) error {
+	return &ConfigError{Field: "AliveLockConfig." + field, Reason: fmt.Sprintf(format, args...)}
+}
+
 // wholeSeconds applies the default to zero and refuses what PostgreSQL cannot take.
 func wholeSeconds(field string, d, def time.Duration) (time.Duration, error) {
 	switch {
 	case d == 0:
 		return def, nil
 	case d < 0:
-		return 0, fmt.Errorf("%s (%s) must not be negative", flagName(field), d)
+		return 0, aliveLockErr(field, "(%s) must not be negative", d)
 	case d%time.Second != 0:
-		return 0, fmt.Errorf("%s (%s) must be a whole number of seconds", flagName(field), d)
+		return 0, aliveLockErr(field, "(%s) must be a whole number of seconds", d)
 	}
 	return d, nil
 }
@@ -411,7 +415,7 @@ func (a *AliveLock) tick(ctx context.Context, conn *pgx.Conn) bool {
 		a.report("pooled", slog.LevelError,
 			"alive lock not held: statements on its connection run on another backend than the one the "+
 				"server opened for it, so the direct DSN most likely points at PgBouncer in transaction "+
-				"pooling mode (or another pooler); point "+flagName("DSN")+" at PostgreSQL itself",
+				"pooling mode (or another pooler); point the direct DSN at PostgreSQL itself",
 			"startup_pid", startupPID, "backend_pid", backendPID)
 		return true
 	}
@@ -445,7 +449,7 @@ func (a *AliveLock) connectFailed(err error) {
 	if strings.Contains(err.Error(), "unsupported startup parameter") {
 		a.report("connect:pooler", slog.LevelError,
 			"alive lock cannot connect: the server refused the keepalive startup parameters, so the "+
-				"direct DSN most likely points at PgBouncer; point "+flagName("DSN")+" at PostgreSQL itself",
+				"direct DSN most likely points at PgBouncer; point it at PostgreSQL itself",
 			"error", err)
 		return
 	}

@@ -298,16 +298,16 @@ func TestAliveLockConfigErrors(t *testing.T) {
 		edit func(*AliveLockConfig)
 		want string
 	}{
-		{"empty DSN", func(c *AliveLockConfig) { c.DSN = "" }, "--db.direct-dsn must not be empty"},
-		{"malformed DSN", func(c *AliveLockConfig) { c.DSN = "postgres://u:s3cret@host:notaport/db" }, "--db.direct-dsn"},
-		{"nil instance id", func(c *AliveLockConfig) { c.InstanceID = uuid.Nil }, "--agent.instance-id"},
-		{"no service name", func(c *AliveLockConfig) { c.ServiceName = "" }, "--agent.service-name"},
+		{"empty DSN", func(c *AliveLockConfig) { c.DSN = "" }, "AliveLockConfig.DSN must not be empty"},
+		{"malformed DSN", func(c *AliveLockConfig) { c.DSN = "postgres://u:s3cret@host:notaport/db" }, "AliveLockConfig.DSN"},
+		{"nil instance id", func(c *AliveLockConfig) { c.InstanceID = uuid.Nil }, "AliveLockConfig.InstanceID"},
+		{"no service name", func(c *AliveLockConfig) { c.ServiceName = "" }, "AliveLockConfig.ServiceName"},
 		{"fractional idle", func(c *AliveLockConfig) { c.KeepaliveIdle = 1500 * time.Millisecond },
-			"--agent.tcp-keepalive-idle (1.5s) must be a whole number of seconds"},
+			"AliveLockConfig.KeepaliveIdle (1.5s) must be a whole number of seconds"},
 		{"negative interval", func(c *AliveLockConfig) { c.KeepaliveInterval = -time.Second },
-			"--agent.tcp-keepalive-interval (-1s) must not be negative"},
-		{"negative count", func(c *AliveLockConfig) { c.KeepaliveCount = -1 }, "--agent.tcp-keepalive-count (-1)"},
-		{"negative user timeout", func(c *AliveLockConfig) { c.UserTimeout = -time.Second }, "--agent.tcp-user-timeout (-1s)"},
+			"AliveLockConfig.KeepaliveInterval (-1s) must not be negative"},
+		{"negative count", func(c *AliveLockConfig) { c.KeepaliveCount = -1 }, "AliveLockConfig.KeepaliveCount (-1)"},
+		{"negative user timeout", func(c *AliveLockConfig) { c.UserTimeout = -time.Second }, "AliveLockConfig.UserTimeout (-1s)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -43,32 +43,6 @@ const (
 	proofRetry = 250 * time.Millisecond
 )
 
-// flagNames is the one place that maps configuration fields to the agent's flags, so
-// that errors name what an operator can change. Fields without a flag are named as they
-// are.
-var flagNames = map[string]string{
-	"DSN":                  "--db.direct-dsn",
-	"InstanceID":           "--agent.instance-id",
-	"ServiceName":          "--agent.service-name",
-	"Mode":                 "--agent.liveness-mode",
-	"Interval":             "--agent.heartbeat-interval",
-	"SlowInterval":         "--agent.heartbeat-slow-interval",
-	"StaleThreshold":       "--agent.stale-threshold",
-	"DefinitiveDeadCutoff": "--agent.definitive-dead-cutoff",
-	"LockGrace":            "--agent.lock-grace",
-	"KeepaliveIdle":        "--agent.tcp-keepalive-idle",
-	"KeepaliveInterval":    "--agent.tcp-keepalive-interval",
-	"KeepaliveCount":       "--agent.tcp-keepalive-count",
-	"UserTimeout":          "--agent.tcp-user-timeout",
-}
-
-func flagName(field string) string {
-	if f, ok := flagNames[field]; ok {
-		return f
-	}
-	return field
-}
-
 // LockSource tells the heartbeat whether the alive lock is held and verified. An
 // *AliveLock is one. If the source also has a Changed() <-chan struct{} method, as
 // AliveLock does, losing the lock triggers a beat at once.
@@ -132,19 +106,21 @@ type HeartbeatConfig struct {
 	clock clock // nil is the real clock
 }
 
-// Validate checks identity, mode and timing without touching the database. Errors name
-// the flags at fault.
+// Validate checks identity, mode and timing without touching the database. Errors are
+// *ConfigError naming the HeartbeatConfig field at fault.
 func (c HeartbeatConfig) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: "HeartbeatConfig." + field, Reason: fmt.Sprintf(format, args...)}
+	}
 	if c.InstanceID == uuid.Nil {
-		return fmt.Errorf("%s must not be the nil UUID", flagName("InstanceID"))
+		return bad("InstanceID", "must not be the nil UUID")
 	}
 	if strings.TrimSpace(c.ServiceName) == "" {
-		return fmt.Errorf("%s must not be empty", flagName("ServiceName"))
+		return bad("ServiceName", "must not be empty")
 	}
 	if c.Mode != "" {
 		if _, ok := ParseMode(string(c.Mode)); !ok {
-			return fmt.Errorf("%s: unknown mode %q (want %s or %s)", flagName("Mode"), c.Mode,
-				ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly)
+			return bad("Mode", "%q is unknown (want %s or %s)", c.Mode, ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly)
 		}
 	}
 	for _, f := range []struct {
@@ -152,28 +128,24 @@ func (c HeartbeatConfig) Validate() error {
 		d     time.Duration
 	}{{"Interval", c.Interval}, {"SlowInterval", c.SlowInterval}, {"StaleThreshold", c.StaleThreshold}} {
 		if f.d <= 0 {
-			return fmt.Errorf("%s (%s) must be positive", flagName(f.field), f.d)
+			return bad(f.field, "(%s) must be positive", f.d)
 		}
 	}
 	if c.SlowInterval < c.Interval {
-		return fmt.Errorf("%s (%s) must not be below %s (%s)",
-			flagName("SlowInterval"), c.SlowInterval, flagName("Interval"), c.Interval)
+		return bad("SlowInterval", "(%s) must not be below HeartbeatConfig.Interval (%s)", c.SlowInterval, c.Interval)
 	}
 	if c.StaleThreshold < c.SlowInterval {
-		return fmt.Errorf("%s (%s) must not be below %s (%s)",
-			flagName("StaleThreshold"), c.StaleThreshold, flagName("SlowInterval"), c.SlowInterval)
+		return bad("StaleThreshold", "(%s) must not be below HeartbeatConfig.SlowInterval (%s)", c.StaleThreshold, c.SlowInterval)
 	}
 	if c.DefinitiveDeadCutoff < 0 || (c.DefinitiveDeadCutoff > 0 && c.DefinitiveDeadCutoff <= c.StaleThreshold) {
-		return fmt.Errorf("%s (%s) must be above %s (%s)", flagName("DefinitiveDeadCutoff"), c.DefinitiveDeadCutoff,
-			flagName("StaleThreshold"), c.StaleThreshold)
+		return bad("DefinitiveDeadCutoff", "(%s) must be above HeartbeatConfig.StaleThreshold (%s)", c.DefinitiveDeadCutoff, c.StaleThreshold)
 	}
 	if c.LockGrace < 0 {
-		return fmt.Errorf("%s (%s) must not be negative", flagName("LockGrace"), c.LockGrace)
+		return bad("LockGrace", "(%s) must not be negative", c.LockGrace)
 	}
 	if c.StaleThreshold <= c.Interval {
-		return fmt.Errorf("%s (%s) must be above %s (%s): the watchdog beats again within the stale "+
-			"threshold minus one fast interval", flagName("StaleThreshold"), c.StaleThreshold,
-			flagName("Interval"), c.Interval)
+		return bad("StaleThreshold", "(%s) must be above HeartbeatConfig.Interval (%s): the watchdog beats again within "+
+			"the stale threshold minus one fast interval", c.StaleThreshold, c.Interval)
 	}
 	return nil
 }

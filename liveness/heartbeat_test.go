@@ -542,19 +542,19 @@ func TestHeartbeatConfigValidate(t *testing.T) {
 		want string
 	}{
 		{"slow below fast", func(c *HeartbeatConfig) { c.SlowInterval = 10 * time.Second },
-			"--agent.heartbeat-slow-interval (10s) must not be below --agent.heartbeat-interval (30s)"},
+			"HeartbeatConfig.SlowInterval (10s) must not be below HeartbeatConfig.Interval (30s)"},
 		{"zero interval", func(c *HeartbeatConfig) { c.Interval = 0 },
-			"--agent.heartbeat-interval (0s) must be positive"},
+			"HeartbeatConfig.Interval (0s) must be positive"},
 		{"negative slow interval", func(c *HeartbeatConfig) { c.SlowInterval = -time.Second },
-			"--agent.heartbeat-slow-interval (-1s) must be positive"},
+			"HeartbeatConfig.SlowInterval (-1s) must be positive"},
 		{"stale below slow", func(c *HeartbeatConfig) { c.StaleThreshold = 50 * time.Second },
-			"--agent.stale-threshold (50s) must not be below --agent.heartbeat-slow-interval (1m0s)"},
+			"HeartbeatConfig.StaleThreshold (50s) must not be below HeartbeatConfig.SlowInterval (1m0s)"},
 		{"stale equal to fast", func(c *HeartbeatConfig) {
 			c.Interval, c.SlowInterval, c.StaleThreshold = 30*time.Second, 30*time.Second, 30*time.Second
-		}, "--agent.stale-threshold (30s) must be above --agent.heartbeat-interval (30s)"},
-		{"unknown mode", func(c *HeartbeatConfig) { c.Mode = "lock-only" }, "--agent.liveness-mode"},
-		{"nil instance id", func(c *HeartbeatConfig) { c.InstanceID = uuid.Nil }, "--agent.instance-id"},
-		{"no service name", func(c *HeartbeatConfig) { c.ServiceName = " " }, "--agent.service-name"},
+		}, "HeartbeatConfig.StaleThreshold (30s) must be above HeartbeatConfig.Interval (30s)"},
+		{"unknown mode", func(c *HeartbeatConfig) { c.Mode = "lock-only" }, "HeartbeatConfig.Mode"},
+		{"nil instance id", func(c *HeartbeatConfig) { c.InstanceID = uuid.Nil }, "HeartbeatConfig.InstanceID"},
+		{"no service name", func(c *HeartbeatConfig) { c.ServiceName = " " }, "HeartbeatConfig.ServiceName"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

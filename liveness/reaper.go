@@ -2,7 +2,6 @@ package liveness
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -27,8 +26,8 @@ type ReaperConfig struct {
 	Pool                 *pgxpool.Pool
 	Leases               *Leases
 	Schema               string
-	Interval             time.Duration // how often to try; --agent.reaper-interval
-	LeaseTTL             time.Duration // --agent.reaper-lease-ttl
+	Interval             time.Duration // how often to reap while leading
+	LeaseTTL             time.Duration // of the reaper's lease, renewed every LeaseTTL/4
 	StaleThreshold       time.Duration // rows older than this go unless their lock is held
 	DefinitiveDeadCutoff time.Duration // rows older than this go even with the lock held
 	Logger               *slog.Logger
@@ -41,23 +40,23 @@ type Reaper struct {
 	reaped atomic.Uint64
 }
 
-// NewReaper checks the configuration; errors name the flags.
+// NewReaper checks the configuration; errors are *ConfigError naming the field.
 func NewReaper(cfg ReaperConfig) (*Reaper, error) {
 	if cfg.Pool == nil || cfg.Leases == nil {
-		return nil, errors.New("liveness: reaper needs a pool and leases")
+		return nil, &ConfigError{Field: "ReaperConfig.Pool", Reason: "and ReaperConfig.Leases must be set"}
 	}
 	if cfg.Interval <= 0 {
-		return nil, fmt.Errorf("--agent.reaper-interval must be above zero, got %s", cfg.Interval)
+		return nil, &ConfigError{Field: "ReaperConfig.Interval", Reason: fmt.Sprintf("(%s) must be positive", cfg.Interval)}
 	}
 	if cfg.LeaseTTL/4 <= 0 {
-		return nil, fmt.Errorf("--agent.reaper-lease-ttl (%s) is too short: it is renewed every ttl/4", cfg.LeaseTTL)
+		return nil, &ConfigError{Field: "ReaperConfig.LeaseTTL", Reason: fmt.Sprintf("(%s) is too short: it is renewed every ttl/4", cfg.LeaseTTL)}
 	}
 	if cfg.StaleThreshold <= 0 {
-		return nil, fmt.Errorf("--agent.stale-threshold must be above zero, got %s", cfg.StaleThreshold)
+		return nil, &ConfigError{Field: "ReaperConfig.StaleThreshold", Reason: fmt.Sprintf("(%s) must be positive", cfg.StaleThreshold)}
 	}
 	if cfg.DefinitiveDeadCutoff <= cfg.StaleThreshold {
-		return nil, fmt.Errorf("--agent.definitive-dead-cutoff (%s) must be above --agent.stale-threshold (%s)",
-			cfg.DefinitiveDeadCutoff, cfg.StaleThreshold)
+		return nil, &ConfigError{Field: "ReaperConfig.DefinitiveDeadCutoff", Reason: fmt.Sprintf("(%s) must be above ReaperConfig.StaleThreshold (%s)",
+			cfg.DefinitiveDeadCutoff, cfg.StaleThreshold)}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = discardLogger()
