@@ -2,8 +2,10 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"os"
+	"os/exec"
 	"regexp"
 	"slices"
 	"sort"
@@ -112,5 +114,32 @@ func TestReadmeMetricsMatchTheExporter(t *testing.T) {
 	undocumented, unknown := diff(names, documented)
 	if len(undocumented) > 0 || len(unknown) > 0 {
 		t.Fatalf("README metrics out of step: exposed but undocumented %v; documented but not exposed %v", undocumented, unknown)
+	}
+}
+
+// TestReadmeEmbeddingBuilds compiles the README's embedding program as it is written,
+// against this module, so the documented API cannot drift from the real one.
+func TestReadmeEmbeddingBuilds(t *testing.T) {
+	block := readmeBlock(t, "embedding")
+	start := strings.Index(block, "```go\n")
+	end := strings.LastIndex(block, "```")
+	if start < 0 || end <= start {
+		t.Fatal("the README's embedding block has no Go code")
+	}
+	code := block[start+len("```go\n") : end]
+	// A folder inside the module, so that the program builds against this checkout.
+	dir, err := os.MkdirTemp(".", "readme-embedding-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.WriteFile(dir+"/main.go", []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "go", "vet", "./"+dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the README's embedding program does not build: %v\n%s", err, out)
 	}
 }

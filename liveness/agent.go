@@ -12,6 +12,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
 // AgentConfig wires an AliveLock, a HeartbeatWorker and optionally a Reaper into one
@@ -50,8 +52,15 @@ type AgentConfig struct {
 	// bound (about 30 s); a second process with the same id finds it for good.
 	// DefaultDuplicateTimeout if zero.
 	DuplicateTimeout time.Duration
-	Logger           *slog.Logger
+	// WaitForSchema makes Run wait for the migrations to be applied (by another process)
+	// instead of failing at once when the schema is missing or older than this library.
+	WaitForSchema bool
+	Logger        *slog.Logger
 }
+
+// ErrSchemaNotReady is returned by Agent.Run when the schema is missing or older than
+// this library and AgentConfig.WaitForSchema is not set.
+var ErrSchemaNotReady = errors.New("liveness: the schema is not ready")
 
 const defaultShutdownTimeout = 10 * time.Second
 
@@ -281,6 +290,9 @@ func (a *Agent) Leases() *Leases { return a.leases }
 // released, the instance row is deleted and the alive lock's session is closed, so
 // other instances see this one gone at once.
 func (a *Agent) Run(ctx context.Context) error {
+	if err := a.schemaReady(ctx); err != nil {
+		return err
+	}
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
 	var wg sync.WaitGroup
@@ -331,6 +343,33 @@ func (a *Agent) Run(ctx context.Context) error {
 	lockWG.Wait()
 	a.cfg.Logger.Info("agent stopped", "instance_id", a.cfg.InstanceID)
 	return err
+}
+
+// schemaReady checks, before anything starts, that the migrations this library needs
+// are applied; with WaitForSchema it waits for them.
+func (a *Agent) schemaReady(ctx context.Context) error {
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		v, err := migrations.Version(qctx, a.cfg.Pool, a.cfg.Schema)
+		cancel()
+		if err == nil && v >= migrations.Latest() {
+			return nil
+		}
+		if !a.cfg.WaitForSchema {
+			if err != nil {
+				return fmt.Errorf("%w: cannot read schema %q's version: %w", ErrSchemaNotReady, a.cfg.Schema, err)
+			}
+			return fmt.Errorf("%w: schema %q is at migration version %d and this library needs %d; apply the migrations "+
+				"first with migrations.Apply(ctx, pool, %q), or set AgentConfig.WaitForSchema", ErrSchemaNotReady,
+				a.cfg.Schema, v, migrations.Latest(), a.cfg.Schema)
+		}
+		a.cfg.Logger.Info("waiting for the migrations", "schema", a.cfg.Schema, "version", v, "needs", migrations.Latest())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // duplicateFor returns a channel that is closed once the alive lock has been held by

@@ -366,3 +366,45 @@ func TestAgentDuplicateInstanceWritesNothing(t *testing.T) {
 		t.Fatal("the first agent is not alive after the duplicate left")
 	}
 }
+
+// TestAgentNeedsTheSchema: forgetting the migrations fails Run at once with one line that
+// says what to do; with WaitForSchema the agent waits, and joins once they are applied.
+func TestAgentNeedsTheSchema(t *testing.T) {
+	db := pgtest.NewDB(t)
+	pool := db.Pool(t, 3)
+	cfg := liveness.AgentConfig{Pool: pool, DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: "no-schema"}
+	agent, err := liveness.NewAgent(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = agent.Run(ctx)
+	if !errors.Is(err, liveness.ErrSchemaNotReady) || !strings.Contains(err.Error(), "migrations.Apply") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("Run without the schema = %v; want one line with ErrSchemaNotReady naming migrations.Apply", err)
+	}
+
+	cfg.WaitForSchema = true
+	waiting, err := liveness.NewAgent(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- waiting.Run(runCtx) }()
+	time.Sleep(300 * time.Millisecond)
+	if s := waiting.Snapshot(); s.Heartbeat.Beats != 0 {
+		t.Fatalf("the agent beat before the schema existed: %+v", s)
+	}
+	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 20*time.Second, "the waiting agent joins once the migrations are applied", func() bool {
+		s := waiting.Snapshot()
+		return s.AliveLock.Held && s.Heartbeat.Beats > 0
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}

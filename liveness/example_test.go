@@ -2,11 +2,9 @@ package liveness_test
 
 import (
 	"context"
-	"log/slog"
+	"errors"
+	"fmt"
 	"os"
-	"os/signal"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -16,99 +14,148 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
-// Example_service embeds the package in a Go service: the alive lock on a direct DSN, the
-// heartbeat on the service's pool with the lock as its source, and a singleton job under
-// a lease. It needs a database, so it is compiled but not run; the package's tests run
-// the same parts against a real server.
-func Example_service() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	logger := slog.Default()
-
-	// The pool may go through PgBouncer; the direct DSN must reach PostgreSQL itself.
+// open connects the service's pool and applies the migrations. In a service the pool may
+// go through PgBouncer, while the agent's direct DSN must reach PostgreSQL itself; here
+// both are DATABASE_URL.
+func open(ctx context.Context) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
-		logger.Error("open pool", "err", err)
+		return nil, err
+	}
+	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// ExampleAgent takes part in the fleet: one Agent holds the alive lock, beats and
+// (optionally) reaps dead instances. Zero timings take the defaults. Run returns after
+// the clean-up: the row deleted and the lock's session closed, so the others see the
+// instance gone at once.
+func ExampleAgent() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := open(ctx)
+	if err != nil {
+		fmt.Println(err)
 		return
 	}
 	defer pool.Close()
-	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
-	_, err = migrations.Apply(setup, pool, liveness.DefaultSchema)
-	cancel()
-	if err != nil {
-		logger.Error("apply migrations", "err", err)
-		return
-	}
 
-	id := uuid.New()
-	lock, err := liveness.NewAliveLock(liveness.AliveLockConfig{
-		DSN:         os.Getenv("DATABASE_DIRECT_URL"),
-		InstanceID:  id,
-		ServiceName: "billing",
-		Logger:      logger,
+	agent, err := liveness.NewAgent(liveness.AgentConfig{
+		Pool: pool, DirectDSN: os.Getenv("DATABASE_URL"),
+		InstanceID: uuid.New(), ServiceName: "billing", Reaper: true,
 	})
 	if err != nil {
-		logger.Error("alive lock", "err", err)
+		fmt.Println(err)
 		return
 	}
-	heartbeat, err := liveness.NewHeartbeatWorker(liveness.HeartbeatConfig{
-		Pool:           pool,
-		InstanceID:     id,
-		ServiceName:    "billing",
-		Interval:       liveness.DefaultHeartbeatInterval,
-		SlowInterval:   liveness.DefaultHeartbeatSlowInterval,
-		StaleThreshold: liveness.DefaultStaleThreshold,
-		Lock:           lock, // without it the heartbeat never slows down
-		Metadata:       map[string]any{"version": "1.4.2"},
-		Logger:         logger,
-	})
-	if err != nil {
-		logger.Error("heartbeat", "err", err)
-		return
-	}
-	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Logger: logger})
-	if err != nil {
-		logger.Error("leases", "err", err)
-		return
-	}
+	runCtx, stop := context.WithCancel(ctx) // in a service: the SIGTERM context
+	done := make(chan error, 1)
+	go func() { done <- agent.Run(runCtx) }()
 
-	// The lock outlives the heartbeat, so that the row is deleted while the lock holds.
-	lockCtx, stopLock := context.WithCancel(context.WithoutCancel(ctx))
-	var lockDone, work sync.WaitGroup
-	lockDone.Go(func() { _ = lock.Run(lockCtx) })
-	work.Go(func() { _ = heartbeat.Run(ctx) })
-	work.Go(func() {
-		for ctx.Err() == nil {
-			// One instance at a time runs the cleanup; the others skip the round.
-			_, err := leases.Run(ctx, "cleanup", 2*time.Minute, func(ctx context.Context, lease *liveness.Lease) error {
-				return cleanup(ctx, pool, lease)
-			})
-			if err != nil {
-				logger.Warn("cleanup round", "err", err)
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Minute):
-			}
-		}
-	})
-
-	<-ctx.Done()
-	work.Wait() // Run returns, and a running lease is released, when ctx ends
-	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := heartbeat.Remove(shutdown); err != nil {
-		logger.Warn("remove instance row", "err", err)
+	for !agent.Snapshot().AliveLock.Held || agent.Snapshot().Heartbeat.Beats == 0 {
+		time.Sleep(10 * time.Millisecond)
 	}
-	stopLock()
-	lockDone.Wait()
+	fmt.Println("holds its alive lock")
+	stop()
+	fmt.Println("stopped:", <-done)
+	// Output:
+	// holds its alive lock
+	// stopped: <nil>
 }
 
-// cleanup is the service's singleton job; it fences its writes with the lease's epoch.
-func cleanup(ctx context.Context, pool *pgxpool.Pool, lease *liveness.Lease) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+// ExampleLeases_Elect runs a singleton job on one instance at a time: the callback runs
+// while this instance leads, and its context ends when leadership does (the lease lost,
+// the instance unable to prove life, or the campaign over). Fence the job's writes with
+// lease_is_held(lease, epoch) so that a write can never land under a stale leadership.
+func ExampleLeases_Elect() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err := pool.Exec(ctx, `DELETE FROM sessions
-	                           WHERE expires_at < now() AND liveness.lease_is_held($1, $2)`, lease.Name, lease.Epoch)
-	return err
+	pool, err := open(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+	agent, err := liveness.NewAgent(liveness.AgentConfig{
+		Pool: pool, DirectDSN: os.Getenv("DATABASE_URL"), InstanceID: uuid.New(), ServiceName: "alerts",
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	runCtx, stopAgent := context.WithCancel(ctx)
+	agentDone := make(chan error, 1)
+	go func() { agentDone <- agent.Run(runCtx) }()
+	defer func() { stopAgent(); <-agentDone }()
+
+	campaign, endCampaign := context.WithCancel(ctx)
+	led := make(chan struct{})
+	err = agent.Leases().Elect(campaign, liveness.ElectorConfig{
+		Lease: "alert-evaluation",
+		OnStartedLeading: func(ctx context.Context, self liveness.Leader) {
+			var fenced bool
+			_ = pool.QueryRow(ctx, `SELECT liveness.lease_is_held($1, $2)`, self.Lease, self.Epoch).Scan(&fenced)
+			fmt.Println("leading; writes fenced by the epoch:", fenced)
+			close(led)
+			endCampaign() // a real job would work until ctx ends
+			<-ctx.Done()
+		},
+		OnStoppedLeading: func(reason error) {
+			// The campaign ended, so the lease was released: the reason is the campaign's
+			// context's cause. A lost lease would be errors.Is(reason, liveness.ErrLeaseLost).
+			fmt.Println("stopped leading:", reason, errors.Is(reason, liveness.ErrLeaseLost))
+		},
+	})
+	<-led
+	fmt.Println("campaign over:", err)
+	// Output:
+	// leading; writes fenced by the epoch: true
+	// stopped leading: context canceled false
+	// campaign over: <nil>
+}
+
+// ExampleReader asks the one verdict: is an instance alive, which instances of a
+// service are, who leads a job. The exporter, is_instance_alive and the reaper read the
+// same SQL definition, so they all agree with it.
+func ExampleReader() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := open(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	// An instance whose process died an hour ago without cleaning up.
+	gone := uuid.New()
+	if _, err := pool.Exec(ctx, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at)
+		VALUES ($1, 'search', now() - interval '1 hour')`, gone); err != nil {
+		fmt.Println(err)
+		return
+	}
+	st, err := reader.Instance(ctx, gone)
+	fmt.Println(st.State, st.Alive(), err)
+
+	_, err = reader.Instance(ctx, uuid.New())
+	fmt.Println(errors.Is(err, liveness.ErrInstanceNotFound))
+
+	all, err := reader.Instances(ctx, "search")
+	fmt.Println(len(all), err)
+
+	_, err = reader.Leader(ctx, "nightly-report")
+	fmt.Println(errors.Is(err, liveness.ErrNoLeader))
+	// Output:
+	// stale false <nil>
+	// true
+	// 1 <nil>
+	// true
 }

@@ -1,9 +1,25 @@
 package liveness_test
 
 import (
+	"fmt"
+	"os"
 	"testing"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain gives the runnable examples a throwaway database in DATABASE_URL, where a
+// service would have its own, so that the examples import nothing internal and can be
+// copied as they are.
+func TestMain(m *testing.M) {
+	dsn, err := pgtest.FreshDSN()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if err := os.Setenv("DATABASE_URL", dsn); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	pgtest.Main(m)
+}
