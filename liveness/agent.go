@@ -34,6 +34,11 @@ type AgentConfig struct {
 	StaleThreshold        time.Duration
 	DefinitiveDeadCutoff  time.Duration
 	LockGrace             time.Duration // DefaultLockGrace if zero
+	// VerifyInterval is how often the alive lock is verified on its own backend;
+	// DefaultVerifyInterval if zero.
+	VerifyInterval time.Duration
+	// Metadata is stored in the instance row's metadata column; it must marshal to JSON.
+	Metadata map[string]any
 
 	KeepaliveIdle     time.Duration
 	KeepaliveInterval time.Duration
@@ -130,6 +135,8 @@ var agentFields = map[string]string{
 	"AliveLockConfig.KeepaliveInterval":    "AgentConfig.KeepaliveInterval",
 	"AliveLockConfig.KeepaliveCount":       "AgentConfig.KeepaliveCount",
 	"AliveLockConfig.UserTimeout":          "AgentConfig.UserTimeout",
+	"AliveLockConfig.VerifyInterval":       "AgentConfig.VerifyInterval",
+	"HeartbeatConfig.Metadata":             "AgentConfig.Metadata",
 }
 
 // asAgentError renames a part's *ConfigError to the AgentConfig fields.
@@ -199,6 +206,7 @@ func (c AgentConfig) aliveLockConfig() AliveLockConfig {
 		KeepaliveInterval: c.KeepaliveInterval,
 		KeepaliveCount:    c.KeepaliveCount,
 		UserTimeout:       c.UserTimeout,
+		VerifyInterval:    c.VerifyInterval,
 		Logger:            c.Logger,
 	}
 }
@@ -218,6 +226,7 @@ func (c AgentConfig) heartbeatConfig(lock LockSource) HeartbeatConfig {
 		DefinitiveDeadCutoff: c.DefinitiveDeadCutoff,
 		LockGrace:            c.LockGrace,
 		Lock:                 lock,
+		Metadata:             c.Metadata,
 		Logger:               c.Logger,
 	}
 }

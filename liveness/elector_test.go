@@ -185,3 +185,51 @@ func TestElectorConfigErrorsNameTheField(t *testing.T) {
 		t.Errorf("zero values must take the defaults: %v", err)
 	}
 }
+
+// TestLostLeaseIsNotACancellation: when a lease is lost while its job runs, Leases.Run's
+// error is the loss, recognisable with errors.Is(err, ErrLeaseLost), and not
+// context.Canceled, even when the job returned its cancelled context's error; so the
+// common `!errors.Is(err, context.Canceled)` filter never hides a lost lease.
+func TestLostLeaseIsNotACancellation(t *testing.T) {
+	db, pool := agentDB(t, 3)
+	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Schema: liveness.DefaultSchema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ran, err := leases.Run(ctx, "job", 2*time.Second, func(ctx context.Context, l *liveness.Lease) error {
+		// Another process takes the row over; the next renewal finds it gone.
+		db.Exec(t, `UPDATE liveness.leases SET holder = 'someone-else', epoch = nextval('liveness.lease_epoch_seq') WHERE name = 'job'`)
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	if !ran {
+		t.Fatal("the job did not run")
+	}
+	if !errors.Is(err, liveness.ErrLeaseLost) || errors.Is(err, context.Canceled) {
+		t.Fatalf("Run = %v; want the lost lease, not context.Canceled", err)
+	}
+}
+
+// TestAgentRecordsMetadata: what the Agent is given ends up in its row.
+func TestAgentRecordsMetadata(t *testing.T) {
+	db, pool := agentDB(t, 3)
+	cfg := agentConfig(db, pool)
+	cfg.Reaper = false
+	cfg.Metadata = map[string]any{"version": "1.2.3"}
+	a, err := liveness.NewAgent(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { stop(); <-done }()
+	waitUntil(t, 10*time.Second, "a beat", func() bool { return a.Snapshot().Heartbeat.Beats > 0 })
+	var meta string
+	if err := pool.QueryRow(context.Background(), `SELECT metadata->>'version' FROM liveness.instances WHERE instance_id = $1`,
+		cfg.InstanceID).Scan(&meta); err != nil || meta != "1.2.3" {
+		t.Fatalf("metadata version = %q, %v; want 1.2.3", meta, err)
+	}
+}

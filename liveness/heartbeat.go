@@ -198,7 +198,7 @@ func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
 	if len(cfg.Metadata) > 0 {
 		var err error
 		if meta, err = json.Marshal(cfg.Metadata); err != nil {
-			return nil, fmt.Errorf("heartbeat: HeartbeatConfig.Metadata: %w", err)
+			return nil, &ConfigError{Field: "HeartbeatConfig.Metadata", Reason: "does not marshal to JSON: " + err.Error()}
 		}
 	}
 	h := &HeartbeatWorker{
