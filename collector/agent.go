@@ -19,7 +19,7 @@ type agentCollector struct {
 	status StatusSource // may be nil: the agent then counts as started
 
 	info, lockHeld, interval, beats, failures, lastBeat, reconnects *prometheus.Desc
-	leaseHeld, leasesLost, reaped, joined, duplicate                *prometheus.Desc
+	leaseHeld, leaseEpoch, leasesLost, reaped, joined, duplicate    *prometheus.Desc
 }
 
 func newAgentCollector(agent AgentSource, status StatusSource) *agentCollector {
@@ -43,6 +43,8 @@ func newAgentCollector(agent AgentSource, status StatusSource) *agentCollector {
 			"Database time of the last successful heartbeat, as a Unix timestamp; absent before the first."),
 		reconnects: desc("alive_lock_reconnects_total", "Direct connections opened for the alive lock after the first."),
 		leaseHeld:  desc("lease_held", "1 while the agent holds the lease.", "lease"),
+		leaseEpoch: desc("lease_epoch", "The fencing epoch the agent believes it holds the lease under; absent while it does not. "+
+			"A value that differs from the lease row's pg_liveness_lease_epoch is a process that still believes it leads.", "lease"),
 		leasesLost: desc("leases_lost_total", "Leases the agent lost, by reason: expired, taken or error.", "lease", "reason"),
 		reaped:     desc("instances_reaped_total", "Stale instances removed by the agent's reaper."),
 	}
@@ -70,6 +72,9 @@ func (c *agentCollector) Update(_ context.Context, ch chan<- prometheus.Metric) 
 	counter(c.reconnects, s.AliveLock.Reconnects)
 	for _, l := range s.Leases {
 		gauge(c.leaseHeld, boolFloat(l.Held), l.Name)
+		if l.Held {
+			gauge(c.leaseEpoch, float64(l.Epoch), l.Name)
+		}
 		for _, r := range lostReasons {
 			counter(c.leasesLost, l.Lost[r], l.Name, string(r))
 		}

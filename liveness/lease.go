@@ -113,8 +113,9 @@ type Leases struct {
 }
 
 type leaseCounts struct {
-	held int
-	lost map[LostReason]uint64
+	held   int
+	epochs map[int64]int // epochs held now, with how many acquisitions hold each
+	lost   map[LostReason]uint64
 }
 
 // NewLeases checks cfg and returns a Leases.
@@ -256,7 +257,7 @@ func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 		renewerDone: make(chan struct{}),
 		expiresAt:   expiresAt, trustUntil: trustUntil,
 	}
-	l.noteAcquired(name)
+	l.noteAcquired(name, epoch)
 	le.mu.Lock()
 	le.window = time.AfterFunc(time.Until(trustUntil), le.windowClosed)
 	le.mu.Unlock()
@@ -453,7 +454,7 @@ func (le *Lease) endLocked(cause error) {
 		lost = nil
 	}
 	// Count and log first: whoever wakes on Done must see the loss.
-	le.leases.noteEnded(le.Name, lost)
+	le.leases.noteEnded(le.Name, le.Epoch, lost)
 	if lost != nil {
 		attrs := []any{"lease", le.Name, "epoch", le.Epoch, "holder", le.Holder, "reason", string(lost.Reason)}
 		if lost.Err != nil {
@@ -467,23 +468,28 @@ func (le *Lease) endLocked(cause error) {
 func (l *Leases) counts(name string) *leaseCounts {
 	c := l.names[name]
 	if c == nil {
-		c = &leaseCounts{lost: map[LostReason]uint64{}}
+		c = &leaseCounts{epochs: map[int64]int{}, lost: map[LostReason]uint64{}}
 		l.names[name] = c
 	}
 	return c
 }
 
-func (l *Leases) noteAcquired(name string) {
+func (l *Leases) noteAcquired(name string, epoch int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.counts(name).held++
+	c := l.counts(name)
+	c.held++
+	c.epochs[epoch]++
 }
 
-func (l *Leases) noteEnded(name string, lost *LeaseLostError) {
+func (l *Leases) noteEnded(name string, epoch int64, lost *LeaseLostError) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c := l.counts(name)
 	c.held--
+	if c.epochs[epoch]--; c.epochs[epoch] <= 0 {
+		delete(c.epochs, epoch)
+	}
 	if lost != nil {
 		c.lost[lost.Reason]++
 	}
@@ -500,7 +506,11 @@ func (l *Leases) Stats() []LeaseStats {
 		for r, n := range c.lost {
 			lost[r] = n
 		}
-		out = append(out, LeaseStats{Name: name, Held: c.held > 0, Lost: lost})
+		var epoch int64
+		for e := range c.epochs {
+			epoch = max(epoch, e)
+		}
+		out = append(out, LeaseStats{Name: name, Held: c.held > 0, Epoch: epoch, Lost: lost})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out

@@ -42,8 +42,12 @@ const (
 // LeaseStats is a point-in-time view of one lease name as used by this process.
 type LeaseStats struct {
 	Name string
-	Held bool                  // this process holds it now
-	Lost map[LostReason]uint64 // leases lost, by reason
+	Held bool // this process holds it now
+	// Epoch is the fencing epoch this process holds it under (the highest, if it holds
+	// several acquisitions); 0 when not held. Compared with the row's epoch, it shows a
+	// process that still believes it leads after someone else took over.
+	Epoch int64
+	Lost  map[LostReason]uint64 // leases lost, by reason
 }
 
 // AgentSnapshot is everything an exporter reports about the local agent.
