@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Instance states, as the migrations' instance_states defines them (the one definition):
+// Instance states, as the migrations' instance_state_verdicts defines them (the one definition):
 // alive (lock held, fresh heartbeat), lock_only (lock held, stale heartbeat), lock_lost
 // (lock vanished moments ago, proving life within its grace), heartbeat_only (no lock,
 // fresh heartbeat), stale (dead: stale heartbeat, or the lock vanished with no proof of
@@ -22,16 +22,19 @@ import (
 var instanceStates = []string{"alive", "lock_only", "lock_lost", "heartbeat_only", "stale", "zombie"}
 
 // instancesSQL returns one summary row per service (state counts and the oldest
-// heartbeat, from instance_states) followed by the max-series instances with the oldest
-// heartbeats, so that 10,000 instances never leave the server. The oldest heartbeats come
-// off the last_heartbeat_at index. The first row only says whether the server is a
-// standby, where instance_states gives no lock-based verdict.
+// heartbeat, by instance_state_verdicts, the one definition of states) followed by the
+// max-series instances with the oldest heartbeats, so that 10,000 instances never leave
+// the server. The first row says whether the server is a standby, where the verdict rests
+// on heartbeats alone, and stamps vanished locks first, as instance_states does. The
+// verdict is plain SQL that the planner inlines here, so the counting is one pass over the
+// instances; the oldest heartbeats come off the last_heartbeat_at index.
 //
 // $1 stale threshold and $2 definitive-dead cutoff in seconds, for rows that carry no
 // timing of their own; $3 max series.
 const instancesSQL = `/* pg_liveness:instances */
 SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
        NULL::float8, pg_catalog.pg_is_in_recovery()
+  FROM (SELECT {schema}.stamp_alive_lock_absences()) stamp
 UNION ALL
 SELECT s.service_name, NULL::text,
        count(*) FILTER (WHERE s.state = 'alive'),
@@ -41,7 +44,7 @@ SELECT s.service_name, NULL::text,
        count(*) FILTER (WHERE s.state = 'stale'),
        count(*) FILTER (WHERE s.state = 'zombie'),
        extract(epoch FROM now() - min(s.last_heartbeat_at))::float8, NULL
-  FROM {schema}.instance_states(make_interval(secs => $1::float8), make_interval(secs => $2::float8)) s
+  FROM {schema}.instance_state_verdicts(make_interval(secs => $1::float8), make_interval(secs => $2::float8)) s
  GROUP BY s.service_name
 UNION ALL
 (SELECT i.service_name, i.instance_id::text, NULL, NULL, NULL, NULL, NULL, NULL,
