@@ -123,7 +123,6 @@ END;
 CREATE FUNCTION stamp_alive_lock_absences(p_instance_id uuid DEFAULT NULL) RETURNS integer
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path FROM CURRENT
-    SET plan_cache_mode = force_custom_plan
     SET jit = off
 AS $$
 DECLARE
