@@ -14,7 +14,7 @@ const (
 	EndMarker   = "<!-- bench-compare:end -->"
 )
 
-// Budget is the goal, ours / theirs: scrape median, exporter CPU per scrape,
+// Budget is the goal, ours / theirs: scrape median, exporter CPU per scrape,
 // peak RSS, database CPU per scrape.
 var Budget = [4]float64{0.5, 0.7, 0.9, 0.5}
 
