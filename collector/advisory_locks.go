@@ -11,8 +11,9 @@ import (
 
 // advisoryLocksSQL reads this database's advisory locks and client backends in one
 // statement. A lock is an alive lock when it is a bigint lock (objsubid = 1) whose key
-// halves are those of some instance's alive-lock key (a hash semi-join on the key-half
-// columns that migration 0003 stores with each instance).
+// halves are those of some instance's alive-lock key: one lookup per lock in the index on
+// the key-half columns stored with each instance, so the cost follows the locks, not the
+// instances.
 // Rows of kind 'locks' count locks by (alive, granted); rows of kind 'backends' count
 // client backends by (application_name, state), with how many of them hold a granted
 // advisory lock, how many wait for one, and the longest an idle holder has been idle.
@@ -22,8 +23,9 @@ WITH db AS (
     SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()
 ), locks AS MATERIALIZED (
     SELECT l.pid, l.granted,
-           l.objsubid = 1 AND (l.classid, l.objid) IN (
-               SELECT i.lock_classid, i.lock_objid FROM {schema}.instances i) AS alive
+           l.objsubid = 1 AND EXISTS (
+               SELECT 1 FROM {schema}.instances i
+                WHERE i.lock_classid = l.classid AND i.lock_objid = l.objid) AS alive
       FROM pg_catalog.pg_locks l
      WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM db)
 ), per_pid AS (

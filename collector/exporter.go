@@ -3,8 +3,9 @@
 // runs the enabled ones concurrently under the scrape's deadline and serves them over
 // HTTP together with the caller's own registry.
 //
-// Each database collector sends one statement per scrape (the statements collector a
-// second one, only when pg_stat_statements has queryids it has not classified yet), with
+// Each database collector sends one statement per scrape (the statements collector two
+// more, only when the set of pg_stat_statements entries changed: all of them, then the
+// texts of queryids it has not classified yet), with
 // bind parameters; the schema and the leases table enter SQL only as quoted identifiers,
 // rendered once. Every age is computed by the database clock. A collector that fails or
 // misses the deadline exports nothing but its pg_liveness_scrape_collector_success 0.

@@ -41,15 +41,18 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 	return ctx
 }
 
-// queryCounter counts the statements a pool sends: the round trips per scrape.
-type queryCounter struct{ n atomic.Int64 }
+// queryCounter counts the statements a pool sends (the round trips per scrape) and the
+// rows they return.
+type queryCounter struct{ n, rows atomic.Int64 }
 
 func (q *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	q.n.Add(1)
 	return ctx
 }
 
-func (q *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (q *queryCounter) TraceQueryEnd(_ context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	q.rows.Add(d.CommandTag.RowsAffected())
+}
 
 // exporterPool opens the pool an exporter scrapes with, named exporterApp.
 func exporterPool(t testing.TB, dsn string, maxConns int32, tracer pgx.QueryTracer) *pgxpool.Pool {

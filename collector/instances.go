@@ -8,12 +8,13 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Instance states, as the migrations' instance_states defines them (the one definition):
+// Instance states, as the migrations' instance_state_verdicts defines them (the one definition):
 // alive (lock held, fresh heartbeat), lock_only (lock held, stale heartbeat), lock_lost
 // (lock vanished moments ago, proving life within its grace), heartbeat_only (no lock,
 // fresh heartbeat), stale (dead: stale heartbeat, or the lock vanished with no proof of
@@ -22,16 +23,20 @@ import (
 var instanceStates = []string{"alive", "lock_only", "lock_lost", "heartbeat_only", "stale", "zombie"}
 
 // instancesSQL returns one summary row per service (state counts and the oldest
-// heartbeat, from instance_states) followed by the max-series instances with the oldest
-// heartbeats, so that 10,000 instances never leave the server. The oldest heartbeats come
-// off the last_heartbeat_at index. The first row only says whether the server is a
-// standby, where instance_states gives no lock-based verdict.
+// heartbeat, by instance_state_verdicts, the one definition of states) followed by the
+// max-series instances with the oldest heartbeats, so that 10,000 instances never leave
+// the server. The first row says whether the server is a standby, where the verdict rests
+// on heartbeats alone, and stamps vanished locks first, as instance_states does. The
+// verdict is plain SQL that the planner inlines here, so the counting is one pass over the
+// instances (each row's state evaluated once, below the OFFSET 0 fence); the oldest
+// heartbeats come off the last_heartbeat_at index.
 //
-// $1 stale threshold and $2 definitive-dead cutoff in seconds, for rows that carry no
+// $1 stale threshold and $2 definitive-dead cutoff (intervals), for rows that carry no
 // timing of their own; $3 max series.
 const instancesSQL = `/* pg_liveness:instances */
 SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
        NULL::float8, pg_catalog.pg_is_in_recovery()
+  FROM (SELECT {schema}.stamp_alive_lock_absences()) stamp
 UNION ALL
 SELECT s.service_name, NULL::text,
        count(*) FILTER (WHERE s.state = 'alive'),
@@ -41,7 +46,9 @@ SELECT s.service_name, NULL::text,
        count(*) FILTER (WHERE s.state = 'stale'),
        count(*) FILTER (WHERE s.state = 'zombie'),
        extract(epoch FROM now() - min(s.last_heartbeat_at))::float8, NULL
-  FROM {schema}.instance_states(make_interval(secs => $1::float8), make_interval(secs => $2::float8)) s
+  FROM (SELECT v.service_name, v.state, v.last_heartbeat_at
+          FROM {schema}.instance_state_verdicts($1::interval, $2::interval) v
+        OFFSET 0) s -- so that each row's state is evaluated once, not once per count
  GROUP BY s.service_name
 UNION ALL
 (SELECT i.service_name, i.instance_id::text, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -53,7 +60,7 @@ UNION ALL
 type instancesCollector struct {
 	pool               *pgxpool.Pool
 	sql                string
-	stale, dead        float64 // seconds
+	stale, dead        time.Duration
 	maxSeries          int
 	maxServices        int
 	countDesc, ageDesc *prometheus.Desc
@@ -69,8 +76,8 @@ func newInstancesCollector(pool *pgxpool.Pool, schema string, cfg Config, log *s
 		log:         log,
 		pool:        pool,
 		sql:         strings.ReplaceAll(instancesSQL, "{schema}", schema),
-		stale:       cfg.StaleThreshold.Seconds(),
-		dead:        cfg.DefinitiveDeadCutoff.Seconds(),
+		stale:       cfg.StaleThreshold,
+		dead:        cfg.DefinitiveDeadCutoff,
 		maxSeries:   cfg.Instances.MaxSeries,
 		maxServices: cfg.Instances.MaxServices,
 		foldedDesc: prometheus.NewDesc(namespace+"_instance_services_folded",

@@ -21,16 +21,25 @@ SELECT n.nspname::text
 
 // statsSQL reads this database's counters without query texts: reading texts means
 // reading pg_stat_statements' whole text file, so it is done only for new queryids
-// (textsSQL). {ext} is the extension's schema as a quoted identifier. Entries whose
-// queryid is hidden from this role are skipped.
+// (textsSQL). Only the entries of the queryids in $1 (those that match a pattern) travel,
+// unless $2 asks for all of them; a last row sums up every entry (count and two hashes
+// of the queryids), so that a change in the set of entries (a new one: unclassified) is
+// seen without reading them all. {ext} is the extension's schema as a quoted identifier.
+// Entries whose queryid is hidden from this role are skipped.
 const (
 	statsSQL = `
-SELECT s.userid, s.queryid, s.toplevel, s.calls,
-       (s.total_exec_time + s.total_plan_time) / 1000, s.rows
-  FROM {ext}.pg_stat_statements(false) s
- WHERE s.dbid = (SELECT d.oid FROM pg_catalog.pg_database d
-                  WHERE d.datname = pg_catalog.current_database())
-   AND s.queryid IS NOT NULL`
+WITH s AS MATERIALIZED (
+    SELECT s.userid, s.queryid, s.toplevel, s.calls, (s.total_exec_time + s.total_plan_time) / 1000 AS seconds, s.rows
+      FROM {ext}.pg_stat_statements(false) s
+     WHERE s.dbid = (SELECT d.oid FROM pg_catalog.pg_database d
+                      WHERE d.datname = pg_catalog.current_database())
+       AND s.queryid IS NOT NULL)
+SELECT s.userid, s.queryid, s.toplevel, s.calls, s.seconds, s.rows, NULL::bigint, NULL::bigint, NULL::bigint
+  FROM s WHERE $2 OR s.queryid = ANY($1)
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, count(*), coalesce(sum(pg_catalog.hashint8(s.queryid)), 0),
+       coalesce(sum(pg_catalog.hashint8(s.queryid # 6148914691236517205)), 0)
+  FROM s`
 
 	textsSQL = `
 SELECT DISTINCT ON (s.queryid) s.queryid, coalesce(s.query, '')
@@ -83,6 +92,9 @@ type statementsCollector struct {
 	problem      string                 // the unavailability last logged, "" while available
 	cacheFull    bool                   // logged once that the cache is too small
 	class        map[int64]int          // queryid → pattern index, -1 for none
+	matching     []int64                // the queryids in class that match a pattern
+	summary      [3]int64               // statsSQL's summary of the entries when all were last read
+	complete     bool                   // every entry was classified when all were last read
 	last         map[stmtKey]stmtCounts // last seen counters of classified entries
 	totals       []stmtCounts           // by pattern index
 }
@@ -147,7 +159,7 @@ func (c *statementsCollector) Update(ctx context.Context, ch chan<- prometheus.M
 			return err
 		}
 		if lookAgain {
-			c.stats, c.texts = "", ""
+			c.stats, c.texts, c.complete = "", "", false
 			if attempt == 1 {
 				continue // dropped or moved since the lookup: look it up now
 			}
@@ -158,6 +170,15 @@ func (c *statementsCollector) Update(ctx context.Context, ch chan<- prometheus.M
 	uncached, err := c.classify(ctx, entries)
 	if err != nil {
 		return err
+	}
+	if !c.complete || uncached != nil { // entries read in full: remember what matches
+		c.complete = uncached == nil
+		c.matching = c.matching[:0]
+		for id, idx := range c.class {
+			if idx >= 0 {
+				c.matching = append(c.matching, id)
+			}
+		}
 	}
 	if c.problem != "" {
 		c.logger.Info("pg_stat_statements is available again")
@@ -209,25 +230,55 @@ func (c *statementsCollector) lookup(ctx context.Context) (found bool, err error
 	return true, nil
 }
 
+// readStats reads the counters of the entries that match a pattern. When the set of
+// entries changed since all were last read (or the last read could not classify them
+// all), it reads them all, in a second statement.
 func (c *statementsCollector) readStats(ctx context.Context) ([]stmtRow, error) {
-	rows, err := c.pool.Query(ctx, c.stats)
+	if c.complete {
+		out, summary, err := c.queryStats(ctx, false)
+		if err != nil || summary == c.summary {
+			return out, err
+		}
+	}
+	out, summary, err := c.queryStats(ctx, true)
 	if err != nil {
 		return nil, err
 	}
+	c.summary, c.complete = summary, false // classify decides whether it is complete
+	return out, nil
+}
+
+func (c *statementsCollector) queryStats(ctx context.Context, all bool) ([]stmtRow, [3]int64, error) {
+	var summary [3]int64
+	rows, err := c.pool.Query(ctx, c.stats, c.matching, all)
+	if err != nil {
+		return nil, summary, err
+	}
 	defer rows.Close()
-	out := make([]stmtRow, 0, len(c.class))
+	var out []stmtRow
+	if all {
+		out = make([]stmtRow, 0, len(c.class))
+	}
 	for rows.Next() {
 		var (
-			r           stmtRow
-			calls, nrow int64
+			userid            *uint32
+			queryid           *int64
+			toplevel          *bool
+			calls, nrow       *int64
+			seconds           *float64
+			count, sum1, sum2 *int64
 		)
-		if err := rows.Scan(&r.key.userid, &r.key.queryid, &r.key.toplevel, &calls, &r.seconds, &nrow); err != nil {
-			return nil, err
+		if err := rows.Scan(&userid, &queryid, &toplevel, &calls, &seconds, &nrow, &count, &sum1, &sum2); err != nil {
+			return nil, summary, err
 		}
-		r.calls, r.rows = float64(calls), float64(nrow)
-		out = append(out, r)
+		if count != nil {
+			summary = [3]int64{*count, *sum1, *sum2}
+			continue
+		}
+		out = append(out, stmtRow{key: stmtKey{userid: *userid, queryid: *queryid, toplevel: *toplevel},
+			stmtCounts: stmtCounts{calls: float64(*calls), seconds: *seconds, rows: float64(*nrow)}})
 	}
-	return out, rows.Err()
+	return out, summary, rows.Err()
 }
 
 // classify fetches the texts of queryids not seen before, in one round trip, and

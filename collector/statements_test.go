@@ -64,17 +64,26 @@ func TestStatementsMissingExtension(t *testing.T) {
 	}
 }
 
-// TestStatementsRoundTrips: in steady state one statement per scrape, without texts;
-// a new queryid costs one more, once.
+// TestStatementsRoundTrips: in steady state one statement per scrape, without texts and
+// with only the matching entries' rows; a new queryid costs two more, once (all entries,
+// then the new one's text).
 func TestStatementsRoundTrips(t *testing.T) {
 	db := pgtest.NewDB(t)
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
+	// 200 entries that match no pattern.
+	db.Exec(t, `CREATE TABLE wide AS SELECT 1 AS a, 2 AS b`)
+	db.Exec(t, `DO $$ BEGIN FOR n IN 1..200 LOOP EXECUTE format('SELECT a + %s FROM wide', n); END LOOP; END $$`)
 	qc := &queryCounter{}
 	e := newExporter(t, statementsOnly(), exporterPool(t, db.DSN, 1, qc), nil, nil)
 
 	// The first scrapes meet the exporter's own statements as new entries.
 	for range 3 {
 		scrapeFamilies(t, e)
+	}
+	rows := qc.rows.Load()
+	scrapeFamilies(t, e)
+	if n := qc.rows.Load() - rows; n > 2 {
+		t.Errorf("steady state: %d rows per scrape, want at most 2 (no matching entry yet, and the summary)", n)
 	}
 	perScrape := func() int64 {
 		before := qc.n.Load()
@@ -85,8 +94,8 @@ func TestStatementsRoundTrips(t *testing.T) {
 		t.Errorf("steady state: %d statements per scrape, want 1", n)
 	}
 	db.Exec(t, `/* pg_liveness:lease_release */ DELETE FROM pg_class WHERE false`)
-	if n := perScrape(); n != 2 {
-		t.Errorf("after a new statement: %d statements, want 2 (counters, then texts of the new queryid)", n)
+	if n := perScrape(); n != 3 {
+		t.Errorf("after a new statement: %d statements, want 3 (matching counters, all counters, then texts of the new queryid)", n)
 	}
 	if n := perScrape(); n != 1 {
 		t.Errorf("after classifying it: %d statements per scrape, want 1", n)

@@ -45,7 +45,12 @@ func BenchmarkInstancesVerdictCost(b *testing.B) {
 	before := strings.ReplaceAll(instancesSQLBeforeVerdict, "{schema}", schema)
 	after := strings.ReplaceAll(instancesSQL, "{schema}", schema)
 	args := []any{cfg.StaleThreshold.Seconds(), cfg.DefinitiveDeadCutoff.Seconds(), cfg.Instances.MaxSeries}
+	argsAfter := []any{cfg.StaleThreshold, cfg.DefinitiveDeadCutoff, cfg.Instances.MaxSeries}
 	run := func(sql string) time.Duration {
+		args := args
+		if sql == after {
+			args = argsAfter
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		t0 := time.Now()

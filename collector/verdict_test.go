@@ -158,3 +158,24 @@ func wouldReap(t *testing.T, ctx context.Context, pool interface {
 	}
 	return n == 1
 }
+
+// TestExporterAloneStampsVanishedLocks: with no other consumer of the verdict, the
+// exporter's own scrapes stamp a vanished lock, so the instance's grace runs out and it
+// turns stale; without the stamp it would stay lock_lost for ever.
+func TestExporterAloneStampsVanishedLocks(t *testing.T) {
+	db := pgtest.NewDB(t)
+	migrate(t, db, "liveness")
+	cfg := DefaultConfig()
+	cfg.Schema = "liveness"
+	exp := newExporter(t, cfg, exporterPool(t, db.DSN, 2, nil), nil, discard())
+	admin := connAs(t, db, "walker")
+	// The row says it holds its lock, but no session does: the lock has vanished.
+	exec(t, admin, `INSERT INTO liveness.instances (instance_id, service_name, lock_grace, holds_alive_lock)
+	                 VALUES ($1, 'walk', interval '1 second', true)`, uuid.New())
+	if v := value(scrapeFamilies(t, exp), "pg_liveness_instances", "service", "walk", "state", "lock_lost"); v != 1 {
+		t.Fatalf("first scrape: %v lock_lost, want 1", v)
+	}
+	waitFor(t, 30*time.Second, "the grace to run out by the exporter's own stamp", func() bool {
+		return value(scrapeFamilies(t, exp), "pg_liveness_instances", "service", "walk", "state", "stale") == 1
+	})
+}

@@ -4,15 +4,16 @@
 #
 #   scripts/install-deps.sh run    what `make run` needs
 #   scripts/install-deps.sh test   what `make test` needs (the default)
+#   scripts/install-deps.sh bench  what `make bench-compare` needs
 #
-# Used by `make run` (scripts/run.sh), `make test` and .ci/run.
+# Used by `make run` (scripts/run.sh), `make test`, `make bench-compare` and .ci/run.
 set -euo pipefail
 
 profile=${1:-test}
 case $profile in
-run | test) ;;
+run | test | bench) ;;
 *)
-	echo "usage: $0 [run|test]" >&2
+	echo "usage: $0 [run|test|bench]" >&2
 	exit 2
 	;;
 esac
@@ -29,14 +30,15 @@ want() {
 	[[ ,$profiles, == *,$profile,* ]] || return 0
 	"$@" || missing+=("$pkg")
 }
-want postgresql run,test have_glob '/usr/lib/postgresql/*/bin/initdb'
-want postgresql-contrib run,test have_glob '/usr/share/postgresql/*/extension/pg_stat_statements.control'
+want postgresql run,test,bench have_glob '/usr/lib/postgresql/*/bin/initdb'
+want postgresql-contrib run,test,bench have_glob '/usr/share/postgresql/*/extension/pg_stat_statements.control'
 want pgbouncer test have_glob /usr/sbin/pgbouncer
 want prometheus test have_cmd promtool
 want prometheus-alertmanager test have_cmd prometheus-alertmanager
 want systemd test have_cmd systemd-analyze
 want make test have_cmd make
 want iproute2 test have_cmd ip
+want prometheus-postgres-exporter bench have_cmd prometheus-postgres-exporter
 
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 

@@ -1,10 +1,11 @@
 -- compatible-from: 1
 -- Older binaries keep working: the new columns are nullable or defaulted, and
 -- is_instance_alive(uuid, integer) and cleanup_stale_instances keep their signatures.
--- One liveness verdict. instance_states is the only place where an instance's state is
--- defined; is_instance_alive, cleanup_stale_instances, the exporter and the Go readers all
--- read it. Each instance records its own timing, so every observer judges it by the
--- settings it actually runs with.
+-- One liveness verdict. instance_state_verdicts (with instance_state_rule) is the only
+-- place where an instance's state is defined; is_instance_alive, cleanup_stale_instances
+-- and the Go readers read it through instance_states, the exporter directly (after
+-- stamp_alive_lock_absences, as instance_states does). Each instance records its own
+-- timing, so every observer judges it by the settings it actually runs with.
 
 -- The instance's own timing, written by its heartbeat. NULL for rows written by other
 -- software: observers then use their own defaults.
@@ -19,6 +20,10 @@ ALTER TABLE instances
     -- proves life (a heartbeat that sets it false) within its lock_grace.
     ADD COLUMN holds_alive_lock        boolean NOT NULL DEFAULT false;
 
+-- Finds the instance whose alive-lock key a pg_locks row holds with one index lookup per
+-- lock, so that classifying a few thousand locks does not hash every instance.
+CREATE INDEX instances_lock_key_idx ON instances (lock_classid, lock_objid);
+
 -- When an observer first saw an instance's alive lock missing while the row said it was
 -- held: the start of the instance's grace. Written only on a change (a lock vanishing or
 -- coming back), so a fleet with nothing changing causes no writes. A stamp belongs to one
@@ -30,8 +35,9 @@ CREATE TABLE alive_lock_absences (
     server_started_at timestamptz NOT NULL
 );
 
--- The rules of the table below (see instance_states), for one instance. p_missing_for is how long the lock has
--- been seen missing (NULL: not stamped yet, which counts as just seen).
+-- The rules of the table below (see instance_state_verdicts), for one instance.
+-- p_missing_for is how long the lock has been seen missing (NULL: not stamped yet, which
+-- counts as just seen).
 CREATE FUNCTION instance_state_rule(p_locked boolean, p_holds_alive_lock boolean, p_heartbeat_age interval,
                                     p_stale interval, p_dead interval, p_missing_for interval, p_grace interval)
     RETURNS text
@@ -48,8 +54,21 @@ AS $$
     END
 $$;
 
--- Every instance's state, by the rules below, evaluated on the database clock. Timing
--- comes from the row; the arguments only fill in for rows that carry none.
+-- The stamps of this server lifetime, for the verdict below; with its owner's rights, so
+-- that observers need no grant on alive_lock_absences.
+CREATE FUNCTION current_alive_lock_absences() RETURNS TABLE (instance_id uuid, missing_since timestamptz)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    -- A stamp lives only while a lock is missing: few rows, so the planner hashes these
+    -- rather than the instances.
+    ROWS 10
+    SET search_path FROM CURRENT
+AS $$
+    SELECT a.instance_id, a.missing_since FROM alive_lock_absences a
+     WHERE a.server_started_at = pg_catalog.pg_postmaster_start_time()
+$$;
+
+-- The one verdict: every instance's state, by the rules below, evaluated on the database
+-- clock. Timing comes from the row; the arguments only fill in for rows that carry none.
 --
 --   zombie          lock held, heartbeat older than definitive_dead_cutoff  (dead)
 --   alive           lock held, heartbeat fresher than stale_threshold
@@ -59,12 +78,93 @@ $$;
 --   stale           no lock although the row says held, past lock_grace     (dead: no proof of life)
 --   heartbeat_only  no lock, the row says not held, heartbeat fresh
 --
--- On a hot standby pg_locks does not show the primary's locks, so no verdict rests on
--- them there: lock_held is NULL, a fresh heartbeat is heartbeat_only and a stale one stale.
+-- The lock's absence is timed from its stamp (see instance_states, which writes them);
+-- an unstamped absence counts as just seen. On a hot standby pg_locks does not show the
+-- primary's locks, so no verdict rests on them there: lock_held is NULL, a fresh
+-- heartbeat is heartbeat_only and a stale one stale.
 --
--- SECURITY DEFINER so that observers with only SELECT (and EXECUTE) can stamp absences;
--- in a read-only transaction or on a standby nothing is written, and an unstamped
--- absence counts as just seen.
+-- This function writes nothing. It is plain SQL, stable, without SET clauses, and its
+-- body is bound at creation (BEGIN ATOMIC), so the planner inlines it into the calling
+-- statement: a caller that aggregates gets one pass over the instances with no
+-- intermediate result. Locks are matched by a hash join of the instances' stored key
+-- halves against the granted locks, read once.
+CREATE FUNCTION instance_state_verdicts(
+        p_stale_threshold        interval DEFAULT '90 seconds',
+        p_definitive_dead_cutoff interval DEFAULT '5 minutes',
+        p_instance_id            uuid     DEFAULT NULL)
+    RETURNS TABLE (instance_id uuid, service_name text, state text, alive boolean,
+                   lock_held boolean, last_heartbeat_at timestamptz)
+    LANGUAGE sql STABLE
+BEGIN ATOMIC
+    SELECT c.instance_id, c.service_name, s.state,
+           s.state IN ('alive', 'lock_only', 'lock_lost', 'heartbeat_only'), c.locked, c.last_heartbeat_at
+      FROM (SELECT i.instance_id, i.service_name, i.last_heartbeat_at, i.holds_alive_lock,
+                   i.stale_threshold, i.definitive_dead_cutoff, i.lock_grace,
+                   CASE WHEN NOT (SELECT pg_catalog.pg_is_in_recovery()) THEN k.classid IS NOT NULL END AS locked
+              FROM instances i
+              LEFT JOIN (SELECT DISTINCT l.classid, l.objid FROM bigint_advisory_locks l WHERE l.granted) k
+                     ON k.classid = i.lock_classid AND k.objid = i.lock_objid
+             WHERE p_instance_id IS NULL OR i.instance_id = p_instance_id) c
+      LEFT JOIN current_alive_lock_absences() a
+             ON c.holds_alive_lock AND NOT c.locked AND a.instance_id = c.instance_id
+     CROSS JOIN LATERAL (SELECT instance_state_rule(coalesce(c.locked, false), c.holds_alive_lock AND c.locked IS NOT NULL,
+                                                    pg_catalog.now() - c.last_heartbeat_at,
+                                                    coalesce(c.stale_threshold, p_stale_threshold),
+                                                    coalesce(c.definitive_dead_cutoff, p_definitive_dead_cutoff),
+                                                    pg_catalog.now() - a.missing_since,
+                                                    coalesce(c.lock_grace, interval '1 second')) AS state) s;
+END;
+
+-- Stamps absences for the verdict: an instance whose row says held while no session
+-- holds its lock gets a stamp (once), and a stamp whose instance is no longer missing
+-- its lock is cleared. Nothing is written when nothing changed, in a read-only
+-- transaction or on a standby. SECURITY DEFINER so that observers with only SELECT (and
+-- EXECUTE) can stamp. Returns how many instances are missing their lock.
+CREATE FUNCTION stamp_alive_lock_absences(p_instance_id uuid DEFAULT NULL) RETURNS integer
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path FROM CURRENT
+    -- A generic plan cannot see that p_instance_id is NULL and, with pg_locks estimated at
+    -- one row, may nest-loop every instance over every lock: 10 times slower at 1,000
+    -- instances.
+    SET plan_cache_mode = force_custom_plan
+    SET jit = off
+AS $$
+DECLARE
+    v_now     timestamptz := pg_catalog.now();
+    v_started timestamptz := pg_catalog.pg_postmaster_start_time();
+    v_missing integer;
+BEGIN
+    IF pg_catalog.pg_is_in_recovery() OR pg_catalog.current_setting('transaction_read_only') = 'on' THEN
+        RETURN NULL;
+    END IF;
+    WITH missing AS MATERIALIZED (
+        SELECT i.instance_id
+          FROM instances i
+          LEFT JOIN (SELECT DISTINCT l.classid, l.objid FROM bigint_advisory_locks l WHERE l.granted) k
+                 ON k.classid = i.lock_classid AND k.objid = i.lock_objid
+         WHERE i.holds_alive_lock AND k.classid IS NULL
+           AND (p_instance_id IS NULL OR i.instance_id = p_instance_id)),
+    stamped AS (
+        INSERT INTO alive_lock_absences AS a (instance_id, missing_since, server_started_at)
+        SELECT m.instance_id, v_now, v_started FROM missing m
+         WHERE NOT EXISTS (SELECT 1 FROM alive_lock_absences k
+                            WHERE k.instance_id = m.instance_id AND k.server_started_at = v_started)
+        ON CONFLICT ON CONSTRAINT alive_lock_absences_pkey DO UPDATE
+           SET missing_since = excluded.missing_since, server_started_at = excluded.server_started_at
+        RETURNING 1),
+    cleared AS (
+        DELETE FROM alive_lock_absences a
+         WHERE (p_instance_id IS NULL OR a.instance_id = p_instance_id)
+           AND NOT EXISTS (SELECT 1 FROM missing m WHERE m.instance_id = a.instance_id)
+        RETURNING 1)
+    SELECT count(*) INTO v_missing FROM missing;
+    RETURN v_missing;
+END
+$$;
+
+-- Every instance's state by the one verdict (instance_state_verdicts), after stamping
+-- absences (stamp_alive_lock_absences): what consumers read one instance or a whole
+-- fleet with. SECURITY DEFINER, as before, so that a role with only EXECUTE can read it.
 CREATE FUNCTION instance_states(
         p_stale_threshold        interval DEFAULT '90 seconds',
         p_definitive_dead_cutoff interval DEFAULT '5 minutes',
@@ -73,93 +173,19 @@ CREATE FUNCTION instance_states(
                    lock_held boolean, last_heartbeat_at timestamptz)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path FROM CURRENT
-    -- A generic plan cannot see that p_instance_id is NULL, and may then nest-loop every
-    -- instance over every lock: a thousand times slower at 10,000 instances.
+    -- A generic plan cannot see that p_instance_id is NULL, and would scan every instance
+    -- to find one.
     SET plan_cache_mode = force_custom_plan
-    -- The per-row stamp lookup inflates the cost estimate past jit_above_cost, and JIT
-    -- compiling the plan takes 40 times longer than running it.
+    -- The planner's cost estimate can pass jit_above_cost, and JIT compiling the plan
+    -- takes far longer than running it.
     SET jit = off
+    -- The result is a row per instance, kept in memory up to work_mem: about 80 bytes an
+    -- instance, so the default 4 MB would spill 100,000 instances to a temporary file.
+    SET work_mem = '32MB'
 AS $$
-#variable_conflict use_column
-DECLARE
-    v_now     timestamptz := pg_catalog.now();
-    v_started timestamptz := pg_catalog.pg_postmaster_start_time();
 BEGIN
-    IF pg_catalog.pg_is_in_recovery() THEN
-        RETURN QUERY
-        SELECT i.instance_id, i.service_name, v.state, v.state = 'heartbeat_only', NULL::boolean, i.last_heartbeat_at
-          FROM instances i
-         CROSS JOIN LATERAL (SELECT CASE WHEN i.last_heartbeat_at > v_now - coalesce(i.stale_threshold, p_stale_threshold)
-                                         THEN 'heartbeat_only' ELSE 'stale' END AS state) v
-         WHERE p_instance_id IS NULL OR i.instance_id = p_instance_id;
-        RETURN;
-    END IF;
-
-    IF pg_catalog.current_setting('transaction_read_only') = 'on' THEN
-        RETURN QUERY
-        WITH cur AS MATERIALIZED (
-            SELECT i.instance_id, i.service_name, i.last_heartbeat_at, i.holds_alive_lock,
-                   coalesce(i.stale_threshold, p_stale_threshold) AS stale,
-                   coalesce(i.definitive_dead_cutoff, p_definitive_dead_cutoff) AS dead,
-                   coalesce(i.lock_grace, interval '1 second') AS grace,
-                   (i.lock_classid, i.lock_objid) IN (SELECT l.classid, l.objid FROM bigint_advisory_locks l
-                                                       WHERE l.granted) AS locked
-              FROM instances i
-             WHERE p_instance_id IS NULL OR i.instance_id = p_instance_id)
-        SELECT c.instance_id, c.service_name, s.state,
-               s.state IN ('alive', 'lock_only', 'lock_lost', 'heartbeat_only'), c.locked, c.last_heartbeat_at
-          FROM cur c
-          LEFT JOIN alive_lock_absences a ON a.instance_id = c.instance_id AND a.server_started_at = v_started
-         CROSS JOIN LATERAL (SELECT instance_state_rule(c.locked, c.holds_alive_lock, v_now - c.last_heartbeat_at,
-                                                        c.stale, c.dead, v_now - a.missing_since, c.grace) AS state) s;
-        RETURN;
-    END IF;
-
-    -- Only instances whose row says held while no session holds the lock need their
-    -- absence stamp, so the stamps are read per such row, never joined to every row.
-    RETURN QUERY
-    WITH cur AS MATERIALIZED (
-        SELECT i.instance_id, i.service_name, i.last_heartbeat_at, i.holds_alive_lock,
-               coalesce(i.stale_threshold, p_stale_threshold) AS stale,
-               coalesce(i.definitive_dead_cutoff, p_definitive_dead_cutoff) AS dead,
-               coalesce(i.lock_grace, interval '1 second') AS grace,
-               -- A hashed subplan: pg_locks is read once and probed per instance.
-               (i.lock_classid, i.lock_objid) IN (SELECT l.classid, l.objid FROM bigint_advisory_locks l
-                                                   WHERE l.granted) AS locked
-          FROM instances i
-         WHERE p_instance_id IS NULL OR i.instance_id = p_instance_id),
-    missing AS MATERIALIZED (
-        SELECT c.instance_id FROM cur c WHERE c.holds_alive_lock AND NOT c.locked),
-    known AS MATERIALIZED (
-        SELECT a.instance_id, a.missing_since
-          FROM alive_lock_absences a JOIN missing m ON m.instance_id = a.instance_id
-         WHERE a.server_started_at = v_started),
-    stamped AS (
-        INSERT INTO alive_lock_absences AS a (instance_id, missing_since, server_started_at)
-        SELECT m.instance_id, v_now, v_started FROM missing m
-         WHERE NOT EXISTS (SELECT 1 FROM known k WHERE k.instance_id = m.instance_id)
-        ON CONFLICT ON CONSTRAINT alive_lock_absences_pkey DO UPDATE
-           SET missing_since = excluded.missing_since, server_started_at = excluded.server_started_at
-        RETURNING a.instance_id, a.missing_since),
-    cleared AS (
-        DELETE FROM alive_lock_absences a
-         WHERE (p_instance_id IS NULL OR a.instance_id = p_instance_id)
-           AND NOT EXISTS (SELECT 1 FROM missing m WHERE m.instance_id = a.instance_id)
-        RETURNING 1),
-    since AS (
-        SELECT k.instance_id, k.missing_since FROM known k
-        UNION ALL
-        SELECT n.instance_id, n.missing_since FROM stamped n)
-    SELECT c.instance_id, c.service_name, s.state,
-           s.state IN ('alive', 'lock_only', 'lock_lost', 'heartbeat_only'), c.locked, c.last_heartbeat_at
-      FROM cur c
-     CROSS JOIN LATERAL (SELECT instance_state_rule(c.locked, c.holds_alive_lock, v_now - c.last_heartbeat_at,
-                                                    c.stale, c.dead,
-                                                    CASE WHEN c.holds_alive_lock AND NOT c.locked
-                                                         THEN v_now - (SELECT max(x.missing_since) FROM since x
-                                                                        WHERE x.instance_id = c.instance_id)
-                                                    END,
-                                                    c.grace) AS state) s;
+    PERFORM stamp_alive_lock_absences(p_instance_id);
+    RETURN QUERY SELECT * FROM instance_state_verdicts(p_stale_threshold, p_definitive_dead_cutoff, p_instance_id);
 END
 $$;
 
