@@ -40,6 +40,8 @@ const (
 	aliveLockCloseTimeout     = 5 * time.Second
 	reconnectBackoffMin       = 250 * time.Millisecond
 	reconnectBackoffMax       = 10 * time.Second
+	// reclaimEvery is how often a lock that is not held is claimed again.
+	reclaimEvery = time.Second
 )
 
 // AliveLockConfig configures an AliveLock. Zero keepalive and verify settings take the
@@ -286,13 +288,14 @@ func (a *AliveLock) Run(ctx context.Context) error {
 	attempt := 0
 	for {
 		began := time.Now()
-		a.session(ctx)
+		held := a.session(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		// A session that lasted resets the backoff; a connection that keeps failing or
+		// A session that held the lock, or lasted, resets the backoff: the next loss is a
+		// new incident, to be recovered from at once. A connection that keeps failing or
 		// dropping at once backs off further.
-		if time.Since(began) > reconnectBackoffMax {
+		if held || time.Since(began) > reconnectBackoffMax {
 			attempt = 0
 		}
 		attempt++
@@ -316,7 +319,7 @@ func backoff(attempt int) time.Duration {
 
 // session runs one connection: claim, then verify or re-claim every verifyEvery, while a
 // read on the idle connection notices at once when the server ends the session.
-func (a *AliveLock) session(ctx context.Context) {
+func (a *AliveLock) session(ctx context.Context) (held bool) {
 	cctx, cancel := context.WithTimeout(ctx, aliveLockConnectTimeout)
 	conn, err := pgx.ConnectConfig(cctx, a.connCfg)
 	cancel()
@@ -346,7 +349,14 @@ func (a *AliveLock) session(ctx context.Context) {
 
 	a.lastExchange = time.Now()
 	for a.tick(ctx, conn) {
-		wctx, cancel := context.WithTimeout(ctx, a.verifyEvery)
+		held = held || a.held.Load()
+		// While not held, claim again soon: the previous session's backend may just not
+		// have exited yet.
+		wait := a.verifyEvery
+		if !a.held.Load() {
+			wait = min(wait, reclaimEvery)
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
 		err := conn.PgConn().WaitForNotification(wctx)
 		cancel()
 		switch {
@@ -362,6 +372,7 @@ func (a *AliveLock) session(ctx context.Context) {
 			return
 		}
 	}
+	return held
 }
 
 // tick claims the lock when not held and verifies it when held. It returns false when the

@@ -351,3 +351,24 @@ func TestAliveLockStaysHeldAcrossVerifications(t *testing.T) {
 		t.Fatal("no backend holds the lock")
 	}
 }
+
+// TestAliveLockRecoversFastEveryTime: each loss of a held lock is a new incident, so the
+// reconnect backoff starts over; a series of terminated backends (a flapping pooler, a
+// DBA's script) is recovered from as fast the sixth time as the first.
+func TestAliveLockRecoversFastEveryTime(t *testing.T) {
+	ctx := livenessTestCtx(t)
+	db, pool := livenessDB(t, ctx)
+	dsn := db.DSN
+	id := uuid.New()
+	lock := startAliveLock(t, AliveLockConfig{DSN: dsn, InstanceID: id, ServiceName: "svc", VerifyInterval: time.Minute})
+	for i := range 6 {
+		eventually(t, 3*time.Second, fmt.Sprintf("the alive lock held again (loss %d)", i), lock.Held)
+		pid := lockHolderPID(t, ctx, pool, id)
+		var ok bool
+		if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 5000)`, pid).Scan(&ok); err != nil || !ok {
+			t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
+		}
+		eventually(t, 3*time.Second, "the loss noticed", func() bool { return !lock.Held() })
+	}
+	eventually(t, 3*time.Second, "the alive lock held again after the sixth loss", lock.Held)
+}

@@ -128,6 +128,9 @@ func TestCrash(t *testing.T) {
 // the exporter once its heartbeat is past the cutoff. After SIGCONT it must write nothing
 // under its stale epoch and register its row again.
 func TestHang(t *testing.T) {
+	// Mostly waiting on timers: run beside the other waiting scenarios, so that
+	// make faults stays short.
+	t.Parallel()
 	timing := []string{"--agent.heartbeat-interval=1s", "--agent.heartbeat-slow-interval=2s",
 		"--agent.stale-threshold=4s", "--agent.definitive-dead-cutoff=8s", "--agent.reaper-interval=1s"}
 	const (

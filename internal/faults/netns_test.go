@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +26,8 @@ type netns struct {
 	HostIP, NSIP, CIDR   string
 	watchdog             io.WriteCloser
 }
+
+var netnsSetup sync.Mutex
 
 // newNetns creates the namespace and the veth pair. They are removed when the test ends,
 // and by a watchdog process if the test binary dies first.
@@ -45,6 +48,9 @@ func createNetns() (*netns, error) {
 	if _, err := exec.LookPath("ip"); err != nil {
 		return nil, fmt.Errorf("ip not found: apt-get install iproute2")
 	}
+	// Scenarios run in parallel: one at a time picks a free /30 and brings its link up.
+	netnsSetup.Lock()
+	defer netnsSetup.Unlock()
 	var b [3]byte
 	_, _ = crand.Read(b[:])
 	tag := hex.EncodeToString(b[:])

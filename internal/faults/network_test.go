@@ -29,6 +29,9 @@ func netEnv(t *testing.T) (*env, *netns, string) {
 // its sockets, and measures when the server frees its alive lock, when the agent stops
 // trusting its lock and its lease, and when another process takes the lease.
 func TestHalfOpenPartition(t *testing.T) {
+	// Mostly waiting on timers: run beside the other waiting scenarios, so that
+	// make faults stays short.
+	t.Parallel()
 	sc := newScenario(t, 3, "Half-open partition (the agent's link down, sockets open)",
 		fmt.Sprintf("default agent flags; job lease ttl %s; the link comes back after the lock is freed", jobLeaseTTL))
 	e, ns, nsDSN := netEnv(t)
@@ -112,6 +115,9 @@ func TestHalfOpenPartition(t *testing.T) {
 // TestNetworkBlip drops the agent's packets for 5 s and restores them: nothing may call
 // it dead, and it must keep the lease it held, whose ttl did not run out.
 func TestNetworkBlip(t *testing.T) {
+	// Mostly waiting on timers: run beside the other waiting scenarios, so that
+	// make faults stays short.
+	t.Parallel()
 	const blip = 5 * time.Second
 	sc := newScenario(t, 4, "Network blip (packets dropped for 5 s)",
 		fmt.Sprintf("default agent flags; job lease ttl %s", jobLeaseTTL))

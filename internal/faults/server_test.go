@@ -93,6 +93,9 @@ func TestTerminateBackend(t *testing.T) {
 // TestPoolExhaustion holds every connection of the agent's pool in long transactions:
 // the alive lock has its own connection, so the lock and the verdict must not change.
 func TestPoolExhaustion(t *testing.T) {
+	// Mostly waiting on timers: run beside the other waiting scenarios, so that
+	// make faults stays short.
+	t.Parallel()
 	const busy = 10 * time.Second
 	sc := newScenario(t, 7, "Pool exhaustion (every pool connection in a long transaction)",
 		fmt.Sprintf("default agent flags, --db.max-conns=2; the pool is held busy for %s", busy))
