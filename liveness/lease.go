@@ -23,6 +23,10 @@ import (
 // MinLeaseTTL is the shortest ttl a lease may have.
 const MinLeaseTTL = 100 * time.Millisecond
 
+// minRenewAttempt is the shortest a renewal attempt may wait for its answer: slow links
+// answer slowly, and a short ttl leaves no room for retries anyway.
+const minRenewAttempt = 2 * time.Second
+
 // runReleaseTimeout bounds the release at the end of Run, which runs even when Run's
 // context has ended (shutdown), so that other instances can take the lease at once.
 const runReleaseTimeout = 5 * time.Second
@@ -388,7 +392,14 @@ func (le *Lease) renew() bool {
 	le.lastErr = nil // an unanswered attempt counts as "expired", not "error"
 	le.mu.Unlock()
 
-	rctx, cancel := context.WithDeadline(le.ctx, until)
+	// One attempt waits at most a fifth of the ttl: after a network blip, a statement
+	// stuck on its connection can stay unanswered for seconds of TCP retransmission
+	// backoff, while a new attempt, on a new connection, gets through at once.
+	deadline := sent.Add(max(le.ttl/5, minRenewAttempt))
+	if until.Before(deadline) {
+		deadline = until
+	}
+	rctx, cancel := context.WithDeadline(le.ctx, deadline)
 	defer cancel()
 	var expiresAt time.Time
 	err := le.leases.pool.QueryRow(rctx, le.leases.stmts.renew, le.Name, le.Holder, le.Epoch, le.ttl.Seconds()).Scan(&expiresAt)
@@ -408,6 +419,11 @@ func (le *Lease) renew() bool {
 		return false
 	case le.ctx.Err() != nil:
 		return false // released, lost or the parent ended: the loop exits
+	case rctx.Err() != nil:
+		// Unanswered within the attempt: try again, on another connection; if the window
+		// runs out meanwhile the lease is lost as expired, not as an error.
+		le.leases.log.Debug("lease renewal unanswered; retrying", "lease", le.Name, "epoch", le.Epoch)
+		return false
 	default:
 		err = dsn.RedactError(err)
 		le.mu.Lock()
