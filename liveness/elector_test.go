@@ -233,3 +233,46 @@ func TestAgentRecordsMetadata(t *testing.T) {
 		t.Fatalf("metadata version = %q, %v; want 1.2.3", meta, err)
 	}
 }
+
+// TestAcquireWhoseAnswerIsLostLeavesNoRow: the acquisition commits, but its answer comes
+// too late for the caller; the row it inserted is deleted at once instead of blocking
+// the lease for its whole ttl.
+func TestAcquireWhoseAnswerIsLostLeavesNoRow(t *testing.T) {
+	db, direct := agentDB(t, 2)
+	proxy := newFreezingProxy(t, db.DSN, 700*time.Millisecond) // every answer 0.7 s late
+	t.Cleanup(proxy.close)
+	pcfg, err := pgxpool.ParseConfig(proxy.dsn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Schema: liveness.DefaultSchema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Warm up: the connection exists and the statement is prepared, so that the next
+	// acquisition is sent and committed at once and only its answer is late.
+	warm, cancelWarm := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancelWarm()
+	first := mustAcquire(t, warm, leases, "warm-up", time.Minute)
+	if err := first.Release(warm); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond) // gives up before the answer
+	defer cancel()
+	if le, err := leases.TryAcquire(ctx, "job", time.Minute); err == nil || le != nil {
+		t.Fatalf("TryAcquire = %v, %v; want an error: the answer came too late", le, err)
+	}
+	waitUntil(t, 10*time.Second, "the abandoned row deleted", func() bool {
+		var n int
+		if err := direct.QueryRow(context.Background(), `SELECT count(*) FROM liveness.leases WHERE name = 'job'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+}

@@ -249,7 +249,14 @@ func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 		return nil, nil
 	}
 	if err != nil {
-		// If the insert committed but its answer was lost, the row simply expires.
+		if actx.Err() != nil {
+			// The insert may have committed before its answer was lost (the caller gave
+			// up, or the window ran out): delete what this acquisition may hold, so that
+			// the lease does not wait for its ttl.
+			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
+			_, _ = l.pool.Exec(dctx, l.stmts.abandon, name, holder)
+			dcancel()
+		}
 		return nil, fmt.Errorf("liveness: acquire lease %q: %w", name, dsn.RedactError(err))
 	}
 

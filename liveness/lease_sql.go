@@ -59,9 +59,16 @@ RETURNING expires_at`
 const leaseReleaseSQL = `/* pg_liveness:lease_release */ DELETE FROM {schema}.leases
  WHERE name = $1 AND holder = $2 AND epoch = $3`
 
+// leaseAbandonSQL deletes the row an acquisition may have inserted when its answer was
+// lost: the holder token is new on every acquisition, so it matches nothing else.
+//
+// $1 name, $2 holder.
+const leaseAbandonSQL = `/* pg_liveness:lease_release */ DELETE FROM {schema}.leases
+ WHERE name = $1 AND holder = $2`
+
 // leaseStatements are the lease statements rendered for one schema.
 type leaseStatements struct {
-	acquire, renew, release, leader string
+	acquire, renew, release, abandon, leader string
 }
 
 func newLeaseStatements(schema string) leaseStatements {
@@ -78,6 +85,7 @@ func newLeaseStatements(schema string) leaseStatements {
 		acquire: render(leaseAcquireSQL),
 		renew:   render(leaseRenewSQL),
 		release: render(leaseReleaseSQL),
+		abandon: render(leaseAbandonSQL),
 		leader:  render(leaseLeaderSQL),
 	}
 }
