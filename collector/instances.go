@@ -26,30 +26,38 @@ var instanceStates = []string{"alive", "lock_only", "lock_lost", "heartbeat_only
 // heartbeat, by instance_state_verdicts, the one definition of states) followed by the
 // max-series instances with the oldest heartbeats, so that 10,000 instances never leave
 // the server. The first row says whether the server is a standby, where the verdict rests
-// on heartbeats alone, and stamps vanished locks first, as instance_states does. The
-// verdict is plain SQL that the planner inlines here, so the counting is one pass over the
-// instances (each row's state evaluated once, below the OFFSET 0 fence); the oldest
-// heartbeats come off the last_heartbeat_at index.
+// on heartbeats alone. The verdict is plain SQL that the planner inlines here, so the
+// counting is one pass over the instances and the granted locks (each row's state
+// evaluated once, below the OFFSET 0 fence); the oldest heartbeats come off the
+// last_heartbeat_at index. Vanished locks are stamped after the verdict, from the
+// instances it called lock_lost (an unstamped absence counts as just seen, so the states
+// are those of stamping first); with none, and no stamp standing, the stamping reads
+// nothing more.
 //
 // $1 stale threshold and $2 definitive-dead cutoff (intervals), for rows that carry no
 // timing of their own; $3 max series.
 const instancesSQL = `/* pg_liveness:instances */
+WITH services AS MATERIALIZED (
+    SELECT s.service_name,
+           count(*) FILTER (WHERE s.state = 'alive') AS alive,
+           count(*) FILTER (WHERE s.state = 'lock_only') AS lock_only,
+           count(*) FILTER (WHERE s.state = 'lock_lost') AS lock_lost,
+           count(*) FILTER (WHERE s.state = 'heartbeat_only') AS heartbeat_only,
+           count(*) FILTER (WHERE s.state = 'stale') AS stale,
+           count(*) FILTER (WHERE s.state = 'zombie') AS zombie,
+           min(s.last_heartbeat_at) AS oldest,
+           array_agg(s.instance_id) FILTER (WHERE s.state = 'lock_lost') AS lost
+      FROM (SELECT v.instance_id, v.service_name, v.state, v.last_heartbeat_at
+              FROM {schema}.instance_state_verdicts($1::interval, $2::interval) v
+            OFFSET 0) s -- so that each row's state is evaluated once, not once per count
+     GROUP BY s.service_name)
 SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
        NULL::float8, pg_catalog.pg_is_in_recovery()
-  FROM (SELECT {schema}.stamp_alive_lock_absences()) stamp
+  FROM (SELECT {schema}.stamp_alive_lock_absences_seen(ARRAY(SELECT unnest(v.lost) FROM services v))) stamp
 UNION ALL
-SELECT s.service_name, NULL::text,
-       count(*) FILTER (WHERE s.state = 'alive'),
-       count(*) FILTER (WHERE s.state = 'lock_only'),
-       count(*) FILTER (WHERE s.state = 'lock_lost'),
-       count(*) FILTER (WHERE s.state = 'heartbeat_only'),
-       count(*) FILTER (WHERE s.state = 'stale'),
-       count(*) FILTER (WHERE s.state = 'zombie'),
-       extract(epoch FROM now() - min(s.last_heartbeat_at))::float8, NULL
-  FROM (SELECT v.service_name, v.state, v.last_heartbeat_at
-          FROM {schema}.instance_state_verdicts($1::interval, $2::interval) v
-        OFFSET 0) s -- so that each row's state is evaluated once, not once per count
- GROUP BY s.service_name
+SELECT v.service_name, NULL::text, v.alive, v.lock_only, v.lock_lost, v.heartbeat_only, v.stale, v.zombie,
+       extract(epoch FROM now() - v.oldest)::float8, NULL
+  FROM services v
 UNION ALL
 (SELECT i.service_name, i.instance_id::text, NULL, NULL, NULL, NULL, NULL, NULL,
         extract(epoch FROM now() - i.last_heartbeat_at)::float8, NULL

@@ -340,3 +340,92 @@ func TestInstanceStatesWritesNothingWhenNothingChanges(t *testing.T) {
 		t.Fatal("a look with every lock held wrote something")
 	}
 }
+
+// TestStampAfterVerdict: stamp_alive_lock_absences_seen looks at pg_locks only when the
+// caller's verdict saw a lock_lost instance or a stamp stands, and then writes what
+// pg_locks says, whatever ids it was given.
+func TestStampAfterVerdict(t *testing.T) {
+	db, pool := migrated(t)
+	gone, held, unknown := uuid.New(), uuid.New(), uuid.New()
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, holds_alive_lock)
+		SELECT id, 'svc', true FROM unnest($1::uuid[]) AS id`, []uuid.UUID{gone, held})
+	holder := db.Conn(t)
+	if !queryBool(t, holder, `SELECT liveness.claim_instance_alive_lock($1)`, held) {
+		t.Fatal("claim failed")
+	}
+	// stamp calls the function in a transaction of its own and returns its result, whether
+	// the transaction wrote anything, and the stamped ids.
+	stamp := func(seen []uuid.UUID) (missing *int, wrote bool, stamped []uuid.UUID) {
+		t.Helper()
+		tx, err := pool.Begin(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctxT(t)) }()
+		var xid *string
+		if err := tx.QueryRow(ctxT(t), `SELECT liveness.stamp_alive_lock_absences_seen($1)`, seen).Scan(&missing); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.QueryRow(ctxT(t), `SELECT pg_current_xact_id_if_assigned()::text`).Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := pool.Query(ctxT(t), `SELECT instance_id FROM liveness.alive_lock_absences ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stamped, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return missing, xid != nil, stamped
+	}
+	if n, wrote, stamped := stamp(nil); n == nil || *n != 0 || wrote || len(stamped) != 0 {
+		t.Fatalf("nothing seen, no stamp: got %v missing, wrote %v, stamps %v; want 0, nothing written", n, wrote, stamped)
+	}
+	// The ids passed in only decide whether to look: held's lock is held and unknown has
+	// no row, so only gone is stamped.
+	if n, wrote, stamped := stamp([]uuid.UUID{held, unknown}); n == nil || *n != 1 || !wrote || !slices.Equal(stamped, []uuid.UUID{gone}) {
+		t.Fatalf("after a look: got %v missing, wrote %v, stamps %v; want 1, a write, [%v]", n, wrote, stamped, gone)
+	}
+	// A standing stamp is checked even when the verdict saw nothing lock_lost (it is
+	// stale by then): the lock is back, so the stamp is cleared.
+	if !queryBool(t, holder, `SELECT liveness.claim_instance_alive_lock($1)`, gone) {
+		t.Fatal("claim failed")
+	}
+	if n, wrote, stamped := stamp(nil); n == nil || *n != 0 || !wrote || len(stamped) != 0 {
+		t.Fatalf("lock back: got %v missing, wrote %v, stamps %v; want 0, the stamp cleared", n, wrote, stamped)
+	}
+	if _, wrote, _ := stamp(nil); wrote {
+		t.Fatal("a look with nothing seen and no stamp wrote something")
+	}
+}
+
+// Only an exclusive lock on the key is an alive lock (claim_instance_alive_lock takes it
+// so): shared locks on the key, even from two sessions, neither count as held nor give
+// the instance two rows.
+func TestSharedLockOnKeyIsNotTheAliveLock(t *testing.T) {
+	db, pool := migrated(t)
+	id := uuid.New()
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name) VALUES ($1, 'svc')`, id)
+	k := lockKey(t, pool, id)
+	for range 2 {
+		if _, err := db.Conn(t).Exec(ctxT(t), `SELECT pg_advisory_lock_shared($1)`, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n int
+	var held *bool
+	if err := pool.QueryRow(ctxT(t), `SELECT count(*), bool_or(lock_held) FROM liveness.instance_state_verdicts() WHERE instance_id = $1`,
+		id).Scan(&n, &held); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || held == nil || *held {
+		t.Fatalf("with two shared locks on the key: %d rows, lock_held %v; want 1 row, false", n, held)
+	}
+	if !queryBool(t, db.Conn(t), `SELECT liveness.claim_instance_alive_lock($1) IS FALSE`, id) {
+		t.Fatal("test setup: the shared locks do not block the claim")
+	}
+}
