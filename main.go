@@ -187,7 +187,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 			_ = l.Close()
 		}
 	}()
-	logger.Info("starting "+exporterName, "version", version.Info(), "database", w.database, "schema", f.schema, "agent", f.agent)
+	logger.Info("starting "+exporterName, "version", version.Info(), "database", w.database, "source", f.collectors.Source.Kind, "schema", f.schema, "agent", f.agent)
 
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)
@@ -196,6 +196,14 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	wg.Go(func() {
 		// Whatever happens here, the exporter keeps serving: an agent that cannot join
 		// leaves an observer, and pg_liveness_agent_joined says so.
+		if src := f.collectors.Source; src.Kind == collector.SourceWhizbang {
+			// A Whizbang database is observed as it is: no schema of ours, no agent.
+			if err := src.Whizbang.CheckTable(bg, w.pool, 5*time.Second); err != nil && bg.Err() == nil {
+				logger.Error("cannot read the Whizbang source; check --source.whizbang.schema, --source.whizbang.prefix and the role's grants",
+					"err", dsn.RedactError(err))
+			}
+			return
+		}
 		err := database.PrepareSchema(bg, w.pool, f.schema, f.applyMigrations, w.status.schema, logger.With("component", "schema"))
 		if err != nil {
 			if bg.Err() == nil {
@@ -311,6 +319,11 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		return nil, err
 	}
 
+	whizbangSource := f.collectors.Source.Kind == collector.SourceWhizbang
+	if whizbangSource && f.agent {
+		pool.Close()
+		return nil, errors.New("--source=whizbang observes a Whizbang database and writes nothing to it: add --no-agent")
+	}
 	var agent *liveness.Agent
 	var source collector.AgentSource
 	if f.agent {
@@ -356,7 +369,9 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 	}
 
 	status := &binaryStatus{schema: &database.SchemaStatus{}}
-	f.collectors.Status = status
+	if !whizbangSource { // no schema of ours to report on
+		f.collectors.Status = status
+	}
 	f.collectors.Schema = f.schema
 	f.collectors.StaleThreshold = f.stale
 	f.collectors.DefinitiveDeadCutoff = f.definitiveDead

@@ -14,6 +14,9 @@ import (
 // halves are those of some instance's alive-lock key: one lookup per lock in the index on
 // the key-half columns stored with each instance, so the cost follows the locks, not the
 // instances.
+// With a Whizbang source ({alive_lock_match} below), a lock is an alive lock when its
+// bigint key is the hashtext key of some instance in Whizbang's table: the keys are
+// hashed once per scrape into one hashed subplan.
 // Rows of kind 'locks' count locks by (alive, granted); rows of kind 'backends' count
 // client backends by (application_name, state), with how many of them hold a granted
 // advisory lock, how many wait for one, and the longest an idle holder has been idle.
@@ -23,9 +26,7 @@ WITH db AS (
     SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()
 ), locks AS MATERIALIZED (
     SELECT l.pid, l.granted,
-           l.objsubid = 1 AND EXISTS (
-               SELECT 1 FROM {schema}.instances i
-                WHERE i.lock_classid = l.classid AND i.lock_objid = l.objid) AS alive
+           l.objsubid = 1 AND {alive_lock_match} AS alive
       FROM pg_catalog.pg_locks l
      WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM db)
 ), per_pid AS (
@@ -47,18 +48,37 @@ UNION ALL
 SELECT 'locks', CASE WHEN alive THEN 'alive_lock' ELSE 'other' END, granted::text, count(*), 0, 0, 0
   FROM locks GROUP BY 2, 3`
 
+// The alive-lock match of advisoryLocksSQL, for our schema and for a Whizbang source ($1
+// its lock key prefix).
+const (
+	aliveLockMatch = `EXISTS (
+               SELECT 1 FROM {schema}.instances i
+                WHERE i.lock_classid = l.classid AND i.lock_objid = l.objid)`
+	whizbangAliveLockMatch = `((l.classid::bigint << 32) | l.objid::bigint) IN (
+               SELECT pg_catalog.hashtext($1::text || i.instance_id::text)::bigint FROM {table} i)`
+)
+
 type advisoryLocksCollector struct {
 	pool                                 *pgxpool.Pool
 	sql                                  string
+	args                                 []any
 	maxApps                              int
 	locks, holders, backends, idle, wait *prometheus.Desc
 }
 
-func newAdvisoryLocksCollector(pool *pgxpool.Pool, schema string, maxApps int) *advisoryLocksCollector {
+func newAdvisoryLocksCollector(pool *pgxpool.Pool, schema string, source SourceConfig, maxApps int) *advisoryLocksCollector {
 	app := []string{"application_name"}
+	sql := strings.ReplaceAll(strings.ReplaceAll(advisoryLocksSQL, "{alive_lock_match}", aliveLockMatch), "{schema}", schema)
+	var args []any
+	if source.Kind == SourceWhizbang {
+		sql = strings.ReplaceAll(strings.ReplaceAll(advisoryLocksSQL, "{alive_lock_match}", whizbangAliveLockMatch),
+			"{table}", source.Whizbang.Table())
+		args = []any{source.Whizbang.LockKeyPrefix}
+	}
 	return &advisoryLocksCollector{
 		pool:    pool,
-		sql:     strings.ReplaceAll(advisoryLocksSQL, "{schema}", schema),
+		sql:     sql,
+		args:    args,
 		maxApps: maxApps,
 		locks: prometheus.NewDesc(namespace+"_advisory_locks",
 			"Advisory locks in this database: kind alive_lock (an instance's alive-lock key) or other, granted true or false (waiting).",
@@ -82,7 +102,7 @@ type appStats struct {
 }
 
 func (c *advisoryLocksCollector) Update(ctx context.Context, ch chan<- prometheus.Metric) error {
-	rows, err := c.pool.Query(ctx, c.sql)
+	rows, err := c.pool.Query(ctx, c.sql, c.args...)
 	if err != nil {
 		return err
 	}

@@ -33,6 +33,9 @@ type Config struct {
 	ScrapeTimeoutOffset  time.Duration // subtracted from X-Prometheus-Scrape-Timeout-Seconds
 	ScrapeDefaultTimeout time.Duration // the budget when that header is absent
 
+	// Source is where instances are read from: our schema, or a Whizbang database.
+	Source SourceConfig
+
 	// Status, when set, adds the schema metrics and tells the agent collector whether
 	// the agent was started. Not a flag: the binary sets it.
 	Status StatusSource
@@ -115,6 +118,7 @@ const (
 func DefaultConfig() Config {
 	return Config{
 		Schema:               liveness.DefaultSchema,
+		Source:               SourceConfig{Kind: SourceLiveness},
 		StaleThreshold:       90 * time.Second,
 		DefinitiveDeadCutoff: 5 * time.Minute,
 		ScrapeTimeoutOffset:  defaultScrapeTimeoutOffset,
@@ -136,6 +140,7 @@ func AddFlags(app *kingpin.Application) *Config {
 		app.Flag("collector."+name, help+" (--no-collector."+name+" disables it).").
 			Default("true").BoolVar(target)
 	}
+	addSourceFlags(app, &c.Source)
 	enable(NameInstances, "Export instance counts by state and heartbeat ages", &c.Instances.Enabled)
 	enable(NameLeases, "Export leases", &c.Leases.Enabled)
 	enable(NameAdvisoryLocks, "Export advisory locks and the backends that hold or await them", &c.AdvisoryLocks.Enabled)
@@ -149,7 +154,7 @@ func AddFlags(app *kingpin.Application) *Config {
 		`Most services whose instance counts are exported one by one, those with dead instances first; the rest are summed into service="other".`).
 		Default(strconv.Itoa(defaultMaxServices)).IntVar(&c.Instances.MaxServices)
 	app.Flag("collector.leases.table",
-		`Leases table, as "table" or "schema.table" (default: <db.schema>.leases). A plain table without an epoch column works too.`).
+		`Leases table, as "table" or "schema.table" (default: <db.schema>.leases; with --source=whizbang, none unless given). A plain table without an epoch column works too.`).
 		PlaceHolder("TABLE").StringVar(&c.Leases.Table)
 	app.Flag("collector.leases.max-series",
 		`Most leases exported one by one, the most urgent first; the rest are exported together as lease="other".`).
@@ -187,11 +192,19 @@ func (c *Config) validate() (schema, leasesTable string, patterns []statementPat
 		c.Schema = liveness.DefaultSchema
 	}
 	schema = pgx.Identifier{c.Schema}.Sanitize()
+	if err := c.Source.validate(); err != nil {
+		return "", "", nil, err
+	}
+	if c.Source.Kind == SourceWhizbang && c.Leases.Table == "" {
+		c.Leases.Enabled = false // a Whizbang database has no leases table of ours
+	}
 	if c.Instances.Enabled {
-		if c.StaleThreshold <= 0 {
+		// A Whizbang source brings its own timing, checked above.
+		whizbang := c.Source.Kind == SourceWhizbang
+		if !whizbang && c.StaleThreshold <= 0 {
 			return "", "", nil, fmt.Errorf("--agent.stale-threshold must be positive, got %s", c.StaleThreshold)
 		}
-		if c.DefinitiveDeadCutoff <= c.StaleThreshold {
+		if !whizbang && c.DefinitiveDeadCutoff <= c.StaleThreshold {
 			return "", "", nil, fmt.Errorf("--agent.definitive-dead-cutoff (%s) must be above --agent.stale-threshold (%s)",
 				c.DefinitiveDeadCutoff, c.StaleThreshold)
 		}

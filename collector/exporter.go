@@ -98,13 +98,17 @@ func New(cfg Config, pool *pgxpool.Pool, agent AgentSource, logger *slog.Logger)
 		e.collectors = append(e.collectors, &entry{name: name, c: c, db: db})
 	}
 	if cfg.Instances.Enabled {
-		add(NameInstances, true, newInstancesCollector(pool, schema, cfg, logger.With("collector", NameInstances)))
+		c, err := newInstancesCollector(pool, schema, cfg, logger.With("collector", NameInstances))
+		if err != nil {
+			return nil, err
+		}
+		add(NameInstances, true, c)
 	}
 	if cfg.Leases.Enabled {
 		add(NameLeases, true, newLeasesCollector(pool, leasesTable, cfg.Leases.MaxSeries, logger.With("collector", NameLeases)))
 	}
 	if cfg.AdvisoryLocks.Enabled {
-		add(NameAdvisoryLocks, true, newAdvisoryLocksCollector(pool, schema, cfg.AdvisoryLocks.MaxApplications))
+		add(NameAdvisoryLocks, true, newAdvisoryLocksCollector(pool, schema, cfg.Source, cfg.AdvisoryLocks.MaxApplications))
 	}
 	if cfg.Statements.Enabled {
 		add(NameStatements, true, newStatementsCollector(pool, patterns, cfg.Statements.CacheSize,

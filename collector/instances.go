@@ -23,19 +23,22 @@ import (
 var instanceStates = []string{"alive", "lock_only", "lock_lost", "heartbeat_only", "stale", "zombie"}
 
 // instancesSQL returns one summary row per service (state counts and the oldest
-// heartbeat, by instance_state_verdicts, the one definition of states) followed by the
-// max-series instances with the oldest heartbeats, so that 10,000 instances never leave
-// the server. The first row says whether the server is a standby, where the verdict rests
-// on heartbeats alone. The verdict is plain SQL that the planner inlines here, so the
-// counting is one pass over the instances and the granted locks (each row's state
-// evaluated once, below the OFFSET 0 fence); the oldest heartbeats come off the
-// last_heartbeat_at index. Vanished locks are stamped after the verdict, from the
-// instances it called lock_lost (an unstamped absence counts as just seen, so the states
-// are those of stamping first); with none, and no stamp standing, the stamping reads
-// nothing more.
+// heartbeat, by the one definition of states) followed by the max-series instances with
+// the oldest heartbeats, so that 10,000 instances never leave the server. The first row
+// says whether the server is a standby, where the verdict rests on heartbeats alone. The
+// verdict is plain SQL that the planner inlines here, so the counting is one pass over
+// the instances and the granted locks (each row's state evaluated once, below the OFFSET
+// 0 fence); the oldest heartbeats come off the last_heartbeat_at index.
+//
+// {verdicts} is instance_state_verdicts for our schema, or a Whizbang source's subquery
+// (the same rule, expanded). Vanished locks are then stamped ({stamp}, our schema only)
+// from the instances the verdict called lock_lost: an unstamped absence counts as just
+// seen, so the states are those of stamping first; with none, and no stamp standing, the
+// stamping reads nothing more. {key_shared} counts instances whose alive-lock key
+// another shares (a Whizbang source's 32-bit keys; false for ours).
 //
 // $1 stale threshold and $2 definitive-dead cutoff (intervals), for rows that carry no
-// timing of their own; $3 max series.
+// timing of their own; $3 max series; $4 a Whizbang source's lock key prefix.
 const instancesSQL = `/* pg_liveness:instances */
 WITH services AS MATERIALIZED (
     SELECT s.service_name,
@@ -45,29 +48,51 @@ WITH services AS MATERIALIZED (
            count(*) FILTER (WHERE s.state = 'heartbeat_only') AS heartbeat_only,
            count(*) FILTER (WHERE s.state = 'stale') AS stale,
            count(*) FILTER (WHERE s.state = 'zombie') AS zombie,
+           count(*) FILTER (WHERE s.key_shared) AS key_shared,
            min(s.last_heartbeat_at) AS oldest,
            array_agg(s.instance_id) FILTER (WHERE s.state = 'lock_lost') AS lost
-      FROM (SELECT v.instance_id, v.service_name, v.state, v.last_heartbeat_at
-              FROM {schema}.instance_state_verdicts($1::interval, $2::interval) v
+      FROM (SELECT v.instance_id, v.service_name, v.state, v.last_heartbeat_at, {key_shared} AS key_shared
+              FROM {verdicts} v
             OFFSET 0) s -- so that each row's state is evaluated once, not once per count
      GROUP BY s.service_name)
 SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
-       NULL::float8, pg_catalog.pg_is_in_recovery()
-  FROM (SELECT {schema}.stamp_alive_lock_absences_seen(ARRAY(SELECT unnest(v.lost) FROM services v))) stamp
+       NULL::float8, pg_catalog.pg_is_in_recovery(), (SELECT sum(v.key_shared) FROM services v)::bigint
+  FROM (SELECT {stamp}) stamp
 UNION ALL
 SELECT v.service_name, NULL::text, v.alive, v.lock_only, v.lock_lost, v.heartbeat_only, v.stale, v.zombie,
-       extract(epoch FROM now() - v.oldest)::float8, NULL
+       extract(epoch FROM now() - v.oldest)::float8, NULL, NULL
   FROM services v
 UNION ALL
 (SELECT i.service_name, i.instance_id::text, NULL, NULL, NULL, NULL, NULL, NULL,
-        extract(epoch FROM now() - i.last_heartbeat_at)::float8, NULL
-   FROM {schema}.instances i
+        extract(epoch FROM now() - i.last_heartbeat_at)::float8, NULL, NULL
+   FROM {instances} i
   ORDER BY i.last_heartbeat_at, i.instance_id
   LIMIT $3)`
+
+// instancesStatement renders instancesSQL for the source and returns it with its
+// arguments after the max series.
+func instancesStatement(schema string, cfg Config) (sql string, extra []any, stale, dead time.Duration, err error) {
+	if cfg.Source.Kind != SourceWhizbang {
+		r := strings.NewReplacer(
+			"{verdicts}", "{schema}.instance_state_verdicts($1::interval, $2::interval)",
+			"{stamp}", "{schema}.stamp_alive_lock_absences_seen(ARRAY(SELECT unnest(v.lost) FROM services v))",
+			"{key_shared}", "false",
+			"{instances}", "{schema}.instances")
+		return strings.ReplaceAll(r.Replace(instancesSQL), "{schema}", schema), nil, cfg.StaleThreshold, cfg.DefinitiveDeadCutoff, nil
+	}
+	w := cfg.Source.Whizbang
+	verdicts, err := w.Verdicts("$1::interval", "$2::interval", "$4::text")
+	if err != nil {
+		return "", nil, 0, 0, err
+	}
+	r := strings.NewReplacer("{verdicts}", verdicts, "{stamp}", "NULL::integer", "{key_shared}", "v.key_shared", "{instances}", w.Table())
+	return r.Replace(instancesSQL), []any{w.LockKeyPrefix}, w.StaleThreshold, w.DefinitiveDeadCutoff, nil
+}
 
 type instancesCollector struct {
 	pool               *pgxpool.Pool
 	sql                string
+	extraArgs          []any // after the max series: a Whizbang source's lock key prefix
 	stale, dead        time.Duration
 	maxSeries          int
 	maxServices        int
@@ -75,17 +100,23 @@ type instancesCollector struct {
 	oldestDesc         *prometheus.Desc
 	recoveryDesc       *prometheus.Desc
 	foldedDesc         *prometheus.Desc
+	keySharedDesc      *prometheus.Desc // a Whizbang source only
 	log                *slog.Logger
 	inRecovery         atomic.Bool // as of the last scrape; logged on change
 }
 
-func newInstancesCollector(pool *pgxpool.Pool, schema string, cfg Config, log *slog.Logger) *instancesCollector {
-	return &instancesCollector{
+func newInstancesCollector(pool *pgxpool.Pool, schema string, cfg Config, log *slog.Logger) (*instancesCollector, error) {
+	sql, extra, stale, dead, err := instancesStatement(schema, cfg)
+	if err != nil {
+		return nil, err
+	}
+	c := &instancesCollector{
 		log:         log,
 		pool:        pool,
-		sql:         strings.ReplaceAll(instancesSQL, "{schema}", schema),
-		stale:       cfg.StaleThreshold,
-		dead:        cfg.DefinitiveDeadCutoff,
+		sql:         sql,
+		extraArgs:   extra,
+		stale:       stale,
+		dead:        dead,
 		maxSeries:   cfg.Instances.MaxSeries,
 		maxServices: cfg.Instances.MaxServices,
 		foldedDesc: prometheus.NewDesc(namespace+"_instance_services_folded",
@@ -107,6 +138,12 @@ func newInstancesCollector(pool *pgxpool.Pool, schema string, cfg Config, log *s
 			"Age of the oldest heartbeat of a service's instances, by the database clock.",
 			[]string{"service"}, nil),
 	}
+	if cfg.Source.Kind == SourceWhizbang {
+		c.keySharedDesc = prometheus.NewDesc(namespace+"_instances_sharing_lock_key",
+			"Instances whose 32-bit Whizbang alive-lock key another instance's equals: the lock cannot say which of them "+
+				"holds it, so they are judged by their heartbeats alone.", nil, nil)
+	}
+	return c, nil
 }
 
 // serviceRow is one service's state counts (in instanceStates order) and oldest age.
@@ -125,7 +162,7 @@ func (r serviceRow) total() (n float64) {
 }
 
 func (c *instancesCollector) Update(ctx context.Context, ch chan<- prometheus.Metric) error {
-	rows, err := c.pool.Query(ctx, c.sql, c.stale, c.dead, c.maxSeries)
+	rows, err := c.pool.Query(ctx, c.sql, append([]any{c.stale, c.dead, c.maxSeries}, c.extraArgs...)...)
 	if err != nil {
 		return err
 	}
@@ -138,15 +175,23 @@ func (c *instancesCollector) Update(ctx context.Context, ch chan<- prometheus.Me
 			counts   [6]*int64 // set on per-service rows, in instanceStates order
 			age      *float64
 			recovery *bool // set on the standby row
+			shared   *int64
 		)
 		if err := rows.Scan(&service, &id, &counts[0], &counts[1], &counts[2], &counts[3], &counts[4], &counts[5],
-			&age, &recovery); err != nil {
+			&age, &recovery, &shared); err != nil {
 			return err
 		}
 		switch {
 		case recovery != nil:
 			c.reportRecovery(*recovery)
 			ch <- prometheus.MustNewConstMetric(c.recoveryDesc, prometheus.GaugeValue, boolFloat(*recovery))
+			if c.keySharedDesc != nil {
+				var n float64
+				if shared != nil {
+					n = float64(*shared)
+				}
+				ch <- prometheus.MustNewConstMetric(c.keySharedDesc, prometheus.GaugeValue, n)
+			}
 		case id != nil:
 			// A service name from a SQL_ASCII database may hold any bytes: one such row
 			// must not cost the others their metrics.

@@ -43,7 +43,10 @@ func BenchmarkInstancesVerdictCost(b *testing.B) {
 	cfg := DefaultConfig()
 	schema := `"liveness"`
 	before := strings.ReplaceAll(instancesSQLBeforeVerdict, "{schema}", schema)
-	after := strings.ReplaceAll(instancesSQL, "{schema}", schema)
+	after, _, _, _, err := instancesStatement(schema, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
 	args := []any{cfg.StaleThreshold.Seconds(), cfg.DefinitiveDeadCutoff.Seconds(), cfg.Instances.MaxSeries}
 	argsAfter := []any{cfg.StaleThreshold, cfg.DefinitiveDeadCutoff, cfg.Instances.MaxSeries}
 	run := func(sql string) time.Duration {

@@ -15,12 +15,14 @@
 package whizbang
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
@@ -175,3 +177,35 @@ SELECT w.instance_id, w.service_name, w.host_name, w.process_id, w.started_at, w
                                            WHERE d.datname = pg_catalog.current_database())) l
                  ON l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid) w
  CROSS JOIN LATERAL (SELECT {state} AS state) s)`
+
+// Querier runs a query: *pgxpool.Pool is one.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// CheckTable waits until the database answers, retrying every retry, and then reports
+// whether the source's table exists and the role may read it (an error wrapping
+// ErrTableMissing when not). It returns ctx's error if ctx ends first.
+func (s Source) CheckTable(ctx context.Context, q Querier, retry time.Duration) error {
+	for {
+		attempt, cancel := context.WithTimeout(ctx, retry)
+		var ok bool
+		err := q.QueryRow(attempt, TableCheckSQL, s.Table()).Scan(&ok)
+		cancel()
+		if err == nil {
+			if !ok {
+				return fmt.Errorf("%w: %s does not exist or the role may not SELECT from it", ErrTableMissing, s.TableName())
+			}
+			return nil
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) { // the server answered: retrying will not help
+			return fmt.Errorf("whizbang: check %s: %w", s.TableName(), err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(retry):
+		}
+	}
+}
