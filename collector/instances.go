@@ -140,8 +140,8 @@ func newInstancesCollector(pool *pgxpool.Pool, schema string, cfg Config, log *s
 	}
 	if cfg.Source.Kind == SourceWhizbang {
 		c.keySharedDesc = prometheus.NewDesc(namespace+"_instances_sharing_lock_key",
-			"Instances whose 32-bit Whizbang alive-lock key another instance's equals: the lock cannot say which of them "+
-				"holds it, so they are judged by their heartbeats alone.", nil, nil)
+			"Instances whose 32-bit Whizbang alive-lock key is held and is another instance's key too: the lock cannot say "+
+				"which of them holds it, so they are judged by their heartbeats alone.", nil, nil)
 	}
 	return c, nil
 }

@@ -27,25 +27,22 @@ CREATE OR REPLACE FUNCTION "liveness".whizbang_instance_states(
                    lock_held boolean, key_shared boolean, last_heartbeat_at timestamptz)
     LANGUAGE sql STABLE
 AS $$
-    SELECT * FROM (WITH keyed AS MATERIALIZED (
-        SELECT i.instance_id, i.service_name, i.host_name, i.process_id, i.started_at, i.metadata, i.last_heartbeat_at,
-               pg_catalog.hashtext(p_lock_key_prefix || i.instance_id::text)::bigint AS key
-          FROM "public"."wh_service_instances" i
-    ), shared AS (
-        SELECT k.key FROM keyed k GROUP BY k.key HAVING count(*) > 1
-    )
-    SELECT w.instance_id, w.service_name, w.host_name, w.process_id, w.started_at, w.metadata, s.state,
+    SELECT * FROM (SELECT w.instance_id, w.service_name, w.host_name, w.process_id, w.started_at, w.metadata, s.state,
            s.state IN ('alive', 'lock_only', 'lock_lost', 'heartbeat_only') AS alive,
            w.locked AS lock_held, w.key_shared, w.last_heartbeat_at
-      FROM (SELECT k.*, d.key IS NOT NULL AS key_shared,
-                   CASE WHEN NOT (SELECT pg_catalog.pg_is_in_recovery()) THEN l.classid IS NOT NULL END AS locked
-              FROM keyed k
-              LEFT JOIN shared d ON d.key = k.key
-              LEFT JOIN (SELECT l.classid, l.objid FROM pg_catalog.pg_locks l
-                          WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock'
+      FROM (SELECT i.instance_id, i.service_name, i.host_name, i.process_id, i.started_at, i.metadata, i.last_heartbeat_at,
+                   coalesce(h.shared, false) AS key_shared,
+                   CASE WHEN NOT (SELECT pg_catalog.pg_is_in_recovery()) THEN h.key IS NOT NULL END AS locked
+              FROM "public"."wh_service_instances" i
+              LEFT JOIN (SELECT k.key, count(*) > 1 AS shared
+                           FROM (SELECT pg_catalog.hashtext(p_lock_key_prefix || i.instance_id::text)::bigint AS key FROM "public"."wh_service_instances" i) k
+                           JOIN pg_catalog.pg_locks l
+                             ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock'
                             AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                               WHERE d.datname = pg_catalog.current_database())) l
-                     ON l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid) w
+                                               WHERE d.datname = pg_catalog.current_database())
+                            AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid
+                          GROUP BY k.key) h
+                     ON h.key = pg_catalog.hashtext(p_lock_key_prefix || i.instance_id::text)::bigint) w
      CROSS JOIN LATERAL (SELECT CASE
             WHEN (coalesce(w.locked AND NOT w.key_shared, false)) AND (w.last_heartbeat_at) <= (pg_catalog.now()) - (p_definitive_dead_cutoff) THEN 'zombie'
             WHEN (coalesce(w.locked AND NOT w.key_shared, false)) AND (w.last_heartbeat_at) > (pg_catalog.now()) - (p_stale_threshold) THEN 'alive'

@@ -1,0 +1,104 @@
+package collector
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/whizbang"
+)
+
+// BenchmarkWhizbangInstancesCost runs the instances collector's statement for our schema
+// and for a Whizbang source alternately, on the same database: the budget's data set,
+// with its 10,000 instances copied into a Whizbang table and the same 1,500 of them
+// holding Whizbang's alive lock on 50 sessions of their own. It reports both medians and
+// their ratio (whizbang / ours). Each iteration is one pair.
+func BenchmarkWhizbangInstancesCost(b *testing.B) {
+	dsn := benchdata.Build(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	setup := exporterPool(b, dsn, 2, nil)
+	if _, err := setup.Exec(ctx, `CREATE TABLE public.wh_service_instances AS
+		SELECT instance_id, service_name, coalesce(host_name, 'h') AS host_name, coalesce(process_id, 1) AS process_id,
+		       started_at, last_heartbeat_at, metadata FROM liveness.instances;
+		ALTER TABLE public.wh_service_instances ADD PRIMARY KEY (instance_id)`); err != nil {
+		b.Fatal(err)
+	}
+	// The instances whose our alive lock is held hold Whizbang's too, 30 to a session.
+	rows, err := setup.Query(ctx, `SELECT instance_id::text FROM liveness.instance_states() WHERE lock_held`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		b.Fatal(err)
+	}
+	for chunk := range slices.Chunk(held, 30) {
+		c, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close(context.Background())
+		if _, err := c.Exec(ctx, `SELECT pg_advisory_lock(hashtext('wh_instance_alive:' || id)) FROM unnest($1::text[]) id`, chunk); err != nil {
+			b.Fatal(err)
+		}
+	}
+	pool := exporterPool(b, dsn, 2, nil)
+	cfg := DefaultConfig()
+	ours, oursExtra, stale, dead, err := instancesStatement(`"liveness"`, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.Source = SourceConfig{Kind: SourceWhizbang}
+	cfg.Source.Whizbang = whizbang.Defaults()
+	wh, whExtra, whStale, whDead, err := instancesStatement(`"liveness"`, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	run := func(sql string, args ...any) time.Duration {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		t0 := time.Now()
+		rows, err := pool.Query(ctx, sql, args...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n := 0
+		for rows.Next() {
+			n++
+		}
+		if err := rows.Err(); err != nil {
+			b.Fatal(err)
+		}
+		if n < benchdata.Services {
+			b.Fatalf("%d rows", n)
+		}
+		return time.Since(t0)
+	}
+	runOurs := func() time.Duration { return run(ours, append([]any{stale, dead, 100}, oursExtra...)...) }
+	runWh := func() time.Duration { return run(wh, append([]any{whStale, whDead, 100}, whExtra...)...) }
+	for range 3 {
+		runOurs()
+		runWh()
+	}
+	var to, tw []time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		if i%2 == 0 {
+			to, tw = append(to, runOurs()), append(tw, runWh())
+		} else {
+			tw, to = append(tw, runWh()), append(to, runOurs())
+		}
+	}
+	b.StopTimer()
+	slices.Sort(to)
+	slices.Sort(tw)
+	mo, mw := to[len(to)/2], tw[len(tw)/2]
+	b.ReportMetric(float64(mo.Microseconds())/1000, "ms-ours")
+	b.ReportMetric(float64(mw.Microseconds())/1000, "ms-whizbang")
+	b.ReportMetric(float64(mw)/float64(mo), "whizbang/ours")
+}
