@@ -94,7 +94,7 @@ func fixture(t *testing.T, ctx context.Context, db *pgtest.DB, pool *pgxpool.Poo
 	return ids
 }
 
-func newHandler(t *testing.T, pool *pgxpool.Pool) *status.Handler {
+func newHandler(t testing.TB, pool *pgxpool.Pool) *status.Handler {
 	t.Helper()
 	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
 	if err != nil {
