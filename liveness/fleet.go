@@ -80,12 +80,14 @@ const fleetSQL = `/* pg_liveness:read_fleet */
 WITH v AS MATERIALIZED (
     SELECT s.instance_id, s.service_name, s.state, s.alive, s.lock_held, s.last_heartbeat_at
       FROM {schema}.instance_states(make_interval(secs => $1::float8), make_interval(secs => $2::float8)) s
-), picked AS MATERIALIZED (
-    SELECT v.*, row_number() OVER (ORDER BY CASE v.state WHEN 'zombie' THEN 0 WHEN 'stale' THEN 1
-                                                          WHEN 'lock_lost' THEN 2 WHEN 'lock_only' THEN 3 ELSE 4 END,
-                                             v.service_name, v.instance_id) AS ord
+), picked AS (
+    SELECT v.*, CASE v.state WHEN 'zombie' THEN 0 WHEN 'stale' THEN 1 WHEN 'lock_lost' THEN 2
+                             WHEN 'lock_only' THEN 3 ELSE 4 END AS rank
       FROM v
      WHERE ($3::text IS NULL OR v.service_name = $3::text) AND ($4::uuid IS NULL OR v.instance_id = $4::uuid)
+), page AS ( -- a top-N sort: only offset + limit rows are kept in order
+    SELECT p.*, row_number() OVER (ORDER BY p.rank, p.service_name, p.instance_id) AS ord
+      FROM (SELECT * FROM picked ORDER BY rank, service_name, instance_id LIMIT $6 OFFSET $5) p
 ), lease_rows AS MATERIALIZED (
     SELECT l.name, l.holder_instance_id, coalesce(l.holder_host, split_part(l.holder, ':', 1)) AS holder_host,
            l.epoch, l.taken_at, l.expires_at, h.service_name AS holder_service, h.state AS holder_state,
@@ -118,8 +120,7 @@ SELECT 'instance', p.ord, jsonb_build_object('instance_id', p.instance_id, 'serv
        'stale_threshold', extract(epoch FROM i.stale_threshold)::float8,
        'definitive_dead_cutoff', extract(epoch FROM i.definitive_dead_cutoff)::float8,
        'lock_grace', extract(epoch FROM i.lock_grace)::float8)
-  FROM picked p JOIN {schema}.instances i ON i.instance_id = p.instance_id
- WHERE p.ord > $5 AND p.ord <= $5 + $6
+  FROM page p JOIN {schema}.instances i ON i.instance_id = p.instance_id
 UNION ALL
 SELECT 'lease', p.ord, to_jsonb(p) - 'ord'
   FROM lease_page p
