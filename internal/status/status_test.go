@@ -152,7 +152,7 @@ func TestJSONMatchesTheDatabase(t *testing.T) {
 	if first := p.Instances.Rows[0]; first.State != "zombie" || !first.Problem || first.Host != hostileHost {
 		t.Errorf("first row %+v, want the zombie", first)
 	}
-	if p.Services[0].Name != "checkout" && p.Services[0].Dead != 1 {
+	if p.Services[0].Name != "checkout" || p.Services[0].Dead != 1 || p.Services[0].Counts["zombie"] != 1 {
 		t.Errorf("services %+v", p.Services)
 	}
 	if len(p.Leases.Rows) != 1 || p.Leases.Rows[0].Name != hostileLease || p.Leases.Rows[0].HolderInstanceID != ids["alive"].String() ||
