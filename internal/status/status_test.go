@@ -152,7 +152,9 @@ func TestJSONMatchesTheDatabase(t *testing.T) {
 	if first := p.Instances.Rows[0]; first.State != "zombie" || !first.Problem || first.Host != hostileHost {
 		t.Errorf("first row %+v, want the zombie", first)
 	}
-	if p.Services[0].Name != "checkout" || p.Services[0].Dead != 1 || p.Services[0].Counts["zombie"] != 1 {
+	// One dead instance each: by name.
+	if len(p.Services) != 2 || p.Services[0].Name != "billing" || p.Services[0].Counts["stale"] != 1 ||
+		p.Services[1].Name != "checkout" || p.Services[1].Counts["zombie"] != 1 || p.Services[1].Dead != 1 {
 		t.Errorf("services %+v", p.Services)
 	}
 	if len(p.Leases.Rows) != 1 || p.Leases.Rows[0].Name != hostileLease || p.Leases.Rows[0].HolderInstanceID != ids["alive"].String() ||
