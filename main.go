@@ -40,6 +40,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	statuspage "github.com/pg-liveness/pg_liveness_exporter/internal/status"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
@@ -387,14 +388,21 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		versioncollector.NewCollector(exporterName),
 	)
+	page, err := newStatusPage(f, pool, source, status, logger)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
 	mux := http.NewServeMux()
 	mux.Handle(f.telemetryPath, exporter.Handler(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelError)}))
+	mux.Handle("/status", page)
+	mux.Handle("/status.json", page)
 	if f.telemetryPath != "/" {
 		landing, err := web.NewLandingPage(web.LandingConfig{
 			Name:        exporterName,
 			Description: "Liveness, leases and advisory locks of services that coordinate through PostgreSQL",
 			Version:     version.Info(),
-			Links:       []web.LandingLinks{{Address: f.telemetryPath, Text: "Metrics"}},
+			Links:       []web.LandingLinks{{Address: f.telemetryPath, Text: "Metrics"}, {Address: "/status", Text: "Status"}},
 		})
 		if err != nil {
 			pool.Close()
@@ -403,6 +411,21 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		mux.Handle("/", landing)
 	}
 	return &wired{dsnSwitch: dsnSwitch, status: status, database: dsn.Describe(mainDSN), pool: pool, agent: agent, mux: mux}, nil
+}
+
+// newStatusPage builds /status and /status.json, under the same web configuration as
+// the metrics.
+func newStatusPage(f *flags, pool *pgxpool.Pool, agent collector.AgentSource, status collector.StatusSource, logger *slog.Logger) (http.Handler, error) {
+	if f.telemetryPath == "/status" || f.telemetryPath == "/status.json" {
+		return nil, fmt.Errorf("--web.telemetry-path %q is the status page's path", f.telemetryPath)
+	}
+	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool, Schema: f.schema,
+		StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead})
+	if err != nil {
+		return nil, fmt.Errorf("--agent.definitive-dead-cutoff (%s) must be above --agent.stale-threshold (%s)", f.definitiveDead, f.stale)
+	}
+	return statuspage.New(statuspage.Config{Reader: reader, DB: pool, Schema: f.schema, Agent: agent, Status: status,
+		Logger: logger.With("component", "status")})
 }
 
 // validateLabelFlag refuses a value that ends up as a label value and in the database

@@ -182,6 +182,8 @@ func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
 		{"service name control character", nil, []string{"--db.dsn=host=x", "--agent.service-name=api\nworker"}, "--agent.service-name"},
 		{"telemetry path without slash", nil, []string{"--db.dsn=host=x", "--web.telemetry-path=metrics"}, "--web.telemetry-path"},
 		{"telemetry path with a pattern", nil, []string{"--db.dsn=host=x", "--web.telemetry-path=/metrics/{x}"}, "--web.telemetry-path"},
+		{"telemetry path of the status page", nil, []string{"--db.dsn=host=x", "--web.telemetry-path=/status"}, "--web.telemetry-path"},
+		{"telemetry path of the status JSON", nil, []string{"--db.dsn=host=x", "--web.telemetry-path=/status.json"}, "--web.telemetry-path"},
 		{"listen address without port", nil, []string{"--db.dsn=host=x", "--web.listen-address=127.0.0.1"}, "--web.listen-address"},
 		{"listen address bad port", nil, []string{"--db.dsn=host=x", "--web.listen-address=127.0.0.1:notaport"}, "--web.listen-address"},
 		{"missing web config", nil, []string{"--db.dsn=host=x", "--web.config.file=/nonexistent/web.yml"}, "--web.config.file"},

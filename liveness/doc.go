@@ -7,7 +7,8 @@
 //
 // Two signals feed one verdict. The SQL function instance_states (from the migrations)
 // is the only definition of an instance's state; is_instance_alive, the reaper, the
-// exporter and Reader all read it, and each instance is judged by the timing its own
+// exporter and Reader (Reader.Fleet for a whole fleet at once, as the exporter's status
+// page reads it) all read it, and each instance is judged by the timing its own
 // heartbeat records:
 //
 //   - The alive lock (AliveLock): a session-level advisory lock on the instance's id,

@@ -3,6 +3,7 @@ package liveness
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -61,6 +62,7 @@ type Reader struct {
 	db          Querier
 	sql         string
 	leaderSQL   string
+	fleetSQL    string
 	stale, dead float64 // seconds
 }
 
@@ -71,8 +73,24 @@ type InstanceStatus struct {
 	HostName      string
 	ProcessID     int
 	State         InstanceState
-	LockHeld      bool      // a session holds its alive lock (always false on a standby)
-	LastHeartbeat time.Time // by the database clock
+	LockHeld      bool          // a session holds its alive lock (always false on a standby)
+	LastHeartbeat time.Time     // by the database clock
+	HeartbeatAge  time.Duration // by the database clock, when it was read
+	StartedAt     time.Time
+	Mode          Mode            // the liveness mode the instance runs in
+	Metadata      json.RawMessage // the row's metadata, a JSON object
+	Timing        InstanceTiming  // as recorded in the row
+}
+
+// InstanceTiming is the timing an instance records in its row, by which every observer
+// judges it. A zero field was not recorded (a row written by other software): observers
+// then use their own defaults.
+type InstanceTiming struct {
+	HeartbeatInterval     time.Duration
+	HeartbeatSlowInterval time.Duration
+	StaleThreshold        time.Duration
+	DefinitiveDeadCutoff  time.Duration
+	LockGrace             time.Duration
 }
 
 // Alive reports whether the instance is alive by the one verdict.
@@ -82,7 +100,7 @@ func (s InstanceStatus) Alive() bool { return s.State.Alive() }
 // stale threshold and definitive-dead cutoff in seconds, $3 one instance id or NULL, $4 a
 // service name or NULL.
 const readerSQL = `/* pg_liveness:read_instances */ SELECT s.instance_id, s.service_name, i.host_name, i.process_id,
-       s.state, coalesce(s.lock_held, false), s.last_heartbeat_at
+       s.state, coalesce(s.lock_held, false), s.last_heartbeat_at, ` + instanceDetailColumns + `
   FROM {schema}.instance_states(make_interval(secs => $1::float8), make_interval(secs => $2::float8), $3::uuid) s
   JOIN {schema}.instances i ON i.instance_id = s.instance_id
  WHERE $4::text IS NULL OR s.service_name = $4::text
@@ -102,7 +120,7 @@ func NewReader(cfg ReaderConfig) (*Reader, error) {
 		return nil, fmt.Errorf("liveness: ReaderConfig.DefinitiveDeadCutoff (%s) must be above ReaderConfig.StaleThreshold (%s)", dead, stale)
 	}
 	return &Reader{db: cfg.DB, sql: sqlFor(cfg.Schema, readerSQL), leaderSQL: newLeaseStatements(cfg.Schema).leader,
-		stale: stale.Seconds(), dead: dead.Seconds()}, nil
+		fleetSQL: sqlFor(cfg.Schema, fleetSQL), stale: stale.Seconds(), dead: dead.Seconds()}, nil
 }
 
 // Instance returns one instance's status, or ErrInstanceNotFound.
@@ -140,12 +158,52 @@ func (r *Reader) read(ctx context.Context, id *uuid.UUID, service *string) ([]In
 		return nil, fmt.Errorf("liveness: read instances: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (InstanceStatus, error) {
-		var s InstanceStatus
-		err := row.Scan(&s.InstanceID, &s.ServiceName, &s.HostName, &s.ProcessID, &s.State, &s.LockHeld, &s.LastHeartbeat)
+		var (
+			s InstanceStatus
+			d instanceDetail
+		)
+		err := row.Scan(append([]any{&s.InstanceID, &s.ServiceName, &s.HostName, &s.ProcessID, &s.State, &s.LockHeld,
+			&s.LastHeartbeat}, d.dest()...)...)
+		d.fill(&s)
 		return s, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("liveness: read instances: %w", err)
 	}
 	return out, nil
+}
+
+// instanceDetailColumns are the columns of an instances row i (joined to a verdict s)
+// that instanceDetail scans: the heartbeat's age by the database clock, the start, the
+// mode, the metadata and the recorded timing in seconds.
+const instanceDetailColumns = `extract(epoch FROM now() - s.last_heartbeat_at)::float8, i.started_at, i.liveness_mode,
+       i.metadata::text, extract(epoch FROM i.heartbeat_interval)::float8,
+       extract(epoch FROM i.heartbeat_slow_interval)::float8, extract(epoch FROM i.stale_threshold)::float8,
+       extract(epoch FROM i.definitive_dead_cutoff)::float8, extract(epoch FROM i.lock_grace)::float8`
+
+// instanceDetail receives instanceDetailColumns.
+type instanceDetail struct {
+	age                                float64
+	started                            time.Time
+	mode, metadata                     string
+	interval, slow, stale, dead, grace *float64
+}
+
+func (d *instanceDetail) dest() []any {
+	return []any{&d.age, &d.started, &d.mode, &d.metadata, &d.interval, &d.slow, &d.stale, &d.dead, &d.grace}
+}
+
+func (d *instanceDetail) fill(s *InstanceStatus) {
+	s.HeartbeatAge = seconds(&d.age)
+	s.StartedAt, s.Mode, s.Metadata = d.started, Mode(d.mode), json.RawMessage(d.metadata)
+	s.Timing = InstanceTiming{HeartbeatInterval: seconds(d.interval), HeartbeatSlowInterval: seconds(d.slow),
+		StaleThreshold: seconds(d.stale), DefinitiveDeadCutoff: seconds(d.dead), LockGrace: seconds(d.grace)}
+}
+
+// seconds converts seconds from the database to a duration; NULL is zero.
+func seconds(s *float64) time.Duration {
+	if s == nil {
+		return 0
+	}
+	return time.Duration(*s * float64(time.Second))
 }

@@ -38,6 +38,7 @@ want prometheus-alertmanager test have_cmd prometheus-alertmanager
 want systemd test have_cmd systemd-analyze
 want make test have_cmd make
 want iproute2 test have_cmd ip
+want chromium test have_cmd chromium
 want prometheus-postgres-exporter bench have_cmd prometheus-postgres-exporter
 
 [[ ${#missing[@]} -eq 0 ]] && exit 0

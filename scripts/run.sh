@@ -242,6 +242,7 @@ cat <<EOF
   pg_liveness demo is running. Ctrl-C stops everything.
 
   Landing page  http://$listen/
+  Status page   http://$listen/status
   Metrics       http://$listen/metrics
 EOF
 if [[ -n $prom_url ]]; then

@@ -1,0 +1,84 @@
+package status_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/status"
+)
+
+// The page's weight limit at the budget's scale.
+const maxPageBytes = 300 * 1024
+
+// budgetHandler serves the page from a database at the budget's scale (10,000 instances
+// over 20 services, 1,000 leases, 2,000 advisory locks over 50 idle backends) through a
+// pool of two connections, as the exporter's default.
+func budgetHandler(tb testing.TB) http.Handler {
+	tb.Helper()
+	return newHandler(tb, pgtest.Pool(tb, benchdata.Build(tb), 2))
+}
+
+func serve(tb testing.TB, h http.Handler, target string) string {
+	tb.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, target, nil))
+	body := rec.Body.String()
+	if rec.Code != http.StatusOK || strings.Contains(body, "cannot read") {
+		tb.Fatalf("%s: %d %.500s", target, rec.Code, body)
+	}
+	return body
+}
+
+// At the budget's scale every form of the page stays under its weight limit, with full
+// pages of instances and leases.
+func TestPageWeightAtBudgetScale(t *testing.T) {
+	h := budgetHandler(t)
+	for _, target := range []string{"/status", "/status?page=100", "/status?service=service-7&lease_page=10", "/status.json"} {
+		body := serve(t, h, target)
+		t.Logf("%s: %d bytes", target, len(body))
+		if len(body) > maxPageBytes {
+			t.Errorf("%s weighs %d bytes, more than %d", target, len(body), maxPageBytes)
+		}
+		if n := strings.Count(body, `data-instance=`) + strings.Count(body, `"instance_id": `); n != status.InstancesPerPage {
+			t.Errorf("%s shows %d instances, want a full page of %d", target, n, status.InstancesPerPage)
+		}
+	}
+}
+
+// BenchmarkStatusPage renders the page server-side at the budget's scale, reads
+// included, and reports the median and 90th percentile and the page's weight.
+func BenchmarkStatusPage(b *testing.B) {
+	h := budgetHandler(b)
+	for _, c := range []struct{ name, target string }{
+		{"html", "/status"},
+		{"html-last-page", "/status?page=100&lease_page=10"},
+		{"html-one-service", "/status?service=service-7"},
+		{"json", "/status.json"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for range 3 {
+				serve(b, h, c.target)
+			}
+			times := make([]time.Duration, 0, b.N)
+			size := 0
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				t0 := time.Now()
+				size = len(serve(b, h, c.target))
+				times = append(times, time.Since(t0))
+			}
+			b.StopTimer()
+			slices.Sort(times)
+			b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms-median")
+			b.ReportMetric(float64(times[len(times)*9/10].Microseconds())/1000, "ms-p90")
+			b.ReportMetric(float64(size)/1024, "KiB/page")
+		})
+	}
+}

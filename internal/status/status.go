@@ -1,0 +1,611 @@
+// Package status serves the exporter's status page, /status (HTML) and /status.json:
+// who is alive and who holds what, right now, for a person at 3 a.m. whose Grafana may
+// be the thing that is down.
+//
+// Everything comes from the statements the rest of the exporter runs: instance states
+// and lease holders from liveness.Reader.Fleet (the one verdict, evaluated once per
+// page), advisory-lock holders from the advisory-locks collector's own statement, and the
+// local agent from its snapshot. At the budget's scale (10,000 instances, 1,000 leases)
+// the page aggregates per service and shows one page of instances, problems first, and
+// one page of leases.
+//
+// Every value from the database (service, host and lease names, metadata, application
+// names) goes through html/template's contextual escaping, and a Content-Security-Policy
+// allows only the page's own script and style. Nothing shows a DSN or a password; a
+// database error is shown redacted.
+package status
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pg-liveness/pg_liveness_exporter/collector"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+)
+
+// Page sizes and caps. They bound the page's weight whatever the fleet's size.
+const (
+	InstancesPerPage = 100
+	LeasesPerPage    = 100
+	maxServicesShown = 50
+	maxAppsShown     = 50
+	maxMetadataShown = 160 // characters of an instance's metadata in the HTML table
+
+	// DefaultRefresh is how often the page reloads itself; ?refresh=N overrides it
+	// (0: never).
+	DefaultRefresh = 5 * time.Second
+	maxRefresh     = time.Hour
+	queryTimeout   = 10 * time.Second
+)
+
+// Config is what the status page reads.
+type Config struct {
+	Reader *liveness.Reader // instances and leases
+	// DB runs the advisory-locks statement; nil leaves that section out.
+	DB     liveness.Querier
+	Schema string // the liveness schema; liveness.DefaultSchema if empty
+	// Agent is the local agent; nil when the exporter runs as an observer only.
+	Agent AgentSource
+	// Status is the binary's view of the schema; nil leaves that line out.
+	Status collector.StatusSource
+	Logger *slog.Logger
+}
+
+// AgentSource is the local agent, as the agent collector reads it.
+type AgentSource interface {
+	Snapshot() liveness.AgentSnapshot
+}
+
+// Handler serves /status and /status.json (the path's suffix decides).
+type Handler struct {
+	cfg      Config
+	locksSQL string
+	log      *slog.Logger
+}
+
+// New returns the page's handler.
+func New(cfg Config) (*Handler, error) {
+	if cfg.Reader == nil {
+		return nil, errors.New("status: Config.Reader must not be nil")
+	}
+	h := &Handler{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))}
+	if cfg.DB != nil {
+		h.locksSQL = collector.AdvisoryLocksSQL(cfg.Schema)
+	}
+	return h, nil
+}
+
+// Page is everything the page shows; /status.json is this, encoded.
+type Page struct {
+	GeneratedAt time.Time   `json:"generated_at"` // by the database clock; the local clock if it did not answer
+	Database    string      `json:"database,omitempty"`
+	InRecovery  bool        `json:"in_recovery"`
+	Errors      []string    `json:"errors,omitempty"`
+	Schema      *SchemaView `json:"schema,omitempty"`
+
+	Services      []ServiceView `json:"services"`
+	Instances     InstancesView `json:"instances"`
+	Leases        LeasesView    `json:"leases"`
+	AdvisoryLocks *LocksView    `json:"advisory_locks,omitempty"`
+	Agent         *AgentView    `json:"agent,omitempty"`
+}
+
+// SchemaView is how the binary stands with the schema.
+type SchemaView struct {
+	Version       int  `json:"version"`
+	BinaryVersion int  `json:"binary_version"`
+	Compatible    bool `json:"compatible"`
+	AgentStarted  bool `json:"agent_started"`
+}
+
+// ServiceView counts one service's instances by state.
+type ServiceView struct {
+	Name                      string         `json:"name"`
+	Counts                    map[string]int `json:"counts"` // every state, zeros included
+	Total                     int            `json:"total"`
+	Dead                      int            `json:"dead"`     // stale + zombie
+	Problems                  int            `json:"problems"` // dead + lock_lost + lock_only
+	OldestHeartbeatAgeSeconds float64        `json:"oldest_heartbeat_age_seconds"`
+}
+
+// InstancesView is one page of instances.
+type InstancesView struct {
+	Service    string         `json:"service,omitempty"`     // the filter
+	InstanceID string         `json:"instance_id,omitempty"` // the filter
+	Page       int            `json:"page"`
+	PageSize   int            `json:"page_size"`
+	Total      int            `json:"total"`
+	Rows       []InstanceView `json:"rows"`
+}
+
+// InstanceView is one instance.
+type InstanceView struct {
+	InstanceID          string          `json:"instance_id"`
+	Service             string          `json:"service"`
+	Host                string          `json:"host"`
+	ProcessID           int             `json:"process_id"`
+	State               string          `json:"state"`
+	Alive               bool            `json:"alive"`
+	Problem             bool            `json:"problem"`
+	LockHeld            bool            `json:"alive_lock_held"`
+	Mode                string          `json:"mode"`
+	HeartbeatAgeSeconds float64         `json:"heartbeat_age_seconds"`
+	LastHeartbeat       time.Time       `json:"last_heartbeat"`
+	StartedAt           time.Time       `json:"started_at"`
+	Timing              TimingView      `json:"timing"`
+	Metadata            json.RawMessage `json:"metadata"`
+}
+
+// TimingView is an instance's recorded timing in seconds; null where it recorded none
+// (the observers' defaults apply).
+type TimingView struct {
+	HeartbeatInterval     *float64 `json:"heartbeat_interval_seconds"`
+	HeartbeatSlowInterval *float64 `json:"heartbeat_slow_interval_seconds"`
+	StaleThreshold        *float64 `json:"stale_threshold_seconds"`
+	DefinitiveDeadCutoff  *float64 `json:"definitive_dead_cutoff_seconds"`
+	LockGrace             *float64 `json:"lock_grace_seconds"`
+}
+
+// LeasesView is one page of leases.
+type LeasesView struct {
+	Name     string      `json:"name,omitempty"` // the filter
+	Page     int         `json:"page"`
+	PageSize int         `json:"page_size"`
+	Total    int         `json:"total"`
+	Rows     []LeaseView `json:"rows"`
+}
+
+// LeaseView is one lease.
+type LeaseView struct {
+	Name             string    `json:"name"`
+	Held             bool      `json:"held"`
+	HolderInstanceID string    `json:"holder_instance_id,omitempty"`
+	HolderHost       string    `json:"holder_host"`
+	HolderService    string    `json:"holder_service,omitempty"`
+	HolderState      string    `json:"holder_state,omitempty"` // empty: unknown or gone
+	Epoch            int64     `json:"epoch"`
+	TakenAt          time.Time `json:"taken_at"` // the last acquisition
+	HeldForSeconds   float64   `json:"held_for_seconds"`
+	ExpiresAt        time.Time `json:"expires_at"`
+	ExpiresInSeconds float64   `json:"expires_in_seconds"` // negative once expired
+}
+
+// LocksView is the advisory-locks section.
+type LocksView struct {
+	AliveLocksGranted int       `json:"alive_locks_granted"`
+	AliveLocksWaiting int       `json:"alive_locks_waiting"`
+	OtherGranted      int       `json:"other_granted"`
+	OtherWaiting      int       `json:"other_waiting"`
+	Applications      []AppView `json:"applications"`
+}
+
+// AppView is one application's client backends.
+type AppView struct {
+	Name                     string         `json:"application_name"`
+	Backends                 int            `json:"backends"`
+	ByState                  map[string]int `json:"backends_by_state"`
+	HoldersByState           map[string]int `json:"lock_holders_by_state"`
+	IdleHolders              int            `json:"idle_holders"`
+	Waiters                  int            `json:"waiters"`
+	IdleHolderMaxSeconds     float64        `json:"idle_holder_max_seconds"`
+	PoolStarvationSignature  bool           `json:"pool_starvation_signature"`
+	AliveLockSessions        bool           `json:"alive_lock_sessions"` // "<service>:alive-lock": idle holders by design
+	IdleHolderShareOfBackend float64        `json:"idle_holder_share"`
+}
+
+// AgentView is the exporter's own agent.
+type AgentView struct {
+	InstanceID               string           `json:"instance_id"`
+	Service                  string           `json:"service"`
+	Mode                     string           `json:"mode"`
+	AliveLockHeld            bool             `json:"alive_lock_held"`
+	DuplicateInstance        bool             `json:"duplicate_instance"`
+	HeartbeatIntervalSeconds float64          `json:"heartbeat_interval_seconds"` // the cadence chosen on the last tick
+	Heartbeats               uint64           `json:"heartbeats"`
+	HeartbeatFailures        uint64           `json:"heartbeat_failures"`
+	LastHeartbeat            *time.Time       `json:"last_heartbeat,omitempty"`
+	AliveLockReconnects      uint64           `json:"alive_lock_reconnects"`
+	InstancesReaped          uint64           `json:"instances_reaped"`
+	Leases                   []AgentLeaseView `json:"leases"`
+}
+
+// AgentLeaseView is one lease the agent uses.
+type AgentLeaseView struct {
+	Name  string            `json:"name"`
+	Held  bool              `json:"held"`
+	Epoch int64             `json:"epoch,omitempty"`
+	Lost  map[string]uint64 `json:"lost"`
+}
+
+// query is the page's parameters.
+type query struct {
+	service, lease  string
+	instance        uuid.UUID
+	page, leasePage int
+	refresh         time.Duration
+}
+
+// parseQuery reads the parameters; an error names the one that is wrong.
+func parseQuery(v url.Values) (query, error) {
+	q := query{service: v.Get("service"), lease: v.Get("lease"), page: 1, leasePage: 1, refresh: DefaultRefresh}
+	if s := v.Get("instance"); s != "" {
+		id, err := uuid.Parse(s)
+		if err != nil {
+			return q, errors.New("parameter instance: not a uuid")
+		}
+		q.instance = id
+	}
+	for _, p := range []struct {
+		name string
+		to   *int
+	}{{"page", &q.page}, {"lease_page", &q.leasePage}} {
+		if s := v.Get(p.name); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 || n > 1_000_000 {
+				return q, fmt.Errorf("parameter %s: want a page number from 1", p.name)
+			}
+			*p.to = n
+		}
+	}
+	if s := v.Get("refresh"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 || time.Duration(n)*time.Second > maxRefresh {
+			return q, fmt.Errorf("parameter refresh: want seconds from 0 (never) to %d", int(maxRefresh.Seconds()))
+		}
+		q.refresh = time.Duration(n) * time.Second
+	}
+	return q, nil
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	asJSON := strings.HasSuffix(r.URL.Path, ".json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	q, err := parseQuery(r.URL.Query())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	page, dbErr := h.collect(ctx, q)
+	code := http.StatusOK
+	if dbErr {
+		code = http.StatusServiceUnavailable
+	}
+	if asJSON {
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		w.WriteHeader(code)
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", " ")
+		_ = enc.Encode(page)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Content-Security-Policy", csp)
+	var b strings.Builder
+	if err := pageTemplate.Execute(&b, newView(page, q)); err != nil {
+		h.log.Error("status page: cannot render", "err", err)
+		http.Error(w, "cannot render the status page", http.StatusInternalServerError)
+		return
+	}
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// collect reads everything the page shows. dbErr is true when the instances and leases
+// could not be read; the errors are in the page, redacted.
+func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
+	p.GeneratedAt = time.Now()
+	p.Services = []ServiceView{}
+	p.Instances = InstancesView{Service: q.service, Page: q.page, PageSize: InstancesPerPage, Rows: []InstanceView{}}
+	if q.instance != uuid.Nil {
+		p.Instances.InstanceID = q.instance.String()
+	}
+	p.Leases = LeasesView{Name: q.lease, Page: q.leasePage, PageSize: LeasesPerPage, Rows: []LeaseView{}}
+	fail := func(what string, err error) {
+		msg := what + ": " + dsn.Redact(err.Error())
+		p.Errors = append(p.Errors, msg)
+		h.log.Debug("status page", "err", msg) // the page shows it; the collectors log database failures
+	}
+
+	fleet, err := h.cfg.Reader.Fleet(ctx, liveness.FleetQuery{
+		Service: q.service, InstanceID: q.instance,
+		Offset: (q.page - 1) * InstancesPerPage, Limit: InstancesPerPage,
+		LeaseName: q.lease, LeaseOffset: (q.leasePage - 1) * LeasesPerPage, LeaseLimit: LeasesPerPage,
+	})
+	if err != nil {
+		fail("cannot read instances and leases", err)
+		dbErr = true
+	} else {
+		p.fill(fleet)
+	}
+	if h.locksSQL != "" && !dbErr {
+		locks, err := h.readLocks(ctx)
+		if err != nil {
+			fail("cannot read advisory locks", err)
+		} else {
+			p.AdvisoryLocks = locks
+		}
+	}
+	if h.cfg.Status != nil {
+		s := h.cfg.Status.Status()
+		if s.SchemaRead {
+			p.Schema = &SchemaView{Version: s.SchemaVersion, BinaryVersion: s.BinaryVersion, Compatible: s.SchemaCompatible,
+				AgentStarted: s.AgentStarted}
+		}
+	}
+	if h.cfg.Agent != nil {
+		p.Agent = agentView(h.cfg.Agent.Snapshot())
+	}
+	return p, dbErr
+}
+
+var allStates = []liveness.InstanceState{liveness.StateAlive, liveness.StateLockOnly, liveness.StateLockLost,
+	liveness.StateHeartbeatOnly, liveness.StateStale, liveness.StateZombie}
+
+// problem reports whether a state belongs at the top of the page: dead, or alive only
+// by one signal that is failing.
+func problem(s liveness.InstanceState) bool {
+	switch s {
+	case liveness.StateZombie, liveness.StateStale, liveness.StateLockLost, liveness.StateLockOnly:
+		return true
+	}
+	return false
+}
+
+func (p *Page) fill(f liveness.Fleet) {
+	p.GeneratedAt, p.Database, p.InRecovery = f.Now, f.Database, f.InRecovery
+	for _, s := range f.Services {
+		v := ServiceView{Name: s.Service, Counts: map[string]int{}, OldestHeartbeatAgeSeconds: s.OldestHeartbeatAge.Seconds()}
+		for _, st := range allStates {
+			n := s.Counts[st]
+			v.Counts[string(st)] = n
+			v.Total += n
+			if !st.Alive() {
+				v.Dead += n
+			}
+			if problem(st) {
+				v.Problems += n
+			}
+		}
+		p.Services = append(p.Services, v)
+	}
+	// Problems first, then the largest, then by name.
+	slices.SortStableFunc(p.Services, func(a, b ServiceView) int {
+		return cmp.Or(cmp.Compare(b.Dead, a.Dead), cmp.Compare(b.Problems, a.Problems), cmp.Compare(b.Total, a.Total),
+			cmp.Compare(a.Name, b.Name))
+	})
+	p.Instances.Total = f.InstancesTotal
+	for _, i := range f.Instances {
+		p.Instances.Rows = append(p.Instances.Rows, InstanceView{
+			InstanceID: i.InstanceID.String(), Service: i.ServiceName, Host: i.HostName, ProcessID: i.ProcessID,
+			State: string(i.State), Alive: i.Alive(), Problem: problem(i.State), LockHeld: i.LockHeld, Mode: string(i.Mode),
+			HeartbeatAgeSeconds: i.HeartbeatAge.Seconds(), LastHeartbeat: i.LastHeartbeat, StartedAt: i.StartedAt,
+			Timing: TimingView{
+				HeartbeatInterval: secs(i.Timing.HeartbeatInterval), HeartbeatSlowInterval: secs(i.Timing.HeartbeatSlowInterval),
+				StaleThreshold: secs(i.Timing.StaleThreshold), DefinitiveDeadCutoff: secs(i.Timing.DefinitiveDeadCutoff),
+				LockGrace: secs(i.Timing.LockGrace),
+			},
+			Metadata: validJSON(i.Metadata),
+		})
+	}
+	p.Leases.Total = f.LeasesTotal
+	for _, l := range f.Leases {
+		v := LeaseView{Name: l.Name, Held: l.Held, HolderHost: l.HolderHost, HolderService: l.HolderService,
+			HolderState: string(l.HolderState), Epoch: l.Epoch, TakenAt: l.TakenAt, HeldForSeconds: l.HeldFor.Seconds(),
+			ExpiresAt: l.ExpiresAt, ExpiresInSeconds: l.ExpiresIn.Seconds()}
+		if l.HolderInstanceID != uuid.Nil {
+			v.HolderInstanceID = l.HolderInstanceID.String()
+		}
+		p.Leases.Rows = append(p.Leases.Rows, v)
+	}
+}
+
+func secs(d time.Duration) *float64 {
+	if d == 0 {
+		return nil
+	}
+	s := d.Seconds()
+	return &s
+}
+
+// validJSON keeps metadata that is a JSON value (it always is, from a jsonb column) and
+// replaces anything else by null, so that the JSON form stays valid.
+func validJSON(b json.RawMessage) json.RawMessage {
+	if len(b) == 0 || !json.Valid(b) {
+		return json.RawMessage("null")
+	}
+	return b
+}
+
+// readLocks runs the advisory-locks collector's statement and groups its rows by
+// application.
+func (h *Handler) readLocks(ctx context.Context) (*LocksView, error) {
+	rows, err := h.cfg.DB.Query(ctx, h.locksSQL)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	v := &LocksView{Applications: []AppView{}}
+	apps := map[string]*AppView{}
+	for rows.Next() {
+		var (
+			kind, a, b              string
+			count, holders, waiters int64
+			idleMax                 float64
+		)
+		if err := rows.Scan(&kind, &a, &b, &count, &holders, &waiters, &idleMax); err != nil {
+			return nil, err
+		}
+		if kind == "locks" {
+			switch {
+			case a == "alive_lock" && b == "true":
+				v.AliveLocksGranted += int(count)
+			case a == "alive_lock":
+				v.AliveLocksWaiting += int(count)
+			case b == "true":
+				v.OtherGranted += int(count)
+			default:
+				v.OtherWaiting += int(count)
+			}
+			continue
+		}
+		app := apps[a]
+		if app == nil {
+			app = &AppView{Name: a, ByState: map[string]int{}, HoldersByState: map[string]int{},
+				AliveLockSessions: strings.HasSuffix(a, ":alive-lock")}
+			apps[a] = app
+		}
+		state := cmp.Or(b, "unknown")
+		app.Backends += int(count)
+		app.ByState[state] += int(count)
+		if holders > 0 {
+			app.HoldersByState[state] += int(holders)
+		}
+		if strings.HasPrefix(state, "idle") {
+			app.IdleHolders += int(holders)
+		}
+		app.Waiters += int(waiters)
+		app.IdleHolderMaxSeconds = max(app.IdleHolderMaxSeconds, idleMax)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for _, a := range apps {
+		if a.Backends > 0 {
+			a.IdleHolderShareOfBackend = float64(a.IdleHolders) / float64(a.Backends)
+		}
+		// The pool-starvation signature, as the PgLivenessAdvisoryLockPoolStarvation alert
+		// reads it: at least three quarters of an application's backends (two or more)
+		// sit idle holding advisory locks, so its pool is about to have no connection
+		// left that its own locks do not pin. Alive-lock sessions are idle holders by
+		// design.
+		a.PoolStarvationSignature = !a.AliveLockSessions && a.Backends >= 2 && a.IdleHolderShareOfBackend >= 0.75
+		v.Applications = append(v.Applications, *a)
+	}
+	slices.SortFunc(v.Applications, func(a, b AppView) int {
+		return cmp.Or(boolOrder(a.PoolStarvationSignature, b.PoolStarvationSignature), cmp.Compare(b.Waiters, a.Waiters),
+			cmp.Compare(b.Backends, a.Backends), cmp.Compare(a.Name, b.Name))
+	})
+	return v, nil
+}
+
+// boolOrder sorts true before false.
+func boolOrder(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return -1
+	}
+	return 1
+}
+
+func agentView(s liveness.AgentSnapshot) *AgentView {
+	v := &AgentView{
+		InstanceID: s.InstanceID.String(), Service: s.ServiceName, Mode: string(s.Mode),
+		AliveLockHeld: s.AliveLock.Held, DuplicateInstance: s.AliveLock.Duplicate,
+		HeartbeatIntervalSeconds: s.Heartbeat.Interval.Seconds(), Heartbeats: s.Heartbeat.Beats,
+		HeartbeatFailures: s.Heartbeat.Failures, AliveLockReconnects: s.AliveLock.Reconnects, InstancesReaped: s.Reaped,
+		Leases: []AgentLeaseView{},
+	}
+	if !s.Heartbeat.LastBeat.IsZero() {
+		t := s.Heartbeat.LastBeat
+		v.LastHeartbeat = &t
+	}
+	for _, l := range s.Leases {
+		lv := AgentLeaseView{Name: l.Name, Held: l.Held, Epoch: l.Epoch, Lost: map[string]uint64{}}
+		for r, n := range l.Lost {
+			lv.Lost[string(r)] = n
+		}
+		v.Leases = append(v.Leases, lv)
+	}
+	return v
+}
+
+//go:embed page.html
+var pageHTML string
+
+//go:embed page.css
+var pageCSS string
+
+//go:embed page.js
+var pageJS string
+
+// csp allows the page's own style and script, by their hashes, and nothing else: a
+// value that escaped its escaping still could not run.
+var csp = fmt.Sprintf("default-src 'none'; script-src '%s'; style-src '%s'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+	hashOf(pageJS), hashOf(pageCSS))
+
+func hashOf(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return "sha256-" + base64.StdEncoding.EncodeToString(sum[:])
+}
+
+var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
+	"dur":  formatSeconds,
+	"durp": formatSecondsPtr,
+	"ts":   func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	"pct":  func(f float64) string { return strconv.Itoa(int(f*100+0.5)) + "%" },
+	"metaText": func(m json.RawMessage) string {
+		s := string(m)
+		if s == "{}" || s == "null" {
+			return ""
+		}
+		if r := []rune(s); len(r) > maxMetadataShown {
+			return string(r[:maxMetadataShown]) + "…"
+		}
+		return s
+	},
+}).Parse(pageHTML))
+
+// formatSeconds prints a duration the way the page's script does: 1h02m, 3m05s, 12s,
+// 0.4s; negative values with a minus sign.
+func formatSeconds(s float64) string {
+	sign := ""
+	if s < 0 {
+		sign, s = "-", -s
+	}
+	switch {
+	case s < 10:
+		return fmt.Sprintf("%s%.1fs", sign, s)
+	case s < 60:
+		return fmt.Sprintf("%s%ds", sign, int(s))
+	case s < 3600:
+		return fmt.Sprintf("%s%dm%02ds", sign, int(s)/60, int(s)%60)
+	case s < 86400:
+		return fmt.Sprintf("%s%dh%02dm", sign, int(s)/3600, int(s)%3600/60)
+	}
+	return fmt.Sprintf("%s%dd%02dh", sign, int(s)/86400, int(s)%86400/3600)
+}
+
+func formatSecondsPtr(s *float64) string {
+	if s == nil {
+		return "default"
+	}
+	return formatSeconds(*s)
+}

@@ -1,0 +1,275 @@
+package status_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/status"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// Hostile values, as a database may hold them.
+const (
+	hostileLease = `</td><script>window.pwned=1</script><img src=x onerror="window.pwned=2">`
+	hostileHost  = `"><svg onload=window.pwned=3>`
+	hostileApp   = `app<script>window.pwned=4</script>`
+	hostileMeta  = `{"note": "</script><script>window.pwned=5</script>"}`
+)
+
+func setup(t *testing.T) (*pgtest.DB, *pgxpool.Pool, context.Context) {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	pool := db.Pool(t, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
+	return db, pool, ctx
+}
+
+// fixture writes a zombie, a stale and two alive instances (one holding its lock through
+// a session of its own), a lease with a hostile name held by the alive one, and two idle
+// sessions of a hostile application each holding an advisory lock: the pool-starvation
+// signature.
+func fixture(t *testing.T, ctx context.Context, db *pgtest.DB, pool *pgxpool.Pool) map[string]uuid.UUID {
+	t.Helper()
+	ids := map[string]uuid.UUID{"alive": uuid.New(), "zombie": uuid.New(), "stale": uuid.New(), "heartbeat_only": uuid.New()}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%.60s: %v", sql, err)
+		}
+	}
+	add := func(state, service string, age int, holds bool) {
+		exec(`INSERT INTO liveness.instances (instance_id, service_name, host_name, process_id, last_heartbeat_at,
+		          stale_threshold, definitive_dead_cutoff, lock_grace, holds_alive_lock, metadata)
+		      VALUES ($1, $2, $3, 4242, now() - make_interval(secs => $4), '20 s', '60 s', '1 hour', $5, $6)`,
+			ids[state], service, hostileHost, age, holds, hostileMeta)
+	}
+	add("alive", "checkout", 0, true)
+	add("zombie", "checkout", 120, true)
+	add("stale", "billing", 30, false)
+	add("heartbeat_only", "billing", 0, false)
+	session := func(app string) *pgx.Conn {
+		cfg, err := pgx.ParseConfig(db.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.RuntimeParams["application_name"] = app
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
+		return c
+	}
+	for _, state := range []string{"alive", "zombie"} {
+		if _, err := session("checkout:alive-lock").Exec(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, ids[state]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k := range 2 {
+		if _, err := session(hostileApp).Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(1000+k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`INSERT INTO liveness.leases (name, holder, holder_instance_id, holder_host, expires_at)
+	      VALUES ($1, 'h:1:ff', $2, $3, now() + interval '10 minutes')`, hostileLease, ids["alive"], hostileHost)
+	return ids
+}
+
+func newHandler(t testing.TB, pool *pgxpool.Pool) *status.Handler {
+	t.Helper()
+	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := status.New(status.Config{Reader: reader, DB: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func get(t *testing.T, h http.Handler, target string) (*http.Response, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, target, nil))
+	res := rec.Result()
+	b, _ := io.ReadAll(res.Body)
+	return res, string(b)
+}
+
+// The JSON form shows the states instance_states gives, the lease's holder, and the
+// hostile application's pool-starvation signature.
+func TestJSONMatchesTheDatabase(t *testing.T) {
+	db, pool, ctx := setup(t)
+	ids := fixture(t, ctx, db, pool)
+	res, body := get(t, newHandler(t, pool), "/status.json")
+	if res.StatusCode != http.StatusOK || !strings.HasPrefix(res.Header.Get("Content-Type"), "application/json") {
+		t.Fatalf("%s %s\n%s", res.Status, res.Header.Get("Content-Type"), body)
+	}
+	var p status.Page
+	if err := json.Unmarshal([]byte(body), &p); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	rows, err := pool.Query(ctx, `SELECT instance_id::text, state FROM liveness.instance_states()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id, state string
+		if err := rows.Scan(&id, &state); err != nil {
+			t.Fatal(err)
+		}
+		want[id] = state
+	}
+	if len(p.Instances.Rows) != len(ids) || p.Instances.Total != len(ids) {
+		t.Fatalf("%d rows of %d, want %d", len(p.Instances.Rows), p.Instances.Total, len(ids))
+	}
+	for _, r := range p.Instances.Rows {
+		if r.State != want[r.InstanceID] || ids[r.State].String() != r.InstanceID {
+			t.Errorf("instance %s shown %s; the database says %s", r.InstanceID, r.State, want[r.InstanceID])
+		}
+	}
+	if first := p.Instances.Rows[0]; first.State != "zombie" || !first.Problem || first.Host != hostileHost {
+		t.Errorf("first row %+v, want the zombie", first)
+	}
+	// One dead instance each: by name.
+	if len(p.Services) != 2 || p.Services[0].Name != "billing" || p.Services[0].Counts["stale"] != 1 ||
+		p.Services[1].Name != "checkout" || p.Services[1].Counts["zombie"] != 1 || p.Services[1].Dead != 1 {
+		t.Errorf("services %+v", p.Services)
+	}
+	if len(p.Leases.Rows) != 1 || p.Leases.Rows[0].Name != hostileLease || p.Leases.Rows[0].HolderInstanceID != ids["alive"].String() ||
+		p.Leases.Rows[0].HolderState != "alive" || !p.Leases.Rows[0].Held || p.Leases.Rows[0].ExpiresInSeconds < 500 {
+		t.Errorf("leases %+v", p.Leases.Rows)
+	}
+	var app *status.AppView
+	for i, a := range p.AdvisoryLocks.Applications {
+		if a.Name == hostileApp {
+			app = &p.AdvisoryLocks.Applications[i]
+		}
+		if a.Name == "checkout:alive-lock" && (a.PoolStarvationSignature || !a.AliveLockSessions) {
+			t.Errorf("alive-lock sessions flagged: %+v", a)
+		}
+	}
+	if app == nil || !app.PoolStarvationSignature || app.IdleHolders != 2 || app.Backends != 2 {
+		t.Errorf("hostile app %+v in %+v", app, p.AdvisoryLocks)
+	}
+	if p.AdvisoryLocks.AliveLocksGranted != 2 || p.AdvisoryLocks.OtherGranted != 2 {
+		t.Errorf("locks %+v", p.AdvisoryLocks)
+	}
+	var meta map[string]string
+	if err := json.Unmarshal(p.Instances.Rows[0].Metadata, &meta); err != nil || !strings.Contains(meta["note"], "pwned=5") {
+		t.Errorf("metadata %s: %v", p.Instances.Rows[0].Metadata, err)
+	}
+	if p.Database != db.Name || strings.Contains(body, db.Server.Password) {
+		t.Errorf("database %q, or the password is in the page", p.Database)
+	}
+}
+
+// The HTML escapes every hostile value and allows only its own script and style.
+func TestHTMLEscapes(t *testing.T) {
+	db, pool, ctx := setup(t)
+	fixture(t, ctx, db, pool)
+	res, body := get(t, newHandler(t, pool), "/status")
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("%s\n%s", res.Status, body)
+	}
+	for _, raw := range []string{"<script>window", "<img", "<svg", db.Server.Password} {
+		if strings.Contains(body, raw) {
+			t.Errorf("the page holds %q unescaped", raw)
+		}
+	}
+	for _, escaped := range []string{"&lt;/td&gt;&lt;script&gt;window.pwned=1", "app&lt;script&gt;window.pwned=4",
+		"&#34;&gt;&lt;svg onload=window.pwned=3&gt;", "pool starvation signature"} {
+		if !strings.Contains(body, escaped) {
+			t.Errorf("the page lacks %q", escaped)
+		}
+	}
+	csp := res.Header.Get("Content-Security-Policy")
+	if !strings.Contains(csp, "script-src 'sha256-") || !strings.Contains(csp, "default-src 'none'") {
+		t.Errorf("Content-Security-Policy %q", csp)
+	}
+	if strings.Count(body, "<script>") != 1 {
+		t.Errorf("%d script elements, want the page's own only", strings.Count(body, "<script>"))
+	}
+}
+
+func TestParametersAndPaging(t *testing.T) {
+	db, pool, ctx := setup(t)
+	ids := fixture(t, ctx, db, pool)
+	h := newHandler(t, pool)
+	for _, c := range []struct{ target, word string }{
+		{"/status?page=0", "page"}, {"/status?page=x", "page"}, {"/status.json?lease_page=-1", "lease_page"},
+		{"/status?instance=nope", "instance"}, {"/status?refresh=99999", "refresh"},
+	} {
+		res, body := get(t, h, c.target)
+		if res.StatusCode != http.StatusBadRequest || !strings.Contains(body, "parameter "+c.word+":") {
+			t.Errorf("%s: %s %q", c.target, res.Status, body)
+		}
+	}
+	var p status.Page
+	_, body := get(t, h, "/status.json?service=billing")
+	if err := json.Unmarshal([]byte(body), &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Instances.Total != 2 || p.Instances.Rows[0].State != "stale" || len(p.Services) != 2 {
+		t.Fatalf("service billing: %+v", p.Instances)
+	}
+	_, body = get(t, h, "/status.json?instance="+ids["zombie"].String()+"&page=2")
+	if err := json.Unmarshal([]byte(body), &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Instances.Total != 1 || len(p.Instances.Rows) != 0 || p.Instances.Page != 2 {
+		t.Fatalf("page 2 of one instance: %+v", p.Instances)
+	}
+	// The lease's holder is not on a page of one other instance: its link leads to it.
+	_, body = get(t, h, "/status?instance="+ids["zombie"].String())
+	if want := `href="?instance=` + ids["alive"].String() + `#i-` + ids["alive"].String() + `"`; !strings.Contains(body, want) {
+		t.Errorf("no %s in the page", want)
+	}
+	_, body = get(t, h, "/status")
+	if want := `href="#i-` + ids["alive"].String() + `"`; !strings.Contains(body, want) {
+		t.Errorf("no %s in the page", want)
+	}
+	res, _ := get(t, h, "/status.json")
+	if res.Header.Get("Cache-Control") != "no-store" {
+		t.Errorf("Cache-Control %q", res.Header.Get("Cache-Control"))
+	}
+}
+
+// A database that does not answer: 503, the reason without the password, and the rest
+// of the page still there.
+func TestDatabaseDown(t *testing.T) {
+	const pw = "s3cret-pw"
+	pool, err := pgxpool.New(context.Background(), fmt.Sprintf("host=127.0.0.1 port=1 user=x password=%s dbname=x connect_timeout=2", pw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, target := range []string{"/status", "/status.json"} {
+		res, body := get(t, newHandler(t, pool), target)
+		if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "cannot read instances and leases") ||
+			strings.Contains(body, pw) {
+			t.Errorf("%s: %s\n%s", target, res.Status, body)
+		}
+	}
+}
