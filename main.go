@@ -419,12 +419,20 @@ func newStatusPage(f *flags, pool *pgxpool.Pool, agent collector.AgentSource, st
 	if f.telemetryPath == "/status" || f.telemetryPath == "/status.json" {
 		return nil, fmt.Errorf("--web.telemetry-path %q is the status page's path", f.telemetryPath)
 	}
-	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool, Schema: f.schema,
-		StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead})
+	rc := liveness.ReaderConfig{DB: pool, Schema: f.schema, StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead}
+	src := f.collectors.Source
+	if src.Kind == collector.SourceWhizbang {
+		w := src.Whizbang // checked with the collectors' flags
+		rc.Whizbang = &liveness.WhizbangSource{Schema: w.Schema, Prefix: w.Prefix, LockKeyPrefix: w.LockKeyPrefix,
+			HeartbeatInterval: w.HeartbeatInterval, HeartbeatSlowInterval: w.HeartbeatSlowInterval,
+			StaleThreshold: w.StaleThreshold, DefinitiveDeadCutoff: w.DefinitiveDeadCutoff}
+		status = nil // no schema of ours to report on
+	}
+	reader, err := liveness.NewReader(rc)
 	if err != nil {
 		return nil, fmt.Errorf("--agent.definitive-dead-cutoff (%s) must be above --agent.stale-threshold (%s)", f.definitiveDead, f.stale)
 	}
-	return statuspage.New(statuspage.Config{Reader: reader, DB: pool, Schema: f.schema, Agent: agent, Status: status,
+	return statuspage.New(statuspage.Config{Reader: reader, DB: pool, Schema: f.schema, Source: src, Agent: agent, Status: status,
 		Logger: logger.With("component", "status")})
 }
 

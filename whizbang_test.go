@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
 	"regexp"
 	"strings"
 	"testing"
@@ -79,6 +81,43 @@ func TestWhizbangSource(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Fatalf("scrape:\n%s", body)
+	}
+	// The status page reads the same source: every instance with its state, no errors.
+	var page struct {
+		Errors    []string `json:"errors"`
+		Schema    any      `json:"schema"`
+		Instances struct {
+			Total int `json:"total"`
+			Rows  []struct {
+				InstanceID string `json:"instance_id"`
+				State      string `json:"state"`
+			} `json:"rows"`
+		} `json:"instances"`
+		AdvisoryLocks any `json:"advisory_locks"`
+	}
+	resp, err := http.Get("http://" + e.addr + "/status.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&page)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]string{}
+	for _, r := range page.Instances.Rows {
+		states[r.InstanceID] = r.State
+	}
+	wantStates := map[uuid.UUID]string{alive: "alive", lockOnly: "lock_only", hbOnly: "heartbeat_only", stale: "stale",
+		zombie: "zombie", twinA: "heartbeat_only", twinB: "heartbeat_only"}
+	for id, want := range wantStates {
+		if states[id.String()] != want {
+			t.Errorf("/status.json: %s is %q, want %s", id, states[id.String()], want)
+		}
+	}
+	if len(page.Errors) > 0 || page.Schema != nil || page.AdvisoryLocks == nil || page.Instances.Total != len(wantStates) {
+		t.Errorf("/status.json: errors %v, schema %v, advisory locks %v, %d instances; want no errors, no schema, locks, %d",
+			page.Errors, page.Schema, page.AdvisoryLocks, page.Instances.Total, len(wantStates))
 	}
 	if n := counted(); n != writesBefore {
 		t.Fatalf("the table saw %d row writes while the exporter observed it", n-writesBefore)

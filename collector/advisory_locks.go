@@ -58,6 +58,15 @@ const (
                SELECT pg_catalog.hashtext($1::text || i.instance_id::text)::bigint FROM {table} i)`
 )
 
+// advisoryLocksStatement renders advisoryLocksSQL for a quoted schema and the source.
+func advisoryLocksStatement(schema string, source SourceConfig) (string, []any) {
+	if source.Kind == SourceWhizbang {
+		return strings.ReplaceAll(strings.ReplaceAll(advisoryLocksSQL, "{alive_lock_match}", whizbangAliveLockMatch),
+			"{table}", source.Whizbang.Table()), []any{source.Whizbang.LockKeyPrefix}
+	}
+	return strings.ReplaceAll(strings.ReplaceAll(advisoryLocksSQL, "{alive_lock_match}", aliveLockMatch), "{schema}", schema), nil
+}
+
 type advisoryLocksCollector struct {
 	pool                                 *pgxpool.Pool
 	sql                                  string
@@ -68,13 +77,7 @@ type advisoryLocksCollector struct {
 
 func newAdvisoryLocksCollector(pool *pgxpool.Pool, schema string, source SourceConfig, maxApps int) *advisoryLocksCollector {
 	app := []string{"application_name"}
-	sql := strings.ReplaceAll(strings.ReplaceAll(advisoryLocksSQL, "{alive_lock_match}", aliveLockMatch), "{schema}", schema)
-	var args []any
-	if source.Kind == SourceWhizbang {
-		sql = strings.ReplaceAll(strings.ReplaceAll(advisoryLocksSQL, "{alive_lock_match}", whizbangAliveLockMatch),
-			"{table}", source.Whizbang.Table())
-		args = []any{source.Whizbang.LockKeyPrefix}
-	}
+	sql, args := advisoryLocksStatement(schema, source)
 	return &advisoryLocksCollector{
 		pool:    pool,
 		sql:     sql,

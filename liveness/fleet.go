@@ -79,7 +79,7 @@ type LeaseStatus struct {
 const fleetSQL = `/* pg_liveness:read_fleet */
 WITH v AS MATERIALIZED (
     SELECT s.instance_id, s.service_name, s.state, s.alive, s.lock_held, s.last_heartbeat_at
-      FROM {schema}.instance_states(make_interval(secs => $1::float8), make_interval(secs => $2::float8)) s
+      FROM {states} s
 ), picked AS (
     SELECT v.*, CASE v.state WHEN 'zombie' THEN 0 WHEN 'stale' THEN 1 WHEN 'lock_lost' THEN 2
                              WHEN 'lock_only' THEN 3 ELSE 4 END AS rank
@@ -94,7 +94,7 @@ WITH v AS MATERIALIZED (
            extract(epoch FROM l.expires_at - now())::float8 AS expires_in,
            extract(epoch FROM now() - l.taken_at)::float8 AS held_for,
            l.expires_at >= now() AND (l.holder_instance_id IS NULL OR coalesce(h.alive, false)) AS held
-      FROM {schema}.leases l
+      FROM {leases} l
       LEFT JOIN v h ON h.instance_id = l.holder_instance_id
      WHERE $7::text IS NULL OR strpos(lower(l.name), lower($7::text)) > 0
 ), lease_page AS (
@@ -114,13 +114,11 @@ SELECT 'instance', p.ord, jsonb_build_object('instance_id', p.instance_id, 'serv
        'host_name', i.host_name, 'process_id', i.process_id, 'state', p.state,
        'lock_held', coalesce(p.lock_held, false), 'last_heartbeat_at', p.last_heartbeat_at,
        'heartbeat_age', extract(epoch FROM now() - p.last_heartbeat_at)::float8, 'started_at', i.started_at,
-       'liveness_mode', i.liveness_mode, 'metadata', i.metadata,
-       'heartbeat_interval', extract(epoch FROM i.heartbeat_interval)::float8,
-       'heartbeat_slow_interval', extract(epoch FROM i.heartbeat_slow_interval)::float8,
-       'stale_threshold', extract(epoch FROM i.stale_threshold)::float8,
-       'definitive_dead_cutoff', extract(epoch FROM i.definitive_dead_cutoff)::float8,
-       'lock_grace', extract(epoch FROM i.lock_grace)::float8)
-  FROM page p JOIN {schema}.instances i ON i.instance_id = p.instance_id
+       'liveness_mode', {mode}, 'metadata', i.metadata,
+       'heartbeat_interval', {heartbeat_interval}, 'heartbeat_slow_interval', {heartbeat_slow_interval},
+       'stale_threshold', {stale_threshold}, 'definitive_dead_cutoff', {definitive_dead_cutoff},
+       'lock_grace', {lock_grace})
+  FROM page p JOIN {instances} i ON i.instance_id = p.instance_id
 UNION ALL
 SELECT 'lease', p.ord, to_jsonb(p) - 'ord'
   FROM lease_page p
@@ -144,7 +142,8 @@ func (r *Reader) Fleet(ctx context.Context, q FleetQuery) (Fleet, error) {
 	if q.InstanceID != uuid.Nil {
 		id = &q.InstanceID
 	}
-	rows, err := r.db.Query(ctx, r.fleetSQL, r.stale, r.dead, service, id, q.Offset, q.Limit, lease, q.LeaseOffset, q.LeaseLimit)
+	rows, err := r.db.Query(ctx, r.fleetSQL, append([]any{r.stale, r.dead, service, id, q.Offset, q.Limit, lease,
+		q.LeaseOffset, q.LeaseLimit}, r.extraArgs...)...)
 	if err != nil {
 		return Fleet{}, fmt.Errorf("liveness: read fleet: %w", err)
 	}

@@ -54,6 +54,11 @@ type ReaderConfig struct {
 	// DefaultDefinitiveDeadCutoff if zero.
 	StaleThreshold       time.Duration
 	DefinitiveDeadCutoff time.Duration
+
+	// Whizbang, when set, reads a Whizbang database as it is instead of this package's
+	// schema (Schema, StaleThreshold and DefinitiveDeadCutoff are then unused; the
+	// source carries its timing). Leader returns ErrNoLeases.
+	Whizbang *WhizbangSource
 }
 
 // Reader answers "is instance X alive?" and "which instances of service Y are alive?"
@@ -64,6 +69,7 @@ type Reader struct {
 	leaderSQL   string
 	fleetSQL    string
 	stale, dead float64 // seconds
+	extraArgs   []any   // after each statement's own: a Whizbang source's lock key prefix
 }
 
 // InstanceStatus is one instance as the database judges it now.
@@ -101,9 +107,9 @@ func (s InstanceStatus) Alive() bool { return s.State.Alive() }
 // service name or NULL.
 const readerSQL = `/* pg_liveness:read_instances */ SELECT s.instance_id, s.service_name, i.host_name, i.process_id,
        s.state, coalesce(s.lock_held, false), s.last_heartbeat_at, ` + instanceDetailColumns + `
-  FROM {schema}.instance_states(make_interval(secs => $1::float8), make_interval(secs => $2::float8), $3::uuid) s
-  JOIN {schema}.instances i ON i.instance_id = s.instance_id
- WHERE $4::text IS NULL OR s.service_name = $4::text
+  FROM {states} s
+  JOIN {instances} i ON i.instance_id = s.instance_id
+ WHERE ($3::uuid IS NULL OR s.instance_id = $3::uuid) AND ($4::text IS NULL OR s.service_name = $4::text)
  ORDER BY s.service_name, s.instance_id`
 
 // NewReader validates cfg. Errors name the ReaderConfig field.
@@ -119,8 +125,12 @@ func NewReader(cfg ReaderConfig) (*Reader, error) {
 	if dead <= stale {
 		return nil, fmt.Errorf("liveness: ReaderConfig.DefinitiveDeadCutoff (%s) must be above ReaderConfig.StaleThreshold (%s)", dead, stale)
 	}
-	return &Reader{db: cfg.DB, sql: sqlFor(cfg.Schema, readerSQL), leaderSQL: newLeaseStatements(cfg.Schema).leader,
-		fleetSQL: sqlFor(cfg.Schema, fleetSQL), stale: stale.Seconds(), dead: dead.Seconds()}, nil
+	if cfg.Whizbang != nil {
+		return newWhizbangReader(cfg)
+	}
+	r := readerSources(cfg.Schema)
+	return &Reader{db: cfg.DB, sql: r.render(readerSQL, "$3::uuid"), leaderSQL: newLeaseStatements(cfg.Schema).leader,
+		fleetSQL: r.render(fleetSQL, "NULL::uuid"), stale: stale.Seconds(), dead: dead.Seconds()}, nil
 }
 
 // Instance returns one instance's status, or ErrInstanceNotFound.
@@ -139,6 +149,9 @@ func (r *Reader) Instance(ctx context.Context, id uuid.UUID) (InstanceStatus, er
 // epoch (the fencing token) and the expiry, or ErrNoLeader when nobody does (no row, an
 // expired lease, or a holder that is dead by the one verdict).
 func (r *Reader) Leader(ctx context.Context, name string) (Leader, error) {
+	if r.leaderSQL == "" {
+		return Leader{}, ErrNoLeases
+	}
 	return readLeader(ctx, r.db, r.leaderSQL, name)
 }
 
@@ -153,7 +166,7 @@ func (r *Reader) Instances(ctx context.Context, service string) ([]InstanceStatu
 }
 
 func (r *Reader) read(ctx context.Context, id *uuid.UUID, service *string) ([]InstanceStatus, error) {
-	rows, err := r.db.Query(ctx, r.sql, r.stale, r.dead, id, service)
+	rows, err := r.db.Query(ctx, r.sql, append([]any{r.stale, r.dead, id, service}, r.extraArgs...)...)
 	if err != nil {
 		return nil, fmt.Errorf("liveness: read instances: %w", err)
 	}
@@ -176,10 +189,9 @@ func (r *Reader) read(ctx context.Context, id *uuid.UUID, service *string) ([]In
 // instanceDetailColumns are the columns of an instances row i (joined to a verdict s)
 // that instanceDetail scans: the heartbeat's age by the database clock, the start, the
 // mode, the metadata and the recorded timing in seconds.
-const instanceDetailColumns = `extract(epoch FROM now() - s.last_heartbeat_at)::float8, i.started_at, i.liveness_mode,
-       i.metadata::text, extract(epoch FROM i.heartbeat_interval)::float8,
-       extract(epoch FROM i.heartbeat_slow_interval)::float8, extract(epoch FROM i.stale_threshold)::float8,
-       extract(epoch FROM i.definitive_dead_cutoff)::float8, extract(epoch FROM i.lock_grace)::float8`
+const instanceDetailColumns = `extract(epoch FROM now() - s.last_heartbeat_at)::float8, i.started_at, {mode},
+       coalesce(i.metadata, '{}')::text, {heartbeat_interval}, {heartbeat_slow_interval}, {stale_threshold},
+       {definitive_dead_cutoff}, {lock_grace}`
 
 // instanceDetail receives instanceDetailColumns.
 type instanceDetail struct {

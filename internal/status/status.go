@@ -61,6 +61,9 @@ type Config struct {
 	// DB runs the advisory-locks statement; nil leaves that section out.
 	DB     liveness.Querier
 	Schema string // the liveness schema; liveness.DefaultSchema if empty
+	// Source is where the advisory-locks statement matches alive locks: our schema (the
+	// zero value) or a Whizbang database. Reader must read the same source.
+	Source collector.SourceConfig
 	// Agent is the local agent; nil when the exporter runs as an observer only.
 	Agent AgentSource
 	// Status is the binary's view of the schema; nil leaves that line out.
@@ -75,9 +78,10 @@ type AgentSource interface {
 
 // Handler serves /status and /status.json (the path's suffix decides).
 type Handler struct {
-	cfg      Config
-	locksSQL string
-	log      *slog.Logger
+	cfg       Config
+	locksSQL  string
+	locksArgs []any
+	log       *slog.Logger
 }
 
 // New returns the page's handler.
@@ -87,7 +91,7 @@ func New(cfg Config) (*Handler, error) {
 	}
 	h := &Handler{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))}
 	if cfg.DB != nil {
-		h.locksSQL = collector.AdvisoryLocksSQL(cfg.Schema)
+		h.locksSQL, h.locksArgs = collector.AdvisoryLocksStatement(cfg.Schema, cfg.Source)
 	}
 	return h, nil
 }
@@ -445,7 +449,7 @@ func validJSON(b json.RawMessage) json.RawMessage {
 // readLocks runs the advisory-locks collector's statement and groups its rows by
 // application.
 func (h *Handler) readLocks(ctx context.Context) (*LocksView, error) {
-	rows, err := h.cfg.DB.Query(ctx, h.locksSQL)
+	rows, err := h.cfg.DB.Query(ctx, h.locksSQL, h.locksArgs...)
 	if err != nil {
 		return nil, err
 	}
