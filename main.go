@@ -30,7 +30,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/promslog"
 	"github.com/prometheus/common/promslog/flag"
 	"github.com/prometheus/common/version"
@@ -373,7 +372,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		versioncollector.NewCollector(exporterName),
 	)
 	mux := http.NewServeMux()
-	mux.Handle(f.telemetryPath, exporter.Handler(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelError)}))
+	mux.Handle(f.telemetryPath, exporter.Handler(reg))
 	if f.telemetryPath != "/" {
 		landing, err := web.NewLandingPage(web.LandingConfig{
 			Name:        exporterName,

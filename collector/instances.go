@@ -11,7 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 )
 
 // Instance states, as the migrations' instance_state_verdicts defines them (the one definition):
@@ -63,10 +64,10 @@ type instancesCollector struct {
 	stale, dead        time.Duration
 	maxSeries          int
 	maxServices        int
-	countDesc, ageDesc *prometheus.Desc
-	oldestDesc         *prometheus.Desc
-	recoveryDesc       *prometheus.Desc
-	foldedDesc         *prometheus.Desc
+	countDesc, ageDesc *exposition.Family
+	oldestDesc         *exposition.Family
+	recoveryDesc       *exposition.Family
+	foldedDesc         *exposition.Family
 	log                *slog.Logger
 	inRecovery         atomic.Bool // as of the last scrape; logged on change
 }
@@ -80,24 +81,22 @@ func newInstancesCollector(pool *pgxpool.Pool, schema string, cfg Config, log *s
 		dead:        cfg.DefinitiveDeadCutoff,
 		maxSeries:   cfg.Instances.MaxSeries,
 		maxServices: cfg.Instances.MaxServices,
-		foldedDesc: prometheus.NewDesc(namespace+"_instance_services_folded",
-			`Services beyond --collector.instances.max-services whose instances are counted under service="other".`,
-			nil, nil),
-		countDesc: prometheus.NewDesc(namespace+"_instances",
+		foldedDesc: gauge("instance_services_folded",
+			`Services beyond --collector.instances.max-services whose instances are counted under service="other".`),
+		countDesc: gauge("instances",
 			"Instances by service and liveness state: alive (lock held, fresh heartbeat), lock_only (lock held, stale heartbeat), "+
 				"lock_lost (lock vanished, proving life within its grace), heartbeat_only (no lock, fresh heartbeat), "+
 				"stale (dead: stale heartbeat, or lock vanished without proof of life), zombie (dead: lock held, heartbeat past the definitive-dead cutoff).",
-			[]string{"service", "state"}, nil),
-		recoveryDesc: prometheus.NewDesc(namespace+"_database_in_recovery",
+			"service", "state"),
+		recoveryDesc: gauge("database_in_recovery",
 			"1 when the database is a hot standby: its pg_locks does not show the primary's alive locks, so instance states "+
-				"rest on heartbeats alone. Point observers at the primary.",
-			nil, nil),
-		ageDesc: prometheus.NewDesc(namespace+"_instance_heartbeat_age_seconds",
+				"rest on heartbeats alone. Point observers at the primary."),
+		ageDesc: gauge("instance_heartbeat_age_seconds",
 			"Age of an instance's last heartbeat by the database clock; only the oldest --collector.instances.max-series instances are exported.",
-			[]string{"service", "instance_id"}, nil),
-		oldestDesc: prometheus.NewDesc(namespace+"_instance_oldest_heartbeat_age_seconds",
+			"service", "instance_id"),
+		oldestDesc: gauge("instance_oldest_heartbeat_age_seconds",
 			"Age of the oldest heartbeat of a service's instances, by the database clock.",
-			[]string{"service"}, nil),
+			"service"),
 	}
 }
 
@@ -116,7 +115,7 @@ func (r serviceRow) total() (n float64) {
 	return n
 }
 
-func (c *instancesCollector) Update(ctx context.Context, ch chan<- prometheus.Metric) error {
+func (c *instancesCollector) Update(ctx context.Context, out *exposition.Builder) error {
 	rows, err := c.pool.Query(ctx, c.sql, c.stale, c.dead, c.maxSeries)
 	if err != nil {
 		return err
@@ -138,12 +137,12 @@ func (c *instancesCollector) Update(ctx context.Context, ch chan<- prometheus.Me
 		switch {
 		case recovery != nil:
 			c.reportRecovery(*recovery)
-			ch <- prometheus.MustNewConstMetric(c.recoveryDesc, prometheus.GaugeValue, boolFloat(*recovery))
+			out.Add(c.recoveryDesc, boolFloat(*recovery))
 		case id != nil:
 			// A service name from a SQL_ASCII database may hold any bytes: one such row
 			// must not cost the others their metrics.
 			svc, _ := labelValue(*service)
-			ch <- prometheus.MustNewConstMetric(c.ageDesc, prometheus.GaugeValue, *age, svc, *id)
+			out.Add(c.ageDesc, *age, svc, *id)
 		default:
 			r := serviceRow{oldest: *age}
 			r.name, _ = labelValue(*service)
@@ -158,20 +157,20 @@ func (c *instancesCollector) Update(ctx context.Context, ch chan<- prometheus.Me
 	}
 	kept, other, folded := foldServices(services, c.maxServices)
 	for _, r := range kept {
-		c.emitService(ch, r)
+		c.emitService(out, r)
 	}
 	if folded > 0 || other.total() > 0 { // folded services, or a real service named "other"
-		c.emitService(ch, other)
+		c.emitService(out, other)
 	}
-	ch <- prometheus.MustNewConstMetric(c.foldedDesc, prometheus.GaugeValue, float64(folded))
+	out.Add(c.foldedDesc, float64(folded))
 	return nil
 }
 
-func (c *instancesCollector) emitService(ch chan<- prometheus.Metric, r serviceRow) {
+func (c *instancesCollector) emitService(out *exposition.Builder, r serviceRow) {
 	for i, state := range instanceStates {
-		ch <- prometheus.MustNewConstMetric(c.countDesc, prometheus.GaugeValue, r.counts[i], r.name, state)
+		out.Add(c.countDesc, r.counts[i], r.name, state)
 	}
-	ch <- prometheus.MustNewConstMetric(c.oldestDesc, prometheus.GaugeValue, r.oldest, r.name)
+	out.Add(c.oldestDesc, r.oldest, r.name)
 }
 
 // foldServices keeps at most max services, those with dead instances first, then the

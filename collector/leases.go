@@ -2,27 +2,85 @@ package collector
 
 import (
 	"context"
+	"errors"
 	"log/slog"
-	"math"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 )
 
-// leasesSQL reads every lease row by the database clock. The epoch goes through to_jsonb
-// so that the same statement reads our leases table and a plain one without an epoch
-// column (the epoch is then NULL). Nothing is assumed of a foreign table: names may
-// repeat and any column may be NULL; Update sorts that out. {table} is a quoted
-// identifier.
-const leasesSQL = `
-SELECT l.name::text, l.holder::text, (pg_catalog.to_jsonb(l) ->> 'epoch')::bigint,
-       extract(epoch FROM l.expires_at - now())::float8,
-       l.expires_at >= now(),
-       extract(epoch FROM now() - l.taken_at)::float8
-  FROM {table} AS l`
+// leasesSQL reads the leases by the database clock, folded in the database so that only
+// the exported rows travel. Nothing is assumed of a foreign table: names may repeat and
+// any column may be NULL. One row per name counts (the one expiring last, then the higher
+// epoch, then the holder); of those, the max-series most urgent ($2: expired longest ago,
+// then soonest to expire, NULL last, then by name) come one row each, in that order,
+// followed by one summary row: the folded leases (how many, how many unexpired, the
+// soonest expiry, the earliest taken_at), the anomalies (rows without a name, named
+// rows with a NULL holder, taken_at or expires_at, and extra rows of a name), and which
+// of the optional columns the table has now ($1, the table, as a regclass).
+//
+// {table} is a quoted identifier. The optional columns {epoch}, {holder_instance_id} and
+// {holder_host} are the table's columns, or NULL when it has none (a plain leases table
+// without an epoch, or one from before holder identities): leasesColumns renders them,
+// and the summary row tells when the table's columns changed.
+const leasesSQL = `/* pg_liveness:leases */
+WITH best AS MATERIALIZED (
+    SELECT DISTINCT ON (l.name::text COLLATE "C")
+           l.name::text COLLATE "C" AS name, l.holder, {epoch} AS epoch, {holder_instance_id} AS holder_instance_id,
+           {holder_host} AS holder_host, l.expires_at, l.taken_at
+      FROM {table} AS l
+     WHERE l.name IS NOT NULL
+     ORDER BY l.name::text COLLATE "C", l.expires_at DESC NULLS LAST, 3 DESC NULLS LAST, l.holder::text COLLATE "C" DESC NULLS LAST
+), kept AS MATERIALIZED (
+    SELECT b.* FROM best b ORDER BY b.expires_at, b.name LIMIT $2
+)
+(SELECT k.name, k.holder::text, k.epoch::bigint, k.holder_instance_id::text, k.holder_host::text,
+        extract(epoch FROM k.expires_at - now())::float8, k.expires_at >= now(),
+        extract(epoch FROM now() - k.taken_at)::float8,
+        NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::text[]
+   FROM kept k
+  ORDER BY k.expires_at, k.name)
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL,
+       extract(epoch FROM f.soonest - now())::float8, NULL, extract(epoch FROM now() - f.first_taken)::float8,
+       f.n, f.held, a.null_names, a.null_values, a.named - (SELECT count(*) FROM best),
+       ARRAY(SELECT c.attname::text FROM pg_catalog.pg_attribute c
+              WHERE c.attrelid = $1::regclass AND c.attnum > 0 AND NOT c.attisdropped
+                AND c.attname IN ('epoch', 'holder_instance_id', 'holder_host')
+              ORDER BY 1)
+  FROM (SELECT count(*) FILTER (WHERE l.name IS NULL) AS null_names,
+               count(*) FILTER (WHERE l.name IS NOT NULL AND (l.holder IS NULL OR l.expires_at IS NULL OR l.taken_at IS NULL)) AS null_values,
+               count(*) FILTER (WHERE l.name IS NOT NULL) AS named
+          FROM {table} AS l) a,
+       (SELECT min(b.expires_at) AS soonest, min(b.taken_at) AS first_taken, count(*) AS n,
+               count(*) FILTER (WHERE b.expires_at >= now()) AS held
+          FROM best b
+         WHERE b.name NOT IN (SELECT k.name FROM kept k)) f`
+
+// leaseOptionalColumns are the columns of our leases table that a foreign one may lack,
+// sorted as leasesSQL reports the ones present.
+var leaseOptionalColumns = []string{"epoch", "holder_instance_id", "holder_host"}
+
+// leasesColumns renders leasesSQL for a table with the given optional columns.
+func leasesColumns(table string, present []string) string {
+	s := strings.ReplaceAll(leasesSQL, "{table}", table)
+	for _, col := range leaseOptionalColumns {
+		expr := "NULL::text"
+		if col == "epoch" {
+			expr = "NULL::bigint"
+		}
+		if slices.Contains(present, col) {
+			expr = "l." + col
+		}
+		s = strings.ReplaceAll(s, "{"+col+"}", expr)
+	}
+	return s
+}
 
 // otherLease is the lease label of the leases folded beyond --collector.leases.max-series.
 const otherLease = "other"
@@ -32,188 +90,148 @@ var leaseAnomalies = []string{"duplicate_name", "null_name", "null_value", "inva
 
 type leasesCollector struct {
 	pool                                    *pgxpool.Pool
-	sql                                     string
+	table                                   string // quoted identifier
 	maxSeries                               int
 	logger                                  *slog.Logger
-	expiresIn, held, epoch, holder, heldFor *prometheus.Desc
-	folded, anomalies                       *prometheus.Desc
+	expiresIn, held, epoch, holder, heldFor *exposition.Family
+	folded, anomalies                       *exposition.Family
 
 	mu          sync.Mutex
+	columns     []string // the optional columns sql was rendered for
+	sql         string
 	lastAnomaly string // the anomalies last logged, "" while there are none
 }
 
 func newLeasesCollector(pool *pgxpool.Pool, table string, maxSeries int, logger *slog.Logger) *leasesCollector {
-	lease := []string{"lease"}
+	const lease = "lease"
 	return &leasesCollector{
 		pool:      pool,
-		sql:       strings.ReplaceAll(leasesSQL, "{table}", table),
+		table:     table,
+		columns:   leaseOptionalColumns, // our own table's; corrected by the first scrape otherwise
+		sql:       leasesColumns(table, leaseOptionalColumns),
 		maxSeries: maxSeries,
 		logger:    logger,
-		expiresIn: prometheus.NewDesc(namespace+"_lease_expires_in_seconds",
-			`Seconds until the lease expires by the database clock; negative once expired. For lease="other", the soonest of the folded leases.`, lease, nil),
-		held: prometheus.NewDesc(namespace+"_lease_held",
-			`1 while the lease has not expired (expires_at >= now()), else 0. For lease="other", how many folded leases are held.`, lease, nil),
-		epoch: prometheus.NewDesc(namespace+"_lease_epoch",
-			"Fencing token of the lease's current acquisition; absent for a table without an epoch column.", lease, nil),
-		holder: prometheus.NewDesc(namespace+"_lease_holder_info",
-			"Host of the lease's holder: the holder up to its first colon.", []string{"lease", "holder_host"}, nil),
-		heldFor: prometheus.NewDesc(namespace+"_lease_held_for_seconds",
-			`Seconds since the lease was taken, by the database clock. For lease="other", the longest of the folded leases.`, lease, nil),
-		folded: prometheus.NewDesc(namespace+"_leases_folded",
-			`Leases beyond --collector.leases.max-series, exported together as lease="other".`, nil, nil),
-		anomalies: prometheus.NewDesc(namespace+"_lease_row_anomalies",
+		expiresIn: gauge("lease_expires_in_seconds",
+			`Seconds until the lease expires by the database clock; negative once expired. For lease="other", the soonest of the folded leases.`, lease),
+		held: gauge("lease_held",
+			`1 while the lease has not expired (expires_at >= now()), else 0. For lease="other", how many folded leases are held.`, lease),
+		epoch: gauge("lease_epoch",
+			"Fencing token of the lease's current acquisition; absent for a table without an epoch column.", lease),
+		holder: gauge("lease_holder_info",
+			"The lease's holder: its instance id (empty for a holder that records none) and host (the holder_host column, else the holder up to its first colon).",
+			lease, "holder_instance_id", "holder_host"),
+		heldFor: gauge("lease_held_for_seconds",
+			`Seconds since the lease was taken, by the database clock. For lease="other", the longest of the folded leases.`, lease),
+		folded: gauge("leases_folded",
+			`Leases beyond --collector.leases.max-series, exported together as lease="other".`),
+		anomalies: gauge("lease_row_anomalies",
 			"Rows of the leases table that are not one clean lease, in this scrape: duplicate_name (extra rows of a name; the one expiring last is exported), "+
-				"null_name (rows skipped), null_value (a NULL holder, epoch, taken_at or expires_at; the rest is exported), invalid_utf8 (bytes replaced in a label).",
-			[]string{"kind"}, nil),
+				"null_name (rows skipped), null_value (a NULL holder, taken_at or expires_at; the rest is exported), invalid_utf8 (bytes replaced in an exported label).",
+			"kind"),
 	}
 }
 
+// leaseRow is one exported lease as leasesSQL reads it; the NULLs of a foreign table
+// stay nil.
 type leaseRow struct {
-	name, holder string
-	hasHolder    bool
-	epoch        *int64
-	expiresIn    *float64
-	held         bool
-	heldFor      *float64
-	dups         int
+	name, holder, holderInstanceID, holderHost *string
+	epoch                                      *int64
+	expiresIn                                  *float64
+	held                                       *bool
+	heldFor                                    *float64
 }
 
-// better orders rows of one name: the one expiring last wins, then the higher epoch,
-// then the holder; so the choice does not depend on the table's row order.
-func (r *leaseRow) better(o *leaseRow) bool {
-	a, b := math.Inf(-1), math.Inf(-1)
-	if r.expiresIn != nil {
-		a = *r.expiresIn
-	}
-	if o.expiresIn != nil {
-		b = *o.expiresIn
-	}
-	if a != b {
-		return a > b
-	}
-	var ea, eb int64 = math.MinInt64, math.MinInt64
-	if r.epoch != nil {
-		ea = *r.epoch
-	}
-	if o.epoch != nil {
-		eb = *o.epoch
-	}
-	if ea != eb {
-		return ea > eb
-	}
-	return r.holder > o.holder
+// leaseSummary is leasesSQL's last row.
+type leaseSummary struct {
+	soonest, longest            *float64
+	folded, foldedHeld          int64
+	nullNames, nullValues, dups int64
+	columns                     []string
 }
 
-func (c *leasesCollector) Update(ctx context.Context, ch chan<- prometheus.Metric) error {
-	rows, err := c.pool.Query(ctx, c.sql)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	counts := map[string]int{}
-	byName := map[string]*leaseRow{}
-	for rows.Next() {
-		var (
-			name, holder       *string
-			r                  leaseRow
-			expiresIn, heldFor *float64
-			held               *bool
-		)
-		if err := rows.Scan(&name, &holder, &r.epoch, &expiresIn, &held, &heldFor); err != nil {
-			return err
-		}
-		if name == nil {
-			counts["null_name"]++
+func (c *leasesCollector) Update(ctx context.Context, out *exposition.Builder) error {
+	c.mu.Lock()
+	columns, sql := c.columns, c.sql
+	c.mu.Unlock()
+	var (
+		rows []leaseRow
+		sum  leaseSummary
+		err  error
+	)
+	for attempt := 1; ; attempt++ {
+		rows, sum, err = c.query(ctx, sql)
+		var pgErr *pgconn.PgError
+		if err != nil && errors.As(err, &pgErr) && pgErr.Code == "42703" && len(columns) > 0 && attempt == 1 {
+			// An optional column is missing: read without any, which tells which exist.
+			columns, sql = nil, leasesColumns(c.table, nil)
 			continue
 		}
-		if holder == nil || expiresIn == nil || held == nil || heldFor == nil {
-			counts["null_value"]++
+		if err != nil {
+			return err
 		}
-		var bad bool
-		r.name, bad = labelValue(*name)
-		if holder != nil {
-			host, _, _ := strings.Cut(*holder, ":") // never the pid or random part
-			var badHost bool
-			r.holder, badHost = labelValue(host)
-			r.hasHolder = true
-			bad = bad || badHost
+		if slices.Equal(sum.columns, columns) || attempt > 2 {
+			break
+		}
+		// The table's optional columns are not those the statement was rendered for.
+		columns, sql = sum.columns, leasesColumns(c.table, sum.columns)
+	}
+	c.mu.Lock()
+	c.columns, c.sql = columns, sql
+	c.mu.Unlock()
+
+	counts := map[string]int64{"null_name": sum.nullNames, "null_value": sum.nullValues, "duplicate_name": sum.dups}
+	seen := make(map[string]bool, len(rows))
+	for _, r := range rows {
+		name, bad := labelValue(*r.name)
+		if seen[name] { // two names that differ only in invalid bytes
+			counts["duplicate_name"]++
+			continue
+		}
+		seen[name] = true
+		if r.expiresIn != nil {
+			out.Add(c.expiresIn, *r.expiresIn, name)
+		}
+		out.Add(c.held, boolFloat(r.held != nil && *r.held), name)
+		if r.epoch != nil {
+			out.Add(c.epoch, float64(*r.epoch), name)
+		}
+		if r.holder != nil || r.holderHost != nil || r.holderInstanceID != nil {
+			var host, id string
+			switch {
+			case r.holderHost != nil:
+				host = *r.holderHost
+			case r.holder != nil:
+				host, _, _ = strings.Cut(*r.holder, ":") // never the pid or random part
+			}
+			if r.holderInstanceID != nil {
+				id = *r.holderInstanceID
+			}
+			var badHost, badID bool
+			host, badHost = labelValue(host)
+			id, badID = labelValue(id)
+			bad = bad || badHost || badID
+			out.Add(c.holder, 1, name, id, host)
+		}
+		if r.heldFor != nil {
+			out.Add(c.heldFor, *r.heldFor, name)
 		}
 		if bad {
 			counts["invalid_utf8"]++
 		}
-		r.expiresIn, r.heldFor = expiresIn, heldFor
-		r.held = held != nil && *held
-		if prev, ok := byName[r.name]; ok {
-			counts["duplicate_name"]++
-			if !r.better(prev) {
-				prev.dups++
-				continue
-			}
-			r.dups = prev.dups + 1
-		}
-		byName[r.name] = &r
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-
-	leases := make([]*leaseRow, 0, len(byName))
-	for _, r := range byName {
-		leases = append(leases, r)
-	}
-	// The most urgent first: expired longest ago, then soonest to expire; NULL last.
-	sort.Slice(leases, func(i, j int) bool {
-		a, b := leases[i], leases[j]
-		if (a.expiresIn == nil) != (b.expiresIn == nil) {
-			return b.expiresIn == nil
+	if sum.folded > 0 {
+		out.Add(c.held, float64(sum.foldedHeld), otherLease)
+		if sum.soonest != nil {
+			out.Add(c.expiresIn, *sum.soonest, otherLease)
 		}
-		if a.expiresIn != nil && *a.expiresIn != *b.expiresIn {
-			return *a.expiresIn < *b.expiresIn
-		}
-		return a.name < b.name
-	})
-	kept := leases
-	if len(leases) > c.maxSeries {
-		kept = leases[:c.maxSeries]
-	}
-	for _, r := range kept {
-		if r.expiresIn != nil {
-			ch <- prometheus.MustNewConstMetric(c.expiresIn, prometheus.GaugeValue, *r.expiresIn, r.name)
-		}
-		ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, boolFloat(r.held), r.name)
-		if r.epoch != nil {
-			ch <- prometheus.MustNewConstMetric(c.epoch, prometheus.GaugeValue, float64(*r.epoch), r.name)
-		}
-		if r.hasHolder {
-			ch <- prometheus.MustNewConstMetric(c.holder, prometheus.GaugeValue, 1, r.name, r.holder)
-		}
-		if r.heldFor != nil {
-			ch <- prometheus.MustNewConstMetric(c.heldFor, prometheus.GaugeValue, *r.heldFor, r.name)
+		if sum.longest != nil {
+			out.Add(c.heldFor, *sum.longest, otherLease)
 		}
 	}
-	if rest := leases[len(kept):]; len(rest) > 0 {
-		held, soonest, longest := 0.0, math.Inf(1), math.Inf(-1)
-		for _, r := range rest {
-			held += boolFloat(r.held)
-			if r.expiresIn != nil {
-				soonest = min(soonest, *r.expiresIn)
-			}
-			if r.heldFor != nil {
-				longest = max(longest, *r.heldFor)
-			}
-		}
-		ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, held, otherLease)
-		if !math.IsInf(soonest, 1) {
-			ch <- prometheus.MustNewConstMetric(c.expiresIn, prometheus.GaugeValue, soonest, otherLease)
-		}
-		if !math.IsInf(longest, -1) {
-			ch <- prometheus.MustNewConstMetric(c.heldFor, prometheus.GaugeValue, longest, otherLease)
-		}
-	}
-	ch <- prometheus.MustNewConstMetric(c.folded, prometheus.GaugeValue, float64(len(leases)-len(kept)))
+	out.Add(c.folded, float64(sum.folded))
 	var summary []string
 	for _, k := range leaseAnomalies {
-		ch <- prometheus.MustNewConstMetric(c.anomalies, prometheus.GaugeValue, float64(counts[k]), k)
+		out.Add(c.anomalies, float64(counts[k]), k)
 		if counts[k] > 0 {
 			summary = append(summary, k)
 		}
@@ -222,8 +240,38 @@ func (c *leasesCollector) Update(ctx context.Context, ch chan<- prometheus.Metri
 	return nil
 }
 
+// query runs leasesSQL once: the exported rows, then the summary.
+func (c *leasesCollector) query(ctx context.Context, sql string) ([]leaseRow, leaseSummary, error) {
+	var sum leaseSummary
+	rows, err := c.pool.Query(ctx, sql, c.table, c.maxSeries)
+	if err != nil {
+		return nil, sum, err
+	}
+	defer rows.Close()
+	out := make([]leaseRow, 0, min(c.maxSeries, 64))
+	for rows.Next() {
+		var (
+			r                           leaseRow
+			folded, foldedHeld          *int64
+			nullNames, nullValues, dups *int64
+			columns                     []string
+		)
+		if err := rows.Scan(&r.name, &r.holder, &r.epoch, &r.holderInstanceID, &r.holderHost, &r.expiresIn, &r.held, &r.heldFor,
+			&folded, &foldedHeld, &nullNames, &nullValues, &dups, &columns); err != nil {
+			return nil, sum, err
+		}
+		if folded == nil {
+			out = append(out, r)
+			continue
+		}
+		sum = leaseSummary{soonest: r.expiresIn, longest: r.heldFor, folded: *folded, foldedHeld: *foldedHeld,
+			nullNames: *nullNames, nullValues: *nullValues, dups: *dups, columns: columns}
+	}
+	return out, sum, rows.Err()
+}
+
 // logAnomalies logs once when the kinds of anomalies change, not on every scrape.
-func (c *leasesCollector) logAnomalies(kinds string, counts map[string]int) {
+func (c *leasesCollector) logAnomalies(kinds string, counts map[string]int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if kinds == c.lastAnomaly {

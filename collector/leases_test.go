@@ -144,3 +144,40 @@ func TestLeasesCapFoldsIntoOther(t *testing.T) {
 		t.Errorf("other expires in %v s, want the soonest folded lease's ~6 s", v)
 	}
 }
+
+// The statement reads a foreign table's optional columns directly, rendered for the
+// columns the table has; when they change (an epoch column added, then dropped), the
+// same scrape notices and reads them as they are now.
+func TestLeasesFollowTheTablesColumns(t *testing.T) {
+	db := pgtest.NewDB(t)
+	db.Exec(t, `CREATE TABLE jobs (name text PRIMARY KEY, holder text, taken_at timestamptz, expires_at timestamptz);
+		INSERT INTO jobs VALUES ('mail', 'node-1:1', now(), now() + interval '60 s')`)
+	qc := &queryCounter{}
+	e := newExporter(t, leasesOnly("jobs", 10), exporterPool(t, db.DSN, 1, qc), nil, nil)
+	epoch := func() float64 { return value(scrapeFamilies(t, e), "pg_liveness_lease_epoch", "lease", "mail") }
+	if v := epoch(); v == v {
+		t.Fatalf("epoch %v without an epoch column", v)
+	}
+	before := qc.n.Load()
+	if v := epoch(); v == v || qc.n.Load()-before != 1 {
+		t.Fatalf("epoch %v, %d statements in a scrape with unchanged columns; want none and 1", v, qc.n.Load()-before)
+	}
+	db.Exec(t, `ALTER TABLE jobs ADD COLUMN epoch bigint, ADD COLUMN holder_instance_id uuid; UPDATE jobs SET epoch = 41,
+		holder_instance_id = '00000000-0000-0000-0000-000000000041'`)
+	got := scrapeFamilies(t, e)
+	if v := value(got, "pg_liveness_lease_epoch", "lease", "mail"); v != 41 {
+		t.Errorf("epoch %v once the column exists, want 41", v)
+	}
+	if v := value(got, "pg_liveness_lease_holder_info", "lease", "mail",
+		"holder_instance_id", "00000000-0000-0000-0000-000000000041", "holder_host", "node-1"); v != 1 {
+		t.Errorf("holder_info with the instance id = %v, want 1", v)
+	}
+	db.Exec(t, `ALTER TABLE jobs DROP COLUMN epoch`)
+	got = scrapeFamilies(t, e)
+	if v := value(got, "pg_liveness_scrape_collector_success", "collector", "leases"); v != 1 {
+		t.Errorf("success %v after the epoch column was dropped, want 1", v)
+	}
+	if v := value(got, "pg_liveness_lease_epoch", "lease", "mail"); v == v {
+		t.Errorf("epoch %v after the column was dropped, want none", v)
+	}
+}
