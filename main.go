@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,6 +53,12 @@ const (
 )
 
 func main() {
+	// The heap is small and mostly each scrape's garbage, and scrapes come seconds apart:
+	// collecting at 50 % growth instead of Go's 100 % costs little CPU and keeps a few MiB
+	// less resident. GOGC (and GOMEMLIMIT) in the environment still decide.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(50)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Getenv("DATA_SOURCE_NAME"), os.Stderr))

@@ -94,7 +94,29 @@ type entry struct {
 	db   bool // talks to PostgreSQL, so its outcome tells whether the server answers
 
 	mu      sync.Mutex
-	lastErr string // the failure last logged at warn level, "" while healthy
+	lastErr string              // the failure last logged at warn level, "" while healthy
+	spare   *exposition.Builder // the builder of the last finished scrape, with its buffers
+}
+
+// builder returns the collector's builder, reset, or a new one while a straggler still
+// holds it (or two scrapes overlap).
+func (c *entry) builder() *exposition.Builder {
+	c.mu.Lock()
+	b := c.spare
+	c.spare = nil
+	c.mu.Unlock()
+	if b == nil {
+		return new(exposition.Builder)
+	}
+	b.Reset()
+	return b
+}
+
+// keep hands a finished scrape's builder back for the next scrape.
+func (c *entry) keep(b *exposition.Builder) {
+	c.mu.Lock()
+	c.spare = b
+	c.mu.Unlock()
 }
 
 // New builds the enabled collectors. pool may be nil only when no database collector is
@@ -192,10 +214,10 @@ func (e *Exporter) Handler(extra prometheus.Gatherer) http.Handler {
 	})
 }
 
-// gzipWriters keeps the gzip writers of past scrapes: each holds over half a MiB of
+// gzipWriters keeps the gzip writer of a past scrape: it holds over half a MiB of
 // compressor state, too much to allocate per scrape. BestSpeed: the exposition repeats
 // itself, so the fastest level compresses it nearly as well, at a fraction of the CPU.
-var gzipWriters = make(chan *gzip.Writer, 2)
+var gzipWriters = make(chan *gzip.Writer, 1)
 
 func getGzip(w io.Writer) *gzip.Writer {
 	select {
@@ -266,28 +288,25 @@ type result struct {
 	duration time.Duration
 }
 
-// builders keeps the collectors' builders between scrapes, with their buffers.
-var builders = sync.Pool{New: func() any { return new(exposition.Builder) }}
-
-func getBuilder() *exposition.Builder {
-	b := builders.Get().(*exposition.Builder)
-	b.Reset()
-	return b
-}
+// ownBuilders keeps the builder of the exporter's own metrics between scrapes.
+var ownBuilders = sync.Pool{New: func() any { return new(exposition.Builder) }}
 
 // scraped is one scrape's samples: the builders of the collectors that finished and the
 // exporter's own.
 type scraped struct {
-	builders []*exposition.Builder
-	unused   []*exposition.Builder // of failed collectors: finished, but not written
+	builders []*exposition.Builder // what is written
+	finished []*entry              // the collectors whose builders go back to them
+	results  []*exposition.Builder // their builders, in the same order
+	own      *exposition.Builder
 }
 
 // release hands the builders back for later scrapes. A straggler's builder is never
 // among them: it may still be written to.
 func (s *scraped) release() {
-	for _, b := range append(s.builders, s.unused...) {
-		builders.Put(b)
+	for i, c := range s.finished {
+		c.keep(s.results[i])
 	}
+	ownBuilders.Put(s.own)
 }
 
 // scrape runs every collector in its own goroutine and returns what finished before ctx
@@ -299,7 +318,7 @@ func (e *Exporter) scrape(ctx context.Context) *scraped {
 	for i, c := range e.collectors {
 		go func() {
 			t0 := time.Now()
-			out, err := run(ctx, c.c)
+			out, err := run(ctx, c.c, c.builder())
 			results <- result{idx: i, out: out, err: err, duration: time.Since(t0)}
 		}()
 	}
@@ -326,8 +345,9 @@ wait:
 		}
 	}
 
-	s := &scraped{builders: make([]*exposition.Builder, 0, len(e.collectors)+1)}
-	own := getBuilder()
+	own := ownBuilders.Get().(*exposition.Builder)
+	own.Reset()
+	s := &scraped{builders: make([]*exposition.Builder, 0, len(e.collectors)+1), own: own}
 	answered, anyDB := false, false
 	var downErr error // the first database collector's failure
 	for i, c := range e.collectors {
@@ -343,12 +363,12 @@ wait:
 			downErr = r.err
 		}
 		success := 0.0
-		switch {
-		case r.err == nil:
+		if r.err == nil {
 			success = 1
 			s.builders = append(s.builders, r.out)
-		case r.out != nil:
-			s.unused = append(s.unused, r.out)
+		}
+		if r.out != nil { // finished
+			s.finished, s.results = append(s.finished, c), append(s.results, r.out)
 		}
 		e.logOutcome(c, r.err)
 		own.Add(durationDesc, r.duration.Seconds(), c.name)
@@ -377,8 +397,7 @@ wait:
 
 // run collects one collector's samples. A panic becomes an error: the agent lives in
 // this process, and a collector bug must not drop its alive lock.
-func run(ctx context.Context, c Collector) (out *exposition.Builder, err error) {
-	out = getBuilder()
+func run(ctx context.Context, c Collector, out *exposition.Builder) (_ *exposition.Builder, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("panic: %v", p)

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
@@ -121,33 +122,33 @@ func (c *instancesCollector) Update(ctx context.Context, out *exposition.Builder
 		return err
 	}
 	defer rows.Close()
-	var services []serviceRow
+	var (
+		services []serviceRow
+		service  pgtype.Text    // NULL on the standby row
+		id       pgtype.Text    // set on per-instance rows
+		counts   [6]pgtype.Int8 // set on per-service rows, in instanceStates order
+		age      pgtype.Float8
+		recovery pgtype.Bool // set on the standby row
+	)
 	for rows.Next() {
-		var (
-			service  *string   // NULL on the standby row
-			id       *string   // set on per-instance rows
-			counts   [6]*int64 // set on per-service rows, in instanceStates order
-			age      *float64
-			recovery *bool // set on the standby row
-		)
 		if err := rows.Scan(&service, &id, &counts[0], &counts[1], &counts[2], &counts[3], &counts[4], &counts[5],
 			&age, &recovery); err != nil {
 			return err
 		}
 		switch {
-		case recovery != nil:
-			c.reportRecovery(*recovery)
-			out.Add(c.recoveryDesc, boolFloat(*recovery))
-		case id != nil:
+		case recovery.Valid:
+			c.reportRecovery(recovery.Bool)
+			out.Add(c.recoveryDesc, boolFloat(recovery.Bool))
+		case id.Valid:
 			// A service name from a SQL_ASCII database may hold any bytes: one such row
 			// must not cost the others their metrics.
-			svc, _ := labelValue(*service)
-			out.Add(c.ageDesc, *age, svc, *id)
+			svc, _ := labelValue(service.String)
+			out.Add(c.ageDesc, age.Float64, svc, id.String)
 		default:
-			r := serviceRow{oldest: *age}
-			r.name, _ = labelValue(*service)
+			r := serviceRow{oldest: age.Float64}
+			r.name, _ = labelValue(service.String)
 			for i := range counts {
-				r.counts[i] = float64(*counts[i])
+				r.counts[i] = float64(counts[i].Int64)
 			}
 			services = append(services, r)
 		}

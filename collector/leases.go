@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
@@ -131,22 +132,17 @@ func newLeasesCollector(pool *pgxpool.Pool, table string, maxSeries int, logger 
 	}
 }
 
-// leaseRow is one exported lease as leasesSQL reads it; the NULLs of a foreign table
-// stay nil.
+// leaseRow is one row of leasesSQL: an exported lease, or the summary (Folded set). The
+// NULLs of a foreign table stay invalid.
 type leaseRow struct {
-	name, holder, holderInstanceID, holderHost *string
-	epoch                                      *int64
-	expiresIn                                  *float64
-	held                                       *bool
-	heldFor                                    *float64
-}
-
-// leaseSummary is leasesSQL's last row.
-type leaseSummary struct {
-	soonest, longest            *float64
-	folded, foldedHeld          int64
-	nullNames, nullValues, dups int64
-	columns                     []string
+	Name, Holder, HolderInstanceID, HolderHost pgtype.Text
+	Epoch                                      pgtype.Int8
+	ExpiresIn                                  pgtype.Float8 // the summary's: the soonest folded expiry
+	Held                                       pgtype.Bool
+	HeldFor                                    pgtype.Float8 // the summary's: the longest held folded lease
+	Folded, FoldedHeld                         pgtype.Int8
+	NullNames, NullValues, Duplicates          pgtype.Int8
+	Columns                                    []string // the optional columns the table has
 }
 
 func (c *leasesCollector) Update(ctx context.Context, out *exposition.Builder) error {
@@ -154,12 +150,13 @@ func (c *leasesCollector) Update(ctx context.Context, out *exposition.Builder) e
 	columns, sql := c.columns, c.sql
 	c.mu.Unlock()
 	var (
-		rows []leaseRow
-		sum  leaseSummary
-		err  error
+		sum    leaseRow
+		counts map[string]int64
+		err    error
 	)
 	for attempt := 1; ; attempt++ {
-		rows, sum, err = c.query(ctx, sql)
+		out.Reset() // what an earlier attempt added
+		sum, counts, err = c.read(ctx, sql, out)
 		var pgErr *pgconn.PgError
 		if err != nil && errors.As(err, &pgErr) && pgErr.Code == "42703" && len(columns) > 0 && attempt == 1 {
 			// An optional column is missing: read without any, which tells which exist.
@@ -169,66 +166,28 @@ func (c *leasesCollector) Update(ctx context.Context, out *exposition.Builder) e
 		if err != nil {
 			return err
 		}
-		if slices.Equal(sum.columns, columns) || attempt > 2 {
+		if slices.Equal(sum.Columns, columns) || attempt > 2 {
 			break
 		}
 		// The table's optional columns are not those the statement was rendered for.
-		columns, sql = sum.columns, leasesColumns(c.table, sum.columns)
+		columns, sql = sum.Columns, leasesColumns(c.table, sum.Columns)
 	}
 	c.mu.Lock()
 	c.columns, c.sql = columns, sql
 	c.mu.Unlock()
 
-	counts := map[string]int64{"null_name": sum.nullNames, "null_value": sum.nullValues, "duplicate_name": sum.dups}
-	seen := make(map[string]bool, len(rows))
-	for _, r := range rows {
-		name, bad := labelValue(*r.name)
-		if seen[name] { // two names that differ only in invalid bytes
-			counts["duplicate_name"]++
-			continue
+	if sum.Folded.Int64 > 0 {
+		out.Add(c.held, float64(sum.FoldedHeld.Int64), otherLease)
+		if sum.ExpiresIn.Valid {
+			out.Add(c.expiresIn, sum.ExpiresIn.Float64, otherLease)
 		}
-		seen[name] = true
-		if r.expiresIn != nil {
-			out.Add(c.expiresIn, *r.expiresIn, name)
-		}
-		out.Add(c.held, boolFloat(r.held != nil && *r.held), name)
-		if r.epoch != nil {
-			out.Add(c.epoch, float64(*r.epoch), name)
-		}
-		if r.holder != nil || r.holderHost != nil || r.holderInstanceID != nil {
-			var host, id string
-			switch {
-			case r.holderHost != nil:
-				host = *r.holderHost
-			case r.holder != nil:
-				host, _, _ = strings.Cut(*r.holder, ":") // never the pid or random part
-			}
-			if r.holderInstanceID != nil {
-				id = *r.holderInstanceID
-			}
-			var badHost, badID bool
-			host, badHost = labelValue(host)
-			id, badID = labelValue(id)
-			bad = bad || badHost || badID
-			out.Add(c.holder, 1, name, id, host)
-		}
-		if r.heldFor != nil {
-			out.Add(c.heldFor, *r.heldFor, name)
-		}
-		if bad {
-			counts["invalid_utf8"]++
+		if sum.HeldFor.Valid {
+			out.Add(c.heldFor, sum.HeldFor.Float64, otherLease)
 		}
 	}
-	if sum.folded > 0 {
-		out.Add(c.held, float64(sum.foldedHeld), otherLease)
-		if sum.soonest != nil {
-			out.Add(c.expiresIn, *sum.soonest, otherLease)
-		}
-		if sum.longest != nil {
-			out.Add(c.heldFor, *sum.longest, otherLease)
-		}
-	}
-	out.Add(c.folded, float64(sum.folded))
+	out.Add(c.folded, float64(sum.Folded.Int64))
+	counts["null_name"], counts["null_value"] = sum.NullNames.Int64, sum.NullValues.Int64
+	counts["duplicate_name"] += sum.Duplicates.Int64
 	var summary []string
 	for _, k := range leaseAnomalies {
 		out.Add(c.anomalies, float64(counts[k]), k)
@@ -240,34 +199,63 @@ func (c *leasesCollector) Update(ctx context.Context, out *exposition.Builder) e
 	return nil
 }
 
-// query runs leasesSQL once: the exported rows, then the summary.
-func (c *leasesCollector) query(ctx context.Context, sql string) ([]leaseRow, leaseSummary, error) {
-	var sum leaseSummary
+// read runs leasesSQL once, adds the exported leases to out as their rows arrive, and
+// returns the summary row and the anomalies found in the exported rows.
+func (c *leasesCollector) read(ctx context.Context, sql string, out *exposition.Builder) (leaseRow, map[string]int64, error) {
+	var r leaseRow
+	counts := map[string]int64{}
 	rows, err := c.pool.Query(ctx, sql, c.table, c.maxSeries)
 	if err != nil {
-		return nil, sum, err
+		return r, nil, err
 	}
 	defer rows.Close()
-	out := make([]leaseRow, 0, min(c.maxSeries, 64))
+	seen := map[string]bool{}
 	for rows.Next() {
-		var (
-			r                           leaseRow
-			folded, foldedHeld          *int64
-			nullNames, nullValues, dups *int64
-			columns                     []string
-		)
-		if err := rows.Scan(&r.name, &r.holder, &r.epoch, &r.holderInstanceID, &r.holderHost, &r.expiresIn, &r.held, &r.heldFor,
-			&folded, &foldedHeld, &nullNames, &nullValues, &dups, &columns); err != nil {
-			return nil, sum, err
+		r = leaseRow{}
+		if err := rows.Scan(&r.Name, &r.Holder, &r.Epoch, &r.HolderInstanceID, &r.HolderHost, &r.ExpiresIn, &r.Held, &r.HeldFor,
+			&r.Folded, &r.FoldedHeld, &r.NullNames, &r.NullValues, &r.Duplicates, &r.Columns); err != nil {
+			return r, nil, err
 		}
-		if folded == nil {
-			out = append(out, r)
+		if r.Folded.Valid { // the summary, last
 			continue
 		}
-		sum = leaseSummary{soonest: r.expiresIn, longest: r.heldFor, folded: *folded, foldedHeld: *foldedHeld,
-			nullNames: *nullNames, nullValues: *nullValues, dups: *dups, columns: columns}
+		name, bad := labelValue(r.Name.String)
+		if seen[name] { // two names that differ only in invalid bytes
+			counts["duplicate_name"]++
+			continue
+		}
+		seen[name] = true
+		if r.ExpiresIn.Valid {
+			out.Add(c.expiresIn, r.ExpiresIn.Float64, name)
+		}
+		out.Add(c.held, boolFloat(r.Held.Bool), name)
+		if r.Epoch.Valid {
+			out.Add(c.epoch, float64(r.Epoch.Int64), name)
+		}
+		if r.Holder.Valid || r.HolderHost.Valid || r.HolderInstanceID.Valid {
+			host := r.HolderHost.String
+			if !r.HolderHost.Valid {
+				host, _, _ = strings.Cut(r.Holder.String, ":") // never the pid or random part
+			}
+			host, badHost := labelValue(host)
+			id, badID := labelValue(r.HolderInstanceID.String)
+			bad = bad || badHost || badID
+			out.Add(c.holder, 1, name, id, host)
+		}
+		if r.HeldFor.Valid {
+			out.Add(c.heldFor, r.HeldFor.Float64, name)
+		}
+		if bad {
+			counts["invalid_utf8"]++
+		}
 	}
-	return out, sum, rows.Err()
+	if err := rows.Err(); err != nil {
+		return r, nil, err
+	}
+	if !r.Folded.Valid {
+		return r, nil, errors.New("the leases statement returned no summary row")
+	}
+	return r, counts, nil
 }
 
 // logAnomalies logs once when the kinds of anomalies change, not on every scrape.
