@@ -242,12 +242,38 @@ func TestHandlerHTTP(t *testing.T) {
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
 		t.Errorf("Content-Type = %q, want the text exposition format", ct)
 	}
+	if !resp.Uncompressed { // the transport asked for gzip and decompressed it
+		t.Error("the answer was not gzipped although the client accepts gzip")
+	}
 	mfs := parseText(t, strings.NewReader(string(body)))
 	if got := value(mfs, "extra_gauge"); got != 7 {
 		t.Errorf("extra_gauge = %v, want 7 from the extra gatherer", got)
 	}
 	if got := value(mfs, "pg_liveness_up"); got != 1 {
 		t.Errorf("pg_liveness_up = %v, want 1", got)
+	}
+}
+
+func TestAcceptsGzip(t *testing.T) {
+	for header, want := range map[string]bool{
+		"":                      false,
+		"gzip":                  true,
+		"GZIP":                  true,
+		"deflate, gzip;q=0.5":   true,
+		"gzip;q=0":              false,
+		"gzip; q=0.0, identity": false,
+		"identity, br":          false,
+		"x-gzip":                false,
+		"br, gzip ; q=1":        true,
+		"gzip;q=nonsense":       false,
+	} {
+		h := http.Header{}
+		if header != "" {
+			h.Set("Accept-Encoding", header)
+		}
+		if got := acceptsGzip(h); got != want {
+			t.Errorf("Accept-Encoding %q: gzip %v, want %v", header, got, want)
+		}
 	}
 }
 

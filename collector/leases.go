@@ -17,27 +17,20 @@ import (
 
 // leasesSQL reads the leases by the database clock, folded in the database so that only
 // the exported rows travel. Nothing is assumed of a foreign table: names may repeat and
-// any column may be NULL. One row per name counts (the one expiring last, then the higher
-// epoch, then the holder); of those, the max-series most urgent ($2: expired longest ago,
-// then soonest to expire, NULL last, then by name) come one row each, in that order,
-// followed by one summary row: the folded leases (how many, how many unexpired, the
-// soonest expiry, the earliest taken_at), the anomalies (rows without a name, named
-// rows with a NULL holder, taken_at or expires_at, and extra rows of a name), and which
-// of the optional columns the table has now ($1, the table, as a regclass).
+// any column may be NULL. One row per name counts ({best}); of those, the max-series most
+// urgent ($2: expired longest ago, then soonest to expire, NULL last, then by name) come
+// one row each, in that order, followed by one summary row: the folded leases (how many,
+// how many unexpired, the soonest expiry, the earliest taken_at), the anomalies (rows
+// without a name, named rows with a NULL holder, taken_at or expires_at, and extra rows
+// of a name), and the table's shape ($1, the table, as a regclass): which of the optional
+// columns it has, and "unique name" when a unique index guarantees one row per name.
 //
 // {table} is a quoted identifier. The optional columns {epoch}, {holder_instance_id} and
 // {holder_host} are the table's columns, or NULL when it has none (a plain leases table
-// without an epoch, or one from before holder identities): leasesColumns renders them,
-// and the summary row tells when the table's columns changed.
+// without an epoch, or one from before holder identities). leasesFor renders them and
+// {best} for the table's shape, and the summary row tells when the shape changed.
 const leasesSQL = `/* pg_liveness:leases */
-WITH best AS MATERIALIZED (
-    SELECT DISTINCT ON (l.name::text COLLATE "C")
-           l.name::text COLLATE "C" AS name, l.holder, {epoch} AS epoch, {holder_instance_id} AS holder_instance_id,
-           {holder_host} AS holder_host, l.expires_at, l.taken_at
-      FROM {table} AS l
-     WHERE l.name IS NOT NULL
-     ORDER BY l.name::text COLLATE "C", l.expires_at DESC NULLS LAST, 3 DESC NULLS LAST, l.holder::text COLLATE "C" DESC NULLS LAST
-), kept AS MATERIALIZED (
+WITH best AS {best}, kept AS MATERIALIZED (
     SELECT b.* FROM best b ORDER BY b.expires_at, b.name LIMIT $2
 )
 (SELECT k.name, k.holder::text, k.epoch::bigint, k.holder_instance_id::text, k.holder_host::text,
@@ -49,11 +42,16 @@ WITH best AS MATERIALIZED (
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL,
        extract(epoch FROM f.soonest - now())::float8, NULL, extract(epoch FROM now() - f.first_taken)::float8,
-       f.n, f.held, a.null_names, a.null_values, a.named - (SELECT count(*) FROM best),
+       f.n, f.held, a.null_names, a.null_values, a.named - f.n - (SELECT count(*) FROM kept),
        ARRAY(SELECT c.attname::text FROM pg_catalog.pg_attribute c
               WHERE c.attrelid = $1::regclass AND c.attnum > 0 AND NOT c.attisdropped
                 AND c.attname IN ('epoch', 'holder_instance_id', 'holder_host')
-              ORDER BY 1)
+             UNION ALL
+             (SELECT 'unique name' FROM pg_catalog.pg_index x
+                JOIN pg_catalog.pg_attribute c ON c.attrelid = x.indrelid AND c.attnum = x.indkey[0]
+               WHERE x.indrelid = $1::regclass AND x.indisunique AND x.indisvalid AND x.indnkeyatts = 1
+                 AND x.indpred IS NULL AND c.attname = 'name'
+               LIMIT 1))
   FROM (SELECT count(*) FILTER (WHERE l.name IS NULL) AS null_names,
                count(*) FILTER (WHERE l.name IS NOT NULL AND (l.holder IS NULL OR l.expires_at IS NULL OR l.taken_at IS NULL)) AS null_values,
                count(*) FILTER (WHERE l.name IS NOT NULL) AS named
@@ -63,19 +61,47 @@ SELECT NULL, NULL, NULL, NULL, NULL,
           FROM best b
          WHERE b.name NOT IN (SELECT k.name FROM kept k)) f`
 
-// leaseOptionalColumns are the columns of our leases table that a foreign one may lack,
-// sorted as leasesSQL reports the ones present.
-var leaseOptionalColumns = []string{"epoch", "holder_instance_id", "holder_host"}
+// leasesBestSQL is {best} for a table whose names may repeat: of a name's rows, the one
+// expiring last, then the higher epoch, then the holder.
+const leasesBestSQL = `MATERIALIZED (
+    SELECT DISTINCT ON (l.name::text COLLATE "C")
+           l.name::text COLLATE "C" AS name, l.holder, {epoch} AS epoch, {holder_instance_id} AS holder_instance_id,
+           {holder_host} AS holder_host, l.expires_at, l.taken_at
+      FROM {table} AS l
+     WHERE l.name IS NOT NULL
+     ORDER BY l.name::text COLLATE "C", l.expires_at DESC NULLS LAST, 3 DESC NULLS LAST, l.holder::text COLLATE "C" DESC NULLS LAST
+)`
 
-// leasesColumns renders leasesSQL for a table with the given optional columns.
-func leasesColumns(table string, present []string) string {
-	s := strings.ReplaceAll(leasesSQL, "{table}", table)
-	for _, col := range leaseOptionalColumns {
+// leasesUniqueSQL is {best} for a table with a unique index on name, as ours has: every
+// named row, without sorting them all; the most urgent come off an index on expires_at
+// when there is one.
+const leasesUniqueSQL = `NOT MATERIALIZED (
+    SELECT l.name::text COLLATE "C" AS name, l.holder, {epoch} AS epoch, {holder_instance_id} AS holder_instance_id,
+           {holder_host} AS holder_host, l.expires_at, l.taken_at
+      FROM {table} AS l
+     WHERE l.name IS NOT NULL
+)`
+
+// uniqueName is the shape entry leasesSQL reports for a table with a unique index on name.
+const uniqueName = "unique name"
+
+// ourLeasesShape is our own leases table's shape, as leasesSQL reports it (sorted).
+var ourLeasesShape = []string{"epoch", "holder_host", "holder_instance_id", uniqueName}
+
+// leasesFor renders leasesSQL for a table of the given shape.
+func leasesFor(table string, shape []string) string {
+	best := leasesBestSQL
+	if slices.Contains(shape, uniqueName) {
+		best = leasesUniqueSQL
+	}
+	s := strings.ReplaceAll(leasesSQL, "{best}", best)
+	s = strings.ReplaceAll(s, "{table}", table)
+	for _, col := range []string{"epoch", "holder_instance_id", "holder_host"} {
 		expr := "NULL::text"
 		if col == "epoch" {
 			expr = "NULL::bigint"
 		}
-		if slices.Contains(present, col) {
+		if slices.Contains(shape, col) {
 			expr = "l." + col
 		}
 		s = strings.ReplaceAll(s, "{"+col+"}", expr)
@@ -98,7 +124,7 @@ type leasesCollector struct {
 	folded, anomalies                       *exposition.Family
 
 	mu          sync.Mutex
-	columns     []string // the optional columns sql was rendered for
+	shape       []string // the table's shape sql was rendered for
 	sql         string
 	lastAnomaly string // the anomalies last logged, "" while there are none
 }
@@ -108,8 +134,8 @@ func newLeasesCollector(pool *pgxpool.Pool, table string, maxSeries int, logger 
 	return &leasesCollector{
 		pool:      pool,
 		table:     table,
-		columns:   leaseOptionalColumns, // our own table's; corrected by the first scrape otherwise
-		sql:       leasesColumns(table, leaseOptionalColumns),
+		shape:     ourLeasesShape, // corrected by the first scrape for another table
+		sql:       leasesFor(table, ourLeasesShape),
 		maxSeries: maxSeries,
 		logger:    logger,
 		expiresIn: gauge("lease_expires_in_seconds",
@@ -142,12 +168,12 @@ type leaseRow struct {
 	HeldFor                                    pgtype.Float8 // the summary's: the longest held folded lease
 	Folded, FoldedHeld                         pgtype.Int8
 	NullNames, NullValues, Duplicates          pgtype.Int8
-	Columns                                    []string // the optional columns the table has
+	Shape                                      []string // the table's optional columns, and "unique name"
 }
 
 func (c *leasesCollector) Update(ctx context.Context, out *exposition.Builder) error {
 	c.mu.Lock()
-	columns, sql := c.columns, c.sql
+	shape, sql := c.shape, c.sql
 	c.mu.Unlock()
 	var (
 		sum    leaseRow
@@ -158,22 +184,23 @@ func (c *leasesCollector) Update(ctx context.Context, out *exposition.Builder) e
 		out.Reset() // what an earlier attempt added
 		sum, counts, err = c.read(ctx, sql, out)
 		var pgErr *pgconn.PgError
-		if err != nil && errors.As(err, &pgErr) && pgErr.Code == "42703" && len(columns) > 0 && attempt == 1 {
-			// An optional column is missing: read without any, which tells which exist.
-			columns, sql = nil, leasesColumns(c.table, nil)
+		if err != nil && errors.As(err, &pgErr) && pgErr.Code == "42703" && len(shape) > 0 && attempt == 1 {
+			// An optional column is missing: read without any, which tells the shape.
+			shape, sql = nil, leasesFor(c.table, nil)
 			continue
 		}
 		if err != nil {
 			return err
 		}
-		if slices.Equal(sum.Columns, columns) || attempt > 2 {
+		slices.Sort(sum.Shape)
+		if slices.Equal(sum.Shape, shape) || attempt > 2 {
 			break
 		}
-		// The table's optional columns are not those the statement was rendered for.
-		columns, sql = sum.Columns, leasesColumns(c.table, sum.Columns)
+		// The table's shape is not the one the statement was rendered for.
+		shape, sql = sum.Shape, leasesFor(c.table, sum.Shape)
 	}
 	c.mu.Lock()
-	c.columns, c.sql = columns, sql
+	c.shape, c.sql = shape, sql
 	c.mu.Unlock()
 
 	if sum.Folded.Int64 > 0 {
@@ -213,7 +240,7 @@ func (c *leasesCollector) read(ctx context.Context, sql string, out *exposition.
 	for rows.Next() {
 		r = leaseRow{}
 		if err := rows.Scan(&r.Name, &r.Holder, &r.Epoch, &r.HolderInstanceID, &r.HolderHost, &r.ExpiresIn, &r.Held, &r.HeldFor,
-			&r.Folded, &r.FoldedHeld, &r.NullNames, &r.NullValues, &r.Duplicates, &r.Columns); err != nil {
+			&r.Folded, &r.FoldedHeld, &r.NullNames, &r.NullValues, &r.Duplicates, &r.Shape); err != nil {
 			return r, nil, err
 		}
 		if r.Folded.Valid { // the summary, last

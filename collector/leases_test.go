@@ -146,8 +146,8 @@ func TestLeasesCapFoldsIntoOther(t *testing.T) {
 }
 
 // The statement reads a foreign table's optional columns directly, rendered for the
-// columns the table has; when they change (an epoch column added, then dropped), the
-// same scrape notices and reads them as they are now.
+// table's shape; when it changes (an epoch column added, then dropped, then the unique
+// index on name), the same scrape notices and reads the table as it is now.
 func TestLeasesFollowTheTablesColumns(t *testing.T) {
 	db := pgtest.NewDB(t)
 	db.Exec(t, `CREATE TABLE jobs (name text PRIMARY KEY, holder text, taken_at timestamptz, expires_at timestamptz);
@@ -179,5 +179,15 @@ func TestLeasesFollowTheTablesColumns(t *testing.T) {
 	}
 	if v := value(got, "pg_liveness_lease_epoch", "lease", "mail"); v == v {
 		t.Errorf("epoch %v after the column was dropped, want none", v)
+	}
+	// Without the primary key, names may repeat: the row expiring last is exported.
+	db.Exec(t, `ALTER TABLE jobs DROP CONSTRAINT jobs_pkey;
+		INSERT INTO jobs (name, holder, taken_at, expires_at) VALUES ('mail', 'node-2:2', now(), now() + interval '600 s')`)
+	got = scrapeFamilies(t, e)
+	if v := value(got, "pg_liveness_lease_row_anomalies", "kind", "duplicate_name"); v != 1 {
+		t.Errorf("duplicate_name %v without a unique name, want 1", v)
+	}
+	if v := value(got, "pg_liveness_lease_expires_in_seconds", "lease", "mail"); !(v > 500) {
+		t.Errorf("mail expires in %v s, want the later row's ~600 s", v)
 	}
 }
