@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
@@ -223,7 +222,7 @@ func dsnOutputs(t *testing.T, s, pw string) string {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
 		req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", "3")
-		e.Handler(nil, promhttp.HandlerOpts{}).ServeHTTP(rec, req)
+		e.Handler(nil).ServeHTTP(rec, req)
 		out = append(out, rec.Body.String(), logs.String())
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		add("ping", pool.Ping(ctx))

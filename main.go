@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,7 +31,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/promslog"
 	"github.com/prometheus/common/promslog/flag"
 	"github.com/prometheus/common/version"
@@ -54,6 +54,12 @@ const (
 )
 
 func main() {
+	// The heap is small and mostly each scrape's garbage, and scrapes come seconds apart:
+	// collecting at 50 % growth instead of Go's 100 % costs little CPU and keeps a few MiB
+	// less resident. GOGC (and GOMEMLIMIT) in the environment still decide.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(50)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Getenv("DATA_SOURCE_NAME"), os.Stderr))
@@ -394,7 +400,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle(f.telemetryPath, exporter.Handler(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelError)}))
+	mux.Handle(f.telemetryPath, exporter.Handler(reg))
 	mux.Handle("/status", page)
 	mux.Handle("/status.json", page)
 	if f.telemetryPath != "/" {

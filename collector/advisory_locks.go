@@ -2,11 +2,14 @@ package collector
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 )
 
 // advisoryLocksSQL reads this database's advisory locks and client backends in one
@@ -72,29 +75,29 @@ type advisoryLocksCollector struct {
 	sql                                  string
 	args                                 []any
 	maxApps                              int
-	locks, holders, backends, idle, wait *prometheus.Desc
+	locks, holders, backends, idle, wait *exposition.Family
 }
 
 func newAdvisoryLocksCollector(pool *pgxpool.Pool, schema string, source SourceConfig, maxApps int) *advisoryLocksCollector {
-	app := []string{"application_name"}
+	const app = "application_name"
 	sql, args := advisoryLocksStatement(schema, source)
 	return &advisoryLocksCollector{
 		pool:    pool,
 		sql:     sql,
 		args:    args,
 		maxApps: maxApps,
-		locks: prometheus.NewDesc(namespace+"_advisory_locks",
+		locks: gauge("advisory_locks",
 			"Advisory locks in this database: kind alive_lock (an instance's alive-lock key) or other, granted true or false (waiting).",
-			[]string{"kind", "granted"}, nil),
-		holders: prometheus.NewDesc(namespace+"_advisory_lock_holders",
+			"kind", "granted"),
+		holders: gauge("advisory_lock_holders",
 			"Client backends of this database that hold a granted advisory lock, by application and backend state.",
-			[]string{"application_name", "backend_state"}, nil),
-		backends: prometheus.NewDesc(namespace+"_backends",
-			"Client backends connected to this database, the exporter's own included.", app, nil),
-		idle: prometheus.NewDesc(namespace+"_advisory_lock_idle_holder_max_seconds",
-			"Longest time an idle (or idle in transaction) backend holding an advisory lock has been idle; 0 when none is.", app, nil),
-		wait: prometheus.NewDesc(namespace+"_advisory_lock_waiters",
-			"Client backends of this database waiting for an advisory lock.", app, nil),
+			app, "backend_state"),
+		backends: gauge("backends",
+			"Client backends connected to this database, the exporter's own included.", app),
+		idle: gauge("advisory_lock_idle_holder_max_seconds",
+			"Longest time an idle (or idle in transaction) backend holding an advisory lock has been idle; 0 when none is.", app),
+		wait: gauge("advisory_lock_waiters",
+			"Client backends of this database waiting for an advisory lock.", app),
 	}
 }
 
@@ -104,7 +107,7 @@ type appStats struct {
 	holders           map[string]float64 // by backend state
 }
 
-func (c *advisoryLocksCollector) Update(ctx context.Context, ch chan<- prometheus.Metric) error {
+func (c *advisoryLocksCollector) Update(ctx context.Context, out *exposition.Builder) error {
 	rows, err := c.pool.Query(ctx, c.sql, c.args...)
 	if err != nil {
 		return err
@@ -142,15 +145,17 @@ func (c *advisoryLocksCollector) Update(ctx context.Context, ch chan<- prometheu
 
 	for _, kind := range []string{"alive_lock", "other"} {
 		for _, granted := range []string{"true", "false"} {
-			ch <- prometheus.MustNewConstMetric(c.locks, prometheus.GaugeValue, lockCounts[[2]string{kind, granted}], kind, granted)
+			out.Add(c.locks, lockCounts[[2]string{kind, granted}], kind, granted)
 		}
 	}
-	for app, s := range foldApps(apps, c.maxApps) {
-		ch <- prometheus.MustNewConstMetric(c.backends, prometheus.GaugeValue, s.backends, app)
-		ch <- prometheus.MustNewConstMetric(c.wait, prometheus.GaugeValue, s.waiters, app)
-		ch <- prometheus.MustNewConstMetric(c.idle, prometheus.GaugeValue, s.idleMax, app)
-		for state, n := range s.holders {
-			ch <- prometheus.MustNewConstMetric(c.holders, prometheus.GaugeValue, n, app, state)
+	folded := foldApps(apps, c.maxApps)
+	for _, app := range slices.Sorted(maps.Keys(folded)) {
+		s := folded[app]
+		out.Add(c.backends, s.backends, app)
+		out.Add(c.wait, s.waiters, app)
+		out.Add(c.idle, s.idleMax, app)
+		for _, state := range slices.Sorted(maps.Keys(s.holders)) {
+			out.Add(c.holders, s.holders[state], app, state)
 		}
 	}
 	return nil

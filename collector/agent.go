@@ -4,8 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
+	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
@@ -18,13 +17,16 @@ type agentCollector struct {
 	agent  AgentSource
 	status StatusSource // may be nil: the agent then counts as started
 
-	info, lockHeld, interval, beats, failures, lastBeat, reconnects *prometheus.Desc
-	leaseHeld, leaseEpoch, leasesLost, reaped, joined, duplicate    *prometheus.Desc
+	info, lockHeld, interval, beats, failures, lastBeat, reconnects *exposition.Family
+	leaseHeld, leaseEpoch, leasesLost, reaped, joined, duplicate    *exposition.Family
 }
 
 func newAgentCollector(agent AgentSource, status StatusSource) *agentCollector {
-	desc := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc(namespace+"_agent_"+name, help, labels, nil)
+	desc := func(name, help string, labels ...string) *exposition.Family {
+		return gauge("agent_"+name, help, labels...)
+	}
+	count := func(name, help string, labels ...string) *exposition.Family {
+		return counter("agent_"+name, help, labels...)
 	}
 	return &agentCollector{
 		agent:  agent,
@@ -37,27 +39,23 @@ func newAgentCollector(agent AgentSource, status StatusSource) *agentCollector {
 		info:     desc("info", "The local agent's identity; always 1.", "instance_id", "service", "mode"),
 		lockHeld: desc("alive_lock_held", "1 while the agent holds its alive lock, verified on its own backend."),
 		interval: desc("heartbeat_interval_seconds", "Heartbeat cadence chosen on the last tick."),
-		beats:    desc("heartbeats_total", "Successful heartbeat writes."),
-		failures: desc("heartbeat_failures_total", "Failed heartbeat writes."),
+		beats:    count("heartbeats_total", "Successful heartbeat writes."),
+		failures: count("heartbeat_failures_total", "Failed heartbeat writes."),
 		lastBeat: desc("last_heartbeat_timestamp_seconds",
 			"Database time of the last successful heartbeat, as a Unix timestamp; absent before the first."),
-		reconnects: desc("alive_lock_reconnects_total", "Direct connections opened for the alive lock after the first."),
+		reconnects: count("alive_lock_reconnects_total", "Direct connections opened for the alive lock after the first."),
 		leaseHeld:  desc("lease_held", "1 while the agent holds the lease.", "lease"),
 		leaseEpoch: desc("lease_epoch", "The fencing epoch the agent believes it holds the lease under; absent while it does not. "+
 			"A value that differs from the lease row's pg_liveness_lease_epoch is a process that still believes it leads.", "lease"),
-		leasesLost: desc("leases_lost_total", "Leases the agent lost, by reason: expired, taken or error.", "lease", "reason"),
-		reaped:     desc("instances_reaped_total", "Stale instances removed by the agent's reaper."),
+		leasesLost: count("leases_lost_total", "Leases the agent lost, by reason: expired, taken or error.", "lease", "reason"),
+		reaped:     count("instances_reaped_total", "Stale instances removed by the agent's reaper."),
 	}
 }
 
-func (c *agentCollector) Update(_ context.Context, ch chan<- prometheus.Metric) error {
+func (c *agentCollector) Update(_ context.Context, out *exposition.Builder) error {
 	s := c.agent.Snapshot()
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
-	}
+	gauge := func(f *exposition.Family, v float64, labels ...string) { out.Add(f, v, labels...) }
+	counter := func(f *exposition.Family, v uint64, labels ...string) { out.Add(f, float64(v), labels...) }
 	started := c.status == nil || c.status.Status().AgentStarted
 	gauge(c.joined, boolFloat(started && s.Heartbeat.Beats > 0))
 	gauge(c.info, 1, s.InstanceID.String(), s.ServiceName, string(s.Mode))

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/pg-liveness/pg_liveness_exporter/internal/benchdata"
 )
 
@@ -37,7 +35,7 @@ func BenchmarkScrape(b *testing.B) {
 			}
 			qc := &queryCounter{}
 			e := newExporter(b, cfg, exporterPool(b, dsn, 2, qc), testAgent, nil)
-			h := e.Handler(nil, promhttp.HandlerOpts{})
+			h := e.Handler(nil)
 			scrape := func() {
 				req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
 				req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", "10")

@@ -16,9 +16,11 @@
 package collector
 
 import (
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net/http"
@@ -31,18 +33,21 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
 const namespace = "pg_liveness"
 
-// Collector produces one group of metrics. Update sends const metrics to ch and returns
-// when it is done or ctx ends; it must not use ch after it returns.
+// Collector produces one group of metrics. Update adds its samples to out and returns
+// when it is done or ctx ends; it must not use out after it returns. Each series must be
+// added once: nothing checks it after Update.
 type Collector interface {
-	Update(ctx context.Context, ch chan<- prometheus.Metric) error
+	Update(ctx context.Context, out *exposition.Builder) error
 }
 
 // AgentSource is what the agent collector reads; liveness's agent implements it.
@@ -51,20 +56,29 @@ type AgentSource interface {
 }
 
 var (
-	upDesc = prometheus.NewDesc(namespace+"_up",
-		"1 when PostgreSQL answered during this scrape, 0 otherwise.", nil, nil)
-	durationDesc = prometheus.NewDesc(namespace+"_scrape_collector_duration_seconds",
+	upDesc = gauge("up",
+		"1 when PostgreSQL answered during this scrape, 0 otherwise.")
+	durationDesc = gauge("scrape_collector_duration_seconds",
 		"Time a collector took in this scrape; the whole budget when it missed the deadline.",
-		[]string{"collector"}, nil)
-	downReasonDesc = prometheus.NewDesc(namespace+"_database_down_reason",
+		"collector")
+	downReasonDesc = gauge("database_down_reason",
 		"1 for why PostgreSQL did not answer this scrape (pg_liveness_up 0): auth (the login was refused: password, pg_hba.conf, role), "+
 			"unavailable (the server refused the session: starting, shutting down, too many connections), connection (no connection: "+
 			"network, TLS, DNS), timeout (no answer within the scrape deadline). All 0 while it answers.",
-		[]string{"reason"}, nil)
-	successDesc = prometheus.NewDesc(namespace+"_scrape_collector_success",
+		"reason")
+	successDesc = gauge("scrape_collector_success",
 		"1 when a collector succeeded in this scrape, 0 when it failed or missed the deadline.",
-		[]string{"collector"}, nil)
+		"collector")
 )
+
+// gauge and counter describe a family named namespace_name.
+func gauge(name, help string, labels ...string) *exposition.Family {
+	return exposition.NewFamily(namespace+"_"+name, help, exposition.Gauge, labels...)
+}
+
+func counter(name, help string, labels ...string) *exposition.Family {
+	return exposition.NewFamily(namespace+"_"+name, help, exposition.Counter, labels...)
+}
 
 // Exporter runs the enabled collectors for each scrape.
 type Exporter struct {
@@ -80,7 +94,29 @@ type entry struct {
 	db   bool // talks to PostgreSQL, so its outcome tells whether the server answers
 
 	mu      sync.Mutex
-	lastErr string // the failure last logged at warn level, "" while healthy
+	lastErr string              // the failure last logged at warn level, "" while healthy
+	spare   *exposition.Builder // the builder of the last finished scrape, with its buffers
+}
+
+// builder returns the collector's builder, reset, or a new one while a straggler still
+// holds it (or two scrapes overlap).
+func (c *entry) builder() *exposition.Builder {
+	c.mu.Lock()
+	b := c.spare
+	c.spare = nil
+	c.mu.Unlock()
+	if b == nil {
+		return new(exposition.Builder)
+	}
+	b.Reset()
+	return b
+}
+
+// keep hands a finished scrape's builder back for the next scrape.
+func (c *entry) keep(b *exposition.Builder) {
+	c.mu.Lock()
+	c.spare = b
+	c.mu.Unlock()
 }
 
 // New builds the enabled collectors. pool may be nil only when no database collector is
@@ -138,30 +174,91 @@ func (e *Exporter) Enabled() []string {
 }
 
 // Handler serves one scrape per request: it runs the enabled collectors concurrently
-// under the request's deadline and answers with their metrics plus extra's (the caller's
-// Go, process and build-info registry; may be nil).
-//
-// opts is passed to promhttp.HandlerFor, which is built per request because the metrics
-// are: its Timeout, MaxRequestsInFlight and CoalesceGather are ignored (the scrape
-// deadline bounds each request). ErrorLog defaults to the Exporter's logger.
-func (e *Exporter) Handler(extra prometheus.Gatherer, opts promhttp.HandlerOpts) http.Handler {
-	opts.Timeout, opts.MaxRequestsInFlight, opts.CoalesceGather = 0, 0, false
-	if opts.ErrorLog == nil {
-		opts.ErrorLog = slog.NewLogLogger(e.logger.Handler(), slog.LevelError)
-	}
+// under the request's deadline and answers in the text format with their metrics plus
+// extra's (the caller's Go, process and build-info registry; may be nil), gzipped when
+// the scraper accepts it. The collectors' samples are written straight from the buffers
+// they were added to, which are reused by later scrapes.
+func (e *Exporter) Handler(extra prometheus.Gatherer) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), e.scrapeTimeout(r.Header))
-		metrics := e.scrape(ctx)
+		s := e.scrape(ctx)
 		cancel() // ends stragglers
+		defer s.release()
 
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(constCollector(metrics))
-		gatherers := prometheus.Gatherers{reg}
+		var fams []*dto.MetricFamily
 		if extra != nil {
-			gatherers = append(gatherers, extra)
+			var err error
+			if fams, err = extra.Gather(); err != nil { // what it gathered is still served
+				e.logger.Error("gathering the process's own metrics", "err", err)
+			}
 		}
-		promhttp.HandlerFor(gatherers, opts).ServeHTTP(w, r)
+		h := w.Header()
+		h.Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+		var out io.Writer = w
+		if acceptsGzip(r.Header) {
+			h.Set("Content-Encoding", "gzip")
+			h.Add("Vary", "Accept-Encoding")
+			gz := getGzip(w)
+			defer putGzip(gz)
+			out = gz
+		}
+		err := exposition.Write(out, s.builders...)
+		for _, mf := range fams {
+			if err != nil {
+				break
+			}
+			_, err = expfmt.MetricFamilyToText(out, mf)
+		}
+		if gz, ok := out.(*gzip.Writer); ok && err == nil {
+			err = gz.Close()
+		}
+		if err != nil {
+			e.logger.Debug("writing the scrape's answer", "err", err) // the scraper went away
+		}
 	})
+}
+
+// gzipWriters keeps the gzip writer of a past scrape: it holds over half a MiB of
+// compressor state, too much to allocate per scrape. BestSpeed: the exposition repeats
+// itself, so the fastest level compresses it nearly as well, at a fraction of the CPU.
+var gzipWriters = make(chan *gzip.Writer, 1)
+
+func getGzip(w io.Writer) *gzip.Writer {
+	select {
+	case gz := <-gzipWriters:
+		gz.Reset(w)
+		return gz
+	default:
+		gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed) // a valid level: no error
+		return gz
+	}
+}
+
+func putGzip(gz *gzip.Writer) {
+	gz.Reset(io.Discard) // holds no response writer
+	select {
+	case gzipWriters <- gz:
+	default:
+	}
+}
+
+// acceptsGzip reports whether the Accept-Encoding header lists gzip with a non-zero q.
+func acceptsGzip(h http.Header) bool {
+	for _, v := range h.Values("Accept-Encoding") {
+		for part := range strings.SplitSeq(v, ",") {
+			coding, params, _ := strings.Cut(part, ";")
+			if !strings.EqualFold(strings.TrimSpace(coding), "gzip") {
+				continue
+			}
+			q, ok := strings.CutPrefix(strings.ReplaceAll(params, " ", ""), "q=")
+			if !ok {
+				return true
+			}
+			f, err := strconv.ParseFloat(q, 64)
+			return err == nil && f > 0
+		}
+	}
+	return false
 }
 
 // maxScrapeTimeout bounds the scraper's timeout header; a larger value is treated as
@@ -190,22 +287,43 @@ func (e *Exporter) scrapeTimeout(h http.Header) time.Duration {
 
 type result struct {
 	idx      int
-	metrics  []prometheus.Metric
+	out      *exposition.Builder
 	err      error
 	duration time.Duration
+}
+
+// ownBuilders keeps the builder of the exporter's own metrics between scrapes.
+var ownBuilders = sync.Pool{New: func() any { return new(exposition.Builder) }}
+
+// scraped is one scrape's samples: the builders of the collectors that finished and the
+// exporter's own.
+type scraped struct {
+	builders []*exposition.Builder // what is written
+	finished []*entry              // the collectors whose builders go back to them
+	results  []*exposition.Builder // their builders, in the same order
+	own      *exposition.Builder
+}
+
+// release hands the builders back for later scrapes. A straggler's builder is never
+// among them: it may still be written to.
+func (s *scraped) release() {
+	for i, c := range s.finished {
+		c.keep(s.results[i])
+	}
+	ownBuilders.Put(s.own)
 }
 
 // scrape runs every collector in its own goroutine and returns what finished before ctx
 // ended, plus the exporter's own metrics. It does not wait for stragglers: they end when
 // the caller cancels ctx, and their results go to a buffered channel nobody reads.
-func (e *Exporter) scrape(ctx context.Context) []prometheus.Metric {
+func (e *Exporter) scrape(ctx context.Context) *scraped {
 	start := time.Now()
 	results := make(chan result, len(e.collectors))
 	for i, c := range e.collectors {
 		go func() {
 			t0 := time.Now()
-			ms, err := run(ctx, c.c)
-			results <- result{idx: i, metrics: ms, err: err, duration: time.Since(t0)}
+			out, err := run(ctx, c.c, c.builder())
+			results <- result{idx: i, out: out, err: err, duration: time.Since(t0)}
 		}()
 	}
 
@@ -231,7 +349,9 @@ wait:
 		}
 	}
 
-	var out []prometheus.Metric
+	own := ownBuilders.Get().(*exposition.Builder)
+	own.Reset()
+	s := &scraped{builders: make([]*exposition.Builder, 0, len(e.collectors)+1), own: own}
 	answered, anyDB := false, false
 	var downErr error // the first database collector's failure
 	for i, c := range e.collectors {
@@ -249,12 +369,14 @@ wait:
 		success := 0.0
 		if r.err == nil {
 			success = 1
-			out = append(out, r.metrics...)
+			s.builders = append(s.builders, r.out)
+		}
+		if r.out != nil { // finished
+			s.finished, s.results = append(s.finished, c), append(s.results, r.out)
 		}
 		e.logOutcome(c, r.err)
-		out = append(out,
-			prometheus.MustNewConstMetric(durationDesc, prometheus.GaugeValue, r.duration.Seconds(), c.name),
-			prometheus.MustNewConstMetric(successDesc, prometheus.GaugeValue, success, c.name))
+		own.Add(durationDesc, r.duration.Seconds(), c.name)
+		own.Add(successDesc, success, c.name)
 	}
 	if !anyDB && e.pool != nil {
 		downErr = e.pool.Ping(ctx)
@@ -266,37 +388,26 @@ wait:
 			reason = downReason(downErr)
 		}
 		for _, r := range downReasons {
-			out = append(out, prometheus.MustNewConstMetric(downReasonDesc, prometheus.GaugeValue, boolFloat(r == reason), r))
+			own.Add(downReasonDesc, boolFloat(r == reason), r)
 		}
 	}
 	if e.cfg.Status != nil {
-		out = append(out, statusMetrics(e.cfg.Status.Status())...)
+		statusMetrics(own, e.cfg.Status.Status())
 	}
-	return append(out, prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, boolFloat(answered)))
+	own.Add(upDesc, boolFloat(answered))
+	s.builders = append(s.builders, own)
+	return s
 }
 
-// run collects one collector's metrics. A panic becomes an error: the agent lives in
+// run collects one collector's samples. A panic becomes an error: the agent lives in
 // this process, and a collector bug must not drop its alive lock.
-func run(ctx context.Context, c Collector) (ms []prometheus.Metric, err error) {
-	ch := make(chan prometheus.Metric, 256) // buffered: fewer goroutine switches per metric
-	collected := make(chan []prometheus.Metric)
-	go func() {
-		var ms []prometheus.Metric
-		for m := range ch {
-			ms = append(ms, m)
+func run(ctx context.Context, c Collector, out *exposition.Builder) (_ *exposition.Builder, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic: %v", p)
 		}
-		collected <- ms
 	}()
-	func() {
-		defer close(ch) // Update's only writer is done with ch
-		defer func() {
-			if p := recover(); p != nil {
-				err = fmt.Errorf("panic: %v", p)
-			}
-		}()
-		err = c.Update(ctx, ch)
-	}()
-	return <-collected, err
+	return out, c.Update(ctx, out)
 }
 
 var downReasons = []string{"auth", "connection", "timeout", "unavailable"}
@@ -352,18 +463,6 @@ func (e *Exporter) logOutcome(c *entry, err error) {
 	}
 	c.lastErr = msg
 	e.logger.Warn("collector failed", "collector", c.name, "err", msg)
-}
-
-// constCollector hands already-built metrics to a registry. It describes nothing, so the
-// registry treats it as unchecked; const metrics carry their own descriptors.
-type constCollector []prometheus.Metric
-
-func (constCollector) Describe(chan<- *prometheus.Desc) {}
-
-func (c constCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, m := range c {
-		ch <- m
-	}
 }
 
 func boolFloat(b bool) float64 {

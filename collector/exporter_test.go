@@ -13,8 +13,8 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
 )
 
@@ -225,7 +225,7 @@ func TestHandlerHTTP(t *testing.T) {
 	extra := prometheus.NewRegistry()
 	extra.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "extra_gauge", Help: "From the caller's registry."},
 		func() float64 { return 7 }))
-	srv := httptest.NewServer(e.Handler(extra, promhttp.HandlerOpts{}))
+	srv := httptest.NewServer(e.Handler(extra))
 	t.Cleanup(srv.Close)
 
 	req, _ := http.NewRequestWithContext(ctxT(t, 10*time.Second), http.MethodGet, srv.URL, nil)
@@ -242,12 +242,38 @@ func TestHandlerHTTP(t *testing.T) {
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
 		t.Errorf("Content-Type = %q, want the text exposition format", ct)
 	}
+	if !resp.Uncompressed { // the transport asked for gzip and decompressed it
+		t.Error("the answer was not gzipped although the client accepts gzip")
+	}
 	mfs := parseText(t, strings.NewReader(string(body)))
 	if got := value(mfs, "extra_gauge"); got != 7 {
 		t.Errorf("extra_gauge = %v, want 7 from the extra gatherer", got)
 	}
 	if got := value(mfs, "pg_liveness_up"); got != 1 {
 		t.Errorf("pg_liveness_up = %v, want 1", got)
+	}
+}
+
+func TestAcceptsGzip(t *testing.T) {
+	for header, want := range map[string]bool{
+		"":                      false,
+		"gzip":                  true,
+		"GZIP":                  true,
+		"deflate, gzip;q=0.5":   true,
+		"gzip;q=0":              false,
+		"gzip; q=0.0, identity": false,
+		"identity, br":          false,
+		"x-gzip":                false,
+		"br, gzip ; q=1":        true,
+		"gzip;q=nonsense":       false,
+	} {
+		h := http.Header{}
+		if header != "" {
+			h.Set("Accept-Encoding", header)
+		}
+		if got := acceptsGzip(h); got != want {
+			t.Errorf("Accept-Encoding %q: gzip %v, want %v", header, got, want)
+		}
 	}
 }
 
@@ -311,12 +337,12 @@ func TestNoDatabaseCollectorPings(t *testing.T) {
 
 type panicky struct{}
 
-func (panicky) Update(context.Context, chan<- prometheus.Metric) error { panic("boom") }
+func (panicky) Update(context.Context, *exposition.Builder) error { panic("boom") }
 
 type failing struct{}
 
-func (failing) Update(_ context.Context, ch chan<- prometheus.Metric) error {
-	ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, 42) // must not be exported
+func (failing) Update(_ context.Context, out *exposition.Builder) error {
+	out.Add(upDesc, 42) // must not be exported
 	return errors.New("half way")
 }
 
@@ -324,10 +350,10 @@ func (failing) Update(_ context.Context, ch chan<- prometheus.Metric) error {
 // Once released it still sends a metric, after the scrape has long returned.
 type stuck struct{ release, finished chan struct{} }
 
-func (s stuck) Update(_ context.Context, ch chan<- prometheus.Metric) error {
+func (s stuck) Update(_ context.Context, out *exposition.Builder) error {
 	defer close(s.finished)
 	<-s.release
-	ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, 1)
+	out.Add(upDesc, 1)
 	return nil
 }
 
@@ -373,11 +399,7 @@ func TestCollectorFailuresAreContained(t *testing.T) {
 		{name: "failing", c: failing{}},
 		{name: "panicky", c: panicky{}},
 	}}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(constCollector(e.scrape(ctxT(t, 5*time.Second))))
-	rec := httptest.NewRecorder()
-	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
-	mfs := parseText(t, rec.Body)
+	mfs := parseText(t, scrapeResponse(t, e, "5").Body)
 	for c, want := range map[string]float64{"agent": 1, "failing": 0, "panicky": 0} {
 		if got := value(mfs, "pg_liveness_scrape_collector_success", "collector", c); got != want {
 			t.Errorf("success{collector=%q} = %v, want %v", c, got, want)

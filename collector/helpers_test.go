@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -20,7 +21,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -130,7 +130,7 @@ func scrapeResponse(t testing.TB, e *Exporter, timeoutHeader string) *httptest.R
 		req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", timeoutHeader)
 	}
 	rec := httptest.NewRecorder()
-	e.Handler(nil, promhttp.HandlerOpts{}).ServeHTTP(rec, req)
+	e.Handler(nil).ServeHTTP(rec, req)
 	return rec
 }
 
@@ -144,12 +144,25 @@ func scrapeFamilies(t testing.TB, e *Exporter) map[string]*dto.MetricFamily {
 	return parseText(t, rec.Body)
 }
 
+// parseText parses a text exposition and fails the test on a series that appears twice,
+// which Prometheus would refuse (the exporter writes samples without a registry's
+// checks).
 func parseText(t testing.TB, r io.Reader) map[string]*dto.MetricFamily {
 	t.Helper()
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	mfs, err := p.TextToMetricFamilies(r)
 	if err != nil {
 		t.Fatalf("parse exposition: %v", err)
+	}
+	for name, mf := range mfs {
+		seen := map[string]bool{}
+		for _, m := range mf.GetMetric() {
+			if l := labelString(m); seen[l] {
+				t.Fatalf("series %s%s appears twice", name, l)
+			} else {
+				seen[l] = true
+			}
+		}
 	}
 	return mfs
 }
@@ -248,6 +261,7 @@ func compareExposition(t testing.TB, got map[string]*dto.MetricFamily, expected 
 	var fams []*dto.MetricFamily
 	for _, mf := range got {
 		mf.Help = new("")
+		sortMetrics(mf)
 		fams = append(fams, mf)
 	}
 	sort.Slice(fams, func(i, j int) bool { return fams[i].GetName() < fams[j].GetName() })
@@ -255,6 +269,22 @@ func compareExposition(t testing.TB, got map[string]*dto.MetricFamily, expected 
 	if err := testutil.GatherAndCompare(g, strings.NewReader(expected)); err != nil {
 		t.Errorf("exposition differs:\n%v", err)
 	}
+}
+
+// sortMetrics orders a family's samples as client_golang does, by their label values in
+// the order of the label names, so that they compare with an expected exposition written
+// that way; the exporter writes them in the order it finds them.
+func sortMetrics(mf *dto.MetricFamily) {
+	values := func(m *dto.Metric) []string {
+		ls := slices.Clone(m.GetLabel())
+		slices.SortFunc(ls, func(a, b *dto.LabelPair) int { return strings.Compare(a.GetName(), b.GetName()) })
+		out := make([]string, len(ls))
+		for i, l := range ls {
+			out[i] = l.GetValue()
+		}
+		return out
+	}
+	slices.SortStableFunc(mf.Metric, func(a, b *dto.Metric) int { return slices.Compare(values(a), values(b)) })
 }
 
 func sameLabels(a, b *dto.Metric) bool {

@@ -10,8 +10,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 )
 
 // Instance states, as the migrations' instance_state_verdicts defines them (the one definition):
@@ -96,11 +98,11 @@ type instancesCollector struct {
 	stale, dead        time.Duration
 	maxSeries          int
 	maxServices        int
-	countDesc, ageDesc *prometheus.Desc
-	oldestDesc         *prometheus.Desc
-	recoveryDesc       *prometheus.Desc
-	foldedDesc         *prometheus.Desc
-	keySharedDesc      *prometheus.Desc // a Whizbang source only
+	countDesc, ageDesc *exposition.Family
+	oldestDesc         *exposition.Family
+	recoveryDesc       *exposition.Family
+	foldedDesc         *exposition.Family
+	keySharedDesc      *exposition.Family // a Whizbang source only
 	log                *slog.Logger
 	inRecovery         atomic.Bool // as of the last scrape; logged on change
 }
@@ -119,29 +121,27 @@ func newInstancesCollector(pool *pgxpool.Pool, schema string, cfg Config, log *s
 		dead:        dead,
 		maxSeries:   cfg.Instances.MaxSeries,
 		maxServices: cfg.Instances.MaxServices,
-		foldedDesc: prometheus.NewDesc(namespace+"_instance_services_folded",
-			`Services beyond --collector.instances.max-services whose instances are counted under service="other".`,
-			nil, nil),
-		countDesc: prometheus.NewDesc(namespace+"_instances",
+		foldedDesc: gauge("instance_services_folded",
+			`Services beyond --collector.instances.max-services whose instances are counted under service="other".`),
+		countDesc: gauge("instances",
 			"Instances by service and liveness state: alive (lock held, fresh heartbeat), lock_only (lock held, stale heartbeat), "+
 				"lock_lost (lock vanished, proving life within its grace), heartbeat_only (no lock, fresh heartbeat), "+
 				"stale (dead: stale heartbeat, or lock vanished without proof of life), zombie (dead: lock held, heartbeat past the definitive-dead cutoff).",
-			[]string{"service", "state"}, nil),
-		recoveryDesc: prometheus.NewDesc(namespace+"_database_in_recovery",
+			"service", "state"),
+		recoveryDesc: gauge("database_in_recovery",
 			"1 when the database is a hot standby: its pg_locks does not show the primary's alive locks, so instance states "+
-				"rest on heartbeats alone. Point observers at the primary.",
-			nil, nil),
-		ageDesc: prometheus.NewDesc(namespace+"_instance_heartbeat_age_seconds",
+				"rest on heartbeats alone. Point observers at the primary."),
+		ageDesc: gauge("instance_heartbeat_age_seconds",
 			"Age of an instance's last heartbeat by the database clock; only the oldest --collector.instances.max-series instances are exported.",
-			[]string{"service", "instance_id"}, nil),
-		oldestDesc: prometheus.NewDesc(namespace+"_instance_oldest_heartbeat_age_seconds",
+			"service", "instance_id"),
+		oldestDesc: gauge("instance_oldest_heartbeat_age_seconds",
 			"Age of the oldest heartbeat of a service's instances, by the database clock.",
-			[]string{"service"}, nil),
+			"service"),
 	}
 	if cfg.Source.Kind == SourceWhizbang {
-		c.keySharedDesc = prometheus.NewDesc(namespace+"_instances_sharing_lock_key",
+		c.keySharedDesc = gauge("instances_sharing_lock_key",
 			"Instances whose 32-bit Whizbang alive-lock key is held and is another instance's key too: the lock cannot say "+
-				"which of them holds it, so they are judged by their heartbeats alone.", nil, nil)
+				"which of them holds it, so they are judged by their heartbeats alone.")
 	}
 	return c, nil
 }
@@ -161,47 +161,43 @@ func (r serviceRow) total() (n float64) {
 	return n
 }
 
-func (c *instancesCollector) Update(ctx context.Context, ch chan<- prometheus.Metric) error {
+func (c *instancesCollector) Update(ctx context.Context, out *exposition.Builder) error {
 	rows, err := c.pool.Query(ctx, c.sql, append([]any{c.stale, c.dead, c.maxSeries}, c.extraArgs...)...)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
-	var services []serviceRow
+	var (
+		services []serviceRow
+		service  pgtype.Text    // NULL on the standby row
+		id       pgtype.Text    // set on per-instance rows
+		counts   [6]pgtype.Int8 // set on per-service rows, in instanceStates order
+		age      pgtype.Float8
+		recovery pgtype.Bool // set on the standby row
+		shared   pgtype.Int8 // on the standby row: a Whizbang source's instances sharing a held key
+	)
 	for rows.Next() {
-		var (
-			service  *string   // NULL on the standby row
-			id       *string   // set on per-instance rows
-			counts   [6]*int64 // set on per-service rows, in instanceStates order
-			age      *float64
-			recovery *bool // set on the standby row
-			shared   *int64
-		)
 		if err := rows.Scan(&service, &id, &counts[0], &counts[1], &counts[2], &counts[3], &counts[4], &counts[5],
 			&age, &recovery, &shared); err != nil {
 			return err
 		}
 		switch {
-		case recovery != nil:
-			c.reportRecovery(*recovery)
-			ch <- prometheus.MustNewConstMetric(c.recoveryDesc, prometheus.GaugeValue, boolFloat(*recovery))
+		case recovery.Valid:
+			c.reportRecovery(recovery.Bool)
+			out.Add(c.recoveryDesc, boolFloat(recovery.Bool))
 			if c.keySharedDesc != nil {
-				var n float64
-				if shared != nil {
-					n = float64(*shared)
-				}
-				ch <- prometheus.MustNewConstMetric(c.keySharedDesc, prometheus.GaugeValue, n)
+				out.Add(c.keySharedDesc, float64(shared.Int64)) // NULL (no service) is 0
 			}
-		case id != nil:
+		case id.Valid:
 			// A service name from a SQL_ASCII database may hold any bytes: one such row
 			// must not cost the others their metrics.
-			svc, _ := labelValue(*service)
-			ch <- prometheus.MustNewConstMetric(c.ageDesc, prometheus.GaugeValue, *age, svc, *id)
+			svc, _ := labelValue(service.String)
+			out.Add(c.ageDesc, age.Float64, svc, id.String)
 		default:
-			r := serviceRow{oldest: *age}
-			r.name, _ = labelValue(*service)
+			r := serviceRow{oldest: age.Float64}
+			r.name, _ = labelValue(service.String)
 			for i := range counts {
-				r.counts[i] = float64(*counts[i])
+				r.counts[i] = float64(counts[i].Int64)
 			}
 			services = append(services, r)
 		}
@@ -211,20 +207,20 @@ func (c *instancesCollector) Update(ctx context.Context, ch chan<- prometheus.Me
 	}
 	kept, other, folded := foldServices(services, c.maxServices)
 	for _, r := range kept {
-		c.emitService(ch, r)
+		c.emitService(out, r)
 	}
 	if folded > 0 || other.total() > 0 { // folded services, or a real service named "other"
-		c.emitService(ch, other)
+		c.emitService(out, other)
 	}
-	ch <- prometheus.MustNewConstMetric(c.foldedDesc, prometheus.GaugeValue, float64(folded))
+	out.Add(c.foldedDesc, float64(folded))
 	return nil
 }
 
-func (c *instancesCollector) emitService(ch chan<- prometheus.Metric, r serviceRow) {
+func (c *instancesCollector) emitService(out *exposition.Builder, r serviceRow) {
 	for i, state := range instanceStates {
-		ch <- prometheus.MustNewConstMetric(c.countDesc, prometheus.GaugeValue, r.counts[i], r.name, state)
+		out.Add(c.countDesc, r.counts[i], r.name, state)
 	}
-	ch <- prometheus.MustNewConstMetric(c.oldestDesc, prometheus.GaugeValue, r.oldest, r.name)
+	out.Add(c.oldestDesc, r.oldest, r.name)
 }
 
 // foldServices keeps at most max services, those with dead instances first, then the

@@ -2,27 +2,112 @@ package collector
 
 import (
 	"context"
+	"errors"
 	"log/slog"
-	"math"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 )
 
-// leasesSQL reads every lease row by the database clock. The epoch goes through to_jsonb
-// so that the same statement reads our leases table and a plain one without an epoch
-// column (the epoch is then NULL). Nothing is assumed of a foreign table: names may
-// repeat and any column may be NULL; Update sorts that out. {table} is a quoted
-// identifier.
-const leasesSQL = `
-SELECT l.name::text, l.holder::text, (pg_catalog.to_jsonb(l) ->> 'epoch')::bigint,
-       extract(epoch FROM l.expires_at - now())::float8,
-       l.expires_at >= now(),
-       extract(epoch FROM now() - l.taken_at)::float8
-  FROM {table} AS l`
+// leasesSQL reads the leases by the database clock, folded in the database so that only
+// the exported rows travel. Nothing is assumed of a foreign table: names may repeat and
+// any column may be NULL. One row per name counts ({best}); of those, the max-series most
+// urgent ($2: expired longest ago, then soonest to expire, NULL last, then by name) come
+// one row each, in that order, followed by one summary row: the folded leases (how many,
+// how many unexpired, the soonest expiry, the earliest taken_at), the anomalies (rows
+// without a name, named rows with a NULL holder, taken_at or expires_at, and extra rows
+// of a name), and the table's shape ($1, the table, as a regclass): which of the optional
+// columns it has, and "unique name" when a unique index guarantees one row per name.
+//
+// {table} is a quoted identifier. The optional columns {epoch}, {holder_instance_id} and
+// {holder_host} are the table's columns, or NULL when it has none (a plain leases table
+// without an epoch, or one from before holder identities). leasesFor renders them and
+// {best} for the table's shape, and the summary row tells when the shape changed.
+const leasesSQL = `/* pg_liveness:leases */
+WITH best AS {best}, kept AS MATERIALIZED (
+    SELECT b.* FROM best b ORDER BY b.expires_at, b.name LIMIT $2
+)
+(SELECT k.name, k.holder::text, k.epoch::bigint, k.holder_instance_id::text, k.holder_host::text,
+        extract(epoch FROM k.expires_at - now())::float8, k.expires_at >= now(),
+        extract(epoch FROM now() - k.taken_at)::float8,
+        NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::text[]
+   FROM kept k
+  ORDER BY k.expires_at, k.name)
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL,
+       extract(epoch FROM f.soonest - now())::float8, NULL, extract(epoch FROM now() - f.first_taken)::float8,
+       f.n, f.held, a.null_names, a.null_values, a.named - f.n - (SELECT count(*) FROM kept),
+       ARRAY(SELECT c.attname::text FROM pg_catalog.pg_attribute c
+              WHERE c.attrelid = $1::regclass AND c.attnum > 0 AND NOT c.attisdropped
+                AND c.attname IN ('epoch', 'holder_instance_id', 'holder_host')
+             UNION ALL
+             (SELECT 'unique name' FROM pg_catalog.pg_index x
+                JOIN pg_catalog.pg_attribute c ON c.attrelid = x.indrelid AND c.attnum = x.indkey[0]
+               WHERE x.indrelid = $1::regclass AND x.indisunique AND x.indisvalid AND x.indnkeyatts = 1
+                 AND x.indpred IS NULL AND c.attname = 'name'
+               LIMIT 1))
+  FROM (SELECT count(*) FILTER (WHERE l.name IS NULL) AS null_names,
+               count(*) FILTER (WHERE l.name IS NOT NULL AND (l.holder IS NULL OR l.expires_at IS NULL OR l.taken_at IS NULL)) AS null_values,
+               count(*) FILTER (WHERE l.name IS NOT NULL) AS named
+          FROM {table} AS l) a,
+       (SELECT min(b.expires_at) AS soonest, min(b.taken_at) AS first_taken, count(*) AS n,
+               count(*) FILTER (WHERE b.expires_at >= now()) AS held
+          FROM best b
+         WHERE b.name NOT IN (SELECT k.name FROM kept k)) f`
+
+// leasesBestSQL is {best} for a table whose names may repeat: of a name's rows, the one
+// expiring last, then the higher epoch, then the holder.
+const leasesBestSQL = `MATERIALIZED (
+    SELECT DISTINCT ON (l.name::text COLLATE "C")
+           l.name::text COLLATE "C" AS name, l.holder, {epoch} AS epoch, {holder_instance_id} AS holder_instance_id,
+           {holder_host} AS holder_host, l.expires_at, l.taken_at
+      FROM {table} AS l
+     WHERE l.name IS NOT NULL
+     ORDER BY l.name::text COLLATE "C", l.expires_at DESC NULLS LAST, 3 DESC NULLS LAST, l.holder::text COLLATE "C" DESC NULLS LAST
+)`
+
+// leasesUniqueSQL is {best} for a table with a unique index on name, as ours has: every
+// named row, without sorting them all; the most urgent come off an index on expires_at
+// when there is one.
+const leasesUniqueSQL = `NOT MATERIALIZED (
+    SELECT l.name::text COLLATE "C" AS name, l.holder, {epoch} AS epoch, {holder_instance_id} AS holder_instance_id,
+           {holder_host} AS holder_host, l.expires_at, l.taken_at
+      FROM {table} AS l
+     WHERE l.name IS NOT NULL
+)`
+
+// uniqueName is the shape entry leasesSQL reports for a table with a unique index on name.
+const uniqueName = "unique name"
+
+// ourLeasesShape is our own leases table's shape, as leasesSQL reports it (sorted).
+var ourLeasesShape = []string{"epoch", "holder_host", "holder_instance_id", uniqueName}
+
+// leasesFor renders leasesSQL for a table of the given shape.
+func leasesFor(table string, shape []string) string {
+	best := leasesBestSQL
+	if slices.Contains(shape, uniqueName) {
+		best = leasesUniqueSQL
+	}
+	s := strings.ReplaceAll(leasesSQL, "{best}", best)
+	s = strings.ReplaceAll(s, "{table}", table)
+	for _, col := range []string{"epoch", "holder_instance_id", "holder_host"} {
+		expr := "NULL::text"
+		if col == "epoch" {
+			expr = "NULL::bigint"
+		}
+		if slices.Contains(shape, col) {
+			expr = "l." + col
+		}
+		s = strings.ReplaceAll(s, "{"+col+"}", expr)
+	}
+	return s
+}
 
 // otherLease is the lease label of the leases folded beyond --collector.leases.max-series.
 const otherLease = "other"
@@ -32,188 +117,107 @@ var leaseAnomalies = []string{"duplicate_name", "null_name", "null_value", "inva
 
 type leasesCollector struct {
 	pool                                    *pgxpool.Pool
-	sql                                     string
+	table                                   string // quoted identifier
 	maxSeries                               int
 	logger                                  *slog.Logger
-	expiresIn, held, epoch, holder, heldFor *prometheus.Desc
-	folded, anomalies                       *prometheus.Desc
+	expiresIn, held, epoch, holder, heldFor *exposition.Family
+	folded, anomalies                       *exposition.Family
 
 	mu          sync.Mutex
+	shape       []string // the table's shape sql was rendered for
+	sql         string
 	lastAnomaly string // the anomalies last logged, "" while there are none
 }
 
 func newLeasesCollector(pool *pgxpool.Pool, table string, maxSeries int, logger *slog.Logger) *leasesCollector {
-	lease := []string{"lease"}
+	const lease = "lease"
 	return &leasesCollector{
 		pool:      pool,
-		sql:       strings.ReplaceAll(leasesSQL, "{table}", table),
+		table:     table,
+		shape:     ourLeasesShape, // corrected by the first scrape for another table
+		sql:       leasesFor(table, ourLeasesShape),
 		maxSeries: maxSeries,
 		logger:    logger,
-		expiresIn: prometheus.NewDesc(namespace+"_lease_expires_in_seconds",
-			`Seconds until the lease expires by the database clock; negative once expired. For lease="other", the soonest of the folded leases.`, lease, nil),
-		held: prometheus.NewDesc(namespace+"_lease_held",
-			`1 while the lease has not expired (expires_at >= now()), else 0. For lease="other", how many folded leases are held.`, lease, nil),
-		epoch: prometheus.NewDesc(namespace+"_lease_epoch",
-			"Fencing token of the lease's current acquisition; absent for a table without an epoch column.", lease, nil),
-		holder: prometheus.NewDesc(namespace+"_lease_holder_info",
-			"Host of the lease's holder: the holder up to its first colon.", []string{"lease", "holder_host"}, nil),
-		heldFor: prometheus.NewDesc(namespace+"_lease_held_for_seconds",
-			`Seconds since the lease was taken, by the database clock. For lease="other", the longest of the folded leases.`, lease, nil),
-		folded: prometheus.NewDesc(namespace+"_leases_folded",
-			`Leases beyond --collector.leases.max-series, exported together as lease="other".`, nil, nil),
-		anomalies: prometheus.NewDesc(namespace+"_lease_row_anomalies",
+		expiresIn: gauge("lease_expires_in_seconds",
+			`Seconds until the lease expires by the database clock; negative once expired. For lease="other", the soonest of the folded leases.`, lease),
+		held: gauge("lease_held",
+			`1 while the lease has not expired (expires_at >= now()), else 0. For lease="other", how many folded leases are held.`, lease),
+		epoch: gauge("lease_epoch",
+			"Fencing token of the lease's current acquisition; absent for a table without an epoch column.", lease),
+		holder: gauge("lease_holder_info",
+			"The lease's holder: its instance id (empty for a holder that records none) and host (the holder_host column, else the holder up to its first colon).",
+			lease, "holder_instance_id", "holder_host"),
+		heldFor: gauge("lease_held_for_seconds",
+			`Seconds since the lease was taken, by the database clock. For lease="other", the longest of the folded leases.`, lease),
+		folded: gauge("leases_folded",
+			`Leases beyond --collector.leases.max-series, exported together as lease="other".`),
+		anomalies: gauge("lease_row_anomalies",
 			"Rows of the leases table that are not one clean lease, in this scrape: duplicate_name (extra rows of a name; the one expiring last is exported), "+
-				"null_name (rows skipped), null_value (a NULL holder, epoch, taken_at or expires_at; the rest is exported), invalid_utf8 (bytes replaced in a label).",
-			[]string{"kind"}, nil),
+				"null_name (rows skipped), null_value (a NULL holder, taken_at or expires_at; the rest is exported), invalid_utf8 (bytes replaced in an exported label).",
+			"kind"),
 	}
 }
 
+// leaseRow is one row of leasesSQL: an exported lease, or the summary (Folded set). The
+// NULLs of a foreign table stay invalid.
 type leaseRow struct {
-	name, holder string
-	hasHolder    bool
-	epoch        *int64
-	expiresIn    *float64
-	held         bool
-	heldFor      *float64
-	dups         int
+	Name, Holder, HolderInstanceID, HolderHost pgtype.Text
+	Epoch                                      pgtype.Int8
+	ExpiresIn                                  pgtype.Float8 // the summary's: the soonest folded expiry
+	Held                                       pgtype.Bool
+	HeldFor                                    pgtype.Float8 // the summary's: the longest held folded lease
+	Folded, FoldedHeld                         pgtype.Int8
+	NullNames, NullValues, Duplicates          pgtype.Int8
+	Shape                                      []string // the table's optional columns, and "unique name"
 }
 
-// better orders rows of one name: the one expiring last wins, then the higher epoch,
-// then the holder; so the choice does not depend on the table's row order.
-func (r *leaseRow) better(o *leaseRow) bool {
-	a, b := math.Inf(-1), math.Inf(-1)
-	if r.expiresIn != nil {
-		a = *r.expiresIn
-	}
-	if o.expiresIn != nil {
-		b = *o.expiresIn
-	}
-	if a != b {
-		return a > b
-	}
-	var ea, eb int64 = math.MinInt64, math.MinInt64
-	if r.epoch != nil {
-		ea = *r.epoch
-	}
-	if o.epoch != nil {
-		eb = *o.epoch
-	}
-	if ea != eb {
-		return ea > eb
-	}
-	return r.holder > o.holder
-}
-
-func (c *leasesCollector) Update(ctx context.Context, ch chan<- prometheus.Metric) error {
-	rows, err := c.pool.Query(ctx, c.sql)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	counts := map[string]int{}
-	byName := map[string]*leaseRow{}
-	for rows.Next() {
-		var (
-			name, holder       *string
-			r                  leaseRow
-			expiresIn, heldFor *float64
-			held               *bool
-		)
-		if err := rows.Scan(&name, &holder, &r.epoch, &expiresIn, &held, &heldFor); err != nil {
-			return err
-		}
-		if name == nil {
-			counts["null_name"]++
+func (c *leasesCollector) Update(ctx context.Context, out *exposition.Builder) error {
+	c.mu.Lock()
+	shape, sql := c.shape, c.sql
+	c.mu.Unlock()
+	var (
+		sum    leaseRow
+		counts map[string]int64
+		err    error
+	)
+	for attempt := 1; ; attempt++ {
+		out.Reset() // what an earlier attempt added
+		sum, counts, err = c.read(ctx, sql, out)
+		var pgErr *pgconn.PgError
+		if err != nil && errors.As(err, &pgErr) && pgErr.Code == "42703" && len(shape) > 0 && attempt == 1 {
+			// An optional column is missing: read without any, which tells the shape.
+			shape, sql = nil, leasesFor(c.table, nil)
 			continue
 		}
-		if holder == nil || expiresIn == nil || held == nil || heldFor == nil {
-			counts["null_value"]++
+		if err != nil {
+			return err
 		}
-		var bad bool
-		r.name, bad = labelValue(*name)
-		if holder != nil {
-			host, _, _ := strings.Cut(*holder, ":") // never the pid or random part
-			var badHost bool
-			r.holder, badHost = labelValue(host)
-			r.hasHolder = true
-			bad = bad || badHost
+		slices.Sort(sum.Shape)
+		if slices.Equal(sum.Shape, shape) || attempt > 2 {
+			break
 		}
-		if bad {
-			counts["invalid_utf8"]++
-		}
-		r.expiresIn, r.heldFor = expiresIn, heldFor
-		r.held = held != nil && *held
-		if prev, ok := byName[r.name]; ok {
-			counts["duplicate_name"]++
-			if !r.better(prev) {
-				prev.dups++
-				continue
-			}
-			r.dups = prev.dups + 1
-		}
-		byName[r.name] = &r
+		// The table's shape is not the one the statement was rendered for.
+		shape, sql = sum.Shape, leasesFor(c.table, sum.Shape)
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
+	c.mu.Lock()
+	c.shape, c.sql = shape, sql
+	c.mu.Unlock()
 
-	leases := make([]*leaseRow, 0, len(byName))
-	for _, r := range byName {
-		leases = append(leases, r)
-	}
-	// The most urgent first: expired longest ago, then soonest to expire; NULL last.
-	sort.Slice(leases, func(i, j int) bool {
-		a, b := leases[i], leases[j]
-		if (a.expiresIn == nil) != (b.expiresIn == nil) {
-			return b.expiresIn == nil
+	if sum.Folded.Int64 > 0 {
+		out.Add(c.held, float64(sum.FoldedHeld.Int64), otherLease)
+		if sum.ExpiresIn.Valid {
+			out.Add(c.expiresIn, sum.ExpiresIn.Float64, otherLease)
 		}
-		if a.expiresIn != nil && *a.expiresIn != *b.expiresIn {
-			return *a.expiresIn < *b.expiresIn
-		}
-		return a.name < b.name
-	})
-	kept := leases
-	if len(leases) > c.maxSeries {
-		kept = leases[:c.maxSeries]
-	}
-	for _, r := range kept {
-		if r.expiresIn != nil {
-			ch <- prometheus.MustNewConstMetric(c.expiresIn, prometheus.GaugeValue, *r.expiresIn, r.name)
-		}
-		ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, boolFloat(r.held), r.name)
-		if r.epoch != nil {
-			ch <- prometheus.MustNewConstMetric(c.epoch, prometheus.GaugeValue, float64(*r.epoch), r.name)
-		}
-		if r.hasHolder {
-			ch <- prometheus.MustNewConstMetric(c.holder, prometheus.GaugeValue, 1, r.name, r.holder)
-		}
-		if r.heldFor != nil {
-			ch <- prometheus.MustNewConstMetric(c.heldFor, prometheus.GaugeValue, *r.heldFor, r.name)
+		if sum.HeldFor.Valid {
+			out.Add(c.heldFor, sum.HeldFor.Float64, otherLease)
 		}
 	}
-	if rest := leases[len(kept):]; len(rest) > 0 {
-		held, soonest, longest := 0.0, math.Inf(1), math.Inf(-1)
-		for _, r := range rest {
-			held += boolFloat(r.held)
-			if r.expiresIn != nil {
-				soonest = min(soonest, *r.expiresIn)
-			}
-			if r.heldFor != nil {
-				longest = max(longest, *r.heldFor)
-			}
-		}
-		ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, held, otherLease)
-		if !math.IsInf(soonest, 1) {
-			ch <- prometheus.MustNewConstMetric(c.expiresIn, prometheus.GaugeValue, soonest, otherLease)
-		}
-		if !math.IsInf(longest, -1) {
-			ch <- prometheus.MustNewConstMetric(c.heldFor, prometheus.GaugeValue, longest, otherLease)
-		}
-	}
-	ch <- prometheus.MustNewConstMetric(c.folded, prometheus.GaugeValue, float64(len(leases)-len(kept)))
+	out.Add(c.folded, float64(sum.Folded.Int64))
+	counts["null_name"], counts["null_value"] = sum.NullNames.Int64, sum.NullValues.Int64
+	counts["duplicate_name"] += sum.Duplicates.Int64
 	var summary []string
 	for _, k := range leaseAnomalies {
-		ch <- prometheus.MustNewConstMetric(c.anomalies, prometheus.GaugeValue, float64(counts[k]), k)
+		out.Add(c.anomalies, float64(counts[k]), k)
 		if counts[k] > 0 {
 			summary = append(summary, k)
 		}
@@ -222,8 +226,67 @@ func (c *leasesCollector) Update(ctx context.Context, ch chan<- prometheus.Metri
 	return nil
 }
 
+// read runs leasesSQL once, adds the exported leases to out as their rows arrive, and
+// returns the summary row and the anomalies found in the exported rows.
+func (c *leasesCollector) read(ctx context.Context, sql string, out *exposition.Builder) (leaseRow, map[string]int64, error) {
+	var r leaseRow
+	counts := map[string]int64{}
+	rows, err := c.pool.Query(ctx, sql, c.table, c.maxSeries)
+	if err != nil {
+		return r, nil, err
+	}
+	defer rows.Close()
+	seen := map[string]bool{}
+	for rows.Next() {
+		r = leaseRow{}
+		if err := rows.Scan(&r.Name, &r.Holder, &r.Epoch, &r.HolderInstanceID, &r.HolderHost, &r.ExpiresIn, &r.Held, &r.HeldFor,
+			&r.Folded, &r.FoldedHeld, &r.NullNames, &r.NullValues, &r.Duplicates, &r.Shape); err != nil {
+			return r, nil, err
+		}
+		if r.Folded.Valid { // the summary, last
+			continue
+		}
+		name, bad := labelValue(r.Name.String)
+		if seen[name] { // two names that differ only in invalid bytes
+			counts["duplicate_name"]++
+			continue
+		}
+		seen[name] = true
+		if r.ExpiresIn.Valid {
+			out.Add(c.expiresIn, r.ExpiresIn.Float64, name)
+		}
+		out.Add(c.held, boolFloat(r.Held.Bool), name)
+		if r.Epoch.Valid {
+			out.Add(c.epoch, float64(r.Epoch.Int64), name)
+		}
+		if r.Holder.Valid || r.HolderHost.Valid || r.HolderInstanceID.Valid {
+			host := r.HolderHost.String
+			if !r.HolderHost.Valid {
+				host, _, _ = strings.Cut(r.Holder.String, ":") // never the pid or random part
+			}
+			host, badHost := labelValue(host)
+			id, badID := labelValue(r.HolderInstanceID.String)
+			bad = bad || badHost || badID
+			out.Add(c.holder, 1, name, id, host)
+		}
+		if r.HeldFor.Valid {
+			out.Add(c.heldFor, r.HeldFor.Float64, name)
+		}
+		if bad {
+			counts["invalid_utf8"]++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return r, nil, err
+	}
+	if !r.Folded.Valid {
+		return r, nil, errors.New("the leases statement returned no summary row")
+	}
+	return r, counts, nil
+}
+
 // logAnomalies logs once when the kinds of anomalies change, not on every scrape.
-func (c *leasesCollector) logAnomalies(kinds string, counts map[string]int) {
+func (c *leasesCollector) logAnomalies(kinds string, counts map[string]int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if kinds == c.lastAnomaly {

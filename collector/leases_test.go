@@ -144,3 +144,50 @@ func TestLeasesCapFoldsIntoOther(t *testing.T) {
 		t.Errorf("other expires in %v s, want the soonest folded lease's ~6 s", v)
 	}
 }
+
+// The statement reads a foreign table's optional columns directly, rendered for the
+// table's shape; when it changes (an epoch column added, then dropped, then the unique
+// index on name), the same scrape notices and reads the table as it is now.
+func TestLeasesFollowTheTablesColumns(t *testing.T) {
+	db := pgtest.NewDB(t)
+	db.Exec(t, `CREATE TABLE jobs (name text PRIMARY KEY, holder text, taken_at timestamptz, expires_at timestamptz);
+		INSERT INTO jobs VALUES ('mail', 'node-1:1', now(), now() + interval '60 s')`)
+	qc := &queryCounter{}
+	e := newExporter(t, leasesOnly("jobs", 10), exporterPool(t, db.DSN, 1, qc), nil, nil)
+	epoch := func() float64 { return value(scrapeFamilies(t, e), "pg_liveness_lease_epoch", "lease", "mail") }
+	if v := epoch(); v == v {
+		t.Fatalf("epoch %v without an epoch column", v)
+	}
+	before := qc.n.Load()
+	if v := epoch(); v == v || qc.n.Load()-before != 1 {
+		t.Fatalf("epoch %v, %d statements in a scrape with unchanged columns; want none and 1", v, qc.n.Load()-before)
+	}
+	db.Exec(t, `ALTER TABLE jobs ADD COLUMN epoch bigint, ADD COLUMN holder_instance_id uuid; UPDATE jobs SET epoch = 41,
+		holder_instance_id = '00000000-0000-0000-0000-000000000041'`)
+	got := scrapeFamilies(t, e)
+	if v := value(got, "pg_liveness_lease_epoch", "lease", "mail"); v != 41 {
+		t.Errorf("epoch %v once the column exists, want 41", v)
+	}
+	if v := value(got, "pg_liveness_lease_holder_info", "lease", "mail",
+		"holder_instance_id", "00000000-0000-0000-0000-000000000041", "holder_host", "node-1"); v != 1 {
+		t.Errorf("holder_info with the instance id = %v, want 1", v)
+	}
+	db.Exec(t, `ALTER TABLE jobs DROP COLUMN epoch`)
+	got = scrapeFamilies(t, e)
+	if v := value(got, "pg_liveness_scrape_collector_success", "collector", "leases"); v != 1 {
+		t.Errorf("success %v after the epoch column was dropped, want 1", v)
+	}
+	if v := value(got, "pg_liveness_lease_epoch", "lease", "mail"); v == v {
+		t.Errorf("epoch %v after the column was dropped, want none", v)
+	}
+	// Without the primary key, names may repeat: the row expiring last is exported.
+	db.Exec(t, `ALTER TABLE jobs DROP CONSTRAINT jobs_pkey;
+		INSERT INTO jobs (name, holder, taken_at, expires_at) VALUES ('mail', 'node-2:2', now(), now() + interval '600 s')`)
+	got = scrapeFamilies(t, e)
+	if v := value(got, "pg_liveness_lease_row_anomalies", "kind", "duplicate_name"); v != 1 {
+		t.Errorf("duplicate_name %v without a unique name, want 1", v)
+	}
+	if v := value(got, "pg_liveness_lease_expires_in_seconds", "lease", "mail"); !(v > 500) {
+		t.Errorf("mail expires in %v s, want the later row's ~600 s", v)
+	}
+}

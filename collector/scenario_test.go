@@ -9,8 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
@@ -93,6 +92,8 @@ func newScenario(t *testing.T) *pgtest.DB {
 	           VALUES ($1, $2, now() - make_interval(secs => $3), now() + make_interval(secs => $4))`
 	exec(t, setup, leases, "cleanup", "host-a:123:0123456789abcdef", 30.0, 90.0)  // held, epoch 1
 	exec(t, setup, leases, "alerts", "host-b:456:fedcba9876543210", 300.0, -60.0) // expired, epoch 2
+	exec(t, setup, `UPDATE `+schemaIdent+`.leases SET (holder_instance_id, holder_host) = ($1, 'host-a')
+	                 WHERE name = 'cleanup'`, id("a1"))
 
 	// Tagged statements: 3 heartbeat-like updates of the 2 worker rows, 2 lease renewals,
 	// and an untagged statement that matches nothing.
@@ -233,9 +234,7 @@ func TestScenario(t *testing.T) {
 		}
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(constCollector(e.scrape(ctxT(t, 10*time.Second))))
-	problems, err := testutil.GatherAndLint(reg)
+	problems, err := promlint.New(scrapeResponse(t, e, "").Body).Lint()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,8 +297,8 @@ pg_liveness_lease_expires_in_seconds{lease="uptime"} 110
 pg_liveness_lease_held{lease="mail"} 0
 pg_liveness_lease_held{lease="uptime"} 1
 # TYPE pg_liveness_lease_holder_info gauge
-pg_liveness_lease_holder_info{holder_host="node-1",lease="uptime"} 1
-pg_liveness_lease_holder_info{holder_host="node-2",lease="mail"} 1
+pg_liveness_lease_holder_info{holder_host="node-1",holder_instance_id="",lease="uptime"} 1
+pg_liveness_lease_holder_info{holder_host="node-2",holder_instance_id="",lease="mail"} 1
 # TYPE pg_liveness_lease_held_for_seconds gauge
 pg_liveness_lease_held_for_seconds{lease="mail"} 200
 pg_liveness_lease_held_for_seconds{lease="uptime"} 10

@@ -9,7 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 )
 
 // extensionSchemaSQL finds where pg_stat_statements is installed; it may be any schema.
@@ -83,7 +84,7 @@ type statementsCollector struct {
 	cacheSize int
 	logger    *slog.Logger
 
-	calls, seconds, rows, available *prometheus.Desc
+	calls, seconds, rows, available *exposition.Family
 
 	// sem serializes scrapes: the state below is read-modify-write, and two scrapes
 	// interleaving their increments would count twice.
@@ -100,20 +101,20 @@ type statementsCollector struct {
 }
 
 func newStatementsCollector(pool *pgxpool.Pool, patterns []statementPattern, cacheSize int, logger *slog.Logger) *statementsCollector {
-	stmt := []string{"statement"}
+	const stmt = "statement"
 	return &statementsCollector{
 		pool:      pool,
 		patterns:  patterns,
 		cacheSize: cacheSize,
 		logger:    logger,
-		calls: prometheus.NewDesc(namespace+"_statement_calls_total",
-			"Calls of the statements whose query text matches the named --collector.statements.pattern, from pg_stat_statements.", stmt, nil),
-		seconds: prometheus.NewDesc(namespace+"_statement_seconds_total",
-			"Planning plus execution time of the statements matching the named pattern, from pg_stat_statements.", stmt, nil),
-		rows: prometheus.NewDesc(namespace+"_statement_rows_total",
-			"Rows retrieved or affected by the statements matching the named pattern, from pg_stat_statements.", stmt, nil),
-		available: prometheus.NewDesc(namespace+"_stat_statements_available",
-			"1 when pg_stat_statements can be read in this database, else 0.", nil, nil),
+		calls: counter("statement_calls_total",
+			"Calls of the statements whose query text matches the named --collector.statements.pattern, from pg_stat_statements.", stmt),
+		seconds: counter("statement_seconds_total",
+			"Planning plus execution time of the statements matching the named pattern, from pg_stat_statements.", stmt),
+		rows: counter("statement_rows_total",
+			"Rows retrieved or affected by the statements matching the named pattern, from pg_stat_statements.", stmt),
+		available: gauge("stat_statements_available",
+			"1 when pg_stat_statements can be read in this database, else 0."),
 		sem:    make(chan struct{}, 1),
 		class:  map[int64]int{},
 		last:   map[stmtKey]stmtCounts{},
@@ -126,7 +127,7 @@ type stmtRow struct {
 	stmtCounts
 }
 
-func (c *statementsCollector) Update(ctx context.Context, ch chan<- prometheus.Metric) error {
+func (c *statementsCollector) Update(ctx context.Context, out *exposition.Builder) error {
 	select {
 	case c.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -142,7 +143,7 @@ func (c *statementsCollector) Update(ctx context.Context, ch chan<- prometheus.M
 				return err
 			}
 			if !found {
-				c.unavailable(ch, "the pg_stat_statements extension is not installed in this database (CREATE EXTENSION pg_stat_statements)")
+				c.unavailable(out, "the pg_stat_statements extension is not installed in this database (CREATE EXTENSION pg_stat_statements)")
 				return nil
 			}
 		}
@@ -164,7 +165,7 @@ func (c *statementsCollector) Update(ctx context.Context, ch chan<- prometheus.M
 				continue // dropped or moved since the lookup: look it up now
 			}
 		}
-		c.unavailable(ch, "pg_stat_statements cannot be read: "+pgErr.Message)
+		c.unavailable(out, "pg_stat_statements cannot be read: "+pgErr.Message)
 		return nil
 	}
 	uncached, err := c.classify(ctx, entries)
@@ -206,11 +207,11 @@ func (c *statementsCollector) Update(ctx context.Context, ch chan<- prometheus.M
 	c.last = next // forgets evicted entries
 
 	for i, p := range c.patterns {
-		ch <- prometheus.MustNewConstMetric(c.calls, prometheus.CounterValue, c.totals[i].calls, p.name)
-		ch <- prometheus.MustNewConstMetric(c.seconds, prometheus.CounterValue, c.totals[i].seconds, p.name)
-		ch <- prometheus.MustNewConstMetric(c.rows, prometheus.CounterValue, c.totals[i].rows, p.name)
+		out.Add(c.calls, c.totals[i].calls, p.name)
+		out.Add(c.seconds, c.totals[i].seconds, p.name)
+		out.Add(c.rows, c.totals[i].rows, p.name)
 	}
-	ch <- prometheus.MustNewConstMetric(c.available, prometheus.GaugeValue, 1)
+	out.Add(c.available, 1)
 	return nil
 }
 
@@ -352,10 +353,10 @@ func (c *statementsCollector) match(text string) int {
 	return -1
 }
 
-func (c *statementsCollector) unavailable(ch chan<- prometheus.Metric, problem string) {
+func (c *statementsCollector) unavailable(out *exposition.Builder, problem string) {
 	if problem != c.problem {
 		c.logger.Warn("statement metrics are off: " + problem)
 		c.problem = problem
 	}
-	ch <- prometheus.MustNewConstMetric(c.available, prometheus.GaugeValue, 0)
+	out.Add(c.available, 0)
 }

@@ -1,6 +1,6 @@
 package collector
 
-import "github.com/prometheus/client_golang/prometheus"
+import "github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 
 // Status is how the binary stands with the database's schema and whether its agent was
 // started. The caller keeps it current (the exporter binary from its start-up step); the
@@ -28,26 +28,22 @@ type StatusSource interface {
 }
 
 var (
-	schemaVersionDesc = prometheus.NewDesc(namespace+"_schema_version",
-		"Highest migration version applied to the liveness schema; absent until it was read.", nil, nil)
-	schemaCompatibleFromDesc = prometheus.NewDesc(namespace+"_schema_compatible_from",
-		"Oldest binary schema version the liveness schema still serves (the largest compatible-from of its migrations); absent until it was read.", nil, nil)
-	schemaBinaryVersionDesc = prometheus.NewDesc(namespace+"_schema_binary_version",
-		"Newest migration version this binary knows.", nil, nil)
-	schemaCompatibleDesc = prometheus.NewDesc(namespace+"_schema_compatible",
-		"1 when this binary can run against the liveness schema; 0 when the schema was migrated by a newer release that no longer serves this binary's version, and the agent does not run. Absent until the schema was read.", nil, nil)
+	schemaVersionDesc = gauge("schema_version",
+		"Highest migration version applied to the liveness schema; absent until it was read.")
+	schemaCompatibleFromDesc = gauge("schema_compatible_from",
+		"Oldest binary schema version the liveness schema still serves (the largest compatible-from of its migrations); absent until it was read.")
+	schemaBinaryVersionDesc = gauge("schema_binary_version",
+		"Newest migration version this binary knows.")
+	schemaCompatibleDesc = gauge("schema_compatible",
+		"1 when this binary can run against the liveness schema; 0 when the schema was migrated by a newer release that no longer serves this binary's version, and the agent does not run. Absent until the schema was read.")
 )
 
 // statusMetrics exports the schema's state as the status says.
-func statusMetrics(s Status) []prometheus.Metric {
-	out := []prometheus.Metric{
-		prometheus.MustNewConstMetric(schemaBinaryVersionDesc, prometheus.GaugeValue, float64(s.BinaryVersion)),
-	}
+func statusMetrics(out *exposition.Builder, s Status) {
+	out.Add(schemaBinaryVersionDesc, float64(s.BinaryVersion))
 	if s.SchemaRead {
-		out = append(out,
-			prometheus.MustNewConstMetric(schemaVersionDesc, prometheus.GaugeValue, float64(s.SchemaVersion)),
-			prometheus.MustNewConstMetric(schemaCompatibleFromDesc, prometheus.GaugeValue, float64(s.SchemaCompatibleFrom)),
-			prometheus.MustNewConstMetric(schemaCompatibleDesc, prometheus.GaugeValue, boolFloat(s.SchemaCompatible)))
+		out.Add(schemaVersionDesc, float64(s.SchemaVersion))
+		out.Add(schemaCompatibleFromDesc, float64(s.SchemaCompatibleFrom))
+		out.Add(schemaCompatibleDesc, boolFloat(s.SchemaCompatible))
 	}
-	return out
 }

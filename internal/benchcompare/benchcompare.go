@@ -277,7 +277,14 @@ func CPU(pid int) (time.Duration, error) {
 const clockTicks = 100
 
 // PeakRSS is a process's VmHWM in MiB.
-func PeakRSS(pid int) (float64, error) {
+func PeakRSS(pid int) (float64, error) { return status(pid, "VmHWM") }
+
+// AnonRSS is a process's resident anonymous memory (its heap, stacks and runtime) in MiB,
+// now; the rest of its RSS is mostly its binary's pages.
+func AnonRSS(pid int) (float64, error) { return status(pid, "RssAnon") }
+
+// status reads a field in kB of /proc/<pid>/status, in MiB.
+func status(pid int, field string) (float64, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
@@ -285,12 +292,12 @@ func PeakRSS(pid int) (float64, error) {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+		if rest, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
 			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 64)
 			return kb / 1024, err
 		}
 	}
-	return 0, fmt.Errorf("no VmHWM for pid %d", pid)
+	return 0, fmt.Errorf("no %s for pid %d", field, pid)
 }
 
 // backendCPU sums the CPU of the database backends of one role, as seen now.
@@ -329,6 +336,7 @@ func (b *backendCPU) sample(ctx context.Context) (time.Duration, error) {
 type Measurement struct {
 	Median, CPU, DBCPU time.Duration // CPU and DBCPU per scrape
 	PeakRSS            float64       // MiB
+	AnonRSS            float64       // MiB, the largest seen after a scrape
 }
 
 // Side is an exporter under comparison.
@@ -344,6 +352,7 @@ func Run(ctx context.Context, sides []*Side, n int) ([]Measurement, error) {
 	times := make([][]time.Duration, len(sides))
 	db := make([]time.Duration, len(sides))
 	cpu0 := make([]time.Duration, len(sides))
+	anon := make([]float64, len(sides))
 	for i, s := range sides {
 		if _, err := s.db.sample(ctx); err != nil {
 			return nil, err
@@ -371,6 +380,11 @@ func Run(ctx context.Context, sides []*Side, n int) ([]Measurement, error) {
 			}
 			times[i] = append(times[i], d)
 			db[i] += used
+			a, err := AnonRSS(s.Proc.Pid())
+			if err != nil {
+				return nil, err
+			}
+			anon[i] = max(anon[i], a)
 		}
 	}
 	out := make([]Measurement, len(sides))
@@ -385,7 +399,7 @@ func Run(ctx context.Context, sides []*Side, n int) ([]Measurement, error) {
 		}
 		slices.Sort(times[i])
 		out[i] = Measurement{Median: times[i][len(times[i])/2], CPU: (c - cpu0[i]) / time.Duration(n),
-			DBCPU: db[i] / time.Duration(n), PeakRSS: rss}
+			DBCPU: db[i] / time.Duration(n), PeakRSS: rss, AnonRSS: anon[i]}
 	}
 	return out, nil
 }

@@ -35,8 +35,10 @@ func TestBenchCompare(t *testing.T) {
 		}
 		cfg.Scales = append(cfg.Scales, n)
 	}
-	build := exec.Command("go", "build", "-o", cfg.OurBin, ".")
+	// Built as the Dockerfile builds what ships: static, without cgo.
+	build := exec.Command("go", "build", "-trimpath", "-o", cfg.OurBin, ".")
 	build.Dir = "../.."
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

@@ -65,14 +65,14 @@ func Table(results []Result) string {
 		b.WriteString("\n")
 	}
 	b.WriteString("\nAbsolute figures, ours / theirs, per run:\n\n")
-	b.WriteString("| instances | run | scrape median | exporter CPU per scrape | peak RSS | DB backend CPU per scrape |\n")
-	b.WriteString("|---|---|---|---|---|---|\n")
+	b.WriteString("| instances | run | scrape median | exporter CPU per scrape | peak RSS | anonymous RSS | DB backend CPU per scrape |\n")
+	b.WriteString("|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
 		for i, run := range r.Runs {
 			o, t := run[0], run[1]
-			fmt.Fprintf(&b, "| %s | %d | %s / %s | %s / %s | %.1f / %.1f MiB | %s / %s |\n",
+			fmt.Fprintf(&b, "| %s | %d | %s / %s | %s / %s | %.1f / %.1f MiB | %.1f / %.1f MiB | %s / %s |\n",
 				thousands(r.Scale.Instances), i+1, ms(o.Median), ms(t.Median), ms(o.CPU), ms(t.CPU),
-				o.PeakRSS, t.PeakRSS, ms(o.DBCPU), ms(t.DBCPU))
+				o.PeakRSS, t.PeakRSS, o.AnonRSS, t.AnonRSS, ms(o.DBCPU), ms(t.DBCPU))
 		}
 	}
 	return b.String()
@@ -108,7 +108,8 @@ func Section(results []Result, cfg Config, when time.Time, machine string) strin
 		}
 		fmt.Fprintf(&b, "%s at %s instances", thousands(r.Series), thousands(r.Scale.Instances))
 	}
-	b.WriteString(").\n" + EndMarker + "\n")
+	b.WriteString("). Anonymous RSS is the largest resident anonymous memory (heap, stacks, runtime) seen after a scrape; " +
+		"the rest of the peak RSS is mostly pages of the binary.\n" + EndMarker + "\n")
 	return b.String()
 }
 

@@ -90,8 +90,8 @@ func BuildScale(b testing.TB, sc Scale) Data {
 	     SELECT gen_random_uuid(), 'service-' || (i % $2), 'host-' || (i % 500), i,
 	            now() - make_interval(secs => (i * 7919) % 900)
 	       FROM generate_series(1, $1) i`, sc.Instances, sc.Services)
-	run(`INSERT INTO liveness.leases (name, holder, taken_at, expires_at)
-	     SELECT 'job-' || i, 'host-' || (i % 50) || ':' || i || ':00ff00ff00ff00ff',
+	run(`INSERT INTO liveness.leases (name, holder, holder_instance_id, holder_host, taken_at, expires_at)
+	     SELECT 'job-' || i, 'host-' || (i % 50) || ':' || i || ':00ff00ff00ff00ff', gen_random_uuid(), 'host-' || (i % 50),
 	            now() - interval '1 minute', now() + make_interval(secs => (i % 240) - 120)
 	       FROM generate_series(1, $1) i`, sc.Leases)
 

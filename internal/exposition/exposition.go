@@ -1,6 +1,11 @@
-// Package exposition reads metric names out of Prometheus text exposition, so that tests
-// can check alert rules, dashboards and the README against what the exporter really
-// exposes (collector/testdata/scenario.prom, which the collector scenario test asserts).
+// Package exposition writes and reads the Prometheus text exposition format.
+//
+// The exporter writes its samples with a Builder per collector, straight into buffers
+// that are reused from scrape to scrape, instead of building a const metric per series
+// and letting a registry check, sort and encode them. MetricNames reads metric names out
+// of text exposition, so that tests can check alert rules, dashboards and the README
+// against what the exporter really exposes (collector/testdata/scenario.prom, which the
+// collector scenario test asserts).
 package exposition
 
 import (

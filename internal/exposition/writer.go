@@ -1,0 +1,202 @@
+package exposition
+
+import (
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Type is a metric family's type as the text format writes it.
+type Type string
+
+// The types the exporter writes.
+const (
+	Gauge   Type = "gauge"
+	Counter Type = "counter"
+)
+
+// Family is a metric family: its name, type, help and label names, with its "# HELP" and
+// "# TYPE" lines rendered once. Labels are written in the order of their names, as
+// client_golang writes them, whatever the order in which Add takes their values.
+type Family struct {
+	name   string
+	labels []string // in the order Add takes values
+	order  []int    // indexes into labels, by label name
+	header []byte   // the # HELP and # TYPE lines
+}
+
+// NewFamily describes a family. name and labels must be valid Prometheus names (they are
+// constants of the program); help may hold any text.
+func NewFamily(name, help string, typ Type, labels ...string) *Family {
+	f := &Family{name: name, labels: labels, order: make([]int, len(labels))}
+	for i := range f.order {
+		f.order[i] = i
+	}
+	slices.SortStableFunc(f.order, func(a, b int) int { return strings.Compare(labels[a], labels[b]) })
+	h := append([]byte("# HELP "), name...)
+	h = append(h, ' ')
+	h = appendEscaped(h, help, false)
+	h = append(h, "\n# TYPE "...)
+	h = append(h, name...)
+	h = append(h, ' ')
+	h = append(h, typ...)
+	f.header = append(h, '\n')
+	return f
+}
+
+// Name is the family's name.
+func (f *Family) Name() string { return f.name }
+
+// Builder collects samples in the text format, family by family, in the order they are
+// added. A Builder is reused from scrape to scrape with Reset, keeping its buffers; it
+// is not safe for concurrent use.
+type Builder struct {
+	fams []samples
+	last int // index of the family added to last: samples come in runs of one family
+}
+
+type samples struct {
+	f   *Family
+	buf []byte
+}
+
+// Reset forgets the samples and keeps the buffers.
+func (b *Builder) Reset() {
+	for i := range b.fams {
+		b.fams[i].buf = b.fams[i].buf[:0]
+	}
+}
+
+// Add appends one sample of f with the label values in the order of f's labels. The
+// values may hold any valid UTF-8; backslashes, double quotes and newlines are escaped.
+// Add does not check that a series is added once: that is the caller's promise.
+func (b *Builder) Add(f *Family, v float64, values ...string) {
+	if len(values) != len(f.labels) {
+		panic("exposition: " + f.name + ": " + strconv.Itoa(len(values)) + " label values for " +
+			strconv.Itoa(len(f.labels)) + " labels")
+	}
+	s := b.buffer(f)
+	buf := append(s.buf, f.name...)
+	if len(values) > 0 {
+		buf = append(buf, '{')
+		for n, i := range f.order {
+			if n > 0 {
+				buf = append(buf, ',')
+			}
+			buf = append(buf, f.labels[i]...)
+			buf = append(buf, '=', '"')
+			buf = appendEscaped(buf, values[i], true)
+			buf = append(buf, '"')
+		}
+		buf = append(buf, '}')
+	}
+	buf = append(buf, ' ')
+	buf = AppendFloat(buf, v)
+	s.buf = append(buf, '\n')
+}
+
+func (b *Builder) buffer(f *Family) *samples {
+	if b.last < len(b.fams) && b.fams[b.last].f == f {
+		return &b.fams[b.last]
+	}
+	for i := range b.fams {
+		if b.fams[i].f == f {
+			b.last = i
+			return &b.fams[i]
+		}
+	}
+	b.fams = append(b.fams, samples{f: f})
+	b.last = len(b.fams) - 1
+	return &b.fams[b.last]
+}
+
+// Len is the number of bytes of samples in the builder, without headers.
+func (b *Builder) Len() int {
+	n := 0
+	for _, s := range b.fams {
+		n += len(s.buf)
+	}
+	return n
+}
+
+// Write writes the samples of the builders to w in the text format, families sorted by
+// name, each family's header once and its samples in the order they were added (a family
+// added to by several builders has their samples in the order of the builders). Families
+// without samples are left out.
+func Write(w io.Writer, builders ...*Builder) error {
+	type part struct {
+		f   *Family
+		buf []byte
+		n   int // builder index, to keep the builders' order within a family
+	}
+	var parts []part
+	for n, b := range builders {
+		for _, s := range b.fams {
+			if len(s.buf) > 0 {
+				parts = append(parts, part{s.f, s.buf, n})
+			}
+		}
+	}
+	slices.SortStableFunc(parts, func(a, b part) int {
+		if c := strings.Compare(a.f.name, b.f.name); c != 0 {
+			return c
+		}
+		return a.n - b.n
+	})
+	for i, p := range parts {
+		if i == 0 || parts[i-1].f.name != p.f.name {
+			if _, err := w.Write(p.f.header); err != nil {
+				return err
+			}
+		}
+		if _, err := w.Write(p.buf); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AppendFloat appends v as the text format writes a sample value.
+func AppendFloat(b []byte, v float64) []byte {
+	switch {
+	case v == 0:
+		return append(b, '0')
+	case v == 1:
+		return append(b, '1')
+	case math.IsNaN(v):
+		return append(b, "NaN"...)
+	case math.IsInf(v, 1):
+		return append(b, "+Inf"...)
+	case math.IsInf(v, -1):
+		return append(b, "-Inf"...)
+	}
+	return strconv.AppendFloat(b, v, 'g', -1, 64)
+}
+
+// appendEscaped appends s with backslashes and newlines escaped, and double quotes too
+// in a label value.
+func appendEscaped(b []byte, s string, quote bool) []byte {
+	start := 0
+	for i := 0; i < len(s); i++ {
+		var esc string
+		switch s[i] {
+		case '\\':
+			esc = `\\`
+		case '\n':
+			esc = `\n`
+		case '"':
+			if !quote {
+				continue
+			}
+			esc = `\"`
+		default:
+			continue
+		}
+		b = append(b, s[start:i]...)
+		b = append(b, esc...)
+		start = i + 1
+	}
+	return append(b, s[start:]...)
+}

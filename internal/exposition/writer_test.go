@@ -1,0 +1,146 @@
+package exposition
+
+import (
+	"bytes"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+)
+
+// The Builder writes what client_golang writes for the same metrics: the same header
+// lines, labels in name order, the same escaping and the same number formatting.
+func TestWriteMatchesClientGolang(t *testing.T) {
+	type sample struct {
+		v      float64
+		values []string
+	}
+	fams := []struct {
+		name, help string
+		typ        Type
+		labels     []string
+		samples    []sample
+	}{
+		{"b_gauge", "Help with a \\ backslash,\na newline and \"quotes\".", Gauge, []string{"zeta", "alpha"}, []sample{
+			{1, []string{"z1", "a1"}},
+			{-0.5, []string{`a "quoted" \ value`, "line\nbreak"}},
+			{math.Inf(1), []string{"", "ünïcode \uFFFD"}},
+			{math.Inf(-1), []string{"x", "y"}},
+			{math.NaN(), []string{"n", "a"}},
+			{1e-9, []string{"small", "s"}},
+			{123456789012, []string{"big", "b"}},
+			{0, []string{"zero", "0"}},
+			{-1, []string{"minus", "1"}},
+		}},
+		{"a_total", "A counter.", Counter, []string{"statement"}, []sample{{42, []string{"heartbeat"}}, {0.25, []string{"renew"}}}},
+		{"c_plain", "No labels.", Gauge, nil, []sample{{7, nil}}},
+		{"d_empty", "Never added to: left out.", Gauge, []string{"l"}, nil},
+	}
+
+	reg := prometheus.NewRegistry()
+	var ms []prometheus.Metric
+	var b Builder
+	for _, f := range fams {
+		pt := prometheus.GaugeValue
+		if f.typ == Counter {
+			pt = prometheus.CounterValue
+		}
+		desc := prometheus.NewDesc(f.name, f.help, f.labels, nil)
+		fam := NewFamily(f.name, f.help, f.typ, f.labels...)
+		for _, s := range f.samples {
+			ms = append(ms, prometheus.MustNewConstMetric(desc, pt, s.v, s.values...))
+			b.Add(fam, s.v, s.values...)
+		}
+	}
+	reg.MustRegister(collectorOf(ms))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want bytes.Buffer
+	for _, mf := range mfs {
+		if _, err := expfmt.MetricFamilyToText(&want, mf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got bytes.Buffer
+	if err := Write(&got, &b); err != nil {
+		t.Fatal(err)
+	}
+	// client_golang also sorts the samples of a family; the Builder keeps their order.
+	if g, w := sortedSamples(got.String()), sortedSamples(want.String()); g != w {
+		t.Errorf("written:\n%s\nclient_golang:\n%s", got.String(), want.String())
+	}
+	if !strings.HasPrefix(got.String(), "# HELP a_total A counter.\n# TYPE a_total counter\na_total{statement=\"heartbeat\"} 42\n") {
+		t.Errorf("families not sorted by name, or samples not in the order added:\n%s", got.String())
+	}
+
+	// Reset keeps nothing but the buffers.
+	b.Reset()
+	got.Reset()
+	if err := Write(&got, &b); err != nil || got.Len() != 0 {
+		t.Errorf("after Reset: %q, %v", got.String(), err)
+	}
+}
+
+// Builders are merged by family name, each family's header written once, its samples in
+// the order of the builders.
+func TestWriteMergesBuilders(t *testing.T) {
+	f := NewFamily("x", "X.", Gauge, "c")
+	g := NewFamily("a", "A.", Gauge)
+	var b1, b2 Builder
+	b1.Add(f, 1, "one")
+	b2.Add(g, 2)
+	b2.Add(f, 3, "two")
+	var out bytes.Buffer
+	if err := Write(&out, &b1, &b2); err != nil {
+		t.Fatal(err)
+	}
+	want := "# HELP a A.\n# TYPE a gauge\na 2\n# HELP x X.\n# TYPE x gauge\nx{c=\"one\"} 1\nx{c=\"two\"} 3\n"
+	if out.String() != want {
+		t.Errorf("got:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
+
+func TestAddPanicsOnWrongLabelCount(t *testing.T) {
+	defer func() {
+		if p := recover(); p == nil || !strings.Contains(p.(string), "x: 1 label values for 2 labels") {
+			t.Errorf("panic %v", p)
+		}
+	}()
+	var b Builder
+	b.Add(NewFamily("x", "X.", Gauge, "a", "b"), 1, "only one")
+}
+
+// sortedSamples sorts the sample lines within each family.
+func sortedSamples(text string) string {
+	var out, fam []string
+	flush := func() {
+		slices.Sort(fam)
+		out = append(out, fam...)
+		fam = nil
+	}
+	for line := range strings.Lines(text) {
+		if strings.HasPrefix(line, "#") {
+			flush()
+			out = append(out, line)
+			continue
+		}
+		fam = append(fam, line)
+	}
+	flush()
+	return strings.Join(out, "")
+}
+
+type collectorOf []prometheus.Metric
+
+func (collectorOf) Describe(chan<- *prometheus.Desc) {}
+
+func (c collectorOf) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range c {
+		ch <- m
+	}
+}
