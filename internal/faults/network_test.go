@@ -95,12 +95,13 @@ func TestHalfOpenPartition(t *testing.T) {
 	sc.s.Trials = trials()
 	sc.note("The partitioned agent cannot reach the database, so verdicts on it are not false-dead; the count covers the process on the host.")
 	sc.note("%s is evaluated by a real Prometheus (the shipped rule file, unchanged, every 1 s) scraping both agents' "+
-		"metrics and an observer's every 1 s. While fencing worked it never fired in %d of %d trials (pending %.1f s in all, "+
-		"from scrapes of the agents and of the lease row a moment apart).", twoLeadersAlert,
-		check.FencedRuns-check.FiredWhileFenced, check.FencedRuns, check.PendingWhileFenced.Seconds())
+		"metrics and an observer's every 1 s. While fencing worked it stayed quiet in %d of %d trials, pending for %.1f s "+
+		"in all (a takeover scraped from the new holder a moment before the lease row can make it pending for a scrape).",
+		twoLeadersAlert, check.FencedRuns-check.FiredWhileFenced, check.FencedRuns, check.PendingWhileFenced.Seconds())
 	sc.note("Fencing bypassed: one more run with the victim a stale leader (it goes on believing in its lease after "+
-		"losing it, which the library never does). The alert fired in %d of %d such runs; the database refused all %d "+
-		"fenced writes it attempted meanwhile.", check.FiredWhenBypassed, check.BypassedRuns, refused)
+		"losing it, which the library never does). The alert fired in %d of %d such runs. lease_is_held refused the %d "+
+		"fenced writes the stale leader got through to the database, and accepted none under a stale epoch.",
+		check.FiredWhenBypassed, check.BypassedRuns, refused)
 }
 
 // partitionRun is one partition of a victim holding lease, with an heir waiting.

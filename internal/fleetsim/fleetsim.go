@@ -46,8 +46,11 @@ const PoolApplicationName = "fleetsim:pool"
 
 // Config describes a fleet. Zero durations take the defaults of DefaultConfig.
 type Config struct {
-	DSN       string // the pools' DSN (its first host)
-	DirectDSN string // the alive locks' DSN (its first host); DSN if empty
+	// DSN is the pools' DSN and DirectDSN the alive locks' (DSN if empty). Only the first
+	// host is used, and each instance reaches it through its relays on 127.0.0.1, so
+	// sslmode=verify-full, which checks the host name, does not fit.
+	DSN       string
+	DirectDSN string
 	Schema    string // liveness.DefaultSchema if empty
 	// ApplyMigrations creates the liveness objects before the fleet starts.
 	ApplyMigrations bool
