@@ -168,7 +168,9 @@ func (e *elector) lead(ctx context.Context, lease *Lease) {
 	}
 	<-done
 	reason := lease.Err()
-	if keep && reason == nil {
+	if (keep && reason == nil) || (ctx.Err() != nil && errors.Is(reason, ErrLeaseReleased)) {
+		// The campaign ended. Its context's end reaches the lease's context a moment
+		// after its own Done, so the release above may have ended the lease first.
 		reason = context.Cause(ctx)
 	}
 	e.leases.log.Info("stopped leading", "lease", lease.Name, "epoch", lease.Epoch, "reason", reason)

@@ -257,20 +257,22 @@ cat <<EOF
 
   The fleet: 6 instances of checkout and billing, plus the exporter's own agent.
     instances 0-1  heartbeat-table-only, no alive lock   -> state "heartbeat_only"
+  Each instance is a liveness.Agent with its own pool; faults are done to its connections.
     instances 2-5  hold their alive lock                 -> state "alive"
   Stale threshold $stale, definitive-dead cutoff $dead, reaper every 60s.
 
   What changes in the next minute (watch pg_liveness_instances{state=...}):
-    ~15s  instance 4 hangs: lock held, heartbeats stop. About 20s after its last
+    ~15s  instance 4 hangs (its connections freeze): lock held, heartbeats stop. About 20s after its last
           heartbeat it is "lock_only"; after 45s "zombie" (PgLivenessZombieInstances goes
           pending on the alerts page); the reaper deletes its row within 60s.
-    ~25s  instance 5 dies: its lock goes at once ("heartbeat_only"), 20s after its last
-          heartbeat it is "stale", and the reaper deletes it within 60s
+    ~25s  instance 5 dies (its connections are cut): its lock goes at once ("lock_lost"),
+          about a second later it is "stale", and the reaper deletes it within 60s
           (pg_liveness_agent_instances_reaped_total goes up).
   Throughout: the leases cleanup, alerts, mail-checks and uptime-runner change hands:
     pg_liveness_lease_epoch{lease=...} rises on every acquisition, pg_liveness_lease_held,
-    pg_liveness_lease_expires_in_seconds. The dying instance does not release its leases:
-    they expire (expires_in_seconds < 0) and another instance takes them over.
+    pg_liveness_lease_expires_in_seconds. The hung instance cannot release its leases:
+    they expire (expires_in_seconds < 0) and another instance takes them over. The dead
+    one's are taken over as soon as it is dead, before they expire.
   Also: pg_liveness_advisory_locks{kind="alive_lock"}, pg_liveness_backends,
     pg_liveness_statement_calls_total{statement="heartbeat"} (from pg_stat_statements),
     and every 10s fleetsim.log prints each instance's state as the database sees it.

@@ -1,7 +1,8 @@
-// Command fleetsim runs a simulated fleet of service instances against PostgreSQL, built
-// on the liveness package, so that pg_liveness_exporter has something to watch: instances
-// holding their alive lock, heartbeat-only instances, one that dies, one that hangs, and
-// leased singleton jobs changing hands.
+// Command fleetsim runs a simulated fleet of service instances against PostgreSQL, each
+// a liveness.Agent as a service would embed it, so that pg_liveness_exporter has
+// something to watch: instances holding their alive lock, heartbeat-only instances, one
+// that dies (its connections cut), one that hangs (its connections frozen), and leased
+// singleton jobs changing hands through the elector.
 package main
 
 import (
@@ -39,7 +40,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 		maxConns                  int
 		logCfg                    promslog.Config
 	)
-	app := kingpin.New("fleetsim", "Runs a simulated fleet of instances (alive locks, heartbeats, leased jobs) and injects faults.")
+	app := kingpin.New("fleetsim", "Runs a simulated fleet of liveness agents (alive locks, heartbeats, leased jobs) and injects faults into their connections.")
 	app.UsageWriter(stderr)
 	app.ErrorWriter(stderr)
 	app.HelpFlag.Short('h')
@@ -49,7 +50,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	app.Flag("migrations.apply", "Apply the migrations before starting.").Default("true").BoolVar(&cfg.ApplyMigrations)
 	app.Flag("services", "Comma-separated service names; instances are spread over them.").Default(strings.Join(cfg.Services, ",")).StringVar(&services)
 	app.Flag("instances", "Number of instances.").Default(fmt.Sprint(cfg.Instances)).IntVar(&cfg.Instances)
-	app.Flag("heartbeat-only", "How many of the instances run heartbeat-table-only, without an alive lock.").Default(fmt.Sprint(cfg.HeartbeatOnly)).IntVar(&cfg.HeartbeatOnly)
+	app.Flag("heartbeat-only", "How many of the instances run heartbeat-table-only, their alive lock's connection refused.").Default(fmt.Sprint(cfg.HeartbeatOnly)).IntVar(&cfg.HeartbeatOnly)
 	app.Flag("heartbeat-interval", "Fast heartbeat cadence.").Default(cfg.HeartbeatInterval.String()).DurationVar(&cfg.HeartbeatInterval)
 	app.Flag("heartbeat-slow-interval", "Heartbeat cadence while the alive lock is held.").Default(cfg.HeartbeatSlowInterval.String()).DurationVar(&cfg.HeartbeatSlowInterval)
 	app.Flag("stale-threshold", "Heartbeat age after which an instance is stale; use the exporter's --agent.stale-threshold.").Default(cfg.StaleThreshold.String()).DurationVar(&cfg.StaleThreshold)
@@ -58,10 +59,10 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	app.Flag("lease-ttl", "TTL of the job leases; renewed every ttl/4.").Default(cfg.LeaseTTL.String()).DurationVar(&cfg.LeaseTTL)
 	app.Flag("job-duration", "How long a job holds its lease (±50%).").Default(cfg.JobDuration.String()).DurationVar(&cfg.JobDuration)
 	app.Flag("job-pause", "Wait between an instance's attempts at a lease (±50%).").Default(cfg.JobPause.String()).DurationVar(&cfg.JobPause)
-	app.Flag("kill-after", "Kill the last lock-holding instance after this long (0: never).").Default("30s").DurationVar(&killAfter)
-	app.Flag("hang-after", "Hang the last-but-one lock-holding instance after this long (0: never).").Default("20s").DurationVar(&hangAfter)
+	app.Flag("kill-after", "Kill the last lock-holding instance after this long: its connections are cut (0: never).").Default("30s").DurationVar(&killAfter)
+	app.Flag("hang-after", "Hang the last-but-one lock-holding instance after this long: its connections freeze (0: never).").Default("20s").DurationVar(&hangAfter)
 	app.Flag("report-interval", "How often to log every instance's state as the database sees it (0: never).").Default("10s").DurationVar(&reportEvery)
-	app.Flag("max-conns", "Connections of the shared pool (each alive lock adds one).").Default(fmt.Sprint(cfg.MaxConns)).IntVar(&maxConns)
+	app.Flag("max-conns", "Connections of each instance's pool (its alive lock adds one).").Default(fmt.Sprint(cfg.MaxConns)).IntVar(&maxConns)
 	flag.AddFlags(app, &logCfg)
 	if _, err := app.Parse(args); err != nil {
 		fmt.Fprintf(stderr, "fleetsim: error: %s\n", dsn.Redact(err.Error()))
@@ -136,14 +137,14 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 			if err := fleet.Kill(killIdx); err != nil {
 				logger.Error("kill", "err", err)
 			} else {
-				logger.Info("FAULT: killed instance: lock released at once, no more heartbeats; heartbeat_only, then stale after --stale-threshold, then reaped",
+				logger.Info("FAULT: killed instance: connections cut, lock released at once, no more heartbeats; lock_lost, then stale about a second later, its leases taken over, then reaped",
 					"instance", killIdx, "instance_id", fleet.Instances()[killIdx].ID)
 			}
 		case <-hang:
 			if err := fleet.Hang(hangIdx); err != nil {
 				logger.Error("hang", "err", err)
 			} else {
-				logger.Info("FAULT: hung instance: lock still held, no more heartbeats; lock_only after --stale-threshold, zombie after --definitive-dead-cutoff, then reaped",
+				logger.Info("FAULT: hung instance: connections frozen, lock still held, no more heartbeats; lock_only after --stale-threshold, zombie after --definitive-dead-cutoff, then reaped; its leases expire and are taken over",
 					"instance", hangIdx, "instance_id", fleet.Instances()[hangIdx].ID)
 			}
 		case <-report:

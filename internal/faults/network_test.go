@@ -28,6 +28,12 @@ func netEnv(t *testing.T) (*env, *netns, string) {
 // TestHalfOpenPartition cuts an agent off inside its network namespace without closing
 // its sockets, and measures when the server frees its alive lock, when the agent stops
 // trusting its lock and its lease, and when another process takes the lease.
+//
+// A real Prometheus scrapes both agents' metrics and an observer's, and evaluates the
+// shipped rules: PgLivenessLeaseTwoLeaders must never fire while fencing works. Once more
+// with the victim a stale leader (fencing bypassed: it goes on believing in its lease
+// after losing it), the alert must fire once the victim can be scraped again, and the
+// database must still refuse its fenced writes.
 func TestHalfOpenPartition(t *testing.T) {
 	// Mostly waiting on timers: run beside the other waiting scenarios, so that
 	// make faults stays short.
@@ -37,79 +43,173 @@ func TestHalfOpenPartition(t *testing.T) {
 	e, ns, nsDSN := netEnv(t)
 	obs := startObserver(t, e.dsn)
 	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)
-	const window = 90 * time.Second
+	check := &AlertCheck{Alert: twoLeadersAlert}
+	sc.s.TwoLeaders = check
 	for trial := range trials() {
-		lease := fmt.Sprintf("job-%d", trial)
-		victim := startAgent(t, e, agentOpts{service: fmt.Sprintf("partition-victim-%d", trial), netns: ns.Name, dsn: nsDSN, lease: lease, leaseTTL: jobLeaseTTL})
-		s.Watch(victim)
-		waitFor(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
-		heir := startAgent(t, e, agentOpts{service: fmt.Sprintf("partition-heir-%d", trial), lease: lease, leaseTTL: jobLeaseTTL})
-		s.Watch(heir)
-		waitHealthy(t, s, victim, true)
-		waitHealthy(t, s, heir, true)
-
-		id := victim.ids[0]
-		t0 := time.Now()
-		if err := ns.Cut(); err != nil {
-			t.Fatal(err)
-		}
-		var (
-			freed, leaseDistrust, lockDistrust, takeover time.Duration
-			okFreed, okLease, okLock, okTake             bool
-		)
-		firstEvent := func(p *proc, ev string, match func(event) bool) (time.Duration, bool) {
-			for _, e := range p.Events(ev, t0) {
-				if match(e) {
-					return e.At.Sub(t0), true
-				}
-			}
-			return 0, false
-		}
-		waitSeen(window,
-			func() bool {
-				freed, okFreed = s.firstSQL(t0, func(smp sqlSample) bool { return !smp.Inst[id].Locked })
-				return okFreed
-			},
-			func() bool {
-				leaseDistrust, okLease = firstEvent(victim.proc, "lost", func(event) bool { return true })
-				return okLease
-			},
-			func() bool {
-				lockDistrust, okLock = firstEvent(victim.proc, "lock", func(e event) bool { return !e.Held })
-				return okLock
-			},
-			func() bool {
-				takeover, okTake = firstEvent(heir.proc, "acquired", func(event) bool { return true })
-				return okTake
-			},
-		)
-		sc.observe("server frees the alive lock", window, freed, okFreed)
-		sc.observe("agent stops trusting its lease", window, leaseDistrust, okLease)
-		sc.observe("agent stops trusting its alive lock", window, lockDistrust, okLock)
-		sc.observe("lease held by another process", window, takeover, okTake)
-
-		tHeal := time.Now()
-		if err := ns.Heal(); err != nil {
-			t.Fatal(err)
-		}
-		var relock time.Duration
-		ok := poll(window, func() bool {
-			var ok bool
-			relock, ok = s.firstSQL(tHeal, func(smp sqlSample) bool { return smp.Inst[id].Locked && smp.Inst[id].Alive })
-			return ok
-		})
-		sc.observe("after healing: lock held again", window, relock, ok)
-		n, first := s.falseDead(t0, time.Now(), []*agent{heir})
+		r := runPartition(t, sc, e, ns, nsDSN, obs, s, fmt.Sprintf("job-%d", trial), fmt.Sprintf("%d", trial), false)
+		n, first := s.falseDead(r.t0, time.Now(), []*agent{r.heir})
 		sc.addFalseDead(n, first)
-		sc.fence(e.dsn, lease)
-		victim.Stop()
-		heir.Stop()
+		sc.fence(e.dsn, r.lease)
+		pending, fired, samples := r.prom.active(r.watched, time.Now())
+		check.FencedRuns++
+		if samples == 0 {
+			t.Errorf("trial %d: the %s sampler saw nothing", trial, twoLeadersAlert)
+		}
+		if fired {
+			check.FiredWhileFenced++
+			t.Errorf("trial %d: %s fired although fencing worked", trial, twoLeadersAlert)
+		}
+		check.PendingWhileFenced += pending
+		r.stop()
 	}
 	sc.bound("server frees the alive lock", 0, halfOpenBound)
 	sc.bound("agent stops trusting its lease", 0, halfOpenBound)
 	sc.bound("agent stops trusting its alive lock", 0, halfOpenBound)
+
+	// Fencing bypassed, once: the victim goes on believing in its lost lease.
+	r := runPartition(t, sc, e, ns, nsDSN, obs, s, "job-stale-leader", "stale-leader", true)
+	const alertWindow = 2 * time.Minute
+	var pendingAfter, firingAfter time.Duration
+	var okPending, okFiring bool
+	waitSeen(alertWindow,
+		func() bool { pendingAfter, okPending = r.prom.first(r.healed, "pending"); return okPending },
+		func() bool { firingAfter, okFiring = r.prom.first(r.healed, "firing"); return okFiring },
+	)
+	check.BypassedRuns++
+	if okFiring {
+		check.FiredWhenBypassed++
+	}
+	sc.observe("fencing bypassed: "+twoLeadersAlert+" pending, from the heal", alertWindow, pendingAfter, okPending)
+	sc.observe("fencing bypassed: "+twoLeadersAlert+" firing, from the heal", alertWindow, firingAfter, okFiring)
+	// The stale leader is invisible while cut off; once it is scraped again, one scrape
+	// and one evaluation show it, and the rule's for: 1m fires it.
+	sc.bound("fencing bypassed: "+twoLeadersAlert+" pending, from the heal", 0, 10*time.Second)
+	sc.bound("fencing bypassed: "+twoLeadersAlert+" firing, from the heal", 0, time.Minute+15*time.Second)
+	if len(r.victim.Events("ignoring", r.t0)) == 0 {
+		t.Errorf("the stale leader never lost its lease, so nothing was bypassed")
+	}
+	refused := len(r.victim.Events("rejected", r.t0))
+	sc.fence(e.dsn, r.lease)
+	r.stop()
+
 	sc.s.Trials = trials()
 	sc.note("The partitioned agent cannot reach the database, so verdicts on it are not false-dead; the count covers the process on the host.")
+	sc.note("%s is evaluated by a real Prometheus (the shipped rule file, unchanged, every 1 s) scraping both agents' "+
+		"metrics and an observer's every 1 s. While fencing worked it stayed quiet in %d of %d trials, pending for %.1f s "+
+		"in all (a takeover scraped from the new holder a moment before the lease row can make it pending for a scrape).",
+		twoLeadersAlert, check.FencedRuns-check.FiredWhileFenced, check.FencedRuns, check.PendingWhileFenced.Seconds())
+	sc.note("Fencing bypassed: one more run with the victim a stale leader (it goes on believing in its lease after "+
+		"losing it, which the library never does). The alert fired in %d of %d such runs. lease_is_held refused the %d "+
+		"fenced writes the stale leader got through to the database, and accepted none under a stale epoch.",
+		check.FiredWhenBypassed, check.BypassedRuns, refused)
+}
+
+// partitionRun is one partition of a victim holding lease, with an heir waiting.
+type partitionRun struct {
+	lease        string
+	victim, heir *agent
+	prom         *prometheus
+	watched      time.Time // Prometheus had scraped every target and seen the lease
+	t0, healed   time.Time // the cut and the heal
+}
+
+func (r partitionRun) stop() {
+	r.victim.Stop()
+	r.heir.Stop()
+	r.prom.stop()
+}
+
+// runPartition starts a victim inside the namespace holding lease and an heir on the
+// host, both serving their agent metrics to a Prometheus of its own, cuts the victim
+// off, waits until the heir holds the lease, heals, and waits until the victim holds
+// its lock again. A stale victim goes on believing in its lease once lost. The run's
+// times are recorded under the scenario's quantities, except for a stale victim's.
+func runPartition(t *testing.T, sc *scenario, e *env, ns *netns, nsDSN string, obs *observer, s *sampler,
+	lease, tag string, stale bool) partitionRun {
+	t.Helper()
+	const window = 90 * time.Second
+	victimAddr, heirAddr := ns.NSIP+":9187", freeAddr(t)
+	extra := []string{"--web.listen-address=" + victimAddr}
+	if stale {
+		extra = append(extra, "--lease.ignore-loss")
+	}
+	r := partitionRun{lease: lease}
+	r.victim = startAgent(t, e, agentOpts{service: "partition-victim-" + tag, netns: ns.Name, dsn: nsDSN, lease: lease,
+		leaseTTL: jobLeaseTTL, extra: extra})
+	s.Watch(r.victim)
+	waitFor(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(r.victim.Events("acquired", time.Time{})) > 0 })
+	r.heir = startAgent(t, e, agentOpts{service: "partition-heir-" + tag, lease: lease, leaseTTL: jobLeaseTTL,
+		extra: []string{"--web.listen-address=" + heirAddr}})
+	s.Watch(r.heir)
+	r.prom = startPrometheus(t, twoLeadersAlert, strings.TrimSuffix(strings.TrimPrefix(obs.url, "http://"), "/metrics"), heirAddr, victimAddr)
+	waitHealthy(t, s, r.victim, true)
+	waitHealthy(t, s, r.heir, true)
+	// The alert's inputs are there: the victim's belief and the lease row, as scraped.
+	waitFor(t, 30*time.Second, "Prometheus scraping the victim's belief and the lease row", func() bool {
+		a, err1 := r.prom.query(fmt.Sprintf(`pg_liveness_agent_lease_epoch{lease=%q} and on (lease) pg_liveness_lease_epoch`, lease))
+		up, err2 := r.prom.query(`up == 1`)
+		return err1 == nil && err2 == nil && a == 1 && up == 3
+	})
+	r.watched = time.Now()
+
+	id := r.victim.ids[0]
+	r.t0 = time.Now()
+	if err := ns.Cut(); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		freed, leaseDistrust, lockDistrust, takeover time.Duration
+		okFreed, okLease, okLock, okTake             bool
+	)
+	firstEvent := func(p *proc, ev string, match func(event) bool) (time.Duration, bool) {
+		for _, e := range p.Events(ev, r.t0) {
+			if match(e) {
+				return e.At.Sub(r.t0), true
+			}
+		}
+		return 0, false
+	}
+	waitSeen(window,
+		func() bool {
+			freed, okFreed = s.firstSQL(r.t0, func(smp sqlSample) bool { return !smp.Inst[id].Locked })
+			return okFreed
+		},
+		func() bool {
+			leaseDistrust, okLease = firstEvent(r.victim.proc, "lost", func(event) bool { return true })
+			return okLease
+		},
+		func() bool {
+			lockDistrust, okLock = firstEvent(r.victim.proc, "lock", func(e event) bool { return !e.Held })
+			return okLock
+		},
+		func() bool {
+			takeover, okTake = firstEvent(r.heir.proc, "acquired", func(event) bool { return true })
+			return okTake
+		},
+	)
+	if !stale {
+		sc.observe("server frees the alive lock", window, freed, okFreed)
+		sc.observe("agent stops trusting its lease", window, leaseDistrust, okLease)
+		sc.observe("agent stops trusting its alive lock", window, lockDistrust, okLock)
+		sc.observe("lease held by another process", window, takeover, okTake)
+	} else if !okTake {
+		t.Errorf("stale-leader run: the heir never took %s over", lease)
+	}
+
+	r.healed = time.Now()
+	if err := ns.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	var relock time.Duration
+	ok := poll(window, func() bool {
+		var ok bool
+		relock, ok = s.firstSQL(r.healed, func(smp sqlSample) bool { return smp.Inst[id].Locked && smp.Inst[id].Alive })
+		return ok
+	})
+	if !stale {
+		sc.observe("after healing: lock held again", window, relock, ok)
+	}
+	return r
 }
 
 // TestNetworkBlip drops the agent's packets for 5 s and restores them: nothing may call

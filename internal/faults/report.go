@@ -49,7 +49,22 @@ type Scenario struct {
 	FalseDead        int
 	DoubleHolders    int
 	StaleEpochWrites int
-	Notes            []string
+	// TwoLeaders is the two-leaders alert checked against the scenario's processes, in
+	// the scenarios that check it; nil elsewhere.
+	TwoLeaders *AlertCheck
+	Notes      []string
+}
+
+// AlertCheck is an alert evaluated by a real Prometheus, from the shipped rule file,
+// against the metrics of the scenario's processes: it must stay quiet while fencing
+// works, and fire when fencing is bypassed.
+type AlertCheck struct {
+	Alert              string
+	FencedRuns         int           // runs in which fencing worked
+	FiredWhileFenced   int           // of those, runs in which the alert fired (a failure)
+	PendingWhileFenced time.Duration // how long it was pending in those runs, in all
+	BypassedRuns       int           // runs with a process that went on leading after losing its lease
+	FiredWhenBypassed  int           // of those, runs in which the alert fired
 }
 
 // Quantity is one measured time, once per trial.
@@ -139,6 +154,25 @@ func (r Report) WriteMarkdown(w io.Writer) error {
 			count(s.FalseDead), count(s.DoubleHolders), count(s.StaleEpochWrites))
 	}
 
+	var alerts []Scenario
+	for _, s := range r.Scenarios {
+		if s.TwoLeaders != nil {
+			alerts = append(alerts, s)
+		}
+	}
+	if len(alerts) > 0 {
+		p("\n## Alerts\n\n")
+		p("Evaluated by a real Prometheus from the shipped rule file, scraping the scenario's processes every second.\n\n")
+		p("| # | Scenario | Alert | Fencing works: runs | Fired | Fencing bypassed: runs | Fired |\n")
+		p("|---|---|---|---|---|---|---|\n")
+		for _, s := range alerts {
+			a := s.TwoLeaders
+			p("| %d | %s | %s | %d | %s | %d | %s |\n", s.Number, s.Title, a.Alert, a.FencedRuns,
+				bold(a.FiredWhileFenced, a.FiredWhileFenced > 0), a.BypassedRuns,
+				bold(a.FiredWhenBypassed, a.FiredWhenBypassed < a.BypassedRuns))
+		}
+	}
+
 	p("\n## Scenarios\n")
 	for _, s := range r.Scenarios {
 		p("\n### %d. %s (`%s`)\n\n", s.Number, s.Title, s.Name)
@@ -166,6 +200,14 @@ func msOrMiss(q Quantity, f func() (time.Duration, bool)) string {
 func count(n int) string {
 	if n < 0 {
 		return "–"
+	}
+	return fmt.Sprintf("%d", n)
+}
+
+// bold prints n, in bold when it is bad.
+func bold(n int, bad bool) string {
+	if bad {
+		return fmt.Sprintf("**%d**", n)
 	}
 	return fmt.Sprintf("%d", n)
 }

@@ -27,6 +27,11 @@ func TestReportMarkdown(t *testing.T) {
 					{Name: "takeover", Values: ms(900), Missed: 1, Window: time.Minute, Bound: "every trial < 3s"},
 				},
 				FalseDead: 0, DoubleHolders: 0, StaleEpochWrites: 0, Notes: []string{"a note"}},
+			{Number: 3, Name: "TestHalfOpenPartition", Title: "Partition", Trials: 2,
+				Quantities: []Quantity{{Name: "freed", Values: ms(30000, 31000), Window: time.Minute}},
+				FalseDead:  0, DoubleHolders: 0, StaleEpochWrites: 0,
+				TwoLeaders: &AlertCheck{Alert: "PgLivenessLeaseTwoLeaders", FencedRuns: 2, FiredWhileFenced: 1,
+					BypassedRuns: 1, FiredWhenBypassed: 1}},
 			{Number: 8, Name: "TestLeaseContention", Title: "Contention", Trials: 1,
 				Quantities: []Quantity{{Name: "rounds", Values: ms(5000), Window: time.Minute}},
 				FalseDead:  -1, DoubleHolders: 2, StaleEpochWrites: 3},
@@ -50,6 +55,9 @@ func TestReportMarkdown(t *testing.T) {
 		"| # | Scenario | Trials | False-dead verdicts | Double holders | Stale-epoch writes |",
 		"| 1 | Crash | 4 | 0 | 0 | 0 |",
 		"| 8 | Contention | 1 | – | 2 | 3 |",
+		"## Alerts",
+		"| # | Scenario | Alert | Fencing works: runs | Fired | Fencing bypassed: runs | Fired |",
+		"| 3 | Partition | PgLivenessLeaseTwoLeaders | 2 | **1** | 1 | 1 |",
 		"### 1. Crash (`TestCrash`)",
 		"Settings: defaults",
 		"- a note",
@@ -67,5 +75,9 @@ func TestReportMarkdown(t *testing.T) {
 	}
 	if strings.Index(got, "### 1.") > strings.Index(got, "### 8.") {
 		t.Error("scenarios out of order")
+	}
+	// Only scenarios that check the alert are listed under Alerts.
+	if alerts := got[strings.Index(got, "## Alerts"):strings.Index(got, "## Scenarios")]; strings.Contains(alerts, "| Crash |") {
+		t.Errorf("the Alerts table lists a scenario without the check:\n%s", alerts)
 	}
 }

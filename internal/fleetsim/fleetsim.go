@@ -1,9 +1,20 @@
-// Package fleetsim runs a simulated fleet of service instances in one process, built on
-// the liveness package: each instance is a HeartbeatWorker, most also hold an AliveLock,
-// and all of them take turns at leased singleton jobs. Faults can be injected per
-// instance: Kill models a process death (the lock's session ends, the heartbeat stops,
-// the row stays for the reaper), Hang models a stuck process whose session survives (the
-// lock stays held, the heartbeat stops).
+// Package fleetsim runs a simulated fleet of service instances in one process. Each
+// instance is a liveness.Agent, the same lifecycle a service embeds (alive lock,
+// heartbeat, leases), on a pool of its own, and campaigns with Leases.Elect for leased
+// singleton jobs, taking turns with the others.
+//
+// Every connection of an instance goes through a relay of its own on 127.0.0.1 (one for
+// its pool, one for its alive lock), and faults are conditions of those relays, not of
+// the instance's code:
+//
+//   - Kill cuts both relays, pool first, and stops the agent: every session ends, so
+//     PostgreSQL releases the alive lock at once, and nothing the dying instance tries
+//     afterwards (a beat, its row's removal, a lease's release) reaches the server. Its
+//     row and leases stay behind, as after a crash.
+//   - Hang freezes both relays: the sessions stay open and nothing moves through them,
+//     as for a stopped process. The lock stays held while the heartbeat ages.
+//   - A heartbeat-only instance runs in heartbeat-table-only mode with its alive lock's
+//     relay cut from the start, as a service whose direct path to PostgreSQL is closed.
 //
 // The demo (make run), the end-to-end tests and the benchmarks share it.
 package fleetsim
@@ -17,6 +28,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -27,21 +39,25 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
-// PoolApplicationName names the connections of the fleet's shared pool. The alive locks'
-// connections are named "<service>:alive-lock" by the liveness package.
+// PoolApplicationName names the connections of the instances' pools and of the fleet's
+// own (migrations, Statuses). The alive locks' connections are named
+// "<service>:alive-lock" by the liveness package.
 const PoolApplicationName = "fleetsim:pool"
 
 // Config describes a fleet. Zero durations take the defaults of DefaultConfig.
 type Config struct {
-	DSN       string // the shared pool's DSN
-	DirectDSN string // the alive locks' DSN; DSN if empty
+	// DSN is the pools' DSN and DirectDSN the alive locks' (DSN if empty). Only the first
+	// host is used, and each instance reaches it through its relays on 127.0.0.1, so
+	// sslmode=verify-full, which checks the host name, does not fit.
+	DSN       string
+	DirectDSN string
 	Schema    string // liveness.DefaultSchema if empty
 	// ApplyMigrations creates the liveness objects before the fleet starts.
 	ApplyMigrations bool
 
 	Services      []string // instance i belongs to Services[i % len]; {"demo"} if empty
 	Instances     int      // total number of instances
-	HeartbeatOnly int      // how many of them (the first ones) run heartbeat-table-only, without an alive lock
+	HeartbeatOnly int      // how many of them (the first ones) run heartbeat-table-only, their alive lock's path cut
 
 	HeartbeatInterval     time.Duration
 	HeartbeatSlowInterval time.Duration
@@ -52,16 +68,17 @@ type Config struct {
 	// Leases are the names of the singleton jobs every running instance competes for.
 	Leases   []string
 	LeaseTTL time.Duration
-	// JobDuration is how long the default job holds its lease (jittered by ±50%);
-	// JobPause is the wait between two attempts at the same lease by one instance
-	// (jittered likewise), so that holders change.
+	// JobDuration is how long the default job leads (jittered by ±50%); when the job
+	// returns, its instance steps down. JobPause is the elector's retry period, so that
+	// holders change.
 	JobDuration time.Duration
 	JobPause    time.Duration
-	// Job runs while an instance holds a lease. nil sleeps for JobDuration. It must
-	// return when ctx ends (the lease was lost, or the instance stops or dies).
-	Job func(ctx context.Context, inst Instance, lease *liveness.Lease) error
+	// Job runs while an instance leads a lease (liveness.ElectorConfig.OnStartedLeading).
+	// nil sleeps for JobDuration. It must return when ctx ends (leadership ended: the
+	// lease was lost, or the instance stops or dies); returning earlier steps down.
+	Job func(ctx context.Context, inst Instance, self liveness.Leader) error
 
-	MaxConns int32 // of the shared pool; 4 if zero
+	MaxConns int32 // of each instance's pool, and of the fleet's own; 2 if zero
 	Logger   *slog.Logger
 }
 
@@ -82,7 +99,7 @@ func DefaultConfig() Config {
 		LeaseTTL:              8 * time.Second,
 		JobDuration:           10 * time.Second,
 		JobPause:              3 * time.Second,
-		MaxConns:              4,
+		MaxConns:              2,
 	}
 }
 
@@ -148,8 +165,8 @@ type State string
 
 const (
 	Running State = "running"
-	Killed  State = "killed" // lock session closed, heartbeat and jobs stopped, row left behind
-	Hung    State = "hung"   // lock still held, heartbeat and jobs stopped
+	Killed  State = "killed" // sessions closed, agent stopped; its row and leases left behind
+	Hung    State = "hung"   // sessions open and frozen: the lock stays held, the heartbeat ages
 	Stopped State = "stopped"
 )
 
@@ -159,26 +176,41 @@ type Instance struct {
 	ID        uuid.UUID
 	Service   string
 	Mode      liveness.Mode
-	AliveLock bool // whether it holds (or tries to hold) an alive lock
+	AliveLock bool // whether its alive lock's path is open, so that it holds its lock
 	State     State
 }
 
 type instance struct {
 	info   Instance // guarded by Fleet.mu (State changes)
-	lock   *liveness.AliveLock
-	hb     *liveness.HeartbeatWorker
-	leases *liveness.Leases
+	agent  *liveness.Agent
+	pool   *pgxpool.Pool // through pooled
+	pooled *link         // the pool's path
+	direct *link         // the alive lock's path
+	muted  atomic.Bool   // a dead or stopped process logs nothing
+	log    *slog.Logger
 
-	stopLock, stopBeat, stopJobs context.CancelFunc
-	lockDone, beatDone           chan struct{}
-	jobs                         sync.WaitGroup
+	stopAgent, stopJobs context.CancelFunc // nil until run
+	agentDone           chan struct{}
+	jobs                sync.WaitGroup
+}
+
+// close releases what newInstance opened; safe on a partly built instance.
+func (inst *instance) close() {
+	if inst.pool != nil {
+		inst.pool.Close()
+	}
+	for _, l := range []*link{inst.pooled, inst.direct} {
+		if l != nil {
+			l.close()
+		}
+	}
 }
 
 // Fleet is a running simulated fleet. Stop ends every goroutine it started and closes
 // every connection it opened.
 type Fleet struct {
 	cfg  Config
-	pool *pgxpool.Pool
+	pool *pgxpool.Pool // the fleet's own, straight to the server
 
 	mu        sync.Mutex
 	instances []*instance
@@ -229,110 +261,102 @@ func (f *Fleet) newInstance(i int, host string) (*instance, error) {
 		AliveLock: i >= cfg.HeartbeatOnly,
 		State:     Running,
 	}}
-	log := cfg.Logger.With("instance", i, "service", inst.info.Service)
-	var lockSource liveness.LockSource
-	if inst.info.AliveLock {
-		lock, err := liveness.NewAliveLock(liveness.AliveLockConfig{
-			DSN: cfg.DirectDSN, Schema: cfg.Schema, InstanceID: inst.info.ID, ServiceName: inst.info.Service,
-			VerifyInterval: cfg.VerifyInterval, Logger: log,
-		})
-		if err != nil {
-			return nil, err
-		}
-		inst.lock, lockSource = lock, lock
-	} else {
-		inst.info.Mode = liveness.ModeHeartbeatTableOnly
-	}
-	hb, err := liveness.NewHeartbeatWorker(liveness.HeartbeatConfig{
-		Pool: f.pool, Schema: cfg.Schema, InstanceID: inst.info.ID, ServiceName: inst.info.Service,
-		// Distinct process ids make the rows look like separate processes on one host.
-		HostName: host, ProcessID: 100000 + i, Mode: inst.info.Mode,
-		Interval: cfg.HeartbeatInterval, SlowInterval: cfg.HeartbeatSlowInterval, StaleThreshold: cfg.StaleThreshold,
-		DefinitiveDeadCutoff: cfg.DefinitiveDeadCutoff,
-		Lock:                 lockSource, Metadata: map[string]any{"simulated": true, "index": i}, Logger: log,
-	})
+	inst.log = slog.New(muteHandler{next: cfg.Logger.Handler(), muted: &inst.muted}).
+		With("instance", i, "service", inst.info.Service)
+	err := inst.build(cfg, host)
 	if err != nil {
-		return nil, err
-	}
-	inst.hb = hb
-	if inst.leases, err = liveness.NewLeases(liveness.LeasesConfig{Pool: f.pool, Schema: cfg.Schema, Logger: log}); err != nil {
-		return nil, err
+		inst.close()
+		return nil, fmt.Errorf("instance %d: %w", i, err)
 	}
 	return inst, nil
 }
 
-// run starts the instance's goroutines. Each part has its own context so that faults can
-// stop some parts and leave the others running.
+func (inst *instance) build(cfg Config, host string) error {
+	var err error
+	if inst.pooled, err = newLink(cfg.DSN); err != nil {
+		return fmt.Errorf("--dsn: %w", err)
+	}
+	if inst.direct, err = newLink(cfg.DirectDSN); err != nil {
+		return fmt.Errorf("--direct-dsn: %w", err)
+	}
+	if !inst.info.AliveLock {
+		inst.info.Mode = liveness.ModeHeartbeatTableOnly
+		inst.direct.cutAll()
+	}
+	poolDSN, err := inst.pooled.dsn(cfg.DSN)
+	if err != nil {
+		return fmt.Errorf("--dsn: %w", err)
+	}
+	directDSN, err := inst.direct.dsn(cfg.DirectDSN)
+	if err != nil {
+		return fmt.Errorf("--direct-dsn: %w", err)
+	}
+	if inst.pool, err = database.NewPool(database.PoolConfig{
+		DSN: poolDSN, MaxConns: cfg.MaxConns, ApplicationName: PoolApplicationName, ConnectTimeout: 5 * time.Second,
+	}); err != nil {
+		return fmt.Errorf("--dsn: %w", err)
+	}
+	inst.agent, err = liveness.NewAgent(liveness.AgentConfig{
+		Pool:        inst.pool,
+		DirectDSN:   directDSN,
+		Schema:      cfg.Schema,
+		InstanceID:  inst.info.ID,
+		ServiceName: inst.info.Service,
+		// Distinct process ids make the rows look like separate processes on one host.
+		HostName: host, ProcessID: 100000 + inst.info.Index, Mode: inst.info.Mode,
+		HeartbeatInterval: cfg.HeartbeatInterval, HeartbeatSlowInterval: cfg.HeartbeatSlowInterval,
+		StaleThreshold: cfg.StaleThreshold, DefinitiveDeadCutoff: cfg.DefinitiveDeadCutoff,
+		VerifyInterval: cfg.VerifyInterval,
+		Metadata:       map[string]any{"simulated": true, "index": inst.info.Index},
+		// Without --migrations.apply another process applies them.
+		WaitForSchema: !cfg.ApplyMigrations,
+		Logger:        inst.log,
+	})
+	return err
+}
+
+// run starts the instance's agent and its campaigns, each under its own context, so
+// that leases are released before the agent's clean-up.
 func (f *Fleet) run(inst *instance) {
-	log := f.cfg.Logger.With("instance", inst.info.Index)
-	lockCtx, stopLock := context.WithCancel(context.Background())
-	beatCtx, stopBeat := context.WithCancel(context.Background())
+	agentCtx, stopAgent := context.WithCancel(context.Background())
 	jobsCtx, stopJobs := context.WithCancel(context.Background())
-	inst.stopLock, inst.stopBeat, inst.stopJobs = stopLock, stopBeat, stopJobs
-	inst.lockDone, inst.beatDone = make(chan struct{}), make(chan struct{})
+	inst.stopAgent, inst.stopJobs = stopAgent, stopJobs
+	inst.agentDone = make(chan struct{})
 	go func() {
-		defer close(inst.lockDone)
-		if inst.lock != nil {
-			if err := inst.lock.Run(lockCtx); err != nil {
-				log.Error("alive lock stopped", "err", err)
-			}
-		}
-	}()
-	go func() {
-		defer close(inst.beatDone)
-		if err := inst.hb.Run(beatCtx); err != nil {
-			log.Error("heartbeat stopped", "err", err)
+		defer close(inst.agentDone)
+		if err := inst.agent.Run(agentCtx); err != nil {
+			inst.log.Error("agent stopped", "err", err)
 		}
 	}()
 	for _, name := range f.cfg.Leases {
-		inst.jobs.Go(func() { f.jobLoop(jobsCtx, inst, name) })
+		inst.jobs.Go(func() { f.campaign(jobsCtx, inst, name) })
 	}
 }
 
-// jobLoop competes for one lease until ctx ends. It takes the lease with TryAcquire and
-// releases it when the job is done, as Leases.Run does, except that a dead or hung
-// instance does not release: its lease runs out, and another instance takes over after
-// the expiry with a new epoch, which is what the field report's fleet sees.
-func (f *Fleet) jobLoop(ctx context.Context, inst *instance, name string) {
-	log := f.cfg.Logger.With("instance", inst.info.Index, "lease", name)
-	for {
-		// Start attempts at different times so that the instances take turns.
-		if !sleep(ctx, jitter(f.cfg.JobPause)) {
-			return
-		}
-		lease, err := inst.leases.TryAcquire(ctx, name, f.cfg.LeaseTTL)
-		if err != nil {
-			if ctx.Err() == nil {
-				log.Warn("cannot acquire lease", "err", err)
+// campaign leads lease name whenever the instance can take it, runs the job while it
+// leads, and steps down when the job returns, until ctx ends.
+func (f *Fleet) campaign(ctx context.Context, inst *instance, name string) {
+	log := inst.log.With("lease", name)
+	// Start campaigns at different times so that the instances take turns.
+	if !sleep(ctx, jitter(f.cfg.JobPause)) {
+		return
+	}
+	err := inst.agent.Leases().Elect(ctx, liveness.ElectorConfig{
+		Lease: name, TTL: f.cfg.LeaseTTL, RetryPeriod: f.cfg.JobPause,
+		OnStartedLeading: func(ctx context.Context, self liveness.Leader) {
+			if err := f.job(ctx, f.info(inst), self); err != nil && ctx.Err() == nil {
+				log.Warn("job failed", "err", err)
 			}
-			continue
-		}
-		if lease == nil {
-			continue // another instance holds it
-		}
-		log.Debug("lease acquired", "epoch", lease.Epoch)
-		if err := f.job(lease.Context(), f.info(inst), lease); err != nil && lease.Err() == nil {
-			log.Warn("job failed", "err", err)
-		}
-		if ctx.Err() != nil && f.info(inst).State != Stopped {
-			// Killed or hung: the process never gets to release; the renewer has stopped
-			// with ctx, so the row simply expires.
-			return
-		}
-		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := lease.Release(rctx); err != nil {
-			log.Warn("release failed", "err", err)
-		}
-		cancel()
-		if reason, lost := lease.LostReason(); lost {
-			log.Info("lease lost", "epoch", lease.Epoch, "reason", reason)
-		}
+		},
+	})
+	if err != nil {
+		log.Error("campaign stopped", "err", err)
 	}
 }
 
-func (f *Fleet) job(ctx context.Context, inst Instance, lease *liveness.Lease) error {
+func (f *Fleet) job(ctx context.Context, inst Instance, self liveness.Leader) error {
 	if f.cfg.Job != nil {
-		return f.cfg.Job(ctx, inst, lease)
+		return f.cfg.Job(ctx, inst, self)
 	}
 	sleep(ctx, jitter(f.cfg.JobDuration))
 	return nil
@@ -372,7 +396,8 @@ func (f *Fleet) Instances() []Instance {
 	return out
 }
 
-// Pool is the fleet's shared pool, for tests and benchmarks that inspect the database.
+// Pool is the fleet's own pool, straight to the server, for tests and benchmarks that
+// inspect the database.
 func (f *Fleet) Pool() *pgxpool.Pool { return f.pool }
 
 // transition moves a running instance to state; it fails for a wrong index or an
@@ -391,47 +416,52 @@ func (f *Fleet) transition(i int, to State) (*instance, error) {
 	return inst, nil
 }
 
-// Kill simulates the death of instance i: its jobs and heartbeat stop, and its alive
-// lock's connection closes, so PostgreSQL releases the lock at once. Its row and any lease
-// it held stay behind, to be reaped and to expire. Kill returns once all of that is done.
+// Kill simulates the death of instance i: both of its paths to the server are cut, so
+// PostgreSQL ends its sessions and releases its alive lock at once, and its agent and
+// campaigns stop without reaching the server again. Its row and any lease it held stay
+// behind, to be reaped and to be taken over. Kill returns once all of that is done.
 func (f *Fleet) Kill(i int) error {
 	inst, err := f.transition(i, Killed)
 	if err != nil {
 		return err
 	}
-	// The heartbeat stops before the session closes, as in a crash: a live process would
-	// notice its session's end and prove life with a beat.
+	inst.muted.Store(true)
+	// The pool's path goes first, as in a crash: a live process would notice its
+	// session's end and prove life with a beat.
+	inst.pooled.cutAll()
+	inst.direct.cutAll()
 	inst.stopJobs()
-	inst.stopBeat()
-	<-inst.beatDone
-	inst.stopLock()
+	inst.stopAgent()
 	inst.jobs.Wait()
-	<-inst.lockDone
+	<-inst.agentDone
+	inst.pool.Close()
 	f.cfg.Logger.Info("instance killed", "instance", i, "instance_id", inst.info.ID)
 	return nil
 }
 
-// Hang simulates a stuck instance whose session survives: its jobs and heartbeat stop,
-// its alive lock stays held. Observers see it lock_only once the heartbeat is stale, and
-// zombie after the definitive-dead cutoff. Hang returns once the heartbeat has stopped.
+// Hang simulates a stuck instance whose sessions survive: both of its paths freeze, so
+// nothing it sends reaches the server and its sessions stay open. Observers see its lock
+// held and its heartbeat aging: lock_only once it is stale, zombie after the
+// definitive-dead cutoff. Its leases end when their trust window runs out, and the
+// fleet takes them over once they expire.
 func (f *Fleet) Hang(i int) error {
 	inst, err := f.transition(i, Hung)
 	if err != nil {
 		return err
 	}
-	inst.stopJobs()
-	inst.stopBeat()
-	inst.jobs.Wait()
-	<-inst.beatDone
+	inst.muted.Store(true)
+	inst.pooled.freeze()
+	inst.direct.freeze()
 	f.cfg.Logger.Info("instance hung", "instance", i, "instance_id", inst.info.ID)
 	return nil
 }
 
-// Stop shuts the fleet down the way the instances' processes would on SIGTERM: running
-// instances release their leases and delete their rows; hung instances delete their rows
-// too (the operator finally killed them); killed instances' rows stay. Then every alive
-// lock's session and the pool are closed. Stop waits for every goroutine and is safe to
-// call more than once.
+// Stop shuts the fleet down the way the instances' processes would on SIGTERM, through
+// the agents' own shutdown: campaigns release their leases, then each agent deletes its
+// row and closes its lock's session. Hung instances are thawed first and stop the same
+// way (the operator finally killed them); killed instances' rows stay. Then every pool
+// and relay is closed. Stop waits for every goroutine and is safe to call more than
+// once.
 func (f *Fleet) Stop() {
 	f.mu.Lock()
 	if f.stopped {
@@ -439,42 +469,53 @@ func (f *Fleet) Stop() {
 		return
 	}
 	f.stopped = true
-	remove := make([]bool, len(f.instances))
-	for i, inst := range f.instances {
-		remove[i] = inst.info.State != Killed
+	for _, inst := range f.instances {
 		inst.info.State = Stopped
 	}
 	instances := f.instances
 	f.mu.Unlock()
 
-	for _, inst := range instances {
-		if inst.stopJobs == nil {
-			continue // never started: Start failed part-way
-		}
-		inst.stopJobs()
-		inst.stopBeat()
-	}
 	var wg sync.WaitGroup
-	for i, inst := range instances {
-		if inst.stopJobs == nil {
-			continue
-		}
+	for _, inst := range instances {
 		wg.Go(func() {
-			inst.jobs.Wait()
-			<-inst.beatDone
-			if remove[i] {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				if err := inst.hb.Remove(ctx); err != nil {
-					f.cfg.Logger.Warn("cannot remove instance row", "instance", i, "err", err)
-				}
+			if inst.stopAgent != nil {
+				inst.pooled.thaw()
+				inst.direct.thaw()
+				inst.stopJobs()
+				inst.jobs.Wait()
+				inst.stopAgent()
+				<-inst.agentDone
 			}
-			inst.stopLock()
-			<-inst.lockDone
+			inst.close()
 		})
 	}
 	wg.Wait()
 	f.pool.Close()
+}
+
+// muteHandler drops every record while muted is set.
+type muteHandler struct {
+	next  slog.Handler
+	muted *atomic.Bool
+}
+
+func (h muteHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return !h.muted.Load() && h.next.Enabled(ctx, l)
+}
+
+func (h muteHandler) Handle(ctx context.Context, r slog.Record) error {
+	if h.muted.Load() {
+		return nil
+	}
+	return h.next.Handle(ctx, r)
+}
+
+func (h muteHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return muteHandler{next: h.next.WithAttrs(attrs), muted: h.muted}
+}
+
+func (h muteHandler) WithGroup(name string) slog.Handler {
+	return muteHandler{next: h.next.WithGroup(name), muted: h.muted}
 }
 
 // Status is what the database says about one instance.

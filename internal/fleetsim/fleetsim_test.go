@@ -170,13 +170,13 @@ func TestLeasedJobsRunOnOneInstanceAtATime(t *testing.T) {
 	cfg := testConfig(db, "jobs")
 	cfg.Instances, cfg.HeartbeatOnly = 4, 1
 	cfg.Leases = []string{"cleanup", "alerts"}
-	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, lease *liveness.Lease) error {
-		if _, err := jobs.Exec(ctx, `INSERT INTO job_runs (lease, epoch, instance) VALUES ($1, $2, $3)`, lease.Name, lease.Epoch, inst.Index); err != nil {
+	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self liveness.Leader) error {
+		if _, err := jobs.Exec(ctx, `INSERT INTO job_runs (lease, epoch, instance) VALUES ($1, $2, $3)`, self.Lease, self.Epoch, inst.Index); err != nil {
 			return err
 		}
 		time.Sleep(time.Duration(20+rand.IntN(80)) * time.Millisecond)
 		_, err := jobs.Exec(ctx, `UPDATE job_runs SET ended_at = clock_timestamp()
-			WHERE lease = $1 AND epoch = $2`, lease.Name, lease.Epoch)
+			WHERE lease = $1 AND epoch = $2`, self.Lease, self.Epoch)
 		return err
 	}
 	f := start(t, cfg)
@@ -201,46 +201,109 @@ func TestLeasedJobsRunOnOneInstanceAtATime(t *testing.T) {
 	}
 }
 
-// A killed holder does not release its lease: it expires, and another instance takes over
-// with a new epoch.
-func TestKilledHolderLeaseExpiresAndIsTakenOver(t *testing.T) {
+// A killed holder does not release its lease: its row stays, and another instance takes
+// it over with a new epoch as soon as the holder is dead by the verdict (its lock gone,
+// no proof of life within the grace), before the row would have expired.
+func TestKilledHolderLeaseIsTakenOverBeforeItExpires(t *testing.T) {
 	db := pgtest.NewDB(t)
 	cfg := testConfig(db, "takeover")
 	cfg.Instances, cfg.HeartbeatOnly = 3, 0
 	cfg.Leases = []string{"uptime-runner"}
-	cfg.JobDuration = time.Minute // the holder keeps it until it dies
-	holders := make(chan [2]int64, 16)
-	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, lease *liveness.Lease) error {
-		holders <- [2]int64{int64(inst.Index), lease.Epoch}
+	cfg.LeaseTTL = 20 * time.Second // far longer than the verdict needs
+	type lead struct {
+		index int
+		self  liveness.Leader
+	}
+	leads := make(chan lead, 16)
+	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self liveness.Leader) error {
+		leads <- lead{inst.Index, self}
 		<-ctx.Done()
 		return nil
 	}
 	f := start(t, cfg)
 	pool := db.Pool(t, 2)
-	var first [2]int64
+	var first lead
 	select {
-	case first = <-holders:
+	case first = <-leads:
 	case <-time.After(10 * time.Second):
 		t.Fatal("no instance took the lease within 10s")
 	}
-	if err := f.Kill(int(first[0])); err != nil {
+	if err := f.Kill(first.index); err != nil {
 		t.Fatal(err)
 	}
-	if n := queryInt(t, pool, `SELECT count(*) FROM liveness.leases WHERE name = 'uptime-runner' AND epoch = $1 AND expires_at > now()`, first[1]); n != 1 {
-		t.Fatal("the killed holder's lease row is gone or expired right after the kill; want it left to expire")
+	if n := queryInt(t, pool, `SELECT count(*) FROM liveness.leases WHERE name = 'uptime-runner' AND epoch = $1 AND expires_at > now()`, first.self.Epoch); n != 1 {
+		t.Fatal("the killed holder's lease row is gone or expired right after the kill; want it left behind")
 	}
 	select {
-	case next := <-holders:
-		if next[0] == first[0] || next[1] <= first[1] {
-			t.Fatalf("takeover by instance %d with epoch %d; want another instance and an epoch above %d", next[0], next[1], first[1])
+	case next := <-leads:
+		if next.index == first.index || next.self.Epoch <= first.self.Epoch {
+			t.Fatalf("takeover by instance %d with epoch %d; want another instance and an epoch above %d", next.index, next.self.Epoch, first.self.Epoch)
 		}
-	case <-time.After(cfg.LeaseTTL + 5*time.Second):
-		t.Fatal("nobody took the lease over after its expiry")
+		// Both times are the database's.
+		if !next.self.TakenAt.Before(first.self.ExpiresAt) {
+			t.Fatalf("taken over at %s, not before the killed holder's lease expired (%s)", next.self.TakenAt, first.self.ExpiresAt)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("nobody took the lease over within 15s of the kill")
 	}
 }
 
-// Stop removes the rows of instances that did not die, and leaves no connection behind;
-// while running, the fleet uses at most its pool plus one connection per alive lock.
+// A hung holder's sessions stay open, so it stays alive by the verdict (its lock is
+// held) and nobody may take its lease before the row expires; once it has, another
+// instance takes over with a new epoch.
+func TestHungHolderLeaseIsTakenOverOnceItExpires(t *testing.T) {
+	db := pgtest.NewDB(t)
+	cfg := testConfig(db, "hung-holder")
+	cfg.Instances, cfg.HeartbeatOnly = 3, 0
+	cfg.Leases = []string{"cleanup"}
+	cfg.LeaseTTL = 3 * time.Second
+	type lead struct {
+		index int
+		self  liveness.Leader
+	}
+	leads := make(chan lead, 16)
+	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self liveness.Leader) error {
+		leads <- lead{inst.Index, self}
+		<-ctx.Done()
+		return nil
+	}
+	f := start(t, cfg)
+	pool := db.Pool(t, 2)
+	var first lead
+	select {
+	case first = <-leads:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no instance took the lease within 10s")
+	}
+	if err := f.Hang(first.index); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing the hung holder sends reaches the server any more: this expiry is final.
+	var expires time.Time
+	if err := pool.QueryRow(context.Background(), `SELECT expires_at FROM liveness.leases WHERE name = 'cleanup' AND epoch = $1`,
+		first.self.Epoch).Scan(&expires); err != nil {
+		t.Fatalf("the hung holder's lease row: %v", err)
+	}
+	select {
+	case next := <-leads:
+		if next.index == first.index || next.self.Epoch <= first.self.Epoch {
+			t.Fatalf("takeover by instance %d with epoch %d; want another instance and an epoch above %d", next.index, next.self.Epoch, first.self.Epoch)
+		}
+		if next.self.TakenAt.Before(expires) {
+			t.Fatalf("taken over at %s, before the hung holder's lease expired (%s): it was alive by its lock", next.self.TakenAt, expires)
+		}
+	case <-time.After(cfg.LeaseTTL + 10*time.Second):
+		t.Fatal("nobody took the lease over after its expiry")
+	}
+	if s := statuses(t, f)[first.index]; !s.LockHeld || !s.Alive() {
+		t.Fatalf("hung holder: %+v; want its lock still held and alive by it", s)
+	}
+}
+
+// Stop removes the rows of instances that did not die (a hung one included), and leaves
+// no connection behind;
+// while running, each instance uses at most its pool plus its alive lock's connection,
+// and the fleet its own pool.
 func TestStopLeavesNoConnections(t *testing.T) {
 	db := pgtest.NewDB(t)
 	service := "conns-" + uuid.NewString()[:8]
@@ -258,12 +321,20 @@ func TestStopLeavesNoConnections(t *testing.T) {
 	if err := f.Kill(3); err != nil {
 		t.Fatal(err)
 	}
+	// Three live instances' pools, two alive locks (instance 0 has none), the fleet's pool.
+	want := 3*int(cfg.MaxConns) + 2 + int(cfg.MaxConns)
 	for range 10 {
-		if n := queryInt(t, pool, conns, names); n > int(cfg.MaxConns)+3 {
-			t.Fatalf("the fleet has %d connections; want at most the pool (%d) plus 3 alive locks", n, cfg.MaxConns)
+		if n := queryInt(t, pool, conns, names); n > want {
+			t.Fatalf("the fleet has %d connections; want at most %d: 3 instances' pools of %d, 2 alive locks and the fleet's pool",
+				n, want, cfg.MaxConns)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// A hung instance's frozen sessions are closed too, and it removes its row.
+	if err := f.Hang(2); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
 	f.Stop()
 	waitUntil(t, 10*time.Second, "no connection of the fleet left", func() bool {
 		return queryInt(t, pool, conns, names) == 0

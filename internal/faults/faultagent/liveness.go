@@ -8,6 +8,8 @@ import (
 	"flag"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -94,3 +96,22 @@ func (p *participant) run(ctx context.Context) {
 }
 
 func (p *participant) lockHeld() bool { return p.agent.Snapshot().AliveLock.Held }
+
+// Snapshot is the agent's snapshot as a stale leader sees itself: with
+// --lease.ignore-loss, a lease it lost and goes on leading is reported held under the
+// epoch it believes in. Otherwise it is the agent's own.
+func (in *instance) Snapshot() liveness.AgentSnapshot {
+	s := in.parts.agent.Snapshot()
+	for name, epoch := range in.beliefs() {
+		i := slices.IndexFunc(s.Leases, func(l liveness.LeaseStats) bool { return l.Name == name })
+		if i < 0 {
+			s.Leases = append(s.Leases, liveness.LeaseStats{Name: name})
+			i = len(s.Leases) - 1
+		}
+		if !s.Leases[i].Held {
+			s.Leases[i].Held, s.Leases[i].Epoch = true, epoch
+		}
+	}
+	slices.SortFunc(s.Leases, func(a, b liveness.LeaseStats) int { return strings.Compare(a.Name, b.Name) })
+	return s
+}

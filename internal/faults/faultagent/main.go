@@ -12,8 +12,18 @@
 //	released  it gave the lease back after --lease.hold
 //	rejected  a fenced write found the lease not held under its epoch
 //	lock      the instance's own view of its alive lock changed (held)
+//	ignoring  with --lease.ignore-loss: it lost the lease and goes on believing it leads
 //
 // The library's own log lines go to stderr as JSON too; they carry "msg", not "ev".
+//
+// With --web.listen-address it serves the exporter's agent metrics on /metrics (the
+// collector package's agent collector, as pg_liveness_exporter serves them), so that a
+// real Prometheus can evaluate the alert rules against it.
+//
+// --lease.ignore-loss makes a stale leader, the failure fencing exists for, which the
+// library itself never produces: when its lease ends, the instance goes on believing it
+// leads under the old epoch. It keeps attempting its fenced writes (lease_is_held refuses
+// them) and reports the lease as held under that epoch on /metrics, until shut down.
 //
 // SIGUSR1 holds every connection of each instance's pool busy for --busy-for, as a
 // service whose pool is exhausted by long transactions. SIGTERM and SIGINT shut down
@@ -27,6 +37,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"sync"
@@ -53,6 +64,8 @@ type config struct {
 	writeEvery time.Duration
 	fenceTable string
 	busyFor    time.Duration
+	ignoreLoss bool
+	listen     string
 }
 
 func main() {
@@ -72,6 +85,8 @@ func main() {
 	flag.DurationVar(&c.writeEvery, "lease.write-every", 50*time.Millisecond, "fenced write cadence while holding the lease")
 	flag.StringVar(&c.fenceTable, "fence-table", "public.fence_log", "fencing log table (lease, epoch, writer)")
 	flag.DurationVar(&c.busyFor, "busy-for", 10*time.Second, "how long SIGUSR1 keeps the pool busy")
+	flag.BoolVar(&c.ignoreLoss, "lease.ignore-loss", false, "a stale leader: go on believing in a lost lease (fault injection)")
+	flag.StringVar(&c.listen, "web.listen-address", "", "serve the agent metrics on /metrics at this address; needs --instances=1 and --agent")
 	flag.Parse()
 	if c.dsn == "" {
 		fmt.Fprintln(os.Stderr, "faultagent: --dsn is required")
@@ -79,6 +94,10 @@ func main() {
 	}
 	if c.directDSN == "" {
 		c.directDSN = c.dsn
+	}
+	if c.listen != "" && (c.instances != 1 || !c.agent) {
+		fmt.Fprintln(os.Stderr, "faultagent: --web.listen-address needs --instances=1 and --agent")
+		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -129,6 +148,13 @@ func run(ctx context.Context, c config) error {
 	for _, in := range insts {
 		wg.Go(func() { in.run(ctx) })
 	}
+	if c.listen != "" {
+		stopServing, err := serveMetrics(c.listen, insts[0], logger)
+		if err != nil {
+			return err
+		}
+		defer stopServing()
+	}
 	for _, in := range insts {
 		emit("ready", in.id, "service", in.service)
 	}
@@ -155,6 +181,9 @@ type instance struct {
 	pool    *pgxpool.Pool
 	parts   *participant
 	fence   string
+
+	mu       sync.Mutex
+	believed map[string]int64 // with --lease.ignore-loss: lost leases it goes on leading, by name
 }
 
 func newInstance(ctx context.Context, c config, service string, logger *slog.Logger) (*instance, error) {
@@ -188,6 +217,22 @@ func (in *instance) run(ctx context.Context) {
 	wg.Wait()
 }
 
+// believe records, for a stale leader, the lease it goes on leading.
+func (in *instance) believe(name string, epoch int64) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.believed == nil {
+		in.believed = map[string]int64{}
+	}
+	in.believed[name] = epoch
+}
+
+func (in *instance) beliefs() map[string]int64 {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return maps.Clone(in.believed)
+}
+
 // watchLock reports the instance's own view of its alive lock whenever it changes.
 func (in *instance) watchLock(ctx context.Context) {
 	if !in.c.agent {
@@ -213,7 +258,9 @@ func (in *instance) watchLock(ctx context.Context) {
 // the fencing log every --lease.write-every.
 func (in *instance) compete(ctx context.Context) {
 	for ctx.Err() == nil {
-		ran, err := in.parts.leases.Run(ctx, in.c.lease, in.c.leaseTTL, in.hold)
+		ran, err := in.parts.leases.Run(ctx, in.c.lease, in.c.leaseTTL, func(lctx context.Context, lease *leaseHandle) error {
+			return in.hold(ctx, lctx, lease)
+		})
 		if err != nil && ctx.Err() == nil {
 			if !ran {
 				emit("acquire_error", in.id, "err", err.Error())
@@ -226,7 +273,9 @@ func (in *instance) compete(ctx context.Context) {
 	}
 }
 
-func (in *instance) hold(ctx context.Context, lease *leaseHandle) error {
+// hold writes under the lease while ctx, the lease's context, lasts; a stale leader
+// (--lease.ignore-loss) goes on under procCtx, the process's.
+func (in *instance) hold(procCtx, ctx context.Context, lease *leaseHandle) error {
 	emit("acquired", in.id, "lease", lease.Name, "epoch", lease.Epoch)
 	var until <-chan time.Time
 	if in.c.hold > 0 {
@@ -238,6 +287,12 @@ func (in *instance) hold(ctx context.Context, lease *leaseHandle) error {
 		select {
 		case <-ctx.Done():
 			emit("lost", in.id, "lease", lease.Name, "epoch", lease.Epoch, "cause", fmt.Sprint(context.Cause(ctx)))
+			if in.c.ignoreLoss && procCtx.Err() == nil {
+				emit("ignoring", in.id, "lease", lease.Name, "epoch", lease.Epoch)
+				in.believe(lease.Name, lease.Epoch)
+				ctx, until = procCtx, nil
+				continue
+			}
 			return nil
 		case <-until:
 			emit("released", in.id, "lease", lease.Name, "epoch", lease.Epoch)
