@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 )
@@ -28,7 +27,7 @@ func serveMetrics(addr string, in *instance, logger *slog.Logger) (stop func(), 
 		return nil, fmt.Errorf("--web.listen-address: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", exp.Handler(nil, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", exp.Handler(nil))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan struct{})
 	go func() {
