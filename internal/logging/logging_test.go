@@ -82,8 +82,8 @@ func TestWrapOnce(t *testing.T) {
 type recorder struct{ lines []string }
 
 func (r *recorder) Enabled(_ context.Context, l slog.Level) bool { return true }
-func (r *recorder) WithAttrs([]slog.Attr) slog.Handler              { return r }
-func (r *recorder) WithGroup(string) slog.Handler                   { return r }
+func (r *recorder) WithAttrs([]slog.Attr) slog.Handler           { return r }
+func (r *recorder) WithGroup(string) slog.Handler                { return r }
 func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
 	r.lines = append(r.lines, fmt.Sprintf("%s %s %s", rec.Level, rec.Message, filepath.Base(rec.Source().File)))
 	return nil
