@@ -334,8 +334,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	case <-a.duplicateFor(ctx, cmp.Or(a.cfg.DuplicateTimeout, DefaultDuplicateTimeout)):
 		runErr = fmt.Errorf("%w: instance id %s, for %s", ErrDuplicateInstance, a.cfg.InstanceID,
 			cmp.Or(a.cfg.DuplicateTimeout, DefaultDuplicateTimeout))
-		a.cfg.Logger.Error("giving up: another process holds this instance id's alive lock; "+
-			"give every process its own instance id", "instance_id", a.cfg.InstanceID)
+		a.cfg.Logger.Error("giving up: another process holds this instance id's alive lock; " +
+			"give every process its own instance id")
 	}
 	// Stop beating and reaping first (a running reap round releases its lease as it
 	// returns), then delete the row while the lock is still held, then drop the lock.
