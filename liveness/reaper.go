@@ -78,9 +78,15 @@ func (r *Reaper) Run(ctx context.Context) error {
 		OnStartedLeading: func(ctx context.Context, _ Leader) {
 			t := time.NewTicker(r.cfg.Interval)
 			defer t.Stop()
+			var failing logging.Repeats
 			for {
-				if _, err := r.reap(ctx); err != nil && ctx.Err() == nil {
-					r.cfg.Logger.Warn("reaper round failed", "err", err)
+				_, err := r.reap(ctx)
+				switch {
+				case ctx.Err() != nil:
+				case err != nil:
+					failing.Log(r.cfg.Logger, slog.LevelWarn, "failed", "reaper round failed", "err", err)
+				default:
+					failing.Clear(r.cfg.Logger, "reaper rounds succeed again")
 				}
 				select {
 				case <-ctx.Done():
