@@ -40,6 +40,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	statuspage "github.com/pg-liveness/pg_liveness_exporter/internal/status"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
@@ -163,13 +164,20 @@ func nameFlagInError(err error, args []string) error {
 	return err
 }
 
+// newLogger builds the binary's one logger, from --log.level and --log.format. Every line
+// passes the redacting handler, so no line can print a password; its parts get it with
+// With("component", …) once, from here.
+func newLogger(f *flags, w io.Writer) *slog.Logger {
+	return logging.Wrap(promslog.New(&promslog.Config{Level: f.log.Level, Format: f.log.Format, Writer: w}))
+}
+
 func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) int {
 	f, err := parseFlags(args, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
 		return exitConfig
 	}
-	logger := promslog.New(&promslog.Config{Level: f.log.Level, Format: f.log.Format, Writer: stderr})
+	logger := newLogger(f, stderr)
 
 	// Everything that can be wrong with the configuration is found before listening.
 	if err := validateWeb(f); err != nil {
@@ -207,21 +215,21 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 			// A Whizbang database is observed as it is: no schema of ours, no agent.
 			if err := src.Whizbang.CheckTable(bg, w.pool, 5*time.Second); err != nil && bg.Err() == nil {
 				logger.Error("cannot read the Whizbang source; check --source.whizbang.schema, --source.whizbang.prefix and the role's grants",
-					"err", dsn.RedactError(err))
+					"err", err)
 			}
 			return
 		}
 		err := database.PrepareSchema(bg, w.pool, f.schema, f.applyMigrations, w.status.schema, logger.With("component", "schema"))
 		if err != nil {
 			if bg.Err() == nil {
-				logger.Error("serving as an observer only", "agent", w.agent != nil, "err", dsn.RedactError(err))
+				logger.Error("serving as an observer only", "agent", w.agent != nil, "err", err)
 			}
 			return
 		}
 		if w.agent != nil {
 			w.status.agentStarted.Store(true)
 			if err := w.agent.Run(bg); err != nil {
-				logger.Error("agent shutdown", "err", dsn.RedactError(err))
+				logger.Error("agent shutdown", "err", err)
 				if errors.Is(err, liveness.ErrDuplicateInstance) {
 					agentFailed <- err
 				}
@@ -366,7 +374,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 			KeepaliveIdle: f.keepIdle, KeepaliveInterval: f.keepInterval, KeepaliveCount: f.keepCount, UserTimeout: f.userTimeout,
 			Reaper: f.reaper, ReaperInterval: f.reaperInterval, ReaperLeaseTTL: f.reaperTTL,
 			DuplicateTimeout: f.duplicateTimeout,
-			Logger:           logger.With("component", "agent"),
+			Logger:           logger.With("component", "agent", "instance_id", id.String()),
 		})
 		if err != nil {
 			pool.Close()
@@ -541,7 +549,7 @@ func reload(f *flags, w *wired, logger *slog.Logger) {
 		err = w.dsnSwitch.Set(s)
 	}
 	if err != nil {
-		logger.Error("SIGHUP: keeping the previous DSN", "err", dsn.RedactError(err))
+		logger.Error("SIGHUP: keeping the previous DSN", "err", err)
 		return
 	}
 	logger.Info("SIGHUP: reloaded --db.dsn-file; new pool connections use it", "database", dsn.Describe(s))

@@ -36,8 +36,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
@@ -93,9 +93,10 @@ type entry struct {
 	c    Collector
 	db   bool // talks to PostgreSQL, so its outcome tells whether the server answers
 
-	mu      sync.Mutex
-	lastErr string              // the failure last logged at warn level, "" while healthy
-	spare   *exposition.Builder // the builder of the last finished scrape, with its buffers
+	failing logging.Repeats // the collector's failure, logged when it starts or changes
+
+	mu    sync.Mutex
+	spare *exposition.Builder // the builder of the last finished scrape, with its buffers
 }
 
 // builder returns the collector's builder, reset, or a new one while a straggler still
@@ -122,9 +123,7 @@ func (c *entry) keep(b *exposition.Builder) {
 // New builds the enabled collectors. pool may be nil only when no database collector is
 // enabled. agent may be nil (--no-agent): the agent collector is then not registered.
 func New(cfg Config, pool *pgxpool.Pool, agent AgentSource, logger *slog.Logger) (*Exporter, error) {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger = logging.Wrap(logger)
 	schema, leasesTable, patterns, err := cfg.validate()
 	if err != nil {
 		return nil, err
@@ -447,22 +446,11 @@ func isServerError(err error) bool {
 // level while it repeats, and its recovery once, so a database that stays down does not
 // write a line per scrape.
 func (e *Exporter) logOutcome(c *entry, err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if err == nil {
-		if c.lastErr != "" {
-			e.logger.Info("collector recovered", "collector", c.name)
-			c.lastErr = ""
-		}
+		c.failing.Clear(e.logger, "collector recovered", "collector", c.name)
 		return
 	}
-	msg := dsn.Redact(err.Error())
-	if msg == c.lastErr {
-		e.logger.Debug("collector failed", "collector", c.name, "err", msg)
-		return
-	}
-	c.lastErr = msg
-	e.logger.Warn("collector failed", "collector", c.name, "err", msg)
+	c.failing.Log(e.logger, slog.LevelWarn, err.Error(), "collector failed", "collector", c.name, "err", err)
 }
 
 func boolFloat(b bool) float64 {

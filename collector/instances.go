@@ -7,13 +7,13 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
 // Instance states, as the migrations' instance_state_verdicts defines them (the one definition):
@@ -104,7 +104,7 @@ type instancesCollector struct {
 	foldedDesc         *exposition.Family
 	keySharedDesc      *exposition.Family // a Whizbang source only
 	log                *slog.Logger
-	inRecovery         atomic.Bool // as of the last scrape; logged on change
+	standby            logging.Repeats // logged when the database becomes a standby, and stops being one
 }
 
 func newInstancesCollector(pool *pgxpool.Pool, schema string, cfg Config, log *slog.Logger) (*instancesCollector, error) {
@@ -259,13 +259,10 @@ func foldServices(rows []serviceRow, max int) (kept []serviceRow, other serviceR
 
 // reportRecovery logs when the database becomes a standby, and when it stops being one.
 func (c *instancesCollector) reportRecovery(inRecovery bool) {
-	if c.inRecovery.Swap(inRecovery) == inRecovery {
-		return
-	}
 	if inRecovery {
-		c.log.Warn("the database is a hot standby: its pg_locks does not show the primary's alive locks, so instance " +
+		c.standby.Log(c.log, slog.LevelWarn, "standby", "the database is a hot standby: its pg_locks does not show the primary's alive locks, so instance "+
 			"states rest on heartbeats alone and lock holders are not seen; point the exporter at the primary")
 		return
 	}
-	c.log.Info("the database is no longer a standby: instance states use the alive locks again")
+	c.standby.Clear(c.log, "the database is no longer a standby: instance states use the alive locks again")
 }

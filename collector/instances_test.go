@@ -161,3 +161,26 @@ func TestDefaultCapsBoundTheScrape(t *testing.T) {
 	}
 	t.Logf("%d samples", samples)
 }
+
+// TestStandbyLoggedOnChange: a database that is a standby scrape after scrape is one
+// warning, then debug lines; becoming a primary again is one line; a primary is none.
+func TestStandbyLoggedOnChange(t *testing.T) {
+	logger, logs := bufLogger()
+	c := &instancesCollector{log: logger}
+	for _, standby := range []bool{false, true, true, true, false, false} {
+		c.reportRecovery(standby)
+	}
+	out := logs.String()
+	for _, want := range []struct {
+		line string
+		n    int
+	}{
+		{`level=WARN msg="the database is a hot standby`, 1},
+		{`level=DEBUG msg="the database is a hot standby`, 2},
+		{`level=INFO msg="the database is no longer a standby`, 1},
+	} {
+		if n := strings.Count(out, want.line); n != want.n {
+			t.Errorf("%d lines %s, want %d:\n%s", n, want.line, want.n, out)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
 // leasesSQL reads the leases by the database clock, folded in the database so that only
@@ -123,10 +124,11 @@ type leasesCollector struct {
 	expiresIn, held, epoch, holder, heldFor *exposition.Family
 	folded, anomalies                       *exposition.Family
 
-	mu          sync.Mutex
-	shape       []string // the table's shape sql was rendered for
-	sql         string
-	lastAnomaly string // the anomalies last logged, "" while there are none
+	anomalyLog logging.Repeats // the kinds of anomalies, logged when they change
+
+	mu    sync.Mutex
+	shape []string // the table's shape sql was rendered for
+	sql   string
 }
 
 func newLeasesCollector(pool *pgxpool.Pool, table string, maxSeries int, logger *slog.Logger) *leasesCollector {
@@ -285,19 +287,13 @@ func (c *leasesCollector) read(ctx context.Context, sql string, out *exposition.
 	return r, counts, nil
 }
 
-// logAnomalies logs once when the kinds of anomalies change, not on every scrape.
+// logAnomalies logs when the kinds of anomalies change, not on every scrape.
 func (c *leasesCollector) logAnomalies(kinds string, counts map[string]int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if kinds == c.lastAnomaly {
-		return
-	}
-	c.lastAnomaly = kinds
 	if kinds == "" {
-		c.logger.Info("the leases table has no anomalous rows any more")
+		c.anomalyLog.Clear(c.logger, "the leases table has no anomalous rows any more")
 		return
 	}
-	c.logger.Warn("the leases table has rows that are not one clean lease; exporting what they allow",
+	c.anomalyLog.Log(c.logger, slog.LevelWarn, kinds, "the leases table has rows that are not one clean lease; exporting what they allow",
 		"kinds", kinds, "duplicate_name", counts["duplicate_name"], "null_name", counts["null_name"],
 		"null_value", counts["null_value"], "invalid_utf8", counts["invalid_utf8"])
 }

@@ -62,7 +62,7 @@ func TestLeasesForeignTableRows(t *testing.T) {
 	if v := value(got, "pg_liveness_lease_held_for_seconds", "lease", "report"); v == v { // not NaN
 		t.Errorf("held_for of a lease with NULL taken_at = %v, want absent", v)
 	}
-	if n := strings.Count(logs.String(), "not one clean lease"); n != 1 {
+	if n := strings.Count(logs.String(), `level=WARN msg="the leases table has rows that are not one clean lease`); n != 1 {
 		t.Errorf("%d anomaly log lines over two scrapes, want 1:\n%s", n, logs)
 	}
 }

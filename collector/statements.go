@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
 // extensionSchemaSQL finds where pg_stat_statements is installed; it may be any schema.
@@ -90,8 +91,8 @@ type statementsCollector struct {
 	// interleaving their increments would count twice.
 	sem          chan struct{}
 	stats, texts string                 // rendered for the extension's schema; "" when unknown
-	problem      string                 // the unavailability last logged, "" while available
-	cacheFull    bool                   // logged once that the cache is too small
+	problem      logging.Repeats        // why pg_stat_statements cannot be read
+	cacheFull    logging.Repeats        // that the cache is too small
 	class        map[int64]int          // queryid → pattern index, -1 for none
 	matching     []int64                // the queryids in class that match a pattern
 	summary      [3]int64               // statsSQL's summary of the entries when all were last read
@@ -181,10 +182,7 @@ func (c *statementsCollector) Update(ctx context.Context, out *exposition.Builde
 			}
 		}
 	}
-	if c.problem != "" {
-		c.logger.Info("pg_stat_statements is available again")
-		c.problem = ""
-	}
+	c.problem.Clear(c.logger, "pg_stat_statements is available again")
 
 	next := make(map[stmtKey]stmtCounts, len(c.last))
 	for _, e := range entries {
@@ -333,11 +331,9 @@ func (c *statementsCollector) classify(ctx context.Context, entries []stmtRow) (
 		}
 		if uncached == nil {
 			uncached = map[int64]int{}
-			if !c.cacheFull {
-				c.cacheFull = true
-				c.logger.Warn("more pg_stat_statements entries than --collector.statements.cache-size; raise it to avoid reading query texts on every scrape",
-					"cache_size", c.cacheSize)
-			}
+			c.cacheFull.Log(c.logger, slog.LevelWarn, "full",
+				"more pg_stat_statements entries than --collector.statements.cache-size; raise it to avoid reading query texts on every scrape",
+				"cache_size", c.cacheSize)
 		}
 		uncached[id] = idx
 	}
@@ -354,9 +350,6 @@ func (c *statementsCollector) match(text string) int {
 }
 
 func (c *statementsCollector) unavailable(out *exposition.Builder, problem string) {
-	if problem != c.problem {
-		c.logger.Warn("statement metrics are off: " + problem)
-		c.problem = problem
-	}
+	c.problem.Log(c.logger, slog.LevelWarn, problem, "statement metrics are off: "+problem)
 	out.Add(c.available, 0)
 }

@@ -35,7 +35,7 @@ func TestStatementsMissingExtension(t *testing.T) {
 			t.Errorf("scrape %d: statement counters exported without pg_stat_statements", i)
 		}
 	}
-	if n := strings.Count(logs.String(), "statement metrics are off"); n != 1 {
+	if n := strings.Count(logs.String(), `level=WARN msg="statement metrics are off`); n != 1 {
 		t.Errorf("logged %d times across 3 scrapes, want once:\n%s", n, logs)
 	}
 
@@ -59,7 +59,7 @@ func TestStatementsMissingExtension(t *testing.T) {
 			t.Errorf("available = %v after DROP EXTENSION, want 0", got)
 		}
 	}
-	if n := strings.Count(logs.String(), "statement metrics are off"); n != 2 {
+	if n := strings.Count(logs.String(), `level=WARN msg="statement metrics are off`); n != 2 {
 		t.Errorf("logged %d times in all, want twice (missing, then dropped):\n%s", n, logs)
 	}
 }
@@ -169,7 +169,7 @@ func TestStatementsCacheBound(t *testing.T) {
 	if len(sc.class) > 2 {
 		t.Errorf("cache holds %d ids, want at most 2", len(sc.class))
 	}
-	if n := strings.Count(logs.String(), "cache-size"); n != 1 {
+	if n := strings.Count(logs.String(), `level=WARN msg="more pg_stat_statements entries than --collector.statements.cache-size`); n != 1 {
 		t.Errorf("cache too small logged %d times, want once", n)
 	}
 }

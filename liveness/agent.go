@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -60,7 +61,10 @@ type AgentConfig struct {
 	// WaitForSchema makes Run wait for the migrations to be applied (by another process)
 	// instead of failing at once when the schema is missing or older than this library.
 	WaitForSchema bool
-	Logger        *slog.Logger
+	// Logger receives the agent's lines, passwords removed; nil discards. The agent adds
+	// no key naming itself: add what tells agents apart (an instance id) with With. Its
+	// parts' lines carry part=alive_lock, heartbeat, leases or reaper.
+	Logger *slog.Logger
 }
 
 // ErrSchemaNotReady is returned by Agent.Run when the schema is missing or older than
@@ -207,7 +211,7 @@ func (c AgentConfig) aliveLockConfig() AliveLockConfig {
 		KeepaliveCount:    c.KeepaliveCount,
 		UserTimeout:       c.UserTimeout,
 		VerifyInterval:    c.VerifyInterval,
-		Logger:            c.Logger,
+		Logger:            logging.Wrap(c.Logger).With("part", "alive_lock"),
 	}
 }
 
@@ -227,7 +231,7 @@ func (c AgentConfig) heartbeatConfig(lock LockSource) HeartbeatConfig {
 		LockGrace:            c.LockGrace,
 		Lock:                 lock,
 		Metadata:             c.Metadata,
-		Logger:               c.Logger,
+		Logger:               logging.Wrap(c.Logger).With("part", "heartbeat"),
 	}
 }
 
@@ -243,9 +247,7 @@ type Agent struct {
 
 // NewAgent builds the parts; nothing connects until Run.
 func NewAgent(cfg AgentConfig) (*Agent, error) {
-	if cfg.Logger == nil {
-		cfg.Logger = discardLogger()
-	}
+	cfg.Logger = logging.Wrap(cfg.Logger)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -271,7 +273,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	// Leases record this instance as their holder, and end when it can no longer prove
 	// life, before the fleet could take them over.
 	if a.leases, err = NewLeases(LeasesConfig{Pool: cfg.Pool, Schema: cfg.Schema, InstanceID: cfg.InstanceID,
-		life: a.life, Logger: cfg.Logger.With("component", "leases")}); err != nil {
+		life: a.life, Logger: cfg.Logger.With("part", "leases")}); err != nil {
 		return nil, err
 	}
 	if cfg.Reaper {
@@ -283,7 +285,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 			LeaseTTL:             cfg.ReaperLeaseTTL,
 			StaleThreshold:       cfg.StaleThreshold,
 			DefinitiveDeadCutoff: cfg.DefinitiveDeadCutoff,
-			Logger:               cfg.Logger.With("component", "reaper"),
+			Logger:               cfg.Logger.With("part", "reaper"),
 		})
 		if err != nil {
 			return nil, asAgentError(err)
@@ -308,7 +310,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	start := func(name string, run func(context.Context) error) {
 		wg.Go(func() {
 			if err := run(work); err != nil && work.Err() == nil {
-				a.cfg.Logger.Error("agent component stopped", "component", name, "err", err)
+				a.cfg.Logger.Error("agent part stopped", "part", name, "err", err)
 			}
 		})
 	}
@@ -332,8 +334,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	case <-a.duplicateFor(ctx, cmp.Or(a.cfg.DuplicateTimeout, DefaultDuplicateTimeout)):
 		runErr = fmt.Errorf("%w: instance id %s, for %s", ErrDuplicateInstance, a.cfg.InstanceID,
 			cmp.Or(a.cfg.DuplicateTimeout, DefaultDuplicateTimeout))
-		a.cfg.Logger.Error("giving up: another process holds this instance id's alive lock; "+
-			"give every process its own instance id", "instance_id", a.cfg.InstanceID)
+		a.cfg.Logger.Error("giving up: another process holds this instance id's alive lock; " +
+			"give every process its own instance id")
 	}
 	// Stop beating and reaping first (a running reap round releases its lease as it
 	// returns), then delete the row while the lock is still held, then drop the lock.
@@ -350,7 +352,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	stopLock()
 	lockWG.Wait()
-	a.cfg.Logger.Info("agent stopped", "instance_id", a.cfg.InstanceID)
+	a.cfg.Logger.Info("agent stopped")
 	return err
 }
 

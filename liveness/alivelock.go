@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
 // Defaults of AliveLockConfig. With them the server drops a half-open client's session,
@@ -65,7 +66,9 @@ type AliveLockConfig struct {
 	// A dropped connection is noticed at once, independently of it.
 	VerifyInterval time.Duration
 
-	Logger *slog.Logger // nil discards
+	// Logger receives the lock's lines, passwords removed; nil discards. The lock adds
+	// no key of its own: an owner adds what names it (the Agent adds part=alive_lock).
+	Logger *slog.Logger
 }
 
 // AliveLock holds the instance's session-level advisory lock on a dedicated connection.
@@ -97,7 +100,7 @@ type AliveLock struct {
 	// Owned by the Run goroutine.
 	connectedOnce bool
 	lastExchange  time.Time // when the last statement that got an answer was sent
-	condition     string
+	condition     logging.Repeats
 
 	// afterConnect lets tests inspect the lock's own session; nil otherwise.
 	afterConnect func(ctx context.Context, conn *pgx.Conn)
@@ -223,15 +226,11 @@ func NewAliveLock(cfg AliveLockConfig) (*AliveLock, error) {
 		clientUserTimeout: clientUserTimeout,
 		claimSQL:          sqlFor(cfg.Schema, claimSQL),
 		verifySQL:         sqlFor(cfg.Schema, verifySQL),
-		log:               cfg.Logger,
+		log:               logging.Wrap(cfg.Logger),
 	}
 	if a.verifyEvery == 0 {
 		a.verifyEvery = DefaultVerifyInterval
 	}
-	if a.log == nil {
-		a.log = slog.New(slog.DiscardHandler)
-	}
-	a.log = a.log.With("component", "alive_lock", "instance_id", a.instanceID)
 	ch := make(chan struct{})
 	a.changed.Store(&ch)
 	a.settled = make(chan struct{})
@@ -368,7 +367,7 @@ func (a *AliveLock) session(ctx context.Context) (held bool) {
 			// Time for the next verification.
 		default:
 			a.report("lost", slog.LevelWarn, "alive lock connection lost; reconnecting",
-				"held_before", a.held.Load(), "error", dsn.RedactError(err))
+				"held_before", a.held.Load(), "error", err)
 			return
 		}
 	}
@@ -415,8 +414,7 @@ func (a *AliveLock) tick(ctx context.Context, conn *pgx.Conn) bool {
 				"error", err)
 			return true
 		}
-		a.report("lost", slog.LevelWarn, "alive lock connection failed; reconnecting",
-			"error", dsn.RedactError(err))
+		a.report("lost", slog.LevelWarn, "alive lock connection failed; reconnecting", "error", err)
 		return false
 	}
 	defer a.settle.Do(func() { close(a.settled) })
@@ -456,7 +454,6 @@ func (a *AliveLock) connectFailed(err error) {
 	// The first claim has an answer too: there will be none for now. The heartbeat need
 	// not wait for it.
 	a.settle.Do(func() { close(a.settled) })
-	err = dsn.RedactError(err)
 	if strings.Contains(err.Error(), "unsupported startup parameter") {
 		a.report("connect:pooler", slog.LevelError,
 			"alive lock cannot connect: the server refused the keepalive startup parameters, so the "+
@@ -469,11 +466,7 @@ func (a *AliveLock) connectFailed(err error) {
 
 // report logs once per condition: a repeat of the previous condition goes to debug.
 func (a *AliveLock) report(condition string, level slog.Level, msg string, attrs ...any) {
-	if condition == a.condition {
-		level = slog.LevelDebug
-	}
-	a.condition = condition
-	a.log.Log(context.Background(), level, msg, attrs...)
+	a.condition.Log(a.log, level, condition, msg, attrs...)
 }
 
 // setHeld records a change of Held, counting a loss, and wakes whoever waits on

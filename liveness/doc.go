@@ -61,7 +61,20 @@
 //   - Trust the local clock for liveness. Heartbeat times and lease expiries are the
 //     database's now(). The local monotonic clock only schedules statements, and gives
 //     a lease up early when its renewals stop; it never extends anything.
-//   - Log a password.
+//   - Log a password. Each constructor wraps the Logger it is given in a slog.Handler
+//     that removes passwords from every line it passes on (the message, strings, errors
+//     and any value whose printed form holds one), so no line of this package can leak
+//     one, whatever the caller's handler. Errors it returns carry no password either.
+//
+// # Logging
+//
+// Every config has a Logger field; nil discards. A part logs with no key naming itself:
+// whoever owns it adds that, once. The Agent gives its parts part=alive_lock,
+// part=heartbeat, part=leases and part=reaper, and adds nothing naming the agent; a
+// process that runs several agents adds what tells them apart (an instance id). A
+// condition that repeats (a connection that keeps failing, a duplicate instance id) is
+// logged once when it begins or changes, at debug level while it lasts, and once when it
+// ends.
 //
 // # Embedding it in a service
 //

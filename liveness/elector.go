@@ -10,8 +10,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 )
 
 // Defaults of ElectorConfig.
@@ -194,7 +192,7 @@ func (e *elector) observe(ctx context.Context) {
 	leader, err := readLeader(qctx, e.leases.pool, e.leaderSQL, e.cfg.Lease)
 	if err != nil && !errors.Is(err, ErrNoLeader) {
 		if ctx.Err() == nil {
-			e.leases.log.Debug("campaign: cannot read the leader", "lease", e.cfg.Lease, "err", dsn.RedactError(err))
+			e.leases.log.Debug("campaign: cannot read the leader", "lease", e.cfg.Lease, "err", err)
 		}
 		return
 	}

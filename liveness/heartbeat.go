@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
 // Defaults of the heartbeat timing, as the agent's flags have them.
@@ -101,7 +102,9 @@ type HeartbeatConfig struct {
 	Lock LockSource
 
 	Metadata map[string]any // stored in the row's metadata column; must marshal to JSON
-	Logger   *slog.Logger   // nil discards
+	// Logger receives the worker's lines, passwords removed; nil discards. The worker
+	// adds no key of its own: an owner adds what names it (the Agent adds part=heartbeat).
+	Logger *slog.Logger
 
 	clock clock // nil is the real clock
 }
@@ -213,7 +216,7 @@ func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
 		metadata:     string(meta),
 		lock:         cfg.Lock,
 		clock:        cfg.clock,
-		log:          cfg.Logger,
+		log:          logging.Wrap(cfg.Logger),
 		fast:         cfg.Interval,
 		slow:         cfg.SlowInterval,
 		watchdog:     cfg.StaleThreshold - cfg.Interval,
@@ -253,10 +256,6 @@ func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
 	if h.clock == nil {
 		h.clock = realClock{}
 	}
-	if h.log == nil {
-		h.log = slog.New(slog.DiscardHandler)
-	}
-	h.log = h.log.With("component", "heartbeat", "instance_id", h.instanceID)
 	h.stats.Interval = h.fast
 	return h, nil
 }
@@ -293,7 +292,7 @@ func (h *HeartbeatWorker) Run(ctx context.Context) error {
 		}
 	}
 	failures := 0
-	duplicate := false
+	var failing, duplicate logging.Repeats
 	for ctx.Err() == nil {
 		began := h.clock.Now()
 		// Take the change channel before reading Held, so that no change is missed.
@@ -302,20 +301,16 @@ func (h *HeartbeatWorker) Run(ctx context.Context) error {
 			changed = h.notifier.Changed()
 		}
 		if h.dup != nil && h.dup.Duplicate() {
-			if !duplicate {
-				h.log.Error("not writing the instance row: another session holds this instance's alive lock " +
+			duplicate.Log(h.log, slog.LevelError, "duplicate",
+				"not writing the instance row: another session holds this instance's alive lock "+
 					"(a second process with the same instance id, or this one's previous session not yet ended)")
-			}
-			duplicate = true
 			h.setDuplicate(true)
 			if !h.wait(ctx, h.fast, changed) {
 				return nil
 			}
 			continue
 		}
-		if duplicate {
-			h.log.Info("the alive lock is this process's again: writing the instance row")
-			duplicate = false
+		if duplicate.Clear(h.log, "the alive lock is this process's again: writing the instance row") {
 			h.setDuplicate(false)
 		}
 		holds := h.lock != nil && h.lock.Held()
@@ -330,16 +325,16 @@ func (h *HeartbeatWorker) Run(ctx context.Context) error {
 			if h.rowHoldsLock && !holds {
 				retry = min(retry, proofRetry) // proving life: the grace is short
 			}
-			h.failed(failures, err, retry)
+			h.failed()
+			failing.Log(h.log, slog.LevelWarn, "failed", "heartbeat failed; retrying",
+				"failures", failures, "retry_in", retry, "error", err)
 			if !h.wait(ctx, retry, changed) {
 				return nil
 			}
 			continue
 		}
-		if failures > 0 {
-			h.log.Info("heartbeat recovered", "failures", failures)
-			failures = 0
-		}
+		failing.Clear(h.log, "heartbeat recovered", "failures", failures)
+		failures = 0
 		if inserted && h.Stats().Beats > 0 {
 			h.log.Warn("instance row was gone: it was removed as dead while this process was not beating " +
 				"(hung, paused or cut off); registered it again")
@@ -415,17 +410,11 @@ func (h *HeartbeatWorker) lastProof() (sent time.Time, holdsLock bool) {
 	return h.lastSent, h.lastHolds
 }
 
-// failed counts a failed beat and logs the first of a series; the rest go to debug.
-func (h *HeartbeatWorker) failed(failures int, err error, retry time.Duration) {
+// failed counts a failed beat.
+func (h *HeartbeatWorker) failed() {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.stats.Failures++
-	h.mu.Unlock()
-	level := slog.LevelWarn
-	if failures > 1 {
-		level = slog.LevelDebug
-	}
-	h.log.Log(context.Background(), level, "heartbeat failed; retrying",
-		"failures", failures, "retry_in", retry, "error", dsn.RedactError(err))
 }
 
 // Remove deletes this instance's row, so that other instances see it gone at once. Call

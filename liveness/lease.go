@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
 // MinLeaseTTL is the shortest ttl a lease may have.
@@ -78,7 +79,7 @@ type LeasesConfig struct {
 	// differences between this host and the server, and the time a job needs to notice
 	// its cancelled context. 0 means ttl/10. It must be below ttl/2.
 	Margin time.Duration
-	// Logger receives a warning for each lost lease; nil discards.
+	// Logger receives a warning for each lost lease, passwords removed; nil discards.
 	Logger *slog.Logger
 	// InstanceID, when set, is recorded as the holder of every lease taken, so that
 	// readers show who leads and a dead holder's lease can be taken before it expires. A
@@ -130,10 +131,7 @@ func NewLeases(cfg LeasesConfig) (*Leases, error) {
 	if cfg.Margin < 0 {
 		return nil, fmt.Errorf("liveness: LeasesConfig.Margin %v is negative", cfg.Margin)
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log := logging.Wrap(cfg.Logger)
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "unknown"

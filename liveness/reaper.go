@@ -10,6 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
 // maxLoggedIDs bounds the ids one log line names.
@@ -30,7 +32,7 @@ type ReaperConfig struct {
 	LeaseTTL             time.Duration // of the reaper's lease, renewed every LeaseTTL/4
 	StaleThreshold       time.Duration // rows older than this go unless their lock is held
 	DefinitiveDeadCutoff time.Duration // rows older than this go even with the lock held
-	Logger               *slog.Logger
+	Logger               *slog.Logger  // passwords removed; nil discards
 }
 
 // Reaper runs cleanup_stale_instances periodically as a lease-protected singleton.
@@ -58,9 +60,7 @@ func NewReaper(cfg ReaperConfig) (*Reaper, error) {
 		return nil, &ConfigError{Field: "ReaperConfig.DefinitiveDeadCutoff", Reason: fmt.Sprintf("(%s) must be above ReaperConfig.StaleThreshold (%s)",
 			cfg.DefinitiveDeadCutoff, cfg.StaleThreshold)}
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = discardLogger()
-	}
+	cfg.Logger = logging.Wrap(cfg.Logger)
 	return &Reaper{cfg: cfg, sql: sqlFor(cfg.Schema, reapSQL)}, nil
 }
 
@@ -78,9 +78,15 @@ func (r *Reaper) Run(ctx context.Context) error {
 		OnStartedLeading: func(ctx context.Context, _ Leader) {
 			t := time.NewTicker(r.cfg.Interval)
 			defer t.Stop()
+			var failing logging.Repeats
 			for {
-				if _, err := r.reap(ctx); err != nil && ctx.Err() == nil {
-					r.cfg.Logger.Warn("reaper round failed", "err", err)
+				_, err := r.reap(ctx)
+				switch {
+				case ctx.Err() != nil:
+				case err != nil:
+					failing.Log(r.cfg.Logger, slog.LevelWarn, "failed", "reaper round failed", "err", err)
+				default:
+					failing.Clear(r.cfg.Logger, "reaper rounds succeed again")
 				}
 				select {
 				case <-ctx.Done():

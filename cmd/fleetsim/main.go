@@ -23,6 +23,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/fleetsim"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
 func main() {
@@ -68,7 +69,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 		fmt.Fprintf(stderr, "fleetsim: error: %s\n", dsn.Redact(err.Error()))
 		return 2
 	}
-	logger := promslog.New(&promslog.Config{Level: logCfg.Level, Format: logCfg.Format, Writer: stderr})
+	logger := newLogger(logCfg, stderr)
 
 	cfg.DSN = dsnFlag
 	if cfg.DSN == "" {
@@ -153,12 +154,17 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	}
 }
 
+// newLogger builds the simulator's one logger; every line passes the redacting handler.
+func newLogger(cfg promslog.Config, w io.Writer) *slog.Logger {
+	return logging.Wrap(promslog.New(&promslog.Config{Level: cfg.Level, Format: cfg.Format, Writer: w}))
+}
+
 func logReport(ctx context.Context, fleet *fleetsim.Fleet, logger *slog.Logger) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	statuses, err := fleet.Statuses(qctx)
 	if err != nil {
-		logger.Warn("cannot read instance states", "err", dsn.RedactError(err))
+		logger.Warn("cannot read instance states", "err", err)
 		return
 	}
 	counts := map[string]int{}

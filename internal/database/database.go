@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -152,13 +153,11 @@ var ErrNotJoining = errors.New("the agent does not join the fleet")
 // updated each time the state is read.
 func PrepareSchema(ctx context.Context, pool *pgxpool.Pool, schema string, apply bool, status *SchemaStatus, logger *slog.Logger) error {
 	backoff := 500 * time.Millisecond
-	var lastWarned string
+	var waiting logging.Repeats
 	for {
 		err := prepareOnce(ctx, pool, schema, apply, status, logger)
 		if err == nil {
-			if lastWarned != "" {
-				logger.Info("schema ready", "schema", schema)
-			}
+			waiting.Clear(logger, "schema ready", "schema", schema)
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -168,13 +167,8 @@ func PrepareSchema(ctx context.Context, pool *pgxpool.Pool, schema string, apply
 			return fmt.Errorf("%w: %w", ErrNotJoining, dsn.RedactError(err))
 		}
 		// A line when the reason changes, debug while it repeats.
-		msg := dsn.RedactError(err).Error()
-		if msg != lastWarned {
-			logger.Warn("schema not ready yet; retrying", "schema", schema, "err", msg, "retry_in", backoff)
-			lastWarned = msg
-		} else {
-			logger.Debug("schema not ready yet; retrying", "schema", schema, "err", msg, "retry_in", backoff)
-		}
+		waiting.Log(logger, slog.LevelWarn, err.Error(), "schema not ready yet; retrying",
+			"schema", schema, "err", err, "retry_in", backoff)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

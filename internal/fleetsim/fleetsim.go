@@ -35,6 +35,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
@@ -154,9 +155,7 @@ func (c *Config) defaults() error {
 	if c.MaxConns == 0 {
 		c.MaxConns = d.MaxConns
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.Logger = logging.Wrap(c.Logger) // passwords removed from every line
 	return nil
 }
 

@@ -49,12 +49,13 @@ func (t *timing) addFlags() {
 type participant struct {
 	agent  *liveness.Agent
 	leases *liveness.Leases
+	log    *slog.Logger
 }
 
 func newParticipant(c config, id uuid.UUID, service string, pool *pgxpool.Pool, logger *slog.Logger) (*participant, error) {
 	if !c.agent {
 		leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Schema: c.schema, Logger: logger})
-		return &participant{leases: leases}, err
+		return &participant{leases: leases, log: logger}, err
 	}
 	host, _ := os.Hostname()
 	agent, err := liveness.NewAgent(liveness.AgentConfig{
@@ -82,7 +83,7 @@ func newParticipant(c config, id uuid.UUID, service string, pool *pgxpool.Pool, 
 	if err != nil {
 		return nil, err
 	}
-	return &participant{agent: agent, leases: agent.Leases()}, nil
+	return &participant{agent: agent, leases: agent.Leases(), log: logger}, nil
 }
 
 func (p *participant) run(ctx context.Context) {
@@ -91,7 +92,7 @@ func (p *participant) run(ctx context.Context) {
 		return
 	}
 	if err := p.agent.Run(ctx); err != nil {
-		slog.Default().Error("agent stopped", "err", err)
+		p.log.Error("agent stopped", "err", err)
 	}
 }
 

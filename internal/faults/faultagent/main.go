@@ -36,6 +36,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"os"
@@ -47,6 +48,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
 type config struct {
@@ -123,8 +125,13 @@ func emit(ev string, inst uuid.UUID, kv ...any) {
 	_ = events.enc.Encode(m)
 }
 
+// newLogger builds the agent's one logger: JSON lines at info level, passwords removed.
+func newLogger(w io.Writer) *slog.Logger {
+	return logging.Wrap(slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})))
+}
+
 func run(ctx context.Context, c config) error {
-	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	logger := newLogger(os.Stderr)
 	busy := make(chan os.Signal, 1)
 	signal.Notify(busy, syscall.SIGUSR1)
 	defer signal.Stop(busy)

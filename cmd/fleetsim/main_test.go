@@ -1,0 +1,19 @@
+package main
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/prometheus/common/promslog"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging/logtest"
+)
+
+// The simulator's logger removes passwords from every line.
+func TestLoggerRemovesPasswords(t *testing.T) {
+	var buf bytes.Buffer
+	logtest.LogPasswords(newLogger(promslog.Config{}, &buf))
+	if leak, problem := logtest.Leak(buf.String()); leak != "" || problem != "" {
+		t.Fatalf("leaked %q (%s):\n%s", leak, problem, buf.String())
+	}
+}

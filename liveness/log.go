@@ -1,5 +1,0 @@
-package liveness
-
-import "log/slog"
-
-func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
