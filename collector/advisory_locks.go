@@ -2,15 +2,43 @@ package collector
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
+	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 )
+
+// AdvisoryLocksConfig configures the advisory_locks collector.
+type AdvisoryLocksConfig struct {
+	Enabled bool
+	// MaxApplications keeps the application names with the most backends; the rest are
+	// folded into application_name="other".
+	MaxApplications int
+}
+
+func (s *AdvisoryLocksConfig) enabled() *bool { return &s.Enabled }
+
+func (s *AdvisoryLocksConfig) defaults() { s.MaxApplications = 50 }
+
+func (s *AdvisoryLocksConfig) flags(app *kingpin.Application) {
+	app.Flag("collector.advisory_locks.max-applications",
+		`Most application_name label values to export; the rest are folded into "other".`).
+		Default(strconv.Itoa(s.MaxApplications)).IntVar(&s.MaxApplications)
+}
+
+func (s *AdvisoryLocksConfig) check(*Config) error {
+	if s.MaxApplications < 1 {
+		return fmt.Errorf("--collector.advisory_locks.max-applications must be at least 1, got %d", s.MaxApplications)
+	}
+	return nil
+}
 
 // advisoryLocksSQL reads this database's advisory locks and client backends in one
 // statement. A lock is an alive lock when it is a bigint lock (objsubid = 1) whose key
@@ -78,14 +106,14 @@ type advisoryLocksCollector struct {
 	locks, holders, backends, idle, wait *exposition.Family
 }
 
-func newAdvisoryLocksCollector(pool *pgxpool.Pool, schema string, source SourceConfig, maxApps int) *advisoryLocksCollector {
+func newAdvisoryLocksCollector(d deps) (Collector, error) {
 	const app = "application_name"
-	sql, args := advisoryLocksStatement(schema, source)
+	sql, args := advisoryLocksStatement(d.schema(), d.cfg.Source)
 	return &advisoryLocksCollector{
-		pool:    pool,
+		pool:    d.pool,
 		sql:     sql,
 		args:    args,
-		maxApps: maxApps,
+		maxApps: d.cfg.AdvisoryLocks.MaxApplications,
 		locks: gauge("advisory_locks",
 			"Advisory locks in this database: kind alive_lock (an instance's alive-lock key) or other, granted true or false (waiting).",
 			"kind", "granted"),
@@ -98,7 +126,7 @@ func newAdvisoryLocksCollector(pool *pgxpool.Pool, schema string, source SourceC
 			"Longest time an idle (or idle in transaction) backend holding an advisory lock has been idle; 0 when none is.", app),
 		wait: gauge("advisory_lock_waiters",
 			"Client backends of this database waiting for an advisory lock.", app),
-	}
+	}, nil
 }
 
 type appStats struct {

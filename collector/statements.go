@@ -3,15 +3,105 @@ package collector
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"regexp"
+	"strconv"
 	"strings"
 
+	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 )
+
+// StatementsConfig configures the statements collector.
+type StatementsConfig struct {
+	Enabled bool
+	// Patterns are "name=regex" pairs, merged over DefaultStatementPatterns by name; an
+	// empty regex removes a default. The first pattern that matches a query text wins.
+	Patterns []string
+	// CacheSize bounds the queryid classification cache.
+	CacheSize int
+}
+
+// DefaultStatementPatterns match the tag comments the liveness package puts in front of
+// every statement it sends: /* pg_liveness:<name> */.
+var DefaultStatementPatterns = []string{
+	`heartbeat=pg_liveness:heartbeat\b`,
+	`heartbeat_delete=pg_liveness:heartbeat_delete\b`,
+	`lease_acquire=pg_liveness:lease_acquire\b`,
+	`lease_renew=pg_liveness:lease_renew\b`,
+	`lease_release=pg_liveness:lease_release\b`,
+	`cleanup=pg_liveness:cleanup\b`,
+	`alive_lock_claim=pg_liveness:alive_lock_claim\b`,
+	`alive_lock_verify=pg_liveness:alive_lock_verify\b`,
+}
+
+func (s *StatementsConfig) enabled() *bool { return &s.Enabled }
+
+func (s *StatementsConfig) defaults() { s.CacheSize = 10000 }
+
+func (s *StatementsConfig) flags(app *kingpin.Application) {
+	app.Flag("collector.statements.pattern",
+		`Classify pg_stat_statements entries whose query text matches regex as statement="name", as name=regex. Repeatable; merged over the defaults by name (an empty regex removes one). Defaults: `+
+			strings.Join(DefaultStatementPatterns, ", ")).
+		PlaceHolder("NAME=REGEX").StringsVar(&s.Patterns)
+	app.Flag("collector.statements.cache-size",
+		"Most pg_stat_statements queryids whose classification is remembered.").
+		Default(strconv.Itoa(s.CacheSize)).IntVar(&s.CacheSize)
+}
+
+func (s *StatementsConfig) check(*Config) error {
+	if s.CacheSize < 1 {
+		return fmt.Errorf("--collector.statements.cache-size must be at least 1, got %d", s.CacheSize)
+	}
+	if _, err := parsePatterns(s.Patterns); err != nil {
+		return fmt.Errorf("--collector.statements.pattern: %w", err)
+	}
+	return nil
+}
+
+// statementPattern is one parsed --collector.statements.pattern.
+type statementPattern struct {
+	name string
+	re   *regexp.Regexp
+}
+
+// parsePatterns merges the given name=regex pairs over the defaults.
+func parsePatterns(given []string) ([]statementPattern, error) {
+	var out []statementPattern
+	index := map[string]int{}
+	for _, s := range append(append([]string(nil), DefaultStatementPatterns...), given...) {
+		name, expr, ok := strings.Cut(s, "=")
+		name = strings.TrimSpace(name)
+		if !ok || name == "" {
+			return nil, fmt.Errorf("%q: want name=regex", s)
+		}
+		var re *regexp.Regexp // nil removes the name
+		if expr != "" {
+			var err error
+			if re, err = regexp.Compile(expr); err != nil {
+				return nil, fmt.Errorf("%q: %w", s, err)
+			}
+		}
+		if j, seen := index[name]; seen {
+			out[j].re = re
+			continue
+		}
+		index[name] = len(out)
+		out = append(out, statementPattern{name: name, re: re})
+	}
+	kept := out[:0]
+	for _, p := range out {
+		if p.re != nil {
+			kept = append(kept, p)
+		}
+	}
+	return kept, nil
+}
 
 // extensionSchemaSQL finds where pg_stat_statements is installed; it may be any schema.
 const extensionSchemaSQL = `
@@ -100,13 +190,17 @@ type statementsCollector struct {
 	totals       []stmtCounts           // by pattern index
 }
 
-func newStatementsCollector(pool *pgxpool.Pool, patterns []statementPattern, cacheSize int, logger *slog.Logger) *statementsCollector {
+func newStatementsCollector(d deps) (Collector, error) {
 	const stmt = "statement"
+	patterns, err := parsePatterns(d.cfg.Statements.Patterns)
+	if err != nil {
+		return nil, fmt.Errorf("--collector.statements.pattern: %w", err)
+	}
 	return &statementsCollector{
-		pool:      pool,
+		pool:      d.pool,
 		patterns:  patterns,
-		cacheSize: cacheSize,
-		logger:    logger,
+		cacheSize: d.cfg.Statements.CacheSize,
+		logger:    d.logger,
 		calls: counter("statement_calls_total",
 			"Calls of the statements whose query text matches the named --collector.statements.pattern, from pg_stat_statements.", stmt),
 		seconds: counter("statement_seconds_total",
@@ -119,7 +213,7 @@ func newStatementsCollector(pool *pgxpool.Pool, patterns []statementPattern, cac
 		class:  map[int64]int{},
 		last:   map[stmtKey]stmtCounts{},
 		totals: make([]stmtCounts, len(patterns)),
-	}
+	}, nil
 }
 
 type stmtRow struct {
