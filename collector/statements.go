@@ -221,6 +221,9 @@ type stmtRow struct {
 	stmtCounts
 }
 
+// Update runs one scrape in named steps, one scrape at a time: read the counters (or say
+// why they cannot be read), classify new entries, add each entry's increments to its
+// pattern's totals, and add the totals to out.
 func (c *statementsCollector) Update(ctx context.Context, out *exposition.Builder) error {
 	select {
 	case c.sem <- struct{}{}:
@@ -229,29 +232,53 @@ func (c *statementsCollector) Update(ctx context.Context, out *exposition.Builde
 	}
 	defer func() { <-c.sem }()
 
-	var entries []stmtRow
+	entries, problem, err := c.read(ctx)
+	if err != nil {
+		return err
+	}
+	if problem != "" {
+		c.unavailable(out, problem)
+		return nil
+	}
+	uncached, err := c.classify(ctx, entries)
+	if err != nil {
+		return err
+	}
+	c.rememberMatching(uncached)
+	if c.problem != "" {
+		c.logger.Info("pg_stat_statements is available again")
+		c.problem = ""
+	}
+	c.account(entries, uncached)
+	c.emit(out)
+	return nil
+}
+
+// read reads the counters, after looking the extension up when its schema is not known,
+// and once more when it was dropped or moved since. A problem says why
+// pg_stat_statements cannot be read in this database, which is no failure of the scrape.
+func (c *statementsCollector) read(ctx context.Context) (entries []stmtRow, problem string, err error) {
 	for attempt := 1; ; attempt++ {
 		if c.stats == "" {
 			found, err := c.lookup(ctx)
 			if err != nil {
-				return err
+				return nil, "", err
 			}
 			if !found {
-				c.unavailable(out, "the pg_stat_statements extension is not installed in this database (CREATE EXTENSION pg_stat_statements)")
-				return nil
+				return nil, "the pg_stat_statements extension is not installed in this database (CREATE EXTENSION pg_stat_statements)", nil
 			}
 		}
-		var err error
-		if entries, err = c.readStats(ctx); err == nil {
-			break
+		entries, err := c.readStats(ctx)
+		if err == nil {
+			return entries, "", nil
 		}
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) {
-			return err
+			return nil, "", err
 		}
 		lookAgain, ok := unavailableCodes[pgErr.Code]
 		if !ok {
-			return err
+			return nil, "", err
 		}
 		if lookAgain {
 			c.stats, c.texts, c.complete = "", "", false
@@ -259,27 +286,30 @@ func (c *statementsCollector) Update(ctx context.Context, out *exposition.Builde
 				continue // dropped or moved since the lookup: look it up now
 			}
 		}
-		c.unavailable(out, "pg_stat_statements cannot be read: "+pgErr.Message)
-		return nil
+		return nil, "pg_stat_statements cannot be read: " + pgErr.Message, nil
 	}
-	uncached, err := c.classify(ctx, entries)
-	if err != nil {
-		return err
+}
+
+// rememberMatching keeps the queryids that match a pattern after the entries were read
+// in full, for the next scrapes' reads of only those; uncached is what classify could
+// not keep in the cache.
+func (c *statementsCollector) rememberMatching(uncached map[int64]int) {
+	if c.complete && uncached == nil {
+		return
 	}
-	if !c.complete || uncached != nil { // entries read in full: remember what matches
-		c.complete = uncached == nil
-		c.matching = c.matching[:0]
-		for id, idx := range c.class {
-			if idx >= 0 {
-				c.matching = append(c.matching, id)
-			}
+	c.complete = uncached == nil
+	c.matching = c.matching[:0]
+	for id, idx := range c.class {
+		if idx >= 0 {
+			c.matching = append(c.matching, id)
 		}
 	}
-	if c.problem != "" {
-		c.logger.Info("pg_stat_statements is available again")
-		c.problem = ""
-	}
+}
 
+// account adds each classified entry's increment since the last scrape to its pattern's
+// totals, and remembers the entries' counters for the next scrape, forgetting evicted
+// ones.
+func (c *statementsCollector) account(entries []stmtRow, uncached map[int64]int) {
 	next := make(map[stmtKey]stmtCounts, len(c.last))
 	for _, e := range entries {
 		idx, ok := c.class[e.key.queryid]
@@ -298,15 +328,17 @@ func (c *statementsCollector) Update(ctx context.Context, out *exposition.Builde
 		c.totals[idx].rows += inc.rows
 		next[e.key] = e.stmtCounts
 	}
-	c.last = next // forgets evicted entries
+	c.last = next
+}
 
+// emit adds every pattern's totals to out.
+func (c *statementsCollector) emit(out *exposition.Builder) {
 	for i, p := range c.patterns {
 		out.Add(c.calls, c.totals[i].calls, p.name)
 		out.Add(c.seconds, c.totals[i].seconds, p.name)
 		out.Add(c.rows, c.totals[i].rows, p.name)
 	}
 	out.Add(c.available, 1)
-	return nil
 }
 
 // lookup finds the extension's schema and renders the statements for it.
