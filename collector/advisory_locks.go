@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/alecthomas/kingpin/v2"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
@@ -50,8 +51,11 @@ func (s *AdvisoryLocksConfig) check(*Config) error {
 // hashed once per scrape into one hashed subplan.
 // Rows of kind 'locks' count locks by (alive, granted); rows of kind 'backends' count
 // client backends by (application_name, state), with how many of them hold a granted
-// advisory lock, how many wait for one, and the longest an idle holder has been idle.
-// "Idle" covers idle in transaction too: either way the backend sits on its locks.
+// advisory lock, how many wait for one, and the longest an idle holder has been idle
+// (AdvisoryLocksRow names the columns). "Idle" covers idle in transaction too: either way
+// the backend sits on its locks. It is one statement, not a batch of two, on purpose:
+// both kinds of rows come from one materialized read of pg_locks, which is no
+// transactional snapshot, so the holders and the lock counts always agree.
 const advisoryLocksSQL = `
 WITH db AS (
     SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()
@@ -71,9 +75,9 @@ WITH db AS (
       LEFT JOIN per_pid p ON p.pid = a.pid
      WHERE a.datid = (SELECT oid FROM db) AND a.backend_type = 'client backend'
 )
-SELECT 'backends', app, state, count(*),
-       count(*) FILTER (WHERE holds), count(*) FILTER (WHERE waits),
-       coalesce(max(idle_for) FILTER (WHERE holds AND state LIKE 'idle%'), 0)
+SELECT 'backends' AS kind, app AS name, state, count(*) AS count,
+       count(*) FILTER (WHERE holds) AS holders, count(*) FILTER (WHERE waits) AS waiters,
+       coalesce(max(idle_for) FILTER (WHERE holds AND state LIKE 'idle%'), 0) AS idle_holder_max_seconds
   FROM backends GROUP BY app, state
 UNION ALL
 SELECT 'locks', CASE WHEN alive THEN 'alive_lock' ELSE 'other' END, granted::text, count(*), 0, 0, 0
@@ -140,35 +144,27 @@ func (c *advisoryLocksCollector) Update(ctx context.Context, out *exposition.Bui
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
+	read, err := pgx.CollectRows(rows, pgx.RowToStructByName[AdvisoryLocksRow])
+	if err != nil {
+		return err
+	}
 	lockCounts := map[[2]string]float64{}
 	apps := map[string]*appStats{}
-	for rows.Next() {
-		var (
-			kind, a, b              string
-			count, holders, waiters int64
-			idleMax                 float64
-		)
-		if err := rows.Scan(&kind, &a, &b, &count, &holders, &waiters, &idleMax); err != nil {
-			return err
-		}
-		if kind == "locks" {
-			lockCounts[[2]string{a, b}] = float64(count)
+	for _, r := range read {
+		if r.Kind == "locks" {
+			lockCounts[[2]string{r.Name, r.State}] = float64(r.Count)
 			continue
 		}
-		app, state := labelOr(a), labelOr(b)
+		app, state := labelOr(r.Name), labelOr(r.State)
 		s := apps[app]
 		if s == nil {
 			s = &appStats{holders: map[string]float64{}}
 			apps[app] = s
 		}
-		s.backends += float64(count)
-		s.waiters += float64(waiters)
-		s.idleMax = max(s.idleMax, idleMax)
-		s.holders[state] += float64(holders)
-	}
-	if err := rows.Err(); err != nil {
-		return err
+		s.backends += float64(r.Count)
+		s.waiters += float64(r.Waiters)
+		s.idleMax = max(s.idleMax, r.IdleHolderMaxSeconds)
+		s.holders[state] += float64(r.Holders)
 	}
 
 	for _, kind := range []string{"alive_lock", "other"} {
