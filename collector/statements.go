@@ -116,7 +116,11 @@ SELECT n.nspname::text
 // unless $2 asks for all of them; a last row sums up every entry (count and two hashes
 // of the queryids), so that a change in the set of entries (a new one: unclassified) is
 // seen without reading them all. {ext} is the extension's schema as a quoted identifier.
-// Entries whose queryid is hidden from this role are skipped.
+// Entries whose queryid is hidden from this role are skipped. Its rows are scanned by
+// name into statsRow. It is one statement, not a batch of two, on purpose: the entries
+// and the summary come from one read of pg_stat_statements, which is no transactional
+// snapshot; from two, an entry new in the summary could be missing from the entries read
+// in full, and would not be classified until the set changed again.
 const (
 	statsSQL = `
 WITH s AS MATERIALIZED (
@@ -125,7 +129,8 @@ WITH s AS MATERIALIZED (
      WHERE s.dbid = (SELECT d.oid FROM pg_catalog.pg_database d
                       WHERE d.datname = pg_catalog.current_database())
        AND s.queryid IS NOT NULL)
-SELECT s.userid, s.queryid, s.toplevel, s.calls, s.seconds, s.rows, NULL::bigint, NULL::bigint, NULL::bigint
+SELECT s.userid, s.queryid, s.toplevel, s.calls, s.seconds, s.rows,
+       NULL::bigint AS entries, NULL::bigint AS hash1, NULL::bigint AS hash2
   FROM s WHERE $2 OR s.queryid = ANY($1)
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, count(*), coalesce(sum(pg_catalog.hashint8(s.queryid)), 0),
@@ -387,25 +392,32 @@ func (c *statementsCollector) queryStats(ctx context.Context, all bool) ([]stmtR
 		out = make([]stmtRow, 0, len(c.class))
 	}
 	for rows.Next() {
-		var (
-			userid            *uint32
-			queryid           *int64
-			toplevel          *bool
-			calls, nrow       *int64
-			seconds           *float64
-			count, sum1, sum2 *int64
-		)
-		if err := rows.Scan(&userid, &queryid, &toplevel, &calls, &seconds, &nrow, &count, &sum1, &sum2); err != nil {
+		r, err := pgx.RowToStructByName[statsRow](rows)
+		if err != nil {
 			return nil, summary, err
 		}
-		if count != nil {
-			summary = [3]int64{*count, *sum1, *sum2}
+		if r.Entries != nil {
+			summary = [3]int64{*r.Entries, *r.Hash1, *r.Hash2}
 			continue
 		}
-		out = append(out, stmtRow{key: stmtKey{userid: *userid, queryid: *queryid, toplevel: *toplevel},
-			stmtCounts: stmtCounts{calls: float64(*calls), seconds: *seconds, rows: float64(*nrow)}})
+		out = append(out, stmtRow{key: stmtKey{userid: *r.UserID, queryid: *r.QueryID, toplevel: *r.TopLevel},
+			stmtCounts: stmtCounts{calls: float64(*r.Calls), seconds: *r.Seconds, rows: float64(*r.Rows)}})
 	}
 	return out, summary, rows.Err()
+}
+
+// statsRow is one row of statsSQL: an entry's counters, or (Entries set) the summary of
+// all entries: how many, and two sums of hashes of their queryids.
+type statsRow struct {
+	UserID   *uint32  `db:"userid"`
+	QueryID  *int64   `db:"queryid"`
+	TopLevel *bool    `db:"toplevel"`
+	Calls    *int64   `db:"calls"`
+	Seconds  *float64 `db:"seconds"`
+	Rows     *int64   `db:"rows"`
+	Entries  *int64   `db:"entries"`
+	Hash1    *int64   `db:"hash1"`
+	Hash2    *int64   `db:"hash2"`
 }
 
 // classify fetches the texts of queryids not seen before, in one round trip, and
