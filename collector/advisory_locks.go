@@ -26,7 +26,10 @@ type AdvisoryLocksConfig struct {
 
 func (s *AdvisoryLocksConfig) enabled() *bool { return &s.Enabled }
 
-func (s *AdvisoryLocksConfig) defaults() { s.MaxApplications = 50 }
+// defaultMaxApplications is AdvisoryLocksConfig.MaxApplications' default.
+const defaultMaxApplications = 50
+
+func (s *AdvisoryLocksConfig) defaults() { s.MaxApplications = defaultMaxApplications }
 
 func (s *AdvisoryLocksConfig) flags(app *kingpin.Application) {
 	app.Flag("collector.advisory_locks.max-applications",

@@ -32,7 +32,15 @@ type InstancesConfig struct {
 
 func (s *InstancesConfig) enabled() *bool { return &s.Enabled }
 
-func (s *InstancesConfig) defaults() { s.MaxSeries, s.MaxServices = 500, 500 }
+// Defaults of InstancesConfig.
+const (
+	defaultMaxSeries   = 500
+	defaultMaxServices = 500
+)
+
+func (s *InstancesConfig) defaults() {
+	s.MaxSeries, s.MaxServices = defaultMaxSeries, defaultMaxServices
+}
 
 func (s *InstancesConfig) flags(app *kingpin.Application) {
 	app.Flag("collector.instances.max-series",

@@ -31,7 +31,10 @@ type LeasesConfig struct {
 
 func (s *LeasesConfig) enabled() *bool { return &s.Enabled }
 
-func (s *LeasesConfig) defaults() { s.MaxSeries = 500 }
+// defaultMaxLeases is LeasesConfig.MaxSeries' default.
+const defaultMaxLeases = 500
+
+func (s *LeasesConfig) defaults() { s.MaxSeries = defaultMaxLeases }
 
 func (s *LeasesConfig) flags(app *kingpin.Application) {
 	app.Flag("collector.leases.table",

@@ -42,7 +42,10 @@ var DefaultStatementPatterns = []string{
 
 func (s *StatementsConfig) enabled() *bool { return &s.Enabled }
 
-func (s *StatementsConfig) defaults() { s.CacheSize = 10000 }
+// defaultStatementsCacheSize is StatementsConfig.CacheSize's default.
+const defaultStatementsCacheSize = 10000
+
+func (s *StatementsConfig) defaults() { s.CacheSize = defaultStatementsCacheSize }
 
 func (s *StatementsConfig) flags(app *kingpin.Application) {
 	app.Flag("collector.statements.pattern",
