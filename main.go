@@ -303,7 +303,10 @@ type wired struct {
 	mux       *http.ServeMux
 }
 
-func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
+// wire checks the flags and builds the pool, the agent, the exporter and the HTTP
+// handlers. The flags are checked before the pool exists; once it does, a failure closes
+// it on the way out, in one place.
+func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 	mainDSN, err := dsn.Resolve(f.dsn, f.dsnFile, envDSN)
 	if err != nil {
 		return nil, err
@@ -327,57 +330,45 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 	if f.connectTimeout <= 0 {
 		return nil, fmt.Errorf("--db.connect-timeout must be above zero, got %s", f.connectTimeout)
 	}
+	whizbangSource := f.collectors.Source.Kind == collector.SourceWhizbang
+	if whizbangSource && f.agent {
+		return nil, errors.New("--source=whizbang observes a Whizbang database and writes nothing to it: add --no-agent")
+	}
+	var instanceID uuid.UUID
+	if f.agent {
+		if instanceID, err = checkAgentFlags(f); err != nil {
+			return nil, err
+		}
+	}
+
 	pool, dsnSwitch, err := database.NewSwitchablePool(database.PoolConfig{
 		DSN: mainDSN, MaxConns: int32(f.maxConns), ApplicationName: exporterName + ":pool", ConnectTimeout: f.connectTimeout,
 	})
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			pool.Close()
+		}
+	}()
 
-	whizbangSource := f.collectors.Source.Kind == collector.SourceWhizbang
-	if whizbangSource && f.agent {
-		pool.Close()
-		return nil, errors.New("--source=whizbang observes a Whizbang database and writes nothing to it: add --no-agent")
-	}
 	var agent *liveness.Agent
 	var source collector.AgentSource
 	if f.agent {
-		id := uuid.New()
-		if f.instanceID != "" {
-			if id, err = uuid.Parse(f.instanceID); err != nil {
-				pool.Close()
-				return nil, fmt.Errorf("--agent.instance-id: %q is not a uuid", f.instanceID)
-			}
-		}
-		// The library takes zero for its default; on the command line a zero is a mistake.
-		for _, d := range []struct {
-			flag string
-			v    time.Duration
-		}{
-			{"--agent.heartbeat-interval", f.interval}, {"--agent.heartbeat-slow-interval", f.slowInterval},
-			{"--agent.stale-threshold", f.stale}, {"--agent.definitive-dead-cutoff", f.definitiveDead},
-			{"--agent.lock-grace", f.lockGrace}, {"--agent.reaper-interval", f.reaperInterval},
-			{"--agent.reaper-lease-ttl", f.reaperTTL}, {"--agent.duplicate-timeout", f.duplicateTimeout},
-		} {
-			if d.v <= 0 {
-				pool.Close()
-				return nil, fmt.Errorf("%s (%s) must be positive", d.flag, d.v)
-			}
-		}
 		host, _ := os.Hostname()
 		agent, err = liveness.NewAgent(liveness.AgentConfig{
 			Pool: pool, DirectDSN: directDSN, Schema: f.schema,
-			InstanceID: id, ServiceName: f.serviceName, HostName: host, ProcessID: os.Getpid(),
+			InstanceID: instanceID, ServiceName: f.serviceName, HostName: host, ProcessID: os.Getpid(),
 			Mode:              liveness.Mode(f.mode),
 			HeartbeatInterval: f.interval, HeartbeatSlowInterval: f.slowInterval,
 			StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead, LockGrace: f.lockGrace,
 			KeepaliveIdle: f.keepIdle, KeepaliveInterval: f.keepInterval, KeepaliveCount: f.keepCount, UserTimeout: f.userTimeout,
 			Reaper: f.reaper, ReaperInterval: f.reaperInterval, ReaperLeaseTTL: f.reaperTTL,
 			DuplicateTimeout: f.duplicateTimeout,
-			Logger:           logger.With("component", "agent", "instance_id", id.String()),
+			Logger:           logger.With("component", "agent", "instance_id", instanceID.String()),
 		})
 		if err != nil {
-			pool.Close()
 			return nil, asFlagError(err)
 		}
 		source = agent
@@ -392,7 +383,6 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 	f.collectors.DefinitiveDeadCutoff = f.definitiveDead
 	exporter, err := collector.New(*f.collectors, pool, source, logger.With("component", "collector"))
 	if err != nil {
-		pool.Close()
 		return nil, err
 	}
 
@@ -404,7 +394,6 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 	)
 	page, err := newStatusPage(f, pool, source, status, logger)
 	if err != nil {
-		pool.Close()
 		return nil, err
 	}
 	mux := http.NewServeMux()
@@ -419,12 +408,38 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (*wired, error) {
 			Links:       []web.LandingLinks{{Address: f.telemetryPath, Text: "Metrics"}, {Address: "/status", Text: "Status"}},
 		})
 		if err != nil {
-			pool.Close()
 			return nil, err
 		}
 		mux.Handle("/", landing)
 	}
 	return &wired{dsnSwitch: dsnSwitch, status: status, database: dsn.Describe(mainDSN), pool: pool, agent: agent, mux: mux}, nil
+}
+
+// checkAgentFlags checks the agent's flags that the library would take differently, and
+// returns the instance id: --agent.instance-id, or a new one.
+func checkAgentFlags(f *flags) (uuid.UUID, error) {
+	id := uuid.New()
+	if f.instanceID != "" {
+		var err error
+		if id, err = uuid.Parse(f.instanceID); err != nil {
+			return uuid.Nil, fmt.Errorf("--agent.instance-id: %q is not a uuid", f.instanceID)
+		}
+	}
+	// The library takes zero for its default; on the command line a zero is a mistake.
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"--agent.heartbeat-interval", f.interval}, {"--agent.heartbeat-slow-interval", f.slowInterval},
+		{"--agent.stale-threshold", f.stale}, {"--agent.definitive-dead-cutoff", f.definitiveDead},
+		{"--agent.lock-grace", f.lockGrace}, {"--agent.reaper-interval", f.reaperInterval},
+		{"--agent.reaper-lease-ttl", f.reaperTTL}, {"--agent.duplicate-timeout", f.duplicateTimeout},
+	} {
+		if d.v <= 0 {
+			return uuid.Nil, fmt.Errorf("%s (%s) must be positive", d.flag, d.v)
+		}
+	}
+	return id, nil
 }
 
 // newStatusPage builds /status and /status.json, under the same web configuration as

@@ -2,15 +2,47 @@ package collector
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 )
+
+// AdvisoryLocksConfig configures the advisory_locks collector.
+type AdvisoryLocksConfig struct {
+	Enabled bool
+	// MaxApplications keeps the application names with the most backends; the rest are
+	// folded into application_name="other".
+	MaxApplications int
+}
+
+func (s *AdvisoryLocksConfig) enabled() *bool { return &s.Enabled }
+
+// defaultMaxApplications is AdvisoryLocksConfig.MaxApplications' default.
+const defaultMaxApplications = 50
+
+func (s *AdvisoryLocksConfig) defaults() { s.MaxApplications = defaultMaxApplications }
+
+func (s *AdvisoryLocksConfig) flags(app *kingpin.Application) {
+	app.Flag("collector.advisory_locks.max-applications",
+		`Most application_name label values to export; the rest are folded into "other".`).
+		Default(strconv.Itoa(s.MaxApplications)).IntVar(&s.MaxApplications)
+}
+
+func (s *AdvisoryLocksConfig) check(*Config) error {
+	if s.MaxApplications < 1 {
+		return fmt.Errorf("--collector.advisory_locks.max-applications must be at least 1, got %d", s.MaxApplications)
+	}
+	return nil
+}
 
 // advisoryLocksSQL reads this database's advisory locks and client backends in one
 // statement. A lock is an alive lock when it is a bigint lock (objsubid = 1) whose key
@@ -22,8 +54,11 @@ import (
 // hashed once per scrape into one hashed subplan.
 // Rows of kind 'locks' count locks by (alive, granted); rows of kind 'backends' count
 // client backends by (application_name, state), with how many of them hold a granted
-// advisory lock, how many wait for one, and the longest an idle holder has been idle.
-// "Idle" covers idle in transaction too: either way the backend sits on its locks.
+// advisory lock, how many wait for one, and the longest an idle holder has been idle
+// (AdvisoryLocksRow names the columns). "Idle" covers idle in transaction too: either way
+// the backend sits on its locks. It is one statement, not a batch of two, on purpose:
+// both kinds of rows come from one materialized read of pg_locks, which is no
+// transactional snapshot, so the holders and the lock counts always agree.
 const advisoryLocksSQL = `
 WITH db AS (
     SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()
@@ -43,9 +78,9 @@ WITH db AS (
       LEFT JOIN per_pid p ON p.pid = a.pid
      WHERE a.datid = (SELECT oid FROM db) AND a.backend_type = 'client backend'
 )
-SELECT 'backends', app, state, count(*),
-       count(*) FILTER (WHERE holds), count(*) FILTER (WHERE waits),
-       coalesce(max(idle_for) FILTER (WHERE holds AND state LIKE 'idle%'), 0)
+SELECT 'backends' AS kind, app AS name, state, count(*) AS count,
+       count(*) FILTER (WHERE holds) AS holders, count(*) FILTER (WHERE waits) AS waiters,
+       coalesce(max(idle_for) FILTER (WHERE holds AND state LIKE 'idle%'), 0) AS idle_holder_max_seconds
   FROM backends GROUP BY app, state
 UNION ALL
 SELECT 'locks', CASE WHEN alive THEN 'alive_lock' ELSE 'other' END, granted::text, count(*), 0, 0, 0
@@ -78,14 +113,14 @@ type advisoryLocksCollector struct {
 	locks, holders, backends, idle, wait *exposition.Family
 }
 
-func newAdvisoryLocksCollector(pool *pgxpool.Pool, schema string, source SourceConfig, maxApps int) *advisoryLocksCollector {
+func newAdvisoryLocksCollector(d deps) (Collector, error) {
 	const app = "application_name"
-	sql, args := advisoryLocksStatement(schema, source)
+	sql, args := advisoryLocksStatement(d.schema(), d.cfg.Source)
 	return &advisoryLocksCollector{
-		pool:    pool,
+		pool:    d.pool,
 		sql:     sql,
 		args:    args,
-		maxApps: maxApps,
+		maxApps: d.cfg.AdvisoryLocks.MaxApplications,
 		locks: gauge("advisory_locks",
 			"Advisory locks in this database: kind alive_lock (an instance's alive-lock key) or other, granted true or false (waiting).",
 			"kind", "granted"),
@@ -98,7 +133,7 @@ func newAdvisoryLocksCollector(pool *pgxpool.Pool, schema string, source SourceC
 			"Longest time an idle (or idle in transaction) backend holding an advisory lock has been idle; 0 when none is.", app),
 		wait: gauge("advisory_lock_waiters",
 			"Client backends of this database waiting for an advisory lock.", app),
-	}
+	}, nil
 }
 
 type appStats struct {
@@ -112,35 +147,27 @@ func (c *advisoryLocksCollector) Update(ctx context.Context, out *exposition.Bui
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
+	read, err := pgx.CollectRows(rows, pgx.RowToStructByName[AdvisoryLocksRow])
+	if err != nil {
+		return err
+	}
 	lockCounts := map[[2]string]float64{}
 	apps := map[string]*appStats{}
-	for rows.Next() {
-		var (
-			kind, a, b              string
-			count, holders, waiters int64
-			idleMax                 float64
-		)
-		if err := rows.Scan(&kind, &a, &b, &count, &holders, &waiters, &idleMax); err != nil {
-			return err
-		}
-		if kind == "locks" {
-			lockCounts[[2]string{a, b}] = float64(count)
+	for _, r := range read {
+		if r.Kind == "locks" {
+			lockCounts[[2]string{r.Name, r.State}] = float64(r.Count)
 			continue
 		}
-		app, state := labelOr(a), labelOr(b)
+		app, state := labelOr(r.Name), labelOr(r.State)
 		s := apps[app]
 		if s == nil {
 			s = &appStats{holders: map[string]float64{}}
 			apps[app] = s
 		}
-		s.backends += float64(count)
-		s.waiters += float64(waiters)
-		s.idleMax = max(s.idleMax, idleMax)
-		s.holders[state] += float64(holders)
-	}
-	if err := rows.Err(); err != nil {
-		return err
+		s.backends += float64(r.Count)
+		s.waiters += float64(r.Waiters)
+		s.idleMax = max(s.idleMax, r.IdleHolderMaxSeconds)
+		s.holders[state] += float64(r.Holders)
 	}
 
 	for _, kind := range []string{"alive_lock", "other"} {

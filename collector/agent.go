@@ -4,12 +4,24 @@ import (
 	"context"
 	"time"
 
+	"github.com/alecthomas/kingpin/v2"
+
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
 // lostReasons are zero-filled for every lease so that increase() sees the first loss.
 var lostReasons = []liveness.LostReason{liveness.LostExpired, liveness.LostTaken, liveness.LostError, liveness.LostNotAlive}
+
+// AgentConfig configures the agent collector. It only runs when New gets an agent.
+type AgentConfig struct {
+	Enabled bool
+}
+
+func (s *AgentConfig) enabled() *bool             { return &s.Enabled }
+func (s *AgentConfig) defaults()                  {}
+func (s *AgentConfig) flags(*kingpin.Application) {}
+func (s *AgentConfig) check(*Config) error        { return nil }
 
 // agentCollector reports the local agent from its snapshot; it does not touch the
 // database.
@@ -21,7 +33,11 @@ type agentCollector struct {
 	leaseHeld, leaseEpoch, leasesLost, reaped, joined, duplicate    *exposition.Family
 }
 
-func newAgentCollector(agent AgentSource, status StatusSource) *agentCollector {
+// newAgentCollector builds the agent collector, or none without an agent.
+func newAgentCollector(d deps) (Collector, error) {
+	if d.agent == nil {
+		return nil, nil
+	}
 	desc := func(name, help string, labels ...string) *exposition.Family {
 		return gauge("agent_"+name, help, labels...)
 	}
@@ -29,8 +45,8 @@ func newAgentCollector(agent AgentSource, status StatusSource) *agentCollector {
 		return counter("agent_"+name, help, labels...)
 	}
 	return &agentCollector{
-		agent:  agent,
-		status: status,
+		agent:  d.agent,
+		status: d.cfg.Status,
 		joined: desc("joined", "1 once the agent runs and has written its instance row (a successful heartbeat); 0 while it waits for "+
 			"the database or the schema, or when it gave up (missing privilege, a schema that no longer serves this binary)."),
 		duplicate: desc("duplicate_instance", "1 while another session holds the agent's instance id's alive lock: a second process "+
@@ -49,7 +65,7 @@ func newAgentCollector(agent AgentSource, status StatusSource) *agentCollector {
 			"A value that differs from the lease row's pg_liveness_lease_epoch is a process that still believes it leads.", "lease"),
 		leasesLost: count("leases_lost_total", "Leases the agent lost, by reason: expired, taken or error.", "lease", "reason"),
 		reaped:     count("instances_reaped_total", "Stale instances removed by the agent's reaper."),
-	}
+	}, nil
 }
 
 func (c *agentCollector) Update(_ context.Context, out *exposition.Builder) error {

@@ -23,15 +23,17 @@ import (
 // connections and the setup's garbage).
 func BenchmarkScrape(b *testing.B) {
 	dsn := benchdata.Build(b)
-	for _, name := range []string{"all", NameInstances, NameLeases, NameAdvisoryLocks, NameStatements, NameAgent} {
+	names := []string{"all"}
+	for _, r := range registry {
+		names = append(names, r.name)
+	}
+	for _, name := range names {
 		b.Run(name, func(b *testing.B) {
 			cfg := DefaultConfig()
-			if name != "all" {
-				cfg.Instances.Enabled = name == NameInstances
-				cfg.Leases.Enabled = name == NameLeases
-				cfg.AdvisoryLocks.Enabled = name == NameAdvisoryLocks
-				cfg.Statements.Enabled = name == NameStatements
-				cfg.Agent.Enabled = name == NameAgent
+			for _, r := range registry {
+				if name != "all" {
+					*r.settings(&cfg).enabled() = r.name == name
+				}
 			}
 			qc := &queryCounter{}
 			e := newExporter(b, cfg, exporterPool(b, dsn, 2, qc), testAgent, nil)

@@ -1,5 +1,6 @@
 // Package collector exports pg_liveness_* metrics, collected from PostgreSQL and from the
-// local agent at scrape time. Each collector is one file and one Collector; the Exporter
+// local agent at scrape time. Each collector is one file and one Collector, listed once
+// in the registry (registry.go) that the flags, the checks and New read; the Exporter
 // runs the enabled ones concurrently under the scrape's deadline and serves them over
 // HTTP together with the caller's own registry.
 //
@@ -124,39 +125,23 @@ func (c *entry) keep(b *exposition.Builder) {
 // enabled. agent may be nil (--no-agent): the agent collector is then not registered.
 func New(cfg Config, pool *pgxpool.Pool, agent AgentSource, logger *slog.Logger) (*Exporter, error) {
 	logger = logging.Wrap(logger)
-	schema, leasesTable, patterns, err := cfg.validate()
-	if err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	e := &Exporter{cfg: cfg, pool: pool, logger: logger}
-	add := func(name string, db bool, c Collector) {
-		e.collectors = append(e.collectors, &entry{name: name, c: c, db: db})
-	}
-	if cfg.Instances.Enabled {
-		c, err := newInstancesCollector(pool, schema, cfg, logger.With("collector", NameInstances))
+	for _, r := range registry {
+		if !*r.settings(&cfg).enabled() {
+			continue
+		}
+		if r.db && pool == nil {
+			return nil, fmt.Errorf("collector %s needs a database pool", r.name)
+		}
+		c, err := r.build(deps{cfg: &cfg, pool: pool, agent: agent, logger: logger.With("collector", r.name)})
 		if err != nil {
 			return nil, err
 		}
-		add(NameInstances, true, c)
-	}
-	if cfg.Leases.Enabled {
-		add(NameLeases, true, newLeasesCollector(pool, leasesTable, cfg.Leases.MaxSeries, logger.With("collector", NameLeases)))
-	}
-	if cfg.AdvisoryLocks.Enabled {
-		add(NameAdvisoryLocks, true, newAdvisoryLocksCollector(pool, schema, cfg.Source, cfg.AdvisoryLocks.MaxApplications))
-	}
-	if cfg.Statements.Enabled {
-		add(NameStatements, true, newStatementsCollector(pool, patterns, cfg.Statements.CacheSize,
-			logger.With("collector", NameStatements)))
-	}
-	if cfg.Agent.Enabled && agent != nil {
-		add(NameAgent, false, newAgentCollector(agent, cfg.Status))
-	}
-	if pool == nil {
-		for _, c := range e.collectors {
-			if c.db {
-				return nil, fmt.Errorf("collector %s needs a database pool", c.name)
-			}
+		if c != nil {
+			e.collectors = append(e.collectors, &entry{name: r.name, c: c, db: r.db})
 		}
 	}
 	sort.Slice(e.collectors, func(i, j int) bool { return e.collectors[i].name < e.collectors[j].name })

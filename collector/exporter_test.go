@@ -362,7 +362,7 @@ func (s stuck) Update(_ context.Context, out *exposition.Builder) error {
 func TestStragglersAreNotAwaited(t *testing.T) {
 	s := stuck{release: make(chan struct{}), finished: make(chan struct{})}
 	e := &Exporter{cfg: DefaultConfig(), logger: discard(), collectors: []*entry{
-		{name: "agent", c: newAgentCollector(testAgent, nil)},
+		{name: "agent", c: testAgentCollector(t)},
 		{name: "stuck", c: s},
 	}}
 	var once sync.Once
@@ -395,7 +395,7 @@ func TestStragglersAreNotAwaited(t *testing.T) {
 // drops what it sent before failing.
 func TestCollectorFailuresAreContained(t *testing.T) {
 	e := &Exporter{cfg: DefaultConfig(), logger: discard(), collectors: []*entry{
-		{name: "agent", c: newAgentCollector(testAgent, nil)},
+		{name: "agent", c: testAgentCollector(t)},
 		{name: "failing", c: failing{}},
 		{name: "panicky", c: panicky{}},
 	}}

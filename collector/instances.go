@@ -3,18 +3,72 @@ package collector
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
+
+// InstancesConfig configures the instances collector.
+type InstancesConfig struct {
+	Enabled bool
+	// MaxSeries caps pg_liveness_instance_heartbeat_age_seconds; the oldest heartbeats
+	// are kept. 0 exports none.
+	MaxSeries int
+	// MaxServices caps the services exported one by one, those with dead instances first,
+	// then the largest; the rest are summed into service="other". 0 folds every service.
+	MaxServices int
+}
+
+func (s *InstancesConfig) enabled() *bool { return &s.Enabled }
+
+// Defaults of InstancesConfig.
+const (
+	defaultMaxSeries   = 500
+	defaultMaxServices = 500
+)
+
+func (s *InstancesConfig) defaults() {
+	s.MaxSeries, s.MaxServices = defaultMaxSeries, defaultMaxServices
+}
+
+func (s *InstancesConfig) flags(app *kingpin.Application) {
+	app.Flag("collector.instances.max-series",
+		"Most pg_liveness_instance_heartbeat_age_seconds series to export; the oldest heartbeats are kept.").
+		Default(strconv.Itoa(s.MaxSeries)).IntVar(&s.MaxSeries)
+	app.Flag("collector.instances.max-services",
+		`Most services whose instance counts are exported one by one, those with dead instances first; the rest are summed into service="other".`).
+		Default(strconv.Itoa(s.MaxServices)).IntVar(&s.MaxServices)
+}
+
+func (s *InstancesConfig) check(c *Config) error {
+	// A Whizbang source brings its own timing, checked with the source.
+	whizbang := c.Source.Kind == SourceWhizbang
+	if !whizbang && c.StaleThreshold <= 0 {
+		return fmt.Errorf("--agent.stale-threshold must be positive, got %s", c.StaleThreshold)
+	}
+	if !whizbang && c.DefinitiveDeadCutoff <= c.StaleThreshold {
+		return fmt.Errorf("--agent.definitive-dead-cutoff (%s) must be above --agent.stale-threshold (%s)",
+			c.DefinitiveDeadCutoff, c.StaleThreshold)
+	}
+	if s.MaxSeries < 0 {
+		return fmt.Errorf("--collector.instances.max-series must be 0 or more, got %d", s.MaxSeries)
+	}
+	if s.MaxServices < 0 {
+		return fmt.Errorf("--collector.instances.max-services must be 0 or more, got %d", s.MaxServices)
+	}
+	return nil
+}
 
 // Instance states, as the migrations' instance_state_verdicts defines them (the one definition):
 // alive (lock held, fresh heartbeat), lock_only (lock held, stale heartbeat), lock_lost
@@ -107,14 +161,15 @@ type instancesCollector struct {
 	standby            logging.Repeats // logged when the database becomes a standby, and stops being one
 }
 
-func newInstancesCollector(pool *pgxpool.Pool, schema string, cfg Config, log *slog.Logger) (*instancesCollector, error) {
-	sql, extra, stale, dead, err := instancesStatement(schema, cfg)
+func newInstancesCollector(d deps) (Collector, error) {
+	cfg := d.cfg
+	sql, extra, stale, dead, err := instancesStatement(d.schema(), *cfg)
 	if err != nil {
 		return nil, err
 	}
 	c := &instancesCollector{
-		log:         log,
-		pool:        pool,
+		log:         d.logger,
+		pool:        d.pool,
 		sql:         sql,
 		extraArgs:   extra,
 		stale:       stale,

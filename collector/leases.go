@@ -3,11 +3,15 @@ package collector
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,6 +19,59 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
+
+// LeasesConfig configures the leases collector.
+type LeasesConfig struct {
+	Enabled bool
+	// Table is "table" or "schema.table"; "" means <Schema>.leases.
+	Table string
+	// MaxSeries caps the leases exported one by one, the most urgent (expired, or
+	// soonest to expire) first; the rest are exported together as lease="other".
+	MaxSeries int
+}
+
+func (s *LeasesConfig) enabled() *bool { return &s.Enabled }
+
+// defaultMaxLeases is LeasesConfig.MaxSeries' default.
+const defaultMaxLeases = 500
+
+func (s *LeasesConfig) defaults() { s.MaxSeries = defaultMaxLeases }
+
+func (s *LeasesConfig) flags(app *kingpin.Application) {
+	app.Flag("collector.leases.table",
+		`Leases table, as "table" or "schema.table" (default: <db.schema>.leases; with --source=whizbang, none unless given). A plain table without an epoch column works too.`).
+		PlaceHolder("TABLE").StringVar(&s.Table)
+	app.Flag("collector.leases.max-series",
+		`Most leases exported one by one, the most urgent first; the rest are exported together as lease="other".`).
+		Default(strconv.Itoa(s.MaxSeries)).IntVar(&s.MaxSeries)
+}
+
+func (s *LeasesConfig) check(c *Config) error {
+	if _, err := parseTable(s.Table, c.Schema); err != nil {
+		return fmt.Errorf("--collector.leases.table: %w", err)
+	}
+	if s.MaxSeries < 0 {
+		return fmt.Errorf("--collector.leases.max-series must be 0 or more, got %d", s.MaxSeries)
+	}
+	return nil
+}
+
+// parseTable renders "table" or "schema.table" as a quoted identifier.
+func parseTable(s, schema string) (string, error) {
+	if s == "" {
+		return pgx.Identifier{schema, "leases"}.Sanitize(), nil
+	}
+	parts := strings.Split(s, ".")
+	if len(parts) > 2 {
+		return "", fmt.Errorf(`%q: want "table" or "schema.table"`, s)
+	}
+	for _, p := range parts {
+		if p == "" {
+			return "", fmt.Errorf(`%q: want "table" or "schema.table"`, s)
+		}
+	}
+	return pgx.Identifier(parts).Sanitize(), nil
+}
 
 // leasesSQL reads the leases by the database clock, folded in the database so that only
 // the exported rows travel. Nothing is assumed of a foreign table: names may repeat and
@@ -131,15 +188,19 @@ type leasesCollector struct {
 	sql   string
 }
 
-func newLeasesCollector(pool *pgxpool.Pool, table string, maxSeries int, logger *slog.Logger) *leasesCollector {
+func newLeasesCollector(d deps) (Collector, error) {
 	const lease = "lease"
+	table, err := parseTable(d.cfg.Leases.Table, d.cfg.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("--collector.leases.table: %w", err)
+	}
 	return &leasesCollector{
-		pool:      pool,
+		pool:      d.pool,
 		table:     table,
 		shape:     ourLeasesShape, // corrected by the first scrape for another table
 		sql:       leasesFor(table, ourLeasesShape),
-		maxSeries: maxSeries,
-		logger:    logger,
+		maxSeries: d.cfg.Leases.MaxSeries,
+		logger:    d.logger,
 		expiresIn: gauge("lease_expires_in_seconds",
 			`Seconds until the lease expires by the database clock; negative once expired. For lease="other", the soonest of the folded leases.`, lease),
 		held: gauge("lease_held",
@@ -157,7 +218,7 @@ func newLeasesCollector(pool *pgxpool.Pool, table string, maxSeries int, logger 
 			"Rows of the leases table that are not one clean lease, in this scrape: duplicate_name (extra rows of a name; the one expiring last is exported), "+
 				"null_name (rows skipped), null_value (a NULL holder, taken_at or expires_at; the rest is exported), invalid_utf8 (bytes replaced in an exported label).",
 			"kind"),
-	}
+	}, nil
 }
 
 // leaseRow is one row of leasesSQL: an exported lease, or the summary (Folded set). The

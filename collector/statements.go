@@ -3,9 +3,13 @@ package collector
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"regexp"
+	"strconv"
 	"strings"
 
+	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,6 +17,95 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
+
+// StatementsConfig configures the statements collector.
+type StatementsConfig struct {
+	Enabled bool
+	// Patterns are "name=regex" pairs, merged over DefaultStatementPatterns by name; an
+	// empty regex removes a default. The first pattern that matches a query text wins.
+	Patterns []string
+	// CacheSize bounds the queryid classification cache.
+	CacheSize int
+}
+
+// DefaultStatementPatterns match the tag comments the liveness package puts in front of
+// every statement it sends: /* pg_liveness:<name> */.
+var DefaultStatementPatterns = []string{
+	`heartbeat=pg_liveness:heartbeat\b`,
+	`heartbeat_delete=pg_liveness:heartbeat_delete\b`,
+	`lease_acquire=pg_liveness:lease_acquire\b`,
+	`lease_renew=pg_liveness:lease_renew\b`,
+	`lease_release=pg_liveness:lease_release\b`,
+	`cleanup=pg_liveness:cleanup\b`,
+	`alive_lock_claim=pg_liveness:alive_lock_claim\b`,
+	`alive_lock_verify=pg_liveness:alive_lock_verify\b`,
+}
+
+func (s *StatementsConfig) enabled() *bool { return &s.Enabled }
+
+// defaultStatementsCacheSize is StatementsConfig.CacheSize's default.
+const defaultStatementsCacheSize = 10000
+
+func (s *StatementsConfig) defaults() { s.CacheSize = defaultStatementsCacheSize }
+
+func (s *StatementsConfig) flags(app *kingpin.Application) {
+	app.Flag("collector.statements.pattern",
+		`Classify pg_stat_statements entries whose query text matches regex as statement="name", as name=regex. Repeatable; merged over the defaults by name (an empty regex removes one). Defaults: `+
+			strings.Join(DefaultStatementPatterns, ", ")).
+		PlaceHolder("NAME=REGEX").StringsVar(&s.Patterns)
+	app.Flag("collector.statements.cache-size",
+		"Most pg_stat_statements queryids whose classification is remembered.").
+		Default(strconv.Itoa(s.CacheSize)).IntVar(&s.CacheSize)
+}
+
+func (s *StatementsConfig) check(*Config) error {
+	if s.CacheSize < 1 {
+		return fmt.Errorf("--collector.statements.cache-size must be at least 1, got %d", s.CacheSize)
+	}
+	if _, err := parsePatterns(s.Patterns); err != nil {
+		return fmt.Errorf("--collector.statements.pattern: %w", err)
+	}
+	return nil
+}
+
+// statementPattern is one parsed --collector.statements.pattern.
+type statementPattern struct {
+	name string
+	re   *regexp.Regexp
+}
+
+// parsePatterns merges the given name=regex pairs over the defaults.
+func parsePatterns(given []string) ([]statementPattern, error) {
+	var out []statementPattern
+	index := map[string]int{}
+	for _, s := range append(append([]string(nil), DefaultStatementPatterns...), given...) {
+		name, expr, ok := strings.Cut(s, "=")
+		name = strings.TrimSpace(name)
+		if !ok || name == "" {
+			return nil, fmt.Errorf("%q: want name=regex", s)
+		}
+		var re *regexp.Regexp // nil removes the name
+		if expr != "" {
+			var err error
+			if re, err = regexp.Compile(expr); err != nil {
+				return nil, fmt.Errorf("%q: %w", s, err)
+			}
+		}
+		if j, seen := index[name]; seen {
+			out[j].re = re
+			continue
+		}
+		index[name] = len(out)
+		out = append(out, statementPattern{name: name, re: re})
+	}
+	kept := out[:0]
+	for _, p := range out {
+		if p.re != nil {
+			kept = append(kept, p)
+		}
+	}
+	return kept, nil
+}
 
 // extensionSchemaSQL finds where pg_stat_statements is installed; it may be any schema.
 const extensionSchemaSQL = `
@@ -27,7 +120,11 @@ SELECT n.nspname::text
 // unless $2 asks for all of them; a last row sums up every entry (count and two hashes
 // of the queryids), so that a change in the set of entries (a new one: unclassified) is
 // seen without reading them all. {ext} is the extension's schema as a quoted identifier.
-// Entries whose queryid is hidden from this role are skipped.
+// Entries whose queryid is hidden from this role are skipped. Its rows are scanned by
+// name into statsRow. It is one statement, not a batch of two, on purpose: the entries
+// and the summary come from one read of pg_stat_statements, which is no transactional
+// snapshot; from two, an entry new in the summary could be missing from the entries read
+// in full, and would not be classified until the set changed again.
 const (
 	statsSQL = `
 WITH s AS MATERIALIZED (
@@ -36,7 +133,8 @@ WITH s AS MATERIALIZED (
      WHERE s.dbid = (SELECT d.oid FROM pg_catalog.pg_database d
                       WHERE d.datname = pg_catalog.current_database())
        AND s.queryid IS NOT NULL)
-SELECT s.userid, s.queryid, s.toplevel, s.calls, s.seconds, s.rows, NULL::bigint, NULL::bigint, NULL::bigint
+SELECT s.userid, s.queryid, s.toplevel, s.calls, s.seconds, s.rows,
+       NULL::bigint AS entries, NULL::bigint AS hash1, NULL::bigint AS hash2
   FROM s WHERE $2 OR s.queryid = ANY($1)
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, count(*), coalesce(sum(pg_catalog.hashint8(s.queryid)), 0),
@@ -101,13 +199,17 @@ type statementsCollector struct {
 	totals       []stmtCounts           // by pattern index
 }
 
-func newStatementsCollector(pool *pgxpool.Pool, patterns []statementPattern, cacheSize int, logger *slog.Logger) *statementsCollector {
+func newStatementsCollector(d deps) (Collector, error) {
 	const stmt = "statement"
+	patterns, err := parsePatterns(d.cfg.Statements.Patterns)
+	if err != nil {
+		return nil, fmt.Errorf("--collector.statements.pattern: %w", err)
+	}
 	return &statementsCollector{
-		pool:      pool,
+		pool:      d.pool,
 		patterns:  patterns,
-		cacheSize: cacheSize,
-		logger:    logger,
+		cacheSize: d.cfg.Statements.CacheSize,
+		logger:    d.logger,
 		calls: counter("statement_calls_total",
 			"Calls of the statements whose query text matches the named --collector.statements.pattern, from pg_stat_statements.", stmt),
 		seconds: counter("statement_seconds_total",
@@ -120,7 +222,7 @@ func newStatementsCollector(pool *pgxpool.Pool, patterns []statementPattern, cac
 		class:  map[int64]int{},
 		last:   map[stmtKey]stmtCounts{},
 		totals: make([]stmtCounts, len(patterns)),
-	}
+	}, nil
 }
 
 type stmtRow struct {
@@ -128,6 +230,9 @@ type stmtRow struct {
 	stmtCounts
 }
 
+// Update runs one scrape in named steps, one scrape at a time: read the counters (or say
+// why they cannot be read), classify new entries, add each entry's increments to its
+// pattern's totals, and add the totals to out.
 func (c *statementsCollector) Update(ctx context.Context, out *exposition.Builder) error {
 	select {
 	case c.sem <- struct{}{}:
@@ -136,29 +241,50 @@ func (c *statementsCollector) Update(ctx context.Context, out *exposition.Builde
 	}
 	defer func() { <-c.sem }()
 
-	var entries []stmtRow
+	entries, problem, err := c.read(ctx)
+	if err != nil {
+		return err
+	}
+	if problem != "" {
+		c.unavailable(out, problem)
+		return nil
+	}
+	uncached, err := c.classify(ctx, entries)
+	if err != nil {
+		return err
+	}
+	c.rememberMatching(uncached)
+	c.problem.Clear(c.logger, "pg_stat_statements is available again")
+	c.account(entries, uncached)
+	c.emit(out)
+	return nil
+}
+
+// read reads the counters, after looking the extension up when its schema is not known,
+// and once more when it was dropped or moved since. A problem says why
+// pg_stat_statements cannot be read in this database, which is no failure of the scrape.
+func (c *statementsCollector) read(ctx context.Context) (entries []stmtRow, problem string, err error) {
 	for attempt := 1; ; attempt++ {
 		if c.stats == "" {
 			found, err := c.lookup(ctx)
 			if err != nil {
-				return err
+				return nil, "", err
 			}
 			if !found {
-				c.unavailable(out, "the pg_stat_statements extension is not installed in this database (CREATE EXTENSION pg_stat_statements)")
-				return nil
+				return nil, "the pg_stat_statements extension is not installed in this database (CREATE EXTENSION pg_stat_statements)", nil
 			}
 		}
-		var err error
-		if entries, err = c.readStats(ctx); err == nil {
-			break
+		entries, err := c.readStats(ctx)
+		if err == nil {
+			return entries, "", nil
 		}
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) {
-			return err
+			return nil, "", err
 		}
 		lookAgain, ok := unavailableCodes[pgErr.Code]
 		if !ok {
-			return err
+			return nil, "", err
 		}
 		if lookAgain {
 			c.stats, c.texts, c.complete = "", "", false
@@ -166,24 +292,30 @@ func (c *statementsCollector) Update(ctx context.Context, out *exposition.Builde
 				continue // dropped or moved since the lookup: look it up now
 			}
 		}
-		c.unavailable(out, "pg_stat_statements cannot be read: "+pgErr.Message)
-		return nil
+		return nil, "pg_stat_statements cannot be read: " + pgErr.Message, nil
 	}
-	uncached, err := c.classify(ctx, entries)
-	if err != nil {
-		return err
+}
+
+// rememberMatching keeps the queryids that match a pattern after the entries were read
+// in full, for the next scrapes' reads of only those; uncached is what classify could
+// not keep in the cache.
+func (c *statementsCollector) rememberMatching(uncached map[int64]int) {
+	if c.complete && uncached == nil {
+		return
 	}
-	if !c.complete || uncached != nil { // entries read in full: remember what matches
-		c.complete = uncached == nil
-		c.matching = c.matching[:0]
-		for id, idx := range c.class {
-			if idx >= 0 {
-				c.matching = append(c.matching, id)
-			}
+	c.complete = uncached == nil
+	c.matching = c.matching[:0]
+	for id, idx := range c.class {
+		if idx >= 0 {
+			c.matching = append(c.matching, id)
 		}
 	}
-	c.problem.Clear(c.logger, "pg_stat_statements is available again")
+}
 
+// account adds each classified entry's increment since the last scrape to its pattern's
+// totals, and remembers the entries' counters for the next scrape, forgetting evicted
+// ones.
+func (c *statementsCollector) account(entries []stmtRow, uncached map[int64]int) {
 	next := make(map[stmtKey]stmtCounts, len(c.last))
 	for _, e := range entries {
 		idx, ok := c.class[e.key.queryid]
@@ -202,15 +334,17 @@ func (c *statementsCollector) Update(ctx context.Context, out *exposition.Builde
 		c.totals[idx].rows += inc.rows
 		next[e.key] = e.stmtCounts
 	}
-	c.last = next // forgets evicted entries
+	c.last = next
+}
 
+// emit adds every pattern's totals to out.
+func (c *statementsCollector) emit(out *exposition.Builder) {
 	for i, p := range c.patterns {
 		out.Add(c.calls, c.totals[i].calls, p.name)
 		out.Add(c.seconds, c.totals[i].seconds, p.name)
 		out.Add(c.rows, c.totals[i].rows, p.name)
 	}
 	out.Add(c.available, 1)
-	return nil
 }
 
 // lookup finds the extension's schema and renders the statements for it.
@@ -259,25 +393,32 @@ func (c *statementsCollector) queryStats(ctx context.Context, all bool) ([]stmtR
 		out = make([]stmtRow, 0, len(c.class))
 	}
 	for rows.Next() {
-		var (
-			userid            *uint32
-			queryid           *int64
-			toplevel          *bool
-			calls, nrow       *int64
-			seconds           *float64
-			count, sum1, sum2 *int64
-		)
-		if err := rows.Scan(&userid, &queryid, &toplevel, &calls, &seconds, &nrow, &count, &sum1, &sum2); err != nil {
+		r, err := pgx.RowToStructByName[statsRow](rows)
+		if err != nil {
 			return nil, summary, err
 		}
-		if count != nil {
-			summary = [3]int64{*count, *sum1, *sum2}
+		if r.Entries != nil {
+			summary = [3]int64{*r.Entries, *r.Hash1, *r.Hash2}
 			continue
 		}
-		out = append(out, stmtRow{key: stmtKey{userid: *userid, queryid: *queryid, toplevel: *toplevel},
-			stmtCounts: stmtCounts{calls: float64(*calls), seconds: *seconds, rows: float64(*nrow)}})
+		out = append(out, stmtRow{key: stmtKey{userid: *r.UserID, queryid: *r.QueryID, toplevel: *r.TopLevel},
+			stmtCounts: stmtCounts{calls: float64(*r.Calls), seconds: *r.Seconds, rows: float64(*r.Rows)}})
 	}
 	return out, summary, rows.Err()
+}
+
+// statsRow is one row of statsSQL: an entry's counters, or (Entries set) the summary of
+// all entries: how many, and two sums of hashes of their queryids.
+type statsRow struct {
+	UserID   *uint32  `db:"userid"`
+	QueryID  *int64   `db:"queryid"`
+	TopLevel *bool    `db:"toplevel"`
+	Calls    *int64   `db:"calls"`
+	Seconds  *float64 `db:"seconds"`
+	Rows     *int64   `db:"rows"`
+	Entries  *int64   `db:"entries"`
+	Hash1    *int64   `db:"hash1"`
+	Hash2    *int64   `db:"hash2"`
 }
 
 // classify fetches the texts of queryids not seen before, in one round trip, and

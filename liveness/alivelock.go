@@ -316,8 +316,10 @@ func backoff(attempt int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// session runs one connection: claim, then verify or re-claim every verifyEvery, while a
-// read on the idle connection notices at once when the server ends the session.
+// session runs one connection in two states, as long as the connection lasts: claiming
+// until the lock is held, then holding (verifying) until it is not, and claiming again.
+// Between statements a read on the idle connection notices at once when the server ends
+// the session. It reports whether the lock was held at some point.
 func (a *AliveLock) session(ctx context.Context) (held bool) {
 	cctx, cancel := context.WithTimeout(ctx, aliveLockConnectTimeout)
 	conn, err := pgx.ConnectConfig(cctx, a.connCfg)
@@ -347,36 +349,121 @@ func (a *AliveLock) session(ctx context.Context) (held bool) {
 	}
 
 	a.lastExchange = time.Now()
-	for a.tick(ctx, conn) {
-		held = held || a.held.Load()
-		// While not held, claim again soon: the previous session's backend may just not
-		// have exited yet.
-		wait := a.verifyEvery
-		if !a.held.Load() {
-			wait = min(wait, reclaimEvery)
+	for {
+		if !a.runClaimingState(ctx, conn) {
+			return held
 		}
-		wctx, cancel := context.WithTimeout(ctx, wait)
-		err := conn.PgConn().WaitForNotification(wctx)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err == nil:
-			// A notification, though this session never listens: nothing to do.
-		case pgconn.Timeout(err) && !conn.IsClosed():
-			// Time for the next verification.
-		default:
-			a.report("lost", slog.LevelWarn, "alive lock connection lost; reconnecting",
-				"held_before", a.held.Load(), "error", err)
-			return
+		held = true
+		if !a.runHoldingState(ctx, conn) {
+			return held
 		}
 	}
-	return held
 }
 
-// tick claims the lock when not held and verifies it when held. It returns false when the
-// connection must be dropped and opened again.
-func (a *AliveLock) tick(ctx context.Context, conn *pgx.Conn) bool {
+// runClaimingState claims the lock until it is held, and returns true then. While another
+// session holds it (a duplicate, or this instance's previous backend that has not exited
+// yet) or the server refuses the claim, it claims again every reclaimEvery (or
+// verifyEvery, when shorter). It returns false when the connection must be dropped.
+func (a *AliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
+	for {
+		ans, backendPID := a.ask(ctx, conn, a.claimSQL, a.instanceID, int64(conn.PgConn().PID()))
+		switch ans {
+		case answerDrop:
+			return false
+		case answerHeld:
+			a.claims.Add(1)
+			a.setDuplicate(false)
+			a.setHeld(true)
+			a.report("held", slog.LevelInfo, "alive lock held", "backend_pid", backendPID)
+			a.settledOnce()
+			return true
+		case answerNotHeld:
+			a.setDuplicate(true)
+			a.report("duplicate", slog.LevelWarn,
+				"alive lock held by another session: a duplicate instance id, or this instance's previous "+
+					"session not yet ended; retrying, the heartbeat goes on at the fast cadence",
+				"backend_pid", backendPID)
+			a.settledOnce()
+		}
+		if !a.wait(ctx, conn, min(a.verifyEvery, reclaimEvery)) {
+			return false
+		}
+	}
+}
+
+// runHoldingState verifies every verifyEvery, on the session's own backend, that the lock
+// is still held. It returns true once it is not (it vanished, the server refused the
+// verification, or the statements run on another backend), after the pause before the
+// next claim, and false when the connection must be dropped.
+func (a *AliveLock) runHoldingState(ctx context.Context, conn *pgx.Conn) bool {
+	for {
+		if !a.wait(ctx, conn, a.verifyEvery) {
+			return false
+		}
+		ans, backendPID := a.ask(ctx, conn, a.verifySQL, a.instanceID)
+		switch ans {
+		case answerDrop:
+			return false
+		case answerHeld:
+			a.setDuplicate(false)
+			a.setHeld(true)
+			a.report("held", slog.LevelInfo, "alive lock held", "backend_pid", backendPID)
+			a.settledOnce()
+			continue
+		case answerNotHeld:
+			a.setHeld(false)
+			a.report("vanished", slog.LevelWarn, "alive lock no longer held by this session; re-claiming",
+				"backend_pid", backendPID)
+			a.settledOnce()
+		}
+		// Claim again soon, not at once: the backend that held it may just not have
+		// exited yet.
+		return a.wait(ctx, conn, min(a.verifyEvery, reclaimEvery))
+	}
+}
+
+// wait waits d on the idle connection, whose read notices at once when the server ends
+// the session. It returns false when ctx ended or the connection was lost (reported).
+func (a *AliveLock) wait(ctx context.Context, conn *pgx.Conn, d time.Duration) bool {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	err := conn.PgConn().WaitForNotification(wctx)
+	cancel()
+	switch {
+	case ctx.Err() != nil:
+		return false
+	case err == nil:
+		// A notification, though this session never listens: nothing to do.
+	case pgconn.Timeout(err) && !conn.IsClosed():
+		// Time for the next statement.
+	default:
+		a.report("lost", slog.LevelWarn, "alive lock connection lost; reconnecting",
+			"held_before", a.held.Load(), "error", err)
+		return false
+	}
+	return true
+}
+
+// answer is what a claim or a verification came to.
+type answer int
+
+const (
+	// answerDrop: the connection failed, or ctx ended. Drop it and connect again.
+	answerDrop answer = iota
+	// answerNone: no answer to act on, already reported and Held cleared: the server
+	// refused the statement (the objects may be missing), or it ran on another backend
+	// than the session's own (a pooler). The connection stays.
+	answerNone
+	// answerHeld: this session holds the lock.
+	answerHeld
+	// answerNotHeld: it does not: another session holds it (a claim), or it vanished
+	// (a verification).
+	answerNotHeld
+)
+
+// ask sends the claim or the verification sql and checks that it ran on the session's
+// own backend. With answerHeld and answerNotHeld it returns that backend's pid; the
+// caller acts on the answer and then settles the first claim.
+func (a *AliveLock) ask(ctx context.Context, conn *pgx.Conn, sql string, args ...any) (answer, int64) {
 	// The server frees the lock of a client it has not heard from for its keepalive
 	// time; the client socket gives up one probe earlier, counted from the last exchange.
 	// A statement sent late in that span must not push this side's giving up past it.
@@ -393,31 +480,25 @@ func (a *AliveLock) tick(ctx context.Context, conn *pgx.Conn) bool {
 	startupPID := int64(conn.PgConn().PID())
 	var backendPID int64
 	var ok *bool // NULL from the claim when this is not our own session
-	claiming := !a.held.Load()
-	sql, args := a.verifySQL, []any{a.instanceID}
-	if claiming {
-		sql, args = a.claimSQL, []any{a.instanceID, startupPID}
-	}
 	err := conn.QueryRow(qctx, sql, args...).Scan(&backendPID, &ok)
 	if err != nil {
 		a.setHeld(false)
 		if ctx.Err() != nil {
-			return false
+			return answerDrop, 0
 		}
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && !conn.IsClosed() {
 			// The server answered, so the connection is fine; the objects may be missing
-			// (migrations not applied yet). Try again on the next tick.
-			a.settle.Do(func() { close(a.settled) })
+			// (migrations not applied yet). Try again on the next claim.
+			a.settledOnce()
 			a.report("error:"+pgErr.Code, slog.LevelError,
 				"alive lock claim failed; the heartbeat goes on at the fast cadence",
 				"error", err)
-			return true
+			return answerNone, 0
 		}
 		a.report("lost", slog.LevelWarn, "alive lock connection failed; reconnecting", "error", err)
-		return false
+		return answerDrop, 0
 	}
-	defer a.settle.Do(func() { close(a.settled) })
 	a.lastExchange = sent
 	if backendPID != startupPID {
 		a.setHeld(false)
@@ -426,34 +507,22 @@ func (a *AliveLock) tick(ctx context.Context, conn *pgx.Conn) bool {
 				"server opened for it, so the direct DSN most likely points at PgBouncer in transaction "+
 				"pooling mode (or another pooler); point the direct DSN at PostgreSQL itself",
 			"startup_pid", startupPID, "backend_pid", backendPID)
-		return true
+		a.settledOnce()
+		return answerNone, 0
 	}
-	switch {
-	case ok != nil && *ok:
-		if claiming {
-			a.claims.Add(1)
-		}
-		a.setDuplicate(false)
-		a.setHeld(true)
-		a.report("held", slog.LevelInfo, "alive lock held", "backend_pid", backendPID)
-	case claiming:
-		a.setDuplicate(true)
-		a.report("duplicate", slog.LevelWarn,
-			"alive lock held by another session: a duplicate instance id, or this instance's previous "+
-				"session not yet ended; retrying, the heartbeat goes on at the fast cadence",
-			"backend_pid", backendPID)
-	default:
-		a.setHeld(false)
-		a.report("vanished", slog.LevelWarn, "alive lock no longer held by this session; re-claiming",
-			"backend_pid", backendPID)
+	if ok != nil && *ok {
+		return answerHeld, backendPID
 	}
-	return true
+	return answerNotHeld, backendPID
 }
+
+// settledOnce closes Settled, once: the first claim has an answer.
+func (a *AliveLock) settledOnce() { a.settle.Do(func() { close(a.settled) }) }
 
 func (a *AliveLock) connectFailed(err error) {
 	// The first claim has an answer too: there will be none for now. The heartbeat need
 	// not wait for it.
-	a.settle.Do(func() { close(a.settled) })
+	a.settledOnce()
 	if strings.Contains(err.Error(), "unsupported startup parameter") {
 		a.report("connect:pooler", slog.LevelError,
 			"alive lock cannot connect: the server refused the keepalive startup parameters, so the "+

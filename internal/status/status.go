@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
@@ -453,51 +454,43 @@ func (h *Handler) readLocks(ctx context.Context) (*LocksView, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
+	read, err := pgx.CollectRows(rows, pgx.RowToStructByName[collector.AdvisoryLocksRow])
+	if err != nil {
+		return nil, err
+	}
 	v := &LocksView{Applications: []AppView{}}
 	apps := map[string]*AppView{}
-	for rows.Next() {
-		var (
-			kind, a, b              string
-			count, holders, waiters int64
-			idleMax                 float64
-		)
-		if err := rows.Scan(&kind, &a, &b, &count, &holders, &waiters, &idleMax); err != nil {
-			return nil, err
-		}
-		if kind == "locks" {
+	for _, r := range read {
+		if r.Kind == "locks" {
 			switch {
-			case a == "alive_lock" && b == "true":
-				v.AliveLocksGranted += int(count)
-			case a == "alive_lock":
-				v.AliveLocksWaiting += int(count)
-			case b == "true":
-				v.OtherGranted += int(count)
+			case r.Name == "alive_lock" && r.State == "true":
+				v.AliveLocksGranted += int(r.Count)
+			case r.Name == "alive_lock":
+				v.AliveLocksWaiting += int(r.Count)
+			case r.State == "true":
+				v.OtherGranted += int(r.Count)
 			default:
-				v.OtherWaiting += int(count)
+				v.OtherWaiting += int(r.Count)
 			}
 			continue
 		}
-		app := apps[a]
+		app := apps[r.Name]
 		if app == nil {
-			app = &AppView{Name: a, ByState: map[string]int{}, HoldersByState: map[string]int{},
-				AliveLockSessions: strings.HasSuffix(a, ":alive-lock")}
-			apps[a] = app
+			app = &AppView{Name: r.Name, ByState: map[string]int{}, HoldersByState: map[string]int{},
+				AliveLockSessions: strings.HasSuffix(r.Name, ":alive-lock")}
+			apps[r.Name] = app
 		}
-		state := cmp.Or(b, "unknown")
-		app.Backends += int(count)
-		app.ByState[state] += int(count)
-		if holders > 0 {
-			app.HoldersByState[state] += int(holders)
+		state := cmp.Or(r.State, "unknown")
+		app.Backends += int(r.Count)
+		app.ByState[state] += int(r.Count)
+		if r.Holders > 0 {
+			app.HoldersByState[state] += int(r.Holders)
 		}
 		if strings.HasPrefix(state, "idle") {
-			app.IdleHolders += int(holders)
+			app.IdleHolders += int(r.Holders)
 		}
-		app.Waiters += int(waiters)
-		app.IdleHolderMaxSeconds = max(app.IdleHolderMaxSeconds, idleMax)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
+		app.Waiters += int(r.Waiters)
+		app.IdleHolderMaxSeconds = max(app.IdleHolderMaxSeconds, r.IdleHolderMaxSeconds)
 	}
 	for _, a := range apps {
 		if a.Backends > 0 {
