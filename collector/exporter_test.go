@@ -16,6 +16,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 var dbCollectors = []string{NameAdvisoryLocks, NameInstances, NameLeases, NameStatements}
@@ -124,7 +125,7 @@ func TestScrapeDeadline(t *testing.T) {
 	if _, ok := mfs["pg_liveness_lease_held"]; ok {
 		t.Error("a collector that missed the deadline exported metrics")
 	}
-	waitFor(t, 3*time.Second, "the straggler to release its connection", func() bool {
+	testutil.Eventually(t, 3*time.Second, "the straggler to release its connection", func() bool {
 		return pool.Stat().AcquiredConns() == 0
 	})
 }

@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
@@ -137,15 +138,15 @@ func newScenario(t *testing.T) *pgtest.DB {
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() }) // runs before the connections close
 	wg.Go(func() { _, _ = active.Exec(ctx, `SELECT pg_sleep(60)`) })
-	waitFor(t, 10*time.Second, "the active holder", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the active holder", func() bool {
 		return count(t, db, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'jobs' AND state = 'active'`) == 1
 	})
 	wg.Go(func() { _, _ = waiter.Exec(ctx, `SELECT pg_advisory_lock(42)`) })
-	waitFor(t, 10*time.Second, "the waiter", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the waiter", func() bool {
 		return count(t, db, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) == 1
 	})
 	// The setup connection and the pollers must be gone: 5 client backends remain.
-	waitFor(t, 10*time.Second, "short-lived backends to exit", func() bool {
+	testutil.Eventually(t, 10*time.Second, "short-lived backends to exit", func() bool {
 		return count(t, db, `SELECT count(*) FROM pg_stat_activity
 		                      WHERE datname = current_database() AND backend_type = 'client backend'
 		                        AND pid <> pg_backend_pid()`) == 5

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
@@ -34,17 +35,6 @@ func agentConfig(db *pgtest.DB, pool *pgxpool.Pool) liveness.AgentConfig {
 		HeartbeatInterval: 200 * time.Millisecond, HeartbeatSlowInterval: 400 * time.Millisecond,
 		StaleThreshold: time.Second, DefinitiveDeadCutoff: 3 * time.Second,
 		Reaper: true, ReaperInterval: 200 * time.Millisecond, ReaperLeaseTTL: 2 * time.Second,
-	}
-}
-
-func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -114,14 +104,14 @@ func TestAgentParticipatesAndShutsDownCleanly(t *testing.T) {
 	go func() { done <- agent.Run(ctx); close(finished) }()
 	t.Cleanup(func() { stop(); <-finished })
 
-	waitUntil(t, 10*time.Second, "alive lock held and a beat written", func() bool {
+	testutil.Eventually(t, 10*time.Second, "alive lock held and a beat written", func() bool {
 		s := agent.Snapshot()
 		return s.AliveLock.Held && s.Heartbeat.Beats > 0
 	})
-	waitUntil(t, 10*time.Second, "slow cadence while the lock is held", func() bool {
+	testutil.Eventually(t, 10*time.Second, "slow cadence while the lock is held", func() bool {
 		return agent.Snapshot().Heartbeat.Interval == cfg.HeartbeatSlowInterval
 	})
-	waitUntil(t, 10*time.Second, "the dead instance reaped and counted", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the dead instance reaped and counted", func() bool {
 		_, row := isAlive(t, pool, dead)
 		return !row && agent.Snapshot().Reaped >= 1
 	})
@@ -147,7 +137,7 @@ func TestAgentParticipatesAndShutsDownCleanly(t *testing.T) {
 	}
 	// Gone at once: no row, and the lock session is closed (the backend may take a moment
 	// to exit after the client's Terminate).
-	waitUntil(t, 5*time.Second, "instance dead after shutdown", func() bool {
+	testutil.Eventually(t, 5*time.Second, "instance dead after shutdown", func() bool {
 		alive, row := isAlive(t, pool, cfg.InstanceID)
 		return !alive && !row
 	})
@@ -271,7 +261,7 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 		}
 	}()
 	t.Cleanup(func() { stop(); <-finished })
-	waitUntil(t, 10*time.Second, "alive lock held and a beat written", func() bool {
+	testutil.Eventually(t, 10*time.Second, "alive lock held and a beat written", func() bool {
 		s := agent.Snapshot()
 		return s.AliveLock.Held && s.Heartbeat.Beats > 0
 	})
@@ -282,7 +272,7 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = locker.Exec(context.Background(), `ROLLBACK`) })
-	waitUntil(t, 20*time.Second, "a beat and a reap round wait for the instances table", func() bool {
+	testutil.Eventually(t, 20*time.Second, "a beat and a reap round wait for the instances table", func() bool {
 		var beat, reap bool
 		if err := pool.QueryRow(bg, `SELECT
 			coalesce(bool_or(query LIKE '%pg_liveness:heartbeat %'), false),
@@ -325,7 +315,7 @@ func TestAgentDuplicateInstanceWritesNothing(t *testing.T) {
 	done1 := make(chan error, 1)
 	go func() { done1 <- a1.Run(ctx1) }()
 	t.Cleanup(func() { stop1(); <-done1 })
-	waitUntil(t, 10*time.Second, "the first agent holds its lock and beat", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the first agent holds its lock and beat", func() bool {
 		s := a1.Snapshot()
 		return s.AliveLock.Held && s.Heartbeat.Beats > 0
 	})
@@ -399,7 +389,7 @@ func TestAgentNeedsTheSchema(t *testing.T) {
 	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 20*time.Second, "the waiting agent joins once the migrations are applied", func() bool {
+	testutil.Eventually(t, 20*time.Second, "the waiting agent joins once the migrations are applied", func() bool {
 		s := waiting.Snapshot()
 		return s.AliveLock.Held && s.Heartbeat.Beats > 0
 	})

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -62,19 +63,6 @@ func runUntilCleanup(t *testing.T, run func(context.Context) error) (stop func()
 	}
 	t.Cleanup(stop)
 	return stop
-}
-
-// eventually polls cond every 10 ms and fails the test when it is still false after
-// within.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // logRecorder is a slog handler that keeps every record, debug included.
@@ -488,7 +476,7 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 		db, pool := livenessDB(t, ctx)
 		db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 		lock := startAliveLock(t, AliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc"})
-		eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
+		testutil.Eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
 
 		cfg := testHeartbeatConfig(pool, lock)
 		cfg.InstanceID = uuid.New()
