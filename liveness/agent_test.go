@@ -220,19 +220,27 @@ func TestReaperConfigErrors(t *testing.T) {
 	leases, _ := liveness.NewLeases(liveness.LeasesConfig{Pool: pool})
 	base := liveness.ReaperConfig{Pool: pool, Leases: leases, Interval: time.Second, LeaseTTL: time.Minute,
 		StaleThreshold: 90 * time.Second, DefinitiveDeadCutoff: 5 * time.Minute}
-	for flag, mutate := range map[string]func(*liveness.ReaperConfig){
+	if _, err := liveness.NewReaper(base); err != nil {
+		t.Fatalf("the base config is refused: %v", err)
+	}
+	for field, mutate := range map[string]func(*liveness.ReaperConfig){
+		"ReaperConfig.Pool":                 func(c *liveness.ReaperConfig) { c.Pool = nil },
+		"ReaperConfig.Leases":               func(c *liveness.ReaperConfig) { c.Leases = nil },
 		"ReaperConfig.Interval":             func(c *liveness.ReaperConfig) { c.Interval = 0 },
+		"ReaperConfig.LeaseTTL":             func(c *liveness.ReaperConfig) { c.LeaseTTL = 3 * time.Nanosecond },
 		"ReaperConfig.DefinitiveDeadCutoff": func(c *liveness.ReaperConfig) { c.DefinitiveDeadCutoff = c.StaleThreshold },
 		"ReaperConfig.StaleThreshold":       func(c *liveness.ReaperConfig) { c.StaleThreshold = 0 },
 	} {
 		cfg := base
 		mutate(&cfg)
-		if _, err := liveness.NewReaper(cfg); err == nil || !strings.Contains(err.Error(), flag) {
-			t.Errorf("want error naming %s, got %v", flag, err)
+		if _, err := liveness.NewReaper(cfg); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("want error naming %s, got %v", field, err)
 		}
 	}
-	if _, err := liveness.NewReaper(liveness.ReaperConfig{}); err == nil || errors.Is(err, context.Canceled) {
-		t.Error("empty config accepted")
+	// The empty config is refused for its first missing field, as a *ConfigError.
+	var ce *liveness.ConfigError
+	if _, err := liveness.NewReaper(liveness.ReaperConfig{}); !errors.As(err, &ce) || ce.Field != "ReaperConfig.Pool" {
+		t.Errorf("empty config: error %v, want a *ConfigError for ReaperConfig.Pool", err)
 	}
 }
 

@@ -508,12 +508,15 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 	}
 	lockMode, tableOnly := writes[ModeAdvisoryLockWhenAvailable], writes[ModeHeartbeatTableOnly]
 	t.Logf("heartbeat writes in a simulated hour: %d with the lock held, %d in table-only mode", lockMode, tableOnly)
-	// The first beat at once, then one per 60s or 30s.
-	if lockMode != 61 || tableOnly != 121 {
-		t.Fatalf("writes = %d (lock held) and %d (table-only), want 61 and 121", lockMode, tableOnly)
+	// The first beat at once, then one per slow interval with the lock held and one per
+	// interval without it. The two differ, so a worker that ignores the lock fails.
+	fast, slow := DefaultHeartbeatInterval, DefaultHeartbeatSlowInterval
+	if slow <= fast {
+		t.Fatalf("the default slow interval %s is not longer than the interval %s: this test shows nothing", slow, fast)
 	}
-	if r := float64(tableOnly) / float64(lockMode); r < 1.8 || r > 2.2 {
-		t.Fatalf("ratio %.2f, want slow/fast = 2 ± 0.2", r)
+	wantLock, wantTable := 1+int64(time.Hour/slow), 1+int64(time.Hour/fast)
+	if lockMode != wantLock || tableOnly != wantTable {
+		t.Fatalf("writes = %d (lock held) and %d (table-only), want %d and %d", lockMode, tableOnly, wantLock, wantTable)
 	}
 }
 
