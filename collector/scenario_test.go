@@ -277,7 +277,7 @@ pg_liveness_advisory_lock_waiters{application_name="pg_liveness_exporter"} 0
 	}
 }
 
-// TestLeasesPlainTable reads a blog-style leases table without an epoch column, named
+// TestLeasesPlainTable reads a plain leases table without an epoch column, named
 // as schema.table and as a bare table on the search_path.
 func TestLeasesPlainTable(t *testing.T) {
 	db := pgtest.NewDB(t)
