@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"time"
 
-
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 )
 
