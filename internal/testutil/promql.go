@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
 
@@ -72,7 +73,7 @@ func Selectors(expr parser.Expr) []Selector {
 		}
 		s := Selector{Name: vs.Name}
 		for _, m := range vs.LabelMatchers {
-			if m.Name != labels.MetricName {
+			if m.Name != model.MetricNameLabel {
 				s.Matchers = append(s.Matchers, m)
 			} else if m.Type == labels.MatchEqual {
 				s.Name = m.Value
