@@ -1,8 +1,12 @@
-// Command pg_liveness_exporter takes part in a PostgreSQL-coordinated fleet as a live
-// instance (alive lock, adaptive heartbeat, lease-protected reaper) and exports what it
-// sees of every instance, lease and advisory lock as Prometheus metrics.
+// Command pg_liveness_exporter exports the liveness of a PostgreSQL-coordinated fleet as
+// Prometheus metrics: the state of every instance, every lease, the advisory locks and
+// the fleet's statements in pg_stat_statements, with a status page beside /metrics.
+// Unless run with --no-agent it also takes part in the fleet as an instance (alive lock,
+// adaptive heartbeat, lease-protected reaper), and reports that agent too.
 //
-// This file only wires flags to constructors.
+// This file parses and checks the flags, builds the pool, the agent, the collectors and
+// the status page from them, serves HTTP, re-reads --db.dsn-file on SIGHUP and shuts
+// down on SIGINT or SIGTERM.
 package main
 
 import (

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 var binary string
@@ -49,16 +50,6 @@ type exporterProc struct {
 	code int
 }
 
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func startExporter(t testing.TB, env []string, args ...string) *exporterProc {
 	t.Helper()
 	return startBinary(t, binary, env, args...)
@@ -66,7 +57,7 @@ func startExporter(t testing.TB, env []string, args ...string) *exporterProc {
 
 func startBinary(t testing.TB, binary string, env []string, args ...string) *exporterProc {
 	t.Helper()
-	p := &exporterProc{addr: freeAddr(t), done: make(chan struct{})}
+	p := &exporterProc{addr: testutil.FreeAddr(t), done: make(chan struct{})}
 	p.cmd = exec.Command(binary, append([]string{"--web.listen-address=" + p.addr, "--log.level=debug"}, args...)...)
 	p.cmd.Env = append(os.Environ(), env...)
 	pr, pw := io.Pipe()

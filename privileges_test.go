@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -50,17 +51,26 @@ func TestLeastPrivileges(t *testing.T) {
 	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at)
 		VALUES (gen_random_uuid(), 'gone', now() - interval '1 hour')`)
 
+	// The timing is the default's: a beat's statement may take half an interval, so a
+	// slow machine does not turn a late beat into a failure. The row to reap is an hour
+	// old, so the reaper deletes it on its first round.
 	agent := startExporter(t, []string{"DATA_SOURCE_NAME=" + dsnFor("liveness_agent")}, "--no-migrations.apply",
-		"--agent.heartbeat-interval=300ms", "--agent.heartbeat-slow-interval=600ms",
-		"--agent.stale-threshold=2s", "--agent.definitive-dead-cutoff=5s", "--agent.reaper-interval=200ms")
+		"--agent.reaper-interval=200ms")
 	body := agent.waitFor(t, `(?m)^pg_liveness_agent_instances_reaped_total [1-9]`, 30*time.Second)
+	// What needs the grants is shown by what succeeded: the alive lock, a beat (INSERT or
+	// UPDATE on instances) and a reap (DELETE); any statement refused names the grant in
+	// the log. A beat that merely timed out is not about privileges, so failures are not
+	// required to be zero.
 	for _, want := range []string{
-		"pg_liveness_agent_alive_lock_held 1",
-		"pg_liveness_agent_heartbeat_failures_total 0",
+		`(?m)^pg_liveness_agent_alive_lock_held 1$`,
+		`(?m)^pg_liveness_agent_heartbeats_total [1-9]`,
 	} {
-		if !strings.Contains(body, want+"\n") {
-			t.Errorf("agent with least privileges: no %q", want)
+		if !regexp.MustCompile(want).MatchString(body) {
+			t.Errorf("agent with least privileges: no %s", want)
 		}
+	}
+	if strings.Contains(agent.Logs(), "permission denied") {
+		t.Errorf("agent with least privileges hit a permission error:\n%s", agent.Logs())
 	}
 	checkCollectors(t, "agent", body, "instances", "leases", "advisory_locks", "statements", "agent")
 
@@ -84,9 +94,7 @@ func TestLeastPrivileges(t *testing.T) {
 
 	// The same agent without --no-migrations.apply: the schema is current, so it needs
 	// no CREATE privilege and joins.
-	joiner := startExporter(t, []string{"DATA_SOURCE_NAME=" + dsnFor("liveness_agent")},
-		"--agent.heartbeat-interval=300ms", "--agent.heartbeat-slow-interval=600ms",
-		"--agent.stale-threshold=2s", "--agent.definitive-dead-cutoff=5s")
+	joiner := startExporter(t, []string{"DATA_SOURCE_NAME=" + dsnFor("liveness_agent")})
 	body = joiner.waitFor(t, `(?m)^pg_liveness_agent_joined 1$`, 30*time.Second)
 	for _, want := range []string{"pg_liveness_agent_alive_lock_held 1", "pg_liveness_schema_compatible 1", "pg_liveness_up 1"} {
 		if !strings.Contains(body, want+"\n") {

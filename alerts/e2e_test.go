@@ -21,6 +21,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/dashboards"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
@@ -66,7 +67,7 @@ func TestEndToEnd(t *testing.T) {
 
 	db := setupE2EDatabase(t)
 
-	observerAddr, victimAddr := freeAddr(t), freeAddr(t)
+	observerAddr, victimAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	env := []string{"DATA_SOURCE_NAME=" + db.DSN} // keeps the password off the process list
 	observer := startProcess(t, "observer", exporter, env, append([]string{
 		"--web.listen-address=" + observerAddr, "--agent.service-name=e2e-observer"}, e2eAgentFlags...)...)
@@ -98,11 +99,15 @@ func TestEndToEnd(t *testing.T) {
 		})
 		t.Logf("firing notification %.1fs after the kill", time.Since(killed).Seconds())
 		for k, want := range map[string]string{
-			"severity": "warning", "state": "stale", "job": e2eJob, "instance": observerAddr,
+			"severity": "warning", "state": "stale", "job": e2eJob,
 		} {
 			if got := firing.Labels[k]; got != want {
 				t.Errorf("firing alert: label %s = %q, want %q", k, got, want)
 			}
+		}
+		// A database-wide alert is raised once for the job, not once per exporter.
+		if got, ok := firing.Labels["instance"]; ok {
+			t.Errorf("firing alert: label instance = %q, want none", got)
 		}
 		const anchor = "pglivenessinstancesstale"
 		if got := firing.Annotations["runbook_url"]; got != runbookURLBase+anchor {
@@ -145,7 +150,11 @@ func TestEndToEnd(t *testing.T) {
 	t.Run("every metric a rule uses is scraped", func(t *testing.T) {
 		for _, g := range prom.ruleGroups(t) {
 			for _, r := range g.Rules {
-				for _, name := range metricNamesInExpr(r.Query) {
+				expr, err := testutil.ParseExpr(r.Query)
+				if err != nil {
+					t.Fatalf("rule %s: %v", r.Name, err)
+				}
+				for _, name := range testutil.MetricNames(expr) {
 					if !prom.nonEmpty(t, name) {
 						t.Errorf("rule %s: metric %s has no series in Prometheus", r.Name, name)
 					}
@@ -295,7 +304,7 @@ func startPrometheus(t *testing.T, prometheus, target, am string) string {
 		}},
 	}
 	cfgPath := writeJSON(t, dir, "prometheus.yml", cfg) // JSON is YAML
-	addr := freeAddr(t)
+	addr := testutil.FreeAddr(t)
 	p := startProcess(t, "prometheus", prometheus, nil,
 		"--config.file="+cfgPath,
 		"--storage.tsdb.path="+filepath.Join(dir, "data"),
@@ -320,7 +329,7 @@ func startAlertmanager(t *testing.T, alertmanager, hook string) string {
 		}},
 	}
 	cfgPath := writeJSON(t, dir, "alertmanager.yml", cfg)
-	addr := freeAddr(t)
+	addr := testutil.FreeAddr(t)
 	p := startProcess(t, "alertmanager", alertmanager, nil,
 		"--config.file="+cfgPath,
 		"--storage.path="+filepath.Join(dir, "data"),
@@ -517,19 +526,15 @@ func dashboardQueries(t *testing.T) []dashboardQuery {
 	return out
 }
 
-// waitFor polls cond every 200 ms for up to e2eWait; detail, if given, explains a
-// timeout.
+// waitFor polls cond for up to e2eWait; detail, if given, explains a timeout.
 func waitFor(t *testing.T, what string, cond func() bool, detail ...func() string) {
 	t.Helper()
-	deadline := time.Now().Add(e2eWait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			msg := ""
-			for _, d := range detail {
-				msg += d()
-			}
-			t.Fatalf("timed out after %s waiting for %s%s", e2eWait, what, msg)
-		}
-		time.Sleep(200 * time.Millisecond)
+	if testutil.Poll(e2eWait, cond) {
+		return
 	}
+	msg := ""
+	for _, d := range detail {
+		msg += d()
+	}
+	t.Fatalf("timed out after %s waiting for %s%s", e2eWait, what, msg)
 }

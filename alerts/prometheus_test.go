@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 // The module has no YAML library, so the tests do not parse the rules file themselves:
@@ -79,12 +80,11 @@ func loadRulesWithPrometheus(prom string) ([]apiGroup, error) {
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, "rule_files: [%s]\n", rulesJSON), 0o600); err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testutil.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
 
 	var out bytes.Buffer
 	cmd := exec.Command(prom,

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 const (
@@ -22,6 +24,9 @@ const (
 )
 
 var severities = []string{"critical", "warning", "info"}
+
+// syntheticMetrics are series Prometheus writes itself for every target.
+var syntheticMetrics = map[string]bool{"up": true}
 
 // alertingRules flattens the groups to their alerting rules.
 func alertingRules(t *testing.T, groups []apiGroup) []apiRule {
@@ -80,7 +85,7 @@ func TestPromtoolUnitTests(t *testing.T) {
 // TestRuleConventions checks labels, annotations and metric names of every alert.
 func TestRuleConventions(t *testing.T) {
 	rules := alertingRules(t, loadedRules(t))
-	allowed := exposedMetrics(t)
+	allowed := testutil.ExposedMetrics(t)
 	anchors := runbookAnchors(t)
 	seen := map[string]bool{}
 	nameRE := regexp.MustCompile(`^PgLiveness[A-Z][A-Za-z]+$`)
@@ -115,17 +120,24 @@ func TestRuleConventions(t *testing.T) {
 			t.Errorf("%s: %s has no heading with anchor #%s", r.Name, runbooksFile, strings.ToLower(r.Name))
 		}
 
-		names := metricNamesInExpr(r.Query)
+		expr, err := testutil.ParseExpr(r.Query)
+		if err != nil {
+			t.Errorf("%s: %v", r.Name, err)
+			continue
+		}
+		names := testutil.MetricNames(expr)
 		if len(names) == 0 {
 			t.Errorf("%s: expression %q selects no metric", r.Name, r.Query)
 		}
 		for _, n := range names {
 			if !allowed[n] && !syntheticMetrics[n] {
-				t.Errorf("%s: metric %s is not exported (not in %s)", r.Name, n, scenarioExposition)
+				t.Errorf("%s: metric %s is not exported (not in %s)", r.Name, n, testutil.ScenarioExposition)
 			}
 		}
-		for _, call := range counterFuncMisuse(r.Query) {
-			t.Errorf("%s: %s: rate, irate and increase take a *_total counter", r.Name, call)
+		for _, c := range testutil.CounterCalls(expr) {
+			if !strings.HasSuffix(c.Metric, "_total") {
+				t.Errorf("%s: %s(%s): rate, irate and increase take a *_total counter", r.Name, c.Func, c.Metric)
+			}
 		}
 	}
 }

@@ -29,8 +29,8 @@ type agentCollector struct {
 	agent  AgentSource
 	status StatusSource // may be nil: the agent then counts as started
 
-	info, lockHeld, interval, beats, failures, lastBeat, reconnects *exposition.Family
-	leaseHeld, leaseEpoch, leasesLost, reaped, joined, duplicate    *exposition.Family
+	info, lockHeld, interval, configured, beats, failures, lastBeat, reconnects *exposition.Family
+	leaseHeld, leaseEpoch, leasesLost, reaped, joined, duplicate                *exposition.Family
 }
 
 // newAgentCollector builds the agent collector, or none without an agent.
@@ -55,6 +55,8 @@ func newAgentCollector(d deps) (Collector, error) {
 		info:     desc("info", "The local agent's identity; always 1.", "instance_id", "service", "mode"),
 		lockHeld: desc("alive_lock_held", "1 while the agent holds its alive lock, verified on its own backend."),
 		interval: desc("heartbeat_interval_seconds", "Heartbeat cadence chosen on the last tick."),
+		configured: desc("heartbeat_configured_interval_seconds", "The configured heartbeat cadences: fast without a verified "+
+			"alive lock (--agent.heartbeat-interval), slow with one (--agent.heartbeat-slow-interval).", "cadence"),
 		beats:    count("heartbeats_total", "Successful heartbeat writes."),
 		failures: count("heartbeat_failures_total", "Failed heartbeat writes."),
 		lastBeat: desc("last_heartbeat_timestamp_seconds",
@@ -78,6 +80,8 @@ func (c *agentCollector) Update(_ context.Context, out *exposition.Builder) erro
 	gauge(c.lockHeld, boolFloat(s.AliveLock.Held))
 	gauge(c.duplicate, boolFloat(s.AliveLock.Duplicate))
 	gauge(c.interval, s.Heartbeat.Interval.Seconds())
+	gauge(c.configured, s.HeartbeatInterval.Seconds(), "fast")
+	gauge(c.configured, s.HeartbeatSlowInterval.Seconds(), "slow")
 	counter(c.beats, s.Heartbeat.Beats)
 	counter(c.failures, s.Heartbeat.Failures)
 	if !s.Heartbeat.LastBeat.IsZero() {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 var dbCollectors = []string{NameAdvisoryLocks, NameInstances, NameLeases, NameStatements}
@@ -124,7 +125,7 @@ func TestScrapeDeadline(t *testing.T) {
 	if _, ok := mfs["pg_liveness_lease_held"]; ok {
 		t.Error("a collector that missed the deadline exported metrics")
 	}
-	waitFor(t, 3*time.Second, "the straggler to release its connection", func() bool {
+	testutil.Eventually(t, 3*time.Second, "the straggler to release its connection", func() bool {
 		return pool.Stat().AcquiredConns() == 0
 	})
 }
@@ -429,12 +430,19 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 			t.Errorf("%s: error %v, want one naming the flag", flag, err)
 		}
 	}
-	for _, bad := range []string{"noequals", "=regex", ".leases", "x."} {
+	// Each bad value alone, so that each check is shown to work by itself.
+	for _, bad := range []string{"noequals", "=regex", "name=[", ""} {
 		cfg := DefaultConfig()
 		cfg.Statements.Patterns = []string{bad}
+		if _, err := New(cfg, nil, nil, nil); err == nil || !strings.Contains(err.Error(), "--collector.statements.pattern") {
+			t.Errorf("pattern %q: error %v, want one naming --collector.statements.pattern", bad, err)
+		}
+	}
+	for _, bad := range []string{".leases", "x.", "a.b.c", "."} {
+		cfg := DefaultConfig()
 		cfg.Leases.Table = bad
-		if _, err := New(cfg, nil, nil, nil); err == nil {
-			t.Errorf("%q accepted as a pattern and a table", bad)
+		if _, err := New(cfg, nil, nil, nil); err == nil || !strings.Contains(err.Error(), "--collector.leases.table") {
+			t.Errorf("table %q: error %v, want one naming --collector.leases.table", bad, err)
 		}
 	}
 	if _, err := New(DefaultConfig(), nil, nil, nil); err == nil || !strings.Contains(err.Error(), "pool") {

@@ -21,7 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -266,7 +266,7 @@ func compareExposition(t testing.TB, got map[string]*dto.MetricFamily, expected 
 	}
 	sort.Slice(fams, func(i, j int) bool { return fams[i].GetName() < fams[j].GetName() })
 	g := prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) { return fams, nil })
-	if err := testutil.GatherAndCompare(g, strings.NewReader(expected)); err != nil {
+	if err := promtestutil.GatherAndCompare(g, strings.NewReader(expected)); err != nil {
 		t.Errorf("exposition differs:\n%v", err)
 	}
 }
@@ -308,18 +308,6 @@ func readTestdata(t testing.TB, name string) string {
 		t.Fatal(err)
 	}
 	return string(b)
-}
-
-// waitFor polls cond every 20 ms until it holds, failing the test after limit.
-func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", limit, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }

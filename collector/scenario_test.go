@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
@@ -137,15 +138,15 @@ func newScenario(t *testing.T) *pgtest.DB {
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() }) // runs before the connections close
 	wg.Go(func() { _, _ = active.Exec(ctx, `SELECT pg_sleep(60)`) })
-	waitFor(t, 10*time.Second, "the active holder", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the active holder", func() bool {
 		return count(t, db, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'jobs' AND state = 'active'`) == 1
 	})
 	wg.Go(func() { _, _ = waiter.Exec(ctx, `SELECT pg_advisory_lock(42)`) })
-	waitFor(t, 10*time.Second, "the waiter", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the waiter", func() bool {
 		return count(t, db, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) == 1
 	})
 	// The setup connection and the pollers must be gone: 5 client backends remain.
-	waitFor(t, 10*time.Second, "short-lived backends to exit", func() bool {
+	testutil.Eventually(t, 10*time.Second, "short-lived backends to exit", func() bool {
 		return count(t, db, `SELECT count(*) FROM pg_stat_activity
 		                      WHERE datname = current_database() AND backend_type = 'client backend'
 		                        AND pid <> pg_backend_pid()`) == 5
@@ -176,10 +177,11 @@ type fixedAgent liveness.AgentSnapshot
 func (a fixedAgent) Snapshot() liveness.AgentSnapshot { return liveness.AgentSnapshot(a) }
 
 var testAgent = fixedAgent{
-	InstanceID:  id("ee"),
-	ServiceName: "pg_liveness_exporter",
-	Mode:        liveness.ModeAdvisoryLockWhenAvailable,
-	AliveLock:   liveness.AliveLockStats{Held: true, Claims: 2, Losses: 1, Reconnects: 1},
+	InstanceID:        id("ee"),
+	ServiceName:       "pg_liveness_exporter",
+	Mode:              liveness.ModeAdvisoryLockWhenAvailable,
+	HeartbeatInterval: 30 * time.Second, HeartbeatSlowInterval: time.Minute,
+	AliveLock: liveness.AliveLockStats{Held: true, Claims: 2, Losses: 1, Reconnects: 1},
 	Heartbeat: liveness.HeartbeatStats{Interval: time.Minute, Beats: 42, Failures: 3,
 		LastBeat: time.Unix(1_800_000_000, 500_000_000)},
 	Leases: []liveness.LeaseStats{
@@ -275,7 +277,7 @@ pg_liveness_advisory_lock_waiters{application_name="pg_liveness_exporter"} 0
 	}
 }
 
-// TestLeasesPlainTable reads a blog-style leases table without an epoch column, named
+// TestLeasesPlainTable reads a plain leases table without an epoch column, named
 // as schema.table and as a bare table on the search_path.
 func TestLeasesPlainTable(t *testing.T) {
 	db := pgtest.NewDB(t)

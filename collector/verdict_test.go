@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
@@ -50,7 +51,7 @@ func TestOneVerdict(t *testing.T) {
 		if err := session.Close(ctx); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 10*time.Second, "the closed session's lock to go", func() bool {
+		testutil.Eventually(t, 10*time.Second, "the closed session's lock to go", func() bool {
 			return count(t, db, `SELECT count(*) FROM liveness.instance_alive_locks WHERE instance_id = '`+id.String()+`'`) == 0
 		})
 	}
@@ -175,7 +176,7 @@ func TestExporterAloneStampsVanishedLocks(t *testing.T) {
 	if v := value(scrapeFamilies(t, exp), "pg_liveness_instances", "service", "walk", "state", "lock_lost"); v != 1 {
 		t.Fatalf("first scrape: %v lock_lost, want 1", v)
 	}
-	waitFor(t, 30*time.Second, "the grace to run out by the exporter's own stamp", func() bool {
+	testutil.Eventually(t, 30*time.Second, "the grace to run out by the exporter's own stamp", func() bool {
 		return value(scrapeFamilies(t, exp), "pg_liveness_instances", "service", "walk", "state", "stale") == 1
 	})
 }

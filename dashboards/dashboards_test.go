@@ -4,12 +4,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql/parser"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 // wantUIDs are the fixed uids of the dashboards; links and provisioning rely on them.
@@ -119,189 +124,57 @@ func allPanels(ps []panel) []panel {
 	return out
 }
 
-// selector is one vector selector of an expression: a metric name and the text between
-// its braces.
-type selector struct {
-	Name     string
-	Matchers string
-}
-
 var (
-	keywords = map[string]bool{
-		"and": true, "or": true, "unless": true, "atan2": true, "bool": true, "offset": true,
-		"by": true, "without": true, "on": true, "ignoring": true,
-		"group_left": true, "group_right": true, "inf": true, "nan": true,
-	}
-	labelListKeywords = map[string]bool{
-		"by": true, "without": true, "on": true, "ignoring": true,
-		"group_left": true, "group_right": true,
-	}
-	aggregations = map[string]bool{
-		"sum": true, "min": true, "max": true, "avg": true, "group": true, "stddev": true,
-		"stdvar": true, "count": true, "count_values": true, "bottomk": true, "topk": true,
-		"quantile": true, "limitk": true, "limit_ratio": true,
-	}
+	variableRE    = regexp.MustCompile(`\$\{?([a-zA-Z_][a-zA-Z0-9_]*)\}?`)
+	labelValuesRE = regexp.MustCompile(`^label_values\((.*),\s*([a-zA-Z_][a-zA-Z0-9_]*)\)$`)
 )
 
-func identStart(c byte) bool {
-	return c == '_' || c == ':' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
-}
-
-func identChar(c byte) bool { return identStart(c) || (c >= '0' && c <= '9') }
-
-// skipString returns the index after the string literal that starts at i.
-func skipString(s string, i int) int {
-	q := s[i]
-	for i++; i < len(s) && s[i] != q; i++ {
-		if s[i] == '\\' && q != '`' {
-			i++
-		}
-	}
-	return i + 1
-}
-
-// selectors scans a PromQL expression for its vector selectors. It skips strings,
-// ranges, numbers, keywords, function and aggregation names, and the label lists of
-// grouping clauses; Prometheus itself parses the expressions in TestQueriesParse.
-func selectors(expr string) []selector {
-	var out []selector
-	brackets, parens := 0, 0
-	var labelLists []int
-	expectList := false
-	skipSpace := func(j int) int {
-		for j < len(expr) && strings.ContainsRune(" \t\r\n", rune(expr[j])) {
-			j++
-		}
-		return j
-	}
-	// braces returns the matcher text of the {…} at i and the index after it.
-	braces := func(i int) (string, int) {
-		start := i + 1
-		for i++; i < len(expr) && expr[i] != '}'; {
-			if expr[i] == '"' || expr[i] == '\'' || expr[i] == '`' {
-				i = skipString(expr, i)
-			} else {
-				i++
-			}
-		}
-		return expr[start:min(i, len(expr))], i + 1
-	}
-	for i := 0; i < len(expr); {
-		c := expr[i]
-		switch {
-		case c == '"' || c == '\'' || c == '`':
-			i = skipString(expr, i)
-		case c == '{': // a selector with no metric name
-			m, next := braces(i)
-			out = append(out, selector{Matchers: m})
-			i = next
-		case c == '[':
-			brackets++
-			i++
-		case c == ']':
-			brackets--
-			i++
-		case c == '(':
-			parens++
-			if expectList {
-				labelLists = append(labelLists, parens)
-				expectList = false
-			}
-			i++
-		case c == ')':
-			if n := len(labelLists); n > 0 && labelLists[n-1] == parens {
-				labelLists = labelLists[:n-1]
-			}
-			parens--
-			i++
-		case c >= '0' && c <= '9' || c == '.':
-			for i < len(expr) && (identChar(expr[i]) || expr[i] == '.') {
-				i++
-			}
-		case identStart(c):
-			start := i
-			for i < len(expr) && identChar(expr[i]) {
-				i++
-			}
-			word := expr[start:i]
-			lw := strings.ToLower(word)
-			if brackets > 0 || len(labelLists) > 0 {
-				continue
-			}
-			if keywords[lw] {
-				expectList = labelListKeywords[lw]
-				continue
-			}
-			expectList = false
-			j := skipSpace(i)
-			if j < len(expr) && expr[j] == '(' {
-				continue // function or aggregation
-			}
-			k := j
-			for k < len(expr) && identChar(expr[k]) {
-				k++
-			}
-			if next := strings.ToLower(expr[j:k]); aggregations[lw] && (next == "by" || next == "without") {
-				continue
-			}
-			sel := selector{Name: word}
-			if j < len(expr) && expr[j] == '{' {
-				sel.Matchers, i = braces(j)
-			}
-			out = append(out, sel)
-		default:
-			i++
-		}
-	}
-	return out
-}
-
-var matcherRE = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"`)
-
-// hasMatcher reports whether the matcher text contains label op "value".
-func hasMatcher(matchers, label, op, value string) bool {
-	for _, m := range matcherRE.FindAllStringSubmatch(matchers, -1) {
-		if m[1] == label && m[2] == op && m[3] == value {
-			return true
-		}
-	}
-	return false
-}
-
-var (
-	counterCallRE = regexp.MustCompile(`\b(rate|irate|increase)\s*\(`)
-	// counterCallArgRE matches a call whose argument is one selector with its range.
-	counterCallArgRE = regexp.MustCompile(`\b(rate|irate|increase)\s*\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})?\s*\[([^\]]*)\]\s*\)`)
-	variableRE       = regexp.MustCompile(`\$\{?([a-zA-Z_][a-zA-Z0-9_]*)\}?`)
-	labelValuesRE    = regexp.MustCompile(`^label_values\((.*),\s*([a-zA-Z_][a-zA-Z0-9_]*)\)$`)
+// rateIntervalStandIn replaces Grafana's $__rate_interval before an expression is
+// parsed, so that the range of every rate, irate and increase can be checked to be it.
+// No panel writes this range itself.
+const (
+	rateIntervalStandIn = "4321s"
+	rateInterval        = 4321 * time.Second
 )
+
+// parseExpr parses a panel query with Prometheus' own parser. Grafana variables inside
+// label matchers ("$job") are valid PromQL strings and stay as they are.
+func parseExpr(expr string) (parser.Expr, error) {
+	return testutil.ParseExpr(strings.ReplaceAll(expr, "$__rate_interval", rateIntervalStandIn))
+}
+
+// filtered reports whether a selector filters by the job and instance variables.
+func filtered(s testutil.Selector) bool {
+	return s.Has("job", labels.MatchRegexp, "$job") && s.Has("instance", labels.MatchRegexp, "$instance")
+}
 
 // checkExpr returns what is wrong with one panel query.
 func checkExpr(expr string, allowed map[string]bool, vars []string) []string {
 	var errs []string
-	sels := selectors(expr)
+	e, err := parseExpr(expr)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	sels := testutil.Selectors(e)
 	if len(sels) == 0 {
 		errs = append(errs, "selects no metric")
 	}
 	for _, s := range sels {
 		if s.Name != "" && !allowed[s.Name] {
-			errs = append(errs, fmt.Sprintf("metric %s is not exported (not in %s)", s.Name, scenarioExposition))
+			errs = append(errs, fmt.Sprintf("selector %s%v: metric %s is not exported (not in %s)", s.Name, s.Matchers, s.Name, testutil.ScenarioExposition))
 		}
-		if !hasMatcher(s.Matchers, "job", "=~", "$job") || !hasMatcher(s.Matchers, "instance", "=~", "$instance") {
-			errs = append(errs, fmt.Sprintf(`selector %s{%s} lacks job=~"$job",instance=~"$instance"`, s.Name, s.Matchers))
+		if !filtered(s) {
+			errs = append(errs, fmt.Sprintf(`selector %s%v lacks job=~"$job",instance=~"$instance"`, s.Name, s.Matchers))
 		}
 	}
-	calls := counterCallRE.FindAllString(expr, -1)
-	args := counterCallArgRE.FindAllStringSubmatch(expr, -1)
-	if len(args) != len(calls) {
-		errs = append(errs, "rate, irate and increase must take one counter selector with a range")
-	}
-	for _, a := range args {
-		if !strings.HasSuffix(a[2], "_total") {
-			errs = append(errs, fmt.Sprintf("%s(%s): only *_total counters take rate, irate or increase", a[1], a[2]))
-		}
-		if a[4] != "$__rate_interval" {
-			errs = append(errs, fmt.Sprintf("%s(%s[%s]): use [$__rate_interval]", a[1], a[2], a[4]))
+	for _, c := range testutil.CounterCalls(e) {
+		switch {
+		case c.Metric == "":
+			errs = append(errs, c.Func+" must take one counter selector with a range")
+		case !strings.HasSuffix(c.Metric, "_total"):
+			errs = append(errs, fmt.Sprintf("%s(%s): only *_total counters take rate, irate or increase", c.Func, c.Metric))
+		case c.Range != rateInterval:
+			errs = append(errs, fmt.Sprintf("%s(%s[%s]): use [$__rate_interval]", c.Func, c.Metric, c.Range))
 		}
 	}
 	for _, m := range variableRE.FindAllStringSubmatch(expr, -1) {
@@ -331,7 +204,8 @@ func TestCheckExpr(t *testing.T) {
 		{`unknown_metric{` + f + `}`, true},                         // not exported
 		{`g{` + f + `,lease=~"$lease"}`, true},                      // unknown variable
 		{`g{` + f + `,x="a\"}b"} + g{` + f + `}`, false},            // braces inside strings
-		{`sum without (instance) (g{` + f + `}) by (job)`, false},   // label lists
+		{`sum without (instance) (g{` + f + `})`, false},            // label lists
+		{`g{` + f + `} +`, true},                                    // does not parse
 		{`count by (job) (g{` + f + `}) + count{` + f + `}`, true},  // "count" metric not exported
 	} {
 		if errs := checkExpr(tc.expr, allowed, vars); (len(errs) > 0) != tc.bad {
@@ -341,7 +215,7 @@ func TestCheckExpr(t *testing.T) {
 }
 
 func TestDashboardConventions(t *testing.T) {
-	allowed := exposedMetrics(t)
+	allowed := testutil.ExposedMetrics(t)
 	uids := map[string]string{}
 	for file, d := range loadDashboards(t) {
 		want, known := wantUIDs[file]
@@ -395,16 +269,21 @@ func TestDashboardConventions(t *testing.T) {
 				t.Errorf("%s: variable %s: query %q, want label_values(<selector>, %s)", file, v.Name, q, v.Name)
 				continue
 			}
-			sels := selectors(m[1])
-			if len(sels) != 1 || !allowed[sels[0].Name] {
+			e, err := testutil.ParseExpr(m[1])
+			if err != nil {
+				t.Errorf("%s: variable %s: %v", file, v.Name, err)
+				continue
+			}
+			sels := testutil.Selectors(e)
+			if _, plain := e.(*parser.VectorSelector); !plain || len(sels) != 1 || !allowed[sels[0].Name] {
 				t.Errorf("%s: variable %s: %q is not one selector of an exported metric", file, v.Name, m[1])
 				continue
 			}
-			job := hasMatcher(sels[0].Matchers, "job", "=~", "$job")
-			inst := hasMatcher(sels[0].Matchers, "instance", "=~", "$instance")
+			job := sels[0].Has("job", labels.MatchRegexp, "$job")
+			inst := sels[0].Has("instance", labels.MatchRegexp, "$instance")
 			switch v.Name {
 			case "job":
-				if sels[0].Name != "pg_liveness_up" || sels[0].Matchers != "" {
+				if sels[0].Name != "pg_liveness_up" || len(sels[0].Matchers) != 0 {
 					t.Errorf("%s: variable job: want label_values(pg_liveness_up, job), got %q", file, q)
 				}
 			case "instance":
@@ -462,55 +341,5 @@ func TestDashboardConventions(t *testing.T) {
 				}
 			}
 		}
-	}
-}
-
-// TestQueriesParse runs every panel query through promtool: the queries, with the
-// variables replaced, become recording rules in a temporary rule file, and promtool
-// check rules parses them as PromQL.
-func TestQueriesParse(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Fatal("promtool not found: apt-get install prometheus")
-	}
-	type rule struct {
-		Record string `json:"record"`
-		Expr   string `json:"expr"`
-	}
-	var rules []rule
-	var where []string
-	for file, d := range loadDashboards(t) {
-		for _, p := range allPanels(d.Panels) {
-			for _, tg := range p.Targets {
-				expr := strings.ReplaceAll(tg.Expr, "$__rate_interval", "1m")
-				expr = variableRE.ReplaceAllString(expr, ".+")
-				rules = append(rules, rule{Record: fmt.Sprintf("dashboard_query_%d", len(rules)), Expr: expr})
-				where = append(where, fmt.Sprintf("%s panel %d %q target %s", file, p.ID, p.Title, tg.RefID))
-			}
-		}
-	}
-	if len(rules) == 0 {
-		t.Fatal("no queries")
-	}
-	file := map[string]any{"groups": []any{map[string]any{"name": "dashboards", "rules": rules}}}
-	b, err := json.MarshalIndent(file, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "dashboard-queries.rules.json")
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(promtool, "check", "rules", path).CombinedOutput()
-	if err != nil {
-		for i, r := range rules {
-			if strings.Contains(string(out), `"`+r.Record+`"`) {
-				t.Logf("%s: %s", where[i], r.Expr)
-			}
-		}
-		t.Fatalf("promtool check rules: %v\n%s", err, out)
-	}
-	if want := fmt.Sprintf("SUCCESS: %d rules found", len(rules)); !strings.Contains(string(out), want) {
-		t.Fatalf("promtool check rules: want %q in\n%s", want, out)
 	}
 }

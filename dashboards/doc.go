@@ -3,7 +3,7 @@
 // overview.json, leases.json and advisory-locks.json are plain Grafana dashboard JSON, to
 // import or provision as they are. Each picks its Prometheus data source, job and
 // exporter instance through template variables. The tests in this package check those
-// conventions and parse every query with the real promtool.
+// conventions and parse every query with Prometheus' own PromQL parser.
 package dashboards
 
 import "embed"

@@ -414,12 +414,14 @@ func (a *Agent) duplicateFor(ctx context.Context, d time.Duration) <-chan struct
 // Snapshot reports the agent's state for the exporter. It never blocks on the database.
 func (a *Agent) Snapshot() AgentSnapshot {
 	s := AgentSnapshot{
-		InstanceID:  a.cfg.InstanceID,
-		ServiceName: a.cfg.ServiceName,
-		Mode:        a.cfg.Mode,
-		Heartbeat:   a.heartbeat.Stats(),
-		AliveLock:   a.lock.Stats(),
-		Leases:      a.leases.Stats(),
+		InstanceID:            a.cfg.InstanceID,
+		ServiceName:           a.cfg.ServiceName,
+		Mode:                  a.cfg.Mode,
+		Heartbeat:             a.heartbeat.Stats(),
+		HeartbeatInterval:     a.cfg.HeartbeatInterval,
+		HeartbeatSlowInterval: a.cfg.HeartbeatSlowInterval,
+		AliveLock:             a.lock.Stats(),
+		Leases:                a.leases.Stats(),
 	}
 	if a.reaper != nil {
 		s.Reaped = a.reaper.Reaped()

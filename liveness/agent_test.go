@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
@@ -34,17 +35,6 @@ func agentConfig(db *pgtest.DB, pool *pgxpool.Pool) liveness.AgentConfig {
 		HeartbeatInterval: 200 * time.Millisecond, HeartbeatSlowInterval: 400 * time.Millisecond,
 		StaleThreshold: time.Second, DefinitiveDeadCutoff: 3 * time.Second,
 		Reaper: true, ReaperInterval: 200 * time.Millisecond, ReaperLeaseTTL: 2 * time.Second,
-	}
-}
-
-func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -114,14 +104,14 @@ func TestAgentParticipatesAndShutsDownCleanly(t *testing.T) {
 	go func() { done <- agent.Run(ctx); close(finished) }()
 	t.Cleanup(func() { stop(); <-finished })
 
-	waitUntil(t, 10*time.Second, "alive lock held and a beat written", func() bool {
+	testutil.Eventually(t, 10*time.Second, "alive lock held and a beat written", func() bool {
 		s := agent.Snapshot()
 		return s.AliveLock.Held && s.Heartbeat.Beats > 0
 	})
-	waitUntil(t, 10*time.Second, "slow cadence while the lock is held", func() bool {
+	testutil.Eventually(t, 10*time.Second, "slow cadence while the lock is held", func() bool {
 		return agent.Snapshot().Heartbeat.Interval == cfg.HeartbeatSlowInterval
 	})
-	waitUntil(t, 10*time.Second, "the dead instance reaped and counted", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the dead instance reaped and counted", func() bool {
 		_, row := isAlive(t, pool, dead)
 		return !row && agent.Snapshot().Reaped >= 1
 	})
@@ -147,7 +137,7 @@ func TestAgentParticipatesAndShutsDownCleanly(t *testing.T) {
 	}
 	// Gone at once: no row, and the lock session is closed (the backend may take a moment
 	// to exit after the client's Terminate).
-	waitUntil(t, 5*time.Second, "instance dead after shutdown", func() bool {
+	testutil.Eventually(t, 5*time.Second, "instance dead after shutdown", func() bool {
 		alive, row := isAlive(t, pool, cfg.InstanceID)
 		return !alive && !row
 	})
@@ -230,19 +220,27 @@ func TestReaperConfigErrors(t *testing.T) {
 	leases, _ := liveness.NewLeases(liveness.LeasesConfig{Pool: pool})
 	base := liveness.ReaperConfig{Pool: pool, Leases: leases, Interval: time.Second, LeaseTTL: time.Minute,
 		StaleThreshold: 90 * time.Second, DefinitiveDeadCutoff: 5 * time.Minute}
-	for flag, mutate := range map[string]func(*liveness.ReaperConfig){
+	if _, err := liveness.NewReaper(base); err != nil {
+		t.Fatalf("the base config is refused: %v", err)
+	}
+	for field, mutate := range map[string]func(*liveness.ReaperConfig){
+		"ReaperConfig.Pool":                 func(c *liveness.ReaperConfig) { c.Pool = nil },
+		"ReaperConfig.Leases":               func(c *liveness.ReaperConfig) { c.Leases = nil },
 		"ReaperConfig.Interval":             func(c *liveness.ReaperConfig) { c.Interval = 0 },
+		"ReaperConfig.LeaseTTL":             func(c *liveness.ReaperConfig) { c.LeaseTTL = 3 * time.Nanosecond },
 		"ReaperConfig.DefinitiveDeadCutoff": func(c *liveness.ReaperConfig) { c.DefinitiveDeadCutoff = c.StaleThreshold },
 		"ReaperConfig.StaleThreshold":       func(c *liveness.ReaperConfig) { c.StaleThreshold = 0 },
 	} {
 		cfg := base
 		mutate(&cfg)
-		if _, err := liveness.NewReaper(cfg); err == nil || !strings.Contains(err.Error(), flag) {
-			t.Errorf("want error naming %s, got %v", flag, err)
+		if _, err := liveness.NewReaper(cfg); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("want error naming %s, got %v", field, err)
 		}
 	}
-	if _, err := liveness.NewReaper(liveness.ReaperConfig{}); err == nil || errors.Is(err, context.Canceled) {
-		t.Error("empty config accepted")
+	// The empty config is refused for its first missing field, as a *ConfigError.
+	var ce *liveness.ConfigError
+	if _, err := liveness.NewReaper(liveness.ReaperConfig{}); !errors.As(err, &ce) || ce.Field != "ReaperConfig.Pool" {
+		t.Errorf("empty config: error %v, want a *ConfigError for ReaperConfig.Pool", err)
 	}
 }
 
@@ -271,7 +269,7 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 		}
 	}()
 	t.Cleanup(func() { stop(); <-finished })
-	waitUntil(t, 10*time.Second, "alive lock held and a beat written", func() bool {
+	testutil.Eventually(t, 10*time.Second, "alive lock held and a beat written", func() bool {
 		s := agent.Snapshot()
 		return s.AliveLock.Held && s.Heartbeat.Beats > 0
 	})
@@ -282,7 +280,7 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = locker.Exec(context.Background(), `ROLLBACK`) })
-	waitUntil(t, 20*time.Second, "a beat and a reap round wait for the instances table", func() bool {
+	testutil.Eventually(t, 20*time.Second, "a beat and a reap round wait for the instances table", func() bool {
 		var beat, reap bool
 		if err := pool.QueryRow(bg, `SELECT
 			coalesce(bool_or(query LIKE '%pg_liveness:heartbeat %'), false),
@@ -325,7 +323,7 @@ func TestAgentDuplicateInstanceWritesNothing(t *testing.T) {
 	done1 := make(chan error, 1)
 	go func() { done1 <- a1.Run(ctx1) }()
 	t.Cleanup(func() { stop1(); <-done1 })
-	waitUntil(t, 10*time.Second, "the first agent holds its lock and beat", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the first agent holds its lock and beat", func() bool {
 		s := a1.Snapshot()
 		return s.AliveLock.Held && s.Heartbeat.Beats > 0
 	})
@@ -399,7 +397,7 @@ func TestAgentNeedsTheSchema(t *testing.T) {
 	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 20*time.Second, "the waiting agent joins once the migrations are applied", func() bool {
+	testutil.Eventually(t, 20*time.Second, "the waiting agent joins once the migrations are applied", func() bool {
 		s := waiting.Snapshot()
 		return s.AliveLock.Held && s.Heartbeat.Beats > 0
 	})

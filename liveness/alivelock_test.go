@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -56,12 +57,12 @@ func TestAliveLockTerminatedBackend(t *testing.T) {
 	db, pool := livenessDB(t, ctx)
 	id := uuid.New()
 	lock := startAliveLock(t, AliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc", VerifyInterval: time.Minute})
-	eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
+	testutil.Eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
 
 	cfg := testHeartbeatConfig(pool, lock)
 	cfg.InstanceID = id
 	h, _ := startHeartbeat(t, cfg)
-	eventually(t, 5*time.Second, "the first beat, at the slow cadence", func() bool {
+	testutil.Eventually(t, 5*time.Second, "the first beat, at the slow cadence", func() bool {
 		s := h.Stats()
 		return s.Beats == 1 && s.Interval == DefaultHeartbeatSlowInterval
 	})
@@ -84,7 +85,7 @@ func TestAliveLockTerminatedBackend(t *testing.T) {
 	if s := lock.Stats(); s.Losses != 1 {
 		t.Fatalf("Stats = %+v, want 1 loss", s)
 	}
-	eventually(t, 3*time.Second, "a beat right after the loss", func() bool { return h.Stats().Beats == 2 })
+	testutil.Eventually(t, 3*time.Second, "a beat right after the loss", func() bool { return h.Stats().Beats == 2 })
 	var rowBeat time.Time
 	if err := pool.QueryRow(ctx, `SELECT last_heartbeat_at FROM liveness.instances WHERE instance_id = $1`, id).Scan(&rowBeat); err != nil {
 		t.Fatal(err)
@@ -93,7 +94,7 @@ func TestAliveLockTerminatedBackend(t *testing.T) {
 		t.Fatalf("last_heartbeat_at %s did not move past %s", rowBeat, lastBeat)
 	}
 
-	eventually(t, 5*time.Second, "the lock claimed again after reconnecting", lock.Held)
+	testutil.Eventually(t, 5*time.Second, "the lock claimed again after reconnecting", lock.Held)
 	if s := lock.Stats(); s.Claims != 2 || s.Reconnects != 1 || s.Losses != 1 || !s.Held {
 		t.Fatalf("Stats = %+v, want 2 claims, 1 reconnect, 1 loss, held", s)
 	}
@@ -110,7 +111,7 @@ func TestAliveLockDuplicateInstance(t *testing.T) {
 	db, pool := livenessDB(t, ctx)
 	id := uuid.New()
 	first, stopFirst := startAliveLockStoppable(t, AliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc"})
-	eventually(t, 5*time.Second, "the first lock is held", first.Held)
+	testutil.Eventually(t, 5*time.Second, "the first lock is held", first.Held)
 
 	logs := &logRecorder{}
 	second := startAliveLock(t, AliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc",
@@ -120,7 +121,7 @@ func TestAliveLockDuplicateInstance(t *testing.T) {
 	h, _ := startHeartbeat(t, cfg)
 
 	const dup = "held by another session"
-	eventually(t, 5*time.Second, "several failed claims"+logs.String(), func() bool {
+	testutil.Eventually(t, 5*time.Second, "several failed claims"+logs.String(), func() bool {
 		n, _ := logs.count(dup, slog.LevelDebug)
 		return n >= 5
 	})
@@ -131,7 +132,7 @@ func TestAliveLockDuplicateInstance(t *testing.T) {
 		t.Fatalf("first held %v, second %+v: want only the first to hold", first.Held(), second.Stats())
 	}
 	// A duplicate must not write the row that belongs to the lock's holder.
-	eventually(t, 5*time.Second, "the duplicate's heartbeat reports it", func() bool { return h.Stats().Duplicate })
+	testutil.Eventually(t, 5*time.Second, "the duplicate's heartbeat reports it", func() bool { return h.Stats().Duplicate })
 	if s := h.Stats(); s.Beats != 0 || !second.Duplicate() {
 		t.Fatalf("the duplicate's heartbeat %+v, lock Duplicate %v: want no beat while another session holds the lock",
 			s, second.Duplicate())
@@ -141,11 +142,11 @@ func TestAliveLockDuplicateInstance(t *testing.T) {
 	if s := first.Stats(); s.Held || s.Losses != 0 || s.Claims != 1 {
 		t.Fatalf("first Stats after a clean stop = %+v, want not held, 1 claim and no loss", s)
 	}
-	eventually(t, 5*time.Second, "the second lock takes over once the first is gone", second.Held)
+	testutil.Eventually(t, 5*time.Second, "the second lock takes over once the first is gone", second.Held)
 	if s := second.Stats(); s.Claims != 1 || s.Duplicate {
 		t.Fatalf("second Stats = %+v, want 1 claim and no longer a duplicate", s)
 	}
-	eventually(t, 5*time.Second, "the second instance beats once its lock is held", func() bool { return h.Stats().Beats >= 1 })
+	testutil.Eventually(t, 5*time.Second, "the second instance beats once its lock is held", func() bool { return h.Stats().Beats >= 1 })
 }
 
 // TestAliveLockMissingFunction: before the migrations, the claim fails with an error
@@ -158,7 +159,7 @@ func TestAliveLockMissingFunction(t *testing.T) {
 	lock := startAliveLock(t, AliveLockConfig{DSN: db.DSN, Schema: "not_migrated_yet", InstanceID: uuid.New(),
 		ServiceName: "svc", VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
 	const failed = "alive lock claim failed"
-	eventually(t, 5*time.Second, "several failed claims"+logs.String(), func() bool {
+	testutil.Eventually(t, 5*time.Second, "several failed claims"+logs.String(), func() bool {
 		n, _ := logs.count(failed, slog.LevelDebug)
 		return n >= 5
 	})
@@ -168,7 +169,7 @@ func TestAliveLockMissingFunction(t *testing.T) {
 	if _, err := migrations.Apply(ctx, pool, "not_migrated_yet"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the claim once the migrations are applied", lock.Held)
+	testutil.Eventually(t, 5*time.Second, "the claim once the migrations are applied", lock.Held)
 }
 
 // TestAliveLockKeepaliveSettings reads, on the lock's own session, the settings its
@@ -334,7 +335,7 @@ func TestAliveLockStaysHeldAcrossVerifications(t *testing.T) {
 	id := uuid.New()
 	lock := startAliveLock(t, AliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc",
 		VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
-	eventually(t, 10*time.Second, "lock held", lock.Held)
+	testutil.Eventually(t, 10*time.Second, "lock held", lock.Held)
 	for range 50 { // about 50 verification ticks
 		if !lock.Held() {
 			t.Fatalf("Held() turned false while nothing happened to the lock\n%s", logs)
@@ -362,13 +363,13 @@ func TestAliveLockRecoversFastEveryTime(t *testing.T) {
 	id := uuid.New()
 	lock := startAliveLock(t, AliveLockConfig{DSN: dsn, InstanceID: id, ServiceName: "svc", VerifyInterval: time.Minute})
 	for i := range 6 {
-		eventually(t, 3*time.Second, fmt.Sprintf("the alive lock held again (loss %d)", i), lock.Held)
+		testutil.Eventually(t, 3*time.Second, fmt.Sprintf("the alive lock held again (loss %d)", i), lock.Held)
 		pid := lockHolderPID(t, ctx, pool, id)
 		var ok bool
 		if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 5000)`, pid).Scan(&ok); err != nil || !ok {
 			t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
 		}
-		eventually(t, 3*time.Second, "the loss noticed", func() bool { return !lock.Held() })
+		testutil.Eventually(t, 3*time.Second, "the loss noticed", func() bool { return !lock.Held() })
 	}
-	eventually(t, 3*time.Second, "the alive lock held again after the sixth loss", lock.Held)
+	testutil.Eventually(t, 3*time.Second, "the alive lock held again after the sixth loss", lock.Held)
 }

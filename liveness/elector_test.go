@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
@@ -83,7 +84,7 @@ func startCuttableAgent(t *testing.T, db *pgtest.DB, service string) (*liveness.
 	done := make(chan struct{})
 	go func() { defer close(done); _ = a.Run(ctx) }()
 	t.Cleanup(func() { stop(); <-done })
-	waitUntil(t, 10*time.Second, service+" holds its lock and beat", func() bool {
+	testutil.Eventually(t, 10*time.Second, service+" holds its lock and beat", func() bool {
 		s := a.Snapshot()
 		return s.AliveLock.Held && s.Heartbeat.Beats > 0
 	})
@@ -105,13 +106,13 @@ func TestElectorTakesOverFromADeadLeaderBeforeTheTTL(t *testing.T) {
 	defer stop()
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = a1.Leases().Elect(ctx, l1.config("job", ttl)) })
-	waitUntil(t, 10*time.Second, "a1 leads", func() bool { s, _ := l1.snapshot(); return len(s) == 1 })
+	testutil.Eventually(t, 10*time.Second, "a1 leads", func() bool { s, _ := l1.snapshot(); return len(s) == 1 })
 	var seen []liveness.Leader
 	var seenMu sync.Mutex
 	c2 := l2.config("job", ttl)
 	c2.OnNewLeader = func(l liveness.Leader) { seenMu.Lock(); seen = append(seen, l); seenMu.Unlock() }
 	wg.Go(func() { _ = a2.Leases().Elect(ctx, c2) })
-	waitUntil(t, 5*time.Second, "a2 sees a1 leading", func() bool {
+	testutil.Eventually(t, 5*time.Second, "a2 sees a1 leading", func() bool {
 		seenMu.Lock()
 		defer seenMu.Unlock()
 		return len(seen) > 0 && seen[0].InstanceID == a1.Snapshot().InstanceID
@@ -127,7 +128,7 @@ func TestElectorTakesOverFromADeadLeaderBeforeTheTTL(t *testing.T) {
 
 	cutAt := time.Now()
 	cut.close() // a1's process "dies": its sessions end, it reaches nothing
-	waitUntil(t, 15*time.Second, "a2 leads", func() bool { s, _ := l2.snapshot(); return len(s) == 1 })
+	testutil.Eventually(t, 15*time.Second, "a2 leads", func() bool { s, _ := l2.snapshot(); return len(s) == 1 })
 	s1, stops1 := l1.snapshot()
 	s2, _ := l2.snapshot()
 	if s1[0].end.IsZero() {
@@ -226,7 +227,7 @@ func TestAgentRecordsMetadata(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 	defer func() { stop(); <-done }()
-	waitUntil(t, 10*time.Second, "a beat", func() bool { return a.Snapshot().Heartbeat.Beats > 0 })
+	testutil.Eventually(t, 10*time.Second, "a beat", func() bool { return a.Snapshot().Heartbeat.Beats > 0 })
 	var meta string
 	if err := pool.QueryRow(context.Background(), `SELECT metadata->>'version' FROM liveness.instances WHERE instance_id = $1`,
 		cfg.InstanceID).Scan(&meta); err != nil || meta != "1.2.3" {
@@ -268,7 +269,7 @@ func TestAcquireWhoseAnswerIsLostLeavesNoRow(t *testing.T) {
 	if le, err := leases.TryAcquire(ctx, "job", time.Minute); err == nil || le != nil {
 		t.Fatalf("TryAcquire = %v, %v; want an error: the answer came too late", le, err)
 	}
-	waitUntil(t, 10*time.Second, "the abandoned row deleted", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the abandoned row deleted", func() bool {
 		var n int
 		if err := direct.QueryRow(context.Background(), `SELECT count(*) FROM liveness.leases WHERE name = 'job'`).Scan(&n); err != nil {
 			t.Fatal(err)

@@ -55,8 +55,22 @@ func ExampleAgent() {
 	done := make(chan error, 1)
 	go func() { done <- agent.Run(runCtx) }()
 
+	// Wait for the lock and the first beat, no longer than ctx allows.
+	poll := time.NewTicker(10 * time.Millisecond)
+	defer poll.Stop()
 	for !agent.Snapshot().AliveLock.Held || agent.Snapshot().Heartbeat.Beats == 0 {
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case err := <-done:
+			stop()
+			fmt.Println("the agent stopped before it was alive:", err)
+			return
+		case <-ctx.Done():
+			fmt.Println("not alive in time:", ctx.Err())
+			stop()
+			<-done
+			return
+		case <-poll.C:
+		}
 	}
 	fmt.Println("holds its alive lock")
 	stop()
@@ -109,7 +123,11 @@ func ExampleLeases_Elect() {
 			fmt.Println("stopped leading:", reason, errors.Is(reason, liveness.ErrLeaseLost))
 		},
 	})
-	<-led
+	select {
+	case <-led:
+	default: // Elect has returned: had the callback run, led would be closed
+		fmt.Println("never led")
+	}
 	fmt.Println("campaign over:", err)
 	// Output:
 	// leading; writes fenced by the epoch: true

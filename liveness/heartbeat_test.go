@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -62,19 +63,6 @@ func runUntilCleanup(t *testing.T, run func(context.Context) error) (stop func()
 	}
 	t.Cleanup(stop)
 	return stop
-}
-
-// eventually polls cond every 10 ms and fails the test when it is still false after
-// within.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // logRecorder is a slog handler that keeps every record, debug included.
@@ -488,7 +476,7 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 		db, pool := livenessDB(t, ctx)
 		db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 		lock := startAliveLock(t, AliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc"})
-		eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
+		testutil.Eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
 
 		cfg := testHeartbeatConfig(pool, lock)
 		cfg.InstanceID = uuid.New()
@@ -520,12 +508,15 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 	}
 	lockMode, tableOnly := writes[ModeAdvisoryLockWhenAvailable], writes[ModeHeartbeatTableOnly]
 	t.Logf("heartbeat writes in a simulated hour: %d with the lock held, %d in table-only mode", lockMode, tableOnly)
-	// The first beat at once, then one per 60s or 30s.
-	if lockMode != 61 || tableOnly != 121 {
-		t.Fatalf("writes = %d (lock held) and %d (table-only), want 61 and 121", lockMode, tableOnly)
+	// The first beat at once, then one per slow interval with the lock held and one per
+	// interval without it. The two differ, so a worker that ignores the lock fails.
+	fast, slow := DefaultHeartbeatInterval, DefaultHeartbeatSlowInterval
+	if slow <= fast {
+		t.Fatalf("the default slow interval %s is not longer than the interval %s: this test shows nothing", slow, fast)
 	}
-	if r := float64(tableOnly) / float64(lockMode); r < 1.8 || r > 2.2 {
-		t.Fatalf("ratio %.2f, want slow/fast = 2 ± 0.2", r)
+	wantLock, wantTable := 1+int64(time.Hour/slow), 1+int64(time.Hour/fast)
+	if lockMode != wantLock || tableOnly != wantTable {
+		t.Fatalf("writes = %d (lock held) and %d (table-only), want %d and %d", lockMode, tableOnly, wantLock, wantTable)
 	}
 }
 

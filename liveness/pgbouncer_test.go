@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 // aliveLockStartupParameters are the parameters the lock's connection sends that
@@ -38,7 +39,7 @@ func TestAliveLockBehindPgBouncer(t *testing.T) {
 		h, _ := startHeartbeat(t, cfg)
 
 		const pooled = "PgBouncer in transaction pooling mode"
-		eventually(t, 5*time.Second, "several verifications through PgBouncer"+logs.String(), func() bool {
+		testutil.Eventually(t, 5*time.Second, "several verifications through PgBouncer"+logs.String(), func() bool {
 			n, _ := logs.count(pooled, slog.LevelDebug)
 			return n >= 5
 		})
@@ -51,7 +52,7 @@ func TestAliveLockBehindPgBouncer(t *testing.T) {
 		if pid := lockHolderPID(t, ctx, direct, id); pid != 0 {
 			t.Fatalf("backend %d holds the alive lock: a claim leaked onto a pooled server connection", pid)
 		}
-		eventually(t, 5*time.Second, "a beat through PgBouncer", func() bool { return h.Stats().Beats >= 1 })
+		testutil.Eventually(t, 5*time.Second, "a beat through PgBouncer", func() bool { return h.Stats().Beats >= 1 })
 		if s := h.Stats(); s.Interval != DefaultHeartbeatInterval {
 			t.Fatalf("heartbeat interval %s, want the fast %s", s.Interval, DefaultHeartbeatInterval)
 		}
@@ -73,7 +74,7 @@ func TestAliveLockBehindPgBouncer(t *testing.T) {
 		h, _ := startHeartbeat(t, cfg)
 
 		const refused = "points at PgBouncer"
-		eventually(t, 10*time.Second, "two refused connections"+logs.String(), func() bool {
+		testutil.Eventually(t, 10*time.Second, "two refused connections"+logs.String(), func() bool {
 			n, _ := logs.count(refused, slog.LevelDebug)
 			return n >= 2
 		})
@@ -83,7 +84,7 @@ func TestAliveLockBehindPgBouncer(t *testing.T) {
 		if lock.Held() {
 			t.Fatal("the alive lock is held without a connection")
 		}
-		eventually(t, 5*time.Second, "the first beat", func() bool { return h.Stats().Beats >= 1 })
+		testutil.Eventually(t, 5*time.Second, "the first beat", func() bool { return h.Stats().Beats >= 1 })
 		if s := h.Stats(); s.Interval != DefaultHeartbeatInterval {
 			t.Fatalf("heartbeat interval %s, want the fast %s", s.Interval, DefaultHeartbeatInterval)
 		}

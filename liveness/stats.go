@@ -55,8 +55,11 @@ type AgentSnapshot struct {
 	InstanceID  uuid.UUID
 	ServiceName string
 	Mode        Mode
-	AliveLock   AliveLockStats
-	Heartbeat   HeartbeatStats
-	Leases      []LeaseStats // sorted by Name
-	Reaped      uint64       // instances removed by this agent's reaper
+	// HeartbeatInterval and HeartbeatSlowInterval are the configured cadences (defaults
+	// filled in): the first without a verified alive lock, the second with one.
+	HeartbeatInterval, HeartbeatSlowInterval time.Duration
+	AliveLock                                AliveLockStats
+	Heartbeat                                HeartbeatStats
+	Leases                                   []LeaseStats // sorted by Name
+	Reaped                                   uint64       // instances removed by this agent's reaper
 }

@@ -276,8 +276,8 @@ cat <<EOF
   Also: pg_liveness_advisory_locks{kind="alive_lock"}, pg_liveness_backends,
     pg_liveness_statement_calls_total{statement="heartbeat"} (from pg_stat_statements),
     and every 10s fleetsim.log prints each instance's state as the database sees it.
-  PgLivenessHeartbeatWriteRateHigh goes pending too: the demo beats every 5-10s, not
-    every 30-60s as the rule assumes.
+  The heartbeat write-rate alerts stay quiet: they expect the cadence the exporter's
+    agent reports (pg_liveness_agent_heartbeat_configured_interval_seconds, 5s and 10s).
 
 EOF
 

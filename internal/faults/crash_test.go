@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 // jobLeaseTTL is the ttl of the job lease the victims hold: 10 s, the order of
@@ -17,7 +19,7 @@ const trialWindow = 150 * time.Second
 
 // waitSeen polls until every named check holds or the window ends.
 func waitSeen(window time.Duration, checks ...func() bool) {
-	poll(window, func() bool {
+	testutil.Poll(window, func() bool {
 		for _, c := range checks {
 			if !c() {
 				return false
@@ -32,7 +34,7 @@ func waitSeen(window time.Duration, checks ...func() bool) {
 func waitHealthy(t *testing.T, s *sampler, a *agent, observed bool) {
 	t.Helper()
 	since := time.Now()
-	waitFor(t, 60*time.Second, a.name+" locked and alive for every consumer", func() bool {
+	testutil.Eventually(t, 60*time.Second, a.name+" locked and alive for every consumer", func() bool {
 		_, sqlOK := s.firstSQL(since, func(smp sqlSample) bool {
 			for _, id := range a.ids {
 				if v := smp.Inst[id]; !v.Locked || !v.Alive || !v.Row {
@@ -71,7 +73,7 @@ func TestCrash(t *testing.T) {
 		lease := fmt.Sprintf("job-%d", trial)
 		victim := startAgent(t, e, agentOpts{service: fmt.Sprintf("crash-victim-%d", trial), lease: lease, leaseTTL: jobLeaseTTL})
 		s.Watch(victim)
-		waitFor(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
+		testutil.Eventually(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
 		heir := startAgent(t, e, agentOpts{service: fmt.Sprintf("crash-heir-%d", trial), lease: lease, leaseTTL: jobLeaseTTL})
 		s.Watch(heir)
 		waitHealthy(t, s, victim, true)
@@ -151,7 +153,7 @@ func TestHang(t *testing.T) {
 		lease := fmt.Sprintf("job-%d", trial)
 		victim := startAgent(t, e, agentOpts{service: fmt.Sprintf("hang-victim-%d", trial), lease: lease, leaseTTL: leaseTTL, timing: timing})
 		s.Watch(victim)
-		waitFor(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
+		testutil.Eventually(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
 		heir := startAgent(t, e, agentOpts{service: fmt.Sprintf("hang-heir-%d", trial), lease: lease, leaseTTL: leaseTTL, timing: timing})
 		s.Watch(heir)
 		waitHealthy(t, s, victim, true)

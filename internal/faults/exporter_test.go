@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 // startExporterAgent runs the exporter binary as an agent with instance id and service
@@ -19,12 +20,12 @@ import (
 func startExporterAgent(t *testing.T, e *env, service string, flags ...string) (*agent, string) {
 	t.Helper()
 	id := uuid.New()
-	addr := freeAddr(t)
+	addr := testutil.FreeAddr(t)
 	args := append([]string{"--web.listen-address=" + addr, "--db.dsn=" + e.dsn, "--db.schema=" + schema,
 		"--agent.instance-id=" + id.String(), "--agent.service-name=" + service}, flags...)
 	p := startProc(t, "exporter agent "+service, procOpts{}, exporterBin, args...)
 	url := "http://" + addr + "/metrics"
-	waitFor(t, 30*time.Second, "the exporter agent answering", func() bool { _, err := scrapeValues(url); return err == nil })
+	testutil.Eventually(t, 30*time.Second, "the exporter agent answering", func() bool { _, err := scrapeValues(url); return err == nil })
 	return &agent{proc: p, ids: []uuid.UUID{id}, services: []string{service}}, url
 }
 
@@ -76,7 +77,7 @@ func TestPgBouncerDirectDSN(t *testing.T) {
 		t0 := time.Now()
 		a, url := startExporterAgent(t, e, fmt.Sprintf("pgbouncer-%d", trial), "--db.direct-dsn="+bouncer.DSN(e.db.Name))
 		s.Watch(a)
-		ok := poll(30*time.Second, func() bool { return a.Logged("transaction pooling") })
+		ok := testutil.Poll(30*time.Second, func() bool { return a.Logged("transaction pooling") })
 		sc.observe("pooler detected (log line)", 30*time.Second, time.Since(t0), ok)
 		if !ok {
 			t.Errorf("no log line naming transaction pooling")
@@ -141,7 +142,7 @@ func TestReadOnlyDatabase(t *testing.T) {
 		execSQL(t, e.dsn, "ALTER SYSTEM SET default_transaction_read_only = on")
 		execSQL(t, e.dsn, "SELECT pg_reload_conf()")
 		var seen time.Duration
-		ok := poll(window, func() bool {
+		ok := testutil.Poll(window, func() bool {
 			seen = time.Since(t0)
 			return metric("pg_liveness_agent_heartbeat_failures_total") > failures
 		})
@@ -155,7 +156,7 @@ func TestReadOnlyDatabase(t *testing.T) {
 		// A session of its own may still write; pgx sends unknown DSN keys as parameters.
 		execSQL(t, e.dsn+" default_transaction_read_only=off", "ALTER SYSTEM RESET default_transaction_read_only")
 		execSQL(t, e.dsn, "SELECT pg_reload_conf()")
-		ok = poll(window, func() bool { seen = time.Since(tw); return metric("pg_liveness_agent_heartbeats_total") > beats })
+		ok = testutil.Poll(window, func() bool { seen = time.Since(tw); return metric("pg_liveness_agent_heartbeats_total") > beats })
 		sc.observe("heartbeat succeeds again after writes return", window, seen, ok)
 		n, first := s.falseDead(t0, time.Now(), []*agent{a})
 		sc.addFalseDead(n, first)

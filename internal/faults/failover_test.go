@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 // failoverAgents is how many instances follow the primary to its replica.
@@ -47,7 +48,7 @@ func TestPrimaryFailover(t *testing.T) {
 			}
 			promoted := time.Now()
 			var relock time.Duration
-			ok := poll(window, func() bool {
+			ok := testutil.Poll(window, func() bool {
 				var ok bool
 				relock, ok = s.firstSQL(promoted, func(smp sqlSample) bool {
 					for _, id := range fleet.ids {

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -25,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -446,7 +446,7 @@ func startAgent(t *testing.T, e *env, o agentOpts) *agent {
 	args = append(args, o.extra...)
 	a := &agent{proc: startProc(t, "faultagent "+o.service, procOpts{netns: o.netns}, agentBin, args...)}
 	n := max(1, o.instances)
-	waitFor(t, 60*time.Second, "faultagent "+o.service+" ready", func() bool {
+	testutil.Eventually(t, 60*time.Second, "faultagent "+o.service+" ready", func() bool {
 		return len(a.Events("ready", time.Time{})) >= n || !a.Running()
 	})
 	if !a.Running() {
@@ -474,11 +474,11 @@ type observer struct {
 
 func startObserver(t *testing.T, dsn string, flags ...string) *observer {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := testutil.FreeAddr(t)
 	args := append([]string{"--no-agent", "--web.listen-address=" + addr, "--db.dsn=" + dsn,
 		"--db.schema=" + schema, "--log.level=warn"}, flags...)
 	o := &observer{proc: startProc(t, "observer", procOpts{}, exporterBin, args...), url: "http://" + addr + "/metrics"}
-	waitFor(t, 30*time.Second, "observer answering", func() bool {
+	testutil.Eventually(t, 30*time.Second, "observer answering", func() bool {
 		resp, err := http.Get(o.url)
 		if err != nil {
 			return false
@@ -487,36 +487,4 @@ func startObserver(t *testing.T, dsn string, flags ...string) *observer {
 		return resp.StatusCode == http.StatusOK
 	})
 	return o
-}
-
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// waitFor polls cond every 50 ms until it holds, and fails the test after timeout.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	if !poll(timeout, cond) {
-		t.Fatalf("timed out after %s waiting for %s", timeout, what)
-	}
-}
-
-// poll reports whether cond held within timeout.
-func poll(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 // netnsRootHint is the one line a network-namespace scenario fails with when not root.
@@ -193,7 +195,7 @@ func TestNetnsRemovedAfterChildPanics(t *testing.T) {
 	if err := cmd.Wait(); err == nil {
 		t.Fatal("the child exited 0; it should have panicked")
 	}
-	gone := poll(10*time.Second, func() bool { ok, err := netnsExists(name, dev); return err == nil && !ok })
+	gone := testutil.Poll(10*time.Second, func() bool { ok, err := netnsExists(name, dev); return err == nil && !ok })
 	if !gone {
 		_ = exec.Command("ip", "netns", "del", name).Run()
 		_ = exec.Command("ip", "link", "del", dev).Run()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 // netEnv is an env whose server also listens on the host end of a veth pair, and the DSN
@@ -128,7 +129,7 @@ func runPartition(t *testing.T, sc *scenario, e *env, ns *netns, nsDSN string, o
 	lease, tag string, stale bool) partitionRun {
 	t.Helper()
 	const window = 90 * time.Second
-	victimAddr, heirAddr := ns.NSIP+":9187", freeAddr(t)
+	victimAddr, heirAddr := ns.NSIP+":9187", testutil.FreeAddr(t)
 	extra := []string{"--web.listen-address=" + victimAddr}
 	if stale {
 		extra = append(extra, "--lease.ignore-loss")
@@ -137,7 +138,7 @@ func runPartition(t *testing.T, sc *scenario, e *env, ns *netns, nsDSN string, o
 	r.victim = startAgent(t, e, agentOpts{service: "partition-victim-" + tag, netns: ns.Name, dsn: nsDSN, lease: lease,
 		leaseTTL: jobLeaseTTL, extra: extra})
 	s.Watch(r.victim)
-	waitFor(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(r.victim.Events("acquired", time.Time{})) > 0 })
+	testutil.Eventually(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(r.victim.Events("acquired", time.Time{})) > 0 })
 	r.heir = startAgent(t, e, agentOpts{service: "partition-heir-" + tag, lease: lease, leaseTTL: jobLeaseTTL,
 		extra: []string{"--web.listen-address=" + heirAddr}})
 	s.Watch(r.heir)
@@ -145,7 +146,7 @@ func runPartition(t *testing.T, sc *scenario, e *env, ns *netns, nsDSN string, o
 	waitHealthy(t, s, r.victim, true)
 	waitHealthy(t, s, r.heir, true)
 	// The alert's inputs are there: the victim's belief and the lease row, as scraped.
-	waitFor(t, 30*time.Second, "Prometheus scraping the victim's belief and the lease row", func() bool {
+	testutil.Eventually(t, 30*time.Second, "Prometheus scraping the victim's belief and the lease row", func() bool {
 		a, err1 := r.prom.query(fmt.Sprintf(`pg_liveness_agent_lease_epoch{lease=%q} and on (lease) pg_liveness_lease_epoch`, lease))
 		up, err2 := r.prom.query(`up == 1`)
 		return err1 == nil && err2 == nil && a == 1 && up == 3
@@ -201,7 +202,7 @@ func runPartition(t *testing.T, sc *scenario, e *env, ns *netns, nsDSN string, o
 		t.Fatal(err)
 	}
 	var relock time.Duration
-	ok := poll(window, func() bool {
+	ok := testutil.Poll(window, func() bool {
 		var ok bool
 		relock, ok = s.firstSQL(r.healed, func(smp sqlSample) bool { return smp.Inst[id].Locked && smp.Inst[id].Alive })
 		return ok
@@ -226,7 +227,7 @@ func TestNetworkBlip(t *testing.T) {
 	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)
 	victim := startAgent(t, e, agentOpts{service: "blip", netns: ns.Name, dsn: nsDSN, lease: "job", leaseTTL: jobLeaseTTL})
 	s.Watch(victim)
-	waitFor(t, 30*time.Second, "the victim holding the lease", func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
+	testutil.Eventually(t, 30*time.Second, "the victim holding the lease", func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
 	lost := 0
 	for range trials() {
 		waitHealthy(t, s, victim, true)

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 // rulesFile is the alert rule file the project ships, loaded unchanged.
@@ -59,10 +61,10 @@ func startPrometheus(t *testing.T, alert string, targets ...string) *prometheus 
 	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := &prometheus{addr: freeAddr(t)}
+	p := &prometheus{addr: testutil.FreeAddr(t)}
 	p.proc = startProc(t, "prometheus", procOpts{}, bin, "--config.file="+cfgPath,
 		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+p.addr, "--log.level=warn")
-	waitFor(t, 60*time.Second, "Prometheus ready", func() bool {
+	testutil.Eventually(t, 60*time.Second, "Prometheus ready", func() bool {
 		resp, err := http.Get("http://" + p.addr + "/-/ready")
 		if err != nil {
 			return false

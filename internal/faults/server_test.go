@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 // restartAgents is how many instances ride through a PostgreSQL restart.
@@ -48,7 +50,7 @@ func testRestart(t *testing.T, number int, mode string) {
 		}
 		up := time.Now()
 		var relock time.Duration
-		ok := poll(window, func() bool { var ok bool; relock, ok = s.firstSQL(up, allLocked); return ok })
+		ok := testutil.Poll(window, func() bool { var ok bool; relock, ok = s.firstSQL(up, allLocked); return ok })
 		sc.observe("every lock held again, from the stop", window, relock+up.Sub(t0), ok)
 		sc.observe("every lock held again, from the server answering", window, relock, ok)
 		// Watch a little longer than a proof-of-life grace would last.
@@ -77,7 +79,7 @@ func TestTerminateBackend(t *testing.T) {
 		t0 := time.Now()
 		execSQL(t, e.dsn, "SELECT pg_terminate_backend($1)", pid)
 		var reclaim time.Duration
-		ok := poll(window, func() bool {
+		ok := testutil.Poll(window, func() bool {
 			var ok bool
 			reclaim, ok = s.firstSQL(t0, func(smp sqlSample) bool { v := smp.Inst[id]; return v.Locked && v.LockPID != pid })
 			return ok
@@ -110,8 +112,8 @@ func TestPoolExhaustion(t *testing.T) {
 		waitHealthy(t, s, victim, true)
 		t0 := time.Now()
 		victim.Signal(syscall.SIGUSR1)
-		waitFor(t, 10*time.Second, "the pool busy", func() bool { return len(victim.Events("busy", t0)) > 0 })
-		waitFor(t, busy+15*time.Second, "the pool idle again", func() bool { return len(victim.Events("idle", t0)) > 0 })
+		testutil.Eventually(t, 10*time.Second, "the pool busy", func() bool { return len(victim.Events("busy", t0)) > 0 })
+		testutil.Eventually(t, busy+15*time.Second, "the pool idle again", func() bool { return len(victim.Events("idle", t0)) > 0 })
 		for _, smp := range s.sqlSamples() {
 			if smp.At.After(t0) && !smp.Inst[id].Locked {
 				lockLost++
@@ -159,7 +161,7 @@ func TestLeaseContention(t *testing.T) {
 			}
 			return evs
 		}
-		ok := poll(window, func() bool { return len(acquisitions()) >= rounds })
+		ok := testutil.Poll(window, func() bool { return len(acquisitions()) >= rounds })
 		sc.observe(fmt.Sprintf("%d rounds", rounds), window, time.Since(t0), ok)
 		for _, a := range all {
 			a.Stop()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/fleetsim"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
@@ -43,17 +44,6 @@ func start(t *testing.T, cfg fleetsim.Config) *fleetsim.Fleet {
 	return f
 }
 
-func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func statuses(t *testing.T, f *fleetsim.Fleet) []fleetsim.Status {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -84,7 +74,7 @@ func TestKillAndHang(t *testing.T) {
 	f := start(t, cfg)
 	pool := db.Pool(t, 2)
 
-	waitUntil(t, 5*time.Second, "every instance has a row and every lock instance its lock", func() bool {
+	testutil.Eventually(t, 5*time.Second, "every instance has a row and every lock instance its lock", func() bool {
 		for _, s := range statuses(t, f) {
 			if !s.Row || s.LockHeld != s.AliveLock {
 				return false
@@ -111,7 +101,7 @@ func TestKillAndHang(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := f.Instances()[4]
-	waitUntil(t, time.Second, "killed instance's lock released at once", func() bool {
+	testutil.Eventually(t, time.Second, "killed instance's lock released at once", func() bool {
 		return !statuses(t, f)[4].LockHeld
 	})
 	if s := statuses(t, f)[4]; !s.Row || (s.Observed != liveness.StateLockLost && s.Observed != liveness.StateStale) {
@@ -121,12 +111,12 @@ func TestKillAndHang(t *testing.T) {
 	if err := f.Hang(3); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, stale+2*time.Second, "killed instance not alive after the stale threshold", func() bool {
+	testutil.Eventually(t, stale+2*time.Second, "killed instance not alive after the stale threshold", func() bool {
 		return !queryBool(t, pool, `SELECT liveness.is_instance_alive($1, $2)`, killed.ID, int(stale.Seconds()))
 	})
 
 	// Hang: by now the hung instance's heartbeat has aged too, but its lock holds.
-	waitUntil(t, stale+2*time.Second, "hung instance's heartbeat past the stale threshold", func() bool {
+	testutil.Eventually(t, stale+2*time.Second, "hung instance's heartbeat past the stale threshold", func() bool {
 		return statuses(t, f)[3].HeartbeatAge > stale
 	})
 	st := statuses(t, f)
@@ -181,7 +171,7 @@ func TestLeasedJobsRunOnOneInstanceAtATime(t *testing.T) {
 	}
 	f := start(t, cfg)
 	pool := db.Pool(t, 2)
-	waitUntil(t, 15*time.Second, "each lease run at least 6 times, on at least 2 instances", func() bool {
+	testutil.Eventually(t, 15*time.Second, "each lease run at least 6 times, on at least 2 instances", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM (SELECT lease FROM job_runs WHERE ended_at IS NOT NULL
 			GROUP BY lease HAVING count(*) >= 6 AND count(DISTINCT instance) >= 2) x`) == 2
 	})
@@ -315,7 +305,7 @@ func TestStopLeavesNoConnections(t *testing.T) {
 	const conns = `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = ANY($1)`
 	names := []string{fleetsim.PoolApplicationName, service + ":alive-lock"}
 
-	waitUntil(t, 5*time.Second, "three alive locks", func() bool {
+	testutil.Eventually(t, 5*time.Second, "three alive locks", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM liveness.instance_alive_locks`) == 3
 	})
 	if err := f.Kill(3); err != nil {
@@ -336,7 +326,7 @@ func TestStopLeavesNoConnections(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	f.Stop()
-	waitUntil(t, 10*time.Second, "no connection of the fleet left", func() bool {
+	testutil.Eventually(t, 10*time.Second, "no connection of the fleet left", func() bool {
 		return queryInt(t, pool, conns, names) == 0
 	})
 	killed := f.Instances()[3].ID

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 // StopMode shuts the server down with pg_ctl's mode: "smart" waits for clients, "fast"
@@ -93,7 +95,7 @@ func StartReplica(primary *Server, opts ...ServerOption) (*Server, error) {
 	}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
-		if s.Port, lastErr = freePort(); lastErr != nil {
+		if s.Port, lastErr = testutil.FreePort(); lastErr != nil {
 			continue
 		}
 		if lastErr = s.Start(); lastErr == nil {

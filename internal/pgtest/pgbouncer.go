@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 // PgBouncerInstallHint is the one line printed when PgBouncer cannot be found.
@@ -87,7 +89,7 @@ func NewPgBouncer(t testing.TB, targetDSN string, opts ...PgBouncerOption) *PgBo
 			t.Fatalf("pgtest: %v", err)
 		}
 	}
-	if b.Port, err = freePort(); err != nil {
+	if b.Port, err = testutil.FreePort(); err != nil {
 		_ = os.RemoveAll(b.dir)
 		t.Fatal(err)
 	}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -21,6 +20,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
 // InstallHint is the one line printed when no PostgreSQL server can be found.
@@ -124,7 +125,7 @@ func StartServer(opts ...ServerOption) (*Server, error) {
 	}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
-		if s.Port, lastErr = freePort(); lastErr != nil {
+		if s.Port, lastErr = testutil.FreePort(); lastErr != nil {
 			continue
 		}
 		if lastErr = s.Start(); lastErr == nil {
@@ -342,15 +343,6 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func randomHex(n int) string {

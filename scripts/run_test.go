@@ -1,11 +1,9 @@
-package fleetsim_test
+package scripts_test
 
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,17 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-)
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
+)
 
 // processesUnder lists the pids whose command line mentions dir.
 func processesUnder(dir string) map[int]string {
@@ -63,10 +53,14 @@ func TestRunScriptStartsAndStopsCleanly(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	listen := testutil.FreeAddr(t)
+	pgPort, err := testutil.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
 	env := append(os.Environ(),
 		"PG_LIVENESS_RUN_DIR="+dir,
-		"PG_LIVENESS_PG_PORT="+strconv.Itoa(freePort(t)),
+		"PG_LIVENESS_PG_PORT="+strconv.Itoa(pgPort),
 		"PG_LIVENESS_LISTEN="+listen,
 		"PG_LIVENESS_PROMETHEUS=off",
 	)
@@ -75,7 +69,7 @@ func TestRunScriptStartsAndStopsCleanly(t *testing.T) {
 
 	for run := 1; run <= 2; run++ {
 		var out bytes.Buffer
-		cmd := exec.Command("bash", "../../scripts/run.sh")
+		cmd := exec.Command("bash", "run.sh")
 		cmd.Env = env
 		cmd.Stdout, cmd.Stderr = &out, &out
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -127,7 +121,7 @@ func TestRunScriptStartsAndStopsCleanly(t *testing.T) {
 		case <-time.After(60 * time.Second):
 			t.Fatalf("run %d: the script did not stop within 60s of SIGINT:\n%s", run, out.String())
 		}
-		waitUntil(t, 5*time.Second, "no process left", func() bool {
+		testutil.Eventually(t, 5*time.Second, "no process left", func() bool {
 			for pid := range started {
 				if syscall.Kill(pid, 0) == nil && processesUnder(dir)[pid] != "" {
 					return false
