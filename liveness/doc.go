@@ -78,9 +78,18 @@
 //
 // # Embedding it in a service
 //
-// Open the AliveLock on a DSN that reaches PostgreSQL directly (not through PgBouncer in
-// transaction mode), run a HeartbeatWorker on the service's pgxpool with the lock as its
-// LockSource, and take Leases from the same pool for singleton jobs. On shutdown, stop
-// the heartbeat, delete the row with Remove, release leases, and then stop the lock,
-// whose session end releases it. See the example.
+// Build one Agent with NewAgent: give it the service's pgxpool (heartbeat, leases,
+// reaper) and a DirectDSN that reaches PostgreSQL directly, never through PgBouncer in
+// transaction mode (the alive lock's own connection). Run it in a goroutine the
+// service owns, and campaign for singleton jobs with Agent.Leases().Elect, whose leases
+// record the instance as their holder and end as soon as it cannot prove life. To stop,
+// cancel Run's context and wait for it to return: it stops the heartbeat and the
+// reaper, deletes the instance row while the lock is still held, and then closes the
+// lock's session, so the fleet sees the instance gone at once. Apply the migrations
+// (migrations.Apply) before, or set AgentConfig.WaitForSchema. Read the fleet with a
+// Reader. See ExampleAgent, ExampleLeases_Elect and ExampleReader.
+//
+// AliveLock, HeartbeatWorker and Leases stay exported for a service that needs them on
+// their own (leases without an alive lock, for instance); an Agent wires them together
+// as the guarantees above need, and hand wiring must keep their order of shutdown.
 package liveness
