@@ -453,16 +453,14 @@ func newStatusPage(f *flags, pool *pgxpool.Pool, agent collector.AgentSource, st
 		return nil, fmt.Errorf("--web.telemetry-path %q is the status page's path", f.telemetryPath)
 	}
 	rc := liveness.ReaderConfig{DB: pool, Schema: f.schema, StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead}
-	src := f.collectors.Source
-	if src.Kind == collector.SourceWhizbang {
-		w := src.Whizbang // checked with the collectors' flags
-		rc.Whizbang = &liveness.WhizbangSource{Schema: w.Schema, Prefix: w.Prefix, LockKeyPrefix: w.LockKeyPrefix,
-			HeartbeatInterval: w.HeartbeatInterval, HeartbeatSlowInterval: w.HeartbeatSlowInterval,
-			StaleThreshold: w.StaleThreshold, DefinitiveDeadCutoff: w.DefinitiveDeadCutoff}
+	src := f.collectors.Source // checked with the collectors' flags
+	if rc.Whizbang = src.ReaderSource(); rc.Whizbang != nil {
 		status = nil // no schema of ours to report on
 	}
 	reader, err := liveness.NewReader(rc)
-	if err != nil {
+	if err != nil && rc.Whizbang != nil {
+		return nil, err // not expected: the collectors' flags checked the same source
+	} else if err != nil {
 		return nil, fmt.Errorf("--agent.definitive-dead-cutoff (%s) must be above --agent.stale-threshold (%s)", f.definitiveDead, f.stale)
 	}
 	return statuspage.New(statuspage.Config{Reader: reader, DB: pool, Schema: f.schema, Source: src, Agent: agent, Status: status,
