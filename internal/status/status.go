@@ -16,6 +16,7 @@
 package status
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -32,6 +33,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -332,7 +334,7 @@ func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
 	}
 	p.Leases = LeasesView{Name: q.lease, Page: q.leasePage, PageSize: LeasesPerPage, Rows: []LeaseView{}}
 	fail := func(what string, err error) {
-		msg := what + ": " + dsn.Redact(err.Error())
+		msg := what + ": " + text(dsn.Redact(err.Error()))
 		p.Errors = append(p.Errors, msg)
 		h.log.Debug("status page", "err", msg) // the page shows it; the collectors log database failures
 	}
@@ -383,9 +385,9 @@ func problem(s liveness.InstanceState) bool {
 }
 
 func (p *Page) fill(f liveness.Fleet) {
-	p.GeneratedAt, p.Database, p.InRecovery = f.Now, f.Database, f.InRecovery
+	p.GeneratedAt, p.Database, p.InRecovery = f.Now, text(f.Database), f.InRecovery
 	for _, s := range f.Services {
-		v := ServiceView{Name: s.Service, Counts: map[string]int{}, OldestHeartbeatAgeSeconds: s.OldestHeartbeatAge.Seconds()}
+		v := ServiceView{Name: text(s.Service), Counts: map[string]int{}, OldestHeartbeatAgeSeconds: s.OldestHeartbeatAge.Seconds()}
 		for _, st := range allStates {
 			n := s.Counts[st]
 			v.Counts[string(st)] = n
@@ -407,8 +409,8 @@ func (p *Page) fill(f liveness.Fleet) {
 	p.Instances.Total = f.InstancesTotal
 	for _, i := range f.Instances {
 		p.Instances.Rows = append(p.Instances.Rows, InstanceView{
-			InstanceID: i.InstanceID.String(), Service: i.ServiceName, Host: i.HostName, ProcessID: i.ProcessID,
-			State: string(i.State), Alive: i.Alive(), Problem: problem(i.State), LockHeld: i.LockHeld, Mode: string(i.Mode),
+			InstanceID: i.InstanceID.String(), Service: text(i.ServiceName), Host: text(i.HostName), ProcessID: i.ProcessID,
+			State: string(i.State), Alive: i.Alive(), Problem: problem(i.State), LockHeld: i.LockHeld, Mode: text(string(i.Mode)),
 			HeartbeatAgeSeconds: i.HeartbeatAge.Seconds(), LastHeartbeat: i.LastHeartbeat, StartedAt: i.StartedAt,
 			Timing: TimingView{
 				HeartbeatInterval: secs(i.Timing.HeartbeatInterval), HeartbeatSlowInterval: secs(i.Timing.HeartbeatSlowInterval),
@@ -420,7 +422,7 @@ func (p *Page) fill(f liveness.Fleet) {
 	}
 	p.Leases.Total = f.LeasesTotal
 	for _, l := range f.Leases {
-		v := LeaseView{Name: l.Name, Held: l.Held, HolderHost: l.HolderHost, HolderService: l.HolderService,
+		v := LeaseView{Name: text(l.Name), Held: l.Held, HolderHost: text(l.HolderHost), HolderService: text(l.HolderService),
 			HolderState: string(l.HolderState), Epoch: l.Epoch, TakenAt: l.TakenAt, HeldForSeconds: l.HeldFor.Seconds(),
 			ExpiresAt: l.ExpiresAt, ExpiresInSeconds: l.ExpiresIn.Seconds()}
 		if l.HolderInstanceID != uuid.Nil {
@@ -438,9 +440,20 @@ func secs(d time.Duration) *float64 {
 	return &s
 }
 
+// text makes a value from the database valid UTF-8, replacing each invalid byte by
+// U+FFFD: a SQL_ASCII database hands out whatever bytes were stored, and one such row
+// must not make the whole page unreadable to a strict parser. encoding/json would replace
+// them in strings anyway; html/template would not, nor would a json.RawMessage.
+func text(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+
 // validJSON keeps metadata that is a JSON value (it always is, from a jsonb column) and
-// replaces anything else by null, so that the JSON form stays valid.
+// replaces anything else by null, so that the JSON form stays valid. Invalid UTF-8 (a
+// SQL_ASCII database's jsonb keeps any bytes in its strings) is replaced first: outside
+// strings JSON is ASCII, so only string contents change. json.Valid does not check UTF-8.
 func validJSON(b json.RawMessage) json.RawMessage {
+	if !utf8.Valid(b) {
+		b = bytes.ToValidUTF8(b, []byte("\uFFFD"))
+	}
 	if len(b) == 0 || !json.Valid(b) {
 		return json.RawMessage("null")
 	}
@@ -476,11 +489,11 @@ func (h *Handler) readLocks(ctx context.Context) (*LocksView, error) {
 		}
 		app := apps[r.Name]
 		if app == nil {
-			app = &AppView{Name: r.Name, ByState: map[string]int{}, HoldersByState: map[string]int{},
+			app = &AppView{Name: text(r.Name), ByState: map[string]int{}, HoldersByState: map[string]int{},
 				AliveLockSessions: strings.HasSuffix(r.Name, ":alive-lock")}
 			apps[r.Name] = app
 		}
-		state := cmp.Or(r.State, "unknown")
+		state := text(cmp.Or(r.State, "unknown"))
 		app.Backends += int(r.Count)
 		app.ByState[state] += int(r.Count)
 		if r.Holders > 0 {

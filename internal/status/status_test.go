@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -270,6 +271,70 @@ func TestDatabaseDown(t *testing.T) {
 		if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "cannot read instances and leases") ||
 			strings.Contains(body, pw) {
 			t.Errorf("%s: %s\n%s", target, res.Status, body)
+		}
+	}
+}
+
+// A SQL_ASCII database hands out whatever bytes were stored. Every byte of both forms is
+// valid UTF-8 (the bad ones replaced by U+FFFD), the JSON form is valid JSON, and the row
+// is still shown.
+func TestInvalidUTF8FromSQLASCII(t *testing.T) {
+	db := pgtest.NewDB(t)
+	ascii := db.Name + "_ascii"
+	db.Exec(t, `CREATE DATABASE `+pgx.Identifier{ascii}.Sanitize()+` ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
+	t.Cleanup(func() { db.Exec(t, `DROP DATABASE IF EXISTS `+pgx.Identifier{ascii}.Sanitize()+` WITH (FORCE)`) })
+	if strings.Contains(db.DSN, "://") {
+		t.Fatalf("this test builds a keyword/value DSN; got a URL")
+	}
+	pool := pgtest.Pool(t, db.DSN+" dbname="+ascii, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
+	id := uuid.New()
+	for _, sql := range []string{
+		`INSERT INTO liveness.instances (instance_id, service_name, host_name, metadata)
+		 VALUES ('` + id.String() + `', E'caf\xe9', E'node\xff', E'{"note": "caf\xe9 \xff\xfe"}')`,
+		`INSERT INTO liveness.leases (name, holder, holder_host, expires_at)
+		 VALUES (E'cleanup\xff', 'h:1:ff', E'node\xfe', now() + interval '1 minute')`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := newHandler(t, pool)
+	for _, target := range []string{"/status.json", "/status"} {
+		res, body := get(t, h, target)
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %s\n%s", target, res.Status, body)
+		}
+		for i := 0; i < len(body); {
+			r, n := utf8.DecodeRuneInString(body[i:])
+			if r == utf8.RuneError && n == 1 {
+				t.Errorf("%s is not valid UTF-8 at byte %d: %.40q", target, i, body[i:])
+				break
+			}
+			i += n
+		}
+		for _, want := range []string{"caf\uFFFD", "node\uFFFD", "cleanup\uFFFD"} {
+			if !strings.Contains(body, want) {
+				t.Errorf("%s lacks %q", target, want)
+			}
+		}
+		if target != "/status.json" {
+			continue
+		}
+		if !json.Valid([]byte(body)) {
+			t.Fatalf("%s is not valid JSON", target)
+		}
+		var p status.Page
+		if err := json.Unmarshal([]byte(body), &p); err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Instances.Rows) != 1 || !utf8.Valid(p.Instances.Rows[0].Metadata) ||
+			!strings.Contains(string(p.Instances.Rows[0].Metadata), "caf\uFFFD \uFFFD\"") {
+			t.Errorf("metadata %q, want the row with its bytes replaced", p.Instances.Rows[0].Metadata)
 		}
 	}
 }
