@@ -249,13 +249,61 @@ type query struct {
 	refresh         time.Duration
 }
 
-// parseQuery reads the parameters; an error names the one that is wrong.
-func parseQuery(v url.Values) (query, error) {
-	q := query{service: v.Get("service"), lease: v.Get("lease"), page: 1, leasePage: 1, refresh: DefaultRefresh}
-	if s := v.Get("instance"); s != "" {
-		id, err := uuid.Parse(s)
+// params are the parameters the page takes; any other is refused, so that a typo
+// (?servce=x) does not silently show everything.
+var params = []string{"service", "instance", "lease", "page", "lease_page", "refresh"}
+
+// parseQuery reads the raw query string; an error is one line that names the parameter
+// that is wrong. It runs before any statement: a value the database would refuse (a NUL
+// byte, invalid UTF-8) must be a 400 naming the parameter, never a 503 that reads as a
+// database outage. url.Values would silently drop a malformed escape (?service=%zz) and
+// show every service instead.
+func parseQuery(raw string) (query, error) {
+	q := query{page: 1, leasePage: 1, refresh: DefaultRefresh}
+	v := map[string]string{}
+	for raw != "" {
+		var pair string
+		pair, raw, _ = strings.Cut(raw, "&")
+		if pair == "" {
+			continue
+		}
+		rawName, rawValue, _ := strings.Cut(pair, "=")
+		name, err := url.QueryUnescape(rawName)
 		if err != nil {
+			return q, fmt.Errorf("parameter %.64q: malformed percent-encoding in its name", rawName)
+		}
+		if !slices.Contains(params, name) {
+			return q, fmt.Errorf("parameter %.64q: unknown; the page takes %s", name, strings.Join(params, ", "))
+		}
+		value, err := url.QueryUnescape(rawValue)
+		if err != nil {
+			return q, fmt.Errorf("parameter %s: malformed percent-encoding (%%XX with two hex digits; %%25 for %%)", name)
+		}
+		if _, twice := v[name]; twice {
+			return q, fmt.Errorf("parameter %s: given more than once", name)
+		}
+		v[name] = value
+	}
+	for _, p := range []struct {
+		name string
+		to   *string
+	}{{"service", &q.service}, {"lease", &q.lease}} {
+		s := v[p.name]
+		switch {
+		case !utf8.ValidString(s):
+			return q, fmt.Errorf("parameter %s: not valid UTF-8", p.name)
+		case strings.ContainsRune(s, 0):
+			return q, fmt.Errorf("parameter %s: must not contain NUL (%%00)", p.name)
+		}
+		*p.to = s
+	}
+	if s := v["instance"]; s != "" {
+		id, err := uuid.Parse(s)
+		switch {
+		case err != nil:
 			return q, errors.New("parameter instance: not a uuid")
+		case id == uuid.Nil:
+			return q, errors.New("parameter instance: the nil uuid names no instance")
 		}
 		q.instance = id
 	}
@@ -263,17 +311,17 @@ func parseQuery(v url.Values) (query, error) {
 		name string
 		to   *int
 	}{{"page", &q.page}, {"lease_page", &q.leasePage}} {
-		if s := v.Get(p.name); s != "" {
+		if s := v[p.name]; s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 1 || n > 1_000_000 {
-				return q, fmt.Errorf("parameter %s: want a page number from 1", p.name)
+				return q, fmt.Errorf("parameter %s: want a page number from 1 to 1000000", p.name)
 			}
 			*p.to = n
 		}
 	}
-	if s := v.Get("refresh"); s != "" {
+	if s := v["refresh"]; s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 0 || time.Duration(n)*time.Second > maxRefresh {
+		if err != nil || n < 0 || n > int(maxRefresh/time.Second) { // not n*time.Second: it can wrap
 			return q, fmt.Errorf("parameter refresh: want seconds from 0 (never) to %d", int(maxRefresh.Seconds()))
 		}
 		q.refresh = time.Duration(n) * time.Second
@@ -291,7 +339,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	q, err := parseQuery(r.URL.Query())
+	q, err := parseQuery(r.URL.RawQuery)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return

@@ -338,3 +338,54 @@ func TestInvalidUTF8FromSQLASCII(t *testing.T) {
 		}
 	}
 }
+
+// Every parameter is checked before any statement: a bad one is a 400 with one line
+// naming it, against a healthy database (it used to be a 503 with the SQLSTATE, read as
+// an outage) and against one that is down (the database is never asked). Odd but valid
+// values are served.
+func TestParametersCheckedBeforeAnyStatement(t *testing.T) {
+	db, pool, ctx := setup(t)
+	fixture(t, ctx, db, pool)
+	healthy := newHandler(t, pool)
+	down, err := pgxpool.New(context.Background(), "host=127.0.0.1 port=1 user=x dbname=x connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer down.Close()
+	unreachable := newHandler(t, down)
+	for _, c := range []struct{ query, param string }{
+		{"service=a%00b", "service"},
+		{"lease=%00", "lease"},
+		{"service=%FF%FE", "service"},
+		{"lease=%C0%80", "lease"}, // an overlong NUL
+		{"service=%zz", "service"},
+		{"lease=100%", "lease"},
+		{"instance=00000000-0000-0000-0000-000000000000", "instance"},
+		{"instance=7b4b8f1e-8c1e-4a57-9b7e", "instance"},
+		{"instance=%zz", "instance"},
+		{"refresh=3601", "refresh"},
+		{"refresh=-1", "refresh"},
+		{"refresh=18446744074", "refresh"}, // wraps to under an hour as nanoseconds
+		{"page=1000001", "page"},
+		{"lease_page=0", "lease_page"},
+		{"service=a&service=b", "service"},
+		{"servce=checkout", `"servce"`},
+		{"%zz=1", `"%zz"`},
+	} {
+		for _, h := range []*status.Handler{healthy, unreachable} {
+			for _, path := range []string{"/status.json", "/status"} {
+				res, body := get(t, h, path+"?"+c.query)
+				if res.StatusCode != http.StatusBadRequest || !strings.HasPrefix(body, "parameter "+c.param+":") ||
+					strings.Count(strings.TrimSpace(body), "\n") != 0 {
+					t.Errorf("%s?%s: %s %.200q; want 400 and one line naming parameter %s", path, c.query, res.Status, body, c.param)
+				}
+			}
+		}
+	}
+	for _, query := range []string{"service=%E2%9C%93", "lease=%25", "lease=%5C", "lease=", "service=", "instance=",
+		"instance={7b4b8f1e-8c1e-4a57-9b7e-3f0a2e5c9d11}", "service=checkout&page=2&refresh=0", "lease=a;b"} {
+		if res, body := get(t, healthy, "/status.json?"+query); res.StatusCode != http.StatusOK {
+			t.Errorf("/status.json?%s: %s %.200q; want 200", query, res.Status, body)
+		}
+	}
+}
