@@ -10,9 +10,14 @@
 // one page of leases.
 //
 // Every value from the database (service, host and lease names, metadata, application
-// names) goes through html/template's contextual escaping, and a Content-Security-Policy
-// allows only the page's own script and style. Nothing shows a DSN or a password; a
-// database error is shown redacted.
+// names) is made valid UTF-8 and goes through html/template's contextual escaping, and a
+// Content-Security-Policy allows only the page's own script and style; long values are
+// shortened in the HTML with the whole value behind them. Nothing shows a DSN or a
+// password; a database error is shown redacted. Query parameters are checked before any
+// statement (a bad one is a 400 naming it).
+//
+// The page shares the exporter's pool with /metrics and must never cost a scrape its
+// latency: load.go bounds what it reads and renders, and answers 429 beyond that.
 package status
 
 import (
@@ -50,6 +55,7 @@ const (
 	maxServicesShown = 50
 	maxAppsShown     = 50
 	maxMetadataShown = 160 // characters of an instance's metadata in the HTML table
+	maxNameShown     = 80  // characters of a service, host, lease or application name there
 
 	// DefaultRefresh is how often the page reloads itself; ?refresh=N overrides it
 	// (0: never).
@@ -85,6 +91,7 @@ type Handler struct {
 	locksSQL  string
 	locksArgs []any
 	log       *slog.Logger
+	load      *limiter
 }
 
 // New returns the page's handler.
@@ -92,7 +99,7 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Reader == nil {
 		return nil, errors.New("status: Config.Reader must not be nil")
 	}
-	h := &Handler{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))}
+	h := &Handler{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), load: newLimiter()}
 	if cfg.DB != nil {
 		h.locksSQL, h.locksArgs = collector.AdvisoryLocksStatement(cfg.Schema, cfg.Source)
 	}
@@ -344,35 +351,69 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
-	defer cancel()
-	page, dbErr := h.collect(ctx, q)
-	code := http.StatusOK
-	if dbErr {
-		code = http.StatusServiceUnavailable
+	busy := func() {
+		w.Header().Set("Retry-After", retryAfter)
+		if asJSON {
+			http.Error(w, errBusy.Error(), http.StatusTooManyRequests)
+			return
+		}
+		// A screen that reloads the page by itself must not stop at this answer.
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Security-Policy", "default-src 'none'")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = fmt.Fprintf(w, busyHTML, retryAfter, template.HTMLEscapeString(errBusy.Error()))
 	}
-	if asJSON {
-		w.Header().Set("Content-Type", "application/json; charset=utf-8")
-		w.WriteHeader(code)
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", " ")
-		_ = enc.Encode(page)
+	if !h.load.admit() {
+		busy()
 		return
 	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Content-Security-Policy", csp)
-	var b strings.Builder
-	if err := pageTemplate.Execute(&b, newView(page, q)); err != nil {
+	defer h.load.leave()
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	e, err := h.load.evaluate(ctx, q, h.collect)
+	if err != nil {
+		busy()
+		return
+	}
+	b, err := h.load.body(ctx, e, bodyKey{json: asJSON, refresh: q.refresh}, func() ([]byte, error) {
+		if asJSON {
+			b, err := json.MarshalIndent(e.page, "", " ")
+			return append(b, '\n'), err
+		}
+		var b bytes.Buffer
+		err := pageTemplate.Execute(&b, newView(e.page, q))
+		return b.Bytes(), err
+	})
+	switch {
+	case errors.Is(err, errBusy):
+		busy()
+		return
+	case err != nil:
 		h.log.Error("status page: cannot render", "err", err)
 		http.Error(w, "cannot render the status page", http.StatusInternalServerError)
 		return
 	}
+	if asJSON {
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	} else {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Security-Policy", csp)
+	}
+	code := http.StatusOK
+	if e.dbErr {
+		code = http.StatusServiceUnavailable
+	}
 	w.WriteHeader(code)
-	_, _ = w.Write([]byte(b.String()))
+	_, _ = w.Write(b)
 }
 
+// busyHTML is the HTML answer of a 429: it reloads itself after Retry-After.
+const busyHTML = `<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="%s">` +
+	`<title>pg_liveness status: busy</title></head><body><p>%s</p></body></html>` + "\n"
+
 // collect reads everything the page shows. dbErr is true when the instances and leases
-// could not be read; the errors are in the page, redacted.
+// could not be read; the errors are in the page, redacted. The page it returns is shared
+// by the requests its evaluation serves (for up to dataTTL): nothing may change it.
 func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
 	p.GeneratedAt = time.Now()
 	p.Services = []ServiceView{}
@@ -629,17 +670,31 @@ var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
 	"durp": formatSecondsPtr,
 	"ts":   func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 	"pct":  func(f float64) string { return strconv.Itoa(int(f*100+0.5)) + "%" },
-	"metaText": func(m json.RawMessage) string {
-		s := string(m)
-		if s == "{}" || s == "null" {
-			return ""
+	"cut":  func(s string) shortened { return shorten(s, maxNameShown) },
+	"meta": func(m json.RawMessage) shortened {
+		if s := string(m); s != "{}" && s != "null" {
+			return shorten(s, maxMetadataShown)
 		}
-		if r := []rune(s); len(r) > maxMetadataShown {
-			return string(r[:maxMetadataShown]) + "…"
-		}
-		return s
+		return shortened{}
 	},
 }).Parse(pageHTML))
+
+// shortened is a value for the HTML tables: Full, or when it is longer than fits, Short
+// (its start) with Full behind it, in a details element. A 10 KB name would otherwise
+// push the tables off the screen; the JSON form always has it whole.
+type shortened struct{ Short, Full string }
+
+func shorten(s string, n int) shortened {
+	if utf8.RuneCountInString(s) <= n {
+		return shortened{Full: s}
+	}
+	i := 0
+	for range n {
+		_, size := utf8.DecodeRuneInString(s[i:])
+		i += size
+	}
+	return shortened{Short: s[:i], Full: s}
+}
 
 // formatSeconds prints a duration the way the page's script does: 1h02m, 3m05s, 12s,
 // 0.4s; negative values with a minus sign.
