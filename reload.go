@@ -103,8 +103,10 @@ func reloadWebConfig(web *webconfig.Served, status *reloadStatus, force bool, lo
 			"file", web.File(), "restart_only", strings.Join(r.RestartOnly, ","))
 	case r.Changed:
 		logger.Info("reloaded --web.config.file", "file", web.File())
-	default:
+	case force:
 		logger.Info("SIGHUP: --web.config.file is unchanged", "file", web.File())
+	default:
+		logger.Info("--web.config.file is back to the configuration in force", "file", web.File())
 	}
 }
 
