@@ -5,8 +5,8 @@
 // adaptive heartbeat, lease-protected reaper), and reports that agent too.
 //
 // This file parses and checks the flags, builds the pool, the agent, the collectors and
-// the status page from them, serves HTTP, re-reads --db.dsn-file on SIGHUP and shuts
-// down on SIGINT or SIGTERM.
+// the status page from them, serves HTTP, reloads on SIGHUP (reload.go) and shuts down
+// on SIGINT or SIGTERM.
 package main
 
 import (
@@ -46,6 +46,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	statuspage "github.com/pg-liveness/pg_liveness_exporter/internal/status"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/webconfig"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
@@ -184,15 +185,20 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	logger := newLogger(f, stderr)
 
 	// Everything that can be wrong with the configuration is found before listening.
-	if err := validateWeb(f); err != nil {
+	webConfig, err := loadWeb(f)
+	if err != nil {
 		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
 		return exitConfig
+	}
+	if webConfig != nil {
+		defer webConfig.Close() // after the server's shutdown: the toolkit reads it until then
 	}
 	w, err := wire(f, envDSN, logger)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
 		return exitConfig
 	}
+	w.web = webConfig
 	defer w.pool.Close()
 	// Binding the listeners now turns a bad address or a port in use into a
 	// configuration error, before anything starts.
@@ -241,14 +247,22 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 		}
 	})
 
+	// The toolkit reads the web configuration in force, kept in memory, never the
+	// operator's file: a change of that is checked first (reload.go).
+	toolkitFlags := *f.web
+	if webConfig != nil {
+		path := webConfig.Path()
+		toolkitFlags.WebConfigFile = &path
+		wg.Go(func() { watchWebConfig(bg, webConfig, w.reloads, logger) })
+	}
 	srv := &http.Server{Handler: w.mux, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() {
 		if listeners == nil { // systemd socket activation or vsock: the toolkit listens
-			served <- web.ListenAndServe(srv, f.web, logger)
+			served <- web.ListenAndServe(srv, &toolkitFlags, logger)
 			return
 		}
-		served <- web.ServeMultiple(listeners, srv, f.web, logger)
+		served <- web.ServeMultiple(listeners, srv, &toolkitFlags, logger)
 	}()
 
 	// SIGHUP reloads what can be reloaded and never stops the process.
@@ -300,6 +314,8 @@ func (b *binaryStatus) Status() collector.Status {
 
 type wired struct {
 	dsnSwitch *database.DSNSwitch
+	web       *webconfig.Served // nil without --web.config.file
+	reloads   *reloadStatus
 	status    *binaryStatus
 	database  string // the main DSN rebuilt without its password, for log lines
 	pool      *pgxpool.Pool
@@ -390,11 +406,13 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 		return nil, err
 	}
 
+	reloads := newReloadStatus()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		versioncollector.NewCollector(exporterName),
+		reloads,
 	)
 	page, err := newStatusPage(f, pool, source, status, logger)
 	if err != nil {
@@ -416,7 +434,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 		}
 		mux.Handle("/", landing)
 	}
-	return &wired{dsnSwitch: dsnSwitch, status: status, database: dsn.Describe(mainDSN), pool: pool, agent: agent, mux: mux}, nil
+	return &wired{dsnSwitch: dsnSwitch, reloads: reloads, status: status, database: dsn.Describe(mainDSN), pool: pool, agent: agent, mux: mux}, nil
 }
 
 // checkAgentFlags checks the agent's flags that the library would take differently, and
@@ -453,16 +471,14 @@ func newStatusPage(f *flags, pool *pgxpool.Pool, agent collector.AgentSource, st
 		return nil, fmt.Errorf("--web.telemetry-path %q is the status page's path", f.telemetryPath)
 	}
 	rc := liveness.ReaderConfig{DB: pool, Schema: f.schema, StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead}
-	src := f.collectors.Source
-	if src.Kind == collector.SourceWhizbang {
-		w := src.Whizbang // checked with the collectors' flags
-		rc.Whizbang = &liveness.WhizbangSource{Schema: w.Schema, Prefix: w.Prefix, LockKeyPrefix: w.LockKeyPrefix,
-			HeartbeatInterval: w.HeartbeatInterval, HeartbeatSlowInterval: w.HeartbeatSlowInterval,
-			StaleThreshold: w.StaleThreshold, DefinitiveDeadCutoff: w.DefinitiveDeadCutoff}
+	src := f.collectors.Source // checked with the collectors' flags
+	if rc.Whizbang = src.ReaderSource(); rc.Whizbang != nil {
 		status = nil // no schema of ours to report on
 	}
 	reader, err := liveness.NewReader(rc)
-	if err != nil {
+	if err != nil && rc.Whizbang != nil {
+		return nil, err // not expected: the collectors' flags checked the same source
+	} else if err != nil {
 		return nil, fmt.Errorf("--agent.definitive-dead-cutoff (%s) must be above --agent.stale-threshold (%s)", f.definitiveDead, f.stale)
 	}
 	return statuspage.New(statuspage.Config{Reader: reader, DB: pool, Schema: f.schema, Source: src, Agent: agent, Status: status,
@@ -486,31 +502,19 @@ func validateLabelFlag(s string) error {
 	return nil
 }
 
-// validateWeb checks --web.telemetry-path and --web.config.file.
-func validateWeb(f *flags) error {
+// loadWeb checks --web.telemetry-path and loads --web.config.file (nil without it).
+func loadWeb(f *flags) (*webconfig.Served, error) {
 	if err := validateTelemetryPath(f.telemetryPath); err != nil {
-		return fmt.Errorf("--web.telemetry-path %q: %w", f.telemetryPath, err)
+		return nil, fmt.Errorf("--web.telemetry-path %q: %w", f.telemetryPath, err)
 	}
-	if path := *f.web.WebConfigFile; path != "" {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return fmt.Errorf("--web.config.file: %w", err)
-		}
-		empty := true
-		for _, line := range strings.Split(string(b), "\n") {
-			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") && line != "---" {
-				empty = false
-				break
-			}
-		}
-		if empty {
-			return fmt.Errorf("--web.config.file %s is empty: it would serve without TLS and authentication; leave the flag out to mean that", path)
-		}
-		if err := web.Validate(path); err != nil {
-			return fmt.Errorf("--web.config.file %s: %s", path, strings.ReplaceAll(err.Error(), "\n", " "))
-		}
+	if *f.web.WebConfigFile == "" {
+		return nil, nil
 	}
-	return nil
+	served, err := webconfig.Load(*f.web.WebConfigFile)
+	if err != nil {
+		return nil, fmt.Errorf("--web.config.file %w", err)
+	}
+	return served, nil
 }
 
 // validateTelemetryPath accepts what http.ServeMux takes as a path pattern.
@@ -553,25 +557,6 @@ func listen(f *flags) ([]net.Listener, error) {
 		ls = append(ls, l)
 	}
 	return ls, nil
-}
-
-// reload handles SIGHUP: it re-reads --db.dsn-file, whose DSN the pool's new connections
-// then use (credential rotation). The web config file needs no reload: it is read for
-// every new connection. The alive lock's direct connection keeps the DSN it started with.
-func reload(f *flags, w *wired, logger *slog.Logger) {
-	if f.dsnFile == "" {
-		logger.Info("SIGHUP: nothing to reload without --db.dsn-file; the web config file is re-read on every connection")
-		return
-	}
-	s, err := dsn.Resolve("", f.dsnFile, "")
-	if err == nil {
-		err = w.dsnSwitch.Set(s)
-	}
-	if err != nil {
-		logger.Error("SIGHUP: keeping the previous DSN", "err", err)
-		return
-	}
-	logger.Info("SIGHUP: reloaded --db.dsn-file; new pool connections use it", "database", dsn.Describe(s))
 }
 
 // agentFlagFields is the one table from the liveness library's AgentConfig fields to the

@@ -179,6 +179,19 @@ func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
 		{"listen address bad port", nil, []string{"--db.dsn=host=x", "--web.listen-address=127.0.0.1:notaport"}, "--web.listen-address"},
 		{"missing web config", nil, []string{"--db.dsn=host=x", "--web.config.file=/nonexistent/web.yml"}, "--web.config.file"},
 		{"empty service name", nil, []string{"--db.dsn=host=x", "--agent.service-name="}, "--agent.service-name"},
+		// Every identifier flag is checked by the one rule --db.schema is.
+		{"schema control character", nil, []string{"--db.dsn=host=x", "--db.schema=live\x01ness"}, "--db.schema"},
+		{"whizbang schema cut by the server", nil, []string{"--db.dsn=host=x", "--source=whizbang", "--no-agent", "--source.whizbang.schema=" + strings.Repeat("s", 70)}, "--source.whizbang.schema"},
+		{"whizbang schema control character", nil, []string{"--db.dsn=host=x", "--source=whizbang", "--no-agent", "--source.whizbang.schema=pub\tlic"}, "--source.whizbang.schema"},
+		{"whizbang schema reserved", nil, []string{"--db.dsn=host=x", "--source=whizbang", "--no-agent", "--source.whizbang.schema=pg_catalog"}, "--source.whizbang.schema"},
+		{"whizbang schema not utf-8", nil, []string{"--db.dsn=host=x", "--source=whizbang", "--no-agent", "--source.whizbang.schema=caf\xe9"}, "--source.whizbang.schema"},
+		{"whizbang prefix makes a name cut by the server", nil, []string{"--db.dsn=host=x", "--source=whizbang", "--no-agent", "--source.whizbang.prefix=" + strings.Repeat("p", 50)}, "--source.whizbang.prefix"},
+		{"whizbang prefix control character", nil, []string{"--db.dsn=host=x", "--source=whizbang", "--no-agent", "--source.whizbang.prefix=wh\n_"}, "--source.whizbang.prefix"},
+		{"whizbang lock key prefix not utf-8", nil, []string{"--db.dsn=host=x", "--source=whizbang", "--no-agent", "--source.whizbang.lock-key-prefix=wh\xff"}, "--source.whizbang.lock-key-prefix"},
+		{"leases table schema cut by the server", nil, []string{"--db.dsn=host=x", "--collector.leases.table=" + strings.Repeat("s", 64) + ".leases"}, "--collector.leases.table"},
+		{"leases table name cut by the server", nil, []string{"--db.dsn=host=x", "--collector.leases.table=" + strings.Repeat("l", 64)}, "--collector.leases.table"},
+		{"leases table control character", nil, []string{"--db.dsn=host=x", "--collector.leases.table=public.lea\x7fses"}, "--collector.leases.table"},
+		{"leases table reserved schema", nil, []string{"--db.dsn=host=x", "--collector.leases.table=pg_catalog.leases"}, "--collector.leases.table"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out := runToExit(t, tc.env, tc.args...)

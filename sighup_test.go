@@ -69,8 +69,14 @@ func TestSIGHUPDoesNotKill(t *testing.T) {
 
 func waitLog(t *testing.T, p *exporterProc, want string) {
 	t.Helper()
+	waitLogCount(t, p, want, 1)
+}
+
+// waitLogCount waits until n lines (or more) of the logs hold want.
+func waitLogCount(t *testing.T, p *exporterProc, want string, n int) {
+	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
-	for !strings.Contains(p.Logs(), want) {
+	for strings.Count(p.Logs(), want) < n {
 		select {
 		case <-p.done:
 			t.Fatalf("the exporter exited with %d while waiting for %q", p.code, want)

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,11 +35,14 @@ import (
 
 // Values a database may hold that must show as text and run nothing.
 const (
-	hostileLease = `cleanup</td><script>window.pwned=1</script><img src=x onerror="window.pwned=2">`
+	hostileLease = `cleanup</td><script>window.pwned=1</script><img src=x onerror="window.pwned=2"><i>and more</i>`
 	hostileApp   = `worker<img src=x onerror="window.pwned=3">`
 	hostileMeta  = `{"note": "</td><script>window.pwned=4</script>"}`
-	statusUser   = "operator"
-	statusPass   = "correct horse battery staple"
+	// A lease whose name and holder host are 10 KB each: held and named to come last.
+	// No space or hyphen: nothing to break a line at.
+	longLease  = "zzlongleasename"
+	statusUser = "operator"
+	statusPass = "correct horse battery staple"
 )
 
 // writeWebConfig writes an exporter-toolkit web configuration with a self-signed
@@ -131,6 +135,10 @@ func statusFixture(t *testing.T, ctx context.Context, db *pgtest.DB) map[livenes
 	}
 	if _, err := admin.Exec(ctx, `INSERT INTO liveness.leases (name, holder, holder_instance_id, holder_host, expires_at)
 	      VALUES ($1, 'node-alive:4242:00ff', $2, 'node-alive', now() + interval '10 minutes')`, hostileLease, ids[liveness.StateAlive]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `INSERT INTO liveness.leases (name, holder, holder_host, expires_at)
+	      VALUES (repeat($1, 700), 'x', repeat('node', 2700), now() + interval '20 minutes')`, longLease); err != nil {
 		t.Fatal(err)
 	}
 	for k := range 2 {
@@ -259,9 +267,27 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Errorf("the agent %s is %q", agentID, want[agentID])
 	}
 
-	// Hostile values are text, and nothing ran.
-	if got := eval(`document.querySelector("#leases-table td.lease-name").textContent`); got != hostileLease {
+	// Hostile values are text, and nothing ran. The hostile lease name is longer than
+	// the tables show: its start is the summary, the whole name is behind it.
+	if got := eval(`document.querySelector("#leases-table td.lease-name .full").textContent`); got != hostileLease {
 		t.Errorf("lease name shown as %q", got)
+	}
+	if got := eval(`document.querySelector("#leases-table td.lease-name summary").textContent`); got != string([]rune(hostileLease)[:80])+"…" {
+		t.Errorf("lease name summarised as %q", got)
+	}
+	// 10 KB names do not push the tables off the screen, shown or opened; the whole
+	// name is there.
+	if got := eval(`String(document.querySelector("#leases-table tr:last-child td.lease-name .full").textContent.length)`); got != strconv.Itoa(700*len(longLease)) {
+		t.Errorf("the long lease name has %s characters in the page, want %d", got, 700*len(longLease))
+	}
+	for _, step := range []string{"closed", "opened"} {
+		if step == "opened" {
+			eval(`document.querySelectorAll("#leases-table details").forEach(d => { d.open = true }); "ok"`)
+		}
+		width, _ := strconv.Atoi(eval(`String(Math.max(document.getElementById("leases-table").scrollWidth, document.documentElement.scrollWidth))`))
+		if width > 2500 || width == 0 {
+			t.Errorf("with the long names %s, the page is %d px wide", step, width)
+		}
 	}
 	if got := eval(`Array.from(document.querySelectorAll("#locks-table tr.starving"), r => r.getAttribute("data-app")).join("|")`); got != hostileApp {
 		t.Errorf("pool-starvation signature on %q, want the hostile application only", got)

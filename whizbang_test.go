@@ -159,3 +159,41 @@ func TestWhizbangSourceMissingTable(t *testing.T) {
 		t.Fatalf("the log line does not name the flag:\n%s", e.Logs())
 	}
 }
+
+// --source.whizbang.prefix= (empty) means no prefix for every reader: the collectors and
+// the status page both read public.service_instances, never the default
+// wh_service_instances beside it.
+func TestWhizbangEmptyPrefixOneTableForEveryReader(t *testing.T) {
+	db := pgtest.NewDB(t)
+	for _, table := range []string{"service_instances", "wh_service_instances"} {
+		db.Exec(t, `CREATE TABLE public.`+table+` (
+			instance_id uuid PRIMARY KEY, service_name text NOT NULL, host_name text NOT NULL, process_id integer NOT NULL,
+			started_at timestamptz NOT NULL DEFAULT now(), last_heartbeat_at timestamptz NOT NULL DEFAULT now(), metadata jsonb)`)
+		db.Exec(t, `INSERT INTO public.`+table+` (instance_id, service_name, host_name, process_id) VALUES ($1, $2, 'h', 1)`,
+			uuid.New(), "from_"+table)
+	}
+	e := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--no-agent", "--source=whizbang", "--source.whizbang.prefix=")
+	body := e.waitFor(t, `(?m)^pg_liveness_scrape_collector_success\{collector="instances"\} 1`, 30*time.Second)
+	if !strings.Contains(body, `pg_liveness_instances{service="from_service_instances",state="heartbeat_only"} 1`) ||
+		strings.Contains(body, "from_wh_service_instances") {
+		t.Errorf("the collectors did not read public.service_instances alone:\n%s", body)
+	}
+	resp, err := http.Get("http://" + e.addr + "/status.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var page struct {
+		Errors   []string `json:"errors"`
+		Services []struct {
+			Name string `json:"name"`
+		} `json:"services"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&page)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Errors) > 0 || len(page.Services) != 1 || page.Services[0].Name != "from_service_instances" {
+		t.Errorf("the status page read %+v (errors %v); want the service of public.service_instances alone", page.Services, page.Errors)
+	}
+}

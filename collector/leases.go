@@ -18,6 +18,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
 // LeasesConfig configures the leases collector.
@@ -65,9 +66,16 @@ func parseTable(s, schema string) (string, error) {
 	if len(parts) > 2 {
 		return "", fmt.Errorf(`%q: want "table" or "schema.table"`, s)
 	}
-	for _, p := range parts {
+	for i, p := range parts {
+		kind, what := migrations.TableName, "table"
+		if i == 0 && len(parts) == 2 {
+			kind, what = migrations.SchemaName, "schema"
+		}
 		if p == "" {
 			return "", fmt.Errorf(`%q: want "table" or "schema.table"`, s)
+		}
+		if err := migrations.ValidateIdentifier(kind, p); err != nil {
+			return "", fmt.Errorf("%q: the %s name %w", s, what, err)
 		}
 	}
 	return pgx.Identifier(parts).Sanitize(), nil

@@ -7,6 +7,7 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/whizbang"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
 // Sources of instances, as --source takes them.
@@ -39,7 +40,7 @@ func addSourceFlags(app *kingpin.Application, c *SourceConfig) {
 	app.Flag("source", "Where instances are read from: liveness (this project's schema) or whizbang (a Whizbang "+
 		"database as it is, read only; needs --no-agent).").Default(SourceLiveness).EnumVar(&c.Kind, SourceLiveness, SourceWhizbang)
 	app.Flag("source.whizbang.schema", "Schema of Whizbang's tables.").Default(w.Schema).StringVar(&w.Schema)
-	app.Flag("source.whizbang.prefix", "Prefix of Whizbang's tables: instances are read from <prefix>service_instances.").
+	app.Flag("source.whizbang.prefix", "Prefix of Whizbang's tables: instances are read from <prefix>service_instances (empty: service_instances).").
 		Default(w.Prefix).StringVar(&w.Prefix)
 	app.Flag("source.whizbang.lock-key-prefix", "Text before the instance id in Whizbang's alive-lock key, hashtext(<prefix> || instance_id).").
 		Default(w.LockKeyPrefix).StringVar(&w.LockKeyPrefix)
@@ -51,6 +52,19 @@ func addSourceFlags(app *kingpin.Application, c *SourceConfig) {
 		Default(w.StaleThreshold.String()).DurationVar(&w.StaleThreshold)
 	app.Flag("source.whizbang.definitive-dead-cutoff", "A Whizbang heartbeat older than this is dead even with the lock held (its cleanup_stale_instances p_definitive_dead_cutoff).").
 		Default(w.DefinitiveDeadCutoff.String()).DurationVar(&w.DefinitiveDeadCutoff)
+}
+
+// ReaderSource is the source as the liveness library's Reader takes it (nil for our own
+// schema), so that the status page reads exactly the table the collectors read. An
+// empty prefix is no prefix there too, not the library's default.
+func (s SourceConfig) ReaderSource() *liveness.WhizbangSource {
+	if s.Kind != SourceWhizbang {
+		return nil
+	}
+	w := s.Whizbang
+	return &liveness.WhizbangSource{Schema: w.Schema, Prefix: w.Prefix, NoPrefix: w.Prefix == "", LockKeyPrefix: w.LockKeyPrefix,
+		HeartbeatInterval: w.HeartbeatInterval, HeartbeatSlowInterval: w.HeartbeatSlowInterval,
+		StaleThreshold: w.StaleThreshold, DefinitiveDeadCutoff: w.DefinitiveDeadCutoff}
 }
 
 // validate checks the source; errors name the flag.

@@ -21,8 +21,12 @@ import (
 // instance holds its lock, so there is no lock_lost state; two instances whose 32-bit
 // keys collide are judged by their heartbeats while the key is held.
 type WhizbangSource struct {
-	Schema        string
-	Prefix        string
+	Schema string
+	// Prefix of the table's name; "" means Whizbang's default, wh_, unless NoPrefix.
+	Prefix string
+	// NoPrefix reads service_instances, for an install whose tables have no prefix.
+	// Prefix must then be empty.
+	NoPrefix      bool
 	LockKeyPrefix string
 
 	HeartbeatInterval     time.Duration
@@ -37,8 +41,12 @@ var ErrNoLeases = errors.New("liveness: this source has no leases")
 // source fills the defaults.
 func (w WhizbangSource) source() whizbang.Source {
 	d := whizbang.Defaults()
+	prefix := cmp.Or(w.Prefix, d.Prefix)
+	if w.NoPrefix {
+		prefix = ""
+	}
 	return whizbang.Source{
-		Schema: cmp.Or(w.Schema, d.Schema), Prefix: cmp.Or(w.Prefix, d.Prefix), LockKeyPrefix: cmp.Or(w.LockKeyPrefix, d.LockKeyPrefix),
+		Schema: cmp.Or(w.Schema, d.Schema), Prefix: prefix, LockKeyPrefix: cmp.Or(w.LockKeyPrefix, d.LockKeyPrefix),
 		HeartbeatInterval:     cmp.Or(w.HeartbeatInterval, d.HeartbeatInterval),
 		HeartbeatSlowInterval: cmp.Or(w.HeartbeatSlowInterval, d.HeartbeatSlowInterval),
 		StaleThreshold:        cmp.Or(w.StaleThreshold, d.StaleThreshold),
@@ -92,6 +100,9 @@ const noLeases = `(SELECT NULL::text AS name, NULL::uuid AS holder_instance_id, 
         NULL::bigint AS epoch, NULL::timestamptz AS taken_at, NULL::timestamptz AS expires_at WHERE false)`
 
 func newWhizbangReader(cfg ReaderConfig) (*Reader, error) {
+	if cfg.Whizbang.NoPrefix && cfg.Whizbang.Prefix != "" {
+		return nil, fmt.Errorf("liveness: ReaderConfig.Whizbang.NoPrefix is set with Prefix %q; set one of them", cfg.Whizbang.Prefix)
+	}
 	src := cfg.Whizbang.source()
 	var fe *whizbang.FieldError
 	if err := src.Validate(); errors.As(err, &fe) {

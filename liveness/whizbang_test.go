@@ -68,4 +68,16 @@ func TestReaderOnWhizbang(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "ReaderConfig.Whizbang.StaleThreshold") {
 		t.Fatalf("a stale threshold below the slow cadence: %v, want an error naming ReaderConfig.Whizbang.StaleThreshold", err)
 	}
+	// Without a prefix the table is service_instances, which this database lacks.
+	r, err = liveness.NewReader(liveness.ReaderConfig{DB: f.Observer, Whizbang: &liveness.WhizbangSource{NoPrefix: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Instances(ctx, "orders"); err == nil || !strings.Contains(err.Error(), `"public.service_instances" does not exist`) {
+		t.Fatalf("NoPrefix: %v, want the missing public.service_instances", err)
+	}
+	_, err = liveness.NewReader(liveness.ReaderConfig{DB: f.Observer, Whizbang: &liveness.WhizbangSource{NoPrefix: true, Prefix: "wh_"}})
+	if err == nil || !strings.Contains(err.Error(), "ReaderConfig.Whizbang.NoPrefix") {
+		t.Fatalf("NoPrefix with a Prefix: %v, want an error naming both", err)
+	}
 }

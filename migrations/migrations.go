@@ -37,6 +37,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -231,23 +232,46 @@ type Beginner interface {
 // schema.
 const MaxIdentifierLength = 63
 
-// ValidateSchemaName refuses names PostgreSQL would not keep as given: empty, longer
-// than 63 bytes, invalid UTF-8 or holding a NUL byte, or starting with "pg_", which is
-// reserved for system schemas (CREATE SCHEMA refuses it, so migrations would never
-// succeed).
-func ValidateSchemaName(schema string) error {
+// IdentifierKind is what an identifier names, for ValidateIdentifier.
+type IdentifierKind int
+
+const (
+	// SchemaName: PostgreSQL reserves names starting with "pg_" for system schemas
+	// (CREATE SCHEMA refuses them), so no schema of ours, Whizbang's or a leases table's
+	// can have one.
+	SchemaName IdentifierKind = iota
+	// TableName: any name PostgreSQL keeps as given.
+	TableName
+)
+
+// ValidateIdentifier is the one check of every name the exporter quotes into SQL from its
+// configuration (--db.schema, --source.whizbang.schema and .prefix,
+// --collector.leases.table): it refuses what PostgreSQL would not keep as given and
+// what can only be a typing mistake. That is an empty name; one longer than 63 bytes
+// (the server silently cuts it, so two names could meet, or the name fails later as "not
+// found"); invalid UTF-8, a NUL byte or another control character; and for a schema, the
+// "pg_" prefix. The error is a predicate for the caller to put after the name of its
+// flag or field ("must not be empty").
+func ValidateIdentifier(kind IdentifierKind, name string) error {
 	switch {
-	case schema == "":
+	case name == "":
 		return errors.New("must not be empty")
-	case len(schema) > MaxIdentifierLength:
-		return fmt.Errorf("is %d bytes long; PostgreSQL keeps only the first %d, so use a shorter name", len(schema), MaxIdentifierLength)
-	case !utf8.ValidString(schema) || strings.ContainsRune(schema, 0):
+	case len(name) > MaxIdentifierLength:
+		return fmt.Errorf("is %d bytes long; PostgreSQL keeps only the first %d, so use a shorter name", len(name), MaxIdentifierLength)
+	case !utf8.ValidString(name) || strings.ContainsRune(name, 0):
 		return errors.New("must be valid UTF-8 without NUL bytes")
-	case strings.HasPrefix(schema, "pg_"):
+	case strings.ContainsFunc(name, unicode.IsControl):
+		i := strings.IndexFunc(name, unicode.IsControl)
+		r, _ := utf8.DecodeRuneInString(name[i:])
+		return fmt.Errorf("must not contain control characters (%U at byte %d)", r, i)
+	case kind == SchemaName && strings.HasPrefix(name, "pg_"):
 		return errors.New(`must not start with "pg_": PostgreSQL reserves those names for system schemas`)
 	}
 	return nil
 }
+
+// ValidateSchemaName is ValidateIdentifier for a schema.
+func ValidateSchemaName(schema string) error { return ValidateIdentifier(SchemaName, schema) }
 
 // Apply brings schema up to Latest with the embedded migrations; see Set.Apply.
 func Apply(ctx context.Context, db Beginner, schema string) ([]int, error) {

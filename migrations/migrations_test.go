@@ -153,6 +153,32 @@ func TestValidateSchemaName(t *testing.T) {
 	}
 }
 
+// One rule for every identifier from the configuration; "pg_" is reserved for schemas
+// only.
+func TestValidateIdentifier(t *testing.T) {
+	for _, c := range []struct {
+		kind migrations.IdentifierKind
+		name string
+		ok   bool
+	}{
+		{migrations.TableName, "pg_leases", true},
+		{migrations.SchemaName, "pg_leases", false},
+		{migrations.TableName, "wh_service_instances", true},
+		{migrations.TableName, strings.Repeat("t", 63), true},
+		{migrations.TableName, strings.Repeat("t", 64), false},
+		{migrations.TableName, "", false},
+		{migrations.TableName, "lea\tses", false},
+		{migrations.SchemaName, "live\u0085ness", false}, // a C1 control character
+		{migrations.SchemaName, "Live Ness", true},
+		{migrations.TableName, "caf\xe9", false},
+	} {
+		err := migrations.ValidateIdentifier(c.kind, c.name)
+		if (err == nil) != c.ok {
+			t.Errorf("ValidateIdentifier(%v, %q) = %v, want ok %v", c.kind, c.name, err, c.ok)
+		}
+	}
+}
+
 // A later release's migration that states it still serves this binary's version leaves
 // this binary working; one that does not is refused with ErrDatabaseNewer.
 func TestNewerSchemaServesOlderBinaryWhenCompatible(t *testing.T) {

@@ -12,13 +12,14 @@ package dsn
 import (
 	"errors"
 	"fmt"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/regularfile"
 )
 
 var (
@@ -178,11 +179,11 @@ func Resolve(flagDSN, file, env string) (string, error) {
 	case flagDSN != "":
 		s, source = flagDSN, "--db.dsn"
 	case file != "":
-		b, err := os.ReadFile(file)
-		if err != nil {
+		var err error
+		if s, err = ReadFile(file); err != nil {
 			return "", fmt.Errorf("--db.dsn-file: %w", err)
 		}
-		s, source = strings.TrimSpace(string(b)), "--db.dsn-file "+file
+		source = "--db.dsn-file " + file
 	case env != "":
 		s, source = env, "DATA_SOURCE_NAME"
 	default:
@@ -192,4 +193,39 @@ func Resolve(flagDSN, file, env string) (string, error) {
 		return "", fmt.Errorf("%s: malformed DSN: %w", source, err)
 	}
 	return s, nil
+}
+
+// MaxFileSize bounds a DSN file: a DSN is a line, and anything much larger is the wrong
+// file.
+const MaxFileSize = 64 << 10
+
+// ReadFile returns the one DSN in the file at path: a regular file of at most
+// MaxFileSize bytes, UTF-8 with or without a byte-order mark, holding one line besides
+// blank lines and # comments. A DSN split over two lines is refused rather than read as
+// one (pgx would let the second line's keywords override the first's). Errors name the
+// path and never quote the contents.
+func ReadFile(path string) (string, error) {
+	b, err := regularfile.Read(path, MaxFileSize)
+	if err != nil {
+		return "", err
+	}
+	if len(b) >= 2 && (b[0] == 0xff && b[1] == 0xfe || b[0] == 0xfe && b[1] == 0xff) {
+		return "", fmt.Errorf("%s is UTF-16 encoded; save it as UTF-8", path)
+	}
+	// An editor's byte-order mark would otherwise become part of the first keyword (and
+	// "\uFEFFhost=db" sets no host).
+	text := strings.TrimPrefix(string(b), "\uFEFF")
+	var lines []string
+	for line := range strings.Lines(text) {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			lines = append(lines, line)
+		}
+	}
+	switch len(lines) {
+	case 0:
+		return "", fmt.Errorf("%s holds no DSN (only blank lines and comments)", path)
+	case 1:
+		return lines[0], nil
+	}
+	return "", fmt.Errorf("%s holds %d lines besides blank lines and comments; write the one DSN on one line", path, len(lines))
 }

@@ -99,3 +99,58 @@ func TestResolve(t *testing.T) {
 		}
 	}
 }
+
+// A DSN file holds one DSN: a byte-order mark is dropped (it would turn "host" into
+// another keyword), comments and blank lines are skipped, and a second line is refused
+// rather than merged into the first. Nothing of the contents is quoted in an error.
+func TestReadFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(content string) string {
+		t.Helper()
+		f, err := os.CreateTemp(dir, "dsn")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteString(content); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return f.Name()
+	}
+	for _, c := range []struct{ content, want string }{
+		{"host=db password=hunter2\n", "host=db password=hunter2"},
+		{"\uFEFFhost=db password=hunter2\r\n", "host=db password=hunter2"},
+		{"# rotated by vault\n\n  host=db password=hunter2  \n# end\n", "host=db password=hunter2"},
+		{"postgres://u:hunter2@db/x", "postgres://u:hunter2@db/x"},
+	} {
+		got, err := ReadFile(write(c.content))
+		if err != nil || got != c.want {
+			t.Errorf("ReadFile(%q) = %q, %v; want %q", c.content, got, err, c.want)
+		}
+	}
+	for _, c := range []struct{ content, want string }{
+		{"host=a password=hunter2\nhost=b password=hunter2\n", "holds 2 lines"},
+		{"host=a\n# comment\npassword=hunter2\n", "holds 2 lines"},
+		{"", "holds no DSN"},
+		{"\uFEFF# only a comment\n", "holds no DSN"},
+		{"\xff\xfeh\x00o\x00s\x00t\x00", "UTF-16"},
+		{strings.Repeat("x", MaxFileSize+1), "larger than 64 KiB"},
+	} {
+		p := write(c.content)
+		_, err := ReadFile(p)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), p) {
+			t.Errorf("ReadFile(%.40q): %v; want an error naming the file and %q", c.content, err, c.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("the error quotes the password: %v", err)
+		}
+	}
+	// Not a regular file: refused at once (regularfile tests the kinds one by one).
+	for _, p := range []string{"/dev/zero", dir} {
+		if _, err := ReadFile(p); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("ReadFile(%s): %v", p, err)
+		}
+	}
+}

@@ -10,12 +10,18 @@
 // one page of leases.
 //
 // Every value from the database (service, host and lease names, metadata, application
-// names) goes through html/template's contextual escaping, and a Content-Security-Policy
-// allows only the page's own script and style. Nothing shows a DSN or a password; a
-// database error is shown redacted.
+// names) is made valid UTF-8 and goes through html/template's contextual escaping, and a
+// Content-Security-Policy allows only the page's own script and style; long values are
+// shortened in the HTML with the whole value behind them. Nothing shows a DSN or a
+// password; a database error is shown redacted. Query parameters are checked before any
+// statement (a bad one is a 400 naming it).
+//
+// The page shares the exporter's pool with /metrics and must never cost a scrape its
+// latency: load.go bounds what it reads and renders, and answers 429 beyond that.
 package status
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -32,6 +38,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -48,6 +55,7 @@ const (
 	maxServicesShown = 50
 	maxAppsShown     = 50
 	maxMetadataShown = 160 // characters of an instance's metadata in the HTML table
+	maxNameShown     = 80  // characters of a service, host, lease or application name there
 
 	// DefaultRefresh is how often the page reloads itself; ?refresh=N overrides it
 	// (0: never).
@@ -83,6 +91,7 @@ type Handler struct {
 	locksSQL  string
 	locksArgs []any
 	log       *slog.Logger
+	load      *limiter
 }
 
 // New returns the page's handler.
@@ -90,7 +99,7 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Reader == nil {
 		return nil, errors.New("status: Config.Reader must not be nil")
 	}
-	h := &Handler{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))}
+	h := &Handler{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), load: newLimiter()}
 	if cfg.DB != nil {
 		h.locksSQL, h.locksArgs = collector.AdvisoryLocksStatement(cfg.Schema, cfg.Source)
 	}
@@ -247,13 +256,61 @@ type query struct {
 	refresh         time.Duration
 }
 
-// parseQuery reads the parameters; an error names the one that is wrong.
-func parseQuery(v url.Values) (query, error) {
-	q := query{service: v.Get("service"), lease: v.Get("lease"), page: 1, leasePage: 1, refresh: DefaultRefresh}
-	if s := v.Get("instance"); s != "" {
-		id, err := uuid.Parse(s)
+// params are the parameters the page takes; any other is refused, so that a typo
+// (?servce=x) does not silently show everything.
+var params = []string{"service", "instance", "lease", "page", "lease_page", "refresh"}
+
+// parseQuery reads the raw query string; an error is one line that names the parameter
+// that is wrong. It runs before any statement: a value the database would refuse (a NUL
+// byte, invalid UTF-8) must be a 400 naming the parameter, never a 503 that reads as a
+// database outage. url.Values would silently drop a malformed escape (?service=%zz) and
+// show every service instead.
+func parseQuery(raw string) (query, error) {
+	q := query{page: 1, leasePage: 1, refresh: DefaultRefresh}
+	v := map[string]string{}
+	for raw != "" {
+		var pair string
+		pair, raw, _ = strings.Cut(raw, "&")
+		if pair == "" {
+			continue
+		}
+		rawName, rawValue, _ := strings.Cut(pair, "=")
+		name, err := url.QueryUnescape(rawName)
 		if err != nil {
+			return q, fmt.Errorf("parameter %.64q: malformed percent-encoding in its name", rawName)
+		}
+		if !slices.Contains(params, name) {
+			return q, fmt.Errorf("parameter %.64q: unknown; the page takes %s", name, strings.Join(params, ", "))
+		}
+		value, err := url.QueryUnescape(rawValue)
+		if err != nil {
+			return q, fmt.Errorf("parameter %s: malformed percent-encoding (%%XX with two hex digits; %%25 for %%)", name)
+		}
+		if _, twice := v[name]; twice {
+			return q, fmt.Errorf("parameter %s: given more than once", name)
+		}
+		v[name] = value
+	}
+	for _, p := range []struct {
+		name string
+		to   *string
+	}{{"service", &q.service}, {"lease", &q.lease}} {
+		s := v[p.name]
+		switch {
+		case !utf8.ValidString(s):
+			return q, fmt.Errorf("parameter %s: not valid UTF-8", p.name)
+		case strings.ContainsRune(s, 0):
+			return q, fmt.Errorf("parameter %s: must not contain NUL (%%00)", p.name)
+		}
+		*p.to = s
+	}
+	if s := v["instance"]; s != "" {
+		id, err := uuid.Parse(s)
+		switch {
+		case err != nil:
 			return q, errors.New("parameter instance: not a uuid")
+		case id == uuid.Nil:
+			return q, errors.New("parameter instance: the nil uuid names no instance")
 		}
 		q.instance = id
 	}
@@ -261,17 +318,17 @@ func parseQuery(v url.Values) (query, error) {
 		name string
 		to   *int
 	}{{"page", &q.page}, {"lease_page", &q.leasePage}} {
-		if s := v.Get(p.name); s != "" {
+		if s := v[p.name]; s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 1 || n > 1_000_000 {
-				return q, fmt.Errorf("parameter %s: want a page number from 1", p.name)
+				return q, fmt.Errorf("parameter %s: want a page number from 1 to 1000000", p.name)
 			}
 			*p.to = n
 		}
 	}
-	if s := v.Get("refresh"); s != "" {
+	if s := v["refresh"]; s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 0 || time.Duration(n)*time.Second > maxRefresh {
+		if err != nil || n < 0 || n > int(maxRefresh/time.Second) { // not n*time.Second: it can wrap
 			return q, fmt.Errorf("parameter refresh: want seconds from 0 (never) to %d", int(maxRefresh.Seconds()))
 		}
 		q.refresh = time.Duration(n) * time.Second
@@ -289,40 +346,74 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	q, err := parseQuery(r.URL.Query())
+	q, err := parseQuery(r.URL.RawQuery)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
-	defer cancel()
-	page, dbErr := h.collect(ctx, q)
-	code := http.StatusOK
-	if dbErr {
-		code = http.StatusServiceUnavailable
+	busy := func() {
+		w.Header().Set("Retry-After", retryAfter)
+		if asJSON {
+			http.Error(w, errBusy.Error(), http.StatusTooManyRequests)
+			return
+		}
+		// A screen that reloads the page by itself must not stop at this answer.
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Security-Policy", "default-src 'none'")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = fmt.Fprintf(w, busyHTML, retryAfter, template.HTMLEscapeString(errBusy.Error()))
 	}
-	if asJSON {
-		w.Header().Set("Content-Type", "application/json; charset=utf-8")
-		w.WriteHeader(code)
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", " ")
-		_ = enc.Encode(page)
+	if !h.load.admit() {
+		busy()
 		return
 	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Content-Security-Policy", csp)
-	var b strings.Builder
-	if err := pageTemplate.Execute(&b, newView(page, q)); err != nil {
+	defer h.load.leave()
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	e, err := h.load.evaluate(ctx, q, h.collect)
+	if err != nil {
+		busy()
+		return
+	}
+	b, err := h.load.body(ctx, e, bodyKey{json: asJSON, refresh: q.refresh}, func() ([]byte, error) {
+		if asJSON {
+			b, err := json.MarshalIndent(e.page, "", " ")
+			return append(b, '\n'), err
+		}
+		var b bytes.Buffer
+		err := pageTemplate.Execute(&b, newView(e.page, q))
+		return b.Bytes(), err
+	})
+	switch {
+	case errors.Is(err, errBusy):
+		busy()
+		return
+	case err != nil:
 		h.log.Error("status page: cannot render", "err", err)
 		http.Error(w, "cannot render the status page", http.StatusInternalServerError)
 		return
 	}
+	if asJSON {
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	} else {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Security-Policy", csp)
+	}
+	code := http.StatusOK
+	if e.dbErr {
+		code = http.StatusServiceUnavailable
+	}
 	w.WriteHeader(code)
-	_, _ = w.Write([]byte(b.String()))
+	_, _ = w.Write(b)
 }
 
+// busyHTML is the HTML answer of a 429: it reloads itself after Retry-After.
+const busyHTML = `<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="%s">` +
+	`<title>pg_liveness status: busy</title></head><body><p>%s</p></body></html>` + "\n"
+
 // collect reads everything the page shows. dbErr is true when the instances and leases
-// could not be read; the errors are in the page, redacted.
+// could not be read; the errors are in the page, redacted. The page it returns is shared
+// by the requests its evaluation serves (for up to dataTTL): nothing may change it.
 func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
 	p.GeneratedAt = time.Now()
 	p.Services = []ServiceView{}
@@ -332,7 +423,7 @@ func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
 	}
 	p.Leases = LeasesView{Name: q.lease, Page: q.leasePage, PageSize: LeasesPerPage, Rows: []LeaseView{}}
 	fail := func(what string, err error) {
-		msg := what + ": " + dsn.Redact(err.Error())
+		msg := what + ": " + text(dsn.Redact(err.Error()))
 		p.Errors = append(p.Errors, msg)
 		h.log.Debug("status page", "err", msg) // the page shows it; the collectors log database failures
 	}
@@ -383,9 +474,9 @@ func problem(s liveness.InstanceState) bool {
 }
 
 func (p *Page) fill(f liveness.Fleet) {
-	p.GeneratedAt, p.Database, p.InRecovery = f.Now, f.Database, f.InRecovery
+	p.GeneratedAt, p.Database, p.InRecovery = f.Now, text(f.Database), f.InRecovery
 	for _, s := range f.Services {
-		v := ServiceView{Name: s.Service, Counts: map[string]int{}, OldestHeartbeatAgeSeconds: s.OldestHeartbeatAge.Seconds()}
+		v := ServiceView{Name: text(s.Service), Counts: map[string]int{}, OldestHeartbeatAgeSeconds: s.OldestHeartbeatAge.Seconds()}
 		for _, st := range allStates {
 			n := s.Counts[st]
 			v.Counts[string(st)] = n
@@ -407,8 +498,8 @@ func (p *Page) fill(f liveness.Fleet) {
 	p.Instances.Total = f.InstancesTotal
 	for _, i := range f.Instances {
 		p.Instances.Rows = append(p.Instances.Rows, InstanceView{
-			InstanceID: i.InstanceID.String(), Service: i.ServiceName, Host: i.HostName, ProcessID: i.ProcessID,
-			State: string(i.State), Alive: i.Alive(), Problem: problem(i.State), LockHeld: i.LockHeld, Mode: string(i.Mode),
+			InstanceID: i.InstanceID.String(), Service: text(i.ServiceName), Host: text(i.HostName), ProcessID: i.ProcessID,
+			State: string(i.State), Alive: i.Alive(), Problem: problem(i.State), LockHeld: i.LockHeld, Mode: text(string(i.Mode)),
 			HeartbeatAgeSeconds: i.HeartbeatAge.Seconds(), LastHeartbeat: i.LastHeartbeat, StartedAt: i.StartedAt,
 			Timing: TimingView{
 				HeartbeatInterval: secs(i.Timing.HeartbeatInterval), HeartbeatSlowInterval: secs(i.Timing.HeartbeatSlowInterval),
@@ -420,7 +511,7 @@ func (p *Page) fill(f liveness.Fleet) {
 	}
 	p.Leases.Total = f.LeasesTotal
 	for _, l := range f.Leases {
-		v := LeaseView{Name: l.Name, Held: l.Held, HolderHost: l.HolderHost, HolderService: l.HolderService,
+		v := LeaseView{Name: text(l.Name), Held: l.Held, HolderHost: text(l.HolderHost), HolderService: text(l.HolderService),
 			HolderState: string(l.HolderState), Epoch: l.Epoch, TakenAt: l.TakenAt, HeldForSeconds: l.HeldFor.Seconds(),
 			ExpiresAt: l.ExpiresAt, ExpiresInSeconds: l.ExpiresIn.Seconds()}
 		if l.HolderInstanceID != uuid.Nil {
@@ -438,9 +529,20 @@ func secs(d time.Duration) *float64 {
 	return &s
 }
 
+// text makes a value from the database valid UTF-8, replacing each invalid byte by
+// U+FFFD: a SQL_ASCII database hands out whatever bytes were stored, and one such row
+// must not make the whole page unreadable to a strict parser. encoding/json would replace
+// them in strings anyway; html/template would not, nor would a json.RawMessage.
+func text(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+
 // validJSON keeps metadata that is a JSON value (it always is, from a jsonb column) and
-// replaces anything else by null, so that the JSON form stays valid.
+// replaces anything else by null, so that the JSON form stays valid. Invalid UTF-8 (a
+// SQL_ASCII database's jsonb keeps any bytes in its strings) is replaced first: outside
+// strings JSON is ASCII, so only string contents change. json.Valid does not check UTF-8.
 func validJSON(b json.RawMessage) json.RawMessage {
+	if !utf8.Valid(b) {
+		b = bytes.ToValidUTF8(b, []byte("\uFFFD"))
+	}
 	if len(b) == 0 || !json.Valid(b) {
 		return json.RawMessage("null")
 	}
@@ -476,11 +578,11 @@ func (h *Handler) readLocks(ctx context.Context) (*LocksView, error) {
 		}
 		app := apps[r.Name]
 		if app == nil {
-			app = &AppView{Name: r.Name, ByState: map[string]int{}, HoldersByState: map[string]int{},
+			app = &AppView{Name: text(r.Name), ByState: map[string]int{}, HoldersByState: map[string]int{},
 				AliveLockSessions: strings.HasSuffix(r.Name, ":alive-lock")}
 			apps[r.Name] = app
 		}
-		state := cmp.Or(r.State, "unknown")
+		state := text(cmp.Or(r.State, "unknown"))
 		app.Backends += int(r.Count)
 		app.ByState[state] += int(r.Count)
 		if r.Holders > 0 {
@@ -568,17 +670,31 @@ var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
 	"durp": formatSecondsPtr,
 	"ts":   func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 	"pct":  func(f float64) string { return strconv.Itoa(int(f*100+0.5)) + "%" },
-	"metaText": func(m json.RawMessage) string {
-		s := string(m)
-		if s == "{}" || s == "null" {
-			return ""
+	"cut":  func(s string) shortened { return shorten(s, maxNameShown) },
+	"meta": func(m json.RawMessage) shortened {
+		if s := string(m); s != "{}" && s != "null" {
+			return shorten(s, maxMetadataShown)
 		}
-		if r := []rune(s); len(r) > maxMetadataShown {
-			return string(r[:maxMetadataShown]) + "…"
-		}
-		return s
+		return shortened{}
 	},
 }).Parse(pageHTML))
+
+// shortened is a value for the HTML tables: Full, or when it is longer than fits, Short
+// (its start) with Full behind it, in a details element. A 10 KB name would otherwise
+// push the tables off the screen; the JSON form always has it whole.
+type shortened struct{ Short, Full string }
+
+func shorten(s string, n int) shortened {
+	if utf8.RuneCountInString(s) <= n {
+		return shortened{Full: s}
+	}
+	i := 0
+	for range n {
+		_, size := utf8.DecodeRuneInString(s[i:])
+		i += size
+	}
+	return shortened{Short: s[:i], Full: s}
+}
 
 // formatSeconds prints a duration the way the page's script does: 1h02m, 3m05s, 12s,
 // 0.4s; negative values with a minus sign.

@@ -4,12 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -272,4 +277,346 @@ func TestDatabaseDown(t *testing.T) {
 			t.Errorf("%s: %s\n%s", target, res.Status, body)
 		}
 	}
+}
+
+// A SQL_ASCII database hands out whatever bytes were stored. Every byte of both forms is
+// valid UTF-8 (the bad ones replaced by U+FFFD), the JSON form is valid JSON, and the row
+// is still shown.
+func TestInvalidUTF8FromSQLASCII(t *testing.T) {
+	db := pgtest.NewDB(t)
+	ascii := db.Name + "_ascii"
+	db.Exec(t, `CREATE DATABASE `+pgx.Identifier{ascii}.Sanitize()+` ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
+	t.Cleanup(func() { db.Exec(t, `DROP DATABASE IF EXISTS `+pgx.Identifier{ascii}.Sanitize()+` WITH (FORCE)`) })
+	if strings.Contains(db.DSN, "://") {
+		t.Fatalf("this test builds a keyword/value DSN; got a URL")
+	}
+	pool := pgtest.Pool(t, db.DSN+" dbname="+ascii, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
+	id := uuid.New()
+	for _, sql := range []string{
+		`INSERT INTO liveness.instances (instance_id, service_name, host_name, metadata)
+		 VALUES ('` + id.String() + `', E'caf\xe9', E'node\xff', E'{"note": "caf\xe9 \xff\xfe"}')`,
+		`INSERT INTO liveness.leases (name, holder, holder_host, expires_at)
+		 VALUES (E'cleanup\xff', 'h:1:ff', E'node\xfe', now() + interval '1 minute')`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := newHandler(t, pool)
+	for _, target := range []string{"/status.json", "/status"} {
+		res, body := get(t, h, target)
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %s\n%s", target, res.Status, body)
+		}
+		for i := 0; i < len(body); {
+			r, n := utf8.DecodeRuneInString(body[i:])
+			if r == utf8.RuneError && n == 1 {
+				t.Errorf("%s is not valid UTF-8 at byte %d: %.40q", target, i, body[i:])
+				break
+			}
+			i += n
+		}
+		for _, want := range []string{"caf\uFFFD", "node\uFFFD", "cleanup\uFFFD"} {
+			if !strings.Contains(body, want) {
+				t.Errorf("%s lacks %q", target, want)
+			}
+		}
+		if target != "/status.json" {
+			continue
+		}
+		if !json.Valid([]byte(body)) {
+			t.Fatalf("%s is not valid JSON", target)
+		}
+		var p status.Page
+		if err := json.Unmarshal([]byte(body), &p); err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Instances.Rows) != 1 || !utf8.Valid(p.Instances.Rows[0].Metadata) ||
+			!strings.Contains(string(p.Instances.Rows[0].Metadata), "caf\uFFFD \uFFFD\"") {
+			t.Errorf("metadata %q, want the row with its bytes replaced", p.Instances.Rows[0].Metadata)
+		}
+	}
+}
+
+// Every parameter is checked before any statement: a bad one is a 400 with one line
+// naming it, against a healthy database (it used to be a 503 with the SQLSTATE, read as
+// an outage) and against one that is down (the database is never asked). Odd but valid
+// values are served.
+func TestParametersCheckedBeforeAnyStatement(t *testing.T) {
+	db, pool, ctx := setup(t)
+	fixture(t, ctx, db, pool)
+	healthy := newHandler(t, pool)
+	down, err := pgxpool.New(context.Background(), "host=127.0.0.1 port=1 user=x dbname=x connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer down.Close()
+	unreachable := newHandler(t, down)
+	for _, c := range []struct{ query, param string }{
+		{"service=a%00b", "service"},
+		{"lease=%00", "lease"},
+		{"service=%FF%FE", "service"},
+		{"lease=%C0%80", "lease"}, // an overlong NUL
+		{"service=%zz", "service"},
+		{"lease=100%", "lease"},
+		{"instance=00000000-0000-0000-0000-000000000000", "instance"},
+		{"instance=7b4b8f1e-8c1e-4a57-9b7e", "instance"},
+		{"instance=%zz", "instance"},
+		{"refresh=3601", "refresh"},
+		{"refresh=-1", "refresh"},
+		{"refresh=18446744074", "refresh"}, // wraps to under an hour as nanoseconds
+		{"page=1000001", "page"},
+		{"lease_page=0", "lease_page"},
+		{"service=a&service=b", "service"},
+		{"servce=checkout", `"servce"`},
+		{"%zz=1", `"%zz"`},
+	} {
+		for _, h := range []*status.Handler{healthy, unreachable} {
+			for _, path := range []string{"/status.json", "/status"} {
+				res, body := get(t, h, path+"?"+c.query)
+				if res.StatusCode != http.StatusBadRequest || !strings.HasPrefix(body, "parameter "+c.param+":") ||
+					strings.Count(strings.TrimSpace(body), "\n") != 0 {
+					t.Errorf("%s?%s: %s %.200q; want 400 and one line naming parameter %s", path, c.query, res.Status, body, c.param)
+				}
+			}
+		}
+	}
+	for _, query := range []string{"service=%E2%9C%93", "lease=%25", "lease=%5C", "lease=", "service=", "instance=",
+		"instance={7b4b8f1e-8c1e-4a57-9b7e-3f0a2e5c9d11}", "service=checkout&page=2&refresh=0", "lease=a;b"} {
+		if res, body := get(t, healthy, "/status.json?"+query); res.StatusCode != http.StatusOK {
+			t.Errorf("/status.json?%s: %s %.200q; want 200", query, res.Status, body)
+		}
+	}
+}
+
+// countingDB is the real pool, counting the statements the page sends and how many are
+// open at once (until their rows are closed).
+type countingDB struct {
+	db                           liveness.Querier
+	calls, inFlight, maxInFlight atomic.Int64
+}
+
+type countedRows struct {
+	pgx.Rows
+	db   *countingDB
+	once sync.Once
+}
+
+func (r *countedRows) Close() {
+	r.Rows.Close()
+	r.once.Do(func() { r.db.inFlight.Add(-1) })
+}
+
+func (c *countingDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	c.calls.Add(1)
+	n := c.inFlight.Add(1)
+	for m := c.maxInFlight.Load(); n > m && !c.maxInFlight.CompareAndSwap(m, n); m = c.maxInFlight.Load() {
+	}
+	rows, err := c.db.Query(ctx, sql, args...)
+	if err != nil {
+		c.inFlight.Add(-1)
+		return nil, err
+	}
+	return &countedRows{Rows: rows, db: c}, nil
+}
+
+func countingHandler(t *testing.T, pool *pgxpool.Pool) (*status.Handler, *countingDB) {
+	t.Helper()
+	db := &countingDB{db: pool}
+	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := status.New(status.Config{Reader: reader, DB: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, db
+}
+
+// concurrently sends n requests at once, target(i) each, and returns their status codes.
+func concurrently(t *testing.T, h http.Handler, n int, target func(i int) string) []*http.Response {
+	t.Helper()
+	out := make([]*http.Response, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, target(i), nil))
+			out[i] = rec.Result()
+		})
+	}
+	close(start)
+	wg.Wait()
+	return out
+}
+
+// Identical requests at once share one evaluation (the page's two statements, once),
+// and distinct ones read the database one at a time: the page never holds more than one
+// of the pool's connections, whatever its load.
+func TestPageEvaluationsShareAndQueue(t *testing.T) {
+	db, pool, ctx := setup(t)
+	fixture(t, ctx, db, pool)
+	h, counted := countingHandler(t, pool)
+	for _, res := range concurrently(t, h, 50, func(int) string { return "/status.json" }) {
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("an identical request: %s", res.Status)
+		}
+	}
+	if n := counted.calls.Load(); n != 2 {
+		t.Errorf("50 identical requests sent %d statements, want the one evaluation's 2", n)
+	}
+	h, counted = countingHandler(t, pool)
+	for _, res := range concurrently(t, h, 30, func(i int) string { return fmt.Sprintf("/status?page=%d", i+1) }) {
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("a distinct request: %s", res.Status)
+		}
+	}
+	if n, most := counted.calls.Load(), counted.maxInFlight.Load(); n != 60 || most != 1 {
+		t.Errorf("30 distinct requests: %d statements, at most %d at once; want 60, one at a time", n, most)
+	}
+}
+
+// When the page cannot get its turn (here the database blocks its read: another session
+// holds a lock on the instances table), requests beyond the page's share get 429 with
+// Retry-After, never a 503 that reads as a database outage, and the database is not
+// asked for them. Once the lock goes, the page answers again.
+func TestPageBusyIs429(t *testing.T) {
+	db, pool, ctx := setup(t)
+	fixture(t, ctx, db, pool)
+	h, counted := countingHandler(t, pool)
+	locker := db.Conn(t)
+	tx, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `LOCK TABLE liveness.instances IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	// The lock is released once 99 answers are in: the waiters gave up by then.
+	results := make(chan *http.Response, 100)
+	var wg sync.WaitGroup
+	for i := range 100 {
+		wg.Go(func() {
+			path := "/status.json"
+			if i%2 == 1 {
+				path = "/status"
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, fmt.Sprintf("%s?page=%d", path, i+1), nil))
+			results <- rec.Result()
+		})
+	}
+	var res []*http.Response
+	for len(res) < 99 {
+		res = append(res, <-results)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	res = append(res, <-results)
+	codes := map[int]int{}
+	for _, r := range res {
+		codes[r.StatusCode]++
+		if r.StatusCode == http.StatusTooManyRequests {
+			if r.Header.Get("Retry-After") != "1" {
+				t.Errorf("429 without Retry-After: 1: %v", r.Header)
+			}
+			b, _ := io.ReadAll(r.Body)
+			if !strings.Contains(string(b), "busy") || !strings.Contains(string(b), "database was not asked") {
+				t.Errorf("429 body %q", b)
+			}
+			// The HTML answer reloads itself, so that a screen showing the page goes on.
+			if isHTML := strings.HasPrefix(r.Header.Get("Content-Type"), "text/html"); isHTML &&
+				!strings.Contains(string(b), `<meta http-equiv="refresh" content="1">`) {
+				t.Errorf("an HTML 429 that does not reload itself: %q", b)
+			}
+		}
+	}
+	// One evaluation got the database and waited for the lock; the others waited their
+	// 3 s or were not admitted.
+	if codes[http.StatusOK] != 1 || codes[http.StatusTooManyRequests] != 99 {
+		t.Errorf("answers %v; want one 200 (the read that waited for the lock) and 99 429s", codes)
+	}
+	if n := counted.calls.Load(); n != 2 {
+		t.Errorf("%d statements sent, want the one evaluation's 2", n)
+	}
+	if r, body := get(t, h, "/status.json?page=1000"); r.StatusCode != http.StatusOK {
+		t.Errorf("after the lock: %s %.200q", r.Status, body)
+	}
+}
+
+// 10 KB service, host and lease names are shortened in the HTML tables, with the whole
+// value behind each in a details element (or a link's title); they are never shown whole
+// as text, and the JSON form has them whole.
+func TestLongValuesShortenedInHTML(t *testing.T) {
+	_, pool, ctx := setup(t)
+	service, host, lease := "svc-"+strings.Repeat("s", 10000), "host-"+strings.Repeat("h", 10000), "lease-"+strings.Repeat("l", 10000)
+	meta := `{"note": "` + strings.Repeat("m", 10000) + `"}`
+	if _, err := pool.Exec(ctx, `INSERT INTO liveness.instances (instance_id, service_name, host_name, metadata)
+		VALUES (gen_random_uuid(), $1, $2, $3)`, service, host, meta); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO liveness.leases (name, holder, holder_host, expires_at)
+		VALUES ($1, 'x', $2, now() + interval '1 minute')`, lease, host); err != nil {
+		t.Fatal(err)
+	}
+	h := newHandler(t, pool)
+	for name, target := range map[string]string{
+		"/status":                       "/status",
+		"/status filtered by the names": "/status?service=" + url.QueryEscape(service) + "&lease=" + url.QueryEscape(lease),
+	} {
+		res, body := get(t, h, target)
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %s", name, res.Status)
+		}
+		for _, long := range []string{service, host, lease, html.EscapeString(meta)} {
+			whole := 0
+			for i := 0; ; {
+				j := strings.Index(body[i:], long)
+				if j < 0 {
+					break
+				}
+				at := i + j
+				inTag := strings.LastIndexByte(body[:at], '<') > strings.LastIndexByte(body[:at], '>') // an attribute
+				switch {
+				case strings.HasSuffix(body[:at], `<span class="full">`):
+					whole++
+				case !inTag:
+					t.Errorf("%s: %.20s… shown whole as text, after %.60q", name, long, body[max(at-60, 0):at])
+				}
+				i = at + len(long)
+			}
+			if whole == 0 {
+				t.Errorf("%s: %.20s… is not available whole in a details element", name, long)
+			}
+			limit := maxShown(long)
+			if summary := "<summary>" + string([]rune(html.UnescapeString(long))[:limit]); !strings.Contains(html.UnescapeString(body), summary+"…</summary>") {
+				t.Errorf("%s: no summary of the first %d characters of %.20s…", name, limit, long)
+			}
+		}
+	}
+	_, body := get(t, h, "/status.json")
+	for _, long := range []string{service, host, lease} {
+		if !strings.Contains(body, `"`+long+`"`) {
+			t.Errorf("/status.json lacks %.20s… whole", long)
+		}
+	}
+}
+
+// maxShown is how many characters of a value the HTML tables show: 160 of metadata, 80
+// of a name.
+func maxShown(s string) int {
+	if strings.HasPrefix(s, "{") {
+		return 160
+	}
+	return 80
 }

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -82,15 +83,18 @@ func (s Source) Validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &FieldError{Field: field, Err: fmt.Errorf(format, args...)}
 	}
+	if err := migrations.ValidateIdentifier(migrations.SchemaName, s.Schema); err != nil {
+		return &FieldError{Field: "Schema", Err: err}
+	}
+	// An empty prefix is no prefix: the table is service_instances.
+	if err := migrations.ValidateIdentifier(migrations.TableName, s.tableName()); err != nil {
+		return bad("Prefix", "makes the table name %q, which %s", s.tableName(), err)
+	}
 	switch {
-	case s.Schema == "":
-		return bad("Schema", "must not be empty")
-	case strings.ContainsRune(s.Schema+s.Prefix, 0):
-		return bad("Prefix", "must not contain NUL")
-	case len(s.Prefix+"service_instances") > 63:
-		return bad("Prefix", "%q makes a table name longer than PostgreSQL's 63 bytes", s.Prefix)
 	case s.LockKeyPrefix == "":
 		return bad("LockKeyPrefix", "must not be empty")
+	case !utf8.ValidString(s.LockKeyPrefix) || strings.ContainsRune(s.LockKeyPrefix, 0):
+		return bad("LockKeyPrefix", "must be valid UTF-8 without NUL bytes")
 	case s.HeartbeatInterval <= 0:
 		return bad("HeartbeatInterval", "must be positive, got %s", s.HeartbeatInterval)
 	case s.HeartbeatSlowInterval < s.HeartbeatInterval:
@@ -104,13 +108,17 @@ func (s Source) Validate() error {
 	return nil
 }
 
+// tableName is the instances table's name: Prefix, as given (empty for none), and
+// service_instances.
+func (s Source) tableName() string { return s.Prefix + "service_instances" }
+
 // Table is the instances table as a quoted identifier.
 func (s Source) Table() string {
-	return pgx.Identifier{s.Schema, s.Prefix + "service_instances"}.Sanitize()
+	return pgx.Identifier{s.Schema, s.tableName()}.Sanitize()
 }
 
 // TableName is the instances table as people write it, for messages.
-func (s Source) TableName() string { return s.Schema + "." + s.Prefix + "service_instances" }
+func (s Source) TableName() string { return s.Schema + "." + s.tableName() }
 
 // ErrTableMissing: the source's table does not exist (or is not visible to the role).
 var ErrTableMissing = errors.New("whizbang: instances table not found")

@@ -1,0 +1,242 @@
+package main
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+)
+
+// webConfigDir writes a self-signed certificate for 127.0.0.1 and its key into a new
+// folder, and returns the folder and a pool that trusts the certificate.
+func webConfigDir(t *testing.T) (string, *x509.CertPool) {
+	t.Helper()
+	dir := t.TempDir()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replaceFile(t, filepath.Join(dir, "tls.crt"), string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})))
+	replaceFile(t, filepath.Join(dir, "tls.key"), string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})))
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return dir, pool
+}
+
+// replaceFile replaces path's contents in one step (a rename), as editors and Kubernetes
+// do, so that a reader never sees a half-written file.
+func replaceFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path+".new", []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".new", path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func bcryptOf(t *testing.T, pw string) string {
+	t.Helper()
+	h, err := bcrypt.GenerateFromPassword([]byte(pw), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(h)
+}
+
+// The web configuration in force is always the last valid one. The exporter serves over
+// real TLS with basic auth; each bad change of the file (emptied, a comment, {}, invalid
+// YAML, basic auth or TLS removed, deleted, unreadable) is one log line naming the file
+// and the reason, sets ..._config_last_reload_successful to 0, and changes nothing: every
+// endpoint still wants the password, /metrics still answers. SIGHUP checks and reports
+// again. A valid change (a new password) is taken: the new password works, the old one no
+// longer does.
+func TestWebConfigReloadKeepsTheLastValidOne(t *testing.T) {
+	db := pgtest.NewDB(t)
+	dir, pool := webConfigDir(t)
+	file := filepath.Join(dir, "web.yml")
+	valid := func(user, pw string) string { // relative file names, resolved from the file's folder
+		return fmt.Sprintf("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\nbasic_auth_users:\n  %s: %s\n", user, bcryptOf(t, pw))
+	}
+	replaceFile(t, file, valid("alice", "old-password"))
+	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--no-agent", "--web.config.file="+file)
+	client := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	get := func(path, user, pw string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, "https://"+p.addr+path, nil)
+		if user != "" {
+			req.SetBasicAuth(user, pw)
+		}
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		return res.StatusCode, string(b)
+	}
+	gauge := func(user, pw, name string) float64 {
+		t.Helper()
+		code, body := get("/metrics", user, pw)
+		m := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindStringSubmatch(body)
+		if code != http.StatusOK || m == nil {
+			t.Fatalf("/metrics: %d, no %s", code, name)
+		}
+		v, _ := strconv.ParseFloat(m[1], 64)
+		return v
+	}
+	const (
+		successful = "pg_liveness_exporter_config_last_reload_successful"
+		timestamp  = "pg_liveness_exporter_config_last_reload_success_timestamp_seconds"
+		refusal    = "refused a change of --web.config.file"
+	)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := client.Get("https://" + p.addr + "/"); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the exporter does not serve TLS: %v", err)
+		}
+	}
+	if v := gauge("alice", "old-password", successful); v != 1 {
+		t.Fatalf("%s %v at start, want 1", successful, v)
+	}
+	started := gauge("alice", "old-password", timestamp)
+
+	changes := []struct {
+		name   string
+		change func()
+		reason string
+	}{
+		{"emptied", func() { replaceFile(t, file, "") }, "is empty: it would serve without TLS and authentication"},
+		{"a comment", func() { replaceFile(t, file, "# to be filled in\n") }, "is empty"},
+		{"{}", func() { replaceFile(t, file, "{}\n") }, "configures neither TLS nor basic auth"},
+		{"invalid yaml", func() { replaceFile(t, file, "basic_auth_users:\n  alice: [\n") }, "yaml:"},
+		{"basic auth removed", func() { replaceFile(t, file, "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n") },
+			"removes basic authentication (basic_auth_users); serving without it takes a restart"},
+		{"TLS removed", func() { replaceFile(t, file, "basic_auth_users:\n  alice: "+bcryptOf(t, "old-password")+"\n") },
+			"removes TLS (tls_server_config); serving without TLS takes a restart"},
+		{"deleted", func() {
+			if err := os.Remove(file); err != nil {
+				t.Fatal(err)
+			}
+		}, "no such file or directory"},
+		// As root, file modes do not stop a read: a directory in the file's place does.
+		{"unreadable", func() {
+			if err := os.Mkdir(file, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}, "is a directory, not a regular file"},
+	}
+	for i, c := range changes {
+		c.change()
+		waitLogCount(t, p, refusal, i+1)
+		var line string
+		for l := range strings.Lines(p.Logs()) {
+			if strings.Contains(l, refusal) {
+				line = l
+			}
+		}
+		if !strings.Contains(line, file) || !strings.Contains(line, c.reason) {
+			t.Errorf("%s: the refusal does not name %s and say %q:\n%s", c.name, file, c.reason, line)
+		}
+		if code, _ := get("/metrics", "", ""); code != http.StatusUnauthorized {
+			t.Errorf("%s: /metrics without credentials: %d, want 401", c.name, code)
+		}
+		for _, path := range []string{"/status.json", "/status", "/"} {
+			if code, _ := get(path, "", ""); code != http.StatusUnauthorized {
+				t.Errorf("%s: %s without credentials: %d, want 401", c.name, path, code)
+			}
+		}
+		if v := gauge("alice", "old-password", successful); v != 0 {
+			t.Errorf("%s: %s %v, want 0", c.name, successful, v)
+		}
+	}
+	// SIGHUP checks the file again and says so again; polls said it once per change.
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitLogCount(t, p, refusal, len(changes)+1)
+	if n := strings.Count(p.Logs(), refusal); n != len(changes)+1 {
+		t.Errorf("%d refusal lines for %d changes and a SIGHUP", n, len(changes))
+	}
+
+	// A valid change: a new password.
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	replaceFile(t, file, valid("alice", "new-password"))
+	waitLog(t, p, "reloaded --web.config.file")
+	if code, _ := get("/metrics", "alice", "new-password"); code != http.StatusOK {
+		t.Errorf("the new password: %d, want 200", code)
+	}
+	if code, _ := get("/metrics", "alice", "old-password"); code != http.StatusUnauthorized {
+		t.Errorf("the old password: %d, want 401", code)
+	}
+	if v := gauge("alice", "new-password", successful); v != 1 {
+		t.Errorf("after a valid change %s %v, want 1", successful, v)
+	}
+	if v := gauge("alice", "new-password", timestamp); v <= started {
+		t.Errorf("%s %v, not after the start's %v", timestamp, v, started)
+	}
+	// Never an error per request: the toolkit never read a bad file.
+	if strings.Contains(p.Logs(), "Unable to parse configuration") {
+		t.Errorf("the toolkit read a configuration it could not parse:\n%s", p.Logs())
+	}
+}
+
+// With the DSN file refused on SIGHUP, the reload metric says so too.
+func TestReloadMetricCountsTheDSNFile(t *testing.T) {
+	db := pgtest.NewDB(t)
+	file := filepath.Join(t.TempDir(), "dsn")
+	replaceFile(t, file, db.DSN+"\n")
+	p := startExporter(t, nil, "--db.dsn-file="+file, "--no-agent")
+	p.waitFor(t, `(?m)^pg_liveness_exporter_config_last_reload_successful 1$`, 30*time.Second)
+	replaceFile(t, file, db.DSN+"\n"+db.DSN+"\n")
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	p.waitFor(t, `(?m)^pg_liveness_exporter_config_last_reload_successful 0$`, 15*time.Second)
+	replaceFile(t, file, db.DSN+"\n")
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	p.waitFor(t, `(?m)^pg_liveness_exporter_config_last_reload_successful 1$`, 15*time.Second)
+}
