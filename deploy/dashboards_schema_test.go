@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 The dashboards are classic JSON-model dashboards, which the Grafana sidecar provisions and Import takes; dashboardv2, which the SDK prefers, is the different format of Grafana's v2 dashboard resource.
+
 package deploy
 
 import (
