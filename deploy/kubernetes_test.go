@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
 
 	"github.com/pg-liveness/pg_liveness_exporter/deploy/internal/manifests"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -24,19 +25,68 @@ import (
 // The kustomizations users apply.
 var kustomizations = []string{"kubernetes/base", "kubernetes/overlays/observer", "kubernetes/overlays/sidecar"}
 
-// rendered is the output of one kustomization, every object decoded into its official type.
+// rendered is the output of one kustomization or one Helm release, every object decoded
+// into its official type.
 type rendered struct {
-	deployments  []*appsv1.Deployment
-	services     []*corev1.Service
-	configMaps   []*corev1.ConfigMap
-	namespaces   []*corev1.Namespace
-	podMonitors  []*monitoringv1.PodMonitor
-	promRules    []*monitoringv1.PrometheusRule
-	objectsTotal int
+	deployments     []*appsv1.Deployment
+	services        []*corev1.Service
+	serviceAccounts []*corev1.ServiceAccount
+	configMaps      []*corev1.ConfigMap
+	namespaces      []*corev1.Namespace
+	podMonitors     []*monitoringv1.PodMonitor
+	serviceMonitors []*monitoringv1.ServiceMonitor
+	promRules       []*monitoringv1.PrometheusRule
+	objectsTotal    int
+}
+
+// add decodes one object strictly into its official type: a field the type does not
+// have is an error, and so is a kind this test knows no type for.
+func (out *rendered) add(y []byte) error {
+	var head struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
+	if err := yaml.Unmarshal(y, &head); err != nil {
+		return err
+	}
+	var obj any
+	switch gv := head.APIVersion + " " + head.Kind; gv {
+	case "apps/v1 Deployment":
+		d := &appsv1.Deployment{}
+		out.deployments, obj = append(out.deployments, d), d
+	case "v1 Service":
+		s := &corev1.Service{}
+		out.services, obj = append(out.services, s), s
+	case "v1 ServiceAccount":
+		s := &corev1.ServiceAccount{}
+		out.serviceAccounts, obj = append(out.serviceAccounts, s), s
+	case "v1 ConfigMap":
+		c := &corev1.ConfigMap{}
+		out.configMaps, obj = append(out.configMaps, c), c
+	case "v1 Namespace":
+		n := &corev1.Namespace{}
+		out.namespaces, obj = append(out.namespaces, n), n
+	case "monitoring.coreos.com/v1 PodMonitor":
+		p := &monitoringv1.PodMonitor{}
+		out.podMonitors, obj = append(out.podMonitors, p), p
+	case "monitoring.coreos.com/v1 ServiceMonitor":
+		s := &monitoringv1.ServiceMonitor{}
+		out.serviceMonitors, obj = append(out.serviceMonitors, s), s
+	case "monitoring.coreos.com/v1 PrometheusRule":
+		p := &monitoringv1.PrometheusRule{}
+		out.promRules, obj = append(out.promRules, p), p
+	default:
+		return fmt.Errorf("no official type known to this test for %s", gv)
+	}
+	if err := manifests.DecodeStrict(y, obj); err != nil {
+		return fmt.Errorf("does not decode strictly into its official type: %w", err)
+	}
+	out.objectsTotal++
+	return nil
 }
 
 // render builds the kustomization in dir with the kustomize API and decodes every object
-// strictly: a field the official type does not have is an error.
+// strictly.
 func render(t *testing.T, dir string) *rendered {
 	t.Helper()
 	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
@@ -49,34 +99,9 @@ func render(t *testing.T, dir string) *rendered {
 		if err != nil {
 			t.Fatalf("%s: %s: %v", dir, r.CurId(), err)
 		}
-		gvk := r.GetGvk()
-		var obj any
-		switch gv := gvk.ApiVersion() + " " + gvk.Kind; gv {
-		case "apps/v1 Deployment":
-			d := &appsv1.Deployment{}
-			out.deployments, obj = append(out.deployments, d), d
-		case "v1 Service":
-			s := &corev1.Service{}
-			out.services, obj = append(out.services, s), s
-		case "v1 ConfigMap":
-			c := &corev1.ConfigMap{}
-			out.configMaps, obj = append(out.configMaps, c), c
-		case "v1 Namespace":
-			n := &corev1.Namespace{}
-			out.namespaces, obj = append(out.namespaces, n), n
-		case "monitoring.coreos.com/v1 PodMonitor":
-			p := &monitoringv1.PodMonitor{}
-			out.podMonitors, obj = append(out.podMonitors, p), p
-		case "monitoring.coreos.com/v1 PrometheusRule":
-			p := &monitoringv1.PrometheusRule{}
-			out.promRules, obj = append(out.promRules, p), p
-		default:
-			t.Fatalf("%s: %s: no official type known to this test for %s", dir, r.CurId(), gv)
+		if err := out.add(y); err != nil {
+			t.Fatalf("%s: %s: %v", dir, r.CurId(), err)
 		}
-		if err := manifests.DecodeStrict(y, obj); err != nil {
-			t.Fatalf("%s: %s does not decode strictly into its official type: %v", dir, r.CurId(), err)
-		}
-		out.objectsTotal++
 	}
 	return &out
 }
@@ -135,14 +160,19 @@ func TestGeneratedManifestsAreUpToDate(t *testing.T) {
 			t.Errorf("%s differs from its source; regenerate with: %s", path, manifests.RegenerateCommand)
 		}
 	}
-	on, err := filepath.Glob(filepath.Join("..", manifests.Dir, "*"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range on {
-		rel, _ := filepath.Rel("..", p)
-		if _, ok := files[rel]; !ok {
-			t.Errorf("%s is not generated from any source; regenerate with: %s", rel, manifests.RegenerateCommand)
+	for _, dir := range manifests.GeneratedDirs {
+		on, err := filepath.Glob(filepath.Join("..", dir, "*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range on {
+			if fi, err := os.Stat(p); err != nil || fi.IsDir() {
+				continue
+			}
+			rel, _ := filepath.Rel("..", p)
+			if _, ok := files[rel]; !ok {
+				t.Errorf("%s is not generated from any source; regenerate with: %s", rel, manifests.RegenerateCommand)
+			}
 		}
 	}
 }
@@ -173,11 +203,17 @@ func flagValue(args []string, name string) (string, bool) {
 	return "", false
 }
 
+// dsnSecret names the Secret and key that hold the DSN.
+type dsnSecret struct{ name, key string }
+
+// The Secret the kustomize base and the chart's defaults read.
+var defaultDSNSecret = dsnSecret{"pg-liveness-exporter-dsn", "dsn"}
+
 // checkExporterContainer asserts what every exporter container must do: the DSN from a
 // Secret mounted as a file, never in the environment or the arguments; non-root, read-only
 // root file system, no privilege escalation, no capabilities; requests and limits; probes
 // on the landing page.
-func checkExporterContainer(t *testing.T, d *appsv1.Deployment) *corev1.Container {
+func checkExporterContainer(t *testing.T, d *appsv1.Deployment, dsn dsnSecret) *corev1.Container {
 	t.Helper()
 	c := exporterContainer(t, d)
 	pod := d.Spec.Template.Spec
@@ -216,8 +252,8 @@ func checkExporterContainer(t *testing.T, d *appsv1.Deployment) *corev1.Containe
 	if secret == nil {
 		t.Fatalf("%s: %s is not on a mounted Secret volume", d.Name, dsnFile)
 	}
-	if secret.SecretName != "pg-liveness-exporter-dsn" || len(secret.Items) != 1 || secret.Items[0].Path != filepath.Base(dsnFile) {
-		t.Errorf("%s: the Secret volume does not put key dsn of pg-liveness-exporter-dsn at %s: %+v", d.Name, dsnFile, secret)
+	if secret.SecretName != dsn.name || len(secret.Items) != 1 || secret.Items[0].Key != dsn.key || secret.Items[0].Path != filepath.Base(dsnFile) {
+		t.Errorf("%s: the Secret volume does not put key %s of %s at %s: %+v", d.Name, dsn.key, dsn.name, dsnFile, secret)
 	}
 	if secret.DefaultMode == nil || *secret.DefaultMode&0o007 != 0 {
 		t.Errorf("%s: the DSN file must not be world-readable (defaultMode %s)", d.Name, fmtMode(secret.DefaultMode))
@@ -275,8 +311,12 @@ func deployment(t *testing.T, r *rendered, name string) *appsv1.Deployment {
 }
 
 func TestObserverDeployment(t *testing.T) {
-	d := deployment(t, render(t, "kubernetes/overlays/observer"), "pg-liveness-exporter")
-	c := checkExporterContainer(t, d)
+	checkObserver(t, deployment(t, render(t, "kubernetes/overlays/observer"), "pg-liveness-exporter"), defaultDSNSecret)
+}
+
+func checkObserver(t *testing.T, d *appsv1.Deployment, dsn dsnSecret) {
+	t.Helper()
+	c := checkExporterContainer(t, d, dsn)
 	if !slices.Contains(c.Args, "--no-agent") {
 		t.Errorf("the observer must run with --no-agent: %q", c.Args)
 	}
@@ -288,8 +328,12 @@ func TestObserverDeployment(t *testing.T) {
 // The sidecar's SIGTERM clean-up (leases released, row deleted, lock session closed, then
 // the HTTP server) always finishes before Kubernetes sends SIGKILL.
 func TestSidecarAgent(t *testing.T) {
-	d := deployment(t, render(t, "kubernetes/overlays/sidecar"), "checkout")
-	c := checkExporterContainer(t, d)
+	checkAgent(t, deployment(t, render(t, "kubernetes/overlays/sidecar"), "checkout"), defaultDSNSecret)
+}
+
+func checkAgent(t *testing.T, d *appsv1.Deployment, dsn dsnSecret) {
+	t.Helper()
+	c := checkExporterContainer(t, d, dsn)
 	if slices.Contains(c.Args, "--no-agent") {
 		t.Fatal("the sidecar must run as an agent")
 	}
@@ -336,7 +380,16 @@ func TestSidecarAgent(t *testing.T) {
 
 // Each PodMonitor names its job so that PgLivenessExporterDown's selector finds it.
 func TestPodMonitorsMatchTheAlertRulesJob(t *testing.T) {
-	r := render(t, "kubernetes/overlays/sidecar")
+	checkMonitorJobs(t, render(t, "kubernetes/overlays/sidecar"))
+}
+
+// checkMonitorJobs checks every PodMonitor's and ServiceMonitor's job against the alert
+// rules of the same rendering.
+func checkMonitorJobs(t *testing.T, r *rendered) {
+	t.Helper()
+	if len(r.promRules) != 1 {
+		t.Fatalf("%d PrometheusRules, want 1", len(r.promRules))
+	}
 	var selector string
 	for _, g := range r.promRules[0].Spec.Groups {
 		for _, rule := range g.Rules {
@@ -351,18 +404,34 @@ func TestPodMonitorsMatchTheAlertRulesJob(t *testing.T) {
 		t.Fatal("PgLivenessExporterDown has no job=~ selector")
 	}
 	re := regexp.MustCompile("^(?:" + selector + ")$")
-	for _, pm := range r.podMonitors {
+	jobOf := func(relabelings []monitoringv1.RelabelConfig) string {
 		var job string
-		for _, ep := range pm.Spec.PodMetricsEndpoints {
-			for _, rl := range ep.RelabelConfigs {
-				if rl.TargetLabel == "job" && rl.Replacement != nil {
-					job = *rl.Replacement
-				}
+		for _, rl := range relabelings {
+			if rl.TargetLabel == "job" && rl.Replacement != nil {
+				job = *rl.Replacement
 			}
 		}
-		if !re.MatchString(job) {
-			t.Errorf("PodMonitor %s sets job %q, which up{job=~%q} does not select", pm.Name, job, selector)
+		return job
+	}
+	var monitors int
+	for _, pm := range r.podMonitors {
+		for _, ep := range pm.Spec.PodMetricsEndpoints {
+			monitors++
+			if job := jobOf(ep.RelabelConfigs); !re.MatchString(job) {
+				t.Errorf("PodMonitor %s sets job %q, which up{job=~%q} does not select", pm.Name, job, selector)
+			}
 		}
+	}
+	for _, sm := range r.serviceMonitors {
+		for _, ep := range sm.Spec.Endpoints {
+			monitors++
+			if job := jobOf(ep.RelabelConfigs); !re.MatchString(job) {
+				t.Errorf("ServiceMonitor %s sets job %q, which up{job=~%q} does not select", sm.Name, job, selector)
+			}
+		}
+	}
+	if monitors == 0 {
+		t.Error("no PodMonitor or ServiceMonitor endpoint to check")
 	}
 }
 

@@ -29,15 +29,20 @@ func run() error {
 		return err
 	}
 	// Remove generated files whose source is gone.
-	old, err := filepath.Glob(filepath.Join(root, manifests.Dir, "*.yaml"))
-	if err != nil {
-		return err
-	}
-	for _, p := range old {
-		rel, _ := filepath.Rel(root, p)
-		if _, ok := files[rel]; !ok {
-			if err := os.Remove(p); err != nil {
-				return err
+	for _, dir := range manifests.GeneratedDirs {
+		old, err := filepath.Glob(filepath.Join(root, dir, "*"))
+		if err != nil {
+			return err
+		}
+		for _, p := range old {
+			rel, _ := filepath.Rel(root, p)
+			if fi, err := os.Stat(p); err != nil || fi.IsDir() {
+				continue
+			}
+			if _, ok := files[rel]; !ok {
+				if err := os.Remove(p); err != nil {
+					return err
+				}
 			}
 		}
 	}
@@ -47,6 +52,9 @@ func run() error {
 	}
 	sort.Strings(paths)
 	for _, p := range paths {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755); err != nil {
+			return err
+		}
 		if err := os.WriteFile(filepath.Join(root, p), files[p], 0o644); err != nil {
 			return err
 		}

@@ -1,7 +1,9 @@
-// Package manifests generates the Kubernetes objects that are copies of other files in
-// the repository: the PrometheusRule from alerts/pg_liveness.rules.yml and one ConfigMap
-// per Grafana dashboard in dashboards/. The output is committed; a test regenerates it
-// and fails when it differs.
+// Package manifests generates the deployment files that are copies of other files in
+// the repository: for kustomize, the PrometheusRule from alerts/pg_liveness.rules.yml and
+// one ConfigMap per Grafana dashboard in dashboards/; for the Helm chart, copies of the
+// rules file and the dashboards under its files/, which its templates read (a chart
+// cannot read files outside its directory). The output is committed; a test regenerates
+// it and fails when it differs.
 package manifests
 
 import (
@@ -20,8 +22,19 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Dir is where the generated files go, relative to the repository root.
+// Dir is where the generated kustomize files go, relative to the repository root.
 const Dir = "deploy/kubernetes/base/monitoring"
+
+// ChartDir is the Helm chart, relative to the repository root; ChartFilesDir holds the
+// copies its templates read.
+const (
+	ChartDir      = "deploy/helm/pg-liveness-exporter"
+	ChartFilesDir = ChartDir + "/files"
+)
+
+// GeneratedDirs are the directories whose files are all generated: a file there that
+// Generate does not return is stale.
+var GeneratedDirs = []string{Dir, ChartFilesDir, ChartFilesDir + "/dashboards"}
 
 // RegenerateCommand is what to run after changing a source.
 const RegenerateCommand = "cd deploy && go generate ./..."
@@ -50,6 +63,11 @@ func Generate(root string) (map[string][]byte, error) {
 	}
 	out[filepath.Join(Dir, "prometheusrule.yaml")] = rule
 	resources := []string{"prometheusrule.yaml"}
+	rules, err := os.ReadFile(filepath.Join(root, rulesFile))
+	if err != nil {
+		return nil, err
+	}
+	out[filepath.Join(ChartFilesDir, filepath.Base(rulesFile))] = append([]byte(header(rulesFile)), rules...)
 
 	paths, err := filepath.Glob(filepath.Join(root, dashboardsDir, "*.json"))
 	if err != nil {
@@ -68,6 +86,10 @@ func Generate(root string) (map[string][]byte, error) {
 		file := "dashboard-" + name + ".yaml"
 		out[filepath.Join(Dir, file)] = b
 		resources = append(resources, file)
+		// JSON has no comments for a header; the staleness test guards the copy.
+		if out[filepath.Join(ChartFilesDir, "dashboards", name+".json")], err = os.ReadFile(p); err != nil {
+			return nil, err
+		}
 	}
 
 	var k bytes.Buffer
