@@ -269,7 +269,9 @@ func TestServesAndRecoversWhenDatabaseReturns(t *testing.T) {
 	if !strings.Contains(body, "pg_liveness_build_info") && !strings.Contains(body, "pg_liveness_exporter_build_info") {
 		t.Errorf("no build info in /metrics")
 	}
-	// The migrations were applied.
+	// The migrations were applied: the agent joins only after they are, and the database
+	// may answer a scrape before that.
+	p.waitFor(t, `(?m)^pg_liveness_agent_joined 1$`, 30*time.Second)
 	var version int
 	if err := db.Conn(t).QueryRow(context.Background(), `SELECT max(version) FROM liveness.schema_migrations`).Scan(&version); err != nil || version < 2 {
 		t.Fatalf("migrations not applied: version %d, %v", version, err)
