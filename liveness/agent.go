@@ -200,8 +200,8 @@ func (c AgentConfig) Validate() error {
 	return nil
 }
 
-func (c AgentConfig) aliveLockConfig() AliveLockConfig {
-	return AliveLockConfig{
+func (c AgentConfig) aliveLockConfig() aliveLockConfig {
+	return aliveLockConfig{
 		DSN:               c.DirectDSN,
 		Schema:            c.Schema,
 		InstanceID:        c.InstanceID,
@@ -215,8 +215,8 @@ func (c AgentConfig) aliveLockConfig() AliveLockConfig {
 	}
 }
 
-func (c AgentConfig) heartbeatConfig(lock LockSource) HeartbeatConfig {
-	return HeartbeatConfig{
+func (c AgentConfig) heartbeatConfig(lock lockSource) heartbeatConfig {
+	return heartbeatConfig{
 		Pool:                 c.Pool,
 		Schema:               c.Schema,
 		InstanceID:           c.InstanceID,
@@ -238,11 +238,11 @@ func (c AgentConfig) heartbeatConfig(lock LockSource) HeartbeatConfig {
 // Agent is one participating instance: it holds its alive lock, beats, and reaps.
 type Agent struct {
 	cfg       AgentConfig
-	lock      *AliveLock
-	heartbeat *HeartbeatWorker
+	lock      *aliveLock
+	heartbeat *heartbeatWorker
 	leases    *Leases
 	life      *lifeMonitor
-	reaper    *Reaper // nil when disabled
+	reaper    *reaper // nil when disabled
 }
 
 // NewAgent builds the parts; nothing connects until Run.
@@ -258,12 +258,12 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	a := &Agent{cfg: cfg}
 	// The lock is held in both modes: observers detect a dead instance by it either way;
 	// the mode only decides whether the heartbeat may slow down while it holds.
-	lock, err := NewAliveLock(cfg.aliveLockConfig())
+	lock, err := newAliveLock(cfg.aliveLockConfig())
 	if err != nil {
 		return nil, asAgentError(err)
 	}
 	a.lock = lock
-	hb, err := NewHeartbeatWorker(cfg.heartbeatConfig(lock))
+	hb, err := newHeartbeatWorker(cfg.heartbeatConfig(lock))
 	if err != nil {
 		return nil, asAgentError(err)
 	}
@@ -277,7 +277,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		return nil, err
 	}
 	if cfg.Reaper {
-		a.reaper, err = NewReaper(ReaperConfig{
+		a.reaper, err = newReaper(reaperConfig{
 			Pool:                 cfg.Pool,
 			Leases:               a.leases,
 			Schema:               cfg.Schema,

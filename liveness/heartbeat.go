@@ -44,10 +44,10 @@ const (
 	proofRetry = 250 * time.Millisecond
 )
 
-// LockSource tells the heartbeat whether the alive lock is held and verified. An
+// lockSource tells the heartbeat whether the alive lock is held and verified. An
 // *AliveLock is one. If the source also has a Changed() <-chan struct{} method, as
 // AliveLock does, losing the lock triggers a beat at once.
-type LockSource interface {
+type lockSource interface {
 	Held() bool
 }
 
@@ -77,8 +77,8 @@ type realClock struct{}
 func (realClock) Now() time.Time                         { return time.Now() }
 func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
-// HeartbeatConfig configures a HeartbeatWorker.
-type HeartbeatConfig struct {
+// heartbeatConfig configures a HeartbeatWorker.
+type heartbeatConfig struct {
 	Pool        *pgxpool.Pool // the service's pool; the worker borrows a connection per beat
 	Schema      string        // DefaultSchema if empty
 	InstanceID  uuid.UUID
@@ -99,7 +99,7 @@ type HeartbeatConfig struct {
 	LockGrace time.Duration
 
 	// Lock is the alive lock, or nil; without one the cadence is always fast.
-	Lock LockSource
+	Lock lockSource
 
 	Metadata map[string]any // stored in the row's metadata column; must marshal to JSON
 	// Logger receives the worker's lines, passwords removed; nil discards. The worker
@@ -111,7 +111,7 @@ type HeartbeatConfig struct {
 
 // Validate checks identity, mode and timing without touching the database. Errors are
 // *ConfigError naming the HeartbeatConfig field at fault.
-func (c HeartbeatConfig) Validate() error {
+func (c heartbeatConfig) Validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &ConfigError{Field: "HeartbeatConfig." + field, Reason: fmt.Sprintf(format, args...)}
 	}
@@ -122,7 +122,7 @@ func (c HeartbeatConfig) Validate() error {
 		return bad("ServiceName", "must not be empty")
 	}
 	if c.Mode != "" {
-		if _, ok := ParseMode(string(c.Mode)); !ok {
+		if _, ok := parseMode(string(c.Mode)); !ok {
 			return bad("Mode", "%q is unknown (want %s or %s)", c.Mode, ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly)
 		}
 	}
@@ -153,9 +153,9 @@ func (c HeartbeatConfig) Validate() error {
 	return nil
 }
 
-// HeartbeatWorker upserts the instance's row on an adaptive cadence: slow while the alive
+// heartbeatWorker upserts the instance's row on an adaptive cadence: slow while the alive
 // lock is held and verified, fast otherwise.
-type HeartbeatWorker struct {
+type heartbeatWorker struct {
 	pool       *pgxpool.Pool
 	upsertSQL  string
 	deleteSQL  string
@@ -165,7 +165,7 @@ type HeartbeatWorker struct {
 	pid        int
 	mode       Mode
 	metadata   string
-	lock       LockSource
+	lock       lockSource
 	notifier   lockNotifier
 	dup        duplicateSource // nil without a lock source that reports duplicates
 	clock      clock
@@ -188,9 +188,9 @@ type HeartbeatWorker struct {
 	rowHoldsLock bool // what the last successful beat recorded as holds_alive_lock
 }
 
-// NewHeartbeatWorker validates cfg and prepares the worker. It does not touch the
+// newHeartbeatWorker validates cfg and prepares the worker. It does not touch the
 // database; Run does.
-func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
+func newHeartbeatWorker(cfg heartbeatConfig) (*heartbeatWorker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("heartbeat: %w", err)
 	}
@@ -204,7 +204,7 @@ func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
 			return nil, &ConfigError{Field: "HeartbeatConfig.Metadata", Reason: "does not marshal to JSON: " + err.Error()}
 		}
 	}
-	h := &HeartbeatWorker{
+	h := &heartbeatWorker{
 		pool:         cfg.Pool,
 		upsertSQL:    sqlFor(cfg.Schema, heartbeatSQL),
 		deleteSQL:    sqlFor(cfg.Schema, heartbeatDeleteSQL),
@@ -261,7 +261,7 @@ func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
 }
 
 // Stats returns the worker's counters and cadence. Safe from any goroutine.
-func (h *HeartbeatWorker) Stats() HeartbeatStats {
+func (h *heartbeatWorker) Stats() HeartbeatStats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.stats
@@ -275,7 +275,7 @@ func (h *HeartbeatWorker) Stats() HeartbeatStats {
 // the process lives although its session ended. Such a proof is retried every
 // proofRetry until it lands, because observers call the instance dead once its lock
 // grace has run out.
-func (h *HeartbeatWorker) Run(ctx context.Context) error {
+func (h *heartbeatWorker) Run(ctx context.Context) error {
 	if !h.running.CompareAndSwap(false, true) {
 		return errors.New("heartbeat: Run is already running")
 	}
@@ -357,7 +357,7 @@ func (h *HeartbeatWorker) Run(ctx context.Context) error {
 
 // wait returns true when it is time to beat: after d, or at once when changed fires (the
 // alive lock was claimed or lost). It returns false when ctx is done.
-func (h *HeartbeatWorker) wait(ctx context.Context, d time.Duration, changed <-chan struct{}) bool {
+func (h *heartbeatWorker) wait(ctx context.Context, d time.Duration, changed <-chan struct{}) bool {
 	select {
 	case <-ctx.Done():
 		return false
@@ -378,7 +378,7 @@ func (h *HeartbeatWorker) wait(ctx context.Context, d time.Duration, changed <-c
 // beat is not cut short when Run's context ends: a cancelled statement can still commit
 // on the server after Run has returned, and an upsert landing after Remove's DELETE would
 // bring the row back. It is bounded by the statement timeout instead.
-func (h *HeartbeatWorker) beat(ctx context.Context, holdsLock bool) (at time.Time, inserted bool, err error) {
+func (h *heartbeatWorker) beat(ctx context.Context, holdsLock bool) (at time.Time, inserted bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.stmtTimeout)
 	defer cancel()
 	t := h.timing
@@ -387,13 +387,13 @@ func (h *HeartbeatWorker) beat(ctx context.Context, holdsLock bool) (at time.Tim
 	return at, inserted, err
 }
 
-func (h *HeartbeatWorker) setDuplicate(v bool) {
+func (h *heartbeatWorker) setDuplicate(v bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.stats.Duplicate = v
 }
 
-func (h *HeartbeatWorker) succeeded(at time.Time, interval time.Duration, sent time.Time, holds bool) {
+func (h *heartbeatWorker) succeeded(at time.Time, interval time.Duration, sent time.Time, holds bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.stats.Beats++
@@ -404,14 +404,14 @@ func (h *HeartbeatWorker) succeeded(at time.Time, interval time.Duration, sent t
 
 // lastProof returns when the last successful beat was sent, by this host's monotonic
 // clock (zero before the first), and whether it recorded the alive lock as held.
-func (h *HeartbeatWorker) lastProof() (sent time.Time, holdsLock bool) {
+func (h *heartbeatWorker) lastProof() (sent time.Time, holdsLock bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.lastSent, h.lastHolds
 }
 
 // failed counts a failed beat.
-func (h *HeartbeatWorker) failed() {
+func (h *heartbeatWorker) failed() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.stats.Failures++
@@ -419,7 +419,7 @@ func (h *HeartbeatWorker) failed() {
 
 // Remove deletes this instance's row, so that other instances see it gone at once. Call
 // it on graceful shutdown, after Run has returned.
-func (h *HeartbeatWorker) Remove(ctx context.Context) error {
+func (h *heartbeatWorker) Remove(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, h.stmtTimeout)
 	defer cancel()
 	if _, err := h.pool.Exec(ctx, h.deleteSQL, h.instanceID); err != nil {

@@ -207,8 +207,8 @@ func (l *notifyingLock) set(v bool) {
 }
 
 // testHeartbeatConfig has the agent's default timing.
-func testHeartbeatConfig(pool *pgxpool.Pool, lock LockSource) HeartbeatConfig {
-	return HeartbeatConfig{
+func testHeartbeatConfig(pool *pgxpool.Pool, lock lockSource) heartbeatConfig {
+	return heartbeatConfig{
 		Pool:           pool,
 		InstanceID:     uuid.New(),
 		ServiceName:    "svc",
@@ -219,9 +219,9 @@ func testHeartbeatConfig(pool *pgxpool.Pool, lock LockSource) HeartbeatConfig {
 	}
 }
 
-func startHeartbeat(t *testing.T, cfg HeartbeatConfig) (*HeartbeatWorker, func()) {
+func startHeartbeat(t *testing.T, cfg heartbeatConfig) (*heartbeatWorker, func()) {
 	t.Helper()
-	h, err := NewHeartbeatWorker(cfg)
+	h, err := newHeartbeatWorker(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,7 +475,7 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 	for _, mode := range []Mode{ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly} {
 		db, pool := livenessDB(t, ctx)
 		db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
-		lock := startAliveLock(t, AliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc"})
+		lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc"})
 		testutil.Eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
 
 		cfg := testHeartbeatConfig(pool, lock)
@@ -522,30 +522,30 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 
 // TestHeartbeatConfigValidate: nonsense timing is refused, naming the flags.
 func TestHeartbeatConfigValidate(t *testing.T) {
-	good := HeartbeatConfig{InstanceID: uuid.New(), ServiceName: "svc",
+	good := heartbeatConfig{InstanceID: uuid.New(), ServiceName: "svc",
 		Interval: 30 * time.Second, SlowInterval: 60 * time.Second, StaleThreshold: 90 * time.Second}
 	if err := good.Validate(); err != nil {
 		t.Fatalf("the default timing is refused: %v", err)
 	}
 	cases := []struct {
 		name string
-		edit func(*HeartbeatConfig)
+		edit func(*heartbeatConfig)
 		want string
 	}{
-		{"slow below fast", func(c *HeartbeatConfig) { c.SlowInterval = 10 * time.Second },
+		{"slow below fast", func(c *heartbeatConfig) { c.SlowInterval = 10 * time.Second },
 			"HeartbeatConfig.SlowInterval (10s) must not be below HeartbeatConfig.Interval (30s)"},
-		{"zero interval", func(c *HeartbeatConfig) { c.Interval = 0 },
+		{"zero interval", func(c *heartbeatConfig) { c.Interval = 0 },
 			"HeartbeatConfig.Interval (0s) must be positive"},
-		{"negative slow interval", func(c *HeartbeatConfig) { c.SlowInterval = -time.Second },
+		{"negative slow interval", func(c *heartbeatConfig) { c.SlowInterval = -time.Second },
 			"HeartbeatConfig.SlowInterval (-1s) must be positive"},
-		{"stale below slow", func(c *HeartbeatConfig) { c.StaleThreshold = 50 * time.Second },
+		{"stale below slow", func(c *heartbeatConfig) { c.StaleThreshold = 50 * time.Second },
 			"HeartbeatConfig.StaleThreshold (50s) must not be below HeartbeatConfig.SlowInterval (1m0s)"},
-		{"stale equal to fast", func(c *HeartbeatConfig) {
+		{"stale equal to fast", func(c *heartbeatConfig) {
 			c.Interval, c.SlowInterval, c.StaleThreshold = 30*time.Second, 30*time.Second, 30*time.Second
 		}, "HeartbeatConfig.StaleThreshold (30s) must be above HeartbeatConfig.Interval (30s)"},
-		{"unknown mode", func(c *HeartbeatConfig) { c.Mode = "lock-only" }, "HeartbeatConfig.Mode"},
-		{"nil instance id", func(c *HeartbeatConfig) { c.InstanceID = uuid.Nil }, "HeartbeatConfig.InstanceID"},
-		{"no service name", func(c *HeartbeatConfig) { c.ServiceName = " " }, "HeartbeatConfig.ServiceName"},
+		{"unknown mode", func(c *heartbeatConfig) { c.Mode = "lock-only" }, "HeartbeatConfig.Mode"},
+		{"nil instance id", func(c *heartbeatConfig) { c.InstanceID = uuid.Nil }, "HeartbeatConfig.InstanceID"},
+		{"no service name", func(c *heartbeatConfig) { c.ServiceName = " " }, "HeartbeatConfig.ServiceName"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -555,12 +555,12 @@ func TestHeartbeatConfigValidate(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Validate() = %v, want an error containing %q", err, tc.want)
 			}
-			if _, err := NewHeartbeatWorker(c); err == nil {
+			if _, err := newHeartbeatWorker(c); err == nil {
 				t.Fatal("NewHeartbeatWorker accepted what Validate refuses")
 			}
 		})
 	}
-	if _, err := NewHeartbeatWorker(good); err == nil || !strings.Contains(err.Error(), "Pool") {
+	if _, err := newHeartbeatWorker(good); err == nil || !strings.Contains(err.Error(), "Pool") {
 		t.Fatalf("NewHeartbeatWorker without a pool = %v, want an error naming Pool", err)
 	}
 }

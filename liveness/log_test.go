@@ -36,11 +36,11 @@ func TestLoggersRemovePasswordsAndNameTheirPartOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lock, err := NewAliveLock(AliveLockConfig{DSN: dsn, InstanceID: uuid.New(), ServiceName: "svc", Logger: caller})
+	lock, err := newAliveLock(aliveLockConfig{DSN: dsn, InstanceID: uuid.New(), ServiceName: "svc", Logger: caller})
 	if err != nil {
 		t.Fatal(err)
 	}
-	hb, err := NewHeartbeatWorker(HeartbeatConfig{Pool: pool, InstanceID: uuid.New(), ServiceName: "svc",
+	hb, err := newHeartbeatWorker(heartbeatConfig{Pool: pool, InstanceID: uuid.New(), ServiceName: "svc",
 		Interval: timing.HeartbeatInterval, SlowInterval: timing.HeartbeatSlowInterval,
 		StaleThreshold: timing.StaleThreshold, DefinitiveDeadCutoff: timing.DefinitiveDeadCutoff, Logger: caller})
 	if err != nil {
@@ -50,7 +50,7 @@ func TestLoggersRemovePasswordsAndNameTheirPartOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reaper, err := NewReaper(ReaperConfig{Pool: pool, Leases: leases, Interval: time.Second, LeaseTTL: time.Minute,
+	reaper, err := newReaper(reaperConfig{Pool: pool, Leases: leases, Interval: time.Second, LeaseTTL: time.Minute,
 		StaleThreshold: timing.StaleThreshold, DefinitiveDeadCutoff: timing.DefinitiveDeadCutoff, Logger: caller})
 	if err != nil {
 		t.Fatal(err)

@@ -85,13 +85,13 @@ type InstanceStatus struct {
 	StartedAt     time.Time
 	Mode          Mode            // the liveness mode the instance runs in
 	Metadata      json.RawMessage // the row's metadata, a JSON object
-	Timing        InstanceTiming  // as recorded in the row
+	Timing        Timing          // as recorded in the row
 }
 
-// InstanceTiming is the timing an instance records in its row, by which every observer
+// Timing is the timing an instance records in its row, by which every observer
 // judges it. A zero field was not recorded (a row written by other software): observers
 // then use their own defaults.
-type InstanceTiming struct {
+type Timing struct {
 	HeartbeatInterval     time.Duration
 	HeartbeatSlowInterval time.Duration
 	StaleThreshold        time.Duration
@@ -208,7 +208,7 @@ func (d *instanceDetail) dest() []any {
 func (d *instanceDetail) fill(s *InstanceStatus) {
 	s.HeartbeatAge = seconds(&d.age)
 	s.StartedAt, s.Mode, s.Metadata = d.started, Mode(d.mode), json.RawMessage(d.metadata)
-	s.Timing = InstanceTiming{HeartbeatInterval: seconds(d.interval), HeartbeatSlowInterval: seconds(d.slow),
+	s.Timing = Timing{HeartbeatInterval: seconds(d.interval), HeartbeatSlowInterval: seconds(d.slow),
 		StaleThreshold: seconds(d.stale), DefinitiveDeadCutoff: seconds(d.dead), LockGrace: seconds(d.grace)}
 }
 

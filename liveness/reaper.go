@@ -23,8 +23,8 @@ const ReaperLease = "pg_liveness.reaper"
 const reapSQL = `/* pg_liveness:cleanup */ SELECT id FROM {schema}.cleanup_stale_instances(
 	now() - make_interval(secs => $1), now() - make_interval(secs => $2)) AS id`
 
-// ReaperConfig configures a Reaper.
-type ReaperConfig struct {
+// reaperConfig configures a Reaper.
+type reaperConfig struct {
 	Pool                 *pgxpool.Pool
 	Leases               *Leases
 	Schema               string
@@ -35,15 +35,15 @@ type ReaperConfig struct {
 	Logger               *slog.Logger  // passwords removed; nil discards
 }
 
-// Reaper runs cleanup_stale_instances periodically as a lease-protected singleton.
-type Reaper struct {
-	cfg    ReaperConfig
+// reaper runs cleanup_stale_instances periodically as a lease-protected singleton.
+type reaper struct {
+	cfg    reaperConfig
 	sql    string
 	reaped atomic.Uint64
 }
 
-// NewReaper checks the configuration; errors are *ConfigError naming the field.
-func NewReaper(cfg ReaperConfig) (*Reaper, error) {
+// newReaper checks the configuration; errors are *ConfigError naming the field.
+func newReaper(cfg reaperConfig) (*reaper, error) {
 	if cfg.Pool == nil || cfg.Leases == nil {
 		return nil, &ConfigError{Field: "ReaperConfig.Pool", Reason: "and ReaperConfig.Leases must be set"}
 	}
@@ -61,16 +61,16 @@ func NewReaper(cfg ReaperConfig) (*Reaper, error) {
 			cfg.DefinitiveDeadCutoff, cfg.StaleThreshold)}
 	}
 	cfg.Logger = logging.Wrap(cfg.Logger)
-	return &Reaper{cfg: cfg, sql: sqlFor(cfg.Schema, reapSQL)}, nil
+	return &reaper{cfg: cfg, sql: sqlFor(cfg.Schema, reapSQL)}, nil
 }
 
 // Reaped counts the instances this reaper deleted.
-func (r *Reaper) Reaped() uint64 { return r.reaped.Load() }
+func (r *reaper) Reaped() uint64 { return r.reaped.Load() }
 
 // Run campaigns for the reaper's lease until ctx ends, and reaps every Interval while
 // it leads. Followers try every Interval (at most every 5 s), so a dead reaper is
 // replaced within about that.
-func (r *Reaper) Run(ctx context.Context) error {
+func (r *reaper) Run(ctx context.Context) error {
 	return r.cfg.Leases.Elect(ctx, ElectorConfig{
 		Lease:       ReaperLease,
 		TTL:         r.cfg.LeaseTTL,
@@ -99,7 +99,7 @@ func (r *Reaper) Run(ctx context.Context) error {
 }
 
 // reap runs cleanup_stale_instances once and counts and logs what it deleted.
-func (r *Reaper) reap(ctx context.Context) ([]uuid.UUID, error) {
+func (r *reaper) reap(ctx context.Context) ([]uuid.UUID, error) {
 	ctx, cancel := context.WithTimeout(ctx, min(r.cfg.LeaseTTL/2, 30*time.Second))
 	defer cancel()
 	rows, err := r.cfg.Pool.Query(ctx, r.sql, r.cfg.StaleThreshold.Seconds(), r.cfg.DefinitiveDeadCutoff.Seconds())
@@ -120,7 +120,7 @@ func (r *Reaper) reap(ctx context.Context) ([]uuid.UUID, error) {
 
 // RunOnce runs one round under the lease and returns the deleted ids; none when another
 // agent holds the lease.
-func (r *Reaper) RunOnce(ctx context.Context) ([]uuid.UUID, error) {
+func (r *reaper) RunOnce(ctx context.Context) ([]uuid.UUID, error) {
 	var ids []uuid.UUID
 	_, err := r.cfg.Leases.Run(ctx, ReaperLease, r.cfg.LeaseTTL, func(ctx context.Context, _ *Lease) error {
 		var err error

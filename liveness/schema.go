@@ -20,8 +20,8 @@ const (
 	ModeHeartbeatTableOnly Mode = "heartbeat-table-only"
 )
 
-// ParseMode accepts the two mode names.
-func ParseMode(s string) (Mode, bool) {
+// parseMode accepts the two mode names.
+func parseMode(s string) (Mode, bool) {
 	switch m := Mode(s); m {
 	case ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly:
 		return m, true
