@@ -24,7 +24,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
-// Defaults of AliveLockConfig. With them the server drops a half-open client's session,
+// Defaults of the alive lock's session (AgentConfig.Keepalive*, VerifyInterval). With them the server drops a half-open client's session,
 // and so frees its lock, after about 25–30 s instead of Linux's two hours: 10 s idle, then
 // 3 probes 5 s apart, and unacknowledged data gives up after 30 s.
 const (
@@ -106,9 +106,9 @@ type aliveLock struct {
 	afterConnect func(ctx context.Context, conn *pgx.Conn)
 }
 
-// Validate checks the configuration without connecting. Errors name the flag at fault and
-// never contain the password.
-func (c aliveLockConfig) Validate() error {
+// validate checks the configuration without connecting. Errors name the field at fault
+// and never contain the password.
+func (c aliveLockConfig) validate() error {
 	_, _, err := c.connConfig()
 	return err
 }
@@ -155,7 +155,7 @@ func (c aliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
 
 	cfg, err := pgx.ParseConfig(c.DSN)
 	if err != nil {
-		return nil, 0, &ConfigError{Field: "AliveLockConfig.DSN", Reason: dsn.RedactError(err).Error()}
+		return nil, 0, &ConfigError{Field: "aliveLockConfig.DSN", Reason: dsn.RedactError(err).Error()}
 	}
 	rp := cfg.RuntimeParams
 	rp["application_name"] = c.ServiceName + ":alive-lock"
@@ -197,7 +197,7 @@ func (a *aliveLock) statementTimeout() time.Duration {
 }
 
 func aliveLockErr(field, format string, args ...any) error {
-	return &ConfigError{Field: "AliveLockConfig." + field, Reason: fmt.Sprintf(format, args...)}
+	return &ConfigError{Field: "aliveLockConfig." + field, Reason: fmt.Sprintf(format, args...)}
 }
 
 // wholeSeconds applies the default to zero and refuses what PostgreSQL cannot take.

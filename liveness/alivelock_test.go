@@ -291,7 +291,7 @@ func clientKeepalive(c net.Conn) (opts [4]int, err error) {
 // password.
 func TestAliveLockConfigErrors(t *testing.T) {
 	good := aliveLockConfig{DSN: "host=127.0.0.1 user=u password=s3cret dbname=d", InstanceID: uuid.New(), ServiceName: "svc"}
-	if err := good.Validate(); err != nil {
+	if err := good.validate(); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
@@ -299,16 +299,16 @@ func TestAliveLockConfigErrors(t *testing.T) {
 		edit func(*aliveLockConfig)
 		want string
 	}{
-		{"empty DSN", func(c *aliveLockConfig) { c.DSN = "" }, "AliveLockConfig.DSN must not be empty"},
-		{"malformed DSN", func(c *aliveLockConfig) { c.DSN = "postgres://u:s3cret@host:notaport/db" }, "AliveLockConfig.DSN"},
-		{"nil instance id", func(c *aliveLockConfig) { c.InstanceID = uuid.Nil }, "AliveLockConfig.InstanceID"},
-		{"no service name", func(c *aliveLockConfig) { c.ServiceName = "" }, "AliveLockConfig.ServiceName"},
+		{"empty DSN", func(c *aliveLockConfig) { c.DSN = "" }, "aliveLockConfig.DSN must not be empty"},
+		{"malformed DSN", func(c *aliveLockConfig) { c.DSN = "postgres://u:s3cret@host:notaport/db" }, "aliveLockConfig.DSN"},
+		{"nil instance id", func(c *aliveLockConfig) { c.InstanceID = uuid.Nil }, "aliveLockConfig.InstanceID"},
+		{"no service name", func(c *aliveLockConfig) { c.ServiceName = "" }, "aliveLockConfig.ServiceName"},
 		{"fractional idle", func(c *aliveLockConfig) { c.KeepaliveIdle = 1500 * time.Millisecond },
-			"AliveLockConfig.KeepaliveIdle (1.5s) must be a whole number of seconds"},
+			"aliveLockConfig.KeepaliveIdle (1.5s) must be a whole number of seconds"},
 		{"negative interval", func(c *aliveLockConfig) { c.KeepaliveInterval = -time.Second },
-			"AliveLockConfig.KeepaliveInterval (-1s) must not be negative"},
-		{"negative count", func(c *aliveLockConfig) { c.KeepaliveCount = -1 }, "AliveLockConfig.KeepaliveCount (-1)"},
-		{"negative user timeout", func(c *aliveLockConfig) { c.UserTimeout = -time.Second }, "AliveLockConfig.UserTimeout (-1s)"},
+			"aliveLockConfig.KeepaliveInterval (-1s) must not be negative"},
+		{"negative count", func(c *aliveLockConfig) { c.KeepaliveCount = -1 }, "aliveLockConfig.KeepaliveCount (-1)"},
+		{"negative user timeout", func(c *aliveLockConfig) { c.UserTimeout = -time.Second }, "aliveLockConfig.UserTimeout (-1s)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,7 +1,6 @@
 package liveness
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,17 +19,12 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
-// Defaults of the heartbeat timing, as the agent's flags have them.
-const (
-	DefaultHeartbeatInterval     = 30 * time.Second
-	DefaultHeartbeatSlowInterval = 60 * time.Second
-	DefaultStaleThreshold        = 90 * time.Second
-	DefaultDefinitiveDeadCutoff  = 5 * time.Minute
-	// DefaultLockGrace is how long observers wait, after an instance's alive lock
-	// vanished, for the instance to prove life before they call it dead. A live agent
-	// notices the end of its lock's session at once and beats within milliseconds.
-	DefaultLockGrace = time.Second
-)
+// beatTimeout is a beat's deadline: half the fast interval, at most
+// heartbeatMaxStatementTimeout. A beat in flight when the heartbeat stops finishes
+// within it, so it is a step of the Agent's shutdown budget.
+func beatTimeout(interval time.Duration) time.Duration {
+	return min(interval/2, heartbeatMaxStatementTimeout)
+}
 
 const (
 	// heartbeatMaxStatementTimeout caps a beat's deadline, which is otherwise half the
@@ -77,7 +71,7 @@ type realClock struct{}
 func (realClock) Now() time.Time                         { return time.Now() }
 func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
-// heartbeatConfig configures a HeartbeatWorker.
+// heartbeatConfig configures a heartbeatWorker.
 type heartbeatConfig struct {
 	Pool        *pgxpool.Pool // the service's pool; the worker borrows a connection per beat
 	Schema      string        // DefaultSchema if empty
@@ -86,17 +80,8 @@ type heartbeatConfig struct {
 	HostName    string // os.Hostname() if empty
 	ProcessID   int    // os.Getpid() if zero
 
-	Mode           Mode          // ModeAdvisoryLockWhenAvailable if empty
-	Interval       time.Duration // fast cadence: while the lock is not held, and in table-only mode
-	SlowInterval   time.Duration // cadence while the lock is held and verified
-	StaleThreshold time.Duration // the age after which observers call an instance stale
-
-	// DefinitiveDeadCutoff is the heartbeat age past which observers call the instance
-	// dead even while its alive lock is held (a hung process); 0 leaves it to them.
-	DefinitiveDeadCutoff time.Duration
-	// LockGrace is how long observers wait for proof of life after the alive lock
-	// vanished; DefaultLockGrace if zero.
-	LockGrace time.Duration
+	Mode   Mode   // ModeAdvisoryLockWhenAvailable if empty
+	Timing Timing // zero fields take the defaults; recorded in the row
 
 	// Lock is the alive lock, or nil; without one the cadence is always fast.
 	Lock lockSource
@@ -109,11 +94,11 @@ type heartbeatConfig struct {
 	clock clock // nil is the real clock
 }
 
-// Validate checks identity, mode and timing without touching the database. Errors are
-// *ConfigError naming the HeartbeatConfig field at fault.
-func (c heartbeatConfig) Validate() error {
+// validate checks identity, mode and timing (defaults filled) without touching the
+// database. Errors are *ConfigError naming the heartbeatConfig field at fault.
+func (c heartbeatConfig) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return &ConfigError{Field: "HeartbeatConfig." + field, Reason: fmt.Sprintf(format, args...)}
+		return &ConfigError{Field: "heartbeatConfig." + field, Reason: fmt.Sprintf(format, args...)}
 	}
 	if c.InstanceID == uuid.Nil {
 		return bad("InstanceID", "must not be the nil UUID")
@@ -126,31 +111,7 @@ func (c heartbeatConfig) Validate() error {
 			return bad("Mode", "%q is unknown (want %s or %s)", c.Mode, ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly)
 		}
 	}
-	for _, f := range []struct {
-		field string
-		d     time.Duration
-	}{{"Interval", c.Interval}, {"SlowInterval", c.SlowInterval}, {"StaleThreshold", c.StaleThreshold}} {
-		if f.d <= 0 {
-			return bad(f.field, "(%s) must be positive", f.d)
-		}
-	}
-	if c.SlowInterval < c.Interval {
-		return bad("SlowInterval", "(%s) must not be below HeartbeatConfig.Interval (%s)", c.SlowInterval, c.Interval)
-	}
-	if c.StaleThreshold < c.SlowInterval {
-		return bad("StaleThreshold", "(%s) must not be below HeartbeatConfig.SlowInterval (%s)", c.StaleThreshold, c.SlowInterval)
-	}
-	if c.DefinitiveDeadCutoff < 0 || (c.DefinitiveDeadCutoff > 0 && c.DefinitiveDeadCutoff <= c.StaleThreshold) {
-		return bad("DefinitiveDeadCutoff", "(%s) must be above HeartbeatConfig.StaleThreshold (%s)", c.DefinitiveDeadCutoff, c.StaleThreshold)
-	}
-	if c.LockGrace < 0 {
-		return bad("LockGrace", "(%s) must not be negative", c.LockGrace)
-	}
-	if c.StaleThreshold <= c.Interval {
-		return bad("StaleThreshold", "(%s) must be above HeartbeatConfig.Interval (%s): the watchdog beats again within "+
-			"the stale threshold minus one fast interval", c.StaleThreshold, c.Interval)
-	}
-	return nil
+	return c.Timing.withDefaults().check("heartbeatConfig.Timing")
 }
 
 // heartbeatWorker upserts the instance's row on an adaptive cadence: slow while the alive
@@ -191,17 +152,18 @@ type heartbeatWorker struct {
 // newHeartbeatWorker validates cfg and prepares the worker. It does not touch the
 // database; Run does.
 func newHeartbeatWorker(cfg heartbeatConfig) (*heartbeatWorker, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("heartbeat: %w", err)
 	}
 	if cfg.Pool == nil {
-		return nil, errors.New("heartbeat: HeartbeatConfig.Pool must not be nil")
+		return nil, errors.New("heartbeat: heartbeatConfig.Pool must not be nil")
 	}
+	t := cfg.Timing.withDefaults()
 	meta := []byte("{}")
 	if len(cfg.Metadata) > 0 {
 		var err error
 		if meta, err = json.Marshal(cfg.Metadata); err != nil {
-			return nil, &ConfigError{Field: "HeartbeatConfig.Metadata", Reason: "does not marshal to JSON: " + err.Error()}
+			return nil, &ConfigError{Field: "heartbeatConfig.Metadata", Reason: "does not marshal to JSON: " + err.Error()}
 		}
 	}
 	h := &heartbeatWorker{
@@ -217,12 +179,12 @@ func newHeartbeatWorker(cfg heartbeatConfig) (*heartbeatWorker, error) {
 		lock:         cfg.Lock,
 		clock:        cfg.clock,
 		log:          logging.Wrap(cfg.Logger),
-		fast:         cfg.Interval,
-		slow:         cfg.SlowInterval,
-		watchdog:     cfg.StaleThreshold - cfg.Interval,
-		stmtTimeout:  min(cfg.Interval/2, heartbeatMaxStatementTimeout),
-		firstRetry:   min(cfg.Interval/4, heartbeatMaxFirstRetry),
-		maxRetryWait: cfg.Interval / 2,
+		fast:         t.HeartbeatInterval,
+		slow:         t.HeartbeatSlowInterval,
+		watchdog:     t.StaleThreshold - t.HeartbeatInterval,
+		stmtTimeout:  beatTimeout(t.HeartbeatInterval),
+		firstRetry:   min(t.HeartbeatInterval/4, heartbeatMaxFirstRetry),
+		maxRetryWait: t.HeartbeatInterval / 2,
 	}
 	secs := func(d time.Duration) *float64 {
 		if d <= 0 {
@@ -231,8 +193,8 @@ func newHeartbeatWorker(cfg heartbeatConfig) (*heartbeatWorker, error) {
 		v := d.Seconds()
 		return &v
 	}
-	h.timing = [5]*float64{secs(cfg.Interval), secs(cfg.SlowInterval), secs(cfg.StaleThreshold),
-		secs(cfg.DefinitiveDeadCutoff), secs(cmp.Or(cfg.LockGrace, DefaultLockGrace))}
+	h.timing = [5]*float64{secs(t.HeartbeatInterval), secs(t.HeartbeatSlowInterval), secs(t.StaleThreshold),
+		secs(t.DefinitiveDeadCutoff), secs(t.LockGrace)}
 	if h.host == "" {
 		h.host, _ = os.Hostname()
 	}
@@ -418,10 +380,9 @@ func (h *heartbeatWorker) failed() {
 }
 
 // Remove deletes this instance's row, so that other instances see it gone at once. Call
-// it on graceful shutdown, after Run has returned.
+// it on graceful shutdown, after Run has returned; ctx bounds it (the Agent gives it
+// AgentConfig.ShutdownTimeout).
 func (h *heartbeatWorker) Remove(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, h.stmtTimeout)
-	defer cancel()
 	if _, err := h.pool.Exec(ctx, h.deleteSQL, h.instanceID); err != nil {
 		return fmt.Errorf("heartbeat: remove instance row: %w", dsn.RedactError(err))
 	}

@@ -27,12 +27,10 @@ func TestLoggersRemovePasswordsAndNameTheirPartOnce(t *testing.T) {
 	}
 	defer pool.Close()
 
-	timing := AgentConfig{HeartbeatInterval: time.Second, HeartbeatSlowInterval: 2 * time.Second,
+	timing := Timing{HeartbeatInterval: time.Second, HeartbeatSlowInterval: 2 * time.Second,
 		StaleThreshold: 5 * time.Second, DefinitiveDeadCutoff: 20 * time.Second}
 	agent, err := NewAgent(AgentConfig{Pool: pool, DirectDSN: dsn, InstanceID: uuid.New(), ServiceName: "svc",
-		HeartbeatInterval: timing.HeartbeatInterval, HeartbeatSlowInterval: timing.HeartbeatSlowInterval,
-		StaleThreshold: timing.StaleThreshold, DefinitiveDeadCutoff: timing.DefinitiveDeadCutoff,
-		Reaper: true, Logger: caller})
+		Timing: timing, Reaper: true, Logger: caller})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,8 +39,7 @@ func TestLoggersRemovePasswordsAndNameTheirPartOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	hb, err := newHeartbeatWorker(heartbeatConfig{Pool: pool, InstanceID: uuid.New(), ServiceName: "svc",
-		Interval: timing.HeartbeatInterval, SlowInterval: timing.HeartbeatSlowInterval,
-		StaleThreshold: timing.StaleThreshold, DefinitiveDeadCutoff: timing.DefinitiveDeadCutoff, Logger: caller})
+		Timing: timing, Logger: caller})
 	if err != nil {
 		t.Fatal(err)
 	}

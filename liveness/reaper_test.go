@@ -78,12 +78,12 @@ func TestReaperConfigErrors(t *testing.T) {
 		t.Fatalf("the base config is refused: %v", err)
 	}
 	for field, mutate := range map[string]func(*reaperConfig){
-		"ReaperConfig.Pool":                 func(c *reaperConfig) { c.Pool = nil },
-		"ReaperConfig.Leases":               func(c *reaperConfig) { c.Leases = nil },
-		"ReaperConfig.Interval":             func(c *reaperConfig) { c.Interval = 0 },
-		"ReaperConfig.LeaseTTL":             func(c *reaperConfig) { c.LeaseTTL = 3 * time.Nanosecond },
-		"ReaperConfig.DefinitiveDeadCutoff": func(c *reaperConfig) { c.DefinitiveDeadCutoff = c.StaleThreshold },
-		"ReaperConfig.StaleThreshold":       func(c *reaperConfig) { c.StaleThreshold = 0 },
+		"reaperConfig.Pool":                 func(c *reaperConfig) { c.Pool = nil },
+		"reaperConfig.Leases":               func(c *reaperConfig) { c.Leases = nil },
+		"reaperConfig.Interval":             func(c *reaperConfig) { c.Interval = 0 },
+		"reaperConfig.LeaseTTL":             func(c *reaperConfig) { c.LeaseTTL = 3 * time.Nanosecond },
+		"reaperConfig.DefinitiveDeadCutoff": func(c *reaperConfig) { c.DefinitiveDeadCutoff = c.StaleThreshold },
+		"reaperConfig.StaleThreshold":       func(c *reaperConfig) { c.StaleThreshold = 0 },
 	} {
 		cfg := base
 		mutate(&cfg)
@@ -93,7 +93,7 @@ func TestReaperConfigErrors(t *testing.T) {
 	}
 	// The empty config is refused for its first missing field, as a *ConfigError.
 	var ce *ConfigError
-	if _, err := newReaper(reaperConfig{}); !errors.As(err, &ce) || ce.Field != "ReaperConfig.Pool" {
+	if _, err := newReaper(reaperConfig{}); !errors.As(err, &ce) || ce.Field != "reaperConfig.Pool" {
 		t.Errorf("empty config: error %v, want a *ConfigError for ReaperConfig.Pool", err)
 	}
 }
