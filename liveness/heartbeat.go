@@ -204,8 +204,9 @@ func newHeartbeatWorker(cfg heartbeatConfig) (*heartbeatWorker, error) {
 	if h.mode == "" {
 		h.mode = ModeAdvisoryLockWhenAvailable
 	}
-	// Both modes refuse to write another process's row; only the cadence ignores the
-	// lock in table-only mode.
+	// With a lock source, another process's row is never written. The Agent gives one
+	// only in ModeAdvisoryLockWhenAvailable; in table-only mode the cadence would ignore
+	// it anyway.
 	if d, ok := cfg.Lock.(duplicateSource); ok {
 		h.dup = d
 	}
