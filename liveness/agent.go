@@ -332,7 +332,8 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 // leading whenever it holds the lease: a follower tries every RetryPeriod, a leader runs
 // OnStartedLeading, and follows again once it has returned. The lease records this
 // instance as its holder, so Reader.Leader says who leads, and a leader that dies is
-// replaced as soon as it is dead by the one verdict, not when its lease expires.
+// replaced as soon as it is dead by the one verdict, or its lease expires if that comes
+// first (in ModeHeartbeatTableOnly it does).
 //
 // Never two job runners at once, outside the database too: the lease is released only
 // after OnStartedLeading has returned, and until then it is renewed while this instance

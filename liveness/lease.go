@@ -140,13 +140,13 @@ type leaseCounts struct {
 	lost   map[LostReason]uint64
 }
 
-// NewLeases checks cfg and returns a Leases.
+// NewLeases checks cfg and returns a Leases; errors are *ConfigError.
 func NewLeases(cfg LeasesConfig) (*Leases, error) {
 	if cfg.Pool == nil {
-		return nil, errors.New("liveness: LeasesConfig.Pool is nil")
+		return nil, &ConfigError{Field: "LeasesConfig.Pool", Reason: "must be set"}
 	}
 	if cfg.Margin < 0 {
-		return nil, fmt.Errorf("liveness: LeasesConfig.Margin %v is negative", cfg.Margin)
+		return nil, &ConfigError{Field: "LeasesConfig.Margin", Reason: fmt.Sprintf("(%s) must not be negative", cfg.Margin)}
 	}
 	log := logging.Wrap(cfg.Logger)
 	host, err := os.Hostname()
