@@ -16,7 +16,12 @@ const (
 	// ModeAdvisoryLockWhenAvailable uses the alive lock when it is held and verified,
 	// with the heartbeat table as fallback; the heartbeat slows down while the lock holds.
 	ModeAdvisoryLockWhenAvailable Mode = "advisory-lock-when-available"
-	// ModeHeartbeatTableOnly ignores the lock and always beats at the fast interval.
+	// ModeHeartbeatTableOnly holds no alive lock and opens no direct connection
+	// (AgentConfig.DirectDSN is unused), for a service that reaches PostgreSQL only
+	// through PgBouncer in transaction mode. The instance always beats at the fast
+	// interval and is heartbeat_only by the verdict; a crashed one is dead after its
+	// stale threshold, and a second process with the same instance id goes unnoticed
+	// (only a lock could tell).
 	ModeHeartbeatTableOnly Mode = "heartbeat-table-only"
 )
 
