@@ -380,9 +380,9 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 		agent, err = liveness.NewAgent(liveness.AgentConfig{
 			Pool: pool, DirectDSN: directDSN, Schema: f.schema,
 			InstanceID: instanceID, ServiceName: f.serviceName, HostName: host, ProcessID: os.Getpid(),
-			Mode:              liveness.Mode(f.mode),
-			HeartbeatInterval: f.interval, HeartbeatSlowInterval: f.slowInterval,
-			StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead, LockGrace: f.lockGrace,
+			Mode: liveness.Mode(f.mode),
+			Timing: liveness.Timing{HeartbeatInterval: f.interval, HeartbeatSlowInterval: f.slowInterval,
+				StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead, LockGrace: f.lockGrace},
 			KeepaliveIdle: f.keepIdle, KeepaliveInterval: f.keepInterval, KeepaliveCount: f.keepCount, UserTimeout: f.userTimeout,
 			Reaper: f.reaper, ReaperInterval: f.reaperInterval, ReaperLeaseTTL: f.reaperTTL,
 			DuplicateTimeout: f.duplicateTimeout,
@@ -470,7 +470,8 @@ func newStatusPage(f *flags, pool *pgxpool.Pool, agent collector.AgentSource, st
 	if f.telemetryPath == "/status" || f.telemetryPath == "/status.json" {
 		return nil, fmt.Errorf("--web.telemetry-path %q is the status page's path", f.telemetryPath)
 	}
-	rc := liveness.ReaderConfig{DB: pool, Schema: f.schema, StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead}
+	rc := liveness.ReaderConfig{DB: pool, Schema: f.schema,
+		Fallback: liveness.Timing{StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead}}
 	src := f.collectors.Source // checked with the collectors' flags
 	if rc.Whizbang = src.ReaderSource(); rc.Whizbang != nil {
 		status = nil // no schema of ours to report on
@@ -562,22 +563,22 @@ func listen(f *flags) ([]net.Listener, error) {
 // agentFlagFields is the one table from the liveness library's AgentConfig fields to the
 // flags that set them: the library's errors name fields, and the binary reports flags.
 var agentFlagFields = map[string]string{
-	"AgentConfig.DirectDSN":             "--db.direct-dsn",
-	"AgentConfig.InstanceID":            "--agent.instance-id",
-	"AgentConfig.ServiceName":           "--agent.service-name",
-	"AgentConfig.Mode":                  "--agent.liveness-mode",
-	"AgentConfig.HeartbeatInterval":     "--agent.heartbeat-interval",
-	"AgentConfig.HeartbeatSlowInterval": "--agent.heartbeat-slow-interval",
-	"AgentConfig.StaleThreshold":        "--agent.stale-threshold",
-	"AgentConfig.DefinitiveDeadCutoff":  "--agent.definitive-dead-cutoff",
-	"AgentConfig.LockGrace":             "--agent.lock-grace",
-	"AgentConfig.KeepaliveIdle":         "--agent.tcp-keepalive-idle",
-	"AgentConfig.KeepaliveInterval":     "--agent.tcp-keepalive-interval",
-	"AgentConfig.KeepaliveCount":        "--agent.tcp-keepalive-count",
-	"AgentConfig.UserTimeout":           "--agent.tcp-user-timeout",
-	"AgentConfig.ReaperInterval":        "--agent.reaper-interval",
-	"AgentConfig.ReaperLeaseTTL":        "--agent.reaper-lease-ttl",
-	"AgentConfig.DuplicateTimeout":      "--agent.duplicate-timeout",
+	"AgentConfig.DirectDSN":                    "--db.direct-dsn",
+	"AgentConfig.InstanceID":                   "--agent.instance-id",
+	"AgentConfig.ServiceName":                  "--agent.service-name",
+	"AgentConfig.Mode":                         "--agent.liveness-mode",
+	"AgentConfig.Timing.HeartbeatInterval":     "--agent.heartbeat-interval",
+	"AgentConfig.Timing.HeartbeatSlowInterval": "--agent.heartbeat-slow-interval",
+	"AgentConfig.Timing.StaleThreshold":        "--agent.stale-threshold",
+	"AgentConfig.Timing.DefinitiveDeadCutoff":  "--agent.definitive-dead-cutoff",
+	"AgentConfig.Timing.LockGrace":             "--agent.lock-grace",
+	"AgentConfig.KeepaliveIdle":                "--agent.tcp-keepalive-idle",
+	"AgentConfig.KeepaliveInterval":            "--agent.tcp-keepalive-interval",
+	"AgentConfig.KeepaliveCount":               "--agent.tcp-keepalive-count",
+	"AgentConfig.UserTimeout":                  "--agent.tcp-user-timeout",
+	"AgentConfig.ReaperInterval":               "--agent.reaper-interval",
+	"AgentConfig.ReaperLeaseTTL":               "--agent.reaper-lease-ttl",
+	"AgentConfig.DuplicateTimeout":             "--agent.duplicate-timeout",
 }
 
 // asFlagError rewrites a *liveness.ConfigError in terms of the flags.

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
 // readmeBlock returns the README text between <!-- name:begin --> and <!-- name:end -->.
@@ -114,6 +116,25 @@ func TestReadmeMetricsMatchTheExporter(t *testing.T) {
 	undocumented, unknown := diff(names, documented)
 	if len(undocumented) > 0 || len(unknown) > 0 {
 		t.Fatalf("README metrics out of step: exposed but undocumented %v; documented but not exposed %v", undocumented, unknown)
+	}
+}
+
+// TestReadmeQuotesTheShutdownBudget: the README's number for the agent's SIGTERM
+// clean-up is the library's ShutdownBudget with the binary's defaults (its flags default
+// to the library's; the wind-down and the row's timeout have no flag).
+func TestReadmeQuotesTheShutdownBudget(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile("\\((\\d+) s together, `liveness\\.AgentConfig\\.ShutdownBudget`\\)")
+	m := re.FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("README.md quotes no shutdown budget (%s)", re)
+	}
+	budget := liveness.AgentConfig{Reaper: true}.ShutdownBudget()
+	if quoted := string(m[1]) + "s"; quoted != fmt.Sprintf("%.0fs", budget.Seconds()) {
+		t.Fatalf("README.md quotes a shutdown budget of %s; the agent's is %s with the binary's defaults", quoted, budget)
 	}
 }
 

@@ -80,8 +80,8 @@ func (c *agentCollector) Update(_ context.Context, out *exposition.Builder) erro
 	gauge(c.lockHeld, boolFloat(s.AliveLock.Held))
 	gauge(c.duplicate, boolFloat(s.AliveLock.Duplicate))
 	gauge(c.interval, s.Heartbeat.Interval.Seconds())
-	gauge(c.configured, s.HeartbeatInterval.Seconds(), "fast")
-	gauge(c.configured, s.HeartbeatSlowInterval.Seconds(), "slow")
+	gauge(c.configured, s.Timing.HeartbeatInterval.Seconds(), "fast")
+	gauge(c.configured, s.Timing.HeartbeatSlowInterval.Seconds(), "slow")
 	counter(c.beats, s.Heartbeat.Beats)
 	counter(c.failures, s.Heartbeat.Failures)
 	if !s.Heartbeat.LastBeat.IsZero() {

@@ -177,11 +177,11 @@ type fixedAgent liveness.AgentSnapshot
 func (a fixedAgent) Snapshot() liveness.AgentSnapshot { return liveness.AgentSnapshot(a) }
 
 var testAgent = fixedAgent{
-	InstanceID:        id("ee"),
-	ServiceName:       "pg_liveness_exporter",
-	Mode:              liveness.ModeAdvisoryLockWhenAvailable,
-	HeartbeatInterval: 30 * time.Second, HeartbeatSlowInterval: time.Minute,
-	AliveLock: liveness.AliveLockStats{Held: true, Claims: 2, Losses: 1, Reconnects: 1},
+	InstanceID:  id("ee"),
+	ServiceName: "pg_liveness_exporter",
+	Mode:        liveness.ModeAdvisoryLockWhenAvailable,
+	Timing:      liveness.Timing{HeartbeatInterval: 30 * time.Second, HeartbeatSlowInterval: time.Minute},
+	AliveLock:   liveness.AliveLockStats{Held: true, Claims: 2, Losses: 1, Reconnects: 1},
 	Heartbeat: liveness.HeartbeatStats{Interval: time.Minute, Beats: 42, Failures: 3,
 		LastBeat: time.Unix(1_800_000_000, 500_000_000)},
 	Leases: []liveness.LeaseStats{

@@ -181,6 +181,23 @@ func TestGeneratedManifestsAreUpToDate(t *testing.T) {
 // (srv.Shutdown in main.go).
 const serverShutdown = 5 * time.Second
 
+// checkQuotedBudget checks that the file quotes the agent's shutdown budget: the first
+// match of re's group is a number of seconds.
+func checkQuotedBudget(t *testing.T, path, re string, budget time.Duration) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(re).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("%s quotes no shutdown budget (%s)", path, re)
+	}
+	if quoted := string(m[1]) + "s"; quoted != fmt.Sprintf("%.0fs", budget.Seconds()) {
+		t.Errorf("%s quotes a shutdown budget of %s; the agent's is %s with these settings", path, quoted, budget)
+	}
+}
+
 const dsnFlag = "--db.dsn-file="
 
 func exporterContainer(t *testing.T, d *appsv1.Deployment) *corev1.Container {
@@ -338,21 +355,24 @@ func checkAgent(t *testing.T, d *appsv1.Deployment, dsn dsnSecret) {
 		t.Fatal("the sidecar must run as an agent")
 	}
 
-	// The agent's timing as its arguments set it, on the flags' defaults.
-	cfg := liveness.AgentConfig{HeartbeatInterval: liveness.DefaultHeartbeatInterval, Reaper: true}
+	// The agent's configuration as its arguments set it, on the binary's defaults: its
+	// flags default to the library's, and the job wind-down and the row's shutdown
+	// timeout have no flag, so zero values stand for them here too.
+	cfg := liveness.AgentConfig{Reaper: !slices.Contains(c.Args, "--no-agent.reaper")}
 	if v, ok := flagValue(c.Args, "agent.heartbeat-interval"); ok {
 		var err error
-		if cfg.HeartbeatInterval, err = time.ParseDuration(v); err != nil {
+		if cfg.Timing.HeartbeatInterval, err = time.ParseDuration(v); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cfg.Reaper = !slices.Contains(c.Args, "--no-agent.reaper")
 	budget := cfg.ShutdownBudget() + serverShutdown
 	grace := d.Spec.Template.Spec.TerminationGracePeriodSeconds
 	if grace == nil || time.Duration(*grace)*time.Second <= budget {
 		t.Errorf("terminationGracePeriodSeconds %s must exceed the shutdown budget %s (agent %s + HTTP server %s)",
 			fmtSeconds(grace), budget, cfg.ShutdownBudget(), serverShutdown)
 	}
+	// The manifest's comment quotes the agent's budget; it must be the one computed.
+	checkQuotedBudget(t, "kubernetes/overlays/sidecar/checkout-deployment.yaml", `takes at most (\d+) s`, cfg.ShutdownBudget())
 
 	// Instance id and service name from the pod, through the downward API.
 	fromField := map[string]string{}

@@ -114,8 +114,10 @@ func TestSystemdServiceSandboxAndSecrets(t *testing.T) {
 			}
 		}
 	}
-	// SIGTERM's clean-up with the default timings must end before systemd's SIGKILL.
-	cfg := liveness.AgentConfig{HeartbeatInterval: liveness.DefaultHeartbeatInterval, Reaper: true}
+	// SIGTERM's clean-up with the binary's defaults (zero values: the library's, which
+	// the flags default to) must end before systemd's SIGKILL, and the unit quotes it.
+	cfg := liveness.AgentConfig{Reaper: true}
+	checkQuotedBudget(t, filepath.Join(unitDir, serviceUnit), `at most (\d+) s with the default timings`, cfg.ShutdownBudget())
 	budget := cfg.ShutdownBudget() + serverShutdown
 	stop, err := time.ParseDuration(strings.Join(s["TimeoutStopSec"], ""))
 	if err != nil || stop <= budget {

@@ -3,11 +3,13 @@ package liveness_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
@@ -32,8 +34,8 @@ func agentConfig(db *pgtest.DB, pool *pgxpool.Pool) liveness.AgentConfig {
 	return liveness.AgentConfig{
 		Pool: pool, DirectDSN: db.DSN, Schema: liveness.DefaultSchema,
 		InstanceID: uuid.New(), ServiceName: "agent-test", Mode: liveness.ModeAdvisoryLockWhenAvailable,
-		HeartbeatInterval: 200 * time.Millisecond, HeartbeatSlowInterval: 400 * time.Millisecond,
-		StaleThreshold: time.Second, DefinitiveDeadCutoff: 3 * time.Second,
+		Timing: liveness.Timing{HeartbeatInterval: 200 * time.Millisecond, HeartbeatSlowInterval: 400 * time.Millisecond,
+			StaleThreshold: time.Second, DefinitiveDeadCutoff: 3 * time.Second},
 		Reaper: true, ReaperInterval: 200 * time.Millisecond, ReaperLeaseTTL: 2 * time.Second,
 	}
 }
@@ -55,26 +57,40 @@ func TestAgentValidateNamesFields(t *testing.T) {
 		mutate func(*liveness.AgentConfig)
 		field  string
 	}{
-		{func(c *liveness.AgentConfig) { c.DefinitiveDeadCutoff = c.HeartbeatSlowInterval + c.StaleThreshold }, "AgentConfig.DefinitiveDeadCutoff"},
+		{func(c *liveness.AgentConfig) {
+			c.Timing.DefinitiveDeadCutoff = c.Timing.HeartbeatSlowInterval + c.Timing.StaleThreshold
+		}, "AgentConfig.Timing.DefinitiveDeadCutoff"},
 		{func(c *liveness.AgentConfig) { c.ReaperInterval = -time.Second }, "AgentConfig.ReaperInterval"},
 		{func(c *liveness.AgentConfig) { c.ReaperLeaseTTL = 3 * time.Millisecond }, "AgentConfig.ReaperLeaseTTL"},
-		{func(c *liveness.AgentConfig) { c.HeartbeatInterval = -time.Second }, "AgentConfig.HeartbeatInterval"},
-		{func(c *liveness.AgentConfig) { c.LockGrace = -time.Second }, "AgentConfig.LockGrace"},
+		{func(c *liveness.AgentConfig) { c.Timing.HeartbeatInterval = -time.Second }, "AgentConfig.Timing.HeartbeatInterval"},
+		{func(c *liveness.AgentConfig) { c.Timing.LockGrace = -time.Second }, "AgentConfig.Timing.LockGrace"},
 		{func(c *liveness.AgentConfig) { c.KeepaliveIdle = 1500 * time.Millisecond }, "AgentConfig.KeepaliveIdle"},
 		{func(c *liveness.AgentConfig) { c.DirectDSN = "" }, "AgentConfig.DirectDSN"},
 		{func(c *liveness.AgentConfig) { c.ServiceName = "" }, "AgentConfig.ServiceName"},
 		{func(c *liveness.AgentConfig) { c.Pool = nil }, "AgentConfig.Pool"},
+		{func(c *liveness.AgentConfig) { c.Mode = "lock-only" }, "AgentConfig.Mode"},
+		{func(c *liveness.AgentConfig) { c.JobWindDown = -time.Second }, "AgentConfig.JobWindDown"},
+		{func(c *liveness.AgentConfig) { c.ShutdownTimeout = -time.Second }, "AgentConfig.ShutdownTimeout"},
+		{func(c *liveness.AgentConfig) { c.Metadata = map[string]any{"f": func() {}} }, "AgentConfig.Metadata"},
 	} {
 		cfg := agentConfig(db, pool)
 		tc.mutate(&cfg)
-		_, err := liveness.NewAgent(cfg)
-		var ce *liveness.ConfigError
-		if !errors.As(err, &ce) || ce.Field != tc.field || strings.Contains(err.Error(), "--") {
-			t.Errorf("want a *ConfigError for %s that names no flag, got %v", tc.field, err)
+		// Validate refuses exactly what NewAgent refuses.
+		for name, err := range map[string]error{"Validate": cfg.Validate(), "NewAgent": func() error { _, err := liveness.NewAgent(cfg); return err }()} {
+			var ce *liveness.ConfigError
+			if !errors.As(err, &ce) || ce.Field != tc.field || strings.Contains(err.Error(), "--") {
+				t.Errorf("%s: want a *ConfigError for %s that names no flag, got %v", name, tc.field, err)
+			}
 		}
 	}
 	if _, err := liveness.NewAgent(agentConfig(db, pool)); err != nil {
 		t.Fatalf("valid config refused: %v", err)
+	}
+	// In ModeHeartbeatTableOnly there is no alive lock, so no direct DSN either.
+	tableOnly := agentConfig(db, pool)
+	tableOnly.Mode, tableOnly.DirectDSN = liveness.ModeHeartbeatTableOnly, ""
+	if err := tableOnly.Validate(); err != nil {
+		t.Fatalf("ModeHeartbeatTableOnly without a DirectDSN is refused: %v", err)
 	}
 	// Zero values take the documented defaults: only the identity and the connections
 	// must be given.
@@ -109,7 +125,7 @@ func TestAgentParticipatesAndShutsDownCleanly(t *testing.T) {
 		return s.AliveLock.Held && s.Heartbeat.Beats > 0
 	})
 	testutil.Eventually(t, 10*time.Second, "slow cadence while the lock is held", func() bool {
-		return agent.Snapshot().Heartbeat.Interval == cfg.HeartbeatSlowInterval
+		return agent.Snapshot().Heartbeat.Interval == cfg.Timing.HeartbeatSlowInterval
 	})
 	testutil.Eventually(t, 10*time.Second, "the dead instance reaped and counted", func() bool {
 		_, row := isAlive(t, pool, dead)
@@ -156,123 +172,260 @@ func hasLease(ls []liveness.LeaseStats, name string) bool {
 	return false
 }
 
-func TestReaperRespectsLocksAndItsLease(t *testing.T) {
-	db, pool := agentDB(t, 2)
-	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reaper, err := liveness.NewReaper(liveness.ReaperConfig{
-		Pool: pool, Leases: leases, Schema: liveness.DefaultSchema,
-		Interval: time.Second, LeaseTTL: 2 * time.Second,
-		StaleThreshold: 90 * time.Second, DefinitiveDeadCutoff: 5 * time.Minute,
+// runAgent runs the agent until stop; done yields Run's error once it has returned.
+func runAgent(t *testing.T, a *liveness.Agent) (stop context.CancelFunc, done <-chan error) {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	out := make(chan error, 1)
+	finished := make(chan struct{})
+	go func() { defer close(finished); out <- a.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-finished })
+	testutil.Eventually(t, 10*time.Second, "the agent beats (and holds its lock if it has one)", func() bool {
+		s := a.Snapshot()
+		return s.Heartbeat.Beats > 0 && (s.Mode == liveness.ModeHeartbeatTableOnly || s.AliveLock.Held)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stale, lockedStale, zombie, fresh := uuid.New(), uuid.New(), uuid.New(), uuid.New()
-	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at) VALUES
-		($1, 's', now() - interval '2 minutes'), ($2, 's', now() - interval '2 minutes'),
-		($3, 's', now() - interval '10 minutes'), ($4, 's', now())`, stale, lockedStale, zombie, fresh)
-	holder := db.Conn(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for _, id := range []uuid.UUID{lockedStale, zombie} {
-		if _, err := holder.Exec(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, id); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	// Another agent holds the reaper lease: this one skips the round.
-	other, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, err := other.TryAcquire(ctx, liveness.ReaperLease, 10*time.Second)
-	if err != nil || held == nil {
-		t.Fatalf("TryAcquire: %v, %v", held, err)
-	}
-	if ids, err := reaper.RunOnce(ctx); err != nil || len(ids) != 0 {
-		t.Fatalf("reaped %v (%v) while another agent held the lease", ids, err)
-	}
-	if err := held.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-
-	ids, err := reaper.RunOnce(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[uuid.UUID]bool{}
-	for _, id := range ids {
-		got[id] = true
-	}
-	if len(ids) != 2 || !got[stale] || !got[zombie] {
-		t.Fatalf("reaped %v, want exactly the stale %s and the zombie %s", ids, stale, zombie)
-	}
-	if reaper.Reaped() != 2 {
-		t.Fatalf("Reaped() = %d, want 2", reaper.Reaped())
-	}
+	return stop, out
 }
 
-func TestReaperConfigErrors(t *testing.T) {
-	_, pool := agentDB(t, 1)
-	leases, _ := liveness.NewLeases(liveness.LeasesConfig{Pool: pool})
-	base := liveness.ReaperConfig{Pool: pool, Leases: leases, Interval: time.Second, LeaseTTL: time.Minute,
-		StaleThreshold: 90 * time.Second, DefinitiveDeadCutoff: 5 * time.Minute}
-	if _, err := liveness.NewReaper(base); err != nil {
-		t.Fatalf("the base config is refused: %v", err)
+// leaseExpiry reads a lease row's expiry; ok is false without a row.
+func leaseExpiry(t *testing.T, pool *pgxpool.Pool, name string) (expires time.Time, holderID *uuid.UUID, ok bool) {
+	t.Helper()
+	err := pool.QueryRow(context.Background(), `SELECT expires_at, holder_instance_id FROM liveness.leases WHERE name = $1`,
+		name).Scan(&expires, &holderID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, nil, false
 	}
-	for field, mutate := range map[string]func(*liveness.ReaperConfig){
-		"ReaperConfig.Pool":                 func(c *liveness.ReaperConfig) { c.Pool = nil },
-		"ReaperConfig.Leases":               func(c *liveness.ReaperConfig) { c.Leases = nil },
-		"ReaperConfig.Interval":             func(c *liveness.ReaperConfig) { c.Interval = 0 },
-		"ReaperConfig.LeaseTTL":             func(c *liveness.ReaperConfig) { c.LeaseTTL = 3 * time.Nanosecond },
-		"ReaperConfig.DefinitiveDeadCutoff": func(c *liveness.ReaperConfig) { c.DefinitiveDeadCutoff = c.StaleThreshold },
-		"ReaperConfig.StaleThreshold":       func(c *liveness.ReaperConfig) { c.StaleThreshold = 0 },
-	} {
-		cfg := base
-		mutate(&cfg)
-		if _, err := liveness.NewReaper(cfg); err == nil || !strings.Contains(err.Error(), field) {
-			t.Errorf("want error naming %s, got %v", field, err)
-		}
+	if err != nil {
+		t.Fatal(err)
 	}
-	// The empty config is refused for its first missing field, as a *ConfigError.
-	var ce *liveness.ConfigError
-	if _, err := liveness.NewReaper(liveness.ReaperConfig{}); !errors.As(err, &ce) || ce.Field != "ReaperConfig.Pool" {
-		t.Errorf("empty config: error %v, want a *ConfigError for ReaperConfig.Pool", err)
-	}
+	return expires, holderID, true
 }
 
-// Run returns within ShutdownBudget even when every statement of the clean-up hangs:
-// another session locks the instances table while a beat and a reap round are waiting on
-// it, then the leases table, so that the reaper's lease release hangs too.
-func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
+// TestAgentShutdownGivesEachStepItsBudget: with ShutdownTimeout=20s, ShutdownBudget is
+// the sum of the documented steps, and Run gives each step its time: when its context
+// ends, the job's context is cancelled while its lease is still renewed and the
+// instance still alive; the lease is released once the job returns, before Run does;
+// and the row's deletion may wait for longer than the default ShutdownTimeout, and
+// succeeds.
+func TestAgentShutdownGivesEachStepItsBudget(t *testing.T) {
 	db, pool := agentDB(t, 4)
 	cfg := agentConfig(db, pool)
-	cfg.HeartbeatInterval, cfg.HeartbeatSlowInterval = 2*time.Second, 4*time.Second
-	cfg.StaleThreshold, cfg.DefinitiveDeadCutoff = 10*time.Second, 20*time.Second
-	budget := cfg.ShutdownBudget()
-	if want := 5*time.Second + time.Second + 5*time.Second; budget != want {
-		t.Fatalf("ShutdownBudget() = %s, want %s (lease release 5s, row removal 1s, lock session close 5s)", budget, want)
+	cfg.Reaper = false
+	cfg.Timing = liveness.Timing{HeartbeatInterval: 2 * time.Second, HeartbeatSlowInterval: 4 * time.Second,
+		StaleThreshold: 10 * time.Second, DefinitiveDeadCutoff: 20 * time.Second}
+	cfg.JobWindDown = 3 * time.Second
+	cfg.ShutdownTimeout = 20 * time.Second
+	// The steps: the jobs' wind-down, their leases let go (5 s), a beat in flight (half
+	// the fast interval, at most 10 s), the row's deletion, the lock session's close (5 s).
+	want := cfg.JobWindDown + 5*time.Second + time.Second + cfg.ShutdownTimeout + 5*time.Second
+	if got := cfg.ShutdownBudget(); got != want {
+		t.Fatalf("ShutdownBudget() = %s, want %s", got, want)
 	}
 	agent, err := liveness.NewAgent(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	finished := make(chan struct{})
+	stopAgent, agentDone := runAgent(t, agent)
+
+	started, cancelled, finish := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var windDownFence error // written before cancelled is closed
+	type stopped struct {
+		reason            error
+		leaseRow, runDone bool
+	}
+	stops := make(chan stopped, 1)
+	electDone := make(chan error, 1)
 	go func() {
-		defer close(finished)
-		if err := agent.Run(ctx); err != nil {
-			t.Logf("Run: %v", err) // the row removal times out, as intended
-		}
+		electDone <- agent.Elect(context.Background(), liveness.ElectorConfig{Lease: "job", TTL: time.Second,
+			RetryPeriod: 100 * time.Millisecond,
+			OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
+				close(started)
+				<-ctx.Done()
+				// Winding down, the job still holds its lease: its fenced writes count.
+				windDownFence = pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+					return self.Fence(context.Background(), tx)
+				})
+				close(cancelled)
+				<-finish
+			},
+			OnStoppedLeading: func(reason error) {
+				var row bool
+				if err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM liveness.leases WHERE name = 'job')`).
+					Scan(&row); err != nil {
+					t.Error(err)
+				}
+				stops <- stopped{reason: reason, leaseRow: row, runDone: len(agentDone) > 0}
+			},
+		})
 	}()
-	t.Cleanup(func() { stop(); <-finished })
-	testutil.Eventually(t, 10*time.Second, "alive lock held and a beat written", func() bool {
-		s := agent.Snapshot()
-		return s.AliveLock.Held && s.Heartbeat.Beats > 0
+	t.Cleanup(func() {
+		select {
+		case <-finish:
+		default:
+			close(finish)
+		}
 	})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent did not lead within 10s")
+	}
+
+	stopAgent() // SIGTERM
+	select {
+	case <-cancelled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the job's context was not cancelled when Run's ended")
+	}
+	if windDownFence != nil {
+		t.Fatalf("a fenced write during the wind-down was refused: %v", windDownFence)
+	}
+	first, _, _ := leaseExpiry(t, pool, "job")
+	testutil.Eventually(t, 5*time.Second, "the lease renewed while the job winds down", func() bool {
+		expires, _, ok := leaseExpiry(t, pool, "job")
+		return ok && expires.After(first)
+	})
+	if alive, row := isAlive(t, pool, cfg.InstanceID); !alive || !row {
+		t.Fatalf("while its job winds down the instance is alive=%v (row %v); want alive", alive, row)
+	}
+	if len(agentDone) > 0 {
+		t.Fatal("Run returned while the job was still running")
+	}
+
+	// The row's deletion will find the instances table locked.
+	locker := db.Conn(t)
+	bg := context.Background()
+	if _, err := locker.Exec(bg, `BEGIN; LOCK TABLE liveness.instances IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = locker.Exec(context.Background(), `ROLLBACK`) })
+	close(finish)
+	var st stopped
+	select {
+	case st = <-stops:
+	case <-time.After(10 * time.Second):
+		t.Fatal("OnStoppedLeading did not run within 10s of the job's return")
+	}
+	if !errors.Is(st.reason, context.Canceled) || st.leaseRow || st.runDone {
+		t.Fatalf("OnStoppedLeading: reason %v, lease row left %v, Run returned %v; want context.Canceled, "+
+			"the lease released, and Run still running", st.reason, st.leaseRow, st.runDone)
+	}
+	waited := liveness.DefaultShutdownTimeout + time.Second
+	testutil.Eventually(t, 30*time.Second, fmt.Sprintf("the row's deletion waiting for more than %s", waited), func() bool {
+		var n int
+		if err := pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND query LIKE '%pg_liveness:heartbeat_delete %' AND wait_event_type = 'Lock'
+			AND now() - query_start > $1::interval`, waited).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	if _, err := locker.Exec(bg, `ROLLBACK`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-agentDone:
+		if err != nil {
+			t.Fatalf("Run = %v; want nil: the row's deletion had ShutdownTimeout (%s)", err, cfg.ShutdownTimeout)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10s of the table's unlocking")
+	}
+	if alive, row := isAlive(t, pool, cfg.InstanceID); alive || row {
+		t.Fatalf("after Run: alive=%v row=%v; want neither", alive, row)
+	}
+	if err := <-electDone; err != nil {
+		t.Fatalf("Elect = %v; want nil", err)
+	}
+}
+
+// TestAgentLeavesAnOverrunningJobsLeaseToExpire: a job that ignores its cancelled
+// context past JobWindDown keeps its lease from everyone else until the lease expires,
+// even after its agent has stopped and is dead by the verdict: the lease is left to
+// expire, never released early, and Elect says so.
+func TestAgentLeavesAnOverrunningJobsLeaseToExpire(t *testing.T) {
+	db, pool := agentDB(t, 4)
+	cfg := agentConfig(db, pool)
+	cfg.Reaper = false
+	cfg.JobWindDown = 300 * time.Millisecond
+	agent, err := liveness.NewAgent(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopAgent, agentDone := runAgent(t, agent)
+	started, release := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	electDone := make(chan error, 1)
+	const ttl = 20 * time.Second
+	go func() {
+		electDone <- agent.Elect(context.Background(), liveness.ElectorConfig{Lease: "stubborn", TTL: ttl,
+			OnStartedLeading: func(context.Context, liveness.Leadership) {
+				close(started)
+				<-release // ignores its context
+			},
+			OnStoppedLeading: func(error) { t.Error("OnStoppedLeading ran while the job had not returned") },
+		})
+	}()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent did not lead within 10s")
+	}
+	stopAgent()
+	select {
+	case err := <-electDone:
+		if !errors.Is(err, liveness.ErrWindDownExceeded) {
+			t.Fatalf("Elect = %v; want ErrWindDownExceeded", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Elect did not return within 15s of the agent's stop")
+	}
+	if err := <-agentDone; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if alive, row := isAlive(t, pool, cfg.InstanceID); alive || row {
+		t.Fatalf("the stopped agent: alive=%v row=%v; want dead and gone", alive, row)
+	}
+	expires, holderID, ok := leaseExpiry(t, pool, "stubborn")
+	if !ok || holderID != nil {
+		t.Fatalf("lease row present %v, holder instance %v; want the row left, without its holder instance", ok, holderID)
+	}
+	other := newTestLeases(t, pool)
+	if le, err := other.TryAcquire(context.Background(), "stubborn", time.Minute); !errors.Is(err, liveness.ErrLeaseHeld) {
+		t.Fatalf("TryAcquire of a lease left to expire (until %s) = %v, %v; want ErrLeaseHeld", expires, le, err)
+	}
+}
+
+// Run returns within ShutdownBudget even when every statement of the clean-up hangs and
+// a job never returns: another session locks the instances table while a beat and a
+// reap round are waiting on it, then the leases table, so that the reaper's release and
+// the stubborn job's leaving its lease to expire hang too.
+func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
+	db, pool := agentDB(t, 4)
+	cfg := agentConfig(db, pool)
+	cfg.Timing = liveness.Timing{HeartbeatInterval: 2 * time.Second, HeartbeatSlowInterval: 4 * time.Second,
+		StaleThreshold: 10 * time.Second, DefinitiveDeadCutoff: 20 * time.Second}
+	cfg.JobWindDown = 2 * time.Second
+	budget := cfg.ShutdownBudget()
+	if want := 2*time.Second + 5*time.Second + time.Second + liveness.DefaultShutdownTimeout + 5*time.Second; budget != want {
+		t.Fatalf("ShutdownBudget() = %s, want %s", budget, want)
+	}
+	agent, err := liveness.NewAgent(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, done := runAgent(t, agent)
+	started, release := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	go func() {
+		_ = agent.Elect(context.Background(), liveness.ElectorConfig{Lease: "stubborn", TTL: time.Minute,
+			OnStartedLeading: func(context.Context, liveness.Leadership) { close(started); <-release }})
+	}()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent did not lead within 10s")
+	}
 
 	locker := db.Conn(t)
 	bg := context.Background()
@@ -300,7 +453,8 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 	stop()
 	const slack = 3 * time.Second // scheduling on a loaded machine
 	select {
-	case <-finished:
+	case err := <-done:
+		t.Logf("Run: %v", err) // the row's deletion times out, as intended
 	case <-time.After(budget + slack):
 		t.Fatalf("Run did not return within its budget %s (+%s)", budget, slack)
 	}
@@ -404,5 +558,61 @@ func TestAgentNeedsTheSchema(t *testing.T) {
 	stop()
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
+	}
+}
+
+// TestAgentHeartbeatTableOnly: the mode for a service that reaches PostgreSQL only
+// through PgBouncer needs no direct DSN, holds no lock, and is heartbeat_only by the one
+// verdict; it still campaigns, and leaves at once on shutdown.
+func TestAgentHeartbeatTableOnly(t *testing.T) {
+	db, pool := agentDB(t, 3)
+	cfg := agentConfig(db, pool)
+	cfg.Mode, cfg.DirectDSN, cfg.Reaper = liveness.ModeHeartbeatTableOnly, "", false
+	agent, err := liveness.NewAgent(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, done := runAgent(t, agent)
+	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	st, err := reader.Instance(ctx, cfg.InstanceID)
+	if err != nil || st.State != liveness.StateHeartbeatOnly || st.LockHeld || st.Mode != liveness.ModeHeartbeatTableOnly {
+		t.Fatalf("Reader.Instance = %+v, %v; want heartbeat_only, no lock, the table-only mode", st, err)
+	}
+	var locks int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM liveness.bigint_advisory_locks l
+		WHERE l.classid = liveness.lock_key_classid(liveness.instance_lock_key($1))
+		  AND l.objid = liveness.lock_key_objid(liveness.instance_lock_key($1))`, cfg.InstanceID).Scan(&locks); err != nil || locks != 0 {
+		t.Fatalf("%d advisory locks on the instance's key (%v); want none", locks, err)
+	}
+	if s := agent.Snapshot(); s.AliveLock != (liveness.AliveLockStats{}) || s.Heartbeat.Interval != cfg.Timing.HeartbeatInterval {
+		t.Fatalf("Snapshot = %+v; want no alive lock and the fast cadence %s", s, cfg.Timing.HeartbeatInterval)
+	}
+	led := make(chan struct{})
+	electCtx, endElect := context.WithCancel(ctx)
+	defer endElect()
+	go func() {
+		_ = agent.Elect(electCtx, liveness.ElectorConfig{Lease: "table-only", OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+			close(led)
+			<-ctx.Done()
+		}})
+	}()
+	select {
+	case <-led:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a table-only agent did not lead within 10s")
+	}
+	if leader, err := reader.Leader(ctx, "table-only"); err != nil || leader.InstanceID != cfg.InstanceID {
+		t.Fatalf("Reader.Leader = %+v, %v; want this instance", leader, err)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if alive, row := isAlive(t, pool, cfg.InstanceID); alive || row {
+		t.Fatalf("after Run: alive=%v row=%v; want gone at once", alive, row)
 	}
 }

@@ -24,7 +24,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
-// Defaults of AliveLockConfig. With them the server drops a half-open client's session,
+// Defaults of the alive lock's session (AgentConfig.Keepalive*, VerifyInterval). With them the server drops a half-open client's session,
 // and so frees its lock, after about 25–30 s instead of Linux's two hours: 10 s idle, then
 // 3 probes 5 s apart, and unacknowledged data gives up after 30 s.
 const (
@@ -45,9 +45,9 @@ const (
 	reclaimEvery = time.Second
 )
 
-// AliveLockConfig configures an AliveLock. Zero keepalive and verify settings take the
+// aliveLockConfig configures an AliveLock. Zero keepalive and verify settings take the
 // package defaults.
-type AliveLockConfig struct {
+type aliveLockConfig struct {
 	// DSN of PostgreSQL itself (--db.direct-dsn), not of a transaction-mode pooler.
 	DSN         string
 	Schema      string // where the migrations put the objects; DefaultSchema if empty
@@ -71,11 +71,11 @@ type AliveLockConfig struct {
 	Logger *slog.Logger
 }
 
-// AliveLock holds the instance's session-level advisory lock on a dedicated connection.
+// aliveLock holds the instance's session-level advisory lock on a dedicated connection.
 // PostgreSQL releases the lock when the session ends, which makes it the fast liveness
 // signal: at once on a clean exit or a crash, and after the keepalive settings on a
 // half-open connection.
-type AliveLock struct {
+type aliveLock struct {
 	connCfg     *pgx.ConnConfig
 	instanceID  string
 	verifyEvery time.Duration
@@ -106,16 +106,16 @@ type AliveLock struct {
 	afterConnect func(ctx context.Context, conn *pgx.Conn)
 }
 
-// Validate checks the configuration without connecting. Errors name the flag at fault and
-// never contain the password.
-func (c AliveLockConfig) Validate() error {
+// validate checks the configuration without connecting. Errors name the field at fault
+// and never contain the password.
+func (c aliveLockConfig) validate() error {
 	_, _, err := c.connConfig()
 	return err
 }
 
 // connConfig validates c and builds the lock connection's configuration. It also returns
 // the client socket's user timeout.
-func (c AliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
+func (c aliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
 	if strings.TrimSpace(c.DSN) == "" {
 		return nil, 0, aliveLockErr("DSN", "must not be empty")
 	}
@@ -155,7 +155,7 @@ func (c AliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
 
 	cfg, err := pgx.ParseConfig(c.DSN)
 	if err != nil {
-		return nil, 0, &ConfigError{Field: "AliveLockConfig.DSN", Reason: dsn.RedactError(err).Error()}
+		return nil, 0, &ConfigError{Field: "aliveLockConfig.DSN", Reason: dsn.RedactError(err).Error()}
 	}
 	rp := cfg.RuntimeParams
 	rp["application_name"] = c.ServiceName + ":alive-lock"
@@ -192,12 +192,12 @@ func (c AliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
 // statementTimeout bounds one claim or verification. A cut-off network is detected by the
 // socket's keepalive and user timeout, so the deadline lies beyond them: a short network
 // blip delays a verification instead of dropping a lock that the server still grants.
-func (a *AliveLock) statementTimeout() time.Duration {
+func (a *aliveLock) statementTimeout() time.Duration {
 	return max(aliveLockStatementTimeout, a.clientUserTimeout+aliveLockStatementTimeout)
 }
 
 func aliveLockErr(field, format string, args ...any) error {
-	return &ConfigError{Field: "AliveLockConfig." + field, Reason: fmt.Sprintf(format, args...)}
+	return &ConfigError{Field: "aliveLockConfig." + field, Reason: fmt.Sprintf(format, args...)}
 }
 
 // wholeSeconds applies the default to zero and refuses what PostgreSQL cannot take.
@@ -213,13 +213,13 @@ func wholeSeconds(field string, d, def time.Duration) (time.Duration, error) {
 	return d, nil
 }
 
-// NewAliveLock validates cfg and prepares the lock. It does not connect; Run does.
-func NewAliveLock(cfg AliveLockConfig) (*AliveLock, error) {
+// newAliveLock validates cfg and prepares the lock. It does not connect; Run does.
+func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 	connCfg, clientUserTimeout, err := cfg.connConfig()
 	if err != nil {
 		return nil, fmt.Errorf("alive lock: %w", err)
 	}
-	a := &AliveLock{
+	a := &aliveLock{
 		connCfg:           connCfg,
 		instanceID:        cfg.InstanceID.String(),
 		verifyEvery:       cfg.VerifyInterval,
@@ -239,11 +239,11 @@ func NewAliveLock(cfg AliveLockConfig) (*AliveLock, error) {
 
 // Held reports whether the lock is claimed and was verified on this connection's own
 // backend. It never blocks, is safe from any goroutine, and is false on a nil AliveLock.
-func (a *AliveLock) Held() bool { return a != nil && a.held.Load() }
+func (a *aliveLock) Held() bool { return a != nil && a.held.Load() }
 
 // Changed returns a channel that is closed at the next change of Held. Take the channel
 // before reading Held, then wait on it; call Changed again for the change after that.
-func (a *AliveLock) Changed() <-chan struct{} {
+func (a *aliveLock) Changed() <-chan struct{} {
 	if a == nil {
 		return nil
 	}
@@ -253,12 +253,12 @@ func (a *AliveLock) Changed() <-chan struct{} {
 // Duplicate reports whether the last claim found the lock held by another session: a
 // second process runs with this instance id, or this instance's previous session has
 // not ended yet. Such a process must not write the instance's row.
-func (a *AliveLock) Duplicate() bool { return a != nil && a.duplicate.Load() }
+func (a *aliveLock) Duplicate() bool { return a != nil && a.duplicate.Load() }
 
 // Settled returns a channel that is closed once the first claim has an answer: held,
 // held by another session, or refused (a pooler, a missing function). The heartbeat
 // waits for it, boundedly, so that a duplicate never writes a row.
-func (a *AliveLock) Settled() <-chan struct{} {
+func (a *aliveLock) Settled() <-chan struct{} {
 	if a == nil {
 		return nil
 	}
@@ -266,7 +266,7 @@ func (a *AliveLock) Settled() <-chan struct{} {
 }
 
 // Stats returns counters for exporters. Safe from any goroutine.
-func (a *AliveLock) Stats() AliveLockStats {
+func (a *aliveLock) Stats() AliveLockStats {
 	return AliveLockStats{
 		Duplicate:  a.duplicate.Load(),
 		Held:       a.held.Load(),
@@ -279,7 +279,7 @@ func (a *AliveLock) Stats() AliveLockStats {
 // Run connects, claims, verifies and reconnects (with backoff and jitter) until ctx is
 // done; it then closes its connection, which releases the lock, and returns nil. Failures
 // are logged, never returned: the heartbeat carries liveness while the lock is not held.
-func (a *AliveLock) Run(ctx context.Context) error {
+func (a *aliveLock) Run(ctx context.Context) error {
 	if !a.running.CompareAndSwap(false, true) {
 		return errors.New("alive lock: Run is already running")
 	}
@@ -320,7 +320,7 @@ func backoff(attempt int) time.Duration {
 // until the lock is held, then holding (verifying) until it is not, and claiming again.
 // Between statements a read on the idle connection notices at once when the server ends
 // the session. It reports whether the lock was held at some point.
-func (a *AliveLock) session(ctx context.Context) (held bool) {
+func (a *aliveLock) session(ctx context.Context) (held bool) {
 	cctx, cancel := context.WithTimeout(ctx, aliveLockConnectTimeout)
 	conn, err := pgx.ConnectConfig(cctx, a.connCfg)
 	cancel()
@@ -364,7 +364,7 @@ func (a *AliveLock) session(ctx context.Context) (held bool) {
 // session holds it (a duplicate, or this instance's previous backend that has not exited
 // yet) or the server refuses the claim, it claims again every reclaimEvery (or
 // verifyEvery, when shorter). It returns false when the connection must be dropped.
-func (a *AliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
+func (a *aliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
 	for {
 		ans, backendPID := a.ask(ctx, conn, a.claimSQL, a.instanceID, int64(conn.PgConn().PID()))
 		switch ans {
@@ -395,7 +395,7 @@ func (a *AliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
 // is still held. It returns true once it is not (it vanished, the server refused the
 // verification, or the statements run on another backend), after the pause before the
 // next claim, and false when the connection must be dropped.
-func (a *AliveLock) runHoldingState(ctx context.Context, conn *pgx.Conn) bool {
+func (a *aliveLock) runHoldingState(ctx context.Context, conn *pgx.Conn) bool {
 	for {
 		if !a.wait(ctx, conn, a.verifyEvery) {
 			return false
@@ -424,7 +424,7 @@ func (a *AliveLock) runHoldingState(ctx context.Context, conn *pgx.Conn) bool {
 
 // wait waits d on the idle connection, whose read notices at once when the server ends
 // the session. It returns false when ctx ended or the connection was lost (reported).
-func (a *AliveLock) wait(ctx context.Context, conn *pgx.Conn, d time.Duration) bool {
+func (a *aliveLock) wait(ctx context.Context, conn *pgx.Conn, d time.Duration) bool {
 	wctx, cancel := context.WithTimeout(ctx, d)
 	err := conn.PgConn().WaitForNotification(wctx)
 	cancel()
@@ -463,7 +463,7 @@ const (
 // ask sends the claim or the verification sql and checks that it ran on the session's
 // own backend. With answerHeld and answerNotHeld it returns that backend's pid; the
 // caller acts on the answer and then settles the first claim.
-func (a *AliveLock) ask(ctx context.Context, conn *pgx.Conn, sql string, args ...any) (answer, int64) {
+func (a *aliveLock) ask(ctx context.Context, conn *pgx.Conn, sql string, args ...any) (answer, int64) {
 	// The server frees the lock of a client it has not heard from for its keepalive
 	// time; the client socket gives up one probe earlier, counted from the last exchange.
 	// A statement sent late in that span must not push this side's giving up past it.
@@ -517,9 +517,9 @@ func (a *AliveLock) ask(ctx context.Context, conn *pgx.Conn, sql string, args ..
 }
 
 // settledOnce closes Settled, once: the first claim has an answer.
-func (a *AliveLock) settledOnce() { a.settle.Do(func() { close(a.settled) }) }
+func (a *aliveLock) settledOnce() { a.settle.Do(func() { close(a.settled) }) }
 
-func (a *AliveLock) connectFailed(err error) {
+func (a *aliveLock) connectFailed(err error) {
 	// The first claim has an answer too: there will be none for now. The heartbeat need
 	// not wait for it.
 	a.settledOnce()
@@ -534,13 +534,13 @@ func (a *AliveLock) connectFailed(err error) {
 }
 
 // report logs once per condition: a repeat of the previous condition goes to debug.
-func (a *AliveLock) report(condition string, level slog.Level, msg string, attrs ...any) {
+func (a *aliveLock) report(condition string, level slog.Level, msg string, attrs ...any) {
 	a.condition.Log(a.log, level, condition, msg, attrs...)
 }
 
 // setHeld records a change of Held, counting a loss, and wakes whoever waits on
 // Changed. Only the Run goroutine calls it.
-func (a *AliveLock) setHeld(v bool) {
+func (a *aliveLock) setHeld(v bool) {
 	if a.held.Load() == v {
 		return
 	}
@@ -551,20 +551,20 @@ func (a *AliveLock) setHeld(v bool) {
 }
 
 // setDuplicate records a change of Duplicate and wakes whoever waits on Changed.
-func (a *AliveLock) setDuplicate(v bool) {
+func (a *aliveLock) setDuplicate(v bool) {
 	if a.duplicate.Swap(v) != v {
 		a.change(a.held.Load())
 	}
 }
 
 // release clears Held on shutdown, which is not a loss.
-func (a *AliveLock) release() {
+func (a *aliveLock) release() {
 	if a.held.Load() {
 		a.change(false)
 	}
 }
 
-func (a *AliveLock) change(v bool) {
+func (a *aliveLock) change(v bool) {
 	a.held.Store(v)
 	next := make(chan struct{})
 	close(*a.changed.Swap(&next))

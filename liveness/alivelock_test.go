@@ -19,15 +19,15 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
-func startAliveLock(t *testing.T, cfg AliveLockConfig) *AliveLock {
+func startAliveLock(t *testing.T, cfg aliveLockConfig) *aliveLock {
 	t.Helper()
 	lock, _ := startAliveLockStoppable(t, cfg)
 	return lock
 }
 
-func startAliveLockStoppable(t *testing.T, cfg AliveLockConfig) (*AliveLock, func()) {
+func startAliveLockStoppable(t *testing.T, cfg aliveLockConfig) (*aliveLock, func()) {
 	t.Helper()
-	lock, err := NewAliveLock(cfg)
+	lock, err := newAliveLock(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestAliveLockTerminatedBackend(t *testing.T) {
 	ctx := livenessTestCtx(t)
 	db, pool := livenessDB(t, ctx)
 	id := uuid.New()
-	lock := startAliveLock(t, AliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc", VerifyInterval: time.Minute})
+	lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc", VerifyInterval: time.Minute})
 	testutil.Eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
 
 	cfg := testHeartbeatConfig(pool, lock)
@@ -110,11 +110,11 @@ func TestAliveLockDuplicateInstance(t *testing.T) {
 	ctx := livenessTestCtx(t)
 	db, pool := livenessDB(t, ctx)
 	id := uuid.New()
-	first, stopFirst := startAliveLockStoppable(t, AliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc"})
+	first, stopFirst := startAliveLockStoppable(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc"})
 	testutil.Eventually(t, 5*time.Second, "the first lock is held", first.Held)
 
 	logs := &logRecorder{}
-	second := startAliveLock(t, AliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc",
+	second := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc",
 		VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
 	cfg := testHeartbeatConfig(pool, second)
 	cfg.InstanceID = id
@@ -156,7 +156,7 @@ func TestAliveLockMissingFunction(t *testing.T) {
 	db, pool := livenessDB(t, ctx)
 	db.Exec(t, `CREATE SCHEMA not_migrated_yet`) // the schema exists, its functions do not
 	logs := &logRecorder{}
-	lock := startAliveLock(t, AliveLockConfig{DSN: db.DSN, Schema: "not_migrated_yet", InstanceID: uuid.New(),
+	lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, Schema: "not_migrated_yet", InstanceID: uuid.New(),
 		ServiceName: "svc", VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
 	const failed = "alive lock claim failed"
 	testutil.Eventually(t, 5*time.Second, "several failed claims"+logs.String(), func() bool {
@@ -203,7 +203,7 @@ func TestAliveLockKeepaliveSettings(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			lock, err := NewAliveLock(AliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc",
+			lock, err := newAliveLock(aliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc",
 				KeepaliveIdle: tc.idle, KeepaliveInterval: tc.interval, KeepaliveCount: tc.count, UserTimeout: tc.timeout})
 			if err != nil {
 				t.Fatal(err)
@@ -290,31 +290,31 @@ func clientKeepalive(c net.Conn) (opts [4]int, err error) {
 // TestAliveLockConfigErrors: bad settings are refused naming the flag, without the
 // password.
 func TestAliveLockConfigErrors(t *testing.T) {
-	good := AliveLockConfig{DSN: "host=127.0.0.1 user=u password=s3cret dbname=d", InstanceID: uuid.New(), ServiceName: "svc"}
-	if err := good.Validate(); err != nil {
+	good := aliveLockConfig{DSN: "host=127.0.0.1 user=u password=s3cret dbname=d", InstanceID: uuid.New(), ServiceName: "svc"}
+	if err := good.validate(); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
 		name string
-		edit func(*AliveLockConfig)
+		edit func(*aliveLockConfig)
 		want string
 	}{
-		{"empty DSN", func(c *AliveLockConfig) { c.DSN = "" }, "AliveLockConfig.DSN must not be empty"},
-		{"malformed DSN", func(c *AliveLockConfig) { c.DSN = "postgres://u:s3cret@host:notaport/db" }, "AliveLockConfig.DSN"},
-		{"nil instance id", func(c *AliveLockConfig) { c.InstanceID = uuid.Nil }, "AliveLockConfig.InstanceID"},
-		{"no service name", func(c *AliveLockConfig) { c.ServiceName = "" }, "AliveLockConfig.ServiceName"},
-		{"fractional idle", func(c *AliveLockConfig) { c.KeepaliveIdle = 1500 * time.Millisecond },
-			"AliveLockConfig.KeepaliveIdle (1.5s) must be a whole number of seconds"},
-		{"negative interval", func(c *AliveLockConfig) { c.KeepaliveInterval = -time.Second },
-			"AliveLockConfig.KeepaliveInterval (-1s) must not be negative"},
-		{"negative count", func(c *AliveLockConfig) { c.KeepaliveCount = -1 }, "AliveLockConfig.KeepaliveCount (-1)"},
-		{"negative user timeout", func(c *AliveLockConfig) { c.UserTimeout = -time.Second }, "AliveLockConfig.UserTimeout (-1s)"},
+		{"empty DSN", func(c *aliveLockConfig) { c.DSN = "" }, "aliveLockConfig.DSN must not be empty"},
+		{"malformed DSN", func(c *aliveLockConfig) { c.DSN = "postgres://u:s3cret@host:notaport/db" }, "aliveLockConfig.DSN"},
+		{"nil instance id", func(c *aliveLockConfig) { c.InstanceID = uuid.Nil }, "aliveLockConfig.InstanceID"},
+		{"no service name", func(c *aliveLockConfig) { c.ServiceName = "" }, "aliveLockConfig.ServiceName"},
+		{"fractional idle", func(c *aliveLockConfig) { c.KeepaliveIdle = 1500 * time.Millisecond },
+			"aliveLockConfig.KeepaliveIdle (1.5s) must be a whole number of seconds"},
+		{"negative interval", func(c *aliveLockConfig) { c.KeepaliveInterval = -time.Second },
+			"aliveLockConfig.KeepaliveInterval (-1s) must not be negative"},
+		{"negative count", func(c *aliveLockConfig) { c.KeepaliveCount = -1 }, "aliveLockConfig.KeepaliveCount (-1)"},
+		{"negative user timeout", func(c *aliveLockConfig) { c.UserTimeout = -time.Second }, "aliveLockConfig.UserTimeout (-1s)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := good
 			tc.edit(&c)
-			_, err := NewAliveLock(c)
+			_, err := newAliveLock(c)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("NewAliveLock() = %v, want an error containing %q", err, tc.want)
 			}
@@ -333,7 +333,7 @@ func TestAliveLockStaysHeldAcrossVerifications(t *testing.T) {
 	db, pool := livenessDB(t, ctx)
 	logs := &logRecorder{}
 	id := uuid.New()
-	lock := startAliveLock(t, AliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc",
+	lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc",
 		VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
 	testutil.Eventually(t, 10*time.Second, "lock held", lock.Held)
 	for range 50 { // about 50 verification ticks
@@ -361,7 +361,7 @@ func TestAliveLockRecoversFastEveryTime(t *testing.T) {
 	db, pool := livenessDB(t, ctx)
 	dsn := db.DSN
 	id := uuid.New()
-	lock := startAliveLock(t, AliveLockConfig{DSN: dsn, InstanceID: id, ServiceName: "svc", VerifyInterval: time.Minute})
+	lock := startAliveLock(t, aliveLockConfig{DSN: dsn, InstanceID: id, ServiceName: "svc", VerifyInterval: time.Minute})
 	for i := range 6 {
 		testutil.Eventually(t, 3*time.Second, fmt.Sprintf("the alive lock held again (loss %d)", i), lock.Held)
 		pid := lockHolderPID(t, ctx, pool, id)

@@ -1,24 +1,28 @@
 // Package liveness lets instances of a service that share one PostgreSQL tell which of
 // them are alive, and run singleton jobs on one instance at a time. It is what the
-// pg_liveness_exporter agent runs, and a Go service can embed the same parts. The SQL
+// pg_liveness_exporter agent runs, and a Go service embeds the same thing. The SQL
 // objects it uses come from the migrations package.
+//
+// A service needs three things from it: an Agent to take part (NewAgent, Agent.Run),
+// Agent.Elect to campaign for a singleton job, and a Reader to ask the verdict. Leases
+// is for a service that wants leases without an alive lock (see below).
 //
 // # Signals
 //
 // Two signals feed one verdict. The SQL function instance_states (from the migrations)
 // is the only definition of an instance's state; is_instance_alive, the reaper, the
 // exporter and Reader (Reader.Fleet for a whole fleet at once, as the exporter's status
-// page reads it) all read it, and each instance is judged by the timing its own
+// page reads it) all read it, and each instance is judged by the Timing its own
 // heartbeat records:
 //
-//   - The alive lock (AliveLock): a session-level advisory lock on the instance's id,
-//     held on a dedicated connection. PostgreSQL releases it when the session ends: at
-//     once when the process exits or its connection drops, and on a half-open connection
-//     (a crashed host, a network partition) when TCP keepalive gives up, about 30 s with
-//     the defaults instead of Linux's two hours.
-//   - The heartbeat (HeartbeatWorker): the instance's row in <schema>.instances, whose
-//     last_heartbeat_at is set by the database clock, and which records whether the
-//     instance holds its lock.
+//   - The alive lock: a session-level advisory lock on the instance's id, held on a
+//     dedicated connection (AgentConfig.DirectDSN). PostgreSQL releases it when the
+//     session ends: at once when the process exits or its connection drops, and on a
+//     half-open connection (a crashed host, a network partition) when TCP keepalive
+//     gives up, about 30 s with the defaults instead of Linux's two hours.
+//   - The heartbeat: the instance's row in <schema>.instances, whose last_heartbeat_at
+//     is set by the database clock, and which records whether the instance holds its
+//     lock.
 //
 // A lock that vanishes while the row says it is held means the session ended. The
 // instance is dead unless it proves life within its lock grace (1 s by default): a live
@@ -26,15 +30,83 @@
 // process is dead for everyone about a second after PostgreSQL frees its lock, while a
 // restarted server, a terminated backend or a short network blip kills nobody.
 //
+// ModeHeartbeatTableOnly is for a service that reaches PostgreSQL only through PgBouncer
+// in transaction mode: no direct connection, no lock. Its instances are heartbeat_only
+// while they beat, and a crashed one is dead after its stale threshold (90 s by
+// default), not within a second.
+//
 // # Leadership
 //
-// Leases hold no connection. An Agent's leases record its instance as their holder, so
-// Reader.Leader can say who leads, and a holder that is dead by the verdict may be
-// replaced before its lease expires. In exchange the agent ends its leases (reason
-// LostNotAlive) as soon as it cannot be sure that the fleet still sees it alive, always
-// before anyone else can take them. Leases.Elect runs a campaign with callbacks on top.
-// Every write that must never come from two leaders is fenced in the database with
-// lease_is_held(name, epoch).
+// Agent.Elect campaigns for a lease name: a row in <schema>.leases that holds no
+// connection, records this instance as its holder (Reader.Leader says who leads) and
+// carries an epoch, the fencing token, that strictly increases with every acquisition.
+// Only the database clock decides expiry; this host's monotonic clock only gives a
+// lease up early. The leader runs ElectorConfig.OnStartedLeading, and the campaign's
+// rule is that an elector's lease outlives its job: another process may start only
+// after the job's callback has returned, after a crash, or after the lease expired.
+// Never two job runners at once, outside the database too.
+//
+// When another process may start, for each way a leadership ends (default settings:
+// TTL 15 s, RetryPeriod 1 s, JobWindDown 10 s, lock grace 1 s, heartbeat every 30 s):
+//
+//   - Return. The callback returns on its own: the lease is released (its row deleted)
+//     and another process may start at once, at its next try (within its RetryPeriod).
+//   - Cancel. Elect's context or Run's ends (SIGTERM): the callback's context is
+//     cancelled, and the lease stays renewed, and the instance alive (Run still beats
+//     and holds its lock), while the callback winds down. Another process may start
+//     once the callback has returned, as above. A callback still running JobWindDown
+//     after the cancel has its lease left to expire instead: its renewals stop, and its
+//     row no longer names the instance, so that the instance's going away does not free
+//     it; another process may start once it expires, at most TTL after its last
+//     renewal. Elect then returns ErrWindDownExceeded.
+//   - Lost lease. The callback's context is cancelled with a *LeaseLostError. When the
+//     trust window runs out (the database unreachable or not answering: LostExpired,
+//     LostError), the cancel comes TTL less the margin (TTL/10, 1.5 s) after the last
+//     renewal that succeeded was sent, and the row expires by the database clock no
+//     earlier than TTL after it: the callback has at least the margin before another
+//     process may start (clocks running at the same rate). When a renewal finds the
+//     lease taken (LostTaken), another process may already run: that happens only if
+//     the row was changed by hand, or this host's clock ran slower than the database's
+//     by more than the margin. The fence below keeps the database right either way.
+//   - Lost life. The instance can no longer count on the fleet seeing it alive
+//     (LostNotAlive), and the callback's context is cancelled before anyone may take the
+//     lease: half the lock grace (0.5 s) after the loss of its alive lock was noticed,
+//     when no beat proved life meanwhile, while the fleet calls it dead a full lock
+//     grace after the lock vanished; or when its last beat is half a fast heartbeat
+//     interval (15 s) short of the age at which the fleet calls it dead (the stale
+//     threshold, or with the lock held the definitive-dead cutoff).
+//   - Crash. The callback dies with the process. Another process may start once the
+//     holder is dead by the verdict: the lock grace after PostgreSQL freed the lock (at
+//     once for a killed process, after the keepalive for a vanished host), plus its
+//     next try; about 1 to 2 s for a killed process. In ModeHeartbeatTableOnly the
+//     lease's expiry (TTL) comes first.
+//
+// In every case the callback must return soon after its context is cancelled: the
+// campaign leads again only after it has, and Run waits for it (see Shutting down).
+// OnNewLeader tells every process, the leader included, who leads, and when it sees
+// nobody lead.
+//
+// # Fencing
+//
+// A write that must never come from two leaders is fenced in its own transaction:
+// Leadership.Fence (or Lease.Fence) runs lease_is_held(name, epoch) in the caller's
+// pgx.Tx. It fails, errors.Is ErrLeaseLost, once the lease is not held under this epoch,
+// and its FOR SHARE lock on the lease row holds any takeover back until the transaction
+// ends, so every write accepted under one epoch commits before the next holder's first.
+// During a wind-down (the campaign over, the lease still renewed) fenced writes still
+// count. lease_is_held looks at the row's epoch and expiry only, not at the holder's
+// life: while the holder is dead by the verdict but nobody has taken the lease yet, a
+// write fenced under its epoch is still accepted; it lands before any other holder's.
+// Keep fenced transactions short: the row lock holds back the lease's own renewals too.
+//
+// # Leases without an alive lock
+//
+// Leases, the field report's design, takes and keeps leases alone: TryAcquire (an
+// ErrLeaseHeld when another holder has the lease) and Run, which runs one round of a job
+// and releases its lease only once the job has returned, renewing it until then. Such
+// leases name no instance, so another process may take one only once it expires. An
+// Agent's campaigns do better, and an Agent in ModeHeartbeatTableOnly needs no direct
+// connection either.
 //
 // # What it guarantees
 //
@@ -53,6 +125,8 @@
 //     A failed beat is retried after a fraction of the fast interval.
 //   - Every statement carries a deadline below the interval it serves, and a
 //     /* pg_liveness:<name> */ tag so that pg_stat_statements can count it.
+//   - A lease is released only by the holder that took it (name, holder and epoch), so
+//     a late release never deletes a newer holder's lease.
 //
 // # What it never does
 //
@@ -61,6 +135,8 @@
 //   - Trust the local clock for liveness. Heartbeat times and lease expiries are the
 //     database's now(). The local monotonic clock only schedules statements, and gives
 //     a lease up early when its renewals stop; it never extends anything.
+//   - Release a lease while its job may still run, or let the fleet see its instance go
+//     before its jobs have returned.
 //   - Log a password. Each constructor wraps the Logger it is given in a slog.Handler
 //     that removes passwords from every line it passes on (the message, strings, errors
 //     and any value whose printed form holds one), so no line of this package can leak
@@ -78,18 +154,22 @@
 //
 // # Embedding it in a service
 //
-// Build one Agent with NewAgent: give it the service's pgxpool (heartbeat, leases,
-// reaper) and a DirectDSN that reaches PostgreSQL directly, never through PgBouncer in
-// transaction mode (the alive lock's own connection). Run it in a goroutine the
-// service owns, and campaign for singleton jobs with Agent.Leases().Elect, whose leases
-// record the instance as their holder and end as soon as it cannot prove life. To stop,
-// cancel Run's context and wait for it to return: it stops the heartbeat and the
-// reaper, deletes the instance row while the lock is still held, and then closes the
-// lock's session, so the fleet sees the instance gone at once. Apply the migrations
-// (migrations.Apply) before, or set AgentConfig.WaitForSchema. Read the fleet with a
-// Reader. See ExampleAgent, ExampleLeases_Elect and ExampleReader.
+// Apply the migrations (migrations.Apply) before, or set AgentConfig.WaitForSchema.
+// Build one Agent with NewAgent: give it the service's pgxpool (it may go through
+// PgBouncer) and a DirectDSN that reaches PostgreSQL directly, never through PgBouncer
+// in transaction mode (or ModeHeartbeatTableOnly and no DirectDSN). Run it in a
+// goroutine the service owns, campaign with Agent.Elect in others, and read the fleet
+// with a Reader. See ExampleAgent, ExampleAgent_Elect, ExampleReader and the runnable
+// examples/billing-worker.
 //
-// AliveLock, HeartbeatWorker and Leases stay exported for a service that needs them on
-// their own (leases without an alive lock, for instance); an Agent wires them together
-// as the guarantees above need, and hand wiring must keep their order of shutdown.
+// # Shutting down
+//
+// Cancel one context for Run and every Elect (the SIGTERM context), then wait for Run
+// and for each Elect to return. The order that keeps two jobs from running at once is
+// the Agent's own: Run first cancels its campaigns' jobs and keeps the instance alive,
+// and their leases renewed, until the jobs have returned and the leases are released
+// (at most JobWindDown, then 5 s); then it stops the heartbeat, deletes the instance
+// row while the lock is still held, and closes the lock's session, so the fleet sees
+// the instance gone at once. AgentConfig.ShutdownBudget is the longest that takes (35 s
+// with the defaults): give the process at least that between SIGTERM and SIGKILL.
 package liveness

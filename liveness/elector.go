@@ -18,7 +18,8 @@ const (
 	DefaultElectorRetryPeriod = time.Second
 )
 
-// ElectorConfig configures a campaign for one lease name. Zero values take the defaults.
+// ElectorConfig configures a campaign for one lease name (Agent.Elect). Zero values take
+// the defaults.
 type ElectorConfig struct {
 	// Lease is the name campaigned for; required.
 	Lease string
@@ -28,34 +29,62 @@ type ElectorConfig struct {
 	// RetryPeriod is how often a follower tries to take the lease and reads who leads;
 	// DefaultElectorRetryPeriod if zero. It bounds how long a free lease stays untaken.
 	RetryPeriod time.Duration
-	// KeepLeaseOnStop leaves the lease to expire when the campaign's context ends,
-	// instead of releasing it so that another process takes over at once.
-	KeepLeaseOnStop bool
 
 	// OnStartedLeading runs, in its own goroutine, each time this process becomes the
-	// leader; required. Its context is cancelled when leadership ends (the lease was
-	// lost, this instance could no longer prove life, or the campaign ended); it must
-	// return soon after. The campaign waits for it before anyone else is let in by this
-	// process, and fences nothing by itself: writes that must never come from two
-	// leaders use <schema>.lease_is_held(Lease, epoch) with the epoch from Leader.
-	OnStartedLeading func(ctx context.Context, self Leader)
-	// OnStoppedLeading runs after OnStartedLeading has returned, with the reason:
-	// a *LeaseLostError (errors.Is ErrLeaseLost), ErrLeaseReleased, or the campaign's
-	// context cause. Optional.
+	// leader; required. The lease is released only after it has returned, and until then
+	// it is renewed for as long as this instance can prove life. Its context is cancelled
+	// when leadership is to end:
+	//
+	//   - The campaign ends (its context, or the Agent's Run's): the lease stays renewed
+	//     while the callback winds down, for at most AgentConfig.JobWindDown; past that,
+	//     the lease is left to expire and Elect returns ErrWindDownExceeded.
+	//   - The lease is lost (a *LeaseLostError): the callback must stop at once; the
+	//     package documentation says how long it has before another process may start.
+	//
+	// Returning on its own steps down: the lease is released and the campaign goes on.
+	// Fence the job's writes with self.Fence.
+	OnStartedLeading func(ctx context.Context, self Leadership)
+	// OnStoppedLeading runs after OnStartedLeading has returned and the lease was let go,
+	// with the reason: a *LeaseLostError (errors.Is ErrLeaseLost), ErrLeaseReleased (the
+	// callback returned on its own), or the cause of the context that ended the campaign.
+	// Optional.
 	OnStoppedLeading func(reason error)
-	// OnNewLeader runs when a follower sees a different leader (or none: a zero
-	// InstanceID with Epoch 0). Optional.
+	// OnNewLeader runs, in the campaign's goroutine, each time this process sees a change
+	// of who leads: a follower seeing another process lead, this process itself when it
+	// starts leading (before OnStartedLeading), and nobody (a Leader with a zero
+	// InstanceID and Epoch 0) when it sees no leader: after its own leadership ended,
+	// unless another process has already taken over, and when a look finds the lease
+	// free or its holder dead. Every process thus sees the leaders in the same order,
+	// itself included. It must not block. Optional.
 	OnNewLeader func(Leader)
 }
 
 // Leader is who holds a lease, as the database says.
 type Leader struct {
 	Lease      string
-	InstanceID uuid.UUID // uuid.Nil when the holder recorded none (older software)
+	InstanceID uuid.UUID // uuid.Nil when the holder recorded none (older software, or none leads)
 	Host       string
-	Epoch      int64 // the fencing token of this leadership
+	Epoch      int64 // the fencing token of this leadership; 0 when none leads
 	TakenAt    time.Time
 	ExpiresAt  time.Time
+}
+
+// Leadership is this process's leadership of a lease, given to OnStartedLeading: who it
+// is, and the fence for the job's writes.
+type Leadership struct {
+	Leader
+	lease *Lease
+}
+
+// Fence makes the writes that follow it in tx count only while this leadership holds
+// its lease: see Lease.Fence. During a wind-down (the campaign ended, the lease still
+// renewed) it still succeeds; after a loss it fails with an error that is errors.Is
+// ErrLeaseLost.
+func (l Leadership) Fence(ctx context.Context, tx pgx.Tx) error {
+	if l.lease == nil {
+		return fmt.Errorf("liveness: a Leadership that no campaign gave out holds no lease: %w", ErrLeaseLost)
+	}
+	return l.lease.Fence(ctx, tx)
 }
 
 // ConfigError is a configuration value the library refuses. Field names the
@@ -84,112 +113,182 @@ func (c ElectorConfig) Validate() error {
 	return nil
 }
 
-// Elect campaigns for cfg.Lease until ctx ends, leading whenever it holds the lease:
-// a follower tries every RetryPeriod, a leader runs OnStartedLeading until leadership
-// ends, then follows again. A process leads only while its instance is alive by the
-// one verdict (its Leases must come from an Agent, or carry LeasesConfig.InstanceID and
-// be used while the instance beats). It returns nil when ctx ends, after the last
-// OnStoppedLeading, or a *ConfigError.
-func (l *Leases) Elect(ctx context.Context, cfg ElectorConfig) error {
+// ErrWindDownExceeded is returned by Agent.Elect when OnStartedLeading had not returned
+// AgentConfig.JobWindDown after its context was cancelled because the campaign ended.
+// Its lease was left to expire, not released: another process may take it once it
+// expires, and the callback, still running, may then overlap with the next leader.
+// OnStoppedLeading is not called for that leadership.
+var ErrWindDownExceeded = errors.New("liveness: OnStartedLeading did not return within AgentConfig.JobWindDown")
+
+// leadGate lets a campaign hold a lease only while its Agent runs: enter is false once
+// the Agent stops, and the Agent waits, before it stops proving life, until every
+// campaign that entered has left (let go of its lease).
+type leadGate interface {
+	enter() bool
+	leave()
+}
+
+// openGate is the gate of a campaign without an Agent (the package's tests).
+type openGate struct{}
+
+func (openGate) enter() bool { return true }
+func (openGate) leave()      {}
+
+// elect campaigns for cfg.Lease until ctx ends, leading whenever it holds the lease: a
+// follower tries every RetryPeriod, a leader runs OnStartedLeading until it returns,
+// then follows again. It returns nil when ctx ends, once its last leadership has let go
+// of its lease and OnStoppedLeading has run; ErrWindDownExceeded (wrapped) when the
+// callback outlived windDown; or a *ConfigError.
+func (l *Leases) elect(ctx context.Context, cfg ElectorConfig, windDown time.Duration, gate leadGate) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	cfg.TTL = cmp.Or(cfg.TTL, DefaultElectorTTL)
 	cfg.RetryPeriod = cmp.Or(cfg.RetryPeriod, DefaultElectorRetryPeriod)
-	e := &elector{leases: l, cfg: cfg, leaderSQL: l.stmts.leader}
+	e := &campaign{leases: l, cfg: cfg, windDown: windDown, gate: gate}
 	for {
 		lease := e.follow(ctx)
 		if lease == nil {
 			return nil // ctx ended
 		}
-		e.lead(ctx, lease)
+		if err := e.lead(ctx, lease); err != nil {
+			return err
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
 	}
 }
 
-type elector struct {
-	leases    *Leases
-	cfg       ElectorConfig
-	leaderSQL string
-	seen      Leader // the last leader reported to OnNewLeader
+// campaign is one call of elect. Its state is owned by that call's goroutine.
+type campaign struct {
+	leases   *Leases
+	cfg      ElectorConfig
+	windDown time.Duration
+	gate     leadGate
+	seen     Leader // the last leader reported to OnNewLeader
 }
 
 // follow tries to take the lease every RetryPeriod (with jitter, so that followers do
 // not hit the row in step) and reports leader changes. It returns the lease once taken,
-// or nil when ctx ends.
-func (e *elector) follow(ctx context.Context) *Lease {
-	for {
-		lease, err := e.leases.TryAcquire(ctx, e.cfg.Lease, e.cfg.TTL)
-		switch {
-		case lease != nil:
+// with the gate entered, or nil when ctx ends.
+func (e *campaign) follow(ctx context.Context) *Lease {
+	for ctx.Err() == nil {
+		if !e.gate.enter() {
+			return nil // the Agent stops: ctx ends with it
+		}
+		// The lease outlives the campaign's context: it is let go only once the job has
+		// returned (lead).
+		lease, err := e.leases.acquire(ctx, context.WithoutCancel(ctx), e.cfg.Lease, e.cfg.TTL)
+		if err == nil {
 			return lease
-		case err != nil && ctx.Err() == nil:
-			e.leases.log.Debug("campaign: acquire failed; retrying", "lease", e.cfg.Lease, "err", err)
-		case err == nil:
+		}
+		e.gate.leave()
+		switch {
+		case errors.Is(err, ErrLeaseHeld), errors.Is(err, errNotAlive):
 			e.observe(ctx)
+		case ctx.Err() == nil:
+			e.leases.log.Debug("campaign: acquire failed; retrying", "lease", e.cfg.Lease, "err", err)
 		}
 		wait := e.cfg.RetryPeriod/2 + rand.N(e.cfg.RetryPeriod/2+1)
 		select {
 		case <-ctx.Done():
-			return nil
 		case <-time.After(wait):
 		}
 	}
+	return nil
 }
 
-// lead runs OnStartedLeading under the lease until leadership ends, then releases the
-// lease (unless the campaign ended with KeepLeaseOnStop) and reports why it stopped.
-func (e *elector) lead(ctx context.Context, lease *Lease) {
-	self := Leader{Lease: lease.Name, InstanceID: lease.HolderInstanceID, Host: e.leases.host,
-		Epoch: lease.Epoch, TakenAt: lease.TakenAt, ExpiresAt: lease.ExpiresAt()}
+// lead runs OnStartedLeading under the lease. When the callback returns, the lease is
+// released and OnStoppedLeading runs; when the campaign ends first, the callback's
+// context is cancelled while the lease stays renewed, for at most windDown, after which
+// the lease is left to expire and lead returns ErrWindDownExceeded. Either way the gate
+// is left once the lease is let go.
+func (e *campaign) lead(ctx context.Context, lease *Lease) error {
+	self := Leadership{Leader: Leader{Lease: lease.Name, InstanceID: e.leases.instanceID(), Host: e.leases.host,
+		Epoch: lease.Epoch, TakenAt: lease.TakenAt, ExpiresAt: lease.ExpiresAt()}, lease: lease}
+	if ctx.Err() != nil { // the campaign ended as the lease was taken: nothing ran under it
+		e.release(ctx, lease)
+		e.gate.leave()
+		return nil
+	}
 	e.leases.log.Info("started leading", "lease", lease.Name, "epoch", lease.Epoch)
-	e.report(self)
+	e.report(self.Leader)
+	// The job's context ends with the lease (a loss) or with the campaign; the lease's
+	// own context does not end with the campaign, so renewals go on while the job winds
+	// down.
+	job, cancelJob := context.WithCancelCause(lease.ctx)
+	defer cancelJob(nil)
+	stopJob := context.AfterFunc(ctx, func() { cancelJob(context.Cause(ctx)) })
+	defer stopJob()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		e.cfg.OnStartedLeading(lease.Context(), self)
+		e.cfg.OnStartedLeading(job, self)
 	}()
-	select {
-	case <-lease.Done():
-	case <-ctx.Done():
-	case <-done: // the work returned on its own: step down and campaign again
-	}
-	keep := ctx.Err() != nil && e.cfg.KeepLeaseOnStop
-	if !keep {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
-		if err := lease.Release(rctx); err != nil {
-			e.leases.log.Warn("campaign: release failed; the lease will expire", "lease", lease.Name, "err", err)
+
+	over, windDown := ctx.Done(), (<-chan time.Time)(nil)
+	for returned := false; !returned; {
+		select {
+		case <-done:
+			returned = true
+		case <-over:
+			over = nil
+			t := time.NewTimer(e.windDown)
+			defer t.Stop()
+			windDown = t.C
+		case <-windDown:
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
+			err := lease.leaveToExpire(rctx)
+			cancel()
+			e.gate.leave()
+			e.leases.log.Error("the job did not return within its wind-down: its lease is left to expire, and "+
+				"another process may take it then while this job still runs", "lease", lease.Name,
+				"epoch", lease.Epoch, "wind_down", e.windDown, "expires_at", lease.ExpiresAt(), "err", err)
+			return fmt.Errorf("%w (%s): lease %q (epoch %d) left to expire at %s", ErrWindDownExceeded, e.windDown,
+				lease.Name, lease.Epoch, lease.ExpiresAt().Format(time.RFC3339Nano))
 		}
-		cancel()
 	}
-	<-done
 	reason := lease.Err()
-	if (keep && reason == nil) || (ctx.Err() != nil && errors.Is(reason, ErrLeaseReleased)) {
-		// The campaign ended. Its context's end reaches the lease's context a moment
-		// after its own Done, so the release above may have ended the lease first.
+	switch {
+	case errors.Is(reason, ErrLeaseLost):
+	case ctx.Err() != nil:
 		reason = context.Cause(ctx)
+	default:
+		reason = ErrLeaseReleased
 	}
+	e.release(ctx, lease)
+	e.gate.leave()
 	e.leases.log.Info("stopped leading", "lease", lease.Name, "epoch", lease.Epoch, "reason", reason)
 	if e.cfg.OnStoppedLeading != nil {
 		e.cfg.OnStoppedLeading(reason)
 	}
+	e.observeAfter(ctx, self.Leader)
 	// A leader that just stepped down lets the others in before trying again.
 	select {
 	case <-ctx.Done():
 	case <-time.After(e.cfg.RetryPeriod):
 	}
+	return nil
+}
+
+// release deletes the lease's row, with its own deadline even when the campaign is over.
+func (e *campaign) release(ctx context.Context, lease *Lease) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
+	defer cancel()
+	if err := lease.Release(rctx); err != nil {
+		e.leases.log.Warn("campaign: release failed; the lease will expire", "lease", lease.Name, "err", err)
+	}
 }
 
 // observe reads who leads and reports a change.
-func (e *elector) observe(ctx context.Context) {
+func (e *campaign) observe(ctx context.Context) {
 	if e.cfg.OnNewLeader == nil {
 		return
 	}
 	qctx, cancel := context.WithTimeout(ctx, e.cfg.RetryPeriod)
 	defer cancel()
-	leader, err := readLeader(qctx, e.leases.pool, e.leaderSQL, e.cfg.Lease)
+	leader, err := readLeader(qctx, e.leases.pool, e.leases.stmts.leader, e.cfg.Lease)
 	if err != nil && !errors.Is(err, ErrNoLeader) {
 		if ctx.Err() == nil {
 			e.leases.log.Debug("campaign: cannot read the leader", "lease", e.cfg.Lease, "err", err)
@@ -199,7 +298,27 @@ func (e *elector) observe(ctx context.Context) {
 	e.report(leader)
 }
 
-func (e *elector) report(l Leader) {
+// observeAfter reports who leads once this process's leadership self has ended: the
+// next leader if the lease has one already, otherwise nobody.
+func (e *campaign) observeAfter(ctx context.Context, self Leader) {
+	if e.cfg.OnNewLeader == nil {
+		return
+	}
+	none := Leader{Lease: self.Lease}
+	if ctx.Err() != nil {
+		e.report(none)
+		return
+	}
+	qctx, cancel := context.WithTimeout(ctx, e.cfg.RetryPeriod)
+	defer cancel()
+	leader, err := readLeader(qctx, e.leases.pool, e.leases.stmts.leader, e.cfg.Lease)
+	if err != nil || leader.Epoch == self.Epoch {
+		leader = none // this process knows it no longer leads, whatever the row still says
+	}
+	e.report(leader)
+}
+
+func (e *campaign) report(l Leader) {
 	if e.cfg.OnNewLeader == nil || (l.Epoch == e.seen.Epoch && l.InstanceID == e.seen.InstanceID) {
 		return
 	}

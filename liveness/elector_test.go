@@ -3,10 +3,14 @@ package liveness_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
@@ -29,7 +33,7 @@ type span struct {
 func (l *leadership) config(lease string, ttl time.Duration) liveness.ElectorConfig {
 	return liveness.ElectorConfig{
 		Lease: lease, TTL: ttl, RetryPeriod: 100 * time.Millisecond,
-		OnStartedLeading: func(ctx context.Context, self liveness.Leader) {
+		OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
 			l.mu.Lock()
 			i := len(l.spans)
 			l.spans = append(l.spans, span{epoch: self.Epoch, start: time.Now()})
@@ -74,8 +78,8 @@ func startCuttableAgent(t *testing.T, db *pgtest.DB, service string) (*liveness.
 	cfg.DirectDSN = proxy.dsn()
 	cfg.ServiceName = service
 	cfg.Reaper = false
-	cfg.HeartbeatInterval, cfg.HeartbeatSlowInterval = time.Second, 2*time.Second
-	cfg.StaleThreshold, cfg.DefinitiveDeadCutoff = 30*time.Second, time.Minute
+	cfg.Timing = liveness.Timing{HeartbeatInterval: time.Second, HeartbeatSlowInterval: 2 * time.Second,
+		StaleThreshold: 30 * time.Second, DefinitiveDeadCutoff: time.Minute}
 	a, err := liveness.NewAgent(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -105,13 +109,13 @@ func TestElectorTakesOverFromADeadLeaderBeforeTheTTL(t *testing.T) {
 	ctx, stop := context.WithTimeout(context.Background(), time.Minute)
 	defer stop()
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = a1.Leases().Elect(ctx, l1.config("job", ttl)) })
+	wg.Go(func() { _ = a1.Elect(ctx, l1.config("job", ttl)) })
 	testutil.Eventually(t, 10*time.Second, "a1 leads", func() bool { s, _ := l1.snapshot(); return len(s) == 1 })
 	var seen []liveness.Leader
 	var seenMu sync.Mutex
 	c2 := l2.config("job", ttl)
 	c2.OnNewLeader = func(l liveness.Leader) { seenMu.Lock(); seen = append(seen, l); seenMu.Unlock() }
-	wg.Go(func() { _ = a2.Leases().Elect(ctx, c2) })
+	wg.Go(func() { _ = a2.Elect(ctx, c2) })
 	testutil.Eventually(t, 5*time.Second, "a2 sees a1 leading", func() bool {
 		seenMu.Lock()
 		defer seenMu.Unlock()
@@ -167,7 +171,7 @@ func TestElectorTakesOverFromADeadLeaderBeforeTheTTL(t *testing.T) {
 // TestElectorConfigErrorsNameTheField: a library has no flags, so its errors name the
 // configuration field.
 func TestElectorConfigErrorsNameTheField(t *testing.T) {
-	noop := func(context.Context, liveness.Leader) {}
+	noop := func(context.Context, liveness.Leadership) {}
 	for _, tc := range []struct {
 		cfg   liveness.ElectorConfig
 		field string
@@ -276,4 +280,243 @@ func TestAcquireWhoseAnswerIsLostLeavesNoRow(t *testing.T) {
 		}
 		return n == 0
 	})
+}
+
+// jobLog records, from the jobs' own begin and end, who ran when, across campaigns.
+type jobLog struct {
+	mu   sync.Mutex
+	runs []jobRun
+}
+
+type jobRun struct {
+	who        string
+	epoch      int64
+	begin, end time.Time
+}
+
+// job runs until its context ends, then needs windDown to finish (the work it must not
+// cut short: a payment batch, a mail), and reports its start on started.
+func (l *jobLog) job(who string, windDown time.Duration, started chan<- string) func(context.Context, liveness.Leadership) {
+	return func(ctx context.Context, self liveness.Leadership) {
+		l.mu.Lock()
+		i := len(l.runs)
+		l.runs = append(l.runs, jobRun{who: who, epoch: self.Epoch, begin: time.Now()})
+		l.mu.Unlock()
+		started <- who
+		<-ctx.Done()
+		time.Sleep(windDown) // the job's own wind-down, not the test's waiting
+		l.mu.Lock()
+		l.runs[i].end = time.Now()
+		l.mu.Unlock()
+	}
+}
+
+// overlaps returns the first two runs that overlap, from their own records; a run that
+// has not ended runs until now.
+func (l *jobLog) overlaps() (a, b jobRun, found bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, x := range l.runs {
+		for _, y := range l.runs[i+1:] {
+			xEnd, yEnd := x.end, y.end
+			if xEnd.IsZero() {
+				xEnd = time.Now()
+			}
+			if yEnd.IsZero() {
+				yEnd = time.Now()
+			}
+			if x.begin.Before(yEnd) && y.begin.Before(xEnd) {
+				return x, y, true
+			}
+		}
+	}
+	return jobRun{}, jobRun{}, false
+}
+
+func (l *jobLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b strings.Builder
+	for _, r := range l.runs {
+		fmt.Fprintf(&b, "\n  %s epoch %d: %s … %s", r.who, r.epoch, r.begin.Format("15:04:05.000"), r.end.Format("15:04:05.000"))
+	}
+	return b.String()
+}
+
+// TestElectorNeverRunsTwoJobsAtOnce: a job that takes over a second to wind down, and
+// other processes campaigning for its lease. When the leader's agent stops (SIGTERM)
+// and when its campaign alone ends, the next leader's job begins only after the
+// previous one's own end record, and each handover happens.
+func TestElectorNeverRunsTwoJobsAtOnce(t *testing.T) {
+	db, _ := agentDB(t, 2)
+	const windDown = 1500 * time.Millisecond
+	var log jobLog
+	started := make(chan string, 10)
+	type campaigner struct {
+		agent       *liveness.Agent
+		stopAgent   context.CancelFunc
+		agentDone   <-chan error
+		endCampaign context.CancelFunc
+		electDone   chan struct{} // closed once Elect has returned electErr
+		electErr    error
+		leaders     *leaderSeen
+	}
+	start := func(who string) *campaigner {
+		pool := db.Pool(t, 3)
+		cfg := agentConfig(db, pool)
+		cfg.ServiceName, cfg.Reaper = who, false
+		a, err := liveness.NewAgent(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &campaigner{agent: a, electDone: make(chan struct{}), leaders: &leaderSeen{}}
+		c.stopAgent, c.agentDone = runAgent(t, a)
+		ctx, end := context.WithCancel(context.Background())
+		c.endCampaign = end
+		go func() {
+			defer close(c.electDone)
+			c.electErr = a.Elect(ctx, liveness.ElectorConfig{Lease: "billing", TTL: 5 * time.Second,
+				RetryPeriod: 100 * time.Millisecond, OnStartedLeading: log.job(who, windDown, started),
+				OnNewLeader: c.leaders.add})
+		}()
+		t.Cleanup(func() { end(); <-c.electDone })
+		return c
+	}
+	next := func(want ...string) string {
+		t.Helper()
+		select {
+		case who := <-started:
+			if !slices.Contains(want, who) {
+				t.Fatalf("%s started leading; want one of %v%s", who, want, log.String())
+			}
+			return who
+		case <-time.After(20 * time.Second):
+			t.Fatalf("none of %v led within 20s%s", want, log.String())
+			return ""
+		}
+	}
+
+	procs := map[string]*campaigner{"a": start("a")}
+	first := next("a")
+	procs["b"], procs["c"] = start("b"), start("c")
+
+	// SIGTERM: the leader's agent stops, and with it its campaign.
+	procs[first].stopAgent()
+	second := next("b", "c")
+	if <-procs[first].electDone; procs[first].electErr != nil {
+		t.Fatalf("the stopped leader's Elect = %v; want nil", procs[first].electErr)
+	}
+	if err := <-procs[first].agentDone; err != nil {
+		t.Fatalf("the stopped leader's Run = %v; want nil", err)
+	}
+
+	// The campaign alone ends; the agent stays.
+	procs[second].endCampaign()
+	third := next(slices.DeleteFunc([]string{"b", "c"}, func(s string) bool { return s == second })...)
+	if a, b, found := log.overlaps(); found {
+		t.Fatalf("two jobs ran at once: %s (epoch %d) until %s, %s (epoch %d) from %s%s", a.who, a.epoch,
+			a.end.Format("15:04:05.000"), b.who, b.epoch, b.begin.Format("15:04:05.000"), log.String())
+	}
+	t.Logf("runs:%s", log.String())
+
+	// Every process saw the leaders in the order they led, itself included, and the one
+	// that stepped down saw no leader once its own leadership had ended.
+	for who, c := range procs {
+		got := c.leaders.ids()
+		switch who {
+		case first:
+			want := []uuid.UUID{procs[first].agent.Snapshot().InstanceID, uuid.Nil}
+			if !slices.Equal(got, want) {
+				t.Errorf("%s (the first leader) saw leaders %v; want itself, then none", who, got)
+			}
+		case second:
+			// It may also have seen the gap between the first's leadership and its own.
+			self := c.agent.Snapshot().InstanceID
+			i, j := slices.Index(got, procs[first].agent.Snapshot().InstanceID), slices.Index(got, self)
+			if i < 0 || j < i || j+1 >= len(got) || (got[j+1] != uuid.Nil && got[j+1] != procs[third].agent.Snapshot().InstanceID) {
+				t.Errorf("%s (the second leader) saw leaders %v; want the first, itself, then none or the third", who, got)
+			}
+		case third:
+			if len(got) == 0 || got[len(got)-1] != c.agent.Snapshot().InstanceID {
+				t.Errorf("%s (the third leader) saw leaders %v; want itself last", who, got)
+			}
+		}
+	}
+}
+
+// leaderSeen records what OnNewLeader reported.
+type leaderSeen struct {
+	mu   sync.Mutex
+	seen []liveness.Leader
+}
+
+func (l *leaderSeen) add(leader liveness.Leader) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seen = append(l.seen, leader)
+}
+
+func (l *leaderSeen) ids() []uuid.UUID {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []uuid.UUID
+	for _, s := range l.seen {
+		out = append(out, s.InstanceID)
+	}
+	return out
+}
+
+func (l *leaderSeen) all() []liveness.Leader {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.seen)
+}
+
+// TestOnNewLeaderReportsItselfAndTheGap: a process that becomes leader hears of it
+// through OnNewLeader too, before its job starts, and when its job returns on its own
+// it reports no leader (the gap it has seen) before it leads again under a new epoch.
+func TestOnNewLeaderReportsItselfAndTheGap(t *testing.T) {
+	db, pool := agentDB(t, 3)
+	cfg := agentConfig(db, pool)
+	cfg.Reaper = false
+	a, err := liveness.NewAgent(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, a)
+	var seen leaderSeen
+	var rounds sync.WaitGroup
+	rounds.Add(2)
+	var mu sync.Mutex
+	var epochs []int64
+	ctx, end := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- a.Elect(ctx, liveness.ElectorConfig{Lease: "report", RetryPeriod: 100 * time.Millisecond,
+			OnNewLeader: seen.add,
+			OnStartedLeading: func(_ context.Context, self liveness.Leadership) {
+				mu.Lock()
+				defer mu.Unlock()
+				// What OnNewLeader said last, before this job started, is this very leadership.
+				if all := seen.all(); len(all) == 0 || all[len(all)-1].Epoch != self.Epoch ||
+					all[len(all)-1].InstanceID != cfg.InstanceID {
+					t.Errorf("leading epoch %d, but OnNewLeader last said %+v", self.Epoch, all)
+				}
+				if len(epochs) < 2 {
+					epochs = append(epochs, self.Epoch)
+					rounds.Done()
+				}
+			}, // returns at once: steps down
+		})
+	}()
+	rounds.Wait()
+	end()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	all := seen.all()
+	if len(all) < 3 || all[0].Epoch != epochs[0] || all[1].InstanceID != uuid.Nil || all[1].Epoch != 0 ||
+		all[2].Epoch != epochs[1] || all[1].Lease != "report" {
+		t.Fatalf("OnNewLeader said %+v; want epoch %d (itself), no leader, then epoch %d", all, epochs[0], epochs[1])
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -80,11 +81,12 @@ func ExampleAgent() {
 	// stopped: <nil>
 }
 
-// ExampleLeases_Elect runs a singleton job on one instance at a time: the callback runs
-// while this instance leads, and its context ends when leadership does (the lease lost,
-// the instance unable to prove life, or the campaign over). Fence the job's writes with
-// lease_is_held(lease, epoch) so that a write can never land under a stale leadership.
-func ExampleLeases_Elect() {
+// ExampleAgent_Elect runs a singleton job on one instance at a time. The callback runs
+// while this instance leads; its context ends when leadership is to end (the campaign
+// over, the lease lost, the instance unable to prove life), and the lease is released
+// only once it has returned. Its writes are fenced: Fence, in the writing transaction,
+// refuses them once another process could lead.
+func ExampleAgent_Elect() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool, err := open(ctx)
@@ -93,6 +95,10 @@ func ExampleLeases_Elect() {
 		return
 	}
 	defer pool.Close()
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS alert_runs (epoch bigint, at timestamptz DEFAULT now())`); err != nil {
+		fmt.Println(err)
+		return
+	}
 	agent, err := liveness.NewAgent(liveness.AgentConfig{
 		Pool: pool, DirectDSN: os.Getenv("DATABASE_URL"), InstanceID: uuid.New(), ServiceName: "alerts",
 	})
@@ -106,33 +112,61 @@ func ExampleLeases_Elect() {
 	defer func() { stopAgent(); <-agentDone }()
 
 	campaign, endCampaign := context.WithCancel(ctx)
-	led := make(chan struct{})
-	err = agent.Leases().Elect(campaign, liveness.ElectorConfig{
+	err = agent.Elect(campaign, liveness.ElectorConfig{
 		Lease: "alert-evaluation",
-		OnStartedLeading: func(ctx context.Context, self liveness.Leader) {
-			var fenced bool
-			_ = pool.QueryRow(ctx, `SELECT liveness.lease_is_held($1, $2)`, self.Lease, self.Epoch).Scan(&fenced)
-			fmt.Println("leading; writes fenced by the epoch:", fenced)
-			close(led)
+		OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if err := self.Fence(ctx, tx); err != nil {
+					return err // another process may lead: write nothing
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO alert_runs (epoch) VALUES ($1)`, self.Epoch)
+				return err
+			})
+			fmt.Println("leading; fenced write:", err)
 			endCampaign() // a real job would work until ctx ends
 			<-ctx.Done()
 		},
 		OnStoppedLeading: func(reason error) {
-			// The campaign ended, so the lease was released: the reason is the campaign's
-			// context's cause. A lost lease would be errors.Is(reason, liveness.ErrLeaseLost).
+			// The campaign ended, so the lease was released once the callback returned: the
+			// reason is the campaign's context's cause. A lost lease would be
+			// errors.Is(reason, liveness.ErrLeaseLost).
 			fmt.Println("stopped leading:", reason, errors.Is(reason, liveness.ErrLeaseLost))
 		},
 	})
-	select {
-	case <-led:
-	default: // Elect has returned: had the callback run, led would be closed
-		fmt.Println("never led")
-	}
 	fmt.Println("campaign over:", err)
 	// Output:
-	// leading; writes fenced by the epoch: true
+	// leading; fenced write: <nil>
 	// stopped leading: context canceled false
 	// campaign over: <nil>
+}
+
+// ExampleLeases_Run runs one round of a job under a lease, without an Agent: leases
+// without an alive lock, as in the field report's design. Another holder's lease is
+// free only once it expires.
+func ExampleLeases_Run() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := open(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ran, err := leases.Run(ctx, "hourly-cleanup", 2*time.Minute, func(ctx context.Context, lease *liveness.Lease) error {
+		// Held by this process alone until fn returns; released then.
+		_, err := leases.TryAcquire(ctx, "hourly-cleanup", 2*time.Minute)
+		fmt.Println("a second holder:", errors.Is(err, liveness.ErrLeaseHeld))
+		return nil
+	})
+	fmt.Println("ran:", ran, err)
+	// Output:
+	// a second holder: true
+	// ran: true <nil>
 }
 
 // ExampleReader asks the one verdict: is an instance alive, which instances of a

@@ -276,7 +276,7 @@ func (i fleetInstance) status() InstanceStatus {
 		InstanceID: i.ID, ServiceName: i.Service, HostName: i.Host, ProcessID: i.PID, State: i.State,
 		LockHeld: i.LockHeld, LastHeartbeat: i.LastHeartbeat, HeartbeatAge: seconds(&i.Age), StartedAt: i.StartedAt,
 		Mode: i.Mode, Metadata: i.Metadata,
-		Timing: InstanceTiming{HeartbeatInterval: seconds(i.Interval), HeartbeatSlowInterval: seconds(i.Slow),
+		Timing: Timing{HeartbeatInterval: seconds(i.Interval), HeartbeatSlowInterval: seconds(i.Slow),
 			StaleThreshold: seconds(i.Stale), DefinitiveDeadCutoff: seconds(i.Dead), LockGrace: seconds(i.Grace)},
 	}
 }

@@ -139,7 +139,7 @@ func TestReaderFleet(t *testing.T) {
 	if err := json.Unmarshal(z.Metadata, &meta); err != nil || meta["zone"] != "<b>z</b>" {
 		t.Fatalf("metadata %s: %v", z.Metadata, err)
 	}
-	wantTiming := liveness.InstanceTiming{HeartbeatInterval: 5 * time.Second, HeartbeatSlowInterval: 10 * time.Second,
+	wantTiming := liveness.Timing{HeartbeatInterval: 5 * time.Second, HeartbeatSlowInterval: 10 * time.Second,
 		StaleThreshold: 20 * time.Second, DefinitiveDeadCutoff: time.Minute, LockGrace: time.Hour}
 	if z.Timing != wantTiming || !z.LockHeld || z.HostName != "host-a" || z.ProcessID != 4242 ||
 		z.Mode != liveness.ModeAdvisoryLockWhenAvailable || z.HeartbeatAge < 61*time.Second || z.StartedAt.IsZero() {

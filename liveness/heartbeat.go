@@ -1,7 +1,6 @@
 package liveness
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,17 +19,12 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
-// Defaults of the heartbeat timing, as the agent's flags have them.
-const (
-	DefaultHeartbeatInterval     = 30 * time.Second
-	DefaultHeartbeatSlowInterval = 60 * time.Second
-	DefaultStaleThreshold        = 90 * time.Second
-	DefaultDefinitiveDeadCutoff  = 5 * time.Minute
-	// DefaultLockGrace is how long observers wait, after an instance's alive lock
-	// vanished, for the instance to prove life before they call it dead. A live agent
-	// notices the end of its lock's session at once and beats within milliseconds.
-	DefaultLockGrace = time.Second
-)
+// beatTimeout is a beat's deadline: half the fast interval, at most
+// heartbeatMaxStatementTimeout. A beat in flight when the heartbeat stops finishes
+// within it, so it is a step of the Agent's shutdown budget.
+func beatTimeout(interval time.Duration) time.Duration {
+	return min(interval/2, heartbeatMaxStatementTimeout)
+}
 
 const (
 	// heartbeatMaxStatementTimeout caps a beat's deadline, which is otherwise half the
@@ -44,10 +38,10 @@ const (
 	proofRetry = 250 * time.Millisecond
 )
 
-// LockSource tells the heartbeat whether the alive lock is held and verified. An
+// lockSource tells the heartbeat whether the alive lock is held and verified. An
 // *AliveLock is one. If the source also has a Changed() <-chan struct{} method, as
 // AliveLock does, losing the lock triggers a beat at once.
-type LockSource interface {
+type lockSource interface {
 	Held() bool
 }
 
@@ -77,8 +71,8 @@ type realClock struct{}
 func (realClock) Now() time.Time                         { return time.Now() }
 func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
-// HeartbeatConfig configures a HeartbeatWorker.
-type HeartbeatConfig struct {
+// heartbeatConfig configures a heartbeatWorker.
+type heartbeatConfig struct {
 	Pool        *pgxpool.Pool // the service's pool; the worker borrows a connection per beat
 	Schema      string        // DefaultSchema if empty
 	InstanceID  uuid.UUID
@@ -86,20 +80,11 @@ type HeartbeatConfig struct {
 	HostName    string // os.Hostname() if empty
 	ProcessID   int    // os.Getpid() if zero
 
-	Mode           Mode          // ModeAdvisoryLockWhenAvailable if empty
-	Interval       time.Duration // fast cadence: while the lock is not held, and in table-only mode
-	SlowInterval   time.Duration // cadence while the lock is held and verified
-	StaleThreshold time.Duration // the age after which observers call an instance stale
-
-	// DefinitiveDeadCutoff is the heartbeat age past which observers call the instance
-	// dead even while its alive lock is held (a hung process); 0 leaves it to them.
-	DefinitiveDeadCutoff time.Duration
-	// LockGrace is how long observers wait for proof of life after the alive lock
-	// vanished; DefaultLockGrace if zero.
-	LockGrace time.Duration
+	Mode   Mode   // ModeAdvisoryLockWhenAvailable if empty
+	Timing Timing // zero fields take the defaults; recorded in the row
 
 	// Lock is the alive lock, or nil; without one the cadence is always fast.
-	Lock LockSource
+	Lock lockSource
 
 	Metadata map[string]any // stored in the row's metadata column; must marshal to JSON
 	// Logger receives the worker's lines, passwords removed; nil discards. The worker
@@ -109,11 +94,11 @@ type HeartbeatConfig struct {
 	clock clock // nil is the real clock
 }
 
-// Validate checks identity, mode and timing without touching the database. Errors are
-// *ConfigError naming the HeartbeatConfig field at fault.
-func (c HeartbeatConfig) Validate() error {
+// validate checks identity, mode and timing (defaults filled) without touching the
+// database. Errors are *ConfigError naming the heartbeatConfig field at fault.
+func (c heartbeatConfig) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return &ConfigError{Field: "HeartbeatConfig." + field, Reason: fmt.Sprintf(format, args...)}
+		return &ConfigError{Field: "heartbeatConfig." + field, Reason: fmt.Sprintf(format, args...)}
 	}
 	if c.InstanceID == uuid.Nil {
 		return bad("InstanceID", "must not be the nil UUID")
@@ -122,40 +107,16 @@ func (c HeartbeatConfig) Validate() error {
 		return bad("ServiceName", "must not be empty")
 	}
 	if c.Mode != "" {
-		if _, ok := ParseMode(string(c.Mode)); !ok {
+		if _, ok := parseMode(string(c.Mode)); !ok {
 			return bad("Mode", "%q is unknown (want %s or %s)", c.Mode, ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly)
 		}
 	}
-	for _, f := range []struct {
-		field string
-		d     time.Duration
-	}{{"Interval", c.Interval}, {"SlowInterval", c.SlowInterval}, {"StaleThreshold", c.StaleThreshold}} {
-		if f.d <= 0 {
-			return bad(f.field, "(%s) must be positive", f.d)
-		}
-	}
-	if c.SlowInterval < c.Interval {
-		return bad("SlowInterval", "(%s) must not be below HeartbeatConfig.Interval (%s)", c.SlowInterval, c.Interval)
-	}
-	if c.StaleThreshold < c.SlowInterval {
-		return bad("StaleThreshold", "(%s) must not be below HeartbeatConfig.SlowInterval (%s)", c.StaleThreshold, c.SlowInterval)
-	}
-	if c.DefinitiveDeadCutoff < 0 || (c.DefinitiveDeadCutoff > 0 && c.DefinitiveDeadCutoff <= c.StaleThreshold) {
-		return bad("DefinitiveDeadCutoff", "(%s) must be above HeartbeatConfig.StaleThreshold (%s)", c.DefinitiveDeadCutoff, c.StaleThreshold)
-	}
-	if c.LockGrace < 0 {
-		return bad("LockGrace", "(%s) must not be negative", c.LockGrace)
-	}
-	if c.StaleThreshold <= c.Interval {
-		return bad("StaleThreshold", "(%s) must be above HeartbeatConfig.Interval (%s): the watchdog beats again within "+
-			"the stale threshold minus one fast interval", c.StaleThreshold, c.Interval)
-	}
-	return nil
+	return c.Timing.withDefaults().check("heartbeatConfig.Timing")
 }
 
-// HeartbeatWorker upserts the instance's row on an adaptive cadence: slow while the alive
+// heartbeatWorker upserts the instance's row on an adaptive cadence: slow while the alive
 // lock is held and verified, fast otherwise.
-type HeartbeatWorker struct {
+type heartbeatWorker struct {
 	pool       *pgxpool.Pool
 	upsertSQL  string
 	deleteSQL  string
@@ -165,7 +126,7 @@ type HeartbeatWorker struct {
 	pid        int
 	mode       Mode
 	metadata   string
-	lock       LockSource
+	lock       lockSource
 	notifier   lockNotifier
 	dup        duplicateSource // nil without a lock source that reports duplicates
 	clock      clock
@@ -188,23 +149,24 @@ type HeartbeatWorker struct {
 	rowHoldsLock bool // what the last successful beat recorded as holds_alive_lock
 }
 
-// NewHeartbeatWorker validates cfg and prepares the worker. It does not touch the
+// newHeartbeatWorker validates cfg and prepares the worker. It does not touch the
 // database; Run does.
-func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
-	if err := cfg.Validate(); err != nil {
+func newHeartbeatWorker(cfg heartbeatConfig) (*heartbeatWorker, error) {
+	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("heartbeat: %w", err)
 	}
 	if cfg.Pool == nil {
-		return nil, errors.New("heartbeat: HeartbeatConfig.Pool must not be nil")
+		return nil, errors.New("heartbeat: heartbeatConfig.Pool must not be nil")
 	}
+	t := cfg.Timing.withDefaults()
 	meta := []byte("{}")
 	if len(cfg.Metadata) > 0 {
 		var err error
 		if meta, err = json.Marshal(cfg.Metadata); err != nil {
-			return nil, &ConfigError{Field: "HeartbeatConfig.Metadata", Reason: "does not marshal to JSON: " + err.Error()}
+			return nil, &ConfigError{Field: "heartbeatConfig.Metadata", Reason: "does not marshal to JSON: " + err.Error()}
 		}
 	}
-	h := &HeartbeatWorker{
+	h := &heartbeatWorker{
 		pool:         cfg.Pool,
 		upsertSQL:    sqlFor(cfg.Schema, heartbeatSQL),
 		deleteSQL:    sqlFor(cfg.Schema, heartbeatDeleteSQL),
@@ -217,12 +179,12 @@ func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
 		lock:         cfg.Lock,
 		clock:        cfg.clock,
 		log:          logging.Wrap(cfg.Logger),
-		fast:         cfg.Interval,
-		slow:         cfg.SlowInterval,
-		watchdog:     cfg.StaleThreshold - cfg.Interval,
-		stmtTimeout:  min(cfg.Interval/2, heartbeatMaxStatementTimeout),
-		firstRetry:   min(cfg.Interval/4, heartbeatMaxFirstRetry),
-		maxRetryWait: cfg.Interval / 2,
+		fast:         t.HeartbeatInterval,
+		slow:         t.HeartbeatSlowInterval,
+		watchdog:     t.StaleThreshold - t.HeartbeatInterval,
+		stmtTimeout:  beatTimeout(t.HeartbeatInterval),
+		firstRetry:   min(t.HeartbeatInterval/4, heartbeatMaxFirstRetry),
+		maxRetryWait: t.HeartbeatInterval / 2,
 	}
 	secs := func(d time.Duration) *float64 {
 		if d <= 0 {
@@ -231,8 +193,8 @@ func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
 		v := d.Seconds()
 		return &v
 	}
-	h.timing = [5]*float64{secs(cfg.Interval), secs(cfg.SlowInterval), secs(cfg.StaleThreshold),
-		secs(cfg.DefinitiveDeadCutoff), secs(cmp.Or(cfg.LockGrace, DefaultLockGrace))}
+	h.timing = [5]*float64{secs(t.HeartbeatInterval), secs(t.HeartbeatSlowInterval), secs(t.StaleThreshold),
+		secs(t.DefinitiveDeadCutoff), secs(t.LockGrace)}
 	if h.host == "" {
 		h.host, _ = os.Hostname()
 	}
@@ -242,8 +204,9 @@ func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
 	if h.mode == "" {
 		h.mode = ModeAdvisoryLockWhenAvailable
 	}
-	// Both modes refuse to write another process's row; only the cadence ignores the
-	// lock in table-only mode.
+	// With a lock source, another process's row is never written. The Agent gives one
+	// only in ModeAdvisoryLockWhenAvailable; in table-only mode the cadence would ignore
+	// it anyway.
 	if d, ok := cfg.Lock.(duplicateSource); ok {
 		h.dup = d
 	}
@@ -261,7 +224,7 @@ func NewHeartbeatWorker(cfg HeartbeatConfig) (*HeartbeatWorker, error) {
 }
 
 // Stats returns the worker's counters and cadence. Safe from any goroutine.
-func (h *HeartbeatWorker) Stats() HeartbeatStats {
+func (h *heartbeatWorker) Stats() HeartbeatStats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.stats
@@ -275,7 +238,7 @@ func (h *HeartbeatWorker) Stats() HeartbeatStats {
 // the process lives although its session ended. Such a proof is retried every
 // proofRetry until it lands, because observers call the instance dead once its lock
 // grace has run out.
-func (h *HeartbeatWorker) Run(ctx context.Context) error {
+func (h *heartbeatWorker) Run(ctx context.Context) error {
 	if !h.running.CompareAndSwap(false, true) {
 		return errors.New("heartbeat: Run is already running")
 	}
@@ -357,7 +320,7 @@ func (h *HeartbeatWorker) Run(ctx context.Context) error {
 
 // wait returns true when it is time to beat: after d, or at once when changed fires (the
 // alive lock was claimed or lost). It returns false when ctx is done.
-func (h *HeartbeatWorker) wait(ctx context.Context, d time.Duration, changed <-chan struct{}) bool {
+func (h *heartbeatWorker) wait(ctx context.Context, d time.Duration, changed <-chan struct{}) bool {
 	select {
 	case <-ctx.Done():
 		return false
@@ -378,7 +341,7 @@ func (h *HeartbeatWorker) wait(ctx context.Context, d time.Duration, changed <-c
 // beat is not cut short when Run's context ends: a cancelled statement can still commit
 // on the server after Run has returned, and an upsert landing after Remove's DELETE would
 // bring the row back. It is bounded by the statement timeout instead.
-func (h *HeartbeatWorker) beat(ctx context.Context, holdsLock bool) (at time.Time, inserted bool, err error) {
+func (h *heartbeatWorker) beat(ctx context.Context, holdsLock bool) (at time.Time, inserted bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.stmtTimeout)
 	defer cancel()
 	t := h.timing
@@ -387,13 +350,13 @@ func (h *HeartbeatWorker) beat(ctx context.Context, holdsLock bool) (at time.Tim
 	return at, inserted, err
 }
 
-func (h *HeartbeatWorker) setDuplicate(v bool) {
+func (h *heartbeatWorker) setDuplicate(v bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.stats.Duplicate = v
 }
 
-func (h *HeartbeatWorker) succeeded(at time.Time, interval time.Duration, sent time.Time, holds bool) {
+func (h *heartbeatWorker) succeeded(at time.Time, interval time.Duration, sent time.Time, holds bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.stats.Beats++
@@ -404,24 +367,23 @@ func (h *HeartbeatWorker) succeeded(at time.Time, interval time.Duration, sent t
 
 // lastProof returns when the last successful beat was sent, by this host's monotonic
 // clock (zero before the first), and whether it recorded the alive lock as held.
-func (h *HeartbeatWorker) lastProof() (sent time.Time, holdsLock bool) {
+func (h *heartbeatWorker) lastProof() (sent time.Time, holdsLock bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.lastSent, h.lastHolds
 }
 
 // failed counts a failed beat.
-func (h *HeartbeatWorker) failed() {
+func (h *heartbeatWorker) failed() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.stats.Failures++
 }
 
 // Remove deletes this instance's row, so that other instances see it gone at once. Call
-// it on graceful shutdown, after Run has returned.
-func (h *HeartbeatWorker) Remove(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, h.stmtTimeout)
-	defer cancel()
+// it on graceful shutdown, after Run has returned; ctx bounds it (the Agent gives it
+// AgentConfig.ShutdownTimeout).
+func (h *heartbeatWorker) Remove(ctx context.Context) error {
 	if _, err := h.pool.Exec(ctx, h.deleteSQL, h.instanceID); err != nil {
 		return fmt.Errorf("heartbeat: remove instance row: %w", dsn.RedactError(err))
 	}

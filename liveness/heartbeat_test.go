@@ -207,21 +207,19 @@ func (l *notifyingLock) set(v bool) {
 }
 
 // testHeartbeatConfig has the agent's default timing.
-func testHeartbeatConfig(pool *pgxpool.Pool, lock LockSource) HeartbeatConfig {
-	return HeartbeatConfig{
-		Pool:           pool,
-		InstanceID:     uuid.New(),
-		ServiceName:    "svc",
-		Interval:       DefaultHeartbeatInterval,
-		SlowInterval:   DefaultHeartbeatSlowInterval,
-		StaleThreshold: DefaultStaleThreshold,
-		Lock:           lock,
+func testHeartbeatConfig(pool *pgxpool.Pool, lock lockSource) heartbeatConfig {
+	return heartbeatConfig{
+		Pool:        pool,
+		InstanceID:  uuid.New(),
+		ServiceName: "svc",
+		Timing:      Timing{}, // the defaults
+		Lock:        lock,
 	}
 }
 
-func startHeartbeat(t *testing.T, cfg HeartbeatConfig) (*HeartbeatWorker, func()) {
+func startHeartbeat(t *testing.T, cfg heartbeatConfig) (*heartbeatWorker, func()) {
 	t.Helper()
-	h, err := NewHeartbeatWorker(cfg)
+	h, err := newHeartbeatWorker(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +238,7 @@ func TestHeartbeatCadence(t *testing.T) {
 		mode     Mode
 		noLock   bool
 		held     bool
-		slowIntv time.Duration // SlowInterval, if not the default
+		slowIntv time.Duration // Timing.HeartbeatSlowInterval, if not the default
 		want     time.Duration // the wait after the first beat
 		flipTo   *bool         // then set the lock, let the wait run out, and expect wantNext
 		wantNext time.Duration
@@ -266,7 +264,7 @@ func TestHeartbeatCadence(t *testing.T) {
 				cfg.Mode = tc.mode
 			}
 			if tc.slowIntv != 0 {
-				cfg.SlowInterval = tc.slowIntv
+				cfg.Timing.HeartbeatSlowInterval = tc.slowIntv
 			}
 			clk := newFakeClock()
 			cfg.clock = clk
@@ -475,7 +473,7 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 	for _, mode := range []Mode{ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly} {
 		db, pool := livenessDB(t, ctx)
 		db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
-		lock := startAliveLock(t, AliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc"})
+		lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc"})
 		testutil.Eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
 
 		cfg := testHeartbeatConfig(pool, lock)
@@ -520,47 +518,57 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 	}
 }
 
-// TestHeartbeatConfigValidate: nonsense timing is refused, naming the flags.
-func TestHeartbeatConfigValidate(t *testing.T) {
-	good := HeartbeatConfig{InstanceID: uuid.New(), ServiceName: "svc",
-		Interval: 30 * time.Second, SlowInterval: 60 * time.Second, StaleThreshold: 90 * time.Second}
-	if err := good.Validate(); err != nil {
+// TestTimingCheck: nonsense timing is refused, naming the field (as an Agent names it).
+func TestTimingCheck(t *testing.T) {
+	good := Timing{HeartbeatInterval: 30 * time.Second, HeartbeatSlowInterval: 60 * time.Second, StaleThreshold: 90 * time.Second}
+	if err := good.withDefaults().check("AgentConfig.Timing"); err != nil {
 		t.Fatalf("the default timing is refused: %v", err)
 	}
 	cases := []struct {
 		name string
-		edit func(*HeartbeatConfig)
+		edit func(*Timing)
 		want string
 	}{
-		{"slow below fast", func(c *HeartbeatConfig) { c.SlowInterval = 10 * time.Second },
-			"HeartbeatConfig.SlowInterval (10s) must not be below HeartbeatConfig.Interval (30s)"},
-		{"zero interval", func(c *HeartbeatConfig) { c.Interval = 0 },
-			"HeartbeatConfig.Interval (0s) must be positive"},
-		{"negative slow interval", func(c *HeartbeatConfig) { c.SlowInterval = -time.Second },
-			"HeartbeatConfig.SlowInterval (-1s) must be positive"},
-		{"stale below slow", func(c *HeartbeatConfig) { c.StaleThreshold = 50 * time.Second },
-			"HeartbeatConfig.StaleThreshold (50s) must not be below HeartbeatConfig.SlowInterval (1m0s)"},
-		{"stale equal to fast", func(c *HeartbeatConfig) {
-			c.Interval, c.SlowInterval, c.StaleThreshold = 30*time.Second, 30*time.Second, 30*time.Second
-		}, "HeartbeatConfig.StaleThreshold (30s) must be above HeartbeatConfig.Interval (30s)"},
-		{"unknown mode", func(c *HeartbeatConfig) { c.Mode = "lock-only" }, "HeartbeatConfig.Mode"},
-		{"nil instance id", func(c *HeartbeatConfig) { c.InstanceID = uuid.Nil }, "HeartbeatConfig.InstanceID"},
-		{"no service name", func(c *HeartbeatConfig) { c.ServiceName = " " }, "HeartbeatConfig.ServiceName"},
+		{"slow below fast", func(c *Timing) { c.HeartbeatSlowInterval = 10 * time.Second },
+			"AgentConfig.Timing.HeartbeatSlowInterval (10s) must not be below AgentConfig.Timing.HeartbeatInterval (30s)"},
+		{"negative interval", func(c *Timing) { c.HeartbeatInterval = -time.Second },
+			"AgentConfig.Timing.HeartbeatInterval (-1s) must be positive"},
+		{"negative slow interval", func(c *Timing) { c.HeartbeatSlowInterval = -time.Second },
+			"AgentConfig.Timing.HeartbeatSlowInterval (-1s) must be positive"},
+		{"stale below slow", func(c *Timing) { c.StaleThreshold = 50 * time.Second },
+			"AgentConfig.Timing.StaleThreshold (50s) must not be below AgentConfig.Timing.HeartbeatSlowInterval (1m0s)"},
+		{"stale equal to fast", func(c *Timing) {
+			c.HeartbeatInterval, c.HeartbeatSlowInterval, c.StaleThreshold = 30*time.Second, 30*time.Second, 30*time.Second
+		}, "AgentConfig.Timing.StaleThreshold (30s) must be above AgentConfig.Timing.HeartbeatInterval (30s)"},
+		{"dead cutoff within slow plus stale", func(c *Timing) { c.DefinitiveDeadCutoff = 150 * time.Second },
+			"AgentConfig.Timing.DefinitiveDeadCutoff (2m30s) must be above AgentConfig.Timing.HeartbeatSlowInterval (1m0s) plus AgentConfig.Timing.StaleThreshold (1m30s)"},
+		{"negative lock grace", func(c *Timing) { c.LockGrace = -time.Second }, "AgentConfig.Timing.LockGrace (-1s)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := good
 			tc.edit(&c)
-			err := c.Validate()
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Validate() = %v, want an error containing %q", err, tc.want)
+			err := c.withDefaults().check("AgentConfig.Timing")
+			if err == nil || !strings.HasPrefix(err.Error(), "liveness: "+tc.want) {
+				t.Fatalf("check() = %v, want an error starting %q", err, tc.want)
 			}
-			if _, err := NewHeartbeatWorker(c); err == nil {
-				t.Fatal("NewHeartbeatWorker accepted what Validate refuses")
+			if _, err := newHeartbeatWorker(heartbeatConfig{InstanceID: uuid.New(), ServiceName: "svc", Timing: c}); err == nil {
+				t.Fatal("newHeartbeatWorker accepted what check refuses")
 			}
 		})
 	}
-	if _, err := NewHeartbeatWorker(good); err == nil || !strings.Contains(err.Error(), "Pool") {
-		t.Fatalf("NewHeartbeatWorker without a pool = %v, want an error naming Pool", err)
+	for name, edit := range map[string]func(*heartbeatConfig){
+		"Mode":        func(c *heartbeatConfig) { c.Mode = "lock-only" },
+		"InstanceID":  func(c *heartbeatConfig) { c.InstanceID = uuid.Nil },
+		"ServiceName": func(c *heartbeatConfig) { c.ServiceName = " " },
+	} {
+		c := heartbeatConfig{InstanceID: uuid.New(), ServiceName: "svc", Timing: good}
+		edit(&c)
+		if err := c.validate(); err == nil || !strings.Contains(err.Error(), "heartbeatConfig."+name) {
+			t.Errorf("validate() = %v, want an error naming heartbeatConfig.%s", err, name)
+		}
+	}
+	if _, err := newHeartbeatWorker(heartbeatConfig{InstanceID: uuid.New(), ServiceName: "svc"}); err == nil || !strings.Contains(err.Error(), "Pool") {
+		t.Fatalf("newHeartbeatWorker without a pool = %v, want an error naming Pool", err)
 	}
 }

@@ -28,26 +28,41 @@ const MinLeaseTTL = 100 * time.Millisecond
 // answer slowly, and a short ttl leaves no room for retries anyway.
 const minRenewAttempt = 2 * time.Second
 
-// runReleaseTimeout bounds the release at the end of Run, which runs even when Run's
+// runReleaseTimeout bounds one statement that lets a lease go (a release, an abandoned
+// acquisition's delete, a lease left to expire), which runs even when the caller's
 // context has ended (shutdown), so that other instances can take the lease at once.
 const runReleaseTimeout = 5 * time.Second
 
-// ErrLeaseLost matches (errors.Is) every *LeaseLostError.
+// ErrLeaseLost matches (errors.Is) every *LeaseLostError, and every error of a fence that
+// found its lease not held.
 var ErrLeaseLost = errors.New("lease lost")
 
 // ErrLeaseReleased is the cause of a lease's context after Release.
 var ErrLeaseReleased = errors.New("lease released")
 
+// ErrLeaseHeld is returned by Leases.TryAcquire when another holder has the lease.
+var ErrLeaseHeld = errors.New("liveness: the lease is held by another holder")
+
+// errNotAlive refuses an acquisition while the holder instance cannot prove life.
+var errNotAlive = errors.New("liveness: this instance cannot prove it is alive")
+
+// errLeftToExpire is the cause of a lease's context when its holder stopped renewing it
+// without deleting its row: the lease is free once it expires.
+var errLeftToExpire = errors.New("lease left to expire")
+
 // LeaseLostError is the cause of a lost lease's context. Reasons:
 //
-//   - LostTaken: a renewal reached the database and touched no row. Another holder took
-//     the lease over, the row was deleted, or it had expired by the database clock.
+//   - LostTaken: a renewal or a fence reached the database and found the lease no longer
+//     held under its epoch. Another holder took the lease over, the row was deleted, or
+//     it had expired by the database clock.
 //   - LostError: the trust window ran out while the most recent renewal attempt had
 //     failed with an error (connection refused, pool closed, SQL error). Err is that
 //     error. A failed renewal is retried every ttl/16 until the window runs out.
 //   - LostExpired: the trust window ran out with no failed attempt to blame: a renewal
 //     was still unanswered (a hung network, a stalled server) or none could be sent in
 //     time (a paused process).
+//   - LostNotAlive: the holder is an Agent's instance that could no longer prove life;
+//     it stepped down before the fleet could call it dead and take the lease.
 type LeaseLostError struct {
 	Name   string
 	Epoch  int64
@@ -68,7 +83,9 @@ func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
 
 func (e *LeaseLostError) Unwrap() error { return e.Err }
 
-// LeasesConfig configures Leases.
+// LeasesConfig configures Leases: leases without an alive lock, as the field report's
+// design has them. A lease is then free only once it expires; an Agent's campaigns
+// (Agent.Elect) are taken over as soon as their holder is dead.
 type LeasesConfig struct {
 	// Pool runs every lease statement, each on a connection borrowed for that statement
 	// alone; no connection is held while a lease is held.
@@ -81,13 +98,13 @@ type LeasesConfig struct {
 	Margin time.Duration
 	// Logger receives a warning for each lost lease, passwords removed; nil discards.
 	Logger *slog.Logger
-	// InstanceID, when set, is recorded as the holder of every lease taken, so that
-	// readers show who leads and a dead holder's lease can be taken before it expires. A
-	// lease is then taken only while that instance is alive by the one verdict; its Agent
-	// sets this, and ends every lease the moment the instance can no longer prove life.
-	InstanceID uuid.UUID
 
-	life lifeGate // set by Agent: leases end when it says the instance is not alive
+	// Set by the Agent only: its instance is recorded as the holder of every lease taken,
+	// so that readers show who leads and a dead holder's lease can be taken before it
+	// expires; a lease is taken only while that instance is alive by the one verdict, and
+	// ends the moment life says it can no longer prove that.
+	instanceID uuid.UUID
+	life       lifeGate
 }
 
 // lifeGate says whether this instance can still count on the fleet seeing it alive.
@@ -123,13 +140,13 @@ type leaseCounts struct {
 	lost   map[LostReason]uint64
 }
 
-// NewLeases checks cfg and returns a Leases.
+// NewLeases checks cfg and returns a Leases; errors are *ConfigError.
 func NewLeases(cfg LeasesConfig) (*Leases, error) {
 	if cfg.Pool == nil {
-		return nil, errors.New("liveness: LeasesConfig.Pool is nil")
+		return nil, &ConfigError{Field: "LeasesConfig.Pool", Reason: "must be set"}
 	}
 	if cfg.Margin < 0 {
-		return nil, fmt.Errorf("liveness: LeasesConfig.Margin %v is negative", cfg.Margin)
+		return nil, &ConfigError{Field: "LeasesConfig.Margin", Reason: fmt.Sprintf("(%s) must not be negative", cfg.Margin)}
 	}
 	log := logging.Wrap(cfg.Logger)
 	host, err := os.Hostname()
@@ -145,8 +162,8 @@ func NewLeases(cfg LeasesConfig) (*Leases, error) {
 		life:   cfg.life,
 		names:  map[string]*leaseCounts{},
 	}
-	if cfg.InstanceID != uuid.Nil {
-		id := cfg.InstanceID
+	if cfg.instanceID != uuid.Nil {
+		id := cfg.instanceID
 		l.id = &id
 	}
 	return l, nil
@@ -157,14 +174,12 @@ func NewLeases(cfg LeasesConfig) (*Leases, error) {
 type Lease struct {
 	Name string
 	// Holder is hostname:pid:64 random bits in hex, new on every acquisition; a ':' or
-	// '%' in the host name is percent-escaped. It is a token, not an identity: read
-	// HolderInstanceID (or Reader.Leader) to know who holds a lease.
+	// '%' in the host name is percent-escaped. It is a token, not an identity (and never
+	// a label value).
 	Holder string
-	// HolderInstanceID is the holding instance (LeasesConfig.InstanceID); uuid.Nil when
-	// the Leases has none.
-	HolderInstanceID uuid.UUID
 	// Epoch is the fencing token: it strictly increases across acquisitions, takeovers,
-	// releases and deletes. Fence writes with <schema>.lease_is_held(Name, Epoch).
+	// releases and deletes. Fence writes with Fence, or in SQL with
+	// <schema>.lease_is_held(Name, Epoch).
 	Epoch int64
 	// TakenAt is the database time of the acquisition.
 	TakenAt time.Time
@@ -217,9 +232,16 @@ func (l *Leases) marginFor(name string, ttl time.Duration) (time.Duration, error
 }
 
 // TryAcquire takes the lease name for ttl if nobody holds it or its holder let it
-// expire. It returns nil, nil when another holder has it. The lease renews itself every
-// ttl/4 until Release, loss, or the end of ctx; call Release in every case.
+// expire, and returns ErrLeaseHeld when another holder has it. The lease renews itself
+// every ttl/4 until Release, a loss, or the end of ctx, which stops the renewals and
+// leaves the row to expire; call Release in every case.
 func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+	return l.acquire(ctx, ctx, name, ttl)
+}
+
+// acquire sends the acquisition under ctx; the lease it returns lives under parent, whose
+// end stops its renewals.
+func (l *Leases) acquire(ctx, parent context.Context, name string, ttl time.Duration) (*Lease, error) {
 	margin, err := l.marginFor(name, ttl)
 	if err != nil {
 		return nil, err
@@ -231,7 +253,7 @@ func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if l.life != nil && !l.life.Alive() {
 		// The fleet may be about to call this instance dead: lead nothing until it can
 		// prove life again.
-		return nil, nil
+		return nil, errNotAlive
 	}
 	start := time.Now()
 	trustUntil := start.Add(ttl - margin)
@@ -244,7 +266,7 @@ func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	)
 	err = l.pool.QueryRow(actx, l.stmts.acquire, name, holder, ttl.Seconds(), l.id, l.host).Scan(&epoch, &taken, &expiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
+		return nil, ErrLeaseHeld
 	}
 	if err != nil {
 		if actx.Err() != nil {
@@ -258,9 +280,9 @@ func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 		return nil, fmt.Errorf("liveness: acquire lease %q: %w", name, dsn.RedactError(err))
 	}
 
-	lctx, lcancel := context.WithCancelCause(ctx)
+	lctx, lcancel := context.WithCancelCause(parent)
 	le := &Lease{
-		Name: name, Holder: holder, Epoch: epoch, TakenAt: taken, HolderInstanceID: l.instanceID(),
+		Name: name, Holder: holder, Epoch: epoch, TakenAt: taken,
 		leases: l, ttl: ttl, margin: margin,
 		ctx: lctx, cancel: lcancel,
 		renewerDone: make(chan struct{}),
@@ -274,6 +296,7 @@ func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	return le, nil
 }
 
+// instanceID is the holder instance recorded in the leases taken, or uuid.Nil.
 func (l *Leases) instanceID() uuid.UUID {
 	if l.id == nil {
 		return uuid.Nil
@@ -282,16 +305,28 @@ func (l *Leases) instanceID() uuid.UUID {
 }
 
 // Run runs fn under the lease name if it can be taken, and reports whether it ran. When
-// another holder has the lease, Run skips the round: false, nil. fn's context is the
-// lease's, cancelled when the lease is lost. The lease is released when fn returns, with
-// its own short deadline even if ctx has ended. The error joins fn's error, the
-// *LeaseLostError if the lease was lost, and any release error.
+// another holder has the lease, Run skips the round: false, nil.
+//
+// fn's context is cancelled when the lease is lost or ctx ends. The lease stays renewed
+// until fn returns, also after ctx has ended, and is released only then, with its own
+// short deadline: nobody else runs under the lease while fn runs, unless the lease is
+// lost (fn's context then says why). A process that dies leaves the lease to expire.
+//
+// The error joins fn's error, the *LeaseLostError if the lease was lost, and any
+// release error.
 func (l *Leases) Run(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, lease *Lease) error) (ran bool, err error) {
-	lease, err := l.TryAcquire(ctx, name, ttl)
-	if err != nil || lease == nil {
+	lease, err := l.acquire(ctx, context.WithoutCancel(ctx), name, ttl)
+	if errors.Is(err, ErrLeaseHeld) || errors.Is(err, errNotAlive) {
+		return false, nil
+	}
+	if err != nil {
 		return false, err
 	}
+	fnCtx, cancelFn := context.WithCancelCause(lease.ctx)
+	stopFn := context.AfterFunc(ctx, func() { cancelFn(context.Cause(ctx)) })
 	defer func() {
+		stopFn()
+		cancelFn(nil)
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
 		defer cancel()
 		relErr := lease.Release(rctx)
@@ -306,14 +341,11 @@ func (l *Leases) Run(ctx context.Context, name string, ttl time.Duration, fn fun
 		}
 		err = errors.Join(err, lost, relErr)
 	}()
-	return true, fn(lease.ctx, lease)
+	return true, fn(fnCtx, lease)
 }
 
 // Context is cancelled when the lease is lost, released, or its parent context ends.
 func (le *Lease) Context() context.Context { return le.ctx }
-
-// Done is Context().Done().
-func (le *Lease) Done() <-chan struct{} { return le.ctx.Done() }
 
 // Err is nil while the lease is held. Afterwards it is a *LeaseLostError when the lease
 // was lost, ErrLeaseReleased after Release, or the parent context's cause.
@@ -324,13 +356,48 @@ func (le *Lease) Err() error {
 	return context.Cause(le.ctx)
 }
 
-// LostReason reports why the lease was lost; false if it was not lost.
-func (le *Lease) LostReason() (LostReason, bool) {
-	var lost *LeaseLostError
-	if errors.As(le.Err(), &lost) {
-		return lost.Reason, true
+// Fence makes the writes that follow it in tx count only while this lease is held: it
+// runs <schema>.lease_is_held(Name, Epoch) in tx, whose FOR SHARE lock on the lease row
+// keeps any takeover from committing until tx ends, so every write fenced under this
+// epoch commits before the next holder's first. Call it in the transaction that writes,
+// before the writes, and roll back when it fails.
+//
+// It fails with an error that is errors.Is ErrLeaseLost when the lease is not held: it
+// has ended in this process (lost, released, its context ended), or its row no longer
+// has this epoch (taken over, deleted, expired by the database clock); the lease is
+// then ended. Any other error is the statement's. tx must be on the leases' database.
+// Keep fenced transactions short: the row lock holds back this lease's renewals too.
+//
+// lease_is_held looks only at the row's epoch and expiry, not at the holder's life: while
+// the holder is dead by the verdict but nobody has taken the lease yet, a write fenced
+// under its epoch is still accepted. It still lands before any other holder's, because
+// the takeover waits for the fenced transaction.
+func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
+	if cause := le.Err(); cause != nil {
+		return le.notHeld(cause)
 	}
-	return "", false
+	var held bool
+	if err := tx.QueryRow(ctx, le.leases.stmts.fence, le.Name, le.Epoch).Scan(&held); err != nil {
+		return fmt.Errorf("liveness: fence lease %q: %w", le.Name, dsn.RedactError(err))
+	}
+	if !held {
+		lost := &LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostTaken}
+		le.end(lost)
+		return le.notHeld(lost)
+	}
+	if cause := le.Err(); cause != nil { // it ended while the statement ran
+		return le.notHeld(cause)
+	}
+	return nil
+}
+
+// notHeld is Fence's error for a lease that ended with cause.
+func (le *Lease) notHeld(cause error) error {
+	var lost *LeaseLostError
+	if errors.As(cause, &lost) {
+		return cause
+	}
+	return fmt.Errorf("liveness: lease %q (epoch %d) is not held (%w): %w", le.Name, le.Epoch, cause, ErrLeaseLost)
 }
 
 // ExpiresAt is the database time the lease expires at, as of the last successful
@@ -354,6 +421,23 @@ func (le *Lease) Release(ctx context.Context) error {
 		}
 	})
 	return le.releaseErr
+}
+
+// leaveToExpire stops the renewals without deleting the row, so that the lease is free
+// only once it expires. For a holder instance it also clears the row's
+// holder_instance_id: otherwise the lease would be free as soon as the instance is dead
+// (its process stopping), which is what leaving it to expire must prevent. ctx bounds
+// that statement.
+func (le *Lease) leaveToExpire(ctx context.Context) error {
+	le.end(errLeftToExpire)
+	<-le.renewerDone
+	if le.leases.id == nil {
+		return nil
+	}
+	if _, err := le.leases.pool.Exec(ctx, le.leases.stmts.detach, le.Name, le.Holder, le.Epoch); err != nil {
+		return fmt.Errorf("liveness: leave lease %q to expire: %w", le.Name, dsn.RedactError(err))
+	}
+	return nil
 }
 
 // renewLoop renews every ttl/4, and ttl/16 after a failed attempt, until the lease's

@@ -66,9 +66,24 @@ const leaseReleaseSQL = `/* pg_liveness:lease_release */ DELETE FROM {schema}.le
 const leaseAbandonSQL = `/* pg_liveness:lease_release */ DELETE FROM {schema}.leases
  WHERE name = $1 AND holder = $2`
 
+// leaseFenceSQL runs inside the caller's transaction: lease_is_held locks the lease row
+// FOR SHARE until that transaction ends, so no takeover commits in between.
+//
+// $1 name, $2 epoch.
+const leaseFenceSQL = `/* pg_liveness:lease_fence */ SELECT {schema}.lease_is_held($1, $2)`
+
+// leaseDetachSQL leaves a lease to expire: without a holder instance, lease_is_free no
+// longer frees it when that instance is dead, only once it expires. Guarded like the
+// release, so it never touches a newer holder's row. Tagged as a release: it is how a
+// holder lets a lease go when it may not delete it yet.
+//
+// $1 name, $2 holder, $3 epoch.
+const leaseDetachSQL = `/* pg_liveness:lease_release */ UPDATE {schema}.leases SET holder_instance_id = NULL
+ WHERE name = $1 AND holder = $2 AND epoch = $3`
+
 // leaseStatements are the lease statements rendered for one schema.
 type leaseStatements struct {
-	acquire, renew, release, abandon, leader string
+	acquire, renew, release, abandon, leader, fence, detach string
 }
 
 func newLeaseStatements(schema string) leaseStatements {
@@ -87,5 +102,7 @@ func newLeaseStatements(schema string) leaseStatements {
 		release: render(leaseReleaseSQL),
 		abandon: render(leaseAbandonSQL),
 		leader:  render(leaseLeaderSQL),
+		fence:   render(leaseFenceSQL),
+		detach:  render(leaseDetachSQL),
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
@@ -58,9 +60,6 @@ func mustAcquire(t *testing.T, ctx context.Context, l *liveness.Leases, name str
 	if err != nil {
 		t.Fatalf("TryAcquire(%q): %v", name, err)
 	}
-	if le == nil {
-		t.Fatalf("TryAcquire(%q) = nil: another holder has it", name)
-	}
 	t.Cleanup(func() {
 		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -75,10 +74,10 @@ func acquireWhenFree(t *testing.T, ctx context.Context, l *liveness.Leases, name
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		le, err := l.TryAcquire(ctx, name, ttl)
-		if err != nil {
+		if err != nil && !errors.Is(err, liveness.ErrLeaseHeld) {
 			t.Fatal(err)
 		}
-		if le != nil {
+		if err == nil {
 			t.Cleanup(func() {
 				rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
@@ -96,14 +95,15 @@ func acquireWhenFree(t *testing.T, ctx context.Context, l *liveness.Leases, name
 func waitLost(t *testing.T, le *liveness.Lease) liveness.LostReason {
 	t.Helper()
 	select {
-	case <-le.Done():
+	case <-le.Context().Done():
 	case <-time.After(5 * time.Second):
 		t.Fatalf("lease %q (epoch %d) still believes it is held 5s after losing it", le.Name, le.Epoch)
 	}
-	reason, lost := le.LostReason()
-	if !lost {
+	var lost *liveness.LeaseLostError
+	if !errors.As(le.Err(), &lost) {
 		t.Fatalf("lease %q ended with %v, want a loss", le.Name, le.Err())
 	}
+	reason := lost.Reason
 	if !errors.Is(le.Err(), liveness.ErrLeaseLost) || !errors.Is(context.Cause(le.Context()), liveness.ErrLeaseLost) {
 		t.Fatalf("Err() = %v, Cause = %v; want ErrLeaseLost", le.Err(), context.Cause(le.Context()))
 	}
@@ -373,18 +373,18 @@ func TestLeaseTakeover(t *testing.T) {
 		parent, stop := context.WithCancel(ctx)
 		old := mustAcquire(t, parent, a, "unrenewed", ttl)
 		stop()
-		<-old.Done()
+		<-old.Context().Done()
 		for deadline := time.Now().Add(time.Second); statsOf(t, a, "unrenewed").Held && time.Now().Before(deadline); {
 			time.Sleep(time.Millisecond) // the renewer notices the parent's end on its own
 		}
 		if s := statsOf(t, a, "unrenewed"); s.Held || s.Lost[liveness.LostExpired]+s.Lost[liveness.LostTaken]+s.Lost[liveness.LostError] != 0 {
 			t.Fatalf("a lease whose parent context ended: Stats = %+v; want not held, no loss", s)
 		}
-		if _, lost := old.LostReason(); lost || !errors.Is(old.Err(), context.Canceled) {
+		if errors.Is(old.Err(), liveness.ErrLeaseLost) || !errors.Is(old.Err(), context.Canceled) {
 			t.Fatalf("a lease whose parent context ended: Err = %v; want context.Canceled, not a loss", old.Err())
 		}
-		if le, err := b.TryAcquire(ctx, "unrenewed", ttl); err != nil || le != nil {
-			t.Fatalf("TryAcquire on an unexpired lease = %s, %v; want nil, nil", describe(le), err)
+		if le, err := b.TryAcquire(ctx, "unrenewed", ttl); !errors.Is(err, liveness.ErrLeaseHeld) || le != nil {
+			t.Fatalf("TryAcquire on an unexpired lease = %s, %v; want nil, ErrLeaseHeld", describe(le), err)
 		}
 		next := acquireWhenFree(t, ctx, b, "unrenewed", ttl)
 		if next.TakenAt.Before(old.ExpiresAt()) {
@@ -405,8 +405,8 @@ func TestLeaseTakeover(t *testing.T) {
 		// Contend until the lease has been renewed a whole ttl past its first expiry.
 		start := time.Now()
 		for !held.ExpiresAt().After(first.Add(ttl)) {
-			if le, err := b.TryAcquire(ctx, "renewed", ttl); err != nil || le != nil {
-				t.Fatalf("TryAcquire on a renewed lease = %s, %v; want nil, nil", describe(le), err)
+			if le, err := b.TryAcquire(ctx, "renewed", ttl); !errors.Is(err, liveness.ErrLeaseHeld) || le != nil {
+				t.Fatalf("TryAcquire on a renewed lease = %s, %v; want nil, ErrLeaseHeld", describe(le), err)
 			}
 			if held.Err() != nil || time.Since(start) > 30*time.Second {
 				t.Fatalf("after %s: Err = %v, expires %v (first %v); want held and renewed past %v",
@@ -557,8 +557,8 @@ func TestLeaseRefusedAttemptsDrawNoEpoch(t *testing.T) {
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
 	held := mustAcquire(t, ctx, a, "job", 10*time.Second)
 	for range 20 {
-		if le, err := b.TryAcquire(ctx, "job", 10*time.Second); err != nil || le != nil {
-			t.Fatalf("TryAcquire on a held lease: %v, %v", le, err)
+		if le, err := b.TryAcquire(ctx, "job", 10*time.Second); !errors.Is(err, liveness.ErrLeaseHeld) || le != nil {
+			t.Fatalf("TryAcquire on a held lease: %v, %v; want nil, ErrLeaseHeld", le, err)
 		}
 	}
 	if err := held.Release(ctx); err != nil {
@@ -672,6 +672,38 @@ func TestLeaseRun(t *testing.T) {
 		}
 		if row, ok := rowOf(t, ctx, pool, "lost"); !ok || row != (leaseRow{taker.Holder, taker.Epoch}) {
 			t.Fatalf("the new holder's row is %+v (present %v) after the loser's Run returned", row, ok)
+		}
+	})
+
+	t.Run("keeps the lease until fn returns, also after its context ended", func(t *testing.T) {
+		rctx, cancel := context.WithCancel(ctx)
+		ran, err := l.Run(rctx, "winding-down", ttl, func(fctx context.Context, le *liveness.Lease) error {
+			first := le.ExpiresAt()
+			cancel() // SIGTERM while the job runs
+			select {
+			case <-fctx.Done(): // fn's context ends with Run's
+			case <-time.After(5 * time.Second):
+				return errors.New("fn's context was not cancelled when Run's ended")
+			}
+			// fn winds down past the lease's first expiry: it stays renewed, and held.
+			var problem error
+			testutil.Eventually(t, 10*time.Second, "the lease renewed past its first expiry while fn winds down", func() bool {
+				if le2, err := other.TryAcquire(ctx, "winding-down", time.Minute); !errors.Is(err, liveness.ErrLeaseHeld) {
+					problem = fmt.Errorf("another holder's TryAcquire while fn winds down = %s, %v; want ErrLeaseHeld", describe(le2), err)
+					return true
+				}
+				return le.ExpiresAt().After(first.Add(ttl))
+			})
+			if le.Err() != nil {
+				return fmt.Errorf("the lease ended while fn was winding down: %w", le.Err())
+			}
+			return problem
+		})
+		if !ran || err != nil {
+			t.Fatalf("Run = %v, %v; want true, nil", ran, err)
+		}
+		if _, ok := rowOf(t, ctx, pool, "winding-down"); ok {
+			t.Fatal("lease row left after fn returned")
 		}
 	})
 
@@ -1083,4 +1115,123 @@ func (p *freezingProxy) relay(dst, src net.Conn, delay time.Duration) {
 			return
 		}
 	}
+}
+
+// TestLeaseFence: Fence in the writing transaction accepts the holder's writes, holds a
+// takeover back until that transaction ends (so the old epoch's writes all land first),
+// and refuses, with an error that is errors.Is ErrLeaseLost, once the lease is not held:
+// taken over, its row changed under it, or released.
+func TestLeaseFence(t *testing.T) {
+	ctx := leaseTestCtx(t)
+	db, pool := leaseDB(t, ctx, 6)
+	db.Exec(t, `CREATE TABLE ledger (id bigserial PRIMARY KEY, epoch bigint NOT NULL)`)
+	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
+	write := func(le *liveness.Lease) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if err := le.Fence(ctx, tx); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO ledger (epoch) VALUES ($1)`, le.Epoch)
+			return err
+		})
+	}
+
+	old := mustAcquire(t, ctx, a, "job", time.Second) // renewed every 250 ms
+	if err := write(old); err != nil {
+		t.Fatalf("the holder's fenced write: %v", err)
+	}
+	// A fenced transaction stays open: its row lock holds back the renewals, so the
+	// lease expires by the database clock, and the takeover waits for the transaction.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if err := old.Fence(ctx, tx); err != nil {
+		t.Fatalf("Fence: %v", err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO ledger (epoch) VALUES ($1)`, old.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	taken := make(chan *liveness.Lease, 1)
+	go func() {
+		defer close(taken)
+		for ctx.Err() == nil {
+			le, err := b.TryAcquire(ctx, "job", 10*time.Second)
+			if err == nil {
+				taken <- le
+				return
+			}
+			if !errors.Is(err, liveness.ErrLeaseHeld) {
+				t.Errorf("the takeover's TryAcquire: %v", err)
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // the old lease expires within its 1 s ttl
+		}
+	}()
+	testutil.Eventually(t, 10*time.Second, "the takeover waiting for the fenced transaction", func() bool {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND query LIKE '%pg_liveness:lease_acquire %' AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("the fenced transaction, committed while the takeover waited: %v", err)
+	}
+	next, ok := <-taken
+	if !ok {
+		t.Fatal("no takeover")
+	}
+	t.Cleanup(func() { _ = next.Release(context.Background()) })
+	var epochs []int64
+	if err := pgxscanEpochs(ctx, pool, &epochs); err != nil {
+		t.Fatal(err)
+	}
+	if want := []int64{old.Epoch, old.Epoch}; !slices.Equal(epochs, want) {
+		t.Fatalf("ledger epochs %v before the new holder wrote; want %v", epochs, want)
+	}
+
+	// The old holder: its lease is gone, locally or by the database's word.
+	if err := write(old); !errors.Is(err, liveness.ErrLeaseLost) {
+		t.Fatalf("the old holder's fenced write after the takeover = %v; want ErrLeaseLost", err)
+	}
+	if err := write(next); err != nil {
+		t.Fatalf("the new holder's fenced write: %v", err)
+	}
+	// The row changes under a holder that has not noticed yet: Fence finds out, and ends
+	// the lease at once rather than at its next renewal.
+	db.Exec(t, `UPDATE liveness.leases SET epoch = nextval('liveness.lease_epoch_seq') WHERE name = 'job'`)
+	err = write(next)
+	var lost *liveness.LeaseLostError
+	if !errors.As(err, &lost) || lost.Reason != liveness.LostTaken || lost.Epoch != next.Epoch {
+		t.Fatalf("fenced write under a changed row = %v; want a *LeaseLostError (taken) for epoch %d", err, next.Epoch)
+	}
+	select {
+	case <-next.Context().Done():
+	default:
+		t.Fatal("Fence found the lease taken, but the lease's context is not cancelled")
+	}
+	// After a release.
+	third := acquireWhenFree(t, ctx, b, "other", 10*time.Second)
+	if err := third.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := write(third); !errors.Is(err, liveness.ErrLeaseLost) || !errors.Is(err, liveness.ErrLeaseReleased) {
+		t.Fatalf("fenced write after Release = %v; want ErrLeaseLost and ErrLeaseReleased", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger`).Scan(&n); err != nil || n != 3 {
+		t.Fatalf("%d ledger rows (%v); want the 3 fenced writes that were accepted", n, err)
+	}
+}
+
+func pgxscanEpochs(ctx context.Context, pool *pgxpool.Pool, out *[]int64) error {
+	rows, err := pool.Query(ctx, `SELECT epoch FROM ledger ORDER BY id`)
+	if err != nil {
+		return err
+	}
+	*out, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	return err
 }

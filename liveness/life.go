@@ -24,8 +24,8 @@ import (
 // The beat's age counts from when it was sent, which is before the server stamped it,
 // so the local age is never below the database's.
 type lifeMonitor struct {
-	lock                       *AliveLock
-	heartbeat                  *HeartbeatWorker
+	lock                       *aliveLock
+	heartbeat                  *heartbeatWorker
 	lockMode                   bool
 	grace, stale, dead, margin time.Duration
 	poll                       time.Duration
@@ -36,7 +36,7 @@ type lifeMonitor struct {
 	lostAt time.Time // owned by run: when the loss of a lock the row says held was noticed
 }
 
-func newLifeMonitor(lock *AliveLock, hb *HeartbeatWorker, lockMode bool, fast, stale, dead, grace time.Duration) *lifeMonitor {
+func newLifeMonitor(lock *aliveLock, hb *heartbeatWorker, lockMode bool, fast, stale, dead, grace time.Duration) *lifeMonitor {
 	m := &lifeMonitor{lock: lock, heartbeat: hb, lockMode: lockMode,
 		grace: grace, stale: stale, dead: dead, margin: fast / 2,
 		poll: min(max(grace/10, 10*time.Millisecond), 100*time.Millisecond)}

@@ -27,22 +27,19 @@ func TestLoggersRemovePasswordsAndNameTheirPartOnce(t *testing.T) {
 	}
 	defer pool.Close()
 
-	timing := AgentConfig{HeartbeatInterval: time.Second, HeartbeatSlowInterval: 2 * time.Second,
+	timing := Timing{HeartbeatInterval: time.Second, HeartbeatSlowInterval: 2 * time.Second,
 		StaleThreshold: 5 * time.Second, DefinitiveDeadCutoff: 20 * time.Second}
 	agent, err := NewAgent(AgentConfig{Pool: pool, DirectDSN: dsn, InstanceID: uuid.New(), ServiceName: "svc",
-		HeartbeatInterval: timing.HeartbeatInterval, HeartbeatSlowInterval: timing.HeartbeatSlowInterval,
-		StaleThreshold: timing.StaleThreshold, DefinitiveDeadCutoff: timing.DefinitiveDeadCutoff,
-		Reaper: true, Logger: caller})
+		Timing: timing, Reaper: true, Logger: caller})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lock, err := NewAliveLock(AliveLockConfig{DSN: dsn, InstanceID: uuid.New(), ServiceName: "svc", Logger: caller})
+	lock, err := newAliveLock(aliveLockConfig{DSN: dsn, InstanceID: uuid.New(), ServiceName: "svc", Logger: caller})
 	if err != nil {
 		t.Fatal(err)
 	}
-	hb, err := NewHeartbeatWorker(HeartbeatConfig{Pool: pool, InstanceID: uuid.New(), ServiceName: "svc",
-		Interval: timing.HeartbeatInterval, SlowInterval: timing.HeartbeatSlowInterval,
-		StaleThreshold: timing.StaleThreshold, DefinitiveDeadCutoff: timing.DefinitiveDeadCutoff, Logger: caller})
+	hb, err := newHeartbeatWorker(heartbeatConfig{Pool: pool, InstanceID: uuid.New(), ServiceName: "svc",
+		Timing: timing, Logger: caller})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +47,7 @@ func TestLoggersRemovePasswordsAndNameTheirPartOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reaper, err := NewReaper(ReaperConfig{Pool: pool, Leases: leases, Interval: time.Second, LeaseTTL: time.Minute,
+	reaper, err := newReaper(reaperConfig{Pool: pool, Leases: leases, Interval: time.Second, LeaseTTL: time.Minute,
 		StaleThreshold: timing.StaleThreshold, DefinitiveDeadCutoff: timing.DefinitiveDeadCutoff, Logger: caller})
 	if err != nil {
 		t.Fatal(err)

@@ -27,7 +27,7 @@ func TestAliveLockBehindPgBouncer(t *testing.T) {
 		bouncer := pgtest.NewPgBouncer(t, db.DSN, pgtest.WithIgnoreStartupParameters(aliveLockStartupParameters...))
 		id := uuid.New()
 		logs := &logRecorder{}
-		lock := startAliveLock(t, AliveLockConfig{DSN: bouncer.DSN(db.Name), InstanceID: id, ServiceName: "svc",
+		lock := startAliveLock(t, aliveLockConfig{DSN: bouncer.DSN(db.Name), InstanceID: id, ServiceName: "svc",
 			VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
 
 		// The service's pool goes through PgBouncer too, as it would behind one; pgx must
@@ -68,7 +68,7 @@ func TestAliveLockBehindPgBouncer(t *testing.T) {
 		db, pool := livenessDB(t, ctx)
 		bouncer := pgtest.NewPgBouncer(t, db.DSN)
 		logs := &logRecorder{}
-		lock := startAliveLock(t, AliveLockConfig{DSN: bouncer.DSN(db.Name), InstanceID: uuid.New(), ServiceName: "svc",
+		lock := startAliveLock(t, aliveLockConfig{DSN: bouncer.DSN(db.Name), InstanceID: uuid.New(), ServiceName: "svc",
 			Logger: slog.New(logs)})
 		cfg := testHeartbeatConfig(pool, lock)
 		h, _ := startHeartbeat(t, cfg)

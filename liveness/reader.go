@@ -49,15 +49,15 @@ type ReaderConfig struct {
 	DB     Querier
 	Schema string // DefaultSchema if empty
 
-	// The timing for rows that record none (rows written by other software); rows
-	// written by a HeartbeatWorker are judged by their own. DefaultStaleThreshold and
-	// DefaultDefinitiveDeadCutoff if zero.
-	StaleThreshold       time.Duration
-	DefinitiveDeadCutoff time.Duration
+	// Fallback is the timing for rows that record none (rows written by other
+	// software); an Agent's rows are judged by their own. Only its StaleThreshold and
+	// DefinitiveDeadCutoff are used; zero takes DefaultStaleThreshold and
+	// DefaultDefinitiveDeadCutoff.
+	Fallback Timing
 
 	// Whizbang, when set, reads a Whizbang database as it is instead of this package's
-	// schema (Schema, StaleThreshold and DefinitiveDeadCutoff are then unused; the
-	// source carries its timing). Leader returns ErrNoLeases.
+	// schema (Schema and Fallback are then unused; the source carries its timing).
+	// Leader returns ErrNoLeases.
 	Whizbang *WhizbangSource
 }
 
@@ -85,18 +85,7 @@ type InstanceStatus struct {
 	StartedAt     time.Time
 	Mode          Mode            // the liveness mode the instance runs in
 	Metadata      json.RawMessage // the row's metadata, a JSON object
-	Timing        InstanceTiming  // as recorded in the row
-}
-
-// InstanceTiming is the timing an instance records in its row, by which every observer
-// judges it. A zero field was not recorded (a row written by other software): observers
-// then use their own defaults.
-type InstanceTiming struct {
-	HeartbeatInterval     time.Duration
-	HeartbeatSlowInterval time.Duration
-	StaleThreshold        time.Duration
-	DefinitiveDeadCutoff  time.Duration
-	LockGrace             time.Duration
+	Timing        Timing          // as recorded in the row
 }
 
 // Alive reports whether the instance is alive by the one verdict.
@@ -115,15 +104,16 @@ const readerSQL = `/* pg_liveness:read_instances */ SELECT s.instance_id, s.serv
 // NewReader validates cfg. Errors name the ReaderConfig field.
 func NewReader(cfg ReaderConfig) (*Reader, error) {
 	if cfg.DB == nil {
-		return nil, errors.New("liveness: ReaderConfig.DB must not be nil")
+		return nil, &ConfigError{Field: "ReaderConfig.DB", Reason: "must not be nil"}
 	}
-	stale := cmp.Or(cfg.StaleThreshold, DefaultStaleThreshold)
-	dead := cmp.Or(cfg.DefinitiveDeadCutoff, DefaultDefinitiveDeadCutoff)
+	stale := cmp.Or(cfg.Fallback.StaleThreshold, DefaultStaleThreshold)
+	dead := cmp.Or(cfg.Fallback.DefinitiveDeadCutoff, DefaultDefinitiveDeadCutoff)
 	if stale < 0 {
-		return nil, fmt.Errorf("liveness: ReaderConfig.StaleThreshold (%s) must not be negative", stale)
+		return nil, &ConfigError{Field: "ReaderConfig.Fallback.StaleThreshold", Reason: fmt.Sprintf("(%s) must not be negative", stale)}
 	}
 	if dead <= stale {
-		return nil, fmt.Errorf("liveness: ReaderConfig.DefinitiveDeadCutoff (%s) must be above ReaderConfig.StaleThreshold (%s)", dead, stale)
+		return nil, &ConfigError{Field: "ReaderConfig.Fallback.DefinitiveDeadCutoff",
+			Reason: fmt.Sprintf("(%s) must be above ReaderConfig.Fallback.StaleThreshold (%s)", dead, stale)}
 	}
 	if cfg.Whizbang != nil {
 		return newWhizbangReader(cfg)
@@ -208,7 +198,7 @@ func (d *instanceDetail) dest() []any {
 func (d *instanceDetail) fill(s *InstanceStatus) {
 	s.HeartbeatAge = seconds(&d.age)
 	s.StartedAt, s.Mode, s.Metadata = d.started, Mode(d.mode), json.RawMessage(d.metadata)
-	s.Timing = InstanceTiming{HeartbeatInterval: seconds(d.interval), HeartbeatSlowInterval: seconds(d.slow),
+	s.Timing = Timing{HeartbeatInterval: seconds(d.interval), HeartbeatSlowInterval: seconds(d.slow),
 		StaleThreshold: seconds(d.stale), DefinitiveDeadCutoff: seconds(d.dead), LockGrace: seconds(d.grace)}
 }
 

@@ -1,6 +1,7 @@
 package liveness
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -23,8 +24,8 @@ const ReaperLease = "pg_liveness.reaper"
 const reapSQL = `/* pg_liveness:cleanup */ SELECT id FROM {schema}.cleanup_stale_instances(
 	now() - make_interval(secs => $1), now() - make_interval(secs => $2)) AS id`
 
-// ReaperConfig configures a Reaper.
-type ReaperConfig struct {
+// reaperConfig configures a reaper.
+type reaperConfig struct {
 	Pool                 *pgxpool.Pool
 	Leases               *Leases
 	Schema               string
@@ -33,49 +34,58 @@ type ReaperConfig struct {
 	StaleThreshold       time.Duration // rows older than this go unless their lock is held
 	DefinitiveDeadCutoff time.Duration // rows older than this go even with the lock held
 	Logger               *slog.Logger  // passwords removed; nil discards
+
+	// The Agent's: its campaign ends when the Agent stops, which waits for it to let go
+	// of its lease. Zero values are a campaign of its own (tests).
+	gate     leadGate
+	windDown time.Duration
 }
 
-// Reaper runs cleanup_stale_instances periodically as a lease-protected singleton.
-type Reaper struct {
-	cfg    ReaperConfig
+// reaper runs cleanup_stale_instances periodically as a lease-protected singleton.
+type reaper struct {
+	cfg    reaperConfig
 	sql    string
 	reaped atomic.Uint64
 }
 
-// NewReaper checks the configuration; errors are *ConfigError naming the field.
-func NewReaper(cfg ReaperConfig) (*Reaper, error) {
+// newReaper checks the configuration; errors are *ConfigError naming the field.
+func newReaper(cfg reaperConfig) (*reaper, error) {
 	if cfg.Pool == nil || cfg.Leases == nil {
-		return nil, &ConfigError{Field: "ReaperConfig.Pool", Reason: "and ReaperConfig.Leases must be set"}
+		return nil, &ConfigError{Field: "reaperConfig.Pool", Reason: "and reaperConfig.Leases must be set"}
 	}
 	if cfg.Interval <= 0 {
-		return nil, &ConfigError{Field: "ReaperConfig.Interval", Reason: fmt.Sprintf("(%s) must be positive", cfg.Interval)}
+		return nil, &ConfigError{Field: "reaperConfig.Interval", Reason: fmt.Sprintf("(%s) must be positive", cfg.Interval)}
 	}
 	if cfg.LeaseTTL/4 <= 0 {
-		return nil, &ConfigError{Field: "ReaperConfig.LeaseTTL", Reason: fmt.Sprintf("(%s) is too short: it is renewed every ttl/4", cfg.LeaseTTL)}
+		return nil, &ConfigError{Field: "reaperConfig.LeaseTTL", Reason: fmt.Sprintf("(%s) is too short: it is renewed every ttl/4", cfg.LeaseTTL)}
 	}
 	if cfg.StaleThreshold <= 0 {
-		return nil, &ConfigError{Field: "ReaperConfig.StaleThreshold", Reason: fmt.Sprintf("(%s) must be positive", cfg.StaleThreshold)}
+		return nil, &ConfigError{Field: "reaperConfig.StaleThreshold", Reason: fmt.Sprintf("(%s) must be positive", cfg.StaleThreshold)}
 	}
 	if cfg.DefinitiveDeadCutoff <= cfg.StaleThreshold {
-		return nil, &ConfigError{Field: "ReaperConfig.DefinitiveDeadCutoff", Reason: fmt.Sprintf("(%s) must be above ReaperConfig.StaleThreshold (%s)",
+		return nil, &ConfigError{Field: "reaperConfig.DefinitiveDeadCutoff", Reason: fmt.Sprintf("(%s) must be above reaperConfig.StaleThreshold (%s)",
 			cfg.DefinitiveDeadCutoff, cfg.StaleThreshold)}
 	}
 	cfg.Logger = logging.Wrap(cfg.Logger)
-	return &Reaper{cfg: cfg, sql: sqlFor(cfg.Schema, reapSQL)}, nil
+	if cfg.gate == nil {
+		cfg.gate = openGate{}
+	}
+	cfg.windDown = cmp.Or(cfg.windDown, DefaultJobWindDown)
+	return &reaper{cfg: cfg, sql: sqlFor(cfg.Schema, reapSQL)}, nil
 }
 
 // Reaped counts the instances this reaper deleted.
-func (r *Reaper) Reaped() uint64 { return r.reaped.Load() }
+func (r *reaper) Reaped() uint64 { return r.reaped.Load() }
 
 // Run campaigns for the reaper's lease until ctx ends, and reaps every Interval while
 // it leads. Followers try every Interval (at most every 5 s), so a dead reaper is
 // replaced within about that.
-func (r *Reaper) Run(ctx context.Context) error {
-	return r.cfg.Leases.Elect(ctx, ElectorConfig{
+func (r *reaper) Run(ctx context.Context) error {
+	return r.cfg.Leases.elect(ctx, ElectorConfig{
 		Lease:       ReaperLease,
 		TTL:         r.cfg.LeaseTTL,
 		RetryPeriod: min(r.cfg.Interval, 5*time.Second),
-		OnStartedLeading: func(ctx context.Context, _ Leader) {
+		OnStartedLeading: func(ctx context.Context, _ Leadership) {
 			t := time.NewTicker(r.cfg.Interval)
 			defer t.Stop()
 			var failing logging.Repeats
@@ -95,11 +105,11 @@ func (r *Reaper) Run(ctx context.Context) error {
 				}
 			}
 		},
-	})
+	}, r.cfg.windDown, r.cfg.gate)
 }
 
 // reap runs cleanup_stale_instances once and counts and logs what it deleted.
-func (r *Reaper) reap(ctx context.Context) ([]uuid.UUID, error) {
+func (r *reaper) reap(ctx context.Context) ([]uuid.UUID, error) {
 	ctx, cancel := context.WithTimeout(ctx, min(r.cfg.LeaseTTL/2, 30*time.Second))
 	defer cancel()
 	rows, err := r.cfg.Pool.Query(ctx, r.sql, r.cfg.StaleThreshold.Seconds(), r.cfg.DefinitiveDeadCutoff.Seconds())
@@ -120,7 +130,7 @@ func (r *Reaper) reap(ctx context.Context) ([]uuid.UUID, error) {
 
 // RunOnce runs one round under the lease and returns the deleted ids; none when another
 // agent holds the lease.
-func (r *Reaper) RunOnce(ctx context.Context) ([]uuid.UUID, error) {
+func (r *reaper) RunOnce(ctx context.Context) ([]uuid.UUID, error) {
 	var ids []uuid.UUID
 	_, err := r.cfg.Leases.Run(ctx, ReaperLease, r.cfg.LeaseTTL, func(ctx context.Context, _ *Lease) error {
 		var err error

@@ -16,12 +16,17 @@ const (
 	// ModeAdvisoryLockWhenAvailable uses the alive lock when it is held and verified,
 	// with the heartbeat table as fallback; the heartbeat slows down while the lock holds.
 	ModeAdvisoryLockWhenAvailable Mode = "advisory-lock-when-available"
-	// ModeHeartbeatTableOnly ignores the lock and always beats at the fast interval.
+	// ModeHeartbeatTableOnly holds no alive lock and opens no direct connection
+	// (AgentConfig.DirectDSN is unused), for a service that reaches PostgreSQL only
+	// through PgBouncer in transaction mode. The instance always beats at the fast
+	// interval and is heartbeat_only by the verdict; a crashed one is dead after its
+	// stale threshold, and a second process with the same instance id goes unnoticed
+	// (only a lock could tell).
 	ModeHeartbeatTableOnly Mode = "heartbeat-table-only"
 )
 
-// ParseMode accepts the two mode names.
-func ParseMode(s string) (Mode, bool) {
+// parseMode accepts the two mode names.
+func parseMode(s string) (Mode, bool) {
 	switch m := Mode(s); m {
 	case ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly:
 		return m, true

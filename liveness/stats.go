@@ -55,11 +55,11 @@ type AgentSnapshot struct {
 	InstanceID  uuid.UUID
 	ServiceName string
 	Mode        Mode
-	// HeartbeatInterval and HeartbeatSlowInterval are the configured cadences (defaults
-	// filled in): the first without a verified alive lock, the second with one.
-	HeartbeatInterval, HeartbeatSlowInterval time.Duration
-	AliveLock                                AliveLockStats
-	Heartbeat                                HeartbeatStats
-	Leases                                   []LeaseStats // sorted by Name
-	Reaped                                   uint64       // instances removed by this agent's reaper
+	// Timing is the configured timing, defaults filled in: Timing.HeartbeatInterval is the
+	// cadence without a verified alive lock, Timing.HeartbeatSlowInterval with one.
+	Timing    Timing
+	AliveLock AliveLockStats // zero in ModeHeartbeatTableOnly: no lock
+	Heartbeat HeartbeatStats
+	Leases    []LeaseStats // sorted by Name
+	Reaped    uint64       // instances removed by this agent's reaper
 }

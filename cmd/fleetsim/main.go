@@ -51,7 +51,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	app.Flag("migrations.apply", "Apply the migrations before starting.").Default("true").BoolVar(&cfg.ApplyMigrations)
 	app.Flag("services", "Comma-separated service names; instances are spread over them.").Default(strings.Join(cfg.Services, ",")).StringVar(&services)
 	app.Flag("instances", "Number of instances.").Default(fmt.Sprint(cfg.Instances)).IntVar(&cfg.Instances)
-	app.Flag("heartbeat-only", "How many of the instances run heartbeat-table-only, their alive lock's connection refused.").Default(fmt.Sprint(cfg.HeartbeatOnly)).IntVar(&cfg.HeartbeatOnly)
+	app.Flag("heartbeat-only", "How many of the instances run heartbeat-table-only, with no alive lock.").Default(fmt.Sprint(cfg.HeartbeatOnly)).IntVar(&cfg.HeartbeatOnly)
 	app.Flag("heartbeat-interval", "Fast heartbeat cadence.").Default(cfg.HeartbeatInterval.String()).DurationVar(&cfg.HeartbeatInterval)
 	app.Flag("heartbeat-slow-interval", "Heartbeat cadence while the alive lock is held.").Default(cfg.HeartbeatSlowInterval.String()).DurationVar(&cfg.HeartbeatSlowInterval)
 	app.Flag("stale-threshold", "Heartbeat age after which an instance is stale; use the exporter's --agent.stale-threshold.").Default(cfg.StaleThreshold.String()).DurationVar(&cfg.StaleThreshold)

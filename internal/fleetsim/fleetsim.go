@@ -1,6 +1,6 @@
 // Package fleetsim runs a simulated fleet of service instances in one process. Each
 // instance is a liveness.Agent, the same lifecycle a service embeds (alive lock,
-// heartbeat, leases), on a pool of its own, and campaigns with Leases.Elect for leased
+// heartbeat, leases), on a pool of its own, and campaigns with Agent.Elect for leased
 // singleton jobs, taking turns with the others.
 //
 // Every connection of an instance goes through a relay of its own on 127.0.0.1 (one for
@@ -13,8 +13,9 @@
 //     row and leases stay behind, as after a crash.
 //   - Hang freezes both relays: the sessions stay open and nothing moves through them,
 //     as for a stopped process. The lock stays held while the heartbeat ages.
-//   - A heartbeat-only instance runs in heartbeat-table-only mode with its alive lock's
-//     relay cut from the start, as a service whose direct path to PostgreSQL is closed.
+//   - A heartbeat-only instance runs in heartbeat-table-only mode: it holds no alive lock
+//     and opens no direct connection, as a service that reaches PostgreSQL only through
+//     PgBouncer.
 //
 // The demo (make run), the end-to-end tests and the benchmarks share it.
 package fleetsim
@@ -58,7 +59,7 @@ type Config struct {
 
 	Services      []string // instance i belongs to Services[i % len]; {"demo"} if empty
 	Instances     int      // total number of instances
-	HeartbeatOnly int      // how many of them (the first ones) run heartbeat-table-only, their alive lock's path cut
+	HeartbeatOnly int      // how many of them (the first ones) run heartbeat-table-only, with no alive lock
 
 	HeartbeatInterval     time.Duration
 	HeartbeatSlowInterval time.Duration
@@ -75,9 +76,9 @@ type Config struct {
 	JobDuration time.Duration
 	JobPause    time.Duration
 	// Job runs while an instance leads a lease (liveness.ElectorConfig.OnStartedLeading).
-	// nil sleeps for JobDuration. It must return when ctx ends (leadership ended: the
+	// nil sleeps for JobDuration. It must return when ctx ends (leadership is ending: the
 	// lease was lost, or the instance stops or dies); returning earlier steps down.
-	Job func(ctx context.Context, inst Instance, self liveness.Leader) error
+	Job func(ctx context.Context, inst Instance, self liveness.Leadership) error
 
 	MaxConns int32 // of each instance's pool, and of the fleet's own; 2 if zero
 	Logger   *slog.Logger
@@ -175,7 +176,7 @@ type Instance struct {
 	ID        uuid.UUID
 	Service   string
 	Mode      liveness.Mode
-	AliveLock bool // whether its alive lock's path is open, so that it holds its lock
+	AliveLock bool // whether it holds an alive lock (false in heartbeat-table-only mode)
 	State     State
 }
 
@@ -280,7 +281,6 @@ func (inst *instance) build(cfg Config, host string) error {
 	}
 	if !inst.info.AliveLock {
 		inst.info.Mode = liveness.ModeHeartbeatTableOnly
-		inst.direct.cutAll()
 	}
 	poolDSN, err := inst.pooled.dsn(cfg.DSN)
 	if err != nil {
@@ -295,6 +295,9 @@ func (inst *instance) build(cfg Config, host string) error {
 	}); err != nil {
 		return fmt.Errorf("--dsn: %w", err)
 	}
+	if !inst.info.AliveLock {
+		directDSN = "" // no lock, no direct connection
+	}
 	inst.agent, err = liveness.NewAgent(liveness.AgentConfig{
 		Pool:        inst.pool,
 		DirectDSN:   directDSN,
@@ -303,8 +306,8 @@ func (inst *instance) build(cfg Config, host string) error {
 		ServiceName: inst.info.Service,
 		// Distinct process ids make the rows look like separate processes on one host.
 		HostName: host, ProcessID: 100000 + inst.info.Index, Mode: inst.info.Mode,
-		HeartbeatInterval: cfg.HeartbeatInterval, HeartbeatSlowInterval: cfg.HeartbeatSlowInterval,
-		StaleThreshold: cfg.StaleThreshold, DefinitiveDeadCutoff: cfg.DefinitiveDeadCutoff,
+		Timing: liveness.Timing{HeartbeatInterval: cfg.HeartbeatInterval, HeartbeatSlowInterval: cfg.HeartbeatSlowInterval,
+			StaleThreshold: cfg.StaleThreshold, DefinitiveDeadCutoff: cfg.DefinitiveDeadCutoff},
 		VerifyInterval: cfg.VerifyInterval,
 		Metadata:       map[string]any{"simulated": true, "index": inst.info.Index},
 		// Without --migrations.apply another process applies them.
@@ -314,8 +317,9 @@ func (inst *instance) build(cfg Config, host string) error {
 	return err
 }
 
-// run starts the instance's agent and its campaigns, each under its own context, so
-// that leases are released before the agent's clean-up.
+// run starts the instance's agent and its campaigns. The agent's own shutdown waits for
+// its campaigns' jobs and leases before it removes its row; the campaigns have their own
+// context so that Kill can end them without the agent reaching the server again.
 func (f *Fleet) run(inst *instance) {
 	agentCtx, stopAgent := context.WithCancel(context.Background())
 	jobsCtx, stopJobs := context.WithCancel(context.Background())
@@ -340,9 +344,9 @@ func (f *Fleet) campaign(ctx context.Context, inst *instance, name string) {
 	if !sleep(ctx, jitter(f.cfg.JobPause)) {
 		return
 	}
-	err := inst.agent.Leases().Elect(ctx, liveness.ElectorConfig{
+	err := inst.agent.Elect(ctx, liveness.ElectorConfig{
 		Lease: name, TTL: f.cfg.LeaseTTL, RetryPeriod: f.cfg.JobPause,
-		OnStartedLeading: func(ctx context.Context, self liveness.Leader) {
+		OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
 			if err := f.job(ctx, f.info(inst), self); err != nil && ctx.Err() == nil {
 				log.Warn("job failed", "err", err)
 			}
@@ -353,7 +357,7 @@ func (f *Fleet) campaign(ctx context.Context, inst *instance, name string) {
 	}
 }
 
-func (f *Fleet) job(ctx context.Context, inst Instance, self liveness.Leader) error {
+func (f *Fleet) job(ctx context.Context, inst Instance, self liveness.Leadership) error {
 	if f.cfg.Job != nil {
 		return f.cfg.Job(ctx, inst, self)
 	}
@@ -456,8 +460,8 @@ func (f *Fleet) Hang(i int) error {
 }
 
 // Stop shuts the fleet down the way the instances' processes would on SIGTERM, through
-// the agents' own shutdown: campaigns release their leases, then each agent deletes its
-// row and closes its lock's session. Hung instances are thawed first and stop the same
+// the agents' own shutdown: jobs return and campaigns release their leases, then each
+// agent deletes its row and closes its lock's session. Hung instances are thawed first and stop the same
 // way (the operator finally killed them); killed instances' rows stay. Then every pool
 // and relay is closed. Stop waits for every goroutine and is safe to call more than
 // once.
@@ -533,7 +537,7 @@ func (s Status) Alive() bool { return s.Row && s.Observed.Alive() }
 // reader the library offers services (instance_states, the one verdict).
 func (f *Fleet) Statuses(ctx context.Context) ([]Status, error) {
 	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: f.pool, Schema: f.cfg.Schema,
-		StaleThreshold: f.cfg.StaleThreshold, DefinitiveDeadCutoff: f.cfg.DefinitiveDeadCutoff})
+		Fallback: liveness.Timing{StaleThreshold: f.cfg.StaleThreshold, DefinitiveDeadCutoff: f.cfg.DefinitiveDeadCutoff}})
 	if err != nil {
 		return nil, err
 	}

@@ -160,7 +160,7 @@ func TestLeasedJobsRunOnOneInstanceAtATime(t *testing.T) {
 	cfg := testConfig(db, "jobs")
 	cfg.Instances, cfg.HeartbeatOnly = 4, 1
 	cfg.Leases = []string{"cleanup", "alerts"}
-	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self liveness.Leader) error {
+	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self liveness.Leadership) error {
 		if _, err := jobs.Exec(ctx, `INSERT INTO job_runs (lease, epoch, instance) VALUES ($1, $2, $3)`, self.Lease, self.Epoch, inst.Index); err != nil {
 			return err
 		}
@@ -202,10 +202,10 @@ func TestKilledHolderLeaseIsTakenOverBeforeItExpires(t *testing.T) {
 	cfg.LeaseTTL = 20 * time.Second // far longer than the verdict needs
 	type lead struct {
 		index int
-		self  liveness.Leader
+		self  liveness.Leadership
 	}
 	leads := make(chan lead, 16)
-	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self liveness.Leader) error {
+	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self liveness.Leadership) error {
 		leads <- lead{inst.Index, self}
 		<-ctx.Done()
 		return nil
@@ -249,10 +249,10 @@ func TestHungHolderLeaseIsTakenOverOnceItExpires(t *testing.T) {
 	cfg.LeaseTTL = 3 * time.Second
 	type lead struct {
 		index int
-		self  liveness.Leader
+		self  liveness.Leadership
 	}
 	leads := make(chan lead, 16)
-	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self liveness.Leader) error {
+	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self liveness.Leadership) error {
 		leads <- lead{inst.Index, self}
 		<-ctx.Done()
 		return nil

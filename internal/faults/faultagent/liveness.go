@@ -18,7 +18,11 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
-type leaseHandle = liveness.Lease
+// leaseHandle is what a holder knows of the lease it holds.
+type leaseHandle struct {
+	Name  string
+	Epoch int64
+}
 
 // timing mirrors the exporter's --agent.* flags, with the same names and defaults, so the
 // suite can start this program with exactly the flags it reads from the exporter's help.
@@ -45,10 +49,10 @@ func (t *timing) addFlags() {
 }
 
 // participant is one instance's use of the library: an Agent (alive lock, heartbeat,
-// reaper) and its Leases, or Leases alone with --agent=false.
+// reaper) that campaigns for the lease, or Leases alone with --agent=false.
 type participant struct {
 	agent  *liveness.Agent
-	leases *liveness.Leases
+	leases *liveness.Leases // without an agent
 	log    *slog.Logger
 }
 
@@ -59,31 +63,58 @@ func newParticipant(c config, id uuid.UUID, service string, pool *pgxpool.Pool, 
 	}
 	host, _ := os.Hostname()
 	agent, err := liveness.NewAgent(liveness.AgentConfig{
-		Pool:                  pool,
-		DirectDSN:             c.directDSN,
-		Schema:                c.schema,
-		InstanceID:            id,
-		ServiceName:           service,
-		HostName:              host,
-		ProcessID:             os.Getpid(),
-		Mode:                  liveness.ModeAdvisoryLockWhenAvailable,
-		HeartbeatInterval:     c.timing.interval,
-		HeartbeatSlowInterval: c.timing.slowInterval,
-		StaleThreshold:        c.timing.stale,
-		DefinitiveDeadCutoff:  c.timing.definitiveDead,
-		KeepaliveIdle:         c.timing.keepIdle,
-		KeepaliveInterval:     c.timing.keepInterval,
-		KeepaliveCount:        c.timing.keepCount,
-		UserTimeout:           c.timing.userTimeout,
-		Reaper:                c.timing.reaper,
-		ReaperInterval:        c.timing.reaperInterval,
-		ReaperLeaseTTL:        c.timing.reaperTTL,
-		Logger:                logger,
+		Pool:        pool,
+		DirectDSN:   c.directDSN,
+		Schema:      c.schema,
+		InstanceID:  id,
+		ServiceName: service,
+		HostName:    host,
+		ProcessID:   os.Getpid(),
+		Mode:        liveness.ModeAdvisoryLockWhenAvailable,
+		Timing: liveness.Timing{HeartbeatInterval: c.timing.interval, HeartbeatSlowInterval: c.timing.slowInterval,
+			StaleThreshold: c.timing.stale, DefinitiveDeadCutoff: c.timing.definitiveDead},
+		KeepaliveIdle:     c.timing.keepIdle,
+		KeepaliveInterval: c.timing.keepInterval,
+		KeepaliveCount:    c.timing.keepCount,
+		UserTimeout:       c.timing.userTimeout,
+		Reaper:            c.timing.reaper,
+		ReaperInterval:    c.timing.reaperInterval,
+		ReaperLeaseTTL:    c.timing.reaperTTL,
+		Logger:            logger,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &participant{agent: agent, leases: agent.Leases(), log: logger}, nil
+	return &participant{agent: agent, log: logger}, nil
+}
+
+// compete holds the lease whenever it can, running hold while it does, until ctx ends:
+// an agent campaigns (Agent.Elect, retrying every retry); without one, Leases.Run is
+// tried every retry. hold gets the process's context and the lease's.
+func (p *participant) compete(ctx context.Context, name string, ttl, retry time.Duration,
+	hold func(procCtx, leaseCtx context.Context, lease leaseHandle) error, acquireFailed func(error)) {
+	if p.agent != nil {
+		err := p.agent.Elect(ctx, liveness.ElectorConfig{Lease: name, TTL: ttl, RetryPeriod: retry,
+			OnStartedLeading: func(lctx context.Context, self liveness.Leadership) {
+				_ = hold(ctx, lctx, leaseHandle{Name: self.Lease, Epoch: self.Epoch})
+			}})
+		if err != nil && ctx.Err() == nil {
+			p.log.Error("campaign stopped", "err", err)
+		}
+		return
+	}
+	for ctx.Err() == nil {
+		ran, err := p.leases.Run(ctx, name, ttl, func(lctx context.Context, lease *liveness.Lease) error {
+			return hold(ctx, lctx, leaseHandle{Name: lease.Name, Epoch: lease.Epoch})
+		})
+		if err != nil && !ran && ctx.Err() == nil {
+			acquireFailed(err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(retry):
+		}
+	}
 }
 
 func (p *participant) run(ctx context.Context) {

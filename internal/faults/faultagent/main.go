@@ -1,7 +1,8 @@
 // Command faultagent is the fault suite's victim and competitor: one or more live
 // instances built from the liveness package (alive lock, heartbeat, optional reaper),
-// each competing for a named lease in a loop and, while it holds the lease, writing to a
-// fencing log under lease_is_held(name, epoch).
+// each campaigning for a named lease (Agent.Elect; with --agent=false, Leases.Run in a
+// loop) and, while it holds the lease, writing to a fencing log under
+// lease_is_held(name, epoch).
 //
 // It reports what it does as JSON lines on stderr, one object per event, with "ev" naming
 // the event and "t" the wall-clock time in Unix nanoseconds:
@@ -264,25 +265,14 @@ func (in *instance) watchLock(ctx context.Context) {
 // compete tries to take the lease every --lease.retry and, while it holds it, writes to
 // the fencing log every --lease.write-every.
 func (in *instance) compete(ctx context.Context) {
-	for ctx.Err() == nil {
-		ran, err := in.parts.leases.Run(ctx, in.c.lease, in.c.leaseTTL, func(lctx context.Context, lease *leaseHandle) error {
-			return in.hold(ctx, lctx, lease)
-		})
-		if err != nil && ctx.Err() == nil {
-			if !ran {
-				emit("acquire_error", in.id, "err", err.Error())
-			}
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(in.c.retry):
-		}
-	}
+	in.parts.compete(ctx, in.c.lease, in.c.leaseTTL, in.c.retry, in.hold, func(err error) {
+		emit("acquire_error", in.id, "err", err.Error())
+	})
 }
 
 // hold writes under the lease while ctx, the lease's context, lasts; a stale leader
 // (--lease.ignore-loss) goes on under procCtx, the process's.
-func (in *instance) hold(procCtx, ctx context.Context, lease *leaseHandle) error {
+func (in *instance) hold(procCtx, ctx context.Context, lease leaseHandle) error {
 	emit("acquired", in.id, "lease", lease.Name, "epoch", lease.Epoch)
 	var until <-chan time.Time
 	if in.c.hold > 0 {

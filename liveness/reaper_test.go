@@ -1,0 +1,99 @@
+package liveness
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+func TestReaperRespectsLocksAndItsLease(t *testing.T) {
+	db, pool := livenessDB(t, livenessTestCtx(t))
+	leases, err := NewLeases(LeasesConfig{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reaper, err := newReaper(reaperConfig{
+		Pool: pool, Leases: leases, Schema: DefaultSchema,
+		Interval: time.Second, LeaseTTL: 2 * time.Second,
+		StaleThreshold: 90 * time.Second, DefinitiveDeadCutoff: 5 * time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale, lockedStale, zombie, fresh := uuid.New(), uuid.New(), uuid.New(), uuid.New()
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at) VALUES
+		($1, 's', now() - interval '2 minutes'), ($2, 's', now() - interval '2 minutes'),
+		($3, 's', now() - interval '10 minutes'), ($4, 's', now())`, stale, lockedStale, zombie, fresh)
+	holder := db.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, id := range []uuid.UUID{lockedStale, zombie} {
+		if _, err := holder.Exec(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Another agent holds the reaper lease: this one skips the round.
+	other, err := NewLeases(LeasesConfig{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := other.TryAcquire(ctx, ReaperLease, 10*time.Second)
+	if err != nil || held == nil {
+		t.Fatalf("TryAcquire: %v, %v", held, err)
+	}
+	if ids, err := reaper.RunOnce(ctx); err != nil || len(ids) != 0 {
+		t.Fatalf("reaped %v (%v) while another agent held the lease", ids, err)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	ids, err := reaper.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[uuid.UUID]bool{}
+	for _, id := range ids {
+		got[id] = true
+	}
+	if len(ids) != 2 || !got[stale] || !got[zombie] {
+		t.Fatalf("reaped %v, want exactly the stale %s and the zombie %s", ids, stale, zombie)
+	}
+	if reaper.Reaped() != 2 {
+		t.Fatalf("Reaped() = %d, want 2", reaper.Reaped())
+	}
+}
+
+func TestReaperConfigErrors(t *testing.T) {
+	_, pool := livenessDB(t, livenessTestCtx(t))
+	leases, _ := NewLeases(LeasesConfig{Pool: pool})
+	base := reaperConfig{Pool: pool, Leases: leases, Interval: time.Second, LeaseTTL: time.Minute,
+		StaleThreshold: 90 * time.Second, DefinitiveDeadCutoff: 5 * time.Minute}
+	if _, err := newReaper(base); err != nil {
+		t.Fatalf("the base config is refused: %v", err)
+	}
+	for field, mutate := range map[string]func(*reaperConfig){
+		"reaperConfig.Pool":                 func(c *reaperConfig) { c.Pool = nil },
+		"reaperConfig.Leases":               func(c *reaperConfig) { c.Leases = nil },
+		"reaperConfig.Interval":             func(c *reaperConfig) { c.Interval = 0 },
+		"reaperConfig.LeaseTTL":             func(c *reaperConfig) { c.LeaseTTL = 3 * time.Nanosecond },
+		"reaperConfig.DefinitiveDeadCutoff": func(c *reaperConfig) { c.DefinitiveDeadCutoff = c.StaleThreshold },
+		"reaperConfig.StaleThreshold":       func(c *reaperConfig) { c.StaleThreshold = 0 },
+	} {
+		cfg := base
+		mutate(&cfg)
+		if _, err := newReaper(cfg); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("want error naming %s, got %v", field, err)
+		}
+	}
+	// The empty config is refused for its first missing field, as a *ConfigError.
+	var ce *ConfigError
+	if _, err := newReaper(reaperConfig{}); !errors.As(err, &ce) || ce.Field != "reaperConfig.Pool" {
+		t.Errorf("empty config: error %v, want a *ConfigError for ReaperConfig.Pool", err)
+	}
+}

@@ -1,0 +1,84 @@
+package liveness
+
+import (
+	"cmp"
+	"fmt"
+	"time"
+)
+
+// Timing is an instance's heartbeat timing. Each instance records its own in its row,
+// and every observer judges it by that (the one verdict), so a fleet may mix settings.
+// In an AgentConfig a zero field takes its Default*; in an InstanceStatus a zero field
+// was not recorded (a row written by other software), and observers use
+// ReaderConfig.Fallback instead.
+type Timing struct {
+	// HeartbeatInterval is the fast cadence: while the alive lock is not held and
+	// verified, and always in ModeHeartbeatTableOnly.
+	HeartbeatInterval time.Duration
+	// HeartbeatSlowInterval is the cadence while the alive lock is held and verified.
+	HeartbeatSlowInterval time.Duration
+	// StaleThreshold is the heartbeat age past which an instance without its lock is dead.
+	StaleThreshold time.Duration
+	// DefinitiveDeadCutoff is the heartbeat age past which an instance is dead even with
+	// its lock held (a zombie: a hung process, a half-open session).
+	DefinitiveDeadCutoff time.Duration
+	// LockGrace is how long observers wait, after the alive lock vanished, for the
+	// instance to prove life before they call it dead.
+	LockGrace time.Duration
+}
+
+// Defaults of Timing, as the agent's flags have them.
+const (
+	DefaultHeartbeatInterval     = 30 * time.Second
+	DefaultHeartbeatSlowInterval = 60 * time.Second
+	DefaultStaleThreshold        = 90 * time.Second
+	DefaultDefinitiveDeadCutoff  = 5 * time.Minute
+	// DefaultLockGrace: a live agent notices the end of its lock's session at once and
+	// beats within milliseconds.
+	DefaultLockGrace = time.Second
+)
+
+// withDefaults fills zero fields with the defaults; negative ones stay, for check.
+func (t Timing) withDefaults() Timing {
+	t.HeartbeatInterval = cmp.Or(t.HeartbeatInterval, DefaultHeartbeatInterval)
+	t.HeartbeatSlowInterval = cmp.Or(t.HeartbeatSlowInterval, DefaultHeartbeatSlowInterval)
+	t.StaleThreshold = cmp.Or(t.StaleThreshold, DefaultStaleThreshold)
+	t.DefinitiveDeadCutoff = cmp.Or(t.DefinitiveDeadCutoff, DefaultDefinitiveDeadCutoff)
+	t.LockGrace = cmp.Or(t.LockGrace, DefaultLockGrace)
+	return t
+}
+
+// check refuses timing that would make a live instance look dead or a dead one look
+// alive. field is the name of the Timing in its config ("AgentConfig.Timing"); errors
+// are *ConfigError naming field.<Field>.
+func (t Timing) check(field string) error {
+	bad := func(name, format string, args ...any) error {
+		return &ConfigError{Field: field + "." + name, Reason: fmt.Sprintf(format, args...)}
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"HeartbeatInterval", t.HeartbeatInterval}, {"HeartbeatSlowInterval", t.HeartbeatSlowInterval},
+		{"StaleThreshold", t.StaleThreshold}} {
+		if f.d <= 0 {
+			return bad(f.name, "(%s) must be positive", f.d)
+		}
+	}
+	switch {
+	case t.HeartbeatSlowInterval < t.HeartbeatInterval:
+		return bad("HeartbeatSlowInterval", "(%s) must not be below %s.HeartbeatInterval (%s)",
+			t.HeartbeatSlowInterval, field, t.HeartbeatInterval)
+	case t.StaleThreshold < t.HeartbeatSlowInterval:
+		return bad("StaleThreshold", "(%s) must not be below %s.HeartbeatSlowInterval (%s)",
+			t.StaleThreshold, field, t.HeartbeatSlowInterval)
+	case t.StaleThreshold <= t.HeartbeatInterval:
+		return bad("StaleThreshold", "(%s) must be above %s.HeartbeatInterval (%s): the watchdog beats again within "+
+			"the stale threshold minus one fast interval", t.StaleThreshold, field, t.HeartbeatInterval)
+	case t.DefinitiveDeadCutoff <= t.HeartbeatSlowInterval+t.StaleThreshold:
+		return bad("DefinitiveDeadCutoff", "(%s) must be above %s.HeartbeatSlowInterval (%s) plus %s.StaleThreshold (%s)",
+			t.DefinitiveDeadCutoff, field, t.HeartbeatSlowInterval, field, t.StaleThreshold)
+	case t.LockGrace < 0:
+		return bad("LockGrace", "(%s) must not be negative", t.LockGrace)
+	}
+	return nil
+}
