@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
@@ -99,11 +100,11 @@ func newScenario(t *testing.T) *pgtest.DB {
 	// Tagged statements: 3 heartbeat-like updates of the 2 worker rows, 2 lease renewals,
 	// and an untagged statement that matches nothing.
 	for range 3 {
-		exec(t, setup, `/* pg_liveness:heartbeat */ UPDATE `+schemaIdent+`.instances
+		exec(t, setup, `UPDATE `+sqltag.Heartbeat+` `+schemaIdent+`.instances
 		                 SET last_heartbeat_at = last_heartbeat_at WHERE service_name = $1`, "worker")
 	}
 	for range 2 {
-		exec(t, setup, `/* pg_liveness:lease_renew */ UPDATE `+schemaIdent+`.leases
+		exec(t, setup, `UPDATE `+sqltag.LeaseRenew+` `+schemaIdent+`.leases
 		                 SET expires_at = expires_at WHERE name = $1`, "cleanup")
 	}
 	exec(t, setup, `SELECT count(*) FROM `+schemaIdent+`.leases`)

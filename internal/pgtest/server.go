@@ -64,35 +64,97 @@ func WithSetting(name, value string) ServerOption {
 	return func(s *Server) { s.extraCfg = append(s.extraCfg, name+"="+value) }
 }
 
-// FindBinDir returns the folder that holds initdb and postgres: pg_config's bindir, the
-// newest /usr/lib/postgresql/*/bin, or PATH.
-func FindBinDir() (string, error) {
-	has := func(dir string) bool {
-		for _, b := range []string{"initdb", "postgres"} {
-			if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
-				return false
-			}
+// EnvMajor points the throwaway servers at one PostgreSQL major, e.g. "18": Debian's
+// /usr/lib/postgresql/<major>/bin when it is installed, else the build that
+// scripts/install-deps.sh put in MajorCache()/<major>. Unset, the tests use Debian's
+// (the newest installed, 15 on Debian 12).
+const EnvMajor = "PG_LIVENESS_TEST_PG_MAJOR"
+
+// EnvMajorCache overrides where scripts/install-deps.sh installs the other majors.
+const EnvMajorCache = "PG_LIVENESS_PG_CACHE"
+
+// MajorCache is the folder of the PostgreSQL majors that scripts/install-deps.sh
+// installs, computed as that script does: EnvMajorCache, else
+// /var/cache/pg_liveness_exporter/postgresql as root, else
+// $XDG_CACHE_HOME/pg_liveness_exporter/postgresql (~/.cache by default).
+func MajorCache() string {
+	if d := os.Getenv(EnvMajorCache); d != "" {
+		return d
+	}
+	if os.Geteuid() == 0 {
+		return "/var/cache/pg_liveness_exporter/postgresql"
+	}
+	base := os.Getenv("XDG_CACHE_HOME")
+	if base == "" {
+		home, _ := os.UserHomeDir()
+		base = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(base, "pg_liveness_exporter", "postgresql")
+}
+
+// Major is the major EnvMajor asks for, or 0 when it is unset (Debian's default).
+func Major() (int, error) {
+	v := os.Getenv(EnvMajor)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 10 || n > 99 {
+		return 0, fmt.Errorf("%s=%q: want a PostgreSQL major such as 18", EnvMajor, v)
+	}
+	return n, nil
+}
+
+func hasServerBinaries(dir string) bool {
+	for _, b := range []string{"initdb", "postgres"} {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			return false
 		}
-		return true
+	}
+	return true
+}
+
+// FindBinDir returns the folder that holds initdb and postgres: the major EnvMajor names
+// (see there), or else pg_config's bindir, the newest /usr/lib/postgresql/*/bin, or PATH.
+func FindBinDir() (string, error) {
+	major, err := Major()
+	if err != nil {
+		return "", err
+	}
+	if major != 0 {
+		return majorBinDir(major)
 	}
 	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
-		if dir := strings.TrimSpace(string(out)); has(dir) {
+		if dir := strings.TrimSpace(string(out)); hasServerBinaries(dir) {
 			return dir, nil
 		}
 	}
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
 	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
 	for _, d := range dirs {
-		if has(d) {
+		if hasServerBinaries(d) {
 			return d, nil
 		}
 	}
 	if p, err := exec.LookPath("initdb"); err == nil {
-		if real, err := filepath.EvalSymlinks(p); err == nil && has(filepath.Dir(real)) {
+		if real, err := filepath.EvalSymlinks(p); err == nil && hasServerBinaries(filepath.Dir(real)) {
 			return filepath.Dir(real), nil
 		}
 	}
 	return "", errors.New(InstallHint)
+}
+
+// majorBinDir finds one major: Debian's if installed, else the cached build.
+func majorBinDir(major int) (string, error) {
+	if d := fmt.Sprintf("/usr/lib/postgresql/%d/bin", major); hasServerBinaries(d) {
+		return d, nil
+	}
+	d := filepath.Join(MajorCache(), strconv.Itoa(major), "bin")
+	if hasServerBinaries(d) {
+		return d, nil
+	}
+	return "", fmt.Errorf("PostgreSQL %d not found in /usr/lib/postgresql/%d/bin or %s (%s=%d): run scripts/install-deps.sh test",
+		major, major, d, EnvMajor, major)
 }
 
 func versionOf(bindir string) int {
