@@ -107,15 +107,28 @@ func writeReport(path string) error {
 	for _, name := range defaultFlagNames {
 		r.Defaults = append(r.Defaults, Setting{name, defaults[name]})
 	}
-	f, err := os.Create(path)
+	// The sections of the other majors are kept; a run on one of them rewrites only its own.
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	sections := MajorSections(string(old))
+	major, err := pgtest.Major()
 	if err != nil {
 		return err
 	}
-	if err := r.WriteMarkdown(f); err != nil {
-		f.Close()
+	var doc, section strings.Builder
+	if major == 0 {
+		err = r.WriteMarkdown(&doc)
+	} else {
+		doc.Write(old)
+		err = r.WriteMajorSection(&section, major)
+		sections[major] = section.String()
+	}
+	if err != nil {
 		return err
 	}
-	return f.Close()
+	return os.WriteFile(path, []byte(SpliceMajors(doc.String(), sections)), 0o644)
 }
 
 func machine() Machine {
