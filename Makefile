@@ -53,7 +53,7 @@ test: deps
 # even when one fails.
 test-majors:
 	@failed=""; for m in $(PG_MAJORS); do \
-		echo "== PostgreSQL $$m: the database-facing packages; the failover scenario (TestPrimaryFailover) runs on 15 only: this build has no pg_basebackup"; \
+		echo "== PostgreSQL $$m: the database-facing packages and the fault suite; the failover scenario (TestPrimaryFailover) runs on 15 only: this build has no pg_basebackup"; \
 		start=$$(date +%s); \
 		PG_LIVENESS_TEST_PG_MAJOR=$$m $(GO) test $(TEST_FLAGS) -skip '$(MAJOR_SKIP)' $(DB_PKGS) || failed="$$failed $$m"; \
 		echo "== PostgreSQL $$m: $$(( $$(date +%s) - start )) s"; \
