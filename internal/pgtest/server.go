@@ -244,6 +244,10 @@ func (s *Server) initdb() error {
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
 	out, err := cmd.CombinedOutput()
 	_ = os.Remove(pwfile)
+	if err != nil && s.cred != nil && (errors.Is(err, os.ErrPermission) || strings.Contains(string(out), "ermission denied")) {
+		return fmt.Errorf("initdb as uid %d: %v (%s): the server's files (%s and its folders) must be readable and executable by that user",
+			s.cred.Uid, err, strings.TrimSpace(lastLines(string(out), 5)), filepath.Dir(s.bindir))
+	}
 	if err != nil {
 		return fmt.Errorf("initdb: %v: %s", err, lastLines(string(out), 5))
 	}
