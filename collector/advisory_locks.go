@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 )
 
 // AdvisoryLocksConfig configures the advisory_locks collector.
@@ -59,8 +60,7 @@ func (s *AdvisoryLocksConfig) check(*Config) error {
 // the backend sits on its locks. It is one statement, not a batch of two, on purpose:
 // both kinds of rows come from one materialized read of pg_locks, which is no
 // transactional snapshot, so the holders and the lock counts always agree.
-const advisoryLocksSQL = `
-WITH db AS (
+const advisoryLocksSQL = `WITH ` + sqltag.AdvisoryLocks + ` db AS (
     SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()
 ), locks AS MATERIALIZED (
     SELECT l.pid, l.granted,

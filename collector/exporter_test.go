@@ -16,6 +16,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 )
 
@@ -481,17 +482,17 @@ func TestAddFlags(t *testing.T) {
 	for _, p := range patterns {
 		got = append(got, p.name+"="+p.re.String())
 	}
-	want := strings.Join([]string{
-		`heartbeat=my_heartbeat`, // overridden in place
-		`heartbeat_delete=pg_liveness:heartbeat_delete\b`,
-		`lease_acquire=pg_liveness:lease_acquire\b`,
-		`lease_renew=pg_liveness:lease_renew\b`,
-		`lease_release=pg_liveness:lease_release\b`,
-		// cleanup removed
-		`alive_lock_claim=pg_liveness:alive_lock_claim\b`,
-		`alive_lock_verify=pg_liveness:alive_lock_verify\b`,
-		`reports=^/\* reports`,
-	}, "\n")
+	var wantList []string
+	for _, tag := range sqltag.All {
+		switch name := sqltag.Name(tag); name {
+		case "heartbeat":
+			wantList = append(wantList, `heartbeat=my_heartbeat`) // overridden in place
+		case "cleanup": // removed
+		default:
+			wantList = append(wantList, name+`=pg_liveness:`+name+`\b`)
+		}
+	}
+	want := strings.Join(append(wantList, `reports=^/\* reports`), "\n")
 	if strings.Join(got, "\n") != want {
 		t.Errorf("patterns:\n%s\nwant:\n%s", strings.Join(got, "\n"), want)
 	}

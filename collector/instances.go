@@ -17,6 +17,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 )
 
 // InstancesConfig configures the instances collector.
@@ -95,8 +96,7 @@ var instanceStates = []string{"alive", "lock_only", "lock_lost", "heartbeat_only
 //
 // $1 stale threshold and $2 definitive-dead cutoff (intervals), for rows that carry no
 // timing of their own; $3 max series; $4 a Whizbang source's lock key prefix.
-const instancesSQL = `/* pg_liveness:instances */
-WITH services AS MATERIALIZED (
+const instancesSQL = `WITH ` + sqltag.Instances + ` services AS MATERIALIZED (
     SELECT s.service_name,
            count(*) FILTER (WHERE s.state = 'alive') AS alive,
            count(*) FILTER (WHERE s.state = 'lock_only') AS lock_only,

@@ -18,6 +18,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -95,8 +96,7 @@ func parseTable(s, schema string) (string, error) {
 // {holder_host} are the table's columns, or NULL when it has none (a plain leases table
 // without an epoch, or one from before holder identities). leasesFor renders them and
 // {best} for the table's shape, and the summary row tells when the shape changed.
-const leasesSQL = `/* pg_liveness:leases */
-WITH best AS {best}, kept AS MATERIALIZED (
+const leasesSQL = `WITH ` + sqltag.Leases + ` best AS {best}, kept AS MATERIALIZED (
     SELECT b.* FROM best b ORDER BY b.expires_at, b.name LIMIT $2
 )
 (SELECT k.name, k.holder::text, k.epoch::bigint, k.holder_instance_id::text, k.holder_host::text,

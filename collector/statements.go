@@ -16,6 +16,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 )
 
 // StatementsConfig configures the statements collector.
@@ -28,17 +29,19 @@ type StatementsConfig struct {
 	CacheSize int
 }
 
-// DefaultStatementPatterns match the tag comments the liveness package puts in front of
-// every statement it sends: /* pg_liveness:<name> */.
-var DefaultStatementPatterns = []string{
-	`heartbeat=pg_liveness:heartbeat\b`,
-	`heartbeat_delete=pg_liveness:heartbeat_delete\b`,
-	`lease_acquire=pg_liveness:lease_acquire\b`,
-	`lease_renew=pg_liveness:lease_renew\b`,
-	`lease_release=pg_liveness:lease_release\b`,
-	`cleanup=pg_liveness:cleanup\b`,
-	`alive_lock_claim=pg_liveness:alive_lock_claim\b`,
-	`alive_lock_verify=pg_liveness:alive_lock_verify\b`,
+// DefaultStatementPatterns match the tags (sqltag) that every statement the library, the
+// collectors and the status page send carries after its first keyword: one pattern per
+// tag, named after it, "name=pg_liveness:name\b". They match on every major from 14 to 18,
+// since pg_stat_statements keeps a statement's text from its first keyword on.
+var DefaultStatementPatterns = defaultStatementPatterns()
+
+func defaultStatementPatterns() []string {
+	out := make([]string, 0, len(sqltag.All))
+	for _, tag := range sqltag.All {
+		name := sqltag.Name(tag)
+		out = append(out, name+"="+regexp.QuoteMeta(sqltag.Prefix+name)+`\b`)
+	}
+	return out
 }
 
 func (s *StatementsConfig) enabled() *bool { return &s.Enabled }

@@ -40,7 +40,7 @@ func TestStatementsMissingExtension(t *testing.T) {
 	}
 
 	db.Exec(t, `CREATE SCHEMA elsewhere; CREATE EXTENSION pg_stat_statements SCHEMA elsewhere`)
-	db.Exec(t, `/* pg_liveness:cleanup */ SELECT 1`)
+	db.Exec(t, `SELECT /* pg_liveness:cleanup */ 1`)
 	mfs := scrapeFamilies(t, e)
 	if got := value(mfs, "pg_liveness_stat_statements_available"); got != 1 {
 		t.Fatalf("available = %v after CREATE EXTENSION, want 1", got)
@@ -93,7 +93,7 @@ func TestStatementsRoundTrips(t *testing.T) {
 	if n := perScrape(); n != 1 {
 		t.Errorf("steady state: %d statements per scrape, want 1", n)
 	}
-	db.Exec(t, `/* pg_liveness:lease_release */ DELETE FROM pg_class WHERE false`)
+	db.Exec(t, `DELETE /* pg_liveness:lease_release */ FROM pg_class WHERE false`)
 	if n := perScrape(); n != 3 {
 		t.Errorf("after a new statement: %d statements, want 3 (matching counters, all counters, then texts of the new queryid)", n)
 	}
@@ -117,8 +117,8 @@ func TestStatementsNeverGoBack(t *testing.T) {
 	beat := func(n int) {
 		for range n {
 			// Two shapes, two entries for the one name.
-			db.Exec(t, `/* pg_liveness:heartbeat */ SELECT 1 WHERE $1::int > 0`, 1)
-			db.Exec(t, `/* pg_liveness:heartbeat */ SELECT 1, 2 WHERE $1::int > 0`, 1)
+			db.Exec(t, `SELECT /* pg_liveness:heartbeat */ 1 WHERE $1::int > 0`, 1)
+			db.Exec(t, `SELECT /* pg_liveness:heartbeat */ 1, 2 WHERE $1::int > 0`, 1)
 		}
 	}
 	beat(3)
@@ -142,7 +142,7 @@ func TestStatementsNeverGoBack(t *testing.T) {
 	// Another database's statements are not this one's.
 	other := pgtest.NewDB(t)
 	for range 3 {
-		other.Exec(t, `/* pg_liveness:heartbeat */ SELECT 1 WHERE $1::int > 0`, 1)
+		other.Exec(t, `SELECT /* pg_liveness:heartbeat */ 1 WHERE $1::int > 0`, 1)
 	}
 	if got := calls(); got != 10 {
 		t.Errorf("calls = %v after heartbeats in another database, want still 10", got)
@@ -157,9 +157,9 @@ func TestStatementsCacheBound(t *testing.T) {
 	cfg.Statements.CacheSize = 2
 	logger, logs := bufLogger()
 	e := newExporter(t, cfg, exporterPool(t, db.DSN, 1, nil), nil, logger)
-	db.Exec(t, `/* pg_liveness:heartbeat */ SELECT 1 WHERE $1::int > 0`, 1)
-	db.Exec(t, `/* pg_liveness:heartbeat */ SELECT 1, 2 WHERE $1::int > 0`, 1)
-	db.Exec(t, `/* pg_liveness:heartbeat */ SELECT 1, 2, 3 WHERE $1::int > 0`, 1)
+	db.Exec(t, `SELECT /* pg_liveness:heartbeat */ 1 WHERE $1::int > 0`, 1)
+	db.Exec(t, `SELECT /* pg_liveness:heartbeat */ 1, 2 WHERE $1::int > 0`, 1)
+	db.Exec(t, `SELECT /* pg_liveness:heartbeat */ 1, 2, 3 WHERE $1::int > 0`, 1)
 	for range 3 {
 		if got := value(scrapeFamilies(t, e), "pg_liveness_statement_calls_total", "statement", "heartbeat"); got != 3 {
 			t.Errorf("calls = %v with a cache of 2, want 3", got)

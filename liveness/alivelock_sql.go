@@ -1,7 +1,10 @@
 package liveness
 
-// Statements of the alive lock and the heartbeat. Each starts with its pg_liveness tag so
-// that the exporter's pg_stat_statements collector can classify it; {schema} is rendered
+import "github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
+
+// Statements of the alive lock and the heartbeat. Each carries its sqltag right after its
+// first keyword, where every major keeps it in pg_stat_statements' text, so that the
+// exporter's statements collector can classify it; {schema} is rendered
 // by sqlFor. Ids are passed as text and cast on the server, which works in every pgx query
 // mode, including the ones a PgBouncer in front of the service's pool needs.
 
@@ -10,13 +13,13 @@ package liveness
 // Behind a transaction-mode pooler it runs on some other server session, and a claim there
 // would leave the lock on a pooled backend that outlives this process; so it returns
 // NULL instead, and the caller reports the pooling.
-const claimSQL = `/* pg_liveness:alive_lock_claim */ SELECT pg_catalog.pg_backend_pid(),
+const claimSQL = `SELECT ` + sqltag.AliveLockClaim + ` pg_catalog.pg_backend_pid(),
        CASE WHEN pg_catalog.pg_backend_pid() = $2::bigint
             THEN {schema}.claim_instance_alive_lock($1::uuid) END`
 
 // verifySQL reports whether this very backend holds the instance's alive lock, with the
 // same match (this database, objsubid = 1, both key halves) the views use.
-const verifySQL = `/* pg_liveness:alive_lock_verify */ SELECT pg_catalog.pg_backend_pid(),
+const verifySQL = `SELECT ` + sqltag.AliveLockVerify + ` pg_catalog.pg_backend_pid(),
        EXISTS (SELECT 1 FROM {schema}.bigint_advisory_locks l
                 WHERE l.granted
                   AND l.pid = pg_catalog.pg_backend_pid()
@@ -32,7 +35,7 @@ const verifySQL = `/* pg_liveness:alive_lock_verify */ SELECT pg_catalog.pg_back
 //
 // $7 holds_alive_lock; $8–$12 heartbeat interval, slow interval, stale threshold,
 // definitive-dead cutoff and lock grace in seconds (NULL when not configured).
-const heartbeatSQL = `/* pg_liveness:heartbeat */ INSERT INTO {schema}.instances AS i
+const heartbeatSQL = `INSERT ` + sqltag.Heartbeat + ` INTO {schema}.instances AS i
        (instance_id, service_name, host_name, process_id, started_at, last_heartbeat_at, liveness_mode, metadata,
         holds_alive_lock, heartbeat_interval, heartbeat_slow_interval, stale_threshold, definitive_dead_cutoff, lock_grace)
 VALUES ($1::uuid, $2::text, $3::text, $4::integer, now(), now(), $5::text, $6::jsonb,
@@ -55,4 +58,4 @@ RETURNING i.last_heartbeat_at, i.xmax = 0`
 
 // heartbeatDeleteSQL removes the instance row on graceful shutdown, so that other
 // instances see it gone at once.
-const heartbeatDeleteSQL = `/* pg_liveness:heartbeat_delete */ DELETE FROM {schema}.instances WHERE instance_id = $1::uuid`
+const heartbeatDeleteSQL = `DELETE ` + sqltag.HeartbeatDelete + ` FROM {schema}.instances WHERE instance_id = $1::uuid`

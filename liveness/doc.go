@@ -124,7 +124,8 @@
 //     next beat within the stale threshold minus one fast interval of the previous one.
 //     A failed beat is retried after a fraction of the fast interval.
 //   - Every statement carries a deadline below the interval it serves, and a
-//     /* pg_liveness:<name> */ tag so that pg_stat_statements can count it.
+//     /* pg_liveness:<name> */ tag right after its first keyword (where PostgreSQL 14 to
+//     18 all keep it in pg_stat_statements' text), so that the exporter can count it.
 //   - A lease is released only by the holder that took it (name, holder and epoch), so
 //     a late release never deletes a newer holder's lease.
 //

@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 )
 
 // FleetQuery selects what Reader.Fleet returns besides the per-service counts: one page
@@ -76,8 +78,7 @@ type LeaseStatus struct {
 // $1 and $2 the fallback stale threshold and definitive-dead cutoff in seconds; $3 a
 // service or NULL, $4 an instance id or NULL; $5 offset and $6 limit of instances; $7 a
 // lease name fragment or NULL; $8 offset and $9 limit of leases.
-const fleetSQL = `/* pg_liveness:read_fleet */
-WITH v AS MATERIALIZED (
+const fleetSQL = `WITH ` + sqltag.ReadFleet + ` v AS MATERIALIZED (
     SELECT s.instance_id, s.service_name, s.state, s.alive, s.lock_held, s.last_heartbeat_at
       FROM {states} s
 ), picked AS (

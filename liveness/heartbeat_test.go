@@ -498,7 +498,7 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 		err := pool.QueryRow(ctx, `SELECT coalesce(sum(s.calls), 0)::bigint
 		                             FROM pg_stat_statements s
 		                            WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-		                              AND s.query LIKE '/* pg_liveness:heartbeat */%'`).Scan(&n)
+		                              AND s.query LIKE '%/* pg_liveness:heartbeat */%'`).Scan(&n)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 )
 
 // Lease statements. Every time comes from now() on the server; the client only sends the
@@ -23,7 +25,7 @@ import (
 //
 // $1 name, $2 holder, $3 ttl in seconds, $4 the holder's instance id (or NULL), $5 its
 // host.
-const leaseAcquireSQL = `/* pg_liveness:lease_acquire */ INSERT INTO {schema}.leases AS l
+const leaseAcquireSQL = `INSERT ` + sqltag.LeaseAcquire + ` INTO {schema}.leases AS l
        (name, holder, holder_instance_id, holder_host, epoch, taken_at, expires_at)
 SELECT $1, $2, $4::uuid, $5::text, nextval({epoch_seq}), now(), now() + make_interval(secs => $3::float8)
  WHERE {schema}.lease_is_free($1)
@@ -36,7 +38,7 @@ ON CONFLICT (name) DO UPDATE
 RETURNING l.epoch, l.taken_at, l.expires_at`
 
 // leaseLeaderSQL reads who holds a lease. $1 name.
-const leaseLeaderSQL = `/* pg_liveness:lease_leader */ SELECT l.holder_instance_id, coalesce(l.holder_host, ''), l.epoch,
+const leaseLeaderSQL = `SELECT ` + sqltag.LeaseLeader + ` l.holder_instance_id, coalesce(l.holder_host, ''), l.epoch,
        l.taken_at, l.expires_at, l.expires_at >= now(),
        l.holder_instance_id IS NULL OR {schema}.is_instance_alive(l.holder_instance_id)
   FROM {schema}.leases l WHERE l.name = $1`
@@ -47,7 +49,7 @@ const leaseLeaderSQL = `/* pg_liveness:lease_leader */ SELECT l.holder_instance_
 // a late renewal from resurrecting an expired lease before someone else takes it.
 //
 // $1 name, $2 holder, $3 epoch, $4 ttl in seconds.
-const leaseRenewSQL = `/* pg_liveness:lease_renew */ UPDATE {schema}.leases
+const leaseRenewSQL = `UPDATE ` + sqltag.LeaseRenew + ` {schema}.leases
    SET expires_at = now() + make_interval(secs => $4::float8)
  WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires_at >= now()
 RETURNING expires_at`
@@ -56,21 +58,21 @@ RETURNING expires_at`
 // release never deletes a newer holder's lease.
 //
 // $1 name, $2 holder, $3 epoch.
-const leaseReleaseSQL = `/* pg_liveness:lease_release */ DELETE FROM {schema}.leases
+const leaseReleaseSQL = `DELETE ` + sqltag.LeaseRelease + ` FROM {schema}.leases
  WHERE name = $1 AND holder = $2 AND epoch = $3`
 
 // leaseAbandonSQL deletes the row an acquisition may have inserted when its answer was
 // lost: the holder token is new on every acquisition, so it matches nothing else.
 //
 // $1 name, $2 holder.
-const leaseAbandonSQL = `/* pg_liveness:lease_release */ DELETE FROM {schema}.leases
+const leaseAbandonSQL = `DELETE ` + sqltag.LeaseRelease + ` FROM {schema}.leases
  WHERE name = $1 AND holder = $2`
 
 // leaseFenceSQL runs inside the caller's transaction: lease_is_held locks the lease row
 // FOR SHARE until that transaction ends, so no takeover commits in between.
 //
 // $1 name, $2 epoch.
-const leaseFenceSQL = `/* pg_liveness:lease_fence */ SELECT {schema}.lease_is_held($1, $2)`
+const leaseFenceSQL = `SELECT ` + sqltag.LeaseFence + ` {schema}.lease_is_held($1, $2)`
 
 // leaseDetachSQL leaves a lease to expire: without a holder instance, lease_is_free no
 // longer frees it when that instance is dead, only once it expires. Guarded like the
@@ -78,7 +80,7 @@ const leaseFenceSQL = `/* pg_liveness:lease_fence */ SELECT {schema}.lease_is_he
 // holder lets a lease go when it may not delete it yet.
 //
 // $1 name, $2 holder, $3 epoch.
-const leaseDetachSQL = `/* pg_liveness:lease_release */ UPDATE {schema}.leases SET holder_instance_id = NULL
+const leaseDetachSQL = `UPDATE ` + sqltag.LeaseRelease + ` {schema}.leases SET holder_instance_id = NULL
  WHERE name = $1 AND holder = $2 AND epoch = $3`
 
 // leaseStatements are the lease statements rendered for one schema.

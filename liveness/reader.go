@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 )
 
 // InstanceState is an instance's liveness state, as the migrations' instance_states
@@ -94,7 +96,7 @@ func (s InstanceStatus) Alive() bool { return s.State.Alive() }
 // readerSQL reads instance_states joined to the rows' identity. $1 and $2 the fallback
 // stale threshold and definitive-dead cutoff in seconds, $3 one instance id or NULL, $4 a
 // service name or NULL.
-const readerSQL = `/* pg_liveness:read_instances */ SELECT s.instance_id, s.service_name, i.host_name, i.process_id,
+const readerSQL = `SELECT ` + sqltag.ReadInstances + ` s.instance_id, s.service_name, i.host_name, i.process_id,
        s.state, coalesce(s.lock_held, false), s.last_heartbeat_at, ` + instanceDetailColumns + `
   FROM {states} s
   JOIN {instances} i ON i.instance_id = s.instance_id

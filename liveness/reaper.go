@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 )
 
 // maxLoggedIDs bounds the ids one log line names.
@@ -21,7 +22,7 @@ const maxLoggedIDs = 10
 // ReaperLease is the lease name under which one agent at a time reaps.
 const ReaperLease = "pg_liveness.reaper"
 
-const reapSQL = `/* pg_liveness:cleanup */ SELECT id FROM {schema}.cleanup_stale_instances(
+const reapSQL = `SELECT ` + sqltag.Cleanup + ` id FROM {schema}.cleanup_stale_instances(
 	now() - make_interval(secs => $1), now() - make_interval(secs => $2)) AS id`
 
 // reaperConfig configures a reaper.

@@ -41,6 +41,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 )
 
 //go:embed sql/*.sql
@@ -166,20 +168,24 @@ type State struct {
 // (once the migrations it knows are applied).
 func (st State) Serves(binary int) bool { return st.CompatibleFrom <= binary }
 
+// schemaExistsSQL tells whether $1, the schema_migrations table, exists. The reads of the
+// schema's state carry sqltag.SchemaState, for the exporter's statements collector.
+const schemaExistsSQL = `SELECT ` + sqltag.SchemaState + ` pg_catalog.to_regclass($1) IS NOT NULL`
+
 // ReadState reads the schema's migrations. It needs USAGE on the schema and SELECT on
 // schema_migrations, nothing else, and sends no DDL. Rows recorded before
 // compatible_from existed take the value of the set's file of that version (a version
 // the set does not know counts as compatible from itself).
 func (s Set) ReadState(ctx context.Context, q Querier, schema string) (State, error) {
 	var exists bool
-	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&exists); err != nil {
+	if err := q.QueryRow(ctx, schemaExistsSQL, pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&exists); err != nil {
 		return State{}, fmt.Errorf("migrations: find %s.schema_migrations: %w", pgx.Identifier{schema}.Sanitize(), err)
 	}
 	if !exists {
 		return State{}, nil
 	}
 	// to_jsonb reads compatible_from whether or not the column exists yet.
-	rows, err := q.Query(ctx, `SELECT m.version, (pg_catalog.to_jsonb(m) ->> 'compatible_from')::integer FROM `+
+	rows, err := q.Query(ctx, `SELECT `+sqltag.SchemaState+` m.version, (pg_catalog.to_jsonb(m) ->> 'compatible_from')::integer FROM `+
 		pgx.Identifier{schema}.Sanitize()+`.schema_migrations AS m`)
 	if err != nil {
 		return State{}, fmt.Errorf("migrations: read %s.schema_migrations: %w", pgx.Identifier{schema}.Sanitize(), err)
@@ -364,13 +370,13 @@ func Version(ctx context.Context, q interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, schema string) (int, error) {
 	var exists bool
-	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&exists); err != nil {
+	if err := q.QueryRow(ctx, schemaExistsSQL, pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&exists); err != nil {
 		return 0, err
 	}
 	if !exists {
 		return 0, nil
 	}
 	var v int
-	err := q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+pgx.Identifier{schema}.Sanitize()+`.schema_migrations`).Scan(&v)
+	err := q.QueryRow(ctx, `SELECT `+sqltag.SchemaState+` coalesce(max(version), 0) FROM `+pgx.Identifier{schema}.Sanitize()+`.schema_migrations`).Scan(&v)
 	return v, err
 }

@@ -108,7 +108,7 @@ func BuildScale(b testing.TB, sc Scale) Data {
 	        EXECUTE format('SELECT c%%s, c%%s FROM wide', n / 100, n %% 100);
 	    END LOOP; END $$`, sc.Statements-1))
 	for range 10 {
-		run(`/* pg_liveness:heartbeat */ UPDATE liveness.instances SET last_heartbeat_at = now() WHERE instance_id = $1`,
+		run(`UPDATE /* pg_liveness:heartbeat */ liveness.instances SET last_heartbeat_at = now() WHERE instance_id = $1`,
 			"00000000-0000-0000-0000-000000000000")
 	}
 	var entries int

@@ -29,6 +29,10 @@ type PoolConfig struct {
 	MaxConns        int32
 	ApplicationName string        // unless the DSN sets one
 	ConnectTimeout  time.Duration // per connection attempt, unless the DSN sets one
+	// Logger gets one warning when the server is a PostgreSQL major outside MinMajor to
+	// MaxMajor (VersionWarning), read from the first connection (and again when a new
+	// connection reports another version). Nil logs nothing.
+	Logger *slog.Logger
 }
 
 // DSNSwitch replaces the DSN that the pool's new connections use.
@@ -100,6 +104,12 @@ func NewSwitchablePool(cfg PoolConfig) (*pgxpool.Pool, *DSNSwitch, error) {
 	pc.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
 		sw.apply(cc)
 		return gate.before(ctx)
+	}
+	// The server's version comes with every login (ParameterStatus): no statement is sent.
+	versions := &versionWatch{logger: cfg.Logger}
+	pc.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
+		versions.observe(c.PgConn().ParameterStatus("server_version"))
+		return nil
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {

@@ -96,7 +96,9 @@ func writeReport(path string) error {
 	r := Report{Generated: time.Now(), Machine: machine(), Scenarios: sc}
 	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
 		r.Revision = strings.TrimSpace(string(out))
-		if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
+		// The report itself does not count: the runs of the other majors rewrite it in turn.
+		abs, _ := filepath.Abs(path)
+		if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--", ":/", ":(exclude)"+abs).Output(); err == nil && len(st) > 0 {
 			r.Revision += " (with uncommitted changes)"
 		}
 	}
@@ -107,15 +109,28 @@ func writeReport(path string) error {
 	for _, name := range defaultFlagNames {
 		r.Defaults = append(r.Defaults, Setting{name, defaults[name]})
 	}
-	f, err := os.Create(path)
+	// The sections of the other majors are kept; a run on one of them rewrites only its own.
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	sections := MajorSections(string(old))
+	major, err := pgtest.Major()
 	if err != nil {
 		return err
 	}
-	if err := r.WriteMarkdown(f); err != nil {
-		f.Close()
+	var doc, section strings.Builder
+	if major == 0 {
+		err = r.WriteMarkdown(&doc)
+	} else {
+		doc.Write(old)
+		err = r.WriteMajorSection(&section, major)
+		sections[major] = section.String()
+	}
+	if err != nil {
 		return err
 	}
-	return f.Close()
+	return os.WriteFile(path, []byte(SpliceMajors(doc.String(), sections)), 0o644)
 }
 
 func machine() Machine {

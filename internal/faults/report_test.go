@@ -81,3 +81,62 @@ func TestReportMarkdown(t *testing.T) {
 		t.Errorf("the Alerts table lists a scenario without the check:\n%s", alerts)
 	}
 }
+
+// The other majors' sections survive a run on the default major, and a run on one major
+// rewrites only its own section, whatever the order of the runs.
+func TestReportKeepsEachMajorsSection(t *testing.T) {
+	at := func(h int) time.Time { return time.Date(2026, 1, 2, h, 0, 0, 0, time.UTC) }
+	scenarios := []Scenario{{Number: 1, Name: "TestCrash", Title: "Crash", Trials: 3,
+		Quantities: []Quantity{{Name: "dead", Values: []time.Duration{time.Second}, Window: time.Minute}}}}
+	render := func(r Report, major int) string {
+		var b strings.Builder
+		var err error
+		if major == 0 {
+			err = r.WriteMarkdown(&b)
+		} else {
+			err = r.WriteMajorSection(&b, major)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	run := func(doc string, major int, pg string, hour int) string {
+		r := Report{Generated: at(hour), Machine: Machine{CPUs: 2, PostgreSQL: pg}, Scenarios: scenarios}
+		sections := MajorSections(doc)
+		if major == 0 {
+			return SpliceMajors(render(r, 0), sections)
+		}
+		sections[major] = render(r, major)
+		return SpliceMajors(doc, sections)
+	}
+	main := func(doc string) string { return doc[:strings.Index(doc+"\n"+majorsHeading, "\n"+majorsHeading)] }
+
+	doc := run("", 0, "15.18", 1)
+	doc = run(doc, 18, "18.4", 2)
+	doc = run(doc, 14, "14.23", 3)
+	before := main(doc)
+	doc = run(doc, 18, "18.4", 4) // again: replaces 18's section
+	if main(doc) != before {
+		t.Errorf("a major's run changed the main report:\n%s", doc)
+	}
+	for _, want := range []string{"<!-- faults:major 14:begin -->", "<!-- faults:major 18:begin -->", majorsHeading,
+		"### PostgreSQL 14.23", "### PostgreSQL 18.4", "- Date: 2026-01-02 04:00 UTC"} {
+		if n := strings.Count(doc, want); n != 1 {
+			t.Errorf("%q appears %d times, want once:\n%s", want, n, doc)
+		}
+	}
+	if strings.Contains(doc, "2026-01-02 02:00") {
+		t.Errorf("18's first section was kept beside its rerun")
+	}
+	if strings.Index(doc, "### PostgreSQL 14.23") > strings.Index(doc, "### PostgreSQL 18.4") {
+		t.Errorf("sections out of order of their majors")
+	}
+	doc = run(doc, 0, "15.18", 5) // the default major again: new main report, sections kept
+	if !strings.Contains(main(doc), "- Date: 2026-01-02 05:00 UTC") || len(MajorSections(doc)) != 2 {
+		t.Errorf("a default run lost the majors' sections or kept the old main report:\n%s", doc)
+	}
+	if !strings.Contains(doc, "| 1 | Crash | 3 | 0 | 0 | 0 |") {
+		t.Errorf("no safety row:\n%s", doc)
+	}
+}

@@ -62,7 +62,7 @@ func heartbeatCalls(b *testing.B, ctx context.Context, pool *pgxpool.Pool) int64
 	var n int64
 	err := pool.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
 		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND query LIKE '/* pg_liveness:heartbeat */%'`).Scan(&n)
+		  AND query LIKE '%/* pg_liveness:heartbeat */%'`).Scan(&n)
 	if err != nil {
 		b.Fatal(err)
 	}

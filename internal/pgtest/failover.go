@@ -65,7 +65,14 @@ func (s *Server) Exec(ctx context.Context, sql string) error {
 // StartReplica makes a streaming replica of primary with pg_basebackup and starts it as a
 // hot standby on a port of its own. It has the primary's databases, users and password.
 // Close stops it and removes its folder; a watchdog does so if the calling process dies.
+//
+// The builds of the other majors (EnvMajor) have no pg_basebackup: there it fails at once,
+// saying so; replicas run on Debian's PostgreSQL.
 func StartReplica(primary *Server, opts ...ServerOption) (*Server, error) {
+	if _, err := os.Stat(filepath.Join(primary.bindir, "pg_basebackup")); err != nil {
+		return nil, fmt.Errorf("no pg_basebackup in %s: replicas need Debian's PostgreSQL (apt-get install postgresql; unset %s)",
+			primary.bindir, EnvMajor)
+	}
 	s := &Server{bindir: primary.bindir, Password: primary.Password, cred: primary.cred}
 	for _, o := range opts {
 		o(s)

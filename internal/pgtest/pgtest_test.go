@@ -144,3 +144,31 @@ func TestWithDBName(t *testing.T) {
 		t.Errorf("keyword/value: %s", got)
 	}
 }
+
+// The throwaway server is the major PG_LIVENESS_TEST_PG_MAJOR names, or, unset, Debian's
+// newest under /usr/lib/postgresql.
+func TestServerIsTheMajorAsked(t *testing.T) {
+	major, err := Major()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bindir, err := FindBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if major == 0 {
+		if major = versionOf(bindir); major == 0 {
+			t.Fatalf("%s unset and %s is no /usr/lib/postgresql/<major>/bin", EnvMajor, bindir)
+		}
+	}
+	db := NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var num int
+	if err := db.Conn(t).QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&num); err != nil {
+		t.Fatal(err)
+	}
+	if num/10000 != major {
+		t.Fatalf("server_version_num %d from %s, want major %d", num, bindir, major)
+	}
+}

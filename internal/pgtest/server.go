@@ -46,6 +46,7 @@ type Server struct {
 
 	dir      string
 	bindir   string
+	major    int // WithMajor's, 0 for FindBinDir's choice
 	cred     *syscall.Credential
 	extraCfg []string
 
@@ -64,35 +65,103 @@ func WithSetting(name, value string) ServerOption {
 	return func(s *Server) { s.extraCfg = append(s.extraCfg, name+"="+value) }
 }
 
-// FindBinDir returns the folder that holds initdb and postgres: pg_config's bindir, the
-// newest /usr/lib/postgresql/*/bin, or PATH.
-func FindBinDir() (string, error) {
-	has := func(dir string) bool {
-		for _, b := range []string{"initdb", "postgres"} {
-			if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
-				return false
-			}
+// EnvMajor points the throwaway servers at one PostgreSQL major, e.g. "18": Debian's
+// /usr/lib/postgresql/<major>/bin when it is installed, else the build that
+// scripts/install-deps.sh put in MajorCache()/<major>. Unset, the tests use Debian's
+// (the newest installed, 15 on Debian 12).
+const EnvMajor = "PG_LIVENESS_TEST_PG_MAJOR"
+
+// EnvMajorCache overrides where scripts/install-deps.sh installs the other majors.
+const EnvMajorCache = "PG_LIVENESS_PG_CACHE"
+
+// MajorCache is the folder of the PostgreSQL majors that scripts/install-deps.sh
+// installs, computed as that script does: EnvMajorCache, else
+// /var/cache/pg_liveness_exporter/postgresql as root, else
+// $XDG_CACHE_HOME/pg_liveness_exporter/postgresql (~/.cache by default).
+func MajorCache() string {
+	if d := os.Getenv(EnvMajorCache); d != "" {
+		return d
+	}
+	if os.Geteuid() == 0 {
+		return "/var/cache/pg_liveness_exporter/postgresql"
+	}
+	base := os.Getenv("XDG_CACHE_HOME")
+	if base == "" {
+		home, _ := os.UserHomeDir()
+		base = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(base, "pg_liveness_exporter", "postgresql")
+}
+
+// Major is the major EnvMajor asks for, or 0 when it is unset (Debian's default).
+func Major() (int, error) {
+	v := os.Getenv(EnvMajor)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 10 || n > 99 {
+		return 0, fmt.Errorf("%s=%q: want a PostgreSQL major such as 18", EnvMajor, v)
+	}
+	return n, nil
+}
+
+func hasServerBinaries(dir string) bool {
+	for _, b := range []string{"initdb", "postgres"} {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			return false
 		}
-		return true
+	}
+	return true
+}
+
+// WithMajor runs the server on that PostgreSQL major whatever EnvMajor says, for tests
+// of one major (such as 13, outside the supported range); found as EnvMajor's are.
+func WithMajor(major int) ServerOption {
+	return func(s *Server) { s.major = major }
+}
+
+// FindBinDir returns the folder that holds initdb and postgres: the major EnvMajor names
+// (see there), or else pg_config's bindir, the newest /usr/lib/postgresql/*/bin, or PATH.
+func FindBinDir() (string, error) {
+	major, err := Major()
+	if err != nil {
+		return "", err
+	}
+	if major != 0 {
+		return majorBinDir(major)
 	}
 	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
-		if dir := strings.TrimSpace(string(out)); has(dir) {
+		if dir := strings.TrimSpace(string(out)); hasServerBinaries(dir) {
 			return dir, nil
 		}
 	}
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
 	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
 	for _, d := range dirs {
-		if has(d) {
+		if hasServerBinaries(d) {
 			return d, nil
 		}
 	}
 	if p, err := exec.LookPath("initdb"); err == nil {
-		if real, err := filepath.EvalSymlinks(p); err == nil && has(filepath.Dir(real)) {
+		if real, err := filepath.EvalSymlinks(p); err == nil && hasServerBinaries(filepath.Dir(real)) {
 			return filepath.Dir(real), nil
 		}
 	}
 	return "", errors.New(InstallHint)
+}
+
+// majorBinDir finds one major: Debian's if installed, else the cached build.
+func majorBinDir(major int) (string, error) {
+	if d := fmt.Sprintf("/usr/lib/postgresql/%d/bin", major); hasServerBinaries(d) {
+		return d, nil
+	}
+	d := filepath.Join(MajorCache(), strconv.Itoa(major), "bin")
+	if hasServerBinaries(d) {
+		return d, nil
+	}
+	return "", fmt.Errorf("PostgreSQL %d not found in /usr/lib/postgresql/%d/bin or %s (%s=%d): run scripts/install-deps.sh test",
+		major, major, d, EnvMajor, major)
 }
 
 func versionOf(bindir string) int {
@@ -104,13 +173,18 @@ func versionOf(bindir string) int {
 // it and removes the folder. If the calling process dies first (a panic, a test timeout, a
 // signal), a small watchdog process stops the server and removes the folder.
 func StartServer(opts ...ServerOption) (*Server, error) {
-	bindir, err := FindBinDir()
-	if err != nil {
-		return nil, err
-	}
-	s := &Server{bindir: bindir, Password: randomHex(12)}
+	s := &Server{Password: randomHex(12)}
 	for _, o := range opts {
 		o(s)
+	}
+	var err error
+	if s.major != 0 {
+		s.bindir, err = majorBinDir(s.major)
+	} else {
+		s.bindir, err = FindBinDir()
+	}
+	if err != nil {
+		return nil, err
 	}
 	if s.dir, err = os.MkdirTemp("", "pg_liveness_test_"); err != nil {
 		return nil, err
@@ -170,6 +244,10 @@ func (s *Server) initdb() error {
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
 	out, err := cmd.CombinedOutput()
 	_ = os.Remove(pwfile)
+	if err != nil && s.cred != nil && (errors.Is(err, os.ErrPermission) || strings.Contains(string(out), "ermission denied")) {
+		return fmt.Errorf("initdb as uid %d: %v (%s): the server's files (%s and its folders) must be readable and executable by that user",
+			s.cred.Uid, err, strings.TrimSpace(lastLines(string(out), 5)), filepath.Dir(s.bindir))
+	}
 	if err != nil {
 		return fmt.Errorf("initdb: %v: %s", err, lastLines(string(out), 5))
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -125,8 +126,7 @@ var ErrTableMissing = errors.New("whizbang: instances table not found")
 
 // TableCheckSQL returns one row: whether the table exists and the role may read it. $1
 // the table's quoted identifier.
-const TableCheckSQL = `/* pg_liveness:whizbang_table */
-SELECT pg_catalog.to_regclass($1) IS NOT NULL
+const TableCheckSQL = `SELECT ` + sqltag.WhizbangTable + ` pg_catalog.to_regclass($1) IS NOT NULL
    AND pg_catalog.has_table_privilege(pg_catalog.to_regclass($1), 'SELECT')`
 
 // Verdicts returns a subquery over the source's instances, with the columns
