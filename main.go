@@ -44,10 +44,10 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	statuspage "github.com/pg-liveness/pg_liveness_exporter/internal/status"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/webconfig"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -179,7 +179,7 @@ func newLogger(f *flags, w io.Writer) *slog.Logger {
 func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) int {
 	f, err := parseFlags(args, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
+		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, logging.Redact(err.Error()))
 		return exitConfig
 	}
 	logger := newLogger(f, stderr)
@@ -187,7 +187,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	// Everything that can be wrong with the configuration is found before listening.
 	webConfig, err := loadWeb(f)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
+		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, logging.Redact(err.Error()))
 		return exitConfig
 	}
 	if webConfig != nil {
@@ -195,7 +195,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	}
 	w, err := wire(f, envDSN, logger)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
+		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, logging.Redact(err.Error()))
 		return exitConfig
 	}
 	w.web = webConfig

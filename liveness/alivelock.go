@@ -20,8 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/sys/unix"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 )
 
 // Defaults of the alive lock's session (AgentConfig.Keepalive*, VerifyInterval). With them the server drops a half-open client's session,
@@ -155,7 +154,7 @@ func (c aliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
 
 	cfg, err := pgx.ParseConfig(c.DSN)
 	if err != nil {
-		return nil, 0, &ConfigError{Field: "aliveLockConfig.DSN", Reason: dsn.RedactError(err).Error()}
+		return nil, 0, &ConfigError{Field: "aliveLockConfig.DSN", Reason: logging.RedactError(err).Error()}
 	}
 	rp := cfg.RuntimeParams
 	rp["application_name"] = c.ServiceName + ":alive-lock"

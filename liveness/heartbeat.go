@@ -15,8 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 )
 
 // beatTimeout is a beat's deadline: half the fast interval, at most
@@ -385,7 +384,7 @@ func (h *heartbeatWorker) failed() {
 // AgentConfig.ShutdownTimeout).
 func (h *heartbeatWorker) Remove(ctx context.Context) error {
 	if _, err := h.pool.Exec(ctx, h.deleteSQL, h.instanceID); err != nil {
-		return fmt.Errorf("heartbeat: remove instance row: %w", dsn.RedactError(err))
+		return fmt.Errorf("heartbeat: remove instance row: %w", logging.RedactError(err))
 	}
 	return nil
 }

@@ -44,8 +44,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 )
 
 // Page sizes and caps. They bound the page's weight whatever the fleet's size.
@@ -423,7 +423,7 @@ func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
 	}
 	p.Leases = LeasesView{Name: q.lease, Page: q.leasePage, PageSize: LeasesPerPage, Rows: []LeaseView{}}
 	fail := func(what string, err error) {
-		msg := what + ": " + text(dsn.Redact(err.Error()))
+		msg := what + ": " + text(logging.Redact(err.Error()))
 		p.Errors = append(p.Errors, msg)
 		h.log.Debug("status page", "err", msg) // the page shows it; the collectors log database failures
 	}

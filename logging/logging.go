@@ -1,11 +1,3 @@
-// Package logging holds what every logger of this module shares: a handler that takes
-// passwords out of every record, so that no log line has to remember to, and Repeats,
-// which turns a condition met again and again (a failure retried on every tick, a state
-// seen on every scrape) into one line when it begins or changes and one when it ends.
-//
-// Loggers are wrapped where they are built (the binaries) and where a caller's logger
-// enters a library (liveness); parts that receive a logger from their owner use it as
-// it is.
 package logging
 
 import (
@@ -15,8 +7,6 @@ import (
 	"runtime"
 	"sync"
 	"time"
-
-	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 )
 
 // Wrap returns l with every record redacted (see Redacting). A nil l gives a logger that
@@ -50,7 +40,7 @@ func (h redactor) Enabled(ctx context.Context, level slog.Level) bool {
 }
 
 func (h redactor) Handle(ctx context.Context, r slog.Record) error {
-	out := slog.NewRecord(r.Time, r.Level, dsn.Redact(r.Message), r.PC)
+	out := slog.NewRecord(r.Time, r.Level, Redact(r.Message), r.PC)
 	r.Attrs(func(a slog.Attr) bool {
 		out.AddAttrs(redact(a))
 		return true
@@ -80,20 +70,20 @@ func redact(a slog.Attr) slog.Attr {
 	v := a.Value.Resolve()
 	switch v.Kind() {
 	case slog.KindString:
-		return slog.String(a.Key, dsn.Redact(v.String()))
+		return slog.String(a.Key, Redact(v.String()))
 	case slog.KindGroup:
 		return slog.Attr{Key: a.Key, Value: slog.GroupValue(redactAll(v.Group())...)}
 	case slog.KindAny:
 		switch x := v.Any().(type) {
 		case error:
-			return slog.String(a.Key, dsn.RedactError(x).Error())
+			return slog.String(a.Key, RedactError(x).Error())
 		case []byte:
-			if s := string(x); dsn.Redact(s) != s {
-				return slog.String(a.Key, dsn.Redact(s))
+			if s := string(x); Redact(s) != s {
+				return slog.String(a.Key, Redact(s))
 			}
 		default:
-			if s := fmt.Sprintf("%+v", x); dsn.Redact(s) != s {
-				return slog.String(a.Key, dsn.Redact(s))
+			if s := fmt.Sprintf("%+v", x); Redact(s) != s {
+				return slog.String(a.Key, Redact(s))
 			}
 		}
 	}
