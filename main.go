@@ -10,16 +10,19 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,7 +51,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/webconfig"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/logging"
-	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 const exporterName = "pg_liveness_exporter"
@@ -92,6 +95,9 @@ type flags struct {
 	reaperInterval, reaperTTL                     time.Duration
 	duplicateTimeout                              time.Duration
 
+	// source is where instances are read from, bound to the data layer's type; its
+	// Schema and Fallback come from --db.schema and the agent's timing flags.
+	source     store.SourceConfig
 	collectors *collector.Config
 }
 
@@ -143,9 +149,40 @@ func newApp(stderr io.Writer) (*kingpin.Application, *flags) {
 	app.Flag("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.").Default(liveness.DefaultReaperLeaseTTL.String()).DurationVar(&f.reaperTTL)
 	app.Flag("agent.duplicate-timeout", "How long the agent waits, writing nothing, while another process holds its instance id's alive lock, before it exits non-zero.").Default(liveness.DefaultDuplicateTimeout.String()).DurationVar(&f.duplicateTimeout)
 
+	addSourceFlags(app, &f.source)
 	f.collectors = collector.AddFlags(app)
 	return app, f
 }
+
+// addSourceFlags binds --source and --source.whizbang.* to the source's configuration,
+// their defaults Whizbang's documented ones.
+func addSourceFlags(app *kingpin.Application, s *store.SourceConfig) {
+	s.Kind, s.Whizbang = store.SourceLiveness, store.DefaultWhizbang()
+	w, t := &s.Whizbang, &s.Whizbang.Timing
+	app.Flag("source", "Where instances are read from: liveness (this project's schema) or whizbang (a Whizbang "+
+		"database as it is, read only; needs --no-agent).").Default(string(store.SourceLiveness)).
+		EnumVar((*string)(&s.Kind), string(store.SourceLiveness), string(store.SourceWhizbang))
+	app.Flag("source.whizbang.schema", "Schema of Whizbang's tables.").Default(w.Schema).StringVar(&w.Schema)
+	app.Flag("source.whizbang.prefix", "Prefix of Whizbang's tables: instances are read from <prefix>service_instances (empty: service_instances).").
+		Default(w.Prefix).SetValue(whizbangPrefix{w})
+	app.Flag("source.whizbang.lock-key-prefix", "Text before the instance id in Whizbang's alive-lock key, hashtext(<prefix> || instance_id).").
+		Default(w.LockKeyPrefix).StringVar(&w.LockKeyPrefix)
+	app.Flag("source.whizbang.heartbeat-interval", "Whizbang's fast heartbeat cadence (Whizbang stores no timing in its rows).").
+		Default(t.HeartbeatInterval.String()).DurationVar(&t.HeartbeatInterval)
+	app.Flag("source.whizbang.heartbeat-slow-interval", "Whizbang's slow heartbeat cadence, while the alive lock is held.").
+		Default(t.HeartbeatSlowInterval.String()).DurationVar(&t.HeartbeatSlowInterval)
+	app.Flag("source.whizbang.stale-threshold", "A Whizbang heartbeat older than this is stale; must be above the slow cadence.").
+		Default(t.StaleThreshold.String()).DurationVar(&t.StaleThreshold)
+	app.Flag("source.whizbang.definitive-dead-cutoff", "A Whizbang heartbeat older than this is dead even with the lock held (its cleanup_stale_instances p_definitive_dead_cutoff).").
+		Default(t.DefinitiveDeadCutoff.String()).DurationVar(&t.DefinitiveDeadCutoff)
+}
+
+// whizbangPrefix is --source.whizbang.prefix: an empty value is no prefix
+// (Whizbang.NoPrefix), where the library's empty Prefix is Whizbang's default.
+type whizbangPrefix struct{ w *store.Whizbang }
+
+func (p whizbangPrefix) Set(v string) error { p.w.Prefix, p.w.NoPrefix = v, v == ""; return nil }
+func (p whizbangPrefix) String() string     { return p.w.Prefix }
 
 // nameFlagInError prefixes kingpin's value errors ("time: invalid duration \"soon\"")
 // with the flag whose value they quote, so the one line says which flag is wrong.
@@ -212,7 +249,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 			_ = l.Close()
 		}
 	}()
-	logger.Info("starting "+exporterName, "version", version.Info(), "database", w.database, "source", f.collectors.Source.Kind, "schema", f.schema, "agent", f.agent)
+	logger.Info("starting "+exporterName, "version", version.Info(), "database", w.database, "source", w.source.Kind(), "schema", f.schema, "agent", f.agent)
 
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)
@@ -221,9 +258,9 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	wg.Go(func() {
 		// Whatever happens here, the exporter keeps serving: an agent that cannot join
 		// leaves an observer, and pg_liveness_agent_joined says so.
-		if src := f.collectors.Source; src.Kind == collector.SourceWhizbang {
+		if w.source.Kind() == store.SourceWhizbang {
 			// A Whizbang database is observed as it is: no schema of ours, no agent.
-			if err := src.Whizbang.CheckTable(bg, w.pool, 5*time.Second); err != nil && bg.Err() == nil {
+			if err := w.source.CheckTable(bg, w.pool, 5*time.Second); err != nil && bg.Err() == nil {
 				logger.Error("cannot read the Whizbang source; check --source.whizbang.schema, --source.whizbang.prefix and the role's grants",
 					"err", err)
 			}
@@ -304,9 +341,9 @@ type binaryStatus struct {
 	agentStarted atomic.Bool
 }
 
-func (b *binaryStatus) Status() collector.Status {
+func (b *binaryStatus) Status() store.BinaryStatus {
 	s := b.schema.Get()
-	return collector.Status{
+	return store.BinaryStatus{
 		SchemaRead: s.Read, SchemaVersion: s.State.Version, SchemaCompatibleFrom: s.State.CompatibleFrom,
 		BinaryVersion: s.Binary, SchemaCompatible: s.Compatible, AgentStarted: b.agentStarted.Load(),
 	}
@@ -318,6 +355,7 @@ type wired struct {
 	reloads   *reloadStatus
 	status    *binaryStatus
 	database  string // the main DSN rebuilt without its password, for log lines
+	source    *store.Source
 	pool      *pgxpool.Pool
 	agent     *liveness.Agent
 	mux       *http.ServeMux
@@ -338,8 +376,18 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 		}
 		directDSN = f.directDSN
 	}
-	if err := migrations.ValidateSchemaName(f.schema); err != nil {
+	if err := store.ValidateSchemaName(f.schema); err != nil {
 		return nil, fmt.Errorf("--db.schema %s", err)
+	}
+	// The one parsed source: the collectors, the status page and its Reader all read it.
+	f.source.Schema = f.schema
+	f.source.Fallback = liveness.Timing{StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead}
+	if err := checkSourceFlags(f); err != nil {
+		return nil, err
+	}
+	source, err := store.NewSource(f.source)
+	if err != nil {
+		return nil, asFlagError(err)
 	}
 	if err := validateLabelFlag(f.serviceName); err != nil {
 		return nil, fmt.Errorf("--agent.service-name: %w", err)
@@ -350,7 +398,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 	if f.connectTimeout <= 0 {
 		return nil, fmt.Errorf("--db.connect-timeout must be above zero, got %s", f.connectTimeout)
 	}
-	whizbangSource := f.collectors.Source.Kind == collector.SourceWhizbang
+	whizbangSource := source.Kind() == store.SourceWhizbang
 	if whizbangSource && f.agent {
 		return nil, errors.New("--source=whizbang observes a Whizbang database and writes nothing to it: add --no-agent")
 	}
@@ -375,7 +423,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 	}()
 
 	var agent *liveness.Agent
-	var source collector.AgentSource
+	var agentSource collector.AgentSource
 	if f.agent {
 		host, _ := os.Hostname()
 		agent, err = liveness.NewAgent(liveness.AgentConfig{
@@ -392,17 +440,15 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 		if err != nil {
 			return nil, asFlagError(err)
 		}
-		source = agent
+		agentSource = agent
 	}
 
 	status := &binaryStatus{schema: &database.SchemaStatus{}}
 	if !whizbangSource { // no schema of ours to report on
 		f.collectors.Status = status
 	}
-	f.collectors.Schema = f.schema
-	f.collectors.StaleThreshold = f.stale
-	f.collectors.DefinitiveDeadCutoff = f.definitiveDead
-	exporter, err := collector.New(*f.collectors, pool, source, logger.With("component", "collector"))
+	f.collectors.Source = source
+	exporter, err := collector.New(*f.collectors, pool, agentSource, logger.With("component", "collector"))
 	if err != nil {
 		return nil, err
 	}
@@ -415,7 +461,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 		versioncollector.NewCollector(exporterName),
 		reloads,
 	)
-	page, err := newStatusPage(f, pool, source, status, logger)
+	page, err := newStatusPage(f, pool, source, agentSource, status, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -435,7 +481,8 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 		}
 		mux.Handle("/", landing)
 	}
-	return &wired{dsnSwitch: dsnSwitch, reloads: reloads, status: status, database: dsn.Describe(mainDSN), pool: pool, agent: agent, mux: mux}, nil
+	return &wired{dsnSwitch: dsnSwitch, reloads: reloads, status: status, database: dsn.Describe(mainDSN), source: source, pool: pool,
+		agent: agent, mux: mux}, nil
 }
 
 // checkAgentFlags checks the agent's flags that the library would take differently, and
@@ -466,25 +513,52 @@ func checkAgentFlags(f *flags) (uuid.UUID, error) {
 }
 
 // newStatusPage builds /status and /status.json, under the same web configuration as
-// the metrics.
-func newStatusPage(f *flags, pool *pgxpool.Pool, agent collector.AgentSource, status collector.StatusSource, logger *slog.Logger) (http.Handler, error) {
+// the metrics, on the source the collectors read.
+func newStatusPage(f *flags, pool *pgxpool.Pool, source *store.Source, agent collector.AgentSource, status store.StatusSource,
+	logger *slog.Logger) (http.Handler, error) {
 	if f.telemetryPath == "/status" || f.telemetryPath == "/status.json" {
 		return nil, fmt.Errorf("--web.telemetry-path %q is the status page's path", f.telemetryPath)
 	}
-	rc := liveness.ReaderConfig{DB: pool, Schema: f.schema,
-		Fallback: liveness.Timing{StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead}}
-	src := f.collectors.Source // checked with the collectors' flags
-	if rc.Whizbang = src.ReaderSource(); rc.Whizbang != nil {
+	if source.Kind() == store.SourceWhizbang {
 		status = nil // no schema of ours to report on
 	}
-	reader, err := liveness.NewReader(rc)
-	if err != nil && rc.Whizbang != nil {
-		return nil, err // not expected: the collectors' flags checked the same source
-	} else if err != nil {
-		return nil, fmt.Errorf("--agent.definitive-dead-cutoff (%s) must be above --agent.stale-threshold (%s)", f.definitiveDead, f.stale)
+	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool, Source: source})
+	if err != nil {
+		return nil, asFlagError(err)
 	}
-	return statuspage.New(statuspage.Config{Reader: reader, DB: pool, Schema: f.schema, Source: src, Agent: agent, Status: status,
+	return statuspage.New(statuspage.Config{Reader: reader, DB: pool, Agent: agent, Status: status,
 		Logger: logger.With("component", "status")})
+}
+
+// checkSourceFlags refuses a zero duration or an empty name among the flags the source
+// takes: the library takes zero or empty for its default, but on the command line it is
+// a mistake (an empty --source.whizbang.prefix is not: it means no prefix).
+func checkSourceFlags(f *flags) error {
+	type value struct {
+		flag  string
+		value any
+	}
+	values := []value{{"--agent.stale-threshold", f.stale}, {"--agent.definitive-dead-cutoff", f.definitiveDead}}
+	if w := f.source.Whizbang; f.source.Kind == store.SourceWhizbang {
+		values = []value{{"--source.whizbang.schema", w.Schema}, {"--source.whizbang.lock-key-prefix", w.LockKeyPrefix},
+			{"--source.whizbang.heartbeat-interval", w.Timing.HeartbeatInterval},
+			{"--source.whizbang.heartbeat-slow-interval", w.Timing.HeartbeatSlowInterval},
+			{"--source.whizbang.stale-threshold", w.Timing.StaleThreshold},
+			{"--source.whizbang.definitive-dead-cutoff", w.Timing.DefinitiveDeadCutoff}}
+	}
+	for _, v := range values {
+		switch x := v.value.(type) {
+		case time.Duration:
+			if x == 0 {
+				return fmt.Errorf("%s (%s) must be positive", v.flag, x)
+			}
+		case string:
+			if x == "" {
+				return fmt.Errorf("%s must not be empty", v.flag)
+			}
+		}
+	}
+	return nil
 }
 
 // validateLabelFlag refuses a value that ends up as a label value and in the database
@@ -561,9 +635,10 @@ func listen(f *flags) ([]net.Listener, error) {
 	return ls, nil
 }
 
-// agentFlagFields is the one table from the liveness library's AgentConfig fields to the
-// flags that set them: the library's errors name fields, and the binary reports flags.
-var agentFlagFields = map[string]string{
+// libraryFlagFields is the one table from the library's configuration fields (the liveness
+// package's AgentConfig, the data layer's SourceConfig) to the flags that set them: the
+// library's errors name fields, and the binary reports flags.
+var libraryFlagFields = map[string]string{
 	"AgentConfig.DirectDSN":                    "--db.direct-dsn",
 	"AgentConfig.InstanceID":                   "--agent.instance-id",
 	"AgentConfig.ServiceName":                  "--agent.service-name",
@@ -580,21 +655,37 @@ var agentFlagFields = map[string]string{
 	"AgentConfig.ReaperInterval":               "--agent.reaper-interval",
 	"AgentConfig.ReaperLeaseTTL":               "--agent.reaper-lease-ttl",
 	"AgentConfig.DuplicateTimeout":             "--agent.duplicate-timeout",
+
+	"SourceConfig.Kind":                                  "--source",
+	"SourceConfig.Schema":                                "--db.schema",
+	"SourceConfig.Fallback.StaleThreshold":               "--agent.stale-threshold",
+	"SourceConfig.Fallback.DefinitiveDeadCutoff":         "--agent.definitive-dead-cutoff",
+	"SourceConfig.Whizbang.Schema":                       "--source.whizbang.schema",
+	"SourceConfig.Whizbang.Prefix":                       "--source.whizbang.prefix",
+	"SourceConfig.Whizbang.NoPrefix":                     "--source.whizbang.prefix",
+	"SourceConfig.Whizbang.LockKeyPrefix":                "--source.whizbang.lock-key-prefix",
+	"SourceConfig.Whizbang.Timing.HeartbeatInterval":     "--source.whizbang.heartbeat-interval",
+	"SourceConfig.Whizbang.Timing.HeartbeatSlowInterval": "--source.whizbang.heartbeat-slow-interval",
+	"SourceConfig.Whizbang.Timing.StaleThreshold":        "--source.whizbang.stale-threshold",
+	"SourceConfig.Whizbang.Timing.DefinitiveDeadCutoff":  "--source.whizbang.definitive-dead-cutoff",
 }
 
-// asFlagError rewrites a *liveness.ConfigError in terms of the flags.
+// asFlagError rewrites a *liveness.ConfigError (the library's one error type for its
+// configuration) in terms of the flags.
 func asFlagError(err error) error {
 	var ce *liveness.ConfigError
 	if !errors.As(err, &ce) {
 		return err
 	}
 	field := ce.Field
-	if flag, ok := agentFlagFields[field]; ok {
+	if flag, ok := libraryFlagFields[field]; ok {
 		field = flag
 	}
 	reason := ce.Reason
-	for from, to := range agentFlagFields {
-		reason = strings.ReplaceAll(reason, from, to)
+	// Longest field first, so that no field's name is rewritten inside a longer one's.
+	fields := slices.SortedFunc(maps.Keys(libraryFlagFields), func(a, b string) int { return cmp.Compare(len(b), len(a)) })
+	for _, from := range fields {
+		reason = strings.ReplaceAll(reason, from, libraryFlagFields[from])
 	}
 	return errors.New(field + " " + reason)
 }

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // Defaults of the alive lock's session (AgentConfig.Keepalive*, VerifyInterval). With them the server drops a half-open client's session,
@@ -223,8 +224,8 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 		instanceID:        cfg.InstanceID.String(),
 		verifyEvery:       cfg.VerifyInterval,
 		clientUserTimeout: clientUserTimeout,
-		claimSQL:          sqlFor(cfg.Schema, claimSQL),
-		verifySQL:         sqlFor(cfg.Schema, verifySQL),
+		claimSQL:          store.AliveLockClaim.In(cfg.Schema).SQL,
+		verifySQL:         store.AliveLockVerify.In(cfg.Schema).SQL,
 		log:               logging.Wrap(cfg.Logger),
 	}
 	if a.verifyEvery == 0 {

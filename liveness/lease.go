@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // MinLeaseTTL is the shortest ttl a lease may have.
@@ -618,4 +619,22 @@ func (l *Leases) Stats() []LeaseStats {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// leaseStatements are the lease statements (store/sql/leases.sql) rendered for one
+// schema, once, when the Leases are built.
+type leaseStatements struct {
+	acquire, renew, release, abandon, leader, fence, detach string
+}
+
+func newLeaseStatements(schema string) leaseStatements {
+	return leaseStatements{
+		acquire: store.LeaseAcquire.In(schema).SQL,
+		renew:   store.LeaseRenew.In(schema).SQL,
+		release: store.LeaseRelease.In(schema).SQL,
+		abandon: store.LeaseAbandon.In(schema).SQL,
+		leader:  store.LeaseLeader.In(schema).SQL,
+		fence:   store.LeaseFence.In(schema).SQL,
+		detach:  store.LeaseDetach.In(schema).SQL,
+	}
 }

@@ -2,10 +2,11 @@
 // who is alive and who holds what, right now, for a person at 3 a.m. whose Grafana may
 // be the thing that is down.
 //
-// Everything comes from the statements the rest of the exporter runs: instance states
-// and lease holders from liveness.Reader.Fleet (the one verdict, evaluated once per
-// page), advisory-lock holders from the advisory-locks collector's own statement, and the
-// local agent from its snapshot. At the budget's scale (10,000 instances, 1,000 leases)
+// Everything comes from the data layer's statements (package store), which the rest of
+// the exporter runs too: instance states and lease holders from liveness.Reader.Fleet
+// (the one verdict, evaluated once per page), advisory-lock holders from the
+// advisory-locks statement the collector sends, rendered for the Reader's own source,
+// and the local agent from its snapshot. It imports no other view. At the budget's scale (10,000 instances, 1,000 leases)
 // the page aggregates per service and shows one page of instances, problems first, and
 // one page of leases.
 //
@@ -43,9 +44,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // Page sizes and caps. They bound the page's weight whatever the fleet's size.
@@ -67,16 +68,13 @@ const (
 // Config is what the status page reads.
 type Config struct {
 	Reader *liveness.Reader // instances and leases
-	// DB runs the advisory-locks statement; nil leaves that section out.
-	DB     liveness.Querier
-	Schema string // the liveness schema; liveness.DefaultSchema if empty
-	// Source is where the advisory-locks statement matches alive locks: our schema (the
-	// zero value) or a Whizbang database. Reader must read the same source.
-	Source collector.SourceConfig
+	// DB runs the advisory-locks statement, which matches alive locks in the Reader's
+	// source; nil leaves that section out.
+	DB liveness.Querier
 	// Agent is the local agent; nil when the exporter runs as an observer only.
 	Agent AgentSource
 	// Status is the binary's view of the schema; nil leaves that line out.
-	Status collector.StatusSource
+	Status store.StatusSource
 	Logger *slog.Logger
 }
 
@@ -87,11 +85,10 @@ type AgentSource interface {
 
 // Handler serves /status and /status.json (the path's suffix decides).
 type Handler struct {
-	cfg       Config
-	locksSQL  string
-	locksArgs []any
-	log       *slog.Logger
-	load      *limiter
+	cfg   Config
+	locks store.Query // advisory_locks, for the Reader's source
+	log   *slog.Logger
+	load  *limiter
 }
 
 // New returns the page's handler.
@@ -101,7 +98,7 @@ func New(cfg Config) (*Handler, error) {
 	}
 	h := &Handler{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), load: newLimiter()}
 	if cfg.DB != nil {
-		h.locksSQL, h.locksArgs = collector.AdvisoryLocksStatement(cfg.Schema, cfg.Source)
+		h.locks = store.AdvisoryLocks.For(cfg.Reader.Source())
 	}
 	return h, nil
 }
@@ -439,7 +436,7 @@ func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
 	} else {
 		p.fill(fleet)
 	}
-	if h.locksSQL != "" && !dbErr {
+	if h.locks.SQL != "" && !dbErr {
 		locks, err := h.readLocks(ctx)
 		if err != nil {
 			fail("cannot read advisory locks", err)
@@ -552,11 +549,11 @@ func validJSON(b json.RawMessage) json.RawMessage {
 // readLocks runs the advisory-locks collector's statement and groups its rows by
 // application.
 func (h *Handler) readLocks(ctx context.Context) (*LocksView, error) {
-	rows, err := h.cfg.DB.Query(ctx, h.locksSQL, h.locksArgs...)
+	rows, err := h.cfg.DB.Query(ctx, h.locks.SQL, h.locks.Args()...)
 	if err != nil {
 		return nil, err
 	}
-	read, err := pgx.CollectRows(rows, pgx.RowToStructByName[collector.AdvisoryLocksRow])
+	read, err := pgx.CollectRows(rows, pgx.RowToStructByName[store.AdvisoryLocksRow])
 	if err != nil {
 		return nil, err
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/whizbang"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 func ctxT(t *testing.T) context.Context {
@@ -32,9 +32,11 @@ type Fixture struct {
 	Observer *pgxpool.Pool
 	// ObserverDSN connects as the observer role.
 	ObserverDSN string
-	Source      whizbang.Source
-	locks       map[uuid.UUID]*pgx.Conn
-	admin       *pgxpool.Pool
+	// Source is the Whizbang database as a reader configures it: Whizbang's defaults,
+	// every field set, which the fixture's table and locks follow.
+	Source store.Whizbang
+	locks  map[uuid.UUID]*pgx.Conn
+	admin  *pgxpool.Pool
 }
 
 func NewFixture(t *testing.T, db *pgtest.DB) *Fixture {
@@ -61,8 +63,18 @@ func NewFixture(t *testing.T, db *pgtest.DB) *Fixture {
 	db.Exec(t, `ALTER ROLE `+role+` SET default_transaction_read_only = on`)
 	dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s dbname=%s sslmode=disable", db.Server.Port, role, pw, db.Name)
 	obs := pgtest.Pool(t, dsn, 2)
-	return &Fixture{DB: db, Observer: obs, ObserverDSN: dsn, Source: whizbang.Defaults(),
+	return &Fixture{DB: db, Observer: obs, ObserverDSN: dsn, Source: store.DefaultWhizbang(),
 		locks: map[uuid.UUID]*pgx.Conn{}, admin: db.Pool(t, 2)}
+}
+
+// Reads returns the fixture's source as a reader takes it.
+func (f *Fixture) Reads(t testing.TB) *store.Source {
+	t.Helper()
+	src, err := store.NewSource(store.SourceConfig{Kind: store.SourceWhizbang, Whizbang: f.Source})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
 }
 
 // Register inserts an instance whose last heartbeat is age ago.

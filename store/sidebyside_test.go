@@ -1,4 +1,4 @@
-package whizbang_test
+package store_test
 
 import (
 	"flag"
@@ -9,17 +9,23 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/whizbang"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/whizbang/whizbangtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/whizbangtest"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
-var update = flag.Bool("update", false, "rewrite scripts/whizbang-side-by-side.sql")
+// update rewrites the generated files the tests check: scripts/whizbang-side-by-side.sql
+// and store/schema.sql (on its major).
+var update = flag.Bool("update", false, "rewrite the generated files: scripts/whizbang-side-by-side.sql and store/schema.sql")
 
-const scriptPath = "../../scripts/whizbang-side-by-side.sql"
+const scriptPath = "../scripts/whizbang-side-by-side.sql"
 
 func TestSideBySideScriptIsUpToDate(t *testing.T) {
-	want, err := whizbang.Defaults().SideBySideSQL(migrations.DefaultSchema)
+	src, err := store.NewSource(store.SourceConfig{Kind: store.SourceWhizbang})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := src.SideBySideScript(store.DefaultSchema)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +39,7 @@ func TestSideBySideScriptIsUpToDate(t *testing.T) {
 		t.Fatal(err)
 	}
 	if string(got) != want {
-		t.Fatalf("%s is stale: run go test ./internal/whizbang -run SideBySideScriptIsUpToDate -update", scriptPath)
+		t.Fatalf("%s is stale: run go test ./store -run SideBySideScriptIsUpToDate -update", scriptPath)
 	}
 }
 
@@ -55,7 +61,7 @@ func TestSideBySideScript(t *testing.T) {
 
 	whAlive, whStale, whGone := uuid.New(), uuid.New(), uuid.New()
 	f.Register(t, whAlive, "orders", time.Second)
-	f.Register(t, whStale, "orders", f.Source.StaleThreshold+time.Second)
+	f.Register(t, whStale, "orders", f.Source.Timing.StaleThreshold+time.Second)
 	if !f.Claim(t, whAlive) {
 		t.Fatal("claim failed")
 	}

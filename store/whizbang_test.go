@@ -1,25 +1,15 @@
-package whizbang_test
+package store_test
 
 import (
-	"context"
-	"errors"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/whizbang"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/whizbang/whizbangtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/whizbangtest"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
-
-func TestMain(m *testing.M) { pgtest.Main(m) }
-
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 type verdict struct {
 	State     string
@@ -31,12 +21,8 @@ type verdict struct {
 // Verdicts reads every instance's verdict as the observer.
 func verdicts(f *whizbangtest.Fixture, t *testing.T) map[uuid.UUID]verdict {
 	t.Helper()
-	sub, err := f.Source.Verdicts("$1::interval", "$2::interval", "$3::text")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rows, err := f.Observer.Query(ctxT(t), `SELECT v.instance_id, v.state, v.alive, v.lock_held, v.key_shared FROM `+sub+` v`,
-		f.Source.StaleThreshold, f.Source.DefinitiveDeadCutoff, f.Source.LockKeyPrefix)
+	q := store.VerdictsQuery(f.Reads(t))
+	rows, err := f.Observer.Query(ctxT(t), q.SQL, q.Args()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,12 +60,12 @@ func TestVerdictWalksThroughTheStates(t *testing.T) {
 				t.Fatal("claim failed")
 			}
 		}, "alive", true, true},
-		{"lock held, heartbeat at the slow cadence", func() { f.Beat(t, id, src.HeartbeatSlowInterval+time.Second) }, "alive", true, true},
-		{"lock held, heartbeat stale", func() { f.Beat(t, id, src.StaleThreshold+time.Second) }, "lock_only", true, true},
-		{"lock held, heartbeat past the definitive-dead cutoff (hung)", func() { f.Beat(t, id, src.DefinitiveDeadCutoff+time.Second) }, "zombie", false, true},
+		{"lock held, heartbeat at the slow cadence", func() { f.Beat(t, id, src.Timing.HeartbeatSlowInterval+time.Second) }, "alive", true, true},
+		{"lock held, heartbeat stale", func() { f.Beat(t, id, src.Timing.StaleThreshold+time.Second) }, "lock_only", true, true},
+		{"lock held, heartbeat past the definitive-dead cutoff (hung)", func() { f.Beat(t, id, src.Timing.DefinitiveDeadCutoff+time.Second) }, "zombie", false, true},
 		{"crashed: lock gone, heartbeat old", func() { f.Crash(t, id) }, "stale", false, false},
 		{"heartbeat-only mode, fresh", func() { f.Beat(t, id, time.Second) }, "heartbeat_only", true, false},
-		{"heartbeat-only mode, stale", func() { f.Beat(t, id, src.StaleThreshold+time.Second) }, "stale", false, false},
+		{"heartbeat-only mode, stale", func() { f.Beat(t, id, src.Timing.StaleThreshold+time.Second) }, "stale", false, false},
 		{"back: lock and heartbeat", func() {
 			f.Beat(t, id, 0)
 			if !f.Claim(t, id) {
@@ -148,7 +134,7 @@ func TestCollidingKeys(t *testing.T) {
 			t.Fatalf("both alive, %s: got %+v; want heartbeat_only, alive, key shared, lock held", id, v)
 		}
 	}
-	f.Beat(t, a, f.Source.StaleThreshold+time.Second)
+	f.Beat(t, a, f.Source.Timing.StaleThreshold+time.Second)
 	vs = verdicts(f, t)
 	if v := vs[a]; v.State != "stale" || v.Alive {
 		t.Fatalf("hung holder sharing its key: got %+v; want stale, dead", v)
@@ -158,34 +144,12 @@ func TestCollidingKeys(t *testing.T) {
 	}
 	// A third instance with a key of its own is judged by its lock as usual.
 	c := uuid.New()
-	f.Register(t, c, "orders", f.Source.StaleThreshold+time.Second)
+	f.Register(t, c, "orders", f.Source.Timing.StaleThreshold+time.Second)
 	if !f.Claim(t, c) {
 		t.Fatal("claim failed")
 	}
 	if v := verdicts(f, t)[c]; v.State != "lock_only" || v.KeyShared {
 		t.Fatalf("an instance with a key of its own: got %+v; want lock_only, key not shared", v)
-	}
-}
-
-func TestValidateNamesTheField(t *testing.T) {
-	for field, mutate := range map[string]func(*whizbang.Source){
-		"Schema":                func(s *whizbang.Source) { s.Schema = "" },
-		"LockKeyPrefix":         func(s *whizbang.Source) { s.LockKeyPrefix = "" },
-		"HeartbeatInterval":     func(s *whizbang.Source) { s.HeartbeatInterval = 0 },
-		"HeartbeatSlowInterval": func(s *whizbang.Source) { s.HeartbeatSlowInterval = time.Second },
-		"StaleThreshold":        func(s *whizbang.Source) { s.StaleThreshold = s.HeartbeatSlowInterval },
-		"DefinitiveDeadCutoff":  func(s *whizbang.Source) { s.DefinitiveDeadCutoff = s.StaleThreshold },
-		"Prefix":                func(s *whizbang.Source) { s.Prefix = string(make([]byte, 60)) },
-	} {
-		s := whizbang.Defaults()
-		mutate(&s)
-		var fe *whizbang.FieldError
-		if err := s.Validate(); !errors.As(err, &fe) || fe.Field != field {
-			t.Errorf("%s out of range: got %v, want a FieldError for %s", field, err, field)
-		}
-	}
-	if err := whizbang.Defaults().Validate(); err != nil {
-		t.Fatalf("the defaults: %v", err)
 	}
 }
 

@@ -1,4 +1,4 @@
-package sqltag_test
+package store_test
 
 import (
 	"context"
@@ -18,15 +18,13 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/status"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/whizbangtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/whizbang/whizbangtest"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
-
-func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // stmtEntry is one pg_stat_statements entry of the test's database.
 type stmtEntry struct {
@@ -103,9 +101,9 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	if !testutil.Poll(60*time.Second, func() bool {
 		seen := tagsIn(readEntries(t, pool))
 		missing = missing[:0]
-		for _, tag := range []string{sqltag.Heartbeat, sqltag.AliveLockClaim, sqltag.AliveLockVerify,
-			sqltag.LeaseAcquire, sqltag.LeaseRenew, sqltag.LeaseLeader, sqltag.LeaseFence, sqltag.Cleanup} {
-			if !seen[sqltag.Name(tag)] {
+		for _, tag := range []string{store.Heartbeat.Tag(), store.AliveLockClaim.Tag(), store.AliveLockVerify.Tag(),
+			store.LeaseAcquire.Tag(), store.LeaseRenew.Tag(), store.LeaseLeader.Tag(), store.LeaseFence.Tag(), store.Cleanup.Tag()} {
+			if !seen[tag] {
 				missing = append(missing, tag)
 			}
 		}
@@ -151,10 +149,11 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	}
 
 	// The same reads of a Whizbang source, as its read-only observer.
-	if err := wb.Source.CheckTable(ctx, wb.Observer, 5*time.Second); err != nil {
+	wsrc := wb.Reads(t)
+	if err := wsrc.CheckTable(ctx, wb.Observer, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	wr, err := liveness.NewReader(liveness.ReaderConfig{DB: wb.Observer, Whizbang: &liveness.WhizbangSource{}})
+	wr, err := liveness.NewReader(liveness.ReaderConfig{DB: wb.Observer, Source: wsrc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +164,7 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	wcfg := collector.DefaultConfig()
-	wcfg.Source = collector.SourceConfig{Kind: collector.SourceWhizbang, Whizbang: wb.Source}
+	wcfg.Source = wsrc
 	wcfg.Statements.Enabled = false
 	scrape(t, wcfg, wb.Observer, nil)
 
@@ -196,8 +195,8 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 		}
 		want[tag] += e.calls
 	}
-	for _, tag := range sqltag.All {
-		if want[sqltag.Name(tag)] == 0 {
+	for _, tag := range store.Tags() {
+		if want[tag] == 0 {
 			t.Errorf("no pg_stat_statements entry carries %s: not sent, or merged into another tag's entry (same shape)", tag)
 		}
 	}
@@ -207,8 +206,7 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	only := collector.DefaultConfig()
 	only.Instances.Enabled, only.Leases.Enabled, only.AdvisoryLocks.Enabled, only.Agent.Enabled = false, false, false, false
 	got := scrape(t, only, pool, nil)
-	for _, tag := range sqltag.All {
-		name := sqltag.Name(tag)
+	for _, name := range store.Tags() {
 		if got[name] != float64(want[name]) {
 			t.Errorf("pg_liveness_statement_calls_total{statement=%q} = %v, want %d (pg_stat_statements)", name, got[name], want[name])
 		}
@@ -236,7 +234,7 @@ func fenceOnce(ctx context.Context, t *testing.T, pool *pgxpool.Pool, self liven
 	}
 }
 
-var tagRE = regexp.MustCompile(regexp.QuoteMeta(sqltag.Prefix) + `([a-z_]+)`)
+var tagRE = regexp.MustCompile(regexp.QuoteMeta(store.TagPrefix) + `([a-z_]+)`)
 
 // firstTag is the name of the first tag in a query's text, or "".
 func firstTag(query string) string {

@@ -1,34 +1,15 @@
-package whizbang
+-- The script that lets a Whizbang fleet move to our schema with both fleets readable
+-- during the move. scripts/whizbang-side-by-side.sql is it, rendered for Whizbang's
+-- defaults and the default schema (TestSideBySideScriptIsUpToDate keeps it so). It is
+-- never sent by the exporter.
 
-import (
-	"strings"
-)
+-- script: whizbang_side_by_side
+-- {schema} the schema that holds our migrations, {table} the Whizbang table, {verdicts}
+-- Whizbang's verdict with the function's own parameters for the source's timing and key
+-- prefix (below), {*_default} their defaults.
 
-// SideBySideSQL returns the script that lets a Whizbang fleet move to our schema with
-// both fleets readable during the move (scripts/whizbang-side-by-side.sql is this text
-// for Whizbang's defaults). It creates three functions in schema, which must hold our
-// migrations already: whizbang_instance_states, fleet_instance_states and
-// is_fleet_instance_alive. It writes nothing to Whizbang's table, and the verdict is the
-// one this package uses, from the same rule.
-func (s Source) SideBySideSQL(schema string) (string, error) {
-	verdicts, err := s.Verdicts("p_stale_threshold", "p_definitive_dead_cutoff", "p_lock_key_prefix")
-	if err != nil {
-		return "", err
-	}
-	r := strings.NewReplacer("{verdicts}", indent(verdicts, "    "), "{schema}", quoteIdent(schema),
-		"{table}", s.TableName(), "{stale}", s.StaleThreshold.String(), "{dead}", s.DefinitiveDeadCutoff.String(),
-		"{prefix}", quoteLiteral(s.LockKeyPrefix))
-	return r.Replace(sideBySideSQL), nil
-}
-
-func indent(s, by string) string { return strings.ReplaceAll(s, "\n", "\n"+by) }
-
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-
-func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
-
-const sideBySideSQL = `-- Moving a Whizbang fleet to pg_liveness, side by side. Generated from the exporter's
--- Whizbang source (internal/whizbang); do not edit by hand.
+-- Moving a Whizbang fleet to pg_liveness, side by side. Generated from the exporter's
+-- Whizbang source (store/sql/whizbang_side_by_side.sql); do not edit by hand.
 --
 -- Run it once, after pg_liveness's migrations created schema {schema}, as a role that may
 -- create functions there. It reads {table}
@@ -48,9 +29,9 @@ const sideBySideSQL = `-- Moving a Whizbang fleet to pg_liveness, side by side. 
 -- stale threshold and definitive-dead cutoff are arguments (defaults: Whizbang's cadence).
 -- Instances whose 32-bit lock keys collide are judged by their heartbeats (key_shared).
 CREATE OR REPLACE FUNCTION {schema}.whizbang_instance_states(
-        p_stale_threshold        interval DEFAULT '{stale}',
-        p_definitive_dead_cutoff interval DEFAULT '{dead}',
-        p_lock_key_prefix        text     DEFAULT {prefix})
+        p_stale_threshold        interval DEFAULT {stale_default},
+        p_definitive_dead_cutoff interval DEFAULT {dead_default},
+        p_lock_key_prefix        text     DEFAULT {lock_key_prefix_default})
     RETURNS TABLE (instance_id uuid, service_name text, host_name text, process_id integer,
                    started_at timestamptz, metadata jsonb, state text, alive boolean,
                    lock_held boolean, key_shared boolean, last_heartbeat_at timestamptz)
@@ -90,4 +71,13 @@ $$;
 -- DROP FUNCTION {schema}.is_fleet_instance_alive(uuid);
 -- DROP FUNCTION {schema}.fleet_instance_states();
 -- DROP FUNCTION {schema}.whizbang_instance_states(interval, interval, text);
-`
+
+-- fragment: side_by_side.stale
+-- whizbang_instance_states' parameters, for whizbang.verdicts inside its body.
+p_stale_threshold
+
+-- fragment: side_by_side.dead
+p_definitive_dead_cutoff
+
+-- fragment: side_by_side.lock_key_prefix
+p_lock_key_prefix
