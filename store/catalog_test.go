@@ -159,6 +159,14 @@ func TestSourceValuesAreParametersAfterTheStatementsOwn(t *testing.T) {
 	if got := q.Args(1, 2, 3, 4, 5, 6, 7); len(got) != 9 || got[7] != time.Minute || got[8] != time.Hour {
 		t.Errorf("Args = %v", got)
 	}
+	// A fragment that names a higher parameter of the statement's own than the
+	// statement's text does moves the source's parameters past it.
+	sections.byName["test.own_param"] = &section{name: "test.own_param", kind: kindFragment, body: "$3::int + {stale}::int"}
+	defer delete(sections.byName, "test.own_param")
+	q = render(&section{name: "test", kind: kindStatement, body: "SELECT $1, {own_param}"}, "test", ours.vals)
+	if q.SQL != "SELECT $1, $3::int + $4::int" {
+		t.Errorf("a fragment's own $3: got %s, want the stale threshold as $4", q.SQL)
+	}
 }
 
 // What the files may not hold is refused when they load, naming the file.
