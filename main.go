@@ -522,11 +522,7 @@ func newStatusPage(f *flags, pool *pgxpool.Pool, source *store.Source, agent col
 	if source.Kind() == store.SourceWhizbang {
 		status = nil // no schema of ours to report on
 	}
-	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool, Source: source})
-	if err != nil {
-		return nil, asFlagError(err)
-	}
-	return statuspage.New(statuspage.Config{Reader: reader, DB: pool, Agent: agent, Status: status,
+	return statuspage.New(statuspage.Config{DB: pool, Source: source, Agent: agent, Status: status,
 		Logger: logger.With("component", "status")})
 }
 

@@ -67,7 +67,7 @@ func (s *InstancesConfig) check(*Config) error {
 // fresh heartbeat), stale (dead: stale heartbeat, or the lock vanished with no proof of
 // life within the grace), zombie (dead: lock held, heartbeat past the definitive-dead
 // cutoff).
-var instanceStates = []string{"alive", "lock_only", "lock_lost", "heartbeat_only", "stale", "zombie"}
+var instanceStates = store.InstanceStates()
 
 // instancesCollector sends the instances statement (store/sql/collectors.sql) for the
 // source: one summary row per service and the oldest heartbeats.

@@ -2,31 +2,18 @@ package liveness
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // FleetQuery selects what Reader.Fleet returns besides the per-service counts: one page
-// of instances, problems first, and one page of leases.
-type FleetQuery struct {
-	Service    string    // only this service's instances; "" for every service
-	InstanceID uuid.UUID // only this instance; uuid.Nil for all
-	// The page of instances: Limit rows after Offset, ordered zombie, stale, lock_lost,
-	// lock_only, then the rest, each group by service and id. Limit 0 returns none.
-	Offset, Limit int
-
-	LeaseName string // only leases whose name contains this, ignoring case; "" for all
-	// The page of leases: first those whose holder is dead (takeable before they
-	// expire), then the expired ones, then the held ones, each group by name.
-	LeaseOffset, LeaseLimit int
-}
+// of instances, problems first, and one page of leases. It is the data layer's
+// (store.FleetQuery), which the exporter's status page sends too.
+type FleetQuery = store.FleetQuery
 
 // Fleet is the whole fleet as one statement saw it: the states of every instance by the
 // one verdict, evaluated once, so that the counts, the page of instances and the lease
@@ -71,91 +58,34 @@ type LeaseStatus struct {
 // instances (problems first) and a page of leases with their holders' states. It is one
 // statement.
 func (r *Reader) Fleet(ctx context.Context, q FleetQuery) (Fleet, error) {
-	if q.Offset < 0 || q.Limit < 0 || q.LeaseOffset < 0 || q.LeaseLimit < 0 {
-		return Fleet{}, fmt.Errorf("liveness: FleetQuery offsets and limits must not be negative")
+	args, err := q.Args()
+	if err != nil {
+		return Fleet{}, fmt.Errorf("liveness: %w", err)
 	}
-	var service, lease *string
-	if q.Service != "" {
-		service = &q.Service
-	}
-	if q.LeaseName != "" {
-		lease = &q.LeaseName
-	}
-	var id *uuid.UUID
-	if q.InstanceID != uuid.Nil {
-		id = &q.InstanceID
-	}
-	rows, err := r.db.Query(ctx, r.fleet.SQL, r.fleet.Args(service, id, q.Offset, q.Limit, lease, q.LeaseOffset, q.LeaseLimit)...)
+	rows, err := r.db.Query(ctx, r.fleet.SQL, r.fleet.Args(args...)...)
 	if err != nil {
 		return Fleet{}, fmt.Errorf("liveness: read fleet: %w", err)
 	}
-	var (
-		f                 Fleet
-		services          = map[string]*ServiceStates{}
-		instOrd, leaseOrd []int64
-		row               store.FleetRow
-	)
-	_, err = pgx.ForEachRow(rows, []any{&row.Kind, &row.Ord, &row.Object}, func() error {
-		switch row.Kind {
-		case "meta":
-			var m store.FleetMeta
-			if err := json.Unmarshal(row.Object, &m); err != nil {
-				return err
-			}
-			f.Now, f.Database, f.InRecovery, f.InstancesTotal, f.LeasesTotal = m.Now, m.Database, m.InRecovery, m.Instances, m.Leases
-		case "count":
-			var c store.FleetCount
-			if err := json.Unmarshal(row.Object, &c); err != nil {
-				return err
-			}
-			s := services[c.Service]
-			if s == nil {
-				s = &ServiceStates{Service: c.Service, Counts: map[InstanceState]int{}}
-				services[c.Service] = s
-			}
-			s.Counts[InstanceState(c.State)] += c.Count
-			s.OldestHeartbeatAge = max(s.OldestHeartbeatAge, seconds(&c.OldestAge))
-		case "instance":
-			var i store.FleetInstance
-			if err := json.Unmarshal(row.Object, &i); err != nil {
-				return err
-			}
-			f.Instances = append(f.Instances, fleetInstance(i))
-			instOrd = append(instOrd, row.Ord)
-		case "lease":
-			var l store.FleetLease
-			if err := json.Unmarshal(row.Object, &l); err != nil {
-				return err
-			}
-			f.Leases = append(f.Leases, fleetLease(l))
-			leaseOrd = append(leaseOrd, row.Ord)
+	sf, err := store.CollectFleet(rows)
+	if err != nil {
+		return Fleet{}, fmt.Errorf("liveness: read fleet: %w", err)
+	}
+	m := sf.Meta
+	f := Fleet{Now: m.Now, Database: m.Database, InRecovery: m.InRecovery, InstancesTotal: m.Instances, LeasesTotal: m.Leases}
+	for _, s := range sf.Services {
+		ss := ServiceStates{Service: s.Service, Counts: map[InstanceState]int{}, OldestHeartbeatAge: seconds(&s.OldestAge)}
+		for state, n := range s.Counts {
+			ss.Counts[InstanceState(state)] = n
 		}
-		return nil
-	})
-	if err != nil {
-		return Fleet{}, fmt.Errorf("liveness: read fleet: %w", err)
+		f.Services = append(f.Services, ss)
 	}
-	for _, s := range services {
-		f.Services = append(f.Services, *s)
+	for _, i := range sf.Instances {
+		f.Instances = append(f.Instances, fleetInstance(i))
 	}
-	sort.Slice(f.Services, func(i, j int) bool { return f.Services[i].Service < f.Services[j].Service })
-	sortBy(f.Instances, instOrd)
-	sortBy(f.Leases, leaseOrd)
+	for _, l := range sf.Leases {
+		f.Leases = append(f.Leases, fleetLease(l))
+	}
 	return f, nil
-}
-
-// sortBy orders s by the ordinals in ord (one per element): UNION ALL keeps no order.
-func sortBy[T any](s []T, ord []int64) {
-	idx := make([]int, len(s))
-	for i := range idx {
-		idx[i] = i
-	}
-	sort.Slice(idx, func(a, b int) bool { return ord[idx[a]] < ord[idx[b]] })
-	out := make([]T, len(s))
-	for i, j := range idx {
-		out[i] = s[j]
-	}
-	copy(s, out)
 }
 
 func fleetInstance(i store.FleetInstance) InstanceStatus {

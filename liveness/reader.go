@@ -67,7 +67,6 @@ var ErrNoLeases = errors.New("liveness: this source has no leases")
 // between.
 type Reader struct {
 	db        Querier
-	source    *store.Source
 	instances store.Query // read_instances
 	fleet     store.Query // read_fleet
 	leaderSQL string      // lease_leader; "" for a source without leases
@@ -104,15 +103,12 @@ func NewReader(cfg ReaderConfig) (*Reader, error) {
 			return nil, err // not expected: the defaults pass every check
 		}
 	}
-	r := &Reader{db: cfg.DB, source: src, instances: store.ReadInstances.For(src), fleet: store.ReadFleet.For(src)}
+	r := &Reader{db: cfg.DB, instances: store.ReadInstances.For(src), fleet: store.ReadFleet.For(src)}
 	if src.HasLeases() {
 		r.leaderSQL = store.LeaseLeader.In(src.Schema()).SQL
 	}
 	return r, nil
 }
-
-// Source is the source the Reader reads, for other views of the same data.
-func (r *Reader) Source() *store.Source { return r.source }
 
 // Instance returns one instance's status, or ErrInstanceNotFound.
 func (r *Reader) Instance(ctx context.Context, id uuid.UUID) (InstanceStatus, error) {

@@ -111,22 +111,25 @@ type FleetMeta struct {
 	Leases     int       `json:"leases"`
 }
 
-// FleetCount is a "count" object: one service's instances in one state, and the oldest
-// heartbeat's age in seconds.
+// FleetCount is a "count" object: one service's instances in one state (alive or not by
+// the verdict), and the oldest heartbeat's age in seconds.
 type FleetCount struct {
 	Service   string  `json:"service"`
 	State     string  `json:"state"`
+	Alive     bool    `json:"alive"`
 	Count     int     `json:"count"`
 	OldestAge float64 `json:"oldest_age"`
 }
 
-// FleetInstance is an "instance" object: read_instances' columns, as JSON.
+// FleetInstance is an "instance" object: read_instances' columns, as JSON, and whether
+// the state is alive by the verdict.
 type FleetInstance struct {
 	InstanceID            uuid.UUID       `json:"instance_id"`
 	ServiceName           string          `json:"service_name"`
 	HostName              string          `json:"host_name"`
 	ProcessID             int             `json:"process_id"`
 	State                 string          `json:"state"`
+	Alive                 bool            `json:"alive"`
 	LockHeld              bool            `json:"lock_held"`
 	LastHeartbeatAt       time.Time       `json:"last_heartbeat_at"`
 	HeartbeatAge          float64         `json:"heartbeat_age"`

@@ -129,7 +129,7 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	if _, err := reader.Fleet(ctx, liveness.FleetQuery{Limit: 10, LeaseLimit: 10}); err != nil {
 		t.Fatal(err)
 	}
-	page, err := status.New(status.Config{Reader: reader, DB: pool})
+	page, err := status.New(status.Config{DB: pool})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,8 @@ SELECT s.instance_id, s.service_name, i.host_name, i.process_id,
 -- Reads the verdict once (for our schema instance_states, which stamps vanished locks
 -- first) and returns, as one JSON object a row: a 'meta' row (clock, database, standby,
 -- how many instances and leases match), a 'count' row per service and state, the page of
--- instances and the page of leases. Lease rows carry their holder's state from the same
+-- instances and the page of leases; an instance and a count say whether their state is
+-- alive, as the verdict says (CollectFleet decodes them). Lease rows carry their holder's state from the same
 -- evaluation; their "held" is lease_is_free's rule (not expired, holder alive when
 -- recorded) applied to it, since calling lease_is_free per lease would evaluate the
 -- verdict again for each.
@@ -58,12 +59,12 @@ SELECT 'meta' AS kind, 0::bigint AS ord, jsonb_build_object('now', now(), 'datab
        'in_recovery', pg_is_in_recovery(), 'instances', (SELECT count(*) FROM picked),
        'leases', (SELECT count(*) FROM lease_rows)) AS object
 UNION ALL
-SELECT 'count', 0, jsonb_build_object('service', v.service_name, 'state', v.state, 'count', count(*),
+SELECT 'count', 0, jsonb_build_object('service', v.service_name, 'state', v.state, 'alive', v.alive, 'count', count(*),
        'oldest_age', extract(epoch FROM now() - min(v.last_heartbeat_at))::float8)
-  FROM v GROUP BY v.service_name, v.state
+  FROM v GROUP BY v.service_name, v.state, v.alive
 UNION ALL
 SELECT 'instance', p.ord, jsonb_build_object('instance_id', p.instance_id, 'service_name', p.service_name,
-       'host_name', i.host_name, 'process_id', i.process_id, 'state', p.state,
+       'host_name', i.host_name, 'process_id', i.process_id, 'state', p.state, 'alive', p.alive,
        'lock_held', coalesce(p.lock_held, false), 'last_heartbeat_at', p.last_heartbeat_at,
        'heartbeat_age', extract(epoch FROM now() - p.last_heartbeat_at)::float8, 'started_at', i.started_at,
        'liveness_mode', {mode}, 'metadata', i.metadata,
