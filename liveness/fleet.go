@@ -80,7 +80,7 @@ func (r *Reader) Fleet(ctx context.Context, q FleetQuery) (Fleet, error) {
 		f.Services = append(f.Services, ss)
 	}
 	for _, i := range sf.Instances {
-		f.Instances = append(f.Instances, fleetInstance(i))
+		f.Instances = append(f.Instances, instanceStatus(i))
 	}
 	for _, l := range sf.Leases {
 		f.Leases = append(f.Leases, fleetLease(l))
@@ -88,7 +88,8 @@ func (r *Reader) Fleet(ctx context.Context, q FleetQuery) (Fleet, error) {
 	return f, nil
 }
 
-func fleetInstance(i store.FleetInstance) InstanceStatus {
+// instanceStatus is the library's form of an instance row.
+func instanceStatus(i store.InstanceRow) InstanceStatus {
 	return InstanceStatus{
 		InstanceID: i.InstanceID, ServiceName: i.ServiceName, HostName: i.HostName, ProcessID: i.ProcessID,
 		State: InstanceState(i.State), LockHeld: i.LockHeld, LastHeartbeat: i.LastHeartbeatAt,

@@ -149,13 +149,7 @@ func (r *Reader) read(ctx context.Context, id *uuid.UUID, service *string) ([]In
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (InstanceStatus, error) {
 		i, err := pgx.RowToStructByName[store.InstanceRow](row)
-		return InstanceStatus{
-			InstanceID: i.InstanceID, ServiceName: i.ServiceName, HostName: i.HostName, ProcessID: i.ProcessID,
-			State: InstanceState(i.State), LockHeld: i.LockHeld, LastHeartbeat: i.LastHeartbeatAt,
-			HeartbeatAge: seconds(&i.HeartbeatAge), StartedAt: i.StartedAt, Mode: Mode(i.LivenessMode),
-			Metadata: json.RawMessage(i.Metadata),
-			Timing:   recordedTiming(i.HeartbeatInterval, i.HeartbeatSlowInterval, i.StaleThreshold, i.DefinitiveDeadCutoff, i.LockGrace),
-		}, err
+		return instanceStatus(i), err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("liveness: read instances: %w", err)

@@ -139,7 +139,9 @@ func TestEmptySchemaRefused(t *testing.T) {
 
 // Names PostgreSQL would cut or refuses are refused before any statement is sent.
 func TestApplyRefusesBadSchemaNames(t *testing.T) {
-	for _, bad := range []string{"", strings.Repeat("s", store.MaxIdentifierLength+1), strings.Repeat("é", 32), "pg_liveness", "pg_", "a\x00b", "a\xffb"} {
+	// store.ValidateSchemaName is tested with every kind of bad name; here, that Apply
+	// asks it first.
+	for _, bad := range []string{"", strings.Repeat("s", store.MaxIdentifierLength+1), "pg_liveness"} {
 		if _, err := migrations.Apply(context.Background(), nil, bad); err == nil {
 			t.Errorf("Apply accepted schema %q", bad)
 		}

@@ -67,9 +67,9 @@ func (q FleetQuery) Args() ([]any, error) {
 // the lease holders' states agree with each other.
 type Fleet struct {
 	Meta      FleetMeta
-	Services  []FleetService  // every service, by name
-	Instances []FleetInstance // the page, in its order
-	Leases    []FleetLease    // the page, in its order
+	Services  []FleetService // every service, by name
+	Instances []InstanceRow  // the page, in its order
+	Leases    []FleetLease   // the page, in its order
 }
 
 // FleetService counts one service's instances by state.
@@ -114,7 +114,7 @@ func CollectFleet(rows pgx.Rows) (Fleet, error) {
 			s.OldestAge = max(s.OldestAge, c.OldestAge)
 			continue
 		case "instance":
-			f.Instances = append(f.Instances, FleetInstance{})
+			f.Instances = append(f.Instances, InstanceRow{})
 			into, instOrd = &f.Instances[len(f.Instances)-1], append(instOrd, row.Ord)
 		case "lease":
 			f.Leases = append(f.Leases, FleetLease{})

@@ -70,30 +70,32 @@ type AdvisoryLocksRow struct {
 	IdleHolderMaxSeconds float64 `db:"idle_holder_max_seconds"`
 }
 
-// InstanceRow is one row of read_instances: an instance by the verdict, with its
-// identity, the heartbeat's age by the database clock, and the timing its row records
-// in seconds (NULL where it records none).
+// InstanceRow is an instance by the verdict, with its identity, the heartbeat's age by
+// the database clock, and the timing its row records in seconds (NULL where it records
+// none): a row of read_instances, and read_fleet's "instance" object, whose keys are the
+// same names.
 type InstanceRow struct {
-	InstanceID            uuid.UUID `db:"instance_id"`
-	ServiceName           string    `db:"service_name"`
-	HostName              string    `db:"host_name"`
-	ProcessID             int       `db:"process_id"`
-	State                 string    `db:"state"`
-	LockHeld              bool      `db:"lock_held"`
-	LastHeartbeatAt       time.Time `db:"last_heartbeat_at"`
-	HeartbeatAge          float64   `db:"heartbeat_age"`
-	StartedAt             time.Time `db:"started_at"`
-	LivenessMode          string    `db:"liveness_mode"`
-	Metadata              string    `db:"metadata"` // a JSON object
-	HeartbeatInterval     *float64  `db:"heartbeat_interval"`
-	HeartbeatSlowInterval *float64  `db:"heartbeat_slow_interval"`
-	StaleThreshold        *float64  `db:"stale_threshold"`
-	DefinitiveDeadCutoff  *float64  `db:"definitive_dead_cutoff"`
-	LockGrace             *float64  `db:"lock_grace"`
+	InstanceID            uuid.UUID       `db:"instance_id" json:"instance_id"`
+	ServiceName           string          `db:"service_name" json:"service_name"`
+	HostName              string          `db:"host_name" json:"host_name"`
+	ProcessID             int             `db:"process_id" json:"process_id"`
+	State                 string          `db:"state" json:"state"`
+	Alive                 bool            `db:"alive" json:"alive"` // the state is alive by the verdict
+	LockHeld              bool            `db:"lock_held" json:"lock_held"`
+	LastHeartbeatAt       time.Time       `db:"last_heartbeat_at" json:"last_heartbeat_at"`
+	HeartbeatAge          float64         `db:"heartbeat_age" json:"heartbeat_age"`
+	StartedAt             time.Time       `db:"started_at" json:"started_at"`
+	LivenessMode          string          `db:"liveness_mode" json:"liveness_mode"`
+	Metadata              json.RawMessage `db:"metadata" json:"metadata"` // a JSON object
+	HeartbeatInterval     *float64        `db:"heartbeat_interval" json:"heartbeat_interval"`
+	HeartbeatSlowInterval *float64        `db:"heartbeat_slow_interval" json:"heartbeat_slow_interval"`
+	StaleThreshold        *float64        `db:"stale_threshold" json:"stale_threshold"`
+	DefinitiveDeadCutoff  *float64        `db:"definitive_dead_cutoff" json:"definitive_dead_cutoff"`
+	LockGrace             *float64        `db:"lock_grace" json:"lock_grace"`
 }
 
 // FleetRow is one row of read_fleet: Kind "meta" (FleetMeta), "count" (FleetCount),
-// "instance" (FleetInstance) or "lease" (FleetLease), its place in its page (UNION ALL
+// "instance" (InstanceRow) or "lease" (FleetLease), its place in its page (UNION ALL
 // keeps no order), and the object.
 type FleetRow struct {
 	Kind   string `db:"kind"`
@@ -119,28 +121,6 @@ type FleetCount struct {
 	Alive     bool    `json:"alive"`
 	Count     int     `json:"count"`
 	OldestAge float64 `json:"oldest_age"`
-}
-
-// FleetInstance is an "instance" object: read_instances' columns, as JSON, and whether
-// the state is alive by the verdict.
-type FleetInstance struct {
-	InstanceID            uuid.UUID       `json:"instance_id"`
-	ServiceName           string          `json:"service_name"`
-	HostName              string          `json:"host_name"`
-	ProcessID             int             `json:"process_id"`
-	State                 string          `json:"state"`
-	Alive                 bool            `json:"alive"`
-	LockHeld              bool            `json:"lock_held"`
-	LastHeartbeatAt       time.Time       `json:"last_heartbeat_at"`
-	HeartbeatAge          float64         `json:"heartbeat_age"`
-	StartedAt             time.Time       `json:"started_at"`
-	LivenessMode          string          `json:"liveness_mode"`
-	Metadata              json.RawMessage `json:"metadata"`
-	HeartbeatInterval     *float64        `json:"heartbeat_interval"`
-	HeartbeatSlowInterval *float64        `json:"heartbeat_slow_interval"`
-	StaleThreshold        *float64        `json:"stale_threshold"`
-	DefinitiveDeadCutoff  *float64        `json:"definitive_dead_cutoff"`
-	LockGrace             *float64        `json:"lock_grace"`
 }
 
 // FleetLease is a "lease" object: a lease with its holder judged by the same evaluation.

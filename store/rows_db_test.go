@@ -105,7 +105,7 @@ func TestRowTypesAreTheirStatementsColumns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	types := map[string]any{"meta": store.FleetMeta{}, "count": store.FleetCount{}, "instance": store.FleetInstance{}, "lease": store.FleetLease{}}
+	types := map[string]any{"meta": store.FleetMeta{}, "count": store.FleetCount{}, "instance": store.InstanceRow{}, "lease": store.FleetLease{}}
 	seen := map[string]bool{}
 	for _, r := range fleet {
 		var obj map[string]json.RawMessage

@@ -8,7 +8,7 @@
 -- clock, the start, the mode, the metadata and the recorded timing in seconds.
 -- $1 one instance id or NULL, $2 a service name or NULL.
 SELECT s.instance_id, s.service_name, i.host_name, i.process_id,
-       s.state, coalesce(s.lock_held, false) AS lock_held, s.last_heartbeat_at,
+       s.state, s.alive, coalesce(s.lock_held, false) AS lock_held, s.last_heartbeat_at,
        extract(epoch FROM now() - s.last_heartbeat_at)::float8 AS heartbeat_age, i.started_at,
        {mode} AS liveness_mode, coalesce(i.metadata, '{}')::text AS metadata,
        {heartbeat_interval} AS heartbeat_interval, {heartbeat_slow_interval} AS heartbeat_slow_interval,
