@@ -5,7 +5,7 @@ import (
 	"io"
 	"testing"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging/logtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logtest"
 )
 
 // The binary's logger removes passwords from every line, in both formats.

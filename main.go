@@ -4,22 +4,25 @@
 // Unless run with --no-agent it also takes part in the fleet as an instance (alive lock,
 // adaptive heartbeat, lease-protected reaper), and reports that agent too.
 //
-// This file parses and checks the flags, builds the pool, the agent, the collectors and
-// the status page from them, serves HTTP, reloads on SIGHUP (reload.go) and shuts down
-// on SIGINT or SIGTERM.
+// This file parses and checks the flags (the source's in source.go), builds the pool, the
+// agent, the one source, the collectors and the status page from them, serves HTTP,
+// reloads on SIGHUP (reload.go) and shuts down on SIGINT or SIGTERM.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,11 +47,11 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	statuspage "github.com/pg-liveness/pg_liveness_exporter/internal/status"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/webconfig"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
-	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 const exporterName = "pg_liveness_exporter"
@@ -92,6 +95,9 @@ type flags struct {
 	reaperInterval, reaperTTL                     time.Duration
 	duplicateTimeout                              time.Duration
 
+	// source is where instances are read from, bound to the data layer's type; its
+	// Schema and Fallback come from --db.schema and the agent's timing flags.
+	source     store.SourceConfig
 	collectors *collector.Config
 }
 
@@ -143,6 +149,7 @@ func newApp(stderr io.Writer) (*kingpin.Application, *flags) {
 	app.Flag("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.").Default(liveness.DefaultReaperLeaseTTL.String()).DurationVar(&f.reaperTTL)
 	app.Flag("agent.duplicate-timeout", "How long the agent waits, writing nothing, while another process holds its instance id's alive lock, before it exits non-zero.").Default(liveness.DefaultDuplicateTimeout.String()).DurationVar(&f.duplicateTimeout)
 
+	addSourceFlags(app, &f.source)
 	f.collectors = collector.AddFlags(app)
 	return app, f
 }
@@ -179,7 +186,7 @@ func newLogger(f *flags, w io.Writer) *slog.Logger {
 func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) int {
 	f, err := parseFlags(args, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
+		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, logging.Redact(err.Error()))
 		return exitConfig
 	}
 	logger := newLogger(f, stderr)
@@ -187,7 +194,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	// Everything that can be wrong with the configuration is found before listening.
 	webConfig, err := loadWeb(f)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
+		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, logging.Redact(err.Error()))
 		return exitConfig
 	}
 	if webConfig != nil {
@@ -195,7 +202,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	}
 	w, err := wire(f, envDSN, logger)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, dsn.Redact(err.Error()))
+		fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, logging.Redact(err.Error()))
 		return exitConfig
 	}
 	w.web = webConfig
@@ -212,7 +219,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 			_ = l.Close()
 		}
 	}()
-	logger.Info("starting "+exporterName, "version", version.Info(), "database", w.database, "source", f.collectors.Source.Kind, "schema", f.schema, "agent", f.agent)
+	logger.Info("starting "+exporterName, "version", version.Info(), "database", w.database, "source", w.source.Kind(), "schema", f.schema, "agent", f.agent)
 
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)
@@ -221,9 +228,9 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	wg.Go(func() {
 		// Whatever happens here, the exporter keeps serving: an agent that cannot join
 		// leaves an observer, and pg_liveness_agent_joined says so.
-		if src := f.collectors.Source; src.Kind == collector.SourceWhizbang {
+		if w.source.Kind() == store.SourceWhizbang {
 			// A Whizbang database is observed as it is: no schema of ours, no agent.
-			if err := src.Whizbang.CheckTable(bg, w.pool, 5*time.Second); err != nil && bg.Err() == nil {
+			if err := w.source.CheckTable(bg, w.pool, 5*time.Second); err != nil && bg.Err() == nil {
 				logger.Error("cannot read the Whizbang source; check --source.whizbang.schema, --source.whizbang.prefix and the role's grants",
 					"err", err)
 			}
@@ -304,9 +311,9 @@ type binaryStatus struct {
 	agentStarted atomic.Bool
 }
 
-func (b *binaryStatus) Status() collector.Status {
+func (b *binaryStatus) Status() store.BinaryStatus {
 	s := b.schema.Get()
-	return collector.Status{
+	return store.BinaryStatus{
 		SchemaRead: s.Read, SchemaVersion: s.State.Version, SchemaCompatibleFrom: s.State.CompatibleFrom,
 		BinaryVersion: s.Binary, SchemaCompatible: s.Compatible, AgentStarted: b.agentStarted.Load(),
 	}
@@ -318,6 +325,7 @@ type wired struct {
 	reloads   *reloadStatus
 	status    *binaryStatus
 	database  string // the main DSN rebuilt without its password, for log lines
+	source    *store.Source
 	pool      *pgxpool.Pool
 	agent     *liveness.Agent
 	mux       *http.ServeMux
@@ -338,8 +346,18 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 		}
 		directDSN = f.directDSN
 	}
-	if err := migrations.ValidateSchemaName(f.schema); err != nil {
+	if err := store.ValidateSchemaName(f.schema); err != nil {
 		return nil, fmt.Errorf("--db.schema %s", err)
+	}
+	// The one parsed source: the collectors, the status page and its Reader all read it.
+	f.source.Schema = f.schema
+	f.source.Fallback = liveness.Timing{StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead}
+	if err := checkSourceFlags(f); err != nil {
+		return nil, err
+	}
+	source, err := store.NewSource(f.source)
+	if err != nil {
+		return nil, asFlagError(err)
 	}
 	if err := validateLabelFlag(f.serviceName); err != nil {
 		return nil, fmt.Errorf("--agent.service-name: %w", err)
@@ -350,7 +368,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 	if f.connectTimeout <= 0 {
 		return nil, fmt.Errorf("--db.connect-timeout must be above zero, got %s", f.connectTimeout)
 	}
-	whizbangSource := f.collectors.Source.Kind == collector.SourceWhizbang
+	whizbangSource := source.Kind() == store.SourceWhizbang
 	if whizbangSource && f.agent {
 		return nil, errors.New("--source=whizbang observes a Whizbang database and writes nothing to it: add --no-agent")
 	}
@@ -375,7 +393,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 	}()
 
 	var agent *liveness.Agent
-	var source collector.AgentSource
+	var agentSource collector.AgentSource
 	if f.agent {
 		host, _ := os.Hostname()
 		agent, err = liveness.NewAgent(liveness.AgentConfig{
@@ -392,17 +410,15 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 		if err != nil {
 			return nil, asFlagError(err)
 		}
-		source = agent
+		agentSource = agent
 	}
 
 	status := &binaryStatus{schema: &database.SchemaStatus{}}
 	if !whizbangSource { // no schema of ours to report on
 		f.collectors.Status = status
 	}
-	f.collectors.Schema = f.schema
-	f.collectors.StaleThreshold = f.stale
-	f.collectors.DefinitiveDeadCutoff = f.definitiveDead
-	exporter, err := collector.New(*f.collectors, pool, source, logger.With("component", "collector"))
+	f.collectors.Source = source
+	exporter, err := collector.New(*f.collectors, pool, agentSource, logger.With("component", "collector"))
 	if err != nil {
 		return nil, err
 	}
@@ -415,7 +431,7 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 		versioncollector.NewCollector(exporterName),
 		reloads,
 	)
-	page, err := newStatusPage(f, pool, source, status, logger)
+	page, err := newStatusPage(f, pool, source, agentSource, status, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -435,7 +451,8 @@ func wire(f *flags, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 		}
 		mux.Handle("/", landing)
 	}
-	return &wired{dsnSwitch: dsnSwitch, reloads: reloads, status: status, database: dsn.Describe(mainDSN), pool: pool, agent: agent, mux: mux}, nil
+	return &wired{dsnSwitch: dsnSwitch, reloads: reloads, status: status, database: dsn.Describe(mainDSN), source: source, pool: pool,
+		agent: agent, mux: mux}, nil
 }
 
 // checkAgentFlags checks the agent's flags that the library would take differently, and
@@ -466,24 +483,16 @@ func checkAgentFlags(f *flags) (uuid.UUID, error) {
 }
 
 // newStatusPage builds /status and /status.json, under the same web configuration as
-// the metrics.
-func newStatusPage(f *flags, pool *pgxpool.Pool, agent collector.AgentSource, status collector.StatusSource, logger *slog.Logger) (http.Handler, error) {
+// the metrics, on the source the collectors read.
+func newStatusPage(f *flags, pool *pgxpool.Pool, source *store.Source, agent collector.AgentSource, status store.StatusSource,
+	logger *slog.Logger) (http.Handler, error) {
 	if f.telemetryPath == "/status" || f.telemetryPath == "/status.json" {
 		return nil, fmt.Errorf("--web.telemetry-path %q is the status page's path", f.telemetryPath)
 	}
-	rc := liveness.ReaderConfig{DB: pool, Schema: f.schema,
-		Fallback: liveness.Timing{StaleThreshold: f.stale, DefinitiveDeadCutoff: f.definitiveDead}}
-	src := f.collectors.Source // checked with the collectors' flags
-	if rc.Whizbang = src.ReaderSource(); rc.Whizbang != nil {
+	if source.Kind() == store.SourceWhizbang {
 		status = nil // no schema of ours to report on
 	}
-	reader, err := liveness.NewReader(rc)
-	if err != nil && rc.Whizbang != nil {
-		return nil, err // not expected: the collectors' flags checked the same source
-	} else if err != nil {
-		return nil, fmt.Errorf("--agent.definitive-dead-cutoff (%s) must be above --agent.stale-threshold (%s)", f.definitiveDead, f.stale)
-	}
-	return statuspage.New(statuspage.Config{Reader: reader, DB: pool, Schema: f.schema, Source: src, Agent: agent, Status: status,
+	return statuspage.New(statuspage.Config{DB: pool, Source: source, Agent: agent, Status: status,
 		Logger: logger.With("component", "status")})
 }
 
@@ -561,9 +570,10 @@ func listen(f *flags) ([]net.Listener, error) {
 	return ls, nil
 }
 
-// agentFlagFields is the one table from the liveness library's AgentConfig fields to the
-// flags that set them: the library's errors name fields, and the binary reports flags.
-var agentFlagFields = map[string]string{
+// libraryFlagFields is the one table from the library's configuration fields (the liveness
+// package's AgentConfig, the data layer's SourceConfig) to the flags that set them: the
+// library's errors name fields, and the binary reports flags.
+var libraryFlagFields = map[string]string{
 	"AgentConfig.DirectDSN":                    "--db.direct-dsn",
 	"AgentConfig.InstanceID":                   "--agent.instance-id",
 	"AgentConfig.ServiceName":                  "--agent.service-name",
@@ -580,21 +590,37 @@ var agentFlagFields = map[string]string{
 	"AgentConfig.ReaperInterval":               "--agent.reaper-interval",
 	"AgentConfig.ReaperLeaseTTL":               "--agent.reaper-lease-ttl",
 	"AgentConfig.DuplicateTimeout":             "--agent.duplicate-timeout",
+
+	"SourceConfig.Kind":                                  "--source",
+	"SourceConfig.Schema":                                "--db.schema",
+	"SourceConfig.Fallback.StaleThreshold":               "--agent.stale-threshold",
+	"SourceConfig.Fallback.DefinitiveDeadCutoff":         "--agent.definitive-dead-cutoff",
+	"SourceConfig.Whizbang.Schema":                       "--source.whizbang.schema",
+	"SourceConfig.Whizbang.Prefix":                       "--source.whizbang.prefix",
+	"SourceConfig.Whizbang.NoPrefix":                     "--source.whizbang.prefix",
+	"SourceConfig.Whizbang.LockKeyPrefix":                "--source.whizbang.lock-key-prefix",
+	"SourceConfig.Whizbang.Timing.HeartbeatInterval":     "--source.whizbang.heartbeat-interval",
+	"SourceConfig.Whizbang.Timing.HeartbeatSlowInterval": "--source.whizbang.heartbeat-slow-interval",
+	"SourceConfig.Whizbang.Timing.StaleThreshold":        "--source.whizbang.stale-threshold",
+	"SourceConfig.Whizbang.Timing.DefinitiveDeadCutoff":  "--source.whizbang.definitive-dead-cutoff",
 }
 
-// asFlagError rewrites a *liveness.ConfigError in terms of the flags.
+// asFlagError rewrites a *liveness.ConfigError (the library's one error type for its
+// configuration) in terms of the flags.
 func asFlagError(err error) error {
 	var ce *liveness.ConfigError
 	if !errors.As(err, &ce) {
 		return err
 	}
 	field := ce.Field
-	if flag, ok := agentFlagFields[field]; ok {
+	if flag, ok := libraryFlagFields[field]; ok {
 		field = flag
 	}
 	reason := ce.Reason
-	for from, to := range agentFlagFields {
-		reason = strings.ReplaceAll(reason, from, to)
+	// Longest field first, so that no field's name is rewritten inside a longer one's.
+	fields := slices.SortedFunc(maps.Keys(libraryFlagFields), func(a, b string) int { return cmp.Compare(len(b), len(a)) })
+	for _, from := range fields {
+		reason = strings.ReplaceAll(reason, from, libraryFlagFields[from])
 	}
 	return errors.New(field + " " + reason)
 }

@@ -212,6 +212,32 @@ func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
 	}
 }
 
+// The source's timing (an observer's fallback for rows without timing of their own, a
+// Whizbang source's cadence) is refused with an error that starts with the flag at
+// fault, whichever collectors run: the status page's reader used to report every such
+// error as the definitive-dead cutoff's.
+func TestSourceErrorsNameTheFlagAtFault(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--no-agent", "--no-collector.instances", "--agent.stale-threshold=-5s"}, "--agent.stale-threshold"},
+		{[]string{"--no-agent", "--agent.stale-threshold=0s"}, "--agent.stale-threshold"},
+		{[]string{"--no-agent", "--no-collector.instances", "--agent.definitive-dead-cutoff=1m"}, "--agent.definitive-dead-cutoff"},
+		{[]string{"--no-agent", "--source=whizbang", "--source.whizbang.stale-threshold=30s"}, "--source.whizbang.stale-threshold"},
+		{[]string{"--no-agent", "--source=whizbang", "--source.whizbang.heartbeat-interval=0s"}, "--source.whizbang.heartbeat-interval"},
+		{[]string{"--no-agent", "--source=whizbang", "--source.whizbang.definitive-dead-cutoff=1m"}, "--source.whizbang.definitive-dead-cutoff"},
+	} {
+		code, out := runToExit(t, nil, append([]string{"--db.dsn=host=x"}, tc.args...)...)
+		if code != exitConfig || !strings.Contains(out, "error: "+tc.flag+" ") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
+			t.Errorf("%v: exit %d, want %d and one line that starts with %s:\n%s", tc.args, code, exitConfig, tc.flag, out)
+		}
+		if strings.Contains(out, "Config.") {
+			t.Errorf("%v: the line names a library field, not a flag:\n%s", tc.args, out)
+		}
+	}
+}
+
 // Web configuration that cannot work is refused before anything starts: exit 2, one line
 // naming the flag, and no "starting" or "Listening" line before it.
 func TestBadWebConfigurationExitsTwo(t *testing.T) {

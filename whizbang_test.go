@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/whizbang/whizbangtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/whizbangtest"
 )
 
 // The binary pointed at a Whizbang database, as a role with only SELECT on Whizbang's
@@ -27,10 +27,10 @@ func TestWhizbangSource(t *testing.T) {
 	src := f.Source
 	alive, lockOnly, hbOnly, stale, zombie := uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New()
 	f.Register(t, alive, "orders", 0)
-	f.Register(t, lockOnly, "orders", src.StaleThreshold+time.Second)
+	f.Register(t, lockOnly, "orders", src.Timing.StaleThreshold+time.Second)
 	f.Register(t, hbOnly, "billing", time.Second)
-	f.Register(t, stale, "billing", src.StaleThreshold+time.Second)
-	f.Register(t, zombie, "billing", src.DefinitiveDeadCutoff+time.Second)
+	f.Register(t, stale, "billing", src.Timing.StaleThreshold+time.Second)
+	f.Register(t, zombie, "billing", src.Timing.DefinitiveDeadCutoff+time.Second)
 	for _, id := range []uuid.UUID{alive, lockOnly, zombie} {
 		if !f.Claim(t, id) {
 			t.Fatal("claim failed")

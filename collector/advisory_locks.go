@@ -7,14 +7,13 @@ import (
 	"slices"
 	"sort"
 	"strconv"
-	"strings"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // AdvisoryLocksConfig configures the advisory_locks collector.
@@ -45,81 +44,20 @@ func (s *AdvisoryLocksConfig) check(*Config) error {
 	return nil
 }
 
-// advisoryLocksSQL reads this database's advisory locks and client backends in one
-// statement. A lock is an alive lock when it is a bigint lock (objsubid = 1) whose key
-// halves are those of some instance's alive-lock key: one lookup per lock in the index on
-// the key-half columns stored with each instance, so the cost follows the locks, not the
-// instances.
-// With a Whizbang source ({alive_lock_match} below), a lock is an alive lock when its
-// bigint key is the hashtext key of some instance in Whizbang's table: the keys are
-// hashed once per scrape into one hashed subplan.
-// Rows of kind 'locks' count locks by (alive, granted); rows of kind 'backends' count
-// client backends by (application_name, state), with how many of them hold a granted
-// advisory lock, how many wait for one, and the longest an idle holder has been idle
-// (AdvisoryLocksRow names the columns). "Idle" covers idle in transaction too: either way
-// the backend sits on its locks. It is one statement, not a batch of two, on purpose:
-// both kinds of rows come from one materialized read of pg_locks, which is no
-// transactional snapshot, so the holders and the lock counts always agree.
-const advisoryLocksSQL = `WITH ` + sqltag.AdvisoryLocks + ` db AS (
-    SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()
-), locks AS MATERIALIZED (
-    SELECT l.pid, l.granted,
-           l.objsubid = 1 AND {alive_lock_match} AS alive
-      FROM pg_catalog.pg_locks l
-     WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM db)
-), per_pid AS (
-    SELECT pid, bool_or(granted) AS holds, bool_or(NOT granted) AS waits
-      FROM locks GROUP BY pid
-), backends AS (
-    SELECT coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state,
-           coalesce(p.holds, false) AS holds, coalesce(p.waits, false) AS waits,
-           extract(epoch FROM now() - a.state_change)::float8 AS idle_for
-      FROM pg_catalog.pg_stat_activity a
-      LEFT JOIN per_pid p ON p.pid = a.pid
-     WHERE a.datid = (SELECT oid FROM db) AND a.backend_type = 'client backend'
-)
-SELECT 'backends' AS kind, app AS name, state, count(*) AS count,
-       count(*) FILTER (WHERE holds) AS holders, count(*) FILTER (WHERE waits) AS waiters,
-       coalesce(max(idle_for) FILTER (WHERE holds AND state LIKE 'idle%'), 0) AS idle_holder_max_seconds
-  FROM backends GROUP BY app, state
-UNION ALL
-SELECT 'locks', CASE WHEN alive THEN 'alive_lock' ELSE 'other' END, granted::text, count(*), 0, 0, 0
-  FROM locks GROUP BY 2, 3`
-
-// The alive-lock match of advisoryLocksSQL, for our schema and for a Whizbang source ($1
-// its lock key prefix).
-const (
-	aliveLockMatch = `EXISTS (
-               SELECT 1 FROM {schema}.instances i
-                WHERE i.lock_classid = l.classid AND i.lock_objid = l.objid)`
-	whizbangAliveLockMatch = `((l.classid::bigint << 32) | l.objid::bigint) IN (
-               SELECT pg_catalog.hashtext($1::text || i.instance_id::text)::bigint FROM {table} i)`
-)
-
-// advisoryLocksStatement renders advisoryLocksSQL for a quoted schema and the source.
-func advisoryLocksStatement(schema string, source SourceConfig) (string, []any) {
-	if source.Kind == SourceWhizbang {
-		return strings.ReplaceAll(strings.ReplaceAll(advisoryLocksSQL, "{alive_lock_match}", whizbangAliveLockMatch),
-			"{table}", source.Whizbang.Table()), []any{source.Whizbang.LockKeyPrefix}
-	}
-	return strings.ReplaceAll(strings.ReplaceAll(advisoryLocksSQL, "{alive_lock_match}", aliveLockMatch), "{schema}", schema), nil
-}
-
+// advisoryLocksCollector sends the advisory-locks statement (store/sql/collectors.sql)
+// for the source, the status page's too.
 type advisoryLocksCollector struct {
 	pool                                 *pgxpool.Pool
-	sql                                  string
-	args                                 []any
+	query                                store.Query
 	maxApps                              int
 	locks, holders, backends, idle, wait *exposition.Family
 }
 
 func newAdvisoryLocksCollector(d deps) (Collector, error) {
 	const app = "application_name"
-	sql, args := advisoryLocksStatement(d.schema(), d.cfg.Source)
 	return &advisoryLocksCollector{
 		pool:    d.pool,
-		sql:     sql,
-		args:    args,
+		query:   store.AdvisoryLocks.For(d.cfg.Source),
 		maxApps: d.cfg.AdvisoryLocks.MaxApplications,
 		locks: gauge("advisory_locks",
 			"Advisory locks in this database: kind alive_lock (an instance's alive-lock key) or other, granted true or false (waiting).",
@@ -143,11 +81,11 @@ type appStats struct {
 }
 
 func (c *advisoryLocksCollector) Update(ctx context.Context, out *exposition.Builder) error {
-	rows, err := c.pool.Query(ctx, c.sql, c.args...)
+	rows, err := c.pool.Query(ctx, c.query.SQL, c.query.Args()...)
 	if err != nil {
 		return err
 	}
-	read, err := pgx.CollectRows(rows, pgx.RowToStructByName[AdvisoryLocksRow])
+	read, err := pgx.CollectRows(rows, pgx.RowToStructByName[store.AdvisoryLocksRow])
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // lostReasons are zero-filled for every lease so that increase() sees the first loss.
@@ -27,7 +28,7 @@ func (s *AgentConfig) check(*Config) error        { return nil }
 // database.
 type agentCollector struct {
 	agent  AgentSource
-	status StatusSource // may be nil: the agent then counts as started
+	status store.StatusSource // may be nil: the agent then counts as started
 
 	info, lockHeld, interval, configured, beats, failures, lastBeat, reconnects *exposition.Family
 	leaseHeld, leaseEpoch, leasesLost, reaped, joined, duplicate                *exposition.Family

@@ -7,26 +7,24 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 
-	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // Config is everything the collectors need. AddFlags fills one from the command line;
-// tests start from DefaultConfig. Schema, StaleThreshold and DefinitiveDeadCutoff are
-// not collector flags: the caller copies them from --db.schema and the agent's flags.
+// tests start from DefaultConfig.
 type Config struct {
-	Schema               string        // where the liveness objects live; "" means liveness.DefaultSchema
-	StaleThreshold       time.Duration // --agent.stale-threshold
-	DefinitiveDeadCutoff time.Duration // --agent.definitive-dead-cutoff
-
 	ScrapeTimeoutOffset  time.Duration // subtracted from X-Prometheus-Scrape-Timeout-Seconds
 	ScrapeDefaultTimeout time.Duration // the budget when that header is absent
 
-	// Source is where instances are read from: our schema, or a Whizbang database.
-	Source SourceConfig
+	// Source is where instances are read from, as store.NewSource checked it: this
+	// project's schema (nil is the default schema, with the default timing for rows that
+	// record none) or a Whizbang database. Not a flag of the collectors: the binary
+	// parses the source once and gives the same one to every reader.
+	Source *store.Source
 
 	// Status, when set, adds the schema metrics and tells the agent collector whether
 	// the agent was started. Not a flag: the binary sets it.
-	Status StatusSource
+	Status store.StatusSource
 
 	// Each collector's settings, defined in its file and listed in the registry.
 	Instances     InstancesConfig
@@ -45,10 +43,6 @@ const (
 // says, with its options' defaults.
 func DefaultConfig() Config {
 	c := Config{
-		Schema:               liveness.DefaultSchema,
-		Source:               SourceConfig{Kind: SourceLiveness},
-		StaleThreshold:       90 * time.Second,
-		DefinitiveDeadCutoff: 5 * time.Minute,
 		ScrapeTimeoutOffset:  defaultScrapeTimeoutOffset,
 		ScrapeDefaultTimeout: defaultScrapeDefaultTimeout,
 	}
@@ -60,13 +54,11 @@ func DefaultConfig() Config {
 	return c
 }
 
-// AddFlags registers the source, collector and scrape flags on app. The returned Config
-// is filled when app parses; the caller then sets Schema, StaleThreshold and
-// DefinitiveDeadCutoff.
+// AddFlags registers the collector and scrape flags on app. The returned Config is
+// filled when app parses; the caller then sets Source and Status.
 func AddFlags(app *kingpin.Application) *Config {
 	cfg := DefaultConfig()
 	c := &cfg
-	addSourceFlags(app, &c.Source)
 	for _, r := range registry {
 		help := r.help + "."
 		if r.on {
@@ -87,15 +79,15 @@ func AddFlags(app *kingpin.Application) *Config {
 }
 
 // validate checks the configuration and fills in what an empty value means: the default
-// schema and source. Each enabled collector checks its own options.
+// source. Each enabled collector checks its own options.
 func (c *Config) validate() error {
-	if c.Schema == "" {
-		c.Schema = liveness.DefaultSchema
+	if c.Source == nil {
+		var err error
+		if c.Source, err = store.NewSource(store.SourceConfig{}); err != nil {
+			return err // not expected: the defaults pass every check
+		}
 	}
-	if err := c.Source.validate(); err != nil {
-		return err
-	}
-	if c.Source.Kind == SourceWhizbang && c.Leases.Table == "" {
+	if !c.Source.HasLeases() && c.Leases.Table == "" {
 		c.Leases.Enabled = false // a Whizbang database has no leases table of ours
 	}
 	for _, r := range registry {

@@ -6,9 +6,10 @@
 //
 // Each database collector sends one statement per scrape (the statements collector two
 // more, only when the set of pg_stat_statements entries changed: all of them, then the
-// texts of queryids it has not classified yet), with
-// bind parameters; the schema and the leases table enter SQL only as quoted identifiers,
-// rendered once. Every age is computed by the database clock. A collector that fails or
+// texts of queryids it has not classified yet), with bind parameters. The statements and
+// their rows are the data layer's (package store), rendered once for Config.Source, the
+// source the binary parsed for every reader; the schema and the leases table enter SQL
+// only as quoted identifiers. Every age is computed by the database clock. A collector that fails or
 // misses the deadline exports nothing but its pg_liveness_scrape_collector_success 0.
 //
 // pg_liveness_up is 1 when PostgreSQL answered some database collector in this scrape,
@@ -38,8 +39,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 )
 
 const namespace = "pg_liveness"

@@ -16,8 +16,8 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 var dbCollectors = []string{NameAdvisoryLocks, NameInstances, NameLeases, NameStatements}
@@ -414,8 +414,6 @@ func TestCollectorFailuresAreContained(t *testing.T) {
 
 func TestConfigErrorsNameTheFlag(t *testing.T) {
 	for flag, mutate := range map[string]func(*Config){
-		"--agent.stale-threshold":                     func(c *Config) { c.StaleThreshold = 0 },
-		"--agent.definitive-dead-cutoff":              func(c *Config) { c.DefinitiveDeadCutoff = c.StaleThreshold },
 		"--collector.instances.max-series":            func(c *Config) { c.Instances.MaxSeries = -1 },
 		"--collector.leases.table":                    func(c *Config) { c.Leases.Table = "a.b.c" },
 		"--collector.advisory_locks.max-applications": func(c *Config) { c.AdvisoryLocks.MaxApplications = 0 },
@@ -483,8 +481,8 @@ func TestAddFlags(t *testing.T) {
 		got = append(got, p.name+"="+p.re.String())
 	}
 	var wantList []string
-	for _, tag := range sqltag.All {
-		switch name := sqltag.Name(tag); name {
+	for _, name := range store.Tags() {
+		switch name {
 		case "heartbeat":
 			wantList = append(wantList, `heartbeat=my_heartbeat`) // overridden in place
 		case "cleanup": // removed

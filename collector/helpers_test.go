@@ -28,9 +28,19 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// mustSource is the source cfg describes; the configurations of these tests are valid.
+func mustSource(cfg store.SourceConfig) *store.Source {
+	src, err := store.NewSource(cfg)
+	if err != nil {
+		panic(err)
+	}
+	return src
+}
 
 // exporterApp is the application_name of the exporter's pool in these tests.
 const exporterApp = "pg_liveness_exporter"

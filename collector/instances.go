@@ -8,16 +8,15 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"strings"
-	"time"
 
 	"github.com/alecthomas/kingpin/v2"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // InstancesConfig configures the instances collector.
@@ -52,16 +51,7 @@ func (s *InstancesConfig) flags(app *kingpin.Application) {
 		Default(strconv.Itoa(s.MaxServices)).IntVar(&s.MaxServices)
 }
 
-func (s *InstancesConfig) check(c *Config) error {
-	// A Whizbang source brings its own timing, checked with the source.
-	whizbang := c.Source.Kind == SourceWhizbang
-	if !whizbang && c.StaleThreshold <= 0 {
-		return fmt.Errorf("--agent.stale-threshold must be positive, got %s", c.StaleThreshold)
-	}
-	if !whizbang && c.DefinitiveDeadCutoff <= c.StaleThreshold {
-		return fmt.Errorf("--agent.definitive-dead-cutoff (%s) must be above --agent.stale-threshold (%s)",
-			c.DefinitiveDeadCutoff, c.StaleThreshold)
-	}
+func (s *InstancesConfig) check(*Config) error {
 	if s.MaxSeries < 0 {
 		return fmt.Errorf("--collector.instances.max-series must be 0 or more, got %d", s.MaxSeries)
 	}
@@ -77,79 +67,13 @@ func (s *InstancesConfig) check(c *Config) error {
 // fresh heartbeat), stale (dead: stale heartbeat, or the lock vanished with no proof of
 // life within the grace), zombie (dead: lock held, heartbeat past the definitive-dead
 // cutoff).
-var instanceStates = []string{"alive", "lock_only", "lock_lost", "heartbeat_only", "stale", "zombie"}
+var instanceStates = store.InstanceStates()
 
-// instancesSQL returns one summary row per service (state counts and the oldest
-// heartbeat, by the one definition of states) followed by the max-series instances with
-// the oldest heartbeats, so that 10,000 instances never leave the server. The first row
-// says whether the server is a standby, where the verdict rests on heartbeats alone. The
-// verdict is plain SQL that the planner inlines here, so the counting is one pass over
-// the instances and the granted locks (each row's state evaluated once, below the OFFSET
-// 0 fence); the oldest heartbeats come off the last_heartbeat_at index.
-//
-// {verdicts} is instance_state_verdicts for our schema, or a Whizbang source's subquery
-// (the same rule, expanded). Vanished locks are then stamped ({stamp}, our schema only)
-// from the instances the verdict called lock_lost: an unstamped absence counts as just
-// seen, so the states are those of stamping first; with none, and no stamp standing, the
-// stamping reads nothing more. {key_shared} counts instances whose alive-lock key
-// another shares (a Whizbang source's 32-bit keys; false for ours).
-//
-// $1 stale threshold and $2 definitive-dead cutoff (intervals), for rows that carry no
-// timing of their own; $3 max series; $4 a Whizbang source's lock key prefix.
-const instancesSQL = `WITH ` + sqltag.Instances + ` services AS MATERIALIZED (
-    SELECT s.service_name,
-           count(*) FILTER (WHERE s.state = 'alive') AS alive,
-           count(*) FILTER (WHERE s.state = 'lock_only') AS lock_only,
-           count(*) FILTER (WHERE s.state = 'lock_lost') AS lock_lost,
-           count(*) FILTER (WHERE s.state = 'heartbeat_only') AS heartbeat_only,
-           count(*) FILTER (WHERE s.state = 'stale') AS stale,
-           count(*) FILTER (WHERE s.state = 'zombie') AS zombie,
-           count(*) FILTER (WHERE s.key_shared) AS key_shared,
-           min(s.last_heartbeat_at) AS oldest,
-           array_agg(s.instance_id) FILTER (WHERE s.state = 'lock_lost') AS lost
-      FROM (SELECT v.instance_id, v.service_name, v.state, v.last_heartbeat_at, {key_shared} AS key_shared
-              FROM {verdicts} v
-            OFFSET 0) s -- so that each row's state is evaluated once, not once per count
-     GROUP BY s.service_name)
-SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
-       NULL::float8, pg_catalog.pg_is_in_recovery(), (SELECT sum(v.key_shared) FROM services v)::bigint
-  FROM (SELECT {stamp}) stamp
-UNION ALL
-SELECT v.service_name, NULL::text, v.alive, v.lock_only, v.lock_lost, v.heartbeat_only, v.stale, v.zombie,
-       extract(epoch FROM now() - v.oldest)::float8, NULL, NULL
-  FROM services v
-UNION ALL
-(SELECT i.service_name, i.instance_id::text, NULL, NULL, NULL, NULL, NULL, NULL,
-        extract(epoch FROM now() - i.last_heartbeat_at)::float8, NULL, NULL
-   FROM {instances} i
-  ORDER BY i.last_heartbeat_at, i.instance_id
-  LIMIT $3)`
-
-// instancesStatement renders instancesSQL for the source and returns it with its
-// arguments after the max series.
-func instancesStatement(schema string, cfg Config) (sql string, extra []any, stale, dead time.Duration, err error) {
-	if cfg.Source.Kind != SourceWhizbang {
-		r := strings.NewReplacer(
-			"{verdicts}", "{schema}.instance_state_verdicts($1::interval, $2::interval)",
-			"{stamp}", "{schema}.stamp_alive_lock_absences_seen(ARRAY(SELECT unnest(v.lost) FROM services v))",
-			"{key_shared}", "false",
-			"{instances}", "{schema}.instances")
-		return strings.ReplaceAll(r.Replace(instancesSQL), "{schema}", schema), nil, cfg.StaleThreshold, cfg.DefinitiveDeadCutoff, nil
-	}
-	w := cfg.Source.Whizbang
-	verdicts, err := w.Verdicts("$1::interval", "$2::interval", "$4::text")
-	if err != nil {
-		return "", nil, 0, 0, err
-	}
-	r := strings.NewReplacer("{verdicts}", verdicts, "{stamp}", "NULL::integer", "{key_shared}", "v.key_shared", "{instances}", w.Table())
-	return r.Replace(instancesSQL), []any{w.LockKeyPrefix}, w.StaleThreshold, w.DefinitiveDeadCutoff, nil
-}
-
+// instancesCollector sends the instances statement (store/sql/collectors.sql) for the
+// source: one summary row per service and the oldest heartbeats.
 type instancesCollector struct {
 	pool               *pgxpool.Pool
-	sql                string
-	extraArgs          []any // after the max series: a Whizbang source's lock key prefix
-	stale, dead        time.Duration
+	query              store.Query
 	maxSeries          int
 	maxServices        int
 	countDesc, ageDesc *exposition.Family
@@ -163,17 +87,10 @@ type instancesCollector struct {
 
 func newInstancesCollector(d deps) (Collector, error) {
 	cfg := d.cfg
-	sql, extra, stale, dead, err := instancesStatement(d.schema(), *cfg)
-	if err != nil {
-		return nil, err
-	}
 	c := &instancesCollector{
 		log:         d.logger,
 		pool:        d.pool,
-		sql:         sql,
-		extraArgs:   extra,
-		stale:       stale,
-		dead:        dead,
+		query:       store.Instances.For(cfg.Source),
 		maxSeries:   cfg.Instances.MaxSeries,
 		maxServices: cfg.Instances.MaxServices,
 		foldedDesc: gauge("instance_services_folded",
@@ -193,7 +110,7 @@ func newInstancesCollector(d deps) (Collector, error) {
 			"Age of the oldest heartbeat of a service's instances, by the database clock.",
 			"service"),
 	}
-	if cfg.Source.Kind == SourceWhizbang {
+	if cfg.Source.Kind() == store.SourceWhizbang {
 		c.keySharedDesc = gauge("instances_sharing_lock_key",
 			"Instances whose 32-bit Whizbang alive-lock key is held and is another instance's key too: the lock cannot say "+
 				"which of them holds it, so they are judged by their heartbeats alone.")
@@ -217,44 +134,36 @@ func (r serviceRow) total() (n float64) {
 }
 
 func (c *instancesCollector) Update(ctx context.Context, out *exposition.Builder) error {
-	rows, err := c.pool.Query(ctx, c.sql, append([]any{c.stale, c.dead, c.maxSeries}, c.extraArgs...)...)
+	rows, err := c.pool.Query(ctx, c.query.SQL, c.query.Args(c.maxSeries)...)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
-	var (
-		services []serviceRow
-		service  pgtype.Text    // NULL on the standby row
-		id       pgtype.Text    // set on per-instance rows
-		counts   [6]pgtype.Int8 // set on per-service rows, in instanceStates order
-		age      pgtype.Float8
-		recovery pgtype.Bool // set on the standby row
-		shared   pgtype.Int8 // on the standby row: a Whizbang source's instances sharing a held key
-	)
+	var services []serviceRow
 	for rows.Next() {
-		if err := rows.Scan(&service, &id, &counts[0], &counts[1], &counts[2], &counts[3], &counts[4], &counts[5],
-			&age, &recovery, &shared); err != nil {
+		r, err := pgx.RowToStructByName[store.InstancesRow](rows)
+		if err != nil {
 			return err
 		}
 		switch {
-		case recovery.Valid:
-			c.reportRecovery(recovery.Bool)
-			out.Add(c.recoveryDesc, boolFloat(recovery.Bool))
+		case r.InRecovery.Valid: // the first row: the server's state
+			c.reportRecovery(r.InRecovery.Bool)
+			out.Add(c.recoveryDesc, boolFloat(r.InRecovery.Bool))
 			if c.keySharedDesc != nil {
-				out.Add(c.keySharedDesc, float64(shared.Int64)) // NULL (no service) is 0
+				out.Add(c.keySharedDesc, float64(r.KeyShared.Int64)) // NULL (no service) is 0
 			}
-		case id.Valid:
+		case r.InstanceID.Valid:
 			// A service name from a SQL_ASCII database may hold any bytes: one such row
 			// must not cost the others their metrics.
-			svc, _ := labelValue(service.String)
-			out.Add(c.ageDesc, age.Float64, svc, id.String)
+			svc, _ := labelValue(r.ServiceName.String)
+			out.Add(c.ageDesc, r.Age.Float64, svc, r.InstanceID.String)
 		default:
-			r := serviceRow{oldest: age.Float64}
-			r.name, _ = labelValue(service.String)
-			for i := range counts {
-				r.counts[i] = float64(counts[i].Int64)
+			s := serviceRow{oldest: r.Age.Float64}
+			s.name, _ = labelValue(r.ServiceName.String)
+			for i, n := range [...]pgtype.Int8{r.Alive, r.LockOnly, r.LockLost, r.HeartbeatOnly, r.Stale, r.Zombie} {
+				s.counts[i] = float64(n.Int64)
 			}
-			services = append(services, r)
+			services = append(services, s)
 		}
 	}
 	if err := rows.Err(); err != nil {

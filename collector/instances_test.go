@@ -59,7 +59,6 @@ var nan = math.NaN()
 
 func instancesOnly(maxServices int) Config {
 	cfg := DefaultConfig()
-	cfg.Schema = "liveness"
 	cfg.Leases.Enabled, cfg.AdvisoryLocks.Enabled, cfg.Statements.Enabled, cfg.Agent.Enabled = false, false, false, false
 	cfg.Instances.MaxServices = maxServices
 	return cfg
@@ -150,7 +149,6 @@ func TestDefaultCapsBoundTheScrape(t *testing.T) {
 	db.Exec(t, `INSERT INTO liveness.leases (name, holder, expires_at)
 		SELECT 'job-' || i, 'host:1:' || i, now() + interval '1 minute' FROM generate_series(1, 5000) i`)
 	cfg := DefaultConfig()
-	cfg.Schema = "liveness"
 	e := newExporter(t, cfg, exporterPool(t, db.DSN, 2, nil), nil, nil)
 	samples := 0
 	for _, mf := range scrapeFamilies(t, e) {

@@ -13,13 +13,11 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
-	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // LeasesConfig configures the leases collector.
@@ -49,7 +47,7 @@ func (s *LeasesConfig) flags(app *kingpin.Application) {
 }
 
 func (s *LeasesConfig) check(c *Config) error {
-	if _, err := parseTable(s.Table, c.Schema); err != nil {
+	if _, err := leasesTable(s.Table, c.Source.Schema()); err != nil {
 		return fmt.Errorf("--collector.leases.table: %w", err)
 	}
 	if s.MaxSeries < 0 {
@@ -58,121 +56,12 @@ func (s *LeasesConfig) check(c *Config) error {
 	return nil
 }
 
-// parseTable renders "table" or "schema.table" as a quoted identifier.
-func parseTable(s, schema string) (string, error) {
+// leasesTable is --collector.leases.table, or <schema>.leases when it is empty.
+func leasesTable(s, schema string) (store.Table, error) {
 	if s == "" {
-		return pgx.Identifier{schema, "leases"}.Sanitize(), nil
+		return store.Table{Schema: schema, Name: "leases"}, nil
 	}
-	parts := strings.Split(s, ".")
-	if len(parts) > 2 {
-		return "", fmt.Errorf(`%q: want "table" or "schema.table"`, s)
-	}
-	for i, p := range parts {
-		kind, what := migrations.TableName, "table"
-		if i == 0 && len(parts) == 2 {
-			kind, what = migrations.SchemaName, "schema"
-		}
-		if p == "" {
-			return "", fmt.Errorf(`%q: want "table" or "schema.table"`, s)
-		}
-		if err := migrations.ValidateIdentifier(kind, p); err != nil {
-			return "", fmt.Errorf("%q: the %s name %w", s, what, err)
-		}
-	}
-	return pgx.Identifier(parts).Sanitize(), nil
-}
-
-// leasesSQL reads the leases by the database clock, folded in the database so that only
-// the exported rows travel. Nothing is assumed of a foreign table: names may repeat and
-// any column may be NULL. One row per name counts ({best}); of those, the max-series most
-// urgent ($2: expired longest ago, then soonest to expire, NULL last, then by name) come
-// one row each, in that order, followed by one summary row: the folded leases (how many,
-// how many unexpired, the soonest expiry, the earliest taken_at), the anomalies (rows
-// without a name, named rows with a NULL holder, taken_at or expires_at, and extra rows
-// of a name), and the table's shape ($1, the table, as a regclass): which of the optional
-// columns it has, and "unique name" when a unique index guarantees one row per name.
-//
-// {table} is a quoted identifier. The optional columns {epoch}, {holder_instance_id} and
-// {holder_host} are the table's columns, or NULL when it has none (a plain leases table
-// without an epoch, or one from before holder identities). leasesFor renders them and
-// {best} for the table's shape, and the summary row tells when the shape changed.
-const leasesSQL = `WITH ` + sqltag.Leases + ` best AS {best}, kept AS MATERIALIZED (
-    SELECT b.* FROM best b ORDER BY b.expires_at, b.name LIMIT $2
-)
-(SELECT k.name, k.holder::text, k.epoch::bigint, k.holder_instance_id::text, k.holder_host::text,
-        extract(epoch FROM k.expires_at - now())::float8, k.expires_at >= now(),
-        extract(epoch FROM now() - k.taken_at)::float8,
-        NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::text[]
-   FROM kept k
-  ORDER BY k.expires_at, k.name)
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL,
-       extract(epoch FROM f.soonest - now())::float8, NULL, extract(epoch FROM now() - f.first_taken)::float8,
-       f.n, f.held, a.null_names, a.null_values, a.named - f.n - (SELECT count(*) FROM kept),
-       ARRAY(SELECT c.attname::text FROM pg_catalog.pg_attribute c
-              WHERE c.attrelid = $1::regclass AND c.attnum > 0 AND NOT c.attisdropped
-                AND c.attname IN ('epoch', 'holder_instance_id', 'holder_host')
-             UNION ALL
-             (SELECT 'unique name' FROM pg_catalog.pg_index x
-                JOIN pg_catalog.pg_attribute c ON c.attrelid = x.indrelid AND c.attnum = x.indkey[0]
-               WHERE x.indrelid = $1::regclass AND x.indisunique AND x.indisvalid AND x.indnkeyatts = 1
-                 AND x.indpred IS NULL AND c.attname = 'name'
-               LIMIT 1))
-  FROM (SELECT count(*) FILTER (WHERE l.name IS NULL) AS null_names,
-               count(*) FILTER (WHERE l.name IS NOT NULL AND (l.holder IS NULL OR l.expires_at IS NULL OR l.taken_at IS NULL)) AS null_values,
-               count(*) FILTER (WHERE l.name IS NOT NULL) AS named
-          FROM {table} AS l) a,
-       (SELECT min(b.expires_at) AS soonest, min(b.taken_at) AS first_taken, count(*) AS n,
-               count(*) FILTER (WHERE b.expires_at >= now()) AS held
-          FROM best b
-         WHERE b.name NOT IN (SELECT k.name FROM kept k)) f`
-
-// leasesBestSQL is {best} for a table whose names may repeat: of a name's rows, the one
-// expiring last, then the higher epoch, then the holder.
-const leasesBestSQL = `MATERIALIZED (
-    SELECT DISTINCT ON (l.name::text COLLATE "C")
-           l.name::text COLLATE "C" AS name, l.holder, {epoch} AS epoch, {holder_instance_id} AS holder_instance_id,
-           {holder_host} AS holder_host, l.expires_at, l.taken_at
-      FROM {table} AS l
-     WHERE l.name IS NOT NULL
-     ORDER BY l.name::text COLLATE "C", l.expires_at DESC NULLS LAST, 3 DESC NULLS LAST, l.holder::text COLLATE "C" DESC NULLS LAST
-)`
-
-// leasesUniqueSQL is {best} for a table with a unique index on name, as ours has: every
-// named row, without sorting them all; the most urgent come off an index on expires_at
-// when there is one.
-const leasesUniqueSQL = `NOT MATERIALIZED (
-    SELECT l.name::text COLLATE "C" AS name, l.holder, {epoch} AS epoch, {holder_instance_id} AS holder_instance_id,
-           {holder_host} AS holder_host, l.expires_at, l.taken_at
-      FROM {table} AS l
-     WHERE l.name IS NOT NULL
-)`
-
-// uniqueName is the shape entry leasesSQL reports for a table with a unique index on name.
-const uniqueName = "unique name"
-
-// ourLeasesShape is our own leases table's shape, as leasesSQL reports it (sorted).
-var ourLeasesShape = []string{"epoch", "holder_host", "holder_instance_id", uniqueName}
-
-// leasesFor renders leasesSQL for a table of the given shape.
-func leasesFor(table string, shape []string) string {
-	best := leasesBestSQL
-	if slices.Contains(shape, uniqueName) {
-		best = leasesUniqueSQL
-	}
-	s := strings.ReplaceAll(leasesSQL, "{best}", best)
-	s = strings.ReplaceAll(s, "{table}", table)
-	for _, col := range []string{"epoch", "holder_instance_id", "holder_host"} {
-		expr := "NULL::text"
-		if col == "epoch" {
-			expr = "NULL::bigint"
-		}
-		if slices.Contains(shape, col) {
-			expr = "l." + col
-		}
-		s = strings.ReplaceAll(s, "{"+col+"}", expr)
-	}
-	return s
+	return store.ParseTable(s)
 }
 
 // otherLease is the lease label of the leases folded beyond --collector.leases.max-series.
@@ -181,9 +70,11 @@ const otherLease = "other"
 // Lease row anomalies, counted per scrape in pg_liveness_lease_row_anomalies{kind}.
 var leaseAnomalies = []string{"duplicate_name", "null_name", "null_value", "invalid_utf8"}
 
+// leasesCollector sends the leases statement (store/sql/collectors.sql), rendered for the
+// table's shape: which optional columns it has, and whether its names are unique.
 type leasesCollector struct {
 	pool                                    *pgxpool.Pool
-	table                                   string // quoted identifier
+	table                                   store.Table
 	maxSeries                               int
 	logger                                  *slog.Logger
 	expiresIn, held, epoch, holder, heldFor *exposition.Family
@@ -196,17 +87,23 @@ type leasesCollector struct {
 	sql   string
 }
 
+// leasesQuery is the leases statement for the table's shape.
+func (c *leasesCollector) leasesQuery(shape []string) string {
+	return store.LeasesFor(c.table, shape).SQL
+}
+
 func newLeasesCollector(d deps) (Collector, error) {
 	const lease = "lease"
-	table, err := parseTable(d.cfg.Leases.Table, d.cfg.Schema)
+	table, err := leasesTable(d.cfg.Leases.Table, d.cfg.Source.Schema())
 	if err != nil {
 		return nil, fmt.Errorf("--collector.leases.table: %w", err)
 	}
+	shape := store.OurLeasesShape() // corrected by the first scrape for another table
 	return &leasesCollector{
 		pool:      d.pool,
 		table:     table,
-		shape:     ourLeasesShape, // corrected by the first scrape for another table
-		sql:       leasesFor(table, ourLeasesShape),
+		shape:     shape,
+		sql:       store.LeasesFor(table, shape).SQL,
 		maxSeries: d.cfg.Leases.MaxSeries,
 		logger:    d.logger,
 		expiresIn: gauge("lease_expires_in_seconds",
@@ -229,25 +126,12 @@ func newLeasesCollector(d deps) (Collector, error) {
 	}, nil
 }
 
-// leaseRow is one row of leasesSQL: an exported lease, or the summary (Folded set). The
-// NULLs of a foreign table stay invalid.
-type leaseRow struct {
-	Name, Holder, HolderInstanceID, HolderHost pgtype.Text
-	Epoch                                      pgtype.Int8
-	ExpiresIn                                  pgtype.Float8 // the summary's: the soonest folded expiry
-	Held                                       pgtype.Bool
-	HeldFor                                    pgtype.Float8 // the summary's: the longest held folded lease
-	Folded, FoldedHeld                         pgtype.Int8
-	NullNames, NullValues, Duplicates          pgtype.Int8
-	Shape                                      []string // the table's optional columns, and "unique name"
-}
-
 func (c *leasesCollector) Update(ctx context.Context, out *exposition.Builder) error {
 	c.mu.Lock()
 	shape, sql := c.shape, c.sql
 	c.mu.Unlock()
 	var (
-		sum    leaseRow
+		sum    store.LeasesRow
 		counts map[string]int64
 		err    error
 	)
@@ -257,7 +141,7 @@ func (c *leasesCollector) Update(ctx context.Context, out *exposition.Builder) e
 		var pgErr *pgconn.PgError
 		if err != nil && errors.As(err, &pgErr) && pgErr.Code == "42703" && len(shape) > 0 && attempt == 1 {
 			// An optional column is missing: read without any, which tells the shape.
-			shape, sql = nil, leasesFor(c.table, nil)
+			shape, sql = nil, c.leasesQuery(nil)
 			continue
 		}
 		if err != nil {
@@ -268,7 +152,7 @@ func (c *leasesCollector) Update(ctx context.Context, out *exposition.Builder) e
 			break
 		}
 		// The table's shape is not the one the statement was rendered for.
-		shape, sql = sum.Shape, leasesFor(c.table, sum.Shape)
+		shape, sql = sum.Shape, c.leasesQuery(sum.Shape)
 	}
 	c.mu.Lock()
 	c.shape, c.sql = shape, sql
@@ -297,21 +181,19 @@ func (c *leasesCollector) Update(ctx context.Context, out *exposition.Builder) e
 	return nil
 }
 
-// read runs leasesSQL once, adds the exported leases to out as their rows arrive, and
-// returns the summary row and the anomalies found in the exported rows.
-func (c *leasesCollector) read(ctx context.Context, sql string, out *exposition.Builder) (leaseRow, map[string]int64, error) {
-	var r leaseRow
+// read runs the leases statement once, adds the exported leases to out as their rows
+// arrive, and returns the summary row and the anomalies found in the exported rows.
+func (c *leasesCollector) read(ctx context.Context, sql string, out *exposition.Builder) (store.LeasesRow, map[string]int64, error) {
+	var r store.LeasesRow
 	counts := map[string]int64{}
-	rows, err := c.pool.Query(ctx, sql, c.table, c.maxSeries)
+	rows, err := c.pool.Query(ctx, sql, c.table.Quoted(), c.maxSeries)
 	if err != nil {
 		return r, nil, err
 	}
 	defer rows.Close()
 	seen := map[string]bool{}
 	for rows.Next() {
-		r = leaseRow{}
-		if err := rows.Scan(&r.Name, &r.Holder, &r.Epoch, &r.HolderInstanceID, &r.HolderHost, &r.ExpiresIn, &r.Held, &r.HeldFor,
-			&r.Folded, &r.FoldedHeld, &r.NullNames, &r.NullValues, &r.Duplicates, &r.Shape); err != nil {
+		if r, err = pgx.RowToStructByName[store.LeasesRow](rows); err != nil {
 			return r, nil, err
 		}
 		if r.Folded.Valid { // the summary, last

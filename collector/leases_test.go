@@ -67,6 +67,32 @@ func TestLeasesForeignTableRows(t *testing.T) {
 	}
 }
 
+// A table and schema named like the statement's placeholders are read as themselves: the
+// table enters the statement once, quoted, and nothing is filled in after it (the
+// statement was once rendered with a second pass over text that held the table's name).
+func TestLeasesTableNamedLikeAPlaceholder(t *testing.T) {
+	db := pgtest.NewDB(t)
+	db.Exec(t, `CREATE SCHEMA "{table}";
+		CREATE TABLE "{table}"."{holder_host}" (name text PRIMARY KEY, holder text, epoch bigint, holder_host text,
+		                                         taken_at timestamptz, expires_at timestamptz);
+		INSERT INTO "{table}"."{holder_host}" VALUES ('mail', 'node-1:1', 7, 'node-1', now() - interval '10 s', now() + interval '50 s')`)
+	got := scrapeFamilies(t, newExporter(t, leasesOnly("{table}.{holder_host}", 10), exporterPool(t, db.DSN, 1, nil), nil, discard()))
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"pg_liveness_scrape_collector_success", []string{"collector", "leases"}, 1},
+		{"pg_liveness_lease_held", []string{"lease", "mail"}, 1},
+		{"pg_liveness_lease_epoch", []string{"lease", "mail"}, 7},
+		{"pg_liveness_lease_holder_info", []string{"lease", "mail", "holder_host", "node-1"}, 1},
+	} {
+		if v := value(got, c.name, c.labels...); v != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
+		}
+	}
+}
+
 // In a SQL_ASCII database a lease name or holder can hold any bytes. The bad bytes are
 // replaced in the label; no other lease is lost.
 func TestLeasesInvalidUTF8(t *testing.T) {

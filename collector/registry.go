@@ -4,7 +4,6 @@ import (
 	"log/slog"
 
 	"github.com/alecthomas/kingpin/v2"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -68,6 +67,3 @@ type deps struct {
 	agent  AgentSource   // nil without an agent
 	logger *slog.Logger  // the exporter's, with the collector's name
 }
-
-// schema is the configuration's schema as a quoted identifier.
-func (d deps) schema() string { return pgx.Identifier{d.cfg.Schema}.Sanitize() }

@@ -13,9 +13,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // scenarioSchema needs quoting, so the test also shows the schema only ever enters SQL as
@@ -100,11 +100,11 @@ func newScenario(t *testing.T) *pgtest.DB {
 	// Tagged statements: 3 heartbeat-like updates of the 2 worker rows, 2 lease renewals,
 	// and an untagged statement that matches nothing.
 	for range 3 {
-		exec(t, setup, `UPDATE `+sqltag.Heartbeat+` `+schemaIdent+`.instances
+		exec(t, setup, `UPDATE /* `+store.TagPrefix+store.Heartbeat.Tag()+` */ `+schemaIdent+`.instances
 		                 SET last_heartbeat_at = last_heartbeat_at WHERE service_name = $1`, "worker")
 	}
 	for range 2 {
-		exec(t, setup, `UPDATE `+sqltag.LeaseRenew+` `+schemaIdent+`.leases
+		exec(t, setup, `UPDATE /* `+store.TagPrefix+store.LeaseRenew.Tag()+` */ `+schemaIdent+`.leases
 		                 SET expires_at = expires_at WHERE name = $1`, "cleanup")
 	}
 	exec(t, setup, `SELECT count(*) FROM `+schemaIdent+`.leases`)
@@ -222,13 +222,13 @@ var scenarioRules = []approx{
 
 // fixedStatus stands in for the binary's start-up step: a schema migrated by a newer
 // release that still serves this binary, and a started agent.
-type fixedStatus Status
+type fixedStatus store.BinaryStatus
 
-func (s fixedStatus) Status() Status { return Status(s) }
+func (s fixedStatus) Status() store.BinaryStatus { return store.BinaryStatus(s) }
 
 func scenarioConfig() Config {
 	cfg := DefaultConfig()
-	cfg.Schema = scenarioSchema
+	cfg.Source = mustSource(store.SourceConfig{Schema: scenarioSchema})
 	cfg.Status = fixedStatus{SchemaRead: true, SchemaVersion: 5, SchemaCompatibleFrom: 2, BinaryVersion: 4,
 		SchemaCompatible: true, AgentStarted: true}
 	return cfg

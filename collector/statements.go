@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // StatementsConfig configures the statements collector.
@@ -29,17 +29,17 @@ type StatementsConfig struct {
 	CacheSize int
 }
 
-// DefaultStatementPatterns match the tags (sqltag) that every statement the library, the
-// collectors and the status page send carries after its first keyword: one pattern per
-// tag, named after it, "name=pg_liveness:name\b". They match on every major from 14 to 18,
-// since pg_stat_statements keeps a statement's text from its first keyword on.
+// DefaultStatementPatterns match the tags (store.Tags) that every statement the library,
+// the collectors and the status page send carries after its first keyword: one pattern
+// per tag, named after it, "name=pg_liveness:name\b". They match on every major from 14
+// to 18, since pg_stat_statements keeps a statement's text from its first keyword on.
 var DefaultStatementPatterns = defaultStatementPatterns()
 
 func defaultStatementPatterns() []string {
-	out := make([]string, 0, len(sqltag.All))
-	for _, tag := range sqltag.All {
-		name := sqltag.Name(tag)
-		out = append(out, name+"="+regexp.QuoteMeta(sqltag.Prefix+name)+`\b`)
+	tags := store.Tags()
+	out := make([]string, 0, len(tags))
+	for _, name := range tags {
+		out = append(out, name+"="+regexp.QuoteMeta(store.TagPrefix+name)+`\b`)
 	}
 	return out
 }
@@ -110,48 +110,6 @@ func parsePatterns(given []string) ([]statementPattern, error) {
 	return kept, nil
 }
 
-// extensionSchemaSQL finds where pg_stat_statements is installed; it may be any schema.
-const extensionSchemaSQL = `
-SELECT n.nspname::text
-  FROM pg_catalog.pg_extension e
-  JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
- WHERE e.extname = 'pg_stat_statements'`
-
-// statsSQL reads this database's counters without query texts: reading texts means
-// reading pg_stat_statements' whole text file, so it is done only for new queryids
-// (textsSQL). Only the entries of the queryids in $1 (those that match a pattern) travel,
-// unless $2 asks for all of them; a last row sums up every entry (count and two hashes
-// of the queryids), so that a change in the set of entries (a new one: unclassified) is
-// seen without reading them all. {ext} is the extension's schema as a quoted identifier.
-// Entries whose queryid is hidden from this role are skipped. Its rows are scanned by
-// name into statsRow. It is one statement, not a batch of two, on purpose: the entries
-// and the summary come from one read of pg_stat_statements, which is no transactional
-// snapshot; from two, an entry new in the summary could be missing from the entries read
-// in full, and would not be classified until the set changed again.
-const (
-	statsSQL = `
-WITH s AS MATERIALIZED (
-    SELECT s.userid, s.queryid, s.toplevel, s.calls, (s.total_exec_time + s.total_plan_time) / 1000 AS seconds, s.rows
-      FROM {ext}.pg_stat_statements(false) s
-     WHERE s.dbid = (SELECT d.oid FROM pg_catalog.pg_database d
-                      WHERE d.datname = pg_catalog.current_database())
-       AND s.queryid IS NOT NULL)
-SELECT s.userid, s.queryid, s.toplevel, s.calls, s.seconds, s.rows,
-       NULL::bigint AS entries, NULL::bigint AS hash1, NULL::bigint AS hash2
-  FROM s WHERE $2 OR s.queryid = ANY($1)
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, count(*), coalesce(sum(pg_catalog.hashint8(s.queryid)), 0),
-       coalesce(sum(pg_catalog.hashint8(s.queryid # 6148914691236517205)), 0)
-  FROM s`
-
-	textsSQL = `
-SELECT DISTINCT ON (s.queryid) s.queryid, coalesce(s.query, '')
-  FROM {ext}.pg_stat_statements(true) s
- WHERE s.dbid = (SELECT d.oid FROM pg_catalog.pg_database d
-                  WHERE d.datname = pg_catalog.current_database())
-   AND s.queryid = ANY($1)`
-)
-
 // SQLSTATEs that mean pg_stat_statements cannot be read here, rather than a failure. The
 // first three mean the extension was dropped or moved: look it up again. The others
 // (not in shared_preload_libraries, not granted to this role) keep the schema.
@@ -191,12 +149,12 @@ type statementsCollector struct {
 	// sem serializes scrapes: the state below is read-modify-write, and two scrapes
 	// interleaving their increments would count twice.
 	sem          chan struct{}
-	stats, texts string                 // rendered for the extension's schema; "" when unknown
+	stats, texts string                 // stat_statements and its texts, for the extension's schema; "" when unknown
 	problem      logging.Repeats        // why pg_stat_statements cannot be read
 	cacheFull    logging.Repeats        // that the cache is too small
 	class        map[int64]int          // queryid → pattern index, -1 for none
 	matching     []int64                // the queryids in class that match a pattern
-	summary      [3]int64               // statsSQL's summary of the entries when all were last read
+	summary      [3]int64               // stat_statements' summary of the entries when all were last read
 	complete     bool                   // every entry was classified when all were last read
 	last         map[stmtKey]stmtCounts // last seen counters of classified entries
 	totals       []stmtCounts           // by pattern index
@@ -353,16 +311,15 @@ func (c *statementsCollector) emit(out *exposition.Builder) {
 // lookup finds the extension's schema and renders the statements for it.
 func (c *statementsCollector) lookup(ctx context.Context) (found bool, err error) {
 	var schema string
-	err = c.pool.QueryRow(ctx, extensionSchemaSQL).Scan(&schema)
+	err = c.pool.QueryRow(ctx, store.StatStatementsSchema.In("").SQL).Scan(&schema)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	ext := pgx.Identifier{schema}.Sanitize()
-	c.stats = strings.ReplaceAll(statsSQL, "{ext}", ext)
-	c.texts = strings.ReplaceAll(textsSQL, "{ext}", ext)
+	c.stats = store.StatStatements.In(schema).SQL
+	c.texts = store.StatStatementsTexts.In(schema).SQL
 	return true, nil
 }
 
@@ -396,7 +353,7 @@ func (c *statementsCollector) queryStats(ctx context.Context, all bool) ([]stmtR
 		out = make([]stmtRow, 0, len(c.class))
 	}
 	for rows.Next() {
-		r, err := pgx.RowToStructByName[statsRow](rows)
+		r, err := pgx.RowToStructByName[store.StatStatementsRow](rows)
 		if err != nil {
 			return nil, summary, err
 		}
@@ -408,20 +365,6 @@ func (c *statementsCollector) queryStats(ctx context.Context, all bool) ([]stmtR
 			stmtCounts: stmtCounts{calls: float64(*r.Calls), seconds: *r.Seconds, rows: float64(*r.Rows)}})
 	}
 	return out, summary, rows.Err()
-}
-
-// statsRow is one row of statsSQL: an entry's counters, or (Entries set) the summary of
-// all entries: how many, and two sums of hashes of their queryids.
-type statsRow struct {
-	UserID   *uint32  `db:"userid"`
-	QueryID  *int64   `db:"queryid"`
-	TopLevel *bool    `db:"toplevel"`
-	Calls    *int64   `db:"calls"`
-	Seconds  *float64 `db:"seconds"`
-	Rows     *int64   `db:"rows"`
-	Entries  *int64   `db:"entries"`
-	Hash1    *int64   `db:"hash1"`
-	Hash2    *int64   `db:"hash2"`
 }
 
 // classify fetches the texts of queryids not seen before, in one round trip, and
@@ -448,14 +391,11 @@ func (c *statementsCollector) classify(ctx context.Context, entries []stmtRow) (
 	defer rows.Close()
 	found := make(map[int64]int, len(unseen))
 	for rows.Next() {
-		var (
-			id   int64
-			text string
-		)
-		if err := rows.Scan(&id, &text); err != nil {
+		r, err := pgx.RowToStructByName[store.StatStatementsTextRow](rows)
+		if err != nil {
 			return nil, err
 		}
-		found[id] = c.match(text)
+		found[r.QueryID] = c.match(r.Query)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

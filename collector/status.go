@@ -1,31 +1,12 @@
 package collector
 
-import "github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
+import (
+	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
+)
 
-// Status is how the binary stands with the database's schema and whether its agent was
-// started. The caller keeps it current (the exporter binary from its start-up step); the
-// exporter reads it on every scrape.
-type Status struct {
-	// SchemaRead is false until the schema's migrations were read once; the schema
-	// metrics other than the binary's version are absent until then.
-	SchemaRead bool
-	// SchemaVersion is the highest migration applied to the schema.
-	SchemaVersion int
-	// SchemaCompatibleFrom is the oldest binary schema version the schema still serves.
-	SchemaCompatibleFrom int
-	// BinaryVersion is the newest migration version this binary knows.
-	BinaryVersion int
-	// SchemaCompatible is true when this binary can run against the schema.
-	SchemaCompatible bool
-	// AgentStarted is true once the agent was started, after the schema was found
-	// usable. An agent that is not started never joins.
-	AgentStarted bool
-}
-
-// StatusSource returns the current Status.
-type StatusSource interface {
-	Status() Status
-}
+// The schema metrics show how the binary stands with its schema (Config.Status, a
+// store.BinaryStatus the binary keeps current); the exporter reads it on every scrape.
 
 var (
 	schemaVersionDesc = gauge("schema_version",
@@ -39,7 +20,7 @@ var (
 )
 
 // statusMetrics exports the schema's state as the status says.
-func statusMetrics(out *exposition.Builder, s Status) {
+func statusMetrics(out *exposition.Builder, s store.BinaryStatus) {
 	out.Add(schemaBinaryVersionDesc, float64(s.BinaryVersion))
 	if s.SchemaRead {
 		out.Add(schemaVersionDesc, float64(s.SchemaVersion))

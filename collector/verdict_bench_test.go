@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // instancesSQLBeforeVerdict is the instances collector's statement before instance_states
@@ -41,14 +42,11 @@ func BenchmarkInstancesVerdictCost(b *testing.B) {
 	dsn := benchdata.Build(b)
 	pool := exporterPool(b, dsn, 2, nil)
 	cfg := DefaultConfig()
-	schema := `"liveness"`
-	before := strings.ReplaceAll(instancesSQLBeforeVerdict, "{schema}", schema)
-	after, _, _, _, err := instancesStatement(schema, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	args := []any{cfg.StaleThreshold.Seconds(), cfg.DefinitiveDeadCutoff.Seconds(), cfg.Instances.MaxSeries}
-	argsAfter := []any{cfg.StaleThreshold, cfg.DefinitiveDeadCutoff, cfg.Instances.MaxSeries}
+	before := strings.ReplaceAll(instancesSQLBeforeVerdict, "{schema}", `"liveness"`)
+	query := store.Instances.For(nil)
+	after := query.SQL
+	args := []any{store.DefaultStaleThreshold.Seconds(), store.DefaultDefinitiveDeadCutoff.Seconds(), cfg.Instances.MaxSeries}
+	argsAfter := query.Args(cfg.Instances.MaxSeries)
 	run := func(sql string) time.Duration {
 		args := args
 		if sql == after {

@@ -24,7 +24,6 @@ func TestOneVerdict(t *testing.T) {
 	migrate(t, db, "liveness")
 	pool := exporterPool(t, db.DSN, 2, nil)
 	cfg := DefaultConfig()
-	cfg.Schema = "liveness"
 	exp := newExporter(t, cfg, pool, nil, discard())
 	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
 	if err != nil {
@@ -167,7 +166,6 @@ func TestExporterAloneStampsVanishedLocks(t *testing.T) {
 	db := pgtest.NewDB(t)
 	migrate(t, db, "liveness")
 	cfg := DefaultConfig()
-	cfg.Schema = "liveness"
 	exp := newExporter(t, cfg, exporterPool(t, db.DSN, 2, nil), nil, discard())
 	admin := connAs(t, db, "walker")
 	// The row says it holds its lock, but no session does: the lock has vanished.

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/benchdata"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/whizbang"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // BenchmarkWhizbangInstancesCost runs the instances collector's statement for our schema
@@ -48,17 +48,12 @@ func BenchmarkWhizbangInstancesCost(b *testing.B) {
 		}
 	}
 	pool := exporterPool(b, dsn, 2, nil)
-	cfg := DefaultConfig()
-	ours, oursExtra, stale, dead, err := instancesStatement(`"liveness"`, cfg)
+	ours := store.Instances.For(nil)
+	whSource, err := store.NewSource(store.SourceConfig{Kind: store.SourceWhizbang})
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg.Source = SourceConfig{Kind: SourceWhizbang}
-	cfg.Source.Whizbang = whizbang.Defaults()
-	wh, whExtra, whStale, whDead, err := instancesStatement(`"liveness"`, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	wh := store.Instances.For(whSource)
 	run := func(sql string, args ...any) time.Duration {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -79,8 +74,8 @@ func BenchmarkWhizbangInstancesCost(b *testing.B) {
 		}
 		return time.Since(t0)
 	}
-	runOurs := func() time.Duration { return run(ours, append([]any{stale, dead, 100}, oursExtra...)...) }
-	runWh := func() time.Duration { return run(wh, append([]any{whStale, whDead, 100}, whExtra...)...) }
+	runOurs := func() time.Duration { return run(ours.SQL, ours.Args(100)...) }
+	runWh := func() time.Duration { return run(wh.SQL, wh.Args(100)...) }
 	for range 3 {
 		runOurs()
 		runWh()

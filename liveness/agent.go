@@ -14,7 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -141,7 +141,7 @@ func (c AgentConfig) ShutdownBudget() time.Duration { return c.shutdownSteps().t
 func (c AgentConfig) withDefaults() AgentConfig {
 	c.Schema = cmp.Or(c.Schema, DefaultSchema)
 	c.Mode = cmp.Or(c.Mode, ModeAdvisoryLockWhenAvailable)
-	c.Timing = c.Timing.withDefaults()
+	c.Timing = timingWithDefaults(c.Timing)
 	c.ReaperInterval = cmp.Or(c.ReaperInterval, DefaultReaperInterval)
 	c.ReaperLeaseTTL = cmp.Or(c.ReaperLeaseTTL, DefaultReaperLeaseTTL)
 	c.JobWindDown = cmp.Or(c.JobWindDown, DefaultJobWindDown)
@@ -202,7 +202,7 @@ func (c AgentConfig) Validate() error {
 	if _, ok := parseMode(string(c.Mode)); !ok {
 		return bad("Mode", "%q is unknown (want %s or %s)", c.Mode, ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly)
 	}
-	if err := c.Timing.check("AgentConfig.Timing"); err != nil {
+	if err := checkTiming(c.Timing, "AgentConfig.Timing"); err != nil {
 		return err
 	}
 	if len(c.Metadata) > 0 {

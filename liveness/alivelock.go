@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/sys/unix"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // Defaults of the alive lock's session (AgentConfig.Keepalive*, VerifyInterval). With them the server drops a half-open client's session,
@@ -155,7 +155,7 @@ func (c aliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
 
 	cfg, err := pgx.ParseConfig(c.DSN)
 	if err != nil {
-		return nil, 0, &ConfigError{Field: "aliveLockConfig.DSN", Reason: dsn.RedactError(err).Error()}
+		return nil, 0, &ConfigError{Field: "aliveLockConfig.DSN", Reason: logging.RedactError(err).Error()}
 	}
 	rp := cfg.RuntimeParams
 	rp["application_name"] = c.ServiceName + ":alive-lock"
@@ -224,8 +224,8 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 		instanceID:        cfg.InstanceID.String(),
 		verifyEvery:       cfg.VerifyInterval,
 		clientUserTimeout: clientUserTimeout,
-		claimSQL:          sqlFor(cfg.Schema, claimSQL),
-		verifySQL:         sqlFor(cfg.Schema, verifySQL),
+		claimSQL:          store.AliveLockClaim.In(cfg.Schema).SQL,
+		verifySQL:         store.AliveLockVerify.In(cfg.Schema).SQL,
 		log:               logging.Wrap(cfg.Logger),
 	}
 	if a.verifyEvery == 0 {

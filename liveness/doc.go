@@ -1,7 +1,9 @@
 // Package liveness lets instances of a service that share one PostgreSQL tell which of
 // them are alive, and run singleton jobs on one instance at a time. It is what the
 // pg_liveness_exporter agent runs, and a Go service embeds the same thing. The SQL
-// objects it uses come from the migrations package.
+// objects it uses come from the migrations package, and every statement it sends from
+// the data layer, package store, which the exporter's collectors read too; it imports
+// no internal package.
 //
 // A service needs three things from it: an Agent to take part (NewAgent, Agent.Run),
 // Agent.Elect to campaign for a singleton job, and a Reader to ask the verdict. Leases
@@ -29,6 +31,9 @@
 // agent notices its session's end at once and beats through its pool. So a crashed
 // process is dead for everyone about a second after PostgreSQL frees its lock, while a
 // restarted server, a terminated backend or a short network blip kills nobody.
+//
+// A Reader reads the source ReaderConfig.Source names: this package's schema, or a
+// Whizbang database as it is, judged by the same rule (store.SourceConfig).
 //
 // ModeHeartbeatTableOnly is for a service that reaches PostgreSQL only through PgBouncer
 // in transaction mode: no direct connection, no lock. Its instances are heartbeat_only

@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // Defaults of ElectorConfig.
@@ -87,28 +89,25 @@ func (l Leadership) Fence(ctx context.Context, tx pgx.Tx) error {
 	return l.lease.Fence(ctx, tx)
 }
 
-// ConfigError is a configuration value the library refuses. Field names the
-// configuration field (for example "ElectorConfig.Lease"), never a command-line flag.
-type ConfigError struct {
-	Field  string
-	Reason string
-}
-
-func (e *ConfigError) Error() string { return "liveness: " + e.Field + " " + e.Reason }
+// ConfigError is a configuration value the library refuses. Field names the config
+// field ("AgentConfig.Timing.StaleThreshold", "SourceConfig.Whizbang.Prefix"), never a
+// flag: a binary maps fields to its flags. One type for the library and its data layer,
+// where it is defined (store.ConfigError).
+type ConfigError = store.ConfigError
 
 // Validate checks the configuration; errors are *ConfigError.
 func (c ElectorConfig) Validate() error {
 	switch {
 	case c.Lease == "":
-		return &ConfigError{"ElectorConfig.Lease", "must be set"}
+		return &ConfigError{Field: "ElectorConfig.Lease", Reason: "must be set"}
 	case c.OnStartedLeading == nil:
-		return &ConfigError{"ElectorConfig.OnStartedLeading", "must be set"}
+		return &ConfigError{Field: "ElectorConfig.OnStartedLeading", Reason: "must be set"}
 	case c.TTL < 0:
-		return &ConfigError{"ElectorConfig.TTL", fmt.Sprintf("(%s) must not be negative", c.TTL)}
+		return &ConfigError{Field: "ElectorConfig.TTL", Reason: fmt.Sprintf("(%s) must not be negative", c.TTL)}
 	case c.TTL != 0 && c.TTL < MinLeaseTTL:
-		return &ConfigError{"ElectorConfig.TTL", fmt.Sprintf("(%s) must be at least %s", c.TTL, MinLeaseTTL)}
+		return &ConfigError{Field: "ElectorConfig.TTL", Reason: fmt.Sprintf("(%s) must be at least %s", c.TTL, MinLeaseTTL)}
 	case c.RetryPeriod < 0:
-		return &ConfigError{"ElectorConfig.RetryPeriod", fmt.Sprintf("(%s) must not be negative", c.RetryPeriod)}
+		return &ConfigError{Field: "ElectorConfig.RetryPeriod", Reason: fmt.Sprintf("(%s) must not be negative", c.RetryPeriod)}
 	}
 	return nil
 }
@@ -337,24 +336,18 @@ func readLeader(ctx context.Context, db Querier, sql, name string) (Leader, erro
 	if err != nil {
 		return Leader{Lease: name}, fmt.Errorf("liveness: read leader of %q: %w", name, err)
 	}
-	var (
-		l           = Leader{Lease: name}
-		id          *uuid.UUID
-		held, alive bool
-	)
-	found, err := pgx.CollectExactlyOneRow(rows, func(row pgx.CollectableRow) (bool, error) {
-		return true, row.Scan(&id, &l.Host, &l.Epoch, &l.TakenAt, &l.ExpiresAt, &held, &alive)
-	})
+	row, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByName[store.LeaderRow])
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Leader{Lease: name}, ErrNoLeader
 	case err != nil:
 		return Leader{Lease: name}, fmt.Errorf("liveness: read leader of %q: %w", name, err)
-	case !found || !held || !alive:
+	case !row.Held || !row.HolderAlive:
 		return Leader{Lease: name}, ErrNoLeader
 	}
-	if id != nil {
-		l.InstanceID = *id
+	l := Leader{Lease: name, Host: row.HolderHost, Epoch: row.Epoch, TakenAt: row.TakenAt, ExpiresAt: row.ExpiresAt}
+	if row.HolderInstanceID != nil {
+		l.InstanceID = *row.HolderInstanceID
 	}
 	return l, nil
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // beatTimeout is a beat's deadline: half the fast interval, at most
@@ -111,7 +111,7 @@ func (c heartbeatConfig) validate() error {
 			return bad("Mode", "%q is unknown (want %s or %s)", c.Mode, ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly)
 		}
 	}
-	return c.Timing.withDefaults().check("heartbeatConfig.Timing")
+	return checkTiming(timingWithDefaults(c.Timing), "heartbeatConfig.Timing")
 }
 
 // heartbeatWorker upserts the instance's row on an adaptive cadence: slow while the alive
@@ -158,7 +158,7 @@ func newHeartbeatWorker(cfg heartbeatConfig) (*heartbeatWorker, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("heartbeat: heartbeatConfig.Pool must not be nil")
 	}
-	t := cfg.Timing.withDefaults()
+	t := timingWithDefaults(cfg.Timing)
 	meta := []byte("{}")
 	if len(cfg.Metadata) > 0 {
 		var err error
@@ -168,8 +168,8 @@ func newHeartbeatWorker(cfg heartbeatConfig) (*heartbeatWorker, error) {
 	}
 	h := &heartbeatWorker{
 		pool:         cfg.Pool,
-		upsertSQL:    sqlFor(cfg.Schema, heartbeatSQL),
-		deleteSQL:    sqlFor(cfg.Schema, heartbeatDeleteSQL),
+		upsertSQL:    store.Heartbeat.In(cfg.Schema).SQL,
+		deleteSQL:    store.HeartbeatDelete.In(cfg.Schema).SQL,
 		instanceID:   cfg.InstanceID.String(),
 		service:      cfg.ServiceName,
 		host:         cfg.HostName,
@@ -385,7 +385,7 @@ func (h *heartbeatWorker) failed() {
 // AgentConfig.ShutdownTimeout).
 func (h *heartbeatWorker) Remove(ctx context.Context) error {
 	if _, err := h.pool.Exec(ctx, h.deleteSQL, h.instanceID); err != nil {
-		return fmt.Errorf("heartbeat: remove instance row: %w", dsn.RedactError(err))
+		return fmt.Errorf("heartbeat: remove instance row: %w", logging.RedactError(err))
 	}
 	return nil
 }

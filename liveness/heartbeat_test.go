@@ -521,7 +521,7 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 // TestTimingCheck: nonsense timing is refused, naming the field (as an Agent names it).
 func TestTimingCheck(t *testing.T) {
 	good := Timing{HeartbeatInterval: 30 * time.Second, HeartbeatSlowInterval: 60 * time.Second, StaleThreshold: 90 * time.Second}
-	if err := good.withDefaults().check("AgentConfig.Timing"); err != nil {
+	if err := checkTiming(timingWithDefaults(good), "AgentConfig.Timing"); err != nil {
 		t.Fatalf("the default timing is refused: %v", err)
 	}
 	cases := []struct {
@@ -548,7 +548,7 @@ func TestTimingCheck(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := good
 			tc.edit(&c)
-			err := c.withDefaults().check("AgentConfig.Timing")
+			err := checkTiming(timingWithDefaults(c), "AgentConfig.Timing")
 			if err == nil || !strings.HasPrefix(err.Error(), "liveness: "+tc.want) {
 				t.Fatalf("check() = %v, want an error starting %q", err, tc.want)
 			}

@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // MinLeaseTTL is the shortest ttl a lease may have.
@@ -277,7 +277,7 @@ func (l *Leases) acquire(ctx, parent context.Context, name string, ttl time.Dura
 			_, _ = l.pool.Exec(dctx, l.stmts.abandon, name, holder)
 			dcancel()
 		}
-		return nil, fmt.Errorf("liveness: acquire lease %q: %w", name, dsn.RedactError(err))
+		return nil, fmt.Errorf("liveness: acquire lease %q: %w", name, logging.RedactError(err))
 	}
 
 	lctx, lcancel := context.WithCancelCause(parent)
@@ -378,7 +378,7 @@ func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
 	}
 	var held bool
 	if err := tx.QueryRow(ctx, le.leases.stmts.fence, le.Name, le.Epoch).Scan(&held); err != nil {
-		return fmt.Errorf("liveness: fence lease %q: %w", le.Name, dsn.RedactError(err))
+		return fmt.Errorf("liveness: fence lease %q: %w", le.Name, logging.RedactError(err))
 	}
 	if !held {
 		lost := &LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostTaken}
@@ -417,7 +417,7 @@ func (le *Lease) Release(ctx context.Context) error {
 		le.end(ErrLeaseReleased)
 		<-le.renewerDone
 		if _, err := le.leases.pool.Exec(ctx, le.leases.stmts.release, le.Name, le.Holder, le.Epoch); err != nil {
-			le.releaseErr = fmt.Errorf("liveness: release lease %q: %w", le.Name, dsn.RedactError(err))
+			le.releaseErr = fmt.Errorf("liveness: release lease %q: %w", le.Name, logging.RedactError(err))
 		}
 	})
 	return le.releaseErr
@@ -435,7 +435,7 @@ func (le *Lease) leaveToExpire(ctx context.Context) error {
 		return nil
 	}
 	if _, err := le.leases.pool.Exec(ctx, le.leases.stmts.detach, le.Name, le.Holder, le.Epoch); err != nil {
-		return fmt.Errorf("liveness: leave lease %q to expire: %w", le.Name, dsn.RedactError(err))
+		return fmt.Errorf("liveness: leave lease %q to expire: %w", le.Name, logging.RedactError(err))
 	}
 	return nil
 }
@@ -514,7 +514,7 @@ func (le *Lease) renew() bool {
 		le.leases.log.Debug("lease renewal unanswered; retrying", "lease", le.Name, "epoch", le.Epoch)
 		return false
 	default:
-		err = dsn.RedactError(err)
+		err = logging.RedactError(err)
 		le.mu.Lock()
 		if time.Now().Before(until) { // an answer past the window is no answer
 			le.lastErr = err
@@ -619,4 +619,22 @@ func (l *Leases) Stats() []LeaseStats {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// leaseStatements are the lease statements (store/sql/leases.sql) rendered for one
+// schema, once, when the Leases are built.
+type leaseStatements struct {
+	acquire, renew, release, abandon, leader, fence, detach string
+}
+
+func newLeaseStatements(schema string) leaseStatements {
+	return leaseStatements{
+		acquire: store.LeaseAcquire.In(schema).SQL,
+		renew:   store.LeaseRenew.In(schema).SQL,
+		release: store.LeaseRelease.In(schema).SQL,
+		abandon: store.LeaseAbandon.In(schema).SQL,
+		leader:  store.LeaseLeader.In(schema).SQL,
+		fence:   store.LeaseFence.In(schema).SQL,
+		detach:  store.LeaseDetach.In(schema).SQL,
+	}
 }

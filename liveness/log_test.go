@@ -10,7 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging/logtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logtest"
 )
 
 // Every logger the package builds from a caller's Logger removes passwords, whatever

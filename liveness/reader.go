@@ -1,7 +1,6 @@
 package liveness
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,12 +10,13 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // InstanceState is an instance's liveness state, as the migrations' instance_states
 // defines it. That SQL function is the only definition: the reaper, the exporter,
-// is_instance_alive and this reader all read it, so they always agree.
+// is_instance_alive and this reader all read it, so they always agree (a Whizbang
+// source is judged by the same rule, from the same migration).
 type InstanceState string
 
 const (
@@ -48,30 +48,28 @@ type Querier interface {
 
 // ReaderConfig configures a Reader.
 type ReaderConfig struct {
-	DB     Querier
-	Schema string // DefaultSchema if empty
+	DB Querier
 
-	// Fallback is the timing for rows that record none (rows written by other
-	// software); an Agent's rows are judged by their own. Only its StaleThreshold and
-	// DefinitiveDeadCutoff are used; zero takes DefaultStaleThreshold and
-	// DefaultDefinitiveDeadCutoff.
-	Fallback Timing
-
-	// Whizbang, when set, reads a Whizbang database as it is instead of this package's
-	// schema (Schema and Fallback are then unused; the source carries its timing).
-	// Leader returns ErrNoLeases.
-	Whizbang *WhizbangSource
+	// Source is where instances are read from, as store.NewSource checked it: this
+	// project's schema (nil is DefaultSchema, with the default timing for rows that
+	// record none) or a Whizbang database as it is (read only; Leader then returns
+	// ErrNoLeases). A process that reads one source in several ways (the exporter's
+	// collectors, its status page, a Reader) gives each the same one, so that they read
+	// the same tables by the same rules.
+	Source *store.Source
 }
 
+// ErrNoLeases is returned by Reader.Leader for a source without leases (Whizbang's).
+var ErrNoLeases = errors.New("liveness: this source has no leases")
+
 // Reader answers "is instance X alive?" and "which instances of service Y are alive?"
-// from instance_states. Each call is one statement; it holds no connection in between.
+// from the source's verdict. Each call is one statement; it holds no connection in
+// between.
 type Reader struct {
-	db          Querier
-	sql         string
-	leaderSQL   string
-	fleetSQL    string
-	stale, dead float64 // seconds
-	extraArgs   []any   // after each statement's own: a Whizbang source's lock key prefix
+	db        Querier
+	instances store.Query // read_instances
+	fleet     store.Query // read_fleet
+	leaderSQL string      // lease_leader; "" for a source without leases
 }
 
 // InstanceStatus is one instance as the database judges it now.
@@ -93,36 +91,23 @@ type InstanceStatus struct {
 // Alive reports whether the instance is alive by the one verdict.
 func (s InstanceStatus) Alive() bool { return s.State.Alive() }
 
-// readerSQL reads instance_states joined to the rows' identity. $1 and $2 the fallback
-// stale threshold and definitive-dead cutoff in seconds, $3 one instance id or NULL, $4 a
-// service name or NULL.
-const readerSQL = `SELECT ` + sqltag.ReadInstances + ` s.instance_id, s.service_name, i.host_name, i.process_id,
-       s.state, coalesce(s.lock_held, false), s.last_heartbeat_at, ` + instanceDetailColumns + `
-  FROM {states} s
-  JOIN {instances} i ON i.instance_id = s.instance_id
- WHERE ($3::uuid IS NULL OR s.instance_id = $3::uuid) AND ($4::text IS NULL OR s.service_name = $4::text)
- ORDER BY s.service_name, s.instance_id`
-
-// NewReader validates cfg. Errors name the ReaderConfig field.
+// NewReader checks cfg. Errors name the ReaderConfig field.
 func NewReader(cfg ReaderConfig) (*Reader, error) {
 	if cfg.DB == nil {
 		return nil, &ConfigError{Field: "ReaderConfig.DB", Reason: "must not be nil"}
 	}
-	stale := cmp.Or(cfg.Fallback.StaleThreshold, DefaultStaleThreshold)
-	dead := cmp.Or(cfg.Fallback.DefinitiveDeadCutoff, DefaultDefinitiveDeadCutoff)
-	if stale < 0 {
-		return nil, &ConfigError{Field: "ReaderConfig.Fallback.StaleThreshold", Reason: fmt.Sprintf("(%s) must not be negative", stale)}
+	src := cfg.Source
+	if src == nil {
+		var err error
+		if src, err = store.NewSource(store.SourceConfig{}); err != nil {
+			return nil, err // not expected: the defaults pass every check
+		}
 	}
-	if dead <= stale {
-		return nil, &ConfigError{Field: "ReaderConfig.Fallback.DefinitiveDeadCutoff",
-			Reason: fmt.Sprintf("(%s) must be above ReaderConfig.Fallback.StaleThreshold (%s)", dead, stale)}
+	r := &Reader{db: cfg.DB, instances: store.ReadInstances.For(src), fleet: store.ReadFleet.For(src)}
+	if src.HasLeases() {
+		r.leaderSQL = store.LeaseLeader.In(src.Schema()).SQL
 	}
-	if cfg.Whizbang != nil {
-		return newWhizbangReader(cfg)
-	}
-	r := readerSources(cfg.Schema)
-	return &Reader{db: cfg.DB, sql: r.render(readerSQL, "$3::uuid"), leaderSQL: newLeaseStatements(cfg.Schema).leader,
-		fleetSQL: r.render(fleetSQL, "NULL::uuid"), stale: stale.Seconds(), dead: dead.Seconds()}, nil
+	return r, nil
 }
 
 // Instance returns one instance's status, or ErrInstanceNotFound.
@@ -158,19 +143,13 @@ func (r *Reader) Instances(ctx context.Context, service string) ([]InstanceStatu
 }
 
 func (r *Reader) read(ctx context.Context, id *uuid.UUID, service *string) ([]InstanceStatus, error) {
-	rows, err := r.db.Query(ctx, r.sql, append([]any{r.stale, r.dead, id, service}, r.extraArgs...)...)
+	rows, err := r.db.Query(ctx, r.instances.SQL, r.instances.Args(id, service)...)
 	if err != nil {
 		return nil, fmt.Errorf("liveness: read instances: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (InstanceStatus, error) {
-		var (
-			s InstanceStatus
-			d instanceDetail
-		)
-		err := row.Scan(append([]any{&s.InstanceID, &s.ServiceName, &s.HostName, &s.ProcessID, &s.State, &s.LockHeld,
-			&s.LastHeartbeat}, d.dest()...)...)
-		d.fill(&s)
-		return s, err
+		i, err := pgx.RowToStructByName[store.InstanceRow](row)
+		return instanceStatus(i), err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("liveness: read instances: %w", err)
@@ -178,30 +157,10 @@ func (r *Reader) read(ctx context.Context, id *uuid.UUID, service *string) ([]In
 	return out, nil
 }
 
-// instanceDetailColumns are the columns of an instances row i (joined to a verdict s)
-// that instanceDetail scans: the heartbeat's age by the database clock, the start, the
-// mode, the metadata and the recorded timing in seconds.
-const instanceDetailColumns = `extract(epoch FROM now() - s.last_heartbeat_at)::float8, i.started_at, {mode},
-       coalesce(i.metadata, '{}')::text, {heartbeat_interval}, {heartbeat_slow_interval}, {stale_threshold},
-       {definitive_dead_cutoff}, {lock_grace}`
-
-// instanceDetail receives instanceDetailColumns.
-type instanceDetail struct {
-	age                                float64
-	started                            time.Time
-	mode, metadata                     string
-	interval, slow, stale, dead, grace *float64
-}
-
-func (d *instanceDetail) dest() []any {
-	return []any{&d.age, &d.started, &d.mode, &d.metadata, &d.interval, &d.slow, &d.stale, &d.dead, &d.grace}
-}
-
-func (d *instanceDetail) fill(s *InstanceStatus) {
-	s.HeartbeatAge = seconds(&d.age)
-	s.StartedAt, s.Mode, s.Metadata = d.started, Mode(d.mode), json.RawMessage(d.metadata)
-	s.Timing = Timing{HeartbeatInterval: seconds(d.interval), HeartbeatSlowInterval: seconds(d.slow),
-		StaleThreshold: seconds(d.stale), DefinitiveDeadCutoff: seconds(d.dead), LockGrace: seconds(d.grace)}
+// recordedTiming is the timing a row records, in seconds; NULL (not recorded) is zero.
+func recordedTiming(interval, slow, stale, dead, grace *float64) Timing {
+	return Timing{HeartbeatInterval: seconds(interval), HeartbeatSlowInterval: seconds(slow),
+		StaleThreshold: seconds(stale), DefinitiveDeadCutoff: seconds(dead), LockGrace: seconds(grace)}
 }
 
 // seconds converts seconds from the database to a duration; NULL is zero.

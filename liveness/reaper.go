@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // maxLoggedIDs bounds the ids one log line names.
@@ -21,9 +21,6 @@ const maxLoggedIDs = 10
 
 // ReaperLease is the lease name under which one agent at a time reaps.
 const ReaperLease = "pg_liveness.reaper"
-
-const reapSQL = `SELECT ` + sqltag.Cleanup + ` id FROM {schema}.cleanup_stale_instances(
-	now() - make_interval(secs => $1), now() - make_interval(secs => $2)) AS id`
 
 // reaperConfig configures a reaper.
 type reaperConfig struct {
@@ -72,7 +69,7 @@ func newReaper(cfg reaperConfig) (*reaper, error) {
 		cfg.gate = openGate{}
 	}
 	cfg.windDown = cmp.Or(cfg.windDown, DefaultJobWindDown)
-	return &reaper{cfg: cfg, sql: sqlFor(cfg.Schema, reapSQL)}, nil
+	return &reaper{cfg: cfg, sql: store.Cleanup.In(cfg.Schema).SQL}, nil
 }
 
 // Reaped counts the instances this reaper deleted.

@@ -1,13 +1,9 @@
 package liveness
 
-import (
-	"strings"
-
-	"github.com/jackc/pgx/v5"
-)
+import "github.com/pg-liveness/pg_liveness_exporter/store"
 
 // DefaultSchema is where the migrations put the liveness objects unless configured.
-const DefaultSchema = "liveness"
+const DefaultSchema = store.DefaultSchema
 
 // Mode selects the liveness signals an instance relies on.
 type Mode string
@@ -32,14 +28,4 @@ func parseMode(s string) (Mode, bool) {
 		return m, true
 	}
 	return "", false
-}
-
-// sqlFor renders a statement template whose objects are written as {schema}.name. The
-// schema only ever enters SQL as a quoted identifier. Statements are rendered once, when
-// a component is built.
-func sqlFor(schema, tmpl string) string {
-	if schema == "" {
-		schema = DefaultSchema
-	}
-	return strings.ReplaceAll(tmpl, "{schema}", pgx.Identifier{schema}.Sanitize())
 }

@@ -4,42 +4,29 @@ import (
 	"cmp"
 	"fmt"
 	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
-// Timing is an instance's heartbeat timing. Each instance records its own in its row,
-// and every observer judges it by that (the one verdict), so a fleet may mix settings.
-// In an AgentConfig a zero field takes its Default*; in an InstanceStatus a zero field
-// was not recorded (a row written by other software), and observers use
-// ReaderConfig.Fallback instead.
-type Timing struct {
-	// HeartbeatInterval is the fast cadence: while the alive lock is not held and
-	// verified, and always in ModeHeartbeatTableOnly.
-	HeartbeatInterval time.Duration
-	// HeartbeatSlowInterval is the cadence while the alive lock is held and verified.
-	HeartbeatSlowInterval time.Duration
-	// StaleThreshold is the heartbeat age past which an instance without its lock is dead.
-	StaleThreshold time.Duration
-	// DefinitiveDeadCutoff is the heartbeat age past which an instance is dead even with
-	// its lock held (a zombie: a hung process, a half-open session).
-	DefinitiveDeadCutoff time.Duration
-	// LockGrace is how long observers wait, after the alive lock vanished, for the
-	// instance to prove life before they call it dead.
-	LockGrace time.Duration
-}
+// Timing is an instance's heartbeat timing, defined with the data layer (store.Timing)
+// that records it in every instance row and reads it back. In an AgentConfig a zero
+// field takes its Default*.
+type Timing = store.Timing
 
-// Defaults of Timing, as the agent's flags have them.
+// Defaults of Timing, as the agent's flags have them (store's, where they are defined).
 const (
-	DefaultHeartbeatInterval     = 30 * time.Second
-	DefaultHeartbeatSlowInterval = 60 * time.Second
-	DefaultStaleThreshold        = 90 * time.Second
-	DefaultDefinitiveDeadCutoff  = 5 * time.Minute
+	DefaultHeartbeatInterval     = store.DefaultHeartbeatInterval
+	DefaultHeartbeatSlowInterval = store.DefaultHeartbeatSlowInterval
+	DefaultStaleThreshold        = store.DefaultStaleThreshold
+	DefaultDefinitiveDeadCutoff  = store.DefaultDefinitiveDeadCutoff
 	// DefaultLockGrace: a live agent notices the end of its lock's session at once and
 	// beats within milliseconds.
-	DefaultLockGrace = time.Second
+	DefaultLockGrace = store.DefaultLockGrace
 )
 
-// withDefaults fills zero fields with the defaults; negative ones stay, for check.
-func (t Timing) withDefaults() Timing {
+// timingWithDefaults fills zero fields with the defaults; negative ones stay, for
+// checkTiming.
+func timingWithDefaults(t Timing) Timing {
 	t.HeartbeatInterval = cmp.Or(t.HeartbeatInterval, DefaultHeartbeatInterval)
 	t.HeartbeatSlowInterval = cmp.Or(t.HeartbeatSlowInterval, DefaultHeartbeatSlowInterval)
 	t.StaleThreshold = cmp.Or(t.StaleThreshold, DefaultStaleThreshold)
@@ -48,10 +35,10 @@ func (t Timing) withDefaults() Timing {
 	return t
 }
 
-// check refuses timing that would make a live instance look dead or a dead one look
-// alive. field is the name of the Timing in its config ("AgentConfig.Timing"); errors
-// are *ConfigError naming field.<Field>.
-func (t Timing) check(field string) error {
+// checkTiming refuses timing that would make a live instance look dead or a dead one
+// look alive. field is the name of the Timing in its config ("AgentConfig.Timing");
+// errors are *ConfigError naming field.<Field>.
+func checkTiming(t Timing, field string) error {
 	bad := func(name, format string, args ...any) error {
 		return &ConfigError{Field: field + "." + name, Reason: fmt.Sprintf(format, args...)}
 	}

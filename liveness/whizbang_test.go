@@ -10,8 +10,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/whizbang/whizbangtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/whizbangtest"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // A Reader on a Whizbang database reads Whizbang's instances by the one rule, as a role
@@ -27,7 +28,7 @@ func TestReaderOnWhizbang(t *testing.T) {
 	if !f.Claim(t, alive) {
 		t.Fatal("claim failed")
 	}
-	r, err := liveness.NewReader(liveness.ReaderConfig{DB: f.Observer, Whizbang: &liveness.WhizbangSource{}})
+	r, err := liveness.NewReader(liveness.ReaderConfig{DB: f.Observer, Source: f.Reads(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,21 +64,16 @@ func TestReaderOnWhizbang(t *testing.T) {
 	if _, err := r.Leader(ctx, "cleanup"); !errors.Is(err, liveness.ErrNoLeases) {
 		t.Fatalf("Leader: %v, want ErrNoLeases", err)
 	}
-	_, err = liveness.NewReader(liveness.ReaderConfig{DB: f.Observer,
-		Whizbang: &liveness.WhizbangSource{StaleThreshold: 30 * time.Second}})
-	if err == nil || !strings.Contains(err.Error(), "ReaderConfig.Whizbang.StaleThreshold") {
-		t.Fatalf("a stale threshold below the slow cadence: %v, want an error naming ReaderConfig.Whizbang.StaleThreshold", err)
-	}
 	// Without a prefix the table is service_instances, which this database lacks.
-	r, err = liveness.NewReader(liveness.ReaderConfig{DB: f.Observer, Whizbang: &liveness.WhizbangSource{NoPrefix: true}})
+	bare, err := store.NewSource(store.SourceConfig{Kind: store.SourceWhizbang, Whizbang: store.Whizbang{NoPrefix: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err = liveness.NewReader(liveness.ReaderConfig{DB: f.Observer, Source: bare})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.Instances(ctx, "orders"); err == nil || !strings.Contains(err.Error(), `"public.service_instances" does not exist`) {
 		t.Fatalf("NoPrefix: %v, want the missing public.service_instances", err)
-	}
-	_, err = liveness.NewReader(liveness.ReaderConfig{DB: f.Observer, Whizbang: &liveness.WhizbangSource{NoPrefix: true, Prefix: "wh_"}})
-	if err == nil || !strings.Contains(err.Error(), "ReaderConfig.Whizbang.NoPrefix") {
-		t.Fatalf("NoPrefix with a Prefix: %v, want an error naming both", err)
 	}
 }

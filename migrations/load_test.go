@@ -8,8 +8,8 @@ import (
 
 func TestLoadOrdersAndValidates(t *testing.T) {
 	ms, err := load(fstest.MapFS{
-		"sql/0002_b.sql": {Data: []byte("-- compatible-from: 1\nB")},
-		"sql/0001_a.sql": {Data: []byte("-- compatible-from: 1\nA")},
+		"0002_b.sql": {Data: []byte("-- compatible-from: 1\nB")},
+		"0001_a.sql": {Data: []byte("-- compatible-from: 1\nA")},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -18,14 +18,14 @@ func TestLoadOrdersAndValidates(t *testing.T) {
 		t.Fatalf("load = %+v", ms)
 	}
 	for name, fsys := range map[string]fstest.MapFS{
-		"gap":      {"sql/0001_a.sql": {}, "sql/0003_c.sql": {}},
-		"bad name": {"sql/0001_a.sql": {}, "sql/2_b.sql": {}},
-		"no 0001":  {"sql/0002_b.sql": {}},
+		"gap":      {"0001_a.sql": {}, "0003_c.sql": {}},
+		"bad name": {"0001_a.sql": {}, "2_b.sql": {}},
+		"no 0001":  {"0002_b.sql": {}},
 		// Every file states the oldest binary it still serves, within 1..its version.
-		"no compatible-from":                {"sql/0001_a.sql": {Data: []byte("-- compatible-from: 1\nA")}, "sql/0002_b.sql": {Data: []byte("-- just a comment\nB")}},
-		"compatible-from after the SQL":     {"sql/0001_a.sql": {Data: []byte("A\n-- compatible-from: 1\n")}},
-		"compatible-from above own version": {"sql/0001_a.sql": {Data: []byte("-- compatible-from: 2\nA")}},
-		"compatible-from zero":              {"sql/0001_a.sql": {Data: []byte("-- compatible-from: 0\nA")}},
+		"no compatible-from":                {"0001_a.sql": {Data: []byte("-- compatible-from: 1\nA")}, "0002_b.sql": {Data: []byte("-- just a comment\nB")}},
+		"compatible-from after the SQL":     {"0001_a.sql": {Data: []byte("A\n-- compatible-from: 1\n")}},
+		"compatible-from above own version": {"0001_a.sql": {Data: []byte("-- compatible-from: 2\nA")}},
+		"compatible-from zero":              {"0001_a.sql": {Data: []byte("-- compatible-from: 0\nA")}},
 	} {
 		if _, err := load(fsys); err == nil {
 			t.Errorf("%s: load accepted it", name)
@@ -41,8 +41,8 @@ func TestEmbeddedMigrationsLoad(t *testing.T) {
 
 func TestCompatibleFromHeader(t *testing.T) {
 	ms, err := load(fstest.MapFS{
-		"sql/0001_a.sql": {Data: []byte("-- compatible-from: 1\nA")},
-		"sql/0002_b.sql": {Data: []byte("-- What b does.\n\n--   compatible-from:  2  \n-- more\nB")},
+		"0001_a.sql": {Data: []byte("-- compatible-from: 1\nA")},
+		"0002_b.sql": {Data: []byte("-- What b does.\n\n--   compatible-from:  2  \n-- more\nB")},
 	})
 	if err != nil {
 		t.Fatal(err)

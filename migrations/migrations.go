@@ -1,5 +1,9 @@
-// Package migrations holds every SQL object pg_liveness_exporter and the liveness package
-// rely on, as embedded, ordered SQL files, and applies them to a configurable schema.
+// Package migrations applies the SQL objects pg_liveness_exporter and the liveness package
+// rely on to a configurable schema, and reads where a schema stands. The objects are the
+// data layer's ordered files, store/migrations/NNNN_name.sql (store.MigrationFiles), and
+// store/schema.sql shows them as they stand after the last one; every statement this
+// package sends around them is the data layer's too (store/sql/migrate.sql and
+// schema_state.sql).
 //
 // Each file runs in its own transaction, serialized across processes by
 // pg_advisory_xact_lock, and is recorded in <schema>.schema_migrations; applying again is
@@ -28,28 +32,21 @@ package migrations
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
 	"io/fs"
-	"path"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/sqltag"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
-//go:embed sql/*.sql
-var files embed.FS
-
 // DefaultSchema is the schema the objects live in unless configured otherwise.
-const DefaultSchema = "liveness"
+const DefaultSchema = store.DefaultSchema
 
 // Migration is one embedded SQL file.
 type Migration struct {
@@ -88,7 +85,7 @@ func compatibleFrom(name, sql string, version int) (int, error) {
 		"state the oldest binary schema version that still works once it is applied (1 for additions only, %d when it breaks older binaries)", name, version)
 }
 
-var all = mustLoad(files)
+var all = mustLoad(store.MigrationFiles())
 
 func mustLoad(fsys fs.FS) []Migration {
 	ms, err := load(fsys)
@@ -99,7 +96,7 @@ func mustLoad(fsys fs.FS) []Migration {
 }
 
 func load(fsys fs.FS) ([]Migration, error) {
-	entries, err := fs.ReadDir(fsys, "sql")
+	entries, err := fs.ReadDir(fsys, ".")
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +107,7 @@ func load(fsys fs.FS) ([]Migration, error) {
 			return nil, fmt.Errorf("migration file %q is not named NNNN_name.sql", e.Name())
 		}
 		v, _ := strconv.Atoi(m[1])
-		b, err := fs.ReadFile(fsys, path.Join("sql", e.Name()))
+		b, err := fs.ReadFile(fsys, e.Name())
 		if err != nil {
 			return nil, err
 		}
@@ -136,7 +133,7 @@ type Set []Migration
 // Embedded is the set of migrations compiled into this binary.
 var Embedded = Set(all)
 
-// LoadSet reads sql/NNNN_name.sql files from fsys, as the embedded set is read.
+// LoadSet reads NNNN_name.sql files from fsys's root, as the embedded set is read.
 func LoadSet(fsys fs.FS) (Set, error) {
 	ms, err := load(fsys)
 	return Set(ms), err
@@ -168,25 +165,19 @@ type State struct {
 // (once the migrations it knows are applied).
 func (st State) Serves(binary int) bool { return st.CompatibleFrom <= binary }
 
-// schemaExistsSQL tells whether $1, the schema_migrations table, exists. The reads of the
-// schema's state carry sqltag.SchemaState, for the exporter's statements collector.
-const schemaExistsSQL = `SELECT ` + sqltag.SchemaState + ` pg_catalog.to_regclass($1) IS NOT NULL`
-
 // ReadState reads the schema's migrations. It needs USAGE on the schema and SELECT on
 // schema_migrations, nothing else, and sends no DDL. Rows recorded before
 // compatible_from existed take the value of the set's file of that version (a version
 // the set does not know counts as compatible from itself).
 func (s Set) ReadState(ctx context.Context, q Querier, schema string) (State, error) {
 	var exists bool
-	if err := q.QueryRow(ctx, schemaExistsSQL, pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&exists); err != nil {
+	if err := q.QueryRow(ctx, store.SchemaState.In(schema).SQL, pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&exists); err != nil {
 		return State{}, fmt.Errorf("migrations: find %s.schema_migrations: %w", pgx.Identifier{schema}.Sanitize(), err)
 	}
 	if !exists {
 		return State{}, nil
 	}
-	// to_jsonb reads compatible_from whether or not the column exists yet.
-	rows, err := q.Query(ctx, `SELECT `+sqltag.SchemaState+` m.version, (pg_catalog.to_jsonb(m) ->> 'compatible_from')::integer FROM `+
-		pgx.Identifier{schema}.Sanitize()+`.schema_migrations AS m`)
+	rows, err := q.Query(ctx, store.SchemaMigrations.In(schema).SQL)
 	if err != nil {
 		return State{}, fmt.Errorf("migrations: read %s.schema_migrations: %w", pgx.Identifier{schema}.Sanitize(), err)
 	}
@@ -233,52 +224,6 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// MaxIdentifierLength is PostgreSQL's longest identifier in bytes (NAMEDATALEN - 1).
-// Longer names are silently cut by the server, so two different names could share one
-// schema.
-const MaxIdentifierLength = 63
-
-// IdentifierKind is what an identifier names, for ValidateIdentifier.
-type IdentifierKind int
-
-const (
-	// SchemaName: PostgreSQL reserves names starting with "pg_" for system schemas
-	// (CREATE SCHEMA refuses them), so no schema of ours, Whizbang's or a leases table's
-	// can have one.
-	SchemaName IdentifierKind = iota
-	// TableName: any name PostgreSQL keeps as given.
-	TableName
-)
-
-// ValidateIdentifier is the one check of every name the exporter quotes into SQL from its
-// configuration (--db.schema, --source.whizbang.schema and .prefix,
-// --collector.leases.table): it refuses what PostgreSQL would not keep as given and
-// what can only be a typing mistake. That is an empty name; one longer than 63 bytes
-// (the server silently cuts it, so two names could meet, or the name fails later as "not
-// found"); invalid UTF-8, a NUL byte or another control character; and for a schema, the
-// "pg_" prefix. The error is a predicate for the caller to put after the name of its
-// flag or field ("must not be empty").
-func ValidateIdentifier(kind IdentifierKind, name string) error {
-	switch {
-	case name == "":
-		return errors.New("must not be empty")
-	case len(name) > MaxIdentifierLength:
-		return fmt.Errorf("is %d bytes long; PostgreSQL keeps only the first %d, so use a shorter name", len(name), MaxIdentifierLength)
-	case !utf8.ValidString(name) || strings.ContainsRune(name, 0):
-		return errors.New("must be valid UTF-8 without NUL bytes")
-	case strings.ContainsFunc(name, unicode.IsControl):
-		i := strings.IndexFunc(name, unicode.IsControl)
-		r, _ := utf8.DecodeRuneInString(name[i:])
-		return fmt.Errorf("must not contain control characters (%U at byte %d)", r, i)
-	case kind == SchemaName && strings.HasPrefix(name, "pg_"):
-		return errors.New(`must not start with "pg_": PostgreSQL reserves those names for system schemas`)
-	}
-	return nil
-}
-
-// ValidateSchemaName is ValidateIdentifier for a schema.
-func ValidateSchemaName(schema string) error { return ValidateIdentifier(SchemaName, schema) }
-
 // Apply brings schema up to Latest with the embedded migrations; see Set.Apply.
 func Apply(ctx context.Context, db Beginner, schema string) ([]int, error) {
 	return Embedded.Apply(ctx, db, schema)
@@ -290,7 +235,7 @@ func Apply(ctx context.Context, db Beginner, schema string) ([]int, error) {
 // newer than the set that still serves it is left alone (nil error); one that does not
 // gives ErrDatabaseNewer. It is safe to call concurrently from many processes.
 func (s Set) Apply(ctx context.Context, db Beginner, schema string) ([]int, error) {
-	if err := ValidateSchemaName(schema); err != nil {
+	if err := store.ValidateSchemaName(schema); err != nil {
 		return nil, fmt.Errorf("migrations: schema name %w", err)
 	}
 	if q, ok := db.(Querier); ok {
@@ -319,7 +264,7 @@ func (s Set) Apply(ctx context.Context, db Beginner, schema string) ([]int, erro
 }
 
 func applyOne(ctx context.Context, db Beginner, schema string, m Migration) (bool, error) {
-	ident := pgx.Identifier{schema}.Sanitize()
+	ident := pgx.Identifier{schema}.Sanitize() // for messages and the search_path
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("migrations: begin: %w", err)
@@ -327,35 +272,30 @@ func applyOne(ctx context.Context, db Beginner, schema string, m Migration) (boo
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
 	// One lock per schema name, taken before anything else, serializes runners.
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('pg_liveness.migrations:' || $1::text, 0))`, schema); err != nil {
+	if _, err := tx.Exec(ctx, store.MigrateLock.In(schema).SQL, schema); err != nil {
 		return false, fmt.Errorf("migrations: lock: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+ident); err != nil {
+	if _, err := tx.Exec(ctx, store.MigrateSchema.In(schema).SQL); err != nil {
 		return false, fmt.Errorf("migrations: create schema %s: %w", ident, err)
 	}
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+ident+`.schema_migrations (
-		version         integer     PRIMARY KEY,
-		name            text        NOT NULL,
-		applied_at      timestamptz NOT NULL DEFAULT now(),
-		compatible_from integer);
-		ALTER TABLE `+ident+`.schema_migrations ADD COLUMN IF NOT EXISTS compatible_from integer`); err != nil {
+	if _, err := tx.Exec(ctx, store.MigrateBookkeeping.In(schema).SQL); err != nil {
 		return false, fmt.Errorf("migrations: create %s.schema_migrations: %w", ident, err)
 	}
 	var done bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+ident+`.schema_migrations WHERE version = $1)`, m.Version).Scan(&done); err != nil {
+	if err := tx.QueryRow(ctx, store.MigrateApplied.In(schema).SQL, m.Version).Scan(&done); err != nil {
 		return false, fmt.Errorf("migrations: read versions: %w", err)
 	}
 	if done { // another process applied it meanwhile
 		return false, tx.Commit(ctx)
 	}
 	// Objects in the file are unqualified; they land in the schema.
-	if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, ident+", pg_catalog, pg_temp"); err != nil {
+	if _, err := tx.Exec(ctx, store.MigrateSearchPath.In(schema).SQL, ident+", pg_catalog, pg_temp"); err != nil {
 		return false, fmt.Errorf("migrations: set search_path: %w", err)
 	}
 	if _, err := tx.Exec(ctx, m.SQL); err != nil {
 		return false, fmt.Errorf("migrations: %04d_%s: %w", m.Version, m.Name, err)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO `+ident+`.schema_migrations (version, name, compatible_from) VALUES ($1, $2, $3)`,
+	if _, err := tx.Exec(ctx, store.MigrateRecord.In(schema).SQL,
 		m.Version, m.Name, m.CompatibleFrom); err != nil {
 		return false, fmt.Errorf("migrations: record %04d: %w", m.Version, err)
 	}
@@ -370,13 +310,13 @@ func Version(ctx context.Context, q interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, schema string) (int, error) {
 	var exists bool
-	if err := q.QueryRow(ctx, schemaExistsSQL, pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&exists); err != nil {
+	if err := q.QueryRow(ctx, store.SchemaState.In(schema).SQL, pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&exists); err != nil {
 		return 0, err
 	}
 	if !exists {
 		return 0, nil
 	}
 	var v int
-	err := q.QueryRow(ctx, `SELECT `+sqltag.SchemaState+` coalesce(max(version), 0) FROM `+pgx.Identifier{schema}.Sanitize()+`.schema_migrations`).Scan(&v)
+	err := q.QueryRow(ctx, store.SchemaVersion.In(schema).SQL).Scan(&v)
 	return v, err
 }

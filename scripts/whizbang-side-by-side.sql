@@ -1,8 +1,8 @@
 -- Moving a Whizbang fleet to pg_liveness, side by side. Generated from the exporter's
--- Whizbang source (internal/whizbang); do not edit by hand.
+-- Whizbang source (store/sql/whizbang_side_by_side.sql); do not edit by hand.
 --
 -- Run it once, after pg_liveness's migrations created schema "liveness", as a role that may
--- create functions there. It reads public.wh_service_instances
+-- create functions there. It reads "public"."wh_service_instances"
 -- and writes nothing to it. Then, in this order:
 --   1. Point callers at "liveness".is_fleet_instance_alive(id) instead of Whizbang's
 --      is_instance_alive(id, seconds): it answers for instances of either fleet.
@@ -35,23 +35,31 @@ AS $$
                    CASE WHEN NOT (SELECT pg_catalog.pg_is_in_recovery()) THEN h.key IS NOT NULL END AS locked
               FROM "public"."wh_service_instances" i
               LEFT JOIN (SELECT k.key, count(*) > 1 AS shared
-                           FROM (SELECT pg_catalog.hashtext(p_lock_key_prefix || i.instance_id::text)::bigint AS key FROM "public"."wh_service_instances" i) k
+                           FROM (SELECT pg_catalog.hashtext(p_lock_key_prefix::text || i.instance_id::text)::bigint AS key FROM "public"."wh_service_instances" i) k
                            JOIN pg_catalog.pg_locks l
                              ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock'
                             AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
                                                WHERE d.datname = pg_catalog.current_database())
                             AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid
                           GROUP BY k.key) h
-                     ON h.key = pg_catalog.hashtext(p_lock_key_prefix || i.instance_id::text)::bigint) w
+                     ON h.key = pg_catalog.hashtext(p_lock_key_prefix::text || i.instance_id::text)::bigint) w
      CROSS JOIN LATERAL (SELECT CASE
-            WHEN (coalesce(w.locked AND NOT w.key_shared, false)) AND (w.last_heartbeat_at) <= (pg_catalog.now()) - (p_definitive_dead_cutoff) THEN 'zombie'
-            WHEN (coalesce(w.locked AND NOT w.key_shared, false)) AND (w.last_heartbeat_at) > (pg_catalog.now()) - (p_stale_threshold) THEN 'alive'
-            WHEN (coalesce(w.locked AND NOT w.key_shared, false)) THEN 'lock_only'
-            WHEN (w.last_heartbeat_at) <= (pg_catalog.now()) - (p_stale_threshold) THEN 'stale'
-            WHEN (false) AND coalesce((NULL::timestamptz) > (pg_catalog.now()) - (NULL::interval), true) THEN 'lock_lost'
-            WHEN (false) THEN 'stale'
-            ELSE 'heartbeat_only'
-        END AS state) s) v
+         WHEN p_locked AND p_last_heartbeat_at <= p_now - p_dead THEN 'zombie'
+         WHEN p_locked AND p_last_heartbeat_at > p_now - p_stale THEN 'alive'
+         WHEN p_locked THEN 'lock_only'
+         WHEN p_last_heartbeat_at <= p_now - p_stale THEN 'stale'
+         WHEN p_holds_alive_lock AND coalesce(p_missing_since > p_now - p_grace, true) THEN 'lock_lost'
+         WHEN p_holds_alive_lock THEN 'stale'
+         ELSE 'heartbeat_only'
+     END AS state
+                           FROM (SELECT coalesce(w.locked AND NOT w.key_shared, false) AS p_locked,
+                                        false AS p_holds_alive_lock,
+                                        w.last_heartbeat_at AS p_last_heartbeat_at,
+                                        pg_catalog.now() AS p_now,
+                                        p_stale_threshold::interval AS p_stale,
+                                        p_definitive_dead_cutoff::interval AS p_dead,
+                                        NULL::timestamptz AS p_missing_since,
+                                        NULL::interval AS p_grace) p) s) v
 $$;
 
 -- Both fleets: source is 'liveness' or 'whizbang'. An id in both (an instance that

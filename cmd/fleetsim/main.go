@@ -23,7 +23,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/fleetsim"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 )
 
 func main() {
@@ -66,7 +66,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	app.Flag("max-conns", "Connections of each instance's pool (its alive lock adds one).").Default(fmt.Sprint(cfg.MaxConns)).IntVar(&maxConns)
 	flag.AddFlags(app, &logCfg)
 	if _, err := app.Parse(args); err != nil {
-		fmt.Fprintf(stderr, "fleetsim: error: %s\n", dsn.Redact(err.Error()))
+		fmt.Fprintf(stderr, "fleetsim: error: %s\n", logging.Redact(err.Error()))
 		return 2
 	}
 	logger := newLogger(logCfg, stderr)
@@ -76,7 +76,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 		cfg.DSN = envDSN
 	}
 	if err := dsn.Validate(cfg.DSN); cfg.DSN != "" && err != nil {
-		fmt.Fprintf(stderr, "fleetsim: error: --dsn: malformed DSN: %s\n", dsn.Redact(err.Error()))
+		fmt.Fprintf(stderr, "fleetsim: error: --dsn: malformed DSN: %s\n", logging.Redact(err.Error()))
 		return 2
 	}
 	cfg.Services = splitList(services)
@@ -106,7 +106,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	fleet, err := fleetsim.Start(startCtx, cfg)
 	cancel()
 	if err != nil {
-		fmt.Fprintf(stderr, "fleetsim: error: %s\n", dsn.Redact(err.Error()))
+		fmt.Fprintf(stderr, "fleetsim: error: %s\n", logging.Redact(err.Error()))
 		return 1
 	}
 	defer fleet.Stop()

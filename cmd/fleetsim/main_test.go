@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/common/promslog"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging/logtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logtest"
 )
 
 // The simulator's logger removes passwords from every line.

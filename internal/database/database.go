@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -51,7 +51,7 @@ func (w *DSNSwitch) Set(s string) error {
 	}
 	cfg, err := pgx.ParseConfig(s)
 	if err != nil {
-		return dsn.RedactError(err)
+		return logging.RedactError(err)
 	}
 	w.mu.Lock()
 	w.cfg = cfg
@@ -83,7 +83,7 @@ func NewPool(cfg PoolConfig) (*pgxpool.Pool, error) {
 func NewSwitchablePool(cfg PoolConfig) (*pgxpool.Pool, *DSNSwitch, error) {
 	pc, err := pgxpool.ParseConfig(cfg.DSN)
 	if err != nil {
-		return nil, nil, dsn.RedactError(err)
+		return nil, nil, logging.RedactError(err)
 	}
 	if cfg.MaxConns < 1 {
 		return nil, nil, fmt.Errorf("--db.max-conns must be at least 1, got %d", cfg.MaxConns)
@@ -113,7 +113,7 @@ func NewSwitchablePool(cfg PoolConfig) (*pgxpool.Pool, *DSNSwitch, error) {
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
-		return nil, nil, dsn.RedactError(err)
+		return nil, nil, logging.RedactError(err)
 	}
 	return pool, sw, nil
 }
@@ -174,7 +174,7 @@ func PrepareSchema(ctx context.Context, pool *pgxpool.Pool, schema string, apply
 			return ctx.Err()
 		}
 		if !Healable(err) {
-			return fmt.Errorf("%w: %w", ErrNotJoining, dsn.RedactError(err))
+			return fmt.Errorf("%w: %w", ErrNotJoining, logging.RedactError(err))
 		}
 		// A line when the reason changes, debug while it repeats.
 		waiting.Log(logger, slog.LevelWarn, err.Error(), "schema not ready yet; retrying",

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 )
 
 // link is one network path of a simulated instance to PostgreSQL: a TCP relay on
@@ -44,7 +44,7 @@ type link struct {
 func newLink(dsnString string) (*link, error) {
 	cfg, err := pgconn.ParseConfig(dsnString)
 	if err != nil {
-		return nil, dsn.RedactError(err)
+		return nil, logging.RedactError(err)
 	}
 	network, target := "tcp", net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port))
 	if strings.HasPrefix(cfg.Host, "/") {
@@ -70,7 +70,7 @@ func (l *link) dsn(s string) (string, error) {
 	if strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") {
 		u, err := url.Parse(s)
 		if err != nil {
-			return "", dsn.RedactError(err)
+			return "", logging.RedactError(err)
 		}
 		u.Host = fmt.Sprintf("127.0.0.1:%d", l.port())
 		q := u.Query()

@@ -5,7 +5,7 @@ import (
 	"log/slog"
 	"testing"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging/logtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logtest"
 )
 
 // The fleet's logger and each instance's remove passwords from every line, whatever

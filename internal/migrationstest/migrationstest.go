@@ -16,10 +16,10 @@ func Future(t testing.TB, compatibleFrom int) migrations.Set {
 	t.Helper()
 	fsys := fstest.MapFS{}
 	for _, m := range migrations.All() {
-		fsys[fmt.Sprintf("sql/%04d_%s.sql", m.Version, m.Name)] = &fstest.MapFile{Data: []byte(m.SQL)}
+		fsys[fmt.Sprintf("%04d_%s.sql", m.Version, m.Name)] = &fstest.MapFile{Data: []byte(m.SQL)}
 	}
 	next := migrations.Latest() + 1
-	fsys[fmt.Sprintf("sql/%04d_from_the_future.sql", next)] = &fstest.MapFile{Data: []byte(fmt.Sprintf(
+	fsys[fmt.Sprintf("%04d_from_the_future.sql", next)] = &fstest.MapFile{Data: []byte(fmt.Sprintf(
 		"-- A later release's migration.\n-- compatible-from: %d\nCREATE TABLE future_additions (id integer PRIMARY KEY);\n", compatibleFrom))}
 	set, err := migrations.LoadSet(fsys)
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 )
 
 var shared struct {
@@ -210,7 +210,7 @@ func firstLine(s string) string {
 }
 
 // redact keeps a password out of test logs.
-func redact(err error) string { return dsn.Redact(err.Error()) }
+func redact(err error) string { return logging.Redact(err.Error()) }
 
 // FreshDSN starts the shared server if needed and returns the DSN of a new, empty
 // database on it. It is for runnable examples, which get no *testing.T; the database goes

@@ -2,10 +2,12 @@
 // who is alive and who holds what, right now, for a person at 3 a.m. whose Grafana may
 // be the thing that is down.
 //
-// Everything comes from the statements the rest of the exporter runs: instance states
-// and lease holders from liveness.Reader.Fleet (the one verdict, evaluated once per
-// page), advisory-lock holders from the advisory-locks collector's own statement, and the
-// local agent from its snapshot. At the budget's scale (10,000 instances, 1,000 leases)
+// Everything comes from the data layer's statements (package store), which the rest of
+// the exporter runs too, rendered for the one source the binary parsed: instance states
+// and lease holders from read_fleet (the one verdict, evaluated once per page, as
+// liveness.Reader.Fleet reads it), advisory-lock holders from the advisory-locks
+// statement the collector sends, and the local agent from its snapshot. It imports no
+// other view: of the liveness package only the agent's snapshot. At the budget's scale (10,000 instances, 1,000 leases)
 // the page aggregates per service and shows one page of instances, problems first, and
 // one page of leases.
 //
@@ -43,9 +45,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pg-liveness/pg_liveness_exporter/collector"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // Page sizes and caps. They bound the page's weight whatever the fleet's size.
@@ -66,17 +68,16 @@ const (
 
 // Config is what the status page reads.
 type Config struct {
-	Reader *liveness.Reader // instances and leases
-	// DB runs the advisory-locks statement; nil leaves that section out.
-	DB     liveness.Querier
-	Schema string // the liveness schema; liveness.DefaultSchema if empty
-	// Source is where the advisory-locks statement matches alive locks: our schema (the
-	// zero value) or a Whizbang database. Reader must read the same source.
-	Source collector.SourceConfig
+	// DB runs the page's statements: read_fleet (instances and leases) and the
+	// advisory-locks statement.
+	DB store.Querier
+	// Source is where instances are read from and alive locks matched, the one the
+	// collectors read (nil: this project's schema with every default).
+	Source *store.Source
 	// Agent is the local agent; nil when the exporter runs as an observer only.
 	Agent AgentSource
 	// Status is the binary's view of the schema; nil leaves that line out.
-	Status collector.StatusSource
+	Status store.StatusSource
 	Logger *slog.Logger
 }
 
@@ -87,23 +88,20 @@ type AgentSource interface {
 
 // Handler serves /status and /status.json (the path's suffix decides).
 type Handler struct {
-	cfg       Config
-	locksSQL  string
-	locksArgs []any
-	log       *slog.Logger
-	load      *limiter
+	cfg   Config
+	fleet store.Query // read_fleet, for the source
+	locks store.Query // advisory_locks, for the source
+	log   *slog.Logger
+	load  *limiter
 }
 
 // New returns the page's handler.
 func New(cfg Config) (*Handler, error) {
-	if cfg.Reader == nil {
-		return nil, errors.New("status: Config.Reader must not be nil")
+	if cfg.DB == nil {
+		return nil, errors.New("status: Config.DB must not be nil")
 	}
-	h := &Handler{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), load: newLimiter()}
-	if cfg.DB != nil {
-		h.locksSQL, h.locksArgs = collector.AdvisoryLocksStatement(cfg.Schema, cfg.Source)
-	}
-	return h, nil
+	return &Handler{cfg: cfg, fleet: store.ReadFleet.For(cfg.Source), locks: store.AdvisoryLocks.For(cfg.Source),
+		log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), load: newLimiter()}, nil
 }
 
 // Page is everything the page shows; /status.json is this, encoded.
@@ -423,12 +421,12 @@ func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
 	}
 	p.Leases = LeasesView{Name: q.lease, Page: q.leasePage, PageSize: LeasesPerPage, Rows: []LeaseView{}}
 	fail := func(what string, err error) {
-		msg := what + ": " + text(dsn.Redact(err.Error()))
+		msg := what + ": " + text(logging.Redact(err.Error()))
 		p.Errors = append(p.Errors, msg)
 		h.log.Debug("status page", "err", msg) // the page shows it; the collectors log database failures
 	}
 
-	fleet, err := h.cfg.Reader.Fleet(ctx, liveness.FleetQuery{
+	fleet, err := h.readFleet(ctx, store.FleetQuery{
 		Service: q.service, InstanceID: q.instance,
 		Offset: (q.page - 1) * InstancesPerPage, Limit: InstancesPerPage,
 		LeaseName: q.lease, LeaseOffset: (q.leasePage - 1) * LeasesPerPage, LeaseLimit: LeasesPerPage,
@@ -439,7 +437,7 @@ func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
 	} else {
 		p.fill(fleet)
 	}
-	if h.locksSQL != "" && !dbErr {
+	if !dbErr {
 		locks, err := h.readLocks(ctx)
 		if err != nil {
 			fail("cannot read advisory locks", err)
@@ -460,30 +458,37 @@ func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
 	return p, dbErr
 }
 
-var allStates = []liveness.InstanceState{liveness.StateAlive, liveness.StateLockOnly, liveness.StateLockLost,
-	liveness.StateHeartbeatOnly, liveness.StateStale, liveness.StateZombie}
+// readFleet sends read_fleet for q.
+func (h *Handler) readFleet(ctx context.Context, q store.FleetQuery) (store.Fleet, error) {
+	args, err := q.Args()
+	if err != nil {
+		return store.Fleet{}, err
+	}
+	rows, err := h.cfg.DB.Query(ctx, h.fleet.SQL, h.fleet.Args(args...)...)
+	if err != nil {
+		return store.Fleet{}, err
+	}
+	return store.CollectFleet(rows)
+}
 
 // problem reports whether a state belongs at the top of the page: dead, or alive only
 // by one signal that is failing.
-func problem(s liveness.InstanceState) bool {
-	switch s {
-	case liveness.StateZombie, liveness.StateStale, liveness.StateLockLost, liveness.StateLockOnly:
+func problem(state string) bool {
+	switch state {
+	case "zombie", "stale", "lock_lost", "lock_only":
 		return true
 	}
 	return false
 }
 
-func (p *Page) fill(f liveness.Fleet) {
-	p.GeneratedAt, p.Database, p.InRecovery = f.Now, text(f.Database), f.InRecovery
+func (p *Page) fill(f store.Fleet) {
+	p.GeneratedAt, p.Database, p.InRecovery = f.Meta.Now, text(f.Meta.Database), f.Meta.InRecovery
 	for _, s := range f.Services {
-		v := ServiceView{Name: text(s.Service), Counts: map[string]int{}, OldestHeartbeatAgeSeconds: s.OldestHeartbeatAge.Seconds()}
-		for _, st := range allStates {
+		v := ServiceView{Name: text(s.Service), Counts: map[string]int{}, Dead: s.Dead, OldestHeartbeatAgeSeconds: s.OldestAge}
+		for _, st := range store.InstanceStates() {
 			n := s.Counts[st]
-			v.Counts[string(st)] = n
+			v.Counts[st] = n
 			v.Total += n
-			if !st.Alive() {
-				v.Dead += n
-			}
 			if problem(st) {
 				v.Problems += n
 			}
@@ -495,38 +500,37 @@ func (p *Page) fill(f liveness.Fleet) {
 		return cmp.Or(cmp.Compare(b.Dead, a.Dead), cmp.Compare(b.Problems, a.Problems), cmp.Compare(b.Total, a.Total),
 			cmp.Compare(a.Name, b.Name))
 	})
-	p.Instances.Total = f.InstancesTotal
+	p.Instances.Total = f.Meta.Instances
 	for _, i := range f.Instances {
 		p.Instances.Rows = append(p.Instances.Rows, InstanceView{
 			InstanceID: i.InstanceID.String(), Service: text(i.ServiceName), Host: text(i.HostName), ProcessID: i.ProcessID,
-			State: string(i.State), Alive: i.Alive(), Problem: problem(i.State), LockHeld: i.LockHeld, Mode: text(string(i.Mode)),
-			HeartbeatAgeSeconds: i.HeartbeatAge.Seconds(), LastHeartbeat: i.LastHeartbeat, StartedAt: i.StartedAt,
+			State: i.State, Alive: i.Alive, Problem: problem(i.State), LockHeld: i.LockHeld, Mode: text(i.LivenessMode),
+			HeartbeatAgeSeconds: i.HeartbeatAge, LastHeartbeat: i.LastHeartbeatAt, StartedAt: i.StartedAt,
 			Timing: TimingView{
-				HeartbeatInterval: secs(i.Timing.HeartbeatInterval), HeartbeatSlowInterval: secs(i.Timing.HeartbeatSlowInterval),
-				StaleThreshold: secs(i.Timing.StaleThreshold), DefinitiveDeadCutoff: secs(i.Timing.DefinitiveDeadCutoff),
-				LockGrace: secs(i.Timing.LockGrace),
+				HeartbeatInterval: i.HeartbeatInterval, HeartbeatSlowInterval: i.HeartbeatSlowInterval,
+				StaleThreshold: i.StaleThreshold, DefinitiveDeadCutoff: i.DefinitiveDeadCutoff, LockGrace: i.LockGrace,
 			},
 			Metadata: validJSON(i.Metadata),
 		})
 	}
-	p.Leases.Total = f.LeasesTotal
+	p.Leases.Total = f.Meta.Leases
 	for _, l := range f.Leases {
-		v := LeaseView{Name: text(l.Name), Held: l.Held, HolderHost: text(l.HolderHost), HolderService: text(l.HolderService),
-			HolderState: string(l.HolderState), Epoch: l.Epoch, TakenAt: l.TakenAt, HeldForSeconds: l.HeldFor.Seconds(),
-			ExpiresAt: l.ExpiresAt, ExpiresInSeconds: l.ExpiresIn.Seconds()}
-		if l.HolderInstanceID != uuid.Nil {
+		v := LeaseView{Name: text(l.Name), Held: l.Held, HolderHost: text(deref(l.HolderHost)), HolderService: text(deref(l.HolderService)),
+			HolderState: l.HolderState, Epoch: l.Epoch, TakenAt: l.TakenAt, HeldForSeconds: l.HeldFor,
+			ExpiresAt: l.ExpiresAt, ExpiresInSeconds: l.ExpiresIn}
+		if l.HolderInstanceID != nil {
 			v.HolderInstanceID = l.HolderInstanceID.String()
 		}
 		p.Leases.Rows = append(p.Leases.Rows, v)
 	}
 }
 
-func secs(d time.Duration) *float64 {
-	if d == 0 {
-		return nil
+// deref is a NULL column's text: "".
+func deref(s *string) string {
+	if s == nil {
+		return ""
 	}
-	s := d.Seconds()
-	return &s
+	return *s
 }
 
 // text makes a value from the database valid UTF-8, replacing each invalid byte by
@@ -552,11 +556,11 @@ func validJSON(b json.RawMessage) json.RawMessage {
 // readLocks runs the advisory-locks collector's statement and groups its rows by
 // application.
 func (h *Handler) readLocks(ctx context.Context) (*LocksView, error) {
-	rows, err := h.cfg.DB.Query(ctx, h.locksSQL, h.locksArgs...)
+	rows, err := h.cfg.DB.Query(ctx, h.locks.SQL, h.locks.Args()...)
 	if err != nil {
 		return nil, err
 	}
-	read, err := pgx.CollectRows(rows, pgx.RowToStructByName[collector.AdvisoryLocksRow])
+	read, err := pgx.CollectRows(rows, pgx.RowToStructByName[store.AdvisoryLocksRow])
 	if err != nil {
 		return nil, err
 	}

@@ -101,11 +101,7 @@ func fixture(t *testing.T, ctx context.Context, db *pgtest.DB, pool *pgxpool.Poo
 
 func newHandler(t testing.TB, pool *pgxpool.Pool) *status.Handler {
 	t.Helper()
-	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := status.New(status.Config{Reader: reader, DB: pool})
+	h, err := status.New(status.Config{DB: pool})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,11 +424,7 @@ func (c *countingDB) Query(ctx context.Context, sql string, args ...any) (pgx.Ro
 func countingHandler(t *testing.T, pool *pgxpool.Pool) (*status.Handler, *countingDB) {
 	t.Helper()
 	db := &countingDB{db: pool}
-	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: db})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := status.New(status.Config{Reader: reader, DB: db})
+	h, err := status.New(status.Config{DB: db})
 	if err != nil {
 		t.Fatal(err)
 	}

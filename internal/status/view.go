@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // view is the Page with what only the HTML form needs: capped lists, links and the
@@ -34,9 +36,7 @@ type view struct {
 func newView(p Page, q query) view {
 	v := view{Page: p, CSS: template.CSS(pageCSS), JS: template.JS(pageJS), Refresh: int(q.refresh / time.Second), q: q,
 		onPage: map[string]bool{}, Filtered: q.service != "" || p.Instances.InstanceID != ""}
-	for _, s := range allStates {
-		v.States = append(v.States, string(s))
-	}
+	v.States = store.InstanceStates()
 	v.ShownServices = p.Services
 	if len(v.ShownServices) > maxServicesShown {
 		v.ShownServices, v.HiddenServices = v.ShownServices[:maxServicesShown], len(p.Services)-maxServicesShown

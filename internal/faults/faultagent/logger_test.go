@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"testing"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging/logtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logtest"
 )
 
 // The fault agent's logger removes passwords from every line.

@@ -49,7 +49,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 )
 
 type config struct {

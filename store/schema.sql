@@ -1,0 +1,332 @@
+-- The schema as it stands after the last migration, 0006_verdict_in_one_pass: every table, sequence,
+-- index, view and function with its body, read back from the catalog of PostgreSQL 15
+-- once every migration is applied. The migrations (store/migrations/) are the history,
+-- this is the result; it is ordered by kind for reading, not by dependency for running.
+-- Generated and checked by TestSchemaFileIsCurrent; do not edit by hand:
+--   go test ./store -run TestSchemaFileIsCurrent -update (on PostgreSQL 15: PG_LIVENESS_TEST_PG_MAJOR unset)
+
+CREATE SCHEMA liveness;
+
+-- Sequences
+
+CREATE SEQUENCE liveness.lease_epoch_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
+ALTER SEQUENCE liveness.lease_epoch_seq OWNED BY liveness.leases.epoch;
+
+-- Tables
+
+CREATE TABLE liveness.alive_lock_absences (
+    instance_id uuid NOT NULL,
+    missing_since timestamp with time zone NOT NULL,
+    server_started_at timestamp with time zone NOT NULL,
+    CONSTRAINT alive_lock_absences_pkey PRIMARY KEY (instance_id)
+);
+
+CREATE TABLE liveness.instances (
+    instance_id uuid NOT NULL,
+    service_name text NOT NULL,
+    host_name text NOT NULL DEFAULT ''::text,
+    process_id integer NOT NULL DEFAULT 0,
+    started_at timestamp with time zone NOT NULL DEFAULT now(),
+    last_heartbeat_at timestamp with time zone NOT NULL DEFAULT now(),
+    liveness_mode text NOT NULL DEFAULT 'advisory-lock-when-available'::text,
+    metadata jsonb NOT NULL DEFAULT '{}'::jsonb,
+    lock_classid oid GENERATED ALWAYS AS (liveness.lock_key_classid(liveness.instance_lock_key(instance_id))) STORED,
+    lock_objid oid GENERATED ALWAYS AS (liveness.lock_key_objid(liveness.instance_lock_key(instance_id))) STORED,
+    heartbeat_interval interval,
+    heartbeat_slow_interval interval,
+    stale_threshold interval,
+    definitive_dead_cutoff interval,
+    lock_grace interval,
+    holds_alive_lock boolean NOT NULL DEFAULT false,
+    CONSTRAINT instances_liveness_mode_check CHECK ((liveness_mode = ANY (ARRAY['advisory-lock-when-available'::text, 'heartbeat-table-only'::text]))),
+    CONSTRAINT instances_pkey PRIMARY KEY (instance_id)
+);
+CREATE INDEX instances_last_heartbeat_at_idx ON liveness.instances USING btree (last_heartbeat_at);
+CREATE INDEX instances_lock_key_idx ON liveness.instances USING btree (lock_classid, lock_objid);
+CREATE INDEX instances_service_name_idx ON liveness.instances USING btree (service_name);
+
+CREATE TABLE liveness.leases (
+    name text NOT NULL,
+    holder text NOT NULL,
+    epoch bigint NOT NULL DEFAULT nextval('liveness.lease_epoch_seq'::regclass),
+    taken_at timestamp with time zone NOT NULL DEFAULT now(),
+    expires_at timestamp with time zone NOT NULL,
+    holder_instance_id uuid,
+    holder_host text,
+    CONSTRAINT leases_pkey PRIMARY KEY (name)
+);
+CREATE INDEX leases_expires_at_idx ON liveness.leases USING btree (expires_at);
+
+CREATE TABLE liveness.schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone NOT NULL DEFAULT now(),
+    compatible_from integer,
+    CONSTRAINT schema_migrations_pkey PRIMARY KEY (version)
+);
+
+-- Views
+
+CREATE VIEW liveness.bigint_advisory_locks AS
+ SELECT l.pid,
+    l.granted,
+    l.classid,
+    l.objid,
+    l.mode
+   FROM pg_locks l
+  WHERE l.locktype = 'advisory'::text AND l.objsubid = 1 AND l.database = (( SELECT d.oid
+           FROM pg_database d
+          WHERE d.datname = current_database()));
+
+CREATE VIEW liveness.instance_alive_locks AS
+ SELECT i.instance_id,
+    l.pid
+   FROM liveness.instances i
+     JOIN liveness.bigint_advisory_locks l ON l.granted AND l.classid = i.lock_classid AND l.objid = i.lock_objid;
+
+-- Functions
+
+CREATE OR REPLACE FUNCTION liveness.alive_lock_held(p_instance_id uuid)
+ RETURNS boolean
+ LANGUAGE sql
+ STRICT
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT EXISTS (
+        SELECT 1 FROM bigint_advisory_locks l
+         WHERE l.granted
+           AND l.classid = lock_key_classid(instance_lock_key(p_instance_id))
+           AND l.objid = lock_key_objid(instance_lock_key(p_instance_id)))
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.claim_instance_alive_lock(p_instance_id uuid)
+ RETURNS boolean
+ LANGUAGE sql
+ STRICT
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$ SELECT pg_catalog.pg_try_advisory_lock(instance_lock_key(p_instance_id)) $function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.cleanup_stale_instances(p_stale_cutoff timestamp with time zone, p_definitive_dead_cutoff timestamp with time zone DEFAULT NULL::timestamp with time zone)
+ RETURNS SETOF uuid
+ LANGUAGE sql
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    DELETE FROM instances i
+     USING instance_states(now() - p_stale_cutoff,
+                           coalesce(now() - p_definitive_dead_cutoff, interval '1000 years')) s
+     WHERE s.instance_id = i.instance_id
+       AND NOT s.alive
+       AND i.last_heartbeat_at = s.last_heartbeat_at
+    RETURNING i.instance_id
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.current_alive_lock_absences()
+ RETURNS TABLE(instance_id uuid, missing_since timestamp with time zone)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER ROWS 10
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT a.instance_id, a.missing_since FROM alive_lock_absences a
+     WHERE a.server_started_at = pg_catalog.pg_postmaster_start_time()
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.instance_lock_key(p_instance_id uuid)
+ RETURNS bigint
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE STRICT
+AS $function$ SELECT pg_catalog.hashtextextended('pg_liveness.alive:' || p_instance_id::text, 0) $function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.instance_state_rule(p_locked boolean, p_holds_alive_lock boolean, p_last_heartbeat_at timestamp with time zone, p_now timestamp with time zone, p_stale interval, p_dead interval, p_missing_since timestamp with time zone, p_grace interval)
+ RETURNS text
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    SELECT CASE
+        WHEN p_locked AND p_last_heartbeat_at <= p_now - p_dead THEN 'zombie'
+        WHEN p_locked AND p_last_heartbeat_at > p_now - p_stale THEN 'alive'
+        WHEN p_locked THEN 'lock_only'
+        WHEN p_last_heartbeat_at <= p_now - p_stale THEN 'stale'
+        WHEN p_holds_alive_lock AND coalesce(p_missing_since > p_now - p_grace, true) THEN 'lock_lost'
+        WHEN p_holds_alive_lock THEN 'stale'
+        ELSE 'heartbeat_only'
+    END
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.instance_state_verdicts(p_stale_threshold interval DEFAULT '00:01:30'::interval, p_definitive_dead_cutoff interval DEFAULT '00:05:00'::interval, p_instance_id uuid DEFAULT NULL::uuid)
+ RETURNS TABLE(instance_id uuid, service_name text, state text, alive boolean, lock_held boolean, last_heartbeat_at timestamp with time zone)
+ LANGUAGE sql
+ STABLE
+BEGIN ATOMIC
+ SELECT c.instance_id,
+     c.service_name,
+     s.state,
+     (s.state = ANY (ARRAY['alive'::text, 'lock_only'::text, 'lock_lost'::text, 'heartbeat_only'::text])),
+     c.locked,
+     c.last_heartbeat_at
+    FROM (( SELECT i.instance_id,
+             i.service_name,
+             i.last_heartbeat_at,
+             i.holds_alive_lock,
+             i.stale_threshold,
+             i.definitive_dead_cutoff,
+             i.lock_grace,
+                 CASE
+                     WHEN (NOT ( SELECT pg_is_in_recovery() AS pg_is_in_recovery)) THEN (k.classid IS NOT NULL)
+                     ELSE NULL::boolean
+                 END AS locked
+            FROM (liveness.instances i
+              LEFT JOIN ( SELECT l.classid,
+                     l.objid
+                    FROM liveness.bigint_advisory_locks l
+                   WHERE (l.granted AND (l.mode = 'ExclusiveLock'::text))) k ON (((k.classid = i.lock_classid) AND (k.objid = i.lock_objid))))
+           WHERE ((instance_state_verdicts.p_instance_id IS NULL) OR (i.instance_id = instance_state_verdicts.p_instance_id))) c
+      CROSS JOIN LATERAL ( SELECT liveness.instance_state_rule(COALESCE(c.locked, false), (c.holds_alive_lock AND (c.locked IS NOT NULL)), c.last_heartbeat_at, now(), COALESCE(c.stale_threshold, instance_state_verdicts.p_stale_threshold), COALESCE(c.definitive_dead_cutoff, instance_state_verdicts.p_definitive_dead_cutoff),
+                 CASE
+                     WHEN (c.holds_alive_lock AND (NOT c.locked)) THEN ( SELECT a.missing_since
+                        FROM liveness.current_alive_lock_absences() a(instance_id, missing_since)
+                       WHERE (a.instance_id = c.instance_id))
+                     ELSE NULL::timestamp with time zone
+                 END, COALESCE(c.lock_grace, '00:00:01'::interval)) AS state) s);
+END
+;
+
+CREATE OR REPLACE FUNCTION liveness.instance_states(p_stale_threshold interval DEFAULT '00:01:30'::interval, p_definitive_dead_cutoff interval DEFAULT '00:05:00'::interval, p_instance_id uuid DEFAULT NULL::uuid)
+ RETURNS TABLE(instance_id uuid, service_name text, state text, alive boolean, lock_held boolean, last_heartbeat_at timestamp with time zone)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+ SET plan_cache_mode TO 'force_custom_plan'
+ SET jit TO 'off'
+ SET work_mem TO '32MB'
+AS $function$
+BEGIN
+    PERFORM stamp_alive_lock_absences(p_instance_id);
+    RETURN QUERY SELECT * FROM instance_state_verdicts(p_stale_threshold, p_definitive_dead_cutoff, p_instance_id);
+END
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.is_instance_alive(p_instance_id uuid)
+ RETURNS boolean
+ LANGUAGE sql
+ STRICT
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT coalesce((SELECT s.alive FROM instance_states(p_instance_id => p_instance_id) s), false)
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.is_instance_alive(p_instance_id uuid, threshold_seconds integer)
+ RETURNS boolean
+ LANGUAGE sql
+ STRICT
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT coalesce((SELECT s.alive
+                       FROM instance_states(make_interval(secs => threshold_seconds),
+                                            p_instance_id => p_instance_id) s), false)
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.lease_is_free(p_name text)
+ RETURNS boolean
+ LANGUAGE sql
+ STRICT
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT NOT EXISTS (
+        SELECT 1 FROM leases l
+         WHERE l.name = p_name
+           AND l.expires_at >= now()
+           AND (l.holder_instance_id IS NULL OR is_instance_alive(l.holder_instance_id)))
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.lease_is_held(p_name text, p_epoch bigint)
+ RETURNS boolean
+ LANGUAGE sql
+ STRICT
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT coalesce((SELECT true FROM leases l
+                      WHERE l.name = p_name AND l.epoch = p_epoch AND l.expires_at >= now()
+                        FOR SHARE), false)
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.lock_key_classid(p_key bigint)
+ RETURNS oid
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE STRICT
+AS $function$ SELECT ((p_key >> 32) & 4294967295)::oid $function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.lock_key_objid(p_key bigint)
+ RETURNS oid
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE STRICT
+AS $function$ SELECT (p_key & 4294967295)::oid $function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.stamp_alive_lock_absences(p_instance_id uuid DEFAULT NULL::uuid)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+ SET plan_cache_mode TO 'force_custom_plan'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+    v_now     timestamptz := pg_catalog.now();
+    v_started timestamptz := pg_catalog.pg_postmaster_start_time();
+    v_missing integer;
+BEGIN
+    IF pg_catalog.pg_is_in_recovery() OR pg_catalog.current_setting('transaction_read_only') = 'on' THEN
+        RETURN NULL;
+    END IF;
+    WITH missing AS MATERIALIZED (
+        SELECT i.instance_id
+          FROM instances i
+          LEFT JOIN (SELECT DISTINCT l.classid, l.objid FROM bigint_advisory_locks l WHERE l.granted) k
+                 ON k.classid = i.lock_classid AND k.objid = i.lock_objid
+         WHERE i.holds_alive_lock AND k.classid IS NULL
+           AND (p_instance_id IS NULL OR i.instance_id = p_instance_id)),
+    stamped AS (
+        INSERT INTO alive_lock_absences AS a (instance_id, missing_since, server_started_at)
+        SELECT m.instance_id, v_now, v_started FROM missing m
+         WHERE NOT EXISTS (SELECT 1 FROM alive_lock_absences k
+                            WHERE k.instance_id = m.instance_id AND k.server_started_at = v_started)
+        ON CONFLICT ON CONSTRAINT alive_lock_absences_pkey DO UPDATE
+           SET missing_since = excluded.missing_since, server_started_at = excluded.server_started_at
+        RETURNING 1),
+    cleared AS (
+        DELETE FROM alive_lock_absences a
+         WHERE (p_instance_id IS NULL OR a.instance_id = p_instance_id)
+           AND NOT EXISTS (SELECT 1 FROM missing m WHERE m.instance_id = a.instance_id)
+        RETURNING 1)
+    SELECT count(*) INTO v_missing FROM missing;
+    RETURN v_missing;
+END
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.stamp_alive_lock_absences_seen(p_seen_lost uuid[])
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    IF coalesce(cardinality(p_seen_lost), 0) = 0 AND NOT EXISTS (SELECT 1 FROM alive_lock_absences) THEN
+        RETURN 0;
+    END IF;
+    RETURN stamp_alive_lock_absences(NULL::uuid);
+END
+$function$
+;

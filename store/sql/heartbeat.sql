@@ -1,0 +1,44 @@
+-- The heartbeat: an agent's instance row, and the reaper that removes dead ones.
+
+-- name: heartbeat
+-- Upserts the instance row, timed by the database clock. started_at is kept from the
+-- first insert. The row carries the instance's own timing, so that observers judge it by
+-- the settings it runs with, and whether it holds its alive lock: while that is true, a
+-- vanished lock means the session ended (see instance_states).
+-- $1 instance id, $2 service, $3 host, $4 pid, $5 liveness mode, $6 metadata (a JSON
+-- object), $7 holds_alive_lock; $8 to $12 the heartbeat interval, slow interval, stale
+-- threshold, definitive-dead cutoff and lock grace in seconds (NULL when not configured).
+-- Returns the beat's time and whether the row had to be inserted, which after the first
+-- beat means that it was removed as dead in between.
+INSERT INTO {schema}.instances AS i
+       (instance_id, service_name, host_name, process_id, started_at, last_heartbeat_at, liveness_mode, metadata,
+        holds_alive_lock, heartbeat_interval, heartbeat_slow_interval, stale_threshold, definitive_dead_cutoff, lock_grace)
+VALUES ($1::uuid, $2::text, $3::text, $4::integer, now(), now(), $5::text, $6::jsonb,
+        $7::boolean, make_interval(secs => $8::float8), make_interval(secs => $9::float8),
+        make_interval(secs => $10::float8), make_interval(secs => $11::float8), make_interval(secs => $12::float8))
+ON CONFLICT (instance_id) DO UPDATE
+   SET service_name = excluded.service_name,
+       host_name = excluded.host_name,
+       process_id = excluded.process_id,
+       last_heartbeat_at = excluded.last_heartbeat_at,
+       liveness_mode = excluded.liveness_mode,
+       metadata = excluded.metadata,
+       holds_alive_lock = excluded.holds_alive_lock,
+       heartbeat_interval = excluded.heartbeat_interval,
+       heartbeat_slow_interval = excluded.heartbeat_slow_interval,
+       stale_threshold = excluded.stale_threshold,
+       definitive_dead_cutoff = excluded.definitive_dead_cutoff,
+       lock_grace = excluded.lock_grace
+RETURNING i.last_heartbeat_at, i.xmax = 0
+
+-- name: heartbeat_delete
+-- Removes the instance row on graceful shutdown, so that other instances see it gone at
+-- once. $1 instance id.
+DELETE FROM {schema}.instances WHERE instance_id = $1::uuid
+
+-- name: cleanup
+-- The reaper's round: deletes the instances that are dead by the one verdict and
+-- returns their ids. $1 and $2 the stale threshold and definitive-dead cutoff in
+-- seconds, for rows that record no timing of their own.
+SELECT id FROM {schema}.cleanup_stale_instances(
+	now() - make_interval(secs => $1), now() - make_interval(secs => $2)) AS id

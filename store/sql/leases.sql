@@ -1,0 +1,75 @@
+-- Leases: taking, renewing, releasing and fencing a lease, and reading who holds one.
+-- Every time comes from now() on the server; the client only sends the ttl in seconds.
+-- Each statement runs on a pool connection borrowed for that statement alone.
+
+-- name: lease_acquire
+-- Inserts the row, or takes it over only when it has expired by the database clock. ON
+-- CONFLICT DO UPDATE decides atomically, so two callers can never both get a row back.
+-- The SELECT yields no row while the lease is held, so a refused attempt draws no epoch:
+-- epochs count acquisitions (only racing attempts on an expired lease waste one), and the
+-- common "held by another" answer takes no row lock.
+--
+-- A lease whose holder instance is dead by the one verdict (is_instance_alive) is free as
+-- well, so a crashed holder's lease moves without waiting for its ttl; and an acquirer
+-- that names its instance takes the lease only while that instance is alive by the same
+-- verdict, so that its own death is visible to the others. {epoch_seq} is the epoch
+-- sequence as nextval takes it, a regclass literal.
+--
+-- $1 name, $2 holder, $3 ttl in seconds, $4 the holder's instance id (or NULL), $5 its
+-- host. Returns the epoch, taken_at and expires_at; no row when the lease is held.
+INSERT INTO {schema}.leases AS l
+       (name, holder, holder_instance_id, holder_host, epoch, taken_at, expires_at)
+SELECT $1, $2, $4::uuid, $5::text, nextval({epoch_seq}), now(), now() + make_interval(secs => $3::float8)
+ WHERE {schema}.lease_is_free($1)
+   AND ($4::uuid IS NULL OR {schema}.is_instance_alive($4::uuid))
+ON CONFLICT (name) DO UPDATE
+   SET holder = excluded.holder, holder_instance_id = excluded.holder_instance_id, holder_host = excluded.holder_host,
+       epoch = excluded.epoch, taken_at = excluded.taken_at, expires_at = excluded.expires_at
+ WHERE l.expires_at < now()
+    OR (l.holder_instance_id IS NOT NULL AND NOT {schema}.is_instance_alive(l.holder_instance_id))
+RETURNING l.epoch, l.taken_at, l.expires_at
+
+-- name: lease_renew
+-- Extends the lease only while this very acquisition (name, holder and epoch) still
+-- holds it and it has not expired by the database clock. Matching on name and holder
+-- alone lets a stale process renew a lease it has lost; the expiry guard stops a late
+-- renewal from resurrecting an expired lease before someone else takes it.
+-- $1 name, $2 holder, $3 epoch, $4 ttl in seconds. Returns the new expires_at; no row
+-- when the lease is lost.
+UPDATE {schema}.leases
+   SET expires_at = now() + make_interval(secs => $4::float8)
+ WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires_at >= now()
+RETURNING expires_at
+
+-- name: lease_release
+-- Deletes the row only if it still belongs to this acquisition, so a late release never
+-- deletes a newer holder's lease. $1 name, $2 holder, $3 epoch.
+DELETE FROM {schema}.leases
+ WHERE name = $1 AND holder = $2 AND epoch = $3
+
+-- name: lease_abandon tag=lease_release
+-- Deletes the row an acquisition may have inserted when its answer was lost: the holder
+-- token is new on every acquisition, so it matches nothing else. $1 name, $2 holder.
+DELETE FROM {schema}.leases
+ WHERE name = $1 AND holder = $2
+
+-- name: lease_detach tag=lease_release
+-- Leaves a lease to expire: without a holder instance, lease_is_free no longer frees it
+-- when that instance is dead, only once it expires. Guarded like the release, so it never
+-- touches a newer holder's row. Sent as a release: it is how a holder lets a lease go
+-- when it may not delete it yet. $1 name, $2 holder, $3 epoch.
+UPDATE {schema}.leases SET holder_instance_id = NULL
+ WHERE name = $1 AND holder = $2 AND epoch = $3
+
+-- name: lease_leader
+-- Who holds a lease: the elector's followers and Reader.Leader. $1 name.
+SELECT l.holder_instance_id, coalesce(l.holder_host, '') AS holder_host, l.epoch,
+       l.taken_at, l.expires_at, l.expires_at >= now() AS held,
+       l.holder_instance_id IS NULL OR {schema}.is_instance_alive(l.holder_instance_id) AS holder_alive
+  FROM {schema}.leases l WHERE l.name = $1
+
+-- name: lease_fence
+-- A leader's fence, inside the transaction of the writes it guards: lease_is_held locks
+-- the lease row FOR SHARE until that transaction ends, so no takeover commits in between.
+-- $1 name, $2 epoch. Returns whether the lease is held under that epoch.
+SELECT {schema}.lease_is_held($1, $2)

@@ -1,0 +1,145 @@
+package store
+
+import (
+	"cmp"
+	"slices"
+)
+
+// Statement is a statement of sql/ whose only placeholders are the schema it reads or
+// writes ({schema}) and what derives from it ({epoch_seq}). Render it once, when the
+// component that sends it is built.
+type Statement struct{ name string }
+
+// Name is the statement's name in sql/.
+func (st Statement) Name() string { return st.name }
+
+// Tag is the tag the statement is sent with, "" for an untagged one.
+func (st Statement) Tag() string { return sections.section(st.name, kindStatement).tag }
+
+// In renders the statement for schema ("" is DefaultSchema), which only ever enters the
+// text as a quoted identifier.
+func (st Statement) In(schema string) Query {
+	schema = cmp.Or(schema, DefaultSchema)
+	return render(sections.section(st.name, kindStatement), "", values{
+		"schema": ident(schema), "epoch_seq": regclassLiteral(schema, "lease_epoch_seq"),
+	})
+}
+
+// SourceStatement is a statement of sql/ that reads a source's instances: the source's
+// fragments (source_liveness.sql, source_whizbang.sql) fill it, and its Query carries the
+// source's timing and key prefix as arguments after the caller's own.
+type SourceStatement struct{ name string }
+
+// Name is the statement's name in sql/.
+func (st SourceStatement) Name() string { return st.name }
+
+// For renders the statement for src (nil is this project's schema with every default).
+func (st SourceStatement) For(src *Source) Query {
+	src = src.orDefault()
+	return render(sections.section(st.name, kindStatement), string(src.cfg.Kind), src.vals)
+}
+
+// The statements, by what sends them. Each one's file in sql/ says what it does, its
+// parameters and its columns; rows.go has the row types of those that views read.
+var (
+	// The agent (package liveness): the alive lock's session, the heartbeat, the reaper.
+	AliveLockClaim  = Statement{"alive_lock_claim"}
+	AliveLockVerify = Statement{"alive_lock_verify"}
+	Heartbeat       = Statement{"heartbeat"}
+	HeartbeatDelete = Statement{"heartbeat_delete"}
+	Cleanup         = Statement{"cleanup"}
+
+	// Leases (package liveness): an elector's, a reaper's, Leases'.
+	LeaseAcquire = Statement{"lease_acquire"}
+	LeaseRenew   = Statement{"lease_renew"}
+	LeaseRelease = Statement{"lease_release"}
+	LeaseAbandon = Statement{"lease_abandon"}
+	LeaseDetach  = Statement{"lease_detach"}
+	LeaseLeader  = Statement{"lease_leader"}
+	LeaseFence   = Statement{"lease_fence"}
+
+	// Where a schema stands (package migrations, and an Agent before it runs).
+	SchemaState      = Statement{"schema_state"}
+	SchemaMigrations = Statement{"schema_migrations"}
+	SchemaVersion    = Statement{"schema_version"}
+
+	// Applying migrations (package migrations), untagged.
+	MigrateLock        = Statement{"migrate_lock"}
+	MigrateSchema      = Statement{"migrate_schema"}
+	MigrateBookkeeping = Statement{"migrate_bookkeeping"}
+	MigrateApplied     = Statement{"migrate_applied"}
+	MigrateSearchPath  = Statement{"migrate_search_path"}
+	MigrateRecord      = Statement{"migrate_record"}
+
+	// The statements collector's reads of pg_stat_statements, untagged; {schema} is the
+	// extension's.
+	StatStatementsSchema = Statement{"stat_statements_schema"}
+	StatStatements       = Statement{"stat_statements"}
+	StatStatementsTexts  = Statement{"stat_statements_texts"}
+
+	// The reads of a source's instances: liveness.Reader's (ReadInstances, ReadFleet),
+	// the instances collector's, and the advisory-locks collector's, which is the status
+	// page's too.
+	ReadInstances = SourceStatement{"read_instances"}
+	ReadFleet     = SourceStatement{"read_fleet"}
+	Instances     = SourceStatement{"instances"}
+	AdvisoryLocks = SourceStatement{"advisory_locks"}
+)
+
+// handles lists every statement above, so that the package checks, when it loads, that
+// each one is in sql/ and that sql/ has no statement without one.
+var handles = []string{
+	AliveLockClaim.name, AliveLockVerify.name, Heartbeat.name, HeartbeatDelete.name, Cleanup.name,
+	LeaseAcquire.name, LeaseRenew.name, LeaseRelease.name, LeaseAbandon.name, LeaseDetach.name, LeaseLeader.name, LeaseFence.name,
+	SchemaState.name, SchemaMigrations.name, SchemaVersion.name,
+	MigrateLock.name, MigrateSchema.name, MigrateBookkeeping.name, MigrateApplied.name, MigrateSearchPath.name, MigrateRecord.name,
+	StatStatementsSchema.name, StatStatements.name, StatStatementsTexts.name,
+	ReadInstances.name, ReadFleet.name, Instances.name, AdvisoryLocks.name,
+	leasesStatement, whizbangTable,
+}
+
+// Statements sent from inside this package.
+const (
+	leasesStatement = "leases"
+	whizbangTable   = "whizbang_table"
+)
+
+func init() {
+	for _, name := range handles {
+		sections.section(name, kindStatement)
+	}
+	for _, s := range sections.statements {
+		if !slices.Contains(handles, s.name) {
+			panic("store: statement " + s.name + " of sql/" + s.file + " has no handle in statements.go")
+		}
+	}
+}
+
+// The shape of a leases table, as the leases statement reports it in its summary row:
+// which of the optional columns it has, and LeasesUniqueName when a unique index
+// guarantees one row per name.
+const LeasesUniqueName = "unique name"
+
+// OurLeasesShape is this project's leases table's shape (sorted), the shape to render
+// the leases statement for until a scrape tells another.
+func OurLeasesShape() []string {
+	return []string{"epoch", "holder_host", "holder_instance_id", LeasesUniqueName}
+}
+
+// LeasesFor renders the leases collector's statement for a table of the given shape: its
+// optional columns where it has them, NULL where it has not, and every row per name
+// unless a unique index makes it one. Its own arguments are the table (Table.Quoted) and
+// the max series.
+func LeasesFor(table Table, shape []string) Query {
+	vals := values{"table": ident(table.identifier()...), "lease_rows": use("lease_rows_any")}
+	if slices.Contains(shape, LeasesUniqueName) {
+		vals["lease_rows"] = use("lease_rows_unique")
+	}
+	for _, col := range []string{"epoch", "holder_instance_id", "holder_host"} {
+		vals[col] = use("lease_no_" + col)
+		if slices.Contains(shape, col) {
+			vals[col] = use("lease_column_" + col)
+		}
+	}
+	return render(sections.section(leasesStatement, kindStatement), "", vals)
+}

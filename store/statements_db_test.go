@@ -1,0 +1,343 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/pg-liveness/pg_liveness_exporter/collector"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/status"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/whizbangtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
+)
+
+// stmtEntry is one pg_stat_statements entry of the test's database.
+type stmtEntry struct {
+	queryID  int64
+	topLevel bool
+	calls    int64
+	query    string
+}
+
+// TestEveryStatementIsClassifiedAndCounted drives everything that talks to PostgreSQL at
+// run time (two agents with their alive locks, heartbeats, reaper and an elector each,
+// the Reader, the collectors, the status page, a Whizbang source and the schema's state)
+// against the server of the run's major, then reads pg_stat_statements. Every entry that
+// carries a tag must be classified by DefaultStatementPatterns as that tag, every entry
+// sent at top level that names our schema must carry one, every tag must have been seen
+// (so no two tags share a shape, and so one query id), and the statements collector must
+// count each tag's calls exactly. The migrations' DDL, run once before, is not counted;
+// the statements inside our functions (nested entries, their text the functions' bodies)
+// need no tag.
+func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
+	db := pgtest.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pool := db.Pool(t, 4)
+	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
+	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
+	wb := whizbangtest.NewFixture(t, db)
+	wbAlive := uuid.New()
+	wb.Register(t, wbAlive, "wh-orders", time.Second)
+	if !wb.Claim(t, wbAlive) {
+		t.Fatal("whizbang claim failed")
+	}
+	var version string
+	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("PostgreSQL %s", version)
+	db.Exec(t, `SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database WHERE datname = current_database()), 0)`)
+
+	// The agents: alive locks, heartbeats, the reaper under its lease, and one elector
+	// each for the same job, so that one leads (acquire, renew) and one follows (leader).
+	var agents []*liveness.Agent
+	var wg sync.WaitGroup
+	runCtx, stopAgents := context.WithCancel(ctx)
+	t.Cleanup(func() { stopAgents(); wg.Wait() })
+	errs := make(chan error, 4)
+	for range 2 {
+		a, err := liveness.NewAgent(liveness.AgentConfig{
+			Pool: db.Pool(t, 4), DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: "tagged",
+			Timing: liveness.Timing{HeartbeatInterval: 300 * time.Millisecond, HeartbeatSlowInterval: 600 * time.Millisecond,
+				StaleThreshold: 3 * time.Second, DefinitiveDeadCutoff: 10 * time.Second},
+			VerifyInterval: 100 * time.Millisecond,
+			Reaper:         true, ReaperInterval: 200 * time.Millisecond, ReaperLeaseTTL: 2 * time.Second,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents = append(agents, a)
+		wg.Go(func() { errs <- a.Run(runCtx) })
+		wg.Go(func() {
+			_ = a.Elect(runCtx, liveness.ElectorConfig{
+				Lease: "tagged-job", TTL: 2 * time.Second, RetryPeriod: 100 * time.Millisecond,
+				OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
+					fenceOnce(ctx, t, pool, self) // the leader's fence, in a transaction of its own
+					<-ctx.Done()
+				},
+				OnNewLeader: func(liveness.Leader) {}, // so that the follower reads who leads
+			})
+		})
+	}
+	var missing []string
+	if !testutil.Poll(60*time.Second, func() bool {
+		seen := tagsIn(readEntries(t, pool))
+		missing = missing[:0]
+		for _, tag := range []string{store.Heartbeat.Tag(), store.AliveLockClaim.Tag(), store.AliveLockVerify.Tag(),
+			store.LeaseAcquire.Tag(), store.LeaseRenew.Tag(), store.LeaseLeader.Tag(), store.LeaseFence.Tag(), store.Cleanup.Tag()} {
+			if !seen[tag] {
+				missing = append(missing, tag)
+			}
+		}
+		return len(missing) == 0
+	}) {
+		t.Fatalf("the agents sent none of %v within 60s", missing)
+	}
+
+	// The Reader, the status page and the collectors, on our schema.
+	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reader.Instance(ctx, agents[0].Snapshot().InstanceID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reader.Instances(ctx, "tagged"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reader.Leader(ctx, "tagged-job"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reader.Fleet(ctx, liveness.FleetQuery{Limit: 10, LeaseLimit: 10}); err != nil {
+		t.Fatal(err)
+	}
+	page, err := status.New(status.Config{DB: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	page.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/status.json", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("/status.json: %d %s", rec.Code, rec.Body)
+	}
+	cfg := collector.DefaultConfig()
+	cfg.Leases.Enabled = true
+	scrape(t, cfg, pool, agents[0])
+	if _, err := migrations.ReadState(ctx, pool, liveness.DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Version(ctx, pool, liveness.DefaultSchema); err != nil {
+		t.Fatal(err)
+	}
+
+	// The same reads of a Whizbang source, as its read-only observer.
+	wsrc := wb.Reads(t)
+	if err := wsrc.CheckTable(ctx, wb.Observer, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	wr, err := liveness.NewReader(liveness.ReaderConfig{DB: wb.Observer, Source: wsrc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wr.Instances(ctx, "wh-orders"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wr.Fleet(ctx, liveness.FleetQuery{Limit: 10}); err != nil {
+		t.Fatal(err)
+	}
+	wcfg := collector.DefaultConfig()
+	wcfg.Source = wsrc
+	wcfg.Statements.Enabled = false
+	scrape(t, wcfg, wb.Observer, nil)
+
+	// Shut the agents down: they delete their rows and release their leases.
+	stopAgents()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("agent: %v", err)
+		}
+	}
+
+	entries := readEntries(t, pool)
+	patterns := defaultPatterns(t)
+	want := map[string]int64{} // calls by tag name, from pg_stat_statements
+	ourSchema := regexp.MustCompile(`(?i)\bliveness\s*\.|"liveness"\s*\.`)
+	for _, e := range entries {
+		tag := firstTag(e.query)
+		if tag == "" {
+			if e.topLevel && ourSchema.MatchString(e.query) {
+				t.Errorf("query id %d touches our schema but carries no tag: %q", e.queryID, e.query)
+			}
+			continue
+		}
+		if got := classify(patterns, e.query); got != tag {
+			t.Errorf("query id %d carries %s but is classified as %q: %q", e.queryID, tag, got, e.query)
+		}
+		want[tag] += e.calls
+	}
+	for _, tag := range store.Tags() {
+		if want[tag] == 0 {
+			t.Errorf("no pg_stat_statements entry carries %s: not sent, or merged into another tag's entry (same shape)", tag)
+		}
+	}
+
+	// The statements collector alone (no other collector adds calls meanwhile), in a new
+	// exporter: its first scrape counts every classified entry in full.
+	only := collector.DefaultConfig()
+	only.Instances.Enabled, only.Leases.Enabled, only.AdvisoryLocks.Enabled, only.Agent.Enabled = false, false, false, false
+	got := scrape(t, only, pool, nil)
+	for _, name := range store.Tags() {
+		if got[name] != float64(want[name]) {
+			t.Errorf("pg_liveness_statement_calls_total{statement=%q} = %v, want %d (pg_stat_statements)", name, got[name], want[name])
+		}
+	}
+	if t.Failed() {
+		for _, e := range entries {
+			t.Logf("entry %d toplevel=%v calls=%d %q", e.queryID, e.topLevel, e.calls, e.query)
+		}
+	}
+}
+
+// fenceOnce runs the leader's fence in a transaction of its own, as a job fences its
+// writes.
+func fenceOnce(ctx context.Context, t *testing.T, pool *pgxpool.Pool, self liveness.Leadership) {
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	tx, err := pool.Begin(qctx)
+	if err != nil {
+		t.Errorf("fence: begin: %v", err)
+		return
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(qctx)) }()
+	if err := self.Fence(qctx, tx); err != nil && ctx.Err() == nil {
+		t.Errorf("fence: %v", err)
+	}
+}
+
+var tagRE = regexp.MustCompile(regexp.QuoteMeta(store.TagPrefix) + `([a-z_]+)`)
+
+// firstTag is the name of the first tag in a query's text, or "".
+func firstTag(query string) string {
+	if m := tagRE.FindStringSubmatch(query); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
+func tagsIn(entries []stmtEntry) map[string]bool {
+	seen := map[string]bool{}
+	for _, e := range entries {
+		if tag := firstTag(e.query); tag != "" {
+			seen[tag] = true
+		}
+	}
+	return seen
+}
+
+type namedPattern struct {
+	name string
+	re   *regexp.Regexp
+}
+
+// defaultPatterns parses DefaultStatementPatterns as the collector does: name=regex,
+// first match wins.
+func defaultPatterns(t *testing.T) []namedPattern {
+	var out []namedPattern
+	for _, p := range collector.DefaultStatementPatterns {
+		name, expr, ok := strings.Cut(p, "=")
+		if !ok {
+			t.Fatalf("default pattern %q: want name=regex", p)
+		}
+		out = append(out, namedPattern{name, regexp.MustCompile(expr)})
+	}
+	return out
+}
+
+func classify(patterns []namedPattern, query string) string {
+	for _, p := range patterns {
+		if p.re.MatchString(query) {
+			return p.name
+		}
+	}
+	return ""
+}
+
+func readEntries(t *testing.T, pool *pgxpool.Pool) []stmtEntry {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rows, err := pool.Query(ctx, `SELECT queryid, toplevel, calls, query FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND queryid IS NOT NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []stmtEntry
+	for rows.Next() {
+		var e stmtEntry
+		if err := rows.Scan(&e.queryID, &e.topLevel, &e.calls, &e.query); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// scrape runs one scrape of a new exporter and returns its statement calls by name.
+func scrape(t *testing.T, cfg collector.Config, pool *pgxpool.Pool, agent collector.AgentSource) map[string]float64 {
+	t.Helper()
+	if agent == nil {
+		cfg.Agent.Enabled = false
+	}
+	e, err := collector.New(cfg, pool, agent, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	e.Handler(nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("scrape: %d %s", rec.Code, rec.Body)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(rec.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range mfs["pg_liveness_scrape_collector_success"].GetMetric() {
+		if m.GetGauge().GetValue() != 1 {
+			t.Fatalf("scrape: collector %s failed", fmt.Sprint(m.GetLabel()))
+		}
+	}
+	calls := map[string]float64{}
+	for _, m := range mfs["pg_liveness_statement_calls_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "statement" {
+				calls[l.GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return calls
+}
