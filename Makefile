@@ -33,7 +33,7 @@ deps:
 # scenario, which needs pg_basebackup (the npm builds have none; it runs on 15).
 PG_MAJORS ?= 14 16 17 18
 DB_PKGS   := . ./alerts ./cmd/fleetsim ./collector ./internal/database ./internal/faults ./internal/fleetsim \
-	./internal/pgtest ./internal/status ./liveness ./migrations ./store
+	./internal/testkit/pgtest ./internal/status ./liveness ./migrations ./store
 MAJOR_SKIP := ^TestPrimaryFailover$$
 
 # The whole suite, against real PostgreSQL, PgBouncer, Prometheus and Alertmanager that

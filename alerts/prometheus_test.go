@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
 // The module has no YAML library, so the tests do not parse the rules file themselves:

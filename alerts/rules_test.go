@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
 const (

@@ -11,7 +11,7 @@
 # versions pinned below, into a cache outside the work tree (PG_LIVENESS_PG_CACHE; by
 # default /var/cache/pg_liveness_exporter/postgresql as root, else
 # ${XDG_CACHE_HOME:-~/.cache}/pg_liveness_exporter/postgresql). Each major is the folder
-# <cache>/<major>, a link to <cache>/<version> holding bin/, lib/ and share/; internal/pgtest
+# <cache>/<major>, a link to <cache>/<version> holding bin/, lib/ and share/; internal/testkit/pgtest
 # finds it there when PG_LIVENESS_TEST_PG_MAJOR names the major.
 #
 # Used by `make run` (scripts/run.sh), `make test`, `make bench-compare` and .ci/run.

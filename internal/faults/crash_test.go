@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
 // jobLeaseTTL is the ttl of the job lease the victims hold: 10 s, the order of

@@ -30,7 +30,7 @@ func ExposedMetrics(t testing.TB) map[string]bool {
 	if !ok {
 		t.Fatal("exposed metrics: cannot locate the module root")
 	}
-	root := filepath.Join(filepath.Dir(self), "..", "..")
+	root := filepath.Join(filepath.Dir(self), "..", "..", "..")
 	names, err := exposition.FileMetricNames(filepath.Join(root, ScenarioExposition))
 	if err != nil {
 		t.Fatalf("exposed metrics: %v", err)
