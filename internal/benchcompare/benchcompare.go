@@ -1,5 +1,5 @@
 // Package benchcompare runs pg_liveness_exporter and Debian's prometheus-postgres-exporter
-// side by side over the same data set (internal/benchdata) and compares them: scrape
+// side by side over the same data set (internal/testkit/benchdata) and compares them: scrape
 // median, exporter CPU per scrape, peak RSS and database backend CPU per scrape, after a
 // check that both report the same values at the same instant. postgres_exporter runs
 // with its default metrics and collectors off and answers the same gauges through the
@@ -33,7 +33,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
 )
 
 // Queries is postgres_exporter's custom queries file.
