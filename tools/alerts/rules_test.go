@@ -10,13 +10,16 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/promql"
 )
 
+// The files under test, in the root module, from this folder.
 const (
-	rulesFile      = "pg_liveness.rules.yml"
-	testsDir       = "tests"
-	runbooksFile   = "../docs/runbooks.md"
+	rulesFile      = "../../alerts/pg_liveness.rules.yml"
+	testsDir       = "../../alerts/tests"
+	runbooksFile   = "../../docs/runbooks.md"
 	runbookURLBase = "https://github.com/pg-liveness/pg_liveness_exporter/blob/main/docs/runbooks.md#"
 	// Every unit-test file names the rules with exactly this line, so that the mutation
 	// test can point a copy of it at a modified rule file.
@@ -58,7 +61,7 @@ func testFiles(t *testing.T) []string {
 
 func runPromtool(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	out, err := exec.Command(needTool(t, "promtool", "prometheus"), args...).CombinedOutput()
+	out, err := exec.Command(proctest.NeedTool(t, "promtool", "prometheus"), args...).CombinedOutput()
 	return string(out), err
 }
 
@@ -120,12 +123,12 @@ func TestRuleConventions(t *testing.T) {
 			t.Errorf("%s: %s has no heading with anchor #%s", r.Name, runbooksFile, strings.ToLower(r.Name))
 		}
 
-		expr, err := testutil.ParseExpr(r.Query)
+		expr, err := promql.ParseExpr(r.Query)
 		if err != nil {
 			t.Errorf("%s: %v", r.Name, err)
 			continue
 		}
-		names := testutil.MetricNames(expr)
+		names := promql.MetricNames(expr)
 		if len(names) == 0 {
 			t.Errorf("%s: expression %q selects no metric", r.Name, r.Query)
 		}
@@ -134,7 +137,7 @@ func TestRuleConventions(t *testing.T) {
 				t.Errorf("%s: metric %s is not exported (not in %s)", r.Name, n, testutil.ScenarioExposition)
 			}
 		}
-		for _, c := range testutil.CounterCalls(expr) {
+		for _, c := range promql.CounterCalls(expr) {
 			if !strings.HasSuffix(c.Metric, "_total") {
 				t.Errorf("%s: %s(%s): rate, irate and increase take a *_total counter", r.Name, c.Func, c.Metric)
 			}

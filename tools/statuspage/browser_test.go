@@ -1,19 +1,11 @@
-package main
+package statuspage
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -27,11 +19,16 @@ import (
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/crypto/bcrypt"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/browser"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/tlstest"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/browser"
 )
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // Values a database may hold that must show as text and run nothing.
 const (
@@ -50,24 +47,7 @@ const (
 func writeWebConfig(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	certPEM, keyPEM, _ := tlstest.SelfSigned(t)
 	hash, err := bcrypt.GenerateFromPassword([]byte(statusPass), bcrypt.MinCost)
 	if err != nil {
 		t.Fatal(err)
@@ -79,10 +59,9 @@ func writeWebConfig(t *testing.T) string {
 		}
 		return p
 	}
-	cert := write("tls.crt", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
-	keyFile := write("tls.key", pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
+	cert, key := write("tls.crt", certPEM), write("tls.key", keyPEM)
 	return write("web.yml", fmt.Appendf(nil, "tls_server_config:\n  cert_file: %s\n  key_file: %s\nbasic_auth_users:\n  %s: %s\n",
-		cert, keyFile, statusUser, hash))
+		cert, key, statusUser, hash))
 }
 
 // statusFixture writes an instance in every state, fixed by its own timing (stale after
@@ -160,9 +139,11 @@ func TestStatusPageInBrowser(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ids := statusFixture(t, ctx, db)
-	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--web.config.file="+writeWebConfig(t),
+	addr := testutil.FreeAddr(t)
+	proctest.Start(t, "exporter", proctest.Options{Env: []string{"DATA_SOURCE_NAME=" + db.DSN}}, proctest.BuildExporter(t, "-race"),
+		"--web.listen-address="+addr, "--log.level=debug", "--web.config.file="+writeWebConfig(t),
 		"--agent.service-name=exporter", "--no-agent.reaper")
-	base := "https://" + p.addr
+	base := "https://" + addr
 
 	// Wait for the agent's own row, through the JSON form.
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}

@@ -50,9 +50,13 @@ func TestMain(m *testing.M) {
 	}
 	exporterBin = filepath.Join(dir, "pg_liveness_exporter")
 	agentBin = filepath.Join(dir, "faultagent")
-	for _, b := range []struct{ out, pkg string }{{exporterBin, "../.."}, {agentBin, "./faultagent"}} {
+	// The exporter is built in its own module (the repository's root), with the
+	// dependencies it ships with; the faultagent in this one.
+	for _, b := range []struct{ out, dir, pkg string }{{exporterBin, "../..", "."}, {agentBin, ".", "../cmd/faultagent"}} {
 		// Without -race: twenty agents and an observer share two cores with the server.
-		if out, err := exec.Command("go", "build", "-o", b.out, b.pkg).CombinedOutput(); err != nil {
+		build := exec.Command("go", "build", "-o", b.out, b.pkg)
+		build.Dir = b.dir
+		if out, err := build.CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "go build %s: %v\n%s", b.pkg, err, out)
 			_ = os.RemoveAll(dir)
 			os.Exit(1)

@@ -21,9 +21,11 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/dashboards"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/promql"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -61,24 +63,23 @@ var e2eAgentFlags = []string{
 // turns stale, before any "for:" could elapse. The same setup then evaluates every
 // dashboard query against the Prometheus that scraped it all.
 func TestEndToEnd(t *testing.T) {
-	prometheus := needTool(t, "prometheus", "prometheus")
-	alertmanager := needTool(t, "prometheus-alertmanager", "prometheus-alertmanager")
-	exporter := buildExporter(t)
+	alertmanager := proctest.NeedTool(t, "prometheus-alertmanager", "prometheus-alertmanager")
+	exporter := proctest.BuildExporter(t)
 
 	db := setupE2EDatabase(t)
 
 	observerAddr, victimAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	env := []string{"DATA_SOURCE_NAME=" + db.DSN} // keeps the password off the process list
-	observer := startProcess(t, "observer", exporter, env, append([]string{
+	observer := proctest.Start(t, "observer", proctest.Options{Env: env}, exporter, append([]string{
 		"--web.listen-address=" + observerAddr, "--agent.service-name=e2e-observer"}, e2eAgentFlags...)...)
-	victim := startProcess(t, "victim", exporter, env, append([]string{
+	victim := proctest.Start(t, "victim", proctest.Options{Env: env}, exporter, append([]string{
 		"--web.listen-address=" + victimAddr, "--agent.service-name=e2e-victim", "--no-agent.reaper"}, e2eAgentFlags...)...)
-	observer.waitReady(t, "http://"+observerAddr+"/metrics")
-	victim.waitReady(t, "http://"+victimAddr+"/metrics")
+	observer.WaitReady(t, "http://"+observerAddr+"/metrics", e2eWait)
+	victim.WaitReady(t, "http://"+victimAddr+"/metrics", e2eWait)
 
 	hook := newWebhook(t)
 	amAddr := startAlertmanager(t, alertmanager, hook.URL)
-	promAddr := startPrometheus(t, prometheus, observerAddr, amAddr)
+	promAddr := startPrometheus(t, observerAddr, amAddr)
 	prom := promAPI{addr: promAddr}
 
 	t.Run("stale instance alert fires and resolves", func(t *testing.T) {
@@ -89,7 +90,7 @@ func TestEndToEnd(t *testing.T) {
 		if a := hook.find("firing", "PgLivenessInstancesStale", "e2e-victim"); a != nil {
 			t.Fatalf("PgLivenessInstancesStale fired before the victim was killed: %v", a.Labels)
 		}
-		victim.kill(t)
+		victim.Kill(t)
 		killed := time.Now()
 
 		var firing *amAlert
@@ -150,11 +151,11 @@ func TestEndToEnd(t *testing.T) {
 	t.Run("every metric a rule uses is scraped", func(t *testing.T) {
 		for _, g := range prom.ruleGroups(t) {
 			for _, r := range g.Rules {
-				expr, err := testutil.ParseExpr(r.Query)
+				expr, err := promql.ParseExpr(r.Query)
 				if err != nil {
 					t.Fatalf("rule %s: %v", r.Name, err)
 				}
-				for _, name := range testutil.MetricNames(expr) {
+				for _, name := range promql.MetricNames(expr) {
 					if !prom.nonEmpty(t, name) {
 						t.Errorf("rule %s: metric %s has no series in Prometheus", r.Name, name)
 					}
@@ -285,14 +286,13 @@ func shortenedRules(t *testing.T) []byte {
 
 // startPrometheus runs Prometheus scraping the exporter at target every second, with the
 // shortened rules, alerting to Alertmanager at am, and returns its address.
-func startPrometheus(t *testing.T, prometheus, target, am string) string {
+func startPrometheus(t *testing.T, target, am string) string {
 	t.Helper()
-	dir := t.TempDir()
-	rules := filepath.Join(dir, "pg_liveness.rules.yml")
+	rules := filepath.Join(t.TempDir(), "pg_liveness.rules.yml")
 	if err := os.WriteFile(rules, shortenedRules(t), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := map[string]any{
+	return proctest.StartPrometheus(t, map[string]any{
 		"global":     map[string]any{"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
 		"rule_files": []string{rules},
 		"alerting": map[string]any{"alertmanagers": []any{
@@ -302,15 +302,7 @@ func startPrometheus(t *testing.T, prometheus, target, am string) string {
 			"job_name":       e2eJob,
 			"static_configs": []any{map[string]any{"targets": []string{target}}},
 		}},
-	}
-	cfgPath := writeJSON(t, dir, "prometheus.yml", cfg) // JSON is YAML
-	addr := testutil.FreeAddr(t)
-	p := startProcess(t, "prometheus", prometheus, nil,
-		"--config.file="+cfgPath,
-		"--storage.tsdb.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+addr)
-	p.waitReady(t, "http://"+addr+"/-/ready")
-	return addr
+	}).Addr
 }
 
 // startAlertmanager runs a single, unclustered Alertmanager that posts every group
@@ -328,28 +320,15 @@ func startAlertmanager(t *testing.T, alertmanager, hook string) string {
 			"webhook_configs": []any{map[string]any{"url": hook, "send_resolved": true}},
 		}},
 	}
-	cfgPath := writeJSON(t, dir, "alertmanager.yml", cfg)
+	cfgPath := proctest.WriteJSON(t, dir, "alertmanager.yml", cfg)
 	addr := testutil.FreeAddr(t)
-	p := startProcess(t, "alertmanager", alertmanager, nil,
+	p := proctest.Start(t, "alertmanager", proctest.Options{}, alertmanager,
 		"--config.file="+cfgPath,
 		"--storage.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr,
 		"--cluster.listen-address=")
-	p.waitReady(t, "http://"+addr+"/-/ready")
+	p.WaitReady(t, "http://"+addr+"/-/ready", e2eWait)
 	return addr
-}
-
-func writeJSON(t *testing.T, dir, name string, v any) string {
-	t.Helper()
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, name)
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // amAlert is one alert of an Alertmanager webhook notification.

@@ -15,7 +15,11 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/promql"
 )
+
+// dashboardsDir is the folder of the dashboards under test, in the root module.
+const dashboardsDir = "../../dashboards"
 
 // wantUIDs are the fixed uids of the dashboards; links and provisioning rely on them.
 var wantUIDs = map[string]string{
@@ -89,13 +93,14 @@ type dashboard struct {
 
 func loadDashboards(t *testing.T) map[string]dashboard {
 	t.Helper()
-	files, err := filepath.Glob("*.json")
+	files, err := filepath.Glob(filepath.Join(dashboardsDir, "*.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[string]dashboard{}
-	for _, f := range files {
-		b, err := os.ReadFile(f)
+	for _, path := range files {
+		f := filepath.Base(path)
+		b, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -140,11 +145,11 @@ const (
 // parseExpr parses a panel query with Prometheus' own parser. Grafana variables inside
 // label matchers ("$job") are valid PromQL strings and stay as they are.
 func parseExpr(expr string) (parser.Expr, error) {
-	return testutil.ParseExpr(strings.ReplaceAll(expr, "$__rate_interval", rateIntervalStandIn))
+	return promql.ParseExpr(strings.ReplaceAll(expr, "$__rate_interval", rateIntervalStandIn))
 }
 
 // filtered reports whether a selector filters by the job and instance variables.
-func filtered(s testutil.Selector) bool {
+func filtered(s promql.Selector) bool {
 	return s.Has("job", labels.MatchRegexp, "$job") && s.Has("instance", labels.MatchRegexp, "$instance")
 }
 
@@ -155,7 +160,7 @@ func checkExpr(expr string, allowed map[string]bool, vars []string) []string {
 	if err != nil {
 		return []string{err.Error()}
 	}
-	sels := testutil.Selectors(e)
+	sels := promql.Selectors(e)
 	if len(sels) == 0 {
 		errs = append(errs, "selects no metric")
 	}
@@ -167,7 +172,7 @@ func checkExpr(expr string, allowed map[string]bool, vars []string) []string {
 			errs = append(errs, fmt.Sprintf(`selector %s%v lacks job=~"$job",instance=~"$instance"`, s.Name, s.Matchers))
 		}
 	}
-	for _, c := range testutil.CounterCalls(e) {
+	for _, c := range promql.CounterCalls(e) {
 		switch {
 		case c.Metric == "":
 			errs = append(errs, c.Func+" must take one counter selector with a range")
@@ -269,12 +274,12 @@ func TestDashboardConventions(t *testing.T) {
 				t.Errorf("%s: variable %s: query %q, want label_values(<selector>, %s)", file, v.Name, q, v.Name)
 				continue
 			}
-			e, err := testutil.ParseExpr(m[1])
+			e, err := promql.ParseExpr(m[1])
 			if err != nil {
 				t.Errorf("%s: variable %s: %v", file, v.Name, err)
 				continue
 			}
-			sels := testutil.Selectors(e)
+			sels := promql.Selectors(e)
 			if _, plain := e.(*parser.VectorSelector); !plain || len(sels) != 1 || !allowed[sels[0].Name] {
 				t.Errorf("%s: variable %s: %q is not one selector of an exported metric", file, v.Name, m[1])
 				continue

@@ -22,8 +22,8 @@ import (
 	"github.com/prometheus/common/promslog/flag"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/fleetsim"
 	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/fleetsim"
 )
 
 func main() {

@@ -1,49 +1,25 @@
-package testutil
+// Package promql parses PromQL with Prometheus' own parser, for the tests of the alert
+// rules (alerts/) and the dashboards (dashboards/): the metric names an expression
+// selects, its selectors' label matchers, and its calls of the counter functions. It is
+// in the tools module because the Prometheus module it needs must not reach the
+// exporter's dependencies.
+package promql
 
 import (
-	"path/filepath"
-	"runtime"
 	"slices"
-	"testing"
 	"time"
 
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
-
-	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 )
 
-// ScenarioExposition is the exact output the collector scenario test
-// (collector/scenario_test.go) asserts, relative to the module root: every metric family
-// the collectors export. The metric names that alert rules and dashboard panels may use
-// are derived from it, so they cannot drift from what the exporter exposes. The binary
-// also registers go_*, process_* and pg_liveness_exporter_build_info; no rule or panel
-// uses them, so they are not added: an expression that starts to use one fails until it
-// is added on purpose.
-const ScenarioExposition = "collector/testdata/scenario.prom"
-
-// ExposedMetrics returns the metric family names in ScenarioExposition.
-func ExposedMetrics(t testing.TB) map[string]bool {
-	t.Helper()
-	_, self, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("exposed metrics: cannot locate the module root")
-	}
-	root := filepath.Join(filepath.Dir(self), "..", "..", "..")
-	names, err := exposition.FileMetricNames(filepath.Join(root, ScenarioExposition))
-	if err != nil {
-		t.Fatalf("exposed metrics: %v", err)
-	}
-	return names
-}
-
-// promql parses with the grammar and the default options of a Prometheus server.
-var promql = parser.NewParser(parser.Options{})
+// promqlParser parses with the grammar and the default options of a Prometheus server.
+var promqlParser = parser.NewParser(parser.Options{})
 
 // ParseExpr parses a PromQL expression as Prometheus does.
 func ParseExpr(expr string) (parser.Expr, error) {
-	return promql.ParseExpr(expr)
+	return promqlParser.ParseExpr(expr)
 }
 
 // Selector is one vector selector of an expression.

@@ -1,7 +1,7 @@
-// Command shot saves a full-page PNG screenshot of a page as chromium renders it, such
+// Command screenshot saves a full-page PNG screenshot of a page as chromium renders it, such
 // as the status page of a running `make run`:
 //
-//	go run ./internal/browser/shot -url 'http://127.0.0.1:9816/status?refresh=0' -out docs/status.png
+//	cd tools && go run ./cmd/screenshot -url 'http://127.0.0.1:9816/status?refresh=0' -out ../docs/status.png
 //
 // With basic auth, the password is read from the file -password-file names.
 package main
@@ -16,7 +16,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/browser"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/browser"
 )
 
 func main() {
@@ -27,7 +27,7 @@ func main() {
 	wait := flag.Duration("wait", time.Second, "wait after the page loaded, so that its script has run")
 	flag.Parse()
 	if err := run(*url, *out, *user, *passwordFile, *wait); err != nil {
-		fmt.Fprintln(os.Stderr, "shot:", err)
+		fmt.Fprintln(os.Stderr, "screenshot:", err)
 		os.Exit(1)
 	}
 }
