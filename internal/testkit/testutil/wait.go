@@ -33,6 +33,21 @@ func Eventually(t testing.TB, within time.Duration, what string, cond func() boo
 	}
 }
 
+// Never fails the test when cond holds within the given time: for what must not happen,
+// such as a live instance called dead while its database restarts. It polls as Poll does
+// for the whole of within and returns true once it has passed; when cond holds, it says
+// so with t.Errorf, naming what happened, and returns false at once, so that a test may
+// still record what it measured before it stops.
+func Never(t testing.TB, within time.Duration, what string, cond func() bool) bool {
+	t.Helper()
+	start := time.Now()
+	if Poll(within, cond) {
+		t.Errorf("within %s (after %s): %s", within, time.Since(start).Round(time.Millisecond), what)
+		return false
+	}
+	return true
+}
+
 // FreePort returns a port on 127.0.0.1 that was free a moment ago.
 func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
