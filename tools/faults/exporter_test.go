@@ -83,13 +83,10 @@ func TestPgBouncerDirectDSN(t *testing.T) {
 			t.Errorf("no log line naming transaction pooling")
 		}
 		tw := time.Now()
-		time.Sleep(watch)
-		for _, smp := range s.sqlSamples() {
-			if smp.At.After(t0) && smp.Inst[a.ids[0]].Locked {
-				t.Errorf("the alive lock was granted (pid %d) through PgBouncer", smp.Inst[a.ids[0]].LockPID)
-				break
-			}
-		}
+		testutil.Never(t, watch, "the alive lock granted through PgBouncer", func() bool {
+			_, granted := s.firstSQL(t0, func(smp sqlSample) bool { return smp.Inst[a.ids[0]].Locked })
+			return granted
+		})
 		m, err := scrapeValues(url)
 		if err != nil {
 			t.Fatal(err)
@@ -100,8 +97,7 @@ func TestPgBouncerDirectDSN(t *testing.T) {
 		if v := m["pg_liveness_agent_heartbeat_interval_seconds"]; v != fast.Seconds() {
 			t.Errorf("pg_liveness_agent_heartbeat_interval_seconds = %v, want the fast %v", v, fast.Seconds())
 		}
-		n, first := s.falseDead(tw, time.Now(), []*agent{a})
-		sc.addFalseDead(n, first)
+		sc.addFalseDead(s.falseDead(tw, time.Now(), []*agent{a}))
 		a.Stop()
 	}
 	sc.s.Trials = trials()
@@ -147,9 +143,9 @@ func TestReadOnlyDatabase(t *testing.T) {
 			return metric("pg_liveness_agent_heartbeat_failures_total") > failures
 		})
 		sc.observe("agent reports heartbeat failures", window, seen, ok)
-		time.Sleep(readOnlyFor - min(readOnlyFor, time.Since(t0)))
-		if !a.Running() {
-			t.Fatal("the exporter agent exited while the database was read-only")
+		if !testutil.Never(t, readOnlyFor-min(readOnlyFor, time.Since(t0)), "the exporter agent exited while the database was read-only",
+			func() bool { return !a.Running() }) {
+			t.FailNow()
 		}
 		beats := metric("pg_liveness_agent_heartbeats_total")
 		tw := time.Now()

@@ -15,7 +15,8 @@ const failoverAgents = 5
 
 // TestPrimaryFailover stops the primary under agents with a multi-host DSN and promotes
 // its streaming replica. Advisory locks do not replicate: every agent must claim its lock
-// again on the new primary. Once the new primary answers, nothing may call them dead.
+// again on the new primary, bounded from the promotion. Once the new primary answers,
+// nothing may call them dead.
 func TestPrimaryFailover(t *testing.T) {
 	sc := newScenario(t, 11, "Primary failover (stop the primary, promote the replica)",
 		fmt.Sprintf("default agent flags; %d instances; DSN host=primary,replica target_session_attrs=read-write", failoverAgents))
@@ -62,11 +63,11 @@ func TestPrimaryFailover(t *testing.T) {
 			})
 			sc.observe("every lock held on the new primary, from the stop", window, relock+promoted.Sub(t0), ok)
 			sc.observe("every lock held on the new primary, from the promotion", window, relock, ok)
-			time.Sleep(5 * time.Second)
-			n, first := s.falseDead(promoted, time.Now(), []*agent{fleet})
-			sc.addFalseDead(n, first)
+			sc.watchFalseDead(s, promoted, falseDeadWatch, fleet)
 		})
 	}
+	sc.bound("every lock held on the new primary, from the promotion", 0, relockBound)
 	sc.s.Trials = trials()
-	sc.note("Each trial builds a new primary and replica (pg_basebackup). False-dead verdicts are counted on the new primary from its promotion until 5 s after every lock is held there.")
+	sc.note("Each trial builds a new primary and replica (pg_basebackup). False-dead verdicts are counted on the new primary from its promotion until %s after every lock is held there.", falseDeadWatch)
+	sc.note("The lock is bounded from the promotion at the alive lock's reconnect backoff ceiling (10 s) plus a second.")
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
 // The bounds the product promises. A scenario that misses one fails with the measured
@@ -23,6 +25,19 @@ const (
 	// A half-open client's alive lock is freed by the server, and the client stops trusting
 	// its lock and leases, within about 30 s (keepalive and TCP user timeout).
 	halfOpenBound = 40 * time.Second
+	// A live agent holds its alive lock again soon after its session ends (README,
+	// Detection and failover times): the session reconnects with backoff and jitter, at
+	// most 250 ms after a session that held the lock, doubling up to 10 s while the
+	// server stays away. So a terminated session's lock is back within reclaimMedian
+	// (median) and reclaimWorst (worst): the first retry, the connection, the claim and a
+	// 200 ms sample, on a loaded machine. After a restart or a failover it is back within
+	// relockBound of the server answering: the backoff's ceiling and a second on top.
+	reclaimMedian = time.Second
+	reclaimWorst  = 2 * time.Second
+	relockBound   = 11 * time.Second
+	// falseDeadWatch is how long a scenario goes on watching for a false-dead verdict
+	// once the agents have recovered: longer than a proof-of-life grace.
+	falseDeadWatch = 5 * time.Second
 )
 
 // scenario collects one scenario's measurements and records them for the report when
@@ -105,6 +120,15 @@ func show(d time.Duration, ok bool) string {
 		return "missed"
 	}
 	return fmt.Sprintf("%d ms", d.Milliseconds())
+}
+
+// watchFalseDead watches the live agents for d, failing at once when a sample since from
+// calls one of them dead; the false-dead verdicts from from to the end of the watch go to
+// the report either way.
+func (sc *scenario) watchFalseDead(s *sampler, from time.Time, d time.Duration, live ...*agent) {
+	sc.t.Helper()
+	testutil.Never(sc.t, d, "a live instance called dead", func() bool { n, _ := s.falseDead(from, time.Now(), live); return n > 0 })
+	sc.addFalseDead(s.falseDead(from, time.Now(), live))
 }
 
 // addFalseDead counts false-dead verdicts; any is a failure.

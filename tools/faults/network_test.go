@@ -239,9 +239,11 @@ func TestNetworkBlip(t *testing.T) {
 		if err := ns.Heal(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(jobLeaseTTL + 5*time.Second)
-		n, first := s.falseDead(t0, time.Now(), []*agent{victim})
-		sc.addFalseDead(n, first)
+		testutil.Never(t, jobLeaseTTL+5*time.Second, "the agent called dead, or its lease lost, after a blip shorter than the ttl", func() bool {
+			n, _ := s.falseDead(t0, time.Now(), []*agent{victim})
+			return n > 0 || len(victim.Events("lost", t0)) > 0
+		})
+		sc.addFalseDead(s.falseDead(t0, time.Now(), []*agent{victim}))
 		lost += len(victim.Events("lost", t0))
 	}
 	sc.note("Leases lost by the reachable-again agent: %d.", lost)
