@@ -2,6 +2,7 @@ package fleetsim_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -191,19 +192,21 @@ func TestLeasedJobsRunOnOneInstanceAtATime(t *testing.T) {
 	}
 }
 
-// A killed holder does not release its lease: its row stays, and another instance takes
-// it over with a new epoch as soon as the holder is dead by the verdict (its lock gone,
-// no proof of life within the grace), before the row would have expired.
-func TestKilledHolderLeaseIsTakenOverBeforeItExpires(t *testing.T) {
-	db := pgtest.NewDB(t)
-	cfg := testConfig(db, "takeover")
+// lead is an instance's start of leadership of a lease.
+type lead struct {
+	index int
+	self  liveness.Leadership
+}
+
+// startLeaders starts three instances holding their alive locks, campaigning for lease
+// with a ttl, each leading until its leadership ends. It returns the fleet, the first
+// leader, and the leaders that follow.
+func startLeaders(t *testing.T, db *pgtest.DB, service, lease string, ttl time.Duration) (*fleetsim.Fleet, lead, <-chan lead) {
+	t.Helper()
+	cfg := testConfig(db, service)
 	cfg.Instances, cfg.HeartbeatOnly = 3, 0
-	cfg.Leases = []string{"uptime-runner"}
-	cfg.LeaseTTL = 20 * time.Second // far longer than the verdict needs
-	type lead struct {
-		index int
-		self  liveness.Leadership
-	}
+	cfg.Leases = []string{lease}
+	cfg.LeaseTTL = ttl
 	leads := make(chan lead, 16)
 	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self liveness.Leadership) error {
 		leads <- lead{inst.Index, self}
@@ -211,30 +214,47 @@ func TestKilledHolderLeaseIsTakenOverBeforeItExpires(t *testing.T) {
 		return nil
 	}
 	f := start(t, cfg)
-	pool := db.Pool(t, 2)
-	var first lead
 	select {
-	case first = <-leads:
+	case first := <-leads:
+		return f, first, leads
 	case <-time.After(10 * time.Second):
 		t.Fatal("no instance took the lease within 10s")
+		return nil, lead{}, nil
 	}
-	if err := f.Kill(first.index); err != nil {
-		t.Fatal(err)
-	}
-	if n := queryInt(t, pool, `SELECT count(*) FROM liveness.leases WHERE name = 'uptime-runner' AND epoch = $1 AND expires_at > now()`, first.self.Epoch); n != 1 {
-		t.Fatal("the killed holder's lease row is gone or expired right after the kill; want it left behind")
-	}
+}
+
+// nextLeader waits for the leader after first, which must be another instance with a
+// higher epoch.
+func nextLeader(t *testing.T, leads <-chan lead, first lead, within time.Duration) lead {
+	t.Helper()
 	select {
 	case next := <-leads:
 		if next.index == first.index || next.self.Epoch <= first.self.Epoch {
 			t.Fatalf("takeover by instance %d with epoch %d; want another instance and an epoch above %d", next.index, next.self.Epoch, first.self.Epoch)
 		}
-		// Both times are the database's.
-		if !next.self.TakenAt.Before(first.self.ExpiresAt) {
-			t.Fatalf("taken over at %s, not before the killed holder's lease expired (%s)", next.self.TakenAt, first.self.ExpiresAt)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("nobody took the lease over within 15s of the kill")
+		return next
+	case <-time.After(within):
+		t.Fatalf("nobody took the lease over within %s", within)
+		return lead{}
+	}
+}
+
+// A killed holder does not release its lease: its row stays, and another instance takes
+// it over with a new epoch as soon as the holder is dead by the verdict (its lock gone,
+// no proof of life within the grace), before the row would have expired.
+func TestKilledHolderLeaseIsTakenOverBeforeItExpires(t *testing.T) {
+	db := pgtest.NewDB(t)
+	// A ttl far longer than the verdict needs.
+	f, first, leads := startLeaders(t, db, "takeover", "uptime-runner", 20*time.Second)
+	if err := f.Kill(first.index); err != nil {
+		t.Fatal(err)
+	}
+	if n := queryInt(t, db.Pool(t, 2), `SELECT count(*) FROM liveness.leases WHERE name = 'uptime-runner' AND epoch = $1 AND expires_at > now()`, first.self.Epoch); n != 1 {
+		t.Fatal("the killed holder's lease row is gone or expired right after the kill; want it left behind")
+	}
+	// Both times are the database's.
+	if next := nextLeader(t, leads, first, 15*time.Second); !next.self.TakenAt.Before(first.self.ExpiresAt) {
+		t.Fatalf("taken over at %s, not before the killed holder's lease expired (%s)", next.self.TakenAt, first.self.ExpiresAt)
 	}
 }
 
@@ -243,47 +263,19 @@ func TestKilledHolderLeaseIsTakenOverBeforeItExpires(t *testing.T) {
 // instance takes over with a new epoch.
 func TestHungHolderLeaseIsTakenOverOnceItExpires(t *testing.T) {
 	db := pgtest.NewDB(t)
-	cfg := testConfig(db, "hung-holder")
-	cfg.Instances, cfg.HeartbeatOnly = 3, 0
-	cfg.Leases = []string{"cleanup"}
-	cfg.LeaseTTL = 3 * time.Second
-	type lead struct {
-		index int
-		self  liveness.Leadership
-	}
-	leads := make(chan lead, 16)
-	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self liveness.Leadership) error {
-		leads <- lead{inst.Index, self}
-		<-ctx.Done()
-		return nil
-	}
-	f := start(t, cfg)
-	pool := db.Pool(t, 2)
-	var first lead
-	select {
-	case first = <-leads:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no instance took the lease within 10s")
-	}
+	const ttl = 3 * time.Second
+	f, first, leads := startLeaders(t, db, "hung-holder", "cleanup", ttl)
 	if err := f.Hang(first.index); err != nil {
 		t.Fatal(err)
 	}
 	// Nothing the hung holder sends reaches the server any more: this expiry is final.
 	var expires time.Time
-	if err := pool.QueryRow(context.Background(), `SELECT expires_at FROM liveness.leases WHERE name = 'cleanup' AND epoch = $1`,
+	if err := db.Pool(t, 2).QueryRow(context.Background(), `SELECT expires_at FROM liveness.leases WHERE name = 'cleanup' AND epoch = $1`,
 		first.self.Epoch).Scan(&expires); err != nil {
 		t.Fatalf("the hung holder's lease row: %v", err)
 	}
-	select {
-	case next := <-leads:
-		if next.index == first.index || next.self.Epoch <= first.self.Epoch {
-			t.Fatalf("takeover by instance %d with epoch %d; want another instance and an epoch above %d", next.index, next.self.Epoch, first.self.Epoch)
-		}
-		if next.self.TakenAt.Before(expires) {
-			t.Fatalf("taken over at %s, before the hung holder's lease expired (%s): it was alive by its lock", next.self.TakenAt, expires)
-		}
-	case <-time.After(cfg.LeaseTTL + 10*time.Second):
-		t.Fatal("nobody took the lease over after its expiry")
+	if next := nextLeader(t, leads, first, ttl+10*time.Second); next.self.TakenAt.Before(expires) {
+		t.Fatalf("taken over at %s, before the hung holder's lease expired (%s): it was alive by its lock", next.self.TakenAt, expires)
 	}
 	if s := statuses(t, f)[first.index]; !s.LockHeld || !s.Alive() {
 		t.Fatalf("hung holder: %+v; want its lock still held and alive by it", s)
@@ -313,17 +305,17 @@ func TestStopLeavesNoConnections(t *testing.T) {
 	}
 	// Three live instances' pools, two alive locks (instance 0 has none), the fleet's pool.
 	want := 3*int(cfg.MaxConns) + 2 + int(cfg.MaxConns)
-	for range 10 {
-		if n := queryInt(t, pool, conns, names); n > want {
-			t.Fatalf("the fleet has %d connections; want at most %d: 3 instances' pools of %d, 2 alive locks and the fleet's pool",
-				n, want, cfg.MaxConns)
-		}
-		time.Sleep(50 * time.Millisecond)
+	n := 0
+	if !testutil.Never(t, 500*time.Millisecond, fmt.Sprintf("more than %d connections: 3 instances' pools of %d, 2 alive locks and the fleet's pool", want, cfg.MaxConns),
+		func() bool { n = queryInt(t, pool, conns, names); return n > want }) {
+		t.Fatalf("the fleet has %d connections", n)
 	}
 	// A hung instance's frozen sessions are closed too, and it removes its row.
 	if err := f.Hang(2); err != nil {
 		t.Fatal(err)
 	}
+	// Hung through a few of its fast beats (200 ms), so that Stop meets sessions frozen
+	// in the middle of their work.
 	time.Sleep(500 * time.Millisecond)
 	f.Stop()
 	testutil.Eventually(t, 10*time.Second, "no connection of the fleet left", func() bool {
