@@ -11,11 +11,11 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/watchdog"
 )
 
 // netnsRootHint is the one line a network-namespace scenario fails with when not root.
@@ -90,23 +90,12 @@ func createNetns() (*netns, error) {
 	return n, nil
 }
 
-// startWatchdog starts a shell that blocks reading a pipe only this process holds; when
-// this process exits for any reason, the read returns and the shell removes the namespace
-// and the veth pair.
+// startWatchdog removes the namespace and the veth pair when this process exits for any
+// reason.
 func (n *netns) startWatchdog() error {
-	script := `read _ignored; ip netns del "$1" 2>/dev/null; ip link del "$2" 2>/dev/null; exit 0`
-	cmd := exec.Command("sh", "-c", script, "netns-watchdog", n.Name, n.HostDev)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	w, err := cmd.StdinPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start netns watchdog: %w", err)
-	}
-	go func() { _ = cmd.Wait() }()
+	w, err := watchdog.Start("netns-watchdog", `ip netns del "$1" 2>/dev/null; ip link del "$2" 2>/dev/null; exit 0`, n.Name, n.HostDev)
 	n.watchdog = w
-	return nil
+	return err
 }
 
 // Cut sets the namespace's end of the veth pair down: sockets stay open, packets are lost.

@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
 // StopMode shuts the server down with pg_ctl's mode: "smart" waits for clients, "fast"
@@ -77,12 +75,7 @@ func StartReplica(primary *Server, opts ...ServerOption) (*Server, error) {
 	for _, o := range opts {
 		o(s)
 	}
-	var err error
-	if s.dir, err = os.MkdirTemp("", "pg_liveness_test_replica_"); err != nil {
-		return nil, err
-	}
-	if err := s.startWatchdog(); err != nil {
-		_ = os.RemoveAll(s.dir)
+	if err := s.makeDir("pg_liveness_test_replica_"); err != nil {
 		return nil, err
 	}
 	if s.cred != nil {
@@ -100,17 +93,11 @@ func StartReplica(primary *Server, opts ...ServerOption) (*Server, error) {
 		s.Close()
 		return nil, fmt.Errorf("pg_basebackup: %v: %s", err, lastLines(string(out), 5))
 	}
-	var lastErr error
-	for attempt := 0; attempt < 5; attempt++ {
-		if s.Port, lastErr = testutil.FreePort(); lastErr != nil {
-			continue
-		}
-		if lastErr = s.Start(); lastErr == nil {
-			return s, nil
-		}
+	if err := s.startOnFreePort(); err != nil {
+		s.Close()
+		return nil, err
 	}
-	s.Close()
-	return nil, lastErr
+	return s, nil
 }
 
 // Promote ends recovery on a replica and waits until it accepts writes.

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/watchdog"
 )
 
 // PgBouncerInstallHint is the one line printed when PgBouncer cannot be found.
@@ -207,19 +208,10 @@ func (b *PgBouncer) ping(ctx context.Context) error {
 // startWatchdog stops PgBouncer and removes its folder if this process dies first, the
 // way the server's watchdog does.
 func (b *PgBouncer) startWatchdog() error {
-	script := `read _ignored; kill -9 "$2" 2>/dev/null; sleep 0.2; rm -rf "$1"`
-	cmd := exec.Command("sh", "-c", script, "pgtest-pgbouncer-watchdog", b.dir, strconv.Itoa(b.proc.Process.Pid))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	w, err := cmd.StdinPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start pgbouncer watchdog: %w", err)
-	}
-	go func() { _ = cmd.Wait() }()
+	w, err := watchdog.Start("pgtest-pgbouncer-watchdog", `kill -9 "$2" 2>/dev/null; sleep 0.2; rm -rf "$1"`,
+		b.dir, strconv.Itoa(b.proc.Process.Pid))
 	b.watchdog = w
-	return nil
+	return err
 }
 
 // stop shuts PgBouncer down at once (SIGTERM), then removes its folder.

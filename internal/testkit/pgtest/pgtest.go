@@ -158,11 +158,17 @@ func (d *DB) Conn(t testing.TB) *pgx.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	c := d.connect(t, ctx)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+func (d *DB) connect(t testing.TB, ctx context.Context) *pgx.Conn {
+	t.Helper()
 	c, err := pgx.Connect(ctx, d.DSN)
 	if err != nil {
 		t.Fatalf("pgtest: connect: %v", redact(err))
 	}
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c
 }
 
@@ -171,10 +177,7 @@ func (d *DB) Exec(t testing.TB, sql string, args ...any) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := pgx.Connect(ctx, d.DSN)
-	if err != nil {
-		t.Fatalf("pgtest: connect: %v", redact(err))
-	}
+	c := d.connect(t, ctx)
 	defer c.Close(context.Background())
 	if _, err := c.Exec(ctx, sql, args...); err != nil {
 		t.Fatalf("pgtest: %s: %v", firstLine(sql), err)

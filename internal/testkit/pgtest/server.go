@@ -19,9 +19,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/watchdog"
 )
 
 // InstallHint is the one line printed when no PostgreSQL server can be found.
@@ -186,28 +185,47 @@ func StartServer(opts ...ServerOption) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.dir, err = os.MkdirTemp("", "pg_liveness_test_"); err != nil {
-		return nil, err
-	}
-	if err := s.startWatchdog(); err != nil {
-		_ = os.RemoveAll(s.dir)
+	if err := s.makeDir("pg_liveness_test_"); err != nil {
 		return nil, err
 	}
 	if err := s.initdb(); err != nil {
 		s.Close()
 		return nil, err
 	}
-	var lastErr error
-	for attempt := 0; attempt < 5; attempt++ {
-		if s.Port, lastErr = testutil.FreePort(); lastErr != nil {
+	if err := s.startOnFreePort(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// makeDir creates the server's temporary folder, and the watchdog that stops the server
+// and removes the folder if the calling process dies.
+func (s *Server) makeDir(prefix string) error {
+	var err error
+	if s.dir, err = os.MkdirTemp("", prefix); err != nil {
+		return err
+	}
+	if err := s.startWatchdog(); err != nil {
+		_ = os.RemoveAll(s.dir)
+		return err
+	}
+	return nil
+}
+
+// startOnFreePort starts the server on a port that was free a moment ago, and on another
+// when a process took it in between, up to five times.
+func (s *Server) startOnFreePort() error {
+	var err error
+	for range 5 {
+		if s.Port, err = testutil.FreePort(); err != nil {
 			continue
 		}
-		if lastErr = s.Start(); lastErr == nil {
-			return s, nil
+		if err = s.Start(); err == nil {
+			return nil
 		}
 	}
-	s.Close()
-	return nil, lastErr
+	return err
 }
 
 // initdb refuses to run as root, so as root the cluster belongs to an unprivileged user.
@@ -254,24 +272,13 @@ func (s *Server) initdb() error {
 	return nil
 }
 
-// startWatchdog starts `sh` reading from a pipe only this process holds. The read returns
-// when this process exits for any reason; the shell then kills the server and removes
-// the folder.
+// startWatchdog kills the server and removes the folder when this process exits for any
+// reason.
 func (s *Server) startWatchdog() error {
-	script := `read _ignored; pid=$(head -n 1 "$1/data/postmaster.pid" 2>/dev/null); ` +
-		`[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; sleep 0.5; rm -rf "$1"`
-	cmd := exec.Command("sh", "-c", script, "pgtest-watchdog", s.dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	w, err := cmd.StdinPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start watchdog: %w", err)
-	}
-	go func() { _ = cmd.Wait() }() // reap it whenever it ends
+	w, err := watchdog.Start("pgtest-watchdog", `pid=$(head -n 1 "$1/data/postmaster.pid" 2>/dev/null); `+
+		`[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; sleep 0.5; rm -rf "$1"`, s.dir)
 	s.watchdog = w
-	return nil
+	return err
 }
 
 func (s *Server) dataDir() string { return filepath.Join(s.dir, "data") }
@@ -338,12 +345,7 @@ func (s *Server) Start() error {
 func (s *Server) ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, s.AdminDSN("postgres"))
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	return conn.Ping(ctx)
+	return s.Exec(ctx, "SELECT 1")
 }
 
 // Stop shuts the server down (fast mode: sessions are disconnected) and waits for it.
