@@ -34,7 +34,7 @@ func waitSeen(window time.Duration, checks ...func() bool) {
 func waitHealthy(t *testing.T, s *sampler, a *agent, observed bool) {
 	t.Helper()
 	since := time.Now()
-	testutil.Eventually(t, 60*time.Second, a.name+" locked and alive for every consumer", func() bool {
+	testutil.Eventually(t, 60*time.Second, a.Name()+" locked and alive for every consumer", func() bool {
 		_, sqlOK := s.firstSQL(since, func(smp sqlSample) bool {
 			for _, id := range a.ids {
 				if v := smp.Inst[id]; !v.Locked || !v.Alive || !v.Row {

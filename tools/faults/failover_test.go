@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
 // failoverAgents is how many instances follow the primary to its replica.
@@ -48,21 +47,7 @@ func TestPrimaryFailover(t *testing.T) {
 				t.Fatalf("promote: %v", err)
 			}
 			promoted := time.Now()
-			var relock time.Duration
-			ok := testutil.Poll(window, func() bool {
-				var ok bool
-				relock, ok = s.firstSQL(promoted, func(smp sqlSample) bool {
-					for _, id := range fleet.ids {
-						if !smp.Inst[id].Locked {
-							return false
-						}
-					}
-					return true
-				})
-				return ok
-			})
-			sc.observe("every lock held on the new primary, from the stop", window, relock+promoted.Sub(t0), ok)
-			sc.observe("every lock held on the new primary, from the promotion", window, relock, ok)
+			sc.observeRelock(s, fleet, "every lock held on the new primary", "the promotion", window, t0, promoted)
 			sc.watchFalseDead(s, promoted, falseDeadWatch, fleet)
 		})
 	}

@@ -1,12 +1,10 @@
 package faults
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,9 +19,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
@@ -243,10 +241,7 @@ func prepare(t *testing.T, dsn string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
+	conn := connect(t, ctx, dsn)
 	defer conn.Close(context.Background())
 	if _, err := migrations.Apply(ctx, conn, schema); err != nil {
 		t.Fatalf("migrations: %v", err)
@@ -271,15 +266,13 @@ type event struct {
 	Cause string
 }
 
-// proc is a child process: a faultagent or the exporter.
+// proc is a child process (a faultagent, the exporter or Prometheus) and the events it
+// printed.
 type proc struct {
-	t    testing.TB
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
+	*proctest.Process
+	t testing.TB
 
 	mu     sync.Mutex
-	lines  []string
 	events []event
 }
 
@@ -293,39 +286,13 @@ func startProc(t testing.TB, name string, o procOpts, bin string, args ...string
 	if o.netns != "" {
 		argv = append([]string{"ip", "netns", "exec", o.netns}, argv...)
 	}
-	p := &proc{t: t, name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(argv[0], argv[1:]...)
-	// Children die with the test binary, whatever ends it.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	pr, pw := io.Pipe()
-	p.cmd.Stdout, p.cmd.Stderr = pw, pw
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() {
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 64*1024), 1024*1024)
-		for sc.Scan() {
-			p.addLine(sc.Text())
-		}
-	}()
-	go func() { _ = p.cmd.Wait(); pw.Close(); close(p.done) }()
-	t.Cleanup(func() {
-		p.Stop()
-		if t.Failed() {
-			p.mu.Lock()
-			lines := p.lines
-			if len(lines) > 40 {
-				lines = lines[len(lines)-40:]
-			}
-			p.mu.Unlock()
-			t.Logf("%s: last log lines:\n%s", name, strings.Join(lines, "\n"))
-		}
-	})
+	p := &proc{t: t}
+	p.Process = proctest.Start(t, name, proctest.Options{OnLine: p.addEvent}, argv[0], argv[1:]...)
 	return p
 }
 
-func (p *proc) addLine(line string) {
+// addEvent keeps a line of a faultagent's output that is an event.
+func (p *proc) addEvent(line string) {
 	var raw struct {
 		T     int64  `json:"t"`
 		Ev    string `json:"ev"`
@@ -335,15 +302,12 @@ func (p *proc) addLine(line string) {
 		Held  bool   `json:"held"`
 		Cause string `json:"cause"`
 	}
+	if json.Unmarshal([]byte(line), &raw) != nil || raw.Ev == "" {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.lines = append(p.lines, line)
-	if len(p.lines) > 2000 {
-		p.lines = p.lines[1000:]
-	}
-	if json.Unmarshal([]byte(line), &raw) == nil && raw.Ev != "" {
-		p.events = append(p.events, event{time.Unix(0, raw.T), raw.Ev, raw.Inst, raw.Lease, raw.Epoch, raw.Held, raw.Cause})
-	}
+	p.events = append(p.events, event{time.Unix(0, raw.T), raw.Ev, raw.Inst, raw.Lease, raw.Epoch, raw.Held, raw.Cause})
 }
 
 // Events returns the events named ev (all when ev is "") at or after since.
@@ -359,53 +323,13 @@ func (p *proc) Events(ev string, since time.Time) []event {
 	return out
 }
 
-// Logged reports whether any log line contains s.
-func (p *proc) Logged(s string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, l := range p.lines {
-		if strings.Contains(l, s) {
-			return true
-		}
-	}
-	return false
-}
-
-func (p *proc) Signal(sig syscall.Signal) {
-	if err := p.cmd.Process.Signal(sig); err != nil {
-		p.t.Errorf("signal %v to %s: %v", sig, p.name, err)
-	}
-}
-
-func (p *proc) Running() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
+func (p *proc) Signal(sig syscall.Signal) { p.Process.Signal(p.t, sig) }
 
 // Stop ends the process: SIGCONT (in case it is stopped) and SIGTERM, SIGKILL after 10 s.
-func (p *proc) Stop() {
-	if !p.Running() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGCONT)
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
+func (p *proc) Stop() { p.Process.Stop(10 * time.Second) }
 
 // Kill is kill -9, and waits until the process is gone.
-func (p *proc) Kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
+func (p *proc) Kill() { p.Process.Kill(p.t) }
 
 // agentOpts start a faultagent.
 type agentOpts struct {

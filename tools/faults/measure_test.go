@@ -122,6 +122,24 @@ func show(d time.Duration, ok bool) string {
 	return fmt.Sprintf("%d ms", d.Milliseconds())
 }
 
+// observeRelock waits within window for a sample after up in which every instance of a
+// holds its lock, and records the time as what "from the stop" (from the fault at stop)
+// and what "from" upName (from up, when the server answered again).
+func (sc *scenario) observeRelock(s *sampler, a *agent, what, upName string, window time.Duration, stop, up time.Time) {
+	allLocked := func(smp sqlSample) bool {
+		for _, id := range a.ids {
+			if !smp.Inst[id].Locked {
+				return false
+			}
+		}
+		return true
+	}
+	var relock time.Duration
+	ok := testutil.Poll(window, func() bool { var ok bool; relock, ok = s.firstSQL(up, allLocked); return ok })
+	sc.observe(what+", from the stop", window, relock+up.Sub(stop), ok)
+	sc.observe(what+", from "+upName, window, relock, ok)
+}
+
 // watchFalseDead watches the live agents for d, failing at once when a sample since from
 // calls one of them dead; the false-dead verdicts from from to the end of the watch go to
 // the report either way.

@@ -4,14 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
 )
 
 // rulesFile is the alert rule file the project ships, loaded unchanged.
@@ -23,9 +21,9 @@ const twoLeadersAlert = "PgLivenessLeaseTwoLeaders"
 // prometheus is a real Prometheus (the Debian package) scraping its targets and
 // evaluating the shipped rules every second, and a sampler of its active alerts.
 type prometheus struct {
-	addr string
-	proc *proc
-	stop func() // ends sampling and the process; idempotent
+	addr   string
+	server *proctest.Prometheus
+	stop   func() // ends sampling and the process; idempotent
 
 	mu      sync.Mutex
 	samples []alertSample
@@ -40,38 +38,19 @@ type alertSample struct {
 
 func startPrometheus(t *testing.T, alert string, targets ...string) *prometheus {
 	t.Helper()
-	bin, err := exec.LookPath("prometheus")
-	if err != nil {
-		t.Fatal("prometheus not found: apt-get install prometheus")
-	}
 	rules, err := filepath.Abs(rulesFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	cfg, _ := json.Marshal(map[string]any{ // JSON is YAML
+	p := &prometheus{server: proctest.StartPrometheus(t, map[string]any{
 		"global":     map[string]any{"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
 		"rule_files": []string{rules},
 		"scrape_configs": []any{map[string]any{
 			"job_name":       "pg_liveness",
 			"static_configs": []any{map[string]any{"targets": targets}},
 		}},
-	})
-	cfgPath := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := &prometheus{addr: testutil.FreeAddr(t)}
-	p.proc = startProc(t, "prometheus", procOpts{}, bin, "--config.file="+cfgPath,
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+p.addr, "--log.level=warn")
-	testutil.Eventually(t, 60*time.Second, "Prometheus ready", func() bool {
-		resp, err := http.Get("http://" + p.addr + "/-/ready")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	}, "--log.level=warn")}
+	p.addr = p.server.Addr
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -79,27 +58,20 @@ func startPrometheus(t *testing.T, alert string, targets ...string) *prometheus 
 		p.sampleLoop(ctx, alert)
 	}()
 	var once sync.Once
-	p.stop = func() { once.Do(func() { cancel(); <-done; p.proc.Stop() }) }
+	p.stop = func() { once.Do(func() { cancel(); <-done; p.server.Stop(10 * time.Second) }) }
 	t.Cleanup(p.stop)
 	return p
 }
 
 func (p *prometheus) sampleLoop(ctx context.Context, alert string) {
 	client := &http.Client{Timeout: 2 * time.Second}
-	t := time.NewTicker(250 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, 250*time.Millisecond, func() {
 		if state, ok := p.alertState(client, alert); ok {
 			p.mu.Lock()
 			p.samples = append(p.samples, alertSample{time.Now(), state})
 			p.mu.Unlock()
 		}
-	}
+	})
 }
 
 // alertState is the most advanced state among alert's active instances (any lease):

@@ -149,7 +149,31 @@ func (s *sampler) sqlLoop(ctx context.Context) {
 	}()
 	instQ := strings.ReplaceAll(instancesSQL, "{s}", pgx.Identifier{schema}.Sanitize())
 	leaseQ := strings.ReplaceAll(leasesSQL, "{s}", pgx.Identifier{schema}.Sanitize())
-	tick := time.NewTicker(sampleEvery)
+	every(ctx, sampleEvery, func() {
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if conn == nil || conn.IsClosed() {
+			var err error
+			if conn, err = pgx.Connect(qctx, s.dsn); err != nil {
+				conn = nil
+				return
+			}
+		}
+		smp, err := s.sampleSQL(qctx, conn, instQ, leaseQ)
+		if err != nil {
+			_ = conn.Close(context.Background())
+			conn = nil
+			return
+		}
+		s.mu.Lock()
+		s.sql = append(s.sql, smp)
+		s.mu.Unlock()
+	})
+}
+
+// every calls f every d until ctx ends.
+func every(ctx context.Context, d time.Duration, f func()) {
+	tick := time.NewTicker(d)
 	defer tick.Stop()
 	for {
 		select {
@@ -157,25 +181,7 @@ func (s *sampler) sqlLoop(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		qctx, cancel := context.WithTimeout(ctx, time.Second)
-		if conn == nil || conn.IsClosed() {
-			var err error
-			if conn, err = pgx.Connect(qctx, s.dsn); err != nil {
-				conn = nil
-				cancel()
-				continue
-			}
-		}
-		smp, err := s.sampleSQL(qctx, conn, instQ, leaseQ)
-		cancel()
-		if err != nil {
-			_ = conn.Close(context.Background())
-			conn = nil
-			continue
-		}
-		s.mu.Lock()
-		s.sql = append(s.sql, smp)
-		s.mu.Unlock()
+		f()
 	}
 }
 
@@ -218,20 +224,13 @@ var labelPair = regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`)
 
 func (s *sampler) expLoop(ctx context.Context) {
 	client := &http.Client{Timeout: 2 * time.Second}
-	tick := time.NewTicker(sampleEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	every(ctx, sampleEvery, func() {
 		if smp, ok := s.scrape(ctx, client); ok {
 			s.mu.Lock()
 			s.exp = append(s.exp, smp)
 			s.mu.Unlock()
 		}
-	}
+	})
 }
 
 // scrape reads one exposition; false when the exporter could not read the instances

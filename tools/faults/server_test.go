@@ -30,14 +30,6 @@ func testRestart(t *testing.T, number int, mode string) {
 	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)
 	fleet := startAgent(t, e, agentOpts{service: "restart", instances: restartAgents})
 	s.Watch(fleet)
-	allLocked := func(smp sqlSample) bool {
-		for _, id := range fleet.ids {
-			if !smp.Inst[id].Locked {
-				return false
-			}
-		}
-		return true
-	}
 	const window = 60 * time.Second
 	for range trials() {
 		waitHealthy(t, s, fleet, true)
@@ -49,10 +41,7 @@ func testRestart(t *testing.T, number int, mode string) {
 			t.Fatal(err)
 		}
 		up := time.Now()
-		var relock time.Duration
-		ok := testutil.Poll(window, func() bool { var ok bool; relock, ok = s.firstSQL(up, allLocked); return ok })
-		sc.observe("every lock held again, from the stop", window, relock+up.Sub(t0), ok)
-		sc.observe("every lock held again, from the server answering", window, relock, ok)
+		sc.observeRelock(s, fleet, "every lock held again", "the server answering", window, t0, up)
 		sc.watchFalseDead(s, up, falseDeadWatch, fleet)
 	}
 	sc.bound("every lock held again, from the server answering", 0, relockBound)
@@ -204,12 +193,19 @@ func execSQL(t *testing.T, dsn, sql string, args ...any) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
+	conn := connect(t, ctx, dsn)
 	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
+}
+
+// connect opens a connection to dsn, failing the test when it cannot.
+func connect(t *testing.T, ctx context.Context, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	return conn
 }
