@@ -203,13 +203,7 @@ func setupE2EDatabase(t *testing.T) *pgtest.DB {
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = migrations.Apply(ctx, conn, liveness.DefaultSchema)
-	_ = conn.Close(context.Background())
-	if err != nil {
+	if _, err := migrations.Apply(ctx, db.Conn(t), liveness.DefaultSchema); err != nil {
 		t.Fatalf("migrations: %v", err)
 	}
 	db.Exec(t, `INSERT INTO liveness.leases (name, holder, taken_at, expires_at) VALUES
@@ -218,11 +212,11 @@ func setupE2EDatabase(t *testing.T) *pgtest.DB {
 		('e2e-expired', 'e2e-host:2:dcba', now() - interval '2 minutes', now() - interval '1 minute')`,
 		liveness.ReaperLease, e2eHolder)
 
-	holder := connAs(t, db, "e2e-app")
+	holder := db.ConnAs(t, "e2e-app")
 	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock(42)`); err != nil {
 		t.Fatal(err)
 	}
-	waiter := connAs(t, db, "e2e-app")
+	waiter := db.ConnAs(t, "e2e-app")
 	wctx, stop := context.WithTimeout(context.Background(), 10*time.Minute)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { stop(); wg.Wait() }) // before the connections close
@@ -233,24 +227,6 @@ func setupE2EDatabase(t *testing.T) *pgtest.DB {
 			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) == 1
 	})
 	return db
-}
-
-// connAs opens a connection with the given application_name, closed when the test ends.
-func connAs(t *testing.T, db *pgtest.DB, app string) *pgx.Conn {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["application_name"] = app
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatalf("connect as %s: %v", app, err)
-	}
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	return c
 }
 
 func countRows(t *testing.T, db *pgtest.DB, sql string) int {

@@ -16,7 +16,6 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
@@ -83,19 +82,6 @@ func statusFixture(t *testing.T, ctx context.Context, db *pgtest.DB) map[livenes
 		{liveness.StateAlive, "0 s", true}, {liveness.StateLockOnly, "15 min", true}, {liveness.StateLockLost, "0 s", true},
 		{liveness.StateHeartbeatOnly, "0 s", false}, {liveness.StateStale, "20 min", false}, {liveness.StateZombie, "1 hour", true},
 	}
-	session := func(app string) *pgx.Conn {
-		cfg, err := pgx.ParseConfig(db.DSN)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.RuntimeParams["application_name"] = app
-		c, err := pgx.ConnectConfig(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close(context.Background()) })
-		return c
-	}
 	for _, r := range rows {
 		id := uuid.New()
 		ids[r.state] = id
@@ -107,7 +93,7 @@ func statusFixture(t *testing.T, ctx context.Context, db *pgtest.DB) map[livenes
 			t.Fatal(err)
 		}
 		if r.holds && r.state != liveness.StateLockLost {
-			if _, err := session("checkout:alive-lock").Exec(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, id); err != nil {
+			if _, err := db.ConnAs(t, "checkout:alive-lock").Exec(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, id); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -121,7 +107,7 @@ func statusFixture(t *testing.T, ctx context.Context, db *pgtest.DB) map[livenes
 		t.Fatal(err)
 	}
 	for k := range 2 {
-		if _, err := session(hostileApp).Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(7000+k)); err != nil {
+		if _, err := db.ConnAs(t, hostileApp).Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(7000+k)); err != nil {
 			t.Fatal(err)
 		}
 	}

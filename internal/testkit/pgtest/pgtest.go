@@ -154,18 +154,30 @@ func (d *DB) Pool(t testing.TB, maxConns int32) *pgxpool.Pool {
 }
 
 // Conn opens a single connection, closed when the test ends.
-func (d *DB) Conn(t testing.TB) *pgx.Conn {
+func (d *DB) Conn(t testing.TB) *pgx.Conn { return d.ConnAs(t, "") }
+
+// ConnAs opens a single connection with application_name app (as the sessions of a
+// service show in pg_stat_activity), closed when the test ends.
+func (d *DB) ConnAs(t testing.TB, app string) *pgx.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c := d.connect(t, ctx)
+	c := d.connect(t, ctx, app)
 	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c
 }
 
-func (d *DB) connect(t testing.TB, ctx context.Context) *pgx.Conn {
+// connect opens a connection, with application_name app unless app is "".
+func (d *DB) connect(t testing.TB, ctx context.Context, app string) *pgx.Conn {
 	t.Helper()
-	c, err := pgx.Connect(ctx, d.DSN)
+	cfg, err := pgx.ParseConfig(d.DSN)
+	if err != nil {
+		t.Fatalf("pgtest: %v", redact(err))
+	}
+	if app != "" {
+		cfg.RuntimeParams["application_name"] = app
+	}
+	c, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatalf("pgtest: connect: %v", redact(err))
 	}
@@ -177,7 +189,7 @@ func (d *DB) Exec(t testing.TB, sql string, args ...any) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c := d.connect(t, ctx)
+	c := d.connect(t, ctx, "")
 	defer c.Close(context.Background())
 	if _, err := c.Exec(ctx, sql, args...); err != nil {
 		t.Fatalf("pgtest: %s: %v", firstLine(sql), err)

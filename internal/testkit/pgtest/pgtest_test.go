@@ -172,3 +172,19 @@ func TestServerIsTheMajorAsked(t *testing.T) {
 		t.Fatalf("server_version_num %d from %s, want major %d", num, bindir, major)
 	}
 }
+
+// ConnAs's session carries the application name; Conn's the driver's default.
+func TestConnAsNamesTheApplication(t *testing.T) {
+	db := NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for app, c := range map[string]*pgx.Conn{"checkout:alive-lock": db.ConnAs(t, "checkout:alive-lock"), "": db.Conn(t)} {
+		var got string
+		if err := c.QueryRow(ctx, `SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != app {
+			t.Errorf("application_name %q, want %q", got, app)
+		}
+	}
+}
