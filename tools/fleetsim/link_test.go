@@ -62,26 +62,38 @@ func dial(t *testing.T, l *link) (net.Conn, *bufio.Reader) {
 	return c, bufio.NewReader(c)
 }
 
+// readLine reads one line from r, waiting at most d.
+func readLine(c net.Conn, r *bufio.Reader, d time.Duration) (string, error) {
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
+	return r.ReadString('\n')
+}
+
+// openLink returns a link and a connection through it that was seen to echo.
+func openLink(t *testing.T) (*link, net.Conn, *bufio.Reader) {
+	t.Helper()
+	l := testLink(t)
+	c, r := dial(t, l)
+	if !roundTrip(t, c, r, "before", 5*time.Second) {
+		t.Fatal("no echo through an open link")
+	}
+	return l, c, r
+}
+
 // roundTrip sends line and reports whether its echo came back within d.
 func roundTrip(t *testing.T, c net.Conn, r *bufio.Reader, line string, d time.Duration) bool {
 	t.Helper()
 	if _, err := c.Write([]byte(line + "\n")); err != nil {
 		return false
 	}
-	_ = c.SetReadDeadline(time.Now().Add(d))
-	got, err := r.ReadString('\n')
-	_ = c.SetReadDeadline(time.Time{})
+	got, err := readLine(c, r, d)
 	return err == nil && got == line+"\n"
 }
 
 // A frozen link holds what is sent and lets it through, in order, once thawed; a new
 // connection made while frozen reaches the server only then.
 func TestLinkFreezeHoldsAndThawDelivers(t *testing.T) {
-	l := testLink(t)
-	c, r := dial(t, l)
-	if !roundTrip(t, c, r, "before", 5*time.Second) {
-		t.Fatal("no echo through an open link")
-	}
+	l, c, r := openLink(t)
 	l.freeze()
 	if roundTrip(t, c, r, "held", 300*time.Millisecond) {
 		t.Fatal("an echo came through a frozen link")
@@ -91,32 +103,24 @@ func TestLinkFreezeHoldsAndThawDelivers(t *testing.T) {
 		t.Fatal("a connection made while frozen reached the server")
 	}
 	l.thaw()
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if got, err := r.ReadString('\n'); err != nil || got != "held\n" {
+	if got, err := readLine(c, r, 5*time.Second); err != nil || got != "held\n" {
 		t.Fatalf("after the thaw: %q, %v; want the held line", got, err)
 	}
-	_ = c2.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if got, err := r2.ReadString('\n'); err != nil || got != "new\n" {
+	if got, err := readLine(c2, r2, 5*time.Second); err != nil || got != "new\n" {
 		t.Fatalf("the connection made while frozen, after the thaw: %q, %v", got, err)
 	}
 }
 
 // A cut link closes every connection, frozen ones too, and closes new ones at once.
 func TestLinkCutClosesEverything(t *testing.T) {
-	l := testLink(t)
-	c, r := dial(t, l)
-	if !roundTrip(t, c, r, "before", 5*time.Second) {
-		t.Fatal("no echo through an open link")
-	}
+	l, c, r := openLink(t)
 	l.freeze()
 	l.cutAll()
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := r.ReadString('\n'); err == nil || strings.Contains(err.Error(), "timeout") {
+	if _, err := readLine(c, r, 5*time.Second); err == nil || strings.Contains(err.Error(), "timeout") {
 		t.Fatalf("read on a cut connection: %v; want it closed", err)
 	}
 	c2, r2 := dial(t, l)
-	_ = c2.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := r2.ReadString('\n'); err == nil || strings.Contains(err.Error(), "timeout") {
+	if _, err := readLine(c2, r2, 5*time.Second); err == nil || strings.Contains(err.Error(), "timeout") {
 		t.Fatalf("read on a connection made after the cut: %v; want it closed at once", err)
 	}
 }

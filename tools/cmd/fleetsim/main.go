@@ -128,6 +128,14 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 		defer t.Stop()
 		report = t.C
 	}
+	// fault injects one fault into instance i and logs what the exporter will show.
+	fault := func(name string, inject func(int) error, i int, shows string) {
+		if err := inject(i); err != nil {
+			logger.Error(name, "err", err)
+			return
+		}
+		logger.Info("FAULT: "+shows, "instance", i, "instance_id", fleet.Instances()[i].ID)
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -135,19 +143,9 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 			fleet.Stop()
 			return 0
 		case <-kill:
-			if err := fleet.Kill(killIdx); err != nil {
-				logger.Error("kill", "err", err)
-			} else {
-				logger.Info("FAULT: killed instance: connections cut, lock released at once, no more heartbeats; lock_lost, then stale about a second later, its leases taken over, then reaped",
-					"instance", killIdx, "instance_id", fleet.Instances()[killIdx].ID)
-			}
+			fault("kill", fleet.Kill, killIdx, "killed instance: connections cut, lock released at once, no more heartbeats; lock_lost, then stale about a second later, its leases taken over, then reaped")
 		case <-hang:
-			if err := fleet.Hang(hangIdx); err != nil {
-				logger.Error("hang", "err", err)
-			} else {
-				logger.Info("FAULT: hung instance: connections frozen, lock still held, no more heartbeats; lock_only after --stale-threshold, zombie after --definitive-dead-cutoff, then reaped; its leases expire and are taken over",
-					"instance", hangIdx, "instance_id", fleet.Instances()[hangIdx].ID)
-			}
+			fault("hang", fleet.Hang, hangIdx, "hung instance: connections frozen, lock still held, no more heartbeats; lock_only after --stale-threshold, zombie after --definitive-dead-cutoff, then reaped; its leases expire and are taken over")
 		case <-report:
 			logReport(ctx, fleet, logger)
 		}
