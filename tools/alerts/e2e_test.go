@@ -17,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pg-liveness/pg_liveness_exporter/dashboards"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
@@ -129,7 +127,7 @@ func TestEndToEnd(t *testing.T) {
 			return hook.find("resolved", "PgLivenessInstancesStale", "e2e-victim") != nil
 		})
 		t.Logf("resolved notification %.1fs after the reaper's lease was released", time.Since(released).Seconds())
-		if n := countRows(t, db, `SELECT count(*) FROM liveness.instances WHERE service_name = 'e2e-victim'`); n != 0 {
+		if n := db.QueryInt(t, `SELECT count(*) FROM liveness.instances WHERE service_name = 'e2e-victim'`); n != 0 {
 			t.Errorf("%d e2e-victim rows left after the alert resolved; want the reaper to have deleted them", n)
 		}
 		if !prom.nonEmpty(t, `pg_liveness_agent_instances_reaped_total{job="`+e2eJob+`"} >= 1`) {
@@ -222,27 +220,11 @@ func setupE2EDatabase(t *testing.T) *pgtest.DB {
 	t.Cleanup(func() { stop(); wg.Wait() }) // before the connections close
 	wg.Go(func() { _, _ = waiter.Exec(wctx, `SELECT pg_advisory_lock(42)`) })
 	waitFor(t, "the advisory lock waiter", func() bool {
-		return countRows(t, db, `SELECT count(*) FROM pg_locks
+		return db.QueryInt(t, `SELECT count(*) FROM pg_locks
 			WHERE locktype = 'advisory' AND NOT granted
 			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) == 1
 	})
 	return db
-}
-
-func countRows(t *testing.T, db *pgtest.DB, sql string) int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := pgx.Connect(ctx, db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(context.Background())
-	var n int
-	if err := c.QueryRow(ctx, sql).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
 }
 
 // shortenedRules is the rule file with every "for:" set to e2eFor.

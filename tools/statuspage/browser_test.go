@@ -16,6 +16,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
@@ -207,17 +208,14 @@ func TestStatusPageInBrowser(t *testing.T) {
 		r => [r.querySelector("td.id").textContent, r.querySelector(".st").textContent]))`)), &shown); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{}
-	rows, err := db.Conn(t).Query(ctx, `SELECT instance_id::text, state FROM liveness.instance_states()`)
+	rows, _ := db.Conn(t).Query(ctx, `SELECT instance_id::text, state FROM liveness.instance_states()`)
+	states, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ ID, State string }])
 	if err != nil {
 		t.Fatal(err)
 	}
-	for rows.Next() {
-		var id, state string
-		if err := rows.Scan(&id, &state); err != nil {
-			t.Fatal(err)
-		}
-		want[id] = state
+	want := map[string]string{}
+	for _, s := range states {
+		want[s.ID] = s.State
 	}
 	if len(shown) != len(want) || len(want) != len(ids)+1 {
 		t.Fatalf("the page shows %d instances, the database has %d: %v", len(shown), len(want), shown)

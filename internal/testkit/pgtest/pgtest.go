@@ -184,6 +184,21 @@ func (d *DB) connect(t testing.TB, ctx context.Context, app string) *pgx.Conn {
 	return c
 }
 
+// QueryInt runs a query of one integer (a count, say) on a short-lived connection and
+// returns it, failing the test on error.
+func (d *DB) QueryInt(t testing.TB, sql string, args ...any) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := d.connect(t, ctx, "")
+	defer c.Close(context.Background())
+	var n int
+	if err := c.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+		t.Fatalf("pgtest: %s: %v", firstLine(sql), err)
+	}
+	return n
+}
+
 // Exec runs statements on a short-lived connection and fails the test on error.
 func (d *DB) Exec(t testing.TB, sql string, args ...any) {
 	t.Helper()

@@ -188,3 +188,10 @@ func TestConnAsNamesTheApplication(t *testing.T) {
 		}
 	}
 }
+
+func TestQueryInt(t *testing.T) {
+	db := NewDB(t)
+	if n := db.QueryInt(t, `SELECT count(*) FROM generate_series(1, $1)`, 7); n != 7 {
+		t.Errorf("QueryInt = %d, want 7", n)
+	}
+}
