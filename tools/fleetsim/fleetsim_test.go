@@ -56,15 +56,16 @@ func statuses(t *testing.T, f *fleetsim.Fleet) []fleetsim.Status {
 	return s
 }
 
-func queryInt(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+// queryOne runs a query of one value on pool and returns it.
+func queryOne[T any](t *testing.T, pool *pgxpool.Pool, sql string, args ...any) T {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var n int
-	if err := pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+	var v T
+	if err := pool.QueryRow(ctx, sql, args...).Scan(&v); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
-	return n
+	return v
 }
 
 func TestKillAndHang(t *testing.T) {
@@ -83,7 +84,7 @@ func TestKillAndHang(t *testing.T) {
 		}
 		return true
 	})
-	locks := queryInt(t, pool, `SELECT count(*) FROM liveness.instance_alive_locks`)
+	locks := queryOne[int](t, pool, `SELECT count(*) FROM liveness.instance_alive_locks`)
 	if locks != 4 {
 		t.Fatalf("instance_alive_locks has %d rows, want the 4 lock-holding instances", locks)
 	}
@@ -113,7 +114,7 @@ func TestKillAndHang(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, stale+2*time.Second, "killed instance not alive after the stale threshold", func() bool {
-		return !queryBool(t, pool, `SELECT liveness.is_instance_alive($1, $2)`, killed.ID, int(stale.Seconds()))
+		return !queryOne[bool](t, pool, `SELECT liveness.is_instance_alive($1, $2)`, killed.ID, int(stale.Seconds()))
 	})
 
 	// Hang: by now the hung instance's heartbeat has aged too, but its lock holds.
@@ -140,17 +141,6 @@ func TestKillAndHang(t *testing.T) {
 	}
 }
 
-func queryBool(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) bool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var b bool
-	if err := pool.QueryRow(ctx, sql, args...).Scan(&b); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return b
-}
-
 // Every job run is recorded in the database with the lease's epoch, from its start to its
 // end by the database clock; no two runs of one lease may overlap.
 func TestLeasedJobsRunOnOneInstanceAtATime(t *testing.T) {
@@ -173,21 +163,21 @@ func TestLeasedJobsRunOnOneInstanceAtATime(t *testing.T) {
 	f := start(t, cfg)
 	pool := db.Pool(t, 2)
 	testutil.Eventually(t, 15*time.Second, "each lease run at least 6 times, on at least 2 instances", func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM (SELECT lease FROM job_runs WHERE ended_at IS NOT NULL
+		return queryOne[int](t, pool, `SELECT count(*) FROM (SELECT lease FROM job_runs WHERE ended_at IS NOT NULL
 			GROUP BY lease HAVING count(*) >= 6 AND count(DISTINCT instance) >= 2) x`) == 2
 	})
 	f.Stop()
 
-	if n := queryInt(t, pool, `SELECT count(*) FROM job_runs a JOIN job_runs b
+	if n := queryOne[int](t, pool, `SELECT count(*) FROM job_runs a JOIN job_runs b
 		ON a.lease = b.lease AND a.ctid < b.ctid
 		AND tstzrange(a.started_at, coalesce(a.ended_at, 'infinity')) && tstzrange(b.started_at, coalesce(b.ended_at, 'infinity'))`); n != 0 {
 		t.Fatalf("%d pairs of runs of one lease overlapped", n)
 	}
-	if n := queryInt(t, pool, `SELECT count(*) FROM job_runs a JOIN job_runs b
+	if n := queryOne[int](t, pool, `SELECT count(*) FROM job_runs a JOIN job_runs b
 		ON a.lease = b.lease AND a.epoch < b.epoch AND a.started_at > b.started_at`); n != 0 {
 		t.Fatalf("%d pairs of runs where a later run has a smaller epoch", n)
 	}
-	if n := queryInt(t, pool, `SELECT count(*) FROM liveness.leases`); n != 0 {
+	if n := queryOne[int](t, pool, `SELECT count(*) FROM liveness.leases`); n != 0 {
 		t.Fatalf("%d leases left after Stop; want every lease released", n)
 	}
 }
@@ -249,7 +239,7 @@ func TestKilledHolderLeaseIsTakenOverBeforeItExpires(t *testing.T) {
 	if err := f.Kill(first.index); err != nil {
 		t.Fatal(err)
 	}
-	if n := queryInt(t, db.Pool(t, 2), `SELECT count(*) FROM liveness.leases WHERE name = 'uptime-runner' AND epoch = $1 AND expires_at > now()`, first.self.Epoch); n != 1 {
+	if n := queryOne[int](t, db.Pool(t, 2), `SELECT count(*) FROM liveness.leases WHERE name = 'uptime-runner' AND epoch = $1 AND expires_at > now()`, first.self.Epoch); n != 1 {
 		t.Fatal("the killed holder's lease row is gone or expired right after the kill; want it left behind")
 	}
 	// Both times are the database's.
@@ -298,7 +288,7 @@ func TestStopLeavesNoConnections(t *testing.T) {
 	names := []string{fleetsim.PoolApplicationName, service + ":alive-lock"}
 
 	testutil.Eventually(t, 5*time.Second, "three alive locks", func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM liveness.instance_alive_locks`) == 3
+		return queryOne[int](t, pool, `SELECT count(*) FROM liveness.instance_alive_locks`) == 3
 	})
 	if err := f.Kill(3); err != nil {
 		t.Fatal(err)
@@ -307,7 +297,7 @@ func TestStopLeavesNoConnections(t *testing.T) {
 	want := 3*int(cfg.MaxConns) + 2 + int(cfg.MaxConns)
 	n := 0
 	if !testutil.Never(t, 500*time.Millisecond, fmt.Sprintf("more than %d connections: 3 instances' pools of %d, 2 alive locks and the fleet's pool", want, cfg.MaxConns),
-		func() bool { n = queryInt(t, pool, conns, names); return n > want }) {
+		func() bool { n = queryOne[int](t, pool, conns, names); return n > want }) {
 		t.Fatalf("the fleet has %d connections", n)
 	}
 	// A hung instance's frozen sessions are closed too, and it removes its row.
@@ -319,13 +309,13 @@ func TestStopLeavesNoConnections(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	f.Stop()
 	testutil.Eventually(t, 10*time.Second, "no connection of the fleet left", func() bool {
-		return queryInt(t, pool, conns, names) == 0
+		return queryOne[int](t, pool, conns, names) == 0
 	})
 	killed := f.Instances()[3].ID
-	if n := queryInt(t, pool, `SELECT count(*) FROM liveness.instances WHERE instance_id <> $1`, killed); n != 0 {
+	if n := queryOne[int](t, pool, `SELECT count(*) FROM liveness.instances WHERE instance_id <> $1`, killed); n != 0 {
 		t.Fatalf("%d rows of stopped instances left; want them removed", n)
 	}
-	if n := queryInt(t, pool, `SELECT count(*) FROM liveness.instances WHERE instance_id = $1`, killed); n != 1 {
+	if n := queryOne[int](t, pool, `SELECT count(*) FROM liveness.instances WHERE instance_id = $1`, killed); n != 1 {
 		t.Fatal("the killed instance's row is gone; want it left for the reaper")
 	}
 	f.Stop() // a second Stop is a no-op

@@ -6,13 +6,32 @@ import (
 	"time"
 
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql/parser"
 )
 
+// exprCase is an expression and what a function of its parse returns for it.
+type exprCase[E comparable] struct {
+	expr string
+	want []E
+}
+
+// checkExprs parses each case's expression and checks what f returns for it.
+func checkExprs[E comparable](t *testing.T, name string, f func(parser.Expr) []E, cases []exprCase[E]) {
+	t.Helper()
+	for _, tc := range cases {
+		e, err := ParseExpr(tc.expr)
+		if err != nil {
+			t.Errorf("ParseExpr(%q): %v", tc.expr, err)
+			continue
+		}
+		if got := f(e); !slices.Equal(got, tc.want) {
+			t.Errorf("%s(%q) = %+v, want %+v", name, tc.expr, got, tc.want)
+		}
+	}
+}
+
 func TestMetricNames(t *testing.T) {
-	for _, tc := range []struct {
-		expr string
-		want []string
-	}{
+	checkExprs(t, "MetricNames", MetricNames, []exprCase[string]{
 		{`up{job=~"pg_liveness.*"} == 0`, []string{"up"}},
 		{`-pg_liveness_lease_expires_in_seconds > 300`, []string{"pg_liveness_lease_expires_in_seconds"}},
 		{`time() - pg_liveness_agent_last_heartbeat_timestamp_seconds > 120`,
@@ -30,16 +49,7 @@ func TestMetricNames(t *testing.T) {
 		{"count without(instance)\n(up) + count", []string{"up", "count"}}, // a metric may be named like an aggregation
 		{`{__name__="by_matcher", job="x"} or x`, []string{"by_matcher", "x"}},
 		{`x + x`, []string{"x"}},
-	} {
-		e, err := ParseExpr(tc.expr)
-		if err != nil {
-			t.Errorf("ParseExpr(%q): %v", tc.expr, err)
-			continue
-		}
-		if got := MetricNames(e); !slices.Equal(got, tc.want) {
-			t.Errorf("MetricNames(%q) = %q, want %q", tc.expr, got, tc.want)
-		}
-	}
+	})
 }
 
 func TestParseExprRejectsWhatPrometheusRejects(t *testing.T) {
@@ -75,10 +85,7 @@ func TestSelectorMatchers(t *testing.T) {
 }
 
 func TestCounterCalls(t *testing.T) {
-	for _, tc := range []struct {
-		expr string
-		want []CounterCall
-	}{
+	checkExprs(t, "CounterCalls", CounterCalls, []exprCase[CounterCall]{
 		{`rate(pg_liveness_statement_calls_total{statement="heartbeat"}[10m])`,
 			[]CounterCall{{"rate", "pg_liveness_statement_calls_total", 10 * time.Minute}}},
 		{`increase( pg_liveness_agent_heartbeats_total [5m]) - irate(x_total[1m])`,
@@ -87,14 +94,5 @@ func TestCounterCalls(t *testing.T) {
 			[]CounterCall{{"increase", "pg_liveness_lease_epoch", time.Hour}}},
 		{`rate((x_total)[5m:])`, []CounterCall{{Func: "rate"}}}, // not a plain selector: cannot be checked
 		{`changes(pg_liveness_lease_epoch[30m]) + deriv(pg_liveness_up[5m])`, nil},
-	} {
-		e, err := ParseExpr(tc.expr)
-		if err != nil {
-			t.Errorf("ParseExpr(%q): %v", tc.expr, err)
-			continue
-		}
-		if got := CounterCalls(e); !slices.Equal(got, tc.want) {
-			t.Errorf("CounterCalls(%q) = %+v, want %+v", tc.expr, got, tc.want)
-		}
-	}
+	})
 }
