@@ -135,18 +135,14 @@ func TestStatusPageInBrowser(t *testing.T) {
 	// Wait for the agent's own row, through the JSON form.
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	var agentID string
-	deadline := time.Now().Add(60 * time.Second)
-	for agentID == "" {
-		if time.Now().After(deadline) {
-			t.Fatal("the agent's instance never showed in /status.json")
-		}
-		time.Sleep(200 * time.Millisecond)
+	testutil.Eventually(t, 60*time.Second, "the agent's instance in /status.json", func() bool {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/status.json?service=exporter", nil)
 		req.SetBasicAuth(statusUser, statusPass)
 		res, err := client.Do(req)
 		if err != nil {
-			continue
+			return false
 		}
+		defer res.Body.Close()
 		var page struct {
 			Instances struct {
 				Rows []struct {
@@ -154,12 +150,12 @@ func TestStatusPageInBrowser(t *testing.T) {
 				}
 			}
 		}
-		err = json.NewDecoder(res.Body).Decode(&page)
-		res.Body.Close()
-		if err == nil && res.StatusCode == http.StatusOK && len(page.Instances.Rows) == 1 {
-			agentID = page.Instances.Rows[0].InstanceID
+		if json.NewDecoder(res.Body).Decode(&page) != nil || res.StatusCode != http.StatusOK || len(page.Instances.Rows) != 1 {
+			return false
 		}
-	}
+		agentID = page.Instances.Rows[0].InstanceID
+		return true
+	})
 
 	tab, cancelTab := context.WithTimeout(tab, 2*time.Minute)
 	defer cancelTab()
@@ -285,28 +281,24 @@ func TestStatusPageInBrowser(t *testing.T) {
 		}
 		return d
 	}
-	marker := eval(`String(window.performance.timeOrigin)`)
+	origin := func() (string, bool) {
+		s, err := chromedp.Run(tab, chromedp.Evaluate[string](`String(window.performance.timeOrigin)`))
+		return s, err == nil
+	}
+	marker, _ := origin()
 	first := countdown()
-	time.Sleep(2500 * time.Millisecond)
+	testutil.Never(t, 2500*time.Millisecond, "the page reloaded with ?refresh=0", func() bool { s, ok := origin(); return !ok || s != marker })
 	second := countdown()
 	if first < 9*time.Minute || second > first-time.Second {
 		t.Errorf("countdown went from %s to %s in 2.5 s", first, second)
-	}
-	if eval(`String(window.performance.timeOrigin)`) != marker {
-		t.Error("the page reloaded with ?refresh=0")
 	}
 
 	// The page reloads itself.
 	if err := chromedp.Do(tab, chromedp.Navigate(base+"/status?refresh=1")); err != nil {
 		t.Fatal(err)
 	}
-	origin := eval(`String(window.performance.timeOrigin)`)
-	reloaded := false
-	for end := time.Now().Add(20 * time.Second); time.Now().Before(end) && !reloaded; time.Sleep(200 * time.Millisecond) {
-		s, err := chromedp.Run(tab, chromedp.Evaluate[string](`String(window.performance.timeOrigin)`))
-		reloaded = err == nil && s != origin
-	}
-	if !reloaded {
+	marker, _ = origin()
+	if !testutil.Poll(20*time.Second, func() bool { s, ok := origin(); return ok && s != marker }) {
 		t.Error("the page did not reload itself within 20 s at ?refresh=1")
 	}
 
