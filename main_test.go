@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
 var binary string

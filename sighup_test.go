@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 )
 
 // SIGHUP reloads --db.dsn-file (a rotated password is picked up) and never stops the

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
 )
 
 // pageLoad is what 100 concurrent status-page clients did while scrapes were timed.

@@ -24,7 +24,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 )
 
 // webConfigDir writes a self-signed certificate for 127.0.0.1 and its key into a new

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
 )
 
 // BenchmarkScrape measures whole scrapes through the Handler (collection, exposition

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 )
 
 func statementsOnly() Config {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 

@@ -2,10 +2,10 @@
 //
 // overview.json, leases.json and advisory-locks.json are plain Grafana dashboard JSON, to
 // import or provision as they are. Each picks its Prometheus data source, job and
-// exporter instance through template variables. The tests in this package check those
-// conventions and parse every query with Prometheus' own PromQL parser; the deploy
-// module's tests decode each one strictly into Grafana's own schema types (the Grafana
-// Foundation SDK, which stays out of this module's dependencies).
+// exporter instance through template variables. The tools module's tests
+// (tools/dashboards) check those conventions and parse every query with Prometheus' own
+// PromQL parser; the deploy module's tests decode each one strictly into Grafana's own
+// schema types (the Grafana Foundation SDK). Both stay out of this module's dependencies.
 package dashboards
 
 import "embed"

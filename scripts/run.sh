@@ -145,9 +145,9 @@ if [[ -n $pg_user ]]; then
 fi
 
 # --- build -------------------------------------------------------------------------------
-log "building pg_liveness_exporter and fleetsim"
+log "building pg_liveness_exporter and fleetsim (tools/cmd/fleetsim, in the tools module)"
 (cd "$root" && "$go_cmd" build -o "$run_dir/bin/pg_liveness_exporter" . &&
-	"$go_cmd" build -o "$run_dir/bin/fleetsim" ./cmd/fleetsim) || die "go build failed"
+	cd tools && "$go_cmd" build -o "$run_dir/bin/fleetsim" ./cmd/fleetsim) || die "go build failed"
 
 # --- start (or reuse) PostgreSQL ---------------------------------------------------------
 pwfile=$run_dir/pg_password

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
 // processesUnder lists the pids whose command line mentions dir.

@@ -1,0 +1,67 @@
+package testutil
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestExposedMetrics(t *testing.T) {
+	names := ExposedMetrics(t)
+	for _, want := range []string{"pg_liveness_up", "pg_liveness_instances"} {
+		if !names[want] {
+			t.Errorf("%s is not in %s", want, ScenarioExposition)
+		}
+	}
+}
+
+func TestPoll(t *testing.T) {
+	n := 0
+	if !Poll(time.Minute, func() bool { n++; return n == 3 }) || n != 3 {
+		t.Errorf("Poll returned before the condition held, or went on after (n=%d)", n)
+	}
+	if Poll(50*time.Millisecond, func() bool { return false }) {
+		t.Error("Poll reported a condition that never held")
+	}
+}
+
+// errorRecorder is a testing.TB whose Errorf is recorded instead of failing the test,
+// so that a helper's failure can be asserted on.
+type errorRecorder struct {
+	testing.TB
+	errors []string
+}
+
+func (r *errorRecorder) Errorf(format string, args ...any) {
+	r.errors = append(r.errors, fmt.Sprintf(format, args...))
+}
+
+func TestNever(t *testing.T) {
+	t.Run("a condition that never holds passes after the whole window", func(t *testing.T) {
+		r := &errorRecorder{TB: t}
+		polls, start := 0, time.Now()
+		if !Never(r, 200*time.Millisecond, "it happened", func() bool { polls++; return false }) {
+			t.Error("Never returned false for a condition that never held")
+		}
+		if took := time.Since(start); took < 200*time.Millisecond {
+			t.Errorf("Never returned after %s, before its window of 200ms ended", took)
+		}
+		if polls < 3 || len(r.errors) != 0 {
+			t.Errorf("%d polls, errors %q; want several polls and no error", polls, r.errors)
+		}
+	})
+	t.Run("a condition that comes to hold fails at once, naming what happened", func(t *testing.T) {
+		r := &errorRecorder{TB: t}
+		polls, start := 0, time.Now()
+		if Never(r, time.Minute, "the lock was lost", func() bool { polls++; return polls == 3 }) {
+			t.Error("Never returned true for a condition that held")
+		}
+		if took := time.Since(start); took > 10*time.Second {
+			t.Errorf("Never returned after %s; want at once when the condition holds", took)
+		}
+		if len(r.errors) != 1 || !strings.Contains(r.errors[0], "the lock was lost") || polls != 3 {
+			t.Errorf("errors %q after %d polls; want one naming what happened, at the third poll", r.errors, polls)
+		}
+	})
+}

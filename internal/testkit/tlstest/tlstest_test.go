@@ -1,0 +1,38 @@
+package tlstest
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+// A client that trusts the pool reaches a server with the certificate on 127.0.0.1; one
+// that trusts another certificate's pool does not.
+func TestSelfSignedIsTrustedByItsPoolOnly(t *testing.T) {
+	certPEM, keyPEM, pool := SelfSigned(t)
+	_, _, otherPool := SelfSigned(t)
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}}
+	srv.StartTLS()
+	defer srv.Close()
+	get := func(roots *x509.CertPool) error {
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+		resp, err := c.Get(srv.URL)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	if err := get(pool); err != nil {
+		t.Errorf("with its own pool: %v", err)
+	}
+	if err := get(otherPool); err == nil {
+		t.Error("a pool of another certificate trusted this one")
+	}
+}

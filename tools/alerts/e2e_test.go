@@ -1,0 +1,477 @@
+package alerts
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/dashboards"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/promql"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+const (
+	// e2eJob matches the rules' assumption that the scrape job starts with "pg_liveness".
+	e2eJob = "pg_liveness"
+	// e2eFor replaces every "for:" of the rules, so that alerts fire within seconds.
+	e2eFor = "2s"
+	// e2eWait bounds every wait of the end-to-end test.
+	e2eWait = 60 * time.Second
+	// e2eHolder holds the test's leases, in the exporter's host:pid:hex holder format.
+	e2eHolder = "e2e-host:1:abcd"
+	// e2eRateInterval stands in for Grafana's $__rate_interval: with 1 s scrapes, rate()
+	// and increase() over it have data two scrapes after a series appears.
+	e2eRateInterval = "15s"
+)
+
+// Short agent timings for both exporters: stale after 4 s without a heartbeat.
+var e2eAgentFlags = []string{
+	"--agent.heartbeat-interval=1s",
+	"--agent.heartbeat-slow-interval=2s",
+	"--agent.stale-threshold=4s",
+	"--agent.definitive-dead-cutoff=15s",
+	"--agent.reaper-interval=1s",
+}
+
+// TestEndToEnd runs the real exporter binary, Prometheus and Alertmanager against a real
+// PostgreSQL. An observer exporter (an agent of service e2e-observer, with the reaper) is
+// scraped; a victim exporter (an agent of e2e-victim) is SIGKILLed. The kernel closes its
+// alive-lock session, so its lock is gone and, with its heartbeat stopped, its row turns
+// stale: PgLivenessInstancesStale must reach the webhook receiver firing, then resolved
+// once the observer's reaper deletes the row. The test holds the reaper's lease until the
+// firing notification arrives; otherwise the reaper would delete the row as soon as it
+// turns stale, before any "for:" could elapse. The same setup then evaluates every
+// dashboard query against the Prometheus that scraped it all.
+func TestEndToEnd(t *testing.T) {
+	alertmanager := proctest.NeedTool(t, "prometheus-alertmanager", "prometheus-alertmanager")
+	exporter := proctest.BuildExporter(t)
+
+	db := setupE2EDatabase(t)
+
+	observerAddr, victimAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
+	env := []string{"DATA_SOURCE_NAME=" + db.DSN} // keeps the password off the process list
+	observer := proctest.Start(t, "observer", proctest.Options{Env: env}, exporter, append([]string{
+		"--web.listen-address=" + observerAddr, "--agent.service-name=e2e-observer"}, e2eAgentFlags...)...)
+	victim := proctest.Start(t, "victim", proctest.Options{Env: env}, exporter, append([]string{
+		"--web.listen-address=" + victimAddr, "--agent.service-name=e2e-victim", "--no-agent.reaper"}, e2eAgentFlags...)...)
+	observer.WaitReady(t, "http://"+observerAddr+"/metrics", e2eWait)
+	victim.WaitReady(t, "http://"+victimAddr+"/metrics", e2eWait)
+
+	hook := newWebhook(t)
+	amAddr := startAlertmanager(t, alertmanager, hook.URL)
+	promAddr := startPrometheus(t, observerAddr, amAddr)
+	prom := promAPI{addr: promAddr}
+
+	t.Run("stale instance alert fires and resolves", func(t *testing.T) {
+		// The victim is seen alive first, so the stale state comes from the kill.
+		waitFor(t, "Prometheus to see the victim alive", func() bool {
+			return prom.nonEmpty(t, `pg_liveness_instances{service="e2e-victim",state="alive"} == 1`)
+		})
+		if a := hook.find("firing", "PgLivenessInstancesStale", "e2e-victim"); a != nil {
+			t.Fatalf("PgLivenessInstancesStale fired before the victim was killed: %v", a.Labels)
+		}
+		victim.Kill(t)
+		killed := time.Now()
+
+		var firing *amAlert
+		waitFor(t, "a firing PgLivenessInstancesStale notification for e2e-victim", func() bool {
+			firing = hook.find("firing", "PgLivenessInstancesStale", "e2e-victim")
+			return firing != nil
+		})
+		t.Logf("firing notification %.1fs after the kill", time.Since(killed).Seconds())
+		for k, want := range map[string]string{
+			"severity": "warning", "state": "stale", "job": e2eJob,
+		} {
+			if got := firing.Labels[k]; got != want {
+				t.Errorf("firing alert: label %s = %q, want %q", k, got, want)
+			}
+		}
+		// A database-wide alert is raised once for the job, not once per exporter.
+		if got, ok := firing.Labels["instance"]; ok {
+			t.Errorf("firing alert: label instance = %q, want none", got)
+		}
+		const anchor = "pglivenessinstancesstale"
+		if got := firing.Annotations["runbook_url"]; got != runbookURLBase+anchor {
+			t.Errorf("firing alert: runbook_url %q, want %q", got, runbookURLBase+anchor)
+		}
+		if !runbookAnchors(t)[anchor] {
+			t.Errorf("%s has no heading with anchor #%s", runbooksFile, anchor)
+		}
+		if !strings.Contains(firing.Annotations["description"], "e2e-victim") {
+			t.Errorf("firing alert: description does not name the service: %q", firing.Annotations["description"])
+		}
+
+		// Hand the reaper its lease: it deletes the victim's row, the service disappears
+		// from pg_liveness_instances, and the alert resolves.
+		db.Exec(t, `DELETE FROM liveness.leases WHERE name = $1 AND holder = $2`, liveness.ReaperLease, e2eHolder)
+		released := time.Now()
+		waitFor(t, "a resolved PgLivenessInstancesStale notification for e2e-victim", func() bool {
+			return hook.find("resolved", "PgLivenessInstancesStale", "e2e-victim") != nil
+		})
+		t.Logf("resolved notification %.1fs after the reaper's lease was released", time.Since(released).Seconds())
+		if n := db.QueryInt(t, `SELECT count(*) FROM liveness.instances WHERE service_name = 'e2e-victim'`); n != 0 {
+			t.Errorf("%d e2e-victim rows left after the alert resolved; want the reaper to have deleted them", n)
+		}
+		if !prom.nonEmpty(t, `pg_liveness_agent_instances_reaped_total{job="`+e2eJob+`"} >= 1`) {
+			t.Error("the observer does not report the reaped instance")
+		}
+	})
+
+	t.Run("rules evaluate without errors", func(t *testing.T) {
+		// Vector-matching errors only show with real series, at evaluation time.
+		for _, g := range prom.ruleGroups(t) {
+			for _, r := range g.Rules {
+				if r.Health != "ok" {
+					t.Errorf("rule %s: health %q: %s", r.Name, r.Health, r.LastError)
+				}
+			}
+		}
+	})
+
+	t.Run("every metric a rule uses is scraped", func(t *testing.T) {
+		for _, g := range prom.ruleGroups(t) {
+			for _, r := range g.Rules {
+				expr, err := promql.ParseExpr(r.Query)
+				if err != nil {
+					t.Fatalf("rule %s: %v", r.Name, err)
+				}
+				for _, name := range promql.MetricNames(expr) {
+					if !prom.nonEmpty(t, name) {
+						t.Errorf("rule %s: metric %s has no series in Prometheus", r.Name, name)
+					}
+				}
+			}
+		}
+	})
+
+	t.Run("every dashboard query returns data", func(t *testing.T) {
+		// The reaper's lease is released above; release it here as well in case that
+		// subtest stopped early, since the agent lease panels need the observer to hold it
+		// once.
+		db.Exec(t, `DELETE FROM liveness.leases WHERE name = $1 AND holder = $2`, liveness.ReaperLease, e2eHolder)
+		queries := dashboardQueries(t)
+		empty := map[string]string{}
+		waitFor(t, "every dashboard query to return data", func() bool {
+			clear(empty)
+			for _, q := range queries {
+				res, err := prom.query(t, q.expr)
+				if err != nil {
+					t.Fatalf("%s: %v\n\t%s", q.where, err, q.expr)
+				}
+				if res == 0 {
+					empty[q.where] = q.expr
+				}
+			}
+			return len(empty) == 0
+		}, func() string {
+			var b strings.Builder
+			for where, expr := range empty {
+				fmt.Fprintf(&b, "\n%s returns no data:\n\t%s", where, expr)
+			}
+			return b.String()
+		})
+	})
+}
+
+// setupE2EDatabase makes a database with data for every dashboard panel: the liveness
+// schema, pg_stat_statements, leases (one held, one expired, and the reaper's, held by
+// the test) and an advisory lock held by an idle backend with a second backend waiting
+// for it.
+func setupE2EDatabase(t *testing.T) *pgtest.DB {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := migrations.Apply(ctx, db.Conn(t), liveness.DefaultSchema); err != nil {
+		t.Fatalf("migrations: %v", err)
+	}
+	db.Exec(t, `INSERT INTO liveness.leases (name, holder, taken_at, expires_at) VALUES
+		($1, $2, now(), now() + interval '1 hour'),
+		('e2e-job', $2, now() - interval '10 seconds', now() + interval '1 hour'),
+		('e2e-expired', 'e2e-host:2:dcba', now() - interval '2 minutes', now() - interval '1 minute')`,
+		liveness.ReaperLease, e2eHolder)
+
+	holder := db.ConnAs(t, "e2e-app")
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock(42)`); err != nil {
+		t.Fatal(err)
+	}
+	waiter := db.ConnAs(t, "e2e-app")
+	wctx, stop := context.WithTimeout(context.Background(), 10*time.Minute)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { stop(); wg.Wait() }) // before the connections close
+	wg.Go(func() { _, _ = waiter.Exec(wctx, `SELECT pg_advisory_lock(42)`) })
+	waitFor(t, "the advisory lock waiter", func() bool {
+		return db.QueryInt(t, `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND NOT granted
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) == 1
+	})
+	return db
+}
+
+// shortenedRules is the rule file with every "for:" set to e2eFor.
+func shortenedRules(t *testing.T) []byte {
+	t.Helper()
+	b, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forRE := regexp.MustCompile(`(?m)^(\s+for:\s*)\S+[ \t]*$`)
+	all := regexp.MustCompile(`(?m)^\s+for:`).FindAll(b, -1)
+	if n := len(forRE.FindAll(b, -1)); n == 0 || n != len(all) {
+		t.Fatalf("%s: the rewrite matches %d of %d for: lines", rulesFile, n, len(all))
+	}
+	return forRE.ReplaceAll(b, []byte("${1}"+e2eFor))
+}
+
+// startPrometheus runs Prometheus scraping the exporter at target every second, with the
+// shortened rules, alerting to Alertmanager at am, and returns its address.
+func startPrometheus(t *testing.T, target, am string) string {
+	t.Helper()
+	rules := filepath.Join(t.TempDir(), "pg_liveness.rules.yml")
+	if err := os.WriteFile(rules, shortenedRules(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return proctest.StartPrometheus(t, map[string]any{
+		"global":     map[string]any{"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+		"rule_files": []string{rules},
+		"alerting": map[string]any{"alertmanagers": []any{
+			map[string]any{"static_configs": []any{map[string]any{"targets": []string{am}}}},
+		}},
+		"scrape_configs": []any{map[string]any{
+			"job_name":       e2eJob,
+			"static_configs": []any{map[string]any{"targets": []string{target}}},
+		}},
+	}).Addr
+}
+
+// startAlertmanager runs a single, unclustered Alertmanager that posts every group
+// change to hook within about a second, and returns its address.
+func startAlertmanager(t *testing.T, alertmanager, hook string) string {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := map[string]any{
+		"route": map[string]any{
+			"receiver": "test", "group_by": []string{"alertname", "service"},
+			"group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h",
+		},
+		"receivers": []any{map[string]any{
+			"name":            "test",
+			"webhook_configs": []any{map[string]any{"url": hook, "send_resolved": true}},
+		}},
+	}
+	cfgPath := proctest.WriteJSON(t, dir, "alertmanager.yml", cfg)
+	addr := testutil.FreeAddr(t)
+	p := proctest.Start(t, "alertmanager", proctest.Options{}, alertmanager,
+		"--config.file="+cfgPath,
+		"--storage.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+addr,
+		"--cluster.listen-address=")
+	p.WaitReady(t, "http://"+addr+"/-/ready", e2eWait)
+	return addr
+}
+
+// amAlert is one alert of an Alertmanager webhook notification.
+type amAlert struct {
+	Status      string            `json:"status"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+// webhook records the alerts Alertmanager posts to it.
+type webhook struct {
+	URL    string
+	mu     sync.Mutex
+	alerts []amAlert
+}
+
+func newWebhook(t *testing.T) *webhook {
+	t.Helper()
+	h := &webhook{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var msg struct {
+			Alerts []amAlert `json:"alerts"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&msg); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		h.mu.Lock()
+		h.alerts = append(h.alerts, msg.Alerts...)
+		h.mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	h.URL = srv.URL + "/alerts"
+	return h
+}
+
+// find returns the first received alert with this status, alertname and service.
+func (h *webhook) find(status, alertname, service string) *amAlert {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, a := range h.alerts {
+		if a.Status == status && a.Labels["alertname"] == alertname && a.Labels["service"] == service {
+			return &a
+		}
+	}
+	return nil
+}
+
+// promAPI queries Prometheus' HTTP API.
+type promAPI struct{ addr string }
+
+var apiClient = &http.Client{Timeout: 5 * time.Second}
+
+func (p promAPI) get(t *testing.T, path string, v any) {
+	t.Helper()
+	resp, err := apiClient.Get("http://" + p.addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+}
+
+// query runs an instant query and returns the number of samples it gave, or the error
+// Prometheus reported (a parse error, for one).
+func (p promAPI) query(t *testing.T, expr string) (int, error) {
+	t.Helper()
+	var body struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			ResultType string          `json:"resultType"`
+			Result     json.RawMessage `json:"result"`
+		} `json:"data"`
+	}
+	p.get(t, "/api/v1/query?query="+url.QueryEscape(expr), &body)
+	if body.Status != "success" {
+		return 0, fmt.Errorf("status %q: %s", body.Status, body.Error)
+	}
+	if body.Data.ResultType == "scalar" || body.Data.ResultType == "string" {
+		return 1, nil
+	}
+	var result []json.RawMessage
+	if err := json.Unmarshal(body.Data.Result, &result); err != nil {
+		return 0, err
+	}
+	return len(result), nil
+}
+
+func (p promAPI) nonEmpty(t *testing.T, expr string) bool {
+	t.Helper()
+	n, err := p.query(t, expr)
+	if err != nil {
+		t.Fatalf("%s: %v", expr, err)
+	}
+	return n > 0
+}
+
+type evaluatedRule struct {
+	Name      string `json:"name"`
+	Query     string `json:"query"`
+	Health    string `json:"health"`
+	LastError string `json:"lastError"`
+}
+
+func (p promAPI) ruleGroups(t *testing.T) []struct{ Rules []evaluatedRule } {
+	t.Helper()
+	var body struct {
+		Data struct {
+			Groups []struct{ Rules []evaluatedRule } `json:"groups"`
+		} `json:"data"`
+	}
+	p.get(t, "/api/v1/rules", &body)
+	if len(body.Data.Groups) == 0 {
+		t.Fatal("Prometheus loaded no rule groups")
+	}
+	return body.Data.Groups
+}
+
+type dashboardQuery struct{ where, expr string }
+
+// dashboardQueries returns every panel query of the shipped dashboards, with
+// $__rate_interval set to e2eRateInterval and every template variable matching all
+// values, as the dashboards' "All" does.
+func dashboardQueries(t *testing.T) []dashboardQuery {
+	t.Helper()
+	type panel struct {
+		ID      int    `json:"id"`
+		Title   string `json:"title"`
+		Targets []struct {
+			Expr  string `json:"expr"`
+			RefID string `json:"refId"`
+		} `json:"targets"`
+		Panels []json.RawMessage `json:"panels"`
+	}
+	variableRE := regexp.MustCompile(`\$\{?[a-zA-Z_][a-zA-Z0-9_]*\}?`)
+	var out []dashboardQuery
+	var walk func(file string, raw []json.RawMessage)
+	walk = func(file string, raw []json.RawMessage) {
+		for _, r := range raw {
+			var p panel
+			if err := json.Unmarshal(r, &p); err != nil {
+				t.Fatalf("%s: %v", file, err)
+			}
+			for _, tg := range p.Targets {
+				expr := strings.ReplaceAll(tg.Expr, "$__rate_interval", e2eRateInterval)
+				expr = variableRE.ReplaceAllString(expr, ".+")
+				out = append(out, dashboardQuery{
+					where: fmt.Sprintf("%s panel %d %q target %s", file, p.ID, p.Title, tg.RefID), expr: expr})
+			}
+			walk(file, p.Panels)
+		}
+	}
+	files, err := fs.Glob(dashboards.Files, "*.json")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no dashboards (%v)", err)
+	}
+	for _, f := range files {
+		b, err := fs.ReadFile(dashboards.Files, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d struct {
+			Panels []json.RawMessage `json:"panels"`
+		}
+		if err := json.Unmarshal(b, &d); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		walk(f, d.Panels)
+	}
+	slices.SortFunc(out, func(a, b dashboardQuery) int { return strings.Compare(a.where, b.where) })
+	return out
+}
+
+// waitFor polls cond for up to e2eWait; detail, if given, explains a timeout.
+func waitFor(t *testing.T, what string, cond func() bool, detail ...func() string) {
+	t.Helper()
+	if testutil.Poll(e2eWait, cond) {
+		return
+	}
+	msg := ""
+	for _, d := range detail {
+		msg += d()
+	}
+	t.Fatalf("timed out after %s waiting for %s%s", e2eWait, what, msg)
+}

@@ -1,0 +1,571 @@
+// Package benchcompare runs pg_liveness_exporter and Debian's prometheus-postgres-exporter
+// side by side over the same data set (internal/testkit/benchdata) and compares them: scrape
+// median, exporter CPU per scrape, peak RSS and database backend CPU per scrape, after a
+// check that both report the same values at the same instant. postgres_exporter runs
+// with its default metrics and collectors off and answers the same gauges through the
+// custom queries in queries.yaml. `make bench-compare` runs it and writes the table into
+// docs/performance.md. It is for benchmarks only.
+package benchcompare
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	_ "embed"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
+)
+
+// Queries is postgres_exporter's custom queries file.
+//
+//go:embed queries.yaml
+var Queries []byte
+
+// TheirBinary is Debian's postgres_exporter.
+const TheirBinary = "prometheus-postgres-exporter"
+
+// InstallHint is the one line printed when postgres_exporter is missing.
+const InstallHint = TheirBinary + " not found: run `scripts/install-deps.sh bench` as root " +
+	"(apt-get install prometheus-postgres-exporter)"
+
+// theirNames maps postgres_exporter's names (namespace_column) to the exporter's where
+// its model cannot produce the same name.
+var theirNames = map[string]string{
+	"pg_liveness_app_backends":                "pg_liveness_backends",
+	"pg_liveness_app_waiters":                 "pg_liveness_advisory_lock_waiters",
+	"pg_liveness_app_idle_holder_max_seconds": "pg_liveness_advisory_lock_idle_holder_max_seconds",
+}
+
+// Compared lists the metrics both exporters answer, by the exporter's names. Values in
+// seconds that grow with the clock are compared within a tolerance; the rest exactly.
+var Compared = map[string]float64{ // name → tolerance
+	"pg_liveness_database_in_recovery":                  0,
+	"pg_liveness_instances":                             0,
+	"pg_liveness_instance_oldest_heartbeat_age_seconds": 1,
+	"pg_liveness_instance_heartbeat_age_seconds":        1,
+	"pg_liveness_lease_expires_in_seconds":              1,
+	"pg_liveness_lease_held":                            0,
+	"pg_liveness_lease_epoch":                           0,
+	"pg_liveness_lease_held_for_seconds":                1,
+	"pg_liveness_lease_holder_info":                     0,
+	"pg_liveness_advisory_locks":                        0,
+	"pg_liveness_advisory_lock_holders":                 0,
+	"pg_liveness_backends":                              0,
+	"pg_liveness_advisory_lock_waiters":                 0,
+	"pg_liveness_advisory_lock_idle_holder_max_seconds": 1,
+	"pg_liveness_statement_calls_total":                 0,
+	"pg_liveness_statement_rows_total":                  0,
+	"pg_liveness_statement_seconds_total":               1e-6,
+}
+
+// ownApps are the application names of the exporters' own connections (ours names its
+// pool; postgres_exporter and the harness name none). Whether such a backend is active
+// or idle depends on which exporter is running a statement at that instant, so their
+// advisory-lock holders by backend state are not compared (neither holds a lock).
+var ownApps = map[string]bool{"pg_liveness_exporter:pool": true, "unknown": true}
+
+// Samples parses a text exposition into "name{label="value",...}" → value for the
+// compared metrics, under the exporter's names, without labels only one side adds.
+func Samples(r io.Reader) (map[string]float64, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for name, mf := range mfs {
+		if n, ok := theirNames[name]; ok {
+			name = n
+		}
+		if _, ok := Compared[name]; !ok {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			own := false
+			for _, l := range m.GetLabel() {
+				own = own || l.GetName() == "application_name" && ownApps[l.GetValue()]
+				if l.GetName() == "server" { // postgres_exporter's own
+					continue
+				}
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			v := value(m)
+			if own && name == "pg_liveness_advisory_lock_holders" || math.IsNaN(v) { // NaN: a NULL in their model
+				continue
+			}
+			sort.Strings(labels)
+			out[name+"{"+strings.Join(labels, ",")+"}"] = v
+		}
+	}
+	return out, nil
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.GetGauge().GetValue()
+	case m.Counter != nil:
+		return m.GetCounter().GetValue()
+	case m.Untyped != nil:
+		return m.GetUntyped().GetValue()
+	}
+	return math.NaN()
+}
+
+// Diff lists the differences between two sample sets: series only one side has, and
+// values further apart than the metric's tolerance. It returns how many series agree.
+func Diff(ours, theirs map[string]float64) (same int, diffs []string) {
+	for k, a := range ours {
+		b, ok := theirs[k]
+		if !ok {
+			diffs = append(diffs, "only ours: "+k)
+			continue
+		}
+		name, _, _ := strings.Cut(k, "{")
+		if math.Abs(a-b) > Compared[name] {
+			diffs = append(diffs, fmt.Sprintf("%s: ours %v, theirs %v", k, a, b))
+			continue
+		}
+		same++
+	}
+	for k := range theirs {
+		if _, ok := ours[k]; !ok {
+			diffs = append(diffs, "only theirs: "+k)
+		}
+	}
+	sort.Strings(diffs)
+	return same, diffs
+}
+
+// Proc is an exporter process on 127.0.0.1.
+type Proc struct {
+	Name string
+	Addr string
+	cmd  *exec.Cmd
+	logs bytes.Buffer
+	done chan struct{}
+}
+
+// Start runs an exporter binary listening on a free port of 127.0.0.1 (the listen flag is
+// added) and waits until it answers; it is stopped when the test ends.
+func Start(t testing.TB, name, bin string, env []string, args ...string) *Proc {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	p := &Proc{Name: name, Addr: addr, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, append([]string{"--web.listen-address=" + addr}, args...)...)
+	p.cmd.Env = append(os.Environ(), env...)
+	w := &lockedWriter{w: &p.logs} // one writer for both: exec.Cmd then writes from one goroutine at a time
+	p.cmd.Stdout, p.cmd.Stderr = w, w
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(p.Stop)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/")
+		if err == nil {
+			resp.Body.Close()
+			return p
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("%s exited: %s", name, p.Logs())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s does not answer on %s: %v", name, addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Stop kills the process and waits for it.
+func (p *Proc) Stop() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Pid is the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// lockedWriter keeps the first MiB of a process's output.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.w.Len() > 1<<20 {
+		return len(b), nil
+	}
+	return l.w.Write(b)
+}
+
+// Logs is the process's output so far.
+func (p *Proc) Logs() string {
+	w := p.cmd.Stdout.(*lockedWriter)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.w.String()
+}
+
+// Scrape fetches /metrics as Prometheus does (gzip, with its timeout header).
+func (p *Proc) Scrape(client *http.Client) ([]byte, time.Duration, error) {
+	req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://"+p.Addr+"/metrics", nil)
+	req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", "10")
+	t0 := time.Now()
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	d := time.Since(t0)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s", p.Name, resp.Status)
+	}
+	return body, d, err
+}
+
+// CPU is a process's user plus system time from /proc/<pid>/stat.
+func CPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name may hold spaces; the fields after it are fixed.
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
+	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, s)
+	}
+	return time.Duration(utime+stime) * time.Second / clockTicks, nil
+}
+
+// clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+// PeakRSS is a process's VmHWM in MiB.
+func PeakRSS(pid int) (float64, error) { return status(pid, "VmHWM") }
+
+// AnonRSS is a process's resident anonymous memory (its heap, stacks and runtime) in MiB,
+// now; the rest of its RSS is mostly its binary's pages.
+func AnonRSS(pid int) (float64, error) { return status(pid, "RssAnon") }
+
+// status reads a field in kB of /proc/<pid>/status, in MiB.
+func status(pid int, field string) (float64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 64)
+			return kb / 1024, err
+		}
+	}
+	return 0, fmt.Errorf("no %s for pid %d", field, pid)
+}
+
+// backendCPU sums the CPU of the database backends of one role, as seen now.
+type backendCPU struct {
+	conn *pgx.Conn
+	role string
+	last map[int]time.Duration
+}
+
+// sample reads the role's backends and returns the CPU they used since the last sample
+// (all of it for a new backend).
+func (b *backendCPU) sample(ctx context.Context) (time.Duration, error) {
+	rows, err := b.conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE usename = $1`, b.role)
+	if err != nil {
+		return 0, err
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return 0, err
+	}
+	var sum time.Duration
+	next := map[int]time.Duration{}
+	for _, pid := range pids {
+		c, err := CPU(int(pid))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		sum += c - b.last[int(pid)]
+		next[int(pid)] = c
+	}
+	b.last = next
+	return sum, nil
+}
+
+// Measurement is one exporter's figures in one run.
+type Measurement struct {
+	Median, CPU, DBCPU time.Duration // CPU and DBCPU per scrape
+	PeakRSS            float64       // MiB
+	AnonRSS            float64       // MiB, the largest seen after a scrape
+}
+
+// Side is an exporter under comparison.
+type Side struct {
+	Proc *Proc
+	db   *backendCPU
+}
+
+// Run scrapes the sides interleaved, n times each, alternating which goes first, and
+// returns each side's measurement.
+func Run(ctx context.Context, sides []*Side, n int) ([]Measurement, error) {
+	client := &http.Client{Timeout: 30 * time.Second}
+	times := make([][]time.Duration, len(sides))
+	db := make([]time.Duration, len(sides))
+	cpu0 := make([]time.Duration, len(sides))
+	anon := make([]float64, len(sides))
+	for i, s := range sides {
+		if _, err := s.db.sample(ctx); err != nil {
+			return nil, err
+		}
+		c, err := CPU(s.Proc.Pid())
+		if err != nil {
+			return nil, err
+		}
+		cpu0[i] = c
+	}
+	for k := range n {
+		for j := range sides {
+			i := (j + k) % len(sides)
+			s := sides[i]
+			if _, err := s.db.sample(ctx); err != nil {
+				return nil, err
+			}
+			_, d, err := s.Proc.Scrape(client)
+			if err != nil {
+				return nil, err
+			}
+			used, err := s.db.sample(ctx)
+			if err != nil {
+				return nil, err
+			}
+			times[i] = append(times[i], d)
+			db[i] += used
+			a, err := AnonRSS(s.Proc.Pid())
+			if err != nil {
+				return nil, err
+			}
+			anon[i] = max(anon[i], a)
+		}
+	}
+	out := make([]Measurement, len(sides))
+	for i, s := range sides {
+		c, err := CPU(s.Proc.Pid())
+		if err != nil {
+			return nil, err
+		}
+		rss, err := PeakRSS(s.Proc.Pid())
+		if err != nil {
+			return nil, err
+		}
+		slices.Sort(times[i])
+		out[i] = Measurement{Median: times[i][len(times[i])/2], CPU: (c - cpu0[i]) / time.Duration(n),
+			DBCPU: db[i] / time.Duration(n), PeakRSS: rss, AnonRSS: anon[i]}
+	}
+	return out, nil
+}
+
+// Config is what Compare runs.
+type Config struct {
+	Scales  []int // numbers of instances
+	Scrapes int   // per exporter and run
+	Runs    int   // each with freshly started exporters
+	OurBin  string
+}
+
+// Result is one scale's measurements: Runs pairs of (ours, theirs).
+type Result struct {
+	Scale    benchdata.Scale
+	Runs     [][2]Measurement
+	Series   int // series compared and found equal
+	Checked  time.Time
+	Theirs   string // postgres_exporter's version line
+	Warnings []string
+}
+
+// Compare builds each scale's data set, checks that both exporters report the same
+// values at the same instant, and measures them side by side.
+func Compare(t testing.TB, cfg Config) []Result {
+	t.Helper()
+	theirBin, err := exec.LookPath(TheirBinary)
+	if err != nil {
+		t.Fatal(InstallHint)
+	}
+	version, _ := exec.Command(theirBin, "--version").CombinedOutput()
+	queries := filepath.Join(t.TempDir(), "queries.yaml")
+	if err := os.WriteFile(queries, Queries, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var results []Result
+	for _, n := range cfg.Scales {
+		results = append(results, compareAt(t, cfg, n, theirBin, queries, firstLine(string(version))))
+	}
+	return results
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
+	return l
+}
+
+func compareAt(t testing.TB, cfg Config, n int, theirBin, queries, version string) Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	data := benchdata.BuildScale(t, benchdata.At(n))
+	admin, err := pgx.Connect(ctx, data.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	// Each exporter logs in as a role of its own, so that its backends can be told apart.
+	// Superusers, so that neither is limited by privileges the other has.
+	const pw = "bench-compare"
+	for _, role := range []string{"bench_ours", "bench_theirs"} {
+		if _, err := admin.Exec(ctx, `DO $$ BEGIN
+		        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '`+role+`') THEN
+		            CREATE ROLE `+role+` LOGIN SUPERUSER PASSWORD '`+pw+`';
+		        END IF; END $$`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dsnFor := func(role string) string {
+		c, err := pgx.ParseConfig(data.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("host=127.0.0.1 port=%d dbname=%s user=%s password=%s sslmode=disable",
+			c.Port, c.Database, role, pw)
+	}
+	res := Result{Scale: data.Scale, Theirs: version}
+	start := func() []*Side {
+		ours := Start(t, "pg_liveness_exporter", cfg.OurBin, []string{"DATA_SOURCE_NAME=" + dsnFor("bench_ours")},
+			"--no-agent", "--no-migrations.apply", "--log.level=warn")
+		theirs := Start(t, "postgres_exporter", theirBin, []string{"DATA_SOURCE_NAME=" + dsnFor("bench_theirs")},
+			"--no-collector.database", "--no-collector.bgwriter", "--disable-default-metrics",
+			"--disable-settings-metrics", "--extend.query-path="+queries, "--log.level=warn")
+		return []*Side{
+			{Proc: ours, db: &backendCPU{conn: admin, role: "bench_ours"}},
+			{Proc: theirs, db: &backendCPU{conn: admin, role: "bench_theirs"}},
+		}
+	}
+
+	// The check: heartbeats and expiries are set at least 4 s away from every threshold,
+	// so that nothing changes state while the two scrape at the same time.
+	for _, sql := range []string{
+		`UPDATE liveness.instances SET last_heartbeat_at = now() - make_interval(secs =>
+		     (CASE WHEN (process_id * 7919) % 900 BETWEEN 86 AND 89 OR (process_id * 7919) % 900 BETWEEN 296 AND 299
+		           THEN (process_id * 7919) % 900 - 4 ELSE (process_id * 7919) % 900 END) + 0.5)`,
+		`UPDATE liveness.leases SET expires_at = now() + make_interval(secs =>
+		     (CASE WHEN abs(substr(name, 5)::int % 240 - 120) < 5 THEN 115 ELSE substr(name, 5)::int % 240 - 120 END) + 0.5)`,
+		`VACUUM ANALYZE`,
+	} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatalf("%.60s: %v", sql, err)
+		}
+	}
+	sides := start()
+	client := &http.Client{Timeout: 30 * time.Second}
+	for range 3 { // warm up: connections, prepared statements, statement classification
+		for _, s := range sides {
+			if _, _, err := s.Proc.Scrape(client); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	bodies := make([][]byte, 2)
+	errs := make(chan error, 2)
+	for i, s := range sides {
+		go func() {
+			var err error
+			bodies[i], _, err = s.Proc.Scrape(client)
+			errs <- err
+		}()
+	}
+	for range sides {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	res.Checked = time.Now()
+	ours, err := Samples(bytes.NewReader(bodies[0]))
+	if err != nil {
+		t.Fatalf("ours: %v", err)
+	}
+	theirs, err := Samples(bytes.NewReader(bodies[1]))
+	if err != nil {
+		t.Fatalf("theirs: %v", err)
+	}
+	same, diffs := Diff(ours, theirs)
+	if len(diffs) > 0 {
+		t.Fatalf("at %d instances the exporters disagree on %d of %d series:\n%s", n, len(diffs), same+len(diffs),
+			strings.Join(diffs[:min(len(diffs), 40)], "\n"))
+	}
+	res.Series = same
+	t.Logf("%d instances: both report the same %d series", n, same)
+
+	for run := range cfg.Runs {
+		if run > 0 {
+			for _, s := range sides {
+				s.Proc.Stop()
+			}
+			sides = start()
+			for range 3 {
+				for _, s := range sides {
+					if _, _, err := s.Proc.Scrape(client); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+		m, err := Run(ctx, sides, cfg.Scrapes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%d instances, run %d: ours %+v, theirs %+v", n, run+1, m[0], m[1])
+		res.Runs = append(res.Runs, [2]Measurement{m[0], m[1]})
+	}
+	for _, s := range sides {
+		s.Proc.Stop()
+	}
+	return res
+}

@@ -1,0 +1,350 @@
+package dashboards
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql/parser"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/promql"
+)
+
+// dashboardsDir is the folder of the dashboards under test, in the root module.
+const dashboardsDir = "../../dashboards"
+
+// wantUIDs are the fixed uids of the dashboards; links and provisioning rely on them.
+var wantUIDs = map[string]string{
+	"overview.json":       "pg-liveness-overview",
+	"leases.json":         "pg-liveness-leases",
+	"advisory-locks.json": "pg-liveness-advisory-locks",
+}
+
+const minSchemaVersion = 39
+
+type dsRef struct {
+	Type string `json:"type"`
+	UID  string `json:"uid"`
+}
+
+type variable struct {
+	Name       string          `json:"name"`
+	Type       string          `json:"type"`
+	Query      json.RawMessage `json:"query"`
+	Definition string          `json:"definition"`
+	Datasource *dsRef          `json:"datasource"`
+	IncludeAll bool            `json:"includeAll"`
+	AllValue   string          `json:"allValue"`
+}
+
+// queryText returns a variable's query, written either as a string or as the query
+// editor's {"query": "…"} object.
+func (v variable) queryText() string {
+	var s string
+	if json.Unmarshal(v.Query, &s) == nil {
+		return s
+	}
+	var o struct {
+		Query string `json:"query"`
+	}
+	_ = json.Unmarshal(v.Query, &o)
+	return o.Query
+}
+
+type target struct {
+	Expr       string `json:"expr"`
+	RefID      string `json:"refId"`
+	Datasource *dsRef `json:"datasource"`
+}
+
+type panel struct {
+	ID          int                       `json:"id"`
+	Type        string                    `json:"type"`
+	Title       string                    `json:"title"`
+	Description string                    `json:"description"`
+	Datasource  *dsRef                    `json:"datasource"`
+	GridPos     *struct{ H, W, X, Y int } `json:"gridPos"`
+	FieldConfig struct {
+		Defaults struct {
+			Unit string `json:"unit"`
+		} `json:"defaults"`
+	} `json:"fieldConfig"`
+	Targets []target `json:"targets"`
+	Panels  []panel  `json:"panels"` // a collapsed row's panels
+}
+
+type dashboard struct {
+	UID           string `json:"uid"`
+	Title         string `json:"title"`
+	SchemaVersion int    `json:"schemaVersion"`
+	Templating    struct {
+		List []variable `json:"list"`
+	} `json:"templating"`
+	Panels []panel `json:"panels"`
+}
+
+func loadDashboards(t *testing.T) map[string]dashboard {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dashboardsDir, "*.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]dashboard{}
+	for _, path := range files {
+		f := filepath.Base(path)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d dashboard
+		dec := json.NewDecoder(strings.NewReader(string(b)))
+		if err := dec.Decode(&d); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		out[f] = d
+	}
+	for f := range wantUIDs {
+		if _, ok := out[f]; !ok {
+			t.Errorf("dashboard %s is missing", f)
+		}
+	}
+	return out
+}
+
+// allPanels flattens rows.
+func allPanels(ps []panel) []panel {
+	var out []panel
+	for _, p := range ps {
+		out = append(out, p)
+		out = append(out, allPanels(p.Panels)...)
+	}
+	return out
+}
+
+var (
+	variableRE    = regexp.MustCompile(`\$\{?([a-zA-Z_][a-zA-Z0-9_]*)\}?`)
+	labelValuesRE = regexp.MustCompile(`^label_values\((.*),\s*([a-zA-Z_][a-zA-Z0-9_]*)\)$`)
+)
+
+// rateIntervalStandIn replaces Grafana's $__rate_interval before an expression is
+// parsed, so that the range of every rate, irate and increase can be checked to be it.
+// No panel writes this range itself.
+const (
+	rateIntervalStandIn = "4321s"
+	rateInterval        = 4321 * time.Second
+)
+
+// parseExpr parses a panel query with Prometheus' own parser. Grafana variables inside
+// label matchers ("$job") are valid PromQL strings and stay as they are.
+func parseExpr(expr string) (parser.Expr, error) {
+	return promql.ParseExpr(strings.ReplaceAll(expr, "$__rate_interval", rateIntervalStandIn))
+}
+
+// filtered reports whether a selector filters by the job and instance variables.
+func filtered(s promql.Selector) bool {
+	return s.Has("job", labels.MatchRegexp, "$job") && s.Has("instance", labels.MatchRegexp, "$instance")
+}
+
+// checkExpr returns what is wrong with one panel query.
+func checkExpr(expr string, allowed map[string]bool, vars []string) []string {
+	var errs []string
+	e, err := parseExpr(expr)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	sels := promql.Selectors(e)
+	if len(sels) == 0 {
+		errs = append(errs, "selects no metric")
+	}
+	for _, s := range sels {
+		if s.Name != "" && !allowed[s.Name] {
+			errs = append(errs, fmt.Sprintf("selector %s%v: metric %s is not exported (not in %s)", s.Name, s.Matchers, s.Name, testutil.ScenarioExposition))
+		}
+		if !filtered(s) {
+			errs = append(errs, fmt.Sprintf(`selector %s%v lacks job=~"$job",instance=~"$instance"`, s.Name, s.Matchers))
+		}
+	}
+	for _, c := range promql.CounterCalls(e) {
+		switch {
+		case c.Metric == "":
+			errs = append(errs, c.Func+" must take one counter selector with a range")
+		case !strings.HasSuffix(c.Metric, "_total"):
+			errs = append(errs, fmt.Sprintf("%s(%s): only *_total counters take rate, irate or increase", c.Func, c.Metric))
+		case c.Range != rateInterval:
+			errs = append(errs, fmt.Sprintf("%s(%s[%s]): use [$__rate_interval]", c.Func, c.Metric, c.Range))
+		}
+	}
+	for _, m := range variableRE.FindAllStringSubmatch(expr, -1) {
+		if m[1] != "__rate_interval" && !slices.Contains(vars, m[1]) {
+			errs = append(errs, fmt.Sprintf("unknown variable $%s", m[1]))
+		}
+	}
+	return errs
+}
+
+func TestCheckExpr(t *testing.T) {
+	allowed := map[string]bool{"a_total": true, "g": true}
+	vars := []string{"job", "instance", "service"}
+	const f = `job=~"$job",instance=~"$instance"`
+	for _, tc := range []struct {
+		expr string
+		bad  bool
+	}{
+		{`sum by (x) (rate(a_total{` + f + `}[$__rate_interval])) / on (job) group_left g{` + f + `,service=~"$service"}`, false},
+		{`max by (l) (changes(g{` + f + `}[5m])) > 0 and g{` + f + `}`, false},
+		{`g{job=~"$job"}`, true},                                    // no instance filter
+		{`g{` + f + `} / g`, true},                                  // unfiltered selector
+		{`{` + f + `} or {job="x"}`, true},                          // nameless selector without filters
+		{`rate(a_total{` + f + `}[5m])`, true},                      // fixed range
+		{`rate(g{` + f + `}[$__rate_interval])`, true},              // rate of a gauge
+		{`increase((a_total{` + f + `})[$__rate_interval:])`, true}, // not a plain selector
+		{`unknown_metric{` + f + `}`, true},                         // not exported
+		{`g{` + f + `,lease=~"$lease"}`, true},                      // unknown variable
+		{`g{` + f + `,x="a\"}b"} + g{` + f + `}`, false},            // braces inside strings
+		{`sum without (instance) (g{` + f + `})`, false},            // label lists
+		{`g{` + f + `} +`, true},                                    // does not parse
+		{`count by (job) (g{` + f + `}) + count{` + f + `}`, true},  // "count" metric not exported
+	} {
+		if errs := checkExpr(tc.expr, allowed, vars); (len(errs) > 0) != tc.bad {
+			t.Errorf("checkExpr(%s): %q, want bad=%v", tc.expr, errs, tc.bad)
+		}
+	}
+}
+
+func TestDashboardConventions(t *testing.T) {
+	allowed := testutil.ExposedMetrics(t)
+	uids := map[string]string{}
+	for file, d := range loadDashboards(t) {
+		want, known := wantUIDs[file]
+		if !known {
+			t.Errorf("%s: unknown dashboard; add its fixed uid to wantUIDs", file)
+		} else if d.UID != want {
+			t.Errorf("%s: uid %q, want %q", file, d.UID, want)
+		}
+		if other, dup := uids[d.UID]; dup {
+			t.Errorf("%s and %s share uid %q", file, other, d.UID)
+		}
+		uids[d.UID] = file
+		if !strings.HasPrefix(d.Title, "pg_liveness") {
+			t.Errorf("%s: title %q should start with pg_liveness", file, d.Title)
+		}
+		if d.SchemaVersion < minSchemaVersion {
+			t.Errorf("%s: schemaVersion %d, want at least %d", file, d.SchemaVersion, minSchemaVersion)
+		}
+
+		// Variables.
+		var names []string
+		byName := map[string]variable{}
+		for _, v := range d.Templating.List {
+			names = append(names, v.Name)
+			byName[v.Name] = v
+		}
+		if ds, ok := byName["datasource"]; !ok || ds.Type != "datasource" || ds.queryText() != "prometheus" {
+			t.Errorf("%s: want a variable datasource of type datasource and query prometheus", file)
+		}
+		for _, name := range []string{"job", "instance"} {
+			if _, ok := byName[name]; !ok {
+				t.Errorf("%s: variable %s is missing", file, name)
+			}
+		}
+		for _, v := range d.Templating.List {
+			if v.Type != "query" {
+				continue
+			}
+			if v.Datasource == nil || v.Datasource.UID != "${datasource}" {
+				t.Errorf("%s: variable %s must use the datasource variable", file, v.Name)
+			}
+			if !v.IncludeAll || v.AllValue != ".+" {
+				t.Errorf("%s: variable %s needs includeAll and allValue \".+\"", file, v.Name)
+			}
+			q := v.queryText()
+			if v.Definition != "" && v.Definition != q {
+				t.Errorf("%s: variable %s: definition %q differs from query %q", file, v.Name, v.Definition, q)
+			}
+			m := labelValuesRE.FindStringSubmatch(q)
+			if m == nil || m[2] != v.Name {
+				t.Errorf("%s: variable %s: query %q, want label_values(<selector>, %s)", file, v.Name, q, v.Name)
+				continue
+			}
+			e, err := promql.ParseExpr(m[1])
+			if err != nil {
+				t.Errorf("%s: variable %s: %v", file, v.Name, err)
+				continue
+			}
+			sels := promql.Selectors(e)
+			if _, plain := e.(*parser.VectorSelector); !plain || len(sels) != 1 || !allowed[sels[0].Name] {
+				t.Errorf("%s: variable %s: %q is not one selector of an exported metric", file, v.Name, m[1])
+				continue
+			}
+			job := sels[0].Has("job", labels.MatchRegexp, "$job")
+			inst := sels[0].Has("instance", labels.MatchRegexp, "$instance")
+			switch v.Name {
+			case "job":
+				if sels[0].Name != "pg_liveness_up" || len(sels[0].Matchers) != 0 {
+					t.Errorf("%s: variable job: want label_values(pg_liveness_up, job), got %q", file, q)
+				}
+			case "instance":
+				if sels[0].Name != "pg_liveness_up" || !job || inst {
+					t.Errorf("%s: variable instance: want label_values(pg_liveness_up{job=~\"$job\"}, instance), got %q", file, q)
+				}
+			default:
+				if !job || !inst {
+					t.Errorf("%s: variable %s: %q must filter by job and instance", file, v.Name, q)
+				}
+			}
+		}
+
+		// Panels.
+		panels := allPanels(d.Panels)
+		if len(panels) == 0 {
+			t.Errorf("%s: no panels", file)
+		}
+		ids := map[int]bool{}
+		for _, p := range panels {
+			where := fmt.Sprintf("%s: panel %d %q", file, p.ID, p.Title)
+			if p.ID == 0 || ids[p.ID] {
+				t.Errorf("%s: missing or duplicate id", where)
+			}
+			ids[p.ID] = true
+			if p.Type == "row" {
+				continue
+			}
+			if p.Title == "" || p.GridPos == nil || p.GridPos.W == 0 || p.GridPos.H == 0 {
+				t.Errorf("%s: needs a title and a gridPos", where)
+			}
+			if p.Datasource == nil || p.Datasource.Type != "prometheus" || p.Datasource.UID != "${datasource}" {
+				t.Errorf("%s: datasource must be {prometheus, ${datasource}}", where)
+			}
+			if strings.TrimSpace(p.Description) == "" {
+				t.Errorf("%s: no description", where)
+			}
+			if p.FieldConfig.Defaults.Unit == "" {
+				t.Errorf("%s: no fieldConfig.defaults.unit", where)
+			}
+			if len(p.Targets) == 0 {
+				t.Errorf("%s: no targets", where)
+			}
+			refs := map[string]bool{}
+			for _, tg := range p.Targets {
+				if tg.Datasource == nil || tg.Datasource.Type != "prometheus" || tg.Datasource.UID != "${datasource}" {
+					t.Errorf("%s: target %s: datasource must be {prometheus, ${datasource}}", where, tg.RefID)
+				}
+				if tg.RefID == "" || refs[tg.RefID] {
+					t.Errorf("%s: target refId %q missing or duplicate", where, tg.RefID)
+				}
+				refs[tg.RefID] = true
+				for _, e := range checkExpr(tg.Expr, allowed, names) {
+					t.Errorf("%s: target %s: %s\n\t%s", where, tg.RefID, e, tg.Expr)
+				}
+			}
+		}
+	}
+}

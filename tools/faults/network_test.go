@@ -1,0 +1,256 @@
+package faults
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+)
+
+// netEnv is an env whose server also listens on the host end of a veth pair, and the DSN
+// an agent inside the namespace uses to reach it.
+func netEnv(t *testing.T) (*env, *netns, string) {
+	t.Helper()
+	ns := newNetns(t)
+	e := newEnv(t, pgtest.WithSetting("listen_addresses", "127.0.0.1,"+ns.HostIP))
+	if err := e.srv.AllowHost(ns.CIDR); err != nil {
+		t.Fatalf("pg_hba: %v", err)
+	}
+	nsDSN := strings.Replace(e.dsn, "host=127.0.0.1", "host="+ns.HostIP, 1)
+	if nsDSN == e.dsn {
+		t.Fatalf("cannot point the DSN at %s", ns.HostIP)
+	}
+	return e, ns, nsDSN
+}
+
+// TestHalfOpenPartition cuts an agent off inside its network namespace without closing
+// its sockets, and measures when the server frees its alive lock, when the agent stops
+// trusting its lock and its lease, and when another process takes the lease.
+//
+// A real Prometheus scrapes both agents' metrics and an observer's, and evaluates the
+// shipped rules: PgLivenessLeaseTwoLeaders must never fire while fencing works. Once more
+// with the victim a stale leader (fencing bypassed: it goes on believing in its lease
+// after losing it), the alert must fire once the victim can be scraped again, and the
+// database must still refuse its fenced writes.
+func TestHalfOpenPartition(t *testing.T) {
+	// Mostly waiting on timers: run beside the other waiting scenarios, so that
+	// make faults stays short.
+	t.Parallel()
+	sc := newScenario(t, 3, "Half-open partition (the agent's link down, sockets open)",
+		fmt.Sprintf("default agent flags; job lease ttl %s; the link comes back after the lock is freed", jobLeaseTTL))
+	e, ns, nsDSN := netEnv(t)
+	obs := startObserver(t, e.dsn)
+	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)
+	check := &AlertCheck{Alert: twoLeadersAlert}
+	sc.s.TwoLeaders = check
+	for trial := range trials() {
+		r := runPartition(t, sc, e, ns, nsDSN, obs, s, fmt.Sprintf("job-%d", trial), fmt.Sprintf("%d", trial), false)
+		n, first := s.falseDead(r.t0, time.Now(), []*agent{r.heir})
+		sc.addFalseDead(n, first)
+		sc.fence(e.dsn, r.lease)
+		pending, fired, samples := r.prom.active(r.watched, time.Now())
+		check.FencedRuns++
+		if samples == 0 {
+			t.Errorf("trial %d: the %s sampler saw nothing", trial, twoLeadersAlert)
+		}
+		if fired {
+			check.FiredWhileFenced++
+			t.Errorf("trial %d: %s fired although fencing worked", trial, twoLeadersAlert)
+		}
+		check.PendingWhileFenced += pending
+		r.stop()
+	}
+	sc.bound("server frees the alive lock", 0, halfOpenBound)
+	sc.bound("agent stops trusting its lease", 0, halfOpenBound)
+	sc.bound("agent stops trusting its alive lock", 0, halfOpenBound)
+
+	// Fencing bypassed, once: the victim goes on believing in its lost lease.
+	r := runPartition(t, sc, e, ns, nsDSN, obs, s, "job-stale-leader", "stale-leader", true)
+	const alertWindow = 2 * time.Minute
+	var pendingAfter, firingAfter time.Duration
+	var okPending, okFiring bool
+	waitSeen(alertWindow,
+		func() bool { pendingAfter, okPending = r.prom.first(r.healed, "pending"); return okPending },
+		func() bool { firingAfter, okFiring = r.prom.first(r.healed, "firing"); return okFiring },
+	)
+	check.BypassedRuns++
+	if okFiring {
+		check.FiredWhenBypassed++
+	}
+	sc.observe("fencing bypassed: "+twoLeadersAlert+" pending, from the heal", alertWindow, pendingAfter, okPending)
+	sc.observe("fencing bypassed: "+twoLeadersAlert+" firing, from the heal", alertWindow, firingAfter, okFiring)
+	// The stale leader is invisible while cut off; once it is scraped again, one scrape
+	// and one evaluation show it, and the rule's for: 1m fires it.
+	sc.bound("fencing bypassed: "+twoLeadersAlert+" pending, from the heal", 0, 10*time.Second)
+	sc.bound("fencing bypassed: "+twoLeadersAlert+" firing, from the heal", 0, time.Minute+15*time.Second)
+	if len(r.victim.Events("ignoring", r.t0)) == 0 {
+		t.Errorf("the stale leader never lost its lease, so nothing was bypassed")
+	}
+	refused := len(r.victim.Events("rejected", r.t0))
+	sc.fence(e.dsn, r.lease)
+	r.stop()
+
+	sc.s.Trials = trials()
+	sc.note("The partitioned agent cannot reach the database, so verdicts on it are not false-dead; the count covers the process on the host.")
+	sc.note("%s is evaluated by a real Prometheus (the shipped rule file, unchanged, every 1 s) scraping both agents' "+
+		"metrics and an observer's every 1 s. While fencing worked it stayed quiet in %d of %d trials, pending for %.1f s "+
+		"in all (a takeover scraped from the new holder a moment before the lease row can make it pending for a scrape).",
+		twoLeadersAlert, check.FencedRuns-check.FiredWhileFenced, check.FencedRuns, check.PendingWhileFenced.Seconds())
+	sc.note("Fencing bypassed: one more run with the victim a stale leader (it goes on believing in its lease after "+
+		"losing it, which the library never does). The alert fired in %d of %d such runs. lease_is_held refused the %d "+
+		"fenced writes the stale leader got through to the database, and accepted none under a stale epoch.",
+		check.FiredWhenBypassed, check.BypassedRuns, refused)
+}
+
+// partitionRun is one partition of a victim holding lease, with an heir waiting.
+type partitionRun struct {
+	lease        string
+	victim, heir *agent
+	prom         *prometheus
+	watched      time.Time // Prometheus had scraped every target and seen the lease
+	t0, healed   time.Time // the cut and the heal
+}
+
+func (r partitionRun) stop() {
+	r.victim.Stop()
+	r.heir.Stop()
+	r.prom.stop()
+}
+
+// runPartition starts a victim inside the namespace holding lease and an heir on the
+// host, both serving their agent metrics to a Prometheus of its own, cuts the victim
+// off, waits until the heir holds the lease, heals, and waits until the victim holds
+// its lock again. A stale victim goes on believing in its lease once lost. The run's
+// times are recorded under the scenario's quantities, except for a stale victim's.
+func runPartition(t *testing.T, sc *scenario, e *env, ns *netns, nsDSN string, obs *observer, s *sampler,
+	lease, tag string, stale bool) partitionRun {
+	t.Helper()
+	const window = 90 * time.Second
+	victimAddr, heirAddr := ns.NSIP+":9187", testutil.FreeAddr(t)
+	extra := []string{"--web.listen-address=" + victimAddr}
+	if stale {
+		extra = append(extra, "--lease.ignore-loss")
+	}
+	r := partitionRun{lease: lease}
+	r.victim = startAgent(t, e, agentOpts{service: "partition-victim-" + tag, netns: ns.Name, dsn: nsDSN, lease: lease,
+		leaseTTL: jobLeaseTTL, extra: extra})
+	s.Watch(r.victim)
+	testutil.Eventually(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(r.victim.Events("acquired", time.Time{})) > 0 })
+	r.heir = startAgent(t, e, agentOpts{service: "partition-heir-" + tag, lease: lease, leaseTTL: jobLeaseTTL,
+		extra: []string{"--web.listen-address=" + heirAddr}})
+	s.Watch(r.heir)
+	r.prom = startPrometheus(t, twoLeadersAlert, strings.TrimSuffix(strings.TrimPrefix(obs.url, "http://"), "/metrics"), heirAddr, victimAddr)
+	waitHealthy(t, s, r.victim, true)
+	waitHealthy(t, s, r.heir, true)
+	// The alert's inputs are there: the victim's belief and the lease row, as scraped.
+	testutil.Eventually(t, 30*time.Second, "Prometheus scraping the victim's belief and the lease row", func() bool {
+		a, err1 := r.prom.query(fmt.Sprintf(`pg_liveness_agent_lease_epoch{lease=%q} and on (lease) pg_liveness_lease_epoch`, lease))
+		up, err2 := r.prom.query(`up == 1`)
+		return err1 == nil && err2 == nil && a == 1 && up == 3
+	})
+	r.watched = time.Now()
+
+	id := r.victim.ids[0]
+	r.t0 = time.Now()
+	if err := ns.Cut(); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		freed, leaseDistrust, lockDistrust, takeover time.Duration
+		okFreed, okLease, okLock, okTake             bool
+	)
+	firstEvent := func(p *proc, ev string, match func(event) bool) (time.Duration, bool) {
+		for _, e := range p.Events(ev, r.t0) {
+			if match(e) {
+				return e.At.Sub(r.t0), true
+			}
+		}
+		return 0, false
+	}
+	waitSeen(window,
+		func() bool {
+			freed, okFreed = s.firstSQL(r.t0, func(smp sqlSample) bool { return !smp.Inst[id].Locked })
+			return okFreed
+		},
+		func() bool {
+			leaseDistrust, okLease = firstEvent(r.victim.proc, "lost", func(event) bool { return true })
+			return okLease
+		},
+		func() bool {
+			lockDistrust, okLock = firstEvent(r.victim.proc, "lock", func(e event) bool { return !e.Held })
+			return okLock
+		},
+		func() bool {
+			takeover, okTake = firstEvent(r.heir.proc, "acquired", func(event) bool { return true })
+			return okTake
+		},
+	)
+	if !stale {
+		sc.observe("server frees the alive lock", window, freed, okFreed)
+		sc.observe("agent stops trusting its lease", window, leaseDistrust, okLease)
+		sc.observe("agent stops trusting its alive lock", window, lockDistrust, okLock)
+		sc.observe("lease held by another process", window, takeover, okTake)
+	} else if !okTake {
+		t.Errorf("stale-leader run: the heir never took %s over", lease)
+	}
+
+	r.healed = time.Now()
+	if err := ns.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	var relock time.Duration
+	ok := testutil.Poll(window, func() bool {
+		var ok bool
+		relock, ok = s.firstSQL(r.healed, func(smp sqlSample) bool { return smp.Inst[id].Locked && smp.Inst[id].Alive })
+		return ok
+	})
+	if !stale {
+		sc.observe("after healing: lock held again", window, relock, ok)
+	}
+	return r
+}
+
+// TestNetworkBlip drops the agent's packets for 5 s and restores them: nothing may call
+// it dead, and it must keep the lease it held, whose ttl did not run out.
+func TestNetworkBlip(t *testing.T) {
+	// Mostly waiting on timers: run beside the other waiting scenarios, so that
+	// make faults stays short.
+	t.Parallel()
+	const blip = 5 * time.Second
+	sc := newScenario(t, 4, "Network blip (packets dropped for 5 s)",
+		fmt.Sprintf("default agent flags; job lease ttl %s", jobLeaseTTL))
+	e, ns, nsDSN := netEnv(t)
+	obs := startObserver(t, e.dsn)
+	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)
+	victim := startAgent(t, e, agentOpts{service: "blip", netns: ns.Name, dsn: nsDSN, lease: "job", leaseTTL: jobLeaseTTL})
+	s.Watch(victim)
+	testutil.Eventually(t, 30*time.Second, "the victim holding the lease", func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
+	lost := 0
+	for range trials() {
+		waitHealthy(t, s, victim, true)
+		t0 := time.Now()
+		if err := ns.Cut(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(blip)
+		if err := ns.Heal(); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Never(t, jobLeaseTTL+5*time.Second, "the agent called dead, or its lease lost, after a blip shorter than the ttl", func() bool {
+			n, _ := s.falseDead(t0, time.Now(), []*agent{victim})
+			return n > 0 || len(victim.Events("lost", t0)) > 0
+		})
+		sc.addFalseDead(s.falseDead(t0, time.Now(), []*agent{victim}))
+		lost += len(victim.Events("lost", t0))
+	}
+	sc.note("Leases lost by the reachable-again agent: %d.", lost)
+	if lost > 0 {
+		t.Errorf("the agent lost its lease %d times over a %s blip with a %s ttl", lost, blip, jobLeaseTTL)
+	}
+	sc.fence(e.dsn, "job")
+	sc.s.Trials = trials()
+	sc.note("Verdicts are watched from the cut until the ttl plus 5 s after the link is back.")
+}
