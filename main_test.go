@@ -166,6 +166,9 @@ func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
 		{"dead cutoff too low", nil, []string{"--db.dsn=host=x", "--agent.definitive-dead-cutoff=100s"}, "--agent.definitive-dead-cutoff"},
 		{"zero interval", nil, []string{"--db.dsn=host=x", "--agent.heartbeat-interval=0s"}, "--agent.heartbeat-interval"},
 		{"zero max conns", nil, []string{"--db.dsn=host=x", "--db.max-conns=0"}, "--db.max-conns"},
+		{"too many conns", nil, []string{"--db.dsn=host=x", "--db.max-conns=1001"}, "--db.max-conns"},
+		{"zero connect timeout", nil, []string{"--db.dsn=host=x", "--db.connect-timeout=0s"}, "--db.connect-timeout"},
+		{"nil instance id", nil, []string{"--db.dsn=host=x", "--agent.instance-id=00000000-0000-0000-0000-000000000000"}, "--agent.instance-id"},
 		{"empty schema", nil, []string{"--db.dsn=host=x", "--db.schema="}, "--db.schema"},
 		{"schema cut by the server", nil, []string{"--db.dsn=host=x", "--db.schema=" + strings.Repeat("s", 64)}, "--db.schema"},
 		{"reserved schema", nil, []string{"--db.dsn=host=x", "--db.schema=pg_liveness"}, "--db.schema"},
@@ -209,32 +212,6 @@ func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
 				t.Errorf("output leaks the password:\n%s", out)
 			}
 		})
-	}
-}
-
-// The source's timing (an observer's fallback for rows without timing of their own, a
-// Whizbang source's cadence) is refused with an error that starts with the flag at
-// fault, whichever collectors run: the status page's reader used to report every such
-// error as the definitive-dead cutoff's.
-func TestSourceErrorsNameTheFlagAtFault(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		flag string
-	}{
-		{[]string{"--no-agent", "--no-collector.instances", "--agent.stale-threshold=-5s"}, "--agent.stale-threshold"},
-		{[]string{"--no-agent", "--agent.stale-threshold=0s"}, "--agent.stale-threshold"},
-		{[]string{"--no-agent", "--no-collector.instances", "--agent.definitive-dead-cutoff=1m"}, "--agent.definitive-dead-cutoff"},
-		{[]string{"--no-agent", "--source=whizbang", "--source.whizbang.stale-threshold=30s"}, "--source.whizbang.stale-threshold"},
-		{[]string{"--no-agent", "--source=whizbang", "--source.whizbang.heartbeat-interval=0s"}, "--source.whizbang.heartbeat-interval"},
-		{[]string{"--no-agent", "--source=whizbang", "--source.whizbang.definitive-dead-cutoff=1m"}, "--source.whizbang.definitive-dead-cutoff"},
-	} {
-		code, out := runToExit(t, nil, append([]string{"--db.dsn=host=x"}, tc.args...)...)
-		if code != exitConfig || !strings.Contains(out, "error: "+tc.flag+" ") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
-			t.Errorf("%v: exit %d, want %d and one line that starts with %s:\n%s", tc.args, code, exitConfig, tc.flag, out)
-		}
-		if strings.Contains(out, "Config.") {
-			t.Errorf("%v: the line names a library field, not a flag:\n%s", tc.args, out)
-		}
 	}
 }
 

@@ -128,18 +128,18 @@ func watchWebConfig(ctx context.Context, web *webconfig.Served, status *reloadSt
 // pool's new connections then use (credential rotation; the alive lock's direct
 // connection keeps the DSN it started with). A file that is refused leaves the previous
 // configuration in force and says so.
-func reload(f *flags, w *wired, logger *slog.Logger) {
-	if w.web == nil && f.dsnFile == "" {
+func reload(c *config, w *wired, logger *slog.Logger) {
+	if w.web == nil && c.dsnFile == "" {
 		logger.Info("SIGHUP: nothing to reload without --db.dsn-file or --web.config.file")
 		return
 	}
 	if w.web != nil {
 		reloadWebConfig(w.web, w.reloads, true, logger)
 	}
-	if f.dsnFile == "" {
+	if c.dsnFile == "" {
 		return
 	}
-	s, err := dsn.Resolve("", f.dsnFile, "")
+	s, err := dsn.Resolve("", c.dsnFile, "")
 	if err == nil {
 		err = w.dsnSwitch.Set(s)
 	}
