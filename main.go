@@ -108,9 +108,6 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	defer stopBG()
 	agentFailed := make(chan error, 1) // the agent gave up for good: exit non-zero
 	wg.Go(func() { runAgent(bg, c, w, agentFailed, logger) })
-	if webConfig != nil {
-		wg.Go(func() { watchWebConfig(bg, webConfig, w.reloads, logger) })
-	}
 	srv := serve(c.web, webConfig, listeners, w.mux, logger)
 	code := waitForEnd(ctx, c, w, srv, agentFailed, logger)
 	stopBG()
@@ -120,11 +117,18 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 }
 
 // waitForEnd runs until ctx ends (exit 0), the agent gave up or the server failed (exit
-// 1), and reloads on SIGHUP, which never stops the process.
+// 1). Meanwhile it reloads: on SIGHUP, which never stops the process, and whenever the
+// web configuration changes on disk.
 func waitForEnd(ctx context.Context, c *config, w *wired, srv *server, agentFailed <-chan error, logger *slog.Logger) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	var webPoll <-chan time.Time // nil, never ready, without --web.config.file
+	if w.web != nil {
+		poll := time.NewTicker(webConfigPoll)
+		defer poll.Stop()
+		webPoll = poll.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -132,6 +136,8 @@ func waitForEnd(ctx context.Context, c *config, w *wired, srv *server, agentFail
 			return 0
 		case <-hup:
 			reload(c, w, logger)
+		case <-webPoll:
+			reloadWebConfig(w.web, w.reloads, false, logger)
 		case <-agentFailed:
 			return exitRuntime
 		case err := <-srv.served:

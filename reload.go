@@ -2,10 +2,10 @@ package main
 
 // What can change while the exporter runs: --db.dsn-file (on SIGHUP) and
 // --web.config.file (on SIGHUP, and whenever the file or a certificate it names
-// changes), and the metrics that say whether the last reload of them succeeded.
+// changes), and the metrics that say whether the last reload of them succeeded. Every
+// reload runs in run's one loop (waitForEnd), never two at once.
 
 import (
-	"context"
 	"log/slog"
 	"strings"
 	"sync"
@@ -107,20 +107,6 @@ func reloadWebConfig(web *webconfig.Served, status *reloadStatus, force bool, lo
 		logger.Info("SIGHUP: --web.config.file is unchanged", "file", web.File())
 	default:
 		logger.Info("--web.config.file is back to the configuration in force", "file", web.File())
-	}
-}
-
-// watchWebConfig reloads the web configuration whenever it changes, until ctx ends.
-func watchWebConfig(ctx context.Context, web *webconfig.Served, status *reloadStatus, logger *slog.Logger) {
-	t := time.NewTicker(webConfigPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			reloadWebConfig(web, status, false, logger)
-		}
 	}
 }
 
