@@ -45,7 +45,7 @@ type config struct {
 	pool            database.PoolConfig
 	applyMigrations bool
 
-	agentOn    bool // --agent: run agent; --no-agent observes only
+	agentOn    bool // --agent: take part as an instance; --no-agent only observes
 	agent      liveness.AgentConfig
 	source     store.SourceConfig
 	collectors *collector.Config
