@@ -7,8 +7,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,10 +22,7 @@ import (
 // pg_stat_statements entries) and scrapes it over HTTP as Prometheus would. It reports the median and 90th percentile scrape and the exporter
 // process's resident memory after the run (VmRSS) and at its peak (VmHWM).
 func BenchmarkExporterScrape(b *testing.B) {
-	bin := filepath.Join(b.TempDir(), "pg_liveness_exporter")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		b.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildForBenchmark(b)
 	dsn := benchdata.Build(b)
 	// The reaper would delete the data set's stale instances.
 	p := startBinary(b, bin, []string{"DATA_SOURCE_NAME=" + dsn}, "--no-agent.reaper")

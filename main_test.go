@@ -1,150 +1,25 @@
 package main
 
+// The binary's life (main.go): refused configuration (exit 2, one line), serving while
+// the database comes and goes, SIGTERM, the connection budget, a duplicate instance id
+// (exit 1), its logger and its build stamp.
+
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"net"
-	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
-
-var binary string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "pg_liveness_exporter_bin_")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "pg_liveness_exporter")
-	if out, err := exec.Command("go", "build", "-race", "-o", binary, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := pgtest.Run(m)
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// exporterProc is the real binary running against a real database.
-type exporterProc struct {
-	cmd  *exec.Cmd
-	addr string
-	mu   sync.Mutex
-	logs bytes.Buffer
-	done chan struct{}
-	code int
-}
-
-func startExporter(t testing.TB, env []string, args ...string) *exporterProc {
-	t.Helper()
-	return startBinary(t, binary, env, args...)
-}
-
-func startBinary(t testing.TB, binary string, env []string, args ...string) *exporterProc {
-	t.Helper()
-	p := &exporterProc{addr: testutil.FreeAddr(t), done: make(chan struct{})}
-	p.cmd = exec.Command(binary, append([]string{"--web.listen-address=" + p.addr, "--log.level=debug"}, args...)...)
-	p.cmd.Env = append(os.Environ(), env...)
-	pr, pw := io.Pipe()
-	p.cmd.Stdout, p.cmd.Stderr = pw, pw
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.logs.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
-		}
-		_, _ = io.Copy(io.Discard, pr) // keep draining, or the process blocks on its stderr
-	}()
-	go func() {
-		_ = p.cmd.Wait()
-		p.code = p.cmd.ProcessState.ExitCode()
-		pw.Close()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		if t.Failed() {
-			t.Logf("exporter logs:\n%s", p.Logs())
-		}
-	})
-	return p
-}
-
-func (p *exporterProc) Logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.logs.String()
-}
-
-func (p *exporterProc) scrape(t testing.TB) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.addr+"/metrics", nil)
-	req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", "5")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return ""
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("/metrics: %s\n%s", resp.Status, b)
-	}
-	return string(b)
-}
-
-// waitFor scrapes until the exposition matches re, or fails after timeout.
-func (p *exporterProc) waitFor(t testing.TB, re string, timeout time.Duration) string {
-	t.Helper()
-	rx := regexp.MustCompile(re)
-	deadline := time.Now().Add(timeout)
-	var last string
-	for time.Now().Before(deadline) {
-		select {
-		case <-p.done:
-			t.Fatalf("exporter exited with %d while waiting for %s", p.code, re)
-		default:
-		}
-		if last = p.scrape(t); rx.MatchString(last) {
-			return last
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("no %s within %s; last scrape:\n%s", re, timeout, last)
-	return ""
-}
-
-func runToExit(t *testing.T, env []string, args ...string) (int, string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, args...)
-	cmd.Env = append(os.Environ(), env...)
-	out, _ := cmd.CombinedOutput()
-	return cmd.ProcessState.ExitCode(), string(out)
-}
 
 func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
 	const pw = "hunter2secret"
@@ -166,6 +41,9 @@ func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
 		{"dead cutoff too low", nil, []string{"--db.dsn=host=x", "--agent.definitive-dead-cutoff=100s"}, "--agent.definitive-dead-cutoff"},
 		{"zero interval", nil, []string{"--db.dsn=host=x", "--agent.heartbeat-interval=0s"}, "--agent.heartbeat-interval"},
 		{"zero max conns", nil, []string{"--db.dsn=host=x", "--db.max-conns=0"}, "--db.max-conns"},
+		{"too many conns", nil, []string{"--db.dsn=host=x", "--db.max-conns=1001"}, "--db.max-conns"},
+		{"zero connect timeout", nil, []string{"--db.dsn=host=x", "--db.connect-timeout=0s"}, "--db.connect-timeout"},
+		{"nil instance id", nil, []string{"--db.dsn=host=x", "--agent.instance-id=00000000-0000-0000-0000-000000000000"}, "--agent.instance-id"},
 		{"empty schema", nil, []string{"--db.dsn=host=x", "--db.schema="}, "--db.schema"},
 		{"schema cut by the server", nil, []string{"--db.dsn=host=x", "--db.schema=" + strings.Repeat("s", 64)}, "--db.schema"},
 		{"reserved schema", nil, []string{"--db.dsn=host=x", "--db.schema=pg_liveness"}, "--db.schema"},
@@ -198,13 +76,7 @@ func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
 			if code != exitConfig {
 				t.Fatalf("exit code %d, want %d; output:\n%s", code, exitConfig, out)
 			}
-			lines := strings.Split(strings.TrimSpace(out), "\n")
-			if len(lines) != 1 {
-				t.Errorf("want one line, got %d:\n%s", len(lines), out)
-			}
-			if !strings.Contains(out, tc.want) {
-				t.Errorf("output does not name %s:\n%s", tc.want, out)
-			}
+			checkOneLine(t, out, tc.want)
 			if strings.Contains(out, pw) {
 				t.Errorf("output leaks the password:\n%s", out)
 			}
@@ -212,43 +84,11 @@ func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
 	}
 }
 
-// The source's timing (an observer's fallback for rows without timing of their own, a
-// Whizbang source's cadence) is refused with an error that starts with the flag at
-// fault, whichever collectors run: the status page's reader used to report every such
-// error as the definitive-dead cutoff's.
-func TestSourceErrorsNameTheFlagAtFault(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		flag string
-	}{
-		{[]string{"--no-agent", "--no-collector.instances", "--agent.stale-threshold=-5s"}, "--agent.stale-threshold"},
-		{[]string{"--no-agent", "--agent.stale-threshold=0s"}, "--agent.stale-threshold"},
-		{[]string{"--no-agent", "--no-collector.instances", "--agent.definitive-dead-cutoff=1m"}, "--agent.definitive-dead-cutoff"},
-		{[]string{"--no-agent", "--source=whizbang", "--source.whizbang.stale-threshold=30s"}, "--source.whizbang.stale-threshold"},
-		{[]string{"--no-agent", "--source=whizbang", "--source.whizbang.heartbeat-interval=0s"}, "--source.whizbang.heartbeat-interval"},
-		{[]string{"--no-agent", "--source=whizbang", "--source.whizbang.definitive-dead-cutoff=1m"}, "--source.whizbang.definitive-dead-cutoff"},
-	} {
-		code, out := runToExit(t, nil, append([]string{"--db.dsn=host=x"}, tc.args...)...)
-		if code != exitConfig || !strings.Contains(out, "error: "+tc.flag+" ") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
-			t.Errorf("%v: exit %d, want %d and one line that starts with %s:\n%s", tc.args, code, exitConfig, tc.flag, out)
-		}
-		if strings.Contains(out, "Config.") {
-			t.Errorf("%v: the line names a library field, not a flag:\n%s", tc.args, out)
-		}
-	}
-}
-
 // Web configuration that cannot work is refused before anything starts: exit 2, one line
 // naming the flag, and no "starting" or "Listening" line before it.
 func TestBadWebConfigurationExitsTwo(t *testing.T) {
 	dir := t.TempDir()
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := func(name, content string) string { return writeFile(t, dir, name, content) }
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -275,19 +115,13 @@ func TestBadWebConfigurationExitsTwo(t *testing.T) {
 			if code != exitConfig {
 				t.Fatalf("exit code %d, want %d; output:\n%s", code, exitConfig, out)
 			}
-			if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 1 {
-				t.Errorf("want one line, got %d:\n%s", len(lines), out)
-			}
-			if !strings.Contains(out, tc.want) {
-				t.Errorf("output does not name %s:\n%s", tc.want, out)
-			}
+			checkOneLine(t, out, tc.want)
 		})
 	}
 }
 
 func TestServesAndRecoversWhenDatabaseReturns(t *testing.T) {
-	srv := pgtest.NewServer(t)
-	db := pgtest.NewDBOn(t, srv)
+	srv, db := ownServer(t)
 	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN},
 		"--agent.heartbeat-interval=1s", "--agent.heartbeat-slow-interval=2s",
 		"--agent.stale-threshold=5s", "--agent.definitive-dead-cutoff=20s")
@@ -338,16 +172,9 @@ func TestSIGTERMRemovesOwnRowAndExitsZero(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT liveness.is_instance_alive($1, 90)`, id).Scan(&alive); err != nil || !alive {
 		t.Fatalf("agent not alive before SIGTERM: %v, %v", alive, err)
 	}
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("exporter did not exit within 20s of SIGTERM")
-	}
-	if p.code != 0 {
-		t.Fatalf("exit code %d after SIGTERM, want 0", p.code)
+	p.signal(t, syscall.SIGTERM)
+	if code := p.exitCode(t, 20*time.Second, "SIGTERM"); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0", code)
 	}
 	var rows int
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM liveness.instances WHERE instance_id = $1`, id).Scan(&rows); err != nil || rows != 0 {
@@ -409,11 +236,7 @@ func TestConnectionBudgetWithOnePooledConnection(t *testing.T) {
 			t.Errorf("after 6s with one pooled connection, /metrics lacks %s", want)
 		}
 	}
-	for _, c := range []string{"instances", "leases", "advisory_locks", "statements", "agent"} {
-		if !strings.Contains(body, `pg_liveness_scrape_collector_success{collector="`+c+`"} 1`) {
-			t.Errorf("collector %s did not succeed with one pooled connection", c)
-		}
-	}
+	checkCollectors(t, "with one pooled connection", body, "instances", "leases", "advisory_locks", "statements", "agent")
 	if t.Failed() {
 		t.Logf("last scrape:\n%s", body)
 	}
@@ -431,13 +254,8 @@ func TestDuplicateInstanceIDExitsNonZeroWithoutWriting(t *testing.T) {
 	second := startExporter(t, env, "--agent.instance-id="+id, "--agent.service-name=second",
 		"--agent.duplicate-timeout=3s")
 	second.waitFor(t, `(?m)^pg_liveness_agent_duplicate_instance 1$`, 30*time.Second)
-	select {
-	case <-second.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the duplicate did not exit within 30s (--agent.duplicate-timeout=3s)")
-	}
-	if second.code != 1 {
-		t.Fatalf("the duplicate exited with %d, want 1", second.code)
+	if code := second.exitCode(t, 30*time.Second, "finding its id's lock held (--agent.duplicate-timeout=3s)"); code != 1 {
+		t.Fatalf("the duplicate exited with %d, want 1", code)
 	}
 	conn := db.Conn(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -448,5 +266,58 @@ func TestDuplicateInstanceIDExitsNonZeroWithoutWriting(t *testing.T) {
 	}
 	if service != "first" {
 		t.Fatalf("service_name = %q: the duplicate wrote the row", service)
+	}
+}
+
+// The binary's logger removes passwords from every line, in both formats.
+func TestLoggerRemovesPasswords(t *testing.T) {
+	for _, format := range []string{"logfmt", "json"} {
+		t.Run(format, func(t *testing.T) {
+			f, err := parseFlags([]string{"--log.format=" + format}, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var buf bytes.Buffer
+			logtest.LogPasswords(newLogger(f, &buf))
+			if leak, problem := logtest.Leak(buf.String()); leak != "" || problem != "" {
+				t.Fatalf("leaked %q (%s):\n%s", leak, problem, buf.String())
+			}
+		})
+	}
+}
+
+// `make build` stamps the version from git into pg_liveness_exporter_build_info; a plain
+// `go build` leaves version and branch empty.
+func TestMakeBuildStampsVersion(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Fatal("make is not installed: apt-get install make")
+	}
+	bin := filepath.Join(t.TempDir(), "pg_liveness_exporter")
+	if out, err := exec.Command("make", "--no-print-directory", "build", "BINARY="+bin).CombinedOutput(); err != nil {
+		t.Fatalf("make build: %v\n%s", err, out)
+	}
+	revision, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Fatalf("git rev-parse HEAD (the test needs the git checkout): %v", err)
+	}
+
+	db := pgtest.NewDB(t)
+	p := startBinary(t, bin, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--no-agent")
+	line := regexp.MustCompile(`(?m)^pg_liveness_exporter_build_info\{.*\} 1$`).FindString(
+		p.waitFor(t, `(?m)^pg_liveness_exporter_build_info\{`, 30*time.Second))
+	labels := map[string]string{}
+	for _, m := range regexp.MustCompile(`(\w+)="([^"]*)"`).FindAllStringSubmatch(line, -1) {
+		labels[m[1]] = m[2]
+	}
+	for _, name := range []string{"version", "revision", "branch", "goversion"} {
+		if labels[name] == "" || labels[name] == "unknown" {
+			t.Errorf("build_info label %s is %q; want it stamped: %s", name, labels[name], line)
+		}
+	}
+	if want := strings.TrimSpace(string(revision)); labels["revision"] != want {
+		t.Errorf("build_info revision %q, want git's HEAD %s", labels["revision"], want)
+	}
+	if strings.Contains(labels["version"], " ") {
+		t.Errorf("build_info version %q has a space", labels["version"])
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"os/exec"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -35,35 +33,35 @@ func readmeBlock(t *testing.T, name string) string {
 	return s[start:end]
 }
 
-// firstColumnNames collects the `names` in the first column of a Markdown table.
-func firstColumnNames(block string, re *regexp.Regexp) []string {
-	var names []string
-	sc := bufio.NewScanner(strings.NewReader(block))
-	for sc.Scan() {
-		cols := strings.Split(sc.Text(), "|")
-		if len(cols) < 3 {
-			continue
-		}
-		if m := re.FindStringSubmatch(cols[1]); m != nil {
-			names = append(names, m[1])
-		}
-	}
-	sort.Strings(names)
-	return names
-}
-
-func diff(a, b []string) (onlyA, onlyB []string) {
-	for _, x := range a {
-		if !slices.Contains(b, x) {
-			onlyA = append(onlyA, x)
+// checkDocumented fails the test unless the first column of the README's table in the
+// block ("flags") holds exactly the names the binary has ("accepted"), each as re's first
+// group.
+func checkDocumented(t *testing.T, block string, re *regexp.Regexp, has string, names []string) {
+	t.Helper()
+	var documented []string
+	for line := range strings.Lines(readmeBlock(t, block)) {
+		if cols := strings.Split(line, "|"); len(cols) >= 3 {
+			if m := re.FindStringSubmatch(cols[1]); m != nil {
+				documented = append(documented, m[1])
+			}
 		}
 	}
-	for _, x := range b {
-		if !slices.Contains(a, x) {
-			onlyB = append(onlyB, x)
+	var undocumented, unknown []string
+	for _, x := range names {
+		if !slices.Contains(documented, x) {
+			undocumented = append(undocumented, x)
 		}
 	}
-	return onlyA, onlyB
+	for _, x := range documented {
+		if !slices.Contains(names, x) {
+			unknown = append(unknown, x)
+		}
+	}
+	slices.Sort(undocumented)
+	slices.Sort(unknown)
+	if len(undocumented) > 0 || len(unknown) > 0 {
+		t.Fatalf("README %s out of step: %s but undocumented %v; documented but not %[2]s %[4]v", block, has, undocumented, unknown)
+	}
 }
 
 // The configuration reference lists exactly the flags the binary accepts.
@@ -71,21 +69,11 @@ func TestReadmeFlagsMatchTheBinary(t *testing.T) {
 	app, _ := newApp(io.Discard)
 	var accepted []string
 	for _, f := range app.Model().Flags {
-		switch f.Name {
-		case "help", "help-long", "help-man", "version", "completion-bash", "completion-script-bash", "completion-script-zsh":
-			continue
+		if !f.Hidden && !slices.Contains(kingpinFlags, f.Name) {
+			accepted = append(accepted, f.Name)
 		}
-		if f.Hidden {
-			continue
-		}
-		accepted = append(accepted, f.Name)
 	}
-	sort.Strings(accepted)
-	documented := firstColumnNames(readmeBlock(t, "flags"), regexp.MustCompile("`--(?:\\[no-\\])?([a-z0-9_.-]+)`"))
-	undocumented, unknown := diff(accepted, documented)
-	if len(undocumented) > 0 || len(unknown) > 0 {
-		t.Fatalf("README flags out of step: accepted but undocumented %v; documented but not accepted %v", undocumented, unknown)
-	}
+	checkDocumented(t, "flags", regexp.MustCompile("`--(?:\\[no-\\])?([a-z0-9_.-]+)`"), "accepted", accepted)
 }
 
 // The metrics reference lists exactly the pg_liveness_* metrics the binary exposes: those
@@ -111,12 +99,7 @@ func TestReadmeMetricsMatchTheExporter(t *testing.T) {
 			names = append(names, n)
 		}
 	}
-	sort.Strings(names)
-	documented := firstColumnNames(readmeBlock(t, "metrics"), regexp.MustCompile("`(pg_liveness_[a-z_]+)`"))
-	undocumented, unknown := diff(names, documented)
-	if len(undocumented) > 0 || len(unknown) > 0 {
-		t.Fatalf("README metrics out of step: exposed but undocumented %v; documented but not exposed %v", undocumented, unknown)
-	}
+	checkDocumented(t, "metrics", regexp.MustCompile("`(pg_liveness_[a-z_]+)`"), "exposed", names)
 }
 
 // TestReadmeQuotesTheShutdownBudget: the README's number for the agent's SIGTERM

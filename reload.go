@@ -2,10 +2,10 @@ package main
 
 // What can change while the exporter runs: --db.dsn-file (on SIGHUP) and
 // --web.config.file (on SIGHUP, and whenever the file or a certificate it names
-// changes), and the metrics that say whether the last reload of them succeeded.
+// changes), and the metrics that say whether the last reload of them succeeded. Every
+// reload runs in run's one loop (waitForEnd), never two at once.
 
 import (
-	"context"
 	"log/slog"
 	"strings"
 	"sync"
@@ -110,36 +110,22 @@ func reloadWebConfig(web *webconfig.Served, status *reloadStatus, force bool, lo
 	}
 }
 
-// watchWebConfig reloads the web configuration whenever it changes, until ctx ends.
-func watchWebConfig(ctx context.Context, web *webconfig.Served, status *reloadStatus, logger *slog.Logger) {
-	t := time.NewTicker(webConfigPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			reloadWebConfig(web, status, false, logger)
-		}
-	}
-}
-
 // reload handles SIGHUP: it re-reads --web.config.file, and --db.dsn-file, whose DSN the
 // pool's new connections then use (credential rotation; the alive lock's direct
 // connection keeps the DSN it started with). A file that is refused leaves the previous
 // configuration in force and says so.
-func reload(f *flags, w *wired, logger *slog.Logger) {
-	if w.web == nil && f.dsnFile == "" {
+func reload(c *config, w *wired, logger *slog.Logger) {
+	if w.web == nil && c.dsnFile == "" {
 		logger.Info("SIGHUP: nothing to reload without --db.dsn-file or --web.config.file")
 		return
 	}
 	if w.web != nil {
 		reloadWebConfig(w.web, w.reloads, true, logger)
 	}
-	if f.dsnFile == "" {
+	if c.dsnFile == "" {
 		return
 	}
-	s, err := dsn.Resolve("", f.dsnFile, "")
+	s, err := dsn.Resolve("", c.dsnFile, "")
 	if err == nil {
 		err = w.dsnSwitch.Set(s)
 	}

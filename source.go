@@ -1,14 +1,11 @@
 package main
 
 // The source flags, bound to the data layer's source configuration: --source and
-// --source.whizbang.* here, --db.schema and the agent's stale threshold and definitive-dead
-// cutoff (the fallback for rows that record no timing) copied in by wire. The source is
-// checked once, by store.NewSource, and reaches every reader.
+// --source.whizbang.* here; --db.schema and the agent's stale threshold and definitive-dead
+// cutoff (the fallback for rows that record no timing) set its Schema and Fallback too
+// (flags.go). The source is checked once, by store.NewSource, and reaches every reader.
 
 import (
-	"fmt"
-	"time"
-
 	"github.com/alecthomas/kingpin/v2"
 
 	"github.com/pg-liveness/pg_liveness_exporter/store"
@@ -43,34 +40,3 @@ type whizbangPrefix struct{ w *store.Whizbang }
 
 func (p whizbangPrefix) Set(v string) error { p.w.Prefix, p.w.NoPrefix = v, v == ""; return nil }
 func (p whizbangPrefix) String() string     { return p.w.Prefix }
-
-// checkSourceFlags refuses a zero duration or an empty name among the flags the source
-// takes: the library takes zero or empty for its default, but on the command line it is
-// a mistake (an empty --source.whizbang.prefix is not: it means no prefix).
-func checkSourceFlags(f *flags) error {
-	type value struct {
-		flag  string
-		value any
-	}
-	values := []value{{"--agent.stale-threshold", f.stale}, {"--agent.definitive-dead-cutoff", f.definitiveDead}}
-	if w := f.source.Whizbang; f.source.Kind == store.SourceWhizbang {
-		values = []value{{"--source.whizbang.schema", w.Schema}, {"--source.whizbang.lock-key-prefix", w.LockKeyPrefix},
-			{"--source.whizbang.heartbeat-interval", w.Timing.HeartbeatInterval},
-			{"--source.whizbang.heartbeat-slow-interval", w.Timing.HeartbeatSlowInterval},
-			{"--source.whizbang.stale-threshold", w.Timing.StaleThreshold},
-			{"--source.whizbang.definitive-dead-cutoff", w.Timing.DefinitiveDeadCutoff}}
-	}
-	for _, v := range values {
-		switch x := v.value.(type) {
-		case time.Duration:
-			if x == 0 {
-				return fmt.Errorf("%s (%s) must be positive", v.flag, x)
-			}
-		case string:
-			if x == "" {
-				return fmt.Errorf("%s must not be empty", v.flag)
-			}
-		}
-	}
-	return nil
-}

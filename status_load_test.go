@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -149,10 +147,7 @@ func TestScrapeLatencyUnderStatusPageLoad(t *testing.T) {
 // at the scrape budget's scale and reports the median scrape idle and under 100
 // concurrent status-page clients, taken side by side, and their ratio.
 func BenchmarkScrapeUnderStatusPageLoad(b *testing.B) {
-	bin := filepath.Join(b.TempDir(), "pg_liveness_exporter")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		b.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildForBenchmark(b)
 	p := startBinary(b, bin, []string{"DATA_SOURCE_NAME=" + benchdata.Build(b)}, "--no-agent")
 	p.waitFor(b, `(?m)^pg_liveness_up 1$`, 60*time.Second)
 	b.ResetTimer()

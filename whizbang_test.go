@@ -1,9 +1,10 @@
 package main
 
+// The binary on a Whizbang database (--source=whizbang, source.go): read as it is, by
+// every reader alike, and its flags' errors.
+
 import (
 	"context"
-	"encoding/json"
-	"net/http"
 	"regexp"
 	"strings"
 	"testing"
@@ -20,8 +21,7 @@ import (
 // our states, matches its alive locks, flags keys two instances share, and writes
 // nothing.
 func TestWhizbangSource(t *testing.T) {
-	srv := pgtest.NewServer(t)
-	db := pgtest.NewDBOn(t, srv)
+	_, db := ownServer(t)
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 	f := whizbangtest.NewFixture(t, db)
 	src := f.Source
@@ -95,15 +95,7 @@ func TestWhizbangSource(t *testing.T) {
 		} `json:"instances"`
 		AdvisoryLocks any `json:"advisory_locks"`
 	}
-	resp, err := http.Get("http://" + e.addr + "/status.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = json.NewDecoder(resp.Body).Decode(&page)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.statusPage(t, &page)
 	states := map[string]string{}
 	for _, r := range page.Instances.Rows {
 		states[r.InstanceID] = r.State
@@ -148,13 +140,7 @@ func TestWhizbangSourceErrors(t *testing.T) {
 func TestWhizbangSourceMissingTable(t *testing.T) {
 	db := pgtest.NewDB(t)
 	e := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--no-agent", "--source=whizbang", "--source.whizbang.prefix=nope_")
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(e.Logs(), "nope_service_instances does not exist") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no log line about the missing table:\n%s", e.Logs())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitLog(t, e, "nope_service_instances does not exist")
 	if !strings.Contains(e.Logs(), "--source.whizbang.prefix") {
 		t.Fatalf("the log line does not name the flag:\n%s", e.Logs())
 	}
@@ -178,21 +164,13 @@ func TestWhizbangEmptyPrefixOneTableForEveryReader(t *testing.T) {
 		strings.Contains(body, "from_wh_service_instances") {
 		t.Errorf("the collectors did not read public.service_instances alone:\n%s", body)
 	}
-	resp, err := http.Get("http://" + e.addr + "/status.json")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var page struct {
 		Errors   []string `json:"errors"`
 		Services []struct {
 			Name string `json:"name"`
 		} `json:"services"`
 	}
-	err = json.NewDecoder(resp.Body).Decode(&page)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.statusPage(t, &page)
 	if len(page.Errors) > 0 || len(page.Services) != 1 || page.Services[0].Name != "from_service_instances" {
 		t.Errorf("the status page read %+v (errors %v); want the service of public.service_instances alone", page.Services, page.Errors)
 	}

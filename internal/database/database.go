@@ -21,14 +21,23 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 	"github.com/pg-liveness/pg_liveness_exporter/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
-// PoolConfig is what the pool needs.
+// The binary's defaults for a PoolConfig, and the largest pool it takes.
+const (
+	DefaultMaxConns       = 2
+	MaxMaxConns           = 1000
+	DefaultConnectTimeout = 5 * time.Second
+)
+
+// PoolConfig is what the pool needs. NewPool refuses it with a *store.ConfigError that
+// names the PoolConfig field, for the binary to map to its flag.
 type PoolConfig struct {
 	DSN             string
-	MaxConns        int32
+	MaxConns        int32         // 1 to MaxMaxConns
 	ApplicationName string        // unless the DSN sets one
-	ConnectTimeout  time.Duration // per connection attempt, unless the DSN sets one
+	ConnectTimeout  time.Duration // per connection attempt, unless the DSN sets one; above zero
 	// Logger gets one warning when the server is a PostgreSQL major outside MinMajor to
 	// MaxMajor (VersionWarning), read from the first connection (and again when a new
 	// connection reports another version). Nil logs nothing.
@@ -81,12 +90,15 @@ func NewPool(cfg PoolConfig) (*pgxpool.Pool, error) {
 
 // NewSwitchablePool is NewPool, and returns the switch that changes its DSN (on a reload).
 func NewSwitchablePool(cfg PoolConfig) (*pgxpool.Pool, *DSNSwitch, error) {
+	if cfg.MaxConns < 1 || cfg.MaxConns > MaxMaxConns {
+		return nil, nil, &store.ConfigError{Field: "PoolConfig.MaxConns", Reason: fmt.Sprintf("must be between 1 and %d, got %d", MaxMaxConns, cfg.MaxConns)}
+	}
+	if cfg.ConnectTimeout <= 0 {
+		return nil, nil, &store.ConfigError{Field: "PoolConfig.ConnectTimeout", Reason: fmt.Sprintf("must be above zero, got %s", cfg.ConnectTimeout)}
+	}
 	pc, err := pgxpool.ParseConfig(cfg.DSN)
 	if err != nil {
 		return nil, nil, logging.RedactError(err)
-	}
-	if cfg.MaxConns < 1 {
-		return nil, nil, fmt.Errorf("--db.max-conns must be at least 1, got %d", cfg.MaxConns)
 	}
 	pc.MaxConns = cfg.MaxConns
 	pc.MinConns = 0

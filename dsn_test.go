@@ -1,5 +1,9 @@
 package main
 
+// The DSN as the binary reads it (--db.dsn, --db.dsn-file, DATA_SOURCE_NAME,
+// --db.direct-dsn): a file that is not one DSN refused at start, and no password printed
+// whatever its shape.
+
 import (
 	"bytes"
 	"context"
@@ -8,11 +12,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,7 +25,52 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 )
+
+// A --db.dsn-file that is not one DSN in a regular file exits 2 at once, with one line
+// naming the flag and no password: two DSNs on two lines, /dev/zero (read without bound
+// before), a FIFO without a writer (it blocked before listening, deaf to SIGTERM), a
+// directory, a UTF-16 file, a file of comments only.
+func TestDSNFileRefusedAtStart(t *testing.T) {
+	const pw = "hunter2secret"
+	dir := t.TempDir()
+	write := func(name, content string) string { return writeFile(t, dir, name, content) }
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, path, want string }{
+		{"two dsns", write("two", "host=a password="+pw+"\nhost=b password="+pw+"\n"), "holds 2 lines"},
+		{"dev zero", "/dev/zero", "is a character device, not a regular file"},
+		{"fifo", fifo, "is a named pipe (FIFO), not a regular file"},
+		{"directory", dir, "is a directory, not a regular file"},
+		{"utf-16", write("utf16", "\xff\xfeh\x00o\x00s\x00t\x00=\x00"), "UTF-16"},
+		{"comments only", write("comments", "# host=a password="+pw+"\n"), "holds no DSN"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			start := time.Now()
+			code, out := runToExit(t, nil, "--db.dsn-file="+c.path, "--web.listen-address=127.0.0.1:0")
+			if code != exitConfig {
+				t.Fatalf("exit %d after %s, want %d:\n%s", code, time.Since(start), exitConfig, out)
+			}
+			checkOneLine(t, out, "--db.dsn-file", c.want)
+			if strings.Contains(out, pw) {
+				t.Errorf("the password was printed:\n%s", out)
+			}
+		})
+	}
+}
+
+// A DSN file written by an editor that adds a UTF-8 byte-order mark works: the mark
+// used to become part of the first keyword, so host= was lost and the exporter retried
+// the default socket forever.
+func TestDSNFileWithByteOrderMark(t *testing.T) {
+	db := pgtest.NewDB(t)
+	file := writeFile(t, t.TempDir(), "dsn", "\uFEFF"+db.DSN+"\r\n")
+	p := startExporter(t, nil, "--db.dsn-file="+file, "--no-agent")
+	p.waitFor(t, `(?m)^pg_liveness_up 1$`, 30*time.Second)
+}
 
 // dsnShapes write a password into a DSN the ways operators do: keyword/value quoted and
 // escaped (\' and \\), quoted but not escaped, unquoted; URLs with the password raw (an
@@ -157,10 +206,7 @@ func dsnOutputs(t *testing.T, s, pw string) string {
 			out = append(out, what+": "+err.Error())
 		}
 	}
-	file := filepath.Join(t.TempDir(), "dsn")
-	if err := os.WriteFile(file, []byte(s+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := writeFile(t, t.TempDir(), "dsn", s+"\n")
 	_, err := dsn.Resolve(s, "", "")
 	add("flag", err)
 	_, err = dsn.Resolve("", file, "")

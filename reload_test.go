@@ -1,5 +1,9 @@
 package main
 
+// What SIGHUP and a change on disk reload (reload.go): --db.dsn-file and
+// --web.config.file, each refused change keeping what is in force, and the metrics that
+// say so.
+
 import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -26,6 +30,85 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 )
+
+// SIGHUP reloads --db.dsn-file (a rotated password is picked up) and never stops the
+// process; a reload that fails keeps the previous DSN.
+func TestSIGHUPReloadsDSNFile(t *testing.T) {
+	srv, db := ownServer(t)
+	newRole(t, srv, db, "rotated", "new-secret-pw", "SUPERUSER")
+	file := writeFile(t, t.TempDir(), "dsn", roleDSN(srv, db, "rotated", "old-secret-pw")+"\n")
+	p := startExporter(t, nil, "--db.dsn-file="+file, "--no-agent")
+	p.waitFor(t, `(?m)^pg_liveness_database_down_reason\{reason="auth"\} 1$`, 30*time.Second)
+
+	// A malformed file: the reload fails, the process lives on.
+	replaceFile(t, file, "host=127.0.0.1 port=bad password='x\\'new-secret-pw'\n")
+	p.signal(t, syscall.SIGHUP)
+	waitLog(t, p, "keeping the previous DSN")
+
+	replaceFile(t, file, roleDSN(srv, db, "rotated", "new-secret-pw")+"\n")
+	p.signal(t, syscall.SIGHUP)
+	waitLog(t, p, "reloaded --db.dsn-file")
+	p.waitFor(t, `(?m)^pg_liveness_up 1$`, 30*time.Second)
+	for _, pw := range []string{"old-secret-pw", "new-secret-pw"} {
+		if strings.Contains(p.Logs(), pw) {
+			t.Errorf("the password %s was logged", pw)
+		}
+	}
+}
+
+// Without --db.dsn-file there is nothing to reload, and SIGHUP still does not kill the
+// agent: it keeps its row and lock.
+func TestSIGHUPDoesNotKill(t *testing.T) {
+	db := pgtest.NewDB(t)
+	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN})
+	p.waitFor(t, `(?m)^pg_liveness_agent_alive_lock_held 1$`, 30*time.Second)
+	for range 3 {
+		p.signal(t, syscall.SIGHUP)
+	}
+	waitLog(t, p, "nothing to reload")
+	time.Sleep(500 * time.Millisecond)
+	p.waitFor(t, `(?m)^pg_liveness_agent_alive_lock_held 1$`, 10*time.Second)
+}
+
+// On SIGHUP the same rules hold, and a refused file keeps the DSN in use: a second line
+// or a FIFO put in its place is one log line naming the flag, the exporter goes on
+// scraping with the previous DSN, and it does not block on the FIFO.
+func TestDSNFileRefusedOnSIGHUP(t *testing.T) {
+	db := pgtest.NewDB(t)
+	file := writeFile(t, t.TempDir(), "dsn", db.DSN+"\n")
+	p := startExporter(t, nil, "--db.dsn-file="+file, "--no-agent")
+	p.waitFor(t, `(?m)^pg_liveness_up 1$`, 30*time.Second)
+
+	refusals := 0
+	for _, c := range []struct {
+		name    string
+		replace func() error
+		want    string
+	}{
+		{"two lines", func() error { return os.WriteFile(file, []byte(db.DSN+"\nhost=elsewhere\n"), 0o600) }, "holds 2 lines"},
+		{"fifo", func() error {
+			if err := os.Remove(file); err != nil {
+				return err
+			}
+			return syscall.Mkfifo(file, 0o600)
+		}, "is a named pipe (FIFO), not a regular file"},
+	} {
+		if err := c.replace(); err != nil {
+			t.Fatal(err)
+		}
+		p.signal(t, syscall.SIGHUP)
+		refusals++
+		waitLogCount(t, p, "keeping the previous DSN", refusals)
+		if line := lastLogLine(p, "keeping the previous DSN"); !strings.Contains(line, "--db.dsn-file") || !strings.Contains(line, c.want) {
+			t.Errorf("%s: the log line does not name --db.dsn-file and say %q: %s", c.name, c.want, line)
+		}
+		// Still scraping through the previous DSN.
+		p.waitFor(t, `(?m)^pg_liveness_up 1$`, 10*time.Second)
+	}
+	if strings.Contains(p.Logs(), db.Server.Password) {
+		t.Error("the password was logged")
+	}
+}
 
 // webConfigDir writes a self-signed certificate for 127.0.0.1 and its key into a new
 // folder, and returns the folder and a pool that trusts the certificate.
@@ -59,18 +142,6 @@ func webConfigDir(t *testing.T) (string, *x509.CertPool) {
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
 	return dir, pool
-}
-
-// replaceFile replaces path's contents in one step (a rename), as editors and Kubernetes
-// do, so that a reader never sees a half-written file.
-func replaceFile(t *testing.T, path, content string) {
-	t.Helper()
-	if err := os.WriteFile(path+".new", []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(path+".new", path); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func bcryptOf(t *testing.T, pw string) string {
@@ -168,13 +239,7 @@ func TestWebConfigReloadKeepsTheLastValidOne(t *testing.T) {
 	for i, c := range changes {
 		c.change()
 		waitLogCount(t, p, refusal, i+1)
-		var line string
-		for l := range strings.Lines(p.Logs()) {
-			if strings.Contains(l, refusal) {
-				line = l
-			}
-		}
-		if !strings.Contains(line, file) || !strings.Contains(line, c.reason) {
+		if line := lastLogLine(p, refusal); !strings.Contains(line, file) || !strings.Contains(line, c.reason) {
 			t.Errorf("%s: the refusal does not name %s and say %q:\n%s", c.name, file, c.reason, line)
 		}
 		if code, _ := get("/metrics", "", ""); code != http.StatusUnauthorized {
@@ -190,9 +255,7 @@ func TestWebConfigReloadKeepsTheLastValidOne(t *testing.T) {
 		}
 	}
 	// SIGHUP checks the file again and says so again; polls said it once per change.
-	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
+	p.signal(t, syscall.SIGHUP)
 	waitLogCount(t, p, refusal, len(changes)+1)
 	if n := strings.Count(p.Logs(), refusal); n != len(changes)+1 {
 		t.Errorf("%d refusal lines for %d changes and a SIGHUP", n, len(changes))
@@ -230,13 +293,9 @@ func TestReloadMetricCountsTheDSNFile(t *testing.T) {
 	p := startExporter(t, nil, "--db.dsn-file="+file, "--no-agent")
 	p.waitFor(t, `(?m)^pg_liveness_exporter_config_last_reload_successful 1$`, 30*time.Second)
 	replaceFile(t, file, db.DSN+"\n"+db.DSN+"\n")
-	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
+	p.signal(t, syscall.SIGHUP)
 	p.waitFor(t, `(?m)^pg_liveness_exporter_config_last_reload_successful 0$`, 15*time.Second)
 	replaceFile(t, file, db.DSN+"\n")
-	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
+	p.signal(t, syscall.SIGHUP)
 	p.waitFor(t, `(?m)^pg_liveness_exporter_config_last_reload_successful 1$`, 15*time.Second)
 }

@@ -1,0 +1,336 @@
+package main
+
+// The flags, bound to the configuration types of the library (liveness.AgentConfig), the
+// data layer (store.SourceConfig, in source.go) and the pool (database.PoolConfig), with
+// those packages' Default* constants as their defaults; and fieldFlags, the one table
+// from those types' fields to the flags, which turns every *ConfigError (an error that
+// names a field) into one that names the flag.
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/google/uuid"
+	"github.com/prometheus/common/promslog"
+	"github.com/prometheus/common/promslog/flag"
+	"github.com/prometheus/common/version"
+	"github.com/prometheus/exporter-toolkit/web"
+	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
+
+	"github.com/pg-liveness/pg_liveness_exporter/collector"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
+)
+
+// config is what the flags set: the library's configuration types, field by field, and
+// the few settings of the binary's own. wire fills in what no flag gives (the pool's DSN
+// from --db.dsn, --db.dsn-file or DATA_SOURCE_NAME, a new instance id, the loggers).
+type config struct {
+	web           *web.FlagConfig
+	telemetryPath string
+	log           promslog.Config
+
+	dsn, dsnFile    string
+	pool            database.PoolConfig
+	applyMigrations bool
+
+	agentOn    bool // --agent: take part as an instance; --no-agent only observes
+	agent      liveness.AgentConfig
+	source     store.SourceConfig
+	collectors *collector.Config
+}
+
+func parseFlags(args []string, stderr io.Writer) (*config, error) {
+	app, c := newApp(stderr)
+	if _, err := app.Parse(args); err != nil {
+		return nil, nameFlagInError(err, args)
+	}
+	return c, nil
+}
+
+// newApp declares every flag of the binary.
+func newApp(stderr io.Writer) (*kingpin.Application, *config) {
+	app := kingpin.New(exporterName, "Takes part in a PostgreSQL-coordinated fleet and exports its liveness, leases and advisory locks.")
+	app.UsageWriter(stderr)
+	app.ErrorWriter(stderr)
+	app.Version(version.Print(exporterName))
+	app.HelpFlag.Short('h')
+	c := &config{}
+
+	c.web = kingpinflag.AddFlags(app, ":9816")
+	app.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").StringVar(&c.telemetryPath)
+	flag.AddFlags(app, &c.log)
+	addDatabaseFlags(app, c)
+	addAgentFlags(app, c)
+	addSourceFlags(app, &c.source)
+	c.collectors = collector.AddFlags(app)
+	return app, c
+}
+
+// addDatabaseFlags declares --db.* and --migrations.apply. --db.schema is the agent's
+// schema and the source's.
+func addDatabaseFlags(app *kingpin.Application, c *config) {
+	app.Flag("db.dsn", "PostgreSQL DSN (keyword/value or URL). Overrides DATA_SOURCE_NAME. Prefer --db.dsn-file: flags are visible in the process list.").StringVar(&c.dsn)
+	app.Flag("db.dsn-file", "File holding the PostgreSQL DSN.").StringVar(&c.dsnFile)
+	app.Flag("db.direct-dsn", "DSN for the alive lock's dedicated session. Must reach PostgreSQL directly, not a pooler in transaction mode. Default: the main DSN.").StringVar(&c.agent.DirectDSN)
+	app.Flag("db.max-conns", "Maximum connections in the pool for short statements (the alive lock adds one).").
+		Default(strconv.Itoa(database.DefaultMaxConns)).Int32Var(&c.pool.MaxConns)
+	app.Flag("db.schema", "Schema of the liveness objects.").Default(liveness.DefaultSchema).
+		PlaceHolder(strconv.Quote(liveness.DefaultSchema)). // quoted, as kingpin shows a string's default
+		SetValue(shared(func(s string) (string, error) { return s, nil }, &c.agent.Schema, &c.source.Schema))
+	app.Flag("db.connect-timeout", "Timeout of one connection attempt.").
+		Default(database.DefaultConnectTimeout.String()).DurationVar(&c.pool.ConnectTimeout)
+	app.Flag("migrations.apply", "Apply the embedded migrations once the database answers.").Default("true").BoolVar(&c.applyMigrations)
+}
+
+// addAgentFlags declares --agent and --agent.*, bound to the agent's configuration. The
+// stale threshold and the definitive-dead cutoff are also the source's fallback for rows
+// that record no timing of their own.
+func addAgentFlags(app *kingpin.Application, c *config) {
+	a, t, fallback := &c.agent, &c.agent.Timing, &c.source.Fallback
+	duration := func(name, help string, def time.Duration, fields ...*time.Duration) {
+		app.Flag(name, help).Default(def.String()).SetValue(shared(time.ParseDuration, fields...))
+	}
+	app.Flag("agent", "Take part as a live instance (alive lock, heartbeat, reaper). --no-agent runs a pure observer.").Default("true").BoolVar(&c.agentOn)
+	app.Flag("agent.instance-id", "Instance id (uuid). Default: a new one per start.").SetValue(instanceIDValue{&a.InstanceID})
+	app.Flag("agent.service-name", "Service name recorded in the instances table.").Default(exporterName).StringVar(&a.ServiceName)
+	app.Flag("agent.liveness-mode", "advisory-lock-when-available or heartbeat-table-only.").Default(string(liveness.ModeAdvisoryLockWhenAvailable)).
+		EnumVar((*string)(&a.Mode), string(liveness.ModeAdvisoryLockWhenAvailable), string(liveness.ModeHeartbeatTableOnly))
+	duration("agent.heartbeat-interval", "Fast heartbeat cadence, used while the alive lock is not held.", liveness.DefaultHeartbeatInterval, &t.HeartbeatInterval)
+	duration("agent.heartbeat-slow-interval", "Slow heartbeat cadence, used while the alive lock is held and verified.", liveness.DefaultHeartbeatSlowInterval, &t.HeartbeatSlowInterval)
+	duration("agent.stale-threshold", "A heartbeat older than this is stale (unless the alive lock is held). Recorded in the agent's instance row; as an observer, used only for rows that record none.",
+		liveness.DefaultStaleThreshold, &t.StaleThreshold, &fallback.StaleThreshold)
+	duration("agent.definitive-dead-cutoff", "A heartbeat older than this is dead even with the alive lock held (half-open sessions, hung processes). Recorded in the agent's instance row; as an observer, used only for rows that record none.",
+		liveness.DefaultDefinitiveDeadCutoff, &t.DefinitiveDeadCutoff, &fallback.DefinitiveDeadCutoff)
+	duration("agent.lock-grace", "How long observers wait for proof of life after this agent's alive lock vanished before they call it dead. Recorded in its instance row.", liveness.DefaultLockGrace, &t.LockGrace)
+	duration("agent.tcp-keepalive-idle", "Server-side tcp_keepalives_idle of the alive lock's session.", liveness.DefaultKeepaliveIdle, &a.KeepaliveIdle)
+	duration("agent.tcp-keepalive-interval", "Server-side tcp_keepalives_interval of the alive lock's session.", liveness.DefaultKeepaliveInterval, &a.KeepaliveInterval)
+	app.Flag("agent.tcp-keepalive-count", "Server-side tcp_keepalives_count of the alive lock's session.").Default(strconv.Itoa(liveness.DefaultKeepaliveCount)).IntVar(&a.KeepaliveCount)
+	duration("agent.tcp-user-timeout", "Server-side tcp_user_timeout of the alive lock's session.", liveness.DefaultUserTimeout, &a.UserTimeout)
+	app.Flag("agent.reaper", "Run cleanup_stale_instances as a lease-protected singleton.").Default("true").BoolVar(&a.Reaper)
+	duration("agent.reaper-interval", "How often the reaper runs.", liveness.DefaultReaperInterval, &a.ReaperInterval)
+	duration("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.", liveness.DefaultReaperLeaseTTL, &a.ReaperLeaseTTL)
+	duration("agent.duplicate-timeout", "How long the agent waits, writing nothing, while another process holds its instance id's alive lock, before it exits non-zero.",
+		liveness.DefaultDuplicateTimeout, &a.DuplicateTimeout)
+}
+
+// sharedValue is a flag whose one value several configuration fields take.
+type sharedValue[T any] struct {
+	parse  func(string) (T, error)
+	fields []*T
+}
+
+func shared[T any](parse func(string) (T, error), fields ...*T) sharedValue[T] {
+	return sharedValue[T]{parse: parse, fields: fields}
+}
+
+func (v sharedValue[T]) Set(s string) error {
+	x, err := v.parse(s)
+	if err != nil {
+		return err
+	}
+	for _, f := range v.fields {
+		*f = x
+	}
+	return nil
+}
+
+func (v sharedValue[T]) String() string { return fmt.Sprint(*v.fields[0]) }
+
+// instanceIDValue is --agent.instance-id. Unset, it leaves the nil uuid, for which wire
+// takes a new one; given, it must be a uuid other than the nil UUID.
+type instanceIDValue struct{ id *uuid.UUID }
+
+func (v instanceIDValue) Set(s string) error {
+	id, err := uuid.Parse(s)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%q is not a uuid", s)
+	case id == uuid.Nil:
+		return fmt.Errorf("%q is the nil UUID", s)
+	}
+	*v.id = id
+	return nil
+}
+
+func (v instanceIDValue) String() string {
+	if *v.id == uuid.Nil {
+		return ""
+	}
+	return v.id.String()
+}
+
+// nameFlagInError prefixes kingpin's value errors ("time: invalid duration \"soon\"")
+// with the flag whose value they quote, so the one line says which flag is wrong.
+func nameFlagInError(err error, args []string) error {
+	msg := err.Error()
+	if strings.Contains(msg, "--") || strings.Contains(msg, "flag") {
+		return err
+	}
+	for i, a := range args {
+		name, value, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !strings.HasPrefix(a, "--") {
+			continue
+		}
+		if !ok && i+1 < len(args) {
+			value = args[i+1]
+		}
+		if value != "" && strings.Contains(msg, value) {
+			return fmt.Errorf("--%s: %s", name, msg)
+		}
+	}
+	return err
+}
+
+// fieldFlags is the one table from the configuration fields that flags set (of
+// liveness.AgentConfig, store.SourceConfig, database.PoolConfig) to those flags: the
+// packages' errors name fields, and the binary reports flags. TestFieldFlagsAreTheFlags
+// checks it against what each flag really sets.
+var fieldFlags = map[string]string{
+	"AgentConfig.DirectDSN":                    "--db.direct-dsn",
+	"AgentConfig.Schema":                       "--db.schema",
+	"AgentConfig.InstanceID":                   "--agent.instance-id",
+	"AgentConfig.ServiceName":                  "--agent.service-name",
+	"AgentConfig.Mode":                         "--agent.liveness-mode",
+	"AgentConfig.Timing.HeartbeatInterval":     "--agent.heartbeat-interval",
+	"AgentConfig.Timing.HeartbeatSlowInterval": "--agent.heartbeat-slow-interval",
+	"AgentConfig.Timing.StaleThreshold":        "--agent.stale-threshold",
+	"AgentConfig.Timing.DefinitiveDeadCutoff":  "--agent.definitive-dead-cutoff",
+	"AgentConfig.Timing.LockGrace":             "--agent.lock-grace",
+	"AgentConfig.KeepaliveIdle":                "--agent.tcp-keepalive-idle",
+	"AgentConfig.KeepaliveInterval":            "--agent.tcp-keepalive-interval",
+	"AgentConfig.KeepaliveCount":               "--agent.tcp-keepalive-count",
+	"AgentConfig.UserTimeout":                  "--agent.tcp-user-timeout",
+	"AgentConfig.Reaper":                       "--agent.reaper",
+	"AgentConfig.ReaperInterval":               "--agent.reaper-interval",
+	"AgentConfig.ReaperLeaseTTL":               "--agent.reaper-lease-ttl",
+	"AgentConfig.DuplicateTimeout":             "--agent.duplicate-timeout",
+
+	"SourceConfig.Kind":                                  "--source",
+	"SourceConfig.Schema":                                "--db.schema",
+	"SourceConfig.Fallback.StaleThreshold":               "--agent.stale-threshold",
+	"SourceConfig.Fallback.DefinitiveDeadCutoff":         "--agent.definitive-dead-cutoff",
+	"SourceConfig.Whizbang.Schema":                       "--source.whizbang.schema",
+	"SourceConfig.Whizbang.Prefix":                       "--source.whizbang.prefix",
+	"SourceConfig.Whizbang.NoPrefix":                     "--source.whizbang.prefix",
+	"SourceConfig.Whizbang.LockKeyPrefix":                "--source.whizbang.lock-key-prefix",
+	"SourceConfig.Whizbang.Timing.HeartbeatInterval":     "--source.whizbang.heartbeat-interval",
+	"SourceConfig.Whizbang.Timing.HeartbeatSlowInterval": "--source.whizbang.heartbeat-slow-interval",
+	"SourceConfig.Whizbang.Timing.StaleThreshold":        "--source.whizbang.stale-threshold",
+	"SourceConfig.Whizbang.Timing.DefinitiveDeadCutoff":  "--source.whizbang.definitive-dead-cutoff",
+
+	"PoolConfig.MaxConns":       "--db.max-conns",
+	"PoolConfig.ConnectTimeout": "--db.connect-timeout",
+}
+
+// flagOf is the flag that sets field, or field itself if none does.
+func flagOf(field string) string { return cmp.Or(fieldFlags[field], field) }
+
+// asFlagError rewrites a *ConfigError (the one error type of the library, the data layer
+// and the pool for their configuration) in terms of the flags: the field it names, and
+// every field its reason mentions.
+func asFlagError(err error) error {
+	var ce *store.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	reason := ce.Reason
+	// Longest field first, so that no field's name is rewritten inside a longer one's.
+	fields := slices.SortedFunc(maps.Keys(fieldFlags), func(a, b string) int { return cmp.Compare(len(b), len(a)) })
+	for _, from := range fields {
+		reason = strings.ReplaceAll(reason, from, fieldFlags[from])
+	}
+	return errors.New(flagOf(ce.Field) + " " + reason)
+}
+
+// setting is a configuration field and its value, for refuseUnset.
+type setting struct {
+	field string
+	value any
+}
+
+// refuseUnset refuses a zero duration or an empty string among settings the library
+// would take for its default: on the command line that is a mistake. Errors name the
+// field's flag.
+func refuseUnset(settings ...setting) error {
+	for _, s := range settings {
+		switch v := s.value.(type) {
+		case time.Duration:
+			if v == 0 {
+				return fmt.Errorf("%s (%s) must be positive", flagOf(s.field), v)
+			}
+		case string:
+			if v == "" {
+				return fmt.Errorf("%s must not be empty", flagOf(s.field))
+			}
+		}
+	}
+	return nil
+}
+
+// checkFlags refuses what the library would take differently from what the flags mean:
+// a zero or empty value the library takes for its default, a service name that cannot be
+// a label value, an agent writing to a Whizbang database. The rest the constructors
+// check, by field.
+func checkFlags(c *config) error {
+	s, w, t := &c.source, &c.source.Whizbang, &c.source.Whizbang.Timing
+	settings := []setting{{"SourceConfig.Schema", s.Schema}}
+	if s.Kind == store.SourceWhizbang { // an empty --source.whizbang.prefix is no prefix
+		settings = append(settings, setting{"SourceConfig.Whizbang.Schema", w.Schema},
+			setting{"SourceConfig.Whizbang.LockKeyPrefix", w.LockKeyPrefix},
+			setting{"SourceConfig.Whizbang.Timing.HeartbeatInterval", t.HeartbeatInterval},
+			setting{"SourceConfig.Whizbang.Timing.HeartbeatSlowInterval", t.HeartbeatSlowInterval},
+			setting{"SourceConfig.Whizbang.Timing.StaleThreshold", t.StaleThreshold},
+			setting{"SourceConfig.Whizbang.Timing.DefinitiveDeadCutoff", t.DefinitiveDeadCutoff})
+	} else {
+		settings = append(settings, setting{"SourceConfig.Fallback.StaleThreshold", s.Fallback.StaleThreshold},
+			setting{"SourceConfig.Fallback.DefinitiveDeadCutoff", s.Fallback.DefinitiveDeadCutoff})
+	}
+	if err := refuseUnset(settings...); err != nil {
+		return err
+	}
+	if err := validateLabel(c.agent.ServiceName); err != nil {
+		return fmt.Errorf("%s: %w", flagOf("AgentConfig.ServiceName"), err)
+	}
+	if !c.agentOn {
+		return nil
+	}
+	if s.Kind == store.SourceWhizbang {
+		return errors.New("--source=whizbang observes a Whizbang database and writes nothing to it: add --no-agent")
+	}
+	a := &c.agent
+	return refuseUnset(setting{"AgentConfig.Timing.HeartbeatInterval", a.Timing.HeartbeatInterval},
+		setting{"AgentConfig.Timing.HeartbeatSlowInterval", a.Timing.HeartbeatSlowInterval},
+		setting{"AgentConfig.Timing.StaleThreshold", a.Timing.StaleThreshold},
+		setting{"AgentConfig.Timing.DefinitiveDeadCutoff", a.Timing.DefinitiveDeadCutoff},
+		setting{"AgentConfig.Timing.LockGrace", a.Timing.LockGrace}, setting{"AgentConfig.ReaperInterval", a.ReaperInterval},
+		setting{"AgentConfig.ReaperLeaseTTL", a.ReaperLeaseTTL}, setting{"AgentConfig.DuplicateTimeout", a.DuplicateTimeout})
+}
+
+// validateLabel refuses a value that ends up as a label value and in the database as
+// text: it must be non-empty, valid UTF-8 and free of control characters.
+func validateLabel(s string) error {
+	if s == "" {
+		return errors.New("must not be empty")
+	}
+	if !utf8.ValidString(s) {
+		return errors.New("is not valid UTF-8")
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("contains the control character %U", r)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,164 @@
+package main
+
+// Serving: the web flags' checks, the listeners (bound before anything starts, so that a
+// port in use is a configuration error), the handlers (/metrics, /status, /status.json
+// and the landing page) and the HTTP server under the exporter-toolkit's configuration.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
+	"github.com/prometheus/common/version"
+	"github.com/prometheus/exporter-toolkit/web"
+
+	"github.com/pg-liveness/pg_liveness_exporter/collector"
+	statuspage "github.com/pg-liveness/pg_liveness_exporter/internal/status"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/webconfig"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
+)
+
+// loadWeb checks --web.telemetry-path and loads --web.config.file (nil without it).
+func loadWeb(c *config) (*webconfig.Served, error) {
+	if err := validateTelemetryPath(c.telemetryPath); err != nil {
+		return nil, fmt.Errorf("--web.telemetry-path %q: %w", c.telemetryPath, err)
+	}
+	if c.telemetryPath == "/status" || c.telemetryPath == "/status.json" {
+		return nil, fmt.Errorf("--web.telemetry-path %q is the status page's path", c.telemetryPath)
+	}
+	if *c.web.WebConfigFile == "" {
+		return nil, nil
+	}
+	served, err := webconfig.Load(*c.web.WebConfigFile)
+	if err != nil {
+		return nil, fmt.Errorf("--web.config.file %w", err)
+	}
+	return served, nil
+}
+
+// validateTelemetryPath accepts what http.ServeMux takes as a path pattern.
+func validateTelemetryPath(p string) (err error) {
+	if !strings.HasPrefix(p, "/") {
+		return errors.New(`must start with "/"`)
+	}
+	if strings.ContainsAny(p, " \t\n{}?#") {
+		return errors.New("must be a plain path without spaces, braces, ? or #")
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("not a valid path: %v", r)
+		}
+	}()
+	http.NewServeMux().Handle(p, http.NotFoundHandler())
+	return nil
+}
+
+// listen binds every --web.listen-address. It returns no listeners for systemd socket
+// activation and vsock addresses, which the toolkit opens itself.
+func listen(f *web.FlagConfig) ([]net.Listener, error) {
+	if f.WebSystemdSocket != nil && *f.WebSystemdSocket {
+		return nil, nil
+	}
+	for _, a := range *f.WebListenAddresses {
+		if strings.HasPrefix(a, "vsock://") {
+			return nil, nil
+		}
+	}
+	var ls []net.Listener
+	for _, a := range *f.WebListenAddresses {
+		l, err := net.Listen("tcp", a)
+		if err != nil {
+			closeAll(ls)
+			return nil, fmt.Errorf("--web.listen-address %q: %w", a, err)
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
+}
+
+func closeAll(ls []net.Listener) {
+	for _, l := range ls {
+		_ = l.Close()
+	}
+}
+
+// newHandler builds the collectors and the status page on the one source, and the mux
+// that serves them with the landing page.
+func newHandler(c *config, w *wired, agent collector.AgentSource, logger *slog.Logger) (*http.ServeMux, error) {
+	var status store.StatusSource
+	if w.source.Kind() != store.SourceWhizbang { // a Whizbang database has no schema of ours to report on
+		status = w.status
+	}
+	c.collectors.Status, c.collectors.Source = status, w.source
+	exporter, err := collector.New(*c.collectors, w.pool, agent, logger.With("component", "collector"))
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		versioncollector.NewCollector(exporterName), w.reloads)
+	// The status page reads the source the collectors read.
+	page, err := statuspage.New(statuspage.Config{DB: w.pool, Source: w.source, Agent: agent, Status: status,
+		Logger: logger.With("component", "status")})
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(c.telemetryPath, exporter.Handler(reg))
+	mux.Handle("/status", page)
+	mux.Handle("/status.json", page)
+	if c.telemetryPath != "/" {
+		landing, err := web.NewLandingPage(web.LandingConfig{
+			Name:        exporterName,
+			Description: "Liveness, leases and advisory locks of services that coordinate through PostgreSQL",
+			Version:     version.Info(),
+			Links:       []web.LandingLinks{{Address: c.telemetryPath, Text: "Metrics"}, {Address: "/status", Text: "Status"}},
+		})
+		if err != nil {
+			return nil, err
+		}
+		mux.Handle("/", landing)
+	}
+	return mux, nil
+}
+
+// server is the HTTP server and what it returned once it stopped serving.
+type server struct {
+	srv    *http.Server
+	served chan error
+}
+
+// serve starts serving mux on the listeners (or those the toolkit opens itself). The
+// toolkit reads the web configuration in force, kept in memory, never the operator's
+// file: a change of that is checked first (reload.go).
+func serve(f *web.FlagConfig, webConfig *webconfig.Served, listeners []net.Listener, mux http.Handler, logger *slog.Logger) *server {
+	toolkitFlags := *f
+	if webConfig != nil {
+		path := webConfig.Path()
+		toolkitFlags.WebConfigFile = &path
+	}
+	s := &server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, served: make(chan error, 1)}
+	go func() {
+		if listeners == nil { // systemd socket activation or vsock: the toolkit listens
+			s.served <- web.ListenAndServe(s.srv, &toolkitFlags, logger)
+			return
+		}
+		s.served <- web.ServeMultiple(listeners, s.srv, &toolkitFlags, logger)
+	}()
+	return s
+}
+
+// shutdown stops the server, giving requests in flight 5 s.
+func (s *server) shutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = s.srv.Shutdown(ctx)
+}
