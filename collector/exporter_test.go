@@ -415,7 +415,9 @@ func TestCollectorFailuresAreContained(t *testing.T) {
 func TestConfigErrorsNameTheFlag(t *testing.T) {
 	for flag, mutate := range map[string]func(*Config){
 		"--collector.instances.max-series":            func(c *Config) { c.Instances.MaxSeries = -1 },
+		"--collector.instances.max-services":          func(c *Config) { c.Instances.MaxServices = -1 },
 		"--collector.leases.table":                    func(c *Config) { c.Leases.Table = "a.b.c" },
+		"--collector.leases.max-series":               func(c *Config) { c.Leases.MaxSeries = -1 },
 		"--collector.advisory_locks.max-applications": func(c *Config) { c.AdvisoryLocks.MaxApplications = 0 },
 		"--collector.statements.pattern":              func(c *Config) { c.Statements.Patterns = []string{"bad=("} },
 		"--collector.statements.cache-size":           func(c *Config) { c.Statements.CacheSize = 0 },
@@ -446,6 +448,27 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 	}
 	if _, err := New(DefaultConfig(), nil, nil, nil); err == nil || !strings.Contains(err.Error(), "pool") {
 		t.Errorf("no pool: error %v, want one saying a pool is needed", err)
+	}
+}
+
+// A limit refuses a value below its least, naming its flag and the rule, and takes the
+// least itself.
+func TestLimitCheck(t *testing.T) {
+	for _, c := range []struct {
+		least, value int
+		want         string // "" for no error
+	}{
+		{0, -1, "--collector.x.max must be 0 or more, got -1"},
+		{0, 0, ""},
+		{1, 0, "--collector.x.max must be at least 1, got 0"},
+		{1, 1, ""},
+		{1, 500, ""},
+	} {
+		v := c.value
+		err := limit{flag: "collector.x.max", value: &v, least: c.least}.check()
+		if (err == nil) != (c.want == "") || (err != nil && err.Error() != c.want) {
+			t.Errorf("least %d, value %d: %v, want %q", c.least, c.value, err, c.want)
+		}
 	}
 }
 
