@@ -1,0 +1,84 @@
+// Package testdb builds, on pgtest's databases, what the tests of several packages start
+// from: the liveness objects migrated, a session with an application_name of its own,
+// and a SQL_ASCII database, which hands out whatever bytes were stored. Only tests import
+// it.
+package testdb
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+)
+
+// Migrate applies every migration in schema on a connection of its own, closed before it
+// returns, so that a test counting backends finds none left by its set-up.
+func Migrate(t testing.TB, dsn, schema string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := migrations.Apply(ctx, conn, schema); err != nil {
+		t.Fatalf("migrations: %v", err)
+	}
+}
+
+// Migrated is a fresh database (pgtest.NewDB) with every migration applied in the default
+// schema.
+func Migrated(t testing.TB) *pgtest.DB {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	Migrate(t, db.DSN, migrations.DefaultSchema)
+	return db
+}
+
+// MigratedPool is Migrated with a pool of maxConns connections on the database, closed
+// when the test ends.
+func MigratedPool(t testing.TB, maxConns int32) (*pgtest.DB, *pgxpool.Pool) {
+	t.Helper()
+	db := Migrated(t)
+	return db, db.Pool(t, maxConns)
+}
+
+// Session opens a connection to dsn that names itself app (its application_name, as
+// pg_stat_activity shows it), closed when the test ends.
+func Session(t testing.TB, dsn, app string) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = app
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+// SQLASCII creates, on db's server, an empty database whose encoding is SQL_ASCII, dropped
+// when the test ends, and returns its DSN. Such a database stores and hands out any
+// bytes, invalid UTF-8 included, in names, labels and jsonb strings.
+func SQLASCII(t testing.TB, db *pgtest.DB) string {
+	t.Helper()
+	if strings.Contains(db.DSN, "://") {
+		t.Fatalf("testdb.SQLASCII builds a keyword/value DSN; got a URL")
+	}
+	name := pgx.Identifier{db.Name + "_ascii"}.Sanitize()
+	db.Exec(t, `CREATE DATABASE `+name+` ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
+	t.Cleanup(func() { db.Exec(t, `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`) })
+	return db.DSN + " dbname=" + db.Name + "_ascii" // a later keyword wins
+}
