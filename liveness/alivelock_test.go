@@ -307,8 +307,12 @@ func TestAliveLockConfigErrors(t *testing.T) {
 			"aliveLockConfig.KeepaliveIdle (1.5s) must be a whole number of seconds"},
 		{"negative interval", func(c *aliveLockConfig) { c.KeepaliveInterval = -time.Second },
 			"aliveLockConfig.KeepaliveInterval (-1s) must not be negative"},
-		{"negative count", func(c *aliveLockConfig) { c.KeepaliveCount = -1 }, "aliveLockConfig.KeepaliveCount (-1)"},
-		{"negative user timeout", func(c *aliveLockConfig) { c.UserTimeout = -time.Second }, "aliveLockConfig.UserTimeout (-1s)"},
+		{"negative count", func(c *aliveLockConfig) { c.KeepaliveCount = -1 },
+			"aliveLockConfig.KeepaliveCount (-1) must not be negative"},
+		{"negative user timeout", func(c *aliveLockConfig) { c.UserTimeout = -time.Second },
+			"aliveLockConfig.UserTimeout (-1s) must not be negative"},
+		{"sub-millisecond user timeout", func(c *aliveLockConfig) { c.UserTimeout = 500 * time.Microsecond },
+			"aliveLockConfig.UserTimeout (500µs) must be at least 1ms"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
