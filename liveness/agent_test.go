@@ -13,32 +13,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
-
-func agentDB(t *testing.T, maxConns int32) (*pgtest.DB, *pgxpool.Pool) {
-	t.Helper()
-	db := pgtest.NewDB(t)
-	pool := db.Pool(t, maxConns)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
-		t.Fatal(err)
-	}
-	return db, pool
-}
-
-func agentConfig(db *pgtest.DB, pool *pgxpool.Pool) liveness.AgentConfig {
-	return liveness.AgentConfig{
-		Pool: pool, DirectDSN: db.DSN, Schema: liveness.DefaultSchema,
-		InstanceID: uuid.New(), ServiceName: "agent-test", Mode: liveness.ModeAdvisoryLockWhenAvailable,
-		Timing: liveness.Timing{HeartbeatInterval: 200 * time.Millisecond, HeartbeatSlowInterval: 400 * time.Millisecond,
-			StaleThreshold: time.Second, DefinitiveDeadCutoff: 3 * time.Second},
-		Reaper: true, ReaperInterval: 200 * time.Millisecond, ReaperLeaseTTL: 2 * time.Second,
-	}
-}
 
 func isAlive(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) (alive, row bool) {
 	t.Helper()
@@ -52,7 +31,7 @@ func isAlive(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) (alive, row bool) {
 }
 
 func TestAgentValidateNamesFields(t *testing.T) {
-	db, pool := agentDB(t, 2)
+	db, pool := testdb.MigratedPool(t, 2)
 	for _, tc := range []struct {
 		mutate func(*liveness.AgentConfig)
 		field  string
@@ -103,7 +82,7 @@ func TestAgentValidateNamesFields(t *testing.T) {
 // The agent participates, reaps others, and on shutdown leaves nothing that makes it
 // look alive.
 func TestAgentParticipatesAndShutsDownCleanly(t *testing.T) {
-	db, pool := agentDB(t, 2)
+	db, pool := testdb.MigratedPool(t, 2)
 	cfg := agentConfig(db, pool)
 	agent, err := liveness.NewAgent(cfg)
 	if err != nil {
@@ -208,7 +187,7 @@ func leaseExpiry(t *testing.T, pool *pgxpool.Pool, name string) (expires time.Ti
 // and the row's deletion may wait for longer than the default ShutdownTimeout, and
 // succeeds.
 func TestAgentShutdownGivesEachStepItsBudget(t *testing.T) {
-	db, pool := agentDB(t, 4)
+	db, pool := testdb.MigratedPool(t, 4)
 	cfg := agentConfig(db, pool)
 	cfg.Reaper = false
 	cfg.Timing = liveness.Timing{HeartbeatInterval: 2 * time.Second, HeartbeatSlowInterval: 4 * time.Second,
@@ -344,7 +323,7 @@ func TestAgentShutdownGivesEachStepItsBudget(t *testing.T) {
 // even after its agent has stopped and is dead by the verdict: the lease is left to
 // expire, never released early, and Elect says so.
 func TestAgentLeavesAnOverrunningJobsLeaseToExpire(t *testing.T) {
-	db, pool := agentDB(t, 4)
+	db, pool := testdb.MigratedPool(t, 4)
 	cfg := agentConfig(db, pool)
 	cfg.Reaper = false
 	cfg.JobWindDown = 300 * time.Millisecond
@@ -401,7 +380,7 @@ func TestAgentLeavesAnOverrunningJobsLeaseToExpire(t *testing.T) {
 // reap round are waiting on it, then the leases table, so that the reaper's release and
 // the stubborn job's leaving its lease to expire hang too.
 func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
-	db, pool := agentDB(t, 4)
+	db, pool := testdb.MigratedPool(t, 4)
 	cfg := agentConfig(db, pool)
 	cfg.Timing = liveness.Timing{HeartbeatInterval: 2 * time.Second, HeartbeatSlowInterval: 4 * time.Second,
 		StaleThreshold: 10 * time.Second, DefinitiveDeadCutoff: 20 * time.Second}
@@ -466,7 +445,7 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 // the first one's), must not delete the row on its way out, and gives up with
 // ErrDuplicateInstance once the duplicate has lasted DuplicateTimeout.
 func TestAgentDuplicateInstanceWritesNothing(t *testing.T) {
-	db, pool := agentDB(t, 4)
+	db, pool := testdb.MigratedPool(t, 4)
 	first := agentConfig(db, pool)
 	first.Reaper = false
 	a1, err := liveness.NewAgent(first)
@@ -565,7 +544,7 @@ func TestAgentNeedsTheSchema(t *testing.T) {
 // through PgBouncer needs no direct DSN, holds no lock, and is heartbeat_only by the one
 // verdict; it still campaigns, and leaves at once on shutdown.
 func TestAgentHeartbeatTableOnly(t *testing.T) {
-	db, pool := agentDB(t, 3)
+	db, pool := testdb.MigratedPool(t, 3)
 	cfg := agentConfig(db, pool)
 	cfg.Mode, cfg.DirectDSN, cfg.Reaper = liveness.ModeHeartbeatTableOnly, "", false
 	agent, err := liveness.NewAgent(cfg)
