@@ -71,18 +71,8 @@ func startCuttableAgent(t *testing.T, db *pgtest.DB, service string) (*liveness.
 	cfg.Reaper = false
 	cfg.Timing = liveness.Timing{HeartbeatInterval: time.Second, HeartbeatSlowInterval: 2 * time.Second,
 		StaleThreshold: 30 * time.Second, DefinitiveDeadCutoff: time.Minute}
-	a, err := liveness.NewAgent(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	t.Cleanup(func() { stop(); <-done })
-	testutil.Eventually(t, 10*time.Second, service+" holds its lock and beat", func() bool {
-		s := a.Snapshot()
-		return s.AliveLock.Held && s.Heartbeat.Beats > 0
-	})
+	a := newAgent(t, cfg)
+	runAgent(t, a) // holds its lock and beat
 	return a, proxy
 }
 
@@ -214,15 +204,8 @@ func TestAgentRecordsMetadata(t *testing.T) {
 	cfg := agentConfig(db, pool)
 	cfg.Reaper = false
 	cfg.Metadata = map[string]any{"version": "1.2.3"}
-	a, err := liveness.NewAgent(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() { stop(); <-done }()
-	testutil.Eventually(t, 10*time.Second, "a beat", func() bool { return a.Snapshot().Heartbeat.Beats > 0 })
+	a := newAgent(t, cfg)
+	runAgent(t, a)
 	var meta string
 	if err := pool.QueryRow(context.Background(), `SELECT metadata->>'version' FROM liveness.instances WHERE instance_id = $1`,
 		cfg.InstanceID).Scan(&meta); err != nil || meta != "1.2.3" {
@@ -347,10 +330,7 @@ func TestElectorNeverRunsTwoJobsAtOnce(t *testing.T) {
 		pool := db.Pool(t, 3)
 		cfg := agentConfig(db, pool)
 		cfg.ServiceName, cfg.Reaper = who, false
-		a, err := liveness.NewAgent(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		a := newAgent(t, cfg)
 		c := &campaigner{agent: a, electDone: make(chan struct{}), leaders: &leaderSeen{}}
 		c.stopAgent, c.agentDone = runAgent(t, a)
 		ctx, end := context.WithCancel(context.Background())
@@ -461,10 +441,7 @@ func TestOnNewLeaderReportsItselfAndTheGap(t *testing.T) {
 	db, pool := testdb.MigratedPool(t, 3)
 	cfg := agentConfig(db, pool)
 	cfg.Reaper = false
-	a, err := liveness.NewAgent(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := newAgent(t, cfg)
 	runAgent(t, a)
 	var seen leaderSeen
 	var rounds sync.WaitGroup

@@ -115,6 +115,15 @@ func (l *notifyingLock) set(v bool) {
 	l.ch = make(chan struct{})
 }
 
+// startOnFakeClock starts the worker on a fake clock of its own, which the test drives.
+func startOnFakeClock(t *testing.T, cfg heartbeatConfig) (*heartbeatWorker, *fakeClock, func()) {
+	t.Helper()
+	clk := newFakeClock()
+	cfg.clock = clk
+	h, stop := startHeartbeat(t, cfg)
+	return h, clk, stop
+}
+
 // TestHeartbeatCadence drives the worker with a fake clock against a real database and
 // checks the wait it chooses after each beat: the cadence is resolved on every tick.
 func TestHeartbeatCadence(t *testing.T) {
@@ -154,9 +163,7 @@ func TestHeartbeatCadence(t *testing.T) {
 			if tc.slowIntv != 0 {
 				cfg.Timing.HeartbeatSlowInterval = tc.slowIntv
 			}
-			clk := newFakeClock()
-			cfg.clock = clk
-			h, _ := startHeartbeat(t, cfg)
+			h, clk, _ := startOnFakeClock(t, cfg)
 
 			if got := clk.next(t); got != tc.want {
 				t.Fatalf("after the first beat the worker waits %s, want %s", got, tc.want)
@@ -190,9 +197,7 @@ func TestHeartbeatBeatsAtOnceOnLockChange(t *testing.T) {
 	_, pool := testdb.MigratedPool(t, 4)
 	lock := newNotifyingLock(true)
 	cfg := testHeartbeatConfig(pool, lock)
-	clk := newFakeClock()
-	cfg.clock = clk
-	h, _ := startHeartbeat(t, cfg)
+	h, clk, _ := startOnFakeClock(t, cfg)
 	rowHolds := func() bool {
 		t.Helper()
 		var b bool
@@ -257,9 +262,7 @@ func TestHeartbeatProofRetriesFast(t *testing.T) {
 	db, pool := testdb.MigratedPool(t, 4)
 	lock := newNotifyingLock(true)
 	cfg := testHeartbeatConfig(pool, lock)
-	clk := newFakeClock()
-	cfg.clock = clk
-	h, _ := startHeartbeat(t, cfg)
+	h, clk, _ := startOnFakeClock(t, cfg)
 	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
 		t.Fatalf("held: the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
 	}
@@ -283,9 +286,7 @@ func TestHeartbeatRetriesFailedBeat(t *testing.T) {
 	lock := &fakeLock{}
 	lock.held.Store(true)
 	cfg := testHeartbeatConfig(pool, lock)
-	clk := newFakeClock()
-	cfg.clock = clk
-	h, _ := startHeartbeat(t, cfg)
+	h, clk, _ := startOnFakeClock(t, cfg)
 
 	// fast 30s: the first retry after min(30s/4, 5s), doubling, capped at 30s/2.
 	retriesUntilRepaired(t, db, clk, []time.Duration{5 * time.Second, 10 * time.Second, 15 * time.Second, 15 * time.Second})
@@ -307,14 +308,12 @@ func TestHeartbeatRow(t *testing.T) {
 	cfg.Mode = ModeHeartbeatTableOnly
 	cfg.HostName, cfg.ProcessID = "host-a", 4242
 	cfg.Metadata = map[string]any{"version": "1.2.3"}
-	clk := newFakeClock()
-	cfg.clock = clk
 
 	var before time.Time
 	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&before); err != nil {
 		t.Fatal(err)
 	}
-	h, stop := startHeartbeat(t, cfg)
+	h, clk, stop := startOnFakeClock(t, cfg)
 	clk.next(t)
 	clk.Advance(DefaultHeartbeatInterval)
 	clk.next(t)
@@ -371,9 +370,7 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 		cfg := testHeartbeatConfig(pool, lock)
 		cfg.InstanceID = uuid.New()
 		cfg.Mode = mode
-		clk := newFakeClock()
-		cfg.clock = clk
-		_, stop := startHeartbeat(t, cfg)
+		_, clk, stop := startOnFakeClock(t, cfg)
 		for elapsed := time.Duration(0); ; {
 			d := clk.next(t)
 			if elapsed+d > time.Hour {

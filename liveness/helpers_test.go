@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
@@ -27,6 +28,31 @@ func agentConfig(db *pgtest.DB, pool *pgxpool.Pool) liveness.AgentConfig {
 			StaleThreshold: time.Second, DefinitiveDeadCutoff: 3 * time.Second},
 		Reaper: true, ReaperInterval: 200 * time.Millisecond, ReaperLeaseTTL: 2 * time.Second,
 	}
+}
+
+// newAgent is liveness.NewAgent for a configuration the test says is valid.
+func newAgent(t *testing.T, cfg liveness.AgentConfig) *liveness.Agent {
+	t.Helper()
+	a, err := liveness.NewAgent(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// runAgent runs the agent until stop; done yields Run's error once it has returned.
+func runAgent(t *testing.T, a *liveness.Agent) (stop context.CancelFunc, done <-chan error) {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	out := make(chan error, 1)
+	finished := make(chan struct{})
+	go func() { defer close(finished); out <- a.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-finished })
+	testutil.Eventually(t, 10*time.Second, "the agent beats (and holds its lock if it has one)", func() bool {
+		s := a.Snapshot()
+		return s.Heartbeat.Beats > 0 && (s.Mode == liveness.ModeHeartbeatTableOnly || s.AliveLock.Held)
+	})
+	return stop, out
 }
 
 func newTestLeases(t *testing.T, pool *pgxpool.Pool) *liveness.Leases {
