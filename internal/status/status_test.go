@@ -113,18 +113,7 @@ func TestJSONMatchesTheDatabase(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &p); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{}
-	rows, err := pool.Query(ctx, `SELECT instance_id::text, state FROM liveness.instance_states()`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var id, state string
-		if err := rows.Scan(&id, &state); err != nil {
-			t.Fatal(err)
-		}
-		want[id] = state
-	}
+	want := testdb.States(t, pool)
 	if len(p.Instances.Rows) != len(ids) || p.Instances.Total != len(ids) {
 		t.Fatalf("%d rows of %d, want %d", len(p.Instances.Rows), p.Instances.Total, len(ids))
 	}

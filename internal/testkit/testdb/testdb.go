@@ -82,3 +82,32 @@ func SQLASCII(t testing.TB, db *pgtest.DB) string {
 	t.Cleanup(func() { db.Exec(t, `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`) })
 	return db.DSN + " dbname=" + db.Name + "_ascii" // a later keyword wins
 }
+
+// Querier is what States reads through: a pool, a connection or a transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// States is the state of every instance in the default schema, by instance id, as
+// instance_states() judges it now: what a view must show.
+func States(t testing.TB, q Querier) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rows, err := q.Query(ctx, `SELECT instance_id::text, state FROM `+pgx.Identifier{migrations.DefaultSchema}.Sanitize()+`.instance_states()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]string{}
+	for rows.Next() {
+		var id, state string
+		if err := rows.Scan(&id, &state); err != nil {
+			t.Fatal(err)
+		}
+		states[id] = state
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return states
+}
