@@ -125,11 +125,11 @@ func newScenario(t *testing.T) *pgtest.DB {
 	t.Cleanup(func() { cancel(); wg.Wait() }) // runs before the connections close
 	wg.Go(func() { _, _ = active.Exec(ctx, `SELECT pg_sleep(60)`) })
 	testutil.Eventually(t, 10*time.Second, "the active holder", func() bool {
-		return count(t, db, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'jobs' AND state = 'active'`) == 1
+		return testdb.Count(t, db.DSN, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'jobs' AND state = 'active'`) == 1
 	})
 	wg.Go(func() { _, _ = waiter.Exec(ctx, `SELECT pg_advisory_lock(42)`) })
 	testutil.Eventually(t, 10*time.Second, "the waiter", func() bool {
-		return count(t, db, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) == 1
+		return testdb.Count(t, db.DSN, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) == 1
 	})
 	// The setup connection and the pollers must be gone: 5 client backends remain. Asked
 	// on one of the five, since a poller's own backend outlives its Close for a moment and
@@ -141,22 +141,6 @@ func newScenario(t *testing.T) *pgtest.DB {
 		return err == nil && n == 5
 	})
 	return db
-}
-
-// count runs a count query on a short-lived connection.
-func count(t *testing.T, db *pgtest.DB, sql string) int {
-	t.Helper()
-	ctx := ctxT(t, 10*time.Second)
-	c, err := pgx.Connect(ctx, db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(context.Background())
-	var n int
-	if err := c.QueryRow(ctx, sql).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 // fixedAgent is a stand-in for the liveness agent: the agent collector only reads its

@@ -50,7 +50,7 @@ func TestOneVerdict(t *testing.T) {
 			t.Fatal(err)
 		}
 		testutil.Eventually(t, 10*time.Second, "the closed session's lock to go", func() bool {
-			return count(t, db, `SELECT count(*) FROM liveness.instance_alive_locks WHERE instance_id = '`+id.String()+`'`) == 0
+			return testdb.Count(t, db.DSN, `SELECT count(*) FROM liveness.instance_alive_locks WHERE instance_id = '`+id.String()+`'`) == 0
 		})
 	}
 	beatAged := func(ageSeconds int, holds bool) {

@@ -50,6 +50,25 @@ func MigratedPool(t testing.TB, maxConns int32) (*pgtest.DB, *pgxpool.Pool) {
 	return db, db.Pool(t, maxConns)
 }
 
+// Count runs a query that returns one integer (a count) on a connection of its own,
+// closed before it returns, so that it leaves no backend behind for a test that counts
+// them.
+func Count(t testing.TB, dsn, sql string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	var n int
+	if err := c.QueryRow(ctx, sql).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
 // Session opens a connection to dsn that names itself app (its application_name, as
 // pg_stat_activity shows it), closed when the test ends.
 func Session(t testing.TB, dsn, app string) *pgx.Conn {
