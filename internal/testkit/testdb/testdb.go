@@ -1,7 +1,8 @@
 // Package testdb builds, on pgtest's databases, what the tests of several packages start
-// from: the liveness objects migrated, a session with an application_name of its own,
-// and a SQL_ASCII database, which hands out whatever bytes were stored. Only tests import
-// it.
+// from: the liveness objects migrated, a session with an application_name of its own, a
+// SQL_ASCII database (which hands out whatever bytes were stored); and it reads what they
+// check against: a count on a connection of its own, every instance's state by the one
+// verdict. Only tests import it; it holds no SQL the product sends.
 package testdb
 
 import (
