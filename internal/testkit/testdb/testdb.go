@@ -18,20 +18,30 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
-// Migrate applies every migration in schema on a connection of its own, closed before it
-// returns, so that a test counting backends finds none left by its set-up.
-func Migrate(t testing.TB, dsn, schema string) {
+// onOwnConn runs f on a connection of its own to dsn, within the given time, and closes
+// the connection before it returns, so that a test counting backends finds none left
+// behind. It fails the test on f's error, prefixed with what.
+func onOwnConn(t testing.TB, dsn string, within time.Duration, what string, f func(context.Context, *pgx.Conn) error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := migrations.Apply(ctx, conn, schema); err != nil {
-		t.Fatalf("migrations: %v", err)
+	if err := f(ctx, conn); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
+}
+
+// Migrate applies every migration in schema on a connection of its own.
+func Migrate(t testing.TB, dsn, schema string) {
+	t.Helper()
+	onOwnConn(t, dsn, 60*time.Second, "migrations", func(ctx context.Context, c *pgx.Conn) error {
+		_, err := migrations.Apply(ctx, c, schema)
+		return err
+	})
 }
 
 // Migrated is a fresh database (pgtest.NewDB) with every migration applied in the default
@@ -51,22 +61,13 @@ func MigratedPool(t testing.TB, maxConns int32) (*pgtest.DB, *pgxpool.Pool) {
 	return db, db.Pool(t, maxConns)
 }
 
-// Count runs a query that returns one integer (a count) on a connection of its own,
-// closed before it returns, so that it leaves no backend behind for a test that counts
-// them.
+// Count runs a query that returns one integer (a count) on a connection of its own.
 func Count(t testing.TB, dsn, sql string) int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(context.Background())
 	var n int
-	if err := c.QueryRow(ctx, sql).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
+	onOwnConn(t, dsn, 10*time.Second, sql, func(ctx context.Context, c *pgx.Conn) error {
+		return c.QueryRow(ctx, sql).Scan(&n)
+	})
 	return n
 }
 
