@@ -2,11 +2,9 @@ package collector
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"slices"
 	"sort"
-	"strconv"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5"
@@ -31,18 +29,15 @@ const defaultMaxApplications = 50
 
 func (s *AdvisoryLocksConfig) defaults() { s.MaxApplications = defaultMaxApplications }
 
-func (s *AdvisoryLocksConfig) flags(app *kingpin.Application) {
-	app.Flag("collector.advisory_locks.max-applications",
-		`Most application_name label values to export; the rest are folded into "other".`).
-		Default(strconv.Itoa(s.MaxApplications)).IntVar(&s.MaxApplications)
+func (s *AdvisoryLocksConfig) maxApplications() limit {
+	return limit{"collector.advisory_locks.max-applications",
+		`Most application_name label values to export; the rest are folded into "other".`,
+		&s.MaxApplications, 1}
 }
 
-func (s *AdvisoryLocksConfig) check(*Config) error {
-	if s.MaxApplications < 1 {
-		return fmt.Errorf("--collector.advisory_locks.max-applications must be at least 1, got %d", s.MaxApplications)
-	}
-	return nil
-}
+func (s *AdvisoryLocksConfig) flags(app *kingpin.Application) { s.maxApplications().register(app) }
+
+func (s *AdvisoryLocksConfig) check(*Config) error { return s.maxApplications().check() }
 
 // advisoryLocksCollector sends the advisory-locks statement (store/sql/collectors.sql)
 // for the source, the status page's too.

@@ -5,13 +5,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/latency"
 )
 
 // BenchmarkScrape measures whole scrapes through the Handler (collection, exposition
@@ -58,20 +57,10 @@ func BenchmarkScrape(b *testing.B) {
 			for range 3 {
 				scrape()
 			}
-			times := make([]time.Duration, 0, b.N)
 			before := qc.n.Load()
 			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				t0 := time.Now()
-				scrape()
-				times = append(times, time.Since(t0))
-			}
-			b.StopTimer()
-			slices.Sort(times)
+			latency.Measure(b, scrape)
 			b.ReportMetric(float64(qc.n.Load()-before)/float64(b.N), "queries/scrape")
-			b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms-median")
-			b.ReportMetric(float64(times[len(times)*9/10].Microseconds())/1000, "ms-p90")
 			b.ReportMetric(rssMiB(b), "MiB-RSS")
 		})
 	}

@@ -15,7 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
@@ -27,10 +29,7 @@ var dbCollectors = []string{NameAdvisoryLocks, NameInstances, NameLeases, NameSt
 // without a new exporter or pool.
 func TestDatabaseDownThenBack(t *testing.T) {
 	t.Parallel() // a server of its own: start it alongside the others
-	srv := pgtest.NewServer(t)
-	db := pgtest.NewDBOn(t, srv)
-	migrate(t, db, "liveness")
-	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
+	srv, db := stoppableDB(t)
 	e := newExporter(t, DefaultConfig(), exporterPool(t, db.DSN, 2, nil), testAgent, nil)
 
 	check := func(wantUp float64) {
@@ -71,8 +70,7 @@ func TestDatabaseDownThenBack(t *testing.T) {
 // scraper's header sets; the response still comes in time, with success 0 for it and 1
 // for the others, and the straggler lets go of its connection.
 func TestScrapeDeadline(t *testing.T) {
-	db := pgtest.NewDB(t)
-	migrate(t, db, "liveness")
+	db := testdb.Migrated(t)
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 	pool := exporterPool(t, db.DSN, 2, nil)
 	e := newExporter(t, DefaultConfig(), pool, nil, nil)
@@ -151,13 +149,11 @@ func TestUpWhenServerAnswersWithError(t *testing.T) {
 // looks for the server's password in the logs and in /metrics.
 func TestSecretsStayOut(t *testing.T) {
 	t.Parallel() // a server of its own: start it alongside the others
-	srv := pgtest.NewServer(t)
-	db := pgtest.NewDBOn(t, srv)
-	migrate(t, db, "liveness")
+	srv, db := stoppableDB(t)
 	if !strings.Contains(db.DSN, srv.Password) {
 		t.Fatal("the test DSN carries no password; the test would prove nothing")
 	}
-	logger, logs := bufLogger()
+	logger, logs := logbuf.Logger()
 	e := newExporter(t, DefaultConfig(), exporterPool(t, db.DSN, 2, nil), testAgent, logger)
 
 	var bodies strings.Builder
@@ -189,11 +185,8 @@ func TestSecretsStayOut(t *testing.T) {
 // one per scrape; the recovery is logged once.
 func TestFailuresLoggedOnce(t *testing.T) {
 	t.Parallel() // a server of its own: start it alongside the others
-	srv := pgtest.NewServer(t)
-	db := pgtest.NewDBOn(t, srv)
-	migrate(t, db, "liveness")
-	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
-	logger, logs := bufLogger()
+	srv, db := stoppableDB(t)
+	logger, logs := logbuf.Logger()
 	cfg := DefaultConfig()
 	cfg.Leases.Enabled, cfg.Statements.Enabled, cfg.AdvisoryLocks.Enabled = false, false, false
 	e := newExporter(t, cfg, exporterPool(t, db.DSN, 1, nil), nil, logger)
@@ -221,8 +214,7 @@ func TestFailuresLoggedOnce(t *testing.T) {
 // TestHandlerHTTP serves through a real HTTP server: status, content type, the extra
 // gatherer's metrics, and the scrape-timeout header.
 func TestHandlerHTTP(t *testing.T) {
-	db := pgtest.NewDB(t)
-	migrate(t, db, "liveness")
+	db := testdb.Migrated(t)
 	e := newExporter(t, DefaultConfig(), exporterPool(t, db.DSN, 2, nil), testAgent, nil)
 	extra := prometheus.NewRegistry()
 	extra.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "extra_gauge", Help: "From the caller's registry."},
@@ -415,7 +407,9 @@ func TestCollectorFailuresAreContained(t *testing.T) {
 func TestConfigErrorsNameTheFlag(t *testing.T) {
 	for flag, mutate := range map[string]func(*Config){
 		"--collector.instances.max-series":            func(c *Config) { c.Instances.MaxSeries = -1 },
+		"--collector.instances.max-services":          func(c *Config) { c.Instances.MaxServices = -1 },
 		"--collector.leases.table":                    func(c *Config) { c.Leases.Table = "a.b.c" },
+		"--collector.leases.max-series":               func(c *Config) { c.Leases.MaxSeries = -1 },
 		"--collector.advisory_locks.max-applications": func(c *Config) { c.AdvisoryLocks.MaxApplications = 0 },
 		"--collector.statements.pattern":              func(c *Config) { c.Statements.Patterns = []string{"bad=("} },
 		"--collector.statements.cache-size":           func(c *Config) { c.Statements.CacheSize = 0 },
@@ -446,6 +440,27 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 	}
 	if _, err := New(DefaultConfig(), nil, nil, nil); err == nil || !strings.Contains(err.Error(), "pool") {
 		t.Errorf("no pool: error %v, want one saying a pool is needed", err)
+	}
+}
+
+// A limit refuses a value below its least, naming its flag and the rule, and takes the
+// least itself.
+func TestLimitCheck(t *testing.T) {
+	for _, c := range []struct {
+		least, value int
+		want         string // "" for no error
+	}{
+		{0, -1, "--collector.x.max must be 0 or more, got -1"},
+		{0, 0, ""},
+		{1, 0, "--collector.x.max must be at least 1, got 0"},
+		{1, 1, ""},
+		{1, 500, ""},
+	} {
+		v := c.value
+		err := limit{flag: "collector.x.max", value: &v, least: c.least}.check()
+		if (err == nil) != (c.want == "") || (err != nil && err.Error() != c.want) {
+			t.Errorf("least %d, value %d: %v, want %q", c.least, c.value, err, c.want)
+		}
 	}
 }
 

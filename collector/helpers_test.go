@@ -1,7 +1,6 @@
 package collector
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -13,7 +12,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,7 +25,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
@@ -85,18 +83,15 @@ func exporterPool(t testing.TB, dsn string, maxConns int32, tracer pgx.QueryTrac
 	return pool
 }
 
-// migrate creates the liveness objects in schema.
-func migrate(t testing.TB, db *pgtest.DB, schema string) {
+// stoppableDB is a migrated database, with pg_stat_statements, on a server of the test's
+// own, which the test may stop and start again.
+func stoppableDB(t *testing.T) (*pgtest.Server, *pgtest.DB) {
 	t.Helper()
-	ctx := ctxT(t, 60*time.Second)
-	conn, err := pgx.Connect(ctx, db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	if _, err := migrations.Apply(ctx, conn, schema); err != nil {
-		t.Fatalf("migrations: %v", err)
-	}
+	srv := pgtest.NewServer(t)
+	db := pgtest.NewDBOn(t, srv)
+	testdb.Migrate(t, db.DSN, "liveness")
+	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
+	return srv, db
 }
 
 func newExporter(t testing.TB, cfg Config, pool *pgxpool.Pool, agent AgentSource, logger *slog.Logger) *Exporter {
@@ -106,30 +101,6 @@ func newExporter(t testing.TB, cfg Config, pool *pgxpool.Pool, agent AgentSource
 		t.Fatal(err)
 	}
 	return e
-}
-
-// syncBuffer can be read while scrapes write log lines to it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// bufLogger logs every level, debug included, to a buffer.
-func bufLogger() (*slog.Logger, *syncBuffer) {
-	b := &syncBuffer{}
-	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug})), b
 }
 
 // scrapeResponse runs one request through the Handler.
@@ -189,6 +160,27 @@ func value(mfs map[string]*dto.MetricFamily, name string, want ...string) float6
 		}
 	}
 	return math.NaN()
+}
+
+// sample is a sample a scrape must hold: the family, the labels that pick the series (as
+// name/value pairs), and its value, or absent for no such series.
+type sample struct {
+	name   string
+	labels []string
+	want   float64
+}
+
+// absent is the want of a sample whose series must not exist.
+var absent = math.NaN()
+
+// checkSamples reports each sample of want that mfs does not hold with that value.
+func checkSamples(t testing.TB, mfs map[string]*dto.MetricFamily, want []sample) {
+	t.Helper()
+	for _, s := range want {
+		if v := value(mfs, s.name, s.labels...); v != s.want && !(math.IsNaN(v) && math.IsNaN(s.want)) {
+			t.Errorf("%s%v = %v, want %v", s.name, s.labels, v, s.want)
+		}
+	}
 }
 
 func hasLabels(m *dto.Metric, pairs ...string) bool {
@@ -321,3 +313,50 @@ func readTestdata(t testing.TB, name string) string {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// timeQuery sends one statement and reads every row it returns, and reports how long that
+// took and how many rows came.
+func timeQuery(b *testing.B, pool *pgxpool.Pool, sql string, args ...any) (time.Duration, int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	rows, err := pool.Query(ctx, sql, args...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(t0), n
+}
+
+// sideBySide measures two ways of doing one thing in the same run: three of each to warm
+// up, then b.N pairs, each pair in the other order than the last, so that both see the
+// same machine load. It reports both medians, ms-<aName> and ms-<bName>, and their ratio,
+// <bName>/<aName>.
+func sideBySide(b *testing.B, aName string, a func() time.Duration, bName string, bOp func() time.Duration) {
+	for range 3 {
+		a()
+		bOp()
+	}
+	var ta, tb []time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		if i%2 == 0 {
+			ta, tb = append(ta, a()), append(tb, bOp())
+		} else {
+			tb, ta = append(tb, bOp()), append(ta, a())
+		}
+	}
+	b.StopTimer()
+	slices.Sort(ta)
+	slices.Sort(tb)
+	ma, mb := ta[len(ta)/2], tb[len(tb)/2]
+	b.ReportMetric(float64(ma.Microseconds())/1000, "ms-"+aName)
+	b.ReportMetric(float64(mb.Microseconds())/1000, "ms-"+bName)
+	b.ReportMetric(float64(mb)/float64(ma), bName+"/"+aName)
+}

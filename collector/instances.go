@@ -3,11 +3,9 @@ package collector
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"log/slog"
 	"math"
 	"slices"
-	"strconv"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5"
@@ -42,21 +40,28 @@ func (s *InstancesConfig) defaults() {
 	s.MaxSeries, s.MaxServices = defaultMaxSeries, defaultMaxServices
 }
 
+func (s *InstancesConfig) limits() []limit {
+	return []limit{
+		{"collector.instances.max-series",
+			"Most pg_liveness_instance_heartbeat_age_seconds series to export; the oldest heartbeats are kept.",
+			&s.MaxSeries, 0},
+		{"collector.instances.max-services",
+			`Most services whose instance counts are exported one by one, those with dead instances first; the rest are summed into service="other".`,
+			&s.MaxServices, 0},
+	}
+}
+
 func (s *InstancesConfig) flags(app *kingpin.Application) {
-	app.Flag("collector.instances.max-series",
-		"Most pg_liveness_instance_heartbeat_age_seconds series to export; the oldest heartbeats are kept.").
-		Default(strconv.Itoa(s.MaxSeries)).IntVar(&s.MaxSeries)
-	app.Flag("collector.instances.max-services",
-		`Most services whose instance counts are exported one by one, those with dead instances first; the rest are summed into service="other".`).
-		Default(strconv.Itoa(s.MaxServices)).IntVar(&s.MaxServices)
+	for _, l := range s.limits() {
+		l.register(app)
+	}
 }
 
 func (s *InstancesConfig) check(*Config) error {
-	if s.MaxSeries < 0 {
-		return fmt.Errorf("--collector.instances.max-series must be 0 or more, got %d", s.MaxSeries)
-	}
-	if s.MaxServices < 0 {
-		return fmt.Errorf("--collector.instances.max-services must be 0 or more, got %d", s.MaxServices)
+	for _, l := range s.limits() {
+		if err := l.check(); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -1,24 +1,19 @@
 package collector
 
 import (
-	"context"
 	"fmt"
-	"math"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 )
 
 // TestInstancesSeriesCap: only the oldest max-series heartbeats get a series; the counts
 // still cover every instance.
 func TestInstancesSeriesCap(t *testing.T) {
-	db := pgtest.NewDB(t)
-	migrate(t, db, "liveness")
+	db := testdb.Migrated(t)
 	// 20 instances, the i-th beat i minutes ago.
 	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at)
 	            SELECT ('00000000-0000-0000-0000-' || lpad(i::text, 12, '0'))::uuid, 'svc',
@@ -55,8 +50,6 @@ func TestInstancesSeriesCap(t *testing.T) {
 	}
 }
 
-var nan = math.NaN()
-
 func instancesOnly(maxServices int) Config {
 	cfg := DefaultConfig()
 	cfg.Leases.Enabled, cfg.AdvisoryLocks.Enabled, cfg.Statements.Enabled, cfg.Agent.Enabled = false, false, false, false
@@ -67,8 +60,7 @@ func instancesOnly(maxServices int) Config {
 // Beyond --collector.instances.max-services, services with dead instances come first,
 // then the largest; the rest are summed into service="other", with how many were folded.
 func TestInstancesCapFoldsServices(t *testing.T) {
-	db := pgtest.NewDB(t)
-	migrate(t, db, "liveness")
+	db := testdb.Migrated(t)
 	// svc-0 … svc-4 with 1 … 5 fresh heartbeat-only instances; "sick" has one stale one.
 	for i := range 5 {
 		db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name)
@@ -78,72 +70,36 @@ func TestInstancesCapFoldsServices(t *testing.T) {
 		VALUES (gen_random_uuid(), 'sick', now() - interval '1 hour')`)
 	e := newExporter(t, instancesOnly(3), exporterPool(t, db.DSN, 1, nil), nil, nil)
 	got := scrapeFamilies(t, e)
-	for _, c := range []struct {
-		labels []string
-		want   float64
-	}{
-		{[]string{"service", "sick", "state", "stale"}, 1},
-		{[]string{"service", "svc-4", "state", "heartbeat_only"}, 5},
-		{[]string{"service", "svc-3", "state", "heartbeat_only"}, 4},
-		{[]string{"service", "other", "state", "heartbeat_only"}, 1 + 2 + 3},
-		{[]string{"service", "svc-0", "state", "heartbeat_only"}, nan},
-	} {
-		if v := value(got, "pg_liveness_instances", c.labels...); !(v == c.want || (v != v && c.want != c.want)) {
-			t.Errorf("pg_liveness_instances%v = %v, want %v", c.labels, v, c.want)
-		}
-	}
-	if v := value(got, "pg_liveness_instance_services_folded"); v != 3 {
-		t.Errorf("pg_liveness_instance_services_folded = %v, want 3", v)
-	}
+	checkSamples(t, got, []sample{
+		{"pg_liveness_instances", []string{"service", "sick", "state", "stale"}, 1},
+		{"pg_liveness_instances", []string{"service", "svc-4", "state", "heartbeat_only"}, 5},
+		{"pg_liveness_instances", []string{"service", "svc-3", "state", "heartbeat_only"}, 4},
+		{"pg_liveness_instances", []string{"service", "other", "state", "heartbeat_only"}, 1 + 2 + 3},
+		{"pg_liveness_instances", []string{"service", "svc-0", "state", "heartbeat_only"}, absent},
+		{"pg_liveness_instance_services_folded", nil, 3},
+	})
 }
 
 // In a SQL_ASCII database a service name can hold any bytes. The bad bytes are replaced
 // in the label; no other service is lost.
 func TestInstancesInvalidUTF8(t *testing.T) {
-	db := pgtest.NewDB(t)
-	ascii := db.Name + "_ascii"
-	db.Exec(t, `CREATE DATABASE `+pgx.Identifier{ascii}.Sanitize()+` ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
-	t.Cleanup(func() { db.Exec(t, `DROP DATABASE IF EXISTS `+pgx.Identifier{ascii}.Sanitize()+` WITH (FORCE)`) })
-	if strings.Contains(db.DSN, "://") {
-		t.Fatalf("this test builds a keyword/value DSN; got a URL")
-	}
-	dsn := db.DSN + " dbname=" + ascii
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	if _, err := migrations.Apply(ctx, conn, "liveness"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, `INSERT INTO liveness.instances (instance_id, service_name) VALUES
-		(gen_random_uuid(), E'caf\xe9'), (gen_random_uuid(), 'good')`); err != nil {
-		t.Fatal(err)
-	}
+	dsn := testdb.SQLASCII(t, pgtest.NewDB(t))
+	testdb.Migrate(t, dsn, "liveness")
+	exec(t, testdb.Session(t, dsn, "setup"), `INSERT INTO liveness.instances (instance_id, service_name) VALUES
+		(gen_random_uuid(), E'caf\xe9'), (gen_random_uuid(), 'good')`)
 	e := newExporter(t, instancesOnly(10), exporterPool(t, dsn, 1, nil), nil, nil)
 	got := scrapeFamilies(t, e)
-	for _, c := range []struct {
-		name   string
-		labels []string
-		want   float64
-	}{
+	checkSamples(t, got, []sample{
 		{"pg_liveness_scrape_collector_success", []string{"collector", "instances"}, 1},
 		{"pg_liveness_instances", []string{"service", "good", "state", "heartbeat_only"}, 1},
 		{"pg_liveness_instances", []string{"service", "caf\uFFFD", "state", "heartbeat_only"}, 1},
-	} {
-		if v := value(got, c.name, c.labels...); v != c.want {
-			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
-		}
-	}
+	})
 }
 
 // With the default caps, 5,000 services and 5,000 leases stay under 10,000 samples per
 // scrape: label sets are bounded however many rows the database holds.
 func TestDefaultCapsBoundTheScrape(t *testing.T) {
-	db := pgtest.NewDB(t)
-	migrate(t, db, "liveness")
+	db := testdb.Migrated(t)
 	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name)
 		SELECT gen_random_uuid(), 'svc-' || i FROM generate_series(1, 5000) i`)
 	db.Exec(t, `INSERT INTO liveness.leases (name, holder, expires_at)
@@ -163,7 +119,7 @@ func TestDefaultCapsBoundTheScrape(t *testing.T) {
 // TestStandbyLoggedOnChange: a database that is a standby scrape after scrape is one
 // warning, then debug lines; becoming a primary again is one line; a primary is none.
 func TestStandbyLoggedOnChange(t *testing.T) {
-	logger, logs := bufLogger()
+	logger, logs := logbuf.Logger()
 	c := &instancesCollector{log: logger}
 	for _, standby := range []bool{false, true, true, true, false, false} {
 		c.reportRecovery(standby)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -37,23 +36,24 @@ const defaultMaxLeases = 500
 
 func (s *LeasesConfig) defaults() { s.MaxSeries = defaultMaxLeases }
 
+func (s *LeasesConfig) maxSeries() limit {
+	return limit{"collector.leases.max-series",
+		`Most leases exported one by one, the most urgent first; the rest are exported together as lease="other".`,
+		&s.MaxSeries, 0}
+}
+
 func (s *LeasesConfig) flags(app *kingpin.Application) {
 	app.Flag("collector.leases.table",
 		`Leases table, as "table" or "schema.table" (default: <db.schema>.leases; with --source=whizbang, none unless given). A plain table without an epoch column works too.`).
 		PlaceHolder("TABLE").StringVar(&s.Table)
-	app.Flag("collector.leases.max-series",
-		`Most leases exported one by one, the most urgent first; the rest are exported together as lease="other".`).
-		Default(strconv.Itoa(s.MaxSeries)).IntVar(&s.MaxSeries)
+	s.maxSeries().register(app)
 }
 
 func (s *LeasesConfig) check(c *Config) error {
 	if _, err := leasesTable(s.Table, c.Source.Schema()); err != nil {
 		return fmt.Errorf("--collector.leases.table: %w", err)
 	}
-	if s.MaxSeries < 0 {
-		return fmt.Errorf("--collector.leases.max-series must be 0 or more, got %d", s.MaxSeries)
-	}
-	return nil
+	return s.maxSeries().check()
 }
 
 // leasesTable is --collector.leases.table, or <schema>.leases when it is empty.

@@ -1,15 +1,14 @@
 package collector
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 )
 
 func leasesOnly(table string, maxSeries int) Config {
@@ -29,15 +28,11 @@ func TestLeasesForeignTableRows(t *testing.T) {
 		  (NULL, 'node-3', now(), now() + interval '10 s'),
 		  ('report', NULL, NULL, now() + interval '30 s'),
 		  ('uptime', 'node-4', now() - interval '5 s', now() + interval '20 s')`)
-	logger, logs := bufLogger()
+	logger, logs := logbuf.Logger()
 	e := newExporter(t, leasesOnly("jobs_leases", 10), exporterPool(t, db.DSN, 1, nil), nil, logger)
 	var got = scrapeFamilies(t, e)
 	got = scrapeFamilies(t, e)
-	for _, c := range []struct {
-		name   string
-		labels []string
-		want   float64
-	}{
+	checkSamples(t, got, []sample{
 		{"pg_liveness_up", nil, 1},
 		{"pg_liveness_scrape_collector_success", []string{"collector", "leases"}, 1},
 		{"pg_liveness_lease_held", []string{"lease", "mail"}, 1},
@@ -48,11 +43,7 @@ func TestLeasesForeignTableRows(t *testing.T) {
 		{"pg_liveness_lease_row_anomalies", []string{"kind", "null_name"}, 1},
 		{"pg_liveness_lease_row_anomalies", []string{"kind", "null_value"}, 1},
 		{"pg_liveness_lease_row_anomalies", []string{"kind", "invalid_utf8"}, 0},
-	} {
-		if v := value(got, c.name, c.labels...); v != c.want {
-			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
-		}
-	}
+	})
 	if v := value(got, "pg_liveness_lease_expires_in_seconds", "lease", "mail"); !(v > 60) {
 		t.Errorf("mail expires in %v s, want the later row's ~110 s", v)
 	}
@@ -77,62 +68,30 @@ func TestLeasesTableNamedLikeAPlaceholder(t *testing.T) {
 		                                         taken_at timestamptz, expires_at timestamptz);
 		INSERT INTO "{table}"."{holder_host}" VALUES ('mail', 'node-1:1', 7, 'node-1', now() - interval '10 s', now() + interval '50 s')`)
 	got := scrapeFamilies(t, newExporter(t, leasesOnly("{table}.{holder_host}", 10), exporterPool(t, db.DSN, 1, nil), nil, discard()))
-	for _, c := range []struct {
-		name   string
-		labels []string
-		want   float64
-	}{
+	checkSamples(t, got, []sample{
 		{"pg_liveness_scrape_collector_success", []string{"collector", "leases"}, 1},
 		{"pg_liveness_lease_held", []string{"lease", "mail"}, 1},
 		{"pg_liveness_lease_epoch", []string{"lease", "mail"}, 7},
 		{"pg_liveness_lease_holder_info", []string{"lease", "mail", "holder_host", "node-1"}, 1},
-	} {
-		if v := value(got, c.name, c.labels...); v != c.want {
-			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
-		}
-	}
+	})
 }
 
 // In a SQL_ASCII database a lease name or holder can hold any bytes. The bad bytes are
 // replaced in the label; no other lease is lost.
 func TestLeasesInvalidUTF8(t *testing.T) {
-	db := pgtest.NewDB(t)
-	ascii := db.Name + "_ascii"
-	db.Exec(t, `CREATE DATABASE `+pgx.Identifier{ascii}.Sanitize()+` ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
-	t.Cleanup(func() { db.Exec(t, `DROP DATABASE IF EXISTS `+pgx.Identifier{ascii}.Sanitize()+` WITH (FORCE)`) })
-	if strings.Contains(db.DSN, "://") {
-		t.Fatalf("this test builds a keyword/value DSN; got a URL")
-	}
-	dsn := db.DSN + " dbname=" + ascii
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, `CREATE TABLE leases (name text PRIMARY KEY, holder text, taken_at timestamptz, expires_at timestamptz);
+	dsn := testdb.SQLASCII(t, pgtest.NewDB(t))
+	exec(t, testdb.Session(t, dsn, "setup"), `CREATE TABLE leases (name text PRIMARY KEY, holder text, taken_at timestamptz, expires_at timestamptz);
 		INSERT INTO leases VALUES (E'caf\xe9', E'h\xf6st:1', now(), now() + interval '60 s'),
-		                          ('good', 'node-1:1', now(), now() + interval '60 s')`); err != nil {
-		t.Fatal(err)
-	}
+		                          ('good', 'node-1:1', now(), now() + interval '60 s')`)
 	e := newExporter(t, leasesOnly("public.leases", 10), exporterPool(t, dsn, 1, nil), nil, nil)
 	got := scrapeFamilies(t, e)
-	for _, c := range []struct {
-		name   string
-		labels []string
-		want   float64
-	}{
+	checkSamples(t, got, []sample{
 		{"pg_liveness_scrape_collector_success", []string{"collector", "leases"}, 1},
 		{"pg_liveness_lease_held", []string{"lease", "good"}, 1},
 		{"pg_liveness_lease_held", []string{"lease", "caf\uFFFD"}, 1},
 		{"pg_liveness_lease_holder_info", []string{"lease", "caf\uFFFD", "holder_host", "h\uFFFDst"}, 1},
 		{"pg_liveness_lease_row_anomalies", []string{"kind", "invalid_utf8"}, 1},
-	} {
-		if v := value(got, c.name, c.labels...); v != c.want {
-			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
-		}
-	}
+	})
 }
 
 // Beyond --collector.leases.max-series, the most urgent leases are exported one by one
@@ -154,18 +113,10 @@ func TestLeasesCapFoldsIntoOther(t *testing.T) {
 			t.Errorf("job-%03d not exported", i)
 		}
 	}
-	for _, c := range []struct {
-		name   string
-		labels []string
-		want   float64
-	}{
+	checkSamples(t, got, []sample{
 		{"pg_liveness_leases_folded", nil, 40},
 		{"pg_liveness_lease_held", []string{"lease", "other"}, 40},
-	} {
-		if v := value(got, c.name, c.labels...); v != c.want {
-			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
-		}
-	}
+	})
 	if v := value(got, "pg_liveness_lease_expires_in_seconds", "lease", "other"); !(v > 4 && v < 7) {
 		t.Errorf("other expires in %v s, want the soonest folded lease's ~6 s", v)
 	}

@@ -1,7 +1,9 @@
 package collector
 
 import (
+	"fmt"
 	"log/slog"
+	"strconv"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -58,6 +60,32 @@ type settings interface {
 	// check validates the options of an enabled collector against the whole
 	// configuration; errors name the flag.
 	check(c *Config) error
+}
+
+// limit is an integer option of a collector: its flag, whose default is the option's
+// value when the flag is registered, and the least value it may take. Registering the
+// flag and checking the value both read it, so each flag's name and rule are written
+// once.
+type limit struct {
+	flag  string // --<flag>
+	help  string
+	value *int
+	least int
+}
+
+func (l limit) register(app *kingpin.Application) {
+	app.Flag(l.flag, l.help).Default(strconv.Itoa(*l.value)).IntVar(l.value)
+}
+
+func (l limit) check() error {
+	switch {
+	case *l.value >= l.least:
+		return nil
+	case l.least == 0:
+		return fmt.Errorf("--%s must be 0 or more, got %d", l.flag, *l.value)
+	default:
+		return fmt.Errorf("--%s must be at least %d, got %d", l.flag, l.least, *l.value)
+	}
 }
 
 // deps is what every collector is built from.

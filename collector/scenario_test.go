@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
@@ -25,22 +26,6 @@ const scenarioSchema = "Live Ness"
 var schemaIdent = pgx.Identifier{scenarioSchema}.Sanitize()
 
 func id(s string) uuid.UUID { return uuid.MustParse("00000000-0000-0000-0000-0000000000" + s) }
-
-// connAs opens a connection with the given application_name, closed when the test ends.
-func connAs(t *testing.T, db *pgtest.DB, app string) *pgx.Conn {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["application_name"] = app
-	c, err := pgx.ConnectConfig(ctxT(t, 30*time.Second), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	return c
-}
 
 func exec(t *testing.T, c *pgx.Conn, sql string, args ...any) {
 	t.Helper()
@@ -55,8 +40,8 @@ func exec(t *testing.T, c *pgx.Conn, sql string, args ...any) {
 func newScenario(t *testing.T) *pgtest.DB {
 	t.Helper()
 	db := pgtest.NewDB(t)
-	migrate(t, db, scenarioSchema)
-	setup := connAs(t, db, "setup")
+	testdb.Migrate(t, db.DSN, scenarioSchema)
+	setup := testdb.Session(t, db.DSN, "setup")
 	// pg_stat_statements may live in any schema; the collector has to find it.
 	exec(t, setup, `CREATE SCHEMA stats; CREATE EXTENSION pg_stat_statements SCHEMA stats`)
 
@@ -112,7 +97,7 @@ func newScenario(t *testing.T) *pgtest.DB {
 
 	// Alive locks: "svc-api" holds a1, a2, a3 and a two-int4 lock on a6's key halves;
 	// "svc-worker" holds b1. Both then sit idle.
-	api := connAs(t, db, "svc-api")
+	api := testdb.Session(t, db.DSN, "svc-api")
 	for _, s := range []string{"a1", "a2", "a3"} {
 		var ok bool
 		if err := api.QueryRow(ctxT(t, 10*time.Second), `SELECT `+schemaIdent+`.claim_instance_alive_lock($1)`, id(s)).Scan(&ok); err != nil || !ok {
@@ -124,27 +109,27 @@ func newScenario(t *testing.T) *pgtest.DB {
 		t.Fatal(err)
 	}
 	exec(t, api, `SELECT pg_advisory_lock($1::int4, $2::int4)`, int32(uint32(key>>32)), int32(uint32(key)))
-	worker := connAs(t, db, "svc-worker")
+	worker := testdb.Session(t, db.DSN, "svc-worker")
 	exec(t, worker, `SELECT `+schemaIdent+`.claim_instance_alive_lock($1)`, id("b1"))
 
 	// An idle holder without application_name, an active holder ("jobs" sleeping while
 	// holding 42) and a waiter ("jobs" blocked on 42).
-	anon := connAs(t, db, "")
+	anon := testdb.Session(t, db.DSN, "")
 	exec(t, anon, `SELECT pg_advisory_lock(43)`)
-	active := connAs(t, db, "jobs")
+	active := testdb.Session(t, db.DSN, "jobs")
 	exec(t, active, `SELECT pg_advisory_lock(42)`)
-	waiter := connAs(t, db, "jobs")
+	waiter := testdb.Session(t, db.DSN, "jobs")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() }) // runs before the connections close
 	wg.Go(func() { _, _ = active.Exec(ctx, `SELECT pg_sleep(60)`) })
 	testutil.Eventually(t, 10*time.Second, "the active holder", func() bool {
-		return count(t, db, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'jobs' AND state = 'active'`) == 1
+		return testdb.Count(t, db.DSN, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'jobs' AND state = 'active'`) == 1
 	})
 	wg.Go(func() { _, _ = waiter.Exec(ctx, `SELECT pg_advisory_lock(42)`) })
 	testutil.Eventually(t, 10*time.Second, "the waiter", func() bool {
-		return count(t, db, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) == 1
+		return testdb.Count(t, db.DSN, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) == 1
 	})
 	// The setup connection and the pollers must be gone: 5 client backends remain. Asked
 	// on one of the five, since a poller's own backend outlives its Close for a moment and
@@ -156,22 +141,6 @@ func newScenario(t *testing.T) *pgtest.DB {
 		return err == nil && n == 5
 	})
 	return db
-}
-
-// count runs a count query on a short-lived connection.
-func count(t *testing.T, db *pgtest.DB, sql string) int {
-	t.Helper()
-	ctx := ctxT(t, 10*time.Second)
-	c, err := pgx.Connect(ctx, db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(context.Background())
-	var n int
-	if err := c.QueryRow(ctx, sql).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 // fixedAgent is a stand-in for the liveness agent: the agent collector only reads its
@@ -297,7 +266,7 @@ pg_liveness_advisory_lock_waiters{application_name="pg_liveness_exporter"} 0
 // as schema.table and as a bare table on the search_path.
 func TestLeasesPlainTable(t *testing.T) {
 	db := pgtest.NewDB(t)
-	c := connAs(t, db, "setup")
+	c := testdb.Session(t, db.DSN, "setup")
 	for _, tbl := range []string{`blog.leases`, `public."Job Leases"`} {
 		if strings.HasPrefix(tbl, "blog") {
 			exec(t, c, `CREATE SCHEMA blog`)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
-	"strconv"
 	"strings"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -56,14 +55,17 @@ func (s *StatementsConfig) flags(app *kingpin.Application) {
 		`Classify pg_stat_statements entries whose query text matches regex as statement="name", as name=regex. Repeatable; merged over the defaults by name (an empty regex removes one). Defaults: `+
 			strings.Join(DefaultStatementPatterns, ", ")).
 		PlaceHolder("NAME=REGEX").StringsVar(&s.Patterns)
-	app.Flag("collector.statements.cache-size",
-		"Most pg_stat_statements queryids whose classification is remembered.").
-		Default(strconv.Itoa(s.CacheSize)).IntVar(&s.CacheSize)
+	s.cacheSize().register(app)
+}
+
+func (s *StatementsConfig) cacheSize() limit {
+	return limit{"collector.statements.cache-size", "Most pg_stat_statements queryids whose classification is remembered.",
+		&s.CacheSize, 1}
 }
 
 func (s *StatementsConfig) check(*Config) error {
-	if s.CacheSize < 1 {
-		return fmt.Errorf("--collector.statements.cache-size must be at least 1, got %d", s.CacheSize)
+	if err := s.cacheSize().check(); err != nil {
+		return err
 	}
 	if _, err := parsePatterns(s.Patterns); err != nil {
 		return fmt.Errorf("--collector.statements.pattern: %w", err)

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 )
 
@@ -18,7 +19,7 @@ func statementsOnly() Config {
 // scrape.
 func TestStatementsMissingExtension(t *testing.T) {
 	db := pgtest.NewDB(t)
-	logger, logs := bufLogger()
+	logger, logs := logbuf.Logger()
 	e := newExporter(t, statementsOnly(), exporterPool(t, db.DSN, 1, nil), nil, logger)
 	for i := range 3 {
 		mfs := scrapeFamilies(t, e)
@@ -155,7 +156,7 @@ func TestStatementsCacheBound(t *testing.T) {
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 	cfg := statementsOnly()
 	cfg.Statements.CacheSize = 2
-	logger, logs := bufLogger()
+	logger, logs := logbuf.Logger()
 	e := newExporter(t, cfg, exporterPool(t, db.DSN, 1, nil), nil, logger)
 	db.Exec(t, `SELECT /* pg_liveness:heartbeat */ 1 WHERE $1::int > 0`, 1)
 	db.Exec(t, `SELECT /* pg_liveness:heartbeat */ 1, 2 WHERE $1::int > 0`, 1)

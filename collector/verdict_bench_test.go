@@ -1,8 +1,6 @@
 package collector
 
 import (
-	"context"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -41,49 +39,14 @@ UNION ALL
 func BenchmarkInstancesVerdictCost(b *testing.B) {
 	dsn := benchdata.Build(b)
 	pool := exporterPool(b, dsn, 2, nil)
-	cfg := DefaultConfig()
-	before := strings.ReplaceAll(instancesSQLBeforeVerdict, "{schema}", `"liveness"`)
-	query := store.Instances.For(nil)
-	after := query.SQL
-	args := []any{store.DefaultStaleThreshold.Seconds(), store.DefaultDefinitiveDeadCutoff.Seconds(), cfg.Instances.MaxSeries}
-	argsAfter := query.Args(cfg.Instances.MaxSeries)
-	run := func(sql string) time.Duration {
-		args := args
-		if sql == after {
-			args = argsAfter
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		t0 := time.Now()
-		rows, err := pool.Query(ctx, sql, args...)
-		if err != nil {
-			b.Fatal(err)
-		}
-		for rows.Next() {
-		}
-		if err := rows.Err(); err != nil {
-			b.Fatal(err)
-		}
-		return time.Since(t0)
-	}
-	for range 3 {
-		run(before)
-		run(after)
-	}
-	var tb, ta []time.Duration
-	b.ResetTimer()
-	for i := range b.N {
-		if i%2 == 0 {
-			tb, ta = append(tb, run(before)), append(ta, run(after))
-		} else {
-			ta, tb = append(ta, run(after)), append(tb, run(before))
-		}
-	}
-	b.StopTimer()
-	slices.Sort(tb)
-	slices.Sort(ta)
-	mb, ma := tb[len(tb)/2], ta[len(ta)/2]
-	b.ReportMetric(float64(mb.Microseconds())/1000, "ms-before")
-	b.ReportMetric(float64(ma.Microseconds())/1000, "ms-after")
-	b.ReportMetric(float64(ma)/float64(mb), "after/before")
+	maxSeries := DefaultConfig().Instances.MaxSeries
+	beforeSQL := strings.ReplaceAll(instancesSQLBeforeVerdict, "{schema}", `"liveness"`)
+	after := store.Instances.For(nil)
+	sideBySide(b, "before", func() time.Duration {
+		d, _ := timeQuery(b, pool, beforeSQL, store.DefaultStaleThreshold.Seconds(), store.DefaultDefinitiveDeadCutoff.Seconds(), maxSeries)
+		return d
+	}, "after", func() time.Duration {
+		d, _ := timeQuery(b, pool, after.SQL, after.Args(maxSeries)...)
+		return d
+	})
 }

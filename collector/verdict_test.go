@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
@@ -20,8 +20,7 @@ import (
 // is rolled back) and the Go reader. The instance's session and row are driven by hand,
 // so each step is exact; the timing is the row's own, not the observers' defaults.
 func TestOneVerdict(t *testing.T) {
-	db := pgtest.NewDB(t)
-	migrate(t, db, "liveness")
+	db := testdb.Migrated(t)
 	pool := exporterPool(t, db.DSN, 2, nil)
 	cfg := DefaultConfig()
 	exp := newExporter(t, cfg, pool, nil, discard())
@@ -31,7 +30,7 @@ func TestOneVerdict(t *testing.T) {
 	}
 	ctx := ctxT(t, 2*time.Minute)
 	id := uuid.New()
-	admin := connAs(t, db, "walker")
+	admin := testdb.Session(t, db.DSN, "walker")
 
 	// The instance's own timing: stale after 20 s, definitive-dead after 60 s, 2 s grace.
 	// The observers' defaults (90 s / 5 min) would give other answers at several steps.
@@ -40,7 +39,7 @@ func TestOneVerdict(t *testing.T) {
 	                 VALUES ($1, 'walk', interval '20 seconds', interval '60 seconds', interval '2 seconds', true)`, id)
 	var session *pgx.Conn
 	claim := func() {
-		session = connAs(t, db, "walk:alive-lock")
+		session = testdb.Session(t, db.DSN, "walk:alive-lock")
 		var ok bool
 		if err := session.QueryRow(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, id).Scan(&ok); err != nil || !ok {
 			t.Fatalf("claim: %v %v", ok, err)
@@ -51,7 +50,7 @@ func TestOneVerdict(t *testing.T) {
 			t.Fatal(err)
 		}
 		testutil.Eventually(t, 10*time.Second, "the closed session's lock to go", func() bool {
-			return count(t, db, `SELECT count(*) FROM liveness.instance_alive_locks WHERE instance_id = '`+id.String()+`'`) == 0
+			return testdb.Count(t, db.DSN, `SELECT count(*) FROM liveness.instance_alive_locks WHERE instance_id = '`+id.String()+`'`) == 0
 		})
 	}
 	beatAged := func(ageSeconds int, holds bool) {
@@ -163,11 +162,10 @@ func wouldReap(t *testing.T, ctx context.Context, pool interface {
 // exporter's own scrapes stamp a vanished lock, so the instance's grace runs out and it
 // turns stale; without the stamp it would stay lock_lost for ever.
 func TestExporterAloneStampsVanishedLocks(t *testing.T) {
-	db := pgtest.NewDB(t)
-	migrate(t, db, "liveness")
+	db := testdb.Migrated(t)
 	cfg := DefaultConfig()
 	exp := newExporter(t, cfg, exporterPool(t, db.DSN, 2, nil), nil, discard())
-	admin := connAs(t, db, "walker")
+	admin := testdb.Session(t, db.DSN, "walker")
 	// The row says it holds its lock, but no session does: the lock has vanished.
 	exec(t, admin, `INSERT INTO liveness.instances (instance_id, service_name, lock_grace, holds_alive_lock)
 	                 VALUES ($1, 'walk', interval '1 second', true)`, uuid.New())

@@ -54,46 +54,14 @@ func BenchmarkWhizbangInstancesCost(b *testing.B) {
 		b.Fatal(err)
 	}
 	wh := store.Instances.For(whSource)
-	run := func(sql string, args ...any) time.Duration {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		t0 := time.Now()
-		rows, err := pool.Query(ctx, sql, args...)
-		if err != nil {
-			b.Fatal(err)
-		}
-		n := 0
-		for rows.Next() {
-			n++
-		}
-		if err := rows.Err(); err != nil {
-			b.Fatal(err)
-		}
-		if n < benchdata.Services {
-			b.Fatalf("%d rows", n)
-		}
-		return time.Since(t0)
-	}
-	runOurs := func() time.Duration { return run(ours.SQL, ours.Args(100)...) }
-	runWh := func() time.Duration { return run(wh.SQL, wh.Args(100)...) }
-	for range 3 {
-		runOurs()
-		runWh()
-	}
-	var to, tw []time.Duration
-	b.ResetTimer()
-	for i := range b.N {
-		if i%2 == 0 {
-			to, tw = append(to, runOurs()), append(tw, runWh())
-		} else {
-			tw, to = append(tw, runWh()), append(to, runOurs())
+	run := func(q store.Query) func() time.Duration {
+		return func() time.Duration {
+			d, n := timeQuery(b, pool, q.SQL, q.Args(100)...)
+			if n < benchdata.Services {
+				b.Fatalf("%d rows", n)
+			}
+			return d
 		}
 	}
-	b.StopTimer()
-	slices.Sort(to)
-	slices.Sort(tw)
-	mo, mw := to[len(to)/2], tw[len(tw)/2]
-	b.ReportMetric(float64(mo.Microseconds())/1000, "ms-ours")
-	b.ReportMetric(float64(mw.Microseconds())/1000, "ms-whizbang")
-	b.ReportMetric(float64(mw)/float64(mo), "whizbang/ours")
+	sideBySide(b, "ours", run(ours), "whizbang", run(wh))
 }

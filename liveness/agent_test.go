@@ -13,32 +13,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
-
-func agentDB(t *testing.T, maxConns int32) (*pgtest.DB, *pgxpool.Pool) {
-	t.Helper()
-	db := pgtest.NewDB(t)
-	pool := db.Pool(t, maxConns)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
-		t.Fatal(err)
-	}
-	return db, pool
-}
-
-func agentConfig(db *pgtest.DB, pool *pgxpool.Pool) liveness.AgentConfig {
-	return liveness.AgentConfig{
-		Pool: pool, DirectDSN: db.DSN, Schema: liveness.DefaultSchema,
-		InstanceID: uuid.New(), ServiceName: "agent-test", Mode: liveness.ModeAdvisoryLockWhenAvailable,
-		Timing: liveness.Timing{HeartbeatInterval: 200 * time.Millisecond, HeartbeatSlowInterval: 400 * time.Millisecond,
-			StaleThreshold: time.Second, DefinitiveDeadCutoff: 3 * time.Second},
-		Reaper: true, ReaperInterval: 200 * time.Millisecond, ReaperLeaseTTL: 2 * time.Second,
-	}
-}
 
 func isAlive(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) (alive, row bool) {
 	t.Helper()
@@ -52,7 +31,7 @@ func isAlive(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) (alive, row bool) {
 }
 
 func TestAgentValidateNamesFields(t *testing.T) {
-	db, pool := agentDB(t, 2)
+	db, pool := testdb.MigratedPool(t, 2)
 	for _, tc := range []struct {
 		mutate func(*liveness.AgentConfig)
 		field  string
@@ -103,27 +82,15 @@ func TestAgentValidateNamesFields(t *testing.T) {
 // The agent participates, reaps others, and on shutdown leaves nothing that makes it
 // look alive.
 func TestAgentParticipatesAndShutsDownCleanly(t *testing.T) {
-	db, pool := agentDB(t, 2)
+	db, pool := testdb.MigratedPool(t, 2)
 	cfg := agentConfig(db, pool)
-	agent, err := liveness.NewAgent(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	agent := newAgent(t, cfg)
 	// A dead instance (no lock, old heartbeat) for the reaper.
 	dead := uuid.New()
 	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at)
 		VALUES ($1, 'other', now() - interval '1 hour')`, dead)
 
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	finished := make(chan struct{})
-	go func() { done <- agent.Run(ctx); close(finished) }()
-	t.Cleanup(func() { stop(); <-finished })
-
-	testutil.Eventually(t, 10*time.Second, "alive lock held and a beat written", func() bool {
-		s := agent.Snapshot()
-		return s.AliveLock.Held && s.Heartbeat.Beats > 0
-	})
+	stop, done := runAgent(t, agent) // alive lock held and a beat written
 	testutil.Eventually(t, 10*time.Second, "slow cadence while the lock is held", func() bool {
 		return agent.Snapshot().Heartbeat.Interval == cfg.Timing.HeartbeatSlowInterval
 	})
@@ -172,19 +139,17 @@ func hasLease(ls []liveness.LeaseStats, name string) bool {
 	return false
 }
 
-// runAgent runs the agent until stop; done yields Run's error once it has returned.
-func runAgent(t *testing.T, a *liveness.Agent) (stop context.CancelFunc, done <-chan error) {
+// lockInstances takes an ACCESS EXCLUSIVE lock on liveness.instances, on a session of its
+// own in a transaction that lasts until the session's ROLLBACK or the test's end: every
+// statement on the table waits meanwhile.
+func lockInstances(t *testing.T, db *pgtest.DB) *pgx.Conn {
 	t.Helper()
-	ctx, stop := context.WithCancel(context.Background())
-	out := make(chan error, 1)
-	finished := make(chan struct{})
-	go func() { defer close(finished); out <- a.Run(ctx) }()
-	t.Cleanup(func() { stop(); <-finished })
-	testutil.Eventually(t, 10*time.Second, "the agent beats (and holds its lock if it has one)", func() bool {
-		s := a.Snapshot()
-		return s.Heartbeat.Beats > 0 && (s.Mode == liveness.ModeHeartbeatTableOnly || s.AliveLock.Held)
-	})
-	return stop, out
+	locker := db.Conn(t)
+	if _, err := locker.Exec(context.Background(), `BEGIN; LOCK TABLE liveness.instances IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = locker.Exec(context.Background(), `ROLLBACK`) })
+	return locker
 }
 
 // leaseExpiry reads a lease row's expiry; ok is false without a row.
@@ -208,7 +173,7 @@ func leaseExpiry(t *testing.T, pool *pgxpool.Pool, name string) (expires time.Ti
 // and the row's deletion may wait for longer than the default ShutdownTimeout, and
 // succeeds.
 func TestAgentShutdownGivesEachStepItsBudget(t *testing.T) {
-	db, pool := agentDB(t, 4)
+	db, pool := testdb.MigratedPool(t, 4)
 	cfg := agentConfig(db, pool)
 	cfg.Reaper = false
 	cfg.Timing = liveness.Timing{HeartbeatInterval: 2 * time.Second, HeartbeatSlowInterval: 4 * time.Second,
@@ -221,10 +186,7 @@ func TestAgentShutdownGivesEachStepItsBudget(t *testing.T) {
 	if got := cfg.ShutdownBudget(); got != want {
 		t.Fatalf("ShutdownBudget() = %s, want %s", got, want)
 	}
-	agent, err := liveness.NewAgent(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	agent := newAgent(t, cfg)
 	stopAgent, agentDone := runAgent(t, agent)
 
 	started, cancelled, finish := make(chan struct{}), make(chan struct{}), make(chan struct{})
@@ -293,12 +255,8 @@ func TestAgentShutdownGivesEachStepItsBudget(t *testing.T) {
 	}
 
 	// The row's deletion will find the instances table locked.
-	locker := db.Conn(t)
+	locker := lockInstances(t, db)
 	bg := context.Background()
-	if _, err := locker.Exec(bg, `BEGIN; LOCK TABLE liveness.instances IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = locker.Exec(context.Background(), `ROLLBACK`) })
 	close(finish)
 	var st stopped
 	select {
@@ -344,14 +302,11 @@ func TestAgentShutdownGivesEachStepItsBudget(t *testing.T) {
 // even after its agent has stopped and is dead by the verdict: the lease is left to
 // expire, never released early, and Elect says so.
 func TestAgentLeavesAnOverrunningJobsLeaseToExpire(t *testing.T) {
-	db, pool := agentDB(t, 4)
+	db, pool := testdb.MigratedPool(t, 4)
 	cfg := agentConfig(db, pool)
 	cfg.Reaper = false
 	cfg.JobWindDown = 300 * time.Millisecond
-	agent, err := liveness.NewAgent(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	agent := newAgent(t, cfg)
 	stopAgent, agentDone := runAgent(t, agent)
 	started, release := make(chan struct{}), make(chan struct{})
 	t.Cleanup(func() { close(release) })
@@ -401,7 +356,7 @@ func TestAgentLeavesAnOverrunningJobsLeaseToExpire(t *testing.T) {
 // reap round are waiting on it, then the leases table, so that the reaper's release and
 // the stubborn job's leaving its lease to expire hang too.
 func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
-	db, pool := agentDB(t, 4)
+	db, pool := testdb.MigratedPool(t, 4)
 	cfg := agentConfig(db, pool)
 	cfg.Timing = liveness.Timing{HeartbeatInterval: 2 * time.Second, HeartbeatSlowInterval: 4 * time.Second,
 		StaleThreshold: 10 * time.Second, DefinitiveDeadCutoff: 20 * time.Second}
@@ -410,10 +365,7 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 	if want := 2*time.Second + 5*time.Second + time.Second + liveness.DefaultShutdownTimeout + 5*time.Second; budget != want {
 		t.Fatalf("ShutdownBudget() = %s, want %s", budget, want)
 	}
-	agent, err := liveness.NewAgent(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	agent := newAgent(t, cfg)
 	stop, done := runAgent(t, agent)
 	started, release := make(chan struct{}), make(chan struct{})
 	t.Cleanup(func() { close(release) })
@@ -427,12 +379,8 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 		t.Fatal("the agent did not lead within 10s")
 	}
 
-	locker := db.Conn(t)
+	locker := lockInstances(t, db)
 	bg := context.Background()
-	if _, err := locker.Exec(bg, `BEGIN; LOCK TABLE liveness.instances IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = locker.Exec(context.Background(), `ROLLBACK`) })
 	testutil.Eventually(t, 20*time.Second, "a beat and a reap round wait for the instances table", func() bool {
 		var beat, reap bool
 		if err := pool.QueryRow(bg, `SELECT
@@ -466,29 +414,16 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 // the first one's), must not delete the row on its way out, and gives up with
 // ErrDuplicateInstance once the duplicate has lasted DuplicateTimeout.
 func TestAgentDuplicateInstanceWritesNothing(t *testing.T) {
-	db, pool := agentDB(t, 4)
+	db, pool := testdb.MigratedPool(t, 4)
 	first := agentConfig(db, pool)
 	first.Reaper = false
-	a1, err := liveness.NewAgent(first)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx1, stop1 := context.WithCancel(context.Background())
-	done1 := make(chan error, 1)
-	go func() { done1 <- a1.Run(ctx1) }()
-	t.Cleanup(func() { stop1(); <-done1 })
-	testutil.Eventually(t, 10*time.Second, "the first agent holds its lock and beat", func() bool {
-		s := a1.Snapshot()
-		return s.AliveLock.Held && s.Heartbeat.Beats > 0
-	})
+	a1 := newAgent(t, first)
+	runAgent(t, a1) // holds its lock and beat
 
 	second := first
 	second.ServiceName = "impostor"
 	second.DuplicateTimeout = 2 * time.Second
-	a2, err := liveness.NewAgent(second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a2 := newAgent(t, second)
 	ctx2, stop2 := context.WithTimeout(context.Background(), time.Minute)
 	defer stop2()
 	done2 := make(chan error, 1)
@@ -525,22 +460,16 @@ func TestAgentNeedsTheSchema(t *testing.T) {
 	db := pgtest.NewDB(t)
 	pool := db.Pool(t, 3)
 	cfg := liveness.AgentConfig{Pool: pool, DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: "no-schema"}
-	agent, err := liveness.NewAgent(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	agent := newAgent(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err = agent.Run(ctx)
+	err := agent.Run(ctx)
 	if !errors.Is(err, liveness.ErrSchemaNotReady) || !strings.Contains(err.Error(), "migrations.Apply") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("Run without the schema = %v; want one line with ErrSchemaNotReady naming migrations.Apply", err)
 	}
 
 	cfg.WaitForSchema = true
-	waiting, err := liveness.NewAgent(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	waiting := newAgent(t, cfg)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- waiting.Run(runCtx) }()
@@ -565,13 +494,10 @@ func TestAgentNeedsTheSchema(t *testing.T) {
 // through PgBouncer needs no direct DSN, holds no lock, and is heartbeat_only by the one
 // verdict; it still campaigns, and leaves at once on shutdown.
 func TestAgentHeartbeatTableOnly(t *testing.T) {
-	db, pool := agentDB(t, 3)
+	db, pool := testdb.MigratedPool(t, 3)
 	cfg := agentConfig(db, pool)
 	cfg.Mode, cfg.DirectDSN, cfg.Reaper = liveness.ModeHeartbeatTableOnly, "", false
-	agent, err := liveness.NewAgent(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	agent := newAgent(t, cfg)
 	stop, done := runAgent(t, agent)
 	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
 	if err != nil {

@@ -133,20 +133,15 @@ func (c aliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	count := c.KeepaliveCount
-	switch {
-	case count < 0:
-		return nil, 0, aliveLockErr("KeepaliveCount", "(%d) must not be negative", count)
-	case count == 0:
-		count = DefaultKeepaliveCount
+	count, err := orDefault("KeepaliveCount", c.KeepaliveCount, DefaultKeepaliveCount)
+	if err != nil {
+		return nil, 0, err
 	}
-	userTimeout := c.UserTimeout
-	switch {
-	case userTimeout < 0:
-		return nil, 0, aliveLockErr("UserTimeout", "(%s) must not be negative", userTimeout)
-	case userTimeout == 0:
-		userTimeout = DefaultUserTimeout
-	case userTimeout < time.Millisecond:
+	userTimeout, err := orDefault("UserTimeout", c.UserTimeout, DefaultUserTimeout)
+	if err != nil {
+		return nil, 0, err
+	}
+	if userTimeout < time.Millisecond {
 		return nil, 0, aliveLockErr("UserTimeout", "(%s) must be at least 1ms", userTimeout)
 	}
 	if c.VerifyInterval < 0 {
@@ -200,17 +195,24 @@ func aliveLockErr(field, format string, args ...any) error {
 	return &ConfigError{Field: "aliveLockConfig." + field, Reason: fmt.Sprintf(format, args...)}
 }
 
-// wholeSeconds applies the default to zero and refuses what PostgreSQL cannot take.
-func wholeSeconds(field string, d, def time.Duration) (time.Duration, error) {
+// orDefault is v, or def when v is zero; a negative v is refused.
+func orDefault[T int | time.Duration](field string, v, def T) (T, error) {
 	switch {
-	case d == 0:
+	case v < 0:
+		return 0, aliveLockErr(field, "(%v) must not be negative", v)
+	case v == 0:
 		return def, nil
-	case d < 0:
-		return 0, aliveLockErr(field, "(%s) must not be negative", d)
-	case d%time.Second != 0:
+	}
+	return v, nil
+}
+
+// wholeSeconds is orDefault for a setting PostgreSQL takes in whole seconds only.
+func wholeSeconds(field string, d, def time.Duration) (time.Duration, error) {
+	d, err := orDefault(field, d, def)
+	if err == nil && d%time.Second != 0 {
 		return 0, aliveLockErr(field, "(%s) must be a whole number of seconds", d)
 	}
-	return d, nil
+	return d, err
 }
 
 // newAliveLock validates cfg and prepares the lock. It does not connect; Run does.

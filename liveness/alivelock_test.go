@@ -13,40 +13,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
-
-func startAliveLock(t *testing.T, cfg aliveLockConfig) *aliveLock {
-	t.Helper()
-	lock, _ := startAliveLockStoppable(t, cfg)
-	return lock
-}
-
-func startAliveLockStoppable(t *testing.T, cfg aliveLockConfig) (*aliveLock, func()) {
-	t.Helper()
-	lock, err := newAliveLock(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lock, runUntilCleanup(t, lock.Run)
-}
-
-// lockHolderPID returns the pid of the backend that holds the instance's alive lock, or 0.
-func lockHolderPID(t *testing.T, ctx context.Context, pool *pgxpool.Pool, id uuid.UUID) int {
-	t.Helper()
-	var pid int
-	err := pool.QueryRow(ctx, `SELECT coalesce(max(l.pid), 0) FROM liveness.bigint_advisory_locks l
-	                            WHERE l.granted
-	                              AND l.classid = liveness.lock_key_classid(liveness.instance_lock_key($1))
-	                              AND l.objid = liveness.lock_key_objid(liveness.instance_lock_key($1))`, id).Scan(&pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pid
-}
 
 // TestAliveLockTerminatedBackend ends the lock's session from the server. The verify
 // interval is a minute, so only the read on the idle connection can notice in time:
@@ -54,7 +25,7 @@ func lockHolderPID(t *testing.T, ctx context.Context, pool *pgxpool.Pool, id uui
 // lock is claimed again on a new connection.
 func TestAliveLockTerminatedBackend(t *testing.T) {
 	ctx := livenessTestCtx(t)
-	db, pool := livenessDB(t, ctx)
+	db, pool := testdb.MigratedPool(t, 4)
 	id := uuid.New()
 	lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc", VerifyInterval: time.Minute})
 	testutil.Eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
@@ -107,8 +78,7 @@ func TestAliveLockTerminatedBackend(t *testing.T) {
 // claim is false, logged once, its heartbeat stays fast, and it takes the lock over once
 // the first one is gone.
 func TestAliveLockDuplicateInstance(t *testing.T) {
-	ctx := livenessTestCtx(t)
-	db, pool := livenessDB(t, ctx)
+	db, pool := testdb.MigratedPool(t, 4)
 	id := uuid.New()
 	first, stopFirst := startAliveLockStoppable(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc"})
 	testutil.Eventually(t, 5*time.Second, "the first lock is held", first.Held)
@@ -120,14 +90,7 @@ func TestAliveLockDuplicateInstance(t *testing.T) {
 	cfg.InstanceID = id
 	h, _ := startHeartbeat(t, cfg)
 
-	const dup = "held by another session"
-	testutil.Eventually(t, 5*time.Second, "several failed claims"+logs.String(), func() bool {
-		n, _ := logs.count(dup, slog.LevelDebug)
-		return n >= 5
-	})
-	if _, loud := logs.count(dup, slog.LevelWarn); loud != 1 {
-		t.Fatalf("%d warnings about the duplicate, want exactly 1 (once per condition):%s", loud, logs)
-	}
+	logs.toldOnce(t, "held by another session", slog.LevelWarn, 5, 5*time.Second)
 	if second.Held() || second.Stats().Claims != 0 || !first.Held() {
 		t.Fatalf("first held %v, second %+v: want only the first to hold", first.Held(), second.Stats())
 	}
@@ -153,18 +116,14 @@ func TestAliveLockDuplicateInstance(t *testing.T) {
 // that is logged once and is not fatal; the claim succeeds once the objects exist.
 func TestAliveLockMissingFunction(t *testing.T) {
 	ctx := livenessTestCtx(t)
-	db, pool := livenessDB(t, ctx)
+	db, pool := testdb.MigratedPool(t, 4)
 	db.Exec(t, `CREATE SCHEMA not_migrated_yet`) // the schema exists, its functions do not
 	logs := &logRecorder{}
 	lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, Schema: "not_migrated_yet", InstanceID: uuid.New(),
 		ServiceName: "svc", VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
-	const failed = "alive lock claim failed"
-	testutil.Eventually(t, 5*time.Second, "several failed claims"+logs.String(), func() bool {
-		n, _ := logs.count(failed, slog.LevelDebug)
-		return n >= 5
-	})
-	if _, loud := logs.count(failed, slog.LevelError); loud != 1 || lock.Held() {
-		t.Fatalf("%d errors logged (want 1), held %v (want false):%s", loud, lock.Held(), logs)
+	logs.toldOnce(t, "alive lock claim failed", slog.LevelError, 5, 5*time.Second)
+	if lock.Held() {
+		t.Fatalf("held before the migrations:%s", logs)
 	}
 	if _, err := migrations.Apply(ctx, pool, "not_migrated_yet"); err != nil {
 		t.Fatal(err)
@@ -176,8 +135,7 @@ func TestAliveLockMissingFunction(t *testing.T) {
 // startup parameters chose, over TCP and against database defaults that say otherwise;
 // and, on Linux, the client socket's keepalive options.
 func TestAliveLockKeepaliveSettings(t *testing.T) {
-	ctx := livenessTestCtx(t)
-	db, _ := livenessDB(t, ctx)
+	db, _ := testdb.MigratedPool(t, 4)
 	db.Exec(t, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+` SET idle_session_timeout = '1h'`)
 	db.Exec(t, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+` SET tcp_keepalives_idle = 100`)
 
@@ -307,8 +265,12 @@ func TestAliveLockConfigErrors(t *testing.T) {
 			"aliveLockConfig.KeepaliveIdle (1.5s) must be a whole number of seconds"},
 		{"negative interval", func(c *aliveLockConfig) { c.KeepaliveInterval = -time.Second },
 			"aliveLockConfig.KeepaliveInterval (-1s) must not be negative"},
-		{"negative count", func(c *aliveLockConfig) { c.KeepaliveCount = -1 }, "aliveLockConfig.KeepaliveCount (-1)"},
-		{"negative user timeout", func(c *aliveLockConfig) { c.UserTimeout = -time.Second }, "aliveLockConfig.UserTimeout (-1s)"},
+		{"negative count", func(c *aliveLockConfig) { c.KeepaliveCount = -1 },
+			"aliveLockConfig.KeepaliveCount (-1) must not be negative"},
+		{"negative user timeout", func(c *aliveLockConfig) { c.UserTimeout = -time.Second },
+			"aliveLockConfig.UserTimeout (-1s) must not be negative"},
+		{"sub-millisecond user timeout", func(c *aliveLockConfig) { c.UserTimeout = 500 * time.Microsecond },
+			"aliveLockConfig.UserTimeout (500µs) must be at least 1ms"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -330,7 +292,7 @@ func TestAliveLockConfigErrors(t *testing.T) {
 // (a failing verification would re-claim on every other tick).
 func TestAliveLockStaysHeldAcrossVerifications(t *testing.T) {
 	ctx := livenessTestCtx(t)
-	db, pool := livenessDB(t, ctx)
+	db, pool := testdb.MigratedPool(t, 4)
 	logs := &logRecorder{}
 	id := uuid.New()
 	lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc",
@@ -358,7 +320,7 @@ func TestAliveLockStaysHeldAcrossVerifications(t *testing.T) {
 // DBA's script) is recovered from as fast the sixth time as the first.
 func TestAliveLockRecoversFastEveryTime(t *testing.T) {
 	ctx := livenessTestCtx(t)
-	db, pool := livenessDB(t, ctx)
+	db, pool := testdb.MigratedPool(t, 4)
 	dsn := db.DSN
 	id := uuid.New()
 	lock := startAliveLock(t, aliveLockConfig{DSN: dsn, InstanceID: id, ServiceName: "svc", VerifyInterval: time.Minute})

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
@@ -64,34 +64,15 @@ func startCuttableAgent(t *testing.T, db *pgtest.DB, service string) (*liveness.
 	t.Helper()
 	proxy := newFreezingProxy(t, db.DSN, 0)
 	t.Cleanup(proxy.close)
-	pcfg, err := pgxpool.ParseConfig(proxy.dsn())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.MaxConns = 3
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := pgtest.Pool(t, proxy.dsn(), 3)
 	cfg := agentConfig(db, pool)
 	cfg.DirectDSN = proxy.dsn()
 	cfg.ServiceName = service
 	cfg.Reaper = false
 	cfg.Timing = liveness.Timing{HeartbeatInterval: time.Second, HeartbeatSlowInterval: 2 * time.Second,
 		StaleThreshold: 30 * time.Second, DefinitiveDeadCutoff: time.Minute}
-	a, err := liveness.NewAgent(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	t.Cleanup(func() { stop(); <-done })
-	testutil.Eventually(t, 10*time.Second, service+" holds its lock and beat", func() bool {
-		s := a.Snapshot()
-		return s.AliveLock.Held && s.Heartbeat.Beats > 0
-	})
+	a := newAgent(t, cfg)
+	runAgent(t, a) // holds its lock and beat
 	return a, proxy
 }
 
@@ -100,7 +81,7 @@ func startCuttableAgent(t *testing.T, db *pgtest.DB, service string) (*liveness.
 // leads well before the 30 s ttl, once the leader is dead by the one verdict; the two
 // leaderships never overlap and their epochs increase.
 func TestElectorTakesOverFromADeadLeaderBeforeTheTTL(t *testing.T) {
-	db, migratedPool := agentDB(t, 2)
+	db, migratedPool := testdb.MigratedPool(t, 2)
 	a1, cut := startCuttableAgent(t, db, "elector-a")
 	a2, _ := startCuttableAgent(t, db, "elector-b")
 
@@ -196,7 +177,7 @@ func TestElectorConfigErrorsNameTheField(t *testing.T) {
 // context.Canceled, even when the job returned its cancelled context's error; so the
 // common `!errors.Is(err, context.Canceled)` filter never hides a lost lease.
 func TestLostLeaseIsNotACancellation(t *testing.T) {
-	db, pool := agentDB(t, 3)
+	db, pool := testdb.MigratedPool(t, 3)
 	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Schema: liveness.DefaultSchema})
 	if err != nil {
 		t.Fatal(err)
@@ -219,19 +200,12 @@ func TestLostLeaseIsNotACancellation(t *testing.T) {
 
 // TestAgentRecordsMetadata: what the Agent is given ends up in its row.
 func TestAgentRecordsMetadata(t *testing.T) {
-	db, pool := agentDB(t, 3)
+	db, pool := testdb.MigratedPool(t, 3)
 	cfg := agentConfig(db, pool)
 	cfg.Reaper = false
 	cfg.Metadata = map[string]any{"version": "1.2.3"}
-	a, err := liveness.NewAgent(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() { stop(); <-done }()
-	testutil.Eventually(t, 10*time.Second, "a beat", func() bool { return a.Snapshot().Heartbeat.Beats > 0 })
+	a := newAgent(t, cfg)
+	runAgent(t, a)
 	var meta string
 	if err := pool.QueryRow(context.Background(), `SELECT metadata->>'version' FROM liveness.instances WHERE instance_id = $1`,
 		cfg.InstanceID).Scan(&meta); err != nil || meta != "1.2.3" {
@@ -243,19 +217,10 @@ func TestAgentRecordsMetadata(t *testing.T) {
 // too late for the caller; the row it inserted is deleted at once instead of blocking
 // the lease for its whole ttl.
 func TestAcquireWhoseAnswerIsLostLeavesNoRow(t *testing.T) {
-	db, direct := agentDB(t, 2)
+	db, direct := testdb.MigratedPool(t, 2)
 	proxy := newFreezingProxy(t, db.DSN, 700*time.Millisecond) // every answer 0.7 s late
 	t.Cleanup(proxy.close)
-	pcfg, err := pgxpool.ParseConfig(proxy.dsn())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := pgtest.Pool(t, proxy.dsn(), 1)
 	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Schema: liveness.DefaultSchema})
 	if err != nil {
 		t.Fatal(err)
@@ -348,7 +313,7 @@ func (l *jobLog) String() string {
 // and when its campaign alone ends, the next leader's job begins only after the
 // previous one's own end record, and each handover happens.
 func TestElectorNeverRunsTwoJobsAtOnce(t *testing.T) {
-	db, _ := agentDB(t, 2)
+	db, _ := testdb.MigratedPool(t, 2)
 	const windDown = 1500 * time.Millisecond
 	var log jobLog
 	started := make(chan string, 10)
@@ -365,10 +330,7 @@ func TestElectorNeverRunsTwoJobsAtOnce(t *testing.T) {
 		pool := db.Pool(t, 3)
 		cfg := agentConfig(db, pool)
 		cfg.ServiceName, cfg.Reaper = who, false
-		a, err := liveness.NewAgent(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		a := newAgent(t, cfg)
 		c := &campaigner{agent: a, electDone: make(chan struct{}), leaders: &leaderSeen{}}
 		c.stopAgent, c.agentDone = runAgent(t, a)
 		ctx, end := context.WithCancel(context.Background())
@@ -476,13 +438,10 @@ func (l *leaderSeen) all() []liveness.Leader {
 // through OnNewLeader too, before its job starts, and when its job returns on its own
 // it reports no leader (the gap it has seen) before it leads again under a new epoch.
 func TestOnNewLeaderReportsItselfAndTheGap(t *testing.T) {
-	db, pool := agentDB(t, 3)
+	db, pool := testdb.MigratedPool(t, 3)
 	cfg := agentConfig(db, pool)
 	cfg.Reaper = false
-	a, err := liveness.NewAgent(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := newAgent(t, cfg)
 	runAgent(t, a)
 	var seen leaderSeen
 	var rounds sync.WaitGroup

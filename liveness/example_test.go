@@ -30,11 +30,10 @@ func open(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// ExampleAgent takes part in the fleet: one Agent holds the alive lock, beats and
-// (optionally) reaps dead instances. Zero timings take the defaults. Run returns after
-// the clean-up: the row deleted and the lock's session closed, so the others see the
-// instance gone at once.
-func ExampleAgent() {
+// withPool runs an example's body with a context of a minute and the service's pool
+// (open), and prints the error the body returns. In a service both are the service's
+// own: the context ends on SIGTERM.
+func withPool(body func(ctx context.Context, pool *pgxpool.Pool) error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool, err := open(ctx)
@@ -43,39 +42,48 @@ func ExampleAgent() {
 		return
 	}
 	defer pool.Close()
-
-	agent, err := liveness.NewAgent(liveness.AgentConfig{
-		Pool: pool, DirectDSN: os.Getenv("DATABASE_URL"),
-		InstanceID: uuid.New(), ServiceName: "billing", Reaper: true,
-	})
-	if err != nil {
+	if err := body(ctx, pool); err != nil {
 		fmt.Println(err)
-		return
 	}
-	runCtx, stop := context.WithCancel(ctx) // in a service: the SIGTERM context
-	done := make(chan error, 1)
-	go func() { done <- agent.Run(runCtx) }()
+}
 
-	// Wait for the lock and the first beat, no longer than ctx allows.
-	poll := time.NewTicker(10 * time.Millisecond)
-	defer poll.Stop()
-	for !agent.Snapshot().AliveLock.Held || agent.Snapshot().Heartbeat.Beats == 0 {
-		select {
-		case err := <-done:
-			stop()
-			fmt.Println("the agent stopped before it was alive:", err)
-			return
-		case <-ctx.Done():
-			fmt.Println("not alive in time:", ctx.Err())
-			stop()
-			<-done
-			return
-		case <-poll.C:
+// ExampleAgent takes part in the fleet: one Agent holds the alive lock, beats and
+// (optionally) reaps dead instances. Zero timings take the defaults. Run returns after
+// the clean-up: the row deleted and the lock's session closed, so the others see the
+// instance gone at once.
+func ExampleAgent() {
+	withPool(func(ctx context.Context, pool *pgxpool.Pool) error {
+		agent, err := liveness.NewAgent(liveness.AgentConfig{
+			Pool: pool, DirectDSN: os.Getenv("DATABASE_URL"),
+			InstanceID: uuid.New(), ServiceName: "billing", Reaper: true,
+		})
+		if err != nil {
+			return err
 		}
-	}
-	fmt.Println("holds its alive lock")
-	stop()
-	fmt.Println("stopped:", <-done)
+		runCtx, stop := context.WithCancel(ctx) // in a service: the SIGTERM context
+		done := make(chan error, 1)
+		go func() { done <- agent.Run(runCtx) }()
+
+		// Wait for the lock and the first beat, no longer than ctx allows.
+		poll := time.NewTicker(10 * time.Millisecond)
+		defer poll.Stop()
+		for !agent.Snapshot().AliveLock.Held || agent.Snapshot().Heartbeat.Beats == 0 {
+			select {
+			case err := <-done:
+				stop()
+				return fmt.Errorf("the agent stopped before it was alive: %w", err)
+			case <-ctx.Done():
+				stop()
+				<-done
+				return fmt.Errorf("not alive in time: %w", ctx.Err())
+			case <-poll.C:
+			}
+		}
+		fmt.Println("holds its alive lock")
+		stop()
+		fmt.Println("stopped:", <-done)
+		return nil
+	})
 	// Output:
 	// holds its alive lock
 	// stopped: <nil>
@@ -87,53 +95,46 @@ func ExampleAgent() {
 // only once it has returned. Its writes are fenced: Fence, in the writing transaction,
 // refuses them once another process could lead.
 func ExampleAgent_Elect() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	pool, err := open(ctx)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS alert_runs (epoch bigint, at timestamptz DEFAULT now())`); err != nil {
-		fmt.Println(err)
-		return
-	}
-	agent, err := liveness.NewAgent(liveness.AgentConfig{
-		Pool: pool, DirectDSN: os.Getenv("DATABASE_URL"), InstanceID: uuid.New(), ServiceName: "alerts",
-	})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	runCtx, stopAgent := context.WithCancel(ctx)
-	agentDone := make(chan error, 1)
-	go func() { agentDone <- agent.Run(runCtx) }()
-	defer func() { stopAgent(); <-agentDone }()
+	withPool(func(ctx context.Context, pool *pgxpool.Pool) error {
+		if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS alert_runs (epoch bigint, at timestamptz DEFAULT now())`); err != nil {
+			return err
+		}
+		agent, err := liveness.NewAgent(liveness.AgentConfig{
+			Pool: pool, DirectDSN: os.Getenv("DATABASE_URL"), InstanceID: uuid.New(), ServiceName: "alerts",
+		})
+		if err != nil {
+			return err
+		}
+		runCtx, stopAgent := context.WithCancel(ctx)
+		agentDone := make(chan error, 1)
+		go func() { agentDone <- agent.Run(runCtx) }()
+		defer func() { stopAgent(); <-agentDone }()
 
-	campaign, endCampaign := context.WithCancel(ctx)
-	err = agent.Elect(campaign, liveness.ElectorConfig{
-		Lease: "alert-evaluation",
-		OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
-			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				if err := self.Fence(ctx, tx); err != nil {
-					return err // another process may lead: write nothing
-				}
-				_, err := tx.Exec(ctx, `INSERT INTO alert_runs (epoch) VALUES ($1)`, self.Epoch)
-				return err
-			})
-			fmt.Println("leading; fenced write:", err)
-			endCampaign() // a real job would work until ctx ends
-			<-ctx.Done()
-		},
-		OnStoppedLeading: func(reason error) {
-			// The campaign ended, so the lease was released once the callback returned: the
-			// reason is the campaign's context's cause. A lost lease would be
-			// errors.Is(reason, liveness.ErrLeaseLost).
-			fmt.Println("stopped leading:", reason, errors.Is(reason, liveness.ErrLeaseLost))
-		},
+		campaign, endCampaign := context.WithCancel(ctx)
+		err = agent.Elect(campaign, liveness.ElectorConfig{
+			Lease: "alert-evaluation",
+			OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					if err := self.Fence(ctx, tx); err != nil {
+						return err // another process may lead: write nothing
+					}
+					_, err := tx.Exec(ctx, `INSERT INTO alert_runs (epoch) VALUES ($1)`, self.Epoch)
+					return err
+				})
+				fmt.Println("leading; fenced write:", err)
+				endCampaign() // a real job would work until ctx ends
+				<-ctx.Done()
+			},
+			OnStoppedLeading: func(reason error) {
+				// The campaign ended, so the lease was released once the callback returned:
+				// the reason is the campaign's context's cause. A lost lease would be
+				// errors.Is(reason, liveness.ErrLeaseLost).
+				fmt.Println("stopped leading:", reason, errors.Is(reason, liveness.ErrLeaseLost))
+			},
+		})
+		fmt.Println("campaign over:", err)
+		return nil
 	})
-	fmt.Println("campaign over:", err)
 	// Output:
 	// leading; fenced write: <nil>
 	// stopped leading: context canceled false
@@ -144,26 +145,20 @@ func ExampleAgent_Elect() {
 // without an alive lock, as in the field report's design. Another holder's lease is
 // free only once it expires.
 func ExampleLeases_Run() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	pool, err := open(ctx)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer pool.Close()
-	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	ran, err := leases.Run(ctx, "hourly-cleanup", 2*time.Minute, func(ctx context.Context, lease *liveness.Lease) error {
-		// Held by this process alone until fn returns; released then.
-		_, err := leases.TryAcquire(ctx, "hourly-cleanup", 2*time.Minute)
-		fmt.Println("a second holder:", errors.Is(err, liveness.ErrLeaseHeld))
+	withPool(func(ctx context.Context, pool *pgxpool.Pool) error {
+		leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool})
+		if err != nil {
+			return err
+		}
+		ran, err := leases.Run(ctx, "hourly-cleanup", 2*time.Minute, func(ctx context.Context, lease *liveness.Lease) error {
+			// Held by this process alone until fn returns; released then.
+			_, err := leases.TryAcquire(ctx, "hourly-cleanup", 2*time.Minute)
+			fmt.Println("a second holder:", errors.Is(err, liveness.ErrLeaseHeld))
+			return nil
+		})
+		fmt.Println("ran:", ran, err)
 		return nil
 	})
-	fmt.Println("ran:", ran, err)
 	// Output:
 	// a second holder: true
 	// ran: true <nil>
@@ -173,38 +168,31 @@ func ExampleLeases_Run() {
 // service are, who leads a job. The exporter, is_instance_alive and the reaper read the
 // same SQL definition, so they all agree with it.
 func ExampleReader() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	pool, err := open(ctx)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer pool.Close()
-	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
+	withPool(func(ctx context.Context, pool *pgxpool.Pool) error {
+		reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
+		if err != nil {
+			return err
+		}
 
-	// An instance whose process died an hour ago without cleaning up.
-	gone := uuid.New()
-	if _, err := pool.Exec(ctx, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at)
-		VALUES ($1, 'search', now() - interval '1 hour')`, gone); err != nil {
-		fmt.Println(err)
-		return
-	}
-	st, err := reader.Instance(ctx, gone)
-	fmt.Println(st.State, st.Alive(), err)
+		// An instance whose process died an hour ago without cleaning up.
+		gone := uuid.New()
+		if _, err := pool.Exec(ctx, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at)
+			VALUES ($1, 'search', now() - interval '1 hour')`, gone); err != nil {
+			return err
+		}
+		st, err := reader.Instance(ctx, gone)
+		fmt.Println(st.State, st.Alive(), err)
 
-	_, err = reader.Instance(ctx, uuid.New())
-	fmt.Println(errors.Is(err, liveness.ErrInstanceNotFound))
+		_, err = reader.Instance(ctx, uuid.New())
+		fmt.Println(errors.Is(err, liveness.ErrInstanceNotFound))
 
-	all, err := reader.Instances(ctx, "search")
-	fmt.Println(len(all), err)
+		all, err := reader.Instances(ctx, "search")
+		fmt.Println(len(all), err)
 
-	_, err = reader.Leader(ctx, "nightly-report")
-	fmt.Println(errors.Is(err, liveness.ErrNoLeader))
+		_, err = reader.Leader(ctx, "nightly-report")
+		fmt.Println(errors.Is(err, liveness.ErrNoLeader))
+		return nil
+	})
 	// Output:
 	// stale false <nil>
 	// true

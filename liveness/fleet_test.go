@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
@@ -69,7 +70,7 @@ func fleetFixture(t *testing.T, ctx context.Context, pool *pgxpool.Pool, dsn str
 }
 
 func TestReaderFleet(t *testing.T) {
-	db, pool := agentDB(t, 4)
+	db, pool := testdb.MigratedPool(t, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ids := fleetFixture(t, ctx, pool, db.DSN)

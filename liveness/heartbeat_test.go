@@ -4,9 +4,6 @@ package liveness
 // fake clock and to reach the alive lock's own session. PostgreSQL is always real.
 
 import (
-	"context"
-	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,99 +11,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
-	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
-
-// livenessTestCtx is the deadline of a whole test.
-func livenessTestCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// livenessDB is a fresh database with the migrations applied in the default schema.
-func livenessDB(t *testing.T, ctx context.Context) (*pgtest.DB, *pgxpool.Pool) {
-	t.Helper()
-	db := pgtest.NewDB(t)
-	pool := db.Pool(t, 4)
-	if _, err := migrations.Apply(ctx, pool, DefaultSchema); err != nil {
-		t.Fatal(err)
-	}
-	return db, pool
-}
-
-// runUntilCleanup runs run in a goroutine until the returned stop (or the test's end)
-// cancels it, and checks that it returns nil promptly.
-func runUntilCleanup(t *testing.T, run func(context.Context) error) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run returned %v, want nil", err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Errorf("Run did not return within 10s of its context ending")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
-}
-
-// logRecorder is a slog handler that keeps every record, debug included.
-type logRecorder struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (r *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
-func (r *logRecorder) WithGroup(string) slog.Handler            { return r }
-func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.recs = append(r.recs, rec.Clone())
-	return nil
-}
-
-// count returns how many records contain substr in their message, at any level and at
-// level or above.
-func (r *logRecorder) count(substr string, level slog.Level) (any, atOrAbove int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, rec := range r.recs {
-		if strings.Contains(rec.Message, substr) {
-			any++
-			if rec.Level >= level {
-				atOrAbove++
-			}
-		}
-	}
-	return any, atOrAbove
-}
-
-func (r *logRecorder) String() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var b strings.Builder
-	for _, rec := range r.recs {
-		fmt.Fprintf(&b, "\n  %s %s", rec.Level, rec.Message)
-		rec.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s", a); return true })
-	}
-	return b.String()
-}
 
 // fakeClock drives the heartbeat's timers by hand. Every After call is reported on
 // requests, so a test sees the wait the worker chose after each beat.
@@ -206,31 +115,19 @@ func (l *notifyingLock) set(v bool) {
 	l.ch = make(chan struct{})
 }
 
-// testHeartbeatConfig has the agent's default timing.
-func testHeartbeatConfig(pool *pgxpool.Pool, lock lockSource) heartbeatConfig {
-	return heartbeatConfig{
-		Pool:        pool,
-		InstanceID:  uuid.New(),
-		ServiceName: "svc",
-		Timing:      Timing{}, // the defaults
-		Lock:        lock,
-	}
-}
-
-func startHeartbeat(t *testing.T, cfg heartbeatConfig) (*heartbeatWorker, func()) {
+// startOnFakeClock starts the worker on a fake clock of its own, which the test drives.
+func startOnFakeClock(t *testing.T, cfg heartbeatConfig) (*heartbeatWorker, *fakeClock, func()) {
 	t.Helper()
-	h, err := newHeartbeatWorker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return h, runUntilCleanup(t, h.Run)
+	clk := newFakeClock()
+	cfg.clock = clk
+	h, stop := startHeartbeat(t, cfg)
+	return h, clk, stop
 }
 
 // TestHeartbeatCadence drives the worker with a fake clock against a real database and
 // checks the wait it chooses after each beat: the cadence is resolved on every tick.
 func TestHeartbeatCadence(t *testing.T) {
-	ctx := livenessTestCtx(t)
-	_, pool := livenessDB(t, ctx)
+	_, pool := testdb.MigratedPool(t, 4)
 	const fast, slow = DefaultHeartbeatInterval, DefaultHeartbeatSlowInterval
 
 	cases := []struct {
@@ -266,9 +163,7 @@ func TestHeartbeatCadence(t *testing.T) {
 			if tc.slowIntv != 0 {
 				cfg.Timing.HeartbeatSlowInterval = tc.slowIntv
 			}
-			clk := newFakeClock()
-			cfg.clock = clk
-			h, _ := startHeartbeat(t, cfg)
+			h, clk, _ := startOnFakeClock(t, cfg)
 
 			if got := clk.next(t); got != tc.want {
 				t.Fatalf("after the first beat the worker waits %s, want %s", got, tc.want)
@@ -299,12 +194,10 @@ func ptr[T any](v T) *T { return &v }
 // observers may trust the lock from then on).
 func TestHeartbeatBeatsAtOnceOnLockChange(t *testing.T) {
 	ctx := livenessTestCtx(t)
-	_, pool := livenessDB(t, ctx)
+	_, pool := testdb.MigratedPool(t, 4)
 	lock := newNotifyingLock(true)
 	cfg := testHeartbeatConfig(pool, lock)
-	clk := newFakeClock()
-	cfg.clock = clk
-	h, _ := startHeartbeat(t, cfg)
+	h, clk, _ := startOnFakeClock(t, cfg)
 	rowHolds := func() bool {
 		t.Helper()
 		var b bool
@@ -340,31 +233,42 @@ func TestHeartbeatBeatsAtOnceOnLockChange(t *testing.T) {
 	}
 }
 
+// breakBeats makes every beat fail for real: the instances table is renamed away.
+func breakBeats(t *testing.T, db *pgtest.DB) {
+	t.Helper()
+	db.Exec(t, `ALTER TABLE liveness.instances RENAME TO instances_away`)
+}
+
+// retriesUntilRepaired checks the waits the worker chooses after each failed beat, one
+// by one, and gives the instances table back (undoing breakBeats) before the last wait
+// runs out, so that the beat after it lands.
+func retriesUntilRepaired(t *testing.T, db *pgtest.DB, clk *fakeClock, waits []time.Duration) {
+	t.Helper()
+	for i, want := range waits {
+		if got := clk.next(t); got != want {
+			t.Fatalf("retry %d after %s, want %s", i+1, got, want)
+		}
+		if i == len(waits)-1 {
+			db.Exec(t, `ALTER TABLE liveness.instances_away RENAME TO instances`)
+		}
+		clk.Advance(want)
+	}
+}
+
 // TestHeartbeatProofRetriesFast: when a beat that must prove life fails, it is retried
 // every proofRetry, not after the ordinary back-off, because observers call the instance
 // dead once its lock grace runs out.
 func TestHeartbeatProofRetriesFast(t *testing.T) {
-	ctx := livenessTestCtx(t)
-	db, pool := livenessDB(t, ctx)
+	db, pool := testdb.MigratedPool(t, 4)
 	lock := newNotifyingLock(true)
 	cfg := testHeartbeatConfig(pool, lock)
-	clk := newFakeClock()
-	cfg.clock = clk
-	h, _ := startHeartbeat(t, cfg)
+	h, clk, _ := startOnFakeClock(t, cfg)
 	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
 		t.Fatalf("held: the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
 	}
-	db.Exec(t, `ALTER TABLE liveness.instances RENAME TO instances_away`)
+	breakBeats(t, db)
 	lock.set(false)
-	for i := range 3 {
-		if got := clk.next(t); got != proofRetry {
-			t.Fatalf("proof retry %d after %s, want %s", i+1, got, proofRetry)
-		}
-		if i == 2 {
-			db.Exec(t, `ALTER TABLE liveness.instances_away RENAME TO instances`)
-		}
-		clk.Advance(proofRetry)
-	}
+	retriesUntilRepaired(t, db, clk, []time.Duration{proofRetry, proofRetry, proofRetry})
 	if got := clk.next(t); got != DefaultHeartbeatInterval {
 		t.Fatalf("after the proof landed the worker waits %s, want the fast %s", got, DefaultHeartbeatInterval)
 	}
@@ -377,26 +281,15 @@ func TestHeartbeatProofRetriesFast(t *testing.T) {
 // and checks that retries come well before a full interval, backing off to a cap below
 // the fast interval, and that the cadence resumes once the table is back.
 func TestHeartbeatRetriesFailedBeat(t *testing.T) {
-	ctx := livenessTestCtx(t)
-	db, pool := livenessDB(t, ctx)
-	db.Exec(t, `ALTER TABLE liveness.instances RENAME TO instances_away`)
+	db, pool := testdb.MigratedPool(t, 4)
+	breakBeats(t, db)
 	lock := &fakeLock{}
 	lock.held.Store(true)
 	cfg := testHeartbeatConfig(pool, lock)
-	clk := newFakeClock()
-	cfg.clock = clk
-	h, _ := startHeartbeat(t, cfg)
+	h, clk, _ := startOnFakeClock(t, cfg)
 
 	// fast 30s: the first retry after min(30s/4, 5s), doubling, capped at 30s/2.
-	for i, want := range []time.Duration{5 * time.Second, 10 * time.Second, 15 * time.Second, 15 * time.Second} {
-		if got := clk.next(t); got != want {
-			t.Fatalf("retry %d after %s, want %s", i+1, got, want)
-		}
-		if i == 3 {
-			db.Exec(t, `ALTER TABLE liveness.instances_away RENAME TO instances`)
-		}
-		clk.Advance(want)
-	}
+	retriesUntilRepaired(t, db, clk, []time.Duration{5 * time.Second, 10 * time.Second, 15 * time.Second, 15 * time.Second})
 	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
 		t.Fatalf("after recovering the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
 	}
@@ -410,19 +303,17 @@ func TestHeartbeatRetriesFailedBeat(t *testing.T) {
 // and Remove deleting the row.
 func TestHeartbeatRow(t *testing.T) {
 	ctx := livenessTestCtx(t)
-	_, pool := livenessDB(t, ctx)
+	_, pool := testdb.MigratedPool(t, 4)
 	cfg := testHeartbeatConfig(pool, nil)
 	cfg.Mode = ModeHeartbeatTableOnly
 	cfg.HostName, cfg.ProcessID = "host-a", 4242
 	cfg.Metadata = map[string]any{"version": "1.2.3"}
-	clk := newFakeClock()
-	cfg.clock = clk
 
 	var before time.Time
 	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&before); err != nil {
 		t.Fatal(err)
 	}
-	h, stop := startHeartbeat(t, cfg)
+	h, clk, stop := startOnFakeClock(t, cfg)
 	clk.next(t)
 	clk.Advance(DefaultHeartbeatInterval)
 	clk.next(t)
@@ -471,7 +362,7 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 	ctx := livenessTestCtx(t)
 	writes := map[Mode]int64{}
 	for _, mode := range []Mode{ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly} {
-		db, pool := livenessDB(t, ctx)
+		db, pool := testdb.MigratedPool(t, 4)
 		db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 		lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc"})
 		testutil.Eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
@@ -479,9 +370,7 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 		cfg := testHeartbeatConfig(pool, lock)
 		cfg.InstanceID = uuid.New()
 		cfg.Mode = mode
-		clk := newFakeClock()
-		cfg.clock = clk
-		_, stop := startHeartbeat(t, cfg)
+		_, clk, stop := startOnFakeClock(t, cfg)
 		for elapsed := time.Duration(0); ; {
 			d := clk.next(t)
 			if elapsed+d > time.Hour {

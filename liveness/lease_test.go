@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net"
 	"os"
 	"regexp"
 	"slices"
@@ -19,7 +17,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
@@ -33,41 +33,6 @@ func leaseTestCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// leaseDB is a fresh database with the migrations applied in the default schema.
-func leaseDB(t *testing.T, ctx context.Context, maxConns int32) (*pgtest.DB, *pgxpool.Pool) {
-	t.Helper()
-	db := pgtest.NewDB(t)
-	pool := db.Pool(t, maxConns)
-	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
-		t.Fatal(err)
-	}
-	return db, pool
-}
-
-func newTestLeases(t *testing.T, pool *pgxpool.Pool) *liveness.Leases {
-	t.Helper()
-	l, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
-// mustAcquire takes a lease that must be free and releases it when the test ends.
-func mustAcquire(t *testing.T, ctx context.Context, l *liveness.Leases, name string, ttl time.Duration) *liveness.Lease {
-	t.Helper()
-	le, err := l.TryAcquire(ctx, name, ttl)
-	if err != nil {
-		t.Fatalf("TryAcquire(%q): %v", name, err)
-	}
-	t.Cleanup(func() {
-		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = le.Release(rctx)
-	})
-	return le
-}
-
 // acquireWhenFree polls until the lease is taken, within 10 s.
 func acquireWhenFree(t *testing.T, ctx context.Context, l *liveness.Leases, name string, ttl time.Duration) *liveness.Lease {
 	t.Helper()
@@ -78,17 +43,32 @@ func acquireWhenFree(t *testing.T, ctx context.Context, l *liveness.Leases, name
 			t.Fatal(err)
 		}
 		if err == nil {
-			t.Cleanup(func() {
-				rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				_ = le.Release(rctx)
-			})
+			releaseAtEnd(t, le)
 			return le
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("lease %q was not free within 10s", name)
 	return nil
+}
+
+// waitRenewed waits, within the given time, for le's next renewal (its expiry moving on)
+// and fails the test if le ends first or none comes. It looks every 5 ms: ExpiresAt only
+// reads memory, and the tests that cut the network once a renewal landed want to cut it
+// soon after.
+func waitRenewed(t *testing.T, le *liveness.Lease, within time.Duration) {
+	t.Helper()
+	first := le.ExpiresAt()
+	deadline := time.Now().Add(within)
+	for !le.ExpiresAt().After(first) {
+		if err := le.Err(); err != nil {
+			t.Fatalf("%s ended before it renewed: %v", describe(le), err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no renewal within %s", describe(le), within)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // waitLost waits up to 5 s for the lease's context and returns its lost reason.
@@ -139,24 +119,6 @@ func rowOf(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string) (
 	return r, true
 }
 
-// lockedBuffer collects log output written from the renewer's goroutine.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // describe names a lease in failure messages.
 func describe(le *liveness.Lease) string {
 	if le == nil {
@@ -181,7 +143,7 @@ func statsOf(t *testing.T, l *liveness.Leases, name string) liveness.LeaseStats 
 // kept its connection (the old TryExclusive) would starve every other statement.
 func TestLeasesHoldNoConnection(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	db, pool := leaseDB(t, ctx, 1)
+	db, pool := testdb.MigratedPool(t, 1)
 	db.Exec(t, `CREATE TABLE readiness_probe (id serial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())`)
 	leases := newTestLeases(t, pool)
 
@@ -224,8 +186,11 @@ func TestLeasesHoldNoConnection(t *testing.T) {
 			t.Fatalf("only %d of %d jobs got their lease and a connection within 10s", len(held), len(names))
 		}
 	}
-	// Let every lease renew at least twice on the one connection.
-	time.Sleep(ttl * 3 / 5)
+	// Let every lease renew twice on the one connection.
+	for _, le := range held {
+		waitRenewed(t, le, 5*time.Second)
+		waitRenewed(t, le, 5*time.Second)
+	}
 
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
@@ -273,7 +238,7 @@ func TestLeasesHoldNoConnection(t *testing.T) {
 // lease_is_held(name, epoch), and leaving deletes the row by its epoch.
 func TestLeaseContentionOneHolderAtATime(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	db, pool := leaseDB(t, ctx, 8)
+	db, pool := testdb.MigratedPool(t, 8)
 	db.Exec(t, `CREATE TABLE lease_inside (name text PRIMARY KEY, epoch bigint NOT NULL);
 		CREATE TABLE lease_counter (name text PRIMARY KEY, n bigint NOT NULL);
 		INSERT INTO lease_counter VALUES ('contended', 0)`)
@@ -364,7 +329,7 @@ func TestLeaseContentionOneHolderAtATime(t *testing.T) {
 
 func TestLeaseTakeover(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	_, pool := leaseDB(t, ctx, 4)
+	_, pool := testdb.MigratedPool(t, 4)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool) // two processes
 
 	t.Run("unrenewed lease is taken over after it expires", func(t *testing.T) {
@@ -374,9 +339,8 @@ func TestLeaseTakeover(t *testing.T) {
 		old := mustAcquire(t, parent, a, "unrenewed", ttl)
 		stop()
 		<-old.Context().Done()
-		for deadline := time.Now().Add(time.Second); statsOf(t, a, "unrenewed").Held && time.Now().Before(deadline); {
-			time.Sleep(time.Millisecond) // the renewer notices the parent's end on its own
-		}
+		// The renewer notices the parent's end on its own; the check below says if it did not.
+		testutil.Poll(time.Second, func() bool { return !statsOf(t, a, "unrenewed").Held })
 		if s := statsOf(t, a, "unrenewed"); s.Held || s.Lost[liveness.LostExpired]+s.Lost[liveness.LostTaken]+s.Lost[liveness.LostError] != 0 {
 			t.Fatalf("a lease whose parent context ended: Stats = %+v; want not held, no loss", s)
 		}
@@ -425,7 +389,7 @@ func TestLeaseTakeover(t *testing.T) {
 
 func TestLeaseLateReleaseKeepsNewerHolder(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	_, pool := leaseDB(t, ctx, 4)
+	_, pool := testdb.MigratedPool(t, 4)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
 	const ttl = 300 * time.Millisecond
 
@@ -441,19 +405,14 @@ func TestLeaseLateReleaseKeepsNewerHolder(t *testing.T) {
 		t.Fatalf("after a late Release the row is %+v (present %v), want the new holder's %s/%d", row, ok, next.Holder, next.Epoch)
 	}
 	// The new holder keeps renewing: its row was not touched.
-	first := next.ExpiresAt()
-	for end := time.Now().Add(3 * time.Second); !next.ExpiresAt().After(first); time.Sleep(10 * time.Millisecond) {
-		if next.Err() != nil || time.Now().After(end) {
-			t.Fatalf("new holder did not renew after the late Release: %v", next.Err())
-		}
-	}
+	waitRenewed(t, next, 3*time.Second)
 }
 
 // The old holder must notice, on its next renewal, that it no longer holds the lease,
 // however the row changed under it, and cancel its context.
 func TestLeaseLostIsReportedAndCancels(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	_, pool := leaseDB(t, ctx, 4)
+	_, pool := testdb.MigratedPool(t, 4)
 	const ttl = time.Second // renews every 250 ms
 
 	cases := []struct {
@@ -482,8 +441,8 @@ func TestLeaseLostIsReportedAndCancels(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var logs lockedBuffer
-			l, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			logger, logs := logbuf.Logger() // written from the renewer's goroutine
+			l, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Logger: logger})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -516,7 +475,7 @@ func TestLeaseLostIsReportedAndCancels(t *testing.T) {
 
 func TestLeaseEpochStrictlyIncreases(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	_, pool := leaseDB(t, ctx, 4)
+	_, pool := testdb.MigratedPool(t, 4)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
 	const ttl = 10 * time.Second
 
@@ -553,7 +512,7 @@ func TestLeaseEpochStrictlyIncreases(t *testing.T) {
 // what pg_liveness_lease_epoch and the flapping alert rely on.
 func TestLeaseRefusedAttemptsDrawNoEpoch(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	_, pool := leaseDB(t, ctx, 4)
+	_, pool := testdb.MigratedPool(t, 4)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
 	held := mustAcquire(t, ctx, a, "job", 10*time.Second)
 	for range 20 {
@@ -574,7 +533,7 @@ func TestLeaseRefusedAttemptsDrawNoEpoch(t *testing.T) {
 // epoch must be rejected once someone else holds the lease.
 func TestLeaseIsHeldFencesOldEpoch(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	db, pool := leaseDB(t, ctx, 4)
+	db, pool := testdb.MigratedPool(t, 4)
 	db.Exec(t, `CREATE TABLE fenced (id int PRIMARY KEY, writes int NOT NULL); INSERT INTO fenced VALUES (1, 0)`)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
 	fencedWrite := func(epoch int64) int64 {
@@ -611,7 +570,7 @@ func TestLeaseIsHeldFencesOldEpoch(t *testing.T) {
 
 func TestLeaseRun(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	_, pool := leaseDB(t, ctx, 4)
+	_, pool := testdb.MigratedPool(t, 4)
 	l, other := newTestLeases(t, pool), newTestLeases(t, pool)
 	const ttl = time.Second
 
@@ -724,7 +683,7 @@ func TestLeaseRun(t *testing.T) {
 
 func TestLeaseFieldsAndStats(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	_, pool := leaseDB(t, ctx, 4)
+	_, pool := testdb.MigratedPool(t, 4)
 	l := newTestLeases(t, pool)
 	const ttl = 90 * time.Second // no renewal before the checks
 
@@ -767,7 +726,7 @@ func TestLeaseFieldsAndStats(t *testing.T) {
 
 func TestLeaseConfigErrorsNameTheField(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	_, pool := leaseDB(t, ctx, 1)
+	_, pool := testdb.MigratedPool(t, 1)
 	if _, err := liveness.NewLeases(liveness.LeasesConfig{}); err == nil || !strings.Contains(err.Error(), "Pool") {
 		t.Errorf("NewLeases without a pool: %v, want an error naming Pool", err)
 	}
@@ -813,12 +772,7 @@ func TestLeaseCustomSchema(t *testing.T) {
 	}
 	const ttl = 400 * time.Millisecond
 	le := mustAcquire(t, ctx, l, "job", ttl)
-	first := le.ExpiresAt()
-	for deadline := time.Now().Add(3 * time.Second); !le.ExpiresAt().After(first); time.Sleep(10 * time.Millisecond) {
-		if le.Err() != nil || time.Now().After(deadline) {
-			t.Fatalf("no renewal in schema %q: %v", schema, le.Err())
-		}
-	}
+	waitRenewed(t, le, 3*time.Second)
 	if err := le.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -835,17 +789,12 @@ func TestLeaseCustomSchema(t *testing.T) {
 // The exporter classifies statements by their tag comment in pg_stat_statements.
 func TestLeaseStatementsAreTagged(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	db, pool := leaseDB(t, ctx, 2)
+	db, pool := testdb.MigratedPool(t, 2)
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 	l := newTestLeases(t, pool)
 	const ttl = 200 * time.Millisecond
 	le := mustAcquire(t, ctx, l, "job", ttl)
-	first := le.ExpiresAt()
-	for deadline := time.Now().Add(3 * time.Second); !le.ExpiresAt().After(first); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no renewal within 3s")
-		}
-	}
+	waitRenewed(t, le, 3*time.Second)
 	if err := le.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -866,9 +815,7 @@ func TestLeaseDatabaseGoneMidLease(t *testing.T) {
 	ctx := leaseTestCtx(t)
 	srv := pgtest.NewServer(t)
 	db := pgtest.NewDBOn(t, srv)
-	if _, err := migrations.Apply(ctx, pgtest.Pool(t, db.DSN, 1), liveness.DefaultSchema); err != nil {
-		t.Fatal(err)
-	}
+	testdb.Migrate(t, db.DSN, liveness.DefaultSchema)
 	const ttl = time.Second
 
 	for _, stop := range []struct {
@@ -905,23 +852,15 @@ func TestLeaseDatabaseGoneMidLease(t *testing.T) {
 // "expired". The proxy only relays bytes to the real server; it fakes nothing.
 func TestLeaseNetworkHangExpires(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	db := pgtest.NewDB(t)
+	db := testdb.Migrated(t)
 	proxy := newFreezingProxy(t, db.DSN, 0)
 	pool := pgtest.Pool(t, proxy.dsn(), 2)
 	t.Cleanup(proxy.close) // before the pool closes: cleanups run last-in first-out
-	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
-		t.Fatal(err)
-	}
 	l := newTestLeases(t, pool)
 	const ttl = time.Second
 
 	le := mustAcquire(t, ctx, l, "job", ttl)
-	first := le.ExpiresAt()
-	for deadline := time.Now().Add(3 * time.Second); !le.ExpiresAt().After(first); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no renewal within 3s")
-		}
-	}
+	waitRenewed(t, le, 3*time.Second)
 	frozen := time.Now()
 	proxy.freeze()
 	reason := waitLost(t, le)
@@ -952,11 +891,7 @@ func TestLeaseNetworkHangExpires(t *testing.T) {
 // still valid by the database clock.
 func TestLeaseTrustWindowEndsBeforeDatabaseExpiry(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	db := pgtest.NewDB(t)
-	direct := db.Pool(t, 1)
-	if _, err := migrations.Apply(ctx, direct, liveness.DefaultSchema); err != nil {
-		t.Fatal(err)
-	}
+	db, direct := testdb.MigratedPool(t, 1)
 	const (
 		ttl    = 2 * time.Second
 		margin = 100 * time.Millisecond
@@ -974,12 +909,7 @@ func TestLeaseTrustWindowEndsBeforeDatabaseExpiry(t *testing.T) {
 	}
 
 	le := mustAcquire(t, ctx, l, "job", ttl)
-	first := le.ExpiresAt()
-	for deadline := time.Now().Add(5 * time.Second); !le.ExpiresAt().After(first); time.Sleep(5 * time.Millisecond) {
-		if le.Err() != nil || time.Now().After(deadline) {
-			t.Fatalf("no renewal within 5s: %v", le.Err())
-		}
-	}
+	waitRenewed(t, le, 5*time.Second)
 	proxy.freeze()
 	if reason := waitLost(t, le); reason != liveness.LostExpired {
 		t.Fatalf("lost reason %q, want %q", reason, liveness.LostExpired)
@@ -994,136 +924,13 @@ func TestLeaseTrustWindowEndsBeforeDatabaseExpiry(t *testing.T) {
 	t.Logf("context cancelled %v before the row expired", left)
 }
 
-// freezingProxy relays TCP to a server, each answer from the server delayed by a fixed
-// time, until frozen; then it stops relaying without closing anything, as a network
-// partition does. It only relays bytes to a real server; it fakes nothing.
-type freezingProxy struct {
-	ln              net.Listener
-	upstream        string // the DSN it relays for
-	delay           time.Duration
-	network, target string
-	frozen          chan struct{} // closed by freeze
-	done            chan struct{} // closed by close
-	once            sync.Once
-	wg              sync.WaitGroup
-
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func newFreezingProxy(t *testing.T, dsn string, delay time.Duration) *freezingProxy {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, port := cfg.Host, cfg.Port
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &freezingProxy{ln: ln, upstream: dsn, delay: delay, network: "tcp", target: net.JoinHostPort(host, fmt.Sprint(port)),
-		frozen: make(chan struct{}), done: make(chan struct{})}
-	if strings.HasPrefix(host, "/") { // a socket folder, when the tests use an existing server
-		p.network, p.target = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", host, port)
-	}
-	p.wg.Go(p.accept)
-	return p
-}
-
-// dsn is the upstream DSN pointed at the proxy (a later keyword wins).
-func (p *freezingProxy) dsn() string {
-	return p.upstream + fmt.Sprintf(" host=127.0.0.1 port=%d", p.ln.Addr().(*net.TCPAddr).Port)
-}
-
-func (p *freezingProxy) freeze() { close(p.frozen) }
-
-func (p *freezingProxy) close() {
-	p.once.Do(func() {
-		close(p.done)
-		_ = p.ln.Close()
-		p.mu.Lock()
-		for _, c := range p.conns {
-			_ = c.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
-	})
-}
-
-func (p *freezingProxy) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	select {
-	case <-p.done:
-		_ = c.Close()
-		return false
-	default:
-	}
-	p.conns = append(p.conns, c)
-	return true
-}
-
-func (p *freezingProxy) accept() {
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		if !p.track(client) {
-			return
-		}
-		server, err := net.DialTimeout(p.network, p.target, 5*time.Second)
-		if err != nil {
-			_ = client.Close()
-			continue
-		}
-		if !p.track(server) {
-			return
-		}
-		p.wg.Go(func() { p.relay(server, client, 0) })
-		p.wg.Go(func() { p.relay(client, server, p.delay) })
-	}
-}
-
-// relay copies until either side closes, each chunk delay late; once frozen it holds
-// what it read.
-func (p *freezingProxy) relay(dst, src net.Conn, delay time.Duration) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 && delay > 0 {
-			select {
-			case <-time.After(delay):
-			case <-p.done:
-				return
-			}
-		}
-		if n > 0 {
-			select {
-			case <-p.frozen:
-				<-p.done
-				return
-			default:
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			_ = dst.Close()
-			return
-		}
-	}
-}
-
 // TestLeaseFence: Fence in the writing transaction accepts the holder's writes, holds a
 // takeover back until that transaction ends (so the old epoch's writes all land first),
 // and refuses, with an error that is errors.Is ErrLeaseLost, once the lease is not held:
 // taken over, its row changed under it, or released.
 func TestLeaseFence(t *testing.T) {
 	ctx := leaseTestCtx(t)
-	db, pool := leaseDB(t, ctx, 6)
+	db, pool := testdb.MigratedPool(t, 6)
 	db.Exec(t, `CREATE TABLE ledger (id bigserial PRIMARY KEY, epoch bigint NOT NULL)`)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
 	write := func(le *liveness.Lease) error {

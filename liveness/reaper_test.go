@@ -8,10 +8,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 )
 
 func TestReaperRespectsLocksAndItsLease(t *testing.T) {
-	db, pool := livenessDB(t, livenessTestCtx(t))
+	db, pool := testdb.MigratedPool(t, 4)
 	leases, err := NewLeases(LeasesConfig{Pool: pool})
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +72,7 @@ func TestReaperRespectsLocksAndItsLease(t *testing.T) {
 }
 
 func TestReaperConfigErrors(t *testing.T) {
-	_, pool := livenessDB(t, livenessTestCtx(t))
+	_, pool := testdb.MigratedPool(t, 4)
 	leases, _ := NewLeases(LeasesConfig{Pool: pool})
 	base := reaperConfig{Pool: pool, Leases: leases, Interval: time.Second, LeaseTTL: time.Minute,
 		StaleThreshold: 90 * time.Second, DefinitiveDeadCutoff: 5 * time.Minute}

@@ -6,14 +6,21 @@ import (
 	"testing/fstest"
 )
 
-func TestLoadOrdersAndValidates(t *testing.T) {
-	ms, err := load(fstest.MapFS{
-		"0002_b.sql": {Data: []byte("-- compatible-from: 1\nB")},
-		"0001_a.sql": {Data: []byte("-- compatible-from: 1\nA")},
-	})
+// loadValid is load of a set the test says is valid.
+func loadValid(t *testing.T, fsys fstest.MapFS) []Migration {
+	t.Helper()
+	ms, err := load(fsys)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ms
+}
+
+func TestLoadOrdersAndValidates(t *testing.T) {
+	ms := loadValid(t, fstest.MapFS{
+		"0002_b.sql": {Data: []byte("-- compatible-from: 1\nB")},
+		"0001_a.sql": {Data: []byte("-- compatible-from: 1\nA")},
+	})
 	if len(ms) != 2 || ms[0].Name != "a" || ms[1].Version != 2 || !strings.HasSuffix(ms[1].SQL, "\nB") || ms[1].CompatibleFrom != 1 {
 		t.Fatalf("load = %+v", ms)
 	}
@@ -40,13 +47,10 @@ func TestEmbeddedMigrationsLoad(t *testing.T) {
 }
 
 func TestCompatibleFromHeader(t *testing.T) {
-	ms, err := load(fstest.MapFS{
+	ms := loadValid(t, fstest.MapFS{
 		"0001_a.sql": {Data: []byte("-- compatible-from: 1\nA")},
 		"0002_b.sql": {Data: []byte("-- What b does.\n\n--   compatible-from:  2  \n-- more\nB")},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if ms[0].CompatibleFrom != 1 || ms[1].CompatibleFrom != 2 {
 		t.Fatalf("compatible-from = %d, %d; want 1, 2", ms[0].CompatibleFrom, ms[1].CompatibleFrom)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/migrationstest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
@@ -84,11 +85,7 @@ func TestConcurrentApplyAppliesOnce(t *testing.T) {
 
 func TestNewerDatabaseIsRefused(t *testing.T) {
 	ctx := ctxT(t)
-	db := pgtest.NewDB(t)
-	pool := db.Pool(t, 2)
-	if _, err := migrations.Apply(ctx, pool, "liveness"); err != nil {
-		t.Fatal(err)
-	}
+	db, pool := testdb.MigratedPool(t, 2)
 	future := migrations.Latest() + 1
 	db.Exec(t, `INSERT INTO liveness.schema_migrations (version, name) VALUES ($1, 'from_the_future')`, future)
 	_, err := migrations.Apply(ctx, pool, "liveness")
@@ -192,11 +189,7 @@ func TestNewerSchemaServesOlderBinaryWhenCompatible(t *testing.T) {
 // without CREATE on the database applies nothing and succeeds.
 func TestCurrentSchemaNeedsNoCreatePrivilege(t *testing.T) {
 	ctx := ctxT(t)
-	db := pgtest.NewDB(t)
-	pool := db.Pool(t, 2)
-	if _, err := migrations.Apply(ctx, pool, "liveness"); err != nil {
-		t.Fatal(err)
-	}
+	db := testdb.Migrated(t)
 	reader := pgx.Identifier{"reader_" + db.Name}.Sanitize()
 	db.Exec(t, `CREATE ROLE `+reader+` LOGIN; REVOKE CREATE ON DATABASE `+pgx.Identifier{db.Name}.Sanitize()+` FROM PUBLIC;
 		GRANT USAGE ON SCHEMA liveness TO `+reader+`; GRANT SELECT ON liveness.schema_migrations TO `+reader)

@@ -11,19 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
-
-// migrated returns a fresh database with the liveness schema and a pool on it.
-func migrated(t *testing.T) (*pgtest.DB, *pgxpool.Pool) {
-	t.Helper()
-	db := pgtest.NewDB(t)
-	pool := db.Pool(t, 4)
-	if _, err := migrations.Apply(ctxT(t), pool, migrations.DefaultSchema); err != nil {
-		t.Fatal(err)
-	}
-	return db, pool
-}
 
 func lockKey(t *testing.T, q *pgxpool.Pool, id uuid.UUID) int64 {
 	t.Helper()
@@ -46,7 +36,7 @@ func queryBool(t *testing.T, q interface {
 }
 
 func TestInstanceLockKeyIs64Bit(t *testing.T) {
-	_, pool := migrated(t)
+	_, pool := testdb.MigratedPool(t, 4)
 	seen := map[int64]bool{}
 	wide := false
 	for range 200 {
@@ -69,7 +59,7 @@ func TestInstanceLockKeyIs64Bit(t *testing.T) {
 }
 
 func TestClaimAliveLock(t *testing.T) {
-	db, pool := migrated(t)
+	db, pool := testdb.MigratedPool(t, 4)
 	id := uuid.New()
 	a, b := db.Conn(t), db.Conn(t)
 	if !queryBool(t, a, `SELECT liveness.claim_instance_alive_lock($1)`, id) {
@@ -85,13 +75,9 @@ func TestClaimAliveLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The backend ends shortly after the client's Terminate message.
-	deadline := time.Now().Add(10 * time.Second)
-	for queryBool(t, pool, `SELECT liveness.alive_lock_held($1)`, id) {
-		if time.Now().After(deadline) {
-			t.Fatal("the lock is still held 10s after its session closed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, "the lock freed once its session closed", func() bool {
+		return !queryBool(t, pool, `SELECT liveness.alive_lock_held($1)`, id)
+	})
 	if !queryBool(t, b, `SELECT liveness.claim_instance_alive_lock($1)`, id) {
 		t.Fatal("the lock was not claimable after its session ended")
 	}
@@ -100,7 +86,7 @@ func TestClaimAliveLock(t *testing.T) {
 // The public implementation matched pg_locks without objsubid, so a two-int4 lock on the
 // key's halves counted as alive.
 func TestTwoInt4LockOnKeyHalvesIsNotAlive(t *testing.T) {
-	db, pool := migrated(t)
+	db, pool := testdb.MigratedPool(t, 4)
 	id := uuid.New()
 	k := lockKey(t, pool, id)
 	c := db.Conn(t)
@@ -121,7 +107,7 @@ func TestTwoInt4LockOnKeyHalvesIsNotAlive(t *testing.T) {
 }
 
 func TestLockInAnotherDatabaseDoesNotCount(t *testing.T) {
-	_, pool := migrated(t)
+	_, pool := testdb.MigratedPool(t, 4)
 	other := pgtest.NewDB(t)
 	id := uuid.New()
 	k := lockKey(t, pool, id)
@@ -137,7 +123,7 @@ func TestLockInAnotherDatabaseDoesNotCount(t *testing.T) {
 // Keys with the high bit set and a negative low half broke `::int` casts and
 // `classid + objid` in the public implementation.
 func TestNegativeKeysWork(t *testing.T) {
-	db, pool := migrated(t)
+	db, pool := testdb.MigratedPool(t, 4)
 	var id uuid.UUID
 	found := false
 	for range 1000 {
@@ -164,7 +150,7 @@ func TestNegativeKeysWork(t *testing.T) {
 }
 
 func TestIsInstanceAlive(t *testing.T) {
-	db, pool := migrated(t)
+	db, pool := testdb.MigratedPool(t, 4)
 	lockOnly, hbOnly, both, neither, stale, zombie := uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New()
 	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at) VALUES
 		($1, 'svc', now() - interval '2 minutes'),
@@ -197,7 +183,7 @@ func TestIsInstanceAlive(t *testing.T) {
 }
 
 func TestCleanupStaleInstances(t *testing.T) {
-	db, pool := migrated(t)
+	db, pool := testdb.MigratedPool(t, 4)
 	fresh, staleFree, staleLocked, deadLocked, deadFree := uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New()
 	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at) VALUES
 		($1, 'svc', now()),
@@ -245,7 +231,7 @@ func TestCleanupStaleInstances(t *testing.T) {
 }
 
 func TestLeaseIsHeldRejectsOldEpoch(t *testing.T) {
-	db, pool := migrated(t)
+	db, pool := testdb.MigratedPool(t, 4)
 	var oldEpoch, newEpoch int64
 	if err := pool.QueryRow(ctxT(t), `INSERT INTO liveness.leases (name, holder, expires_at)
 		VALUES ('cleanup', 'a:1:1', now() + interval '1 minute') RETURNING epoch`).Scan(&oldEpoch); err != nil {
@@ -287,7 +273,7 @@ func TestLeaseIsHeldRejectsOldEpoch(t *testing.T) {
 // nothing at all. A transaction that writes (or row-locks) anything is assigned a
 // transaction id, so pg_current_xact_id_if_assigned() after the call tells exactly.
 func TestInstanceStatesWritesNothingWhenNothingChanges(t *testing.T) {
-	db, pool := migrated(t)
+	db, pool := testdb.MigratedPool(t, 4)
 	ids := make([]uuid.UUID, 50)
 	for i := range ids {
 		ids[i] = uuid.New()
@@ -345,7 +331,7 @@ func TestInstanceStatesWritesNothingWhenNothingChanges(t *testing.T) {
 // caller's verdict saw a lock_lost instance or a stamp stands, and then writes what
 // pg_locks says, whatever ids it was given.
 func TestStampAfterVerdict(t *testing.T) {
-	db, pool := migrated(t)
+	db, pool := testdb.MigratedPool(t, 4)
 	gone, held, unknown := uuid.New(), uuid.New(), uuid.New()
 	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, holds_alive_lock)
 		SELECT id, 'svc', true FROM unnest($1::uuid[]) AS id`, []uuid.UUID{gone, held})
@@ -407,7 +393,7 @@ func TestStampAfterVerdict(t *testing.T) {
 // so): shared locks on the key, even from two sessions, neither count as held nor give
 // the instance two rows.
 func TestSharedLockOnKeyIsNotTheAliveLock(t *testing.T) {
-	db, pool := migrated(t)
+	db, pool := testdb.MigratedPool(t, 4)
 	id := uuid.New()
 	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name) VALUES ($1, 'svc')`, id)
 	k := lockKey(t, pool, id)

@@ -10,9 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/whizbangtest"
-	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
@@ -41,11 +40,7 @@ func jsonKeys(v any) []string {
 // this major describes the rendered statement; and read_fleet's objects have exactly the
 // keys of their types.
 func TestRowTypesAreTheirStatementsColumns(t *testing.T) {
-	db := pgtest.NewDB(t)
-	admin := db.Pool(t, 2)
-	if _, err := migrations.Apply(ctxT(t), admin, store.DefaultSchema); err != nil {
-		t.Fatal(err)
-	}
+	db, admin := testdb.MigratedPool(t, 2)
 	db.Exec(t, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
 	wh := whizbangtest.NewFixture(t, db)
 	whizbang := wh.Reads(t)

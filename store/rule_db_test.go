@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
@@ -12,7 +13,7 @@ import (
 // that tells the states apart: an observer that binds its own values judges exactly as
 // instance_state_verdicts does.
 func TestStateRuleBodyJudgesAsTheInstalledFunction(t *testing.T) {
-	pool := migrated(t)
+	_, pool := testdb.MigratedPool(t, 2)
 	rule := store.InstanceStateRule()
 	var call []string
 	for _, p := range rule.Params {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
@@ -28,7 +29,7 @@ const regenerate = "go test ./store -run TestSchemaFileIsCurrent -update (on Pos
 // shows; on the others, every object must exist with the same columns, constraints,
 // indexes and signatures (their bodies are deparsed by each major in its own way).
 func TestSchemaFileIsCurrent(t *testing.T) {
-	pool := migrated(t)
+	_, pool := testdb.MigratedPool(t, 2)
 	conn, err := pool.Acquire(ctxT(t))
 	if err != nil {
 		t.Fatal(err)

@@ -8,9 +8,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/whizbangtest"
-	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
@@ -47,11 +46,7 @@ func TestSideBySideScriptIsUpToDate(t *testing.T) {
 // instance of either, and whizbang_instance_states judges Whizbang's rows exactly as the
 // exporter's Whizbang source does.
 func TestSideBySideScript(t *testing.T) {
-	db := pgtest.NewDB(t)
-	admin := db.Pool(t, 2)
-	if _, err := migrations.Apply(ctxT(t), admin, migrations.DefaultSchema); err != nil {
-		t.Fatal(err)
-	}
+	db, admin := testdb.MigratedPool(t, 2)
 	f := whizbangtest.NewFixture(t, db)
 	script, err := os.ReadFile(scriptPath)
 	if err != nil {

@@ -11,11 +11,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -30,21 +30,7 @@ type worker struct {
 	done chan struct{} // closed once the process has exited
 	died time.Time     // when Wait returned: after the process's last side effect
 	code int
-
-	mu  sync.Mutex
-	log bytes.Buffer
-}
-
-func (w *worker) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.log.Write(p)
-}
-
-func (w *worker) logs() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.log.String()
+	log  logbuf.Buffer // its stdout and stderr
 }
 
 // fleet runs billing-worker processes against one database, all recording to one file.
@@ -64,7 +50,7 @@ func (f *fleet) start() *worker {
 	w.cmd = exec.Command(f.bin, "--name="+w.name, "--runs="+f.runs, "--wind-down=1500ms",
 		"--write-every=50ms", "--peers-every=1s")
 	w.cmd.Env = append(os.Environ(), "DATABASE_URL="+f.dsn)
-	w.cmd.Stdout, w.cmd.Stderr = w, w
+	w.cmd.Stdout, w.cmd.Stderr = &w.log, &w.log
 	if err := w.cmd.Start(); err != nil {
 		f.t.Fatal(err)
 	}
@@ -78,7 +64,7 @@ func (f *fleet) start() *worker {
 		_ = w.cmd.Process.Kill()
 		<-w.done
 		if f.t.Failed() {
-			f.t.Logf("%s's log:\n%s", w.name, w.logs())
+			f.t.Logf("%s's log:\n%s", w.name, w.log.String())
 		}
 	})
 	return w

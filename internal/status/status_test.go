@@ -22,8 +22,8 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/status"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
-	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -38,13 +38,9 @@ const (
 
 func setup(t *testing.T) (*pgtest.DB, *pgxpool.Pool, context.Context) {
 	t.Helper()
-	db := pgtest.NewDB(t)
-	pool := db.Pool(t, 4)
+	db, pool := testdb.MigratedPool(t, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
-		t.Fatal(err)
-	}
 	return db, pool, ctx
 }
 
@@ -71,26 +67,13 @@ func fixture(t *testing.T, ctx context.Context, db *pgtest.DB, pool *pgxpool.Poo
 	add("zombie", "checkout", 120, true)
 	add("stale", "billing", 30, false)
 	add("heartbeat_only", "billing", 0, false)
-	session := func(app string) *pgx.Conn {
-		cfg, err := pgx.ParseConfig(db.DSN)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.RuntimeParams["application_name"] = app
-		c, err := pgx.ConnectConfig(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close(context.Background()) })
-		return c
-	}
 	for _, state := range []string{"alive", "zombie"} {
-		if _, err := session("checkout:alive-lock").Exec(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, ids[state]); err != nil {
+		if _, err := testdb.Session(t, db.DSN, "checkout:alive-lock").Exec(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, ids[state]); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for k := range 2 {
-		if _, err := session(hostileApp).Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(1000+k)); err != nil {
+		if _, err := testdb.Session(t, db.DSN, hostileApp).Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(1000+k)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -130,18 +113,7 @@ func TestJSONMatchesTheDatabase(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &p); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{}
-	rows, err := pool.Query(ctx, `SELECT instance_id::text, state FROM liveness.instance_states()`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var id, state string
-		if err := rows.Scan(&id, &state); err != nil {
-			t.Fatal(err)
-		}
-		want[id] = state
-	}
+	want := testdb.States(t, pool)
 	if len(p.Instances.Rows) != len(ids) || p.Instances.Total != len(ids) {
 		t.Fatalf("%d rows of %d, want %d", len(p.Instances.Rows), p.Instances.Total, len(ids))
 	}
@@ -279,19 +251,11 @@ func TestDatabaseDown(t *testing.T) {
 // valid UTF-8 (the bad ones replaced by U+FFFD), the JSON form is valid JSON, and the row
 // is still shown.
 func TestInvalidUTF8FromSQLASCII(t *testing.T) {
-	db := pgtest.NewDB(t)
-	ascii := db.Name + "_ascii"
-	db.Exec(t, `CREATE DATABASE `+pgx.Identifier{ascii}.Sanitize()+` ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
-	t.Cleanup(func() { db.Exec(t, `DROP DATABASE IF EXISTS `+pgx.Identifier{ascii}.Sanitize()+` WITH (FORCE)`) })
-	if strings.Contains(db.DSN, "://") {
-		t.Fatalf("this test builds a keyword/value DSN; got a URL")
-	}
-	pool := pgtest.Pool(t, db.DSN+" dbname="+ascii, 2)
+	dsn := testdb.SQLASCII(t, pgtest.NewDB(t))
+	testdb.Migrate(t, dsn, liveness.DefaultSchema)
+	pool := pgtest.Pool(t, dsn, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
-		t.Fatal(err)
-	}
 	id := uuid.New()
 	for _, sql := range []string{
 		`INSERT INTO liveness.instances (instance_id, service_name, host_name, metadata)

@@ -1,0 +1,134 @@
+// Package testdb builds, on pgtest's databases, what the tests of several packages start
+// from: the liveness objects migrated, a session with an application_name of its own, a
+// SQL_ASCII database (which hands out whatever bytes were stored); and it reads what they
+// check against: a count on a connection of its own, every instance's state by the one
+// verdict. Only tests import it; it holds no SQL the product sends.
+package testdb
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+)
+
+// onOwnConn runs f on a connection of its own to dsn, within the given time, and closes
+// the connection before it returns, so that a test counting backends finds none left
+// behind. It fails the test on f's error, prefixed with what.
+func onOwnConn(t testing.TB, dsn string, within time.Duration, what string, f func(context.Context, *pgx.Conn) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if err := f(ctx, conn); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// Migrate applies every migration in schema on a connection of its own.
+func Migrate(t testing.TB, dsn, schema string) {
+	t.Helper()
+	onOwnConn(t, dsn, 60*time.Second, "migrations", func(ctx context.Context, c *pgx.Conn) error {
+		_, err := migrations.Apply(ctx, c, schema)
+		return err
+	})
+}
+
+// Migrated is a fresh database (pgtest.NewDB) with every migration applied in the default
+// schema.
+func Migrated(t testing.TB) *pgtest.DB {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	Migrate(t, db.DSN, migrations.DefaultSchema)
+	return db
+}
+
+// MigratedPool is Migrated with a pool of maxConns connections on the database, closed
+// when the test ends.
+func MigratedPool(t testing.TB, maxConns int32) (*pgtest.DB, *pgxpool.Pool) {
+	t.Helper()
+	db := Migrated(t)
+	return db, db.Pool(t, maxConns)
+}
+
+// Count runs a query that returns one integer (a count) on a connection of its own.
+func Count(t testing.TB, dsn, sql string) int {
+	t.Helper()
+	var n int
+	onOwnConn(t, dsn, 10*time.Second, sql, func(ctx context.Context, c *pgx.Conn) error {
+		return c.QueryRow(ctx, sql).Scan(&n)
+	})
+	return n
+}
+
+// Session opens a connection to dsn that names itself app (its application_name, as
+// pg_stat_activity shows it), closed when the test ends.
+func Session(t testing.TB, dsn, app string) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = app
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+// SQLASCII creates, on db's server, an empty database whose encoding is SQL_ASCII, dropped
+// when the test ends, and returns its DSN. Such a database stores and hands out any
+// bytes, invalid UTF-8 included, in names, labels and jsonb strings.
+func SQLASCII(t testing.TB, db *pgtest.DB) string {
+	t.Helper()
+	if strings.Contains(db.DSN, "://") {
+		t.Fatalf("testdb.SQLASCII builds a keyword/value DSN; got a URL")
+	}
+	name := pgx.Identifier{db.Name + "_ascii"}.Sanitize()
+	db.Exec(t, `CREATE DATABASE `+name+` ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
+	t.Cleanup(func() { db.Exec(t, `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`) })
+	return db.DSN + " dbname=" + db.Name + "_ascii" // a later keyword wins
+}
+
+// Querier is what States reads through: a pool, a connection or a transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// States is the state of every instance in the default schema, by instance id, as
+// instance_states() judges it now: what a view must show.
+func States(t testing.TB, q Querier) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rows, err := q.Query(ctx, `SELECT instance_id::text, state FROM `+pgx.Identifier{migrations.DefaultSchema}.Sanitize()+`.instance_states()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]string{}
+	for rows.Next() {
+		var id, state string
+		if err := rows.Scan(&id, &state); err != nil {
+			t.Fatal(err)
+		}
+		states[id] = state
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return states
+}
