@@ -16,7 +16,7 @@ LDFLAGS := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REV
 	-X $(VERSION_PKG).Branch=$(BRANCH) -X $(VERSION_PKG).BuildUser=$(BUILD_USER) \
 	-X $(VERSION_PKG).BuildDate=$(BUILD_DATE)
 
-.PHONY: all build test test-majors lint run bench bench-compare clean deps faults faults-majors
+.PHONY: all build test test-majors lint run bench bench-compare clean deps faults faults-majors dashboard-plots
 
 all: lint test build
 
@@ -81,6 +81,13 @@ lint:
 # for the PG_LIVENESS_* overrides.
 run:
 	GO=$(GO) ./scripts/run.sh
+
+# Every dashboard panel's queries as PNG plots on Prometheus' graph page (headless
+# Chromium), for docs/dashboards.md: against a running `make run` that has run for about ten
+# minutes. A few minutes; not part of make test.
+DASHBOARD_PLOTS_PROMETHEUS ?= http://127.0.0.1:9090
+dashboard-plots:
+	cd tools && $(GO) run ./cmd/dashboardplots -prometheus $(DASHBOARD_PLOTS_PROMETHEUS) -out $(CURDIR)/docs/dashboards -dashboards $(CURDIR)/dashboards
 
 # The fault suite (tools/faults): every scenario FAULT_TRIALS times (default 10), then
 # docs/failover.md is rewritten from the measurements. Needs root for the

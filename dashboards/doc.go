@@ -2,9 +2,12 @@
 //
 // overview.json, leases.json and advisory-locks.json are plain Grafana dashboard JSON, to
 // import or provision as they are. Each picks its Prometheus data source, job and
-// exporter instance through template variables. The tools module's tests
-// (tools/dashboards) check those conventions and parse every query with Prometheus' own
-// PromQL parser; the deploy module's tests decode each one strictly into Grafana's own
+// exporter instance through template variables. Each panel's title is the question it
+// answers; each dashboard links to the other two and to docs/runbooks.md, and a panel that
+// shows an alert's number links to that alert's runbook. The tools module's tests
+// (tools/dashboards) check those conventions, parse every query with Prometheus' own
+// PromQL parser and compare every threshold with the alert rules; tools/alerts runs every
+// query against a real Prometheus; the deploy module's tests decode each one strictly into Grafana's own
 // schema types (the Grafana Foundation SDK). Both stay out of this module's dependencies.
 package dashboards
 

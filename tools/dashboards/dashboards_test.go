@@ -60,9 +60,24 @@ func (v variable) queryText() string {
 }
 
 type target struct {
-	Expr       string `json:"expr"`
-	RefID      string `json:"refId"`
-	Datasource *dsRef `json:"datasource"`
+	Expr         string `json:"expr"`
+	RefID        string `json:"refId"`
+	LegendFormat string `json:"legendFormat"`
+	Datasource   *dsRef `json:"datasource"`
+}
+
+// link is a dashboard's or a panel's link.
+type link struct {
+	Type        string `json:"type"`
+	Title       string `json:"title"`
+	URL         string `json:"url"`
+	KeepTime    bool   `json:"keepTime"`
+	IncludeVars bool   `json:"includeVars"`
+}
+
+type thresholdStep struct {
+	Color string   `json:"color"`
+	Value *float64 `json:"value"`
 }
 
 type panel struct {
@@ -74,9 +89,18 @@ type panel struct {
 	GridPos     *struct{ H, W, X, Y int } `json:"gridPos"`
 	FieldConfig struct {
 		Defaults struct {
-			Unit string `json:"unit"`
+			Unit       string `json:"unit"`
+			Thresholds struct {
+				Steps []thresholdStep `json:"steps"`
+			} `json:"thresholds"`
+			Custom struct {
+				ThresholdsStyle struct {
+					Mode string `json:"mode"`
+				} `json:"thresholdsStyle"`
+			} `json:"custom"`
 		} `json:"defaults"`
 	} `json:"fieldConfig"`
+	Links   []link   `json:"links"`
 	Targets []target `json:"targets"`
 	Panels  []panel  `json:"panels"` // a collapsed row's panels
 }
@@ -88,6 +112,7 @@ type dashboard struct {
 	Templating    struct {
 		List []variable `json:"list"`
 	} `json:"templating"`
+	Links  []link  `json:"links"`
 	Panels []panel `json:"panels"`
 }
 
@@ -316,6 +341,10 @@ func TestDashboardConventions(t *testing.T) {
 			ids[p.ID] = true
 			if p.Type == "row" {
 				continue
+			}
+			// Each panel answers one question an operator asks, and its title asks it.
+			if !strings.HasSuffix(p.Title, "?") {
+				t.Errorf("%s: the title must be the question the panel answers, ending in \"?\"", where)
 			}
 			if p.Title == "" || p.GridPos == nil || p.GridPos.W == 0 || p.GridPos.H == 0 {
 				t.Errorf("%s: needs a title and a gridPos", where)
