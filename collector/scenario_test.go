@@ -29,7 +29,7 @@ func id(s string) uuid.UUID { return uuid.MustParse("00000000-0000-0000-0000-000
 
 func exec(t *testing.T, c *pgx.Conn, sql string, args ...any) {
 	t.Helper()
-	if _, err := c.Exec(ctxT(t, 30*time.Second), sql, args...); err != nil {
+	if _, err := c.Exec(testutil.Context(t, 30*time.Second), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
@@ -100,12 +100,12 @@ func newScenario(t *testing.T) *pgtest.DB {
 	api := testdb.Session(t, db.DSN, "svc-api")
 	for _, s := range []string{"a1", "a2", "a3"} {
 		var ok bool
-		if err := api.QueryRow(ctxT(t, 10*time.Second), `SELECT `+schemaIdent+`.claim_instance_alive_lock($1)`, id(s)).Scan(&ok); err != nil || !ok {
+		if err := api.QueryRow(testutil.Context(t, 10*time.Second), `SELECT `+schemaIdent+`.claim_instance_alive_lock($1)`, id(s)).Scan(&ok); err != nil || !ok {
 			t.Fatalf("claim %s: %v %v", s, ok, err)
 		}
 	}
 	var key int64
-	if err := api.QueryRow(ctxT(t, 10*time.Second), `SELECT `+schemaIdent+`.instance_lock_key($1)`, id("a6")).Scan(&key); err != nil {
+	if err := api.QueryRow(testutil.Context(t, 10*time.Second), `SELECT `+schemaIdent+`.instance_lock_key($1)`, id("a6")).Scan(&key); err != nil {
 		t.Fatal(err)
 	}
 	exec(t, api, `SELECT pg_advisory_lock($1::int4, $2::int4)`, int32(uint32(key>>32)), int32(uint32(key)))
@@ -136,7 +136,7 @@ func newScenario(t *testing.T) *pgtest.DB {
 	// would be counted by the first scrape (as a sixth, nameless, backend).
 	testutil.Eventually(t, 10*time.Second, "short-lived backends to exit", func() bool {
 		var n int
-		err := worker.QueryRow(ctxT(t, 10*time.Second), `SELECT count(*) FROM pg_stat_activity
+		err := worker.QueryRow(testutil.Context(t, 10*time.Second), `SELECT count(*) FROM pg_stat_activity
 		                      WHERE datname = current_database() AND backend_type = 'client backend'`).Scan(&n)
 		return err == nil && n == 5
 	})

@@ -28,7 +28,7 @@ func TestOneVerdict(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := ctxT(t, 2*time.Minute)
+	ctx := testutil.Context(t, 2*time.Minute)
 	id := uuid.New()
 	admin := testdb.Session(t, db.DSN, "walker")
 
