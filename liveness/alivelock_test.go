@@ -298,11 +298,9 @@ func TestAliveLockStaysHeldAcrossVerifications(t *testing.T) {
 	lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc",
 		VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
 	testutil.Eventually(t, 10*time.Second, "lock held", lock.Held)
-	for range 50 { // about 50 verification ticks
-		if !lock.Held() {
-			t.Fatalf("Held() turned false while nothing happened to the lock\n%s", logs)
-		}
-		time.Sleep(20 * time.Millisecond)
+	// About 50 verification ticks.
+	if !testutil.Never(t, time.Second, "Held() turned false while nothing happened to the lock", func() bool { return !lock.Held() }) {
+		t.Fatalf("logs:\n%s", logs)
 	}
 	if s := lock.Stats(); s.Claims != 1 || s.Losses != 0 || s.Reconnects != 0 {
 		t.Fatalf("stats after holding quietly: %+v\n%s", s, logs)
