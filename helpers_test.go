@@ -131,13 +131,21 @@ func (p *exporterProc) exitCode(t testing.TB, within time.Duration, why string) 
 	}
 }
 
+// exited reports whether the exporter has exited.
+func (p *exporterProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // checkRunning fails the test if the exporter has exited.
 func (p *exporterProc) checkRunning(t testing.TB, waitingFor string) {
 	t.Helper()
-	select {
-	case <-p.done:
+	if p.exited() {
 		t.Fatalf("the exporter exited with %d while waiting for %s", p.code, waitingFor)
-	default:
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/tlstest"
 )
 
@@ -60,7 +61,7 @@ func TestSIGHUPDoesNotKill(t *testing.T) {
 		p.signal(t, syscall.SIGHUP)
 	}
 	waitLog(t, p, "nothing to reload")
-	time.Sleep(500 * time.Millisecond)
+	testutil.Never(t, 500*time.Millisecond, "the exporter exited after SIGHUP", p.exited)
 	p.waitFor(t, `(?m)^pg_liveness_agent_alive_lock_held 1$`, 10*time.Second)
 }
 
