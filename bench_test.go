@@ -53,8 +53,8 @@ func BenchmarkExporterScrape(b *testing.B) {
 		scrape() // warm up connections and the statement classification
 	}
 	latency.Measure(b, scrape)
-	b.ReportMetric(procStatusMiB(b, p.cmd.Process.Pid, "VmRSS"), "MiB-RSS")
-	b.ReportMetric(procStatusMiB(b, p.cmd.Process.Pid, "VmHWM"), "MiB-peak-RSS")
+	b.ReportMetric(procStatusMiB(b, p.Pid(), "VmRSS"), "MiB-RSS")
+	b.ReportMetric(procStatusMiB(b, p.Pid(), "VmHWM"), "MiB-peak-RSS")
 }
 
 func procStatusMiB(b *testing.B, pid int, field string) float64 {
