@@ -7,13 +7,13 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/latency"
 )
 
 // BenchmarkExporterScrape runs the real binary (built without the race detector) as an
@@ -52,19 +52,9 @@ func BenchmarkExporterScrape(b *testing.B) {
 	for range 3 {
 		scrape() // warm up connections and the statement classification
 	}
-	times := make([]time.Duration, 0, b.N)
-	b.ResetTimer()
-	for range b.N {
-		t0 := time.Now()
-		scrape()
-		times = append(times, time.Since(t0))
-	}
-	b.StopTimer()
-	slices.Sort(times)
-	b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms-median")
-	b.ReportMetric(float64(times[len(times)*9/10].Microseconds())/1000, "ms-p90")
-	b.ReportMetric(procStatusMiB(b, p.cmd.Process.Pid, "VmRSS"), "MiB-RSS")
-	b.ReportMetric(procStatusMiB(b, p.cmd.Process.Pid, "VmHWM"), "MiB-peak-RSS")
+	latency.Measure(b, scrape)
+	b.ReportMetric(procStatusMiB(b, p.Pid(), "VmRSS"), "MiB-RSS")
+	b.ReportMetric(procStatusMiB(b, p.Pid(), "VmHWM"), "MiB-peak-RSS")
 }
 
 func procStatusMiB(b *testing.B, pid int, field string) float64 {

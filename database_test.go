@@ -16,6 +16,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/migrationstest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -187,7 +188,10 @@ func TestMissingPrivilegeIsNotRetriedAndShows(t *testing.T) {
 	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + dsn})
 	p.waitFor(t, `(?m)^pg_liveness_agent_joined 0$`, 30*time.Second)
 	waitLog(t, p, "serving as an observer only")
-	time.Sleep(3 * time.Second) // a retry loop would log again within this
+	testutil.Never(t, 3*time.Second, "a permission error retried (a second observer line, or a retry)", func() bool {
+		logs := p.Logs()
+		return strings.Count(logs, "serving as an observer only") > 1 || strings.Contains(logs, "retrying")
+	})
 	logs := p.Logs()
 	if n := strings.Count(logs, "serving as an observer only"); n != 1 {
 		t.Fatalf("%d \"serving as an observer only\" lines, want 1:\n%s", n, logs)
@@ -240,7 +244,10 @@ func TestOlderBinaryAgainstNewerSchema(t *testing.T) {
 				"--agent.stale-threshold=2s", "--agent.definitive-dead-cutoff=5s")
 			p.waitFor(t, `(?m)^`+tc.want[0]+`$`, 30*time.Second)
 			if tc.compatFrom > latest {
-				time.Sleep(2 * time.Second) // the agent would have beaten by now
+				// The agent would have beaten by now (a beat each 300 ms).
+				testutil.Never(t, 2*time.Second, "the agent wrote its instance row on a schema it does not serve", func() bool {
+					return db.QueryInt(t, `SELECT count(*) FROM liveness.instances WHERE instance_id = $1`, id) != 0
+				})
 			}
 			body := p.waitFor(t, `(?m)^`+tc.want[1]+`$`, 30*time.Second)
 			for _, want := range append(tc.want, fmt.Sprintf("pg_liveness_schema_version %d", latest+1),

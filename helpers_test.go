@@ -4,10 +4,9 @@ package main
 // against real databases and read through its logs, /metrics and exit code.
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,12 +15,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
@@ -53,14 +53,13 @@ func buildForBenchmark(b *testing.B) string {
 	return bin
 }
 
-// exporterProc is the real binary running against a real database.
+// exporterProc is the real binary running against a real database, started by
+// proctest. Its whole output is kept here (proctest keeps only the last lines), so that a
+// test may count a line or check that a password was never printed.
 type exporterProc struct {
-	cmd  *exec.Cmd
+	*proctest.Process
 	addr string
-	mu   sync.Mutex
-	logs bytes.Buffer
-	done chan struct{}
-	code int
+	logs logbuf.Buffer
 }
 
 func startExporter(t testing.TB, env []string, args ...string) *exporterProc {
@@ -70,33 +69,12 @@ func startExporter(t testing.TB, env []string, args ...string) *exporterProc {
 
 func startBinary(t testing.TB, binary string, env []string, args ...string) *exporterProc {
 	t.Helper()
-	p := &exporterProc{addr: testutil.FreeAddr(t), done: make(chan struct{})}
-	p.cmd = exec.Command(binary, append([]string{"--web.listen-address=" + p.addr, "--log.level=debug"}, args...)...)
-	p.cmd.Env = append(os.Environ(), env...)
-	pr, pw := io.Pipe()
-	p.cmd.Stdout, p.cmd.Stderr = pw, pw
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.logs.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
-		}
-		_, _ = io.Copy(io.Discard, pr) // keep draining, or the process blocks on its stderr
-	}()
-	go func() {
-		_ = p.cmd.Wait()
-		p.code = p.cmd.ProcessState.ExitCode()
-		pw.Close()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Kill()
-		<-p.done
+	p := &exporterProc{addr: testutil.FreeAddr(t)}
+	p.Process = proctest.Start(t, "exporter", proctest.Options{Env: env, OnLine: func(line string) {
+		_, _ = p.logs.Write([]byte(line + "\n"))
+	}}, binary, append([]string{"--web.listen-address=" + p.addr, "--log.level=debug"}, args...)...)
+	t.Cleanup(func() { // before proctest's, whose Stop is then a no-op
+		p.Stop(10 * time.Second)
 		if t.Failed() {
 			t.Logf("exporter logs:\n%s", p.Logs())
 		}
@@ -104,18 +82,27 @@ func startBinary(t testing.TB, binary string, env []string, args ...string) *exp
 	return p
 }
 
-func (p *exporterProc) Logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.logs.String()
-}
+// Logs is the exporter's whole output so far.
+func (p *exporterProc) Logs() string { return p.logs.String() }
 
 // signal sends sig to the exporter.
 func (p *exporterProc) signal(t testing.TB, sig syscall.Signal) {
 	t.Helper()
-	if err := p.cmd.Process.Signal(sig); err != nil {
-		t.Fatal(err)
+	failed := t.Failed()
+	if p.Signal(t, sig); !failed && t.Failed() {
+		t.FailNow()
 	}
+}
+
+// code is the exporter's exit code once it has exited (-1 if a signal ended it).
+func (p *exporterProc) code() int {
+	var exit *exec.ExitError
+	if err := p.Err(); errors.As(err, &exit) {
+		return exit.ExitCode()
+	} else if err != nil {
+		return -1
+	}
+	return 0
 }
 
 // exitCode waits for the exporter to exit and returns its code, failing the test if it
@@ -123,21 +110,22 @@ func (p *exporterProc) signal(t testing.TB, sig syscall.Signal) {
 func (p *exporterProc) exitCode(t testing.TB, within time.Duration, why string) int {
 	t.Helper()
 	select {
-	case <-p.done:
-		return p.code
+	case <-p.Exited():
+		return p.code()
 	case <-time.After(within):
 		t.Fatalf("the exporter did not exit within %s of %s", within, why)
 		return 0
 	}
 }
 
+// exited reports whether the exporter has exited.
+func (p *exporterProc) exited() bool { return !p.Running() }
+
 // checkRunning fails the test if the exporter has exited.
 func (p *exporterProc) checkRunning(t testing.TB, waitingFor string) {
 	t.Helper()
-	select {
-	case <-p.done:
-		t.Fatalf("the exporter exited with %d while waiting for %s", p.code, waitingFor)
-	default:
+	if p.exited() {
+		t.Fatalf("the exporter exited with %d while waiting for %s", p.code(), waitingFor)
 	}
 }
 

@@ -5,17 +5,10 @@ package main
 // say so.
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -29,6 +22,8 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/tlstest"
 )
 
 // SIGHUP reloads --db.dsn-file (a rotated password is picked up) and never stops the
@@ -66,7 +61,7 @@ func TestSIGHUPDoesNotKill(t *testing.T) {
 		p.signal(t, syscall.SIGHUP)
 	}
 	waitLog(t, p, "nothing to reload")
-	time.Sleep(500 * time.Millisecond)
+	testutil.Never(t, 500*time.Millisecond, "the exporter exited after SIGHUP", p.exited)
 	p.waitFor(t, `(?m)^pg_liveness_agent_alive_lock_held 1$`, 10*time.Second)
 }
 
@@ -115,32 +110,9 @@ func TestDSNFileRefusedOnSIGHUP(t *testing.T) {
 func webConfigDir(t *testing.T) (string, *x509.CertPool) {
 	t.Helper()
 	dir := t.TempDir()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	replaceFile(t, filepath.Join(dir, "tls.crt"), string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})))
-	replaceFile(t, filepath.Join(dir, "tls.key"), string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})))
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
+	certPEM, keyPEM, pool := tlstest.SelfSigned(t)
+	replaceFile(t, filepath.Join(dir, "tls.crt"), string(certPEM))
+	replaceFile(t, filepath.Join(dir, "tls.key"), string(keyPEM))
 	return dir, pool
 }
 

@@ -76,7 +76,7 @@ func TestScrapeDeadline(t *testing.T) {
 	e := newExporter(t, DefaultConfig(), pool, nil, nil)
 
 	locker := db.Conn(t)
-	ctx := ctxT(t, 30*time.Second)
+	ctx := testutil.Context(t, 30*time.Second)
 	tx, err := locker.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -222,7 +222,7 @@ func TestHandlerHTTP(t *testing.T) {
 	srv := httptest.NewServer(e.Handler(extra))
 	t.Cleanup(srv.Close)
 
-	req, _ := http.NewRequestWithContext(ctxT(t, 10*time.Second), http.MethodGet, srv.URL, nil)
+	req, _ := http.NewRequestWithContext(testutil.Context(t, 10*time.Second), http.MethodGet, srv.URL, nil)
 	req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", "2")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -43,12 +43,6 @@ func mustSource(cfg store.SourceConfig) *store.Source {
 // exporterApp is the application_name of the exporter's pool in these tests.
 const exporterApp = "pg_liveness_exporter"
 
-func ctxT(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // queryCounter counts the statements a pool sends (the round trips per scrape) and the
 // rows they return.
 type queryCounter struct{ n, rows atomic.Int64 }

@@ -83,11 +83,11 @@ func TestInstancesCapFoldsServices(t *testing.T) {
 // In a SQL_ASCII database a service name can hold any bytes. The bad bytes are replaced
 // in the label; no other service is lost.
 func TestInstancesInvalidUTF8(t *testing.T) {
-	dsn := testdb.SQLASCII(t, pgtest.NewDB(t))
-	testdb.Migrate(t, dsn, "liveness")
-	exec(t, testdb.Session(t, dsn, "setup"), `INSERT INTO liveness.instances (instance_id, service_name) VALUES
+	ascii := testdb.SQLASCII(t, pgtest.NewDB(t))
+	testdb.Migrate(t, ascii.DSN, "liveness")
+	exec(t, ascii.ConnAs(t, "setup"), `INSERT INTO liveness.instances (instance_id, service_name) VALUES
 		(gen_random_uuid(), E'caf\xe9'), (gen_random_uuid(), 'good')`)
-	e := newExporter(t, instancesOnly(10), exporterPool(t, dsn, 1, nil), nil, nil)
+	e := newExporter(t, instancesOnly(10), exporterPool(t, ascii.DSN, 1, nil), nil, nil)
 	got := scrapeFamilies(t, e)
 	checkSamples(t, got, []sample{
 		{"pg_liveness_scrape_collector_success", []string{"collector", "instances"}, 1},

@@ -79,11 +79,11 @@ func TestLeasesTableNamedLikeAPlaceholder(t *testing.T) {
 // In a SQL_ASCII database a lease name or holder can hold any bytes. The bad bytes are
 // replaced in the label; no other lease is lost.
 func TestLeasesInvalidUTF8(t *testing.T) {
-	dsn := testdb.SQLASCII(t, pgtest.NewDB(t))
-	exec(t, testdb.Session(t, dsn, "setup"), `CREATE TABLE leases (name text PRIMARY KEY, holder text, taken_at timestamptz, expires_at timestamptz);
+	ascii := testdb.SQLASCII(t, pgtest.NewDB(t))
+	exec(t, ascii.ConnAs(t, "setup"), `CREATE TABLE leases (name text PRIMARY KEY, holder text, taken_at timestamptz, expires_at timestamptz);
 		INSERT INTO leases VALUES (E'caf\xe9', E'h\xf6st:1', now(), now() + interval '60 s'),
 		                          ('good', 'node-1:1', now(), now() + interval '60 s')`)
-	e := newExporter(t, leasesOnly("public.leases", 10), exporterPool(t, dsn, 1, nil), nil, nil)
+	e := newExporter(t, leasesOnly("public.leases", 10), exporterPool(t, ascii.DSN, 1, nil), nil, nil)
 	got := scrapeFamilies(t, e)
 	checkSamples(t, got, []sample{
 		{"pg_liveness_scrape_collector_success", []string{"collector", "leases"}, 1},

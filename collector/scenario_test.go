@@ -29,7 +29,7 @@ func id(s string) uuid.UUID { return uuid.MustParse("00000000-0000-0000-0000-000
 
 func exec(t *testing.T, c *pgx.Conn, sql string, args ...any) {
 	t.Helper()
-	if _, err := c.Exec(ctxT(t, 30*time.Second), sql, args...); err != nil {
+	if _, err := c.Exec(testutil.Context(t, 30*time.Second), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
@@ -41,7 +41,7 @@ func newScenario(t *testing.T) *pgtest.DB {
 	t.Helper()
 	db := pgtest.NewDB(t)
 	testdb.Migrate(t, db.DSN, scenarioSchema)
-	setup := testdb.Session(t, db.DSN, "setup")
+	setup := db.ConnAs(t, "setup")
 	// pg_stat_statements may live in any schema; the collector has to find it.
 	exec(t, setup, `CREATE SCHEMA stats; CREATE EXTENSION pg_stat_statements SCHEMA stats`)
 
@@ -97,46 +97,46 @@ func newScenario(t *testing.T) *pgtest.DB {
 
 	// Alive locks: "svc-api" holds a1, a2, a3 and a two-int4 lock on a6's key halves;
 	// "svc-worker" holds b1. Both then sit idle.
-	api := testdb.Session(t, db.DSN, "svc-api")
+	api := db.ConnAs(t, "svc-api")
 	for _, s := range []string{"a1", "a2", "a3"} {
 		var ok bool
-		if err := api.QueryRow(ctxT(t, 10*time.Second), `SELECT `+schemaIdent+`.claim_instance_alive_lock($1)`, id(s)).Scan(&ok); err != nil || !ok {
+		if err := api.QueryRow(testutil.Context(t, 10*time.Second), `SELECT `+schemaIdent+`.claim_instance_alive_lock($1)`, id(s)).Scan(&ok); err != nil || !ok {
 			t.Fatalf("claim %s: %v %v", s, ok, err)
 		}
 	}
 	var key int64
-	if err := api.QueryRow(ctxT(t, 10*time.Second), `SELECT `+schemaIdent+`.instance_lock_key($1)`, id("a6")).Scan(&key); err != nil {
+	if err := api.QueryRow(testutil.Context(t, 10*time.Second), `SELECT `+schemaIdent+`.instance_lock_key($1)`, id("a6")).Scan(&key); err != nil {
 		t.Fatal(err)
 	}
 	exec(t, api, `SELECT pg_advisory_lock($1::int4, $2::int4)`, int32(uint32(key>>32)), int32(uint32(key)))
-	worker := testdb.Session(t, db.DSN, "svc-worker")
+	worker := db.ConnAs(t, "svc-worker")
 	exec(t, worker, `SELECT `+schemaIdent+`.claim_instance_alive_lock($1)`, id("b1"))
 
 	// An idle holder without application_name, an active holder ("jobs" sleeping while
 	// holding 42) and a waiter ("jobs" blocked on 42).
-	anon := testdb.Session(t, db.DSN, "")
+	anon := db.ConnAs(t, "")
 	exec(t, anon, `SELECT pg_advisory_lock(43)`)
-	active := testdb.Session(t, db.DSN, "jobs")
+	active := db.ConnAs(t, "jobs")
 	exec(t, active, `SELECT pg_advisory_lock(42)`)
-	waiter := testdb.Session(t, db.DSN, "jobs")
+	waiter := db.ConnAs(t, "jobs")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() }) // runs before the connections close
 	wg.Go(func() { _, _ = active.Exec(ctx, `SELECT pg_sleep(60)`) })
 	testutil.Eventually(t, 10*time.Second, "the active holder", func() bool {
-		return testdb.Count(t, db.DSN, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'jobs' AND state = 'active'`) == 1
+		return db.QueryInt(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'jobs' AND state = 'active'`) == 1
 	})
 	wg.Go(func() { _, _ = waiter.Exec(ctx, `SELECT pg_advisory_lock(42)`) })
 	testutil.Eventually(t, 10*time.Second, "the waiter", func() bool {
-		return testdb.Count(t, db.DSN, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) == 1
+		return db.QueryInt(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) == 1
 	})
 	// The setup connection and the pollers must be gone: 5 client backends remain. Asked
 	// on one of the five, since a poller's own backend outlives its Close for a moment and
 	// would be counted by the first scrape (as a sixth, nameless, backend).
 	testutil.Eventually(t, 10*time.Second, "short-lived backends to exit", func() bool {
 		var n int
-		err := worker.QueryRow(ctxT(t, 10*time.Second), `SELECT count(*) FROM pg_stat_activity
+		err := worker.QueryRow(testutil.Context(t, 10*time.Second), `SELECT count(*) FROM pg_stat_activity
 		                      WHERE datname = current_database() AND backend_type = 'client backend'`).Scan(&n)
 		return err == nil && n == 5
 	})
@@ -266,7 +266,7 @@ pg_liveness_advisory_lock_waiters{application_name="pg_liveness_exporter"} 0
 // as schema.table and as a bare table on the search_path.
 func TestLeasesPlainTable(t *testing.T) {
 	db := pgtest.NewDB(t)
-	c := testdb.Session(t, db.DSN, "setup")
+	c := db.ConnAs(t, "setup")
 	for _, tbl := range []string{`blog.leases`, `public."Job Leases"`} {
 		if strings.HasPrefix(tbl, "blog") {
 			exec(t, c, `CREATE SCHEMA blog`)

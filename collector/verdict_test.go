@@ -28,9 +28,9 @@ func TestOneVerdict(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := ctxT(t, 2*time.Minute)
+	ctx := testutil.Context(t, 2*time.Minute)
 	id := uuid.New()
-	admin := testdb.Session(t, db.DSN, "walker")
+	admin := db.ConnAs(t, "walker")
 
 	// The instance's own timing: stale after 20 s, definitive-dead after 60 s, 2 s grace.
 	// The observers' defaults (90 s / 5 min) would give other answers at several steps.
@@ -39,7 +39,7 @@ func TestOneVerdict(t *testing.T) {
 	                 VALUES ($1, 'walk', interval '20 seconds', interval '60 seconds', interval '2 seconds', true)`, id)
 	var session *pgx.Conn
 	claim := func() {
-		session = testdb.Session(t, db.DSN, "walk:alive-lock")
+		session = db.ConnAs(t, "walk:alive-lock")
 		var ok bool
 		if err := session.QueryRow(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, id).Scan(&ok); err != nil || !ok {
 			t.Fatalf("claim: %v %v", ok, err)
@@ -50,7 +50,7 @@ func TestOneVerdict(t *testing.T) {
 			t.Fatal(err)
 		}
 		testutil.Eventually(t, 10*time.Second, "the closed session's lock to go", func() bool {
-			return testdb.Count(t, db.DSN, `SELECT count(*) FROM liveness.instance_alive_locks WHERE instance_id = '`+id.String()+`'`) == 0
+			return db.QueryInt(t, `SELECT count(*) FROM liveness.instance_alive_locks WHERE instance_id = $1`, id) == 0
 		})
 	}
 	beatAged := func(ageSeconds int, holds bool) {
@@ -165,7 +165,7 @@ func TestExporterAloneStampsVanishedLocks(t *testing.T) {
 	db := testdb.Migrated(t)
 	cfg := DefaultConfig()
 	exp := newExporter(t, cfg, exporterPool(t, db.DSN, 2, nil), nil, discard())
-	admin := testdb.Session(t, db.DSN, "walker")
+	admin := db.ConnAs(t, "walker")
 	// The row says it holds its lock, but no session does: the lock has vanished.
 	exec(t, admin, `INSERT INTO liveness.instances (instance_id, service_name, lock_grace, holds_alive_lock)
 	                 VALUES ($1, 'walk', interval '1 second', true)`, uuid.New())

@@ -174,8 +174,8 @@ func TestGeneratedManifestsAreUpToDate(t *testing.T) {
 	}
 }
 
-// serverShutdown is the deadline main gives the HTTP server after the agent has stopped
-// (srv.Shutdown in main.go).
+// serverShutdown is the deadline the binary gives the HTTP server after the agent has
+// stopped (srv.Shutdown in serve.go).
 const serverShutdown = 5 * time.Second
 
 // checkQuotedBudget checks that the file quotes the agent's shutdown budget: the first

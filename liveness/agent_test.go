@@ -473,9 +473,13 @@ func TestAgentNeedsTheSchema(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- waiting.Run(runCtx) }()
-	time.Sleep(300 * time.Millisecond)
-	if s := waiting.Snapshot(); s.Heartbeat.Beats != 0 {
-		t.Fatalf("the agent beat before the schema existed: %+v", s)
+	// An agent that did not wait would start its workers on a missing schema: its beats
+	// would fail (Failures, as Beats counts only writes that succeeded) and its claims too.
+	if !testutil.Never(t, time.Second, "the agent tried to beat or claim before the schema existed", func() bool {
+		s := waiting.Snapshot()
+		return s.Heartbeat.Beats != 0 || s.Heartbeat.Failures != 0 || s.AliveLock.Claims != 0 || s.AliveLock.Held
+	}) {
+		t.Fatalf("snapshot: %+v", waiting.Snapshot())
 	}
 	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
 		t.Fatal(err)

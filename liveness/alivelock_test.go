@@ -24,7 +24,7 @@ import (
 // Held turns false, the heartbeat beats at once instead of after its slow 60s, and the
 // lock is claimed again on a new connection.
 func TestAliveLockTerminatedBackend(t *testing.T) {
-	ctx := livenessTestCtx(t)
+	ctx := testutil.Context(t, 90*time.Second)
 	db, pool := testdb.MigratedPool(t, 4)
 	id := uuid.New()
 	lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc", VerifyInterval: time.Minute})
@@ -115,7 +115,7 @@ func TestAliveLockDuplicateInstance(t *testing.T) {
 // TestAliveLockMissingFunction: before the migrations, the claim fails with an error
 // that is logged once and is not fatal; the claim succeeds once the objects exist.
 func TestAliveLockMissingFunction(t *testing.T) {
-	ctx := livenessTestCtx(t)
+	ctx := testutil.Context(t, 90*time.Second)
 	db, pool := testdb.MigratedPool(t, 4)
 	db.Exec(t, `CREATE SCHEMA not_migrated_yet`) // the schema exists, its functions do not
 	logs := &logRecorder{}
@@ -291,18 +291,16 @@ func TestAliveLockConfigErrors(t *testing.T) {
 // ticks: Held never flickers, there is one claim and no loss, and no log line above Info
 // (a failing verification would re-claim on every other tick).
 func TestAliveLockStaysHeldAcrossVerifications(t *testing.T) {
-	ctx := livenessTestCtx(t)
+	ctx := testutil.Context(t, 90*time.Second)
 	db, pool := testdb.MigratedPool(t, 4)
 	logs := &logRecorder{}
 	id := uuid.New()
 	lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc",
 		VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
 	testutil.Eventually(t, 10*time.Second, "lock held", lock.Held)
-	for range 50 { // about 50 verification ticks
-		if !lock.Held() {
-			t.Fatalf("Held() turned false while nothing happened to the lock\n%s", logs)
-		}
-		time.Sleep(20 * time.Millisecond)
+	// About 50 verification ticks.
+	if !testutil.Never(t, time.Second, "Held() turned false while nothing happened to the lock", func() bool { return !lock.Held() }) {
+		t.Fatalf("logs:\n%s", logs)
 	}
 	if s := lock.Stats(); s.Claims != 1 || s.Losses != 0 || s.Reconnects != 0 {
 		t.Fatalf("stats after holding quietly: %+v\n%s", s, logs)
@@ -319,7 +317,7 @@ func TestAliveLockStaysHeldAcrossVerifications(t *testing.T) {
 // reconnect backoff starts over; a series of terminated backends (a flapping pooler, a
 // DBA's script) is recovered from as fast the sixth time as the first.
 func TestAliveLockRecoversFastEveryTime(t *testing.T) {
-	ctx := livenessTestCtx(t)
+	ctx := testutil.Context(t, 90*time.Second)
 	db, pool := testdb.MigratedPool(t, 4)
 	dsn := db.DSN
 	id := uuid.New()

@@ -193,7 +193,7 @@ func ptr[T any](v T) *T { return &v }
 // holds_alive_lock = false), and a claim trigger one too (recording true, so that
 // observers may trust the lock from then on).
 func TestHeartbeatBeatsAtOnceOnLockChange(t *testing.T) {
-	ctx := livenessTestCtx(t)
+	ctx := testutil.Context(t, 90*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	lock := newNotifyingLock(true)
 	cfg := testHeartbeatConfig(pool, lock)
@@ -302,7 +302,7 @@ func TestHeartbeatRetriesFailedBeat(t *testing.T) {
 // beats, last_heartbeat_at from the database clock (the worker's own clock says 2000),
 // and Remove deleting the row.
 func TestHeartbeatRow(t *testing.T) {
-	ctx := livenessTestCtx(t)
+	ctx := testutil.Context(t, 90*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	cfg := testHeartbeatConfig(pool, nil)
 	cfg.Mode = ModeHeartbeatTableOnly
@@ -359,7 +359,7 @@ func TestHeartbeatRow(t *testing.T) {
 // heartbeat statements in pg_stat_statements: one write per slow interval with the lock
 // in advisory-lock mode, one per fast interval in table-only mode.
 func TestHeartbeatWritesPerHour(t *testing.T) {
-	ctx := livenessTestCtx(t)
+	ctx := testutil.Context(t, 90*time.Second)
 	writes := map[Mode]int64{}
 	for _, mode := range []Mode{ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly} {
 		db, pool := testdb.MigratedPool(t, 4)

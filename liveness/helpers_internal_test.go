@@ -18,14 +18,6 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
-// livenessTestCtx is the deadline of a whole test.
-func livenessTestCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // runUntilCleanup runs run in a goroutine until the returned stop (or the test's end)
 // cancels it, and checks that it returns nil promptly.
 func runUntilCleanup(t *testing.T, run func(context.Context) error) (stop func()) {

@@ -25,14 +25,6 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
-// leaseTestCtx is the deadline of a whole lease test.
-func leaseTestCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // acquireWhenFree polls until the lease is taken, within 10 s.
 func acquireWhenFree(t *testing.T, ctx context.Context, l *liveness.Leases, name string, ttl time.Duration) *liveness.Lease {
 	t.Helper()
@@ -142,7 +134,7 @@ func statsOf(t *testing.T, l *liveness.Leases, name string) liveness.LeaseStats 
 // that pool too, and still the readiness probe's write commits within 3 s. A lease that
 // kept its connection (the old TryExclusive) would starve every other statement.
 func TestLeasesHoldNoConnection(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	db, pool := testdb.MigratedPool(t, 1)
 	db.Exec(t, `CREATE TABLE readiness_probe (id serial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())`)
 	leases := newTestLeases(t, pool)
@@ -237,7 +229,7 @@ func TestLeasesHoldNoConnection(t *testing.T) {
 // second holder inside gets a unique violation), the work is a write fenced by
 // lease_is_held(name, epoch), and leaving deletes the row by its epoch.
 func TestLeaseContentionOneHolderAtATime(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	db, pool := testdb.MigratedPool(t, 8)
 	db.Exec(t, `CREATE TABLE lease_inside (name text PRIMARY KEY, epoch bigint NOT NULL);
 		CREATE TABLE lease_counter (name text PRIMARY KEY, n bigint NOT NULL);
@@ -328,7 +320,7 @@ func TestLeaseContentionOneHolderAtATime(t *testing.T) {
 }
 
 func TestLeaseTakeover(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool) // two processes
 
@@ -388,7 +380,7 @@ func TestLeaseTakeover(t *testing.T) {
 }
 
 func TestLeaseLateReleaseKeepsNewerHolder(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
 	const ttl = 300 * time.Millisecond
@@ -411,7 +403,7 @@ func TestLeaseLateReleaseKeepsNewerHolder(t *testing.T) {
 // The old holder must notice, on its next renewal, that it no longer holds the lease,
 // however the row changed under it, and cancel its context.
 func TestLeaseLostIsReportedAndCancels(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	const ttl = time.Second // renews every 250 ms
 
@@ -474,7 +466,7 @@ func TestLeaseLostIsReportedAndCancels(t *testing.T) {
 }
 
 func TestLeaseEpochStrictlyIncreases(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
 	const ttl = 10 * time.Second
@@ -511,7 +503,7 @@ func TestLeaseEpochStrictlyIncreases(t *testing.T) {
 // Refused attempts draw no epoch, so an epoch change means a new acquisition: that is
 // what pg_liveness_lease_epoch and the flapping alert rely on.
 func TestLeaseRefusedAttemptsDrawNoEpoch(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
 	held := mustAcquire(t, ctx, a, "job", 10*time.Second)
@@ -532,7 +524,7 @@ func TestLeaseRefusedAttemptsDrawNoEpoch(t *testing.T) {
 // lease_is_held(name, epoch) is how a job fences its own writes; a write carrying an old
 // epoch must be rejected once someone else holds the lease.
 func TestLeaseIsHeldFencesOldEpoch(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	db, pool := testdb.MigratedPool(t, 4)
 	db.Exec(t, `CREATE TABLE fenced (id int PRIMARY KEY, writes int NOT NULL); INSERT INTO fenced VALUES (1, 0)`)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
@@ -569,7 +561,7 @@ func TestLeaseIsHeldFencesOldEpoch(t *testing.T) {
 }
 
 func TestLeaseRun(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	l, other := newTestLeases(t, pool), newTestLeases(t, pool)
 	const ttl = time.Second
@@ -682,7 +674,7 @@ func TestLeaseRun(t *testing.T) {
 }
 
 func TestLeaseFieldsAndStats(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	l := newTestLeases(t, pool)
 	const ttl = 90 * time.Second // no renewal before the checks
@@ -725,7 +717,7 @@ func TestLeaseFieldsAndStats(t *testing.T) {
 }
 
 func TestLeaseConfigErrorsNameTheField(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 1)
 	if _, err := liveness.NewLeases(liveness.LeasesConfig{}); err == nil || !strings.Contains(err.Error(), "Pool") {
 		t.Errorf("NewLeases without a pool: %v, want an error naming Pool", err)
@@ -759,7 +751,7 @@ func TestLeaseConfigErrorsNameTheField(t *testing.T) {
 
 // A schema name needing quotes, even a single quote, reaches every statement safely.
 func TestLeaseCustomSchema(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	db := pgtest.NewDB(t)
 	pool := db.Pool(t, 2)
 	const schema = `Jobs "x" o'clock`
@@ -788,7 +780,7 @@ func TestLeaseCustomSchema(t *testing.T) {
 
 // The exporter classifies statements by their tag comment in pg_stat_statements.
 func TestLeaseStatementsAreTagged(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	db, pool := testdb.MigratedPool(t, 2)
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 	l := newTestLeases(t, pool)
@@ -812,7 +804,7 @@ func TestLeaseStatementsAreTagged(t *testing.T) {
 // The server stops or crashes mid-lease: renewals fail, and the trust window, not a
 // hang, cancels the lease within ttl of its last renewal.
 func TestLeaseDatabaseGoneMidLease(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	srv := pgtest.NewServer(t)
 	db := pgtest.NewDBOn(t, srv)
 	testdb.Migrate(t, db.DSN, liveness.DefaultSchema)
@@ -851,7 +843,7 @@ func TestLeaseDatabaseGoneMidLease(t *testing.T) {
 // flight never answers, and the trust window must still cancel the lease on time, as
 // "expired". The proxy only relays bytes to the real server; it fakes nothing.
 func TestLeaseNetworkHangExpires(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	db := testdb.Migrated(t)
 	proxy := newFreezingProxy(t, db.DSN, 0)
 	pool := pgtest.Pool(t, proxy.dsn(), 2)
@@ -890,7 +882,7 @@ func TestLeaseNetworkHangExpires(t *testing.T) {
 // when the network then hangs, the lease's context must be cancelled while its row is
 // still valid by the database clock.
 func TestLeaseTrustWindowEndsBeforeDatabaseExpiry(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	db, direct := testdb.MigratedPool(t, 1)
 	const (
 		ttl    = 2 * time.Second
@@ -929,7 +921,7 @@ func TestLeaseTrustWindowEndsBeforeDatabaseExpiry(t *testing.T) {
 // and refuses, with an error that is errors.Is ErrLeaseLost, once the lease is not held:
 // taken over, its row changed under it, or released.
 func TestLeaseFence(t *testing.T) {
-	ctx := leaseTestCtx(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	db, pool := testdb.MigratedPool(t, 6)
 	db.Exec(t, `CREATE TABLE ledger (id bigserial PRIMARY KEY, epoch bigint NOT NULL)`)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/migrationstest"
@@ -19,14 +21,8 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func TestApplyTwiceIsNoOp(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	db := pgtest.NewDB(t)
 	pool := db.Pool(t, 2)
 
@@ -55,7 +51,7 @@ func TestApplyTwiceIsNoOp(t *testing.T) {
 }
 
 func TestConcurrentApplyAppliesOnce(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	db := pgtest.NewDB(t)
 	const runners = 5
 	var wg sync.WaitGroup
@@ -84,7 +80,7 @@ func TestConcurrentApplyAppliesOnce(t *testing.T) {
 }
 
 func TestNewerDatabaseIsRefused(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	db, pool := testdb.MigratedPool(t, 2)
 	future := migrations.Latest() + 1
 	db.Exec(t, `INSERT INTO liveness.schema_migrations (version, name) VALUES ($1, 'from_the_future')`, future)
@@ -100,7 +96,7 @@ func TestNewerDatabaseIsRefused(t *testing.T) {
 }
 
 func TestSchemaNameIsAnIdentifierNotSQL(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	db := pgtest.NewDB(t)
 	pool := db.Pool(t, 2)
 	db.Exec(t, `CREATE TABLE public.victim (x int)`)
@@ -157,7 +153,7 @@ func TestNewerSchemaServesOlderBinaryWhenCompatible(t *testing.T) {
 		{"breaking", migrations.Latest() + 1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := ctxT(t)
+			ctx := testutil.Context(t, 60*time.Second)
 			db := pgtest.NewDB(t)
 			pool := db.Pool(t, 2)
 			future := migrationstest.Future(t, tc.compatFrom)
@@ -188,7 +184,7 @@ func TestNewerSchemaServesOlderBinaryWhenCompatible(t *testing.T) {
 // A schema that is current needs no privilege but reading schema_migrations: a role
 // without CREATE on the database applies nothing and succeeds.
 func TestCurrentSchemaNeedsNoCreatePrivilege(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := testutil.Context(t, 60*time.Second)
 	db := testdb.Migrated(t)
 	reader := pgx.Identifier{"reader_" + db.Name}.Sanitize()
 	db.Exec(t, `CREATE ROLE `+reader+` LOGIN; REVOKE CREATE ON DATABASE `+pgx.Identifier{db.Name}.Sanitize()+` FROM PUBLIC;

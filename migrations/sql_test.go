@@ -18,7 +18,7 @@ import (
 func lockKey(t *testing.T, q *pgxpool.Pool, id uuid.UUID) int64 {
 	t.Helper()
 	var k int64
-	if err := q.QueryRow(ctxT(t), `SELECT liveness.instance_lock_key($1)`, id).Scan(&k); err != nil {
+	if err := q.QueryRow(testutil.Context(t, 60*time.Second), `SELECT liveness.instance_lock_key($1)`, id).Scan(&k); err != nil {
 		t.Fatal(err)
 	}
 	return k
@@ -29,7 +29,7 @@ func queryBool(t *testing.T, q interface {
 }, sql string, args ...any) bool {
 	t.Helper()
 	var b bool
-	if err := q.QueryRow(ctxT(t), sql, args...).Scan(&b); err != nil {
+	if err := q.QueryRow(testutil.Context(t, 60*time.Second), sql, args...).Scan(&b); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
 	return b
@@ -71,7 +71,7 @@ func TestClaimAliveLock(t *testing.T) {
 	if !queryBool(t, pool, `SELECT liveness.alive_lock_held($1)`, id) {
 		t.Fatal("alive_lock_held is false while the lock is held")
 	}
-	if err := a.Close(ctxT(t)); err != nil {
+	if err := a.Close(testutil.Context(t, 60*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	// The backend ends shortly after the client's Terminate message.
@@ -90,7 +90,7 @@ func TestTwoInt4LockOnKeyHalvesIsNotAlive(t *testing.T) {
 	id := uuid.New()
 	k := lockKey(t, pool, id)
 	c := db.Conn(t)
-	if _, err := c.Exec(ctxT(t), `SELECT pg_advisory_lock($1::int4, $2::int4)`, int32(k>>32), int32(k)); err != nil {
+	if _, err := c.Exec(testutil.Context(t, 60*time.Second), `SELECT pg_advisory_lock($1::int4, $2::int4)`, int32(k>>32), int32(k)); err != nil {
 		t.Fatal(err)
 	}
 	// The impostor really has the same classid/objid as the key would.
@@ -112,7 +112,7 @@ func TestLockInAnotherDatabaseDoesNotCount(t *testing.T) {
 	id := uuid.New()
 	k := lockKey(t, pool, id)
 	c := other.Conn(t)
-	if _, err := c.Exec(ctxT(t), `SELECT pg_advisory_lock($1::bigint)`, k); err != nil {
+	if _, err := c.Exec(testutil.Context(t, 60*time.Second), `SELECT pg_advisory_lock($1::bigint)`, k); err != nil {
 		t.Fatal(err)
 	}
 	if queryBool(t, pool, `SELECT liveness.is_instance_alive($1, 30)`, id) {
@@ -198,7 +198,7 @@ func TestCleanupStaleInstances(t *testing.T) {
 		}
 	}
 	reap := func(sql string) []uuid.UUID {
-		rows, err := pool.Query(ctxT(t), sql)
+		rows, err := pool.Query(testutil.Context(t, 60*time.Second), sql)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,7 +233,7 @@ func TestCleanupStaleInstances(t *testing.T) {
 func TestLeaseIsHeldRejectsOldEpoch(t *testing.T) {
 	db, pool := testdb.MigratedPool(t, 4)
 	var oldEpoch, newEpoch int64
-	if err := pool.QueryRow(ctxT(t), `INSERT INTO liveness.leases (name, holder, expires_at)
+	if err := pool.QueryRow(testutil.Context(t, 60*time.Second), `INSERT INTO liveness.leases (name, holder, expires_at)
 		VALUES ('cleanup', 'a:1:1', now() + interval '1 minute') RETURNING epoch`).Scan(&oldEpoch); err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestLeaseIsHeldRejectsOldEpoch(t *testing.T) {
 		t.Fatal("lease_is_held is false for the current epoch")
 	}
 	// A takeover assigns a new epoch from the sequence.
-	if err := pool.QueryRow(ctxT(t), `UPDATE liveness.leases SET holder = 'b:2:2', epoch = nextval('liveness.lease_epoch_seq')
+	if err := pool.QueryRow(testutil.Context(t, 60*time.Second), `UPDATE liveness.leases SET holder = 'b:2:2', epoch = nextval('liveness.lease_epoch_seq')
 		WHERE name = 'cleanup' RETURNING epoch`).Scan(&newEpoch); err != nil {
 		t.Fatal(err)
 	}
@@ -254,11 +254,11 @@ func TestLeaseIsHeldRejectsOldEpoch(t *testing.T) {
 	// A write fenced with the old epoch touches nothing.
 	db.Exec(t, `CREATE TABLE results (v int)`)
 	db.Exec(t, `INSERT INTO results VALUES (1)`)
-	tag, err := pool.Exec(ctxT(t), `UPDATE results SET v = 2 WHERE liveness.lease_is_held('cleanup', $1)`, oldEpoch)
+	tag, err := pool.Exec(testutil.Context(t, 60*time.Second), `UPDATE results SET v = 2 WHERE liveness.lease_is_held('cleanup', $1)`, oldEpoch)
 	if err != nil || tag.RowsAffected() != 0 {
 		t.Fatalf("fenced write with old epoch: %v rows, %v", tag.RowsAffected(), err)
 	}
-	tag, err = pool.Exec(ctxT(t), `UPDATE results SET v = 3 WHERE liveness.lease_is_held('cleanup', $1)`, newEpoch)
+	tag, err = pool.Exec(testutil.Context(t, 60*time.Second), `UPDATE results SET v = 3 WHERE liveness.lease_is_held('cleanup', $1)`, newEpoch)
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("fenced write with current epoch: %v rows, %v", tag.RowsAffected(), err)
 	}
@@ -290,20 +290,20 @@ func TestInstanceStatesWritesNothingWhenNothingChanges(t *testing.T) {
 	// transaction wrote anything.
 	wrote := func() bool {
 		t.Helper()
-		tx, err := pool.Begin(ctxT(t))
+		tx, err := pool.Begin(testutil.Context(t, 60*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer func() { _ = tx.Rollback(ctxT(t)) }()
+		defer func() { _ = tx.Rollback(testutil.Context(t, 60*time.Second)) }()
 		var n int
 		var xid *string
-		if err := tx.QueryRow(ctxT(t), `SELECT count(*) FROM liveness.instance_states()`).Scan(&n); err != nil || n != len(ids) {
+		if err := tx.QueryRow(testutil.Context(t, 60*time.Second), `SELECT count(*) FROM liveness.instance_states()`).Scan(&n); err != nil || n != len(ids) {
 			t.Fatalf("instance_states: %d rows, %v", n, err)
 		}
-		if err := tx.QueryRow(ctxT(t), `SELECT pg_current_xact_id_if_assigned()::text`).Scan(&xid); err != nil {
+		if err := tx.QueryRow(testutil.Context(t, 60*time.Second), `SELECT pg_current_xact_id_if_assigned()::text`).Scan(&xid); err != nil {
 			t.Fatal(err)
 		}
-		if err := tx.Commit(ctxT(t)); err != nil {
+		if err := tx.Commit(testutil.Context(t, 60*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		return xid != nil
@@ -343,22 +343,22 @@ func TestStampAfterVerdict(t *testing.T) {
 	// the transaction wrote anything, and the stamped ids.
 	stamp := func(seen []uuid.UUID) (missing *int, wrote bool, stamped []uuid.UUID) {
 		t.Helper()
-		tx, err := pool.Begin(ctxT(t))
+		tx, err := pool.Begin(testutil.Context(t, 60*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer func() { _ = tx.Rollback(ctxT(t)) }()
+		defer func() { _ = tx.Rollback(testutil.Context(t, 60*time.Second)) }()
 		var xid *string
-		if err := tx.QueryRow(ctxT(t), `SELECT liveness.stamp_alive_lock_absences_seen($1)`, seen).Scan(&missing); err != nil {
+		if err := tx.QueryRow(testutil.Context(t, 60*time.Second), `SELECT liveness.stamp_alive_lock_absences_seen($1)`, seen).Scan(&missing); err != nil {
 			t.Fatal(err)
 		}
-		if err := tx.QueryRow(ctxT(t), `SELECT pg_current_xact_id_if_assigned()::text`).Scan(&xid); err != nil {
+		if err := tx.QueryRow(testutil.Context(t, 60*time.Second), `SELECT pg_current_xact_id_if_assigned()::text`).Scan(&xid); err != nil {
 			t.Fatal(err)
 		}
-		if err := tx.Commit(ctxT(t)); err != nil {
+		if err := tx.Commit(testutil.Context(t, 60*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		rows, err := pool.Query(ctxT(t), `SELECT instance_id FROM liveness.alive_lock_absences ORDER BY 1`)
+		rows, err := pool.Query(testutil.Context(t, 60*time.Second), `SELECT instance_id FROM liveness.alive_lock_absences ORDER BY 1`)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -398,13 +398,13 @@ func TestSharedLockOnKeyIsNotTheAliveLock(t *testing.T) {
 	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name) VALUES ($1, 'svc')`, id)
 	k := lockKey(t, pool, id)
 	for range 2 {
-		if _, err := db.Conn(t).Exec(ctxT(t), `SELECT pg_advisory_lock_shared($1)`, k); err != nil {
+		if _, err := db.Conn(t).Exec(testutil.Context(t, 60*time.Second), `SELECT pg_advisory_lock_shared($1)`, k); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var n int
 	var held *bool
-	if err := pool.QueryRow(ctxT(t), `SELECT count(*), bool_or(lock_held) FROM liveness.instance_state_verdicts() WHERE instance_id = $1`,
+	if err := pool.QueryRow(testutil.Context(t, 60*time.Second), `SELECT count(*), bool_or(lock_held) FROM liveness.instance_state_verdicts() WHERE instance_id = $1`,
 		id).Scan(&n, &held); err != nil {
 		t.Fatal(err)
 	}

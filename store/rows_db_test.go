@@ -7,6 +7,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 
 	"github.com/jackc/pgx/v5"
 
@@ -54,7 +57,7 @@ func TestRowTypesAreTheirStatementsColumns(t *testing.T) {
 	for _, st := range []store.SourceStatement{store.Instances, store.AdvisoryLocks, store.ReadInstances, store.ReadFleet} {
 		queries[st.Name()] = []store.Query{st.For(nil), st.For(whizbang)}
 	}
-	conn, err := admin.Acquire(ctxT(t))
+	conn, err := admin.Acquire(testutil.Context(t, 30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +72,7 @@ func TestRowTypesAreTheirStatementsColumns(t *testing.T) {
 			t.Errorf("%s has the row type %T, which this test does not check", d.Name, d.Row)
 		}
 		for i, q := range qs {
-			desc, err := conn.Conn().Prepare(ctxT(t), "", q.SQL)
+			desc, err := conn.Conn().Prepare(testutil.Context(t, 30*time.Second), "", q.SQL)
 			if err != nil {
 				t.Errorf("%s (%d): %v", d.Name, i, err)
 				continue
@@ -92,7 +95,7 @@ func TestRowTypesAreTheirStatementsColumns(t *testing.T) {
 	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at) VALUES (gen_random_uuid(), 'orders', now());
 		INSERT INTO liveness.leases (name, holder, expires_at) VALUES ('mail', 'node-1:1', now() + interval '1 minute')`)
 	q := store.ReadFleet.For(nil)
-	rows, err := admin.Query(ctxT(t), q.SQL, q.Args(nil, nil, 0, 10, nil, 0, 10)...)
+	rows, err := admin.Query(testutil.Context(t, 30*time.Second), q.SQL, q.Args(nil, nil, 0, 10, nil, 0, 10)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,9 @@ package store_test
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
@@ -29,7 +32,7 @@ func TestStateRuleBodyJudgesAsTheInstalledFunction(t *testing.T) {
 	               unnest(ARRAY[interval '1 second', interval '2 minutes', interval '10 minutes']) age,
 	               unnest(ARRAY[NULL, interval '0.5 seconds', interval '3 seconds']) missing) c`
 	var n, differ, states int
-	if err := pool.QueryRow(ctxT(t), sql).Scan(&n, &differ, &states); err != nil {
+	if err := pool.QueryRow(testutil.Context(t, 30*time.Second), sql).Scan(&n, &differ, &states); err != nil {
 		t.Fatalf("%v\n%s", err, sql)
 	}
 	if differ != 0 {

@@ -7,6 +7,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 
 	"github.com/jackc/pgx/v5"
 
@@ -30,18 +33,18 @@ const regenerate = "go test ./store -run TestSchemaFileIsCurrent -update (on Pos
 // indexes and signatures (their bodies are deparsed by each major in its own way).
 func TestSchemaFileIsCurrent(t *testing.T) {
 	_, pool := testdb.MigratedPool(t, 2)
-	conn, err := pool.Acquire(ctxT(t))
+	conn, err := pool.Acquire(testutil.Context(t, 30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Release()
 	var major int
-	if err := conn.QueryRow(ctxT(t), `SELECT current_setting('server_version_num')::int / 10000`).Scan(&major); err != nil {
+	if err := conn.QueryRow(testutil.Context(t, 30*time.Second), `SELECT current_setting('server_version_num')::int / 10000`).Scan(&major); err != nil {
 		t.Fatal(err)
 	}
 	// The header names the file's major whatever this server's: on another the bodies
 	// are left out of the comparison.
-	got, err := dumpSchema(ctxT(t), conn.Conn(), store.DefaultSchema, schemaFileMajor)
+	got, err := dumpSchema(testutil.Context(t, 30*time.Second), conn.Conn(), store.DefaultSchema, schemaFileMajor)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+
 	"github.com/google/uuid"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
@@ -66,7 +68,7 @@ func TestSideBySideScript(t *testing.T) {
 
 	for id, want := range map[uuid.UUID]bool{whAlive: true, whStale: false, whGone: false, ours: true, oursDead: false} {
 		var alive bool
-		if err := admin.QueryRow(ctxT(t), `SELECT liveness.is_fleet_instance_alive($1)`, id).Scan(&alive); err != nil {
+		if err := admin.QueryRow(testutil.Context(t, 30*time.Second), `SELECT liveness.is_fleet_instance_alive($1)`, id).Scan(&alive); err != nil {
 			t.Fatal(err)
 		}
 		if alive != want {
@@ -74,7 +76,7 @@ func TestSideBySideScript(t *testing.T) {
 		}
 	}
 	var liv, wh int
-	if err := admin.QueryRow(ctxT(t), `SELECT count(*) FILTER (WHERE source = 'liveness'), count(*) FILTER (WHERE source = 'whizbang')
+	if err := admin.QueryRow(testutil.Context(t, 30*time.Second), `SELECT count(*) FILTER (WHERE source = 'liveness'), count(*) FILTER (WHERE source = 'whizbang')
 		FROM liveness.fleet_instance_states()`).Scan(&liv, &wh); err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +84,7 @@ func TestSideBySideScript(t *testing.T) {
 		t.Errorf("fleet_instance_states: %d of ours and %d of Whizbang's, want 2 and 2", liv, wh)
 	}
 	fromSource := verdicts(f, t)
-	rows, err := admin.Query(ctxT(t), `SELECT instance_id, state FROM liveness.whizbang_instance_states()`)
+	rows, err := admin.Query(testutil.Context(t, 30*time.Second), `SELECT instance_id, state FROM liveness.whizbang_instance_states()`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+
 	"github.com/google/uuid"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
@@ -22,7 +24,7 @@ type verdict struct {
 func verdicts(f *whizbangtest.Fixture, t *testing.T) map[uuid.UUID]verdict {
 	t.Helper()
 	q := store.VerdictsQuery(f.Reads(t))
-	rows, err := f.Observer.Query(ctxT(t), q.SQL, q.Args()...)
+	rows, err := f.Observer.Query(testutil.Context(t, 30*time.Second), q.SQL, q.Args()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,15 +96,15 @@ func TestOnlyTheExactLockCounts(t *testing.T) {
 	f.Register(t, id, "orders", 0)
 	c := f.DB.Conn(t)
 	var key int64
-	if err := c.QueryRow(ctxT(t), `SELECT hashtext($1 || $2::text)::bigint`, f.Source.LockKeyPrefix, id).Scan(&key); err != nil {
+	if err := c.QueryRow(testutil.Context(t, 30*time.Second), `SELECT hashtext($1 || $2::text)::bigint`, f.Source.LockKeyPrefix, id).Scan(&key); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Exec(ctxT(t), `SELECT pg_advisory_lock($1::int4, $2::int4), pg_advisory_lock_shared($3)`,
+	if _, err := c.Exec(testutil.Context(t, 30*time.Second), `SELECT pg_advisory_lock($1::int4, $2::int4), pg_advisory_lock_shared($3)`,
 		int32(key>>32), int32(key), key); err != nil {
 		t.Fatal(err)
 	}
 	other := pgtest.NewDBOn(t, f.DB.Server)
-	if _, err := other.Conn(t).Exec(ctxT(t), `SELECT pg_advisory_lock($1)`, key); err != nil {
+	if _, err := other.Conn(t).Exec(testutil.Context(t, 30*time.Second), `SELECT pg_advisory_lock($1)`, key); err != nil {
 		t.Fatal(err)
 	}
 	if v := verdicts(f, t)[id]; v.State != "heartbeat_only" || deref(v.LockHeld) {

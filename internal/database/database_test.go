@@ -1,15 +1,14 @@
 package database
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
@@ -72,29 +71,11 @@ func TestVersionWarning(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log destination that the pool's connections write to concurrently.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // poolLog opens a pool on dsn with a logger, uses two connections at once, and returns
 // what was logged.
 func poolLog(t *testing.T, dsn string) string {
 	t.Helper()
-	var logs syncBuffer
+	var logs logbuf.Buffer // the pool's connections write to it concurrently
 	pool, err := NewPool(PoolConfig{DSN: dsn, MaxConns: 2, ConnectTimeout: 5 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {

@@ -68,12 +68,12 @@ func fixture(t *testing.T, ctx context.Context, db *pgtest.DB, pool *pgxpool.Poo
 	add("stale", "billing", 30, false)
 	add("heartbeat_only", "billing", 0, false)
 	for _, state := range []string{"alive", "zombie"} {
-		if _, err := testdb.Session(t, db.DSN, "checkout:alive-lock").Exec(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, ids[state]); err != nil {
+		if _, err := db.ConnAs(t, "checkout:alive-lock").Exec(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, ids[state]); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for k := range 2 {
-		if _, err := testdb.Session(t, db.DSN, hostileApp).Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(1000+k)); err != nil {
+		if _, err := db.ConnAs(t, hostileApp).Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(1000+k)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -251,9 +251,9 @@ func TestDatabaseDown(t *testing.T) {
 // valid UTF-8 (the bad ones replaced by U+FFFD), the JSON form is valid JSON, and the row
 // is still shown.
 func TestInvalidUTF8FromSQLASCII(t *testing.T) {
-	dsn := testdb.SQLASCII(t, pgtest.NewDB(t))
-	testdb.Migrate(t, dsn, liveness.DefaultSchema)
-	pool := pgtest.Pool(t, dsn, 2)
+	ascii := testdb.SQLASCII(t, pgtest.NewDB(t))
+	testdb.Migrate(t, ascii.DSN, liveness.DefaultSchema)
+	pool := pgtest.Pool(t, ascii.DSN, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	id := uuid.New()

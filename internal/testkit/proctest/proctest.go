@@ -131,6 +131,9 @@ func (p *Process) lastLines(n int) string {
 	return strings.Join(p.lines[max(0, len(p.lines)-n):], "\n")
 }
 
+// Pid is the process's id (its process group's too).
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
 // Name is the name the process was started with.
 func (p *Process) Name() string { return p.name }
 

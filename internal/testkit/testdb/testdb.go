@@ -1,8 +1,9 @@
 // Package testdb builds, on pgtest's databases, what the tests of several packages start
-// from: the liveness objects migrated, a session with an application_name of its own, a
-// SQL_ASCII database (which hands out whatever bytes were stored); and it reads what they
-// check against: a count on a connection of its own, every instance's state by the one
-// verdict. Only tests import it; it holds no SQL the product sends.
+// from: the liveness objects migrated, a SQL_ASCII database (which hands out whatever
+// bytes were stored); and it reads what they check against: every instance's state by the
+// one verdict. A session with an application_name of its own is pgtest's DB.ConnAs, a
+// count on a connection of its own is DB.QueryInt. Only tests import it; it holds no SQL
+// the product sends.
 package testdb
 
 import (
@@ -61,39 +62,11 @@ func MigratedPool(t testing.TB, maxConns int32) (*pgtest.DB, *pgxpool.Pool) {
 	return db, db.Pool(t, maxConns)
 }
 
-// Count runs a query that returns one integer (a count) on a connection of its own.
-func Count(t testing.TB, dsn, sql string) int {
-	t.Helper()
-	var n int
-	onOwnConn(t, dsn, 10*time.Second, sql, func(ctx context.Context, c *pgx.Conn) error {
-		return c.QueryRow(ctx, sql).Scan(&n)
-	})
-	return n
-}
-
-// Session opens a connection to dsn that names itself app (its application_name, as
-// pg_stat_activity shows it), closed when the test ends.
-func Session(t testing.TB, dsn, app string) *pgx.Conn {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["application_name"] = app
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	return c
-}
-
 // SQLASCII creates, on db's server, an empty database whose encoding is SQL_ASCII, dropped
-// when the test ends, and returns its DSN. Such a database stores and hands out any
-// bytes, invalid UTF-8 included, in names, labels and jsonb strings.
-func SQLASCII(t testing.TB, db *pgtest.DB) string {
+// when the test ends, and returns it (its ConnAs, QueryInt, Exec and Pool work; it has no
+// Server). Such a database stores and hands out any bytes, invalid UTF-8 included, in
+// names, labels and jsonb strings.
+func SQLASCII(t testing.TB, db *pgtest.DB) *pgtest.DB {
 	t.Helper()
 	if strings.Contains(db.DSN, "://") {
 		t.Fatalf("testdb.SQLASCII builds a keyword/value DSN; got a URL")
@@ -101,7 +74,7 @@ func SQLASCII(t testing.TB, db *pgtest.DB) string {
 	name := pgx.Identifier{db.Name + "_ascii"}.Sanitize()
 	db.Exec(t, `CREATE DATABASE `+name+` ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
 	t.Cleanup(func() { db.Exec(t, `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`) })
-	return db.DSN + " dbname=" + db.Name + "_ascii" // a later keyword wins
+	return &pgtest.DB{Name: db.Name + "_ascii", DSN: db.DSN + " dbname=" + db.Name + "_ascii"} // a later keyword wins
 }
 
 // Querier is what States reads through: a pool, a connection or a transaction.

@@ -1,6 +1,8 @@
 package testutil
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -64,4 +66,31 @@ func TestNever(t *testing.T) {
 			t.Errorf("errors %q after %d polls; want one naming what happened, at the third poll", r.errors, polls)
 		}
 	})
+}
+
+func TestContext(t *testing.T) {
+	var ctx context.Context
+	t.Run("within the test", func(t *testing.T) {
+		start := time.Now()
+		ctx = Context(t, time.Minute)
+		deadline, ok := ctx.Deadline()
+		if !ok || deadline.Before(start.Add(time.Minute)) || deadline.After(time.Now().Add(time.Minute)) {
+			t.Errorf("deadline %v (set %v); want a minute from the call", deadline, ok)
+		}
+		if ctx.Err() != nil {
+			t.Errorf("ended while the test runs: %v", ctx.Err())
+		}
+	})
+	if !errors.Is(ctx.Err(), context.Canceled) {
+		t.Errorf("after the test ended: %v; want context.Canceled", ctx.Err())
+	}
+	short := Context(t, time.Millisecond)
+	select {
+	case <-short.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("a context of 1ms had not ended after a minute")
+	}
+	if !errors.Is(short.Err(), context.DeadlineExceeded) {
+		t.Errorf("after its deadline: %v; want context.DeadlineExceeded", short.Err())
+	}
 }

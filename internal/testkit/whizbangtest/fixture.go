@@ -3,11 +3,12 @@
 package whizbangtest
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -16,12 +17,6 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
-
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 // Fixture is a Whizbang database as its services leave it: the table from Whizbang's
 // documented columns, and alive locks taken the way Whizbang takes them, each from a
@@ -96,7 +91,7 @@ func (f *Fixture) Claim(t *testing.T, id uuid.UUID) bool {
 	t.Helper()
 	c := f.DB.Conn(t)
 	var ok bool
-	if err := c.QueryRow(ctxT(t), `SELECT pg_try_advisory_lock(hashtext($1 || $2::text))`, f.Source.LockKeyPrefix, id).Scan(&ok); err != nil {
+	if err := c.QueryRow(testutil.Context(t, 30*time.Second), `SELECT pg_try_advisory_lock(hashtext($1 || $2::text))`, f.Source.LockKeyPrefix, id).Scan(&ok); err != nil {
 		t.Fatal(err)
 	}
 	if ok {
@@ -112,7 +107,7 @@ func (f *Fixture) Crash(t *testing.T, id uuid.UUID) {
 	if c == nil {
 		t.Fatalf("%s holds no lock", id)
 	}
-	if err := c.Close(ctxT(t)); err != nil {
+	if err := c.Close(testutil.Context(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	delete(f.locks, id)
@@ -120,7 +115,7 @@ func (f *Fixture) Crash(t *testing.T, id uuid.UUID) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var held bool
-		if err := f.admin.QueryRow(ctxT(t), `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
+		if err := f.admin.QueryRow(testutil.Context(t, 30*time.Second), `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
 				AND ((classid::bigint << 32) | objid::bigint) = hashtext($1 || $2::text)::bigint)`, f.Source.LockKeyPrefix, id).Scan(&held); err != nil {
 			t.Fatal(err)
 		}
@@ -140,7 +135,7 @@ func (f *Fixture) CollidingIDs(t *testing.T) (uuid.UUID, uuid.UUID) {
 	t.Helper()
 	for range 5 {
 		var a, b *uuid.UUID
-		err := f.admin.QueryRow(ctxT(t), `SELECT ids[1], ids[2] FROM (
+		err := f.admin.QueryRow(testutil.Context(t, 30*time.Second), `SELECT ids[1], ids[2] FROM (
 				SELECT array_agg(id) AS ids FROM (SELECT gen_random_uuid() AS id FROM generate_series(1, 300000)) g
 				 GROUP BY hashtext($1 || id::text) HAVING count(*) > 1 LIMIT 1) c`, f.Source.LockKeyPrefix).Scan(&a, &b)
 		if errors.Is(err, pgx.ErrNoRows) {
