@@ -110,10 +110,7 @@ func TestDSNFileRefusedOnSIGHUP(t *testing.T) {
 func webConfigDir(t *testing.T) (string, *x509.CertPool) {
 	t.Helper()
 	dir := t.TempDir()
-	certPEM, keyPEM, pool := tlstest.SelfSigned(t)
-	replaceFile(t, filepath.Join(dir, "tls.crt"), string(certPEM))
-	replaceFile(t, filepath.Join(dir, "tls.key"), string(keyPEM))
-	return dir, pool
+	return dir, tlstest.WriteSelfSigned(t, dir, "tls")
 }
 
 func bcryptOf(t *testing.T, pw string) string {

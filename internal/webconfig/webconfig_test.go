@@ -3,7 +3,6 @@ package webconfig
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -22,16 +21,6 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/tlstest"
 )
-
-// writeCert writes a self-signed certificate for 127.0.0.1 and its key into dir, and
-// returns their pool for clients.
-func writeCert(t *testing.T, dir, prefix string) *x509.CertPool {
-	t.Helper()
-	certPEM, keyPEM, pool := tlstest.SelfSigned(t)
-	write(t, filepath.Join(dir, prefix+".crt"), string(certPEM))
-	write(t, filepath.Join(dir, prefix+".key"), string(keyPEM))
-	return pool
-}
 
 func write(t *testing.T, path, content string) {
 	t.Helper()
@@ -64,7 +53,7 @@ func tlsAuth(user, hash string) string {
 // load, is refused at start-up with one line naming it.
 func TestLoadRefuses(t *testing.T) {
 	dir := t.TempDir()
-	writeCert(t, dir, "tls")
+	tlstest.WriteSelfSigned(t, dir, "tls")
 	fifo := filepath.Join(dir, "fifo.yml")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
@@ -146,7 +135,7 @@ func status(t *testing.T, client *http.Client, url, user, pw string) int {
 func TestReloadKeepsTheLastValidConfiguration(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "web.yml")
-	pool := writeCert(t, dir, "tls")
+	pool := tlstest.WriteSelfSigned(t, dir, "tls")
 	write(t, file, tlsAuth("alice", hash(t, "old-password")))
 	s, err := Load(file)
 	if err != nil {
@@ -205,7 +194,7 @@ func TestReloadKeepsTheLastValidConfiguration(t *testing.T) {
 		}, "tls_server_config.key_file"},
 		{"key of another certificate", func() {
 			other := t.TempDir()
-			writeCert(t, other, "other")
+			tlstest.WriteSelfSigned(t, other, "other")
 			b, err := os.ReadFile(filepath.Join(other, "other.key"))
 			if err != nil {
 				t.Fatal(err)
@@ -232,7 +221,7 @@ func TestReloadKeepsTheLastValidConfiguration(t *testing.T) {
 	if err := os.Rename(filepath.Join(dir, "tls.key.gone"), filepath.Join(dir, "tls.key")); err != nil {
 		t.Fatal(err)
 	}
-	pool = writeCert(t, dir, "tls") // a new certificate and key, as a rotation writes them
+	pool = tlstest.WriteSelfSigned(t, dir, "tls") // a new certificate and key, as a rotation writes them
 	write(t, file, tlsAuth("alice", hash(t, "new-password")))
 	if r := s.Reload(false); !r.Changed || r.Err != nil {
 		t.Fatalf("a valid change: %+v", r)
@@ -263,7 +252,7 @@ func TestReloadKeepsTheLastValidConfiguration(t *testing.T) {
 // restart is not (the toolkit chose plain HTTP when it started listening).
 func TestReloadStrongerAndRestartOnly(t *testing.T) {
 	dir := t.TempDir()
-	writeCert(t, dir, "tls")
+	tlstest.WriteSelfSigned(t, dir, "tls")
 	file := filepath.Join(dir, "web.yml")
 	write(t, file, "basic_auth_users:\n  alice: "+hash(t, "pw")+"\n")
 	s, err := Load(file)

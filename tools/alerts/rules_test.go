@@ -1,7 +1,6 @@
 package alerts
 
 import (
-	"bufio"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/markdown"
 	"github.com/pg-liveness/pg_liveness_exporter/tools/promql"
 )
 
@@ -145,82 +145,28 @@ func TestRuleConventions(t *testing.T) {
 	}
 }
 
-// githubAnchor is the fragment GitHub gives a Markdown heading.
-func githubAnchor(heading string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
-		switch {
-		case r == ' ':
-			b.WriteRune('-')
-		case r == '-' || r == '_' || (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') || r > 127:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
-}
-
-// runbookHeadings returns the Markdown headings of the runbooks, by level.
-func runbookHeadings(t *testing.T) (headings []string, levels []int) {
+// runbookAnchors returns the anchors GitHub gives the headings of the runbooks.
+func runbookAnchors(t *testing.T) map[string]bool {
 	t.Helper()
-	f, err := os.Open(runbooksFile)
+	anchors, err := markdown.Anchors(runbooksFile)
 	if err != nil {
 		t.Fatalf("runbooks: %v", err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	inFence := false
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "```") {
-			inFence = !inFence
-			continue
-		}
-		if inFence {
-			continue
-		}
-		level := len(line) - len(strings.TrimLeft(line, "#"))
-		if level >= 1 && level <= 6 && strings.HasPrefix(line[level:], " ") {
-			headings = append(headings, strings.TrimSpace(line[level:]))
-			levels = append(levels, level)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return headings, levels
-}
-
-func runbookAnchors(t *testing.T) map[string]bool {
-	t.Helper()
-	headings, _ := runbookHeadings(t)
-	anchors := map[string]bool{}
-	for _, h := range headings {
-		anchors[githubAnchor(h)] = true
-	}
 	return anchors
-}
-
-func TestGithubAnchor(t *testing.T) {
-	for in, want := range map[string]string{
-		"PgLivenessZombieInstances":   "pglivenesszombieinstances",
-		"How to read this, at 3 a.m.": "how-to-read-this-at-3-am",
-		"Check `pg_locks` (SQL)":      "check-pg_locks-sql",
-	} {
-		if got := githubAnchor(in); got != want {
-			t.Errorf("githubAnchor(%q) = %q, want %q", in, got, want)
-		}
-	}
 }
 
 // TestRunbooksMatchAlerts checks that every alert has a "## <AlertName>" section and
 // every such section has an alert.
 func TestRunbooksMatchAlerts(t *testing.T) {
 	rules := alertingRules(t, loadedRules(t))
-	headings, levels := runbookHeadings(t)
+	headings, err := markdown.Headings(runbooksFile)
+	if err != nil {
+		t.Fatalf("runbooks: %v", err)
+	}
 	sections := map[string]bool{}
-	for i, h := range headings {
-		if levels[i] == 2 && strings.HasPrefix(h, "PgLiveness") {
-			sections[h] = true
+	for _, h := range headings {
+		if h.Level == 2 && strings.HasPrefix(h.Text, "PgLiveness") {
+			sections[h.Text] = true
 		}
 	}
 	alerts := map[string]bool{}

@@ -1,7 +1,6 @@
 package dashboards
 
 import (
-	"bufio"
 	"fmt"
 	"math"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/pg-liveness/pg_liveness_exporter/tools/markdown"
 	"github.com/pg-liveness/pg_liveness_exporter/tools/promql"
 )
 
@@ -163,42 +163,11 @@ func stripFilters(e parser.Expr) string {
 // runbookAnchors returns the anchors GitHub gives the headings of the runbooks.
 func runbookAnchors(t *testing.T) map[string]bool {
 	t.Helper()
-	f, err := os.Open(runbooksFile)
+	anchors, err := markdown.Anchors(runbooksFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	anchors := map[string]bool{}
-	sc := bufio.NewScanner(f)
-	fence := false
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "```") {
-			fence = !fence
-		}
-		level := len(line) - len(strings.TrimLeft(line, "#"))
-		if !fence && level >= 1 && level <= 6 && strings.HasPrefix(line[level:], " ") {
-			anchors[githubAnchor(line[level:])] = true
-		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
 	return anchors
-}
-
-// githubAnchor is the anchor GitHub gives a Markdown heading.
-func githubAnchor(heading string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
-		switch {
-		case r == ' ':
-			b.WriteRune('-')
-		case r == '-' || r == '_' || (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') || r > 127:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
 }
 
 // linkedAlerts returns the alerts whose runbooks a panel links to.

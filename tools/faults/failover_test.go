@@ -33,10 +33,7 @@ func TestPrimaryFailover(t *testing.T) {
 			dsn := fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%d,%d user=%s password=%s dbname=%s sslmode=disable target_session_attrs=read-write connect_timeout=2",
 				primary.Port, replica.Port, pgtest.Superuser, primary.Password, db.Name)
 			e := &env{srv: primary, db: db, dsn: dsn}
-			obs := startObserver(t, dsn)
-			s := startSampler(t, dsn, defaultDuration(t, "agent.stale-threshold"), obs)
-			fleet := startAgent(t, e, agentOpts{service: "failover", instances: failoverAgents})
-			s.Watch(fleet)
+			s, fleet := startWatchedAgent(t, e, agentOpts{service: "failover", instances: failoverAgents})
 			waitHealthy(t, s, fleet, true)
 
 			t0 := time.Now()

@@ -431,3 +431,15 @@ func startObserver(t *testing.T, dsn string, flags ...string) *observer {
 	})
 	return o
 }
+
+// startWatchedAgent is the set-up of the scenarios measured at the defaults: an observer
+// and a sampler at the default stale threshold on e.dsn, and the agent o describes,
+// watched by the sampler.
+func startWatchedAgent(t *testing.T, e *env, o agentOpts) (*sampler, *agent) {
+	t.Helper()
+	obs := startObserver(t, e.dsn)
+	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)
+	a := startAgent(t, e, o)
+	s.Watch(a)
+	return s, a
+}

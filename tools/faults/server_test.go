@@ -26,10 +26,7 @@ func testRestart(t *testing.T, number int, mode string) {
 	sc := newScenario(t, number, fmt.Sprintf("PostgreSQL restart (-m %s), %d instances", mode, restartAgents),
 		fmt.Sprintf("default agent flags; %d instances in one process", restartAgents))
 	e := newEnv(t)
-	obs := startObserver(t, e.dsn)
-	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)
-	fleet := startAgent(t, e, agentOpts{service: "restart", instances: restartAgents})
-	s.Watch(fleet)
+	s, fleet := startWatchedAgent(t, e, agentOpts{service: "restart", instances: restartAgents})
 	const window = 60 * time.Second
 	for range trials() {
 		waitHealthy(t, s, fleet, true)
@@ -56,10 +53,7 @@ func testRestart(t *testing.T, number int, mode string) {
 func TestTerminateBackend(t *testing.T) {
 	sc := newScenario(t, 6, "pg_terminate_backend of the alive-lock session", "default agent flags")
 	e := newEnv(t)
-	obs := startObserver(t, e.dsn)
-	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)
-	victim := startAgent(t, e, agentOpts{service: "terminate"})
-	s.Watch(victim)
+	s, victim := startWatchedAgent(t, e, agentOpts{service: "terminate"})
 	id := victim.ids[0]
 	const window = 60 * time.Second
 	for range trials() {
@@ -91,10 +85,7 @@ func TestPoolExhaustion(t *testing.T) {
 	sc := newScenario(t, 7, "Pool exhaustion (every pool connection in a long transaction)",
 		fmt.Sprintf("default agent flags, --db.max-conns=2; the pool is held busy for %s", busy))
 	e := newEnv(t)
-	obs := startObserver(t, e.dsn)
-	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)
-	victim := startAgent(t, e, agentOpts{service: "pool", extra: []string{"--max-conns=2", "--busy-for=" + busy.String()}})
-	s.Watch(victim)
+	s, victim := startWatchedAgent(t, e, agentOpts{service: "pool", extra: []string{"--max-conns=2", "--busy-for=" + busy.String()}})
 	id := victim.ids[0]
 	lockLost := 0
 	for range trials() {

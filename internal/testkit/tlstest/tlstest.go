@@ -11,6 +11,8 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -47,4 +49,22 @@ func SelfSigned(t testing.TB) (certPEM, keyPEM []byte, pool *x509.CertPool) {
 	pool.AddCert(cert)
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), pool
+}
+
+// WriteSelfSigned writes a new SelfSigned certificate and its key into dir as name.crt
+// and name.key (mode 0600), and returns a pool that trusts the certificate. Each file is
+// replaced by a rename, as a certificate rotation does: a server reloading them sees the
+// old file or the new one, never half of one.
+func WriteSelfSigned(t testing.TB, dir, name string) *x509.CertPool {
+	t.Helper()
+	certPEM, keyPEM, pool := SelfSigned(t)
+	for path, b := range map[string][]byte{filepath.Join(dir, name+".crt"): certPEM, filepath.Join(dir, name+".key"): keyPEM} {
+		if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pool
 }

@@ -5,6 +5,9 @@ import (
 	"crypto/x509"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -34,5 +37,34 @@ func TestSelfSignedIsTrustedByItsPoolOnly(t *testing.T) {
 	}
 	if err := get(otherPool); err == nil {
 		t.Error("a pool of another certificate trusted this one")
+	}
+}
+
+// The files WriteSelfSigned writes are a key pair the pool it returns trusts, and no
+// temporary file is left beside them.
+func TestWriteSelfSigned(t *testing.T) {
+	dir := t.TempDir()
+	pool := WriteSelfSigned(t, dir, "srv")
+	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "srv.crt"), filepath.Join(dir, "srv.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool}); err != nil {
+		t.Errorf("the pool does not trust the written certificate: %v", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if !slices.Equal(names, []string{"srv.crt", "srv.key"}) {
+		t.Errorf("files written: %v, want srv.crt and srv.key", names)
 	}
 }
