@@ -63,7 +63,7 @@ type ElectorConfig struct {
 
 	// slot, when set, is shared by campaigns of one process of which at most one may
 	// lead or try at a time (the watcher's two): a campaign tries only after taking it.
-	slot *atomic.Bool
+	slot *campaignSlot
 }
 
 // Leader is who holds a lease, as the database says.
@@ -157,7 +157,7 @@ func (l *Leases) elect(ctx context.Context, cfg ElectorConfig, windDown time.Dur
 		}
 		err := e.lead(ctx, lease)
 		if e.cfg.slot != nil {
-			e.cfg.slot.Store(false)
+			e.cfg.slot.Store(slotFree)
 		}
 		if err != nil {
 			return err
@@ -167,6 +167,18 @@ func (l *Leases) elect(ctx context.Context, cfg ElectorConfig, windDown time.Dur
 		}
 	}
 }
+
+// campaignSlot is shared by campaigns of which at most one may try or lead at a time.
+type campaignSlot = atomic.Int32
+
+const (
+	slotFree int32 = iota
+	slotTrying
+	slotLeading
+	// slotRecheck is how soon a campaign looks at the slot again while the other one
+	// tries.
+	slotRecheck = 50 * time.Millisecond
+)
 
 // campaign is one call of elect. Its state is owned by that call's goroutine.
 type campaign struct {
@@ -195,18 +207,25 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 				lifeChanged = nil
 			}
 		}
-		if e.cfg.slot == nil || e.cfg.slot.CompareAndSwap(false, true) {
+		wait := e.cfg.RetryPeriod/2 + rand.N(e.cfg.RetryPeriod/2+1)
+		switch {
+		case e.cfg.slot == nil || e.cfg.slot.CompareAndSwap(slotFree, slotTrying):
 			if lease := e.try(ctx); lease != nil {
+				if e.cfg.slot != nil {
+					e.cfg.slot.Store(slotLeading)
+				}
 				return lease
 			}
 			if e.cfg.slot != nil {
-				e.cfg.slot.Store(false)
+				e.cfg.slot.Store(slotFree)
 			}
 			if ctx.Err() != nil {
 				return nil
 			}
+		case e.cfg.slot.Load() == slotTrying:
+			// The other campaign is only trying: its answer comes within a round trip.
+			wait = slotRecheck
 		}
-		wait := e.cfg.RetryPeriod/2 + rand.N(e.cfg.RetryPeriod/2+1)
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):

@@ -61,7 +61,7 @@ type watcher struct {
 	cfg       watcherConfig
 	watchSQL  string
 	notifySQL string
-	slot      atomic.Bool // one of the two campaigns at a time
+	slot      campaignSlot // one of the two campaigns at a time
 	ticks     atomic.Uint64
 	notified  atomic.Uint64
 }

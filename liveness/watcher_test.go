@@ -397,3 +397,35 @@ func TestWatchAliveReportsEveryChange(t *testing.T) {
 	default:
 	}
 }
+
+// Two agents run the two watchers, one each, from their start: the second agent's first
+// try of the free watcher lease is not put off by its own other campaign's try (a
+// follower's retry, 2.5 to 5 s later, would be).
+func TestTwoAgentsRunOneWatcherEach(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 8)
+	ctx := testutil.Context(t, time.Minute)
+	first := newAgent(t, defaultAgentConfig(db, pool, "first"))
+	runAgent(t, first)
+	watching(t, ctx, pool, first)
+	second := newAgent(t, defaultAgentConfig(db, pool, "second"))
+	runAgent(t, second)
+	r, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var holders []uuid.UUID
+	if !testutil.Poll(2*time.Second, func() bool {
+		holders = holders[:0]
+		for _, name := range liveness.WatcherLeases {
+			if l, err := r.Leader(ctx, name); err == nil {
+				holders = append(holders, l.InstanceID)
+			}
+		}
+		return len(holders) == 2
+	}) {
+		t.Fatalf("watcher leases held by %v 2 s after the second agent started; want both, by two agents", holders)
+	}
+	if holders[0] == holders[1] {
+		t.Fatalf("both watcher leases are held by %s; want one agent each", holders[0])
+	}
+}
