@@ -28,10 +28,11 @@ const (
 	// pg_locks and, unless a lock appeared or vanished since the previous tick, nothing
 	// else, and it writes nothing then.
 	WatchInterval = 250 * time.Millisecond
-	// watcherRetryPeriod is how often a watcher's follower tries its lease, as the
-	// reaper's do: the other watcher notices a watcher's crash, and a free lease is
-	// notified, so followers need not try often.
-	watcherRetryPeriod = 5 * time.Second
+	// watcherRetryPeriod is how often a watcher's follower tries its lease. Every agent
+	// follows, so the fleet's tries grow with its size: they are rare, and the wake-ups
+	// do the work: a watcher's crash is noticed by the other watcher, which notifies its
+	// leases as free, and a release is notified too.
+	watcherRetryPeriod = 30 * time.Second
 	// watchStatementTimeout bounds a tick's statements.
 	watchStatementTimeout = 2 * time.Second
 )
