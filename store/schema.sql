@@ -1,5 +1,5 @@
 -- The schema as it stands after the last migration, 0007_detection_when_it_happens: every table, sequence,
--- index, view and function with its body, read back from the catalog of PostgreSQL 15
+-- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (store/migrations/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
 -- Generated and checked by TestSchemaFileIsCurrent; do not edit by hand:
@@ -83,6 +83,14 @@ CREATE VIEW liveness.instance_alive_locks AS
     l.pid
    FROM liveness.instances i
      JOIN liveness.bigint_advisory_locks l ON l.granted AND l.classid = i.lock_classid AND l.objid = i.lock_objid;
+
+-- Triggers
+
+CREATE TRIGGER instances_notify_joined AFTER INSERT ON liveness.instances FOR EACH ROW EXECUTE FUNCTION liveness.notify_instance_event();
+
+CREATE TRIGGER instances_notify_left AFTER DELETE ON liveness.instances FOR EACH ROW EXECUTE FUNCTION liveness.notify_instance_event();
+
+CREATE TRIGGER leases_notify_free AFTER DELETE ON liveness.leases FOR EACH ROW EXECUTE FUNCTION liveness.notify_lease_free();
 
 -- Functions
 
