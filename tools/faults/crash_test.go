@@ -161,6 +161,97 @@ func TestCrash(t *testing.T) {
 		"followers try at once instead of at their next retry (every second for the job, every 5 s for the reaper).", liveness.WatchInterval)
 }
 
+// TestCrashNotificationsLost is TestCrash with the heir's listening session (its alive
+// lock's) terminated at the kill and every 100 ms after it for lostFor, each new session
+// as soon as it shows: the notifications of the death reach nobody in the heir, which
+// loses its own lock again and again and proves life through its pool. The heir must not
+// be called dead, the victim must be dead as fast as without the loss (the watcher is
+// the heir's, and stamps through the pool), and the leases must move by the followers'
+// polling (the job's every second, the reaper's every 5 s) or the resynchronisation when
+// the session is back.
+func TestCrashNotificationsLost(t *testing.T) {
+	sc := newScenario(t, 1, "Crash (kill -9) with the heir's notifications lost",
+		"default agent flags and campaign settings; at the kill, the heir's alive-lock (listening) session is ended by pg_terminate_backend")
+	e := newEnv(t)
+	obs := startObserver(t, e.dsn)
+	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)
+	for trial := range trials() {
+		lease := fmt.Sprintf("lost-job-%d", trial)
+		victim := startAgent(t, e, agentOpts{service: fmt.Sprintf("lost-victim-%d", trial), lease: lease})
+		s.Watch(victim)
+		testutil.Eventually(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
+		heir := startAgent(t, e, agentOpts{service: fmt.Sprintf("lost-heir-%d", trial), lease: lease})
+		s.Watch(heir)
+		waitHealthy(t, s, victim, true)
+		waitHealthy(t, s, heir, true)
+		testutil.Eventually(t, 30*time.Second, "the victim holding the reaper's lease", func() bool {
+			return s.holdsLease(reaperLease, victim.ids[0])
+		})
+		time.Sleep(time.Duration(rand.Int64N(int64(time.Second))))
+
+		id, svc := victim.ids[0], victim.services[0]
+		const lostFor = 3 * time.Second
+		t0 := time.Now()
+		victim.Kill()
+		terminateFor(t, e.dsn, heir.services[0]+":alive-lock", lostFor)
+		var (
+			sqlDead, expDeadT, takeover, reaper time.Duration
+			okSQL, okExp, okTake, okReaper      bool
+		)
+		waitSeen(trialWindow,
+			func() bool { sqlDead, okSQL = s.firstSQL(t0, instDead(id)); return okSQL },
+			func() bool { expDeadT, okExp = s.firstExp(t0, expDead(svc)); return okExp },
+			func() bool {
+				okTake = false
+				if ev := heir.Events("acquired", t0); len(ev) > 0 {
+					takeover, okTake = ev[0].At.Sub(t0), true
+				}
+				return okTake
+			},
+			func() bool {
+				reaper, okReaper = s.firstSQL(t0, func(smp sqlSample) bool {
+					l, ok := smp.Leases[reaperLease]
+					return ok && !l.Expired && l.HolderID == heir.ids[0].String()
+				})
+				return okReaper
+			},
+		)
+		sc.observe("dead for every consumer", trialWindow, max(sqlDead, expDeadT), okSQL && okExp)
+		sc.observe("lease held by another process", trialWindow, takeover, okTake)
+		sc.observe("reaper's lease held by another process", trialWindow, reaper, okReaper)
+		sc.watchFalseDead(s, t0, falseDeadWatch, heir)
+		losses := 0
+		for _, ev := range heir.Events("lock", t0) {
+			if !ev.Held {
+				losses++
+			}
+		}
+		if losses == 0 {
+			t.Errorf("trial %d: the heir never lost its lock: its listening session was not terminated", trial+1)
+		}
+		sc.note("Trial %d: the heir's listening session was ended %d times.", trial+1, losses)
+		sc.fence(e.dsn, lease)
+		heir.Stop()
+	}
+	sc.bound("dead for every consumer", crashDeadMedian, crashDeadWorst)
+	sc.bound("lease held by another process", 0, takeoverBound)
+	sc.s.Trials = trials()
+	sc.note("The leases move by the polling fallback, or when a listening session is back: each one wakes every waiter to read again, as a notification may have been lost; the job's is bounded at %s (the reaper's, reported).", takeoverBound)
+}
+
+// terminateFor ends every session named app at once and every 100 ms for d.
+func terminateFor(t *testing.T, dsn, app string, d time.Duration) {
+	t.Helper()
+	ctx := testutil.Context(t, d+10*time.Second)
+	conn := connect(t, ctx, dsn)
+	defer conn.Close(context.Background())
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // silences are the silence variants: nobody looks for that long after the crash, then
 // one look.
 var silences = []time.Duration{3 * time.Second, 10 * time.Second, 30 * time.Second}
