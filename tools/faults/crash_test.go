@@ -265,6 +265,9 @@ var silences = []time.Duration{3 * time.Second, 10 * time.Second, 30 * time.Seco
 // listener reads no verdict); a first look that says alive counts the time until a look
 // says dead instead, which is past the silence and fails the bound.
 func TestCrashSilence(t *testing.T) {
+	// Mostly silence: run beside the other waiting scenarios, so that make faults and
+	// make test stay short.
+	t.Parallel()
 	sc := newScenario(t, 1, "Crash (kill -9), then silence: the first look",
 		fmt.Sprintf("default agent flags; nobody looks for %v after the kill, then one look per victim; a bystander agent runs beside them", silences))
 	e := newEnv(t)
