@@ -56,6 +56,13 @@ type AgentConfig struct {
 	ReaperInterval time.Duration
 	ReaperLeaseTTL time.Duration
 
+	// DisableWatcher keeps this agent out of the watchers' campaigns (WatcherLeases). By
+	// default every agent takes part, and two of them, in two processes, record the
+	// vanishing of any alive lock within WatchInterval and notify the waiters; without a
+	// watcher the first look records it, and a crash is dead a lock grace after that
+	// look instead of after the crash.
+	DisableWatcher bool
+
 	// JobWindDown is how long a campaign's OnStartedLeading may take to return after its
 	// context was cancelled because the campaign ended (Elect's context or Run's): its
 	// lease stays renewed meanwhile, and Run keeps the instance alive. Past it the lease
@@ -274,7 +281,9 @@ type Agent struct {
 	heartbeat *heartbeatWorker
 	leases    *Leases
 	life      *lifeMonitor
-	reaper    *reaper // nil when disabled
+	reaper    *reaper  // nil when disabled
+	watcher   *watcher // nil when disabled
+	events    *events  // the notifications the alive lock's session receives
 	leading   *leaderships
 }
 
@@ -285,11 +294,13 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	a := &Agent{cfg: cfg, leading: newLeaderships()}
+	a := &Agent{cfg: cfg, leading: newLeaderships(), events: &events{}}
 	var lock lockSource // a nil interface, not a nil *aliveLock, without a lock
 	if cfg.lockMode() {
 		var err error
-		if a.lock, err = newAliveLock(cfg.aliveLockConfig()); err != nil {
+		lc := cfg.aliveLockConfig()
+		lc.Events = a.events
+		if a.lock, err = newAliveLock(lc); err != nil {
 			return nil, asAgentError(err)
 		}
 		lock = a.lock
@@ -307,6 +318,11 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	if a.leases, err = NewLeases(LeasesConfig{Pool: cfg.Pool, Schema: cfg.Schema, instanceID: cfg.InstanceID,
 		life: a.life, Logger: cfg.Logger.With("part", "leases")}); err != nil {
 		return nil, err
+	}
+	a.leases.events = a.events
+	if !cfg.DisableWatcher {
+		a.watcher = newWatcher(watcherConfig{Pool: cfg.Pool, Leases: a.leases, Schema: cfg.Schema, Events: a.events,
+			Logger: cfg.Logger.With("part", "watcher"), gate: a.leading, windDown: cfg.JobWindDown})
 	}
 	if cfg.Reaper {
 		a.reaper, err = newReaper(reaperConfig{
@@ -455,6 +471,17 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}()
 
+	watcherDone := make(chan struct{})
+	go func() {
+		defer close(watcherDone)
+		if a.watcher == nil {
+			return
+		}
+		if err := a.watcher.Run(a.leading.stopping); err != nil {
+			a.cfg.Logger.Error("agent part stopped", "part", "watcher", "err", err)
+		}
+	}()
+
 	var runErr error
 	cause := error(nil)
 	select {
@@ -478,6 +505,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	select {
 	case <-reaperDone:
+	case <-letGo.Done():
+	}
+	select {
+	case <-watcherDone:
 	case <-letGo.Done():
 	}
 	// 3: a beat in flight finishes within its own deadline, so that no upsert lands

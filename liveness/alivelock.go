@@ -69,6 +69,11 @@ type aliveLockConfig struct {
 	// Logger receives the lock's lines, passwords removed; nil discards. The lock adds
 	// no key of its own: an owner adds what names it (the Agent adds part=alive_lock).
 	Logger *slog.Logger
+
+	// Events, when set, receives the schema's notifications: the session LISTENs on the
+	// events channel once it holds the lock (so only on the server's own session, never
+	// on a pooled one).
+	Events *events
 }
 
 // aliveLock holds the instance's session-level advisory lock on a dedicated connection.
@@ -84,6 +89,8 @@ type aliveLock struct {
 	clientUserTimeout time.Duration
 	claimSQL          string
 	verifySQL         string
+	listenSQL         string
+	events            *events
 	log               *slog.Logger
 
 	running   atomic.Bool
@@ -228,7 +235,18 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 		clientUserTimeout: clientUserTimeout,
 		claimSQL:          store.AliveLockClaim.In(cfg.Schema).SQL,
 		verifySQL:         store.AliveLockVerify.In(cfg.Schema).SQL,
+		listenSQL:         store.EventsListen.In(cfg.Schema).SQL,
+		events:            cfg.Events,
 		log:               logging.Wrap(cfg.Logger),
+	}
+	if a.events != nil {
+		// Called by pgconn whenever a notification arrives, while waiting or during a
+		// statement.
+		a.connCfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
+			if e, ok := parseEvent(n.Payload); ok {
+				a.events.publish(e)
+			}
+		}
 	}
 	if a.verifyEvery == 0 {
 		a.verifyEvery = DefaultVerifyInterval
@@ -351,11 +369,15 @@ func (a *aliveLock) session(ctx context.Context) (held bool) {
 	}
 
 	a.lastExchange = time.Now()
+	listening := false
 	for {
 		if !a.runClaimingState(ctx, conn) {
 			return held
 		}
 		held = true
+		if !listening && a.events != nil {
+			listening = a.listen(ctx, conn)
+		}
 		if !a.runHoldingState(ctx, conn) {
 			return held
 		}
@@ -427,21 +449,44 @@ func (a *aliveLock) runHoldingState(ctx context.Context, conn *pgx.Conn) bool {
 // wait waits d on the idle connection, whose read notices at once when the server ends
 // the session. It returns false when ctx ended or the connection was lost (reported).
 func (a *aliveLock) wait(ctx context.Context, conn *pgx.Conn, d time.Duration) bool {
-	wctx, cancel := context.WithTimeout(ctx, d)
-	err := conn.PgConn().WaitForNotification(wctx)
-	cancel()
-	switch {
-	case ctx.Err() != nil:
-		return false
-	case err == nil:
-		// A notification, though this session never listens: nothing to do.
-	case pgconn.Timeout(err) && !conn.IsClosed():
-		// Time for the next statement.
-	default:
-		a.report("lost", slog.LevelWarn, "alive lock connection lost; reconnecting",
-			"held_before", a.held.Load(), "error", err)
+	deadline := time.Now().Add(d)
+	for {
+		wctx, cancel := context.WithDeadline(ctx, deadline)
+		err := conn.PgConn().WaitForNotification(wctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return false
+		case err == nil:
+			// A notification: OnNotification has handed it on. Wait on: a fleet's events
+			// must not make every agent verify early.
+			continue
+		case pgconn.Timeout(err) && !conn.IsClosed():
+			return true // time for the next statement
+		default:
+			a.report("lost", slog.LevelWarn, "alive lock connection lost; reconnecting",
+				"held_before", a.held.Load(), "error", err)
+			return false
+		}
+	}
+}
+
+// listen LISTENs on the schema's events channel on the session's own backend (the
+// claim just proved it is), and wakes every waiter: notifications sent while no session
+// listened are lost, so they read the state again. A failure is logged and left: the
+// waiters poll.
+func (a *aliveLock) listen(ctx context.Context, conn *pgx.Conn) bool {
+	qctx, cancel := context.WithTimeout(ctx, aliveLockStatementTimeout)
+	defer cancel()
+	var channel string
+	if err := conn.QueryRow(qctx, a.listenSQL).Scan(&channel); err != nil {
+		if ctx.Err() == nil {
+			a.log.Warn("cannot listen to the schema's events; waiters poll instead", "error", err)
+		}
 		return false
 	}
+	a.log.Debug("listening to the schema's events", "channel", channel)
+	a.events.publish(event{Kind: eventResync})
 	return true
 }
 

@@ -32,6 +32,26 @@
 // process is dead for everyone about a second after PostgreSQL frees its lock, while a
 // restarted server, a terminated backend or a short network blip kills nobody.
 //
+// # Nobody has to look
+//
+// The grace runs from when the vanished lock was first seen missing, so someone must
+// see it: every Agent campaigns for the two watcher leases (WatcherLeases; at most one
+// per agent, so that two processes watch and each notices the other's crash), and a
+// watcher reads a digest of the advisory locks every WatchInterval (250 ms), stamping
+// absences only when it changed: one cheap statement per tick, whatever the fleet's size,
+// and nothing written when nothing changed. A crashed instance is thus dead for the first
+// look after any silence, about its lock grace after PostgreSQL freed its lock. Readers
+// stamp at their first look too: the fallback when no watcher runs
+// (AgentConfig.DisableWatcher everywhere, or both watchers dead at once).
+//
+// Waiters are woken: the schema's events channel (<schema>_events) carries dead:<id>
+// (from the watcher, once the verdict agrees), left:<id>, joined:<id> and free:<lease>,
+// and the alive lock's session LISTENs to it. An elector's follower tries at once when
+// its lease is free, the reaper's too, and Agent.WatchAlive reads the alive set again.
+// Notifications are only wake-ups, sent on commit: every waiter also polls (RetryPeriod,
+// WatchAlivePoll), so a dropped session or a lost notification delays, never misleads.
+// In ModeHeartbeatTableOnly there is no listening session: polling only.
+//
 // A Reader reads the source ReaderConfig.Source names: this package's schema, or a
 // Whizbang database as it is, judged by the same rule (store.SourceConfig).
 //
@@ -55,7 +75,8 @@
 // TTL 15 s, RetryPeriod 1 s, JobWindDown 10 s, lock grace 1 s, heartbeat every 30 s):
 //
 //   - Return. The callback returns on its own: the lease is released (its row deleted)
-//     and another process may start at once, at its next try (within its RetryPeriod).
+//     and another process may start at once: the release is notified and wakes the
+//     followers, or at their next try (within their RetryPeriod) without it.
 //   - Cancel. Elect's context or Run's ends (SIGTERM): the callback's context is
 //     cancelled, and the lease stays renewed, and the instance alive (Run still beats
 //     and holds its lock), while the callback winds down. Another process may start
@@ -82,9 +103,10 @@
 //     threshold, or with the lock held the definitive-dead cutoff).
 //   - Crash. The callback dies with the process. Another process may start once the
 //     holder is dead by the verdict: the lock grace after PostgreSQL freed the lock (at
-//     once for a killed process, after the keepalive for a vanished host), plus its
-//     next try; about 1 to 2 s for a killed process. In ModeHeartbeatTableOnly the
-//     lease's expiry (TTL) comes first.
+//     once for a killed process, after the keepalive for a vanished host; the watcher
+//     stamps it within a tick), which the watcher notifies: about 1.3 s for a killed
+//     process, whatever the followers' RetryPeriod (their next try without the
+//     notification). In ModeHeartbeatTableOnly the lease's expiry (TTL) comes first.
 //
 // In every case the callback must return soon after its context is cancelled: the
 // campaign leads again only after it has, and Run waits for it (see Shutting down).
@@ -152,7 +174,7 @@
 //
 // Every config has a Logger field; nil discards. A part logs with no key naming itself:
 // whoever owns it adds that, once. The Agent gives its parts part=alive_lock,
-// part=heartbeat, part=leases and part=reaper, and adds nothing naming the agent; a
+// part=heartbeat, part=leases, part=reaper and part=watcher, and adds nothing naming the agent; a
 // process that runs several agents adds what tells them apart (an instance id). A
 // condition that repeats (a connection that keeps failing, a duplicate instance id) is
 // logged once when it begins or changes, at debug level while it lasts, and once when it

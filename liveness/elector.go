@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -59,6 +60,10 @@ type ElectorConfig struct {
 	// free or its holder dead. Every process thus sees the leaders in the same order,
 	// itself included. It must not block. Optional.
 	OnNewLeader func(Leader)
+
+	// slot, when set, is shared by campaigns of one process of which at most one may
+	// lead or try at a time (the watcher's two): a campaign tries only after taking it.
+	slot *campaignSlot
 }
 
 // Leader is who holds a lease, as the database says.
@@ -150,7 +155,11 @@ func (l *Leases) elect(ctx context.Context, cfg ElectorConfig, windDown time.Dur
 		if lease == nil {
 			return nil // ctx ended
 		}
-		if err := e.lead(ctx, lease); err != nil {
+		err := e.lead(ctx, lease)
+		if e.cfg.slot != nil {
+			e.cfg.slot.Store(slotFree)
+		}
+		if err != nil {
 			return err
 		}
 		if ctx.Err() != nil {
@@ -158,6 +167,18 @@ func (l *Leases) elect(ctx context.Context, cfg ElectorConfig, windDown time.Dur
 		}
 	}
 }
+
+// campaignSlot is shared by campaigns of which at most one may try or lead at a time.
+type campaignSlot = atomic.Int32
+
+const (
+	slotFree int32 = iota
+	slotTrying
+	slotLeading
+	// slotRecheck is how soon a campaign looks at the slot again while the other one
+	// tries.
+	slotRecheck = 50 * time.Millisecond
+)
 
 // campaign is one call of elect. Its state is owned by that call's goroutine.
 type campaign struct {
@@ -169,31 +190,69 @@ type campaign struct {
 }
 
 // follow tries to take the lease every RetryPeriod (with jitter, so that followers do
-// not hit the row in step) and reports leader changes. It returns the lease once taken,
-// with the gate entered, or nil when ctx ends.
+// not hit the row in step) and reports leader changes. A notification that the lease is
+// free (released, or its holder dead) wakes it for a try at once; the RetryPeriod poll
+// stays, for a lost notification or a process without a listening session. It returns
+// the lease once taken, with the gate entered, or nil when ctx ends.
 func (e *campaign) follow(ctx context.Context) *Lease {
+	wake, unsubscribe := e.leases.events.subscribe(func(ev event) bool { return ev.Kind == eventFree && ev.ID == e.cfg.Lease })
+	defer unsubscribe()
 	for ctx.Err() == nil {
-		if !e.gate.enter() {
-			return nil // the Agent stops: ctx ends with it
-		}
-		// The lease outlives the campaign's context: it is let go only once the job has
-		// returned (lead).
-		lease, err := e.leases.acquire(ctx, context.WithoutCancel(ctx), e.cfg.Lease, e.cfg.TTL)
-		if err == nil {
-			return lease
-		}
-		e.gate.leave()
-		switch {
-		case errors.Is(err, ErrLeaseHeld), errors.Is(err, errNotAlive):
-			e.observe(ctx)
-		case ctx.Err() == nil:
-			e.leases.log.Debug("campaign: acquire failed; retrying", "lease", e.cfg.Lease, "err", err)
+		// A try refused because this instance cannot prove life yet (an agent that has
+		// just started) is made again as soon as it can, not a RetryPeriod later.
+		var lifeChanged <-chan struct{}
+		if e.leases.life != nil && !e.leases.life.Alive() {
+			lifeChanged = e.leases.life.Changed()
+			if e.leases.life.Alive() {
+				lifeChanged = nil
+			}
 		}
 		wait := e.cfg.RetryPeriod/2 + rand.N(e.cfg.RetryPeriod/2+1)
+		switch {
+		case e.cfg.slot == nil || e.cfg.slot.CompareAndSwap(slotFree, slotTrying):
+			if lease := e.try(ctx); lease != nil {
+				if e.cfg.slot != nil {
+					e.cfg.slot.Store(slotLeading)
+				}
+				return lease
+			}
+			if e.cfg.slot != nil {
+				e.cfg.slot.Store(slotFree)
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+		case e.cfg.slot.Load() == slotTrying:
+			// The other campaign is only trying: its answer comes within a round trip.
+			wait = slotRecheck
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):
+		case <-wake:
+		case <-lifeChanged:
 		}
+	}
+	return nil
+}
+
+// try takes the lease once, with the gate entered, or reports who leads and returns nil.
+func (e *campaign) try(ctx context.Context) *Lease {
+	if !e.gate.enter() {
+		return nil // the Agent stops: ctx ends with it
+	}
+	// The lease outlives the campaign's context: it is let go only once the job has
+	// returned (lead).
+	lease, err := e.leases.acquire(ctx, context.WithoutCancel(ctx), e.cfg.Lease, e.cfg.TTL)
+	if err == nil {
+		return lease
+	}
+	e.gate.leave()
+	switch {
+	case errors.Is(err, ErrLeaseHeld), errors.Is(err, errNotAlive):
+		e.observe(ctx)
+	case ctx.Err() == nil:
+		e.leases.log.Debug("campaign: acquire failed; retrying", "lease", e.cfg.Lease, "err", err)
 	}
 	return nil
 }

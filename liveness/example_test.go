@@ -199,3 +199,61 @@ func ExampleReader() {
 	// 1 <nil>
 	// true
 }
+
+// ExampleAgent_WatchAlive shards work over the alive instances of a service: fn gets the
+// whole alive set at the start and after every change (an instance joined, stopped, or
+// died by the verdict), woken by the schema's notifications and polled as a fallback.
+func ExampleAgent_WatchAlive() {
+	withPool(func(ctx context.Context, pool *pgxpool.Pool) error {
+		newAgent := func() (*liveness.Agent, error) {
+			return liveness.NewAgent(liveness.AgentConfig{
+				Pool: pool, DirectDSN: os.Getenv("DATABASE_URL"), InstanceID: uuid.New(), ServiceName: "shards",
+			})
+		}
+		self, err := newAgent()
+		if err != nil {
+			return err
+		}
+		runCtx, stop := context.WithCancel(ctx) // in a service: the SIGTERM context
+		defer stop()
+		go func() { _ = self.Run(runCtx) }()
+
+		sizes := make(chan int, 8)
+		go func() {
+			_ = self.WatchAlive(runCtx, "shards", func(alive []liveness.InstanceStatus) {
+				sizes <- len(alive) // in a service: take the shards that hash to this instance
+			})
+		}()
+		next := func() int {
+			for {
+				select {
+				case n := <-sizes:
+					if n > 0 {
+						return n
+					}
+					// 0: the watch began before this agent's first beat.
+				case <-ctx.Done():
+					return -1
+				}
+			}
+		}
+		fmt.Println("alive:", next())
+
+		other, err := newAgent()
+		if err != nil {
+			return err
+		}
+		otherCtx, stopOther := context.WithCancel(ctx)
+		otherDone := make(chan error, 1)
+		go func() { otherDone <- other.Run(otherCtx) }()
+		fmt.Println("alive:", next())
+		stopOther()
+		<-otherDone
+		fmt.Println("alive:", next())
+		return nil
+	})
+	// Output:
+	// alive: 1
+	// alive: 2
+	// alive: 1
+}

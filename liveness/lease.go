@@ -129,6 +129,7 @@ type Leases struct {
 	host   string
 	id     *uuid.UUID // the holder instance, or nil
 	life   lifeGate
+	events *events // the Agent's notifications, which wake its campaigns' followers; nil without
 
 	mu    sync.Mutex
 	names map[string]*leaseCounts

@@ -1,5 +1,5 @@
--- The schema as it stands after the last migration, 0006_verdict_in_one_pass: every table, sequence,
--- index, view and function with its body, read back from the catalog of PostgreSQL 15
+-- The schema as it stands after the last migration, 0007_detection_when_it_happens: every table, sequence,
+-- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (store/migrations/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
 -- Generated and checked by TestSchemaFileIsCurrent; do not edit by hand:
@@ -84,6 +84,14 @@ CREATE VIEW liveness.instance_alive_locks AS
    FROM liveness.instances i
      JOIN liveness.bigint_advisory_locks l ON l.granted AND l.classid = i.lock_classid AND l.objid = i.lock_objid;
 
+-- Triggers
+
+CREATE TRIGGER instances_notify_joined AFTER INSERT ON liveness.instances FOR EACH ROW EXECUTE FUNCTION liveness.notify_instance_event();
+
+CREATE TRIGGER instances_notify_left AFTER DELETE ON liveness.instances FOR EACH ROW EXECUTE FUNCTION liveness.notify_instance_event();
+
+CREATE TRIGGER leases_notify_free AFTER DELETE ON liveness.leases FOR EACH ROW EXECUTE FUNCTION liveness.notify_lease_free();
+
 -- Functions
 
 CREATE OR REPLACE FUNCTION liveness.alive_lock_held(p_instance_id uuid)
@@ -131,6 +139,28 @@ CREATE OR REPLACE FUNCTION liveness.current_alive_lock_absences()
 AS $function$
     SELECT a.instance_id, a.missing_since FROM alive_lock_absences a
      WHERE a.server_started_at = pg_catalog.pg_postmaster_start_time()
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.events_channel()
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$ SELECT left(pg_catalog.current_schema(), 50) || '_events' $function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.events_listen()
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_channel text := events_channel();
+BEGIN
+    EXECUTE pg_catalog.format('LISTEN %I', v_channel);
+    RETURN v_channel;
+END
 $function$
 ;
 
@@ -274,6 +304,57 @@ CREATE OR REPLACE FUNCTION liveness.lock_key_objid(p_key bigint)
 AS $function$ SELECT (p_key & 4294967295)::oid $function$
 ;
 
+CREATE OR REPLACE FUNCTION liveness.notify_dead_instances(p_ids uuid[])
+ RETURNS SETOF uuid
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_channel text := events_channel();
+    v_id      uuid;
+    v_lease   text;
+BEGIN
+    FOR v_id IN SELECT DISTINCT u FROM pg_catalog.unnest(p_ids) u LOOP
+        IF coalesce((SELECT s.alive FROM instance_state_verdicts(p_instance_id => v_id) s), false) THEN
+            CONTINUE;
+        END IF;
+        PERFORM pg_catalog.pg_notify(v_channel, 'dead:' || v_id::text);
+        FOR v_lease IN SELECT l.name FROM leases l WHERE l.holder_instance_id = v_id AND l.expires_at >= pg_catalog.now() LOOP
+            PERFORM pg_catalog.pg_notify(v_channel, 'free:' || v_lease);
+        END LOOP;
+        RETURN NEXT v_id;
+    END LOOP;
+END
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.notify_instance_event()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_events', 'left:' || OLD.instance_id::text);
+    ELSE
+        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_events', 'joined:' || NEW.instance_id::text);
+    END IF;
+    RETURN NULL;
+END
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.notify_lease_free()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_events', 'free:' || OLD.name);
+    RETURN NULL;
+END
+$function$
+;
+
 CREATE OR REPLACE FUNCTION liveness.stamp_alive_lock_absences(p_instance_id uuid DEFAULT NULL::uuid)
  RETURNS integer
  LANGUAGE plpgsql
@@ -327,6 +408,36 @@ BEGIN
         RETURN 0;
     END IF;
     RETURN stamp_alive_lock_absences(NULL::uuid);
+END
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.watch_alive_locks(p_digest text)
+ RETURNS TABLE(digest text, instance_id uuid, dead_in double precision)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_digest text;
+BEGIN
+    SELECT count(*)::text || ':' || coalesce(bit_xor(k.key), 0)::text || ':' || coalesce(sum(k.key), 0)::text
+      INTO v_digest
+      FROM (SELECT (l.classid::bigint << 32) | l.objid::bigint AS key
+              FROM bigint_advisory_locks l
+             WHERE l.granted AND l.mode = 'ExclusiveLock') k;
+    digest := v_digest;
+    RETURN NEXT;
+    IF v_digest IS NOT DISTINCT FROM p_digest OR pg_catalog.pg_is_in_recovery() THEN
+        RETURN;
+    END IF;
+    PERFORM stamp_alive_lock_absences(NULL::uuid);
+    RETURN QUERY
+        SELECT v_digest, a.instance_id,
+               extract(epoch FROM a.missing_since + coalesce(i.lock_grace, interval '1 second') - pg_catalog.now())::float8
+          FROM current_alive_lock_absences() a
+          JOIN instances i ON i.instance_id = a.instance_id
+         WHERE i.holds_alive_lock;
 END
 $function$
 ;

@@ -120,7 +120,7 @@ func dumpSchema(ctx context.Context, c *pgx.Conn, schema string, major int) (str
 		return "", err
 	}
 	fmt.Fprintf(&b, `-- The schema as it stands after the last migration, %04d_%s: every table, sequence,
--- index, view and function with its body, read back from the catalog of PostgreSQL %d
+-- index, view, trigger and function with its body, read back from the catalog of PostgreSQL %d
 -- once every migration is applied. The migrations (store/migrations/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
 -- Generated and checked by TestSchemaFileIsCurrent; do not edit by hand:
@@ -181,6 +181,11 @@ SELECT format(E'CREATE VIEW %s AS\n%s', c.oid::regclass, pg_get_viewdef(c.oid, t
   FROM pg_class c
  WHERE c.relnamespace = $1::regnamespace AND c.relkind = 'v'
  ORDER BY c.relname`},
+		{"Triggers", `
+SELECT pg_get_triggerdef(t.oid, true) || ';'
+  FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+ WHERE c.relnamespace = $1::regnamespace AND NOT t.tgisinternal
+ ORDER BY c.relname, t.tgname`},
 		{"Functions", `
 SELECT pg_get_functiondef(p.oid) || ';'
   FROM pg_proc p

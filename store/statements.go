@@ -49,6 +49,11 @@ var (
 	HeartbeatDelete = Statement{"heartbeat_delete"}
 	Cleanup         = Statement{"cleanup"}
 
+	// The watcher (package liveness) and the events the alive lock's session listens to.
+	WatchAliveLocks     = Statement{"watch_alive_locks"}
+	NotifyDeadInstances = Statement{"notify_dead_instances"}
+	EventsListen        = Statement{"events_listen"}
+
 	// Leases (package liveness): an elector's, a reaper's, Leases'.
 	LeaseAcquire = Statement{"lease_acquire"}
 	LeaseRenew   = Statement{"lease_renew"}
@@ -90,6 +95,7 @@ var (
 // each one is in sql/ and that sql/ has no statement without one.
 var handles = []string{
 	AliveLockClaim.name, AliveLockVerify.name, Heartbeat.name, HeartbeatDelete.name, Cleanup.name,
+	WatchAliveLocks.name, NotifyDeadInstances.name, EventsListen.name,
 	LeaseAcquire.name, LeaseRenew.name, LeaseRelease.name, LeaseAbandon.name, LeaseDetach.name, LeaseLeader.name, LeaseFence.name,
 	SchemaState.name, SchemaMigrations.name, SchemaVersion.name,
 	MigrateLock.name, MigrateSchema.name, MigrateBookkeeping.name, MigrateApplied.name, MigrateSearchPath.name, MigrateRecord.name,

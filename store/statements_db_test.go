@@ -64,6 +64,16 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("PostgreSQL %s", version)
+	// An instance that will crash: its row says it holds its alive lock, which a session
+	// of the test's holds (set up before the statistics are reset: these statements are
+	// the test's own).
+	crashed := uuid.New()
+	crashConn := db.Conn(t)
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, holds_alive_lock, lock_grace)
+	            VALUES ($1, 'tagged-crash', true, '1 s')`, crashed)
+	if _, err := crashConn.Exec(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, crashed); err != nil {
+		t.Fatal(err)
+	}
 	db.Exec(t, `SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database WHERE datname = current_database()), 0)`)
 
 	// The agents: alive locks, heartbeats, the reaper under its lease, and one elector
@@ -97,12 +107,30 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 			})
 		})
 	}
+	// The crashing instance's session ends once a watcher has seen its lock: the watcher
+	// stamps it and, a grace later, notifies its death.
+	testutil.Eventually(t, 10*time.Second, "a watcher leading", func() bool {
+		for _, a := range agents {
+			for _, l := range a.Snapshot().Leases {
+				if strings.HasPrefix(l.Name, "pg_liveness.watcher.") && l.Held {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	time.Sleep(500 * time.Millisecond)
+	if err := crashConn.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
 	var missing []string
 	if !testutil.Poll(60*time.Second, func() bool {
 		seen := tagsIn(readEntries(t, pool))
 		missing = missing[:0]
 		for _, tag := range []string{store.Heartbeat.Tag(), store.AliveLockClaim.Tag(), store.AliveLockVerify.Tag(),
-			store.LeaseAcquire.Tag(), store.LeaseRenew.Tag(), store.LeaseLeader.Tag(), store.LeaseFence.Tag(), store.Cleanup.Tag()} {
+			store.LeaseAcquire.Tag(), store.LeaseRenew.Tag(), store.LeaseLeader.Tag(), store.LeaseFence.Tag(), store.Cleanup.Tag(),
+			store.WatchAliveLocks.Tag(), store.NotifyDeadInstances.Tag(), store.EventsListen.Tag()} {
 			if !seen[tag] {
 				missing = append(missing, tag)
 			}

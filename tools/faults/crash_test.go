@@ -1,17 +1,23 @@
 package faults
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
-// jobLeaseTTL is the ttl of the job lease the victims hold: 10 s, the order of
-// client-go's and River's defaults.
+// jobLeaseTTL is the ttl of the job lease the victims of the network scenarios hold: 10 s,
+// the order of client-go's and River's defaults.
 const jobLeaseTTL = 10 * time.Second
 
 // trialWindow bounds how long one trial waits for an event before it counts as missed.
@@ -58,12 +64,28 @@ func waitHealthy(t *testing.T, s *sampler, a *agent, observed bool) {
 	})
 }
 
-// TestCrash kills (SIGKILL) an agent that holds its alive lock and a job lease, and
-// measures when the lock is gone from pg_locks, when is_instance_alive and the exporter
-// call it dead, when another process holds the lease, and when the row is reaped.
+// reaperLease is the library's reaper lease name, as the agents hold it.
+const reaperLease = "pg_liveness.reaper"
+
+// holdsLease reports whether the last SQL sample shows the lease held by instance id.
+func (s *sampler) holdsLease(name string, id uuid.UUID) bool {
+	smps := s.sqlSamples()
+	if len(smps) == 0 {
+		return false
+	}
+	l, ok := smps[len(smps)-1].Leases[name]
+	return ok && !l.Expired && l.HolderID == id.String()
+}
+
+// TestCrash kills (SIGKILL) an agent that holds its alive lock, a job lease and the
+// reaper's lease, and measures when the lock is gone from pg_locks, when
+// is_instance_alive and the exporter call it dead, when another process holds each
+// lease, and when the row is reaped. Every setting is the default: the heir's campaign
+// retries every second, and is woken when the surviving watcher notifies the death.
 func TestCrash(t *testing.T) {
-	sc := newScenario(t, 1, "Crash (kill -9) of a lock and lease holder",
-		fmt.Sprintf("default agent flags; job lease ttl %s, retried every 150 ms; the victim is killed 0–1 s after it is seen healthy", jobLeaseTTL))
+	sc := newScenario(t, 1, "Crash (kill -9) of a lock, lease and reaper holder",
+		"default agent flags and campaign settings (lease ttl, retry period); the victim is killed 0–1 s after it is seen healthy, "+
+			"holding the job lease and the reaper's")
 	e := newEnv(t)
 	stale := defaultDuration(t, "agent.stale-threshold")
 	obs := startObserver(t, e.dsn)
@@ -71,21 +93,25 @@ func TestCrash(t *testing.T) {
 
 	for trial := range trials() {
 		lease := fmt.Sprintf("job-%d", trial)
-		victim := startAgent(t, e, agentOpts{service: fmt.Sprintf("crash-victim-%d", trial), lease: lease, leaseTTL: jobLeaseTTL})
+		// The victim starts alone, so that it takes the reaper's lease (and a watcher's).
+		victim := startAgent(t, e, agentOpts{service: fmt.Sprintf("crash-victim-%d", trial), lease: lease})
 		s.Watch(victim)
 		testutil.Eventually(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
-		heir := startAgent(t, e, agentOpts{service: fmt.Sprintf("crash-heir-%d", trial), lease: lease, leaseTTL: jobLeaseTTL})
+		heir := startAgent(t, e, agentOpts{service: fmt.Sprintf("crash-heir-%d", trial), lease: lease})
 		s.Watch(heir)
 		waitHealthy(t, s, victim, true)
 		waitHealthy(t, s, heir, true)
+		testutil.Eventually(t, 30*time.Second, "the victim holding the reaper's lease", func() bool {
+			return s.holdsLease(reaperLease, victim.ids[0])
+		})
 		time.Sleep(time.Duration(rand.Int64N(int64(time.Second))))
 
 		id, svc := victim.ids[0], victim.services[0]
 		t0 := time.Now()
 		victim.Kill()
 		var (
-			lockGone, sqlDead, expDeadT, reaped, takeover time.Duration
-			okLock, okSQL, okExp, okReap, okTake          bool
+			lockGone, sqlDead, expDeadT, reaped, takeover, reaper time.Duration
+			okLock, okSQL, okExp, okReap, okTake, okReaper        bool
 		)
 		waitSeen(trialWindow,
 			func() bool {
@@ -102,6 +128,13 @@ func TestCrash(t *testing.T) {
 				return okTake
 			},
 			func() bool {
+				reaper, okReaper = s.firstSQL(t0, func(smp sqlSample) bool {
+					l, ok := smp.Leases[reaperLease]
+					return ok && !l.Expired && l.HolderID == heir.ids[0].String()
+				})
+				return okReaper
+			},
+			func() bool {
 				reaped, okReap = s.firstSQL(t0, func(smp sqlSample) bool { v, ok := smp.Inst[id]; return ok && !v.Row })
 				return okReap
 			},
@@ -111,6 +144,7 @@ func TestCrash(t *testing.T) {
 		sc.observe("exporter: not alive", trialWindow, expDeadT, okExp)
 		sc.observe("dead for every consumer", trialWindow, max(sqlDead, expDeadT), okSQL && okExp)
 		sc.observe("lease held by another process", trialWindow, takeover, okTake)
+		sc.observe("reaper's lease held by another process", trialWindow, reaper, okReaper)
 		sc.observe("row reaped", trialWindow, reaped, okReap)
 		n, first := s.falseDead(t0, time.Now(), []*agent{heir})
 		sc.addFalseDead(n, first)
@@ -119,9 +153,222 @@ func TestCrash(t *testing.T) {
 	}
 	sc.bound("dead for every consumer", crashDeadMedian, crashDeadWorst)
 	sc.bound("lease held by another process", takeoverMedian, takeoverBound)
+	sc.bound("reaper's lease held by another process", takeoverMedian, takeoverBound)
 	sc.s.Trials = trials()
-	sc.note("The row is reaped by the surviving agent's reaper (every --agent.reaper-interval); its time is reported, not bounded.")
-	sc.note("A dead holder's lease is free before its ttl (holder dead by the one verdict); the heir retries every 150 ms.")
+	sc.note("The row is reaped by the heir's reaper (every --agent.reaper-interval) once it holds the reaper's lease; its time is reported, not bounded.")
+	sc.note("A dead holder's lease is free before its ttl (holder dead by the one verdict). The heir's watcher stamps the vanished lock "+
+		"within a tick (%s) and, once the lock grace has passed, notifies the death and the victim's leases as free: the heir's "+
+		"followers try at once instead of at their next retry (every second for the job, every 5 s for the reaper).", liveness.WatchInterval)
+}
+
+// TestCrashNotificationsLost is TestCrash with the heir's listening session (its alive
+// lock's) terminated at the kill and every 100 ms after it for lostFor, each new session
+// as soon as it shows: the notifications of the death reach nobody in the heir, which
+// loses its own lock again and again and proves life through its pool. The heir must not
+// be called dead, the victim must be dead as fast as without the loss (the watcher is
+// the heir's, and stamps through the pool), and the leases must move by the followers'
+// polling (the job's every second, the reaper's every 5 s) or the resynchronisation when
+// the session is back.
+func TestCrashNotificationsLost(t *testing.T) {
+	sc := newScenario(t, 1, "Crash (kill -9) with the heir's notifications lost",
+		"default agent flags and campaign settings; at the kill, the heir's alive-lock (listening) session is ended by pg_terminate_backend")
+	e := newEnv(t)
+	obs := startObserver(t, e.dsn)
+	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)
+	for trial := range trials() {
+		lease := fmt.Sprintf("lost-job-%d", trial)
+		victim := startAgent(t, e, agentOpts{service: fmt.Sprintf("lost-victim-%d", trial), lease: lease})
+		s.Watch(victim)
+		testutil.Eventually(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
+		heir := startAgent(t, e, agentOpts{service: fmt.Sprintf("lost-heir-%d", trial), lease: lease})
+		s.Watch(heir)
+		waitHealthy(t, s, victim, true)
+		waitHealthy(t, s, heir, true)
+		testutil.Eventually(t, 30*time.Second, "the victim holding the reaper's lease", func() bool {
+			return s.holdsLease(reaperLease, victim.ids[0])
+		})
+		time.Sleep(time.Duration(rand.Int64N(int64(time.Second))))
+
+		id, svc := victim.ids[0], victim.services[0]
+		const lostFor = 3 * time.Second
+		t0 := time.Now()
+		victim.Kill()
+		terminateFor(t, e.dsn, heir.services[0]+":alive-lock", lostFor)
+		var (
+			sqlDead, expDeadT, takeover, reaper time.Duration
+			okSQL, okExp, okTake, okReaper      bool
+		)
+		waitSeen(trialWindow,
+			func() bool { sqlDead, okSQL = s.firstSQL(t0, instDead(id)); return okSQL },
+			func() bool { expDeadT, okExp = s.firstExp(t0, expDead(svc)); return okExp },
+			func() bool {
+				okTake = false
+				if ev := heir.Events("acquired", t0); len(ev) > 0 {
+					takeover, okTake = ev[0].At.Sub(t0), true
+				}
+				return okTake
+			},
+			func() bool {
+				reaper, okReaper = s.firstSQL(t0, func(smp sqlSample) bool {
+					l, ok := smp.Leases[reaperLease]
+					return ok && !l.Expired && l.HolderID == heir.ids[0].String()
+				})
+				return okReaper
+			},
+		)
+		sc.observe("dead for every consumer", trialWindow, max(sqlDead, expDeadT), okSQL && okExp)
+		sc.observe("lease held by another process", trialWindow, takeover, okTake)
+		sc.observe("reaper's lease held by another process", trialWindow, reaper, okReaper)
+		sc.watchFalseDead(s, t0, falseDeadWatch, heir)
+		losses := 0
+		for _, ev := range heir.Events("lock", t0) {
+			if !ev.Held {
+				losses++
+			}
+		}
+		if losses == 0 {
+			t.Errorf("trial %d: the heir never lost its lock: its listening session was not terminated", trial+1)
+		}
+		sc.note("Trial %d: the heir's listening session was ended %d times.", trial+1, losses)
+		sc.fence(e.dsn, lease)
+		heir.Stop()
+	}
+	sc.bound("dead for every consumer", crashDeadMedian, crashDeadWorst)
+	sc.bound("lease held by another process", 0, takeoverBound)
+	sc.s.Trials = trials()
+	sc.note("The leases move by the polling fallback, or when a listening session is back: each one wakes every waiter to read again, as a notification may have been lost; the job's is bounded at %s (the reaper's, reported).", takeoverBound)
+}
+
+// terminateFor ends every session named app at once and every 100 ms for d.
+func terminateFor(t *testing.T, dsn, app string, d time.Duration) {
+	t.Helper()
+	ctx := testutil.Context(t, d+10*time.Second)
+	conn := connect(t, ctx, dsn)
+	defer conn.Close(context.Background())
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// silences are the silence variants: nobody looks for that long after the crash, then
+// one look.
+var silences = []time.Duration{3 * time.Second, 10 * time.Second, 30 * time.Second}
+
+// TestCrashSilence kills lock holders (SIGKILL) while nobody looks at the verdict (no
+// observer, no sampler), and looks once per victim after a silence of 3, 10 or 30 s:
+// is_instance_alive(id), is_instance_alive(id, 90) and instance_states() must all say
+// dead at that first look. Only the agents' own parts run meanwhile (a bystander's
+// watcher, its reaper every --agent.reaper-interval). When the database called the
+// victim dead is read from the dead:<id> notification on the schema's events channel (a
+// listener reads no verdict); a first look that says alive counts the time until a look
+// says dead instead, which is past the silence and fails the bound.
+func TestCrashSilence(t *testing.T) {
+	// Mostly silence: run beside the other waiting scenarios, so that make faults and
+	// make test stay short.
+	t.Parallel()
+	sc := newScenario(t, 1, "Crash (kill -9), then silence: the first look",
+		fmt.Sprintf("default agent flags; nobody looks for %v after the kill, then one look per victim; a bystander agent runs beside them", silences))
+	e := newEnv(t)
+	ctx := testutil.Context(t, 5*time.Minute)
+	listener := connect(t, ctx, e.dsn)
+	t.Cleanup(func() { _ = listener.Close(context.Background()) })
+	if _, err := listener.Exec(ctx, `LISTEN liveness_events`); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	deadAt := map[string]time.Time{}
+	listenCtx, stopListening := context.WithCancel(ctx)
+	var listening sync.WaitGroup
+	listening.Go(func() {
+		for {
+			n, err := listener.WaitForNotification(listenCtx)
+			if err != nil {
+				return
+			}
+			if id, ok := strings.CutPrefix(n.Payload, "dead:"); ok {
+				mu.Lock()
+				if _, seen := deadAt[id]; !seen {
+					deadAt[id] = time.Now()
+				}
+				mu.Unlock()
+			}
+		}
+	})
+	defer func() { stopListening(); listening.Wait() }()
+	look := connect(t, ctx, e.dsn)
+	t.Cleanup(func() { _ = look.Close(context.Background()) })
+	firstLook := func(id uuid.UUID) (alive bool) {
+		var a, a90 bool
+		var state *string
+		if err := look.QueryRow(ctx, `SELECT liveness.is_instance_alive($1), liveness.is_instance_alive($1, 90),
+		        (SELECT s.state FROM liveness.instance_states() s WHERE s.instance_id = $1)`, id).Scan(&a, &a90, &state); err != nil {
+			t.Fatal(err)
+		}
+		return a || a90 || (state != nil && stateAlive[*state])
+	}
+
+	bystander := startAgent(t, e, agentOpts{service: "silence-bystander"})
+	defer bystander.Stop()
+	for trial := range trials() {
+		victims := make([]*agent, len(silences))
+		for i, d := range silences {
+			victims[i] = startAgent(t, e, agentOpts{service: fmt.Sprintf("silence-%s-%d", d, trial)})
+		}
+		// Healthy by the one look this scenario allows itself before the kill.
+		testutil.Eventually(t, 30*time.Second, "the victims alive", func() bool {
+			for _, v := range victims {
+				var alive bool
+				if err := look.QueryRow(ctx, `SELECT liveness.is_instance_alive($1)`, v.ids[0]).Scan(&alive); err != nil || !alive {
+					return false
+				}
+			}
+			return true
+		})
+		time.Sleep(time.Duration(rand.Int64N(int64(time.Second))))
+		t0 := time.Now()
+		for _, v := range victims {
+			v.Kill()
+		}
+		falseDead, first := 0, ""
+		for i, d := range silences {
+			time.Sleep(time.Until(t0.Add(d)))
+			// The bystander, alive throughout, must be alive at every look.
+			if !firstLook(bystander.ids[0]) {
+				falseDead++
+				if first == "" {
+					first = fmt.Sprintf("the bystander %s at the look %s after the kill", bystander.ids[0], d)
+				}
+			}
+			id := victims[i].ids[0]
+			name := fmt.Sprintf("crash to dead, first look after %s of silence", d)
+			if !firstLook(id) { // dead at the first look, as it must be
+				mu.Lock()
+				at, ok := deadAt[id.String()]
+				mu.Unlock()
+				if !ok {
+					// Dead at the look, but no watcher said so: count the look's time,
+					// which misses the bound and shows that nothing recorded the death.
+					at = t0.Add(d)
+				}
+				sc.observe(name, d, at.Sub(t0), true)
+				continue
+			}
+			t.Logf("%s: alive at the first look after %s of silence", id, d)
+			var until time.Duration
+			ok := testutil.Poll(30*time.Second, func() bool { until = time.Since(t0); return !firstLook(id) })
+			sc.observe(name, d+30*time.Second, until, ok)
+		}
+		sc.addFalseDead(falseDead, first)
+	}
+	for _, d := range silences {
+		name := fmt.Sprintf("crash to dead, first look after %s of silence", d)
+		sc.bound(name, crashDeadMedian, crashDeadWorst)
+	}
+	sc.s.Trials = trials()
+	sc.note("The time is when the database called the victim dead (its dead:<id> notification), the look being the first after the " +
+		"silence; a look that said alive would count until a look says dead, past the silence, and miss the bound.")
 }
 
 // TestHang stops an agent (SIGSTOP) that holds its lock and a lease past the

@@ -18,9 +18,11 @@ const (
 	// exporter) within crashDeadMedian, median over the trials, and crashDeadWorst at worst.
 	crashDeadMedian = 2 * time.Second
 	crashDeadWorst  = 3 * time.Second
-	// A crashed leader's lease is held by another process within takeoverMedian (median)
-	// and takeoverBound (worst).
-	takeoverMedian = 3 * time.Second
+	// A crashed leader's lease (a job's, the reaper's) is held by another process within
+	// takeoverMedian (median) and takeoverBound (worst), at the default settings: the
+	// watcher stamps the vanished lock within a tick, the lock grace (1 s) passes, and the
+	// notification wakes the follower.
+	takeoverMedian = 2 * time.Second
 	takeoverBound  = 5 * time.Second
 	// A half-open client's alive lock is freed by the server, and the client stops trusting
 	// its lock and leases, within about 30 s (keepalive and TCP user timeout).

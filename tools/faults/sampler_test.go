@@ -28,9 +28,10 @@ type instSample struct {
 }
 
 type leaseRow struct {
-	Holder  string
-	Epoch   int64
-	Expired bool
+	Holder   string
+	HolderID string // the holder's instance id; "" when it recorded none
+	Epoch    int64
+	Expired  bool
 }
 
 type sqlSample struct {
@@ -138,7 +139,7 @@ SELECT id,
        EXISTS (SELECT 1 FROM {s}.instances i WHERE i.instance_id = id)
   FROM unnest($1::uuid[]) AS id`
 
-const leasesSQL = `SELECT name, holder, epoch, expires_at < now() FROM {s}.leases`
+const leasesSQL = `SELECT name, holder, coalesce(holder_instance_id::text, ''), epoch, expires_at < now() FROM {s}.leases`
 
 func (s *sampler) sqlLoop(ctx context.Context) {
 	var conn *pgx.Conn
@@ -210,7 +211,7 @@ func (s *sampler) sampleSQL(ctx context.Context, conn *pgx.Conn, instQ, leaseQ s
 	for rows.Next() {
 		var name string
 		var r leaseRow
-		if err := rows.Scan(&name, &r.Holder, &r.Epoch, &r.Expired); err != nil {
+		if err := rows.Scan(&name, &r.Holder, &r.HolderID, &r.Epoch, &r.Expired); err != nil {
 			return smp, err
 		}
 		smp.Leases[name] = r

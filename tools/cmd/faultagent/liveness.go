@@ -18,6 +18,13 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
+// The library's defaults of a campaign, which the lease flags default to, so that the
+// suite measures what a service gets.
+const (
+	defaultLeaseTTL   = liveness.DefaultElectorTTL
+	defaultLeaseRetry = liveness.DefaultElectorRetryPeriod
+)
+
 // leaseHandle is what a holder knows of the lease it holds.
 type leaseHandle struct {
 	Name  string

@@ -1,0 +1,86 @@
+package liveness
+
+import (
+	"strings"
+	"sync"
+)
+
+// The schema's events, as migration 0007's triggers and the watcher notify them on the
+// channel <schema>_events, payload "<kind>:<id>".
+const (
+	eventDead   = "dead"   // dead:<instance id>: dead by the verdict after its lock vanished
+	eventLeft   = "left"   // left:<instance id>: its row was deleted (a graceful stop, the reaper)
+	eventJoined = "joined" // joined:<instance id>: its row was inserted
+	eventFree   = "free"   // free:<lease name>: released, or its holder is dead
+	// eventResync is no notification: the listening session (re)started, so anything
+	// may have been missed while it was away; whoever waits reads the state again.
+	eventResync = "resync"
+)
+
+// event is one notification of the schema's events channel.
+type event struct {
+	Kind string
+	ID   string // an instance id or a lease name
+}
+
+// parseEvent reads a payload "<kind>:<id>"; ok is false for anything else.
+func parseEvent(payload string) (event, bool) {
+	kind, id, ok := strings.Cut(payload, ":")
+	if !ok || kind == "" {
+		return event{}, false
+	}
+	return event{Kind: kind, ID: id}, true
+}
+
+// events hands the notifications the alive lock's session receives to the waiters of
+// this process (elector followers, the reaper's follower, WatchAlive). A waiter is woken,
+// not told what happened: each wake-up channel holds at most one pending wake-up, so a
+// burst of notifications wakes it once and none is ever lost, and the waiter reads the
+// state it waits for from the database. Correctness never depends on it: every waiter
+// polls too. The zero value and a nil *events are usable; a nil one never wakes anyone.
+type events struct {
+	mu   sync.Mutex
+	subs map[*eventSub]struct{}
+}
+
+type eventSub struct {
+	match func(event) bool
+	wake  chan struct{}
+}
+
+// subscribe returns a channel that receives a wake-up after each event match accepts
+// (and after every eventResync), and the function that ends the subscription.
+func (h *events) subscribe(match func(event) bool) (<-chan struct{}, func()) {
+	if h == nil {
+		return nil, func() {}
+	}
+	s := &eventSub{match: match, wake: make(chan struct{}, 1)}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.subs == nil {
+		h.subs = map[*eventSub]struct{}{}
+	}
+	h.subs[s] = struct{}{}
+	return s.wake, func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		delete(h.subs, s)
+	}
+}
+
+// publish wakes every subscriber the event concerns. It never blocks.
+func (h *events) publish(e event) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for s := range h.subs {
+		if e.Kind == eventResync || s.match(e) {
+			select {
+			case s.wake <- struct{}{}:
+			default: // a wake-up is pending already
+			}
+		}
+	}
+}

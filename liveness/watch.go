@@ -1,0 +1,88 @@
+package liveness
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pg-liveness/pg_liveness_exporter/store"
+)
+
+// WatchAlivePoll is how often Agent.WatchAlive reads the set again without a
+// notification: the fallback for what is not notified (an instance gone stale by its
+// heartbeat, a process without a listening session) and for a lost notification.
+const WatchAlivePoll = 5 * time.Second
+
+// watchReadTimeout bounds one read of the set.
+const watchReadTimeout = 5 * time.Second
+
+// WatchAlive calls fn with the alive instances of service (every service when it is
+// empty), ordered by service and id, once at the start and then each time that set
+// changes (an instance joins, leaves, or dies by the verdict), until ctx ends or the
+// agent stops; it then returns nil. fn gets the full set each time, never a difference,
+// so a missed change is repaired by the next call. It runs in WatchAlive's goroutine and
+// must not block for long.
+//
+// The set is read (one Reader.Instances statement) when the agent's listening session is
+// notified that an instance joined, left or died, when that session starts again (a
+// notification may have been lost while it was away), and every WatchAlivePoll whatever
+// happens. A crashed instance leaves the set about its lock grace after its lock vanished
+// (the watcher notifies it); one whose heartbeat went stale, at the next poll. In
+// ModeHeartbeatTableOnly there is no listening session: the set is polled only.
+//
+// It is the Agent's, not the Reader's, because the wake-ups come from the agent's own
+// listening session (the alive lock's connection); a Reader holds no connection.
+func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []InstanceStatus)) error {
+	if fn == nil {
+		return &ConfigError{Field: "WatchAlive fn", Reason: "must not be nil"}
+	}
+	src, err := store.NewSource(store.SourceConfig{Schema: a.cfg.Schema})
+	if err != nil {
+		return err
+	}
+	r, err := NewReader(ReaderConfig{DB: a.cfg.Pool, Source: src})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(a.leading.stopping, cancel)
+	defer stop()
+	wake, unsubscribe := a.events.subscribe(func(ev event) bool {
+		return ev.Kind == eventJoined || ev.Kind == eventLeft || ev.Kind == eventDead
+	})
+	defer unsubscribe()
+	poll := time.NewTicker(WatchAlivePoll)
+	defer poll.Stop()
+	var last []uuid.UUID
+	first := true
+	for {
+		rctx, cancelRead := context.WithTimeout(ctx, watchReadTimeout)
+		all, err := r.Instances(rctx, service)
+		cancelRead()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			a.cfg.Logger.Debug("watch: cannot read the instances; retrying", "service", service, "err", err)
+		default:
+			alive := slices.DeleteFunc(all, func(s InstanceStatus) bool { return !s.Alive() })
+			ids := make([]uuid.UUID, len(alive))
+			for i, s := range alive {
+				ids[i] = s.InstanceID
+			}
+			if first || !slices.Equal(ids, last) {
+				first, last = false, ids
+				fn(alive)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+		case <-poll.C:
+		}
+	}
+}

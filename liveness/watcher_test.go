@@ -1,0 +1,431 @@
+package liveness_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+)
+
+// defaultAgentConfig is an agent at the library's defaults: no reaper (which would look
+// at the verdict every ReaperInterval), the watcher on.
+func defaultAgentConfig(db *pgtest.DB, pool *pgxpool.Pool, service string) liveness.AgentConfig {
+	return liveness.AgentConfig{Pool: pool, DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: service}
+}
+
+// crashable is an instance as a crashed process leaves it: its row says it held its
+// alive lock, and the lock's session ends without a word (what kill -9 does; the
+// session here is the test's own connection).
+type crashable struct {
+	id   uuid.UUID
+	conn *pgx.Conn
+}
+
+func startCrashable(t *testing.T, ctx context.Context, db *pgtest.DB, service string) *crashable {
+	t.Helper()
+	c := &crashable{id: uuid.New(), conn: db.ConnAs(t, service+":alive-lock")}
+	var ok bool
+	if err := c.conn.QueryRow(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, c.id).Scan(&ok); err != nil || !ok {
+		t.Fatalf("claim = %v, %v", ok, err)
+	}
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, holds_alive_lock, heartbeat_interval,
+	            heartbeat_slow_interval, stale_threshold, definitive_dead_cutoff, lock_grace)
+	            VALUES ($1, $2, true, '30 s', '60 s', '90 s', '5 min', '1 s')`, c.id, service)
+	return c
+}
+
+// crash ends the lock's session: PostgreSQL frees the lock at once.
+func (c *crashable) crash(t *testing.T) time.Time {
+	t.Helper()
+	at := time.Now()
+	if err := c.conn.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return at
+}
+
+// watching waits until one of the two watcher leases is held by a.
+func watching(t *testing.T, ctx context.Context, pool *pgxpool.Pool, a *liveness.Agent) {
+	t.Helper()
+	r, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 15*time.Second, "the agent leading a watcher", func() bool {
+		for _, name := range liveness.WatcherLeases {
+			if l, err := r.Leader(ctx, name); err == nil && l.InstanceID == a.Snapshot().InstanceID {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// After a crash and a silence in which nobody asks, the first look says dead: the
+// watcher stamped the vanished lock when it vanished, so the grace ran from the crash,
+// not from the look. With the watcher disabled the same look says alive (lock_lost),
+// which is the defect this guards against.
+func TestCrashIsDeadForTheFirstLookAfterSilence(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 4)
+	ctx := testutil.Context(t, time.Minute)
+	a := newAgent(t, defaultAgentConfig(db, pool, "watching"))
+	runAgent(t, a)
+	watching(t, ctx, pool, a)
+
+	victim := startCrashable(t, ctx, db, "victim")
+	// The watcher's digest changed with the new lock; let it see the fleet as it is.
+	time.Sleep(2 * liveness.WatchInterval)
+	crashed := victim.crash(t)
+	// Nobody looks for 3 s: the agent's heartbeat reads no verdict, and it follows no
+	// campaign but the second watcher's, which waits for its slot.
+	time.Sleep(3 * time.Second)
+
+	var alive, alive90 bool
+	var state string
+	if err := pool.QueryRow(ctx, `SELECT liveness.is_instance_alive($1), liveness.is_instance_alive($1, 90),
+	        (SELECT s.state FROM liveness.instance_states() s WHERE s.instance_id = $1)`, victim.id).Scan(&alive, &alive90, &state); err != nil {
+		t.Fatal(err)
+	}
+	if alive || alive90 || state != "stale" {
+		t.Fatalf("first look 3 s after the crash: is_instance_alive = %v, (id, 90) = %v, instance_states = %q; want false, false, stale",
+			alive, alive90, state)
+	}
+	var stampedAfter time.Duration
+	if err := pool.QueryRow(ctx, `SELECT extract(epoch FROM missing_since - $2::timestamptz)::float8 * interval '1 s'
+	        FROM liveness.alive_lock_absences WHERE instance_id = $1`, victim.id, crashed).Scan(&stampedAfter); err != nil {
+		t.Fatal(err)
+	}
+	// Generous: one tick on a loaded machine.
+	if stampedAfter > 2*time.Second {
+		t.Errorf("the absence was stamped %s after the crash; want within a few ticks of %s", stampedAfter, liveness.WatchInterval)
+	}
+	t.Logf("stamped %s after the crash", stampedAfter)
+}
+
+// A tick when nothing changed reads pg_locks and nothing else, and writes nothing: its
+// transaction is given no transaction id. A tick after a lock appeared stamps nothing
+// either when nothing vanished.
+func TestWatchTickWritesNothingWhenNothingChanges(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 2)
+	ctx := testutil.Context(t, 30*time.Second)
+	alive := startCrashable(t, ctx, db, "alive")
+	_ = alive
+	tick := func(prev *string) (digest string, xid *int64, absences int) {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		rows, err := tx.Query(ctx, `SELECT digest, instance_id FROM liveness.watch_alive_locks($1)`, prev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var id *uuid.UUID
+			if err := rows.Scan(&digest, &id); err != nil {
+				t.Fatal(err)
+			}
+			if id != nil {
+				absences++
+			}
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id_if_assigned()::text::bigint`).Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return digest, xid, absences
+	}
+	first, xid, n := tick(nil)
+	if xid != nil || n != 0 {
+		t.Errorf("first tick, no lock vanished: xid %v, %d absences; want none written, none standing", xid, n)
+	}
+	again, xid, _ := tick(&first)
+	if again != first || xid != nil {
+		t.Errorf("second tick, nothing changed: digest %q (was %q), xid %v; want the same digest and nothing written", again, first, xid)
+	}
+	other := startCrashable(t, ctx, db, "other")
+	changed, xid, _ := tick(&first)
+	if changed == first || xid != nil {
+		t.Errorf("tick after a lock appeared: digest %q (was %q), xid %v; want a new digest and nothing written", changed, first, xid)
+	}
+	other.crash(t)
+	_, xid, n = tick(&changed)
+	if xid == nil || n != 1 {
+		t.Errorf("tick after a lock vanished: xid %v, %d absences; want the absence stamped", xid, n)
+	}
+}
+
+// A follower is woken by the notification of a release: with a RetryPeriod of 30 s it
+// still takes the lease within a few seconds of the leader's return.
+func TestFollowerIsWokenWhenTheLeaseIsReleased(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 8)
+	ctx := testutil.Context(t, time.Minute)
+	const retry = 30 * time.Second
+	leader := newAgent(t, defaultAgentConfig(db, pool, "leader"))
+	runAgent(t, leader)
+	follower := newAgent(t, defaultAgentConfig(db, pool, "follower"))
+	runAgent(t, follower)
+
+	step := make(chan struct{})
+	leading := make(chan struct{}, 1)
+	go func() {
+		_ = leader.Elect(ctx, liveness.ElectorConfig{Lease: "woken", RetryPeriod: retry,
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+				leading <- struct{}{}
+				select {
+				case <-step:
+				case <-ctx.Done():
+				}
+			}})
+	}()
+	<-leading
+	took := make(chan time.Time, 1)
+	go func() {
+		_ = follower.Elect(ctx, liveness.ElectorConfig{Lease: "woken", RetryPeriod: retry,
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) { took <- time.Now(); <-ctx.Done() }})
+	}()
+	// The follower's first try has found the lease held: wait for its listening session,
+	// then let the leader step down.
+	testutil.Eventually(t, 10*time.Second, "the follower following", func() bool {
+		return db.QueryInt(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'follower:alive-lock'`) == 1
+	})
+	time.Sleep(time.Second) // its first try is behind it; the next one is 15 to 30 s away
+	stepped := time.Now()
+	close(step)
+	select {
+	case at := <-took:
+		if d := at.Sub(stepped); d > 5*time.Second {
+			t.Fatalf("the follower took the lease %s after the release; want within a few round trips", d)
+		} else {
+			t.Logf("taken %s after the release", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the follower did not take the released lease within 10 s (its RetryPeriod is %s): not woken", retry)
+	}
+}
+
+// The listening session is dropped for real (pg_terminate_backend): the follower's
+// session reconnects and listens again, so the next release still wakes it; and a
+// release sent while it was away is caught up by the poll.
+func TestFollowerListensAgainAfterItsSessionIsTerminated(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 8)
+	ctx := testutil.Context(t, 2*time.Minute)
+	leader := newAgent(t, defaultAgentConfig(db, pool, "leader"))
+	runAgent(t, leader)
+	follower := newAgent(t, defaultAgentConfig(db, pool, "follower"))
+	runAgent(t, follower)
+
+	round := func(name string, retry time.Duration, between func()) time.Duration {
+		t.Helper()
+		step := make(chan struct{})
+		leading := make(chan struct{}, 1)
+		lctx, stopLeader := context.WithCancel(ctx)
+		defer stopLeader()
+		go func() {
+			_ = leader.Elect(lctx, liveness.ElectorConfig{Lease: name, RetryPeriod: time.Hour,
+				OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+					leading <- struct{}{}
+					select {
+					case <-step:
+					case <-ctx.Done():
+					}
+				}})
+		}()
+		<-leading
+		took := make(chan time.Time, 1)
+		fctx, stopFollower := context.WithCancel(ctx)
+		defer stopFollower()
+		go func() {
+			_ = follower.Elect(fctx, liveness.ElectorConfig{Lease: name, RetryPeriod: retry,
+				OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) { took <- time.Now(); <-ctx.Done() }})
+		}()
+		time.Sleep(time.Second) // the follower's first try is behind it
+		between()
+		stepped := time.Now()
+		close(step)
+		select {
+		case at := <-took:
+			return at.Sub(stepped)
+		case <-time.After(retry + 10*time.Second):
+			t.Fatalf("%s: the follower did not take the lease within its RetryPeriod (%s) and 10 s", name, retry)
+			return 0
+		}
+	}
+	terminate := func() {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		        WHERE application_name = 'follower:alive-lock'`).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("terminated %d listening sessions (%v); want 1", n, err)
+		}
+	}
+	// Terminated, reconnected, listening again: woken well before its 30 s RetryPeriod.
+	d := round("after-reconnect", 30*time.Second, func() {
+		before := follower.Snapshot().AliveLock.Reconnects
+		terminate()
+		testutil.Eventually(t, 10*time.Second, "the follower's lock session back", func() bool {
+			s := follower.Snapshot().AliveLock
+			return s.Reconnects > before && s.Held
+		})
+		time.Sleep(time.Second) // the LISTEN follows the claim
+	})
+	if d > 5*time.Second {
+		t.Errorf("after its session was terminated and came back, the follower took the lease %s after the release; want it woken", d)
+	}
+	// Released while the session is down: the poll (or the resync when it listens
+	// again) takes it within the RetryPeriod.
+	d = round("while-away", 3*time.Second, terminate)
+	t.Logf("released while the listening session was away: taken after %s", d)
+}
+
+// A follower behind PgBouncer (transaction mode, ModeHeartbeatTableOnly) has no
+// listening session: it polls, and takes a released lease at its next try.
+func TestFollowerBehindPgBouncerPolls(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 8)
+	ctx := testutil.Context(t, time.Minute)
+	bouncer := pgtest.NewPgBouncer(t, db.DSN)
+	// pgx must not use named prepared statements through a transaction-mode PgBouncer.
+	bpool := pgtest.Pool(t, bouncer.DSN(db.Name)+" default_query_exec_mode=exec", 4)
+	leader := newAgent(t, defaultAgentConfig(db, pool, "leader"))
+	runAgent(t, leader)
+	fcfg := defaultAgentConfig(db, bpool, "bounced")
+	fcfg.DirectDSN, fcfg.Mode = "", liveness.ModeHeartbeatTableOnly
+	follower := newAgent(t, fcfg)
+	runAgent(t, follower)
+
+	const retry = 2 * time.Second
+	step := make(chan struct{})
+	leading := make(chan struct{}, 1)
+	go func() {
+		_ = leader.Elect(ctx, liveness.ElectorConfig{Lease: "bounced", RetryPeriod: time.Hour,
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+				leading <- struct{}{}
+				select {
+				case <-step:
+				case <-ctx.Done():
+				}
+			}})
+	}()
+	<-leading
+	took := make(chan time.Time, 1)
+	go func() {
+		_ = follower.Elect(ctx, liveness.ElectorConfig{Lease: "bounced", RetryPeriod: retry,
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) { took <- time.Now(); <-ctx.Done() }})
+	}()
+	time.Sleep(time.Second)
+	close(step)
+	select {
+	case <-took:
+	case <-time.After(retry + 10*time.Second):
+		t.Fatalf("the follower behind PgBouncer did not take the released lease within its RetryPeriod (%s) and 10 s", retry)
+	}
+}
+
+// WatchAlive reports the alive set at the start and on every change: an instance that
+// joins, one that stops gracefully (left), one that crashes (dead, notified by the
+// watcher a grace after its lock vanished), each well before the slow poll.
+func TestWatchAliveReportsEveryChange(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 8)
+	ctx := testutil.Context(t, 2*time.Minute)
+	watcher := newAgent(t, defaultAgentConfig(db, pool, "shard"))
+	runAgent(t, watcher)
+	watching(t, ctx, pool, watcher)
+
+	sets := make(chan []uuid.UUID, 16)
+	wctx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan error, 1)
+	go func() {
+		watchDone <- watcher.WatchAlive(wctx, "shard", func(alive []liveness.InstanceStatus) {
+			ids := make([]uuid.UUID, len(alive))
+			for i, s := range alive {
+				ids[i] = s.InstanceID
+			}
+			sets <- ids
+		})
+	}()
+	self := watcher.Snapshot().InstanceID
+	next := func(what string, want ...uuid.UUID) {
+		t.Helper()
+		slices.SortFunc(want, func(a, b uuid.UUID) int { return slices.Compare(a[:], b[:]) })
+		select {
+		case got := <-sets:
+			if !slices.Equal(got, want) {
+				t.Fatalf("%s: alive set %v, want %v", what, got, want)
+			}
+		case <-time.After(liveness.WatchAlivePoll - time.Second):
+			t.Fatalf("%s: no call within %s (before the slow poll): not woken", what, liveness.WatchAlivePoll-time.Second)
+		}
+	}
+	next("at the start", self)
+
+	joiner := newAgent(t, defaultAgentConfig(db, pool, "shard"))
+	stopJoiner, joinerDone := runAgent(t, joiner)
+	next("after a join", self, joiner.Snapshot().InstanceID)
+	stopJoiner()
+	if err := <-joinerDone; err != nil {
+		t.Fatal(err)
+	}
+	next("after a graceful stop", self)
+
+	victim := startCrashable(t, ctx, db, "shard")
+	next("after the crashable instance joined", self, victim.id)
+	victim.crash(t)
+	// Dead a lock grace after the watcher saw the lock vanish; then notified.
+	next("after a crash", self)
+
+	stopWatch()
+	if err := <-watchDone; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-sets:
+		t.Fatalf("a call after the end: %v", got)
+	default:
+	}
+}
+
+// Two agents run the two watchers, one each, from their start: the second agent's first
+// try of the free watcher lease is not put off by its own other campaign's try (a
+// follower's retry, 2.5 to 5 s later, would be).
+func TestTwoAgentsRunOneWatcherEach(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 8)
+	ctx := testutil.Context(t, time.Minute)
+	first := newAgent(t, defaultAgentConfig(db, pool, "first"))
+	runAgent(t, first)
+	watching(t, ctx, pool, first)
+	second := newAgent(t, defaultAgentConfig(db, pool, "second"))
+	runAgent(t, second)
+	r, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var holders []uuid.UUID
+	if !testutil.Poll(2*time.Second, func() bool {
+		holders = holders[:0]
+		for _, name := range liveness.WatcherLeases {
+			if l, err := r.Leader(ctx, name); err == nil {
+				holders = append(holders, l.InstanceID)
+			}
+		}
+		return len(holders) == 2
+	}) {
+		t.Fatalf("watcher leases held by %v 2 s after the second agent started; want both, by two agents", holders)
+	}
+	if holders[0] == holders[1] {
+		t.Fatalf("both watcher leases are held by %s; want one agent each", holders[0])
+	}
+}

@@ -1,0 +1,20 @@
+-- The watcher (package liveness): one agent of the fleet, elected for it, records the
+-- vanishing of alive locks when it happens and tells the waiters; and the alive lock's
+-- session listens to the schema's events (see migration 0007 for the channel and the
+-- payloads).
+
+-- name: watch_alive_locks
+-- One tick: the digest of the exclusive advisory locks, and when it differs from the
+-- previous tick's, the stamp of every vanished alive lock. Writes nothing when nothing
+-- changed. $1 the previous digest (NULL on the first tick). Returns the digest, then one
+-- row per standing absence: the instance and the seconds until its grace ends.
+SELECT w.digest, w.instance_id, w.dead_in FROM {schema}.watch_alive_locks($1::text) w
+
+-- name: notify_dead_instances
+-- Notifies dead:<id> for the instances of $1 (uuid[]) that are dead by the verdict, and
+-- free:<name> for the leases they hold. Returns the ids notified.
+SELECT d.id FROM {schema}.notify_dead_instances($1::uuid[]) AS d(id)
+
+-- name: events_listen
+-- LISTEN on the schema's events channel, on the alive lock's session. Returns the channel.
+SELECT {schema}.events_listen()
