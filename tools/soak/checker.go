@@ -20,6 +20,7 @@ const (
 	CheckConvergence     = "after the last heal, everything converges within the bound"
 	CheckTwoLeaders      = "no two-leaders alert while fencing works"
 	CheckFlat            = "the observer exporter's resources flat over the run"
+	CheckNoExit          = "no fleet process exited on its own"
 )
 
 // TwoLeadersAlert is the alert of the shipped rules that fires for two processes that
@@ -99,6 +100,11 @@ func newModel(events []Event) *model {
 			if f := m.faults[e.FaultID]; f != nil {
 				f.h = e.T
 			}
+		case EvExit:
+			if i, ok := open[e.Proc]; ok {
+				m.lives[i].end = e.T
+				delete(open, e.Proc)
+			}
 		}
 	}
 	for i := range m.lives {
@@ -170,15 +176,6 @@ func intersects(spans []span, x span) (int64, bool) {
 	return 0, false
 }
 
-func covers(spans []span, x span) bool {
-	for _, s := range spans {
-		if s.a <= x.a && x.b <= s.b {
-			return true
-		}
-	}
-	return false
-}
-
 // databaseFaulted reports whether a database fault is applied, or was healed less than
 // SettleAfterHeal ago, at some time in x.
 func (m *model) databaseFaulted(x span) bool {
@@ -196,6 +193,46 @@ func (m *model) databaseFaulted(x span) bool {
 	return false
 }
 
+// databaseFaultApplied reports whether a database fault is applied at some time in x
+// (its settling time not counted).
+func (m *model) databaseFaultApplied(x span) bool {
+	for _, f := range m.faults {
+		if databaseFault[f.kind] && f.a <= x.b && x.a <= f.h {
+			return true
+		}
+	}
+	return false
+}
+
+// lockAt is the last lock verdict on inst at or before t.
+func (m *model) lockAt(inst string, t int64) bool {
+	held := false
+	for _, e := range m.events {
+		if e.T > t {
+			break
+		}
+		if e.Kind == EvVerdict && e.Source == SrcLock && e.Inst == inst {
+			held = e.Alive
+		}
+	}
+	return held
+}
+
+// undisturbed reports whether inst runs through x holding its lock at x's start, with no
+// fault of its process (stopped, link down, pool exhausted, killed) during x.
+func (m *model) undisturbed(inst string, x span) bool {
+	l := m.byInst[inst]
+	if l == nil || l.start > x.a || l.end < x.b || !m.lockAt(inst, x.a) {
+		return false
+	}
+	for _, f := range m.faults {
+		if !databaseFault[f.kind] && slices.Contains(f.targets, l.proc) && f.a <= x.b && x.a <= f.h {
+			return false
+		}
+	}
+	return true
+}
+
 func (m *model) faultAt(proc string, t int64, kinds ...string) *faultSpan {
 	for _, f := range m.faults {
 		if slices.Contains(kinds, f.kind) && f.affects(proc) && f.a <= t && t <= f.h {
@@ -211,7 +248,18 @@ func ts(t int64) string { return time.Unix(0, t).UTC().Format("15:04:05.000") }
 func Check(events []Event) []Result {
 	m := newModel(events)
 	return []Result{m.checkOneInJob(), m.checkEpochs(), m.checkNoWriteAfterEnd(), m.checkNoFalseDead(),
-		m.checkCrashDead(), m.checkLeaseTaken(), m.checkConvergence(), m.checkTwoLeaders(), m.checkFlat()}
+		m.checkCrashDead(), m.checkLeaseTaken(), m.checkConvergence(), m.checkTwoLeaders(), m.checkFlat(), m.checkNoExit()}
+}
+
+func (m *model) checkNoExit() Result {
+	r := Result{Name: CheckNoExit, Cases: len(m.lives)}
+	for _, e := range m.events {
+		if e.Kind == EvExit {
+			r.Violations = append(r.Violations, fmt.Sprintf("%s (%s) exited at %s: %s", e.Proc, e.Inst, ts(e.T), e.Note))
+		}
+	}
+	r.Detail = fmt.Sprintf("%d instances started", r.Cases)
+	return r
 }
 
 type job struct {
@@ -428,8 +476,9 @@ func (m *model) checkCrashDead() Result {
 		l := m.victim(f)
 		within := span{f.a, f.a + int64(CrashDeadBound)}
 		// Unmeasurable: the database was away (no verdict to read), the link was down (the
-		// server cannot see the sockets close), or the instance had never been seen alive.
-		if l == nil || m.databaseFaulted(within) || m.faultAt(l.proc, f.a, FaultLinkDown, FaultBlip) != nil {
+		// server cannot see the sockets close), or the instance did not hold its alive
+		// lock when it was killed (nothing vanishes: its row goes stale at the threshold).
+		if l == nil || m.databaseFaultApplied(within) || m.faultAt(l.proc, f.a, FaultLinkDown, FaultBlip) != nil || !m.lockAt(l.inst, f.a) {
 			r.NotMeasured++
 			continue
 		}
@@ -480,13 +529,16 @@ func (m *model) checkLeaseTaken() Result {
 			continue
 		}
 		within := span{f.a, f.a + int64(LeaseTakeBound)}
+		// Measurable when a competitor could take it: running through the window with its
+		// lock held and no fault of its own, the database there throughout, and the victim
+		// holding its lock when killed (so that its death shows at once).
 		heir := false
-		for _, p := range m.competitors[l.lease] {
-			if p != l.proc && covers(m.procLiveSpans(p), within) {
+		for _, c := range m.lives {
+			if c.proc != l.proc && c.lease == l.lease && m.undisturbed(c.inst, within) {
 				heir = true
 			}
 		}
-		if !heir || m.databaseFaulted(within) || m.faultAt(l.proc, f.a, FaultLinkDown, FaultBlip, FaultStop) != nil {
+		if !heir || m.databaseFaultApplied(within) || m.faultAt(l.proc, f.a, FaultLinkDown, FaultBlip, FaultStop) != nil || !m.lockAt(l.inst, f.a) {
 			r.NotMeasured++
 			continue
 		}
@@ -675,13 +727,25 @@ func human(name string, v float64) string {
 }
 
 // TheilSen is the median of the slopes between every pair of points: a regression slope
-// that one restart's dip or spike does not move.
+// that one restart's dip or spike does not move. Past theilSenPairs points, the pairs are
+// each point of the first half with its partner half a run later, which keeps a two-hour
+// run's thousands of samples cheap and the estimate as robust.
 func TheilSen(pts [][2]float64) float64 {
 	var slopes []float64
-	for i := range pts {
-		for j := i + 1; j < len(pts); j++ {
-			if dx := pts[j][0] - pts[i][0]; dx > 0 {
-				slopes = append(slopes, (pts[j][1]-pts[i][1])/dx)
+	slope := func(i, j int) {
+		if dx := pts[j][0] - pts[i][0]; dx > 0 {
+			slopes = append(slopes, (pts[j][1]-pts[i][1])/dx)
+		}
+	}
+	if len(pts) > theilSenPairs {
+		half := len(pts) / 2
+		for i := range half {
+			slope(i, i+half)
+		}
+	} else {
+		for i := range pts {
+			for j := i + 1; j < len(pts); j++ {
+				slope(i, j)
 			}
 		}
 	}
@@ -691,6 +755,8 @@ func TheilSen(pts [][2]float64) float64 {
 	sort.Float64s(slopes)
 	return slopes[len(slopes)/2]
 }
+
+const theilSenPairs = 400
 
 func median(pts [][2]float64) float64 {
 	v := make([]float64, len(pts))

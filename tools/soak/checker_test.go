@@ -149,6 +149,9 @@ func TestEachCheckFailsOnADoctoredHistory(t *testing.T) {
 		{"the two-leaders alert fires", CheckTwoLeaders, func(ev []Event) []Event {
 			return append(ev, Event{T: at(120), Kind: EvAlert, Name: TwoLeadersAlert, State: "firing"})
 		}},
+		{"an agent exits on its own", CheckNoExit, func(ev []Event) []Event {
+			return append(ev, Event{T: at(150), Kind: EvExit, Proc: "p3", Inst: "i3", Note: "exit status 1"})
+		}},
 		{"the observer leaks goroutines", CheckFlat, func(ev []Event) []Event {
 			return replace(ev, func(e Event) bool { return e.Kind == EvResource && e.Source == "goroutines" },
 				func(e *Event) { e.Value = 40 + float64(e.T-at(0))/1e9*0.2 })
@@ -205,5 +208,17 @@ func TestTheilSenIgnoresASpike(t *testing.T) {
 	}
 	if s := TheilSen(pts); s != 3 {
 		t.Errorf("slope %v of a line of slope 3", s)
+	}
+	// Past theilSenPairs points: the halves' pairs, as robust to a spike.
+	pts = pts[:0]
+	for i := range 3 * theilSenPairs {
+		v := 2 * float64(i)
+		if i%100 == 7 {
+			v = 1e9
+		}
+		pts = append(pts, [2]float64{float64(i), v})
+	}
+	if s := TheilSen(pts); s != 2 {
+		t.Errorf("slope %v of %d points of slope 2 with spikes", s, len(pts))
 	}
 }

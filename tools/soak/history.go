@@ -16,6 +16,7 @@ const (
 	EvFault     = "fault"     // a fault applied: Fault, FaultID, Targets
 	EvHeal      = "heal"      // a fault healed: Fault, FaultID, Targets
 	EvStart     = "start"     // a fleet process is ready with instance Inst (Lease: the lease it competes for)
+	EvExit      = "exit"      // a fleet process exited on its own (Note: how)
 	EvJobBegin  = "job_begin" // Inst entered the job of Lease under Epoch
 	EvJobEnd    = "job_end"   // its job returned
 	EvLost      = "lost"      // Inst was told it lost Lease (Epoch)

@@ -32,13 +32,19 @@ var databaseFault = map[string]bool{FaultRestartFast: true, FaultRestartImmediat
 	FaultFailover: true, FaultReadOnly: true}
 
 // Fleet is what the schedule needs to know of the fleet: process names, those in a
-// network namespace (link faults), those whose pool can be exhausted.
+// network namespace (link faults), those whose pool can be exhausted, the leases.
 type Fleet struct {
 	Procs    []string
 	Netns    []string
 	Pools    []string
+	Leases   []string
 	Failover bool // a replica to promote exists
 }
+
+// HolderPrefix makes a kill's target "whoever holds this lease when the fault is
+// applied": the schedule cannot know who that is, and a crashed holder is what the
+// takeover bound is about.
+const HolderPrefix = "holder:"
 
 // Fault is one entry of the schedule: at At from the run's start, applied to Target
 // (a process, or "" for the database) and healed For later. Pick chooses among what is
@@ -63,9 +69,9 @@ func (f Fault) String() string {
 // Schedule bounds.
 const (
 	// Warmup is how long the fleet runs before the first fault: every agent joined.
-	Warmup = 20 * time.Second
+	Warmup = 15 * time.Second
 	// meanGap is the mean pause between two faults' starts (exponential, clipped).
-	meanGap = 5 * time.Second
+	meanGap = 4 * time.Second
 	// BlipFor is the blip's length, as the fault suite's.
 	BlipFor = 5 * time.Second
 	// PoolBusyFor is how long a pool stays exhausted (the faultagent's --busy-for).
@@ -74,7 +80,7 @@ const (
 
 // Quiet is the end of the run kept free of faults: everything is healed at least this
 // long before the end, so that convergence can be checked.
-func Quiet() time.Duration { return ConvergenceBound + 15*time.Second }
+func Quiet() time.Duration { return ConvergenceBound + 5*time.Second }
 
 // NewSchedule draws the schedule for a run of length d from seed. It depends on nothing
 // else: the same seed, length and fleet give the same schedule. Kinds are drawn from
@@ -96,6 +102,9 @@ func NewSchedule(seed uint64, d time.Duration, fleet Fleet) []Fault {
 			return out
 		}
 		if len(deck) == 0 {
+			if len(fleet.Leases) > 0 {
+				deck = append(deck, FaultKill) // a second kill per deck, of a lease's holder
+			}
 			for _, k := range FaultKinds {
 				if k == FaultFailover && (decks > 0 || !fleet.Failover) {
 					continue
@@ -126,6 +135,10 @@ func NewSchedule(seed uint64, d time.Duration, fleet Fleet) []Fault {
 				pool = fleet.Netns
 			case kind == FaultPoolExhaustion:
 				pool = fleet.Pools
+			case kind == FaultKill && len(fleet.Leases) > 0 && !slices.Contains(deck[:i], FaultKill) && slices.Contains(deck[i+1:], FaultKill):
+				for _, l := range fleet.Leases {
+					pool = append(pool, HolderPrefix+l)
+				}
 			default:
 				pool = fleet.Procs
 			}
@@ -172,7 +185,7 @@ func faultLength(r *rand.Rand, kind string) time.Duration {
 	case FaultStop:
 		return between(2*time.Second, 20*time.Second)
 	case FaultLinkDown:
-		return between(15*time.Second, 40*time.Second)
+		return between(12*time.Second, 35*time.Second)
 	case FaultBlip:
 		return BlipFor
 	case FaultRestartFast, FaultRestartImmediate:

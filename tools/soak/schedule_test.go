@@ -2,11 +2,12 @@ package soak
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
 
-var testFleet = Fleet{Procs: []string{"a", "b", "c", "d"}, Netns: []string{"a", "b"}, Pools: []string{"c", "d"}, Failover: true}
+var testFleet = Fleet{Procs: []string{"a", "b", "c", "d"}, Netns: []string{"a", "b"}, Pools: []string{"c", "d"}, Leases: []string{"L"}, Failover: true}
 
 // The seed replays the schedule; another seed gives another one.
 func TestScheduleReplaysFromSeed(t *testing.T) {
@@ -53,6 +54,15 @@ func TestScheduleCoversKindsAndOverlaps(t *testing.T) {
 		if counts[k] == 0 {
 			t.Errorf("the two-minute schedule of seed %d has no %s:\n%s", SeedForTests, k, Describe(s))
 		}
+	}
+	holders := 0
+	for _, f := range s {
+		if strings.HasPrefix(f.Target, HolderPrefix) {
+			holders++
+		}
+	}
+	if holders == 0 || counts[FaultKill] < 2 {
+		t.Errorf("the two-minute schedule kills no lease holder:\n%s", Describe(s))
 	}
 	if Overlaps(s) == 0 {
 		t.Errorf("no overlapping faults in two minutes:\n%s", Describe(s))
