@@ -125,6 +125,7 @@ func TestSoak(t *testing.T) {
 		t.Fatal(netns.RootHint)
 	}
 	d, seed := *durationFlag, *seedFlag
+	rev := revision() // at the start: the source the binaries were built from
 	if d < Warmup+Quiet()+30*time.Second {
 		t.Fatalf("-soak.duration=%s: at least %s (warm-up %s, quiet end %s, and time for faults)", d, Warmup+Quiet()+30*time.Second, Warmup, Quiet())
 	}
@@ -348,7 +349,7 @@ func TestSoak(t *testing.T) {
 	readLedger(t, cl, h)
 
 	results := Check(h.Events())
-	sum := Summary{Generated: time.Now(), Revision: revision(), Machine: machine(cl), Seed: seed, Requested: d, Ran: ran,
+	sum := Summary{Generated: time.Now(), Revision: rev, Machine: machine(cl), Seed: seed, Requested: d, Ran: ran,
 		Interrupted: interrupted, Applied: n.applied(), Overlapping: n.overlapping(h.Events()), Results: results,
 		Fleet: fmt.Sprintf("%d agents: %d faultagent processes (the liveness library: Agent, Elect on %d leases, %d competitors each, fenced ledger rows every %s) and %d exporter binaries as agents; %d agents in network namespaces; an observer exporter scraped with every agent by Prometheus with the shipped rules; PostgreSQL %s primary with a streaming replica; agent defaults as the exporter ships them",
 			len(members), leases*competitorsPerJob, leases, competitorsPerJob, writeEvery, exporterAgents, len(fleet.Netns), pgVersion(cl))}
