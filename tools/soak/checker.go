@@ -402,11 +402,13 @@ func (m *model) deadSpans(src string) map[string][]span {
 
 func (m *model) checkNoFalseDead() Result {
 	r := Result{Name: CheckNoFalseDead, Bound: fmt.Sprintf("live: running, not stopped, link up, pool free, database up and writable, %s past the last heal that affected it", SettleAfterHeal)}
-	for inst, spans := range m.deadSpans(SrcSQL) {
-		live := m.liveSpans(inst)
-		for _, s := range spans {
-			if t, ok := intersects(live, s); ok {
-				r.Violations = append(r.Violations, fmt.Sprintf("is_instance_alive(%s) false at %s while it was live and connected (%s)", inst, ts(t), m.procOf(inst)))
+	for src, says := range map[string]string{SrcSQL: "is_instance_alive(%s) false", SrcReader: "the Reader called %s not alive"} {
+		for inst, spans := range m.deadSpans(src) {
+			live := m.liveSpans(inst)
+			for _, s := range spans {
+				if t, ok := intersects(live, s); ok {
+					r.Violations = append(r.Violations, fmt.Sprintf(says+" at %s while it was live and connected (%s)", inst, ts(t), m.procOf(inst)))
+				}
 			}
 		}
 	}

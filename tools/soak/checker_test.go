@@ -128,6 +128,10 @@ func TestEachCheckFailsOnADoctoredHistory(t *testing.T) {
 			return append(ev, Event{T: at(100), Kind: EvVerdict, Source: SrcSQL, Inst: "i2", Alive: false},
 				Event{T: at(101), Kind: EvVerdict, Source: SrcSQL, Inst: "i2", Alive: true, Prev: at(100.5)})
 		}},
+		{"the Reader calls a live process not alive", CheckNoFalseDead, func(ev []Event) []Event {
+			return append(ev, Event{T: at(100), Kind: EvVerdict, Source: SrcReader, Inst: "i3", Alive: false},
+				Event{T: at(101), Kind: EvVerdict, Source: SrcReader, Inst: "i3", Alive: true, Prev: at(100.5)})
+		}},
 		{"the exporter shows no live instance of a live process", CheckNoFalseDead, func(ev []Event) []Event {
 			return append(ev, Event{T: at(100), Kind: EvVerdict, Source: SrcExporter, Proc: "p3", Alive: false},
 				Event{T: at(102), Kind: EvVerdict, Source: SrcExporter, Proc: "p3", Alive: true, Prev: at(101.5)})

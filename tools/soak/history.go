@@ -35,6 +35,7 @@ const (
 	SrcSQL      = "is_instance_alive" // is_instance_alive(id, stale threshold)
 	SrcExporter = "exporter"          // the observer's pg_liveness_instances, by service
 	SrcLock     = "lock"              // the instance's alive lock granted in pg_locks
+	SrcReader   = "reader"            // liveness.Reader.Instances, as a service reads its peers
 )
 
 // Targets of a fault that affects every process (the database's faults).

@@ -12,7 +12,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
 // stateAlive says which of the exporter's instance states call an instance alive, as the
@@ -314,6 +318,50 @@ func sampleAlerts(ctx context.Context, promAddr string, c *changes) {
 		}
 		for name := range seen {
 			c.see("alert/"+name, state[name], Event{Kind: EvAlert, Name: name, State: state[name]})
+		}
+	}
+}
+
+// sampleReader reads the Go readers' verdict (liveness.Reader, as a service reads its
+// peers) on each instance ids returns, every SampleEvery: an instance it does not list
+// is not alive.
+func sampleReader(ctx context.Context, dsn string, ids func() []string, c *changes, failed func(string)) {
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		failed("reader pool: " + err.Error())
+		return
+	}
+	defer pool.Close()
+	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
+	if err != nil {
+		failed("reader: " + err.Error())
+		return
+	}
+	tick := time.NewTicker(SampleEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		all, err := reader.Instances(qctx, "")
+		cancel()
+		if err != nil {
+			continue // no verdict
+		}
+		alive := map[uuid.UUID]bool{}
+		for _, st := range all {
+			alive[st.InstanceID] = st.Alive()
+		}
+		for _, id := range ids() {
+			u, err := uuid.Parse(id)
+			if err != nil {
+				continue
+			}
+			a := alive[u]
+			c.see("reader/"+id, strconv.FormatBool(a), Event{Kind: EvVerdict, Source: SrcReader, Inst: id, Alive: a})
 		}
 	}
 }

@@ -300,6 +300,7 @@ func TestSoak(t *testing.T) {
 	samplers.Go(func() { sampleSQL(sctx, samplerDSN, schema, stale, ids, ch, failed) })
 	samplers.Go(func() { sampleExporter(sctx, "http://"+obsAddr+"/metrics", services, ch, failed) })
 	samplers.Go(func() { sampleAlerts(sctx, prom.Addr, ch) })
+	samplers.Go(func() { sampleReader(sctx, dsnVia("127.0.0.1", "soak-sampler"), ids, ch, failed) })
 	samplers.Go(func() {
 		if waitCtx(sctx, Warmup) { // the observer's start-up is not growth
 			sampleResources(sctx, "http://"+obsAddr+"/metrics", samplerDSN, observerApp, h)
