@@ -204,18 +204,20 @@ func (m *model) databaseFaultApplied(x span) bool {
 	return false
 }
 
-// lockAt is the last lock verdict on inst at or before t.
+// lockAt reports whether inst's alive lock was seen held at t: its last lock verdict at
+// or before t says held, and no database fault came in between (a restart takes every
+// lock away; until a sample after it says held again, nobody knows whether it was).
 func (m *model) lockAt(inst string, t int64) bool {
-	held := false
-	for _, e := range m.events {
+	var last *Event
+	for i, e := range m.events {
 		if e.T > t {
 			break
 		}
 		if e.Kind == EvVerdict && e.Source == SrcLock && e.Inst == inst {
-			held = e.Alive
+			last = &m.events[i]
 		}
 	}
-	return held
+	return last != nil && last.Alive && !m.databaseFaultApplied(span{last.T, t})
 }
 
 // undisturbed reports whether inst runs through x holding its lock at x's start, with no

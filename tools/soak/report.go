@@ -31,6 +31,7 @@ type Summary struct {
 	Overlapping int            // faults applied while another was still applied
 	Results     []Result
 	History     string // where the history was kept, "" when removed
+	Note        string // said under the list, when set
 }
 
 // Violations counts the violations of every check.
@@ -64,6 +65,9 @@ func (s Summary) Section() string {
 		p("- History kept: `%s`\n", s.History)
 	} else {
 		p("- History: removed after the run (no violation)\n")
+	}
+	if s.Note != "" {
+		p("- %s\n", s.Note)
 	}
 	total := 0
 	for _, n := range s.Applied {

@@ -28,20 +28,32 @@ var stateAlive = map[string]bool{
 
 // changes records a verdict, holder or alert only when it changes, with the time of the
 // last sample that had the old value.
+// After a gap (samples that failed), the next value is recorded even when unchanged, so
+// that the history shows what was seen after, say, a restart.
 type changes struct {
 	h    *History
 	mu   sync.Mutex
-	last map[string]struct {
-		v  string
-		at int64
-	}
+	last map[string]seen
 }
 
-func newChanges(h *History) *changes {
-	return &changes{h: h, last: map[string]struct {
-		v  string
-		at int64
-	}{}}
+type seen struct {
+	v     string
+	at    int64
+	dirty bool // a gap since: record the next value whatever it is
+}
+
+func newChanges(h *History) *changes { return &changes{h: h, last: map[string]seen{}} }
+
+// gap marks every key with prefix: the sampler missed a sample of them.
+func (c *changes) gap(prefix string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, v := range c.last {
+		if strings.HasPrefix(k, prefix) {
+			v.dirty = true
+			c.last[k] = v
+		}
+	}
 }
 
 // see records e (at now) if value differs from the last one seen under key.
@@ -49,12 +61,9 @@ func (c *changes) see(key, value string, e Event) {
 	now := time.Now().UnixNano()
 	c.mu.Lock()
 	old, ok := c.last[key]
-	c.last[key] = struct {
-		v  string
-		at int64
-	}{value, now}
+	c.last[key] = seen{v: value, at: now}
 	c.mu.Unlock()
-	if ok && old.v == value {
+	if ok && old.v == value && !old.dirty {
 		return
 	}
 	e.T = now
@@ -102,12 +111,16 @@ func sampleSQL(ctx context.Context, dsn, schema string, stale time.Duration, ids
 			if conn, err = pgx.Connect(qctx, dsn); err != nil {
 				conn = nil
 				cancel()
+				c.gap("sql/")
+				c.gap("lock/")
 				continue
 			}
 		}
 		err := sampleOnce(qctx, conn, instQ, leaseQ, int(stale.Seconds()), ids(), c)
 		cancel()
 		if err != nil {
+			c.gap("sql/")
+			c.gap("lock/")
 			conn.Close(context.Background())
 			conn = nil
 			if strings.Contains(err.Error(), "does not exist") {

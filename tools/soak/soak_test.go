@@ -28,11 +28,14 @@ import (
 )
 
 var (
-	durationFlag = flag.Duration("soak.duration", 2*time.Minute, "how long the fleet runs under the nemesis")
-	seedFlag     = flag.Uint64("soak.seed", SeedForTests, "the schedule's seed; the same seed replays it")
-	reportFlag   = flag.String("soak.report", "", "write the soak's section of the failover report (Markdown) into this file")
-	historyFlag  = flag.String("soak.history-dir", "", "folder of the history file (default: the temporary folder); kept only when a check fails")
-	recheckFlag  = flag.String("soak.check", "", "check this kept history again instead of running the fleet")
+	durationFlag   = flag.Duration("soak.duration", 2*time.Minute, "how long the fleet runs under the nemesis")
+	seedFlag       = flag.Uint64("soak.seed", SeedForTests, "the schedule's seed; the same seed replays it")
+	reportFlag     = flag.String("soak.report", "", "write the soak's section of the failover report (Markdown) into this file")
+	historyFlag    = flag.String("soak.history-dir", "", "folder of the history file (default: the temporary folder); kept only when a check fails")
+	recheckFlag    = flag.String("soak.check", "", "check this kept history again instead of running the fleet (with -soak.report, -soak.seed and -soak.duration: its section)")
+	recheckFleet   = flag.String("soak.check-fleet", "as in the run", "with -soak.check: the fleet, as the run's section stated it")
+	recheckMachine = flag.String("soak.check-machine", "", "with -soak.check: the machine, as the run's section stated it")
+	recheckRev     = flag.String("soak.check-revision", "", "with -soak.check: the source revision the run was built from")
 )
 
 const schema = "liveness"
@@ -392,11 +395,40 @@ func recheck(t *testing.T, path string) {
 	if err != nil {
 		t.Fatalf("-soak.check: %v", err)
 	}
-	for _, r := range Check(events) {
+	results := Check(events)
+	for _, r := range results {
 		t.Logf("%-80s cases %4d, not measured %3d, violations %d: %s", r.Name, r.Cases, r.NotMeasured, len(r.Violations), r.Detail)
 		for _, v := range r.Violations {
 			t.Errorf("%s: %s", r.Name, v)
 		}
+	}
+	if *reportFlag == "" || len(events) == 0 {
+		return
+	}
+	// The section of a kept history checked again (by a newer checker): what the run
+	// itself knew (the seed, the length asked for, the fleet, the machine) comes from
+	// the flags and the section it wrote, which this one replaces.
+	applied := map[string]int{}
+	var ends []int64
+	for _, e := range events {
+		switch e.Kind {
+		case EvFault:
+			applied[e.Fault]++
+		case EvRunEnd:
+			ends = append(ends, e.T)
+		}
+	}
+	first, last := events[0].T, events[len(events)-1].T
+	if len(ends) > 0 {
+		last = ends[0]
+	}
+	n := &nemesis{}
+	sum := Summary{Generated: time.Unix(0, last), Revision: *recheckRev, Machine: *recheckMachine, Seed: *seedFlag, Requested: *durationFlag,
+		Ran: time.Duration(last - first), Applied: applied, Overlapping: n.overlapping(events), Results: results, History: path,
+		Fleet: *recheckFleet, Note: fmt.Sprintf("Checks run again over the kept history (`-soak.check`) by the checker at %s; the run itself ended %s.",
+			revision(), time.Unix(0, last).UTC().Format("2006-01-02 15:04 MST"))}
+	if err := WriteSection(*reportFlag, sum); err != nil {
+		t.Errorf("-soak.report: %v", err)
 	}
 }
 
