@@ -295,7 +295,14 @@ func (m *model) jobs() map[string][]job {
 
 func (m *model) checkOneInJob() Result {
 	r := Result{Name: CheckOneInJob, Bound: fmt.Sprintf("a stopped holder leaves within %s of SIGCONT", ResumeEndBound)}
-	for lease, js := range m.jobs() {
+	jobs := m.jobs()
+	names := make([]string, 0, len(jobs))
+	for lease := range jobs {
+		names = append(names, lease)
+	}
+	sort.Strings(names)
+	for _, lease := range names {
+		js := jobs[lease]
 		sort.Slice(js, func(i, j int) bool { return js[i].begin < js[j].begin })
 		r.Cases += len(js)
 		for j := range js {

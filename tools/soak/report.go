@@ -3,6 +3,7 @@ package soak
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
@@ -62,7 +63,8 @@ func (s Summary) Section() string {
 	p("- Seed: %d (replay the schedule: `make soak SOAK_SEED=%d SOAK_DURATION=%s`)\n", s.Seed, s.Seed, s.Requested)
 	p("- Fleet: %s\n", s.Fleet)
 	if s.History != "" {
-		p("- History kept: `%s`\n", s.History)
+		// The file's name only: the folder is the machine's; the run prints the whole path.
+		p("- History kept: `%s` (the run printed its folder)\n", filepath.Base(s.History))
 	} else {
 		p("- History: removed after the run (no violation)\n")
 	}

@@ -750,7 +750,7 @@ func revision() string {
 		return ""
 	}
 	rev := strings.TrimSpace(string(out))
-	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--", ":/", ":(exclude)docs/failover.md").Output(); err == nil && len(st) > 0 {
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--", ":/", ":(top,exclude)docs/failover.md").Output(); err == nil && len(st) > 0 {
 		rev += " (with uncommitted changes)"
 	}
 	return rev
