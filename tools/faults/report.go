@@ -212,7 +212,16 @@ const majorsIntro = "The crash, restart and terminate scenarios, run on the othe
 
 var majorMarker = regexp.MustCompile(`(?m)^<!-- faults:major (\d+):begin -->\n(?s:.*?)^<!-- faults:major (\d+):end -->\n`)
 
-// MajorSections returns the per-major sections of a report, markers included, by major.
+// The soak's section (make soak, tools/soak) is written between its own markers by the
+// soak; every rewrite here keeps it, at the end of the report. MajorSections returns it
+// under SoakSectionKey, so that SpliceMajors puts it back.
+var soakSection = regexp.MustCompile(`(?ms)^<!-- soak:begin -->\n.*?^<!-- soak:end -->\n`)
+
+// SoakSectionKey is the soak's section's key in MajorSections' map; no major has it.
+const SoakSectionKey = -1
+
+// MajorSections returns the per-major sections of a report, markers included, by major,
+// and the soak's section under SoakSectionKey.
 func MajorSections(doc string) map[int]string {
 	out := map[int]string{}
 	for _, m := range majorMarker.FindAllStringSubmatch(doc, -1) {
@@ -221,6 +230,9 @@ func MajorSections(doc string) map[int]string {
 		}
 		n, _ := strconv.Atoi(m[1])
 		out[n] = m[0]
+	}
+	if s := soakSection.FindString(doc); s != "" {
+		out[SoakSectionKey] = s
 	}
 	return out
 }
@@ -244,24 +256,36 @@ func (r Report) WriteMajorSection(w io.Writer, major int) error {
 }
 
 // SpliceMajors ends report (cut before any part of other majors it has) with the
-// per-major sections, in the order of their majors.
+// per-major sections, in the order of their majors, and then the soak's section (from
+// sections, else the one report has).
 func SpliceMajors(report string, sections map[int]string) string {
+	soak, hasSoak := sections[SoakSectionKey]
+	if !hasSoak {
+		soak = soakSection.FindString(report)
+	}
+	report = soakSection.ReplaceAllString(report, "")
 	if i := strings.Index(report, "\n"+majorsHeading+"\n"); i >= 0 {
 		report = report[:i+1]
 	}
-	if len(sections) == 0 {
-		return report
-	}
 	majors := make([]int, 0, len(sections))
 	for m := range sections {
-		majors = append(majors, m)
+		if m != SoakSectionKey {
+			majors = append(majors, m)
+		}
 	}
 	sort.Ints(majors)
 	var b strings.Builder
-	b.WriteString(strings.TrimRight(report, "\n"))
-	b.WriteString("\n\n" + majorsHeading + "\n\n" + majorsIntro)
-	for _, m := range majors {
-		b.WriteString("\n" + sections[m])
+	if len(majors) == 0 {
+		b.WriteString(report)
+	} else {
+		b.WriteString(strings.TrimRight(report, "\n"))
+		b.WriteString("\n\n" + majorsHeading + "\n\n" + majorsIntro)
+		for _, m := range majors {
+			b.WriteString("\n" + sections[m])
+		}
+	}
+	if soak != "" {
+		b.WriteString("\n" + soak)
 	}
 	return b.String()
 }

@@ -39,6 +39,7 @@ type timing struct {
 	keepCount                                     int
 	reaper                                        bool
 	reaperInterval, reaperTTL                     time.Duration
+	waitForSchema                                 bool
 }
 
 func (t *timing) addFlags() {
@@ -53,6 +54,9 @@ func (t *timing) addFlags() {
 	flag.BoolVar(&t.reaper, "agent.reaper", true, "run the reaper")
 	flag.DurationVar(&t.reaperInterval, "agent.reaper-interval", 30*time.Second, "reaper cadence")
 	flag.DurationVar(&t.reaperTTL, "agent.reaper-lease-ttl", 2*time.Minute, "reaper lease ttl")
+	// Not an exporter flag: without it, an instance started while the database is away
+	// stops at once (ErrSchemaNotReady), as the library documents.
+	flag.BoolVar(&t.waitForSchema, "agent.wait-for-schema", false, "wait for the database and the schema at start (AgentConfig.WaitForSchema) instead of stopping")
 }
 
 // participant is one instance's use of the library: an Agent (alive lock, heartbeat,
@@ -87,6 +91,7 @@ func newParticipant(c config, id uuid.UUID, service string, pool *pgxpool.Pool, 
 		Reaper:            c.timing.reaper,
 		ReaperInterval:    c.timing.reaperInterval,
 		ReaperLeaseTTL:    c.timing.reaperTTL,
+		WaitForSchema:     c.timing.waitForSchema,
 		Logger:            logger,
 	})
 	if err != nil {

@@ -14,6 +14,10 @@
 //	rejected  a fenced write found the lease not held under its epoch
 //	lock      the instance's own view of its alive lock changed (held)
 //	ignoring  with --lease.ignore-loss: it lost the lease and goes on believing it leads
+//	job_end   the lease's job (the callback that began with acquired) has returned
+//
+// Each event also carries "mono", CLOCK_MONOTONIC in nanoseconds, which every process of
+// the host shares and no clock step moves.
 //
 // The library's own log lines go to stderr as JSON too; they carry "msg", not "ev".
 //
@@ -49,6 +53,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sys/unix"
 
 	"github.com/pg-liveness/pg_liveness_exporter/logging"
 )
@@ -118,13 +123,22 @@ var events = struct {
 }{enc: json.NewEncoder(os.Stderr)}
 
 func emit(ev string, inst uuid.UUID, kv ...any) {
-	m := map[string]any{"t": time.Now().UnixNano(), "ev": ev, "inst": inst.String()}
+	m := map[string]any{"t": time.Now().UnixNano(), "mono": monotonicNow(), "ev": ev, "inst": inst.String()}
 	for i := 0; i+1 < len(kv); i += 2 {
 		m[kv[i].(string)] = kv[i+1]
 	}
 	events.Lock()
 	defer events.Unlock()
 	_ = events.enc.Encode(m)
+}
+
+// monotonicNow is CLOCK_MONOTONIC in nanoseconds, 0 if it cannot be read.
+func monotonicNow() int64 {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) != nil {
+		return 0
+	}
+	return ts.Nano()
 }
 
 // newLogger builds the agent's one logger: JSON lines at info level, passwords removed.
@@ -275,6 +289,7 @@ func (in *instance) compete(ctx context.Context) {
 // (--lease.ignore-loss) goes on under procCtx, the process's.
 func (in *instance) hold(procCtx, ctx context.Context, lease leaseHandle) error {
 	emit("acquired", in.id, "lease", lease.Name, "epoch", lease.Epoch)
+	defer emit("job_end", in.id, "lease", lease.Name, "epoch", lease.Epoch)
 	var until <-chan time.Time
 	if in.c.hold > 0 {
 		until = time.After(in.c.hold)

@@ -1,0 +1,22 @@
+// Package soak is the randomized fault soak (make soak): a running fleet of agents (the
+// exporter binary as an agent, and the faultagent, a service built on the liveness
+// library, campaigning for four leases whose jobs append fenced rows to a ledger),
+// an observer exporter scraped by a real Prometheus with the shipped rules, all against
+// a real PostgreSQL primary with a streaming replica. A nemesis applies and heals faults
+// on a schedule drawn from a seed, overlapping them; every fault, job begin and end,
+// ledger row, verdict change, lease holder, alert and resource sample goes into a
+// history, and a checker looks for anomalies in it afterwards, in the manner of Jepsen's
+// history checkers and etcd's functional tester.
+//
+// What it guarantees: the same seed, duration and fleet give the same schedule of faults
+// (what the fleet does under them differs from run to run); the history on disk is
+// bounded (MaxHistoryBytes) and kept, its path printed, when a check fails; servers and
+// network namespaces are removed on exit and on SIGINT.
+//
+// The files other than the tests are the parts that need no database: the history, the
+// schedule, the checker and the report. The fleet and the nemesis that drives it live in
+// soak_test.go (TestSoak), since they use the test kit's servers.
+//
+// What it must never do: loosen a check to make a run pass. A violation is a bug in the
+// library or the exporter, reported with the seed and the history.
+package soak

@@ -1,0 +1,205 @@
+package soak
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/netns"
+)
+
+// Fleet shape: three faultagents per lease (a service built on the library, campaigning
+// with Agent.Elect, its job appending fenced rows to the ledger and printing its begin
+// and end) and four exporter binaries as agents: sixteen agents. One competitor of two of
+// the leases and one exporter agent run in network namespaces, for the link faults.
+const (
+	leases            = 4
+	competitorsPerJob = 3
+	exporterAgents    = 4
+	ledgerTable       = "public.fence_log"
+	writeEvery        = 200 * time.Millisecond
+)
+
+// member is one process of the fleet, restarted as a new instance after a kill.
+type member struct {
+	name  string
+	lease string // the lease it competes for; "" for the exporter agents
+	ns    *netns.Namespace
+	addr  string // its /metrics, host:port
+	argv  func(inst uuid.UUID) []string
+	exp   bool // the exporter binary (else the faultagent)
+
+	h *History
+	t *testing.T
+
+	mu      sync.Mutex
+	proc    *proctest.Process
+	inst    string
+	holding bool // inside its lease's job, by its own events
+	killing bool // the nemesis is killing it: its exit is expected
+	ended   bool // the run is over: exits are the cleanup's
+}
+
+// endRun stops recording the member's exits: from now on they are the cleanup's.
+func (m *member) endRun() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ended = true
+}
+
+// watchExit records an exit the nemesis did not cause: a fleet process must not end on
+// its own.
+func (m *member) watchExit(p *proctest.Process, inst string) {
+	<-p.Exited()
+	m.mu.Lock()
+	unexpected := !m.killing && !m.ended && m.proc == p
+	if unexpected {
+		m.proc = nil
+	}
+	m.mu.Unlock()
+	if unexpected {
+		m.h.Add(Event{Kind: EvExit, Proc: m.name, Inst: inst, Note: fmt.Sprint(p.Err())})
+	}
+}
+
+func (m *member) inJob() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.holding && m.proc != nil
+}
+
+func (m *member) current() (*proctest.Process, string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.proc, m.inst
+}
+
+// start runs a new instance and records its start: for the faultagent when it says it is
+// ready, for the exporter once the process runs (it makes no announcement; the settling
+// time after a start covers its joining).
+func (m *member) start() error {
+	id := uuid.New()
+	argv := m.argv(id)
+	if m.ns != nil {
+		argv = m.ns.Command(argv...)
+	}
+	ready := make(chan string, 1)
+	p := proctest.Start(m.t, m.name, proctest.Options{OnLine: func(line string) { m.onLine(line, ready) }}, argv[0], argv[1:]...)
+	inst := id.String()
+	if !m.exp {
+		select {
+		case inst = <-ready:
+		case <-p.Exited():
+			return fmt.Errorf("%s exited at start: %v", m.name, p.Err())
+		case <-time.After(60 * time.Second):
+			return fmt.Errorf("%s not ready within 60 s", m.name)
+		}
+	}
+	m.mu.Lock()
+	m.proc, m.inst, m.killing = p, inst, false
+	m.mu.Unlock()
+	m.h.Add(Event{Kind: EvStart, Proc: m.name, Inst: inst, Lease: m.lease})
+	go m.watchExit(p, inst) // ends with the process, which the test's cleanup ends
+	return nil
+}
+
+// onLine turns the faultagent's event lines into the history.
+func (m *member) onLine(line string, ready chan string) {
+	if m.exp {
+		return
+	}
+	var e struct {
+		T     int64  `json:"t"`
+		Ev    string `json:"ev"`
+		Inst  string `json:"inst"`
+		Lease string `json:"lease"`
+		Epoch int64  `json:"epoch"`
+		Cause string `json:"cause"`
+		Err   string `json:"err"`
+	}
+	if json.Unmarshal([]byte(line), &e) != nil || e.Ev == "" {
+		return
+	}
+	kind := map[string]string{"acquired": EvJobBegin, "job_end": EvJobEnd, "lost": EvLost, "rejected": EvRejected}[e.Ev]
+	switch {
+	case e.Ev == "ready":
+		select {
+		case ready <- e.Inst:
+		default:
+		}
+	case kind != "":
+		if kind == EvJobBegin || kind == EvJobEnd {
+			m.mu.Lock()
+			m.holding = kind == EvJobBegin
+			m.mu.Unlock()
+		}
+		m.h.Add(Event{T: e.T, Kind: kind, Proc: m.name, Inst: e.Inst, Lease: e.Lease, Epoch: e.Epoch, Note: e.Cause})
+	}
+}
+
+// signal sends sig to the running process; false when none runs.
+func (m *member) signal(sig syscall.Signal) bool {
+	p, _ := m.current()
+	if p == nil || !p.Running() {
+		return false
+	}
+	return syscall.Kill(p.Pid(), sig) == nil
+}
+
+// kill is kill -9 of the process group; it returns once the process is gone.
+func (m *member) kill() bool {
+	m.mu.Lock()
+	p := m.proc
+	m.killing = true
+	m.mu.Unlock()
+	if p == nil || !p.Running() {
+		return false
+	}
+	_ = syscall.Kill(-p.Pid(), syscall.SIGKILL)
+	select {
+	case <-p.Exited():
+	case <-time.After(10 * time.Second):
+		m.t.Errorf("%s survived SIGKILL for 10 s", m.name)
+	}
+	m.mu.Lock()
+	m.proc, m.holding = nil, false
+	m.mu.Unlock()
+	return true
+}
+
+// metricsAddr picks the /metrics address of a member: a free port on 127.0.0.1, or on the
+// namespace's address (nothing listens inside a fresh namespace).
+func metricsAddr(t *testing.T, ns *netns.Namespace) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	host := "127.0.0.1"
+	if ns != nil {
+		host = ns.NSIP
+	}
+	return net.JoinHostPort(host, strconv.Itoa(port))
+}
+
+// waitCtx sleeps d unless ctx ends first; false when it did.
+func waitCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

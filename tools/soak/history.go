@@ -1,0 +1,159 @@
+package soak
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Event kinds in a history.
+const (
+	EvFault     = "fault"     // a fault applied: Fault, FaultID, Targets
+	EvHeal      = "heal"      // a fault healed: Fault, FaultID, Targets
+	EvStart     = "start"     // a fleet process is ready with instance Inst (Lease: the lease it competes for)
+	EvExit      = "exit"      // a fleet process exited on its own (Note: how)
+	EvJobBegin  = "job_begin" // Inst entered the job of Lease under Epoch
+	EvJobEnd    = "job_end"   // its job returned
+	EvLost      = "lost"      // Inst was told it lost Lease (Epoch)
+	EvRejected  = "rejected"  // a fenced write of Inst was refused
+	EvLedger    = "ledger"    // a ledger row accepted: ID, Lease, Epoch, Inst (writer), T (the server's clock)
+	EvVerdict   = "verdict"   // a change of a verdict on Inst from Source: Alive; Prev, the last sample before
+	EvHolder    = "holder"    // a change of Lease's holder in the leases table: Inst ("" none), Epoch
+	EvAlert     = "alert"     // a change of an alert's state in Prometheus: Name, State ("" inactive)
+	EvResource  = "resource"  // a sample of the observer exporter: Source (goroutines, fds, rss, conns), Value
+	EvRunEnd    = "run_end"   // the run ended
+	EvInterrupt = "interrupt" // the run was interrupted (SIGINT)
+)
+
+// Verdict sources.
+const (
+	SrcSQL      = "is_instance_alive" // is_instance_alive(id, stale threshold)
+	SrcExporter = "exporter"          // the observer's pg_liveness_instances, by service
+	SrcLock     = "lock"              // the instance's alive lock granted in pg_locks
+	SrcReader   = "reader"            // liveness.Reader.Instances, as a service reads its peers
+)
+
+// Targets of a fault that affects every process (the database's faults).
+const AllProcs = "*"
+
+// Event is one line of a history. T is wall-clock Unix nanoseconds: every process of the
+// soak runs on one host, and the ledger's times come from the server's clock_timestamp().
+type Event struct {
+	T       int64    `json:"t"`
+	Kind    string   `json:"kind"`
+	Proc    string   `json:"proc,omitempty"`
+	Inst    string   `json:"inst,omitempty"`
+	Lease   string   `json:"lease,omitempty"`
+	Epoch   int64    `json:"epoch,omitempty"`
+	ID      int64    `json:"id,omitempty"`
+	Fault   string   `json:"fault,omitempty"`
+	FaultID int      `json:"fault_id,omitempty"`
+	Targets []string `json:"targets,omitempty"`
+	Source  string   `json:"src,omitempty"`
+	Alive   bool     `json:"alive,omitempty"`
+	Prev    int64    `json:"prev,omitempty"`
+	Name    string   `json:"name,omitempty"`
+	State   string   `json:"state,omitempty"`
+	Value   float64  `json:"v,omitempty"`
+	Note    string   `json:"note,omitempty"`
+}
+
+// At is the event's time.
+func (e Event) At() time.Time { return time.Unix(0, e.T) }
+
+// MaxHistoryBytes bounds the history file: past it, events are kept in memory for the
+// checker but no longer written, and the file says so in its last line. Verdicts,
+// holders and alerts are recorded as changes, not samples, so a two-hour run stays far
+// below it.
+const MaxHistoryBytes = 256 << 20
+
+// History is the run's record: in memory for the checker, and as JSON lines on disk.
+type History struct {
+	mu        sync.Mutex
+	events    []Event
+	w         *bufio.Writer
+	f         *os.File
+	written   int64
+	truncated bool
+}
+
+// NewHistory records into path (created, or truncated); "" keeps the history in memory.
+func NewHistory(path string) (*History, error) {
+	h := &History{}
+	if path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return nil, err
+		}
+		h.f, h.w = f, bufio.NewWriter(f)
+	}
+	return h, nil
+}
+
+// Add records e, stamping it with the time now when it has none.
+func (h *History) Add(e Event) {
+	if e.T == 0 {
+		e.T = time.Now().UnixNano()
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.events = append(h.events, e)
+	if h.w == nil || h.truncated {
+		return
+	}
+	line, _ := json.Marshal(e)
+	if h.written+int64(len(line))+1 > MaxHistoryBytes {
+		h.truncated = true
+		fmt.Fprintf(h.w, `{"kind":"truncated","note":"history file reached %d bytes; later events were checked but not written"}`+"\n", MaxHistoryBytes)
+		return
+	}
+	h.written += int64(len(line)) + 1
+	_, _ = h.w.Write(append(line, '\n'))
+}
+
+// Events returns the events so far in time order (stable for equal times).
+func (h *History) Events() []Event {
+	h.mu.Lock()
+	out := append([]Event(nil), h.events...)
+	h.mu.Unlock()
+	sort.SliceStable(out, func(i, j int) bool { return out[i].T < out[j].T })
+	return out
+}
+
+// Close flushes and closes the file.
+func (h *History) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.f == nil {
+		return nil
+	}
+	err := h.w.Flush()
+	if cerr := h.f.Close(); err == nil {
+		err = cerr
+	}
+	h.f, h.w = nil, nil
+	return err
+}
+
+// ReadHistory reads a history file back, for checking a kept history again.
+func ReadHistory(r io.Reader) ([]Event, error) {
+	var out []Event
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
+	for n := 1; sc.Scan(); n++ {
+		var e Event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			return nil, fmt.Errorf("history line %d: %w", n, err)
+		}
+		if e.Kind != "truncated" {
+			out = append(out, e)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].T < out[j].T })
+	return out, sc.Err()
+}

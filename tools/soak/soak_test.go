@@ -1,0 +1,775 @@
+package soak
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/netns"
+)
+
+var (
+	durationFlag   = flag.Duration("soak.duration", 2*time.Minute, "how long the fleet runs under the nemesis")
+	seedFlag       = flag.Uint64("soak.seed", SeedForTests, "the schedule's seed; the same seed replays it")
+	reportFlag     = flag.String("soak.report", "", "write the soak's section of the failover report (Markdown) into this file")
+	historyFlag    = flag.String("soak.history-dir", "", "folder of the history file (default: the temporary folder); kept only when a check fails")
+	recheckFlag    = flag.String("soak.check", "", "check this kept history again instead of running the fleet (with -soak.report, -soak.seed and -soak.duration: its section)")
+	recheckFleet   = flag.String("soak.check-fleet", "as in the run", "with -soak.check: the fleet, as the run's section stated it")
+	recheckMachine = flag.String("soak.check-machine", "", "with -soak.check: the machine, as the run's section stated it")
+	recheckRev     = flag.String("soak.check-revision", "", "with -soak.check: the source revision the run was built from")
+)
+
+const schema = "liveness"
+
+// rulesFile is the alert rule file the project ships, loaded unchanged.
+const rulesFile = "../../alerts/pg_liveness.rules.yml"
+
+var exporterBin, agentBin string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "pg_liveness_soak_bin_")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	exporterBin, agentBin = filepath.Join(dir, "pg_liveness_exporter"), filepath.Join(dir, "faultagent")
+	// Without -race: sixteen agents share two cores with two servers and Prometheus.
+	for _, b := range []struct{ out, dir, pkg string }{{exporterBin, "../..", "."}, {agentBin, ".", "../cmd/faultagent"}} {
+		build := exec.Command("go", "build", "-o", b.out, b.pkg)
+		build.Dir = b.dir
+		if out, err := build.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "go build %s: %v\n%s", b.pkg, err, out)
+			_ = os.RemoveAll(dir)
+			os.Exit(1)
+		}
+	}
+	code := pgtest.Run(m)
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// agentDefaults reads the exporter's agent flags and their defaults from its --help: the
+// fleet runs at the defaults the binary ships.
+func agentDefaults(t *testing.T) (flags []string, stale time.Duration) {
+	out, _ := exec.Command(exporterBin, "--help").CombinedOutput()
+	for _, m := range regexp.MustCompile(`--(agent\.(?:heartbeat-interval|heartbeat-slow-interval|stale-threshold|definitive-dead-cutoff|tcp-keepalive-idle|tcp-keepalive-interval|tcp-keepalive-count|tcp-user-timeout|reaper-interval|reaper-lease-ttl))=(\S+)`).FindAllStringSubmatch(string(out), -1) {
+		flags = append(flags, "--"+m[1]+"="+m[2])
+		if m[1] == "agent.stale-threshold" {
+			stale, _ = time.ParseDuration(m[2])
+		}
+	}
+	if len(flags) != 10 || stale == 0 {
+		t.Fatalf("the exporter's --help shows %d of the 10 agent defaults the fleet runs with", len(flags))
+	}
+	return flags, stale
+}
+
+// cluster is the primary and its replica; the nemesis's faults act on the current primary.
+type cluster struct {
+	mu       sync.Mutex
+	primary  *pgtest.Server
+	replica  *pgtest.Server
+	promoted bool
+	db       string
+}
+
+func (c *cluster) current() *pgtest.Server {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.primary
+}
+
+// exec runs statements on the current primary as the superuser, in a session that may
+// write even while the database is read-only.
+func (c *cluster) exec(ctx context.Context, sqls ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.current().AdminDSN(c.db)+" default_transaction_read_only=off")
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	for _, q := range sqls {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return fmt.Errorf("%s: %w", q, err)
+		}
+	}
+	return nil
+}
+
+// TestSoak runs the fleet under the nemesis for -soak.duration, checks the history and,
+// with -soak.report, writes the report section.
+func TestSoak(t *testing.T) {
+	if *recheckFlag != "" {
+		recheck(t, *recheckFlag)
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal(netns.RootHint)
+	}
+	d, seed := *durationFlag, *seedFlag
+	rev := revision() // at the start: the source the binaries were built from
+	if d < Warmup+Quiet()+30*time.Second {
+		t.Fatalf("-soak.duration=%s: at least %s (warm-up %s, quiet end %s, and time for faults)", d, Warmup+Quiet()+30*time.Second, Warmup, Quiet())
+	}
+	// SIGINT or SIGTERM ends the run early: faults healed, servers, processes and
+	// namespaces removed by the cleanups, the history kept.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	dir := *historyFlag
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	histPath := filepath.Join(dir, fmt.Sprintf("pg_liveness_soak_%d_%s.jsonl", seed, time.Now().UTC().Format("20060102T150405")))
+	h, err := NewHistory(histPath)
+	if err != nil {
+		t.Fatalf("-soak.history-dir: %v", err)
+	}
+	keep := true
+	defer func() {
+		_ = h.Close()
+		if !keep {
+			_ = os.Remove(histPath)
+		}
+	}()
+
+	// Namespaces: two lease competitors and one exporter agent.
+	var spaces []*netns.Namespace
+	for range 3 {
+		ns, err := netns.Create("plsoak")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(ns.Remove)
+		spaces = append(spaces, ns)
+	}
+	listen := "127.0.0.1"
+	for _, ns := range spaces {
+		listen += "," + ns.HostIP
+	}
+	// Commits survive an immediate shutdown, as in production.
+	primary := pgtest.NewServer(t, pgtest.WithSetting("synchronous_commit", "on"), pgtest.WithSetting("listen_addresses", listen))
+	for _, ns := range spaces {
+		if err := primary.AllowHost(ns.CIDR); err != nil {
+			t.Fatalf("pg_hba: %v", err)
+		}
+	}
+	db := pgtest.NewDBOn(t, primary)
+	prepare(t, db.DSN)
+	replica, err := pgtest.StartReplica(primary, pgtest.WithSetting("synchronous_commit", "on"), pgtest.WithSetting("listen_addresses", listen))
+	if err != nil {
+		t.Fatalf("replica: %v", err)
+	}
+	t.Cleanup(replica.Close)
+	cl := &cluster{primary: primary, replica: replica, db: db.Name}
+	dsnVia := func(host, app string) string {
+		return fmt.Sprintf("host=%s,%s port=%d,%d user=%s password=%s dbname=%s sslmode=disable target_session_attrs=read-write connect_timeout=2 application_name=%s",
+			host, host, primary.Port, replica.Port, pgtest.Superuser, primary.Password, db.Name, app)
+	}
+
+	defaults, stale := agentDefaults(t)
+	var members []*member
+	byName := map[string]*member{}
+	add := func(m *member) { m.h, m.t = h, t; members = append(members, m); byName[m.name] = m }
+	for l := range leases {
+		for k := range competitorsPerJob {
+			m := &member{name: fmt.Sprintf("fa-%d-%d", l, k), lease: fmt.Sprintf("soak-%d", l)}
+			if k == 0 && l < 2 {
+				m.ns = spaces[l]
+			}
+			m.addr = metricsAddr(t, m.ns)
+			host := "127.0.0.1"
+			if m.ns != nil {
+				host = m.ns.HostIP
+			}
+			dsn := dsnVia(host, m.name)
+			m.argv = func(uuid.UUID) []string {
+				return append([]string{agentBin, "--dsn=" + dsn, "--schema=" + schema, "--service=" + m.name,
+					"--lease=" + m.lease, "--lease.write-every=" + writeEvery.String(), "--fence-table=" + ledgerTable,
+					"--busy-for=" + PoolBusyFor.String(), "--web.listen-address=" + m.addr,
+					// A killed agent is restarted when its time is up, database or not, as a
+					// supervisor would; with the library's default it would stop for good
+					// if the database happens to be away then.
+					"--agent.wait-for-schema"}, defaults...)
+			}
+			add(m)
+		}
+	}
+	for k := range exporterAgents {
+		m := &member{name: fmt.Sprintf("ex-%d", k), exp: true}
+		if k == 0 {
+			m.ns = spaces[2]
+		}
+		m.addr = metricsAddr(t, m.ns)
+		host := "127.0.0.1"
+		if m.ns != nil {
+			host = m.ns.HostIP
+		}
+		dsn := dsnVia(host, m.name)
+		m.argv = func(id uuid.UUID) []string {
+			return append([]string{exporterBin, "--web.listen-address=" + m.addr, "--db.dsn=" + dsn, "--db.schema=" + schema,
+				"--agent.instance-id=" + id.String(), "--agent.service-name=" + m.name, "--log.level=warn"}, defaults...)
+		}
+		add(m)
+	}
+	for _, m := range members {
+		if err := m.start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The observer: the exporter as an operator runs it, scraped by Prometheus with the
+	// shipped rules, beside every agent's own /metrics.
+	const observerApp = "soak-observer"
+	obsAddr := metricsAddr(t, nil)
+	obs := proctest.Start(t, "observer", proctest.Options{}, exporterBin, "--no-agent", "--web.listen-address="+obsAddr,
+		"--db.dsn="+dsnVia("127.0.0.1", observerApp), "--db.schema="+schema, "--log.level=warn")
+	obs.WaitReady(t, "http://"+obsAddr+"/metrics", 30*time.Second)
+	rules, err := filepath.Abs(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := []string{obsAddr}
+	for _, m := range members {
+		targets = append(targets, m.addr)
+	}
+	prom := proctest.StartPrometheus(t, map[string]any{
+		"global":     map[string]any{"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+		"rule_files": []string{rules},
+		"scrape_configs": []any{map[string]any{
+			"job_name": "pg_liveness", "static_configs": []any{map[string]any{"targets": targets}},
+		}},
+	}, "--log.level=warn")
+
+	// The samplers run until the run ends; each has this one owner.
+	sctx, stopSampling := context.WithCancel(context.Background())
+	var samplers sync.WaitGroup
+	var failMu sync.Mutex
+	var samplerFailures []string
+	failed := func(s string) {
+		failMu.Lock()
+		defer failMu.Unlock()
+		if len(samplerFailures) < 10 && !strings.Contains(strings.Join(samplerFailures, "\n"), s) {
+			samplerFailures = append(samplerFailures, s)
+		}
+	}
+	ch := newChanges(h)
+	var killedMu sync.Mutex
+	recentlyKilled := map[string]time.Time{}
+	ids := func() []string {
+		var out []string
+		for _, m := range members {
+			if _, inst := m.current(); inst != "" {
+				out = append(out, inst)
+			}
+		}
+		killedMu.Lock()
+		defer killedMu.Unlock()
+		for inst, at := range recentlyKilled {
+			if time.Since(at) > time.Minute {
+				delete(recentlyKilled, inst)
+				continue
+			}
+			out = append(out, inst)
+		}
+		return out
+	}
+	var services []string
+	for _, m := range members {
+		services = append(services, m.name)
+	}
+	samplerDSN := dsnVia("127.0.0.1", "soak-sampler")
+	samplers.Go(func() { sampleSQL(sctx, samplerDSN, schema, stale, ids, ch, failed) })
+	samplers.Go(func() { sampleExporter(sctx, "http://"+obsAddr+"/metrics", services, ch, failed) })
+	samplers.Go(func() { sampleAlerts(sctx, prom.Addr, ch) })
+	samplers.Go(func() { sampleReader(sctx, dsnVia("127.0.0.1", "soak-sampler"), ids, ch, failed) })
+	samplers.Go(func() {
+		if waitCtx(sctx, Warmup) { // the observer's start-up is not growth
+			sampleResources(sctx, "http://"+obsAddr+"/metrics", samplerDSN, observerApp, h)
+		}
+	})
+
+	fleet := Fleet{Failover: true}
+	for l := range leases {
+		fleet.Leases = append(fleet.Leases, fmt.Sprintf("soak-%d", l))
+	}
+	for _, m := range members {
+		fleet.Procs = append(fleet.Procs, m.name)
+		if m.ns != nil {
+			fleet.Netns = append(fleet.Netns, m.name)
+		}
+		if !m.exp {
+			fleet.Pools = append(fleet.Pools, m.name)
+		}
+	}
+	schedule := NewSchedule(seed, d, fleet)
+	// Printed, not only logged: the seed is what replays a failing run.
+	fmt.Printf("soak: seed %d, %s, %d faults (replay: make soak SOAK_SEED=%d SOAK_DURATION=%s); history %s\n%s",
+		seed, d, len(schedule), seed, d, histPath, Describe(schedule))
+
+	n := &nemesis{t: t, h: h, cl: cl, byName: byName, killed: func(inst string) {
+		killedMu.Lock()
+		recentlyKilled[inst] = time.Now()
+		killedMu.Unlock()
+	}}
+	t0 := time.Now()
+	var faults sync.WaitGroup
+	for _, f := range schedule {
+		faults.Go(func() { n.run(ctx, t0, f) })
+	}
+	interrupted := !waitCtx(ctx, time.Until(t0.Add(d)))
+	faults.Wait()
+	ran := time.Since(t0)
+	for _, m := range members {
+		m.endRun()
+	}
+	if interrupted {
+		h.Add(Event{Kind: EvInterrupt})
+	}
+	h.Add(Event{Kind: EvRunEnd})
+	stopSampling()
+	samplers.Wait()
+	readLedger(t, cl, h)
+
+	results := Check(h.Events())
+	sum := Summary{Generated: time.Now(), Revision: rev, Machine: machine(cl), Seed: seed, Requested: d, Ran: ran,
+		Interrupted: interrupted, Applied: n.applied(), Overlapping: n.overlapping(h.Events()), Results: results,
+		Fleet: fmt.Sprintf("%d agents: %d faultagent processes (the liveness library: Agent, Elect on %d leases, %d competitors each, fenced ledger rows every %s) and %d exporter binaries as agents; %d agents in network namespaces; an observer exporter scraped with every agent by Prometheus with the shipped rules; PostgreSQL %s primary with a streaming replica; agent defaults as the exporter ships them",
+			len(members), leases*competitorsPerJob, leases, competitorsPerJob, writeEvery, exporterAgents, len(fleet.Netns), pgVersion(cl))}
+	failing := sum.Violations() > 0 || interrupted || len(samplerFailures) > 0
+	keep = failing
+	if failing {
+		sum.History = histPath
+	}
+	for _, r := range results {
+		t.Logf("%-80s cases %4d, not measured %3d, violations %d: %s", r.Name, r.Cases, r.NotMeasured, len(r.Violations), r.Detail)
+		for _, v := range r.Violations {
+			t.Errorf("%s: %s", r.Name, v)
+		}
+	}
+	for _, f := range samplerFailures {
+		t.Errorf("sampler: %s", f)
+	}
+	if interrupted {
+		t.Errorf("interrupted after %s", ran.Round(time.Second))
+	}
+	if *reportFlag != "" {
+		if err := WriteSection(*reportFlag, sum); err != nil {
+			t.Errorf("-soak.report: %v", err)
+		}
+	}
+	if failing {
+		t.Logf("history kept: %s (seed %d)", histPath, seed)
+	}
+}
+
+// recheck runs the checks over a kept history.
+func recheck(t *testing.T, path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("-soak.check: %v", err)
+	}
+	defer f.Close()
+	events, err := ReadHistory(f)
+	if err != nil {
+		t.Fatalf("-soak.check: %v", err)
+	}
+	results := Check(events)
+	for _, r := range results {
+		t.Logf("%-80s cases %4d, not measured %3d, violations %d: %s", r.Name, r.Cases, r.NotMeasured, len(r.Violations), r.Detail)
+		for _, v := range r.Violations {
+			t.Errorf("%s: %s", r.Name, v)
+		}
+	}
+	if *reportFlag == "" || len(events) == 0 {
+		return
+	}
+	// The section of a kept history checked again (by a newer checker): what the run
+	// itself knew (the seed, the length asked for, the fleet, the machine) comes from
+	// the flags and the section it wrote, which this one replaces.
+	applied := map[string]int{}
+	var ends []int64
+	for _, e := range events {
+		switch e.Kind {
+		case EvFault:
+			applied[e.Fault]++
+		case EvRunEnd:
+			ends = append(ends, e.T)
+		}
+	}
+	first, last := events[0].T, events[len(events)-1].T
+	if len(ends) > 0 {
+		last = ends[0]
+	}
+	n := &nemesis{}
+	sum := Summary{Generated: time.Unix(0, last), Revision: *recheckRev, Machine: *recheckMachine, Seed: *seedFlag, Requested: *durationFlag,
+		Ran: time.Duration(last - first), Applied: applied, Overlapping: n.overlapping(events), Results: results, History: path,
+		Fleet: *recheckFleet, Note: fmt.Sprintf("Checks run again over the kept history (`-soak.check`) by the checker at %s; the run itself ended %s.",
+			revision(), time.Unix(0, last).UTC().Format("2006-01-02 15:04 MST"))}
+	if err := WriteSection(*reportFlag, sum); err != nil {
+		t.Errorf("-soak.report: %v", err)
+	}
+}
+
+// prepare applies the migrations and creates the ledger the jobs append to.
+func prepare(t *testing.T, dsn string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := migrations.Apply(ctx, conn, schema); err != nil {
+		t.Fatalf("migrations: %v", err)
+	}
+	if _, err := conn.Exec(ctx, `CREATE TABLE `+ledgerTable+` (
+		id bigserial PRIMARY KEY, lease text NOT NULL, epoch bigint NOT NULL,
+		writer text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
+		t.Fatalf("ledger: %v", err)
+	}
+}
+
+// readLedger adds every accepted ledger row to the history.
+func readLedger(t *testing.T, cl *cluster, h *History) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, cl.current().AdminDSN(cl.db))
+	if err != nil {
+		t.Fatalf("ledger: %v", err)
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT id, lease, epoch, writer, at FROM `+ledgerTable+` ORDER BY id`)
+	if err != nil {
+		t.Fatalf("ledger: %v", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var e Event
+		var at time.Time
+		if err := rows.Scan(&e.ID, &e.Lease, &e.Epoch, &e.Inst, &at); err != nil {
+			t.Fatalf("ledger: %v", err)
+		}
+		e.Kind, e.T = EvLedger, at.UnixNano()
+		h.Add(e)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("ledger: %v", err)
+	}
+}
+
+// holderWait is how long a kill of a lease's holder waits for the lease to have one.
+const holderWait = 15 * time.Second
+
+// nemesis applies and heals the schedule's faults.
+type nemesis struct {
+	t      *testing.T
+	h      *History
+	cl     *cluster
+	byName map[string]*member
+	killed func(inst string)
+
+	mu    sync.Mutex
+	count map[string]int
+	busy  map[string]bool // processes under a process fault
+}
+
+// claim marks a process as under a fault; false when it already is.
+func (n *nemesis) claim(name string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.busy == nil {
+		n.busy = map[string]bool{}
+	}
+	if n.busy[name] {
+		return false
+	}
+	n.busy[name] = true
+	return true
+}
+
+func (n *nemesis) release(name string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.busy, name)
+}
+
+// holder is the member inside lease's job now, if any is free of other faults.
+func (n *nemesis) holder(lease string) *member {
+	names := make([]string, 0, len(n.byName))
+	for name := range n.byName {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if m := n.byName[name]; m.lease == lease && m.inJob() {
+			return m
+		}
+	}
+	return nil
+}
+
+func (n *nemesis) applied() map[string]int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range n.count {
+		out[k] = v
+	}
+	return out
+}
+
+// overlapping counts the faults applied while another was applied.
+func (n *nemesis) overlapping(events []Event) int {
+	active := map[int]bool{}
+	count := 0
+	for _, e := range events {
+		switch e.Kind {
+		case EvFault:
+			if len(active) > 0 {
+				count++
+			}
+			active[e.FaultID] = true
+		case EvHeal:
+			delete(active, e.FaultID)
+		}
+	}
+	return count
+}
+
+// run waits for f's time, applies it, waits its length and heals it; an interrupted run
+// heals at once, and applies nothing more.
+func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
+	if !waitCtx(ctx, time.Until(t0.Add(f.At))) {
+		return
+	}
+	targets := []string{f.Target}
+	if databaseFault[f.Kind] {
+		targets = []string{AllProcs}
+	}
+	m := n.byName[f.Target]
+	if lease, ok := strings.CutPrefix(f.Target, HolderPrefix); ok {
+		// Right after a database fault nobody may hold it yet: wait a while for a holder.
+		for deadline := time.Now().Add(holderWait); ; {
+			if m = n.holder(lease); m != nil || time.Now().After(deadline) || !waitCtx(ctx, 100*time.Millisecond) {
+				break
+			}
+		}
+		if m == nil {
+			n.t.Logf("fault %s: nobody held %s for %s, skipped", f, lease, holderWait)
+			return
+		}
+		targets = []string{m.name}
+	}
+	// A process takes one process fault at a time: a kill of a lease's holder may pick a
+	// process that another fault holds.
+	if f.Kind == FaultKill || f.Kind == FaultStop || f.Kind == FaultPoolExhaustion {
+		if !n.claim(m.name) {
+			n.t.Logf("fault %s: %s is under another fault, skipped", f, m.name)
+			return
+		}
+		defer n.release(m.name)
+	}
+	fault := func(tg []string) {
+		n.h.Add(Event{Kind: EvFault, Fault: f.Kind, FaultID: f.ID, Targets: tg})
+		n.mu.Lock()
+		if n.count == nil {
+			n.count = map[string]int{}
+		}
+		n.count[f.Kind]++
+		n.mu.Unlock()
+	}
+	heal := func(tg []string) { n.h.Add(Event{Kind: EvHeal, Fault: f.Kind, FaultID: f.ID, Targets: tg}) }
+	hold := func() { waitCtx(ctx, f.For) }
+	switch f.Kind {
+	case FaultKill:
+		p, inst := m.current()
+		if p == nil || !p.Running() {
+			n.t.Logf("fault %s: %s not running, skipped", f, m.name)
+			return
+		}
+		fault(targets)
+		m.kill()
+		n.killed(inst)
+		hold()
+		heal(targets)
+		if err := m.start(); err != nil {
+			n.t.Errorf("fault %s: restart: %v", f, err)
+		}
+	case FaultStop:
+		fault(targets)
+		if !m.signal(syscall.SIGSTOP) {
+			n.t.Logf("fault %s: %s not running", f, m.name)
+		}
+		hold()
+		m.signal(syscall.SIGCONT)
+		heal(targets)
+	case FaultLinkDown, FaultBlip:
+		fault(targets)
+		if err := m.ns.Cut(); err != nil {
+			n.t.Errorf("fault %s: %v", f, err)
+		}
+		hold()
+		if err := m.ns.Heal(); err != nil {
+			n.t.Errorf("fault %s: heal: %v", f, err)
+		}
+		heal(targets)
+	case FaultPoolExhaustion:
+		fault(targets)
+		m.signal(syscall.SIGUSR1)
+		hold()
+		heal(targets)
+	case FaultRestartFast, FaultRestartImmediate:
+		srv := n.cl.current()
+		fault(targets)
+		mode := map[string]string{FaultRestartFast: "fast", FaultRestartImmediate: "immediate"}[f.Kind]
+		if err := srv.StopMode(mode); err != nil {
+			n.t.Errorf("fault %s: %v", f, err)
+		}
+		hold()
+		if err := srv.Start(); err != nil {
+			n.t.Errorf("fault %s: start: %v", f, err)
+		}
+		heal(targets)
+	case FaultFailover:
+		n.cl.mu.Lock()
+		old, next := n.cl.primary, n.cl.replica
+		n.cl.mu.Unlock()
+		if next == nil {
+			return
+		}
+		fault(targets)
+		old.Stop()
+		pctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := next.Promote(pctx)
+		cancel()
+		if err != nil {
+			n.t.Errorf("fault %s: promote: %v", f, err)
+		}
+		n.cl.mu.Lock()
+		n.cl.primary, n.cl.replica, n.cl.promoted = next, nil, true
+		n.cl.mu.Unlock()
+		heal(targets)
+	case FaultReadOnly:
+		fault(targets)
+		if err := n.cl.exec(context.Background(), "ALTER SYSTEM SET default_transaction_read_only = on", "SELECT pg_reload_conf()"); err != nil {
+			n.t.Errorf("fault %s: %v", f, err)
+		}
+		hold()
+		if err := n.cl.exec(context.Background(), "ALTER SYSTEM RESET default_transaction_read_only", "SELECT pg_reload_conf()"); err != nil {
+			n.t.Errorf("fault %s: heal: %v", f, err)
+		}
+		heal(targets)
+	case FaultTerminate:
+		victims, err := n.terminate(f)
+		if err != nil {
+			n.t.Logf("fault %s: %v", f, err) // the database may be away: another fault
+			return
+		}
+		fault(victims)
+		heal(victims)
+	}
+}
+
+// terminate ends one to three random sessions of the fleet (not the soak's samplers) and
+// returns the processes whose alive-lock session was among them.
+func (n *nemesis) terminate(f Fault) ([]string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, n.cl.current().AdminDSN(n.cl.db))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT pid, application_name FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+		  AND application_name <> 'soak-sampler' ORDER BY application_name, pid`)
+	if err != nil {
+		return nil, err
+	}
+	type session struct {
+		pid int32
+		app string
+	}
+	var all []session
+	for rows.Next() {
+		var s session
+		if err := rows.Scan(&s.pid, &s.app); err != nil {
+			return nil, err
+		}
+		all = append(all, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	r := rand.New(rand.NewPCG(f.Pick, 0))
+	r.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
+	k := min(len(all), 1+int(f.Pick%3))
+	var victims []string
+	for _, s := range all[:k] {
+		if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1)", s.pid); err != nil {
+			return nil, err
+		}
+		// The alive lock's session is named after the service; a pool's session ending
+		// takes nothing away from anyone's liveness.
+		if svc, ok := strings.CutSuffix(s.app, ":alive-lock"); ok && n.byName[svc] != nil {
+			victims = append(victims, svc)
+		}
+	}
+	sort.Strings(victims)
+	if len(victims) == 0 {
+		victims = []string{}
+	}
+	return victims, nil
+}
+
+func revision() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	rev := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--", ":/", ":(top,exclude)docs/failover.md").Output(); err == nil && len(st) > 0 {
+		rev += " (with uncommitted changes)"
+	}
+	return rev
+}
+
+func pgVersion(cl *cluster) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, cl.current().AdminDSN(cl.db))
+	if err != nil {
+		return "?"
+	}
+	defer conn.Close(context.Background())
+	var v string
+	_ = conn.QueryRow(ctx, "SHOW server_version").Scan(&v)
+	return v
+}
+
+func machine(cl *cluster) string {
+	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return fmt.Sprintf("%d CPUs; Linux %s; PostgreSQL %s; Go %s", runtime.NumCPU(), strings.TrimSpace(string(kernel)), pgVersion(cl), runtime.Version())
+}
