@@ -38,9 +38,6 @@ var exporterBin, agentBin string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	if os.Getenv(netnsChildEnv) != "" {
-		netnsChild() // never returns
-	}
 	dir, err := os.MkdirTemp("", "pg_liveness_faults_bin_")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -8,11 +8,12 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/netns"
 )
 
 // netEnv is an env whose server also listens on the host end of a veth pair, and the DSN
 // an agent inside the namespace uses to reach it.
-func netEnv(t *testing.T) (*env, *netns, string) {
+func netEnv(t *testing.T) (*env, *netns.Namespace, string) {
 	t.Helper()
 	ns := newNetns(t)
 	e := newEnv(t, pgtest.WithSetting("listen_addresses", "127.0.0.1,"+ns.HostIP))
@@ -125,7 +126,7 @@ func (r partitionRun) stop() {
 // off, waits until the heir holds the lease, heals, and waits until the victim holds
 // its lock again. A stale victim goes on believing in its lease once lost. The run's
 // times are recorded under the scenario's quantities, except for a stale victim's.
-func runPartition(t *testing.T, sc *scenario, e *env, ns *netns, nsDSN string, obs *observer, s *sampler,
+func runPartition(t *testing.T, sc *scenario, e *env, ns *netns.Namespace, nsDSN string, obs *observer, s *sampler,
 	lease, tag string, stale bool) partitionRun {
 	t.Helper()
 	const window = 90 * time.Second
