@@ -445,3 +445,32 @@ func boolFloat(b bool) float64 {
 	}
 	return 0
 }
+
+// Only returns an Exporter that runs only the named collectors of e (for /probe's
+// collector parameter), sharing their state with e. An empty list is all of e's. A name
+// that is no enabled collector is an error that names it.
+func (e *Exporter) Only(names ...string) (*Exporter, error) {
+	if len(names) == 0 {
+		return e, nil
+	}
+	o := *e
+	o.collectors = nil
+	for _, c := range e.collectors {
+		for _, n := range names {
+			if n == c.name {
+				o.collectors = append(o.collectors, c)
+				break
+			}
+		}
+	}
+	for _, n := range names {
+		found := false
+		for _, c := range o.collectors {
+			found = found || c.name == n
+		}
+		if !found {
+			return nil, fmt.Errorf("collector %q is not enabled (enabled: %s)", n, strings.Join(e.Enabled(), ", "))
+		}
+	}
+	return &o, nil
+}
