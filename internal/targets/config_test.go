@@ -119,3 +119,20 @@ func TestLoadRefusesBadInputNamingTheField(t *testing.T) {
 		})
 	}
 }
+
+// The example the multi-target overlay ships loads, once its password file exists.
+func TestShippedExampleLoads(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/kubernetes/overlays/multi-target/targets.yml.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	write(t, dir, "observer.password", "pw\n")
+	cfg, err := load(t, dir, strings.ReplaceAll(string(b), "/etc/pg-liveness-exporter", "DIR"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(cfg.Names(), ","); got != "billing,orders" {
+		t.Errorf("targets %s", got)
+	}
+}
