@@ -33,7 +33,7 @@ deps:
 # tools module (TOOLS_DB_PKGS, from tools/), and the fault suite without the failover
 # scenario, which needs pg_basebackup (the npm builds have none; it runs on 15).
 PG_MAJORS     ?= 14 16 17 18
-DB_PKGS       := . ./collector ./internal/database ./internal/status ./internal/testkit/pgtest ./liveness \
+DB_PKGS       := . ./collector ./internal/database ./internal/status ./internal/targets ./internal/testkit/pgtest ./liveness \
 	./migrations ./store
 TOOLS_DB_PKGS := ./alerts ./cmd/fleetsim ./faults ./fleetsim ./statuspage
 MAJOR_SKIP    := ^TestPrimaryFailover$$
