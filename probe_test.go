@@ -272,6 +272,8 @@ func TestProbeConfigurationErrorsAndReload(t *testing.T) {
 		"unknown field":       {"targets:\n  orders: {dsn: x}\n", nil, "--config.file " + dir + "/config.yml: line 2: targets.orders.dsn: unknown field"},
 		"unreadable password": {"credentials:\n  c: {user: u, password_file: " + dir + "/missing}\ntargets:\n  o: {host: h, database: d, credentials: c}\n", nil, "--config.file " + dir + "/config.yml: credentials.c.password_file: open " + dir + "/missing"},
 		"with the agent":      {"credentials:\n  c: {user: u, password_file: " + pw + "}\ntargets:\n  o: {host: h, database: d, credentials: c}\n", []string{"--agent"}, "--config.file makes an observer"},
+		"telemetry path of /probe": {"credentials:\n  c: {user: u, password_file: " + pw + "}\ntargets:\n  o: {host: h, database: d, credentials: c}\n",
+			[]string{"--web.telemetry-path=/probe"}, `--web.telemetry-path "/probe" is a path of --config.file's targets`},
 		"per-target above cap": {"credentials:\n  c: {user: u, password_file: " + pw + "}\ntargets:\n  o: {host: h, database: d, credentials: c}\n",
 			[]string{"--probe.max-conns=1", "--probe.max-conns-per-target=2"}, "--probe.max-conns must be at least --probe.max-conns-per-target"},
 	} {

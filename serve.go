@@ -35,6 +35,9 @@ func loadWeb(c *config) (*webconfig.Served, error) {
 	if c.telemetryPath == "/status" || c.telemetryPath == "/status.json" {
 		return nil, fmt.Errorf("--web.telemetry-path %q is the status page's path", c.telemetryPath)
 	}
+	if c.configFile != "" && (c.telemetryPath == "/probe" || c.telemetryPath == "/targets" || strings.HasPrefix(c.telemetryPath, "/targets/")) {
+		return nil, fmt.Errorf("--web.telemetry-path %q is a path of --config.file's targets (/probe, /targets)", c.telemetryPath)
+	}
 	if *c.web.WebConfigFile == "" {
 		return nil, nil
 	}
