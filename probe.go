@@ -8,11 +8,14 @@ package main
 // (/targets, /targets/NAME/status and .json).
 
 import (
+	"cmp"
 	"fmt"
 	"html/template"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 
@@ -57,8 +60,10 @@ func loadTargets(c *config, logger *slog.Logger) (*targets.Pools, error) {
 	pools, err := targets.NewPools(cfg, c.probe)
 	if err != nil {
 		msg := err.Error()
-		for field, flag := range probeFlags {
-			msg = strings.ReplaceAll(msg, field, flag)
+		// Longest field first: Options.MaxConns is the start of Options.MaxConnsPerTarget.
+		fields := slices.SortedFunc(maps.Keys(probeFlags), func(a, b string) int { return cmp.Compare(len(b), len(a)) })
+		for _, field := range fields {
+			msg = strings.ReplaceAll(msg, field, probeFlags[field])
 		}
 		return nil, fmt.Errorf("%s", msg)
 	}
