@@ -339,3 +339,36 @@ func mustRead(t *testing.T, path string) string {
 	}
 	return string(b)
 }
+
+// With a DSN as well, the exporter serves its own database on /metrics and /status as
+// before, and the targets beside it; the landing page and /targets link them.
+func TestProbeBesideTheMainDatabase(t *testing.T) {
+	srv := pgtest.SharedServer(t)
+	main := testdb.Migrated(t)
+	other := testTarget{"other", srv, pgtest.NewDB(t)}
+	seedService(t, other.db, "svc-other")
+	cfg := targetsConfig(t, t.TempDir(), []testTarget{other})
+	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + main.DSN}, "--no-agent", "--no-migrations.apply", "--config.file="+cfg)
+	body := p.waitFor(t, `(?m)^pg_liveness_up 1$`, 30*time.Second)
+	if strings.Contains(body, "svc-other") {
+		t.Error("/metrics shows a target's service")
+	}
+	if !strings.Contains(body, "pg_liveness_exporter_probe_connections_max 20") {
+		t.Error("/metrics lacks the targets' connection gauges")
+	}
+	_, pb, _ := p.probe(t, "target=other", "5")
+	if !strings.Contains(pb, "\npg_liveness_up 1\n") || !strings.Contains(pb, `service="svc-other"`) {
+		t.Errorf("/probe?target=other:\n%s", pb)
+	}
+	for path, want := range map[string]string{"/": `href="/targets"`, "/targets": `href="/status"`} {
+		resp, err := http.Get("http://" + p.addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), want) {
+			t.Errorf("%s has no %s:\n%s", path, want, b)
+		}
+	}
+}
