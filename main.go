@@ -109,6 +109,9 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	defer stopBG()
 	agentFailed := make(chan error, 1) // the agent gave up for good: exit non-zero
 	wg.Go(func() { runAgent(bg, c, w, agentFailed, logger) })
+	if w.discover != nil {
+		wg.Go(func() { w.discover.discovery.Run(bg) }) // the re-checks end with bg, before the pools close
+	}
 	srv := serve(c.web, webConfig, listeners, w.mux, logger)
 	code := waitForEnd(ctx, c, w, srv, agentFailed, logger)
 	stopBG()
@@ -210,6 +213,7 @@ type wired struct {
 	agent     *liveness.Agent // nil with --no-agent
 	targets   *targets.Pools  // nil without --config.file
 	prober    *prober         // nil without --config.file
+	discover  *discoveredDBs  // nil without a discover section in --config.file
 	mux       *http.ServeMux
 }
 
@@ -253,9 +257,15 @@ func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 			}
 		}()
 	}
+	var discovered *discoveredDBs
+	if pools != nil {
+		if discovered, err = newDiscovered(pools, *c.collectors, source, logger); err != nil {
+			return nil, err
+		}
+	}
 	if probeOnly {
 		w := &wired{reloads: newReloadStatus(), status: &binaryStatus{schema: &database.SchemaStatus{}},
-			database: "none (--config.file only)", source: source, targets: pools}
+			database: "none (--config.file only)", source: source, targets: pools, discover: discovered}
 		if w.mux, err = newProbeOnlyHandler(c, w, logger); err != nil {
 			return nil, err
 		}
@@ -272,7 +282,7 @@ func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 		}
 	}()
 	w := &wired{dsnSwitch: dsnSwitch, reloads: newReloadStatus(), status: &binaryStatus{schema: &database.SchemaStatus{}},
-		database: dsn.Describe(c.pool.DSN), source: source, pool: pool, targets: pools}
+		database: dsn.Describe(c.pool.DSN), source: source, pool: pool, targets: pools, discover: discovered}
 	var agent collector.AgentSource // a nil interface without an agent, never a nil *Agent
 	if c.agentOn {
 		if c.agent.InstanceID == uuid.Nil {

@@ -31,7 +31,7 @@ import (
 // addProbeFlags declares --config.file and --probe.*, the targets' pools' bounds.
 func addProbeFlags(app *kingpin.Application, c *config) {
 	o := &c.probe
-	app.Flag("config.file", "File of named targets and credentials that /probe?target=NAME answers for (YAML). Re-read on SIGHUP.").
+	app.Flag("config.file", "File of named credentials, targets that /probe?target=NAME answers for, and servers whose databases /metrics discovers (YAML). Re-read on SIGHUP.").
 		StringVar(&c.configFile)
 	app.Flag("probe.max-conns", "Most connections the /probe targets' pools hold together.").
 		Default(fmt.Sprint(targets.DefaultMaxConns)).IntVar(&o.MaxConns)
@@ -110,8 +110,10 @@ func newProber(pools *targets.Pools, collectors collector.Config, logger *slog.L
 	p := &prober{pools: pools, collectors: collectors, logger: logger, built: map[string]*probeTarget{}}
 	// The first target's collectors are built now (its pool does not connect yet), so
 	// that a bad collector flag is refused at start-up, not at a target's first probe.
-	if _, err := p.target(pools.Config().Names()[0]); err != nil {
-		return nil, err
+	if names := pools.Config().Names(); len(names) > 0 { // a file of discover entries only has none
+		if _, err := p.target(names[0]); err != nil {
+			return nil, err
+		}
 	}
 	return p, nil
 }

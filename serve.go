@@ -116,7 +116,13 @@ func newHandler(c *config, w *wired, agent collector.AgentSource, logger *slog.L
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle(c.telemetryPath, exporter.Handler(reg))
+	if w.discover != nil { // and every database discovery found, each with its database label
+		mux.Handle(c.telemetryPath, collector.HandlerOf(*c.collectors, reg, func() []*collector.Exporter {
+			return append([]*collector.Exporter{exporter}, w.discover.exporters()...)
+		}))
+	} else {
+		mux.Handle(c.telemetryPath, exporter.Handler(reg))
+	}
 	mux.Handle("/status", page)
 	mux.Handle("/status.json", page)
 	links := []web.LandingLinks{{Address: c.telemetryPath, Text: "Metrics"}, {Address: "/status", Text: "Status"}}
@@ -136,7 +142,11 @@ func newProbeOnlyHandler(c *config, w *wired, logger *slog.Logger) (*http.ServeM
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		versioncollector.NewCollector(exporterName), w.reloads)
 	mux := http.NewServeMux()
-	mux.Handle(c.telemetryPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if w.discover != nil {
+		mux.Handle(c.telemetryPath, collector.HandlerOf(*c.collectors, reg, w.discover.exporters))
+	} else {
+		mux.Handle(c.telemetryPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	}
 	if err := addProbeRoutes(mux, reg, c, w, "", logger); err != nil {
 		return nil, err
 	}

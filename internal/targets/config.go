@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -22,8 +23,41 @@ const MaxFileSize = 1 << 20
 
 // Config is a loaded configuration file: every target with its DSN, ready for a pool.
 type Config struct {
-	targets map[string]Target
+	targets  map[string]Target
+	discover map[string]Server
 }
+
+// Server is a discover entry: a server whose databases holding the source's instances
+// table are found at start and re-checked every Interval.
+type Server struct {
+	Name string
+	// Maintenance is the database pg_database is read from.
+	Maintenance string
+	Interval    time.Duration
+	// Describe is the server's DSN (its maintenance database's) without its password.
+	Describe string
+	base     string // secret: the DSN without dbname, which dsn appends
+}
+
+// dsn is the DSN of the server's database db.
+func (s Server) dsn(db string) string { return s.base + " dbname=" + quote(db) }
+
+// Discover returns the discover entries, sorted by name.
+func (c *Config) Discover() []Server {
+	out := make([]Server, 0, len(c.discover))
+	for _, s := range c.discover {
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b Server) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// DefaultDiscoverInterval is a discover entry's interval when it gives none;
+// MinDiscoverInterval the least it may give.
+const (
+	DefaultDiscoverInterval = time.Minute
+	MinDiscoverInterval     = time.Second
+)
 
 // Target is one database that /probe answers for.
 type Target struct {
@@ -104,7 +138,7 @@ func parse(b []byte) (*Config, error) {
 		return nil, errors.New("the file is empty: it needs a targets section")
 	}
 	root := doc.Content[0]
-	sections, err := mapping(root, "", []string{"credentials", "targets"})
+	sections, err := mapping(root, "", []string{"credentials", "targets", "discover"})
 	if err != nil {
 		return nil, err
 	}
@@ -122,25 +156,44 @@ func parse(b []byte) (*Config, error) {
 			creds[e.name] = c
 		}
 	}
-	tn := sections["targets"]
-	if tn == nil {
-		return nil, errors.New("targets: missing; name at least one target")
+	cfg := &Config{targets: map[string]Target{}, discover: map[string]Server{}}
+	tn, dn := sections["targets"], sections["discover"]
+	if tn == nil && dn == nil {
+		return nil, errors.New("targets: missing; name at least one target (or a server under discover)")
 	}
-	entries, err := named(tn, "targets")
-	if err != nil {
-		return nil, err
-	}
-	if len(entries) == 0 {
-		return nil, errAt(tn, "targets", "is empty; name at least one target")
-	}
-	cfg := &Config{targets: map[string]Target{}}
-	for _, e := range entries {
-		t, err := readTarget(e.node, "targets."+e.name, creds)
+	if tn != nil {
+		entries, err := named(tn, "targets")
 		if err != nil {
 			return nil, err
 		}
-		t.Name = e.name
-		cfg.targets[e.name] = t
+		if len(entries) == 0 && dn == nil {
+			return nil, errAt(tn, "targets", "is empty; name at least one target")
+		}
+		for _, e := range entries {
+			t, err := readTarget(e.node, "targets."+e.name, creds)
+			if err != nil {
+				return nil, err
+			}
+			t.Name = e.name
+			cfg.targets[e.name] = t
+		}
+	}
+	if dn != nil {
+		entries, err := named(dn, "discover")
+		if err != nil {
+			return nil, err
+		}
+		if len(entries) == 0 {
+			return nil, errAt(dn, "discover", "is empty; name at least one server")
+		}
+		for _, e := range entries {
+			srv, err := readServer(e.node, "discover."+e.name, creds)
+			if err != nil {
+				return nil, err
+			}
+			srv.Name = e.name
+			cfg.discover[e.name] = srv
+		}
 	}
 	return cfg, nil
 }
@@ -284,21 +337,8 @@ func readTarget(n *yaml.Node, path string, creds map[string]credentials) (Target
 		}
 		return Target{dsn: s, Describe: dsn.Describe(s)}, nil
 	}
-	var kv []string
-	host, err := scalar(f, path, "host")
-	if err != nil {
-		return Target{}, err
-	}
-	if host == "" {
+	if f["host"] == nil {
 		return Target{}, errAt(n, path, "needs dsn_file, or host, database and credentials")
-	}
-	kv = append(kv, "host="+quote(host))
-	if p := f["port"]; p != nil {
-		port, err := strconv.Atoi(p.Value)
-		if err != nil || port < 1 || port > 65535 {
-			return Target{}, errAt(p, join(path, "port"), "%q is not a port (1 to 65535)", p.Value)
-		}
-		kv = append(kv, "port="+strconv.Itoa(port))
 	}
 	db, err := scalar(f, path, "database")
 	if err != nil {
@@ -307,17 +347,43 @@ func readTarget(n *yaml.Node, path string, creds map[string]credentials) (Target
 	if db == "" {
 		return Target{}, errAt(n, join(path, "database"), "missing")
 	}
-	kv = append(kv, "dbname="+quote(db))
-	cname, err := scalar(f, path, "credentials")
+	base, err := hostDSN(n, f, path, creds)
 	if err != nil {
 		return Target{}, err
 	}
+	s := base + " dbname=" + quote(db)
+	if err := dsn.Validate(s); err != nil {
+		return Target{}, errAt(n, path, "%v", err)
+	}
+	return Target{dsn: s, Describe: dsn.Describe(s)}, nil
+}
+
+// hostDSN builds the DSN, without dbname, of an entry's host, port, credentials and
+// sslmode fields (f, at path), reading the credentials' files.
+func hostDSN(n *yaml.Node, f map[string]*yaml.Node, path string, creds map[string]credentials) (string, error) {
+	var kv []string
+	host, err := scalar(f, path, "host")
+	if err != nil {
+		return "", err
+	}
+	kv = append(kv, "host="+quote(host))
+	if p := f["port"]; p != nil {
+		port, err := strconv.Atoi(p.Value)
+		if err != nil || port < 1 || port > 65535 {
+			return "", errAt(p, join(path, "port"), "%q is not a port (1 to 65535)", p.Value)
+		}
+		kv = append(kv, "port="+strconv.Itoa(port))
+	}
+	cname, err := scalar(f, path, "credentials")
+	if err != nil {
+		return "", err
+	}
 	if cname == "" {
-		return Target{}, errAt(n, join(path, "credentials"), "missing: name an entry of credentials")
+		return "", errAt(n, join(path, "credentials"), "missing: name an entry of credentials")
 	}
 	c, ok := creds[cname]
 	if !ok {
-		return Target{}, errAt(f["credentials"], join(path, "credentials"), "no credentials named %q", cname)
+		return "", errAt(f["credentials"], join(path, "credentials"), "no credentials named %q", cname)
 	}
 	cpath := "credentials." + cname
 	var base string
@@ -330,29 +396,71 @@ func readTarget(n *yaml.Node, path string, creds map[string]credentials) (Target
 			err = errors.New("holds a URL, which cannot take a target's host and database: write it as keyword=value pairs")
 		}
 		if err != nil {
-			return Target{}, &fieldError{path: cpath + ".dsn_file", msg: err.Error()}
+			return "", &fieldError{path: cpath + ".dsn_file", msg: err.Error()}
 		}
-		base = s + " " // the target's host, port and dbname come later and win
+		base = s + " " // the entry's host, port and dbname come later and win
 	} else {
 		kv = append(kv, "user="+quote(c.user))
 		if c.passwordFile != "" {
 			pw, err := readPassword(c.passwordFile)
 			if err != nil {
-				return Target{}, &fieldError{path: cpath + ".password_file", msg: err.Error()}
+				return "", &fieldError{path: cpath + ".password_file", msg: err.Error()}
 			}
 			kv = append(kv, "password="+quote(pw))
 		}
 	}
 	if m, err := readSSLMode(f, path); err != nil {
-		return Target{}, err
+		return "", err
 	} else if m = cmp.Or(m, c.sslmode); m != "" {
 		kv = append(kv, "sslmode="+m)
 	}
-	s := base + strings.Join(kv, " ")
-	if err := dsn.Validate(s); err != nil {
-		return Target{}, errAt(n, path, "%v", err)
+	return base + strings.Join(kv, " "), nil
+}
+
+// readServer reads a discover entry: host, port, credentials and sslmode as a target
+// has them, the maintenance database (postgres unless given) and the re-check interval.
+func readServer(n *yaml.Node, path string, creds map[string]credentials) (Server, error) {
+	f, err := mapping(n, path, []string{"host", "port", "credentials", "sslmode", "maintenance_database", "interval"})
+	if err != nil {
+		return Server{}, err
 	}
-	return Target{dsn: s, Describe: dsn.Describe(s)}, nil
+	srv := Server{Maintenance: "postgres", Interval: DefaultDiscoverInterval}
+	if m, err := scalar(f, path, "maintenance_database"); err != nil {
+		return Server{}, err
+	} else if m != "" {
+		srv.Maintenance = m
+	}
+	if iv, err := scalar(f, path, "interval"); err != nil {
+		return Server{}, err
+	} else if iv != "" {
+		d, err := time.ParseDuration(iv)
+		if err != nil || d < MinDiscoverInterval {
+			return Server{}, errAt(f["interval"], join(path, "interval"), "%q is not a duration of at least %s (such as 1m)", iv, MinDiscoverInterval)
+		}
+		srv.Interval = d
+	}
+	// The connection is a target's without its database: build one for the maintenance
+	// database to check it all, and keep the rest as the base of every database's DSN.
+	tf := map[string]*yaml.Node{}
+	for _, k := range []string{"host", "port", "credentials", "sslmode"} {
+		if f[k] != nil {
+			tf[k] = f[k]
+		}
+	}
+	if tf["host"] == nil {
+		return Server{}, errAt(n, join(path, "host"), "missing")
+	}
+	base, err := hostDSN(n, tf, path, creds)
+	if err != nil {
+		return Server{}, err
+	}
+	srv.base = base
+	s := srv.dsn(srv.Maintenance)
+	if err := dsn.Validate(s); err != nil {
+		return Server{}, errAt(n, path, "%v", err)
+	}
+	srv.Describe = dsn.Describe(s)
+	return srv, nil
 }
 
 // quote writes a keyword/value DSN value in single quotes.

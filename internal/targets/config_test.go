@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 const secret = "s3cr'et\\pw"
@@ -54,9 +55,9 @@ targets:
 		t.Fatalf("names %s", got)
 	}
 	want := map[string]string{
-		"billing": `host='db1.internal' port=6432 dbname='billing' user='liveness_observer' password='s3cr\'et\\pw' sslmode=verify-full`,
+		"billing": `host='db1.internal' port=6432 user='liveness_observer' password='s3cr\'et\\pw' sslmode=verify-full dbname='billing'`,
 		"orders":  "host=db2 port=5433 user=obs password=dsnsecret dbname=orders sslmode=disable",
-		"users":   `user=obs password=basesecret sslmode=require host='db1.internal' dbname='us\'ers' sslmode=disable`,
+		"users":   `user=obs password=basesecret sslmode=require host='db1.internal' sslmode=disable dbname='us\'ers'`,
 	}
 	for name, dsn := range want {
 		tg, ok := cfg.Target(name)
@@ -89,6 +90,12 @@ func TestLoadRefusesBadInputNamingTheField(t *testing.T) {
 		{"bad sslmode", "credentials:\n  c: {user: u, sslmode: maybe}\ntargets:\n  o: {dsn_file: DIR/orders.dsn}\n", `credentials.c.sslmode: "maybe" is not one of`},
 		{"bad name", "targets:\n  \"a b\": {dsn_file: DIR/orders.dsn}\n", `targets: "a b" is not a valid name`},
 		{"no targets", "credentials: {}\n", "targets: missing"},
+		{"empty discover", "discover: {}\n", "discover: is empty"},
+		{"discover without host", "credentials:\n  c: {user: u}\ndiscover:\n  s: {credentials: c}\n", "discover.s.host: missing"},
+		{"discover database", "credentials:\n  c: {user: u}\ndiscover:\n  s: {host: h, database: d, credentials: c}\n", "discover.s.database: unknown field"},
+		{"discover credentials", "discover:\n  s: {host: h, credentials: nobody}\n", `discover.s.credentials: no credentials named "nobody"`},
+		{"discover interval", "credentials:\n  c: {user: u}\ndiscover:\n  s: {host: h, credentials: c, interval: 10ms}\n", `discover.s.interval: "10ms" is not a duration of at least 1s`},
+		{"discover password file", "credentials:\n  c: {user: u, password_file: DIR/nope}\ndiscover:\n  s: {host: h, credentials: c}\n", "credentials.c.password_file: open"},
 		{"empty targets", "targets: {}\n", "targets: is empty"},
 		{"empty file", "", "the file is empty"},
 		{"not yaml", "targets: [\n", "not valid YAML"},
@@ -117,6 +124,41 @@ func TestLoadRefusesBadInputNamingTheField(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestLoadReadsDiscoverEntries(t *testing.T) {
+	dir := files(t)
+	cfg, err := load(t, dir, `
+credentials:
+  observer: {user: liveness_observer, password_file: DIR/pw, sslmode: verify-full}
+discover:
+  main: {host: db1.internal, port: 6432, credentials: observer}
+  other: {host: db2.internal, credentials: observer, maintenance_database: admin, interval: 30s, sslmode: disable}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Names()) != 0 {
+		t.Fatalf("targets %v from a file of discover entries only", cfg.Names())
+	}
+	got := cfg.Discover()
+	if len(got) != 2 || got[0].Name != "main" || got[1].Name != "other" {
+		t.Fatalf("discover entries %+v", got)
+	}
+	if got[0].Maintenance != "postgres" || got[0].Interval != DefaultDiscoverInterval || got[1].Maintenance != "admin" || got[1].Interval != 30*time.Second {
+		t.Errorf("maintenance databases and intervals: %+v", got)
+	}
+	if d, want := got[0].dsn("orders"), `host='db1.internal' port=6432 user='liveness_observer' password='s3cr\'et\\pw' sslmode=verify-full dbname='orders'`; d != want {
+		t.Errorf("dsn %q, want %q", d, want)
+	}
+	if d := got[1].dsn("o'rders"); !strings.HasSuffix(d, `sslmode=disable dbname='o\'rders'`) {
+		t.Errorf("dsn %q: the entry's sslmode and a quoted database name", d)
+	}
+	for _, s := range got {
+		if strings.Contains(s.Describe, "s3cr") || !strings.Contains(s.Describe, "dbname="+s.Maintenance) {
+			t.Errorf("%s: Describe %q", s.Name, s.Describe)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -80,16 +81,68 @@ func (p *Pools) Pool(name string) (pool *pgxpool.Pool, ok bool, err error) {
 	if !ok {
 		return nil, false, nil
 	}
-	pool, err = database.NewPool(database.PoolConfig{
-		DSN: t.dsn, MaxConns: p.opts.MaxConnsPerTarget, ApplicationName: p.opts.ApplicationName,
+	return p.openLocked(name, t.dsn)
+}
+
+// openLocked opens the pool of key (a target's name, or discoveredKey) on dsn, without
+// connecting. p.mu is held.
+func (p *Pools) openLocked(key, dsn string) (*pgxpool.Pool, bool, error) {
+	pool, err := database.NewPool(database.PoolConfig{
+		DSN: dsn, MaxConns: p.opts.MaxConnsPerTarget, ApplicationName: p.opts.ApplicationName,
 		ConnectTimeout: p.opts.ConnectTimeout, Logger: p.opts.Logger, MaxConnIdleTime: p.opts.IdleTimeout,
 		WrapDial: p.limit.wrap,
 	})
 	if err != nil {
 		return nil, true, err
 	}
-	p.open[name] = pool
+	p.open[key] = pool
 	return pool, true, nil
+}
+
+// discoveredKey is the key of a discovered database's pool: a target's name holds no
+// ':' or '/', so it is never one.
+func discoveredKey(server, db string) string { return "discover:" + server + "/" + db }
+
+// DiscoveredPool returns the pool of database db of the discover entry named server,
+// opening it (without connecting) on first use, under the same cap as the targets'.
+// ok is false for a server the configuration does not hold.
+func (p *Pools) DiscoveredPool(server, db string) (pool *pgxpool.Pool, ok bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	key := discoveredKey(server, db)
+	if pool := p.open[key]; pool != nil {
+		return pool, true, nil
+	}
+	srv, ok := p.cfg.discover[server]
+	if !ok {
+		return nil, false, nil
+	}
+	return p.openLocked(key, srv.dsn(db))
+}
+
+// ForgetDiscovered closes the pool of a discovered database that is gone or no longer
+// holds the source, in the background once its statements in flight end.
+func (p *Pools) ForgetDiscovered(server, db string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	key := discoveredKey(server, db)
+	if pool := p.open[key]; pool != nil {
+		delete(p.open, key)
+		p.closing.Go(pool.Close)
+	}
+}
+
+// sameDSN reports whether key's pool connects the same way under cfg as under the
+// configuration in force. p.mu is held.
+func (p *Pools) sameDSN(key string, cfg *Config) bool {
+	if rest, ok := strings.CutPrefix(key, "discover:"); ok {
+		server, db, _ := strings.Cut(rest, "/")
+		old, had := p.cfg.discover[server]
+		srv, has := cfg.discover[server]
+		return had && has && old.dsn(db) == srv.dsn(db)
+	}
+	t, ok := cfg.Target(key)
+	return ok && t.dsn == p.cfg.targets[key].dsn
 }
 
 // Replace puts cfg in force: the pools of targets that are gone, or whose DSN changed,
@@ -99,7 +152,7 @@ func (p *Pools) Replace(cfg *Config) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for name, pool := range p.open {
-		if t, ok := cfg.Target(name); ok && t.dsn == p.cfg.targets[name].dsn {
+		if p.sameDSN(name, cfg) {
 			continue
 		}
 		delete(p.open, name)
