@@ -34,6 +34,9 @@ type Server struct {
 	// Maintenance is the database pg_database is read from.
 	Maintenance string
 	Interval    time.Duration
+	// MaxDatabases bounds the databases watched (the first by name): the database label's
+	// values, and so every discovered series, stay bounded however many a server holds.
+	MaxDatabases int
 	// Describe is the server's DSN (its maintenance database's) without its password.
 	Describe string
 	base     string // secret: the DSN without dbname, which dsn appends
@@ -58,6 +61,9 @@ const (
 	DefaultDiscoverInterval = time.Minute
 	MinDiscoverInterval     = time.Second
 )
+
+// DefaultMaxDatabases is a discover entry's max_databases when it gives none.
+const DefaultMaxDatabases = 100
 
 // Target is one database that /probe answers for.
 type Target struct {
@@ -420,11 +426,18 @@ func hostDSN(n *yaml.Node, f map[string]*yaml.Node, path string, creds map[strin
 // readServer reads a discover entry: host, port, credentials and sslmode as a target
 // has them, the maintenance database (postgres unless given) and the re-check interval.
 func readServer(n *yaml.Node, path string, creds map[string]credentials) (Server, error) {
-	f, err := mapping(n, path, []string{"host", "port", "credentials", "sslmode", "maintenance_database", "interval"})
+	f, err := mapping(n, path, []string{"host", "port", "credentials", "sslmode", "maintenance_database", "interval", "max_databases"})
 	if err != nil {
 		return Server{}, err
 	}
-	srv := Server{Maintenance: "postgres", Interval: DefaultDiscoverInterval}
+	srv := Server{Maintenance: "postgres", Interval: DefaultDiscoverInterval, MaxDatabases: DefaultMaxDatabases}
+	if m := f["max_databases"]; m != nil {
+		n, err := strconv.Atoi(m.Value)
+		if err != nil || n < 1 {
+			return Server{}, errAt(m, join(path, "max_databases"), "%q is not a number of databases (1 or more)", m.Value)
+		}
+		srv.MaxDatabases = n
+	}
 	if m, err := scalar(f, path, "maintenance_database"); err != nil {
 		return Server{}, err
 	} else if m != "" {

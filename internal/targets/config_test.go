@@ -95,6 +95,7 @@ func TestLoadRefusesBadInputNamingTheField(t *testing.T) {
 		{"discover database", "credentials:\n  c: {user: u}\ndiscover:\n  s: {host: h, database: d, credentials: c}\n", "discover.s.database: unknown field"},
 		{"discover credentials", "discover:\n  s: {host: h, credentials: nobody}\n", `discover.s.credentials: no credentials named "nobody"`},
 		{"discover interval", "credentials:\n  c: {user: u}\ndiscover:\n  s: {host: h, credentials: c, interval: 10ms}\n", `discover.s.interval: "10ms" is not a duration of at least 1s`},
+		{"discover max_databases", "credentials:\n  c: {user: u}\ndiscover:\n  s: {host: h, credentials: c, max_databases: 0}\n", `discover.s.max_databases: "0" is not a number of databases`},
 		{"discover password file", "credentials:\n  c: {user: u, password_file: DIR/nope}\ndiscover:\n  s: {host: h, credentials: c}\n", "credentials.c.password_file: open"},
 		{"empty targets", "targets: {}\n", "targets: is empty"},
 		{"empty file", "", "the file is empty"},
@@ -134,7 +135,7 @@ credentials:
   observer: {user: liveness_observer, password_file: DIR/pw, sslmode: verify-full}
 discover:
   main: {host: db1.internal, port: 6432, credentials: observer}
-  other: {host: db2.internal, credentials: observer, maintenance_database: admin, interval: 30s, sslmode: disable}
+  other: {host: db2.internal, credentials: observer, maintenance_database: admin, interval: 30s, max_databases: 7, sslmode: disable}
 `)
 	if err != nil {
 		t.Fatal(err)
@@ -145,6 +146,9 @@ discover:
 	got := cfg.Discover()
 	if len(got) != 2 || got[0].Name != "main" || got[1].Name != "other" {
 		t.Fatalf("discover entries %+v", got)
+	}
+	if got[0].MaxDatabases != DefaultMaxDatabases || got[1].MaxDatabases != 7 {
+		t.Errorf("max_databases: %d and %d, want the default and 7", got[0].MaxDatabases, got[1].MaxDatabases)
 	}
 	if got[0].Maintenance != "postgres" || got[0].Interval != DefaultDiscoverInterval || got[1].Maintenance != "admin" || got[1].Interval != 30*time.Second {
 		t.Errorf("maintenance databases and intervals: %+v", got)

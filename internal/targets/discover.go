@@ -5,11 +5,13 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
@@ -32,8 +34,9 @@ type Discovery struct {
 	timeout time.Duration // each statement's
 	logger  *slog.Logger
 
-	mu    sync.Mutex
-	found map[string][]string // by entry: the databases, sorted
+	mu     sync.Mutex
+	found  map[string][]string         // by entry: the databases, sorted
+	capped map[string]*logging.Repeats // by entry: the max_databases warning, logged when it starts or changes
 	// rounds counts finished re-checks of every entry, for tests and the log.
 	rounds int
 	round  chan struct{} // closed and replaced when a round ends
@@ -43,7 +46,7 @@ type Discovery struct {
 // bounds each statement it sends (listing the databases, checking one).
 func NewDiscovery(pools *Pools, source *store.Source, timeout time.Duration, logger *slog.Logger) *Discovery {
 	return &Discovery{pools: pools, source: source, timeout: timeout, logger: logger,
-		found: map[string][]string{}, round: make(chan struct{})}
+		found: map[string][]string{}, capped: map[string]*logging.Repeats{}, round: make(chan struct{})}
 }
 
 // Found returns the databases found, by entry then name.
@@ -133,6 +136,7 @@ func (d *Discovery) check(ctx context.Context, srv Server) {
 	before := d.found[srv.Name]
 	d.mu.Unlock()
 	var found []string
+	capped := 0 // databases with the table left out by MaxDatabases
 	for _, db := range names {
 		has, err := d.holdsSource(ctx, srv.Name, db)
 		switch {
@@ -141,6 +145,8 @@ func (d *Discovery) check(ctx context.Context, srv Server) {
 			found = append(found, db)
 		case err != nil:
 			logger.Debug("cannot check a database", "database", db, "err", err)
+		case has && len(found) >= srv.MaxDatabases:
+			capped++
 		case has:
 			found = append(found, db)
 		}
@@ -159,9 +165,26 @@ func (d *Discovery) check(ctx context.Context, srv Server) {
 			logger.Info("database found", "database", db)
 		}
 	}
+	if capped > 0 {
+		d.cappedLog(srv.Name).Log(logger, slog.LevelWarn, strconv.Itoa(capped), "more databases hold the table than max_databases; the first by name are watched",
+			"max_databases", srv.MaxDatabases, "left_out", capped)
+	} else {
+		d.cappedLog(srv.Name).Clear(logger, "every database holding the table is watched again")
+	}
 	d.mu.Lock()
 	d.found[srv.Name] = found
 	d.mu.Unlock()
+}
+
+func (d *Discovery) cappedLog(server string) *logging.Repeats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := d.capped[server]
+	if r == nil {
+		r = new(logging.Repeats)
+		d.capped[server] = r
+	}
+	return r
 }
 
 // list reads pg_database in srv's maintenance database.
