@@ -42,6 +42,18 @@ func (p *exporterProc) metrics(t testing.TB, timeout string) (string, time.Durat
 	return string(b), time.Since(start)
 }
 
+// get GETs path and returns the body.
+func (p *exporterProc) get(t testing.TB, path string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + p.addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
 // upOf is the database's pg_liveness_up in body, "" when it has none.
 func upOf(body, database string) string {
 	m := regexp.MustCompile(`(?m)^pg_liveness_up\{database="` + regexp.QuoteMeta(database) + `"\} (\S+)$`).FindStringSubmatch(body)
@@ -109,6 +121,13 @@ func TestDiscoveryWatchesEveryDatabaseWithTheSchema(t *testing.T) {
 	}
 	if strings.Contains(body, `database="s1/postgres"`) {
 		t.Errorf("the maintenance database, without the schema, is exported")
+	}
+	// /targets lists the databases found, and only those.
+	page := p.get(t, "/targets")
+	for _, d := range dbs {
+		if listed := strings.Contains(page, "<li>"+label(d)+"</li>"); listed != d.schema {
+			t.Errorf("/targets lists %s: %v, want %v:\n%s", label(d), listed, d.schema, page)
+		}
 	}
 
 	// A database created after start is found by a re-check; a dropped one goes.

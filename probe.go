@@ -82,7 +82,7 @@ func addProbeRoutes(mux *http.ServeMux, reg *prometheus.Registry, c *config, w *
 	w.prober = p
 	reg.MustRegister(newPoolMetrics(w.targets, c.probe.MaxConns))
 	mux.Handle("/probe", p)
-	mux.Handle("/targets", p.targetList(main))
+	mux.Handle("/targets", p.targetList(main, w.discover))
 	mux.HandleFunc("/targets/{target}/status", p.statusPage)
 	mux.HandleFunc("/targets/{target}/status.json", p.statusPage)
 	return nil
@@ -207,20 +207,29 @@ var targetListTemplate = template.Must(template.New("targets").Parse(`<!DOCTYPE 
 {{if .Main}}<p><a href="/status">{{.Main}}</a> (this exporter's own, on <code>/metrics</code>)</p>{{end}}
 <p>The targets of <code>--config.file</code>, each one's metrics on <code>/probe?target=NAME</code>:</p>
 <ul>{{range .Targets}}<li><a href="/targets/{{.}}/status">{{.}}</a> (<a href="/probe?target={{.}}">metrics</a>)</li>{{end}}</ul>
+{{if .Discovered}}<p>The databases found by <code>--config.file</code>'s discover entries, each one's metrics on <code>/metrics</code> with its <code>database</code> label:</p>
+<ul>{{range .Discovered}}<li>{{.}}</li>{{end}}</ul>{{end}}
 <p><a href="/">Home</a></p></body></html>
 `))
 
 // targetList serves /targets: the databases this exporter answers for, one status page
 // each. main describes the --db.dsn database, if there is one.
-func (p *prober) targetList(main string) http.Handler {
+func (p *prober) targetList(main string, discovered *discoveredDBs) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Content-Security-Policy", "default-src 'none'")
 		w.Header().Set("Cache-Control", "no-store")
+		var found []string
+		if discovered != nil {
+			for _, db := range discovered.discovery.Found() {
+				found = append(found, db.Label())
+			}
+		}
 		_ = targetListTemplate.Execute(w, struct {
-			Main    string
-			Targets []string
-		}{main, p.pools.Config().Names()})
+			Main       string
+			Targets    []string
+			Discovered []string
+		}{main, p.pools.Config().Names(), found})
 	})
 }
 
