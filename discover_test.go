@@ -3,7 +3,8 @@ package main
 // Discovery within a server against two real servers: each server's databases that hold
 // the schema are found at start and exported on /metrics with their database label,
 // those without it are not; a database created after start is found by a re-check, a
-// dropped one goes; with one server stopped the other's databases answer within the
+// dropped one goes; a SIGHUP that removes a server's entry removes its databases, and
+// one that restores it brings them back; with one server stopped the other's databases answer within the
 // scrape's deadline, and the stopped one's stay listed with pg_liveness_up 0; with it
 // hung, the other's still answer up in the same scrape, sent at its deadline.
 
@@ -15,6 +16,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -90,8 +92,11 @@ func TestDiscoveryWatchesEveryDatabaseWithTheSchema(t *testing.T) {
 		pw := writeFile(t, dir, fmt.Sprintf("pw-%d", i+1), s.Password+"\n")
 		fmt.Fprintf(&b, "  c%d: {user: %s, password_file: %s, sslmode: disable}\n", i+1, pgtest.Superuser, pw)
 	}
-	fmt.Fprintf(&b, "discover:\n  s1: {host: 127.0.0.1, port: %d, credentials: c1, interval: 1s}\n  s2: {host: 127.0.0.1, port: %d, credentials: c2, interval: 1s}\n", s1.Port, s2.Port)
-	cfg := writeFile(t, dir, "targets.yml", b.String())
+	fmt.Fprintf(&b, "discover:\n  s1: {host: 127.0.0.1, port: %d, credentials: c1, interval: 1s}\n", s1.Port)
+	withoutS2 := b.String()
+	fmt.Fprintf(&b, "  s2: {host: 127.0.0.1, port: %d, credentials: c2, interval: 1s}\n", s2.Port)
+	withS2 := b.String()
+	cfg := writeFile(t, dir, "targets.yml", withS2)
 	p := startExporter(t, nil, "--no-agent", "--config.file="+cfg, "--probe.max-conns=12", "--probe.max-conns-per-target=2")
 
 	// Found at start: the databases with the schema, each with its own instance under its
@@ -139,6 +144,20 @@ func TestDiscoveryWatchesEveryDatabaseWithTheSchema(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, "the new database found and the dropped one gone", func() bool {
 		body, _ = p.metrics(t, "5")
 		return upOf(body, "s1/"+late.Name) == "1" && !strings.Contains(body, label(dbs[1]))
+	})
+
+	// SIGHUP with s2's entry gone: its databases leave /metrics; with it back, return.
+	writeFile(t, dir, "targets.yml", withoutS2)
+	p.signal(t, syscall.SIGHUP)
+	testutil.Eventually(t, 30*time.Second, "server 2's databases gone after SIGHUP", func() bool {
+		body, _ = p.metrics(t, "5")
+		return !strings.Contains(body, `database="s2/`) && upOf(body, label(dbs[0])) == "1"
+	})
+	writeFile(t, dir, "targets.yml", withS2)
+	p.signal(t, syscall.SIGHUP)
+	testutil.Eventually(t, 30*time.Second, "server 2's database back after SIGHUP", func() bool {
+		body, _ = p.metrics(t, "5")
+		return upOf(body, label(dbs[3])) == "1"
 	})
 
 	// s2 stops: s1's databases answer within the deadline (5 s less the 0.5 s offset),

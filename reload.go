@@ -153,5 +153,8 @@ func reloadTargets(c *config, w *wired, logger *slog.Logger) {
 		return
 	}
 	w.targets.Replace(cfg)
+	if w.discover == nil && len(cfg.Discover()) > 0 {
+		logger.Warn("SIGHUP: --config.file has discover entries now, but had none at start; restart to watch them", "file", c.configFile)
+	}
 	logger.Info("SIGHUP: reloaded --config.file", "file", c.configFile, "targets", len(cfg.Names()))
 }
