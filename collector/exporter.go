@@ -165,7 +165,7 @@ func (e *Exporter) Enabled() []string {
 // the scraper accepts it. The collectors' samples are written straight from the buffers
 // they were added to, which are reused by later scrapes.
 func (e *Exporter) Handler(extra prometheus.Gatherer) http.Handler {
-	return HandlerOf(e.cfg, extra, func() []*Exporter { return []*Exporter{e} })
+	return HandlerOf(e.cfg, extra, func() []*Exporter { return []*Exporter{e} }, e.logger)
 }
 
 // HandlerOf serves one scrape of every exporter that list returns at the request, as
@@ -173,8 +173,9 @@ func (e *Exporter) Handler(extra prometheus.Gatherer) http.Handler {
 // the request (cfg's scrape settings; the exporters' own are not read), so that a slow
 // database costs the others nothing but the wait for the answer to be sent, and never
 // past the deadline. Their families are merged by name: each exporter's samples carry
-// its own label (Labelled) to tell them apart.
-func HandlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter) http.Handler {
+// its own label (Labelled) to tell them apart. logger logs what cannot be gathered or sent.
+func HandlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter, logger *slog.Logger) http.Handler {
+	logger = logging.Wrap(logger)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), cfg.scrapeTimeout(r.Header))
 		exporters := list()
@@ -189,10 +190,6 @@ func HandlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter) h
 		for _, s := range scrapes {
 			defer s.release()
 			builders = append(builders, s.builders...)
-		}
-		logger := slog.Default()
-		if len(exporters) > 0 {
-			logger = exporters[0].logger
 		}
 
 		var fams []*dto.MetricFamily
