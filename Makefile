@@ -34,7 +34,7 @@ deps:
 # scenario, which needs pg_basebackup (the npm builds have none; it runs on 15). The
 # soak (tools/soak) runs on 15 only, for the same reason.
 PG_MAJORS     ?= 14 16 17 18
-DB_PKGS       := . ./collector ./internal/database ./internal/status ./internal/testkit/pgtest ./liveness \
+DB_PKGS       := . ./collector ./internal/database ./internal/status ./internal/targets ./internal/testkit/pgtest ./liveness \
 	./migrations ./store
 TOOLS_DB_PKGS := ./alerts ./cmd/fleetsim ./faults ./fleetsim ./statuspage
 MAJOR_SKIP    := ^TestPrimaryFailover$$

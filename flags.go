@@ -29,6 +29,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
@@ -49,6 +50,9 @@ type config struct {
 	agent      liveness.AgentConfig
 	source     store.SourceConfig
 	collectors *collector.Config
+
+	configFile string          // --config.file: the /probe targets
+	probe      targets.Options // their pools' bounds
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -75,6 +79,7 @@ func newApp(stderr io.Writer) (*kingpin.Application, *config) {
 	addAgentFlags(app, c)
 	addSourceFlags(app, &c.source)
 	c.collectors = collector.AddFlags(app)
+	addProbeFlags(app, c)
 	return app, c
 }
 
@@ -305,6 +310,11 @@ func checkFlags(c *config) error {
 	}
 	if !c.agentOn {
 		return nil
+	}
+	if c.configFile != "" {
+		// The agent takes part in one database; an exporter that probes many is an
+		// observer of each, and must not join (and migrate) its --db.dsn by default.
+		return errors.New("--config.file makes an observer of many databases, and the agent takes part in one: add --no-agent (run agents as sidecars with --db.dsn-file)")
 	}
 	if s.Kind == store.SourceWhizbang {
 		return errors.New("--source=whizbang observes a Whizbang database and writes nothing to it: add --no-agent")

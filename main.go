@@ -33,6 +33,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/webconfig"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/logging"
@@ -92,7 +93,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 		return configError(stderr, err)
 	}
 	w.web = webConfig
-	defer w.pool.Close()
+	defer w.close()
 	// Binding the listeners now turns a bad address or a port in use into a
 	// configuration error, before anything starts.
 	listeners, err := listen(c.web)
@@ -108,6 +109,9 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	defer stopBG()
 	agentFailed := make(chan error, 1) // the agent gave up for good: exit non-zero
 	wg.Go(func() { runAgent(bg, c, w, agentFailed, logger) })
+	if w.discover != nil {
+		wg.Go(func() { w.discover.discovery.Run(bg) }) // the re-checks end with bg, before the pools close
+	}
 	srv := serve(c.web, webConfig, listeners, w.mux, logger)
 	code := waitForEnd(ctx, c, w, srv, agentFailed, logger)
 	stopBG()
@@ -154,6 +158,9 @@ func waitForEnd(ctx context.Context, c *config, w *wired, srv *server, agentFail
 // the exporter keeps serving: an agent that cannot join leaves an observer, and
 // pg_liveness_agent_joined says so.
 func runAgent(ctx context.Context, c *config, w *wired, failed chan<- error, logger *slog.Logger) {
+	if w.pool == nil { // /probe only: no database of its own
+		return
+	}
 	if w.source.Kind() == store.SourceWhizbang {
 		// A Whizbang database is observed as it is: no schema of ours, no agent.
 		if err := w.source.CheckTable(ctx, w.pool, 5*time.Second); err != nil && ctx.Err() == nil {
@@ -202,17 +209,34 @@ type wired struct {
 	status    *binaryStatus
 	database  string // the main DSN rebuilt without its password, for log lines
 	source    *store.Source
-	pool      *pgxpool.Pool
+	pool      *pgxpool.Pool   // nil with --config.file and no DSN: /probe only
 	agent     *liveness.Agent // nil with --no-agent
+	targets   *targets.Pools  // nil without --config.file
+	prober    *prober         // nil without --config.file
+	discover  *discoveredDBs  // nil without a discover section in --config.file
 	mux       *http.ServeMux
+}
+
+// close closes the pools once the server and the agent have stopped.
+func (w *wired) close() {
+	if w.pool != nil {
+		w.pool.Close()
+	}
+	if w.targets != nil {
+		w.targets.Close()
+	}
 }
 
 // wire checks the flags and builds the pool, the agent, the collectors and the HTTP
 // handlers. The flags are checked before the pool exists; once it does, a failure closes
 // it on the way out, in one place. Errors name fields (run names their flags).
 func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
-	if err := resolveDSNs(c, envDSN); err != nil {
-		return nil, err
+	// With --config.file and no DSN the exporter answers /probe only.
+	probeOnly := c.configFile != "" && c.dsn == "" && c.dsnFile == "" && envDSN == ""
+	if !probeOnly {
+		if err := resolveDSNs(c, envDSN); err != nil {
+			return nil, err
+		}
 	}
 	if err := checkFlags(c); err != nil {
 		return nil, err
@@ -221,6 +245,31 @@ func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 	source, err := store.NewSource(c.source)
 	if err != nil {
 		return nil, err
+	}
+	var pools *targets.Pools
+	if c.configFile != "" {
+		if pools, err = loadTargets(c, logger); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				pools.Close()
+			}
+		}()
+	}
+	var discovered *discoveredDBs
+	if pools != nil {
+		if discovered, err = newDiscovered(pools, *c.collectors, source, logger); err != nil {
+			return nil, err
+		}
+	}
+	if probeOnly {
+		w := &wired{reloads: newReloadStatus(), status: &binaryStatus{schema: &database.SchemaStatus{}},
+			database: "none (--config.file only)", source: source, targets: pools, discover: discovered}
+		if w.mux, err = newProbeOnlyHandler(c, w, logger); err != nil {
+			return nil, err
+		}
+		return w, nil
 	}
 	c.pool.ApplicationName, c.pool.Logger = exporterName+":pool", logger.With("component", "database")
 	pool, dsnSwitch, err := database.NewSwitchablePool(c.pool)
@@ -233,7 +282,7 @@ func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 		}
 	}()
 	w := &wired{dsnSwitch: dsnSwitch, reloads: newReloadStatus(), status: &binaryStatus{schema: &database.SchemaStatus{}},
-		database: dsn.Describe(c.pool.DSN), source: source, pool: pool}
+		database: dsn.Describe(c.pool.DSN), source: source, pool: pool, targets: pools, discover: discovered}
 	var agent collector.AgentSource // a nil interface without an agent, never a nil *Agent
 	if c.agentOn {
 		if c.agent.InstanceID == uuid.Nil {

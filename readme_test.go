@@ -78,7 +78,7 @@ func TestReadmeFlagsMatchTheBinary(t *testing.T) {
 
 // The metrics reference lists exactly the pg_liveness_* metrics the binary exposes: those
 // of the collectors' scenario (asserted exactly by collector/scenario_test.go) and those
-// a real run of the binary shows.
+// a real run of the binary shows, with a DSN and with --config.file.
 func TestReadmeMetricsMatchTheExporter(t *testing.T) {
 	exposed, err := exposition.FileMetricNames("collector/testdata/scenario.prom")
 	if err != nil {
@@ -90,8 +90,19 @@ func TestReadmeMetricsMatchTheExporter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// And those of an exporter of many databases (--config.file), on the same database.
+	dir := t.TempDir()
+	targets := writeFile(t, dir, "targets.yml", "targets:\n  main: {dsn_file: "+writeFile(t, dir, "dsn", db.DSN+"\n")+"}\n")
+	multi, err := exposition.MetricNames(startExporter(t, nil, "--no-agent", "--config.file="+targets).
+		waitFor(t, `(?m)^pg_liveness_exporter_probe_connections_max `, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var names []string
 	for n := range live {
+		exposed[n] = true
+	}
+	for n := range multi {
 		exposed[n] = true
 	}
 	for n := range exposed {

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/webconfig"
 )
 
@@ -26,6 +27,7 @@ const webConfigPoll = time.Second
 const (
 	sourceDSNFile   = "--db.dsn-file"
 	sourceWebConfig = "--web.config.file"
+	sourceTargets   = "--config.file"
 )
 
 // reloadStatus is pg_liveness_exporter_config_last_reload_successful and
@@ -44,7 +46,7 @@ type reloadStatus struct {
 func newReloadStatus() *reloadStatus {
 	return &reloadStatus{
 		successful: prometheus.NewDesc(exporterName+"_config_last_reload_successful",
-			"1 when the last reload of --web.config.file and of --db.dsn-file succeeded; 0 while one was refused and the previous configuration stays in force.",
+			"1 when the last reload of --web.config.file, --db.dsn-file and --config.file succeeded; 0 while one was refused and the previous configuration stays in force.",
 			nil, nil),
 		timestamp: prometheus.NewDesc(exporterName+"_config_last_reload_success_timestamp_seconds",
 			"When the files on disk were last all in force: the start-up, or the last reload after which nothing was refused.",
@@ -115,12 +117,15 @@ func reloadWebConfig(web *webconfig.Served, status *reloadStatus, force bool, lo
 // connection keeps the DSN it started with). A file that is refused leaves the previous
 // configuration in force and says so.
 func reload(c *config, w *wired, logger *slog.Logger) {
-	if w.web == nil && c.dsnFile == "" {
-		logger.Info("SIGHUP: nothing to reload without --db.dsn-file or --web.config.file")
+	if w.web == nil && c.dsnFile == "" && c.configFile == "" {
+		logger.Info("SIGHUP: nothing to reload without --db.dsn-file, --web.config.file or --config.file")
 		return
 	}
 	if w.web != nil {
 		reloadWebConfig(w.web, w.reloads, true, logger)
+	}
+	if c.configFile != "" {
+		reloadTargets(c, w, logger)
 	}
 	if c.dsnFile == "" {
 		return
@@ -135,4 +140,21 @@ func reload(c *config, w *wired, logger *slog.Logger) {
 		return
 	}
 	logger.Info("SIGHUP: reloaded --db.dsn-file; new pool connections use it", "database", dsn.Describe(s))
+}
+
+// reloadTargets re-reads --config.file: a file that is refused leaves the targets in
+// force as they were; one that is taken keeps the pools of targets whose DSN is
+// unchanged and closes the others'.
+func reloadTargets(c *config, w *wired, logger *slog.Logger) {
+	cfg, err := targets.Load(c.configFile)
+	w.reloads.record(sourceTargets, err)
+	if err != nil {
+		logger.Error("SIGHUP: refused --config.file; the previous targets stay in force", "file", c.configFile, "err", err)
+		return
+	}
+	w.targets.Replace(cfg)
+	if w.discover == nil && len(cfg.Discover()) > 0 {
+		logger.Warn("SIGHUP: --config.file has discover entries now, but had none at start; restart to watch them", "file", c.configFile)
+	}
+	logger.Info("SIGHUP: reloaded --config.file", "file", c.configFile, "targets", len(cfg.Names()))
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/version"
 	"github.com/prometheus/exporter-toolkit/web"
 
@@ -33,6 +34,9 @@ func loadWeb(c *config) (*webconfig.Served, error) {
 	}
 	if c.telemetryPath == "/status" || c.telemetryPath == "/status.json" {
 		return nil, fmt.Errorf("--web.telemetry-path %q is the status page's path", c.telemetryPath)
+	}
+	if c.configFile != "" && (c.telemetryPath == "/probe" || c.telemetryPath == "/targets" || strings.HasPrefix(c.telemetryPath, "/targets/")) {
+		return nil, fmt.Errorf("--web.telemetry-path %q is a path of --config.file's targets (/probe, /targets)", c.telemetryPath)
 	}
 	if *c.web.WebConfigFile == "" {
 		return nil, nil
@@ -112,22 +116,60 @@ func newHandler(c *config, w *wired, agent collector.AgentSource, logger *slog.L
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle(c.telemetryPath, exporter.Handler(reg))
+	if w.discover != nil { // and every database discovery found, each with its database label
+		mux.Handle(c.telemetryPath, collector.HandlerOf(*c.collectors, reg, func() []*collector.Exporter {
+			return append([]*collector.Exporter{exporter}, w.discover.exporters()...)
+		}, logger.With("component", "collector")))
+	} else {
+		mux.Handle(c.telemetryPath, exporter.Handler(reg))
+	}
 	mux.Handle("/status", page)
 	mux.Handle("/status.json", page)
-	if c.telemetryPath != "/" {
-		landing, err := web.NewLandingPage(web.LandingConfig{
-			Name:        exporterName,
-			Description: "Liveness, leases and advisory locks of services that coordinate through PostgreSQL",
-			Version:     version.Info(),
-			Links:       []web.LandingLinks{{Address: c.telemetryPath, Text: "Metrics"}, {Address: "/status", Text: "Status"}},
-		})
-		if err != nil {
+	links := []web.LandingLinks{{Address: c.telemetryPath, Text: "Metrics"}, {Address: "/status", Text: "Status"}}
+	if w.targets != nil {
+		if err := addProbeRoutes(mux, reg, c, w, w.database, logger); err != nil {
 			return nil, err
 		}
-		mux.Handle("/", landing)
+		links = append(links, web.LandingLinks{Address: "/targets", Text: "Probe targets"})
 	}
-	return mux, nil
+	return mux, addLanding(mux, c, links)
+}
+
+// newProbeOnlyHandler is the mux of an exporter with --config.file and no DSN: /probe,
+// the targets' pages, and the process's own metrics on /metrics.
+func newProbeOnlyHandler(c *config, w *wired, logger *slog.Logger) (*http.ServeMux, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		versioncollector.NewCollector(exporterName), w.reloads)
+	mux := http.NewServeMux()
+	if w.discover != nil {
+		mux.Handle(c.telemetryPath, collector.HandlerOf(*c.collectors, reg, w.discover.exporters, logger.With("component", "collector")))
+	} else {
+		mux.Handle(c.telemetryPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	}
+	if err := addProbeRoutes(mux, reg, c, w, "", logger); err != nil {
+		return nil, err
+	}
+	mux.Handle("/status", http.RedirectHandler("/targets", http.StatusFound))
+	return mux, addLanding(mux, c, []web.LandingLinks{{Address: c.telemetryPath, Text: "Metrics"}, {Address: "/targets", Text: "Probe targets"}})
+}
+
+// addLanding serves the landing page on / with links, unless /metrics is there.
+func addLanding(mux *http.ServeMux, c *config, links []web.LandingLinks) error {
+	if c.telemetryPath == "/" {
+		return nil
+	}
+	landing, err := web.NewLandingPage(web.LandingConfig{
+		Name:        exporterName,
+		Description: "Liveness, leases and advisory locks of services that coordinate through PostgreSQL",
+		Version:     version.Info(),
+		Links:       links,
+	})
+	if err != nil {
+		return err
+	}
+	mux.Handle("/", landing)
+	return nil
 }
 
 // server is the HTTP server and what it returned once it stopped serving.

@@ -87,7 +87,8 @@ type Exporter struct {
 	cfg        Config
 	pool       *pgxpool.Pool
 	logger     *slog.Logger
-	collectors []*entry // sorted by name
+	collectors []*entry  // sorted by name
+	label      [2]string // the label every sample carries (name, value); none when the name is ""
 }
 
 type entry struct {
@@ -164,17 +165,38 @@ func (e *Exporter) Enabled() []string {
 // the scraper accepts it. The collectors' samples are written straight from the buffers
 // they were added to, which are reused by later scrapes.
 func (e *Exporter) Handler(extra prometheus.Gatherer) http.Handler {
+	return HandlerOf(e.cfg, extra, func() []*Exporter { return []*Exporter{e} }, e.logger)
+}
+
+// HandlerOf serves one scrape of every exporter that list returns at the request, as
+// Handler does for one: all of them concurrently under the one deadline cfg takes from
+// the request (cfg's scrape settings; the exporters' own are not read), so that a slow
+// database costs the others nothing but the wait for the answer to be sent, and never
+// past the deadline. Their families are merged by name: each exporter's samples carry
+// its own label (Labelled) to tell them apart. logger logs what cannot be gathered or sent.
+func HandlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter, logger *slog.Logger) http.Handler {
+	logger = logging.Wrap(logger)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), e.scrapeTimeout(r.Header))
-		s := e.scrape(ctx)
+		ctx, cancel := context.WithTimeout(r.Context(), cfg.scrapeTimeout(r.Header))
+		exporters := list()
+		scrapes := make([]*scraped, len(exporters))
+		var wg sync.WaitGroup
+		for i, e := range exporters {
+			wg.Go(func() { scrapes[i] = e.scrape(ctx) }) // each returns by the deadline
+		}
+		wg.Wait()
 		cancel() // ends stragglers
-		defer s.release()
+		var builders []*exposition.Builder
+		for _, s := range scrapes {
+			defer s.release()
+			builders = append(builders, s.builders...)
+		}
 
 		var fams []*dto.MetricFamily
 		if extra != nil {
 			var err error
 			if fams, err = extra.Gather(); err != nil { // what it gathered is still served
-				e.logger.Error("gathering the process's own metrics", "err", err)
+				logger.Error("gathering the process's own metrics", "err", err)
 			}
 		}
 		h := w.Header()
@@ -187,7 +209,7 @@ func (e *Exporter) Handler(extra prometheus.Gatherer) http.Handler {
 			defer putGzip(gz)
 			out = gz
 		}
-		err := exposition.Write(out, s.builders...)
+		err := exposition.Write(out, builders...)
 		for _, mf := range fams {
 			if err != nil {
 				break
@@ -198,9 +220,18 @@ func (e *Exporter) Handler(extra prometheus.Gatherer) http.Handler {
 			err = gz.Close()
 		}
 		if err != nil {
-			e.logger.Debug("writing the scrape's answer", "err", err) // the scraper went away
+			logger.Debug("writing the scrape's answer", "err", err) // the scraper went away
 		}
 	})
+}
+
+// Labelled returns an exporter like e whose every sample carries name="value" (the
+// database label of a discovered database), sharing e's collectors. Use it in place of
+// e, never beside it: their builders are the same. name must be no label of any family.
+func (e *Exporter) Labelled(name, value string) *Exporter {
+	o := *e
+	o.label = [2]string{name, value}
+	return &o
 }
 
 // gzipWriters keeps the gzip writer of a past scrape: it holds over half a MiB of
@@ -254,17 +285,17 @@ const maxScrapeTimeout = 24 * 3600 // seconds
 // offset that would leave nothing halves the scraper's timeout instead. A header that is
 // no positive, finite number of seconds up to a day (NaN, Inf, negative, huge, hex) is
 // treated as absent: it must never remove the deadline.
-func (e *Exporter) scrapeTimeout(h http.Header) time.Duration {
+func (c *Config) scrapeTimeout(h http.Header) time.Duration {
 	v := strings.TrimSpace(h.Get("X-Prometheus-Scrape-Timeout-Seconds"))
 	if v == "" || strings.ContainsAny(v, "xX_") {
-		return e.cfg.ScrapeDefaultTimeout
+		return c.ScrapeDefaultTimeout
 	}
 	secs, err := strconv.ParseFloat(v, 64)
 	if err != nil || math.IsNaN(secs) || math.IsInf(secs, 0) || !(secs > 0) || secs > maxScrapeTimeout {
-		return e.cfg.ScrapeDefaultTimeout
+		return c.ScrapeDefaultTimeout
 	}
 	total := time.Duration(secs * float64(time.Second))
-	if t := total - e.cfg.ScrapeTimeoutOffset; t > 0 {
+	if t := total - c.ScrapeTimeoutOffset; t > 0 {
 		return t
 	}
 	return total / 2
@@ -307,7 +338,9 @@ func (e *Exporter) scrape(ctx context.Context) *scraped {
 	for i, c := range e.collectors {
 		go func() {
 			t0 := time.Now()
-			out, err := run(ctx, c.c, c.builder())
+			b := c.builder()
+			b.SetLabel(e.label[0], e.label[1])
+			out, err := run(ctx, c.c, b)
 			results <- result{idx: i, out: out, err: err, duration: time.Since(t0)}
 		}()
 	}
@@ -336,6 +369,7 @@ wait:
 
 	own := ownBuilders.Get().(*exposition.Builder)
 	own.Reset()
+	own.SetLabel(e.label[0], e.label[1])
 	s := &scraped{builders: make([]*exposition.Builder, 0, len(e.collectors)+1), own: own}
 	answered, anyDB := false, false
 	var downErr error // the first database collector's failure
@@ -444,4 +478,33 @@ func boolFloat(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// Only returns an Exporter that runs only the named collectors of e (for /probe's
+// collector parameter), sharing their state with e. An empty list is all of e's. A name
+// that is no enabled collector is an error that names it.
+func (e *Exporter) Only(names ...string) (*Exporter, error) {
+	if len(names) == 0 {
+		return e, nil
+	}
+	o := *e
+	o.collectors = nil
+	for _, c := range e.collectors {
+		for _, n := range names {
+			if n == c.name {
+				o.collectors = append(o.collectors, c)
+				break
+			}
+		}
+	}
+	for _, n := range names {
+		found := false
+		for _, c := range o.collectors {
+			found = found || c.name == n
+		}
+		if !found {
+			return nil, fmt.Errorf("collector %q is not enabled (enabled: %s)", n, strings.Join(e.Enabled(), ", "))
+		}
+	}
+	return &o, nil
 }

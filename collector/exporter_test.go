@@ -301,10 +301,10 @@ func TestScrapeTimeout(t *testing.T) {
 		if c.header != "" {
 			h.Set("X-Prometheus-Scrape-Timeout-Seconds", c.header)
 		}
-		if got := e.scrapeTimeout(h); got != c.want {
+		if got := e.cfg.scrapeTimeout(h); got != c.want {
 			t.Errorf("header %q: timeout %s, want %s", c.header, got, c.want)
 		}
-		if got := e.scrapeTimeout(h); got <= 0 || got > 24*time.Hour {
+		if got := e.cfg.scrapeTimeout(h); got <= 0 || got > 24*time.Hour {
 			t.Errorf("header %q: timeout %s is no deadline", c.header, got)
 		}
 	}

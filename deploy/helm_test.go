@@ -491,6 +491,57 @@ dashboards: {enabled: false}
 				t.Errorf("rendered %d objects and notes %q, want none", r.objectsTotal, r.notes)
 			}
 		},
+	}, {
+		name:   "multi-target shape, as the overlay",
+		values: `multiTarget: {enabled: true, probe: {targets: [orders, billing]}}`,
+		check: func(t *testing.T, r *helmRelease) {
+			wantCounts(t, r, 1, 1, 1, 0, 1, dashboards, 0)
+			kust := render(t, "kubernetes/overlays/multi-target")
+			sameAsKustomize(t, kust, r.rendered)
+			if len(r.probes) != 1 || len(kust.probes) != 1 {
+				t.Fatalf("%d Probes, kustomize %d; want 1", len(r.probes), len(kust.probes))
+			}
+			wantEqual(t, "Probe spec, kustomize (-) and the chart (+)", r.probes[0].Spec, kust.probes[0].Spec)
+			checkMonitorJobs(t, r.rendered)
+			if !strings.Contains(r.notes, "create secret generic pg-liveness-exporter-targets --from-file=targets.yml=./targets.yml") {
+				t.Errorf("NOTES do not say how to create the targets' Secret:\n%s", r.notes)
+			}
+		},
+	}, {
+		name: "multi-target, every option",
+		values: `
+fullnameOverride: db1-liveness
+multiTarget:
+  enabled: true
+  existingSecret: db1-targets
+  key: exporter.yml
+  probe: {targets: [orders], interval: 1m, scrapeTimeout: 20s, labels: {release: kube-prometheus-stack}}
+`,
+		check: func(t *testing.T, r *helmRelease) {
+			if len(r.probes) != 1 {
+				t.Fatalf("%d Probes, want 1", len(r.probes))
+			}
+			p := r.probes[0]
+			c := containerNamed(t, r.deployments[0].Spec.Template.Spec, "pg-liveness-exporter")
+			wantEqual(t, "args", c.Args, []string{"--no-agent", "--config.file=/etc/pg-liveness-exporter/exporter.yml", "--web.listen-address=:9816"})
+			if v := r.deployments[0].Spec.Template.Spec.Volumes; len(v) != 1 || v[0].Secret == nil || v[0].Secret.SecretName != "db1-targets" {
+				t.Errorf("volumes %+v, want the Secret db1-targets", v)
+			}
+			if p.Labels["release"] != "kube-prometheus-stack" || p.Spec.Interval != "1m" || p.Spec.ScrapeTimeout != "20s" ||
+				p.Spec.ProberSpec.URL != "db1-liveness.pg-liveness.svc:9816" || !slices.Equal(p.Spec.Targets.StaticConfig.Targets, []string{"orders"}) {
+				t.Errorf("Probe %s: labels %v, interval %s, timeout %s, prober %s, targets %v", p.Name, p.Labels, p.Spec.Interval,
+					p.Spec.ScrapeTimeout, p.Spec.ProberSpec.URL, p.Spec.Targets.StaticConfig.Targets)
+			}
+		},
+	}, {
+		name:   "multi-target without the Probe",
+		values: `multiTarget: {enabled: true, probe: {enabled: false}}`,
+		check: func(t *testing.T, r *helmRelease) {
+			wantCounts(t, r, 1, 1, 1, 0, 1, dashboards, 0)
+			if len(r.probes) != 0 {
+				t.Errorf("%d Probes, want none", len(r.probes))
+			}
+		},
 	}}
 }
 
@@ -528,6 +579,7 @@ func (r *rendered) objects() []metaObject {
 	out = appendObjects(out, r.configMaps)
 	out = appendObjects(out, r.podMonitors)
 	out = appendObjects(out, r.serviceMonitors)
+	out = appendObjects(out, r.probes)
 	return appendObjects(out, r.promRules)
 }
 
@@ -649,6 +701,10 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"a misspelt value under the example", true, `agent: {terminationGracePeriod: 60}`, "terminationGracePeriod"},
 		{"a value of the wrong type", false, `observer: {service: {port: metrics}}`, "port"},
 		{"an environment variable without a name", false, `observer: {extraEnv: [{value: x}]}`, "name"},
+		{"a Probe without targets", false, `multiTarget: {enabled: true}`, "multiTarget.probe.targets: name at least one target"},
+		{"multi-target without the observer", false, `observer: {enabled: false}
+multiTarget: {enabled: true, probe: {targets: [orders]}}`, "multiTarget.enabled needs observer.enabled"},
+		{"a config file in the observer's arguments", false, `observer: {extraArgs: ["--config.file=/x"]}`, "observer.extraArgs: --config.file is set by the chart"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cc := chartCase{name: c.name, sidecar: c.sidecar, values: c.values}

@@ -23,7 +23,7 @@ import (
 )
 
 // The kustomizations users apply.
-var kustomizations = []string{"kubernetes/base", "kubernetes/overlays/observer", "kubernetes/overlays/sidecar"}
+var kustomizations = []string{"kubernetes/base", "kubernetes/overlays/observer", "kubernetes/overlays/sidecar", "kubernetes/overlays/multi-target"}
 
 // rendered is the output of one kustomization or one Helm release, every object decoded
 // into its official type.
@@ -36,6 +36,7 @@ type rendered struct {
 	podMonitors     []*monitoringv1.PodMonitor
 	serviceMonitors []*monitoringv1.ServiceMonitor
 	promRules       []*monitoringv1.PrometheusRule
+	probes          []*monitoringv1.Probe
 	objectsTotal    int
 }
 
@@ -50,6 +51,7 @@ var officialTypes = map[string]func(*rendered) any{
 	"monitoring.coreos.com/v1 PodMonitor":     func(r *rendered) any { return appendNew(&r.podMonitors) },
 	"monitoring.coreos.com/v1 ServiceMonitor": func(r *rendered) any { return appendNew(&r.serviceMonitors) },
 	"monitoring.coreos.com/v1 PrometheusRule": func(r *rendered) any { return appendNew(&r.promRules) },
+	"monitoring.coreos.com/v1 Probe":          func(r *rendered) any { return appendNew(&r.probes) },
 }
 
 // add decodes one object strictly into its official type: a field the type does not
@@ -326,6 +328,45 @@ func deployment(t *testing.T, r *rendered, name string) *appsv1.Deployment {
 
 func TestObserverDeployment(t *testing.T) {
 	checkObserver(t, deployment(t, render(t, "kubernetes/overlays/observer"), "pg-liveness-exporter"), defaultDSNSecret)
+}
+
+// The multi-target exporter has no DSN of its own: it runs with --config.file from its
+// Secret, and its Probe scrapes /probe on its Service with the database label the alerts
+// and dashboards group by.
+func TestMultiTargetOverlay(t *testing.T) {
+	r := render(t, "kubernetes/overlays/multi-target")
+	d := deployment(t, r, "pg-liveness-exporter")
+	c := d.Spec.Template.Spec.Containers[0]
+	if !slices.Contains(c.Args, "--no-agent") || !slices.Contains(c.Args, "--config.file=/etc/pg-liveness-exporter/targets.yml") {
+		t.Errorf("args %q, want --no-agent and --config.file", c.Args)
+	}
+	for _, a := range c.Args {
+		if strings.HasPrefix(a, "--db.dsn") {
+			t.Errorf("the multi-target exporter has a DSN of its own: %s", a)
+		}
+	}
+	vols := d.Spec.Template.Spec.Volumes
+	if len(vols) != 1 || vols[0].Secret == nil || vols[0].Secret.SecretName != "pg-liveness-exporter-targets" {
+		t.Errorf("volumes %+v, want the one Secret pg-liveness-exporter-targets", vols)
+	}
+	if len(r.probes) != 1 {
+		t.Fatalf("%d Probes, want 1", len(r.probes))
+	}
+	p := r.probes[0].Spec
+	svc := r.services[0]
+	if want := fmt.Sprintf("%s.%s.svc:%d", svc.Name, svc.Namespace, svc.Spec.Ports[0].Port); p.ProberSpec.URL != want || p.ProberSpec.Path != "/probe" {
+		t.Errorf("prober %s%s, want %s/probe", p.ProberSpec.URL, p.ProberSpec.Path, want)
+	}
+	if !strings.HasPrefix(p.JobName, "pg_liveness") {
+		t.Errorf("job %q: the alert rules select up{job=~\"pg_liveness.*\"}", p.JobName)
+	}
+	relabelled := false
+	for _, rc := range p.Targets.StaticConfig.RelabelConfigs {
+		relabelled = relabelled || len(rc.SourceLabels) == 1 && rc.SourceLabels[0] == "__param_target" && rc.TargetLabel == "database"
+	}
+	if !relabelled || len(p.Targets.StaticConfig.Targets) == 0 {
+		t.Errorf("static targets %+v: want targets, relabelled __param_target to database", p.Targets.StaticConfig)
+	}
 }
 
 func checkObserver(t *testing.T, d *appsv1.Deployment, dsn dsnSecret) {

@@ -34,7 +34,8 @@ func rendered(t *testing.T) map[string][]Query {
 		LeaseAcquire, LeaseRenew, LeaseRelease, LeaseAbandon, LeaseDetach, LeaseLeader, LeaseFence,
 		SchemaState, SchemaMigrations, SchemaVersion,
 		MigrateLock, MigrateSchema, MigrateBookkeeping, MigrateApplied, MigrateSearchPath, MigrateRecord,
-		StatStatementsSchema, StatStatements, StatStatementsTexts} {
+		StatStatementsSchema, StatStatements, StatStatementsTexts,
+		DiscoverDatabases, DiscoverSource} {
 		out[st.Name()] = append(out[st.Name()], st.In("liveness"))
 	}
 	for _, src := range sources(t) {

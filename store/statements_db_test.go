@@ -175,6 +175,14 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	if _, err := migrations.Version(ctx, pool, liveness.DefaultSchema); err != nil {
 		t.Fatal(err)
 	}
+	// Discovery's reads (package targets), as its round sends them.
+	dq, sq := store.DiscoverDatabases.In(""), store.DiscoverSource.In("")
+	if _, err := pool.Exec(ctx, dq.SQL, dq.Args()...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, sq.SQL, sq.Args((*store.Source)(nil).InstancesTable())...); err != nil {
+		t.Fatal(err)
+	}
 
 	// The same reads of a Whizbang source, as its read-only observer.
 	wsrc := wb.Reads(t)

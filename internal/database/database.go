@@ -42,6 +42,12 @@ type PoolConfig struct {
 	// MaxMajor (VersionWarning), read from the first connection (and again when a new
 	// connection reports another version). Nil logs nothing.
 	Logger *slog.Logger
+	// MaxConnIdleTime closes a connection that sat idle this long (checked every half of
+	// it); zero keeps pgxpool's default (30 minutes, checked every minute).
+	MaxConnIdleTime time.Duration
+	// WrapDial, when set, wraps the pool's dialer: a limit shared by several pools (the
+	// /probe targets' cap on connections) counts every connection there.
+	WrapDial func(pgconn.DialFunc) pgconn.DialFunc
 }
 
 // DSNSwitch replaces the DSN that the pool's new connections use.
@@ -110,6 +116,12 @@ func NewSwitchablePool(cfg PoolConfig) (*pgxpool.Pool, *DSNSwitch, error) {
 	}
 	// Keep the client side of pool connections from hanging on a dead peer.
 	pc.ConnConfig.DialFunc = (&net.Dialer{KeepAlive: 15 * time.Second, Timeout: pc.ConnConfig.ConnectTimeout}).DialContext
+	if cfg.WrapDial != nil {
+		pc.ConnConfig.DialFunc = cfg.WrapDial(pc.ConnConfig.DialFunc)
+	}
+	if cfg.MaxConnIdleTime > 0 {
+		pc.MaxConnIdleTime, pc.HealthCheckPeriod = cfg.MaxConnIdleTime, max(cfg.MaxConnIdleTime/2, 100*time.Millisecond)
+	}
 	gate := &connectGate{}
 	pc.ConnConfig.Tracer = gateTracer{gate: gate, next: pc.ConnConfig.Tracer}
 	sw := &DSNSwitch{gate: gate}

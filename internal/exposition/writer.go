@@ -53,8 +53,23 @@ func (f *Family) Name() string { return f.name }
 // added. A Builder is reused from scrape to scrape with Reset, keeping its buffers; it
 // is not safe for concurrent use.
 type Builder struct {
-	fams []samples
-	last int // index of the family added to last: samples come in runs of one family
+	fams   []samples
+	last   int    // index of the family added to last: samples come in runs of one family
+	prefix []byte // a label pair written first in every sample, with its comma; see SetLabel
+}
+
+// SetLabel makes every sample added from now on carry name="value" as its first label
+// (an exporter of several databases' database label); an empty name removes it. It
+// outlives Reset. name must be a valid label name that no family of the builder has.
+func (b *Builder) SetLabel(name, value string) {
+	b.prefix = b.prefix[:0]
+	if name == "" {
+		return
+	}
+	b.prefix = append(b.prefix, name...)
+	b.prefix = append(b.prefix, '=', '"')
+	b.prefix = appendEscaped(b.prefix, value, true)
+	b.prefix = append(b.prefix, '"')
 }
 
 type samples struct {
@@ -79,10 +94,11 @@ func (b *Builder) Add(f *Family, v float64, values ...string) {
 	}
 	s := b.buffer(f)
 	buf := append(s.buf, f.name...)
-	if len(values) > 0 {
+	if len(values) > 0 || len(b.prefix) > 0 {
 		buf = append(buf, '{')
+		buf = append(buf, b.prefix...)
 		for n, i := range f.order {
-			if n > 0 {
+			if n > 0 || len(b.prefix) > 0 {
 				buf = append(buf, ',')
 			}
 			buf = append(buf, f.labels[i]...)

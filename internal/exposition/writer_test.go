@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // The Builder writes what client_golang writes for the same metrics: the same header
@@ -142,5 +143,39 @@ func (collectorOf) Describe(chan<- *prometheus.Desc) {}
 func (c collectorOf) Collect(ch chan<- prometheus.Metric) {
 	for _, m := range c {
 		ch <- m
+	}
+}
+
+// SetLabel's label comes first in every sample, escaped, through Reset, until removed;
+// the text format still parses, with the label on every series.
+func TestSetLabelAddsALabelToEverySample(t *testing.T) {
+	plain := NewFamily("p", "No labels.", Gauge)
+	two := NewFamily("t", "Two labels.", Gauge, "b", "a")
+	var b Builder
+	b.SetLabel("database", `s1/or"ders`)
+	b.Add(plain, 1)
+	b.Add(two, 2, "vb", "va")
+	var out bytes.Buffer
+	if err := Write(&out, &b); err != nil {
+		t.Fatal(err)
+	}
+	want := "# HELP p No labels.\n# TYPE p gauge\np{database=\"s1/or\\\"ders\"} 1\n# HELP t Two labels.\n# TYPE t gauge\nt{database=\"s1/or\\\"ders\",a=\"va\",b=\"vb\"} 2\n"
+	if out.String() != want {
+		t.Fatalf("got\n%s\nwant\n%s", out.String(), want)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	if _, err := parser.TextToMetricFamilies(strings.NewReader(out.String())); err != nil {
+		t.Fatalf("does not parse: %v", err)
+	}
+	b.Reset()
+	b.Add(plain, 3)
+	b.SetLabel("", "")
+	b.Add(two, 4, "x", "y")
+	out.Reset()
+	if err := Write(&out, &b); err != nil {
+		t.Fatal(err)
+	}
+	if s := out.String(); !strings.Contains(s, "p{database=\"s1/or\\\"ders\"} 3\n") || !strings.Contains(s, "t{a=\"y\",b=\"x\"} 4\n") {
+		t.Fatalf("after Reset and removing the label:\n%s", s)
 	}
 }

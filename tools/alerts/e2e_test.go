@@ -412,7 +412,8 @@ type dashboardQuery struct{ where, expr string }
 
 // dashboardQueries returns every panel query of the shipped dashboards, with
 // $__rate_interval set to e2eRateInterval and every template variable matching all
-// values, as the dashboards' "All" does.
+// values, as the dashboards' "All" does: its allValue (the database's, ".*", matches the
+// series of this exporter of one database, which have no database label).
 func dashboardQueries(t *testing.T) []dashboardQuery {
 	t.Helper()
 	type panel struct {
@@ -424,8 +425,9 @@ func dashboardQueries(t *testing.T) []dashboardQuery {
 		} `json:"targets"`
 		Panels []json.RawMessage `json:"panels"`
 	}
-	variableRE := regexp.MustCompile(`\$\{?[a-zA-Z_][a-zA-Z0-9_]*\}?`)
+	variableRE := regexp.MustCompile(`\$\{?([a-zA-Z_][a-zA-Z0-9_]*)\}?`)
 	var out []dashboardQuery
+	var allValues map[string]string // of the dashboard being walked
 	var walk func(file string, raw []json.RawMessage)
 	walk = func(file string, raw []json.RawMessage) {
 		for _, r := range raw {
@@ -435,7 +437,14 @@ func dashboardQueries(t *testing.T) []dashboardQuery {
 			}
 			for _, tg := range p.Targets {
 				expr := strings.ReplaceAll(tg.Expr, "$__rate_interval", e2eRateInterval)
-				expr = variableRE.ReplaceAllString(expr, ".+")
+				expr = variableRE.ReplaceAllStringFunc(expr, func(v string) string {
+					name := variableRE.FindStringSubmatch(v)[1]
+					if all, ok := allValues[name]; ok {
+						return all
+					}
+					t.Fatalf("%s: panel %d uses $%s, which is no variable with an allValue", file, p.ID, name)
+					return ""
+				})
 				out = append(out, dashboardQuery{
 					where: fmt.Sprintf("%s panel %d %q target %s", file, p.ID, p.Title, tg.RefID), expr: expr})
 			}
@@ -452,10 +461,22 @@ func dashboardQueries(t *testing.T) []dashboardQuery {
 			t.Fatal(err)
 		}
 		var d struct {
-			Panels []json.RawMessage `json:"panels"`
+			Panels     []json.RawMessage `json:"panels"`
+			Templating struct {
+				List []struct {
+					Name     string `json:"name"`
+					AllValue string `json:"allValue"`
+				} `json:"list"`
+			} `json:"templating"`
 		}
 		if err := json.Unmarshal(b, &d); err != nil {
 			t.Fatalf("%s: %v", f, err)
+		}
+		allValues = map[string]string{}
+		for _, v := range d.Templating.List {
+			if v.AllValue != "" {
+				allValues[v.Name] = v.AllValue
+			}
 		}
 		walk(f, d.Panels)
 	}

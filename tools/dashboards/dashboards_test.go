@@ -173,9 +173,11 @@ func parseExpr(expr string) (parser.Expr, error) {
 	return promql.ParseExpr(strings.ReplaceAll(expr, "$__rate_interval", rateIntervalStandIn))
 }
 
-// filtered reports whether a selector filters by the job and instance variables.
+// filtered reports whether a selector filters by the job, instance and database
+// variables.
 func filtered(s promql.Selector) bool {
-	return s.Has("job", labels.MatchRegexp, "$job") && s.Has("instance", labels.MatchRegexp, "$instance")
+	return s.Has("job", labels.MatchRegexp, "$job") && s.Has("instance", labels.MatchRegexp, "$instance") &&
+		s.Has("database", labels.MatchRegexp, "$database")
 }
 
 // checkExpr returns what is wrong with one panel query.
@@ -194,7 +196,7 @@ func checkExpr(expr string, allowed map[string]bool, vars []string) []string {
 			errs = append(errs, fmt.Sprintf("selector %s%v: metric %s is not exported (not in %s)", s.Name, s.Matchers, s.Name, testutil.ScenarioExposition))
 		}
 		if !filtered(s) {
-			errs = append(errs, fmt.Sprintf(`selector %s%v lacks job=~"$job",instance=~"$instance"`, s.Name, s.Matchers))
+			errs = append(errs, fmt.Sprintf(`selector %s%v lacks job=~"$job",instance=~"$instance",database=~"$database"`, s.Name, s.Matchers))
 		}
 	}
 	for _, c := range promql.CounterCalls(e) {
@@ -217,8 +219,8 @@ func checkExpr(expr string, allowed map[string]bool, vars []string) []string {
 
 func TestCheckExpr(t *testing.T) {
 	allowed := map[string]bool{"a_total": true, "g": true}
-	vars := []string{"job", "instance", "service"}
-	const f = `job=~"$job",instance=~"$instance"`
+	vars := []string{"job", "instance", "database", "service"}
+	const f = `job=~"$job",instance=~"$instance",database=~"$database"`
 	for _, tc := range []struct {
 		expr string
 		bad  bool
@@ -226,6 +228,7 @@ func TestCheckExpr(t *testing.T) {
 		{`sum by (x) (rate(a_total{` + f + `}[$__rate_interval])) / on (job) group_left g{` + f + `,service=~"$service"}`, false},
 		{`max by (l) (changes(g{` + f + `}[5m])) > 0 and g{` + f + `}`, false},
 		{`g{job=~"$job"}`, true},                                    // no instance filter
+		{`g{job=~"$job",instance=~"$instance"}`, true},              // no database filter
 		{`g{` + f + `} / g`, true},                                  // unfiltered selector
 		{`{` + f + `} or {job="x"}`, true},                          // nameless selector without filters
 		{`rate(a_total{` + f + `}[5m])`, true},                      // fixed range
@@ -275,7 +278,7 @@ func TestDashboardConventions(t *testing.T) {
 		if ds, ok := byName["datasource"]; !ok || ds.Type != "datasource" || ds.queryText() != "prometheus" {
 			t.Errorf("%s: want a variable datasource of type datasource and query prometheus", file)
 		}
-		for _, name := range []string{"job", "instance"} {
+		for _, name := range []string{"job", "instance", "database"} {
 			if _, ok := byName[name]; !ok {
 				t.Errorf("%s: variable %s is missing", file, name)
 			}
@@ -287,8 +290,14 @@ func TestDashboardConventions(t *testing.T) {
 			if v.Datasource == nil || v.Datasource.UID != "${datasource}" {
 				t.Errorf("%s: variable %s must use the datasource variable", file, v.Name)
 			}
-			if !v.IncludeAll || v.AllValue != ".+" {
-				t.Errorf("%s: variable %s needs includeAll and allValue \".+\"", file, v.Name)
+			// All databases must match the series without a database label too: those of
+			// an exporter that watches one database (--db.dsn).
+			allValue := ".+"
+			if v.Name == "database" {
+				allValue = ".*"
+			}
+			if !v.IncludeAll || v.AllValue != allValue {
+				t.Errorf("%s: variable %s needs includeAll and allValue %q", file, v.Name, allValue)
 			}
 			q := v.queryText()
 			if v.Definition != "" && v.Definition != q {
@@ -311,6 +320,7 @@ func TestDashboardConventions(t *testing.T) {
 			}
 			job := sels[0].Has("job", labels.MatchRegexp, "$job")
 			inst := sels[0].Has("instance", labels.MatchRegexp, "$instance")
+			dbf := sels[0].Has("database", labels.MatchRegexp, "$database")
 			switch v.Name {
 			case "job":
 				if sels[0].Name != "pg_liveness_up" || len(sels[0].Matchers) != 0 {
@@ -320,9 +330,13 @@ func TestDashboardConventions(t *testing.T) {
 				if sels[0].Name != "pg_liveness_up" || !job || inst {
 					t.Errorf("%s: variable instance: want label_values(pg_liveness_up{job=~\"$job\"}, instance), got %q", file, q)
 				}
+			case "database":
+				if sels[0].Name != "pg_liveness_up" || !job || !inst || dbf {
+					t.Errorf("%s: variable database: want label_values(pg_liveness_up{job=~\"$job\",instance=~\"$instance\"}, database), got %q", file, q)
+				}
 			default:
-				if !job || !inst {
-					t.Errorf("%s: variable %s: %q must filter by job and instance", file, v.Name, q)
+				if !job || !inst || !dbf {
+					t.Errorf("%s: variable %s: %q must filter by job, instance and database", file, v.Name, q)
 				}
 			}
 		}

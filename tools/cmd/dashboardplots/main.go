@@ -154,6 +154,9 @@ func combined(p panel, rateInterval time.Duration) string {
 	var parts []string
 	for _, t := range p.Targets {
 		expr := strings.ReplaceAll(t.Expr, "$__rate_interval", promDuration(rateInterval))
+		// "All" databases is ".*": it matches the series of an exporter that watches one
+		// database, which have no database label.
+		expr = strings.ReplaceAll(expr, `"$database"`, `".*"`)
 		expr = variableRE.ReplaceAllString(expr, ".+")
 		if len(p.Targets) == 1 {
 			return expr

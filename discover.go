@@ -1,0 +1,96 @@
+package main
+
+// Discovery within a server (--config.file's discover section): every database of a
+// server that holds the source's instances table, found at start and re-checked by
+// package targets, is scraped with /metrics, each database's samples labelled
+// database="ENTRY/DATNAME", on its own small pool under --probe.max-conns.
+
+import (
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/collector"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
+)
+
+// discoverTimeout bounds each statement of a discovery round (listing a server's
+// databases, checking one): a round never waits on a hung server for longer.
+const discoverTimeout = 10 * time.Second
+
+// discoveredDBs keeps the collectors of each database that discovery found.
+type discoveredDBs struct {
+	discovery  *targets.Discovery
+	pools      *targets.Pools
+	collectors collector.Config // Source set; no Status: a discovered schema is not this binary's
+	logger     *slog.Logger
+
+	mu    sync.Mutex
+	built map[targets.Database]*discoveredDB
+}
+
+type discoveredDB struct {
+	pool     *pgxpool.Pool // a replaced pool (the entry's connection changed) rebuilds the exporter
+	exporter *collector.Exporter
+}
+
+// newDiscovered returns the discovery of pools' discover entries, or nil when the file
+// has none. Its collectors are built once now, on a pool that does not connect, so that
+// a bad collector flag is refused at start-up.
+func newDiscovered(pools *targets.Pools, collectors collector.Config, source *store.Source, logger *slog.Logger) (*discoveredDBs, error) {
+	entries := pools.Config().Discover()
+	if len(entries) == 0 {
+		return nil, nil
+	}
+	collectors.Source, collectors.Status = source, nil
+	d := &discoveredDBs{discovery: targets.NewDiscovery(pools, source, discoverTimeout, logger.With("component", "discovery")),
+		pools: pools, collectors: collectors, logger: logger, built: map[targets.Database]*discoveredDB{}}
+	pool, _, err := pools.DiscoveredPool(entries[0].Name, entries[0].Maintenance)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := collector.New(collectors, pool, nil, logger); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// exporters returns the exporters of the databases found now, each labelled with its
+// database, building those new since the last call and forgetting those gone.
+func (d *discoveredDBs) exporters() []*collector.Exporter {
+	found := d.discovery.Found()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]*collector.Exporter, 0, len(found))
+	keep := make(map[targets.Database]bool, len(found))
+	for _, db := range found {
+		pool, ok, err := d.pools.DiscoveredPool(db.Server, db.Name)
+		if !ok || err != nil {
+			if err != nil {
+				d.logger.Error("cannot open a discovered database's pool", "database", db.Label(), "err", err)
+			}
+			continue
+		}
+		keep[db] = true
+		b := d.built[db]
+		if b == nil || b.pool != pool {
+			exp, err := collector.New(d.collectors, pool, nil, d.logger.With("component", "collector", "database", db.Label()))
+			if err != nil { // the same configuration passed at start-up
+				d.logger.Error("cannot build a discovered database's collectors", "database", db.Label(), "err", err)
+				continue
+			}
+			b = &discoveredDB{pool: pool, exporter: exp.Labelled("database", db.Label())}
+			d.built[db] = b
+		}
+		out = append(out, b.exporter)
+	}
+	for db := range d.built {
+		if !keep[db] {
+			delete(d.built, db)
+		}
+	}
+	return out
+}

@@ -1,0 +1,210 @@
+package main
+
+// Discovery within a server against two real servers: each server's databases that hold
+// the schema are found at start and exported on /metrics with their database label,
+// those without it are not; a database created after start is found by a re-check, a
+// dropped one goes; a SIGHUP that removes a server's entry removes its databases, and
+// one that restores it brings them back; with one server stopped the other's databases answer within the
+// scrape's deadline, and the stopped one's stay listed with pg_liveness_up 0; with it
+// hung, the other's still answer up in the same scrape, sent at its deadline.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+)
+
+// metrics GETs /metrics with the scrape timeout header, returning the body and how long
+// it took.
+func (p *exporterProc) metrics(t testing.TB, timeout string) (string, time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.addr+"/metrics", nil)
+	req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", timeout)
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err.Error(), time.Since(start)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b), time.Since(start)
+}
+
+// get GETs path and returns the body.
+func (p *exporterProc) get(t testing.TB, path string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + p.addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// upOf is the database's pg_liveness_up in body, "" when it has none.
+func upOf(body, database string) string {
+	m := regexp.MustCompile(`(?m)^pg_liveness_up\{database="` + regexp.QuoteMeta(database) + `"\} (\S+)$`).FindStringSubmatch(body)
+	if m == nil {
+		return ""
+	}
+	return m[1]
+}
+
+func TestDiscoveryWatchesEveryDatabaseWithTheSchema(t *testing.T) {
+	s1, s2 := pgtest.NewServer(t), pgtest.NewServer(t)
+	type db struct {
+		srv    string
+		d      *pgtest.DB
+		schema bool
+	}
+	var dbs []db
+	for _, c := range []struct {
+		srv    string
+		s      *pgtest.Server
+		schema bool
+	}{{"s1", s1, true}, {"s1", s1, true}, {"s1", s1, false}, {"s2", s2, true}, {"s2", s2, false}} {
+		d := db{c.srv, pgtest.NewDBOn(t, c.s), c.schema}
+		if c.schema {
+			seedService(t, d.d, "svc-"+d.d.Name)
+		}
+		dbs = append(dbs, d)
+	}
+	label := func(d db) string { return d.srv + "/" + d.d.Name }
+	dir := t.TempDir()
+	var b strings.Builder
+	b.WriteString("credentials:\n")
+	for i, s := range []*pgtest.Server{s1, s2} {
+		pw := writeFile(t, dir, fmt.Sprintf("pw-%d", i+1), s.Password+"\n")
+		fmt.Fprintf(&b, "  c%d: {user: %s, password_file: %s, sslmode: disable}\n", i+1, pgtest.Superuser, pw)
+	}
+	fmt.Fprintf(&b, "discover:\n  s1: {host: 127.0.0.1, port: %d, credentials: c1, interval: 1s}\n", s1.Port)
+	withoutS2 := b.String()
+	fmt.Fprintf(&b, "  s2: {host: 127.0.0.1, port: %d, credentials: c2, interval: 1s}\n", s2.Port)
+	withS2 := b.String()
+	cfg := writeFile(t, dir, "targets.yml", withS2)
+	p := startExporter(t, nil, "--no-agent", "--config.file="+cfg, "--probe.max-conns=12", "--probe.max-conns-per-target=2")
+
+	// Found at start: the databases with the schema, each with its own instance under its
+	// database label; not those without it, nor the maintenance database.
+	var body string
+	testutil.Eventually(t, 30*time.Second, "the databases with the schema found", func() bool {
+		body, _ = p.metrics(t, "5")
+		for _, d := range dbs {
+			if d.schema && upOf(body, label(d)) != "1" {
+				return false
+			}
+		}
+		return true
+	})
+	for _, d := range dbs {
+		if !d.schema && strings.Contains(body, label(d)) {
+			t.Errorf("%s has no schema but is exported:\n%s", label(d), body)
+		}
+		if d.schema && !regexp.MustCompile(`\{[^}]*database="`+regexp.QuoteMeta(label(d))+`"[^}]*service="svc-`+d.d.Name+`"`).MatchString(body) {
+			t.Errorf("%s: its service is not exported with its database label:\n%s", label(d), body)
+		}
+		for _, other := range dbs {
+			if other != d && regexp.MustCompile(`database="`+regexp.QuoteMeta(label(d))+`"[^}]*service="svc-`+other.d.Name+`"`).MatchString(body) {
+				t.Errorf("%s shows %s's service", label(d), other.d.Name)
+			}
+		}
+	}
+	if strings.Contains(body, `database="s1/postgres"`) {
+		t.Errorf("the maintenance database, without the schema, is exported")
+	}
+	// /targets lists the databases found, and only those.
+	page := p.get(t, "/targets")
+	for _, d := range dbs {
+		if listed := strings.Contains(page, "<li>"+label(d)+"</li>"); listed != d.schema {
+			t.Errorf("/targets lists %s: %v, want %v:\n%s", label(d), listed, d.schema, page)
+		}
+	}
+
+	// A database created after start is found by a re-check; a dropped one goes.
+	late := pgtest.NewDBOn(t, s1)
+	seedService(t, late, "svc-late")
+	if err := s1.Exec(context.Background(), "DROP DATABASE "+pgx.Identifier{dbs[1].d.Name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, "the new database found and the dropped one gone", func() bool {
+		body, _ = p.metrics(t, "5")
+		return upOf(body, "s1/"+late.Name) == "1" && !strings.Contains(body, label(dbs[1]))
+	})
+
+	// SIGHUP with s2's entry gone: its databases leave /metrics; with it back, return.
+	writeFile(t, dir, "targets.yml", withoutS2)
+	p.signal(t, syscall.SIGHUP)
+	testutil.Eventually(t, 30*time.Second, "server 2's databases gone after SIGHUP", func() bool {
+		body, _ = p.metrics(t, "5")
+		return !strings.Contains(body, `database="s2/`) && upOf(body, label(dbs[0])) == "1"
+	})
+	writeFile(t, dir, "targets.yml", withS2)
+	p.signal(t, syscall.SIGHUP)
+	testutil.Eventually(t, 30*time.Second, "server 2's database back after SIGHUP", func() bool {
+		body, _ = p.metrics(t, "5")
+		return upOf(body, label(dbs[3])) == "1"
+	})
+
+	// s2 stops: s1's databases answer within the deadline (5 s less the 0.5 s offset),
+	// s2's stay listed, down.
+	s2.Stop()
+	for round := range 3 {
+		body, took := p.metrics(t, "5")
+		if took >= 4500*time.Millisecond {
+			t.Errorf("round %d, server 2 stopped: /metrics took %s, the whole deadline", round, took)
+		}
+		if upOf(body, label(dbs[0])) != "1" || upOf(body, "s1/"+late.Name) != "1" || upOf(body, label(dbs[3])) != "0" {
+			t.Fatalf("round %d, server 2 stopped: want s1's databases up and s2's down:\n%s", round, body)
+		}
+	}
+
+	// s2 comes back, then s1 hangs (every process stopped): s1's databases, scraped
+	// first, take the whole deadline (3 s less the offset), and s2's still answer in that
+	// same scrape, up, with the answer sent at the deadline, not after it.
+	if err := s2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, "server 2's database up again", func() bool {
+		body, _ := p.metrics(t, "5")
+		return upOf(body, label(dbs[3])) == "1"
+	})
+	hang(t, s1)
+	for round := range 2 {
+		body, took := p.metrics(t, "3")
+		if upOf(body, label(dbs[0])) != "0" || upOf(body, "s1/"+late.Name) != "0" || upOf(body, label(dbs[3])) != "1" {
+			t.Fatalf("round %d, server 1 hung: want s1's databases down and s2's up:\n%s", round, body)
+		}
+		// Generous for a loaded machine, and still under two deadlines.
+		if took > 4*time.Second {
+			t.Errorf("round %d, server 1 hung: /metrics took %s", round, took)
+		}
+	}
+	m, _ := p.metrics(t, "5")
+	conns := regexp.MustCompile(`(?m)^pg_liveness_exporter_probe_connections (\d+)$`).FindStringSubmatch(m)
+	if conns == nil {
+		t.Fatalf("no pg_liveness_exporter_probe_connections:\n%s", m)
+	}
+	if n, _ := strconv.Atoi(conns[1]); n > 12 {
+		t.Errorf("the pools hold %d connections, over --probe.max-conns=12", n)
+	}
+	for _, s := range []*pgtest.Server{s1, s2} {
+		if strings.Contains(p.Logs(), s.Password) || strings.Contains(m, s.Password) {
+			t.Errorf("a password is in the log or the metrics")
+		}
+	}
+}

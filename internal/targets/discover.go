@@ -1,0 +1,229 @@
+package targets
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
+)
+
+// Database is one database that discovery found: on the discover entry Server, named
+// Name, holding the source's instances table.
+type Database struct {
+	Server, Name string
+}
+
+// Label is the database label's value: the entry's name and the database's, so that two
+// servers' databases of the same name stay two series.
+func (d Database) Label() string { return d.Server + "/" + d.Name }
+
+// Discovery finds, for each discover entry of the configuration in force, the server's
+// databases that hold the source's instances table: at start, then every entry's
+// Interval. Run owns the re-checks; Found is safe to call at any time.
+type Discovery struct {
+	pools   *Pools
+	source  *store.Source
+	timeout time.Duration // each statement's
+	logger  *slog.Logger
+
+	mu     sync.Mutex
+	found  map[string][]string         // by entry: the databases, sorted
+	capped map[string]*logging.Repeats // by entry: the max_databases warning, logged when it starts or changes
+	// rounds counts finished re-checks of every entry, for tests and the log.
+	rounds int
+	round  chan struct{} // closed and replaced when a round ends
+}
+
+// NewDiscovery returns the discovery of pools' discover entries for source. timeout
+// bounds each statement it sends (listing the databases, checking one).
+func NewDiscovery(pools *Pools, source *store.Source, timeout time.Duration, logger *slog.Logger) *Discovery {
+	return &Discovery{pools: pools, source: source, timeout: timeout, logger: logger,
+		found: map[string][]string{}, capped: map[string]*logging.Repeats{}, round: make(chan struct{})}
+}
+
+// Found returns the databases found, by entry then name.
+func (d *Discovery) Found() []Database {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []Database
+	for _, srv := range d.pools.Config().Discover() {
+		for _, db := range d.found[srv.Name] {
+			out = append(out, Database{srv.Name, db})
+		}
+	}
+	return out
+}
+
+// Rounds returns how many rounds have ended and a channel closed when the next one does.
+func (d *Discovery) Rounds() (int, <-chan struct{}) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.rounds, d.round
+}
+
+// Run checks every entry at once, then each again every its Interval, until ctx ends.
+// Entries are checked concurrently, so that a down server does not hold up another's
+// re-check; a reload's new entries are checked on the next tick.
+func (d *Discovery) Run(ctx context.Context) {
+	last := map[string]time.Time{}
+	tick := time.NewTicker(MinDiscoverInterval)
+	defer tick.Stop()
+	for {
+		var due []Server
+		now := time.Now()
+		for _, srv := range d.pools.Config().Discover() {
+			if t, ok := last[srv.Name]; !ok || now.Sub(t) >= srv.Interval {
+				due = append(due, srv)
+				last[srv.Name] = now
+			}
+		}
+		if len(due) > 0 {
+			var wg sync.WaitGroup
+			for _, srv := range due {
+				wg.Go(func() { d.check(ctx, srv) })
+			}
+			wg.Wait()
+			d.endRound()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (d *Discovery) endRound() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.prune()
+	d.rounds++
+	close(d.round)
+	d.round = make(chan struct{})
+}
+
+// prune forgets the entries a reload removed. d.mu is held.
+func (d *Discovery) prune() {
+	for name := range d.found {
+		if !slices.ContainsFunc(d.pools.Config().Discover(), func(s Server) bool { return s.Name == name }) {
+			for _, db := range d.found[name] {
+				d.pools.ForgetDiscovered(name, db)
+			}
+			delete(d.found, name)
+		}
+	}
+}
+
+// check lists srv's databases and keeps those that hold the source's table. A server
+// that does not answer keeps what it had, so its databases still report pg_liveness_up 0
+// rather than vanish; so does a database that does not answer the check.
+func (d *Discovery) check(ctx context.Context, srv Server) {
+	logger := d.logger.With("server", srv.Name)
+	names, err := d.list(ctx, srv)
+	if err != nil {
+		logger.Warn("cannot list the server's databases; keeping the ones found before", "err", err)
+		return
+	}
+	d.mu.Lock()
+	before := d.found[srv.Name]
+	d.mu.Unlock()
+	var found []string
+	capped := 0 // databases with the table left out by MaxDatabases
+	for _, db := range names {
+		has, err := d.holdsSource(ctx, srv.Name, db)
+		switch {
+		case err != nil && slices.Contains(before, db):
+			logger.Warn("cannot check a database; keeping it", "database", db, "err", err)
+			found = append(found, db)
+		case err != nil:
+			logger.Debug("cannot check a database", "database", db, "err", err)
+		case has && len(found) >= srv.MaxDatabases:
+			capped++
+		case has:
+			found = append(found, db)
+		}
+		if !slices.Contains(found, db) {
+			d.pools.ForgetDiscovered(srv.Name, db) // no connection kept for a database not watched
+		}
+	}
+	for _, db := range before {
+		if !slices.Contains(found, db) {
+			d.pools.ForgetDiscovered(srv.Name, db)
+			logger.Info("database no longer watched", "database", db)
+		}
+	}
+	for _, db := range found {
+		if !slices.Contains(before, db) {
+			logger.Info("database found", "database", db)
+		}
+	}
+	if capped > 0 {
+		d.cappedLog(srv.Name).Log(logger, slog.LevelWarn, strconv.Itoa(capped), "more databases hold the table than max_databases; the first by name are watched",
+			"max_databases", srv.MaxDatabases, "left_out", capped)
+	} else {
+		d.cappedLog(srv.Name).Clear(logger, "every database holding the table is watched again")
+	}
+	d.mu.Lock()
+	d.found[srv.Name] = found
+	d.mu.Unlock()
+}
+
+func (d *Discovery) cappedLog(server string) *logging.Repeats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := d.capped[server]
+	if r == nil {
+		r = new(logging.Repeats)
+		d.capped[server] = r
+	}
+	return r
+}
+
+// list reads pg_database in srv's maintenance database.
+func (d *Discovery) list(ctx context.Context, srv Server) ([]string, error) {
+	pool, ok, err := d.pools.DiscoveredPool(srv.Name, srv.Maintenance)
+	if !ok || err != nil {
+		return nil, cmpErr(err, errors.New("the entry was removed"))
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	q := store.DiscoverDatabases.In("")
+	rows, err := pool.Query(ctx, q.SQL, q.Args()...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// holdsSource reports whether database db of server holds the source's instances table
+// and the role may read it.
+func (d *Discovery) holdsSource(ctx context.Context, server, db string) (bool, error) {
+	pool, ok, err := d.pools.DiscoveredPool(server, db)
+	if !ok || err != nil {
+		return false, cmpErr(err, errors.New("the entry was removed"))
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	q := store.DiscoverSource.In("")
+	rows, err := pool.Query(ctx, q.SQL, q.Args(d.source.InstancesTable())...)
+	if err != nil {
+		return false, err
+	}
+	readable, err := pgx.CollectRows(rows, pgx.RowTo[bool])
+	return len(readable) == 1 && readable[0], err
+}
+
+func cmpErr(err, otherwise error) error {
+	if err != nil {
+		return err
+	}
+	return otherwise
+}
