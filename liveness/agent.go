@@ -252,7 +252,9 @@ func (c AgentConfig) aliveLockConfig() aliveLockConfig {
 		KeepaliveCount:    c.KeepaliveCount,
 		UserTimeout:       c.UserTimeout,
 		VerifyInterval:    c.VerifyInterval,
-		Logger:            logging.Wrap(c.Logger).With("part", "alive_lock"),
+		// A leader trusts its lock only briefly after each proof (lifeMonitor).
+		LeaderVerifyInterval: min(cmp.Or(c.VerifyInterval, DefaultVerifyInterval), leaderVerifyInterval(c.Timing.LockGrace)),
+		Logger:               logging.Wrap(c.Logger).With("part", "alive_lock"),
 	}
 }
 
