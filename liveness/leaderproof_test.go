@@ -37,7 +37,9 @@ func TestCutOffLeaderStepsDownBeforeServerRestartFreesItsLock(t *testing.T) {
 	holder := newAgent(t, config("holder", proxy.dsn()))
 	runAgent(t, holder)
 	t.Cleanup(proxy.close) // first, so that the holder's statements fail instead of hanging
-	competitor := newAgent(t, config("competitor", db.DSN))
+	competitorCfg := config("competitor", db.DSN)
+	competitorPool := competitorCfg.Pool
+	competitor := newAgent(t, competitorCfg)
 	runAgent(t, competitor)
 
 	var mu sync.Mutex
@@ -98,6 +100,15 @@ func TestCutOffLeaderStepsDownBeforeServerRestartFreesItsLock(t *testing.T) {
 			break // the competitor follows the holder
 		}
 	}
+	// The holder has led for a while, as in production: its lease renewed once (ttl/4).
+	expiresAt := func() (at time.Time) {
+		if err := competitorPool.QueryRow(ctx, `SELECT expires_at FROM liveness.leases WHERE name = 'job'`).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	firstExpiry := expiresAt()
+	testutil.Eventually(t, 30*time.Second, "the holder's lease renewed", func() bool { return expiresAt().After(firstExpiry) })
 
 	frozen := time.Now()
 	proxy.freeze()
@@ -137,5 +148,84 @@ func TestCutOffLeaderStepsDownBeforeServerRestartFreesItsLock(t *testing.T) {
 	var lost *liveness.LeaseLostError
 	if errors.As(holderStops[0], &lost) && lost.Reason != liveness.LostNotAlive {
 		t.Fatalf("the holder stopped because %s; want %s (its proof of holding its lock went stale)", lost.Reason, liveness.LostNotAlive)
+	}
+}
+
+// TestLeaseNotTrustedOnAnOldLockProof: an agent whose alive lock vanished unseen (its lock
+// session cut off by a half-open network, its backend then terminated by the server)
+// still counts itself alive, since nothing told it otherwise and it leads nothing, and
+// takes a free lease. It must not start the job: the lease is trusted only once a
+// verification sent after the acquisition finds the lock held, which never comes, so the
+// lease is given back. Meanwhile the fleet calls it dead and a competitor leads.
+//
+// Default settings, except: the holder's pool reaches the server directly (only its lock
+// session is cut off, so that its acquisition gets through), and it takes no part in the
+// watchers' campaigns (a watcher lease would make it verify often and step down before it
+// tries, which is not what this test is about).
+func TestLeaseNotTrustedOnAnOldLockProof(t *testing.T) {
+	db, direct := testdb.MigratedPool(t, 2)
+	ctx := testutil.Context(t, 2*time.Minute)
+	proxy := newFreezingProxy(t, db.DSN, 0)
+	holderCfg := liveness.AgentConfig{Pool: pgtest.Pool(t, db.DSN, 4), DirectDSN: proxy.dsn(), InstanceID: uuid.New(),
+		ServiceName: "holder", DisableWatcher: true}
+	holder := newAgent(t, holderCfg)
+	runAgent(t, holder)
+	t.Cleanup(proxy.close)
+	competitor := newAgent(t, liveness.AgentConfig{Pool: pgtest.Pool(t, db.DSN, 4), DirectDSN: db.DSN, InstanceID: uuid.New(),
+		ServiceName: "competitor"})
+	runAgent(t, competitor)
+
+	proxy.freeze()
+	var terminated int
+	if err := direct.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+	                                 WHERE application_name = 'holder:alive-lock'`).Scan(&terminated); err != nil || terminated != 1 {
+		t.Fatalf("terminated %d lock backends of the holder (%v); want 1", terminated, err)
+	}
+	cutAt := time.Now()
+
+	var mu sync.Mutex
+	var holderBegan time.Time
+	competitorLeads := make(chan time.Time, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	electCtx, stopElect := context.WithCancel(ctx)
+	defer stopElect()
+	wg.Go(func() {
+		_ = holder.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+				mu.Lock()
+				holderBegan = time.Now()
+				mu.Unlock()
+				<-ctx.Done()
+			}})
+	})
+	// The holder's first try takes the free lease and gives it back one lock grace later.
+	testutil.Eventually(t, 10*time.Second, "the holder's acquisition (an epoch taken)", func() bool {
+		var n int
+		if err := direct.QueryRow(ctx, `SELECT count(*) FROM liveness.leases WHERE name = 'job'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	wg.Go(func() {
+		_ = competitor.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+				select {
+				case competitorLeads <- time.Now():
+				default:
+				}
+				<-ctx.Done()
+			}})
+	})
+	select {
+	case at := <-competitorLeads:
+		t.Logf("the competitor leads %s after the holder's lock vanished", at.Sub(cutAt))
+	case <-time.After(60 * time.Second):
+		t.Fatal("the competitor does not lead within 60 s of the holder's lock vanishing")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !holderBegan.IsZero() {
+		t.Fatalf("the holder started its job %s after its lock vanished, on a proof older than that", holderBegan.Sub(cutAt))
 	}
 }
