@@ -37,8 +37,12 @@ type AgentConfig struct {
 
 	// Timing is recorded in the instance's row, and the fleet judges the instance by it.
 	Timing Timing
-	// VerifyInterval is how often the alive lock is verified on its own backend;
-	// DefaultVerifyInterval if zero.
+	// VerifyInterval is how often the alive lock is verified on its own backend while
+	// the agent holds no lease; DefaultVerifyInterval if zero. While it holds any (a
+	// campaign's, the reaper's, a watcher's) the lock is verified every quarter of
+	// Timing.LockGrace (or VerifyInterval, if shorter): a leader trusts its lock only
+	// three quarters of the lock grace after the last verification was sent (see "What a
+	// leader guarantees" in the package documentation).
 	VerifyInterval time.Duration
 	// Metadata is stored in the instance row's metadata column; it must marshal to JSON.
 	Metadata map[string]any
