@@ -126,11 +126,12 @@
 // the reaper's, a watcher's), its lock's session verifies the lock every quarter of the
 // lock grace (250 ms) instead of every VerifyInterval, and the leases trust the lock
 // only while the last such proof was sent less than three quarters of the lock grace
-// (750 ms) ago; past that they end with LostNotAlive, and a campaign tries again once
-// the proofs resume. A new lease is trusted, and its job started, only once a
+// (750 ms) ago; past that they end with LostNotAlive, the job having the last quarter
+// (250 ms) to stop before another process may start (fence its writes, below, for what
+// it cannot stop in time), and a campaign tries again once the proofs resume. A new lease is trusted, and its job started, only once a
 // verification sent after the acquisition was answered, on the session that held the
-// lock before it was sent, finds the lock held; otherwise the lease is given back at
-// once. The cost is per leader, not per agent: an Agent that holds no lease verifies
+// lock before it was sent, finds the lock held; otherwise, one lock grace after the
+// acquisition at most, the lease is given back. The cost is per leader, not per agent: an Agent that holds no lease verifies
 // every VerifyInterval (10 s) as before. The price of the guarantee is availability: a
 // leader whose lock session stalls for more than about 750 ms (a slow network, a
 // stalled server, a paused process) steps down, although the fleet might still have
