@@ -37,8 +37,12 @@ type AgentConfig struct {
 
 	// Timing is recorded in the instance's row, and the fleet judges the instance by it.
 	Timing Timing
-	// VerifyInterval is how often the alive lock is verified on its own backend;
-	// DefaultVerifyInterval if zero.
+	// VerifyInterval is how often the alive lock is verified on its own backend while
+	// the agent holds no lease; DefaultVerifyInterval if zero. While it holds any (a
+	// campaign's, the reaper's, a watcher's) the lock is verified every quarter of
+	// Timing.LockGrace (or VerifyInterval, if shorter): a leader trusts its lock only
+	// three quarters of the lock grace after the last verification was sent (see "What a
+	// leader guarantees" in the package documentation).
 	VerifyInterval time.Duration
 	// Metadata is stored in the instance row's metadata column; it must marshal to JSON.
 	Metadata map[string]any
@@ -252,7 +256,9 @@ func (c AgentConfig) aliveLockConfig() aliveLockConfig {
 		KeepaliveCount:    c.KeepaliveCount,
 		UserTimeout:       c.UserTimeout,
 		VerifyInterval:    c.VerifyInterval,
-		Logger:            logging.Wrap(c.Logger).With("part", "alive_lock"),
+		// A leader trusts its lock only briefly after each proof (lifeMonitor).
+		LeaderVerifyInterval: min(cmp.Or(c.VerifyInterval, DefaultVerifyInterval), leaderVerifyInterval(c.Timing.LockGrace)),
+		Logger:               logging.Wrap(c.Logger).With("part", "alive_lock"),
 	}
 }
 

@@ -65,6 +65,10 @@ type aliveLockConfig struct {
 	// VerifyInterval is how often the lock is re-verified (or, while not held, re-claimed).
 	// A dropped connection is noticed at once, independently of it.
 	VerifyInterval time.Duration
+	// LeaderVerifyInterval replaces VerifyInterval while the instance leads (lead): a
+	// leader trusts its lock only briefly after the last proof (the Agent: a quarter of
+	// the lock grace). Zero means VerifyInterval.
+	LeaderVerifyInterval time.Duration
 
 	// Logger receives the lock's lines, passwords removed; nil discards. The lock adds
 	// no key of its own: an owner adds what names it (the Agent adds part=alive_lock).
@@ -84,6 +88,7 @@ type aliveLock struct {
 	connCfg     *pgx.ConnConfig
 	instanceID  string
 	verifyEvery time.Duration
+	leaderEvery time.Duration // verifyEvery while leading > 0
 	// clientUserTimeout is the socket's TCP_USER_TIMEOUT: how long unacknowledged data
 	// may wait before the connection is given up.
 	clientUserTimeout time.Duration
@@ -103,6 +108,19 @@ type aliveLock struct {
 	claims     atomic.Uint64
 	losses     atomic.Uint64
 	reconnects atomic.Uint64
+
+	// leading counts the leaderships (lead) that want frequent proofs.
+	leading atomic.Int32
+	// proof is the last claim or verification that answered "held"; proved is closed at
+	// the next one.
+	proofMu sync.Mutex
+	proof   lockProof
+	proved  chan struct{}
+	// wakeWait ends the holding state's wait, so that a proof wanted now is not made to
+	// wait for the verification interval; woken says one was wanted while no wait ran.
+	wakeMu   sync.Mutex
+	woken    bool
+	wakeWait context.CancelCauseFunc
 
 	// Owned by the Run goroutine.
 	connectedOnce bool
@@ -251,6 +269,8 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 	if a.verifyEvery == 0 {
 		a.verifyEvery = DefaultVerifyInterval
 	}
+	a.leaderEvery = cmp.Or(cfg.LeaderVerifyInterval, a.verifyEvery)
+	a.proved = make(chan struct{})
 	ch := make(chan struct{})
 	a.changed.Store(&ch)
 	a.settled = make(chan struct{})
@@ -395,7 +415,7 @@ func (a *aliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
 		case answerDrop:
 			return false
 		case answerHeld:
-			a.claims.Add(1)
+			a.noteProof(a.lastExchange, a.claims.Add(1))
 			a.setDuplicate(false)
 			a.setHeld(true)
 			a.report("held", slog.LevelInfo, "alive lock held", "backend_pid", backendPID)
@@ -415,13 +435,18 @@ func (a *aliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
 	}
 }
 
-// runHoldingState verifies every verifyEvery, on the session's own backend, that the lock
-// is still held. It returns true once it is not (it vanished, the server refused the
+// runHoldingState verifies every verifyEvery (leaderEvery while leading, and at once when
+// a leadership begins or wants a proof), on the session's own backend, that the lock is
+// still held. It returns true once it is not (it vanished, the server refused the
 // verification, or the statements run on another backend), after the pause before the
 // next claim, and false when the connection must be dropped.
 func (a *aliveLock) runHoldingState(ctx context.Context, conn *pgx.Conn) bool {
 	for {
-		if !a.wait(ctx, conn, a.verifyEvery) {
+		every := a.verifyEvery
+		if a.leading.Load() > 0 {
+			every = a.leaderEvery
+		}
+		if !a.waitWakeable(ctx, conn, every) {
 			return false
 		}
 		ans, backendPID := a.ask(ctx, conn, a.verifySQL, a.instanceID)
@@ -429,6 +454,7 @@ func (a *aliveLock) runHoldingState(ctx context.Context, conn *pgx.Conn) bool {
 		case answerDrop:
 			return false
 		case answerHeld:
+			a.noteProof(a.lastExchange, a.claims.Load())
 			a.setDuplicate(false)
 			a.setHeld(true)
 			a.report("held", slog.LevelInfo, "alive lock held", "backend_pid", backendPID)
@@ -449,14 +475,51 @@ func (a *aliveLock) runHoldingState(ctx context.Context, conn *pgx.Conn) bool {
 // wait waits d on the idle connection, whose read notices at once when the server ends
 // the session. It returns false when ctx ended or the connection was lost (reported).
 func (a *aliveLock) wait(ctx context.Context, conn *pgx.Conn, d time.Duration) bool {
+	return a.waitFor(ctx, conn, d, false)
+}
+
+// waitWakeable is wait, cut short by wake.
+func (a *aliveLock) waitWakeable(ctx context.Context, conn *pgx.Conn, d time.Duration) bool {
+	return a.waitFor(ctx, conn, d, true)
+}
+
+// errWoken ends a wait that wake cut short.
+var errWoken = errors.New("alive lock: proof wanted")
+
+func (a *aliveLock) waitFor(ctx context.Context, conn *pgx.Conn, d time.Duration, wakeable bool) bool {
 	deadline := time.Now().Add(d)
 	for {
-		wctx, cancel := context.WithDeadline(ctx, deadline)
+		pctx, wake := context.WithCancelCause(ctx)
+		if wakeable {
+			a.wakeMu.Lock()
+			woken := a.woken
+			a.woken, a.wakeWait = false, wake
+			if woken {
+				a.wakeWait = nil
+			}
+			a.wakeMu.Unlock()
+			if woken {
+				wake(nil)
+				return true
+			}
+		}
+		wctx, cancel := context.WithDeadline(pctx, deadline)
 		err := conn.PgConn().WaitForNotification(wctx)
 		cancel()
+		if wakeable {
+			// From here on a wake sets woken, for the next wait; one that came before
+			// has cancelled pctx with errWoken.
+			a.wakeMu.Lock()
+			a.wakeWait = nil
+			a.wakeMu.Unlock()
+		}
+		woken := context.Cause(pctx) == errWoken
+		wake(nil)
 		switch {
 		case ctx.Err() != nil:
 			return false
+		case woken && !conn.IsClosed():
+			return true // a proof is wanted now
 		case err == nil:
 			// A notification: OnNotification has handed it on. Wait on: a fleet's events
 			// must not make every agent verify early.
@@ -488,6 +551,62 @@ func (a *aliveLock) listen(ctx context.Context, conn *pgx.Conn) bool {
 	a.log.Debug("listening to the schema's events", "channel", channel)
 	a.events.publish(event{Kind: eventResync})
 	return true
+}
+
+// wake makes the session verify the lock now, when it holds it: the wait before the next
+// verification ends at once, or, if none runs, the next one does not begin. Safe from
+// any goroutine.
+func (a *aliveLock) wake() {
+	if a == nil {
+		return
+	}
+	a.wakeMu.Lock()
+	defer a.wakeMu.Unlock()
+	if a.wakeWait != nil {
+		a.wakeWait(errWoken)
+		return
+	}
+	a.woken = true
+}
+
+// lead verifies the lock every leaderEvery, starting now, until the returned function
+// (idempotent) is called; leaderships count, so the lock goes back to verifyEvery only
+// once none is left. Safe from any goroutine.
+func (a *aliveLock) lead() (done func()) {
+	if a == nil {
+		return func() {}
+	}
+	a.leading.Add(1)
+	a.wake()
+	var once sync.Once
+	return func() { once.Do(func() { a.leading.Add(-1) }) }
+}
+
+// lockProof is a claim or a verification that answered "held": the lock was held, on the
+// session's own backend, when the statement ran, which was after sent. The lock may have
+// vanished at any moment since; claim counts the successful claims, so that two proofs
+// with the same claim show that one session held the lock between them.
+type lockProof struct {
+	sent  time.Time // monotonic
+	claim uint64
+}
+
+// noteProof records a proof and wakes whoever waits on Proved. Only the Run goroutine
+// calls it.
+func (a *aliveLock) noteProof(sent time.Time, claim uint64) {
+	a.proofMu.Lock()
+	defer a.proofMu.Unlock()
+	a.proof = lockProof{sent: sent, claim: claim}
+	close(a.proved)
+	a.proved = make(chan struct{})
+}
+
+// lastProof returns the last proof (zero before the first), and a channel closed at the
+// next one. Safe from any goroutine.
+func (a *aliveLock) lastProof() (lockProof, <-chan struct{}) {
+	a.proofMu.Lock()
+	defer a.proofMu.Unlock()
+	return a.proof, a.proved
 }
 
 // answer is what a claim or a verification came to.

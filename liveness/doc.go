@@ -100,7 +100,11 @@
 //     when no beat proved life meanwhile, while the fleet calls it dead a full lock
 //     grace after the lock vanished; or when its last beat is half a fast heartbeat
 //     interval (15 s) short of the age at which the fleet calls it dead (the stale
-//     threshold, or with the lock held the definitive-dead cutoff).
+//     threshold, or with the lock held the definitive-dead cutoff); or, since a lock can
+//     vanish unseen (a server restart, a failover or a terminated backend while the
+//     leader is cut off from the server by a half-open network), when the last proof
+//     that its lock is held was sent three quarters of the lock grace (0.75 s) ago. See
+//     "What a leader guarantees".
 //   - Crash. The callback dies with the process. Another process may start once the
 //     holder is dead by the verdict: the lock grace after PostgreSQL freed the lock (at
 //     once for a killed process, after the keepalive for a vanished host; the watcher
@@ -110,6 +114,29 @@
 //
 // In every case the callback must return soon after its context is cancelled: the
 // campaign leads again only after it has, and Run waits for it (see Shutting down).
+//
+// # What a leader guarantees
+//
+// A process stops leading before any observer can call it dead. The fleet may call a
+// holder of the alive lock dead one lock grace after the lock vanished, and the lock
+// may vanish at any moment after the last verification that found it held ran: PostgreSQL
+// frees every advisory lock when it restarts, fails over or ends the lock's backend, and
+// a leader cut off by a half-open network learns of that only when its socket gives up
+// (about 20 s at the defaults). So while an Agent holds at least one lease (a campaign's,
+// the reaper's, a watcher's), its lock's session verifies the lock every quarter of the
+// lock grace (250 ms) instead of every VerifyInterval, and the leases trust the lock
+// only while the last such proof was sent less than three quarters of the lock grace
+// (750 ms) ago; past that they end with LostNotAlive, the job having the last quarter
+// (250 ms) to stop before another process may start (fence its writes, below, for what
+// it cannot stop in time), and a campaign tries again once the proofs resume. A new lease is trusted, and its job started, only once a
+// verification sent after the acquisition was answered, on the session that held the
+// lock before it was sent, finds the lock held; otherwise, one lock grace after the
+// acquisition at most, the lease is given back. The cost is per leader, not per agent: an Agent that holds no lease verifies
+// every VerifyInterval (10 s) as before. The price of the guarantee is availability: a
+// leader whose lock session stalls for more than about 750 ms (a slow network, a
+// stalled server, a paused process) steps down, although the fleet might still have
+// seen it alive. ModeHeartbeatTableOnly holds no lock, so none of this applies: such a
+// holder is dead only once its heartbeat is too old, which the margins above cover.
 // OnNewLeader tells every process, the leader included, who leads, and when it sees
 // nobody lead.
 //

@@ -107,10 +107,16 @@ type LeasesConfig struct {
 	life       lifeGate
 }
 
-// lifeGate says whether this instance can still count on the fleet seeing it alive.
+// lifeGate says whether this instance can still count on the fleet seeing it alive, and
+// what a leadership must wait for before its lease may be trusted (lifeMonitor).
 type lifeGate interface {
 	Alive() bool
 	Changed() <-chan struct{} // closed at the next change of Alive
+	// hold is taken just before an acquisition is sent, and lead once it has succeeded
+	// (answered at answered): it returns when the lease may be trusted, with done to call
+	// when the lease ends, or an error when it may not.
+	hold() holdMark
+	lead(ctx context.Context, mark holdMark, answered time.Time) (done func(), err error)
 }
 
 // Leases takes and keeps table leases: singleton jobs held by a row in <schema>.leases,
@@ -192,6 +198,7 @@ type Lease struct {
 	cancel      context.CancelCauseFunc
 	window      *time.Timer // cancels the lease when the trust window runs out
 	renewerDone chan struct{}
+	leading     func() // ends the leadership of the instance's life; called once the lease ends
 
 	mu         sync.Mutex
 	expiresAt  time.Time // database time
@@ -256,6 +263,10 @@ func (l *Leases) acquire(ctx, parent context.Context, name string, ttl time.Dura
 		// prove life again.
 		return nil, errNotAlive
 	}
+	var mark holdMark
+	if l.life != nil {
+		mark = l.life.hold()
+	}
 	start := time.Now()
 	trustUntil := start.Add(ttl - margin)
 	// An answer after the trust window would be a lease we may not trust anyway.
@@ -280,6 +291,19 @@ func (l *Leases) acquire(ctx, parent context.Context, name string, ttl time.Dura
 		}
 		return nil, fmt.Errorf("liveness: acquire lease %q: %w", name, logging.RedactError(err))
 	}
+	leading := func() {}
+	if l.life != nil {
+		// The lease is not trusted, and no job runs under it, until the alive lock has been
+		// proved held since before the acquisition ran: the fleet may call this instance
+		// dead one lock grace after its lock vanished, however recently it was renewed.
+		if leading, err = l.life.lead(actx, mark, time.Now()); err != nil {
+			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
+			_, _ = l.pool.Exec(dctx, l.stmts.abandon, name, holder)
+			dcancel()
+			l.log.Debug("lease given back: the alive lock was not proved held in time", "lease", name, "epoch", epoch, "err", err)
+			return nil, errNotAlive
+		}
+	}
 
 	lctx, lcancel := context.WithCancelCause(parent)
 	le := &Lease{
@@ -288,6 +312,7 @@ func (l *Leases) acquire(ctx, parent context.Context, name string, ttl time.Dura
 		ctx: lctx, cancel: lcancel,
 		renewerDone: make(chan struct{}),
 		expiresAt:   expiresAt, trustUntil: trustUntil,
+		leading: leading,
 	}
 	l.noteAcquired(name, epoch)
 	le.mu.Lock()
@@ -555,6 +580,7 @@ func (le *Lease) endLocked(cause error) {
 	}
 	le.ended = true
 	le.window.Stop()
+	defer le.leading() // after the cancel: the job's context ends first
 	var lost *LeaseLostError
 	if le.ctx.Err() != nil || !errors.As(cause, &lost) {
 		lost = nil

@@ -2,6 +2,7 @@ package liveness
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 )
@@ -14,7 +15,11 @@ import (
 //
 //   - Before the first successful beat: not alive (there is no row to see).
 //   - Lock held: alive while the last beat is younger than the definitive-dead cutoff
-//     minus half a fast interval (past it, observers call a lock holder a zombie).
+//     minus half a fast interval (past it, observers call a lock holder a zombie). While
+//     this instance leads (lead), also only while the last proof that the lock is held
+//     was sent less than the lock grace less a quarter ago (proofMaxAge): the lock may
+//     vanish, unseen by a session cut off from the server, at any moment after that
+//     proof ran, and observers call the instance dead one lock grace later.
 //   - Lock gone while the row still says held: alive for half the lock grace after the
 //     loss was noticed; the heartbeat beats at once to prove life, and a proof ends this
 //     case.
@@ -28,6 +33,7 @@ type lifeMonitor struct {
 	heartbeat                  *heartbeatWorker
 	lockMode                   bool
 	grace, stale, dead, margin time.Duration
+	proofMaxAge                time.Duration // of the lock's last proof, while leading
 	poll                       time.Duration
 
 	alive   atomic.Bool
@@ -38,12 +44,18 @@ type lifeMonitor struct {
 
 func newLifeMonitor(lock *aliveLock, hb *heartbeatWorker, lockMode bool, fast, stale, dead, grace time.Duration) *lifeMonitor {
 	m := &lifeMonitor{lock: lock, heartbeat: hb, lockMode: lockMode,
-		grace: grace, stale: stale, dead: dead, margin: fast / 2,
+		grace: grace, stale: stale, dead: dead, margin: fast / 2, proofMaxAge: grace - leaderVerifyInterval(grace),
 		poll: min(max(grace/10, 10*time.Millisecond), 100*time.Millisecond)}
 	ch := make(chan struct{})
 	m.changed.Store(&ch)
 	return m
 }
+
+// leaderVerifyInterval is how often a leader's alive lock is verified: a quarter of the
+// lock grace, so that a proof or two may come late before the last one's age reaches
+// proofMaxAge (the other three quarters), and the last quarter is left for the job to
+// notice its cancelled context.
+func leaderVerifyInterval(grace time.Duration) time.Duration { return grace / 4 }
 
 // Alive reports the last evaluation. Safe from any goroutine.
 func (m *lifeMonitor) Alive() bool { return m.alive.Load() }
@@ -51,20 +63,38 @@ func (m *lifeMonitor) Alive() bool { return m.alive.Load() }
 // Changed returns a channel closed at the next change of Alive.
 func (m *lifeMonitor) Changed() <-chan struct{} { return *m.changed.Load() }
 
-// run evaluates every poll until ctx ends; then the instance counts as not alive.
+// run evaluates every poll, at each new proof of the lock, and, while leading, the moment
+// the last proof grows too old, until ctx ends; then the instance counts as not alive.
 func (m *lifeMonitor) run(ctx context.Context) {
-	t := time.NewTicker(m.poll)
+	t := time.NewTimer(0)
 	defer t.Stop()
 	defer m.set(false)
 	for {
-		m.set(m.evaluate(time.Now()))
+		now := time.Now()
+		var proved <-chan struct{}
+		next := m.poll
+		if m.lockMode {
+			var p lockProof
+			p, proved = m.lock.lastProof()
+			if m.leading() && !p.sent.IsZero() {
+				if left := p.sent.Add(m.proofMaxAge).Sub(now); left > 0 {
+					next = min(next, left)
+				}
+			}
+		}
+		m.set(m.evaluate(now))
+		t.Reset(next)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-proved:
 		}
 	}
 }
+
+// leading reports whether a leadership wants its lock proved often.
+func (m *lifeMonitor) leading() bool { return m.lockMode && m.lock.leading.Load() > 0 }
 
 func (m *lifeMonitor) evaluate(now time.Time) bool {
 	sent, rowHolds := m.heartbeat.lastProof()
@@ -75,6 +105,11 @@ func (m *lifeMonitor) evaluate(now time.Time) bool {
 	if m.lockMode {
 		if m.lock.Held() {
 			m.lostAt = time.Time{}
+			if m.leading() {
+				if p, _ := m.lock.lastProof(); p.sent.IsZero() || now.Sub(p.sent) >= m.proofMaxAge {
+					return false
+				}
+			}
 			return age < m.dead-m.margin
 		}
 		if rowHolds {
@@ -86,6 +121,62 @@ func (m *lifeMonitor) evaluate(now time.Time) bool {
 		m.lostAt = time.Time{}
 	}
 	return age < m.stale-m.margin
+}
+
+// errNoLockProof: no proof that the lock is held came in time for a new leadership.
+var errNoLockProof = errors.New("no proof in time that the alive lock is held")
+
+// holdMark is what hold saw before an acquisition was sent: whether the lock was held,
+// and by which claim.
+type holdMark struct {
+	held  bool
+	claim uint64
+}
+
+// hold is taken just before an acquisition is sent.
+func (m *lifeMonitor) hold() holdMark {
+	if !m.lockMode {
+		return holdMark{}
+	}
+	claim := m.lock.claims.Load() // before Held: a claim counts before it is held
+	return holdMark{held: m.lock.Held(), claim: claim}
+}
+
+// lead begins a leadership whose acquisition was sent after mark was taken and answered
+// at answered: the lock is verified often from now on, until done is called, and lead
+// waits (at most one lock grace, and within ctx) for a proof sent after answered by the
+// same claim as mark's (so one session held the lock from before the acquisition ran
+// until after it), and for Alive. Then the lease may be trusted. Without a lock, or when
+// the lock was not held (the fleet then judges the instance by its heartbeat, and no
+// vanishing lock can make it dead early), it waits for nothing.
+func (m *lifeMonitor) lead(ctx context.Context, mark holdMark, answered time.Time) (done func(), err error) {
+	if !m.lockMode {
+		return func() {}, nil
+	}
+	done = m.lock.lead()
+	if !mark.held {
+		return done, nil
+	}
+	wctx, cancel := context.WithDeadline(ctx, answered.Add(m.grace))
+	defer cancel()
+	for {
+		changed := m.Changed()
+		p, proved := m.lock.lastProof()
+		if p.claim > mark.claim {
+			done()
+			return nil, errNoLockProof // the lock was lost and claimed again meanwhile
+		}
+		if !p.sent.Before(answered) && m.Alive() {
+			return done, nil
+		}
+		select {
+		case <-wctx.Done():
+			done()
+			return nil, errNoLockProof
+		case <-proved:
+		case <-changed:
+		}
+	}
 }
 
 func (m *lifeMonitor) set(v bool) {

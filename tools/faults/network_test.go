@@ -8,6 +8,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/netns"
 )
 
@@ -215,7 +216,10 @@ func runPartition(t *testing.T, sc *scenario, e *env, ns *netns.Namespace, nsDSN
 }
 
 // TestNetworkBlip drops the agent's packets for 5 s and restores them: nothing may call
-// it dead, and it must keep the lease it held, whose ttl did not run out.
+// it dead. The leader steps down, though: it cannot prove its alive lock during the blip,
+// and a lock can vanish unseen (a server restart while the leader is cut off), after
+// which the fleet calls it dead a lock grace later; so its job stops within the lock
+// grace of the cut (not_alive), and it leads again once the link is back.
 func TestNetworkBlip(t *testing.T) {
 	// Mostly waiting on timers: run beside the other waiting scenarios, so that
 	// make faults stays short.
@@ -229,9 +233,14 @@ func TestNetworkBlip(t *testing.T) {
 	victim := startAgent(t, e, agentOpts{service: "blip", netns: ns.Name, dsn: nsDSN, lease: "job", leaseTTL: jobLeaseTTL})
 	s.Watch(victim)
 	testutil.Eventually(t, 30*time.Second, "the victim holding the lease", func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
-	lost := 0
+	const stepDown, leadsAgain = "leader's job stopped after the cut (cannot prove its lock)", "leads again after healing"
+	otherLosses := 0
 	for range trials() {
 		waitHealthy(t, s, victim, true)
+		testutil.Eventually(t, jobLeaseTTL+10*time.Second, "the victim leading before the cut", func() bool {
+			acquired, lost := victim.Events("acquired", time.Time{}), victim.Events("lost", time.Time{})
+			return len(acquired) > 0 && (len(lost) == 0 || lost[len(lost)-1].At.Before(acquired[len(acquired)-1].At))
+		})
 		t0 := time.Now()
 		if err := ns.Cut(); err != nil {
 			t.Fatal(err)
@@ -240,18 +249,37 @@ func TestNetworkBlip(t *testing.T) {
 		if err := ns.Heal(); err != nil {
 			t.Fatal(err)
 		}
-		testutil.Never(t, jobLeaseTTL+5*time.Second, "the agent called dead, or its lease lost, after a blip shorter than the ttl", func() bool {
+		healed := time.Now()
+		testutil.Never(t, jobLeaseTTL+5*time.Second, "the agent called dead after a blip shorter than the ttl", func() bool {
 			n, _ := s.falseDead(t0, time.Now(), []*agent{victim})
-			return n > 0 || len(victim.Events("lost", t0)) > 0
+			return n > 0
 		})
 		sc.addFalseDead(s.falseDead(t0, time.Now(), []*agent{victim}))
-		lost += len(victim.Events("lost", t0))
+		var down time.Duration
+		stepped := false
+		for _, ev := range victim.Events("lost", t0) {
+			if !stepped && strings.Contains(ev.Cause, string(liveness.LostNotAlive)) {
+				down, stepped = ev.At.Sub(t0), true
+				continue
+			}
+			otherLosses++
+			t.Errorf("the agent lost its lease otherwise than by stepping down: %s", ev.Cause)
+		}
+		sc.observe(stepDown, blip, down, stepped)
+		again, ok := time.Duration(0), false
+		if acquired := victim.Events("acquired", healed); len(acquired) > 0 {
+			again, ok = acquired[0].At.Sub(healed), true
+		}
+		sc.observe(leadsAgain, jobLeaseTTL+5*time.Second, again, ok)
 	}
-	sc.note("Leases lost by the reachable-again agent: %d.", lost)
-	if lost > 0 {
-		t.Errorf("the agent lost its lease %d times over a %s blip with a %s ttl", lost, blip, jobLeaseTTL)
-	}
+	// The fleet calls a lock holder dead a lock grace (1 s) after its lock vanished, which
+	// may be at the cut: the job must be stopped by then.
+	sc.bound(stepDown, 0, time.Second)
+	sc.bound(leadsAgain, 0, jobLeaseTTL+5*time.Second)
+	sc.note("Leases lost otherwise than by the leader stepping down: %d.", otherLosses)
 	sc.fence(e.dsn, "job")
 	sc.s.Trials = trials()
-	sc.note("Verdicts are watched from the cut until the ttl plus 5 s after the link is back.")
+	sc.note("Verdicts are watched from the cut until the ttl plus 5 s after the link is back. The leader steps " +
+		"down because it cannot prove its alive lock for 750 ms (a lock may vanish unseen while it is cut off); " +
+		"its lease is taken again once the row it could not release has expired.")
 }

@@ -1,0 +1,231 @@
+package liveness_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+)
+
+// TestCutOffLeaderStepsDownBeforeServerRestartFreesItsLock: a leader cut off by a
+// half-open partition cannot see its alive lock vanish when the server restarts, while
+// the fleet calls it dead one lock grace after the restart and a competitor takes the
+// lease early. The leader must have stopped its job before the competitor begins: it
+// trusts its lock only for a fraction of the lock grace after its last proof was sent.
+//
+// Default settings (ttl 15 s, lock grace 1 s, verification every 10 s when not leading,
+// keepalive about 20 s) except: no reaper (it would only add a lease of its own). The
+// partition is real (the proxy stops relaying, closes nothing) and so is the restart.
+func TestCutOffLeaderStepsDownBeforeServerRestartFreesItsLock(t *testing.T) {
+	srv := pgtest.NewServer(t)
+	db := pgtest.NewDBOn(t, srv)
+	testdb.Migrate(t, db.DSN, liveness.DefaultSchema)
+	ctx := testutil.Context(t, 2*time.Minute)
+
+	config := func(service, dsn string) liveness.AgentConfig {
+		return liveness.AgentConfig{Pool: pgtest.Pool(t, dsn, 4), DirectDSN: dsn, InstanceID: uuid.New(), ServiceName: service}
+	}
+	proxy := newFreezingProxy(t, db.DSN, 0)
+	holder := newAgent(t, config("holder", proxy.dsn()))
+	runAgent(t, holder)
+	t.Cleanup(proxy.close) // first, so that the holder's statements fail instead of hanging
+	competitorCfg := config("competitor", db.DSN)
+	competitorPool := competitorCfg.Pool
+	competitor := newAgent(t, competitorCfg)
+	runAgent(t, competitor)
+
+	var mu sync.Mutex
+	var holderBegan, holderEnded, competitorBegan time.Time
+	var holderStops []error
+	holderLeads, competitorLeads := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	electCtx, stopElect := context.WithCancel(ctx)
+	defer stopElect()
+	var holderOnce, competitorOnce sync.Once
+	wg.Go(func() {
+		_ = holder.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+				mu.Lock()
+				holderBegan = time.Now()
+				mu.Unlock()
+				holderOnce.Do(func() { close(holderLeads) })
+				<-ctx.Done()
+				mu.Lock()
+				if holderEnded.IsZero() {
+					holderEnded = time.Now() // just before returning
+				}
+				mu.Unlock()
+			},
+			OnStoppedLeading: func(reason error) {
+				mu.Lock()
+				holderStops = append(holderStops, reason)
+				mu.Unlock()
+			}})
+	})
+	select {
+	case <-holderLeads:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the holder does not lead within 30 s")
+	}
+	seen := make(chan liveness.Leader, 16)
+	wg.Go(func() {
+		_ = competitor.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
+			OnNewLeader: func(l liveness.Leader) {
+				select {
+				case seen <- l:
+				default:
+				}
+			},
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+				mu.Lock()
+				if competitorBegan.IsZero() {
+					competitorBegan = time.Now()
+				}
+				mu.Unlock()
+				competitorOnce.Do(func() { close(competitorLeads) })
+				<-ctx.Done()
+			}})
+	})
+	for l := range seen {
+		if l.InstanceID == holder.Snapshot().InstanceID {
+			break // the competitor follows the holder
+		}
+	}
+	// The holder has led for a while, as in production: its lease renewed once (ttl/4).
+	expiresAt := func() (at time.Time) {
+		if err := competitorPool.QueryRow(ctx, `SELECT expires_at FROM liveness.leases WHERE name = 'job'`).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	firstExpiry := expiresAt()
+	testutil.Eventually(t, 30*time.Second, "the holder's lease renewed", func() bool { return expiresAt().After(firstExpiry) })
+
+	frozen := time.Now()
+	proxy.freeze()
+	if err := srv.StopMode("fast"); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Now()
+	select {
+	case <-competitorLeads:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the competitor does not take over within 60 s of the restart")
+	}
+	mu.Lock()
+	began, ended, taken := holderBegan, holderEnded, competitorBegan
+	mu.Unlock()
+	t.Logf("holder led from %s before the freeze; restart done %s after it; competitor began %s after it",
+		frozen.Sub(began), restarted.Sub(frozen), taken.Sub(frozen))
+	if ended.IsZero() {
+		t.Fatalf("the competitor began its job %s after the freeze while the holder's job still ran: two job runners",
+			taken.Sub(frozen))
+	}
+	if !ended.Before(taken) {
+		t.Fatalf("the holder's job ended %s after the freeze, after the competitor's began (%s): two job runners",
+			ended.Sub(frozen), taken.Sub(frozen))
+	}
+	t.Logf("holder's job ended %s after the freeze, %s before the competitor's began", ended.Sub(frozen), taken.Sub(ended))
+	stopElect()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(holderStops) == 0 || !errors.Is(holderStops[0], liveness.ErrLeaseLost) {
+		t.Fatalf("the holder's OnStoppedLeading reasons %v; want a lost lease first", holderStops)
+	}
+	var lost *liveness.LeaseLostError
+	if errors.As(holderStops[0], &lost) && lost.Reason != liveness.LostNotAlive {
+		t.Fatalf("the holder stopped because %s; want %s (its proof of holding its lock went stale)", lost.Reason, liveness.LostNotAlive)
+	}
+}
+
+// TestLeaseNotTrustedOnAnOldLockProof: an agent whose alive lock vanished unseen (its lock
+// session cut off by a half-open network, its backend then terminated by the server)
+// still counts itself alive, since nothing told it otherwise and it leads nothing, and
+// takes a free lease. It must not start the job: the lease is trusted only once a
+// verification sent after the acquisition finds the lock held, which never comes, so the
+// lease is given back. Meanwhile the fleet calls it dead and a competitor leads.
+//
+// Default settings, except: the holder's pool reaches the server directly (only its lock
+// session is cut off, so that its acquisition gets through), and it takes no part in the
+// watchers' campaigns (a watcher lease would make it verify often and step down before it
+// tries, which is not what this test is about).
+func TestLeaseNotTrustedOnAnOldLockProof(t *testing.T) {
+	db, direct := testdb.MigratedPool(t, 2)
+	ctx := testutil.Context(t, 2*time.Minute)
+	proxy := newFreezingProxy(t, db.DSN, 0)
+	holderCfg := liveness.AgentConfig{Pool: pgtest.Pool(t, db.DSN, 4), DirectDSN: proxy.dsn(), InstanceID: uuid.New(),
+		ServiceName: "holder", DisableWatcher: true}
+	holder := newAgent(t, holderCfg)
+	runAgent(t, holder)
+	t.Cleanup(proxy.close)
+	competitor := newAgent(t, liveness.AgentConfig{Pool: pgtest.Pool(t, db.DSN, 4), DirectDSN: db.DSN, InstanceID: uuid.New(),
+		ServiceName: "competitor"})
+	runAgent(t, competitor)
+
+	proxy.freeze()
+	var terminated int
+	if err := direct.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+	                                 WHERE application_name = 'holder:alive-lock'`).Scan(&terminated); err != nil || terminated != 1 {
+		t.Fatalf("terminated %d lock backends of the holder (%v); want 1", terminated, err)
+	}
+	cutAt := time.Now()
+
+	var mu sync.Mutex
+	var holderBegan time.Time
+	competitorLeads := make(chan time.Time, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	electCtx, stopElect := context.WithCancel(ctx)
+	defer stopElect()
+	wg.Go(func() {
+		_ = holder.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+				mu.Lock()
+				holderBegan = time.Now()
+				mu.Unlock()
+				<-ctx.Done()
+			}})
+	})
+	// The holder's first try takes the free lease and gives it back one lock grace later.
+	testutil.Eventually(t, 10*time.Second, "the holder's acquisition (an epoch taken)", func() bool {
+		var n int
+		if err := direct.QueryRow(ctx, `SELECT count(*) FROM liveness.leases WHERE name = 'job'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	wg.Go(func() {
+		_ = competitor.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+				select {
+				case competitorLeads <- time.Now():
+				default:
+				}
+				<-ctx.Done()
+			}})
+	})
+	select {
+	case at := <-competitorLeads:
+		t.Logf("the competitor leads %s after the holder's lock vanished", at.Sub(cutAt))
+	case <-time.After(60 * time.Second):
+		t.Fatal("the competitor does not lead within 60 s of the holder's lock vanishing")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !holderBegan.IsZero() {
+		t.Fatalf("the holder started its job %s after its lock vanished, on a proof older than that", holderBegan.Sub(cutAt))
+	}
+}
