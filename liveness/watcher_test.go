@@ -28,11 +28,12 @@ func defaultAgentConfig(db *pgtest.DB, pool *pgxpool.Pool, service string) liven
 type crashable struct {
 	id   uuid.UUID
 	conn *pgx.Conn
+	db   *pgtest.DB
 }
 
 func startCrashable(t *testing.T, ctx context.Context, db *pgtest.DB, service string) *crashable {
 	t.Helper()
-	c := &crashable{id: uuid.New(), conn: db.ConnAs(t, service+":alive-lock")}
+	c := &crashable{id: uuid.New(), conn: db.ConnAs(t, service+":alive-lock"), db: db}
 	var ok bool
 	if err := c.conn.QueryRow(ctx, `SELECT liveness.claim_instance_alive_lock($1)`, c.id).Scan(&ok); err != nil || !ok {
 		t.Fatalf("claim = %v, %v", ok, err)
@@ -43,13 +44,18 @@ func startCrashable(t *testing.T, ctx context.Context, db *pgtest.DB, service st
 	return c
 }
 
-// crash ends the lock's session: PostgreSQL frees the lock at once.
+// crash ends the lock's session and returns when PostgreSQL has freed the lock: the
+// backend exits a moment after the client closes, not with the close.
 func (c *crashable) crash(t *testing.T) time.Time {
 	t.Helper()
+	pid := c.conn.PgConn().PID()
 	at := time.Now()
 	if err := c.conn.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	testutil.Eventually(t, 10*time.Second, "the crashed session's locks freed", func() bool {
+		return c.db.QueryInt(t, `SELECT count(*) FROM pg_locks WHERE pid = $1`, int64(pid)) == 0
+	})
 	return at
 }
 
