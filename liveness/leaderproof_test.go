@@ -229,3 +229,77 @@ func TestLeaseNotTrustedOnAnOldLockProof(t *testing.T) {
 		t.Fatalf("the holder started its job %s after its lock vanished, on a proof older than that", holderBegan.Sub(cutAt))
 	}
 }
+
+// TestCutOffLeaderStepsDownDuringARenewal: the cut comes just before a renewal is sent,
+// so that the renewal hangs on the partition for its whole attempt (ttl/5, 3 s). The
+// leader must still step down about 750 ms after its last lock proof, not once the stuck
+// renewal gives up: a server restart during the partition would let the fleet call it
+// dead a lock grace after the restart. Default settings; no restart is needed to see the
+// delay, only the cut.
+func TestCutOffLeaderStepsDownDuringARenewal(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 4)
+	ctx := testutil.Context(t, 2*time.Minute)
+	proxy := newFreezingProxy(t, db.DSN, 0)
+	holder := newAgent(t, liveness.AgentConfig{Pool: pgtest.Pool(t, proxy.dsn(), 4), DirectDSN: proxy.dsn(),
+		InstanceID: uuid.New(), ServiceName: "holder"})
+	runAgent(t, holder)
+	t.Cleanup(proxy.close) // first, so that the holder's statements fail instead of hanging
+
+	var mu sync.Mutex
+	var ended time.Time
+	leads := make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	electCtx, stopElect := context.WithCancel(ctx)
+	defer stopElect()
+	wg.Go(func() {
+		_ = holder.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+				once.Do(func() { close(leads) })
+				<-ctx.Done()
+				mu.Lock()
+				if ended.IsZero() {
+					ended = time.Now()
+				}
+				mu.Unlock()
+			}})
+	})
+	select {
+	case <-leads:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the holder does not lead within 30 s")
+	}
+	// A renewal's time is its expires_at minus the ttl (the server's clock, this host's);
+	// the next comes ttl/4 after it.
+	ttl := liveness.DefaultElectorTTL
+	renewedAt := func() (at time.Time) {
+		if err := pool.QueryRow(ctx, `SELECT expires_at - make_interval(secs => $1) FROM liveness.leases WHERE name = 'job'`,
+			ttl.Seconds()).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	first := renewedAt()
+	var renewed time.Time
+	testutil.Eventually(t, 30*time.Second, "the holder's lease renewed", func() bool {
+		renewed = renewedAt()
+		return renewed.After(first)
+	})
+	time.Sleep(time.Until(renewed.Add(ttl/4 - 250*time.Millisecond)))
+	frozen := time.Now()
+	proxy.freeze()
+	testutil.Eventually(t, 20*time.Second, "the holder's job ended", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return !ended.IsZero()
+	})
+	mu.Lock()
+	stopped := ended.Sub(frozen)
+	mu.Unlock()
+	t.Logf("the holder's job ended %s after the cut", stopped)
+	if stopped > 1500*time.Millisecond {
+		t.Fatalf("the holder's job ended %s after the cut; want about 750 ms (its last lock proof plus 3/4 of the lock grace), "+
+			"not when the renewal stuck on the partition gave up", stopped)
+	}
+}

@@ -499,6 +499,33 @@ func (le *Lease) renewLoop() {
 	}
 }
 
+// endWhenNotAlive ends the lease the moment life says this instance can no longer prove
+// it, while a renewal is in flight: renewLoop looks at life only between renewals, and a
+// renewal stuck on a cut-off network waits up to ttl/5, far past the moment the fleet may
+// call this instance dead. The returned func stops the watch and waits for it; ending the
+// lease cancels ctx, which ends the renewal.
+func (le *Lease) endWhenNotAlive(ctx context.Context, life lifeGate) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			changed := life.Changed() // before Alive, so that no change is missed
+			if !life.Alive() {
+				le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostNotAlive})
+				return
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return
+			case <-quit:
+				return
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
 // renew sends one renewal and reports whether it succeeded.
 func (le *Lease) renew() bool {
 	sent := time.Now()
@@ -516,6 +543,9 @@ func (le *Lease) renew() bool {
 	}
 	rctx, cancel := context.WithDeadline(le.ctx, deadline)
 	defer cancel()
+	if life := le.leases.life; life != nil {
+		defer le.endWhenNotAlive(rctx, life)()
+	}
 	var expiresAt time.Time
 	err := le.leases.pool.QueryRow(rctx, le.leases.stmts.renew, le.Name, le.Holder, le.Epoch, le.ttl.Seconds()).Scan(&expiresAt)
 	switch {

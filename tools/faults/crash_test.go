@@ -271,7 +271,8 @@ func TestCrashSilence(t *testing.T) {
 	sc := newScenario(t, 1, "Crash (kill -9), then silence: the first look",
 		fmt.Sprintf("default agent flags; nobody looks for %v after the kill, then one look per victim; a bystander agent runs beside them", silences))
 	e := newEnv(t)
-	ctx := testutil.Context(t, 5*time.Minute)
+	// Each trial waits out the longest silence: the deadline grows with the trials.
+	ctx := testutil.Context(t, time.Minute+time.Duration(trials())*(silences[len(silences)-1]+15*time.Second))
 	listener := connect(t, ctx, e.dsn)
 	t.Cleanup(func() { _ = listener.Close(context.Background()) })
 	if _, err := listener.Exec(ctx, `LISTEN liveness_events`); err != nil {
