@@ -276,9 +276,18 @@ func (l *Leases) acquire(ctx, parent context.Context, name string, ttl time.Dura
 		epoch            int64
 		taken, expiresAt time.Time
 	)
-	err = l.pool.QueryRow(actx, l.stmts.acquire, name, holder, ttl.Seconds(), l.id, l.host).Scan(&epoch, &taken, &expiresAt)
+	err = l.sendAcquire(actx, trustUntil, func(ctx context.Context, conn *pgxpool.Conn) error {
+		return conn.QueryRow(ctx, l.stmts.acquire, name, holder, ttl.Seconds(), l.id, l.host).Scan(&epoch, &taken, &expiresAt)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrLeaseHeld
+	}
+	if err == nil && actx.Err() != nil {
+		// Taken as the caller gave up: give it back at once rather than at its ttl.
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
+		_, _ = l.pool.Exec(dctx, l.stmts.abandon, name, holder)
+		dcancel()
+		return nil, fmt.Errorf("liveness: acquire lease %q: %w", name, context.Cause(actx))
 	}
 	if err != nil {
 		if actx.Err() != nil {
@@ -320,6 +329,21 @@ func (l *Leases) acquire(ctx, parent context.Context, name string, ttl time.Dura
 	le.mu.Unlock()
 	go le.renewLoop()
 	return le, nil
+}
+
+// sendAcquire runs the acquisition on a connection taken from the pool under ctx, but
+// lets the statement itself finish, up to until, even when ctx ends meanwhile: a statement
+// given up in flight may still commit on the server after the abandon that follows it,
+// leaving a row nobody renews for its whole ttl. The caller looks at ctx afterwards.
+func (l *Leases) sendAcquire(ctx context.Context, until time.Time, send func(context.Context, *pgxpool.Conn) error) error {
+	conn, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
+	defer cancel()
+	return send(sctx, conn)
 }
 
 // instanceID is the holder instance recorded in the leases taken, or uuid.Nil.
