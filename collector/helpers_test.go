@@ -327,30 +327,3 @@ func timeQuery(b *testing.B, pool *pgxpool.Pool, sql string, args ...any) (time.
 	}
 	return time.Since(t0), n
 }
-
-// sideBySide measures two ways of doing one thing in the same run: three of each to warm
-// up, then b.N pairs, each pair in the other order than the last, so that both see the
-// same machine load. It reports both medians, ms-<aName> and ms-<bName>, and their ratio,
-// <bName>/<aName>.
-func sideBySide(b *testing.B, aName string, a func() time.Duration, bName string, bOp func() time.Duration) {
-	for range 3 {
-		a()
-		bOp()
-	}
-	var ta, tb []time.Duration
-	b.ResetTimer()
-	for i := range b.N {
-		if i%2 == 0 {
-			ta, tb = append(ta, a()), append(tb, bOp())
-		} else {
-			tb, ta = append(tb, bOp()), append(ta, a())
-		}
-	}
-	b.StopTimer()
-	slices.Sort(ta)
-	slices.Sort(tb)
-	ma, mb := ta[len(ta)/2], tb[len(tb)/2]
-	b.ReportMetric(float64(ma.Microseconds())/1000, "ms-"+aName)
-	b.ReportMetric(float64(mb.Microseconds())/1000, "ms-"+bName)
-	b.ReportMetric(float64(mb)/float64(ma), bName+"/"+aName)
-}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/latency"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
@@ -42,7 +43,7 @@ func BenchmarkInstancesVerdictCost(b *testing.B) {
 	maxSeries := DefaultConfig().Instances.MaxSeries
 	beforeSQL := strings.ReplaceAll(instancesSQLBeforeVerdict, "{schema}", `"liveness"`)
 	after := store.Instances.For(nil)
-	sideBySide(b, "before", func() time.Duration {
+	latency.SideBySide(b, "before", func() time.Duration {
 		d, _ := timeQuery(b, pool, beforeSQL, store.DefaultStaleThreshold.Seconds(), store.DefaultDefinitiveDeadCutoff.Seconds(), maxSeries)
 		return d
 	}, "after", func() time.Duration {

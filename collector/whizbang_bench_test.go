@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/latency"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
@@ -63,5 +64,5 @@ func BenchmarkWhizbangInstancesCost(b *testing.B) {
 			return d
 		}
 	}
-	sideBySide(b, "ours", run(ours), "whizbang", run(wh))
+	latency.SideBySide(b, "ours", run(ours), "whizbang", run(wh))
 }

@@ -2,7 +2,6 @@ package liveness_test
 
 import (
 	"context"
-	"slices"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/latency"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
@@ -51,25 +51,7 @@ func BenchmarkAliveLockVerify(b *testing.B) {
 	}
 	select1 := func() time.Duration { return timed(`SELECT 1::bigint, true`) }
 	verified := func() time.Duration { return timed(verify, id) }
-	for range 3 {
-		select1()
-		verified()
-	}
-	var t1, tv []time.Duration
-	b.ResetTimer()
-	for i := range b.N {
-		if i%2 == 0 {
-			t1, tv = append(t1, select1()), append(tv, verified())
-		} else {
-			tv, t1 = append(tv, verified()), append(t1, select1())
-		}
-	}
-	b.StopTimer()
-	median := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
-	m1, mv := median(t1), median(tv)
-	b.ReportMetric(float64(m1.Microseconds())/1000, "ms-select1")
-	b.ReportMetric(float64(mv.Microseconds())/1000, "ms-verify")
-	b.ReportMetric(float64(mv)/float64(m1), "verify/select1")
+	_, mv := latency.SideBySide(b, "select1", select1, "verify", verified)
 	perSecond := float64(time.Second) / float64(liveness.DefaultLockGrace/4)
 	b.ReportMetric(perSecond*float64(mv.Microseconds())/1000, "ms-db/s/leader")
 }
