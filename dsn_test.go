@@ -1,7 +1,7 @@
 package main
 
 // The DSN as the binary reads it (--db.dsn, --db.dsn-file, DATA_SOURCE_NAME,
-// --db.direct-dsn): a file that is not one DSN refused at start, and no password printed
+// --db.direct-dsn, --db.direct-dsn-file): a file that is not one DSN refused at start, and no password printed
 // whatever its shape.
 
 import (
@@ -109,9 +109,9 @@ func kvEscape(s string) string {
 }
 
 // FuzzDSNNeverLeaksPassword feeds passwords in every DSN shape through every way a DSN
-// enters the binary (--db.dsn, --db.dsn-file, DATA_SOURCE_NAME, --db.direct-dsn) and
-// asserts that no 4-byte sequence of the password appears in any error, log line or
-// metric. A DSN that does not parse runs the binary's start-up in process, which must
+// enters the binary (--db.dsn, --db.dsn-file, DATA_SOURCE_NAME, --db.direct-dsn and its
+// file) and asserts that no 4-byte sequence of the password appears in any error, log
+// line or metric. A DSN that does not parse runs the binary's start-up in process, which must
 // exit 2; one that parses runs the binary for a moment against 127.0.0.1:1 and is
 // scraped once. Byte sequences that the same runs print with a harmless password
 // ("vocabulary": field names, messages) do not count.
@@ -234,6 +234,7 @@ func dsnOutputs(t *testing.T, s, pw string) string {
 			{"", []string{"--db.dsn-file=" + file}},
 			{s, nil},
 			{"", []string{"--db.dsn=" + good, "--db.direct-dsn=" + s}},
+			{"", []string{"--db.dsn=" + good, "--db.direct-dsn-file=" + file}},
 		} {
 			code, text := binaryRun(30*time.Second, c.env, c.args...)
 			if code != exitConfig {

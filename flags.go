@@ -43,6 +43,7 @@ type config struct {
 	log           promslog.Config
 
 	dsn, dsnFile    string
+	directDSNFile   string // the alive lock's, read into agent.DirectDSN
 	pool            database.PoolConfig
 	applyMigrations bool
 
@@ -89,6 +90,7 @@ func addDatabaseFlags(app *kingpin.Application, c *config) {
 	app.Flag("db.dsn", "PostgreSQL DSN (keyword/value or URL). Overrides DATA_SOURCE_NAME. Prefer --db.dsn-file: flags are visible in the process list.").StringVar(&c.dsn)
 	app.Flag("db.dsn-file", "File holding the PostgreSQL DSN.").StringVar(&c.dsnFile)
 	app.Flag("db.direct-dsn", "DSN for the alive lock's dedicated session. Must reach PostgreSQL directly, not a pooler in transaction mode. Default: the main DSN.").StringVar(&c.agent.DirectDSN)
+	app.Flag("db.direct-dsn-file", "File holding the alive lock's DSN (see --db.direct-dsn).").StringVar(&c.directDSNFile)
 	app.Flag("db.max-conns", "Maximum connections in the pool for short statements (the alive lock adds one).").
 		Default(strconv.Itoa(database.DefaultMaxConns)).Int32Var(&c.pool.MaxConns)
 	app.Flag("db.schema", "Schema of the liveness objects.").Default(liveness.DefaultSchema).

@@ -301,17 +301,18 @@ func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 }
 
 // resolveDSNs sets the pool's DSN from --db.dsn, --db.dsn-file or DATA_SOURCE_NAME, and
-// the alive lock's from --db.direct-dsn or else the same.
+// the alive lock's from --db.direct-dsn, --db.direct-dsn-file or else the same.
 func resolveDSNs(c *config, envDSN string) error {
 	mainDSN, err := dsn.Resolve(c.dsn, c.dsnFile, envDSN)
 	if err != nil {
 		return err
 	}
 	c.pool.DSN = mainDSN
+	if c.agent.DirectDSN, err = dsn.ResolveDirect(c.agent.DirectDSN, c.directDSNFile); err != nil {
+		return err
+	}
 	if c.agent.DirectDSN == "" {
 		c.agent.DirectDSN = mainDSN
-	} else if err := dsn.Validate(c.agent.DirectDSN); err != nil {
-		return fmt.Errorf("%s: malformed DSN: %w", flagOf("AgentConfig.DirectDSN"), err)
 	}
 	return nil
 }

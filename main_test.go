@@ -9,6 +9,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -34,6 +35,8 @@ func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
 		{"bad mode", nil, []string{"--db.dsn=host=x", "--agent.liveness-mode=vibes"}, "agent.liveness-mode"},
 		{"malformed dsn flag", nil, []string{"--db.dsn=host=x password=" + pw + " port=notaport"}, "--db.dsn"},
 		{"malformed dsn url", []string{"DATA_SOURCE_NAME=postgres://u:" + pw + "@h:notaport/db"}, nil, "DATA_SOURCE_NAME"},
+		{"both direct dsn flags", nil, []string{"--db.dsn=host=x", "--db.direct-dsn=host=y", "--db.direct-dsn-file=/nonexistent"}, "--db.direct-dsn and --db.direct-dsn-file"},
+		{"missing direct dsn file", nil, []string{"--db.dsn=host=x", "--db.direct-dsn-file=/nonexistent/direct"}, "--db.direct-dsn-file: "},
 		{"malformed direct dsn", nil, []string{"--db.dsn=host=x", "--db.direct-dsn=postgres://u:" + pw + "@h:x/db"}, "--db.direct-dsn"},
 		{"no dsn", []string{"DATA_SOURCE_NAME="}, nil, "DATA_SOURCE_NAME"},
 		{"bad instance id", nil, []string{"--db.dsn=host=x", "--agent.instance-id=nope"}, "--agent.instance-id"},
@@ -319,5 +322,28 @@ func TestMakeBuildStampsVersion(t *testing.T) {
 	}
 	if strings.Contains(labels["version"], " ") {
 		t.Errorf("build_info version %q has a space", labels["version"])
+	}
+}
+
+// The alive lock's DSN comes from its own file when one is given, and is the main DSN
+// otherwise; the pool keeps the main DSN either way.
+func TestDirectDSNFromItsFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "direct")
+	if err := os.WriteFile(file, []byte("# the lock's own path, past the pooler\nhost=db-direct dbname=app\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, directFile, wantDirect string
+	}{
+		{"from its file", file, "host=db-direct dbname=app"},
+		{"the main DSN", "", "host=pooler dbname=app"},
+	} {
+		c := &config{dsn: "host=pooler dbname=app", directDSNFile: tc.directFile}
+		if err := resolveDSNs(c, ""); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if c.agent.DirectDSN != tc.wantDirect || c.pool.DSN != "host=pooler dbname=app" {
+			t.Errorf("%s: direct %q, pool %q; want direct %q, pool the main DSN", tc.name, c.agent.DirectDSN, c.pool.DSN, tc.wantDirect)
+		}
 	}
 }

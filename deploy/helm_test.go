@@ -448,13 +448,13 @@ observer: {podMonitor: {enabled: false}}
 	}, {
 		name:    "sidecar, every agent option",
 		sidecar: true,
-		parent:  `extraVolumes: [{name: web, secret: {secretName: checkout-web}}]`,
+		parent:  `extraVolumes: [{name: web, secret: {secretName: checkout-web}}, {name: direct-dsn, secret: {secretName: checkout-direct-dsn}}]`,
 		values: `
 agent:
   resources: {requests: {cpu: 20m, memory: 40Mi}, limits: {cpu: 300m, memory: 80Mi}}
-  extraArgs: [--log.level=debug, --web.config.file=/etc/pg-liveness-web/web.yml]
+  extraArgs: [--log.level=debug, --web.config.file=/etc/pg-liveness-web/web.yml, --db.direct-dsn-file=/etc/pg-liveness-direct/dsn]
   extraEnv: [{name: GOMEMLIMIT, value: 50MiB}]
-  extraVolumeMounts: [{name: web, mountPath: /etc/pg-liveness-web, readOnly: true}]
+  extraVolumeMounts: [{name: web, mountPath: /etc/pg-liveness-web, readOnly: true}, {name: direct-dsn, mountPath: /etc/pg-liveness-direct, readOnly: true}]
   terminationGracePeriodSeconds: 60
   podMonitor:
     enabled: true
@@ -470,9 +470,11 @@ agent:
 				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("20m"), corev1.ResourceMemory: resource.MustParse("40Mi")},
 				Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("300m"), corev1.ResourceMemory: resource.MustParse("80Mi")},
 			})
-			wantEqual(t, "args", c.Args[len(c.Args)-2:], []string{"--log.level=debug", "--web.config.file=/etc/pg-liveness-web/web.yml"})
+			// The alive lock's own DSN (behind a pooler, the main DSN cannot serve it) as a
+			// file: the one way that keeps it out of the process list.
+			wantEqual(t, "args", c.Args[len(c.Args)-3:], []string{"--log.level=debug", "--web.config.file=/etc/pg-liveness-web/web.yml", "--db.direct-dsn-file=/etc/pg-liveness-direct/dsn"})
 			wantEqual(t, "env", c.Env[2:], []corev1.EnvVar{{Name: "GOMEMLIMIT", Value: "50MiB"}})
-			wantEqual(t, "extra mount", c.VolumeMounts[1:], []corev1.VolumeMount{{Name: "web", MountPath: "/etc/pg-liveness-web", ReadOnly: true}})
+			wantEqual(t, "extra mount", c.VolumeMounts[1:], []corev1.VolumeMount{{Name: "web", MountPath: "/etc/pg-liveness-web", ReadOnly: true}, {Name: "direct-dsn", MountPath: "/etc/pg-liveness-direct", ReadOnly: true}})
 			wantEqual(t, "the parent's volume", pod.Volumes[1].Name, "web")
 			wantEqual(t, "terminationGracePeriodSeconds", *pod.TerminationGracePeriodSeconds, int64(60))
 			pm := byComponent(t, r.podMonitors, "agent")
@@ -689,7 +691,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 		want    string
 	}{
 		{"a DSN in the observer's arguments", false, `observer: {extraArgs: ["--db.dsn=postgres://u:` + secret + `@db/app"]}`, "observer.extraArgs: --db.dsn would put a DSN in the process list"},
-		{"a direct DSN in the agent's arguments", true, `agent: {extraArgs: ["--db.direct-dsn=postgres://u:` + secret + `@db/app"]}`, "agent.extraArgs: --db.direct-dsn would put a DSN in the process list"},
+		{"a direct DSN in the agent's arguments", true, `agent: {extraArgs: ["--db.direct-dsn=postgres://u:` + secret + `@db/app"]}`, "agent.extraArgs: --db.direct-dsn would put a DSN in the process list; put it in a Secret and pass its file with --db.direct-dsn-file"},
 		{"a DSN in the observer's environment", false, `observer: {extraEnv: [{name: DATA_SOURCE_NAME, value: "postgres://u:` + secret + `@db/app"}]}`, "observer.extraEnv: DATA_SOURCE_NAME would put a DSN or password in the environment"},
 		{"a password in the agent's environment", true, `agent: {extraEnv: [{name: PGPASSWORD, value: ` + secret + `}]}`, "agent.extraEnv: PGPASSWORD would put a DSN or password in the environment"},
 		{"a flag the chart sets, observer", false, `observer: {extraArgs: ["--web.listen-address=:9000"]}`, "observer.extraArgs: --web.listen-address is set by the chart"},

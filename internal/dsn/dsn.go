@@ -1,7 +1,7 @@
 // Package dsn reads and checks the PostgreSQL connection strings of the binaries' flags
-// (--db.dsn, --db.dsn-file, DATA_SOURCE_NAME) as secrets. Removing passwords from what
-// may be printed is the public logging package's (logging.Redact, logging.RedactError),
-// which every logger of the module passes. It must never log or return a password in an
+// (--db.dsn, --db.dsn-file, DATA_SOURCE_NAME, --db.direct-dsn, --db.direct-dsn-file) as
+// secrets. Removing passwords from what may be printed is the public logging package's
+// (logging.Redact, logging.RedactError), which every logger of the module passes. It must never log or return a password in an
 // error.
 //
 // A DSN that fails to parse is never echoed, not even redacted: where its password ends
@@ -90,27 +90,51 @@ func Describe(s string) string {
 // that order, and validates it. Setting both flags is an error. Errors name the source
 // and never contain the password.
 func Resolve(flagDSN, file, env string) (string, error) {
-	var s, source string
+	s, source, err := pick("--db.dsn", flagDSN, file)
+	switch {
+	case err != nil:
+		return "", err
+	case source == "" && env == "":
+		return "", errors.New("no database given: set DATA_SOURCE_NAME, --db.dsn or --db.dsn-file")
+	case source == "":
+		s, source = env, "DATA_SOURCE_NAME"
+	}
+	return s, validateFrom(s, source)
+}
+
+// ResolveDirect picks the alive lock's DSN from --db.direct-dsn or --db.direct-dsn-file
+// and validates it; "" when neither is set (the caller then uses the main DSN). Setting
+// both is an error. Errors name the flag and never contain the password.
+func ResolveDirect(flagDSN, file string) (string, error) {
+	s, source, err := pick("--db.direct-dsn", flagDSN, file)
+	if err != nil || source == "" {
+		return "", err
+	}
+	return s, validateFrom(s, source)
+}
+
+// pick returns the DSN of the flag named flag or of its -file twin, and which one it
+// came from ("" when neither is set).
+func pick(flag, flagDSN, file string) (s, source string, err error) {
 	switch {
 	case flagDSN != "" && file != "":
-		return "", errors.New("--db.dsn and --db.dsn-file are both set; use one")
+		return "", "", fmt.Errorf("%s and %s-file are both set; use one", flag, flag)
 	case flagDSN != "":
-		s, source = flagDSN, "--db.dsn"
+		return flagDSN, flag, nil
 	case file != "":
-		var err error
 		if s, err = ReadFile(file); err != nil {
-			return "", fmt.Errorf("--db.dsn-file: %w", err)
+			return "", "", fmt.Errorf("%s-file: %w", flag, err)
 		}
-		source = "--db.dsn-file " + file
-	case env != "":
-		s, source = env, "DATA_SOURCE_NAME"
-	default:
-		return "", errors.New("no database given: set DATA_SOURCE_NAME, --db.dsn or --db.dsn-file")
+		return s, flag + "-file " + file, nil
 	}
+	return "", "", nil
+}
+
+func validateFrom(s, source string) error {
 	if err := Validate(s); err != nil {
-		return "", fmt.Errorf("%s: malformed DSN: %w", source, err)
+		return fmt.Errorf("%s: malformed DSN: %w", source, err)
 	}
-	return s, nil
+	return nil
 }
 
 // MaxFileSize bounds a DSN file: a DSN is a line, and anything much larger is the wrong

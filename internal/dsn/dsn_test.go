@@ -61,6 +61,38 @@ func TestResolve(t *testing.T) {
 	}
 }
 
+// The alive lock's DSN: either flag, neither (the main DSN is used), never both.
+func TestResolveDirect(t *testing.T) {
+	file := t.TempDir() + "/direct"
+	if err := os.WriteFile(file, []byte("host=direct password=filepw\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, flag, file, want, errHas string
+	}{
+		{name: "neither", want: ""},
+		{name: "flag", flag: "host=a", want: "host=a"},
+		{name: "file", file: file, want: "host=direct password=filepw"},
+		{name: "both", flag: "host=a", file: file, errHas: "--db.direct-dsn and --db.direct-dsn-file are both set"},
+		{name: "missing file", file: file + ".missing", errHas: "--db.direct-dsn-file: "},
+		{name: "malformed flag", flag: "host=a password=hunter2 port=x", errHas: "--db.direct-dsn: malformed DSN"},
+	} {
+		got, err := ResolveDirect(tc.flag, tc.file)
+		if tc.errHas != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.errHas) {
+				t.Errorf("%s: err = %v, want it to mention %q", tc.name, err, tc.errHas)
+			}
+			if err != nil && strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("%s: error leaks the password: %v", tc.name, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%s: ResolveDirect = %q, %v; want %q", tc.name, got, err, tc.want)
+		}
+	}
+}
+
 // A DSN file holds one DSN: a byte-order mark is dropped (it would turn "host" into
 // another keyword), comments and blank lines are skipped, and a second line is refused
 // rather than merged into the first. Nothing of the contents is quoted in an error.

@@ -69,8 +69,11 @@ its value.
 {{- range (index . 1) }}
 {{- $flag := regexReplaceAll "=.*$" (toString .) "" | trimPrefix "--" }}
 {{- $name := trimPrefix "no-" $flag }}
-{{- if has $name (list "db.dsn" "db.direct-dsn") }}
+{{- if eq $name "db.dsn" }}
 {{- fail (printf "%s: --%s would put a DSN in the process list; put it in the Secret named by dsn.existingSecret" $where $flag) }}
+{{- end }}
+{{- if eq $name "db.direct-dsn" }}
+{{- fail (printf "%s: --%s would put a DSN in the process list; put it in a Secret and pass its file with --db.direct-dsn-file" $where $flag) }}
 {{- end }}
 {{- if has $name $owned }}
 {{- fail (printf "%s: --%s is set by the chart; remove it" $where $flag) }}
