@@ -3,7 +3,9 @@ package testutil
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
@@ -12,21 +14,44 @@ import (
 // ScenarioExposition is the exact output the collector scenario test
 // (collector/scenario_test.go) asserts, relative to the module root: every metric family
 // the collectors export. The metric names that alert rules and dashboard panels may use
-// are derived from it, so they cannot drift from what the exporter exposes. The binary
-// also registers go_*, process_* and pg_liveness_exporter_build_info; no rule or panel
-// uses them, so they are not added: an expression that starts to use one fails until it
-// is added on purpose.
+// are derived from it and from the binary's own families below, so they cannot drift
+// from what the exporter exposes. The binary also registers go_* and process_*; no rule
+// or panel uses them, so they are not added: an expression that starts to use one fails
+// until it is added on purpose.
 const ScenarioExposition = "collector/testdata/scenario.prom"
 
-// ExposedMetrics returns the metric family names in ScenarioExposition.
+// binaryMetricPrefix names the families the binary itself registers besides the
+// collectors' (build information, reloads, the targets' connections). README's metrics
+// table lists them, and the root module's TestReadmeMetricsMatchTheExporter keeps that
+// table equal to what a real run of the binary exposes.
+const binaryMetricPrefix = "pg_liveness_exporter_"
+
+// ExposedMetrics returns the metric family names in ScenarioExposition and the binary's
+// own pg_liveness_exporter_* families from README.md's metrics table.
 func ExposedMetrics(t testing.TB) map[string]bool {
 	t.Helper()
-	names, err := exposition.FileMetricNames(filepath.Join(ModuleRoot(t), ScenarioExposition))
+	root := ModuleRoot(t)
+	names, err := exposition.FileMetricNames(filepath.Join(root, ScenarioExposition))
 	if err != nil {
 		t.Fatalf("exposed metrics: %v", err)
 	}
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatalf("exposed metrics: %v", err)
+	}
+	text := string(readme)
+	start, end := strings.Index(text, "<!-- metrics:begin -->"), strings.Index(text, "<!-- metrics:end -->")
+	if start < 0 || end < start {
+		t.Fatal("exposed metrics: README.md has no metrics block")
+	}
+	for _, m := range binaryMetricRE.FindAllStringSubmatch(text[start:end], -1) {
+		names[m[1]] = true
+	}
 	return names
 }
+
+// binaryMetricRE matches a row of README's metrics table that names a binary family.
+var binaryMetricRE = regexp.MustCompile("(?m)^\\| `(" + binaryMetricPrefix + "[a-z_]+)` \\|")
 
 // ModuleRoot returns the folder of the exporter's module (the repository's root), found
 // from this file's place in it, so that the tests of the tools module, which run in
