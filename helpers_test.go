@@ -70,12 +70,12 @@ func startExporter(t testing.TB, env []string, args ...string) *exporterProc {
 func startBinary(t testing.TB, binary string, env []string, args ...string) *exporterProc {
 	t.Helper()
 	p := &exporterProc{addr: testutil.FreeAddr(t)}
-	p.Process = proctest.Start(t, "exporter", proctest.Options{Env: env, OnLine: func(line string) {
+	p.Process = proctest.Start(t, "exporter", proctest.Options{Env: env, LogsOwnOutput: true, OnLine: func(line string) {
 		_, _ = p.logs.Write([]byte(line + "\n"))
 	}}, binary, append([]string{"--web.listen-address=" + p.addr, "--log.level=debug"}, args...)...)
 	t.Cleanup(func() { // before proctest's, whose Stop is then a no-op
 		p.Stop(10 * time.Second)
-		if t.Failed() {
+		if t.Failed() { // once: failure messages point here rather than repeat the logs
 			t.Logf("exporter logs:\n%s", p.Logs())
 		}
 	})
@@ -189,7 +189,7 @@ func waitLogCount(t *testing.T, p *exporterProc, want string, n int) {
 	for strings.Count(p.Logs(), want) < n {
 		p.checkRunning(t, fmt.Sprintf("%q", want))
 		if time.Now().After(deadline) {
-			t.Fatalf("no log line %q:\n%s", want, p.Logs())
+			t.Fatalf("no log line %q (the exporter logs follow)", want)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

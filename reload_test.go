@@ -250,7 +250,7 @@ func TestWebConfigReloadKeepsTheLastValidOne(t *testing.T) {
 	}
 	// Never an error per request: the toolkit never read a bad file.
 	if strings.Contains(p.Logs(), "Unable to parse configuration") {
-		t.Errorf("the toolkit read a configuration it could not parse:\n%s", p.Logs())
+		t.Errorf("the toolkit read a configuration it could not parse (the exporter logs follow)")
 	}
 }
 

@@ -142,7 +142,7 @@ func TestWhizbangSourceMissingTable(t *testing.T) {
 	e := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--no-agent", "--source=whizbang", "--source.whizbang.prefix=nope_")
 	waitLog(t, e, "nope_service_instances does not exist")
 	if !strings.Contains(e.Logs(), "--source.whizbang.prefix") {
-		t.Fatalf("the log line does not name the flag:\n%s", e.Logs())
+		t.Fatalf("the log line does not name the flag (the exporter logs follow)")
 	}
 }
 

@@ -72,6 +72,9 @@ type Options struct {
 	// OnLine, when set, sees every line of the program's output as it comes, from the
 	// goroutine that reads it.
 	OnLine func(line string)
+	// LogsOwnOutput: the caller keeps the whole output (through OnLine) and logs it when
+	// the test fails, so Start does not log the last lines as well.
+	LogsOwnOutput bool
 }
 
 // Start starts path with args. name says which program it is in the test's log.
@@ -109,7 +112,7 @@ func Start(t testing.TB, name string, o Options, path string, args ...string) *P
 	}()
 	t.Cleanup(func() {
 		p.Stop(10 * time.Second)
-		if t.Failed() {
+		if t.Failed() && !o.LogsOwnOutput {
 			t.Logf("%s output (last lines):\n%s", name, p.lastLines(40))
 		}
 	})
