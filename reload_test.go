@@ -19,8 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/bcrypt"
-
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/tlstest"
@@ -113,15 +111,6 @@ func webConfigDir(t *testing.T) (string, *x509.CertPool) {
 	return dir, tlstest.WriteSelfSigned(t, dir, "tls")
 }
 
-func bcryptOf(t *testing.T, pw string) string {
-	t.Helper()
-	h, err := bcrypt.GenerateFromPassword([]byte(pw), bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(h)
-}
-
 // The web configuration in force is always the last valid one. The exporter serves over
 // real TLS with basic auth; each bad change of the file (emptied, a comment, {}, invalid
 // YAML, basic auth or TLS removed, deleted, unreadable) is one log line naming the file
@@ -134,7 +123,7 @@ func TestWebConfigReloadKeepsTheLastValidOne(t *testing.T) {
 	dir, pool := webConfigDir(t)
 	file := filepath.Join(dir, "web.yml")
 	valid := func(user, pw string) string { // relative file names, resolved from the file's folder
-		return fmt.Sprintf("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\nbasic_auth_users:\n  %s: %s\n", user, bcryptOf(t, pw))
+		return fmt.Sprintf("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\nbasic_auth_users:\n  %s: %s\n", user, tlstest.BcryptHash(t, pw))
 	}
 	replaceFile(t, file, valid("alice", "old-password"))
 	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--no-agent", "--web.config.file="+file)
@@ -191,7 +180,9 @@ func TestWebConfigReloadKeepsTheLastValidOne(t *testing.T) {
 		{"invalid yaml", func() { replaceFile(t, file, "basic_auth_users:\n  alice: [\n") }, "yaml:"},
 		{"basic auth removed", func() { replaceFile(t, file, "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n") },
 			"removes basic authentication (basic_auth_users); serving without it takes a restart"},
-		{"TLS removed", func() { replaceFile(t, file, "basic_auth_users:\n  alice: "+bcryptOf(t, "old-password")+"\n") },
+		{"TLS removed", func() {
+			replaceFile(t, file, "basic_auth_users:\n  alice: "+tlstest.BcryptHash(t, "old-password")+"\n")
+		},
 			"removes TLS (tls_server_config); serving without TLS takes a restart"},
 		{"deleted", func() {
 			if err := os.Remove(file); err != nil {

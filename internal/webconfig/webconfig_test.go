@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/prometheus/exporter-toolkit/web"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/tlstest"
 )
@@ -33,15 +32,6 @@ func write(t *testing.T, path, content string) {
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func hash(t *testing.T, pw string) string {
-	t.Helper()
-	h, err := bcrypt.GenerateFromPassword([]byte(pw), bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(h)
 }
 
 // tlsAuth is a configuration with TLS from relative file names and one user.
@@ -136,7 +126,7 @@ func TestReloadKeepsTheLastValidConfiguration(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "web.yml")
 	pool := tlstest.WriteSelfSigned(t, dir, "tls")
-	write(t, file, tlsAuth("alice", hash(t, "old-password")))
+	write(t, file, tlsAuth("alice", tlstest.BcryptHash(t, "old-password")))
 	s, err := Load(file)
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +148,7 @@ func TestReloadKeepsTheLastValidConfiguration(t *testing.T) {
 	}
 	stillProtected("at start")
 
-	weaker := fmt.Sprintf("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\nbasic_auth_users:\n  bob: %s\n", hash(t, "x"))
+	weaker := fmt.Sprintf("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\nbasic_auth_users:\n  bob: %s\n", tlstest.BcryptHash(t, "x"))
 	for _, c := range []struct {
 		name   string
 		change func()
@@ -185,7 +175,7 @@ func TestReloadKeepsTheLastValidConfiguration(t *testing.T) {
 			}
 			write(t, file, "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n")
 		}, "removes basic authentication (basic_auth_users); serving without it takes a restart"},
-		{"TLS removed", func() { write(t, file, "basic_auth_users:\n  alice: "+hash(t, "old-password")+"\n") }, "removes TLS"},
+		{"TLS removed", func() { write(t, file, "basic_auth_users:\n  alice: "+tlstest.BcryptHash(t, "old-password")+"\n") }, "removes TLS"},
 		{"key deleted", func() {
 			write(t, file, weaker)
 			if err := os.Rename(filepath.Join(dir, "tls.key"), filepath.Join(dir, "tls.key.gone")); err != nil {
@@ -222,7 +212,7 @@ func TestReloadKeepsTheLastValidConfiguration(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool = tlstest.WriteSelfSigned(t, dir, "tls") // a new certificate and key, as a rotation writes them
-	write(t, file, tlsAuth("alice", hash(t, "new-password")))
+	write(t, file, tlsAuth("alice", tlstest.BcryptHash(t, "new-password")))
 	if r := s.Reload(false); !r.Changed || r.Err != nil {
 		t.Fatalf("a valid change: %+v", r)
 	}
@@ -254,17 +244,17 @@ func TestReloadStrongerAndRestartOnly(t *testing.T) {
 	dir := t.TempDir()
 	tlstest.WriteSelfSigned(t, dir, "tls")
 	file := filepath.Join(dir, "web.yml")
-	write(t, file, "basic_auth_users:\n  alice: "+hash(t, "pw")+"\n")
+	write(t, file, "basic_auth_users:\n  alice: "+tlstest.BcryptHash(t, "pw")+"\n")
 	s, err := Load(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	write(t, file, tlsAuth("alice", hash(t, "pw")))
+	write(t, file, tlsAuth("alice", tlstest.BcryptHash(t, "pw")))
 	if r := s.Reload(false); r.Err == nil || !strings.Contains(r.Err.Error(), "turns TLS on") {
 		t.Errorf("TLS turned on while running: %+v", r)
 	}
-	write(t, file, "basic_auth_users:\n  alice: "+hash(t, "pw")+"\n  bob: "+hash(t, "pw2")+"\nrate_limit:\n  burst: 5\n  interval: 1s\n")
+	write(t, file, "basic_auth_users:\n  alice: "+tlstest.BcryptHash(t, "pw")+"\n  bob: "+tlstest.BcryptHash(t, "pw2")+"\nrate_limit:\n  burst: 5\n  interval: 1s\n")
 	r := s.Reload(false)
 	if !r.Changed || r.Err != nil || len(r.RestartOnly) != 1 || r.RestartOnly[0] != "rate_limit" {
 		t.Errorf("a second user and a rate limit: %+v; want taken, with rate_limit for the next restart", r)

@@ -17,7 +17,6 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
@@ -48,10 +47,7 @@ func writeWebConfig(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
 	certPEM, keyPEM, _ := tlstest.SelfSigned(t)
-	hash, err := bcrypt.GenerateFromPassword([]byte(statusPass), bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
+	hash := tlstest.BcryptHash(t, statusPass)
 	write := func(name string, b []byte) string {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, b, 0o600); err != nil {

@@ -1,5 +1,6 @@
-// Package tlstest makes the certificates tests serve: a self-signed certificate for
-// 127.0.0.1, its key, and a pool that trusts it. Only tests import it.
+// Package tlstest makes what tests put in a web configuration: a self-signed certificate
+// for 127.0.0.1, its key, a pool that trusts it, and basic-auth password hashes. Only
+// tests import it.
 package tlstest
 
 import (
@@ -15,6 +16,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/crypto/bcrypt"
 )
 
 // SelfSigned returns a new self-signed server certificate for 127.0.0.1, valid from an
@@ -67,4 +70,15 @@ func WriteSelfSigned(t testing.TB, dir, name string) *x509.CertPool {
 		}
 	}
 	return pool
+}
+
+// BcryptHash is pw hashed for a web configuration's basic_auth_users, at bcrypt's lowest
+// cost (tests check who is let in, not how slowly).
+func BcryptHash(t testing.TB, pw string) string {
+	t.Helper()
+	h, err := bcrypt.GenerateFromPassword([]byte(pw), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(h)
 }
