@@ -178,6 +178,7 @@ func HandlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter, l
 	logger = logging.Wrap(logger)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), cfg.scrapeTimeout(r.Header))
+		ctx = withScrapeMemo(ctx) // what the exporters of one server share: its locks, read once
 		exporters := list()
 		scrapes := make([]*scraped, len(exporters))
 		var wg sync.WaitGroup
