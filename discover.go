@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -169,6 +170,11 @@ func (d *discoveredDBs) exporters() []*collector.Exporter {
 	for db := range d.built {
 		if !keep[db] {
 			delete(d.built, db)
+		}
+	}
+	for entry := range d.servers { // an entry a reload removed
+		if !slices.ContainsFunc(d.pools.Config().Discover(), func(s targets.Server) bool { return s.Name == entry }) {
+			delete(d.servers, entry)
 		}
 	}
 	return out
