@@ -40,7 +40,8 @@ func (s *AdvisoryLocksConfig) flags(app *kingpin.Application) { s.maxApplication
 func (s *AdvisoryLocksConfig) check(*Config) error { return s.maxApplications().check() }
 
 // advisoryLocksCollector sends the advisory-locks statement (store/sql/collectors.sql)
-// for the source, the status page's too.
+// for the source, the status page's too; with Config.Locks, it takes the server's shared
+// read and sends only advisory_locks_of_snapshot, to tell its alive locks apart.
 type advisoryLocksCollector struct {
 	pool                                 *pgxpool.Pool
 	query                                store.Query

@@ -77,7 +77,8 @@ func (s *InstancesConfig) check(*Config) error {
 var instanceStates = store.InstanceStates()
 
 // instancesCollector sends the instances statement (store/sql/collectors.sql) for the
-// source: one summary row per service and the oldest heartbeats.
+// source: one summary row per service and the oldest heartbeats; with Config.Locks, its
+// variant that judges the server's shared read of the locks (store.InstancesOfLocks).
 type instancesCollector struct {
 	pool               *pgxpool.Pool
 	query              store.Query
