@@ -4,9 +4,20 @@ package main
 // server that holds the source's instances table, found at start and re-checked by
 // package targets, is scraped with /metrics, each database's samples labelled
 // database="ENTRY/DATNAME", on its own small pool under --probe.max-conns.
+//
+// pg_locks is read once per scrape and server, not once per database: the first of a
+// server's databases to need it in a scrape reads the advisory locks of all of them
+// (collector.ReadServerLocks, on the entry's maintenance database's pool, under the
+// scrape's deadline) and each takes its part (collector.Config.Locks). When that read
+// fails, each database reads pg_locks itself for that scrape, as a single database does:
+// a server that answers its databases' own reads is never reported down for it.
 
 import (
+	"cmp"
+	"context"
+	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,6 +25,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
@@ -28,8 +40,73 @@ type discoveredDBs struct {
 	collectors collector.Config // Source set; no Status: a discovered schema is not this binary's
 	logger     *slog.Logger
 
-	mu    sync.Mutex
-	built map[targets.Database]*discoveredDB
+	mu      sync.Mutex
+	built   map[targets.Database]*discoveredDB
+	servers map[string]*serverLocks // by entry
+}
+
+// serverLocks reads one discover entry's server's advisory locks once per scrape.
+type serverLocks struct {
+	d      *discoveredDBs
+	server string
+	failed logging.Repeats // the shared read's failure, logged when it starts or changes
+}
+
+// of is database db's part of its server's locks, read once per scrape.
+func (s *serverLocks) of(db string) collector.LocksSource {
+	return func(ctx context.Context) (*collector.DatabaseLocks, error) {
+		all, err := collector.ScrapeOnce(ctx, s, s.read)
+		if err != nil {
+			return nil, err
+		}
+		if part := all.(map[string]*collector.DatabaseLocks)[db]; part != nil {
+			return part, nil
+		}
+		return &collector.DatabaseLocks{}, nil // no lock and no backend
+	}
+}
+
+// read reads the locks of the server's databases found now, on its maintenance
+// database's pool.
+func (s *serverLocks) read(ctx context.Context) (any, error) {
+	all, err := s.readLocks(ctx)
+	if err != nil {
+		s.failed.Log(s.d.logger, slog.LevelWarn, err.Error(), "cannot read the server's advisory locks once for its databases; "+
+			"each reads pg_locks itself", "server", s.server, "err", err)
+		return nil, err
+	}
+	s.failed.Clear(s.d.logger, "the server's advisory locks are read once for its databases again", "server", s.server)
+	return all, nil
+}
+
+func (s *serverLocks) readLocks(ctx context.Context) (map[string]*collector.DatabaseLocks, error) {
+	var maintenance string
+	for _, srv := range s.d.pools.Config().Discover() {
+		if srv.Name == s.server {
+			maintenance = srv.Maintenance
+		}
+	}
+	pool, ok, err := s.d.pools.DiscoveredPool(s.server, maintenance)
+	if !ok || err != nil {
+		return nil, cmp.Or(err, errors.New("the entry was removed"))
+	}
+	var names []string
+	for _, db := range s.d.discovery.Found() {
+		if db.Server == s.server {
+			names = append(names, db.Name)
+		}
+	}
+	return collector.ReadServerLocks(ctx, pool, names)
+}
+
+// serverOf returns entry's serverLocks. d.mu is held.
+func (d *discoveredDBs) serverOf(entry string) *serverLocks {
+	s := d.servers[entry]
+	if s == nil {
+		s = &serverLocks{d: d, server: entry}
+		d.servers[entry] = s
+	}
+	return s
 }
 
 type discoveredDB struct {
@@ -47,7 +124,8 @@ func newDiscovered(pools *targets.Pools, collectors collector.Config, source *st
 	}
 	collectors.Source, collectors.Status = source, nil
 	d := &discoveredDBs{discovery: targets.NewDiscovery(pools, source, discoverTimeout, logger.With("component", "discovery")),
-		pools: pools, collectors: collectors, logger: logger, built: map[targets.Database]*discoveredDB{}}
+		pools: pools, collectors: collectors, logger: logger, built: map[targets.Database]*discoveredDB{},
+		servers: map[string]*serverLocks{}}
 	pool, _, err := pools.DiscoveredPool(entries[0].Name, entries[0].Maintenance)
 	if err != nil {
 		return nil, err
@@ -77,7 +155,9 @@ func (d *discoveredDBs) exporters() []*collector.Exporter {
 		keep[db] = true
 		b := d.built[db]
 		if b == nil || b.pool != pool {
-			exp, err := collector.New(d.collectors, pool, nil, d.logger.With("component", "collector", "database", db.Label()))
+			cfg := d.collectors
+			cfg.Locks = d.serverOf(db.Server).of(db.Name)
+			exp, err := collector.New(cfg, pool, nil, d.logger.With("component", "collector", "database", db.Label()))
 			if err != nil { // the same configuration passed at start-up
 				d.logger.Error("cannot build a discovered database's collectors", "database", db.Label(), "err", err)
 				continue
@@ -90,6 +170,11 @@ func (d *discoveredDBs) exporters() []*collector.Exporter {
 	for db := range d.built {
 		if !keep[db] {
 			delete(d.built, db)
+		}
+	}
+	for entry := range d.servers { // an entry a reload removed
+		if !slices.ContainsFunc(d.pools.Config().Discover(), func(s targets.Server) bool { return s.Name == entry }) {
+			delete(d.servers, entry)
 		}
 	}
 	return out

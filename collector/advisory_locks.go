@@ -40,10 +40,13 @@ func (s *AdvisoryLocksConfig) flags(app *kingpin.Application) { s.maxApplication
 func (s *AdvisoryLocksConfig) check(*Config) error { return s.maxApplications().check() }
 
 // advisoryLocksCollector sends the advisory-locks statement (store/sql/collectors.sql)
-// for the source, the status page's too.
+// for the source, the status page's too; with Config.Locks, it takes the server's shared
+// read and sends only advisory_locks_of_snapshot, to tell its alive locks apart.
 type advisoryLocksCollector struct {
 	pool                                 *pgxpool.Pool
 	query                                store.Query
+	serverLocks                          LocksSource // nil: the statement reads pg_locks itself
+	ofSnapshot                           store.Query // the alive locks among a snapshot's, with locks
 	maxApps                              int
 	locks, holders, backends, idle, wait *exposition.Family
 }
@@ -51,9 +54,11 @@ type advisoryLocksCollector struct {
 func newAdvisoryLocksCollector(d deps) (Collector, error) {
 	const app = "application_name"
 	return &advisoryLocksCollector{
-		pool:    d.pool,
-		query:   store.AdvisoryLocks.For(d.cfg.Source),
-		maxApps: d.cfg.AdvisoryLocks.MaxApplications,
+		pool:        d.pool,
+		query:       store.AdvisoryLocks.For(d.cfg.Source),
+		serverLocks: d.cfg.Locks,
+		ofSnapshot:  store.AdvisoryLocksOfSnapshot.For(d.cfg.Source),
+		maxApps:     d.cfg.AdvisoryLocks.MaxApplications,
 		locks: gauge("advisory_locks",
 			"Advisory locks in this database: kind alive_lock (an instance's alive-lock key) or other, granted true or false (waiting).",
 			"kind", "granted"),
@@ -76,11 +81,7 @@ type appStats struct {
 }
 
 func (c *advisoryLocksCollector) Update(ctx context.Context, out *exposition.Builder) error {
-	rows, err := c.pool.Query(ctx, c.query.SQL, c.query.Args()...)
-	if err != nil {
-		return err
-	}
-	read, err := pgx.CollectRows(rows, pgx.RowToStructByName[store.AdvisoryLocksRow])
+	read, err := c.read(ctx)
 	if err != nil {
 		return err
 	}
@@ -119,6 +120,49 @@ func (c *advisoryLocksCollector) Update(ctx context.Context, out *exposition.Bui
 		}
 	}
 	return nil
+}
+
+// read is the advisory-locks statement's rows: this database's part of the server's
+// snapshot with its alive locks told apart, or, without one (or when it failed), the
+// statement's own read of pg_locks.
+func (c *advisoryLocksCollector) read(ctx context.Context) ([]store.AdvisoryLocksRow, error) {
+	if c.serverLocks != nil {
+		if part, err := c.serverLocks(ctx); err == nil {
+			return c.readOfSnapshot(ctx, part)
+		}
+	}
+	rows, err := c.pool.Query(ctx, c.query.SQL, c.query.Args()...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByName[store.AdvisoryLocksRow])
+}
+
+// readOfSnapshot adds to the snapshot's rows the counts of its locks on bigint keys, the
+// alive locks told apart by the source's keys; with none, nothing is sent.
+func (c *advisoryLocksCollector) readOfSnapshot(ctx context.Context, part *DatabaseLocks) ([]store.AdvisoryLocksRow, error) {
+	out := slices.Clone(part.Rows)
+	if len(part.Classids) == 0 {
+		return out, nil
+	}
+	rows, err := c.pool.Query(ctx, c.ofSnapshot.SQL, c.ofSnapshot.Args(part.Classids, part.Objids, part.Granted)...)
+	if err != nil {
+		return nil, err
+	}
+	bigint, err := pgx.CollectRows(rows, pgx.RowToStructByName[store.AdvisoryLocksRow])
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range bigint { // "other" locks of both kinds are counted together
+		if i := slices.IndexFunc(out, func(o store.AdvisoryLocksRow) bool {
+			return o.Kind == r.Kind && o.Name == r.Name && o.State == r.State
+		}); i >= 0 {
+			out[i].Count += r.Count
+			continue
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // labelOr names an empty application name or a state hidden from this role "unknown".

@@ -26,6 +26,13 @@ type Config struct {
 	// the agent was started. Not a flag: the binary sets it.
 	Status store.StatusSource
 
+	// Locks, when set, gives the database's part of its server's advisory locks, read
+	// once per scrape for every database the exporter watches on that server: the
+	// instances and advisory_locks collectors then do not read pg_locks themselves
+	// (but when it fails, or the schema predates migration 0008). Not a flag: discovery
+	// within a server sets it for each database it found.
+	Locks LocksSource
+
 	// Each collector's settings, defined in its file and listed in the registry.
 	Instances     InstancesConfig
 	Leases        LeasesConfig

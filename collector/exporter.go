@@ -12,6 +12,14 @@
 // only as quoted identifiers. Every age is computed by the database clock. A collector that fails or
 // misses the deadline exports nothing but its pg_liveness_scrape_collector_success 0.
 //
+// The exporters of several databases of one server (discovery within a server) share one
+// read of the cluster-wide pg_locks and pg_stat_activity per scrape (Config.Locks,
+// ReadServerLocks, ScrapeOnce): the instances and advisory_locks collectors then send
+// the variants of their statements that take the database's locks as parameters (two
+// statements for advisory_locks when the database holds bigint advisory locks, one
+// otherwise), and fall back to their own read when the shared one fails. A single
+// database's exporter reads as it always did.
+//
 // pg_liveness_up is 1 when PostgreSQL answered some database collector in this scrape,
 // with rows or with an ERROR (a FATAL one, such as a shutdown or a refused login, is no
 // answer); with no database collector enabled, a ping decides.
@@ -178,6 +186,7 @@ func HandlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter, l
 	logger = logging.Wrap(logger)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), cfg.scrapeTimeout(r.Header))
+		ctx = withScrapeMemo(ctx) // what the exporters of one server share: its locks, read once
 		exporters := list()
 		scrapes := make([]*scraped, len(exporters))
 		var wg sync.WaitGroup

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5"
@@ -75,7 +77,8 @@ func (s *InstancesConfig) check(*Config) error {
 var instanceStates = store.InstanceStates()
 
 // instancesCollector sends the instances statement (store/sql/collectors.sql) for the
-// source: one summary row per service and the oldest heartbeats.
+// source: one summary row per service and the oldest heartbeats; with Config.Locks, its
+// variant that judges the server's shared read of the locks (store.InstancesOfLocks).
 type instancesCollector struct {
 	pool               *pgxpool.Pool
 	query              store.Query
@@ -88,7 +91,19 @@ type instancesCollector struct {
 	keySharedDesc      *exposition.Family // a Whizbang source only
 	log                *slog.Logger
 	standby            logging.Repeats // logged when the database becomes a standby, and stops being one
+
+	// With Config.Locks: the verdict of the server's snapshot of locks, unless the schema
+	// predates it (migration 0008), which is logged once and checked again after
+	// ofLocksRecheck.
+	serverLocks LocksSource
+	ofLocks     store.Query
+	ofLocksMu   sync.Mutex
+	noOfLocks   time.Time // when the schema was last found without it; zero: not found so
 }
+
+// ofLocksRecheck is how long a schema found older than migration 0008 keeps its own read
+// of pg_locks before the verdict of given locks is tried again (a migration applied since).
+const ofLocksRecheck = 10 * time.Minute
 
 func newInstancesCollector(d deps) (Collector, error) {
 	cfg := d.cfg
@@ -98,6 +113,8 @@ func newInstancesCollector(d deps) (Collector, error) {
 		query:       store.Instances.For(cfg.Source),
 		maxSeries:   cfg.Instances.MaxSeries,
 		maxServices: cfg.Instances.MaxServices,
+		serverLocks: cfg.Locks,
+		ofLocks:     store.InstancesOfLocks(cfg.Source),
 		foldedDesc: gauge("instance_services_folded",
 			`Services beyond --collector.instances.max-services whose instances are counted under service="other".`),
 		countDesc: gauge("instances",
@@ -139,7 +156,43 @@ func (r serviceRow) total() (n float64) {
 }
 
 func (c *instancesCollector) Update(ctx context.Context, out *exposition.Builder) error {
-	rows, err := c.pool.Query(ctx, c.query.SQL, c.query.Args(c.maxSeries)...)
+	if c.useOfLocks() {
+		if part, err := c.serverLocks(ctx); err == nil {
+			classids, objids := part.exclusiveGranted()
+			err := c.update(ctx, out, c.ofLocks, c.ofLocks.Args(c.maxSeries, classids, objids))
+			if !isUndefinedFunction(err) { // a parse error: nothing was added to out
+				return err
+			}
+			c.ofLocksMissing()
+		}
+	}
+	return c.update(ctx, out, c.query, c.query.Args(c.maxSeries))
+}
+
+func (c *instancesCollector) useOfLocks() bool {
+	if c.serverLocks == nil {
+		return false
+	}
+	c.ofLocksMu.Lock()
+	defer c.ofLocksMu.Unlock()
+	return c.noOfLocks.IsZero() || time.Since(c.noOfLocks) >= ofLocksRecheck
+}
+
+func (c *instancesCollector) ofLocksMissing() {
+	c.ofLocksMu.Lock()
+	first := c.noOfLocks.IsZero()
+	c.noOfLocks = time.Now()
+	c.ofLocksMu.Unlock()
+	if first {
+		c.log.Info("the schema predates migration 0008 (instance_state_verdicts_of_locks): this database's verdict reads "+
+			"pg_locks itself, not the server's locks read once per scrape; apply the migrations to share the read",
+			"recheck", ofLocksRecheck.String())
+	}
+}
+
+// update sends query and adds the instance metrics it reads.
+func (c *instancesCollector) update(ctx context.Context, out *exposition.Builder, query store.Query, args []any) error {
+	rows, err := c.pool.Query(ctx, query.SQL, args...)
 	if err != nil {
 		return err
 	}

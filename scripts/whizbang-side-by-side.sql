@@ -36,11 +36,12 @@ AS $$
               FROM "public"."wh_service_instances" i
               LEFT JOIN (SELECT k.key, count(*) > 1 AS shared
                            FROM (SELECT pg_catalog.hashtext(p_lock_key_prefix::text || i.instance_id::text)::bigint AS key FROM "public"."wh_service_instances" i) k
-                           JOIN pg_catalog.pg_locks l
-                             ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock'
-                            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                               WHERE d.datname = pg_catalog.current_database())
-                            AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid
+                           JOIN (SELECT l.classid, l.objid
+                                                   FROM pg_catalog.pg_locks l
+                                                  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock'
+                                                    AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                                                       WHERE d.datname = pg_catalog.current_database())) l
+                             ON l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid
                           GROUP BY k.key) h
                      ON h.key = pg_catalog.hashtext(p_lock_key_prefix::text || i.instance_id::text)::bigint) w
      CROSS JOIN LATERAL (SELECT CASE

@@ -35,13 +35,14 @@ func rendered(t *testing.T) map[string][]Query {
 		SchemaState, SchemaMigrations, SchemaVersion,
 		MigrateLock, MigrateSchema, MigrateBookkeeping, MigrateApplied, MigrateSearchPath, MigrateRecord,
 		StatStatementsSchema, StatStatements, StatStatementsTexts,
-		DiscoverDatabases, DiscoverSource} {
+		DiscoverDatabases, DiscoverSource, ServerAdvisoryLocks} {
 		out[st.Name()] = append(out[st.Name()], st.In("liveness"))
 	}
 	for _, src := range sources(t) {
-		for _, st := range []SourceStatement{ReadInstances, ReadFleet, Instances, AdvisoryLocks} {
+		for _, st := range []SourceStatement{ReadInstances, ReadFleet, Instances, AdvisoryLocks, AdvisoryLocksOfSnapshot} {
 			out[st.Name()] = append(out[st.Name()], st.For(src))
 		}
+		out[Instances.Name()] = append(out[Instances.Name()], InstancesOfLocks(src))
 	}
 	table := Table{Schema: "liveness", Name: "leases"}
 	for _, shape := range [][]string{nil, OurLeasesShape(), {"epoch"}, {LeasesUniqueName}} {

@@ -54,9 +54,11 @@ func TestRowTypesAreTheirStatementsColumns(t *testing.T) {
 		store.StatStatementsTexts.Name(): {store.StatStatementsTexts.In("public")},
 		"leases":                         {store.LeasesFor(table, store.OurLeasesShape()), store.LeasesFor(table, nil)},
 	}
-	for _, st := range []store.SourceStatement{store.Instances, store.AdvisoryLocks, store.ReadInstances, store.ReadFleet} {
+	for _, st := range []store.SourceStatement{store.Instances, store.AdvisoryLocks, store.AdvisoryLocksOfSnapshot, store.ReadInstances, store.ReadFleet} {
 		queries[st.Name()] = []store.Query{st.For(nil), st.For(whizbang)}
 	}
+	queries[store.Instances.Name()] = append(queries[store.Instances.Name()], store.InstancesOfLocks(nil), store.InstancesOfLocks(whizbang))
+	queries[store.ServerAdvisoryLocks.Name()] = []store.Query{store.ServerAdvisoryLocks.In("")}
 	conn, err := admin.Acquire(testutil.Context(t, 30*time.Second))
 	if err != nil {
 		t.Fatal(err)

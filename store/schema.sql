@@ -1,4 +1,4 @@
--- The schema as it stands after the last migration, 0007_detection_when_it_happens: every table, sequence,
+-- The schema as it stands after the last migration, 0008_verdict_of_given_locks: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (store/migrations/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
@@ -217,6 +217,40 @@ BEGIN ATOMIC
                    WHERE (l.granted AND (l.mode = 'ExclusiveLock'::text))) k ON (((k.classid = i.lock_classid) AND (k.objid = i.lock_objid))))
            WHERE ((instance_state_verdicts.p_instance_id IS NULL) OR (i.instance_id = instance_state_verdicts.p_instance_id))) c
       CROSS JOIN LATERAL ( SELECT liveness.instance_state_rule(COALESCE(c.locked, false), (c.holds_alive_lock AND (c.locked IS NOT NULL)), c.last_heartbeat_at, now(), COALESCE(c.stale_threshold, instance_state_verdicts.p_stale_threshold), COALESCE(c.definitive_dead_cutoff, instance_state_verdicts.p_definitive_dead_cutoff),
+                 CASE
+                     WHEN (c.holds_alive_lock AND (NOT c.locked)) THEN ( SELECT a.missing_since
+                        FROM liveness.current_alive_lock_absences() a(instance_id, missing_since)
+                       WHERE (a.instance_id = c.instance_id))
+                     ELSE NULL::timestamp with time zone
+                 END, COALESCE(c.lock_grace, '00:00:01'::interval)) AS state) s);
+END
+;
+
+CREATE OR REPLACE FUNCTION liveness.instance_state_verdicts_of_locks(p_stale_threshold interval, p_definitive_dead_cutoff interval, p_lock_classid oid[], p_lock_objid oid[])
+ RETURNS TABLE(instance_id uuid, service_name text, state text, alive boolean, lock_held boolean, last_heartbeat_at timestamp with time zone)
+ LANGUAGE sql
+ STABLE
+BEGIN ATOMIC
+ SELECT c.instance_id,
+     c.service_name,
+     s.state,
+     (s.state = ANY (ARRAY['alive'::text, 'lock_only'::text, 'lock_lost'::text, 'heartbeat_only'::text])),
+     c.locked,
+     c.last_heartbeat_at
+    FROM (( SELECT i.instance_id,
+             i.service_name,
+             i.last_heartbeat_at,
+             i.holds_alive_lock,
+             i.stale_threshold,
+             i.definitive_dead_cutoff,
+             i.lock_grace,
+                 CASE
+                     WHEN (NOT ( SELECT pg_is_in_recovery() AS pg_is_in_recovery)) THEN (k.classid IS NOT NULL)
+                     ELSE NULL::boolean
+                 END AS locked
+            FROM (liveness.instances i
+              LEFT JOIN UNNEST(instance_state_verdicts_of_locks.p_lock_classid, instance_state_verdicts_of_locks.p_lock_objid) k(classid, objid) ON (((k.classid = i.lock_classid) AND (k.objid = i.lock_objid))))) c
+      CROSS JOIN LATERAL ( SELECT liveness.instance_state_rule(COALESCE(c.locked, false), (c.holds_alive_lock AND (c.locked IS NOT NULL)), c.last_heartbeat_at, now(), COALESCE(c.stale_threshold, instance_state_verdicts_of_locks.p_stale_threshold), COALESCE(c.definitive_dead_cutoff, instance_state_verdicts_of_locks.p_definitive_dead_cutoff),
                  CASE
                      WHEN (c.holds_alive_lock AND (NOT c.locked)) THEN ( SELECT a.missing_since
                         FROM liveness.current_alive_lock_absences() a(instance_id, missing_since)

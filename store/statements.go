@@ -89,7 +89,38 @@ var (
 	ReadFleet     = SourceStatement{"read_fleet"}
 	Instances     = SourceStatement{"instances"}
 	AdvisoryLocks = SourceStatement{"advisory_locks"}
+
+	// An observer of several databases of one server (discovery within a server): the
+	// server's advisory locks read once for all of them, and each database's part judged
+	// without reading pg_locks again (see also InstancesOfLocks).
+	ServerAdvisoryLocks     = Statement{"server_advisory_locks"}
+	AdvisoryLocksOfSnapshot = SourceStatement{"advisory_locks_of_snapshot"}
 )
+
+// InstancesOfLocks renders the instances statement for src with the verdict of given
+// locks: its arguments are the max series, then the classids and objids (oid[]) of the
+// database's granted exclusive bigint advisory locks as server_advisory_locks read them,
+// and pg_locks is not read (but by the stamping of vanished locks, when one vanished).
+// On this project's schema it needs migration 0008 (instance_state_verdicts_of_locks);
+// on an older schema the statement fails with undefined_function.
+func InstancesOfLocks(src *Source) Query {
+	src = src.orDefault()
+	vals := make(values, len(src.vals)+1)
+	for k, v := range src.vals {
+		vals[k] = v
+	}
+	switch src.cfg.Kind {
+	case SourceWhizbang:
+		vals["exclusive_locks"] = use("exclusive_locks_given")
+	default:
+		vals["verdicts"] = use("liveness.verdicts_of_locks")
+	}
+	return render(sections.section(Instances.name, kindStatement), string(src.cfg.Kind), vals)
+}
+
+// VerdictOfLocksMigration is the migration of this project's schema that InstancesOfLocks
+// needs.
+const VerdictOfLocksMigration = 8
 
 // handles lists every statement above, so that the package checks, when it loads, that
 // each one is in sql/ and that sql/ has no statement without one.
@@ -101,6 +132,7 @@ var handles = []string{
 	MigrateLock.name, MigrateSchema.name, MigrateBookkeeping.name, MigrateApplied.name, MigrateSearchPath.name, MigrateRecord.name,
 	StatStatementsSchema.name, StatStatements.name, StatStatementsTexts.name,
 	ReadInstances.name, ReadFleet.name, Instances.name, AdvisoryLocks.name,
+	ServerAdvisoryLocks.name, AdvisoryLocksOfSnapshot.name,
 	leasesStatement, whizbangTable,
 }
 

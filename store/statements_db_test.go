@@ -169,6 +169,10 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	cfg := collector.DefaultConfig()
 	cfg.Leases.Enabled = true
 	scrape(t, cfg, pool, agents[0])
+	// As a database that discovery found: the server's locks read once
+	// (server_advisory_locks), its part judged without pg_locks (the instances statement
+	// of given locks, advisory_locks_of_snapshot: the agents hold alive locks).
+	scrape(t, withServerLocks(cfg, pool, db.Name), pool, agents[0])
 	if _, err := migrations.ReadState(ctx, pool, liveness.DefaultSchema); err != nil {
 		t.Fatal(err)
 	}
@@ -203,6 +207,7 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	wcfg.Source = wsrc
 	wcfg.Statements.Enabled = false
 	scrape(t, wcfg, wb.Observer, nil)
+	scrape(t, withServerLocks(wcfg, wb.Observer, db.Name), wb.Observer, nil)
 
 	// Shut the agents down: they delete their rows and release their leases.
 	stopAgents()
@@ -252,6 +257,22 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 			t.Logf("entry %d toplevel=%v calls=%d %q", e.queryID, e.topLevel, e.calls, e.query)
 		}
 	}
+}
+
+// withServerLocks is cfg for a database that discovery found on a server: its part of
+// the server's locks, read on q.
+func withServerLocks(cfg collector.Config, q *pgxpool.Pool, datname string) collector.Config {
+	cfg.Locks = func(ctx context.Context) (*collector.DatabaseLocks, error) {
+		all, err := collector.ReadServerLocks(ctx, q, []string{datname})
+		if err != nil {
+			return nil, err
+		}
+		if all[datname] == nil {
+			return nil, fmt.Errorf("no locks nor backends read for %s", datname)
+		}
+		return all[datname], nil
+	}
+	return cfg
 }
 
 // fenceOnce runs the leader's fence in a transaction of its own, as a job fences its

@@ -175,3 +175,66 @@ SELECT 'backends' AS kind, app AS name, state, count(*) AS count,
 UNION ALL
 SELECT 'locks', CASE WHEN alive THEN 'alive_lock' ELSE 'other' END, granted::text, count(*), 0, 0, 0
   FROM locks GROUP BY 2, 3
+
+-- name: server_advisory_locks
+-- The advisory locks and client backends of several databases of one server, in one read
+-- of pg_locks and pg_stat_activity (both cluster-wide: every read copies the server's
+-- whole lock table, whichever database holds the locks), for an observer of many
+-- databases on one server: it hands each database its part (advisory_locks_of_snapshot,
+-- and the instances statement's verdict of given locks) instead of each reading pg_locks
+-- itself. Sent on any database of the server. $1 the databases' names (text[]).
+--
+-- Rows by database (datname) and kind: 'backends' rows as the advisory-locks statement's
+-- (client backends by application_name and state, with holders, waiters and the longest
+-- idle holder), 'locks' rows counting the advisory locks on two int4 keys (objsubid 2,
+-- never an alive lock) by granted, and one 'keys' row with the locks on bigint keys
+-- (objsubid 1) as arrays: classids, objids, granted and whether the mode is
+-- ExclusiveLock. Holders and waiters count from the same materialized read of pg_locks
+-- as the locks, so they agree, as in the advisory-locks statement.
+WITH dbs AS (
+    SELECT d.oid, d.datname::text AS datname FROM pg_catalog.pg_database d WHERE d.datname = ANY ($1::text[])
+), locks AS MATERIALIZED (
+    SELECT l.database, l.pid, l.granted, l.objsubid = 1 AS on_bigint, l.classid, l.objid,
+           l.mode = 'ExclusiveLock' AS exclusive
+      FROM pg_catalog.pg_locks l
+     WHERE l.locktype = 'advisory' AND l.database IN (SELECT oid FROM dbs)
+), per_pid AS (
+    SELECT database, pid, bool_or(granted) AS holds, bool_or(NOT granted) AS waits
+      FROM locks GROUP BY database, pid
+), backends AS (
+    SELECT a.datid, coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state,
+           coalesce(p.holds, false) AS holds, coalesce(p.waits, false) AS waits,
+           extract(epoch FROM now() - a.state_change)::float8 AS idle_for
+      FROM pg_catalog.pg_stat_activity a
+      LEFT JOIN per_pid p ON p.database = a.datid AND p.pid = a.pid
+     WHERE a.datid IN (SELECT oid FROM dbs) AND a.backend_type = 'client backend'
+)
+SELECT d.datname, 'backends' AS kind, b.app AS name, b.state, count(*) AS count,
+       count(*) FILTER (WHERE b.holds) AS holders, count(*) FILTER (WHERE b.waits) AS waiters,
+       coalesce(max(b.idle_for) FILTER (WHERE b.holds AND b.state LIKE 'idle%'), 0) AS idle_holder_max_seconds,
+       NULL::oid[] AS classids, NULL::oid[] AS objids, NULL::boolean[] AS granted, NULL::boolean[] AS exclusive
+  FROM backends b JOIN dbs d ON d.oid = b.datid
+ GROUP BY d.datname, b.app, b.state
+UNION ALL
+SELECT d.datname, 'locks', 'other', l.granted::text, count(*), 0, 0, 0, NULL, NULL, NULL, NULL
+  FROM locks l JOIN dbs d ON d.oid = l.database
+ WHERE NOT l.on_bigint
+ GROUP BY d.datname, l.granted
+UNION ALL
+SELECT d.datname, 'keys', '', '', count(*), 0, 0, 0,
+       array_agg(l.classid), array_agg(l.objid), array_agg(l.granted), array_agg(l.exclusive)
+  FROM locks l JOIN dbs d ON d.oid = l.database
+ WHERE l.on_bigint
+ GROUP BY d.datname
+
+-- name: advisory_locks_of_snapshot
+-- The advisory-locks statement's 'locks' rows for the locks on bigint keys of this
+-- database that server_advisory_locks read, without reading pg_locks: each lock
+-- ($1 classids, $2 objids, $3 granted, as that statement's 'keys' row gives them) is an
+-- alive lock when it {alive_lock_match}es the source's alive-lock keys. Counts by
+-- (alive, granted), in the advisory-locks statement's columns.
+SELECT 'locks' AS kind, CASE WHEN s.alive THEN 'alive_lock' ELSE 'other' END AS name, s.granted::text AS state,
+       count(*) AS count, 0::bigint AS holders, 0::bigint AS waiters, 0::float8 AS idle_holder_max_seconds
+  FROM (SELECT l.granted, {alive_lock_match} AS alive
+          FROM ROWS FROM (pg_catalog.unnest($1::oid[]), pg_catalog.unnest($2::oid[]), pg_catalog.unnest($3::boolean[])) AS l(classid, objid, granted)) s
+ GROUP BY 2, 3

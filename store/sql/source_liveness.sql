@@ -54,3 +54,9 @@ extract(epoch FROM i.lock_grace)::float8
 EXISTS (
                SELECT 1 FROM {schema}.instances i
                 WHERE i.lock_classid = l.classid AND i.lock_objid = l.objid)
+
+-- fragment: liveness.verdicts_of_locks
+-- {verdicts} of the locks an observer of the server read for this database
+-- (server_advisory_locks): $2 and $3 the classids and objids of its granted exclusive
+-- bigint advisory locks. Migration 0008's function: the same rule, no pg_locks read.
+{schema}.instance_state_verdicts_of_locks({stale}::interval, {dead}::interval, $2::oid[], $3::oid[])

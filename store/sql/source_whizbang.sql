@@ -18,8 +18,9 @@ SELECT pg_catalog.to_regclass($1) IS NOT NULL
 -- when no other row shares the instance's key, and the columns
 --   instance_id, service_name, host_name, process_id, started_at, metadata, state, alive,
 --   lock_held, key_shared, last_heartbeat_at.
--- Locks are matched by a hash join on the key's halves as pg_locks shows a bigint key
--- (classid the high 32 bits, objid the low); only the keys of held locks are counted for
+-- Locks ({exclusive_locks}: pg_locks', or those an observer of the server read once for
+-- every database, passed in) are matched by a hash join on the key's halves as pg_locks
+-- shows a bigint key (classid the high 32 bits, objid the low); only the keys of held locks are counted for
 -- sharing (a key nobody holds says nothing either way), so the table is scanned twice but
 -- nothing is sorted or kept. On a standby pg_locks does not show the primary's locks:
 -- locked is NULL there and the verdict rests on heartbeats. The rule's parameters are
@@ -34,11 +35,8 @@ SELECT pg_catalog.to_regclass($1) IS NOT NULL
           FROM {table} i
           LEFT JOIN (SELECT k.key, count(*) > 1 AS shared
                        FROM (SELECT pg_catalog.hashtext({lock_key_prefix}::text || i.instance_id::text)::bigint AS key FROM {table} i) k
-                       JOIN pg_catalog.pg_locks l
-                         ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock'
-                        AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                           WHERE d.datname = pg_catalog.current_database())
-                        AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid
+                       JOIN {exclusive_locks} l
+                         ON l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid
                       GROUP BY k.key) h
                  ON h.key = pg_catalog.hashtext({lock_key_prefix}::text || i.instance_id::text)::bigint) w
  CROSS JOIN LATERAL (SELECT {instance_state_rule} AS state
@@ -98,3 +96,17 @@ NULL::float8
 -- subplan.
 ((l.classid::bigint << 32) | l.objid::bigint) IN (
                SELECT pg_catalog.hashtext({lock_key_prefix}::text || i.instance_id::text)::bigint FROM {table} i)
+
+-- fragment: whizbang.exclusive_locks
+-- This database's advisory locks granted in ExclusiveLock mode on bigint keys, as
+-- pg_locks shows them: classid the key's high 32 bits, objid the low.
+(SELECT l.classid, l.objid
+                        FROM pg_catalog.pg_locks l
+                       WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock'
+                         AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                            WHERE d.datname = pg_catalog.current_database()))
+
+-- fragment: exclusive_locks_given
+-- {exclusive_locks} as an observer of the server read them for this database
+-- (server_advisory_locks), passed in: $2 the classids, $3 the objids.
+(SELECT g.classid, g.objid FROM ROWS FROM (pg_catalog.unnest($2::oid[]), pg_catalog.unnest($3::oid[])) AS g(classid, objid))
