@@ -6,6 +6,7 @@ package main
 // what it dropped; a SIGHUP starts, changes and stops discovery.
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
@@ -68,28 +70,38 @@ func TestDiscoveredDatabasesHaveStatusPages(t *testing.T) {
 	a, b := pgtest.NewDBOn(t, s), pgtest.NewDBOn(t, s)
 	seedService(t, a, "svc-a")
 	seedService(t, b, "svc-b")
+	// A database whose name holds a '/': its page's path has it escaped.
+	const slashed = "with/slash"
+	if err := s.Exec(context.Background(), `CREATE DATABASE "`+slashed+`"`); err != nil {
+		t.Fatal(err)
+	}
+	testdb.Migrate(t, s.DSN(slashed), "liveness")
+	if _, err := pgtest.Pool(t, s.DSN(slashed), 1).Exec(context.Background(),
+		`INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at) VALUES (gen_random_uuid(), 'svc-slash', now())`); err != nil {
+		t.Fatal(err)
+	}
 	dir := t.TempDir()
 	// A target named like the discover entry: its page has one path segment less.
 	cfg := discoverConfig(t, dir, s, false, "  s1: {host: 127.0.0.1, port: "+strconv.Itoa(s.Port)+", credentials: c, interval: 1s}\n",
 		"  s1: {host: 127.0.0.1, port: "+strconv.Itoa(s.Port)+", database: "+b.Name+", credentials: c}\n")
 	p := startExporter(t, nil, "--no-agent", "--config.file="+cfg, "--probe.max-conns=8", "--probe.max-conns-per-target=2")
-	testutil.Eventually(t, 30*time.Second, "both databases found", func() bool {
+	testutil.Eventually(t, 30*time.Second, "the three databases found", func() bool {
 		body, _ := p.metrics(t, "5")
-		return upOf(body, "s1/"+a.Name) == "1" && upOf(body, "s1/"+b.Name) == "1"
+		return upOf(body, "s1/"+a.Name) == "1" && upOf(body, "s1/"+b.Name) == "1" && upOf(body, "s1/"+slashed) == "1"
 	})
 
 	// /targets links each database found to its page.
 	list := p.get(t, "/targets")
-	for _, d := range []*pgtest.DB{a, b} {
-		link := `<a href="/targets/s1/` + url.PathEscape(d.Name) + `/status">s1/` + d.Name + `</a>`
+	for _, name := range []string{a.Name, b.Name, slashed} {
+		link := `<a href="/targets/s1/` + url.PathEscape(name) + `/status">s1/` + name + `</a>`
 		if !strings.Contains(list, link) {
 			t.Errorf("/targets has no link %s:\n%s", link, list)
 		}
 	}
 	// Each page is its own database's, in both forms.
-	for _, c := range []struct{ db, own, other string }{{a.Name, "svc-a", "svc-b"}, {b.Name, "svc-b", "svc-a"}} {
+	for _, c := range []struct{ db, own, other string }{{a.Name, "svc-a", "svc-b"}, {b.Name, "svc-b", "svc-a"}, {slashed, "svc-slash", "svc-a"}} {
 		for _, suffix := range []string{"status", "status.json"} {
-			code, body := p.getStatus(t, "/targets/s1/"+c.db+"/"+suffix)
+			code, body := p.getStatus(t, "/targets/s1/"+url.PathEscape(c.db)+"/"+suffix)
 			if code != http.StatusOK || !strings.Contains(body, c.own) || strings.Contains(body, c.other) {
 				t.Errorf("/targets/s1/%s/%s: %d, want 200 with %s and without %s:\n%s", c.db, suffix, code, c.own, c.other, body)
 			}
