@@ -3,7 +3,6 @@ package collector
 import (
 	"log/slog"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -88,8 +87,8 @@ func (l *SeriesLimit) apply(exporters []*Exporter, scrapes []*scraped) {
 	l.last = o
 	l.mu.Unlock()
 	if len(o.Dropped) > 0 {
-		l.dropped.Log(l.logger, slog.LevelWarn, strconv.Itoa(len(o.Dropped))+" "+o.Dropped[0],
-			"the discovered databases' series exceed --discover.max-series; the databases after the first that does not fit export only pg_liveness_up and their scrape gauges",
+		l.dropped.Log(l.logger, slog.LevelWarn, strings.Join(o.Dropped, "\n"), // compared, never logged: any change of the set logs
+			"the discovered databases' series exceed --discover.max-series; from the first database that does not fit on, each exports only pg_liveness_up and its scrape gauges",
 			"max_series", l.max, "series_kept", o.Series, "databases_dropped", len(o.Dropped), "first_dropped", o.Dropped[0],
 			"series_dropped", o.DroppedSeries)
 	} else {
