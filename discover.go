@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
+	statuspage "github.com/pg-liveness/pg_liveness_exporter/internal/status"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 	"github.com/pg-liveness/pg_liveness_exporter/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
@@ -39,6 +40,9 @@ type discoveredDBs struct {
 	pools      *targets.Pools
 	collectors collector.Config // Source set; no Status: a discovered schema is not this binary's
 	logger     *slog.Logger
+
+	limit *collector.SeriesLimit // --discover.max-series, over every discovered database's answer
+	loop  discoveryLoop
 
 	mu      sync.Mutex
 	built   map[targets.Database]*discoveredDB
@@ -110,22 +114,25 @@ func (d *discoveredDBs) serverOf(entry string) *serverLocks {
 }
 
 type discoveredDB struct {
-	pool     *pgxpool.Pool // a replaced pool (the entry's connection changed) rebuilds the exporter
+	pool     *pgxpool.Pool // a replaced pool (the entry's connection changed) rebuilds the exporter and the page
 	exporter *collector.Exporter
+	page     *statuspage.Handler // /targets/ENTRY/DATNAME/status, on the same pool
 }
 
-// newDiscovered returns the discovery of pools' discover entries, or nil when the file
-// has none. Its collectors are built once now, on a pool that does not connect, so that
-// a bad collector flag is refused at start-up.
-func newDiscovered(pools *targets.Pools, collectors collector.Config, source *store.Source, logger *slog.Logger) (*discoveredDBs, error) {
-	entries := pools.Config().Discover()
-	if len(entries) == 0 {
-		return nil, nil
-	}
+// newDiscovered returns the discovery of pools' discover entries, which a reload may
+// add, change or remove (none yet is no discovery yet). When there are some, its
+// collectors are built once now, on a pool that does not connect, so that a bad
+// collector flag is refused at start-up.
+func newDiscovered(pools *targets.Pools, collectors collector.Config, source *store.Source, maxSeries int, logger *slog.Logger) (*discoveredDBs, error) {
 	collectors.Source, collectors.Status = source, nil
 	d := &discoveredDBs{discovery: targets.NewDiscovery(pools, source, discoverTimeout, logger.With("component", "discovery")),
 		pools: pools, collectors: collectors, logger: logger, built: map[targets.Database]*discoveredDB{},
-		servers: map[string]*serverLocks{}}
+		servers: map[string]*serverLocks{},
+		limit:   collector.NewSeriesLimit(maxSeries, logger.With("component", "collector"))}
+	entries := pools.Config().Discover()
+	if len(entries) == 0 {
+		return d, nil
+	}
 	pool, _, err := pools.DiscoveredPool(entries[0].Name, entries[0].Maintenance)
 	if err != nil {
 		return nil, err
@@ -145,26 +152,14 @@ func (d *discoveredDBs) exporters() []*collector.Exporter {
 	out := make([]*collector.Exporter, 0, len(found))
 	keep := make(map[targets.Database]bool, len(found))
 	for _, db := range found {
-		pool, ok, err := d.pools.DiscoveredPool(db.Server, db.Name)
-		if !ok || err != nil {
+		b, err := d.buildLocked(db)
+		if b == nil || err != nil {
 			if err != nil {
-				d.logger.Error("cannot open a discovered database's pool", "database", db.Label(), "err", err)
+				d.logger.Error("cannot open a discovered database's pool or build its collectors", "database", db.Label(), "err", err)
 			}
 			continue
 		}
 		keep[db] = true
-		b := d.built[db]
-		if b == nil || b.pool != pool {
-			cfg := d.collectors
-			cfg.Locks = d.serverOf(db.Server).of(db.Name)
-			exp, err := collector.New(cfg, pool, nil, d.logger.With("component", "collector", "database", db.Label()))
-			if err != nil { // the same configuration passed at start-up
-				d.logger.Error("cannot build a discovered database's collectors", "database", db.Label(), "err", err)
-				continue
-			}
-			b = &discoveredDB{pool: pool, exporter: exp.Labelled("database", db.Label())}
-			d.built[db] = b
-		}
 		out = append(out, b.exporter)
 	}
 	for db := range d.built {
@@ -178,4 +173,30 @@ func (d *discoveredDBs) exporters() []*collector.Exporter {
 		}
 	}
 	return out
+}
+
+// buildLocked returns db's collectors and page, built on its pool (again when the pool
+// was replaced); nil when its entry is gone. d.mu is held.
+func (d *discoveredDBs) buildLocked(db targets.Database) (*discoveredDB, error) {
+	pool, ok, err := d.pools.DiscoveredPool(db.Server, db.Name)
+	if !ok || err != nil {
+		return nil, err
+	}
+	if b := d.built[db]; b != nil && b.pool == pool {
+		return b, nil
+	}
+	logger := d.logger.With("database", db.Label())
+	cfg := d.collectors
+	cfg.Locks = d.serverOf(db.Server).of(db.Name)
+	exp, err := collector.New(cfg, pool, nil, logger.With("component", "collector"))
+	if err != nil { // the same configuration passed at start-up
+		return nil, err
+	}
+	page, err := statuspage.New(statuspage.Config{DB: pool, Source: d.collectors.Source, Logger: logger.With("component", "status")})
+	if err != nil {
+		return nil, err
+	}
+	b := &discoveredDB{pool: pool, exporter: exp.Labelled("database", db.Label()), page: page}
+	d.built[db] = b
+	return b, nil
 }

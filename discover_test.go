@@ -130,7 +130,7 @@ func TestDiscoveryWatchesEveryDatabaseWithTheSchema(t *testing.T) {
 	// /targets lists the databases found, and only those.
 	page := p.get(t, "/targets")
 	for _, d := range dbs {
-		if listed := strings.Contains(page, "<li>"+label(d)+"</li>"); listed != d.schema {
+		if listed := strings.Contains(page, ">"+label(d)+"</a>"); listed != d.schema {
 			t.Errorf("/targets lists %s: %v, want %v:\n%s", label(d), listed, d.schema, page)
 		}
 	}

@@ -54,6 +54,8 @@ type config struct {
 
 	configFile string          // --config.file: the /probe targets
 	probe      targets.Options // their pools' bounds
+	// discoverMaxSeries bounds the series of every discovered database on /metrics together.
+	discoverMaxSeries int
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {

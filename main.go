@@ -110,7 +110,8 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	agentFailed := make(chan error, 1) // the agent gave up for good: exit non-zero
 	wg.Go(func() { runAgent(bg, c, w, agentFailed, logger) })
 	if w.discover != nil {
-		wg.Go(func() { w.discover.discovery.Run(bg) }) // the re-checks end with bg, before the pools close
+		w.discover.start(bg)    // and a reload starts, or stops, its re-checks
+		defer w.discover.stop() // they end with bg, before the pools close
 	}
 	srv := serve(c.web, webConfig, listeners, w.mux, logger)
 	code := waitForEnd(ctx, c, w, srv, agentFailed, logger)
@@ -213,7 +214,7 @@ type wired struct {
 	agent     *liveness.Agent // nil with --no-agent
 	targets   *targets.Pools  // nil without --config.file
 	prober    *prober         // nil without --config.file
-	discover  *discoveredDBs  // nil without a discover section in --config.file
+	discover  *discoveredDBs  // nil without --config.file
 	mux       *http.ServeMux
 }
 
@@ -259,7 +260,7 @@ func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 	}
 	var discovered *discoveredDBs
 	if pools != nil {
-		if discovered, err = newDiscovered(pools, *c.collectors, source, logger); err != nil {
+		if discovered, err = newDiscovered(pools, *c.collectors, source, c.discoverMaxSeries, logger); err != nil {
 			return nil, err
 		}
 	}

@@ -4,8 +4,9 @@ package main
 // targets, answered by the same collectors and data layer as /metrics, on that target's
 // own small pool (package targets), following Prometheus' multi-target exporter pattern.
 // The scrape's deadline comes from its timeout header, per request, so a slow or down
-// target only delays its own answer. Also the list of targets and each one's status page
-// (/targets, /targets/NAME/status and .json).
+// target only delays its own answer. Also the list of targets and discovered databases
+// (/targets), and each target's status page (/targets/NAME/status and .json; a
+// discovered database's is in discover_serve.go), and the --discover.max-series flag.
 
 import (
 	"cmp"
@@ -39,6 +40,9 @@ func addProbeFlags(app *kingpin.Application, c *config) {
 		Default(fmt.Sprint(targets.DefaultMaxConnsPerTarget)).Int32Var(&o.MaxConnsPerTarget)
 	app.Flag("probe.idle-timeout", "A /probe target's connection idle this long is closed.").
 		Default(targets.DefaultIdleTimeout.String()).DurationVar(&o.IdleTimeout)
+	app.Flag("discover.max-series", "Most series the databases that --config.file's discover entries find hold together on /metrics; "+
+		"beyond it, whole databases (the last by label) export only pg_liveness_up and their scrape gauges.").
+		Default(fmt.Sprint(defaultDiscoverMaxSeries)).IntVar(&c.discoverMaxSeries)
 }
 
 // probeFlags maps targets.Options' fields to their flags.
@@ -51,6 +55,9 @@ var probeFlags = map[string]string{
 
 // loadTargets reads --config.file and opens (without connecting) the targets' pools.
 func loadTargets(c *config, logger *slog.Logger) (*targets.Pools, error) {
+	if c.discoverMaxSeries < 1 {
+		return nil, fmt.Errorf("--discover.max-series must be at least 1, got %d", c.discoverMaxSeries)
+	}
 	cfg, err := targets.Load(c.configFile)
 	if err != nil {
 		return nil, fmt.Errorf("--config.file %s: %w", c.configFile, err)
@@ -80,11 +87,15 @@ func addProbeRoutes(mux *http.ServeMux, reg *prometheus.Registry, c *config, w *
 		return err
 	}
 	w.prober = p
-	reg.MustRegister(newPoolMetrics(w.targets, c.probe.MaxConns))
+	reg.MustRegister(newPoolMetrics(w.targets, c.probe.MaxConns), newDiscoverMetrics(w.discover))
 	mux.Handle("/probe", p)
 	mux.Handle("/targets", p.targetList(main, w.discover))
 	mux.HandleFunc("/targets/{target}/status", p.statusPage)
 	mux.HandleFunc("/targets/{target}/status.json", p.statusPage)
+	// A discovered database's page has one path segment more than a target's (a target's
+	// name holds no '/'), so the two never meet, whatever the names.
+	mux.HandleFunc("/targets/{entry}/{database}/status", w.discover.statusPage)
+	mux.HandleFunc("/targets/{entry}/{database}/status.json", w.discover.statusPage)
 	return nil
 }
 
@@ -195,7 +206,7 @@ func (p *prober) statusPage(w http.ResponseWriter, r *http.Request) {
 		p.logger.Error("cannot open the target's pool", "target", r.PathValue("target"), "err", err)
 		http.Error(w, "cannot open the target's pool; the log says why", http.StatusInternalServerError)
 	case t == nil:
-		http.NotFound(w, r)
+		http.Error(w, fmt.Sprintf("%.80q is no target of --config.file (/targets lists them)", r.PathValue("target")), http.StatusNotFound)
 	default:
 		t.page.ServeHTTP(w, r)
 	}
@@ -208,7 +219,8 @@ var targetListTemplate = template.Must(template.New("targets").Parse(`<!DOCTYPE 
 <p>The targets of <code>--config.file</code>, each one's metrics on <code>/probe?target=NAME</code>:</p>
 <ul>{{range .Targets}}<li><a href="/targets/{{.}}/status">{{.}}</a> (<a href="/probe?target={{.}}">metrics</a>)</li>{{end}}</ul>
 {{if .Discovered}}<p>The databases found by <code>--config.file</code>'s discover entries, each one's metrics on <code>/metrics</code> with its <code>database</code> label:</p>
-<ul>{{range .Discovered}}<li>{{.}}</li>{{end}}</ul>{{end}}
+{{if .Dropped}}<p><strong>{{.Dropped}} of them over <code>--discover.max-series</code> ({{.MaxSeries}})</strong>: in the last <code>/metrics</code> answer they exported only <code>pg_liveness_up</code> and their scrape gauges (marked below).</p>{{end}}
+<ul>{{range .Discovered}}<li><a href="{{.Path}}">{{.Label}}</a>{{if .Dropped}} (series dropped: over <code>--discover.max-series</code>){{end}}</li>{{end}}</ul>{{end}}
 <p><a href="/">Home</a></p></body></html>
 `))
 
@@ -219,17 +231,28 @@ func (p *prober) targetList(main string, discovered *discoveredDBs) http.Handler
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Content-Security-Policy", "default-src 'none'")
 		w.Header().Set("Cache-Control", "no-store")
-		var found []string
-		if discovered != nil {
-			for _, db := range discovered.discovery.Found() {
-				found = append(found, db.Label())
+		type discoveredLink struct {
+			Label, Path string
+			Dropped     bool
+		}
+		var found []discoveredLink
+		dropped, maxSeries := discovered.dropped()
+		for _, db := range discovered.discovery.Found() {
+			found = append(found, discoveredLink{Label: db.Label(), Dropped: dropped[db.Label()],
+				Path: "/targets/" + url.PathEscape(db.Server) + "/" + url.PathEscape(db.Name) + "/status"})
+		}
+		n := 0
+		for _, f := range found {
+			if f.Dropped {
+				n++
 			}
 		}
 		_ = targetListTemplate.Execute(w, struct {
-			Main       string
-			Targets    []string
-			Discovered []string
-		}{main, p.pools.Config().Names(), found})
+			Main               string
+			Targets            []string
+			Discovered         []discoveredLink
+			Dropped, MaxSeries int
+		}{main, p.pools.Config().Names(), found, n, maxSeries})
 	})
 }
 

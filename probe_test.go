@@ -276,6 +276,8 @@ func TestProbeConfigurationErrorsAndReload(t *testing.T) {
 			[]string{"--web.telemetry-path=/probe"}, `--web.telemetry-path "/probe" is a path of --config.file's targets`},
 		"per-target above cap": {"credentials:\n  c: {user: u, password_file: " + pw + "}\ntargets:\n  o: {host: h, database: d, credentials: c}\n",
 			[]string{"--probe.max-conns=1", "--probe.max-conns-per-target=2"}, "--probe.max-conns must be at least --probe.max-conns-per-target"},
+		"no discovered series": {"credentials:\n  c: {user: u, password_file: " + pw + "}\ntargets:\n  o: {host: h, database: d, credentials: c}\n",
+			[]string{"--discover.max-series=0"}, "--discover.max-series must be at least 1, got 0"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			file := writeFile(t, dir, "config.yml", c.yaml)

@@ -1,8 +1,9 @@
 package main
 
-// What can change while the exporter runs: --db.dsn-file (on SIGHUP) and
-// --web.config.file (on SIGHUP, and whenever the file or a certificate it names
-// changes), and the metrics that say whether the last reload of them succeeded. Every
+// What can change while the exporter runs: --db.dsn-file and --config.file (its targets,
+// credentials and discover entries) on SIGHUP, --web.config.file (on SIGHUP, and
+// whenever the file or a certificate it names changes), and the metrics that say whether
+// the last reload of them succeeded. Every
 // reload runs in run's one loop (waitForEnd), never two at once.
 
 import (
@@ -142,9 +143,12 @@ func reload(c *config, w *wired, logger *slog.Logger) {
 	logger.Info("SIGHUP: reloaded --db.dsn-file; new pool connections use it", "database", dsn.Describe(s))
 }
 
-// reloadTargets re-reads --config.file: a file that is refused leaves the targets in
-// force as they were; one that is taken keeps the pools of targets whose DSN is
-// unchanged and closes the others'.
+// reloadTargets re-reads --config.file: a file that is refused leaves the targets and
+// discover entries in force as they were; one that is taken keeps the pools of targets
+// and discovered databases whose DSN is unchanged and closes the others'. Discovery
+// follows: an added entry is checked within a second (the first one starts the
+// re-checks), a changed one is checked again at once, a removed one's databases go with
+// their pools (the last one stops the re-checks' goroutine).
 func reloadTargets(c *config, w *wired, logger *slog.Logger) {
 	cfg, err := targets.Load(c.configFile)
 	w.reloads.record(sourceTargets, err)
@@ -153,8 +157,6 @@ func reloadTargets(c *config, w *wired, logger *slog.Logger) {
 		return
 	}
 	w.targets.Replace(cfg)
-	if w.discover == nil && len(cfg.Discover()) > 0 {
-		logger.Warn("SIGHUP: --config.file has discover entries now, but had none at start; restart to watch them", "file", c.configFile)
-	}
-	logger.Info("SIGHUP: reloaded --config.file", "file", c.configFile, "targets", len(cfg.Names()))
+	w.discover.sync() // starts the re-checks for a first entry, stops them with the last
+	logger.Info("SIGHUP: reloaded --config.file", "file", c.configFile, "targets", len(cfg.Names()), "discover_entries", len(cfg.Discover()))
 }

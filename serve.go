@@ -116,8 +116,8 @@ func newHandler(c *config, w *wired, agent collector.AgentSource, logger *slog.L
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	if w.discover != nil { // and every database discovery found, each with its database label
-		mux.Handle(c.telemetryPath, collector.HandlerOf(*c.collectors, reg, func() []*collector.Exporter {
+	if w.discover != nil { // and every database discovery finds, each with its database label, under --discover.max-series
+		mux.Handle(c.telemetryPath, w.discover.limit.HandlerOf(*c.collectors, reg, func() []*collector.Exporter {
 			return append([]*collector.Exporter{exporter}, w.discover.exporters()...)
 		}, logger.With("component", "collector")))
 	} else {
@@ -143,7 +143,7 @@ func newProbeOnlyHandler(c *config, w *wired, logger *slog.Logger) (*http.ServeM
 		versioncollector.NewCollector(exporterName), w.reloads)
 	mux := http.NewServeMux()
 	if w.discover != nil {
-		mux.Handle(c.telemetryPath, collector.HandlerOf(*c.collectors, reg, w.discover.exporters, logger.With("component", "collector")))
+		mux.Handle(c.telemetryPath, w.discover.limit.HandlerOf(*c.collectors, reg, w.discover.exporters, logger.With("component", "collector")))
 	} else {
 		mux.Handle(c.telemetryPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	}

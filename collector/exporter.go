@@ -183,6 +183,16 @@ func (e *Exporter) Handler(extra prometheus.Gatherer) http.Handler {
 // past the deadline. Their families are merged by name: each exporter's samples carry
 // its own label (Labelled) to tell them apart. logger logs what cannot be gathered or sent.
 func HandlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter, logger *slog.Logger) http.Handler {
+	return handlerOf(cfg, extra, list, nil, logger)
+}
+
+// HandlerOf is HandlerOf (the package function) under l: the labelled exporters' series
+// beyond l are dropped, whole databases at a time, before the answer is written.
+func (l *SeriesLimit) HandlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter, logger *slog.Logger) http.Handler {
+	return handlerOf(cfg, extra, list, l, logger)
+}
+
+func handlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter, limit *SeriesLimit, logger *slog.Logger) http.Handler {
 	logger = logging.Wrap(logger)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), cfg.scrapeTimeout(r.Header))
@@ -195,6 +205,9 @@ func HandlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter, l
 		}
 		wg.Wait()
 		cancel() // ends stragglers
+		if limit != nil {
+			limit.apply(exporters, scrapes) // before extra is gathered: its gauges say what was dropped
+		}
 		var builders []*exposition.Builder
 		for _, s := range scrapes {
 			defer s.release()

@@ -1,6 +1,7 @@
 package exposition
 
 import (
+	"bytes"
 	"io"
 	"math"
 	"slices"
@@ -133,6 +134,16 @@ func (b *Builder) Len() int {
 	n := 0
 	for _, s := range b.fams {
 		n += len(s.buf)
+	}
+	return n
+}
+
+// Samples is the number of samples in the builder: one line each (a newline inside a
+// label value is escaped).
+func (b *Builder) Samples() int {
+	n := 0
+	for _, s := range b.fams {
+		n += bytes.Count(s.buf, []byte{'\n'})
 	}
 	return n
 }

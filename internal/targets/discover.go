@@ -34,9 +34,10 @@ type Discovery struct {
 	timeout time.Duration // each statement's
 	logger  *slog.Logger
 
-	mu     sync.Mutex
-	found  map[string][]string         // by entry: the databases, sorted
-	capped map[string]*logging.Repeats // by entry: the max_databases warning, logged when it starts or changes
+	mu      sync.Mutex
+	found   map[string][]string         // by entry: the databases, sorted
+	capped  map[string]*logging.Repeats // by entry: the max_databases warning, logged when it starts or changes
+	leftOut map[string]int              // by entry: the databases holding the table that max_databases left out
 	// rounds counts finished re-checks of every entry, for tests and the log.
 	rounds int
 	round  chan struct{} // closed and replaced when a round ends
@@ -46,7 +47,7 @@ type Discovery struct {
 // bounds each statement it sends (listing the databases, checking one).
 func NewDiscovery(pools *Pools, source *store.Source, timeout time.Duration, logger *slog.Logger) *Discovery {
 	return &Discovery{pools: pools, source: source, timeout: timeout, logger: logger,
-		found: map[string][]string{}, capped: map[string]*logging.Repeats{}, round: make(chan struct{})}
+		found: map[string][]string{}, capped: map[string]*logging.Repeats{}, leftOut: map[string]int{}, round: make(chan struct{})}
 }
 
 // Found returns the databases found, by entry then name.
@@ -71,20 +72,31 @@ func (d *Discovery) Rounds() (int, <-chan struct{}) {
 
 // Run checks every entry at once, then each again every its Interval, until ctx ends.
 // Entries are checked concurrently, so that a down server does not hold up another's
-// re-check; a reload's new entries are checked on the next tick.
+// re-check. It follows the configuration in force: a reload's new entries, and entries
+// whose connection or interval changed, are checked on the next tick (within
+// MinDiscoverInterval); a removed entry's databases are forgotten, their pools closed.
 func (d *Discovery) Run(ctx context.Context) {
 	last := map[string]time.Time{}
+	checked := map[string]Server{} // each entry as it was at its last check
 	tick := time.NewTicker(MinDiscoverInterval)
 	defer tick.Stop()
 	for {
 		var due []Server
 		now := time.Now()
-		for _, srv := range d.pools.Config().Discover() {
-			if t, ok := last[srv.Name]; !ok || now.Sub(t) >= srv.Interval {
+		entries := d.pools.Config().Discover()
+		for _, srv := range entries {
+			if t, ok := last[srv.Name]; !ok || now.Sub(t) >= srv.Interval || checked[srv.Name] != srv {
 				due = append(due, srv)
-				last[srv.Name] = now
+				last[srv.Name], checked[srv.Name] = now, srv
 			}
 		}
+		for name := range last {
+			if !slices.ContainsFunc(entries, func(s Server) bool { return s.Name == name }) {
+				delete(last, name) // a removed entry that comes back is checked at once
+				delete(checked, name)
+			}
+		}
+		d.Prune()
 		if len(due) > 0 {
 			var wg sync.WaitGroup
 			for _, srv := range due {
@@ -110,7 +122,16 @@ func (d *Discovery) endRound() {
 	d.round = make(chan struct{})
 }
 
-// prune forgets the entries a reload removed. d.mu is held.
+// Prune forgets the databases of the entries that the configuration in force no longer
+// has, and closes their pools: Run does at every tick, and a reload that removes every
+// entry (and so stops Run) calls it itself.
+func (d *Discovery) Prune() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.prune()
+}
+
+// prune is Prune with d.mu held.
 func (d *Discovery) prune() {
 	for name := range d.found {
 		if !slices.ContainsFunc(d.pools.Config().Discover(), func(s Server) bool { return s.Name == name }) {
@@ -118,8 +139,21 @@ func (d *Discovery) prune() {
 				d.pools.ForgetDiscovered(name, db)
 			}
 			delete(d.found, name)
+			delete(d.leftOut, name)
 		}
 	}
+}
+
+// LeftOut is how many databases holding the table the entries in force left out at their
+// last check, beyond their max_databases.
+func (d *Discovery) LeftOut() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, srv := range d.pools.Config().Discover() {
+		n += d.leftOut[srv.Name]
+	}
+	return n
 }
 
 // check lists srv's databases and keeps those that hold the source's table. A server
@@ -172,7 +206,7 @@ func (d *Discovery) check(ctx context.Context, srv Server) {
 		d.cappedLog(srv.Name).Clear(logger, "every database holding the table is watched again")
 	}
 	d.mu.Lock()
-	d.found[srv.Name] = found
+	d.found[srv.Name], d.leftOut[srv.Name] = found, capped
 	d.mu.Unlock()
 }
 

@@ -4,7 +4,10 @@
 // discovered database under a cap shared by all of them. Discovery lists a discover
 // entry's databases (pg_database: taking connections, no templates) and keeps those that
 // hold the source's instances table, at start and every entry's interval, in a loop its
-// caller owns (Discovery.Run, until its context ends).
+// caller owns (Discovery.Run, until its context ends). The loop follows the
+// configuration in force (Pools.Replace): an added entry is checked at its next tick, a
+// changed one again at once, a removed one's databases are forgotten and their pools
+// closed (Discovery.Prune, for a caller that stops the loop when no entry is left).
 //
 // What it guarantees:
 //
@@ -23,7 +26,8 @@
 //     one, and else waits within its own deadline.
 //
 //   - Discovery never forgets a database because its server does not answer a re-check:
-//     only a listing that no longer names it, or a check that finds no table, does.
+//     only a listing that no longer names it, a check that finds no table, or a reload
+//     that removes its entry, does.
 //
 // What it must never do: connect at start-up (an unreachable database must not stop the
 // exporter), or let one target's connections wait on another target's statements.

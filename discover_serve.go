@@ -1,0 +1,173 @@
+package main
+
+// What the exporter does with the databases discovery found beyond scraping them: the
+// re-checks' goroutine, which a reload starts and stops (reload.go), each database's
+// status page (/targets/ENTRY/DATNAME/status and .json), and --discover.max-series, the
+// bound on their series together on /metrics, with the gauges that say what it dropped.
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
+)
+
+// defaultDiscoverMaxSeries is --discover.max-series' default: a server of 100 databases
+// (max_databases' default) fits at 2,000 series each. Measured (the cap's test): a
+// database of one service and one instance exports about 30 series, each further service
+// of one instance about 8 more, so 2,000 is some 250 services. A database at every
+// collector's cap (500 services, 500 instances, 500 leases) exports several thousand,
+// and 100 of them several hundred thousand: more than one answer should carry, and the
+// case the cap is for. A fleet that needs more is one to spread over /probe targets,
+// each answer its own scrape.
+const defaultDiscoverMaxSeries = 200_000
+
+// discoveryLoop is the re-checks' goroutine: running while the configuration in force has
+// discover entries, from start until stop.
+type discoveryLoop struct {
+	mu     sync.Mutex
+	parent context.Context // nil before start and after stop
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// start runs the re-checks under ctx: now when the configuration has discover entries,
+// else from the reload that adds the first.
+func (d *discoveredDBs) start(ctx context.Context) {
+	d.loop.mu.Lock()
+	d.loop.parent = ctx
+	d.loop.mu.Unlock()
+	d.sync()
+}
+
+// sync starts the re-checks when the configuration in force has discover entries and
+// they are not running, and stops them (forgetting every database found, and closing its
+// pool) when it has none. A reload calls it after putting a configuration in force; the
+// running loop takes added, changed and removed entries itself (targets.Discovery.Run).
+func (d *discoveredDBs) sync() {
+	l := &d.loop
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.parent == nil {
+		return
+	}
+	has := len(d.pools.Config().Discover()) > 0
+	switch {
+	case has && l.cancel == nil:
+		ctx, cancel := context.WithCancel(l.parent)
+		done := make(chan struct{})
+		l.cancel, l.done = cancel, done
+		go func() {
+			defer close(done)
+			d.discovery.Run(ctx)
+		}()
+		d.logger.Info("discovery started", "entries", len(d.pools.Config().Discover()))
+	case !has && l.cancel != nil:
+		l.stopLocked()
+		d.discovery.Prune()
+		d.logger.Info("discovery stopped: --config.file has no discover entries now")
+	}
+}
+
+// stop ends the re-checks and waits for their goroutine; a later sync does nothing.
+func (d *discoveredDBs) stop() {
+	d.loop.mu.Lock()
+	defer d.loop.mu.Unlock()
+	d.loop.stopLocked()
+	d.loop.parent = nil
+}
+
+func (l *discoveryLoop) stopLocked() {
+	if l.cancel == nil {
+		return
+	}
+	l.cancel()
+	<-l.done
+	l.cancel, l.done = nil, nil
+}
+
+// page returns the status page of database name of discover entry entry, on the pool its
+// scrapes use, and an HTTP status and message naming the path part when there is none.
+func (d *discoveredDBs) page(entry, name string) (http.Handler, int, string) {
+	cfg := d.pools.Config()
+	if !slices.ContainsFunc(cfg.Discover(), func(s targets.Server) bool { return s.Name == entry }) {
+		if _, ok := cfg.Target(entry); ok {
+			return nil, http.StatusNotFound, fmt.Sprintf("%.80q is a target, not a discover entry: its page is /targets/%s/status", entry, entry)
+		}
+		return nil, http.StatusNotFound, fmt.Sprintf("%.80q is no discover entry of --config.file (/targets lists them)", entry)
+	}
+	db := targets.Database{Server: entry, Name: name}
+	if !slices.Contains(d.discovery.Found(), db) {
+		return nil, http.StatusNotFound, fmt.Sprintf("database %.80q is not one that discover entry %q found (/targets lists them)", name, entry)
+	}
+	d.mu.Lock()
+	b, err := d.buildLocked(db)
+	d.mu.Unlock()
+	if err != nil || b == nil {
+		d.logger.Error("cannot open a discovered database's pool or build its page", "database", db.Label(), "err", err)
+		return nil, http.StatusServiceUnavailable, "cannot open the database's pool; the log says why"
+	}
+	return b.page, 0, ""
+}
+
+// statusPage serves /targets/ENTRY/DATNAME/status and .json: a discovered database's
+// status page, the same page as /status. A database name with a '/' is escaped (%2F).
+func (d *discoveredDBs) statusPage(w http.ResponseWriter, r *http.Request) {
+	page, code, msg := d.page(r.PathValue("entry"), r.PathValue("database"))
+	if page == nil {
+		http.Error(w, msg, code)
+		return
+	}
+	page.ServeHTTP(w, r)
+}
+
+// dropped describes, for /targets, the databases --discover.max-series dropped in the
+// last /metrics answer.
+func (d *discoveredDBs) dropped() (names map[string]bool, max int) {
+	o := d.limit.Last()
+	names = map[string]bool{}
+	for _, n := range o.Dropped {
+		names[n] = true
+	}
+	return names, o.Max
+}
+
+// discoverMetrics are --discover.max-series' gauges on /metrics, as the last answer
+// (this one: they are gathered after its databases were counted) left them.
+type discoverMetrics struct {
+	d                                      *discoveredDBs
+	series, max, droppedSeries, droppedDBs *prometheus.Desc
+}
+
+func newDiscoverMetrics(d *discoveredDBs) *discoverMetrics {
+	name := func(s string) string { return exporterName + "_discover_" + s }
+	return &discoverMetrics{d: d,
+		series: prometheus.NewDesc(name("series"), "Series of the discovered databases exported whole in this /metrics answer, counted against --discover.max-series.", nil, nil),
+		max:    prometheus.NewDesc(name("series_max"), "The cap on them, --discover.max-series.", nil, nil),
+		droppedSeries: prometheus.NewDesc(name("series_dropped"),
+			"Series of discovered databases left out of this answer by --discover.max-series (each such database still exports pg_liveness_up and its scrape gauges).", nil, nil),
+		droppedDBs: prometheus.NewDesc(name("databases_dropped"),
+			`Discovered databases not exported whole, by reason: max_series (--discover.max-series: only pg_liveness_up and their scrape gauges), `+
+				`max_databases (a discover entry's max_databases: not watched at all).`, []string{"reason"}, nil)}
+}
+
+func (m *discoverMetrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.series
+	ch <- m.max
+	ch <- m.droppedSeries
+	ch <- m.droppedDBs
+}
+
+func (m *discoverMetrics) Collect(ch chan<- prometheus.Metric) {
+	o := m.d.limit.Last()
+	ch <- prometheus.MustNewConstMetric(m.series, prometheus.GaugeValue, float64(o.Series))
+	ch <- prometheus.MustNewConstMetric(m.max, prometheus.GaugeValue, float64(o.Max))
+	ch <- prometheus.MustNewConstMetric(m.droppedSeries, prometheus.GaugeValue, float64(o.DroppedSeries))
+	ch <- prometheus.MustNewConstMetric(m.droppedDBs, prometheus.GaugeValue, float64(len(o.Dropped)), "max_series")
+	ch <- prometheus.MustNewConstMetric(m.droppedDBs, prometheus.GaugeValue, float64(m.d.discovery.LeftOut()), "max_databases")
+}
