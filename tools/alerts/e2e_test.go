@@ -53,7 +53,8 @@ var e2eAgentFlags = []string{
 
 // TestEndToEnd runs the real exporter binary, Prometheus and Alertmanager against a real
 // PostgreSQL. An observer exporter (an agent of service e2e-observer, with the reaper) is
-// scraped; a victim exporter (an agent of e2e-victim) is SIGKILLed. The kernel closes its
+// scraped, with an exporter of many databases (--config.file) beside it for the families
+// only such an exporter has; a victim exporter (an agent of e2e-victim) is SIGKILLed. The kernel closes its
 // alive-lock session, so its lock is gone and, with its heartbeat stopped, its row turns
 // stale: PgLivenessInstancesStale must reach the webhook receiver firing, then resolved
 // once the observer's reaper deletes the row. The test holds the reaper's lease until the
@@ -72,12 +73,25 @@ func TestEndToEnd(t *testing.T) {
 		"--web.listen-address=" + observerAddr, "--agent.service-name=e2e-observer"}, e2eAgentFlags...)...)
 	victim := proctest.Start(t, "victim", proctest.Options{Env: env}, exporter, append([]string{
 		"--web.listen-address=" + victimAddr, "--agent.service-name=e2e-victim", "--no-agent.reaper"}, e2eAgentFlags...)...)
+	// A third exporter of many databases (--config.file, one target it is never asked to
+	// probe): the families only such an exporter has, which rules use too.
+	proberAddr, dir := testutil.FreeAddr(t), t.TempDir()
+	dsnFile, targetsFile := filepath.Join(dir, "dsn"), filepath.Join(dir, "targets.yml")
+	if err := os.WriteFile(dsnFile, []byte(db.DSN+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(targetsFile, []byte("targets:\n  e2e: {dsn_file: "+dsnFile+"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	prober := proctest.Start(t, "prober", proctest.Options{}, exporter,
+		"--web.listen-address="+proberAddr, "--no-agent", "--config.file="+targetsFile)
 	observer.WaitReady(t, "http://"+observerAddr+"/metrics", e2eWait)
 	victim.WaitReady(t, "http://"+victimAddr+"/metrics", e2eWait)
+	prober.WaitReady(t, "http://"+proberAddr+"/metrics", e2eWait)
 
 	hook := newWebhook(t)
 	amAddr := startAlertmanager(t, alertmanager, hook.URL)
-	promAddr := startPrometheus(t, observerAddr, amAddr)
+	promAddr := startPrometheus(t, []string{observerAddr, proberAddr}, amAddr)
 	prom := promAPI{addr: promAddr}
 
 	t.Run("stale instance alert fires and resolves", func(t *testing.T) {
@@ -242,9 +256,9 @@ func shortenedRules(t *testing.T) []byte {
 	return forRE.ReplaceAll(b, []byte("${1}"+e2eFor))
 }
 
-// startPrometheus runs Prometheus scraping the exporter at target every second, with the
+// startPrometheus runs Prometheus scraping the exporters at targets every second, with the
 // shortened rules, alerting to Alertmanager at am, and returns its address.
-func startPrometheus(t *testing.T, target, am string) string {
+func startPrometheus(t *testing.T, targets []string, am string) string {
 	t.Helper()
 	rules := filepath.Join(t.TempDir(), "pg_liveness.rules.yml")
 	if err := os.WriteFile(rules, shortenedRules(t), 0o600); err != nil {
@@ -258,7 +272,7 @@ func startPrometheus(t *testing.T, target, am string) string {
 		}},
 		"scrape_configs": []any{map[string]any{
 			"job_name":       e2eJob,
-			"static_configs": []any{map[string]any{"targets": []string{target}}},
+			"static_configs": []any{map[string]any{"targets": targets}},
 		}},
 	}).Addr
 }
