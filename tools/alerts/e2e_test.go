@@ -54,8 +54,9 @@ var e2eAgentFlags = []string{
 // TestEndToEnd runs the real exporter binary, Prometheus and Alertmanager against a real
 // PostgreSQL. An observer exporter (an agent of service e2e-observer, with the reaper) is
 // scraped, with an exporter of many databases (--config.file) beside it for the families
-// only such an exporter has; a victim exporter (an agent of e2e-victim) is SIGKILLed. The kernel closes its
-// alive-lock session, so its lock is gone and, with its heartbeat stopped, its row turns
+// only such an exporter has; a victim exporter (an agent of e2e-victim) is SIGKILLed. The
+// kernel closes its alive-lock session, so its lock is gone and, with its heartbeat
+// stopped, its row turns
 // stale: PgLivenessInstancesStale must reach the webhook receiver firing, then resolved
 // once the observer's reaper deletes the row. The test holds the reaper's lease until the
 // firing notification arrives; otherwise the reaper would delete the row as soon as it
