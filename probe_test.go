@@ -278,6 +278,12 @@ func TestProbeConfigurationErrorsAndReload(t *testing.T) {
 			[]string{"--probe.max-conns=1", "--probe.max-conns-per-target=2"}, "--probe.max-conns must be at least --probe.max-conns-per-target"},
 		"no discovered series": {"credentials:\n  c: {user: u, password_file: " + pw + "}\ntargets:\n  o: {host: h, database: d, credentials: c}\n",
 			[]string{"--discover.max-series=0"}, "--discover.max-series must be at least 1, got 0"},
+		// The collectors of a file of targets only, or of discover entries only, are built
+		// at start: a bad collector flag is refused then, not at the first probe or scrape.
+		"bad collector flag, targets": {"credentials:\n  c: {user: u, password_file: " + pw + "}\ntargets:\n  o: {host: h, database: d, credentials: c}\n",
+			[]string{"--collector.advisory_locks.max-applications=0"}, "--collector.advisory_locks.max-applications"},
+		"bad collector flag, discover": {"credentials:\n  c: {user: u, password_file: " + pw + "}\ndiscover:\n  s: {host: h, credentials: c}\n",
+			[]string{"--collector.advisory_locks.max-applications=0"}, "--collector.advisory_locks.max-applications"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			file := writeFile(t, dir, "config.yml", c.yaml)
