@@ -47,13 +47,8 @@ func (p *exporterProc) metrics(t testing.TB, timeout string) (string, time.Durat
 // get GETs path and returns the body.
 func (p *exporterProc) get(t testing.TB, path string) string {
 	t.Helper()
-	resp, err := http.Get("http://" + p.addr + path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
+	_, body := p.getStatus(t, path)
+	return body
 }
 
 // upOf is the database's pg_liveness_up in body, "" when it has none.

@@ -77,7 +77,7 @@ func ReadServerLocks(ctx context.Context, q interface {
 			d.Classids, d.Objids, d.Granted, d.Exclusive = r.Classids, r.Objids, r.Granted, r.Exclusive
 			continue
 		}
-		d.Rows = append(d.Rows, r.AdvisoryLocksRow())
+		d.Rows = append(d.Rows, r.AdvisoryLocksRow)
 	}
 	return out, nil
 }

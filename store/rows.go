@@ -175,28 +175,16 @@ type StatStatementsTextRow struct {
 type ServerAdvisoryLocksRow struct {
 	// Datname is the database the row is of.
 	Datname string `db:"datname"`
-	// Kind is "backends" or "locks" (the locks on two int4 keys, never alive locks), as
-	// in AdvisoryLocksRow, whose fields these are, or "keys": the locks on bigint keys.
-	Kind                 string  `db:"kind"`
-	Name                 string  `db:"name"`
-	State                string  `db:"state"`
-	Count                int64   `db:"count"`
-	Holders              int64   `db:"holders"`
-	Waiters              int64   `db:"waiters"`
-	IdleHolderMaxSeconds float64 `db:"idle_holder_max_seconds"`
+	// Kind "backends" or "locks" (the locks on two int4 keys, never alive locks): the
+	// advisory-locks statement's row for the database; or "keys": the locks on bigint
+	// keys, below.
+	AdvisoryLocksRow
 	// Of a "keys" row: the locks on bigint keys, one element each: the key's halves,
 	// whether the lock is granted and whether in ExclusiveLock mode.
 	Classids  []uint32 `db:"classids"`
 	Objids    []uint32 `db:"objids"`
 	Granted   []bool   `db:"granted"`
 	Exclusive []bool   `db:"exclusive"`
-}
-
-// AdvisoryLocksRow is the advisory-locks statement's row of r (of kind "backends" or
-// "locks").
-func (r ServerAdvisoryLocksRow) AdvisoryLocksRow() AdvisoryLocksRow {
-	return AdvisoryLocksRow{Kind: r.Kind, Name: r.Name, State: r.State, Count: r.Count,
-		Holders: r.Holders, Waiters: r.Waiters, IdleHolderMaxSeconds: r.IdleHolderMaxSeconds}
 }
 
 // rowTypes are the row types above by statement.

@@ -18,12 +18,17 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
-// dbTags are a row type's column names, in field order.
+// dbTags are a row type's column names, in field order, an embedded struct's in its
+// place (as pgx.RowToStructByName reads them).
 func dbTags(row any) []string {
 	var out []string
 	t := reflect.TypeOf(row)
 	for i := range t.NumField() {
-		out = append(out, t.Field(i).Tag.Get("db"))
+		if f := t.Field(i); f.Anonymous {
+			out = append(out, dbTags(reflect.Zero(f.Type).Interface())...)
+		} else {
+			out = append(out, f.Tag.Get("db"))
+		}
 	}
 	return out
 }
