@@ -46,18 +46,25 @@ func TestResolve(t *testing.T) {
 		{name: "malformed env", env: "postgres://u:hunter2@h:x/db", errHas: "DATA_SOURCE_NAME: malformed DSN"},
 	} {
 		got, err := Resolve(tc.flag, tc.file, tc.env)
-		if tc.errHas != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.errHas) {
-				t.Errorf("%s: err = %v, want it to mention %q", tc.name, err, tc.errHas)
-			}
-			if err != nil && strings.Contains(err.Error(), "hunter2") {
-				t.Errorf("%s: error leaks the password: %v", tc.name, err)
-			}
-			continue
+		checkResolved(t, "Resolve: "+tc.name, got, err, tc.want, tc.errHas)
+	}
+}
+
+// checkResolved fails the test unless err mentions errHas (and never the password
+// hunter2), or, when errHas is "", got is want.
+func checkResolved(t *testing.T, what, got string, err error, want, errHas string) {
+	t.Helper()
+	if err != nil && strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("%s: error leaks the password: %v", what, err)
+	}
+	if errHas != "" {
+		if err == nil || !strings.Contains(err.Error(), errHas) {
+			t.Errorf("%s: err = %v, want it to mention %q", what, err, errHas)
 		}
-		if err != nil || got != tc.want {
-			t.Errorf("%s: Resolve = %q, %v; want %q", tc.name, got, err, tc.want)
-		}
+		return
+	}
+	if err != nil || got != want {
+		t.Errorf("%s = %q, %v; want %q", what, got, err, want)
 	}
 }
 
@@ -78,18 +85,7 @@ func TestResolveDirect(t *testing.T) {
 		{name: "malformed flag", flag: "host=a password=hunter2 port=x", errHas: "--db.direct-dsn: malformed DSN"},
 	} {
 		got, err := ResolveDirect(tc.flag, tc.file)
-		if tc.errHas != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.errHas) {
-				t.Errorf("%s: err = %v, want it to mention %q", tc.name, err, tc.errHas)
-			}
-			if err != nil && strings.Contains(err.Error(), "hunter2") {
-				t.Errorf("%s: error leaks the password: %v", tc.name, err)
-			}
-			continue
-		}
-		if err != nil || got != tc.want {
-			t.Errorf("%s: ResolveDirect = %q, %v; want %q", tc.name, got, err, tc.want)
-		}
+		checkResolved(t, "ResolveDirect: "+tc.name, got, err, tc.want, tc.errHas)
 	}
 }
 
