@@ -83,7 +83,7 @@ func TestInstancesCapFoldsServices(t *testing.T) {
 // In a SQL_ASCII database a service name can hold any bytes. The bad bytes are replaced
 // in the label; no other service is lost.
 func TestInstancesInvalidUTF8(t *testing.T) {
-	ascii := testdb.SQLASCII(t, pgtest.NewDB(t))
+	ascii := pgtest.NewSQLASCIIDB(t)
 	testdb.Migrate(t, ascii.DSN, "liveness")
 	exec(t, ascii.ConnAs(t, "setup"), `INSERT INTO liveness.instances (instance_id, service_name) VALUES
 		(gen_random_uuid(), E'caf\xe9'), (gen_random_uuid(), 'good')`)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 )
 
 func leasesOnly(table string, maxSeries int) Config {
@@ -79,7 +78,7 @@ func TestLeasesTableNamedLikeAPlaceholder(t *testing.T) {
 // In a SQL_ASCII database a lease name or holder can hold any bytes. The bad bytes are
 // replaced in the label; no other lease is lost.
 func TestLeasesInvalidUTF8(t *testing.T) {
-	ascii := testdb.SQLASCII(t, pgtest.NewDB(t))
+	ascii := pgtest.NewSQLASCIIDB(t)
 	exec(t, ascii.ConnAs(t, "setup"), `CREATE TABLE leases (name text PRIMARY KEY, holder text, taken_at timestamptz, expires_at timestamptz);
 		INSERT INTO leases VALUES (E'caf\xe9', E'h\xf6st:1', now(), now() + interval '60 s'),
 		                          ('good', 'node-1:1', now(), now() + interval '60 s')`)

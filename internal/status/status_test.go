@@ -251,7 +251,7 @@ func TestDatabaseDown(t *testing.T) {
 // valid UTF-8 (the bad ones replaced by U+FFFD), the JSON form is valid JSON, and the row
 // is still shown.
 func TestInvalidUTF8FromSQLASCII(t *testing.T) {
-	ascii := testdb.SQLASCII(t, pgtest.NewDB(t))
+	ascii := pgtest.NewSQLASCIIDB(t)
 	testdb.Migrate(t, ascii.DSN, liveness.DefaultSchema)
 	pool := pgtest.Pool(t, ascii.DSN, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -85,7 +85,7 @@ type DB struct {
 func NewDB(t testing.TB) *DB {
 	t.Helper()
 	if dsn := os.Getenv(EnvDSN); dsn != "" {
-		return newDB(t, nil, dsn)
+		return newDB(t, nil, dsn, "")
 	}
 	return NewDBOn(t, SharedServer(t))
 }
@@ -93,12 +93,26 @@ func NewDB(t testing.TB) *DB {
 // NewDBOn creates a fresh database on s and drops it when the test ends.
 func NewDBOn(t testing.TB, s *Server) *DB {
 	t.Helper()
-	return newDB(t, s, s.AdminDSN("postgres"))
+	return newDB(t, s, s.AdminDSN("postgres"), "")
+}
+
+// NewSQLASCIIDB is NewDB with a database whose encoding is SQL_ASCII: it stores and hands
+// out any bytes, invalid UTF-8 included, in names, labels and jsonb strings.
+func NewSQLASCIIDB(t testing.TB) *DB {
+	t.Helper()
+	const encoding = "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' "
+	if dsn := os.Getenv(EnvDSN); dsn != "" {
+		return newDB(t, nil, dsn, encoding)
+	}
+	s := SharedServer(t)
+	return newDB(t, s, s.AdminDSN("postgres"), encoding)
 }
 
 var nonIdent = regexp.MustCompile(`[^a-z0-9_]+`)
 
-func newDB(t testing.TB, s *Server, adminDSN string) *DB {
+// newDB creates the database with the CREATE DATABASE options given (each followed by a
+// space), from template0.
+func newDB(t testing.TB, s *Server, adminDSN, options string) *DB {
 	t.Helper()
 	name := nonIdent.ReplaceAllString(strings.ToLower(t.Name()), "_")
 	if len(name) > 40 {
@@ -113,7 +127,7 @@ func newDB(t testing.TB, s *Server, adminDSN string) *DB {
 		t.Fatalf("pgtest: connect to admin database: %v", redact(err))
 	}
 	defer admin.Close(context.Background())
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE template0"); err != nil {
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" "+options+"TEMPLATE template0"); err != nil {
 		t.Fatalf("pgtest: create database %s: %v", name, err)
 	}
 	db := &DB{Name: name, Server: s, adminDSN: adminDSN}

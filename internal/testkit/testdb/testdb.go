@@ -8,7 +8,6 @@ package testdb
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -60,21 +59,6 @@ func MigratedPool(t testing.TB, maxConns int32) (*pgtest.DB, *pgxpool.Pool) {
 	t.Helper()
 	db := Migrated(t)
 	return db, db.Pool(t, maxConns)
-}
-
-// SQLASCII creates, on db's server, an empty database whose encoding is SQL_ASCII, dropped
-// when the test ends, and returns it (its ConnAs, QueryInt, Exec and Pool work; it has no
-// Server). Such a database stores and hands out any bytes, invalid UTF-8 included, in
-// names, labels and jsonb strings.
-func SQLASCII(t testing.TB, db *pgtest.DB) *pgtest.DB {
-	t.Helper()
-	if strings.Contains(db.DSN, "://") {
-		t.Fatalf("testdb.SQLASCII builds a keyword/value DSN; got a URL")
-	}
-	name := pgx.Identifier{db.Name + "_ascii"}.Sanitize()
-	db.Exec(t, `CREATE DATABASE `+name+` ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
-	t.Cleanup(func() { db.Exec(t, `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`) })
-	return &pgtest.DB{Name: db.Name + "_ascii", DSN: db.DSN + " dbname=" + db.Name + "_ascii"} // a later keyword wins
 }
 
 // Querier is what States reads through: a pool, a connection or a transaction.
