@@ -379,23 +379,27 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 		t.Fatal("the agent did not lead within 10s")
 	}
 
-	locker := lockInstances(t, db)
+	// Both tables at once, the leases first, before anything waits: locking the leases
+	// later, while a reap round's lease_acquire holds them and waits for the instances,
+	// was a deadlock the server broke by failing the test's own statement.
+	locker := db.Conn(t)
 	bg := context.Background()
-	testutil.Eventually(t, 20*time.Second, "a beat and a reap round wait for the instances table", func() bool {
+	if _, err := locker.Exec(bg, `BEGIN; LOCK TABLE liveness.leases, liveness.instances IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = locker.Exec(context.Background(), `ROLLBACK`) })
+	testutil.Eventually(t, 20*time.Second, "a beat and a reap round wait for the tables", func() bool {
 		var beat, reap bool
 		if err := pool.QueryRow(bg, `SELECT
 			coalesce(bool_or(query LIKE '%pg_liveness:heartbeat %'), false),
-			-- the reap round waits in its cleanup, or already in its lease acquisition,
-			-- which asks whether the current holder is alive
+			-- the reap round waits in its lease acquisition (or, had it got the lease
+			-- before the lock, in its cleanup)
 			coalesce(bool_or(query LIKE '%pg_liveness:cleanup %' OR query LIKE '%pg_liveness:lease_acquire %'), false)
 			FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&beat, &reap); err != nil {
 			t.Fatal(err)
 		}
 		return beat && reap
 	})
-	if _, err := locker.Exec(bg, `LOCK TABLE liveness.leases IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
 
 	start := time.Now()
 	stop()
