@@ -104,7 +104,11 @@
 //     vanish unseen (a server restart, a failover or a terminated backend while the
 //     leader is cut off from the server by a half-open network), when the last proof
 //     that its lock is held was sent three quarters of the lock grace (0.75 s) ago. See
-//     "What a leader guarantees".
+//     "What a leader guarantees". Once the callback has returned, the lease is released
+//     as on a return; a release that fails (the server restarting, failing over, out of
+//     reach) is sent again every 0.5 s until it succeeds or the row has expired, so that
+//     the lease is free as soon as the server answers: otherwise nobody could take it
+//     until it expired, since its holder instance is alive again then.
 //   - Crash. The callback dies with the process. Another process may start once the
 //     holder is dead by the verdict: the lock grace after PostgreSQL freed the lock (at
 //     once for a killed process, after the keepalive for a vanished host; the watcher

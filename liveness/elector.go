@@ -266,7 +266,7 @@ func (e *campaign) lead(ctx context.Context, lease *Lease) error {
 	self := Leadership{Leader: Leader{Lease: lease.Name, InstanceID: e.leases.instanceID(), Host: e.leases.host,
 		Epoch: lease.Epoch, TakenAt: lease.TakenAt, ExpiresAt: lease.ExpiresAt()}, lease: lease}
 	if ctx.Err() != nil { // the campaign ended as the lease was taken: nothing ran under it
-		e.release(ctx, lease)
+		_ = e.release(ctx, lease)
 		e.gate.leave()
 		return nil
 	}
@@ -315,11 +315,14 @@ func (e *campaign) lead(ctx context.Context, lease *Lease) error {
 	default:
 		reason = ErrLeaseReleased
 	}
-	e.release(ctx, lease)
+	released := e.release(ctx, lease)
 	e.gate.leave()
 	e.leases.log.Info("stopped leading", "lease", lease.Name, "epoch", lease.Epoch, "reason", reason)
 	if e.cfg.OnStoppedLeading != nil {
 		e.cfg.OnStoppedLeading(reason)
+	}
+	if !released {
+		e.retryRelease(ctx, lease)
 	}
 	e.observeAfter(ctx, self.Leader)
 	// A leader that just stepped down lets the others in before trying again.
@@ -330,13 +333,50 @@ func (e *campaign) lead(ctx context.Context, lease *Lease) error {
 	return nil
 }
 
-// release deletes the lease's row, with its own deadline even when the campaign is over.
-func (e *campaign) release(ctx context.Context, lease *Lease) {
+// release deletes the lease's row, with its own deadline even when the campaign is over,
+// and reports whether it did.
+func (e *campaign) release(ctx context.Context, lease *Lease) bool {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
 	defer cancel()
 	if err := lease.Release(rctx); err != nil {
-		e.leases.log.Warn("campaign: release failed; the lease will expire", "lease", lease.Name, "err", err)
+		if ctx.Err() != nil {
+			e.leases.log.Warn("campaign: release failed; the lease will expire", "lease", lease.Name, "err", err)
+		} else {
+			e.leases.log.Info("campaign: release failed; retrying until it expires", "lease", lease.Name, "err", err)
+		}
+		return false
 	}
+	return true
+}
+
+// releaseRetry is the pause between a failed release and the next attempt.
+const releaseRetry = 500 * time.Millisecond
+
+// retryRelease sends the release again, until it succeeds, the row has surely expired
+// (a ttl from now) or the campaign ends. A lease lost while the database did not answer
+// (a restart, a failover, a partition) is one whose first release failed; left alone its
+// row would stand until it expired, a ttl after its last renewal, though its job has
+// ended: and nobody may take a lease whose holder instance is alive, which this one is
+// again as soon as the database answers. The job has returned before this runs, so the
+// row's going lets the next leader in without two jobs at once.
+func (e *campaign) retryRelease(ctx context.Context, lease *Lease) {
+	expired := time.Now().Add(lease.ttl)
+	for time.Now().Before(expired) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(releaseRetry):
+		}
+		rctx, cancel := context.WithTimeout(ctx, min(runReleaseTimeout, time.Until(expired)))
+		err := lease.deleteRow(rctx)
+		cancel()
+		if err == nil {
+			e.leases.log.Info("campaign: released the lease after all", "lease", lease.Name, "epoch", lease.Epoch)
+			return
+		}
+		e.leases.log.Debug("campaign: release failed; retrying", "lease", lease.Name, "err", err)
+	}
+	e.leases.log.Warn("campaign: release failed until the lease expired", "lease", lease.Name, "epoch", lease.Epoch)
 }
 
 // observe reads who leads and reports a change.

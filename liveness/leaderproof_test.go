@@ -303,3 +303,58 @@ func TestCutOffLeaderStepsDownDuringARenewal(t *testing.T) {
 			"not when the renewal stuck on the partition gave up", stopped)
 	}
 }
+
+// TestLeaderLeadsAgainSoonAfterADatabaseRestart: a leader whose database restarts loses
+// its lock, so it steps down (not alive), and its release fails while the server is away.
+// Its row would then stand until it expired, a ttl after its last renewal, and nobody
+// could take the lease meanwhile: its holder instance is alive again as soon as the
+// server answers. The elector sends the release again until it succeeds, so the lease is
+// led again within seconds of the server answering. The ttl is a minute here, so that a
+// row left to expire cannot pass for that (the expiry is at least 45 s away).
+func TestLeaderLeadsAgainSoonAfterADatabaseRestart(t *testing.T) {
+	srv := pgtest.NewServer(t)
+	db := pgtest.NewDBOn(t, srv)
+	testdb.Migrate(t, db.DSN, liveness.DefaultSchema)
+	ctx := testutil.Context(t, 2*time.Minute)
+	agent := newAgent(t, liveness.AgentConfig{Pool: pgtest.Pool(t, db.DSN, 4), DirectDSN: db.DSN,
+		InstanceID: uuid.New(), ServiceName: "leader"})
+	runAgent(t, agent)
+
+	epochs := make(chan int64, 16)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	electCtx, stopElect := context.WithCancel(ctx)
+	defer stopElect()
+	const ttl = time.Minute
+	wg.Go(func() {
+		_ = agent.Elect(electCtx, liveness.ElectorConfig{Lease: "job", TTL: ttl,
+			OnStartedLeading: func(ctx context.Context, l liveness.Leadership) {
+				epochs <- l.Epoch
+				<-ctx.Done()
+			}})
+	})
+	var first int64
+	select {
+	case first = <-epochs:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent does not lead within 30 s")
+	}
+	if err := srv.StopMode("fast"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // away long enough for the lock to go and the release to fail
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	answered := time.Now()
+	select {
+	case again := <-epochs:
+		took := time.Since(answered)
+		t.Logf("led again (epoch %d after %d) %s after the server answered", again, first, took.Round(time.Millisecond))
+		if took > 20*time.Second {
+			t.Fatalf("led again %s after the server answered; want within seconds (the relock, a release, a retry), not when the row expired", took)
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatal("not led again within 40 s of the server answering: the lost lease's row was left to expire (ttl 1 min)")
+	}
+}

@@ -466,11 +466,19 @@ func (le *Lease) Release(ctx context.Context) error {
 	le.releaseOnce.Do(func() {
 		le.end(ErrLeaseReleased)
 		<-le.renewerDone
-		if _, err := le.leases.pool.Exec(ctx, le.leases.stmts.release, le.Name, le.Holder, le.Epoch); err != nil {
-			le.releaseErr = fmt.Errorf("liveness: release lease %q: %w", le.Name, logging.RedactError(err))
-		}
+		le.releaseErr = le.deleteRow(ctx)
 	})
 	return le.releaseErr
+}
+
+// deleteRow sends the release statement: the row goes if it still belongs to this
+// acquisition (name, holder and epoch). It may be sent again after a failure; once a
+// newer acquisition holds the row, it deletes nothing.
+func (le *Lease) deleteRow(ctx context.Context) error {
+	if _, err := le.leases.pool.Exec(ctx, le.leases.stmts.release, le.Name, le.Holder, le.Epoch); err != nil {
+		return fmt.Errorf("liveness: release lease %q: %w", le.Name, logging.RedactError(err))
+	}
+	return nil
 }
 
 // leaveToExpire stops the renewals without deleting the row, so that the lease is free
