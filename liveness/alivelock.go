@@ -125,7 +125,10 @@ type aliveLock struct {
 	// Owned by the Run goroutine.
 	connectedOnce bool
 	lastExchange  time.Time // when the last statement that got an answer was sent
-	condition     logging.Repeats
+	// The server's clock in that statement's answer, and its round trip (lockProof).
+	lastServerClock time.Time
+	lastRoundTrip   time.Duration
+	condition       logging.Repeats
 
 	// afterConnect lets tests inspect the lock's own session; nil otherwise.
 	afterConnect func(ctx context.Context, conn *pgx.Conn)
@@ -589,6 +592,12 @@ func (a *aliveLock) lead() (done func()) {
 type lockProof struct {
 	sent  time.Time // monotonic
 	claim uint64
+	// serverClock is the server's clock while the statement ran, and roundTrip the time
+	// from sending it to its answer (zero in tests that make proofs by hand). The server's
+	// clock reads serverClock − roundTrip + d no later than sent + d: that is how a local
+	// deadline becomes one on the server's clock (lifeMonitor.fenceDeadline).
+	serverClock time.Time
+	roundTrip   time.Duration
 }
 
 // noteProof records a proof and wakes whoever waits on Proved. Only the Run goroutine
@@ -596,7 +605,7 @@ type lockProof struct {
 func (a *aliveLock) noteProof(sent time.Time, claim uint64) {
 	a.proofMu.Lock()
 	defer a.proofMu.Unlock()
-	a.proof = lockProof{sent: sent, claim: claim}
+	a.proof = lockProof{sent: sent, claim: claim, serverClock: a.lastServerClock, roundTrip: a.lastRoundTrip}
 	close(a.proved)
 	a.proved = make(chan struct{})
 }
@@ -646,7 +655,8 @@ func (a *aliveLock) ask(ctx context.Context, conn *pgx.Conn, sql string, args ..
 	startupPID := int64(conn.PgConn().PID())
 	var backendPID int64
 	var ok *bool // NULL from the claim when this is not our own session
-	err := conn.QueryRow(qctx, sql, args...).Scan(&backendPID, &ok)
+	var serverClock time.Time
+	err := conn.QueryRow(qctx, sql, args...).Scan(&backendPID, &ok, &serverClock)
 	if err != nil {
 		a.setHeld(false)
 		if ctx.Err() != nil {
@@ -666,6 +676,7 @@ func (a *aliveLock) ask(ctx context.Context, conn *pgx.Conn, sql string, args ..
 		return answerDrop, 0
 	}
 	a.lastExchange = sent
+	a.lastServerClock, a.lastRoundTrip = serverClock, time.Since(sent)
 	if backendPID != startupPID {
 		a.setHeld(false)
 		a.report("pooled", slog.LevelError,

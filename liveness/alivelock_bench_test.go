@@ -32,7 +32,8 @@ func BenchmarkAliveLockVerify(b *testing.B) {
 	pid := int64(conn.PgConn().PID())
 	var backend int64
 	var claimed *bool
-	if err := conn.QueryRow(ctx, store.AliveLockClaim.In(liveness.DefaultSchema).SQL, id, pid).Scan(&backend, &claimed); err != nil ||
+	var serverClock time.Time
+	if err := conn.QueryRow(ctx, store.AliveLockClaim.In(liveness.DefaultSchema).SQL, id, pid).Scan(&backend, &claimed, &serverClock); err != nil ||
 		claimed == nil || !*claimed {
 		b.Fatalf("claim: %v, %v", claimed, err)
 	}
@@ -40,7 +41,7 @@ func BenchmarkAliveLockVerify(b *testing.B) {
 	timed := func(sql string, args ...any) time.Duration {
 		t0 := time.Now()
 		var held any
-		if err := conn.QueryRow(ctx, sql, args...).Scan(&backend, &held); err != nil {
+		if err := conn.QueryRow(ctx, sql, args...).Scan(&backend, &held, &serverClock); err != nil {
 			b.Fatal(err)
 		}
 		d := time.Since(t0)
@@ -49,7 +50,7 @@ func BenchmarkAliveLockVerify(b *testing.B) {
 		}
 		return d
 	}
-	select1 := func() time.Duration { return timed(`SELECT 1::bigint, true`) }
+	select1 := func() time.Duration { return timed(`SELECT 1::bigint, true, now()`) }
 	verified := func() time.Duration { return timed(verify, id) }
 	_, mv := latency.SideBySide(b, "select1", select1, "verify", verified)
 	perSecond := float64(time.Second) / float64(liveness.DefaultLockGrace/4)

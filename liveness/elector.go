@@ -94,6 +94,16 @@ func (l Leadership) Fence(ctx context.Context, tx pgx.Tx) error {
 	return l.lease.Fence(ctx, tx)
 }
 
+// FenceDeadline is Lease.FenceDeadline of the leadership's lease: the moment, on the
+// database server's clock, past which its fenced writes must be refused. The zero time
+// (which refuses every write) for a Leadership no campaign gave out.
+func (l Leadership) FenceDeadline() time.Time {
+	if l.lease == nil {
+		return time.Time{}
+	}
+	return l.lease.FenceDeadline()
+}
+
 // ConfigError is a configuration value the library refuses. Field names the config
 // field ("AgentConfig.Timing.StaleThreshold", "SourceConfig.Whizbang.Prefix"), never a
 // flag: a binary maps fields to its flags. One type for the library and its data layer,

@@ -86,16 +86,20 @@ func releaseAtEnd(t *testing.T, le *liveness.Lease) {
 
 // freezingProxy relays TCP to a server, each answer from the server delayed by a fixed
 // time, until frozen; then it stops relaying without closing anything, as a network
-// partition does. It only relays bytes to a real server; it fakes nothing.
+// partition does, and holds what it read until thawed, when it delivers it, in order, as
+// TCP retransmits what was in flight once a partition heals. It only relays bytes to a
+// real server; it fakes nothing.
 type freezingProxy struct {
 	ln              net.Listener
 	upstream        string // the DSN it relays for
 	delay           time.Duration
 	network, target string
-	frozen          chan struct{} // closed by freeze
 	done            chan struct{} // closed by close
-	once            sync.Once
-	wg              sync.WaitGroup
+
+	gateMu sync.Mutex
+	thawed chan struct{} // nil while relaying; while frozen, closed by thaw
+	once   sync.Once
+	wg     sync.WaitGroup
 
 	mu    sync.Mutex
 	conns []net.Conn
@@ -113,7 +117,7 @@ func newFreezingProxy(t *testing.T, dsn string, delay time.Duration) *freezingPr
 		t.Fatal(err)
 	}
 	p := &freezingProxy{ln: ln, upstream: dsn, delay: delay, network: "tcp", target: net.JoinHostPort(host, fmt.Sprint(port)),
-		frozen: make(chan struct{}), done: make(chan struct{})}
+		done: make(chan struct{})}
 	if strings.HasPrefix(host, "/") { // a socket folder, when the tests use an existing server
 		p.network, p.target = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", host, port)
 	}
@@ -126,7 +130,40 @@ func (p *freezingProxy) dsn() string {
 	return p.upstream + fmt.Sprintf(" host=127.0.0.1 port=%d", p.ln.Addr().(*net.TCPAddr).Port)
 }
 
-func (p *freezingProxy) freeze() { close(p.frozen) }
+// freeze stops relaying: what is read from now on is held.
+func (p *freezingProxy) freeze() {
+	p.gateMu.Lock()
+	defer p.gateMu.Unlock()
+	if p.thawed == nil {
+		p.thawed = make(chan struct{})
+	}
+}
+
+// thaw delivers what was held, and relays again.
+func (p *freezingProxy) thaw() {
+	p.gateMu.Lock()
+	defer p.gateMu.Unlock()
+	if p.thawed != nil {
+		close(p.thawed)
+		p.thawed = nil
+	}
+}
+
+// pass waits while the proxy is frozen. It returns false once the proxy is closed.
+func (p *freezingProxy) pass() bool {
+	p.gateMu.Lock()
+	thawed := p.thawed
+	p.gateMu.Unlock()
+	if thawed == nil {
+		return true
+	}
+	select {
+	case <-thawed:
+		return true
+	case <-p.done:
+		return false
+	}
+}
 
 func (p *freezingProxy) close() {
 	p.once.Do(func() {
@@ -176,7 +213,7 @@ func (p *freezingProxy) accept() {
 	}
 }
 
-// relay copies until either side closes, each chunk delay late; once frozen it holds
+// relay copies until either side closes, each chunk delay late; while frozen it holds
 // what it read.
 func (p *freezingProxy) relay(dst, src net.Conn, delay time.Duration) {
 	buf := make([]byte, 32<<10)
@@ -190,11 +227,8 @@ func (p *freezingProxy) relay(dst, src net.Conn, delay time.Duration) {
 			}
 		}
 		if n > 0 {
-			select {
-			case <-p.frozen:
-				<-p.done
+			if !p.pass() {
 				return
-			default:
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return

@@ -117,6 +117,9 @@ type lifeGate interface {
 	// when the lease ends, or an error when it may not.
 	hold() holdMark
 	lead(ctx context.Context, mark holdMark, answered time.Time) (done func(), err error)
+	// fenceDeadline is when, on the server's clock, life stops vouching for a leader, if
+	// it bounds that at all (lifeMonitor.fenceDeadline).
+	fenceDeadline() (deadline time.Time, ok bool)
 }
 
 // Leases takes and keeps table leases: singleton jobs held by a row in <schema>.leases,
@@ -203,7 +206,10 @@ type Lease struct {
 	mu         sync.Mutex
 	expiresAt  time.Time // database time
 	trustUntil time.Time // monotonic: start of the last successful statement + ttl - margin
-	lastErr    error     // the most recent renewal attempt's error; nil once it is sent
+	// fenceUntil is trustUntil on the server's clock: expiresAt less that statement's
+	// round trip and the margin (FenceDeadline).
+	fenceUntil time.Time
+	lastErr    error // the most recent renewal attempt's error; nil once it is sent
 	ended      bool
 
 	releaseOnce sync.Once
@@ -279,6 +285,7 @@ func (l *Leases) acquire(ctx, parent context.Context, name string, ttl time.Dura
 	err = l.sendAcquire(actx, trustUntil, func(ctx context.Context, conn *pgxpool.Conn) error {
 		return conn.QueryRow(ctx, l.stmts.acquire, name, holder, ttl.Seconds(), l.id, l.host).Scan(&epoch, &taken, &expiresAt)
 	})
+	fenceAt := fenceUntil(expiresAt, time.Since(start), margin)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrLeaseHeld
 	}
@@ -320,7 +327,7 @@ func (l *Leases) acquire(ctx, parent context.Context, name string, ttl time.Dura
 		leases: l, ttl: ttl, margin: margin,
 		ctx: lctx, cancel: lcancel,
 		renewerDone: make(chan struct{}),
-		expiresAt:   expiresAt, trustUntil: trustUntil,
+		expiresAt:   expiresAt, trustUntil: trustUntil, fenceUntil: fenceAt,
 		leading: leading,
 	}
 	l.noteAcquired(name, epoch)
@@ -413,10 +420,17 @@ func (le *Lease) Err() error {
 // before the writes, and roll back when it fails.
 //
 // It fails with an error that is errors.Is ErrLeaseLost when the lease is not held: it
-// has ended in this process (lost, released, its context ended), or its row no longer
-// has this epoch (taken over, deleted, expired by the database clock); the lease is
-// then ended. Any other error is the statement's. tx must be on the leases' database.
-// Keep fenced transactions short: the row lock holds back this lease's renewals too.
+// has ended in this process (lost, released, its context ended), its row no longer has
+// this epoch (taken over, deleted, expired by the database clock), or the fence reached
+// the server after FenceDeadline (held back by the network past the moment this process
+// stopped trusting the lease); the lease is then ended. Any other error is the
+// statement's. tx must be on the leases' database. Keep fenced transactions short: the
+// row lock holds back this lease's renewals too.
+//
+// The deadline is checked when the fence runs, not at COMMIT: a COMMIT held back by the
+// network still lands late. A write that must never land after this process was told it
+// lost the lease carries the deadline in its own statement (FenceDeadline), and runs
+// alone, outside an explicit transaction, so that its commit is the server's next step.
 //
 // lease_is_held looks only at the row's epoch and expiry, not at the holder's life: while
 // the holder is dead by the verdict but nobody has taken the lease yet, a write fenced
@@ -426,19 +440,71 @@ func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
 	if cause := le.Err(); cause != nil {
 		return le.notHeld(cause)
 	}
-	var held bool
-	if err := tx.QueryRow(ctx, le.leases.stmts.fence, le.Name, le.Epoch).Scan(&held); err != nil {
+	deadline, late := le.fenceDeadline()
+	var held, inTime bool
+	if err := tx.QueryRow(ctx, le.leases.stmts.fence, le.Name, le.Epoch, deadline).Scan(&held, &inTime); err != nil {
 		return fmt.Errorf("liveness: fence lease %q: %w", le.Name, logging.RedactError(err))
 	}
-	if !held {
-		lost := &LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostTaken}
-		le.end(lost)
-		return le.notHeld(lost)
+	switch {
+	case !held:
+		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostTaken})
+	case !inTime:
+		// The fence reached the server after this process stopped trusting the lease, or
+		// just as it does: whatever the row says, the writes must not count.
+		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: late})
 	}
-	if cause := le.Err(); cause != nil { // it ended while the statement ran
+	if cause := le.Err(); cause != nil { // it ended, here or while the statement ran
 		return le.notHeld(cause)
 	}
 	return nil
+}
+
+// FenceDeadline is the moment, on the database server's clock, past which a write fenced
+// under this lease must be refused: the end of the lease's trust window and, under an
+// Agent, of the alive lock's last proof, whichever comes first. Both are carried over
+// from this host's clock to the server's with times the server returned (its clock during
+// the last renewal and proof, less their round trips), so no clock synchronisation is
+// assumed, only that the two clocks run at about the same rate (Margin covers the
+// difference). A write sent before the lease ends but held back by the network (a
+// partition that heals, TCP retransmitting what was in flight) would otherwise be
+// accepted after this process was told it lost the lease, as long as nobody has taken
+// the lease meanwhile.
+//
+// Fence passes it itself. A write fenced in SQL passes it in the writing statement:
+//
+//	INSERT ... WHERE liveness.lease_is_held($1, $2) AND clock_timestamp() < $3
+//
+// with Name, Epoch and FenceDeadline(). It moves with every renewal and proof: take it
+// for each write. Once the lease has ended it is the zero time, which refuses every write.
+func (le *Lease) FenceDeadline() time.Time {
+	deadline, _ := le.fenceDeadline()
+	return deadline
+}
+
+// fenceDeadline is FenceDeadline, with the reason the lease counts as lost once the
+// server's clock passes it.
+func (le *Lease) fenceDeadline() (time.Time, LostReason) {
+	le.mu.Lock()
+	deadline, ended := le.fenceUntil, le.ended
+	le.mu.Unlock()
+	if ended || le.ctx.Err() != nil {
+		return time.Time{}, LostExpired
+	}
+	reason := LostExpired
+	if life := le.leases.life; life != nil {
+		if d, ok := life.fenceDeadline(); ok && d.Before(deadline) {
+			deadline, reason = d, LostNotAlive
+		}
+	}
+	return deadline, reason
+}
+
+// fenceUntil carries the end of a trust window of ttl − margin, counted from when a
+// statement that answered expiresAt (its server's now() + ttl) was sent roundTrip ago,
+// over to the server's clock. The server's now() ran after the statement was sent, so its
+// clock reads expiresAt − roundTrip − margin no later than the window's local end.
+func fenceUntil(expiresAt time.Time, roundTrip, margin time.Duration) time.Time {
+	return expiresAt.Add(-roundTrip - margin)
 }
 
 // notHeld is Fence's error for a lease that ended with cause.
@@ -582,10 +648,12 @@ func (le *Lease) renew() bool {
 	err := le.leases.pool.QueryRow(rctx, le.leases.stmts.renew, le.Name, le.Holder, le.Epoch, le.ttl.Seconds()).Scan(&expiresAt)
 	switch {
 	case err == nil:
+		roundTrip := time.Since(sent)
 		le.mu.Lock()
 		defer le.mu.Unlock()
 		if !le.ended {
 			le.expiresAt = expiresAt
+			le.fenceUntil = fenceUntil(expiresAt, roundTrip, le.margin)
 			// Measured from when the renewal was sent: the server's now() came later.
 			le.trustUntil = sent.Add(le.ttl - le.margin)
 			le.window.Reset(time.Until(le.trustUntil))

@@ -123,6 +123,29 @@ func (m *lifeMonitor) evaluate(now time.Time) bool {
 	return age < m.stale-m.margin
 }
 
+// fenceDeadline is when, on the server's clock, the lock rule of a leader stops counting
+// it alive as of the last proof: at the proof's server clock less its round trip, plus
+// proofMaxAge, which the server's clock reads no later than the moment Alive turns false
+// here. ok is false where that rule does not apply: without the lock, while not leading,
+// before a proof that carries the server's clock, or once the lock is gone and the row
+// no longer says it is held (the fleet then judges this instance by its heartbeat, whose
+// thresholds are far beyond any lease's window).
+func (m *lifeMonitor) fenceDeadline() (deadline time.Time, ok bool) {
+	if !m.leading() {
+		return time.Time{}, false
+	}
+	p, _ := m.lock.lastProof()
+	if p.serverClock.IsZero() {
+		return time.Time{}, false
+	}
+	if !m.lock.Held() {
+		if _, rowHolds := m.heartbeat.lastProof(); !rowHolds {
+			return time.Time{}, false
+		}
+	}
+	return p.serverClock.Add(m.proofMaxAge - p.roundTrip), true
+}
+
 // errNoLockProof: no proof that the lock is held came in time for a new leadership.
 var errNoLockProof = errors.New("no proof in time that the alive lock is held")
 

@@ -1,5 +1,6 @@
 -- Leases: taking, renewing, releasing and fencing a lease, and reading who holds one.
--- Every time comes from now() on the server; the client only sends the ttl in seconds.
+-- Every time comes from the server's clock: the client sends the ttl in seconds, and a fence
+-- the deadline it computed from times this server returned.
 -- Each statement runs on a pool connection borrowed for that statement alone.
 
 -- name: lease_acquire
@@ -71,5 +72,9 @@ SELECT l.holder_instance_id, coalesce(l.holder_host, '') AS holder_host, l.epoch
 -- name: lease_fence
 -- A leader's fence, inside the transaction of the writes it guards: lease_is_held locks
 -- the lease row FOR SHARE until that transaction ends, so no takeover commits in between.
--- $1 name, $2 epoch. Returns whether the lease is held under that epoch.
-SELECT {schema}.lease_is_held($1, $2)
+-- The deadline is the leader's own (Lease.FenceDeadline, on this server's clock): a fence
+-- that reaches the server after its sender was told it lost the lease (held back by the
+-- network, say) is refused, even while nobody has taken the lease yet.
+-- $1 name, $2 epoch, $3 the fence deadline. Returns whether the lease is held under that
+-- epoch, and whether the server's clock is still before the deadline.
+SELECT {schema}.lease_is_held($1, $2), pg_catalog.clock_timestamp() < $3::timestamptz

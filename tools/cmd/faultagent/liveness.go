@@ -29,6 +29,9 @@ const (
 type leaseHandle struct {
 	Name  string
 	Epoch int64
+	// FenceDeadline is the library's: when, on the server's clock, fenced writes must be
+	// refused.
+	FenceDeadline func() time.Time
 }
 
 // timing mirrors the exporter's --agent.* flags, with the same names and defaults, so the
@@ -108,7 +111,7 @@ func (p *participant) compete(ctx context.Context, name string, ttl, retry time.
 	if p.agent != nil {
 		err := p.agent.Elect(ctx, liveness.ElectorConfig{Lease: name, TTL: ttl, RetryPeriod: retry,
 			OnStartedLeading: func(lctx context.Context, self liveness.Leadership) {
-				_ = hold(ctx, lctx, leaseHandle{Name: self.Lease, Epoch: self.Epoch})
+				_ = hold(ctx, lctx, leaseHandle{Name: self.Lease, Epoch: self.Epoch, FenceDeadline: self.FenceDeadline})
 			}})
 		if err != nil && ctx.Err() == nil {
 			p.log.Error("campaign stopped", "err", err)
@@ -117,7 +120,7 @@ func (p *participant) compete(ctx context.Context, name string, ttl, retry time.
 	}
 	for ctx.Err() == nil {
 		ran, err := p.leases.Run(ctx, name, ttl, func(lctx context.Context, lease *liveness.Lease) error {
-			return hold(ctx, lctx, leaseHandle{Name: lease.Name, Epoch: lease.Epoch})
+			return hold(ctx, lctx, leaseHandle{Name: lease.Name, Epoch: lease.Epoch, FenceDeadline: lease.FenceDeadline})
 		})
 		if err != nil && !ran && ctx.Err() == nil {
 			acquireFailed(err)

@@ -220,8 +220,10 @@ func newInstance(ctx context.Context, c config, service string, logger *slog.Log
 		return nil, err
 	}
 	in := &instance{c: c, id: uuid.New(), service: service, pool: pool}
+	// The library's documented fence for a write in one statement: the lease held under
+	// its epoch, and the server's clock before the holder's fence deadline.
 	in.fence = "INSERT INTO " + c.fenceTable + " (lease, epoch, writer) SELECT $1, $2, $3 WHERE " +
-		pgx.Identifier{c.schema}.Sanitize() + ".lease_is_held($1, $2)"
+		pgx.Identifier{c.schema}.Sanitize() + ".lease_is_held($1, $2) AND clock_timestamp() < $4"
 	in.parts, err = newParticipant(c, in.id, service, pool, logger.With("instance_id", in.id.String()))
 	if err != nil {
 		pool.Close()
@@ -296,6 +298,7 @@ func (in *instance) hold(procCtx, ctx context.Context, lease leaseHandle) error 
 	}
 	t := time.NewTicker(in.c.writeEvery)
 	defer t.Stop()
+	stale := false // --lease.ignore-loss, after the loss
 	for {
 		select {
 		case <-ctx.Done():
@@ -303,7 +306,7 @@ func (in *instance) hold(procCtx, ctx context.Context, lease leaseHandle) error 
 			if in.c.ignoreLoss && procCtx.Err() == nil {
 				emit("ignoring", in.id, "lease", lease.Name, "epoch", lease.Epoch)
 				in.believe(lease.Name, lease.Epoch)
-				ctx, until = procCtx, nil
+				ctx, until, stale = procCtx, nil, true
 				continue
 			}
 			return nil
@@ -316,7 +319,13 @@ func (in *instance) hold(procCtx, ctx context.Context, lease leaseHandle) error 
 			continue // report the loss above, write nothing
 		}
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		tag, err := in.pool.Exec(wctx, in.fence, lease.Name, lease.Epoch, in.id.String())
+		// A stale leader ignores the deadline as it ignores the loss: only the epoch then
+		// refuses its writes, which is what the fault suite measures for it.
+		deadline := lease.FenceDeadline()
+		if stale {
+			deadline = time.Date(9999, time.January, 1, 0, 0, 0, 0, time.UTC)
+		}
+		tag, err := in.pool.Exec(wctx, in.fence, lease.Name, lease.Epoch, in.id.String(), deadline)
 		cancel()
 		switch {
 		case err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded):
