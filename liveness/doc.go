@@ -157,6 +157,18 @@
 // write fenced under its epoch is still accepted; it lands before any other holder's.
 // Keep fenced transactions short: the row lock holds back the lease's own renewals too.
 //
+// A fence also carries FenceDeadline: when, on the server's clock, this process stops
+// trusting the lease (the end of its trust window; under an Agent, the alive lock's last
+// proof plus three quarters of the lock grace, the moment the leader steps down). It is
+// carried over from this host's clock with the server's own times and the round trips of
+// the statements that returned them, so the clocks need not agree. A fence that reaches
+// the server later (held back by a partition that heals, TCP retransmitting it) is
+// refused, although nobody has taken the lease. Fence checks it when it runs; a COMMIT
+// held back can still land late, so a write that must never land after its writer was
+// told carries the deadline in its own statement, outside an explicit transaction:
+//
+//	INSERT ... WHERE liveness.lease_is_held($1, $2) AND clock_timestamp() < $3
+//
 // # Leases without an alive lock
 //
 // Leases, the field report's design, takes and keeps leases alone: TryAcquire (an

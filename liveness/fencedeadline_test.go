@@ -178,6 +178,15 @@ func TestFenceDeadlineRefusesAWriteHeldBackPastTheTrustWindow(t *testing.T) {
 	ctx := testutil.Context(t, time.Minute)
 	le := mustAcquire(t, ctx, l, "job", ttl)
 	waitRenewed(t, le, 5*time.Second)
+	// The window's end on the server's clock: the row's expiry less the margin and the
+	// renewal's round trip.
+	exp, d := le.ExpiresAt(), le.FenceDeadline()
+	for !le.ExpiresAt().Equal(exp) { // a renewal came in between
+		exp, d = le.ExpiresAt(), le.FenceDeadline()
+	}
+	if d.After(exp.Add(-margin)) || d.Before(exp.Add(-margin-time.Second)) {
+		t.Fatalf("FenceDeadline %s with the row expiring at %s; want within a second before expiry - margin (%s)", d, exp, margin)
+	}
 	if tag, err := writes.Exec(ctx, guardedInsert, le.Epoch, le.FenceDeadline()); err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("the holder's fenced insert, before any fault: %v rows, %v", tag.RowsAffected(), err)
 	}

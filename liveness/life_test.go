@@ -72,6 +72,44 @@ func TestLifeGateWantsAFreshLockProofWhileLeading(t *testing.T) {
 	}
 }
 
+// TestLifeGateFenceDeadlineIsTheLastProofOnTheServersClock: while leading with the lock
+// held, the fence deadline is the last proof's server clock less its round trip, plus
+// three quarters of the lock grace: the server's clock reads it no later than the moment
+// the gate turns not alive. No bound applies while not leading, before a proof with the
+// server's clock, or once neither the lock nor the row says the lock is held.
+func TestLifeGateFenceDeadlineIsTheLastProofOnTheServersClock(t *testing.T) {
+	m, lock, hb := gateUnderTest(t)
+	now := time.Now()
+	hb.lastSent, hb.lastHolds = now, true
+	lock.change(true)
+	lock.noteProof(now, lock.claims.Add(1)) // made by hand: no server clock
+	done := lock.lead()
+	defer done()
+	if d, ok := m.fenceDeadline(); ok {
+		t.Fatalf("fence deadline %s from a proof without the server's clock; want none", d)
+	}
+	server := time.Date(2026, time.December, 1, 12, 0, 0, 0, time.UTC)
+	lock.lastServerClock, lock.lastRoundTrip = server, 40*time.Millisecond
+	lock.noteProof(now, lock.claims.Load())
+	want := server.Add(750*time.Millisecond - 40*time.Millisecond)
+	if d, ok := m.fenceDeadline(); !ok || !d.Equal(want) {
+		t.Fatalf("fence deadline %s, %v; want %s (server clock - round trip + 3/4 of the 1 s lock grace)", d, ok, want)
+	}
+	lock.change(false) // the lock vanished; the row still says held: the proof still bounds it
+	if d, ok := m.fenceDeadline(); !ok || !d.Equal(want) {
+		t.Fatalf("lock gone, row holds: fence deadline %s, %v; want %s", d, ok, want)
+	}
+	hb.lastHolds = false // judged by the heartbeat now
+	if d, ok := m.fenceDeadline(); ok {
+		t.Fatalf("lock gone, row without it: fence deadline %s; want none", d)
+	}
+	lock.change(true)
+	done()
+	if d, ok := m.fenceDeadline(); ok {
+		t.Fatalf("not leading: fence deadline %s; want none", d)
+	}
+}
+
 // TestLifeGateLeadWaitsForAProofOfTheSameClaim: a new leadership is trusted only once a
 // proof sent after its acquisition was answered comes from the claim that held the lock
 // before it was sent; a proof of a later claim (the lock was lost and claimed again in

@@ -462,7 +462,7 @@ func TestHang(t *testing.T) {
 		sc.observe("after SIGCONT: row registered again", 30*time.Second, reRegistered, okReg)
 		sc.observe("after SIGCONT: logs that it was written off", 30*time.Second, said, okSaid)
 		rejected := len(victim.Events("rejected", tCont))
-		sc.note("Trial %d: %d fenced writes of the resumed victim were refused by lease_is_held (attempted after the takeover, before its lease context ended).", trial+1, rejected)
+		sc.note("Trial %d: %d fenced writes of the resumed victim were refused by the fence (lease_is_held and the fence deadline; attempted after the takeover, before its lease context ended).", trial+1, rejected)
 		n, first := s.falseDead(t0, time.Now(), []*agent{heir})
 		sc.addFalseDead(n, first)
 		sc.fence(e.dsn, lease)
