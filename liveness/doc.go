@@ -158,8 +158,9 @@
 // Keep fenced transactions short: the row lock holds back the lease's own renewals too.
 //
 // A fence also carries FenceDeadline: when, on the server's clock, this process stops
-// trusting the lease (the end of its trust window; under an Agent, the alive lock's last
-// proof plus three quarters of the lock grace, the moment the leader steps down). It is
+// trusting the lease (the end of its trust window; under an Agent, also the moment its
+// leader steps down for want of a fresh proof of its alive lock, three quarters of the
+// lock grace after the last). It is
 // carried over from this host's clock with the server's own times and the round trips of
 // the statements that returned them, so the clocks need not agree. A fence that reaches
 // the server later (held back by a partition that heals, TCP retransmitting it) is

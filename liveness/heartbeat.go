@@ -144,6 +144,9 @@ type heartbeatWorker struct {
 	stats     HeartbeatStats
 	lastSent  time.Time // monotonic send time of the last successful beat
 	lastHolds bool      // what that beat recorded as holds_alive_lock
+	// The server's stamp of that beat, and its round trip (lifeMonitor.fenceDeadline).
+	lastStamp     time.Time
+	lastRoundTrip time.Duration
 
 	// Owned by the Run goroutine.
 	rowHoldsLock bool // what the last successful beat recorded as holds_alive_lock
@@ -363,6 +366,15 @@ func (h *heartbeatWorker) succeeded(at time.Time, interval time.Duration, sent t
 	h.stats.LastBeat = at
 	h.stats.Interval = interval
 	h.lastSent, h.lastHolds = sent, holds
+	h.lastStamp, h.lastRoundTrip = at, time.Since(sent)
+}
+
+// lastStamped returns the server's stamp of the last successful beat and its round trip
+// (zero before the first), and whether it recorded the alive lock as held.
+func (h *heartbeatWorker) lastStamped() (stamp time.Time, roundTrip time.Duration, holdsLock bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lastStamp, h.lastRoundTrip, h.lastHolds
 }
 
 // lastProof returns when the last successful beat was sent, by this host's monotonic

@@ -460,22 +460,23 @@ func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
 }
 
 // FenceDeadline is the moment, on the database server's clock, past which a write fenced
-// under this lease must be refused: the end of the lease's trust window and, under an
-// Agent, of the alive lock's last proof, whichever comes first. Both are carried over
-// from this host's clock to the server's with times the server returned (its clock during
-// the last renewal and proof, less their round trips), so no clock synchronisation is
-// assumed, only that the two clocks run at about the same rate (Margin covers the
-// difference). A write sent before the lease ends but held back by the network (a
-// partition that heals, TCP retransmitting what was in flight) would otherwise be
-// accepted after this process was told it lost the lease, as long as nobody has taken
-// the lease meanwhile.
+// under this lease must be refused: the end of the lease's trust window or, under an
+// Agent, the moment the instance could no longer count on the fleet seeing it alive (three
+// quarters of the lock grace after the alive lock's last proof, while it leads),
+// whichever comes first. Each is carried over from this host's clock to the server's with
+// times the server returned (its clock during the last renewal, proof and beat, less
+// their round trips), so no clock synchronisation is assumed, only that the two clocks
+// run at about the same rate (Margin covers the difference). A write sent before the
+// lease ends but held back by the network (a partition that heals, TCP retransmitting
+// what was in flight) would otherwise be accepted after this process was told it lost
+// the lease, as long as nobody has taken the lease meanwhile.
 //
 // Fence passes it itself. A write fenced in SQL passes it in the writing statement:
 //
 //	INSERT ... WHERE liveness.lease_is_held($1, $2) AND clock_timestamp() < $3
 //
-// with Name, Epoch and FenceDeadline(). It moves with every renewal and proof: take it
-// for each write. Once the lease has ended it is the zero time, which refuses every write.
+// with Name, Epoch and FenceDeadline(). It moves with every renewal, proof and beat: take
+// it for each write. Once the lease has ended it is the zero time, which refuses every write.
 func (le *Lease) FenceDeadline() time.Time {
 	deadline, _ := le.fenceDeadline()
 	return deadline

@@ -123,27 +123,35 @@ func (m *lifeMonitor) evaluate(now time.Time) bool {
 	return age < m.stale-m.margin
 }
 
-// fenceDeadline is when, on the server's clock, the lock rule of a leader stops counting
-// it alive as of the last proof: at the proof's server clock less its round trip, plus
-// proofMaxAge, which the server's clock reads no later than the moment Alive turns false
-// here. ok is false where that rule does not apply: without the lock, while not leading,
-// before a proof that carries the server's clock, or once the lock is gone and the row
-// no longer says it is held (the fleet then judges this instance by its heartbeat, whose
-// thresholds are far beyond any lease's window).
+// fenceDeadline is when, on the server's clock, evaluate turns false as of the last beat
+// and the last proof of the lock: each rule's local age limit, counted from a statement
+// that returned the server's clock (the beat's stamp, the proof's clock_timestamp), less
+// that statement's round trip. The server's clock reads it no later than the moment the
+// rule ends here. The lock gone while the row says held counts from the last proof (the
+// rule's half grace after the loss was noticed ends about then, never earlier). ok is
+// false before the first beat, which no leader is without.
 func (m *lifeMonitor) fenceDeadline() (deadline time.Time, ok bool) {
-	if !m.leading() {
-		return time.Time{}, false
-	}
-	p, _ := m.lock.lastProof()
-	if p.serverClock.IsZero() {
-		return time.Time{}, false
-	}
-	if !m.lock.Held() {
-		if _, rowHolds := m.heartbeat.lastProof(); !rowHolds {
-			return time.Time{}, false
+	bound := func(from time.Time, roundTrip, limit time.Duration) {
+		if from.IsZero() {
+			return
+		}
+		if d := from.Add(limit - roundTrip); !ok || d.Before(deadline) {
+			deadline, ok = d, true
 		}
 	}
-	return p.serverClock.Add(m.proofMaxAge - p.roundTrip), true
+	stamp, beatTrip, rowHolds := m.heartbeat.lastStamped()
+	if m.lockMode {
+		if held := m.lock.Held(); held || rowHolds {
+			bound(stamp, beatTrip, m.dead-m.margin)
+			if !held || m.leading() {
+				p, _ := m.lock.lastProof()
+				bound(p.serverClock, p.roundTrip, m.proofMaxAge)
+			}
+			return deadline, ok
+		}
+	}
+	bound(stamp, beatTrip, m.stale-m.margin)
+	return deadline, ok
 }
 
 // errNoLockProof: no proof that the lock is held came in time for a new leadership.

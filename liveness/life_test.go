@@ -72,42 +72,44 @@ func TestLifeGateWantsAFreshLockProofWhileLeading(t *testing.T) {
 	}
 }
 
-// TestLifeGateFenceDeadlineIsTheLastProofOnTheServersClock: while leading with the lock
-// held, the fence deadline is the last proof's server clock less its round trip, plus
-// three quarters of the lock grace: the server's clock reads it no later than the moment
-// the gate turns not alive. No bound applies while not leading, before a proof with the
-// server's clock, or once neither the lock nor the row says the lock is held.
-func TestLifeGateFenceDeadlineIsTheLastProofOnTheServersClock(t *testing.T) {
+// TestLifeGateFenceDeadlineMirrorsItsRulesOnTheServersClock: the fence deadline is where
+// the gate's rules end, each counted from the server's clock in the statement it rests
+// on, less that statement's round trip: while leading with the lock held, three quarters
+// of the lock grace after the last proof; otherwise the heartbeat's limits after the
+// beat's stamp (the definitive-dead cutoff while the lock is held, the stale threshold
+// without it), less half a fast interval.
+func TestLifeGateFenceDeadlineMirrorsItsRulesOnTheServersClock(t *testing.T) {
 	m, lock, hb := gateUnderTest(t)
-	now := time.Now()
-	hb.lastSent, hb.lastHolds = now, true
-	lock.change(true)
-	lock.noteProof(now, lock.claims.Add(1)) // made by hand: no server clock
-	done := lock.lead()
-	defer done()
 	if d, ok := m.fenceDeadline(); ok {
-		t.Fatalf("fence deadline %s from a proof without the server's clock; want none", d)
+		t.Fatalf("fence deadline %s before the first beat; want none", d)
 	}
 	server := time.Date(2026, time.December, 1, 12, 0, 0, 0, time.UTC)
-	lock.lastServerClock, lock.lastRoundTrip = server, 40*time.Millisecond
-	lock.noteProof(now, lock.claims.Load())
-	want := server.Add(750*time.Millisecond - 40*time.Millisecond)
-	if d, ok := m.fenceDeadline(); !ok || !d.Equal(want) {
-		t.Fatalf("fence deadline %s, %v; want %s (server clock - round trip + 3/4 of the 1 s lock grace)", d, ok, want)
-	}
-	lock.change(false) // the lock vanished; the row still says held: the proof still bounds it
-	if d, ok := m.fenceDeadline(); !ok || !d.Equal(want) {
-		t.Fatalf("lock gone, row holds: fence deadline %s, %v; want %s", d, ok, want)
-	}
-	hb.lastHolds = false // judged by the heartbeat now
-	if d, ok := m.fenceDeadline(); ok {
-		t.Fatalf("lock gone, row without it: fence deadline %s; want none", d)
-	}
+	now := time.Now()
+	hb.lastSent, hb.lastHolds, hb.lastStamp, hb.lastRoundTrip = now, true, server, 10*time.Millisecond
 	lock.change(true)
-	done()
-	if d, ok := m.fenceDeadline(); ok {
-		t.Fatalf("not leading: fence deadline %s; want none", d)
+	margin := DefaultHeartbeatInterval / 2
+	byBeat := server.Add(DefaultDefinitiveDeadCutoff - margin - 10*time.Millisecond)
+	expect := func(what string, want time.Time) {
+		t.Helper()
+		if d, ok := m.fenceDeadline(); !ok || !d.Equal(want) {
+			t.Fatalf("%s: fence deadline %s, %v; want %s", what, d, ok, want)
+		}
 	}
+	expect("lock held, not leading", byBeat)
+
+	done := lock.lead()
+	defer done()
+	lock.noteProof(now, lock.claims.Add(1)) // made by hand: no server clock
+	expect("leading on a proof without the server's clock", byBeat)
+	lock.lastServerClock, lock.lastRoundTrip = server.Add(time.Second), 40*time.Millisecond
+	lock.noteProof(now, lock.claims.Load())
+	byProof := server.Add(time.Second + 750*time.Millisecond - 40*time.Millisecond) // 3/4 of the 1 s lock grace
+	expect("leading, lock held", byProof)
+	lock.change(false)
+	expect("leading, the lock gone while the row says held", byProof)
+	hb.lastHolds = false
+	expect("the lock gone and the row without it: judged by the heartbeat",
+		server.Add(DefaultStaleThreshold-margin-10*time.Millisecond))
 }
 
 // TestLifeGateLeadWaitsForAProofOfTheSameClaim: a new leadership is trusted only once a
