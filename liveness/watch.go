@@ -2,11 +2,13 @@ package liveness
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
@@ -58,6 +60,7 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 	defer poll.Stop()
 	var last []uuid.UUID
 	first := true
+	var failing logging.Repeats
 	for {
 		rctx, cancelRead := context.WithTimeout(ctx, watchReadTimeout)
 		all, err := r.Instances(rctx, service)
@@ -66,8 +69,13 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			a.cfg.Logger.Debug("watch: cannot read the instances; retrying", "service", service, "err", err)
+			// Told once: fn is not called until a read succeeds, so the caller's set is
+			// as old as the last good read.
+			failing.Log(a.cfg.Logger, slog.LevelWarn, "read",
+				"watch: cannot read the instances; the alive set is reported again once a read succeeds",
+				"service", service, "err", logging.RedactError(err))
 		default:
+			failing.Clear(a.cfg.Logger, "watch: reading the instances again", "service", service)
 			alive := slices.DeleteFunc(all, func(s InstanceStatus) bool { return !s.Alive() })
 			ids := make([]uuid.UUID, len(alive))
 			for i, s := range alive {
