@@ -148,6 +148,10 @@ func TestFenceDeadlineRefusesALeadersWriteHeldBackPastItsStepDown(t *testing.T) 
 	}
 	writesNet.thaw() // the writes' network heals; the agent's stays cut, so nothing races them
 	held.check(t)
+	// A write sent now, with the deadline of a lease that has ended, is refused as well.
+	if tag, err := writes.Exec(ctx, guardedInsert, self.Epoch, self.FenceDeadline()); err != nil || tag.RowsAffected() != 0 {
+		t.Fatalf("a fenced insert after the step-down: %d rows, %v; want refused", tag.RowsAffected(), err)
+	}
 	agentNet.thaw()
 
 	var rows int
