@@ -116,6 +116,7 @@ type aliveLock struct {
 	proofMu sync.Mutex
 	proof   lockProof
 	proved  chan struct{}
+	lostAt  time.Time // monotonic: when setHeld last cleared Held
 	// wakeWait ends the holding state's wait, so that a proof wanted now is not made to
 	// wait for the verification interval; woken says one was wanted while no wait ran.
 	wakeMu   sync.Mutex
@@ -723,8 +724,19 @@ func (a *aliveLock) setHeld(v bool) {
 	}
 	if !v {
 		a.losses.Add(1)
+		a.proofMu.Lock()
+		a.lostAt = time.Now()
+		a.proofMu.Unlock()
 	}
 	a.change(v)
+}
+
+// lossNoticed is when the session last noticed that the lock was no longer held (zero
+// before the first loss). Safe from any goroutine.
+func (a *aliveLock) lossNoticed() time.Time {
+	a.proofMu.Lock()
+	defer a.proofMu.Unlock()
+	return a.lostAt
 }
 
 // setDuplicate records a change of Duplicate and wakes whoever waits on Changed.

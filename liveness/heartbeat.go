@@ -369,12 +369,12 @@ func (h *heartbeatWorker) succeeded(at time.Time, interval time.Duration, sent t
 	h.lastStamp, h.lastRoundTrip = at, time.Since(sent)
 }
 
-// lastStamped returns the server's stamp of the last successful beat and its round trip
-// (zero before the first), and whether it recorded the alive lock as held.
-func (h *heartbeatWorker) lastStamped() (stamp time.Time, roundTrip time.Duration, holdsLock bool) {
+// lastAnchor is the last successful beat as a statement that returned the server's
+// clock: when it was sent, its stamp and its round trip (zero before the first).
+func (h *heartbeatWorker) lastAnchor() serverAnchor {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.lastStamp, h.lastRoundTrip, h.lastHolds
+	return serverAnchor{sent: h.lastSent, server: h.lastStamp, roundTrip: h.lastRoundTrip}
 }
 
 // lastProof returns when the last successful beat was sent, by this host's monotonic

@@ -97,61 +97,108 @@ func (m *lifeMonitor) run(ctx context.Context) {
 func (m *lifeMonitor) leading() bool { return m.lockMode && m.lock.leading.Load() > 0 }
 
 func (m *lifeMonitor) evaluate(now time.Time) bool {
-	sent, rowHolds := m.heartbeat.lastProof()
-	if sent.IsZero() {
-		return false
-	}
-	age := now.Sub(sent)
-	if m.lockMode {
-		if m.lock.Held() {
-			m.lostAt = time.Time{}
-			if m.leading() {
-				if p, _ := m.lock.lastProof(); p.sent.IsZero() || now.Sub(p.sent) >= m.proofMaxAge {
-					return false
-				}
-			}
-			return age < m.dead-m.margin
+	st := m.state()
+	if st.lockLost() {
+		if m.lostAt.IsZero() {
+			m.lostAt = now
 		}
-		if rowHolds {
-			if m.lostAt.IsZero() {
-				m.lostAt = now
-			}
-			return now.Sub(m.lostAt) < m.grace/2 && age < m.dead-m.margin
-		}
+	} else {
 		m.lostAt = time.Time{}
 	}
-	return age < m.stale-m.margin
+	until, ok := m.aliveUntil(st, m.lostAt)
+	return ok && now.Before(until)
 }
 
-// fenceDeadline is when, on the server's clock, evaluate turns false as of the last beat
-// and the last proof of the lock: each rule's local age limit, counted from a statement
-// that returned the server's clock (the beat's stamp, the proof's clock_timestamp), less
-// that statement's round trip. The server's clock reads it no later than the moment the
-// rule ends here. The lock gone while the row says held counts from the last proof (the
-// rule's half grace after the loss was noticed ends about then, never earlier). ok is
-// false before the first beat, which no leader is without.
-func (m *lifeMonitor) fenceDeadline() (deadline time.Time, ok bool) {
-	bound := func(from time.Time, roundTrip, limit time.Duration) {
-		if from.IsZero() {
-			return
-		}
-		if d := from.Add(limit - roundTrip); !ok || d.Before(deadline) {
-			deadline, ok = d, true
-		}
-	}
-	stamp, beatTrip, rowHolds := m.heartbeat.lastStamped()
+// lifeState is what the rules look at, read once.
+type lifeState struct {
+	beatSent time.Time // of the last successful beat; zero before the first
+	rowHolds bool      // that beat recorded the lock as held
+	held     bool      // the lock, as its session last saw it
+	leading  bool
+	proof    lockProof
+}
+
+func (m *lifeMonitor) state() lifeState {
+	var st lifeState
+	st.beatSent, st.rowHolds = m.heartbeat.lastProof()
 	if m.lockMode {
-		if held := m.lock.Held(); held || rowHolds {
-			bound(stamp, beatTrip, m.dead-m.margin)
-			if !held || m.leading() {
-				p, _ := m.lock.lastProof()
-				bound(p.serverClock, p.roundTrip, m.proofMaxAge)
+		st.held, st.leading = m.lock.Held(), m.leading()
+		st.proof, _ = m.lock.lastProof()
+	}
+	return st
+}
+
+// lockLost: the lock is gone while the row still says it is held.
+func (st lifeState) lockLost() bool { return !st.held && st.rowHolds }
+
+// aliveUntil is the moment, on this host's clock, at which the rules stop counting the
+// instance alive given st, and lostAt when the lock is gone while the row says held
+// (when that was noticed). ok is false before the first beat: not alive at all.
+func (m *lifeMonitor) aliveUntil(st lifeState, lostAt time.Time) (until time.Time, ok bool) {
+	if st.beatSent.IsZero() {
+		return time.Time{}, false
+	}
+	if m.lockMode {
+		if st.held {
+			until = st.beatSent.Add(m.dead - m.margin)
+			if st.leading {
+				if st.proof.sent.IsZero() {
+					return time.Time{}, true
+				}
+				until = earliest(until, st.proof.sent.Add(m.proofMaxAge))
 			}
-			return deadline, ok
+			return until, true
+		}
+		if st.rowHolds {
+			return earliest(st.beatSent.Add(m.dead-m.margin), lostAt.Add(m.grace/2)), true
 		}
 	}
-	bound(stamp, beatTrip, m.stale-m.margin)
-	return deadline, ok
+	return st.beatSent.Add(m.stale - m.margin), true
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// fenceDeadline is aliveUntil on the server's clock: when, by the server's clock, the
+// rules stop counting this instance alive as of now. A local moment T becomes the
+// server's S − roundTrip + (T − sent), from the latest statement that returned the
+// server's clock S (the beat's stamp, or the lock proof's clock_timestamp) and was sent
+// at sent: the server read S after sent, so its clock reads that value no later than T.
+// The lock gone while the row says held counts from when the lock's session noticed the
+// loss, which is no later than when the rules did. ok is false without any such
+// statement (only tests make those); before the first beat the deadline is the zero
+// time, which refuses every write.
+func (m *lifeMonitor) fenceDeadline() (deadline time.Time, ok bool) {
+	st := m.state()
+	anchor := m.heartbeat.lastAnchor() // may be a beat newer than st's: it is read whole
+	if p := st.proof; !p.serverClock.IsZero() && (anchor.server.IsZero() || p.sent.After(anchor.sent)) {
+		anchor = serverAnchor{sent: p.sent, server: p.serverClock, roundTrip: p.roundTrip}
+	}
+	if anchor.server.IsZero() {
+		return time.Time{}, false
+	}
+	var lostAt time.Time
+	if st.lockLost() {
+		if lostAt = m.lock.lossNoticed(); lostAt.IsZero() {
+			lostAt = st.proof.sent // the lock vanished after its last proof
+		}
+	}
+	until, alive := m.aliveUntil(st, lostAt)
+	if !alive || until.IsZero() {
+		return time.Time{}, true
+	}
+	return anchor.server.Add(until.Sub(anchor.sent) - anchor.roundTrip), true
+}
+
+// serverAnchor is a statement that returned the server's clock: when it was sent (this
+// host's monotonic clock), what the server's clock read while it ran, and its round trip.
+type serverAnchor struct {
+	sent, server time.Time
+	roundTrip    time.Duration
 }
 
 // errNoLockProof: no proof that the lock is held came in time for a new leadership.

@@ -72,44 +72,52 @@ func TestLifeGateWantsAFreshLockProofWhileLeading(t *testing.T) {
 	}
 }
 
-// TestLifeGateFenceDeadlineMirrorsItsRulesOnTheServersClock: the fence deadline is where
-// the gate's rules end, each counted from the server's clock in the statement it rests
-// on, less that statement's round trip: while leading with the lock held, three quarters
-// of the lock grace after the last proof; otherwise the heartbeat's limits after the
-// beat's stamp (the definitive-dead cutoff while the lock is held, the stale threshold
-// without it), less half a fast interval.
+// TestLifeGateFenceDeadlineMirrorsItsRulesOnTheServersClock: the fence deadline is the
+// moment the gate's rules end, carried over to the server's clock through the latest
+// statement that returned it (S − round trip + (T − sent)): the beat's stamp, or a later
+// proof of the lock. Each rule: three quarters of the lock grace after the last proof
+// while leading; half the grace after the loss was noticed while the row still says the
+// lock is held; the heartbeat's limits less half a fast interval otherwise.
 func TestLifeGateFenceDeadlineMirrorsItsRulesOnTheServersClock(t *testing.T) {
 	m, lock, hb := gateUnderTest(t)
 	if d, ok := m.fenceDeadline(); ok {
-		t.Fatalf("fence deadline %s before the first beat; want none", d)
+		t.Fatalf("fence deadline %s before any statement returned the server's clock; want none", d)
 	}
 	server := time.Date(2026, time.December, 1, 12, 0, 0, 0, time.UTC)
 	now := time.Now()
 	hb.lastSent, hb.lastHolds, hb.lastStamp, hb.lastRoundTrip = now, true, server, 10*time.Millisecond
 	lock.change(true)
 	margin := DefaultHeartbeatInterval / 2
-	byBeat := server.Add(DefaultDefinitiveDeadCutoff - margin - 10*time.Millisecond)
 	expect := func(what string, want time.Time) {
 		t.Helper()
 		if d, ok := m.fenceDeadline(); !ok || !d.Equal(want) {
 			t.Fatalf("%s: fence deadline %s, %v; want %s", what, d, ok, want)
 		}
 	}
-	expect("lock held, not leading", byBeat)
+	byBeat := func(after time.Duration) time.Time { return server.Add(after - 10*time.Millisecond) }
+	expect("lock held, not leading", byBeat(DefaultDefinitiveDeadCutoff-margin))
 
 	done := lock.lead()
 	defer done()
-	lock.noteProof(now, lock.claims.Add(1)) // made by hand: no server clock
-	expect("leading on a proof without the server's clock", byBeat)
+	expect("leading without a proof", time.Time{})
+	lock.noteProof(now, lock.claims.Add(1)) // made by hand: no server clock, so the beat carries it over
+	expect("leading on a proof of the beat's moment", byBeat(750*time.Millisecond))
+
+	// A later proof that returned the server's clock carries the rules over instead.
 	lock.lastServerClock, lock.lastRoundTrip = server.Add(time.Second), 40*time.Millisecond
-	lock.noteProof(now, lock.claims.Load())
-	byProof := server.Add(time.Second + 750*time.Millisecond - 40*time.Millisecond) // 3/4 of the 1 s lock grace
-	expect("leading, lock held", byProof)
-	lock.change(false)
-	expect("leading, the lock gone while the row says held", byProof)
+	lock.noteProof(now.Add(5*time.Millisecond), lock.claims.Load())
+	byProof := func(after time.Duration) time.Time { return server.Add(time.Second - 40*time.Millisecond + after) }
+	expect("leading, lock held", byProof(750*time.Millisecond))
+
+	lock.change(false) // gone, the loss not recorded: counted from the last proof
+	expect("the lock gone while the row says held, loss not noticed", byProof(500*time.Millisecond))
+	lock.proofMu.Lock()
+	lock.lostAt = now.Add(105 * time.Millisecond)
+	lock.proofMu.Unlock()
+	expect("the lock gone while the row says held", byProof(100*time.Millisecond+500*time.Millisecond))
 	hb.lastHolds = false
 	expect("the lock gone and the row without it: judged by the heartbeat",
-		server.Add(DefaultStaleThreshold-margin-10*time.Millisecond))
+		byProof(DefaultStaleThreshold-margin-5*time.Millisecond))
 }
 
 // TestLifeGateLeadWaitsForAProofOfTheSameClaim: a new leadership is trusted only once a
