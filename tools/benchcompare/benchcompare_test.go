@@ -6,9 +6,9 @@ import (
 	"time"
 )
 
-// The comparison itself needs postgres_exporter and runs only in make bench-compare
-// (compare_test.go, build tag benchcompare). These tests keep the parts that need
-// neither exporter honest, so they cannot rot in between.
+// The timed comparison runs only in make bench-compare (compare_test.go, build tag
+// benchcompare); its value check runs in make test at a small scale (values_test.go).
+// These tests keep the parts that need neither exporter honest.
 
 func TestSamplesMapNamesAndDropTheirServerLabel(t *testing.T) {
 	ours, err := Samples(strings.NewReader(`# TYPE pg_liveness_backends gauge
@@ -97,5 +97,17 @@ func TestSectionRatiosAndRewrite(t *testing.T) {
 	if strings.Count(again, BeginMarker) != 1 || !strings.Contains(again, "2026-12-02") ||
 		strings.Contains(again, "2026-12-01") || !strings.HasSuffix(again, "\n## Later\n") {
 		t.Fatalf("second rewrite:\n%s", again)
+	}
+}
+
+func TestDiffBetweenTakesCountersThatMovedWithin(t *testing.T) {
+	const k = `pg_liveness_statement_calls_total{statement="instances"}`
+	before, after := map[string]float64{k: 5}, map[string]float64{k: 7}
+	if same, diffs := DiffBetween(before, map[string]float64{k: 6}, after); same != 1 || len(diffs) != 0 {
+		t.Errorf("6 within 5 and 7: same %d, diffs %q", same, diffs)
+	}
+	want := k + ": ours 5 then 7, theirs 8"
+	if same, diffs := DiffBetween(before, map[string]float64{k: 8}, after); same != 0 || len(diffs) != 1 || diffs[0] != want {
+		t.Errorf("8 beyond 7: same %d, diffs %q; want %q", same, diffs, want)
 	}
 }

@@ -5,14 +5,10 @@ package benchcompare
 import (
 	"flag"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 )
 
 var (
@@ -22,12 +18,10 @@ var (
 	runs    = flag.Int("compare.runs", 2, "runs per scale")
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
-
 // TestBenchCompare is make bench-compare: it builds the binary, compares it with
 // postgres_exporter at each scale and, with -compare.report, rewrites the table.
 func TestBenchCompare(t *testing.T) {
-	cfg := Config{Scrapes: *scrapes, Runs: *runs, OurBin: filepath.Join(t.TempDir(), "pg_liveness_exporter")}
+	cfg := Config{Scrapes: *scrapes, Runs: *runs}
 	for _, s := range strings.Split(*scales, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 100 {
@@ -35,13 +29,7 @@ func TestBenchCompare(t *testing.T) {
 		}
 		cfg.Scales = append(cfg.Scales, n)
 	}
-	// Built as the Dockerfile builds what ships: static, without cgo.
-	build := exec.Command("go", "build", "-trimpath", "-o", cfg.OurBin, ".")
-	build.Dir = "../.."
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	cfg.OurBin = BuildOurs(t, "../..")
 	results := Compare(t, cfg)
 	section := Section(results, cfg, time.Now(), Machine())
 	t.Logf("\n%s", section)
