@@ -145,9 +145,10 @@ type Leases struct {
 }
 
 type leaseCounts struct {
-	held   int
-	epochs map[int64]int // epochs held now, with how many acquisitions hold each
-	lost   map[LostReason]uint64
+	held    int
+	epochs  map[int64]int // epochs held now, with how many acquisitions hold each
+	lost    map[LostReason]uint64
+	refused uint64 // fenced writes refused (noteRefused)
 }
 
 // NewLeases checks cfg and returns a Leases; errors are *ConfigError.
@@ -427,10 +428,15 @@ func (le *Lease) Err() error {
 // statement's. tx must be on the leases' database. Keep fenced transactions short: the
 // row lock holds back this lease's renewals too.
 //
-// The deadline is checked when the fence runs, not at COMMIT: a COMMIT held back by the
-// network still lands late. A write that must never land after this process was told it
-// lost the lease carries the deadline in its own statement (FenceDeadline), and runs
-// alone, outside an explicit transaction, so that its commit is the server's next step.
+// The deadline is checked when the fence runs, and again at COMMIT (a deferred check the
+// fence queues, migration 0009): a COMMIT that reaches the server past FenceDeadline as
+// of the fence, held back by the network say, fails with SQLSTATE SQLStateCommitLate
+// and rolls tx back, even when Fence's error was ignored. That deadline is fixed when
+// Fence runs, so tx must commit within the horizon FenceDeadline states; BeginTx,
+// BeginFunc and Exec carry a fresh one with their COMMIT instead, take their connection
+// before reading it, and say a refusal with a *FencedError: prefer them. Setting the
+// constraints IMMEDIATE (SET CONSTRAINTS ALL IMMEDIATE) in tx moves the check from COMMIT
+// to that statement, which defeats it.
 //
 // lease_is_held looks only at the row's epoch and expiry, not at the holder's life: while
 // the holder is dead by the verdict but nobody has taken the lease yet, a write fenced
@@ -438,6 +444,7 @@ func (le *Lease) Err() error {
 // the takeover waits for the fenced transaction.
 func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
 	if cause := le.Err(); cause != nil {
+		le.leases.noteRefused(&FencedError{Lease: le.Name, Epoch: le.Epoch, Err: cause})
 		return le.notHeld(cause)
 	}
 	deadline, late := le.fenceDeadline()
@@ -454,6 +461,7 @@ func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
 		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: late})
 	}
 	if cause := le.Err(); cause != nil { // it ended, here or while the statement ran
+		le.leases.noteRefused(&FencedError{Lease: le.Name, Epoch: le.Epoch, Err: cause})
 		return le.notHeld(cause)
 	}
 	return nil
@@ -471,12 +479,24 @@ func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
 // what was in flight) would otherwise be accepted after this process was told it lost
 // the lease, as long as nobody has taken the lease meanwhile.
 //
-// Fence passes it itself. A write fenced in SQL passes it in the writing statement:
+// How far ahead it is: for a healthy leader of an Agent, half to three quarters of the
+// lock grace (0.5 to 0.75 s at the default 1 s), less the last proof's round trip. The
+// lock is proved every quarter grace, and the deadline is three quarters after the last
+// proof was sent: the fleet may call the instance dead one grace after its lock vanished
+// unseen, which may happen just after that proof, and the last quarter is the job's time
+// to notice its cancelled context. Without an Agent, the trust window's end: ttl − margin
+// after the last renewal was sent, renewed every ttl/4. It cannot lie further ahead
+// without accepting writes after this process stopped trusting the lease.
 //
-//	INSERT ... WHERE liveness.lease_is_held($1, $2) AND clock_timestamp() < $3
+// Only the time a fence or a COMMIT takes to reach the server counts against it when it
+// is read just before each is sent, which Exec, BeginTx and BeginFunc do: they take their
+// connection first, read the deadline for the fence, and read it again for the COMMIT. A
+// deadline read before waiting for a connection, or a transaction's statements that wait
+// for row locks after Fence, spend the horizon: a healthy leader's slow write is refused.
 //
-// with Name, Epoch and FenceDeadline(). It moves with every renewal, proof and beat: take
-// it for each write. Once the lease has ended it is the zero time, which refuses every write.
+// Fence, Exec, BeginTx and BeginFunc pass it themselves; hand-written fence SQL is not
+// needed. It moves with every renewal, proof and beat: take it for each write. Once the
+// lease has ended it is the zero time, which refuses every write.
 func (le *Lease) FenceDeadline() time.Time {
 	deadline, _ := le.fenceDeadline()
 	return deadline
@@ -773,7 +793,7 @@ func (l *Leases) Stats() []LeaseStats {
 		for e := range c.epochs {
 			epoch = max(epoch, e)
 		}
-		out = append(out, LeaseStats{Name: name, Held: c.held > 0, Epoch: epoch, Lost: lost})
+		out = append(out, LeaseStats{Name: name, Held: c.held > 0, Epoch: epoch, Lost: lost, FencedRefused: c.refused})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
@@ -783,6 +803,10 @@ func (l *Leases) Stats() []LeaseStats {
 // schema, once, when the Leases are built.
 type leaseStatements struct {
 	acquire, renew, release, abandon, leader, fence, detach string
+	// fenceStrict is Exec's and BeginTx's fence; fenceCommit[0] + the deadline literal +
+	// fenceCommit[1] + "; COMMIT" is their COMMIT (lease_fence_commit, its $1 inlined).
+	fenceStrict string
+	fenceCommit [2]string
 }
 
 func newLeaseStatements(schema string) leaseStatements {
@@ -794,5 +818,8 @@ func newLeaseStatements(schema string) leaseStatements {
 		leader:  store.LeaseLeader.In(schema).SQL,
 		fence:   store.LeaseFence.In(schema).SQL,
 		detach:  store.LeaseDetach.In(schema).SQL,
+
+		fenceStrict: store.LeaseFenceStrict.In(schema).SQL,
+		fenceCommit: splitParam(store.LeaseFenceCommit.In(schema).SQL),
 	}
 }

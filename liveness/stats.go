@@ -48,6 +48,12 @@ type LeaseStats struct {
 	// process that still believes it leads after someone else took over.
 	Epoch int64
 	Lost  map[LostReason]uint64 // leases lost, by reason
+	// FencedRefused counts the writes fenced under this lease that were refused, by
+	// Exec, BeginTx, BeginFunc and Fence: the lease was not held, or the fence or the
+	// COMMIT reached the server past its deadline (FenceDeadline). A COMMIT sent by the
+	// caller itself (after Fence, on its own transaction) is refused by the server
+	// without this process seeing why, and is not counted.
+	FencedRefused uint64
 }
 
 // AgentSnapshot is everything an exporter reports about the local agent.

@@ -32,7 +32,7 @@ func rendered(t *testing.T) map[string][]Query {
 	for _, st := range []Statement{AliveLockClaim, AliveLockVerify, Heartbeat, HeartbeatDelete, Cleanup,
 		WatchAliveLocks, NotifyDeadInstances, EventsListen,
 		LeaseAcquire, LeaseRenew, LeaseRelease, LeaseAbandon, LeaseDetach, LeaseLeader, LeaseFence,
-		SchemaState, SchemaMigrations, SchemaVersion,
+		LeaseFenceStrict, LeaseFenceCommit, SchemaState, SchemaMigrations, SchemaVersion,
 		MigrateLock, MigrateSchema, MigrateBookkeeping, MigrateApplied, MigrateSearchPath, MigrateRecord,
 		StatStatementsSchema, StatStatements, StatStatementsTexts,
 		DiscoverDatabases, DiscoverSource, ServerAdvisoryLocks} {

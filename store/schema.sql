@@ -1,4 +1,4 @@
--- The schema as it stands after the last migration, 0008_verdict_of_given_locks: every table, sequence,
+-- The schema as it stands after the last migration, 0009_fence_at_commit: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (store/migrations/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
@@ -19,6 +19,13 @@ CREATE TABLE liveness.alive_lock_absences (
     missing_since timestamp with time zone NOT NULL,
     server_started_at timestamp with time zone NOT NULL,
     CONSTRAINT alive_lock_absences_pkey PRIMARY KEY (instance_id)
+);
+
+CREATE TABLE liveness.fence_checks (
+    lease_name text NOT NULL,
+    epoch bigint NOT NULL,
+    deadline timestamp with time zone NOT NULL,
+    CONSTRAINT fence_checks_at_commit TRIGGER DEFERRABLE INITIALLY DEFERRED
 );
 
 CREATE TABLE liveness.instances (
@@ -85,6 +92,8 @@ CREATE VIEW liveness.instance_alive_locks AS
      JOIN liveness.bigint_advisory_locks l ON l.granted AND l.classid = i.lock_classid AND l.objid = i.lock_objid;
 
 -- Triggers
+
+CREATE CONSTRAINT TRIGGER fence_checks_at_commit AFTER INSERT ON liveness.fence_checks DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION liveness.fence_check_at_commit();
 
 CREATE TRIGGER instances_notify_joined AFTER INSERT ON liveness.instances FOR EACH ROW EXECUTE FUNCTION liveness.notify_instance_event();
 
@@ -160,6 +169,56 @@ DECLARE
 BEGIN
     EXECUTE pg_catalog.format('LISTEN %I', v_channel);
     RETURN v_channel;
+END
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.fence(p_name text, p_epoch bigint, p_deadline timestamp with time zone, p_raise boolean DEFAULT false)
+ RETURNS TABLE(held boolean, in_time boolean)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_row tid;
+BEGIN
+    held := coalesce(lease_is_held(p_name, p_epoch), false);
+    in_time := pg_catalog.clock_timestamp() < p_deadline;
+    IF p_raise AND NOT held THEN
+        RAISE EXCEPTION 'liveness: lease % is not held under epoch %', p_name, p_epoch USING ERRCODE = 'LVF01';
+    END IF;
+    IF p_raise AND NOT coalesce(in_time, false) THEN
+        RAISE EXCEPTION 'liveness: fence of lease % (epoch %) came past its deadline %', p_name, p_epoch, p_deadline
+              USING ERRCODE = 'LVF02';
+    END IF;
+    INSERT INTO fence_checks (lease_name, epoch, deadline)
+         VALUES (p_name, p_epoch, CASE WHEN held THEN coalesce(p_deadline, '-infinity') ELSE '-infinity' END)
+      RETURNING ctid INTO v_row;
+    -- The check stays queued; the row has done its part. By ctid: a tid scan, however
+    -- many dead rows other fences left for vacuum.
+    DELETE FROM fence_checks f WHERE f.ctid = v_row;
+    RETURN NEXT;
+END
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.fence_check_at_commit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_set      text := pg_catalog.current_setting('pg_liveness.commit_deadline', true);
+    v_deadline timestamptz := NEW.deadline;
+BEGIN
+    IF v_set IS NOT NULL AND pg_catalog.split_part(v_set, ':', 1) = NEW.epoch::text THEN
+        v_deadline := timestamptz 'epoch' + pg_catalog.split_part(v_set, ':', 2)::bigint * interval '1 microsecond';
+    END IF;
+    IF pg_catalog.clock_timestamp() >= v_deadline THEN
+        RAISE EXCEPTION 'liveness: fenced transaction of lease % (epoch %) refused at commit: past its fence deadline %',
+                        NEW.lease_name, NEW.epoch, v_deadline
+              USING ERRCODE = 'LVF03';
+    END IF;
+    RETURN NULL;
 END
 $function$
 ;

@@ -62,6 +62,10 @@ var (
 	LeaseDetach  = Statement{"lease_detach"}
 	LeaseLeader  = Statement{"lease_leader"}
 	LeaseFence   = Statement{"lease_fence"}
+	// Lease.Exec's and Lease.BeginTx's fence, which fails rather than answers, and what
+	// their COMMIT carries (the deadline as of then), sent in one simple query with it.
+	LeaseFenceStrict = Statement{"lease_fence_strict"}
+	LeaseFenceCommit = Statement{"lease_fence_commit"}
 
 	// Where a schema stands (package migrations, and an Agent before it runs).
 	SchemaState      = Statement{"schema_state"}
@@ -128,6 +132,7 @@ var handles = []string{
 	AliveLockClaim.name, AliveLockVerify.name, Heartbeat.name, HeartbeatDelete.name, Cleanup.name,
 	WatchAliveLocks.name, NotifyDeadInstances.name, EventsListen.name,
 	LeaseAcquire.name, LeaseRenew.name, LeaseRelease.name, LeaseAbandon.name, LeaseDetach.name, LeaseLeader.name, LeaseFence.name,
+	LeaseFenceStrict.name, LeaseFenceCommit.name,
 	SchemaState.name, SchemaMigrations.name, SchemaVersion.name,
 	MigrateLock.name, MigrateSchema.name, MigrateBookkeeping.name, MigrateApplied.name, MigrateSearchPath.name, MigrateRecord.name,
 	StatStatementsSchema.name, StatStatements.name, StatStatementsTexts.name,

@@ -70,11 +70,29 @@ SELECT l.holder_instance_id, coalesce(l.holder_host, '') AS holder_host, l.epoch
   FROM {schema}.leases l WHERE l.name = $1
 
 -- name: lease_fence
--- A leader's fence, inside the transaction of the writes it guards: lease_is_held locks
--- the lease row FOR SHARE until that transaction ends, so no takeover commits in between.
--- The deadline is the leader's own (Lease.FenceDeadline, on this server's clock): a fence
--- that reaches the server after its sender was told it lost the lease (held back by the
--- network, say) is refused, even while nobody has taken the lease yet.
+-- A leader's fence, inside the transaction of the writes it guards (Lease.Fence):
+-- lease_is_held locks the lease row FOR SHARE until that transaction ends, so no takeover
+-- commits in between. The deadline is the leader's own (Lease.FenceDeadline, on this
+-- server's clock): a fence that reaches the server after its sender was told it lost the
+-- lease (held back by the network, say) is refused, even while nobody has taken the lease
+-- yet; and so is the transaction's COMMIT when it reaches the server past that deadline
+-- (migration 0009's check at commit, queued by the fence whatever it answers).
 -- $1 name, $2 epoch, $3 the fence deadline. Returns whether the lease is held under that
 -- epoch, and whether the server's clock is still before the deadline.
-SELECT {schema}.lease_is_held($1, $2), pg_catalog.clock_timestamp() < $3::timestamptz
+SELECT f.held, f.in_time FROM {schema}.fence($1, $2, $3) f
+
+-- name: lease_fence_strict tag=lease_fence
+-- The fence of Lease.Exec and Lease.BeginTx: the same, but a refusal is an error, so that
+-- the writes sent after it in the same pipeline never run: SQLSTATE LVF01 when the lease
+-- is not held under the epoch, LVF02 when the fence came past its deadline.
+-- $1 name, $2 epoch, $3 the fence deadline.
+SELECT f.held FROM {schema}.fence($1, $2, $3, true) f
+
+-- name: lease_fence_commit tag=lease_fence
+-- Sent with the COMMIT of a transaction of Lease.Exec or Lease.BeginTx, in one simple
+-- query ("...; COMMIT"), with the deadline read just before it: the check at commit then
+-- holds the COMMIT to the deadline as of when it was sent, so that the time the
+-- transaction's own statements took (a row lock's wait, say) does not count. Transaction
+-- local: it ends with the transaction. $1, inlined as a literal of digits, a colon and a
+-- minus sign only: '<epoch>:<the deadline in Unix microseconds>'.
+SELECT pg_catalog.set_config('pg_liveness.commit_deadline', $1, true)

@@ -1,0 +1,322 @@
+package liveness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
+)
+
+// ErrFenced matches (errors.Is) every *FencedError: a fenced write that was refused, of
+// which nothing committed.
+var ErrFenced = errors.New("liveness: fenced write refused")
+
+// SQLStateCommitLate is the SQLSTATE of a COMMIT that the server refused because it
+// came past the deadline of a fence in its transaction (migration 0009's check at
+// commit): what a transaction committed by its own caller after Lease.Fence gets, as a
+// *pgconn.PgError. The transaction is rolled back. Lease.BeginTx's Commit returns a
+// *FencedError instead.
+const SQLStateCommitLate = "LVF03"
+
+// The SQLSTATEs of a refused strict fence (lease_fence_strict): the lease is not held
+// under the epoch; the fence reached the server past its deadline.
+const (
+	sqlStateNotHeld   = "LVF01"
+	sqlStateFenceLate = "LVF02"
+)
+
+// fenceEndTimeout bounds the ROLLBACK sent after a refusal, which runs even when the
+// caller's context has ended: the connection goes back to its pool only once it has.
+const fenceEndTimeout = 5 * time.Second
+
+// FencedError is a write fenced under a lease (Lease.Exec, Lease.BeginTx, Lease.BeginFunc
+// and their Leadership forms) that was refused: nothing of it committed.
+type FencedError struct {
+	Lease string
+	Epoch int64
+	// Held is true when this process still held the lease as the write was refused: the
+	// fence or the COMMIT reached the server past its deadline (a network that held it
+	// back, a pause), not a lost lease; the next write, with a new deadline, may pass.
+	// False when the lease has ended (Lease.Err says why); the error is then errors.Is
+	// ErrLeaseLost as well.
+	Held bool
+	// AtCommit is true when the statements ran and the COMMIT was refused, rolling them
+	// back.
+	AtCommit bool
+	// Err is the server's error, or why the lease ended when nothing was sent.
+	Err error
+}
+
+func (e *FencedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "liveness: write fenced under lease %q (epoch %d) refused", e.Lease, e.Epoch)
+	if e.AtCommit {
+		b.WriteString(" at commit")
+	}
+	if e.Held {
+		b.WriteString(", past its deadline while the lease is still held")
+	} else {
+		b.WriteString(": the lease is not held")
+	}
+	if e.Err != nil {
+		b.WriteString(": " + e.Err.Error())
+	}
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrFenced) true, and errors.Is(err, ErrLeaseLost) too when the
+// lease is no longer held.
+func (e *FencedError) Is(target error) bool {
+	return target == ErrFenced || (target == ErrLeaseLost && !e.Held)
+}
+
+func (e *FencedError) Unwrap() error { return e.Err }
+
+// Exec runs sql with args as one fenced transaction under this lease: the fence and the
+// statement go in one round trip, the COMMIT in a second. It returns the statement's
+// command tag, or a *FencedError (errors.Is ErrFenced) when the write was refused: the
+// lease is not held under Epoch, or the fence or the COMMIT reached the server past the
+// lease's deadline (FenceDeadline). A refused write never commits, so a write is either
+// counted under this epoch, committed before any later holder's first, or an error.
+//
+// The connection is taken from db first and the deadline read after, so a wait for a
+// connection never counts against it; the COMMIT carries the deadline as of when it is
+// sent, so neither does the time the statement took (a row lock's wait, a slow plan).
+// Only the time the COMMIT itself takes to reach the server does: it is refused when
+// that is past the moment this process would stop trusting the lease, by FenceDeadline's
+// rule (half to three quarters of the lock grace ahead for a healthy leader of an Agent).
+//
+// sql must be a single statement without transaction control. db must be a pool on the
+// leases' database and schema.
+func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ...any) (pgconn.CommandTag, error) {
+	if cause := le.Err(); cause != nil {
+		return pgconn.CommandTag{}, le.refused(false, cause)
+	}
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, fmt.Errorf("liveness: fenced write under lease %q: %w", le.Name, logging.RedactError(err))
+	}
+	defer conn.Release()
+	deadline, _ := le.fenceDeadline() // after the wait for the connection: it does not count
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(le.leases.stmts.fenceStrict, le.Name, le.Epoch, deadline)
+	b.Queue(sql, args...)
+	br := conn.SendBatch(ctx, b)
+	var tag pgconn.CommandTag
+	_, err = br.Exec()
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil { // Close repeats the first error
+		err = cerr
+	}
+	if err != nil {
+		endTx(ctx, conn.Conn())
+		return pgconn.CommandTag{}, le.fenceFailed(err)
+	}
+	if err := le.commit(ctx, conn.Conn()); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return tag, nil
+}
+
+// BeginTx begins a transaction on a connection of its own from db, fenced under this
+// lease: its fence runs first, and its Commit is refused unless it reaches the server
+// before the lease's deadline as of when Commit is called. Errors are as Exec's: a
+// *FencedError when the fence or the COMMIT is refused. The connection goes back to db
+// at Commit or Rollback: call one of them. Keep the transaction short: the fence holds
+// the lease row FOR SHARE until it ends, which holds back this lease's renewals too.
+//
+// The returned transaction's Commit is the only COMMIT that carries a fresh deadline:
+// do not commit it with SQL of your own.
+func (le *Lease) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptions) (pgx.Tx, error) {
+	if cause := le.Err(); cause != nil {
+		return nil, le.refused(false, cause)
+	}
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("liveness: fenced transaction under lease %q: %w", le.Name, logging.RedactError(err))
+	}
+	tx, err := conn.BeginTx(ctx, opts)
+	if err != nil {
+		conn.Release()
+		return nil, fmt.Errorf("liveness: fenced transaction under lease %q: %w", le.Name, logging.RedactError(err))
+	}
+	deadline, _ := le.fenceDeadline()
+	var held bool
+	if err := tx.QueryRow(ctx, le.leases.stmts.fenceStrict, le.Name, le.Epoch, deadline).Scan(&held); err != nil {
+		endTx(ctx, conn.Conn())
+		conn.Release()
+		return nil, le.fenceFailed(err)
+	}
+	return &fencedTx{Tx: tx, lease: le, conn: conn}, nil
+}
+
+// BeginFunc runs fn in a transaction of BeginTx and commits it when fn returns nil, or
+// rolls it back. The error is fn's, or BeginTx's or Commit's (a *FencedError when the
+// write was refused).
+func (le *Lease) BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	tx, err := le.BeginTx(ctx, db, pgx.TxOptions{})
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fenceEndTimeout)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// Exec is Lease.Exec under the leadership's lease.
+func (l Leadership) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ...any) (pgconn.CommandTag, error) {
+	if l.lease == nil {
+		return pgconn.CommandTag{}, errNoCampaign(l)
+	}
+	return l.lease.Exec(ctx, db, sql, args...)
+}
+
+// BeginTx is Lease.BeginTx under the leadership's lease.
+func (l Leadership) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptions) (pgx.Tx, error) {
+	if l.lease == nil {
+		return nil, errNoCampaign(l)
+	}
+	return l.lease.BeginTx(ctx, db, opts)
+}
+
+// BeginFunc is Lease.BeginFunc under the leadership's lease.
+func (l Leadership) BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	if l.lease == nil {
+		return errNoCampaign(l)
+	}
+	return l.lease.BeginFunc(ctx, db, fn)
+}
+
+func errNoCampaign(l Leadership) error {
+	return &FencedError{Lease: l.Lease, Epoch: l.Epoch, Err: errors.New("a Leadership that no campaign gave out holds no lease")}
+}
+
+// fencedTx is BeginTx's transaction: its COMMIT carries the deadline as of when it is
+// sent, and it gives its connection back when it ends.
+type fencedTx struct {
+	pgx.Tx
+	lease *Lease
+	conn  *pgxpool.Conn
+	done  bool
+}
+
+func (t *fencedTx) Commit(ctx context.Context) error {
+	if t.done {
+		return pgx.ErrTxClosed
+	}
+	t.done = true
+	defer t.conn.Release()
+	return t.lease.commit(ctx, t.conn.Conn())
+}
+
+func (t *fencedTx) Rollback(ctx context.Context) error {
+	if t.done {
+		return pgx.ErrTxClosed
+	}
+	t.done = true
+	defer t.conn.Release()
+	return t.Tx.Rollback(ctx)
+}
+
+// commit sends the COMMIT of a fenced transaction on conn, with the deadline as of now
+// in the same simple query: the check at commit (migration 0009) holds it to that one.
+// A lease that has ended sends the zero time, which refuses it.
+func (le *Lease) commit(ctx context.Context, conn *pgx.Conn) error {
+	sql := "COMMIT" // a failed transaction's COMMIT rolls it back, and nothing may run before it
+	if conn.PgConn().TxStatus() != 'E' {
+		deadline, _ := le.fenceDeadline()
+		q := le.leases.stmts.fenceCommit
+		// Digits, a colon and a minus sign only: nothing to quote.
+		lit := "'" + strconv.FormatInt(le.Epoch, 10) + ":" + strconv.FormatInt(deadline.UnixMicro(), 10) + "'"
+		sql = q[0] + lit + q[1] + "; COMMIT"
+	}
+	tag, err := conn.Exec(ctx, sql)
+	if err != nil {
+		endTx(ctx, conn)
+		return le.fenceFailed(err)
+	}
+	if tag.String() == "ROLLBACK" { // the transaction had failed before its COMMIT
+		return pgx.ErrTxCommitRollback
+	}
+	return nil
+}
+
+// endTx rolls back what is left of a transaction on conn after an error, or closes conn
+// when that fails, so that the pool never gets a connection inside a transaction back.
+func endTx(ctx context.Context, conn *pgx.Conn) {
+	if conn.IsClosed() || conn.PgConn().TxStatus() == 'I' {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fenceEndTimeout)
+	defer cancel()
+	if _, err := conn.Exec(rctx, "ROLLBACK"); err != nil {
+		_ = conn.Close(rctx)
+	}
+}
+
+// fenceFailed turns a fenced write's error into a *FencedError when the fence refused it,
+// and ends the lease when the fence found it not held.
+func (le *Lease) fenceFailed(err error) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		switch pg.Code {
+		case sqlStateNotHeld:
+			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostTaken})
+			return le.refused(false, err)
+		case sqlStateFenceLate:
+			return le.refused(false, err)
+		case SQLStateCommitLate:
+			return le.refused(true, err)
+		}
+	}
+	return fmt.Errorf("liveness: fenced write under lease %q: %w", le.Name, logging.RedactError(err))
+}
+
+// refused counts a refused write and returns its error.
+func (le *Lease) refused(atCommit bool, err error) error {
+	fe := &FencedError{Lease: le.Name, Epoch: le.Epoch, Held: le.Err() == nil, AtCommit: atCommit, Err: logging.RedactError(err)}
+	le.leases.noteRefused(fe)
+	return fe
+}
+
+// noteRefused counts a refused write, and logs the first one of each lease name at
+// warning level: a healthy leader should see none, so the first says that writes are
+// being dropped (by the lease's end, or by a network slower than the deadline allows).
+func (l *Leases) noteRefused(fe *FencedError) {
+	l.mu.Lock()
+	c := l.counts(fe.Lease)
+	c.refused++
+	first := c.refused == 1
+	l.mu.Unlock()
+	if first {
+		l.log.Warn("fenced write refused (logged once per lease; see the lease's refused count)",
+			"lease", fe.Lease, "epoch", fe.Epoch, "held", fe.Held, "at_commit", fe.AtCommit, "err", fe.Err)
+	}
+}
+
+// splitParam splits a statement around its one $1.
+func splitParam(sql string) [2]string {
+	before, after, ok := strings.Cut(sql, "$1")
+	if !ok || strings.Contains(after, "$1") {
+		panic("liveness: statement without exactly one $1: " + sql)
+	}
+	return [2]string{before, after}
+}
