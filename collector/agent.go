@@ -32,6 +32,7 @@ type agentCollector struct {
 
 	info, lockHeld, interval, configured, beats, failures, lastBeat, reconnects *exposition.Family
 	leaseHeld, leaseEpoch, leasesLost, reaped, joined, duplicate                *exposition.Family
+	fencedRefused                                                               *exposition.Family
 }
 
 // newAgentCollector builds the agent collector, or none without an agent.
@@ -68,6 +69,8 @@ func newAgentCollector(d deps) (Collector, error) {
 			"A value that differs from the lease row's pg_liveness_lease_epoch is a process that still believes it leads.", "lease"),
 		leasesLost: count("leases_lost_total", "Leases the agent lost, by reason: expired, taken or error.", "lease", "reason"),
 		reaped:     count("instances_reaped_total", "Stale instances removed by the agent's reaper."),
+		fencedRefused: count("lease_fenced_writes_refused_total", "Writes fenced under the lease that were refused: the lease "+
+			"was not held, or the fence or its COMMIT reached the server past the fence deadline.", "lease"),
 	}, nil
 }
 
@@ -97,6 +100,7 @@ func (c *agentCollector) Update(_ context.Context, out *exposition.Builder) erro
 		for _, r := range lostReasons {
 			counter(c.leasesLost, l.Lost[r], l.Name, string(r))
 		}
+		counter(c.fencedRefused, l.FencedRefused, l.Name)
 	}
 	counter(c.reaped, s.Reaped)
 	return nil

@@ -158,7 +158,8 @@ var testAgent = fixedAgent{
 	Heartbeat: liveness.HeartbeatStats{Interval: time.Minute, Beats: 42, Failures: 3,
 		LastBeat: time.Unix(1_800_000_000, 500_000_000)},
 	Leases: []liveness.LeaseStats{
-		{Name: "pg_liveness_reaper", Held: true, Epoch: 7, Lost: map[liveness.LostReason]uint64{liveness.LostTaken: 2}},
+		{Name: "pg_liveness_reaper", Held: true, Epoch: 7, Lost: map[liveness.LostReason]uint64{liveness.LostTaken: 2},
+			FencedRefused: 1},
 	},
 	Reaped: 7,
 }
