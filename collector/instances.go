@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -198,8 +197,9 @@ func (c *instancesCollector) update(ctx context.Context, out *exposition.Builder
 	}
 	defer rows.Close()
 	var services []serviceRow
+	var sc rowScanner[store.InstancesRow]
 	for rows.Next() {
-		r, err := pgx.RowToStructByName[store.InstancesRow](rows)
+		r, err := sc.scan(rows)
 		if err != nil {
 			return err
 		}

@@ -10,7 +10,6 @@ import (
 	"sync"
 
 	"github.com/alecthomas/kingpin/v2"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -192,10 +191,13 @@ func (c *leasesCollector) read(ctx context.Context, sql string, out *exposition.
 	}
 	defer rows.Close()
 	seen := map[string]bool{}
+	var sc rowScanner[store.LeasesRow]
 	for rows.Next() {
-		if r, err = pgx.RowToStructByName[store.LeasesRow](rows); err != nil {
+		row, err := sc.scan(rows)
+		if err != nil {
 			return r, nil, err
 		}
+		r = *row
 		if r.Folded.Valid { // the summary, last
 			continue
 		}
