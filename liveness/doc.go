@@ -146,29 +146,35 @@
 //
 // # Fencing
 //
-// A write that must never come from two leaders is fenced in its own transaction:
-// Leadership.Fence (or Lease.Fence) runs lease_is_held(name, epoch) in the caller's
-// pgx.Tx. It fails, errors.Is ErrLeaseLost, once the lease is not held under this epoch,
-// and its FOR SHARE lock on the lease row holds any takeover back until the transaction
+// A write that must never come from two leaders is fenced: Leadership.Exec runs one
+// statement, Leadership.BeginTx and BeginFunc a transaction (Lease has the same three).
+// The fence, sent first in the writing transaction, runs lease_is_held(name, epoch),
+// whose FOR SHARE lock on the lease row holds any takeover back until the transaction
 // ends, so every write accepted under one epoch commits before the next holder's first.
-// During a wind-down (the campaign over, the lease still renewed) fenced writes still
-// count. lease_is_held looks at the row's epoch and expiry only, not at the holder's
-// life: while the holder is dead by the verdict but nobody has taken the lease yet, a
-// write fenced under its epoch is still accepted; it lands before any other holder's.
-// Keep fenced transactions short: the row lock holds back the lease's own renewals too.
+// A refused write is a *FencedError (errors.Is ErrFenced), never 0 rows: its Held says
+// whether the lease is still held (the write only came too late) or lost (errors.Is
+// ErrLeaseLost too). During a wind-down (the campaign over, the lease still renewed)
+// fenced writes still count. lease_is_held looks at the row's epoch and expiry only, not
+// at the holder's life: while the holder is dead by the verdict but nobody has taken the
+// lease yet, a write fenced under its epoch is still accepted; it lands before any other
+// holder's. Keep fenced transactions short: the row lock holds back the lease's own
+// renewals too. Leadership.Fence (or Lease.Fence) fences a pgx.Tx of the caller's own.
 //
 // A fence also carries FenceDeadline: when, on the server's clock, this process stops
 // trusting the lease (the end of its trust window; under an Agent, also the moment its
 // leader steps down for want of a fresh proof of its alive lock, three quarters of the
-// lock grace after the last). It is
-// carried over from this host's clock with the server's own times and the round trips of
-// the statements that returned them, so the clocks need not agree. A fence that reaches
-// the server later (held back by a partition that heals, TCP retransmitting it) is
-// refused, although nobody has taken the lease. Fence checks it when it runs; a COMMIT
-// held back can still land late, so a write that must never land after its writer was
-// told carries the deadline in its own statement, outside an explicit transaction:
-//
-//	INSERT ... WHERE liveness.lease_is_held($1, $2) AND clock_timestamp() < $3
+// lock grace after the last). It is carried over from this host's clock with the
+// server's own times and the round trips of the statements that returned them, so the
+// clocks need not agree. A fence, or a COMMIT, that reaches the server later (held back
+// by a partition that heals, TCP retransmitting it) is refused, although nobody has
+// taken the lease: the fence queues a check that runs at COMMIT (a deferred constraint
+// trigger) and rolls the transaction back. Exec, BeginTx and BeginFunc take their
+// connection before reading the deadline and send it again, as of then, with their
+// COMMIT, so a healthy leader's write may wait for a connection or a row lock as long as
+// it needs; only the fence's and the COMMIT's own way to the server count against the
+// deadline, which is half to three quarters of the lock grace ahead (Lease.FenceDeadline
+// says why). Refusals are counted per lease (LeaseStats.FencedRefused), and the first of
+// each lease is logged at warning level.
 //
 // # Leases without an alive lock
 //

@@ -45,7 +45,7 @@ type ElectorConfig struct {
 	//     package documentation says how long it has before another process may start.
 	//
 	// Returning on its own steps down: the lease is released and the campaign goes on.
-	// Fence the job's writes with self.Fence.
+	// Fence the job's writes with self.Exec or self.BeginFunc.
 	OnStartedLeading func(ctx context.Context, self Leadership)
 	// OnStoppedLeading runs after OnStartedLeading has returned and the lease was let go,
 	// with the reason: a *LeaseLostError (errors.Is ErrLeaseLost), ErrLeaseReleased (the
@@ -84,7 +84,9 @@ type Leadership struct {
 }
 
 // Fence makes the writes that follow it in tx count only while this leadership holds
-// its lease: see Lease.Fence. During a wind-down (the campaign ended, the lease still
+// its lease, and refuses tx's COMMIT past the deadline as of the fence: see Lease.Fence.
+// Exec, BeginTx and BeginFunc fence a transaction of their own, with a
+// fresh deadline at COMMIT. During a wind-down (the campaign ended, the lease still
 // renewed) it still succeeds; after a loss it fails with an error that is errors.Is
 // ErrLeaseLost.
 func (l Leadership) Fence(ctx context.Context, tx pgx.Tx) error {

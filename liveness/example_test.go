@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -92,8 +91,9 @@ func ExampleAgent() {
 // ExampleAgent_Elect runs a singleton job on one instance at a time. The callback runs
 // while this instance leads; its context ends when leadership is to end (the campaign
 // over, the lease lost, the instance unable to prove life), and the lease is released
-// only once it has returned. Its writes are fenced: Fence, in the writing transaction,
-// refuses them once another process could lead.
+// only once it has returned. Its writes are fenced: Exec refuses them, at the fence or
+// at COMMIT, once this process may have been told it lost the lease, before another
+// process could lead.
 func ExampleAgent_Elect() {
 	withPool(func(ctx context.Context, pool *pgxpool.Pool) error {
 		if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS alert_runs (epoch bigint, at timestamptz DEFAULT now())`); err != nil {
@@ -114,13 +114,9 @@ func ExampleAgent_Elect() {
 		err = agent.Elect(campaign, liveness.ElectorConfig{
 			Lease: "alert-evaluation",
 			OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					if err := self.Fence(ctx, tx); err != nil {
-						return err // another process may lead: write nothing
-					}
-					_, err := tx.Exec(ctx, `INSERT INTO alert_runs (epoch) VALUES ($1)`, self.Epoch)
-					return err
-				})
+				// One fenced statement; self.BeginFunc fences a transaction of several.
+				_, err := self.Exec(ctx, pool, `INSERT INTO alert_runs (epoch) VALUES ($1)`, self.Epoch)
+				// A refused write is errors.Is(err, liveness.ErrFenced), never 0 rows.
 				fmt.Println("leading; fenced write:", err)
 				endCampaign() // a real job would work until ctx ends
 				<-ctx.Done()

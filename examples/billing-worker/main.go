@@ -1,7 +1,7 @@
 // Command billing-worker is a small service built on the liveness package the way a
 // service embeds it. Run several instances against one PostgreSQL: each one joins the
 // fleet (liveness.Agent), campaigns for the singleton invoice run (Agent.Elect), fences
-// the run's ledger writes (Leadership.Fence), reads its peers (liveness.Reader), and
+// the run's ledger writes (Leadership.Exec), reads its peers (liveness.Reader), and
 // stops on SIGTERM.
 //
 // The invoice run works until its context is cancelled and then needs --wind-down to
@@ -171,13 +171,10 @@ func invoiceRun(ctx context.Context, c config, pool *pgxpool.Pool, self liveness
 func writeLedger(ctx context.Context, c config, pool *pgxpool.Pool, self liveness.Leadership, records *records, log *slog.Logger) bool {
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	err := pgx.BeginFunc(wctx, pool, func(tx pgx.Tx) error {
-		if err := self.Fence(wctx, tx); err != nil {
-			return err
-		}
-		_, err := tx.Exec(wctx, `INSERT INTO billing_ledger (epoch, instance) VALUES ($1, $2)`, self.Epoch, c.name)
-		return err
-	})
+	// Refused at the fence or at COMMIT once this run may have been told it lost its
+	// lease; a *liveness.FencedError whose Held is true only came too late (a slow
+	// network) while the lease is still held, and is not errors.Is ErrLeaseLost.
+	_, err := self.Exec(wctx, pool, `INSERT INTO billing_ledger (epoch, instance) VALUES ($1, $2)`, self.Epoch, c.name)
 	switch {
 	case errors.Is(err, liveness.ErrLeaseLost):
 		records.write("rejected", self.Epoch)
