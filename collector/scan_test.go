@@ -18,6 +18,7 @@ type scanInner struct {
 
 type scanRow struct {
 	A pgtype.Text `db:"a"`
+	C *int64      `db:"c"` // as store.StatStatementsRow's: nil for NULL
 	scanInner
 }
 
@@ -31,7 +32,7 @@ func TestRowScannerReadsAsRowToStructByName(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	const sql = `SELECT * FROM (VALUES ('x', 1::bigint), (NULL, NULL), ('z', 3)) v(a, b)`
+	const sql = `SELECT * FROM (VALUES ('x', 1::bigint, 7::bigint), (NULL, NULL, NULL), ('z', 3, 9)) v(a, b, c)`
 	want, err := pgx.CollectRows(must(conn.Query(ctx, sql)), pgx.RowToStructByName[scanRow])
 	if err != nil {
 		t.Fatal(err)
@@ -49,13 +50,13 @@ func TestRowScannerReadsAsRowToStructByName(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(got, want) || len(got) != 3 || got[1].A.Valid || got[1].B.Valid {
+	if !reflect.DeepEqual(got, want) || len(got) != 3 || got[1].A.Valid || got[1].B.Valid || got[1].C != nil || *got[0].C != 7 {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
 
 	for sql, msg := range map[string]string{
-		`SELECT 'x' AS a, 1::bigint AS b, 2 AS c`: `column "c" has no field`,
-		`SELECT 'x' AS a`:                         `field "b" of collector.scanRow has no column`,
+		`SELECT 'x' AS a, 1::bigint AS b, 2::bigint AS c, 3 AS d`: `column "d" has no field`,
+		`SELECT 'x' AS a, 2::bigint AS c`:                         `field "b" of collector.scanRow has no column`,
 	} {
 		rows := must(conn.Query(ctx, sql))
 		var sc rowScanner[scanRow]

@@ -354,8 +354,9 @@ func (c *statementsCollector) queryStats(ctx context.Context, all bool) ([]stmtR
 	if all {
 		out = make([]stmtRow, 0, len(c.class))
 	}
+	var sc rowScanner[store.StatStatementsRow]
 	for rows.Next() {
-		r, err := pgx.RowToStructByName[store.StatStatementsRow](rows)
+		r, err := sc.scan(rows)
 		if err != nil {
 			return nil, summary, err
 		}
