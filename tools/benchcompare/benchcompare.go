@@ -392,8 +392,18 @@ func (b *backendCPU) sample(ctx context.Context) (time.Duration, error) {
 // Measurement is one exporter's figures in one run.
 type Measurement struct {
 	Median, CPU, DBCPU time.Duration // CPU and DBCPU per scrape
+	Exec               time.Duration // server planning and execution per scrape, from pg_stat_statements
 	PeakRSS            float64       // MiB
 	AnonRSS            float64       // MiB, the largest seen after a scrape
+}
+
+// execTime is the planning and execution time pg_stat_statements holds for role's
+// statements: the database's own cost of what it sent.
+func (b *backendCPU) execTime(ctx context.Context) (time.Duration, error) {
+	var ms float64
+	err := b.conn.QueryRow(ctx, `SELECT coalesce(sum(s.total_exec_time + s.total_plan_time), 0)::float8
+	      FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid WHERE r.rolname = $1`, b.role).Scan(&ms)
+	return time.Duration(ms * float64(time.Millisecond)), err
 }
 
 // Side is an exporter under comparison.
@@ -410,10 +420,16 @@ func Run(ctx context.Context, sides []*Side, n int) ([]Measurement, error) {
 	db := make([]time.Duration, len(sides))
 	cpu0 := make([]time.Duration, len(sides))
 	anon := make([]float64, len(sides))
+	exec0 := make([]time.Duration, len(sides))
 	for i, s := range sides {
 		if _, err := s.db.sample(ctx); err != nil {
 			return nil, err
 		}
+		e, err := s.db.execTime(ctx)
+		if err != nil {
+			return nil, err
+		}
+		exec0[i] = e
 		c, err := CPU(s.Proc.Pid())
 		if err != nil {
 			return nil, err
@@ -454,9 +470,13 @@ func Run(ctx context.Context, sides []*Side, n int) ([]Measurement, error) {
 		if err != nil {
 			return nil, err
 		}
+		e, err := s.db.execTime(ctx)
+		if err != nil {
+			return nil, err
+		}
 		slices.Sort(times[i])
 		out[i] = Measurement{Median: times[i][len(times[i])/2], CPU: (c - cpu0[i]) / time.Duration(n),
-			DBCPU: db[i] / time.Duration(n), PeakRSS: rss, AnonRSS: anon[i]}
+			DBCPU: db[i] / time.Duration(n), Exec: (e - exec0[i]) / time.Duration(n), PeakRSS: rss, AnonRSS: anon[i]}
 	}
 	return out, nil
 }
