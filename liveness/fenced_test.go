@@ -386,3 +386,45 @@ func TestFencedWritesOfAHealthyLeaderWaitingASecondAreNotRefused(t *testing.T) {
 		t.Fatalf("counter %d, want 2", n)
 	}
 }
+
+// TestFencedWritesInEveryQueryExecMode: Exec and BeginFunc commit, and refuse, the same
+// in every pgx query mode, the simple protocol and the unprepared ones too, and through
+// PgBouncer in transaction mode: Exec's pipeline of BEGIN, fence and
+// statement is one multi-statement query there, and a refused fence still keeps the
+// statement after it from running.
+func TestFencedWritesInEveryQueryExecMode(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 2)
+	db.Exec(t, fencedWrites)
+	ctx := testutil.Context(t, time.Minute)
+	bouncer := pgtest.NewPgBouncer(t, db.DSN) // transaction mode
+	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol",
+		"pgbouncer_exec", "pgbouncer_simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			dsn := db.DSN + " default_query_exec_mode=" + mode
+			if m, ok := strings.CutPrefix(mode, "pgbouncer_"); ok {
+				dsn = bouncer.DSN(db.Name) + " default_query_exec_mode=" + m
+			}
+			writes := pgtest.Pool(t, dsn, 1)
+			le := mustAcquire(t, ctx, newTestLeases(t, pool), "job-"+mode, 30*time.Second)
+			if tag, err := le.Exec(ctx, writes, insertWrite, le.Epoch, mode); err != nil || tag.RowsAffected() != 1 {
+				t.Fatalf("Exec: %v rows, %v", tag.RowsAffected(), err)
+			}
+			if err := le.BeginFunc(ctx, writes, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, insertWrite, le.Epoch, mode)
+				return err
+			}); err != nil {
+				t.Fatalf("BeginFunc: %v", err)
+			}
+			db.Exec(t, `UPDATE liveness.leases SET epoch = epoch + 1000 WHERE name = $1`, le.Name)
+			if _, err := le.Exec(ctx, writes, insertWrite, le.Epoch, mode); !errors.Is(err, liveness.ErrFenced) {
+				t.Fatalf("Exec after a takeover: %v; want ErrFenced", err)
+			}
+			if n := countWrites(t, ctx, pool, mode); n != 2 {
+				t.Fatalf("%d writes committed, want 2", n)
+			}
+			if tag, err := writes.Exec(ctx, `SELECT 1`); err != nil || tag.String() != "SELECT 1" {
+				t.Fatalf("the pool after the refusal: %v, %v", tag, err)
+			}
+		})
+	}
+}
