@@ -27,6 +27,9 @@ const (
 	exporterAgents    = 4
 	ledgerTable       = "public.fence_log"
 	writeEvery        = 200 * time.Millisecond
+	// txEvery: every third write is a transaction of two inserts (Leadership.BeginFunc),
+	// fenced at COMMIT; the others are single statements with the hand-written fence.
+	txEvery = 3
 )
 
 // member is one process of the fleet, restarted as a new instance after a kill.

@@ -207,6 +207,7 @@ func TestSoak(t *testing.T) {
 			m.argv = func(uuid.UUID) []string {
 				return append([]string{agentBin, "--dsn=" + dsn, "--schema=" + schema, "--service=" + m.name,
 					"--lease=" + m.lease, "--lease.write-every=" + writeEvery.String(), "--fence-table=" + ledgerTable,
+					"--lease.tx-every=" + fmt.Sprint(txEvery),
 					"--busy-for=" + PoolBusyFor.String(), "--web.listen-address=" + m.addr,
 					// A killed agent is restarted when its time is up, database or not, as a
 					// supervisor would; with the library's default it would stop for good
@@ -355,8 +356,8 @@ func TestSoak(t *testing.T) {
 	results := Check(h.Events())
 	sum := Summary{Generated: time.Now(), Revision: rev, Machine: machine(cl), Seed: seed, Requested: d, Ran: ran,
 		Interrupted: interrupted, Applied: n.applied(), Overlapping: n.overlapping(h.Events()), Results: results,
-		Fleet: fmt.Sprintf("%d agents: %d faultagent processes (the liveness library: Agent, Elect on %d leases, %d competitors each, fenced ledger rows every %s) and %d exporter binaries as agents; %d agents in network namespaces; an observer exporter scraped with every agent by Prometheus with the shipped rules; PostgreSQL %s primary with a streaming replica; agent defaults as the exporter ships them",
-			len(members), leases*competitorsPerJob, leases, competitorsPerJob, writeEvery, exporterAgents, len(fleet.Netns), pgVersion(cl))}
+		Fleet: fmt.Sprintf("%d agents: %d faultagent processes (the liveness library: Agent, Elect on %d leases, %d competitors each, fenced ledger rows every %s, one write in %d a transaction of two rows) and %d exporter binaries as agents; %d agents in network namespaces; an observer exporter scraped with every agent by Prometheus with the shipped rules; PostgreSQL %s primary with a streaming replica; agent defaults as the exporter ships them",
+			len(members), leases*competitorsPerJob, leases, competitorsPerJob, writeEvery, txEvery, exporterAgents, len(fleet.Netns), pgVersion(cl))}
 	failing := sum.Violations() > 0 || interrupted || len(samplerFailures) > 0
 	keep = failing
 	if failing {
@@ -444,9 +445,20 @@ func prepare(t *testing.T, dsn string) {
 	if _, err := migrations.Apply(ctx, conn, schema); err != nil {
 		t.Fatalf("migrations: %v", err)
 	}
+	// A row is accepted when its transaction commits, not when it is inserted: a
+	// deferred trigger stamps committed_at during the COMMIT (after the fence's own check
+	// at commit, queued earlier), so that a transaction whose COMMIT lands after its
+	// writer was told counts as a write after it.
 	if _, err := conn.Exec(ctx, `CREATE TABLE `+ledgerTable+` (
 		id bigserial PRIMARY KEY, lease text NOT NULL, epoch bigint NOT NULL,
-		writer text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
+		writer text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp(), committed_at timestamptz);
+		CREATE FUNCTION ledger_committed() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			UPDATE `+ledgerTable+` SET committed_at = clock_timestamp() WHERE id = NEW.id;
+			RETURN NULL;
+		END $$;
+		CREATE CONSTRAINT TRIGGER ledger_committed AFTER INSERT ON `+ledgerTable+`
+			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ledger_committed()`); err != nil {
 		t.Fatalf("ledger: %v", err)
 	}
 }
@@ -460,7 +472,7 @@ func readLedger(t *testing.T, cl *cluster, h *History) {
 		t.Fatalf("ledger: %v", err)
 	}
 	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `SELECT id, lease, epoch, writer, at FROM `+ledgerTable+` ORDER BY id`)
+	rows, err := conn.Query(ctx, `SELECT id, lease, epoch, writer, committed_at FROM `+ledgerTable+` ORDER BY id`)
 	if err != nil {
 		t.Fatalf("ledger: %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -32,6 +33,8 @@ type leaseHandle struct {
 	// FenceDeadline is the library's: when, on the server's clock, fenced writes must be
 	// refused.
 	FenceDeadline func() time.Time
+	// BeginFunc is the library's fenced transaction (Leadership.BeginFunc).
+	BeginFunc func(context.Context, *pgxpool.Pool, func(pgx.Tx) error) error
 }
 
 // timing mirrors the exporter's --agent.* flags, with the same names and defaults, so the
@@ -111,7 +114,8 @@ func (p *participant) compete(ctx context.Context, name string, ttl, retry time.
 	if p.agent != nil {
 		err := p.agent.Elect(ctx, liveness.ElectorConfig{Lease: name, TTL: ttl, RetryPeriod: retry,
 			OnStartedLeading: func(lctx context.Context, self liveness.Leadership) {
-				_ = hold(ctx, lctx, leaseHandle{Name: self.Lease, Epoch: self.Epoch, FenceDeadline: self.FenceDeadline})
+				_ = hold(ctx, lctx, leaseHandle{Name: self.Lease, Epoch: self.Epoch, FenceDeadline: self.FenceDeadline,
+					BeginFunc: self.BeginFunc})
 			}})
 		if err != nil && ctx.Err() == nil {
 			p.log.Error("campaign stopped", "err", err)
@@ -120,7 +124,8 @@ func (p *participant) compete(ctx context.Context, name string, ttl, retry time.
 	}
 	for ctx.Err() == nil {
 		ran, err := p.leases.Run(ctx, name, ttl, func(lctx context.Context, lease *liveness.Lease) error {
-			return hold(ctx, lctx, leaseHandle{Name: lease.Name, Epoch: lease.Epoch, FenceDeadline: lease.FenceDeadline})
+			return hold(ctx, lctx, leaseHandle{Name: lease.Name, Epoch: lease.Epoch, FenceDeadline: lease.FenceDeadline,
+				BeginFunc: lease.BeginFunc})
 		})
 		if err != nil && !ran && ctx.Err() == nil {
 			acquireFailed(err)

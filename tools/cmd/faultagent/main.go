@@ -11,7 +11,8 @@
 //	acquired  an instance took the lease (epoch)
 //	lost      its lease context ended while it meant to keep it (cause)
 //	released  it gave the lease back after --lease.hold
-//	rejected  a fenced write found the lease not held under its epoch
+//	rejected  a fenced write found the lease not held under its epoch, or a fenced
+//	          transaction (--lease.tx-every) was refused at the fence or at COMMIT
 //	lock      the instance's own view of its alive lock changed (held)
 //	ignoring  with --lease.ignore-loss: it lost the lease and goes on believing it leads
 //	job_end   the lease's job (the callback that began with acquired) has returned
@@ -55,6 +56,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sys/unix"
 
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/logging"
 )
 
@@ -71,6 +73,7 @@ type config struct {
 	hold       time.Duration // 0: hold until lost or shut down
 	retry      time.Duration
 	writeEvery time.Duration
+	txEvery    int // every txEvery-th write is a transaction of two inserts (BeginFunc); 0: none
 	fenceTable string
 	busyFor    time.Duration
 	ignoreLoss bool
@@ -92,6 +95,7 @@ func main() {
 	flag.DurationVar(&c.hold, "lease.hold", 0, "give the lease back after holding it this long; 0 keeps it")
 	flag.DurationVar(&c.retry, "lease.retry", defaultLeaseRetry, "pause between attempts to take the lease; the library's default")
 	flag.DurationVar(&c.writeEvery, "lease.write-every", 50*time.Millisecond, "fenced write cadence while holding the lease")
+	flag.IntVar(&c.txEvery, "lease.tx-every", 0, "every n-th fenced write is a transaction of two inserts (Leadership.BeginFunc); 0: none")
 	flag.StringVar(&c.fenceTable, "fence-table", "public.fence_log", "fencing log table (lease, epoch, writer)")
 	flag.DurationVar(&c.busyFor, "busy-for", 10*time.Second, "how long SIGUSR1 keeps the pool busy")
 	flag.BoolVar(&c.ignoreLoss, "lease.ignore-loss", false, "a stale leader: go on believing in a lost lease (fault injection)")
@@ -204,6 +208,8 @@ type instance struct {
 	pool    *pgxpool.Pool
 	parts   *participant
 	fence   string
+	// txInsert is one insert of a fenced transaction (--lease.tx-every).
+	txInsert string
 
 	mu       sync.Mutex
 	believed map[string]int64 // with --lease.ignore-loss: lost leases it goes on leading, by name
@@ -224,6 +230,7 @@ func newInstance(ctx context.Context, c config, service string, logger *slog.Log
 	// its epoch, and the server's clock before the holder's fence deadline.
 	in.fence = "INSERT INTO " + c.fenceTable + " (lease, epoch, writer) SELECT $1, $2, $3 WHERE " +
 		pgx.Identifier{c.schema}.Sanitize() + ".lease_is_held($1, $2) AND clock_timestamp() < $4"
+	in.txInsert = "INSERT INTO " + c.fenceTable + " (lease, epoch, writer) VALUES ($1, $2, $3)"
 	in.parts, err = newParticipant(c, in.id, service, pool, logger.With("instance_id", in.id.String()))
 	if err != nil {
 		pool.Close()
@@ -299,6 +306,7 @@ func (in *instance) hold(procCtx, ctx context.Context, lease leaseHandle) error 
 	t := time.NewTicker(in.c.writeEvery)
 	defer t.Stop()
 	stale := false // --lease.ignore-loss, after the loss
+	writes := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -319,6 +327,27 @@ func (in *instance) hold(procCtx, ctx context.Context, lease leaseHandle) error 
 			continue // report the loss above, write nothing
 		}
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if writes++; in.c.txEvery > 0 && writes%in.c.txEvery == 0 && !stale {
+			// Two inserts in one transaction, fenced by the library and refused at the fence
+			// or at COMMIT: the ledger stamps rows when they commit, so a COMMIT that lands
+			// after its writer was told counts as such.
+			err := lease.BeginFunc(wctx, in.pool, func(tx pgx.Tx) error {
+				for range 2 {
+					if _, err := tx.Exec(wctx, in.txInsert, lease.Name, lease.Epoch, in.id.String()); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			cancel()
+			switch {
+			case errors.Is(err, liveness.ErrFenced):
+				emit("rejected", in.id, "lease", lease.Name, "epoch", lease.Epoch, "tx", true)
+			case err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded):
+				emit("write_error", in.id, "lease", lease.Name, "epoch", lease.Epoch, "err", err.Error())
+			}
+			continue
+		}
 		// A stale leader ignores the deadline as it ignores the loss: only the epoch then
 		// refuses its writes, which is what the fault suite measures for it.
 		deadline := lease.FenceDeadline()
