@@ -85,7 +85,9 @@ func (e *FencedError) Unwrap() error { return e.Err }
 // command tag, or a *FencedError (errors.Is ErrFenced) when the write was refused: the
 // lease is not held under Epoch, or the fence or the COMMIT reached the server past the
 // lease's deadline (FenceDeadline). A refused write never commits, so a write is either
-// counted under this epoch, committed before any later holder's first, or an error.
+// counted under this epoch, committed before any later holder's first, or an error. An
+// error that is not a *FencedError after the statement ran (the connection lost during
+// the COMMIT, say) leaves the outcome unknown, as for any COMMIT.
 //
 // The connection is taken from db first and the deadline read after, so a wait for a
 // connection never counts against it; the COMMIT carries the deadline as of when it is
@@ -172,10 +174,12 @@ func (le *Lease) BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx
 	if err != nil {
 		return err
 	}
-	if err := fn(tx); err != nil {
+	defer func() { // also when fn panics; after Commit, a no-op
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fenceEndTimeout)
 		defer cancel()
 		_ = tx.Rollback(rctx)
+	}()
+	if err := fn(tx); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)
