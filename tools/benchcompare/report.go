@@ -117,8 +117,9 @@ func Section(results []Result, cfg Config, when time.Time, machine string) strin
 	}
 	b.WriteString("). Anonymous RSS is the largest resident anonymous memory (heap, stacks, runtime) seen after a scrape; " +
 		"the rest of the peak RSS is mostly pages of the binary. Server execution is the planning and execution time " +
-		"pg_stat_statements counts for the exporter's role per scrape: the database's own cost of the statements, " +
-		"the floor under the scrape; ours sends its statements concurrently, so its sum can exceed the median.\n" + EndMarker + "\n")
+		"pg_stat_statements counts for the exporter's role per scrape: elapsed time, so ours, which sends its " +
+		"four statements at once, sums their waits for the two cores too and can exceed the median; the " +
+		"database's work is the backend CPU.\n" + EndMarker + "\n")
 	return b.String()
 }
 
