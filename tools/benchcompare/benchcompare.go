@@ -487,6 +487,20 @@ type Config struct {
 	Scrapes int   // per exporter and run
 	Runs    int   // each with freshly started exporters
 	OurBin  string
+	// Revision is the commit the binary was built from (Revision), for the report.
+	Revision string
+}
+
+// Revision is the root module's commit as git describes it, "-dirty" when the tree has
+// changes; "unknown" without git.
+func Revision(root string) string {
+	cmd := exec.Command("git", "describe", "--always", "--dirty", "--abbrev=12", "--exclude=*")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // Result is one scale's measurements: Runs pairs of (ours, theirs).

@@ -74,13 +74,13 @@ func TestSectionRatiosAndRewrite(t *testing.T) {
 		},
 	}}
 	results[0].Scale.Instances, results[0].Scale.Leases = 10000, 1000
-	sec := Section(results, Config{Scrapes: 60, Runs: 2}, time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC), "a test machine")
+	sec := Section(results, Config{Scrapes: 60, Runs: 2, Revision: "0123abcd"}, time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC), "a test machine")
 	for _, want := range []string{
 		// The median's goal is 0.25: run 2 misses it. Anonymous RSS is the ratio's, not peak RSS.
 		"| 10,000 / 1,000 | 0.28 (0.25–0.30) ✗ | 0.45 (0.40–0.50) | 0.59 (0.50–0.69) | 0.22 (0.20–0.24) | 1.00 / 0.50 |",
 		"| 10,000 | 2 | 12.0 ms / 40.0 ms | 4.0 ms / 8.0 ms | 20.0 / 25.0 MiB | 5.5 / 8.0 MiB | 2.4 ms / 10.0 ms | 12.0 ms / 20.0 ms |",
 		"(0.25×, 0.50×, 0.80×, 0.30×)",
-		"Measured 2026-12-01 on a test machine",
+		"Measured 2026-12-01 at revision 0123abcd on a test machine",
 		"1,234 at 10,000 instances",
 	} {
 		if !strings.Contains(sec, want) {

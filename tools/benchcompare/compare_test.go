@@ -29,7 +29,7 @@ func TestBenchCompare(t *testing.T) {
 		}
 		cfg.Scales = append(cfg.Scales, n)
 	}
-	cfg.OurBin = BuildOurs(t, "../..")
+	cfg.OurBin, cfg.Revision = BuildOurs(t, "../.."), Revision("../..")
 	results := Compare(t, cfg)
 	section := Section(results, cfg, time.Now(), Machine())
 	t.Logf("\n%s", section)

@@ -99,10 +99,10 @@ func thousands(n int) string {
 func Section(results []Result, cfg Config, when time.Time, machine string) string {
 	var b strings.Builder
 	b.WriteString(BeginMarker + "\n")
-	fmt.Fprintf(&b, "Measured %s on %s, with %d scrapes of each exporter per run, interleaved, and %d runs "+
+	fmt.Fprintf(&b, "Measured %s at revision %s on %s, with %d scrapes of each exporter per run, interleaved, and %d runs "+
 		"(each with freshly started exporters); ratios are ours / theirs, the mean of the runs with the "+
 		"lowest and highest in brackets, ✗ where a run missed the goal (%.2f×, %.2f×, %.2f×, %.2f×).",
-		when.UTC().Format("2006-01-02"), machine, cfg.Scrapes, cfg.Runs, Budget[0], Budget[1], Budget[2], Budget[3])
+		when.UTC().Format("2006-01-02"), cfg.Revision, machine, cfg.Scrapes, cfg.Runs, Budget[0], Budget[1], Budget[2], Budget[3])
 	if len(results) > 0 {
 		fmt.Fprintf(&b, " Theirs: %s.", results[0].Theirs)
 	}
