@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -237,6 +238,8 @@ func Start(t testing.TB, name, bin string, env []string, args ...string) *Proc {
 	p := &Proc{Name: name, Addr: addr, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, append([]string{"--web.listen-address=" + addr}, args...)...)
 	p.cmd.Env = append(os.Environ(), env...)
+	// Killed if the test binary dies first (a closed pipe, a kill), as proctest's are.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	w := &lockedWriter{w: &p.logs} // one writer for both: exec.Cmd then writes from one goroutine at a time
 	p.cmd.Stdout, p.cmd.Stderr = w, w
 	if err := p.cmd.Start(); err != nil {
@@ -560,6 +563,7 @@ func BuildOurs(t testing.TB, root string) string {
 	build := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
 	build.Dir = root
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
