@@ -379,6 +379,7 @@ func (a *aliveLock) session(ctx context.Context) (held bool) {
 	}
 	a.connectedOnce = true
 	defer func() {
+		a.events.setListening(false)
 		if ctx.Err() != nil {
 			a.release() // shutting down: not a loss
 		} else {
@@ -553,6 +554,7 @@ func (a *aliveLock) listen(ctx context.Context, conn *pgx.Conn) bool {
 		return false
 	}
 	a.log.Debug("listening to the schema's events", "channel", channel)
+	a.events.setListening(true)
 	a.events.publish(event{Kind: eventResync})
 	return true
 }

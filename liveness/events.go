@@ -3,6 +3,7 @@ package liveness
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // The schema's events, as migration 0007's triggers and the watcher notify them on the
@@ -12,6 +13,7 @@ const (
 	eventLeft   = "left"   // left:<instance id>: its row was deleted (a graceful stop, the reaper)
 	eventJoined = "joined" // joined:<instance id>: its row was inserted
 	eventFree   = "free"   // free:<lease name>: released, or its holder is dead
+	eventTaken  = "taken"  // taken:<lease name>: it has a new epoch (migration 0010 on)
 	// eventResync is no notification: the listening session (re)started, so anything
 	// may have been missed while it was away; whoever waits reads the state again.
 	eventResync = "resync"
@@ -41,6 +43,22 @@ func parseEvent(payload string) (event, bool) {
 type events struct {
 	mu   sync.Mutex
 	subs map[*eventSub]struct{}
+	// listening is whether a session LISTENs on the channel now: while it does, waiters
+	// may poll rarely, because what they wait for is notified.
+	listening atomic.Bool
+}
+
+// Listening reports whether a session listens on the events channel now (false on a nil
+// *events).
+func (h *events) Listening() bool { return h != nil && h.listening.Load() }
+
+// setListening records whether the listening session is up. Going down wakes every
+// waiter, so that each goes back to polling at its short period at once.
+func (h *events) setListening(on bool) {
+	if h == nil || h.listening.Swap(on) == on || on {
+		return // listen publishes its own resync once the LISTEN took effect
+	}
+	h.publish(event{Kind: eventResync})
 }
 
 type eventSub struct {
