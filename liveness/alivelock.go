@@ -201,7 +201,12 @@ func (c aliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
 		KeepAliveConfig: net.KeepAliveConfig{
 			Enable: true, Idle: idle, Interval: interval, Count: clientCount,
 		},
-		Control: func(_, _ string, rc syscall.RawConn) error {
+		Control: func(network, _ string, rc syscall.RawConn) error {
+			if !strings.HasPrefix(network, "tcp") {
+				// A unix socket (a server on this host) has no network to be cut
+				// off by: the server's end of it closes when the session ends.
+				return nil
+			}
 			var serr error
 			err := rc.Control(func(fd uintptr) {
 				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(clientUserTimeout.Milliseconds()))
