@@ -16,6 +16,7 @@
 package fleetbench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -45,6 +46,8 @@ type Config struct {
 	// harness's. PoolDSN reaches it through PgBouncer in transaction mode: the agents'
 	// pools (add default_query_exec_mode=exec).
 	DirectDSN, PoolDSN string
+	// VictimDSN is DirectDSN over TCP, which the victim's relay needs; DirectDSN if empty.
+	VictimDSN string
 	// PostmasterPID is the server's postmaster, whose process and children's CPU is read.
 	PostmasterPID int
 	Agents        int
@@ -353,7 +356,7 @@ func (f *fleet) startVictim(ctx context.Context) (*agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	directRelay, directDSN, err := newRelay(f.cfg.DirectDSN)
+	directRelay, directDSN, err := newRelay(cmp.Or(f.cfg.VictimDSN, f.cfg.DirectDSN))
 	if err != nil {
 		poolRelay.cut()
 		return nil, err

@@ -42,6 +42,14 @@ type pgBouncerConfig struct {
 	ignoreStartup []string
 	maxClients    int
 	poolSize      int
+	authType      string
+}
+
+// WithTrustedClients lets clients in without a password check (auth_type trust; PgBouncer
+// still logs in to the server with the password): for a benchmark whose thousands of
+// client connections would otherwise spend PgBouncer's one thread on SCRAM handshakes.
+func WithTrustedClients() PgBouncerOption {
+	return func(c *pgBouncerConfig) { c.authType = "trust" }
 }
 
 // WithLimits sets max_client_conn (100 by default) and default_pool_size (10): the
@@ -71,7 +79,7 @@ func WithIgnoreStartupParameters(names ...string) PgBouncerOption {
 // with a one-line install hint when PgBouncer is missing.
 func NewPgBouncer(t testing.TB, targetDSN string, opts ...PgBouncerOption) *PgBouncer {
 	t.Helper()
-	cfg := pgBouncerConfig{poolMode: "transaction", maxClients: 100, poolSize: 10}
+	cfg := pgBouncerConfig{poolMode: "transaction", maxClients: 100, poolSize: 10, authType: "scram-sha-256"}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -109,7 +117,7 @@ func NewPgBouncer(t testing.TB, targetDSN string, opts ...PgBouncerOption) *PgBo
 		"listen_addr = 127.0.0.1",
 		"listen_port = " + strconv.Itoa(b.Port),
 		"unix_socket_dir =",
-		"auth_type = scram-sha-256",
+		"auth_type = " + cfg.authType,
 		"auth_file = " + filepath.Join(b.dir, "userlist.txt"),
 		"pool_mode = " + cfg.poolMode,
 		"ignore_startup_parameters = " + strings.Join(cfg.ignoreStartup, ","),
