@@ -44,10 +44,14 @@
 // stamp at their first look too: the fallback when no watcher runs
 // (AgentConfig.DisableWatcher everywhere, or both watchers dead at once).
 //
-// Waiters are woken: the schema's events channel (<schema>_events) carries dead:<id>
-// (from the watcher, once the verdict agrees), left:<id>, joined:<id>, free:<lease>
+// Waiters are woken: the schema's events channel (<schema>_events) carries free:<lease>
 // (released, its holder dead, or expired: the watcher's tick notices) and taken:<lease>,
-// and the alive lock's session LISTENs to it. An elector's follower tries when its lease
+// and the alive lock's session LISTENs to it; the members channel (<schema>_members)
+// carries dead:<id> (from the watcher, once the verdict agrees), left:<id> and
+// joined:<id>, and the session LISTENs to it only while something of the process waits
+// for membership (a watcher that leads, Agent.WatchAlive): PostgreSQL signals every
+// listener of a channel for each notification, and a fleet that all listened to every
+// join would pay O(N) per join. An elector's follower tries when its lease
 // is free (within a random part of 250 ms, so that a fleet's followers do not all try at
 // once; taken:<lease> sends the rest back to waiting), the reaper's too, and
 // Agent.WatchAlive reads the alive set again. Notifications are only wake-ups, sent on

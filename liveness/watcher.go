@@ -109,7 +109,7 @@ func (w *watcher) watch(ctx context.Context) {
 	// A lock that appears and vanishes between two ticks leaves the digest as it was: an
 	// instance that crashes within a tick of its start. Its row's insertion is notified,
 	// so the tick after it stamps whatever the digest says.
-	joined, unsubscribe := w.cfg.Events.subscribe(func(ev event) bool { return ev.Kind == eventJoined })
+	joined, unsubscribe := w.cfg.Events.subscribeMembers(func(ev event) bool { return ev.Kind == eventJoined })
 	defer unsubscribe()
 	t := time.NewTicker(w.cfg.every)
 	defer t.Stop()

@@ -383,6 +383,42 @@ CREATE OR REPLACE FUNCTION liveness.lock_key_objid(p_key bigint)
 AS $function$ SELECT (p_key & 4294967295)::oid $function$
 ;
 
+CREATE OR REPLACE FUNCTION liveness.members_channel()
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$ SELECT left(pg_catalog.current_schema(), 50) || '_members' $function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.members_listen()
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_channel text := members_channel();
+BEGIN
+    EXECUTE pg_catalog.format('LISTEN %I', v_channel);
+    RETURN v_channel;
+END
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.members_unlisten()
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_channel text := members_channel();
+BEGIN
+    EXECUTE pg_catalog.format('UNLISTEN %I', v_channel);
+    RETURN v_channel;
+END
+$function$
+;
+
 CREATE OR REPLACE FUNCTION liveness.notify_dead_instances(p_ids uuid[])
  RETURNS SETOF uuid
  LANGUAGE plpgsql
@@ -391,6 +427,7 @@ CREATE OR REPLACE FUNCTION liveness.notify_dead_instances(p_ids uuid[])
 AS $function$
 DECLARE
     v_channel text := events_channel();
+    v_members text := members_channel();
     v_id      uuid;
     v_lease   text;
 BEGIN
@@ -398,7 +435,7 @@ BEGIN
         IF coalesce((SELECT s.alive FROM instance_state_verdicts(p_instance_id => v_id) s), false) THEN
             CONTINUE;
         END IF;
-        PERFORM pg_catalog.pg_notify(v_channel, 'dead:' || v_id::text);
+        PERFORM pg_catalog.pg_notify(v_members, 'dead:' || v_id::text);
         FOR v_lease IN SELECT l.name FROM leases l WHERE l.holder_instance_id = v_id AND l.expires_at >= pg_catalog.now() LOOP
             PERFORM pg_catalog.pg_notify(v_channel, 'free:' || v_lease);
         END LOOP;
@@ -414,9 +451,9 @@ CREATE OR REPLACE FUNCTION liveness.notify_instance_event()
 AS $function$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_events', 'left:' || OLD.instance_id::text);
+        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_members', 'left:' || OLD.instance_id::text);
     ELSE
-        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_events', 'joined:' || NEW.instance_id::text);
+        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_members', 'joined:' || NEW.instance_id::text);
     END IF;
     RETURN NULL;
 END

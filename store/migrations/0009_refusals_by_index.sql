@@ -1,7 +1,9 @@
 -- compatible-from: 1
--- Older binaries keep working: this adds a table, a function and a trigger, and replaces
--- two functions with the same arguments and results. Their refused lease tries get
--- cheaper too.
+-- Older binaries keep working: this adds a table, functions and triggers, and replaces
+-- functions with the same arguments and results. Their refused lease tries get cheaper
+-- too. What they no longer get is membership on the events channel (joined:, left:,
+-- dead:, now on <schema>_members): their watchers and Agent.WatchAlive fall back to
+-- their polls for those, which delays and never misleads.
 --
 -- A fleet's agents pay O(1) each for liveness, whatever the fleet's size. Until now every
 -- refused lease try, and every follower's look at who leads, judged the holder (and the
@@ -21,6 +23,12 @@
 -- The watcher's digest covers the stamps as well as the locks: a stamp written by someone
 -- else (a scrape's or a fallback verdict's) while the locks look the same is reconciled
 -- on the next tick, so no stamp outlives its absence by more than a tick.
+--
+-- Membership has a channel of its own, <schema>_members (joined:, left:, dead:), which
+-- only the agents that need it listen to (the watchers, Agent.WatchAlive): PostgreSQL
+-- signals every listening backend of the database for each notification, so a fleet
+-- whose every agent listened to every join paid O(N) per join, O(N²) for a fleet that
+-- starts. The events channel keeps what followers wait for: free: and taken:.
 --
 -- Followers need no clock either: a lease that expires is notified free by the watcher's
 -- next tick, as a release or a dead holder already is. And a lease taken is notified
@@ -151,3 +159,74 @@ CREATE TRIGGER leases_notify_taken_insert AFTER INSERT ON leases
     FOR EACH ROW EXECUTE FUNCTION notify_lease_taken();
 CREATE TRIGGER leases_notify_taken_update AFTER UPDATE OF epoch ON leases
     FOR EACH ROW WHEN (OLD.epoch IS DISTINCT FROM NEW.epoch) EXECUTE FUNCTION notify_lease_taken();
+
+-- The channel of membership events: <schema>_members (the schema's name cut to 50
+-- characters). Payloads "<kind>:<id>": joined:, left:, dead:<instance id>.
+CREATE FUNCTION members_channel() RETURNS text
+    LANGUAGE sql STABLE
+    SET search_path FROM CURRENT
+AS $$ SELECT left(pg_catalog.current_schema(), 50) || '_members' $$;
+
+-- LISTEN on the members channel, and UNLISTEN, for the session that calls it.
+CREATE FUNCTION members_listen() RETURNS text
+    LANGUAGE plpgsql VOLATILE
+    SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_channel text := members_channel();
+BEGIN
+    EXECUTE pg_catalog.format('LISTEN %I', v_channel);
+    RETURN v_channel;
+END
+$$;
+
+CREATE FUNCTION members_unlisten() RETURNS text
+    LANGUAGE plpgsql VOLATILE
+    SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_channel text := members_channel();
+BEGIN
+    EXECUTE pg_catalog.format('UNLISTEN %I', v_channel);
+    RETURN v_channel;
+END
+$$;
+
+-- joined: and left: go to the members channel.
+CREATE OR REPLACE FUNCTION notify_instance_event() RETURNS trigger
+    LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_members', 'left:' || OLD.instance_id::text);
+    ELSE
+        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_members', 'joined:' || NEW.instance_id::text);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- As in migration 0007, with dead:<id> on the members channel and free:<name> on the
+-- events channel.
+CREATE OR REPLACE FUNCTION notify_dead_instances(p_ids uuid[]) RETURNS SETOF uuid
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_channel text := events_channel();
+    v_members text := members_channel();
+    v_id      uuid;
+    v_lease   text;
+BEGIN
+    FOR v_id IN SELECT DISTINCT u FROM pg_catalog.unnest(p_ids) u LOOP
+        IF coalesce((SELECT s.alive FROM instance_state_verdicts(p_instance_id => v_id) s), false) THEN
+            CONTINUE;
+        END IF;
+        PERFORM pg_catalog.pg_notify(v_members, 'dead:' || v_id::text);
+        FOR v_lease IN SELECT l.name FROM leases l WHERE l.holder_instance_id = v_id AND l.expires_at >= pg_catalog.now() LOOP
+            PERFORM pg_catalog.pg_notify(v_channel, 'free:' || v_lease);
+        END LOOP;
+        RETURN NEXT v_id;
+    END LOOP;
+END
+$$;

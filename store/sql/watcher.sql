@@ -21,3 +21,13 @@ SELECT d.id FROM {schema}.notify_dead_instances($1::uuid[]) AS d(id)
 -- name: events_listen
 -- LISTEN on the schema's events channel, on the alive lock's session. Returns the channel.
 SELECT {schema}.events_listen()
+
+-- name: members_listen
+-- LISTEN on the schema's members channel (joined:, left:, dead:; migration 0010 on), on
+-- the alive lock's session, while something in the process waits for membership (a
+-- watcher that leads, Agent.WatchAlive). Returns the channel.
+SELECT {schema}.members_listen()
+
+-- name: members_unlisten tag=members_listen
+-- UNLISTEN the members channel once nothing waits for membership. Returns the channel.
+SELECT {schema}.members_unlisten()

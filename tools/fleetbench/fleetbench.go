@@ -384,7 +384,7 @@ func (f *fleet) startVictim(ctx context.Context) (*agent, error) {
 // its lease.
 func (f *fleet) crash(ctx context.Context, admin *pgx.Conn, v *agent) (dead, takeover time.Duration, err error) {
 	id := v.a.Snapshot().InstanceID
-	if _, err := admin.Exec(ctx, `SELECT liveness.events_listen()`); err != nil {
+	if _, err := admin.Exec(ctx, `SELECT liveness.events_listen(), liveness.members_listen()`); err != nil {
 		return 0, 0, fmt.Errorf("fleetbench: listen: %w", err)
 	}
 	if !v.leading.Load() {
