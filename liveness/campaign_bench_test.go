@@ -16,8 +16,8 @@ import (
 
 // Follower tries per agent and second at the defaults, while its session listens: each
 // of its campaigns (the reaper's, the two watchers', and here three jobs) tries once per
-// QuietPeriod, jittered over its second half (22.5 s on average).
-const followerTriesPerAgent = 6 / (0.75 * 30.0)
+// QuietPeriod, jittered over its second half (45 s on average).
+const followerTriesPerAgent = 6 / (0.75 * 60.0)
 
 // BenchmarkLeaseAcquireRefused measures what a follower's try costs the database when the
 // lease is held by a live instance, at the watcher's scale (10,000 instances holding

@@ -55,7 +55,7 @@
 // is free (within a random part of 250 ms, so that a fleet's followers do not all try at
 // once; taken:<lease> sends the rest back to waiting), the reaper's too, and
 // Agent.WatchAlive reads the alive set again. Notifications are only wake-ups, sent on
-// commit: every waiter also polls, rarely while its session listens (QuietPeriod, 30 s),
+// commit: every waiter also polls, rarely while its session listens (QuietPeriod, 1 min),
 // at RetryPeriod while it does not, so a dropped session or a lost notification delays,
 // never misleads. In ModeHeartbeatTableOnly there is no listening session: polling only.
 //

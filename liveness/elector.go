@@ -19,7 +19,7 @@ import (
 const (
 	DefaultElectorTTL         = 15 * time.Second
 	DefaultElectorRetryPeriod = time.Second
-	DefaultElectorQuietPeriod = 30 * time.Second
+	DefaultElectorQuietPeriod = time.Minute
 )
 
 // ElectorConfig configures a campaign for one lease name (Agent.Elect). Zero values take
@@ -39,7 +39,8 @@ type ElectorConfig struct {
 	// (DefaultElectorQuietPeriod if zero; never shorter than RetryPeriod). Everything
 	// that frees a lease is notified then (a release, a holder dead by the verdict, an
 	// expiry seen by the fleet's watcher), and a notification wakes the followers at
-	// once, so their polls only cover a lost notification: a fleet's followers cost the
+	// once, and a session that listens again wakes them all for a try, so their polls
+	// only cover a notification lost while listening: a fleet's followers cost the
 	// database O(1) each, rarely, instead of a try a second each.
 	QuietPeriod time.Duration
 

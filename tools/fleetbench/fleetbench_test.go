@@ -59,7 +59,7 @@ func TestFleetBenchSmall(t *testing.T) {
 	}
 	// At the defaults an agent beats every 30 s (fast: 5 s until settled), proves its lock
 	// every 10 s and, with its session listening, tries each of its five campaigns
-	// (three jobs, the reaper, a watcher) every 15–30 s; the watcher ticks 4 times a
+	// (three jobs, the victim's, the reaper, two watchers) every 30–60 s; the watcher ticks 4 times a
 	// second for the whole fleet. Under 1.5 a second each leaves room for the warm-up's
 	// tail, and fails a follower that polls every second (5 campaigns × 2 statements).
 	if per := res.Statements / float64(cfg.Agents); res.Statements == 0 || per > 1.5 {
