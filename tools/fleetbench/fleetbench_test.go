@@ -58,10 +58,10 @@ func TestFleetBenchSmall(t *testing.T) {
 		t.Errorf("%d alive-lock sessions for %d agents", res.LockSessions, cfg.Agents)
 	}
 	// At the defaults an agent beats every 30 s (fast: 5 s until settled), proves its lock
-	// every 10 s and, with its session listening, tries each of its five campaigns
-	// (three jobs, the victim's, the reaper, two watchers) every 30–60 s; the watcher ticks 4 times a
-	// second for the whole fleet. Under 1.5 a second each leaves room for the warm-up's
-	// tail, and fails a follower that polls every second (5 campaigns × 2 statements).
+	// every 10 s and, with its session listening, tries each of its seven campaigns (three
+	// jobs, the victim's, the reaper's, two watchers') every 30–60 s; the watchers tick 8
+	// times a second for the whole fleet. Under 1.5 a second each leaves room for the
+	// warm-up's tail, and fails followers that poll every second (7 tries a second).
 	if per := res.Statements / float64(cfg.Agents); res.Statements == 0 || per > 1.5 {
 		t.Errorf("%.1f statements a second, %.2f per agent; want more than none and at most 1.5 per agent (busiest: %v)",
 			res.Statements, per, res.TopStatement)
