@@ -16,7 +16,7 @@ LDFLAGS := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REV
 	-X $(VERSION_PKG).Branch=$(BRANCH) -X $(VERSION_PKG).BuildUser=$(BUILD_USER) \
 	-X $(VERSION_PKG).BuildDate=$(BUILD_DATE)
 
-.PHONY: all build test test-majors lint run bench bench-compare clean deps faults faults-majors dashboard-plots soak
+.PHONY: all build test test-majors lint run bench bench-compare bench-fleet clean deps faults faults-majors dashboard-plots soak
 
 all: lint test build
 
@@ -78,7 +78,7 @@ lint:
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 	cd deploy && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
-	cd tools && $(GO) vet -tags benchcompare ./... && $(GO) run $(STATICCHECK) -tags benchcompare ./...
+	cd tools && $(GO) vet -tags benchcompare,benchfleet ./... && $(GO) run $(STATICCHECK) -tags benchcompare,benchfleet ./...
 
 # The local demo: PostgreSQL in .run/, the exporter as an agent, a simulated fleet and,
 # if installed, Prometheus with the alert rules. Ctrl-C stops it all. See scripts/run.sh
@@ -131,6 +131,13 @@ bench:
 # Side by side with Debian's prometheus-postgres-exporter (installed here, as root) at
 # 1,000, 10,000 and 100,000 instances, interleaved; rewrites the table in
 # docs/performance.md. About ten minutes; not part of make test.
+# What a fleet of agents at the library's defaults costs one PostgreSQL, at 100 and 1,000
+# agents (FLEET_SIZES=100,1000; FLEET_WARMUP, FLEET_MEASURE): docs/performance.md, "Fleet
+# scale". About 6 minutes. Run it on an otherwise idle machine.
+bench-fleet:
+	./scripts/install-deps.sh test
+	cd tools && FLEET_PLOT=$(CURDIR)/docs/fleet-scale.svg $(GO) test -tags benchfleet -run '^TestBenchFleet$$' -count=1 -timeout 60m -v ./fleetbench/
+
 bench-compare:
 	./scripts/install-deps.sh bench
 	cd tools && $(GO) test -tags benchcompare -run '^TestBenchCompare$$' -count=1 -timeout 30m -v ./benchcompare/ \

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/logging"
@@ -537,15 +538,26 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
+// schemaReadTimeout bounds each read of the schema's version at start-up.
+var schemaReadTimeout = 10 * time.Second
+
 // schemaReady checks, before anything starts, that the migrations this library needs
 // are applied; with WaitForSchema it waits for them.
 func (a *Agent) schemaReady(ctx context.Context) error {
+	var slow logging.Repeats
 	for {
-		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		qctx, cancel := context.WithTimeout(ctx, schemaReadTimeout)
 		v, err := migrations.Version(qctx, a.cfg.Pool, a.cfg.Schema)
 		cancel()
 		if err == nil && v >= migrations.Latest() {
 			return nil
+		}
+		if err != nil && ctx.Err() == nil && (pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded)) {
+			// The database did not answer in time (a fleet starting at once, a server
+			// under load): no answer is not a missing schema. Ask again.
+			slow.Log(a.cfg.Logger, slog.LevelWarn, "timeout", "cannot read the schema's version in time; asking again",
+				"schema", a.cfg.Schema, "err", err)
+			continue
 		}
 		if !a.cfg.WaitForSchema {
 			if err != nil {

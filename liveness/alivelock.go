@@ -95,6 +95,8 @@ type aliveLock struct {
 	claimSQL          string
 	verifySQL         string
 	listenSQL         string
+	membersSQL        string // LISTEN on the members channel
+	unmembersSQL      string // UNLISTEN it
 	events            *events
 	log               *slog.Logger
 
@@ -125,7 +127,8 @@ type aliveLock struct {
 
 	// Owned by the Run goroutine.
 	connectedOnce bool
-	lastExchange  time.Time // when the last statement that got an answer was sent
+	lastExchange  time.Time   // when the last statement that got an answer was sent
+	members       atomic.Bool // whether the session listens to the members channel
 	// The server's clock in that statement's answer, and its round trip (lockProof).
 	lastServerClock time.Time
 	lastRoundTrip   time.Duration
@@ -201,7 +204,12 @@ func (c aliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
 		KeepAliveConfig: net.KeepAliveConfig{
 			Enable: true, Idle: idle, Interval: interval, Count: clientCount,
 		},
-		Control: func(_, _ string, rc syscall.RawConn) error {
+		Control: func(network, _ string, rc syscall.RawConn) error {
+			if !strings.HasPrefix(network, "tcp") {
+				// A unix socket (a server on this host) has no network to be cut
+				// off by: the server's end of it closes when the session ends.
+				return nil
+			}
 			var serr error
 			err := rc.Control(func(fd uintptr) {
 				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(clientUserTimeout.Milliseconds()))
@@ -258,6 +266,8 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 		claimSQL:          store.AliveLockClaim.In(cfg.Schema).SQL,
 		verifySQL:         store.AliveLockVerify.In(cfg.Schema).SQL,
 		listenSQL:         store.EventsListen.In(cfg.Schema).SQL,
+		membersSQL:        store.MembersListen.In(cfg.Schema).SQL,
+		unmembersSQL:      store.MembersUnlisten.In(cfg.Schema).SQL,
 		events:            cfg.Events,
 		log:               logging.Wrap(cfg.Logger),
 	}
@@ -269,6 +279,8 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 				a.events.publish(e)
 			}
 		}
+		// Wanting membership or no longer wanting it takes a statement on this session.
+		a.events.onMembersWantChanged(a.wake)
 	}
 	if a.verifyEvery == 0 {
 		a.verifyEvery = DefaultVerifyInterval
@@ -379,6 +391,7 @@ func (a *aliveLock) session(ctx context.Context) (held bool) {
 	}
 	a.connectedOnce = true
 	defer func() {
+		a.events.setListening(false)
 		if ctx.Err() != nil {
 			a.release() // shutting down: not a loss
 		} else {
@@ -394,6 +407,7 @@ func (a *aliveLock) session(ctx context.Context) (held bool) {
 
 	a.lastExchange = time.Now()
 	listening := false
+	a.members.Store(false) // a new session listens to nothing
 	for {
 		if !a.runClaimingState(ctx, conn) {
 			return held
@@ -402,7 +416,10 @@ func (a *aliveLock) session(ctx context.Context) (held bool) {
 		if !listening && a.events != nil {
 			listening = a.listen(ctx, conn)
 		}
-		if !a.runHoldingState(ctx, conn) {
+		if listening {
+			a.syncMembers(ctx, conn)
+		}
+		if !a.runHoldingState(ctx, conn, listening) {
 			return held
 		}
 	}
@@ -444,7 +461,7 @@ func (a *aliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
 // still held. It returns true once it is not (it vanished, the server refused the
 // verification, or the statements run on another backend), after the pause before the
 // next claim, and false when the connection must be dropped.
-func (a *aliveLock) runHoldingState(ctx context.Context, conn *pgx.Conn) bool {
+func (a *aliveLock) runHoldingState(ctx context.Context, conn *pgx.Conn, listening bool) bool {
 	for {
 		every := a.verifyEvery
 		if a.leading.Load() > 0 {
@@ -452,6 +469,9 @@ func (a *aliveLock) runHoldingState(ctx context.Context, conn *pgx.Conn) bool {
 		}
 		if !a.waitWakeable(ctx, conn, every) {
 			return false
+		}
+		if listening {
+			a.syncMembers(ctx, conn)
 		}
 		ans, backendPID := a.ask(ctx, conn, a.verifySQL, a.instanceID)
 		switch ans {
@@ -553,8 +573,35 @@ func (a *aliveLock) listen(ctx context.Context, conn *pgx.Conn) bool {
 		return false
 	}
 	a.log.Debug("listening to the schema's events", "channel", channel)
+	a.events.setListening(true)
 	a.events.publish(event{Kind: eventResync})
 	return true
+}
+
+// syncMembers listens to the members channel while something in the process waits for
+// membership, and stops once nothing does (events.MembersWanted). A LISTEN that takes
+// effect wakes the membership waiters, which may have missed events before it. A failure
+// is logged at debug level and tried again at the next verification: the waiters poll.
+func (a *aliveLock) syncMembers(ctx context.Context, conn *pgx.Conn) {
+	want := a.events.MembersWanted()
+	if want == a.members.Load() {
+		return
+	}
+	sql := a.unmembersSQL
+	if want {
+		sql = a.membersSQL
+	}
+	qctx, cancel := context.WithTimeout(ctx, aliveLockStatementTimeout)
+	defer cancel()
+	var channel string
+	if err := conn.QueryRow(qctx, sql).Scan(&channel); err != nil {
+		a.log.Debug("cannot change listening to the members channel", "listen", want, "error", err)
+		return
+	}
+	a.members.Store(want)
+	if want {
+		a.events.publish(event{Kind: eventResync})
+	}
 }
 
 // wake makes the session verify the lock now, when it holds it: the wait before the next

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
@@ -332,4 +333,21 @@ func TestAliveLockRecoversFastEveryTime(t *testing.T) {
 		testutil.Eventually(t, 3*time.Second, "the loss noticed", func() bool { return !lock.Held() })
 	}
 	testutil.Eventually(t, 3*time.Second, "the alive lock held again after the sixth loss", lock.Held)
+}
+
+// TestAliveLockOverAUnixSocket: a DirectDSN that names the server's unix socket (an agent
+// on the database's host) holds the lock. The TCP options the session sets on its socket
+// (the user timeout) do not apply there, and setting them made every connection fail.
+func TestAliveLockOverAUnixSocket(t *testing.T) {
+	ctx := testutil.Context(t, 60*time.Second)
+	db, pool := testdb.MigratedPool(t, 4)
+	if db.Server == nil {
+		t.Fatal("this test needs the test server's unix socket; unset " + pgtest.EnvDSN)
+	}
+	id := uuid.New()
+	lock := startAliveLock(t, aliveLockConfig{DSN: db.Server.AdminDSN(db.Name), InstanceID: id, ServiceName: "svc"})
+	testutil.Eventually(t, 10*time.Second, "lock held over the unix socket", lock.Held)
+	if pid := lockHolderPID(t, ctx, pool, id); pid == 0 {
+		t.Fatal("no backend holds the lock")
+	}
 }

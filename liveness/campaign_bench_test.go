@@ -14,19 +14,26 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
-// Follower tries per agent and second at the defaults: the reaper's campaign retries
-// every 5 s, each of the two watchers' every 30 s.
-const followerTriesPerAgent = 1.0/5 + 2.0/30
+// Follower tries per agent and second at the defaults, while its session listens: each
+// of its campaigns (the reaper's, the two watchers', and here three jobs) tries once per
+// QuietPeriod, jittered over its second half (45 s on average).
+const followerTriesPerAgent = 6 / (0.75 * 60.0)
 
 // BenchmarkLeaseAcquireRefused measures what a follower's try costs the database when the
 // lease is held by a live instance, at the watcher's scale (10,000 instances holding
 // their alive locks, 10,500 advisory locks in pg_locks), side by side with SELECT 1 on the
 // same connection, alternating. A refused lease_acquire judges the holder
-// (lease_is_free, then is_instance_alive) and the acquirer (is_instance_alive): each
-// verdict reads pg_locks, which copies the server's whole lock table. It reports both
-// medians, the ratio, and the database time per second of a fleet of 10,000 agents
-// following the reaper's and the watchers' leases (followerTriesPerAgent each).
+// (lease_is_free, then is_instance_alive) and the acquirer (is_instance_alive): "watched",
+// while a watcher's tick is recent, from their rows and stamps (index lookups);
+// "unwatched", without one, by the full verdict, which reads pg_locks (a copy of the
+// server's whole lock table) for each. It reports both medians, the ratio, and the
+// database time per second of a fleet of 10,000 agents (followerTriesPerAgent each).
 func BenchmarkLeaseAcquireRefused(b *testing.B) {
+	b.Run("watched", func(b *testing.B) { benchmarkLeaseAcquireRefused(b, true) })
+	b.Run("unwatched", func(b *testing.B) { benchmarkLeaseAcquireRefused(b, false) })
+}
+
+func benchmarkLeaseAcquireRefused(b *testing.B, watched bool) {
 	data := benchdata.BuildScale(b, watcherScale)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -69,6 +76,43 @@ func BenchmarkLeaseAcquireRefused(b *testing.B) {
 		}
 		return d
 	}
+	// A watcher's tick, recorded as watch_alive_locks records it, kept fresh (or stale)
+	// on another connection.
+	watch, err := pgx.Connect(ctx, data.DSN)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer watch.Close(context.Background())
+	record := func() error {
+		at := "clock_timestamp()"
+		if !watched {
+			at = "clock_timestamp() - interval '1 hour'"
+		}
+		_, err := watch.Exec(ctx, `INSERT INTO liveness.alive_lock_watch (watched_at, server_started_at)
+		        VALUES (`+at+`, pg_postmaster_start_time())
+		        ON CONFLICT (singleton) DO UPDATE SET watched_at = excluded.watched_at, server_started_at = excluded.server_started_at`)
+		return err
+	}
+	if err := record(); err != nil {
+		b.Fatal(err)
+	}
+	ticking, stopTicking := context.WithCancel(ctx)
+	ticked := make(chan struct{})
+	go func() {
+		defer close(ticked)
+		for {
+			select {
+			case <-ticking.Done():
+				return
+			case <-time.After(liveness.WatchInterval):
+				if err := record(); err != nil && ticking.Err() == nil {
+					b.Error(err)
+					return
+				}
+			}
+		}
+	}()
+	defer func() { stopTicking(); <-ticked }()
 	select1 := func() time.Duration { return timed(`SELECT 1`) }
 	refused := func() time.Duration { return timed(acquire, lease, "acquirer", 15.0, acquirer, "host-a") }
 	_, mr := latency.SideBySide(b, "select1", select1, "refused", refused)

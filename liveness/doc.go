@@ -44,13 +44,28 @@
 // stamp at their first look too: the fallback when no watcher runs
 // (AgentConfig.DisableWatcher everywhere, or both watchers dead at once).
 //
-// Waiters are woken: the schema's events channel (<schema>_events) carries dead:<id>
-// (from the watcher, once the verdict agrees), left:<id>, joined:<id> and free:<lease>,
-// and the alive lock's session LISTENs to it. An elector's follower tries at once when
-// its lease is free, the reaper's too, and Agent.WatchAlive reads the alive set again.
-// Notifications are only wake-ups, sent on commit: every waiter also polls (RetryPeriod,
-// WatchAlivePoll), so a dropped session or a lost notification delays, never misleads.
-// In ModeHeartbeatTableOnly there is no listening session: polling only.
+// Waiters are woken: the schema's events channel (<schema>_events) carries free:<lease>
+// (released, its holder dead, or expired: the watcher's tick notices) and taken:<lease>,
+// and the alive lock's session LISTENs to it; the members channel (<schema>_members)
+// carries dead:<id> (from the watcher, once the verdict agrees), left:<id> and
+// joined:<id>, and the session LISTENs to it only while something of the process waits
+// for membership (a watcher that leads, Agent.WatchAlive): PostgreSQL signals every
+// listener of a channel for each notification, and a fleet that all listened to every
+// join would pay O(N) per join. An elector's follower tries when its lease
+// is free (within a random part of 250 ms, so that a fleet's followers do not all try at
+// once; taken:<lease> sends the rest back to waiting), the reaper's too, and
+// Agent.WatchAlive reads the alive set again. Notifications are only wake-ups, sent on
+// commit: every waiter also polls, rarely while its session listens (QuietPeriod, 1 min),
+// at RetryPeriod while it does not, so a dropped session or a lost notification delays,
+// never misleads. In ModeHeartbeatTableOnly there is no listening session: polling only.
+//
+// What an agent costs the database is the same whatever the fleet's size: its statements
+// are index lookups and updates of its own rows. Only the fleet's watcher reads pg_locks
+// (a copy of the server's whole lock table, taken under every lock-manager partition):
+// a session proves its own lock by answering from the backend that took it (a session
+// lock is released only by that session), and while a watcher ticks, a refused lease try
+// judges the holder from its row and its absence stamp rather than by the full verdict
+// (migration 0010).
 //
 // A Reader reads the source ReaderConfig.Source names: this package's schema, or a
 // Whizbang database as it is, judged by the same rule (store.SourceConfig).
@@ -76,7 +91,7 @@
 //
 //   - Return. The callback returns on its own: the lease is released (its row deleted)
 //     and another process may start at once: the release is notified and wakes the
-//     followers, or at their next try (within their RetryPeriod) without it.
+//     followers, or at their next try (within their QuietPeriod) without it.
 //   - Cancel. Elect's context or Run's ends (SIGTERM): the callback's context is
 //     cancelled, and the lease stays renewed, and the instance alive (Run still beats
 //     and holds its lock), while the callback winds down. Another process may start

@@ -19,6 +19,7 @@ import (
 const (
 	DefaultElectorTTL         = 15 * time.Second
 	DefaultElectorRetryPeriod = time.Second
+	DefaultElectorQuietPeriod = time.Minute
 )
 
 // ElectorConfig configures a campaign for one lease name (Agent.Elect). Zero values take
@@ -29,9 +30,19 @@ type ElectorConfig struct {
 	// TTL of the lease, renewed every TTL/4; DefaultElectorTTL if zero. A crashed leader's
 	// lease does not wait for it: it is free once the leader is dead by the one verdict.
 	TTL time.Duration
-	// RetryPeriod is how often a follower tries to take the lease and reads who leads;
-	// DefaultElectorRetryPeriod if zero. It bounds how long a free lease stays untaken.
+	// RetryPeriod is how often a follower tries to take the lease and reads who leads
+	// while its Agent has no session listening to the schema's events (it is
+	// reconnecting, or runs ModeHeartbeatTableOnly); DefaultElectorRetryPeriod if zero.
+	// It then bounds how long a free lease stays untaken.
 	RetryPeriod time.Duration
+	// QuietPeriod replaces RetryPeriod while the events are listened to
+	// (DefaultElectorQuietPeriod if zero; never shorter than RetryPeriod). Everything
+	// that frees a lease is notified then (a release, a holder dead by the verdict, an
+	// expiry seen by the fleet's watcher), and a notification wakes the followers at
+	// once, and a session that listens again wakes them all for a try, so their polls
+	// only cover a notification lost while listening: a fleet's followers cost the
+	// database O(1) each, rarely, instead of a try a second each.
+	QuietPeriod time.Duration
 
 	// OnStartedLeading runs, in its own goroutine, each time this process becomes the
 	// leader; required. The lease is released only after it has returned, and until then
@@ -125,6 +136,8 @@ func (c ElectorConfig) Validate() error {
 		return &ConfigError{Field: "ElectorConfig.TTL", Reason: fmt.Sprintf("(%s) must be at least %s", c.TTL, MinLeaseTTL)}
 	case c.RetryPeriod < 0:
 		return &ConfigError{Field: "ElectorConfig.RetryPeriod", Reason: fmt.Sprintf("(%s) must not be negative", c.RetryPeriod)}
+	case c.QuietPeriod < 0:
+		return &ConfigError{Field: "ElectorConfig.QuietPeriod", Reason: fmt.Sprintf("(%s) must not be negative", c.QuietPeriod)}
 	}
 	return nil
 }
@@ -161,6 +174,7 @@ func (l *Leases) elect(ctx context.Context, cfg ElectorConfig, windDown time.Dur
 	}
 	cfg.TTL = cmp.Or(cfg.TTL, DefaultElectorTTL)
 	cfg.RetryPeriod = cmp.Or(cfg.RetryPeriod, DefaultElectorRetryPeriod)
+	cfg.QuietPeriod = max(cmp.Or(cfg.QuietPeriod, DefaultElectorQuietPeriod), cfg.RetryPeriod)
 	e := &campaign{leases: l, cfg: cfg, windDown: windDown, gate: gate}
 	for {
 		lease := e.follow(ctx)
@@ -201,14 +215,20 @@ type campaign struct {
 	seen     Leader // the last leader reported to OnNewLeader
 }
 
-// follow tries to take the lease every RetryPeriod (with jitter, so that followers do
-// not hit the row in step) and reports leader changes. A notification that the lease is
-// free (released, or its holder dead) wakes it for a try at once; the RetryPeriod poll
-// stays, for a lost notification or a process without a listening session. It returns
-// the lease once taken, with the gate entered, or nil when ctx ends.
+// follow tries to take the lease, with jitter so that followers do not hit the row in
+// step, and reports leader changes: every QuietPeriod while the Agent listens to the
+// schema's events, every RetryPeriod while it does not (the poll is then all there is).
+// A notification that the lease is free (released, its holder dead, or expired) wakes it
+// for a try within freeSpread: the fleet's followers are all woken at once, and the first
+// to try takes the lease, whose taken:<name> sends back to waiting those that have not
+// tried yet. It returns the lease once taken, with the gate entered, or nil when ctx ends.
 func (e *campaign) follow(ctx context.Context) *Lease {
-	wake, unsubscribe := e.leases.events.subscribe(func(ev event) bool { return ev.Kind == eventFree && ev.ID == e.cfg.Lease })
-	defer unsubscribe()
+	lease := e.cfg.Lease
+	freed, unsubscribeFree := e.leases.events.subscribe(func(ev event) bool { return ev.Kind == eventFree && ev.ID == lease })
+	defer unsubscribeFree()
+	taken, unsubscribeTaken := e.leases.events.subscribe(func(ev event) bool { return ev.Kind == eventTaken && ev.ID == lease })
+	defer unsubscribeTaken()
+	try := true
 	for ctx.Err() == nil {
 		// A try refused because this instance cannot prove life yet (an agent that has
 		// just started) is made again as soon as it can, not a RetryPeriod later.
@@ -219,8 +239,13 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 				lifeChanged = nil
 			}
 		}
-		wait := e.cfg.RetryPeriod/2 + rand.N(e.cfg.RetryPeriod/2+1)
+		period := e.cfg.RetryPeriod
+		if e.leases.events.Listening() {
+			period = e.cfg.QuietPeriod
+		}
+		wait := period/2 + rand.N(period/2+1)
 		switch {
+		case !try:
 		case e.cfg.slot == nil || e.cfg.slot.CompareAndSwap(slotFree, slotTrying):
 			if lease := e.try(ctx); lease != nil {
 				if e.cfg.slot != nil {
@@ -238,15 +263,46 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 			// The other campaign is only trying: its answer comes within a round trip.
 			wait = slotRecheck
 		}
+		try = true
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):
-		case <-wake:
+		case <-freed:
+			try = e.awaitTurn(ctx, taken)
+		case <-taken:
+			// Someone else took it: nothing to try, but who leads changed.
+			try = false
+			e.observe(ctx)
 		case <-lifeChanged:
 		}
 	}
 	return nil
 }
+
+// awaitTurn waits a random part of freeSpread after a wake-up that the lease is free,
+// and reports whether to try it: not when it was taken meanwhile (then who leads is
+// read instead).
+func (e *campaign) awaitTurn(ctx context.Context, taken <-chan struct{}) bool {
+	select {
+	case <-taken: // from before this wake-up: not news
+	default:
+	}
+	spread := min(e.cfg.RetryPeriod/4, freeSpread)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(rand.N(spread + 1)):
+		return true
+	case <-taken:
+		e.observe(ctx)
+		return false
+	}
+}
+
+// freeSpread is how long, at most, a follower woken by free:<name> waits before it tries:
+// spread over it, a fleet's followers try one after another rather than all at once, and
+// most see taken:<name> before their turn.
+const freeSpread = 250 * time.Millisecond
 
 // try takes the lease once, with the gate entered, or reports who leads and returns nil.
 func (e *campaign) try(ctx context.Context) *Lease {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
@@ -477,5 +479,103 @@ func TestOnNewLeaderReportsItselfAndTheGap(t *testing.T) {
 	if len(all) < 3 || all[0].Epoch != epochs[0] || all[1].InstanceID != uuid.Nil || all[1].Epoch != 0 ||
 		all[2].Epoch != epochs[1] || all[1].Lease != "report" {
 		t.Fatalf("OnNewLeader said %+v; want epoch %d (itself), no leader, then epoch %d", all, epochs[0], epochs[1])
+	}
+}
+
+// statementCounter counts the statements a pool sends, per tag and first argument when it
+// is a string ("lease_acquire:<lease>").
+type statementCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if _, rest, ok := strings.Cut(data.SQL, "/* pg_liveness:"); ok {
+		tag, _, _ := strings.Cut(rest, " ")
+		if len(data.Args) > 0 {
+			if name, ok := data.Args[0].(string); ok {
+				tag += ":" + name // the lease, for lease statements
+			}
+		}
+		c.mu.Lock()
+		c.n[tag]++
+		c.mu.Unlock()
+	}
+	return ctx
+}
+
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *statementCounter) count(tag string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[tag]
+}
+
+// TestFollowersWaitForNotificationsNotTheClock: a follower whose Agent listens to the
+// schema's events does not try the lease every RetryPeriod (it would be a try a second per
+// follower, the fleet's O(N) share of the database), and still takes the lease at once
+// when the leader steps down, woken by the notification.
+func TestFollowersWaitForNotificationsNotTheClock(t *testing.T) {
+	db, _ := testdb.MigratedPool(t, 2)
+	lead := newAgent(t, agentConfig(db, db.Pool(t, 3)))
+	runAgent(t, lead)
+
+	counter := &statementCounter{n: map[string]int{}}
+	pcfg, err := pgxpool.ParseConfig(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 3
+	pcfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	follower := newAgent(t, agentConfig(db, pool))
+	runAgent(t, follower)
+
+	ctx, stop := context.WithTimeout(context.Background(), time.Minute)
+	defer stop()
+	stepDown := make(chan struct{})
+	var l2 leadership
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	c1 := liveness.ElectorConfig{Lease: "quiet-job", RetryPeriod: 50 * time.Millisecond,
+		OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+			select {
+			case <-ctx.Done():
+			case <-stepDown:
+			}
+		}}
+	wg.Go(func() { _ = lead.Elect(ctx, c1) })
+	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "the first agent leads", func() bool {
+		l, err := reader.Leader(ctx, "quiet-job")
+		return err == nil && l.InstanceID == lead.Snapshot().InstanceID
+	})
+	c2 := l2.config("quiet-job", 0)
+	c2.RetryPeriod = 50 * time.Millisecond
+	wg.Go(func() { _ = follower.Elect(ctx, c2) })
+	testutil.Eventually(t, 10*time.Second, "the follower's first try", func() bool { return counter.count("lease_acquire:quiet-job") > 0 })
+
+	// Twenty RetryPeriods: a clock-driven follower tries about twenty times.
+	before := counter.count("lease_acquire:quiet-job")
+	time.Sleep(20 * c2.RetryPeriod)
+	if tries := counter.count("lease_acquire:quiet-job") - before; tries > 3 {
+		t.Fatalf("the listening follower tried %d times in 20 retry periods; want it to wait for a notification", tries)
+	}
+
+	steppedDown := time.Now()
+	close(stepDown)
+	testutil.Eventually(t, 5*time.Second, "the follower leads", func() bool { s, _ := l2.snapshot(); return len(s) == 1 })
+	s, _ := l2.snapshot()
+	if took := s[0].start.Sub(steppedDown); took > 2*time.Second {
+		t.Fatalf("the follower took over %s after the step-down; want it woken by the release's notification", took)
 	}
 }

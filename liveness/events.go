@@ -3,15 +3,18 @@ package liveness
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
-// The schema's events, as migration 0007's triggers and the watcher notify them on the
-// channel <schema>_events, payload "<kind>:<id>".
+// The schema's events, as the triggers and the watcher notify them, payload
+// "<kind>:<id>": on the channel <schema>_events, and from migration 0010 on, membership
+// (dead, left, joined) on <schema>_members (see isMembership).
 const (
 	eventDead   = "dead"   // dead:<instance id>: dead by the verdict after its lock vanished
 	eventLeft   = "left"   // left:<instance id>: its row was deleted (a graceful stop, the reaper)
 	eventJoined = "joined" // joined:<instance id>: its row was inserted
 	eventFree   = "free"   // free:<lease name>: released, or its holder is dead
+	eventTaken  = "taken"  // taken:<lease name>: it has a new epoch (migration 0010 on)
 	// eventResync is no notification: the listening session (re)started, so anything
 	// may have been missed while it was away; whoever waits reads the state again.
 	eventResync = "resync"
@@ -41,6 +44,77 @@ func parseEvent(payload string) (event, bool) {
 type events struct {
 	mu   sync.Mutex
 	subs map[*eventSub]struct{}
+	// listening is whether a session LISTENs on the channel now: while it does, waiters
+	// may poll rarely, because what they wait for is notified.
+	listening atomic.Bool
+	// members counts the subscriptions to membership (joined, left, dead), which arrive
+	// on a channel of their own that the session listens to only while one exists;
+	// membersChanged (the session's wake) is called when that count leaves or reaches 0.
+	members        atomic.Int32
+	membersChanged func()
+}
+
+// isMembership reports whether an event kind comes on the members channel.
+func isMembership(kind string) bool {
+	return kind == eventJoined || kind == eventLeft || kind == eventDead
+}
+
+// subscribeMembers is subscribe for membership events: while any such subscription
+// exists, the listening session also listens to the members channel (PostgreSQL signals
+// every listener of a channel for each notification, so the fleet's agents do not all
+// listen to every join).
+func (h *events) subscribeMembers(match func(event) bool) (<-chan struct{}, func()) {
+	if h == nil {
+		return nil, func() {}
+	}
+	wake, unsubscribe := h.subscribe(match)
+	if h.members.Add(1) == 1 {
+		h.membersWantChanged()
+	}
+	var once sync.Once
+	return wake, func() {
+		once.Do(func() {
+			unsubscribe()
+			if h.members.Add(-1) == 0 {
+				h.membersWantChanged()
+			}
+		})
+	}
+}
+
+// MembersWanted reports whether something waits for membership events.
+func (h *events) MembersWanted() bool { return h != nil && h.members.Load() > 0 }
+
+func (h *events) membersWantChanged() {
+	h.mu.Lock()
+	f := h.membersChanged
+	h.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// onMembersWantChanged sets what is called when MembersWanted changes.
+func (h *events) onMembersWantChanged(f func()) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.membersChanged = f
+	h.mu.Unlock()
+}
+
+// Listening reports whether a session listens on the events channel now (false on a nil
+// *events).
+func (h *events) Listening() bool { return h != nil && h.listening.Load() }
+
+// setListening records whether the listening session is up. Going down wakes every
+// waiter, so that each goes back to polling at its short period at once.
+func (h *events) setListening(on bool) {
+	if h == nil || h.listening.Swap(on) == on || on {
+		return // listen publishes its own resync once the LISTEN took effect
+	}
+	h.publish(event{Kind: eventResync})
 }
 
 type eventSub struct {

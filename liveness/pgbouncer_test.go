@@ -77,3 +77,33 @@ func TestAliveLockBehindPgBouncer(t *testing.T) {
 		}
 	})
 }
+
+// TestWatcherNotifiesDeadThroughPgBouncer: a service whose pool goes through PgBouncer in
+// transaction mode (default_query_exec_mode=exec: parameters in text, their types not
+// asked) still gets its watcher's dead:<id>. Its ids were sent as a []uuid.UUID, which
+// pgx cannot encode as text for a parameter of unknown type: every notification failed.
+func TestWatcherNotifiesDeadThroughPgBouncer(t *testing.T) {
+	ctx := testutil.Context(t, 60*time.Second)
+	db, direct := testdb.MigratedPool(t, 4)
+	bouncer := pgtest.NewPgBouncer(t, db.DSN)
+	pool := pgtest.Pool(t, bouncer.DSN(db.Name)+" default_query_exec_mode=exec", 2)
+	id := uuid.New()
+	// A holder whose lock vanished five seconds ago: dead by the verdict.
+	for _, sql := range []string{
+		`INSERT INTO liveness.instances (instance_id, service_name, holds_alive_lock) VALUES ($1, 'svc', true)`,
+		`INSERT INTO liveness.alive_lock_absences (instance_id, missing_since, server_started_at)
+		 VALUES ($1, now() - interval '5 seconds', pg_postmaster_start_time())`,
+	} {
+		if _, err := direct.Exec(ctx, sql, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := newWatcher(watcherConfig{Pool: pool, Schema: DefaultSchema})
+	st := &watchState{due: map[uuid.UUID]time.Time{id: time.Now()}, told: map[uuid.UUID]bool{}}
+	if err := w.notify(ctx, st, []uuid.UUID{id}, time.Now()); err != nil {
+		t.Fatalf("notify through PgBouncer: %v", err)
+	}
+	if !st.told[id] || w.notified.Load() != 1 {
+		t.Fatalf("the dead instance was not notified (told %v, notified %d)", st.told[id], w.notified.Load())
+	}
+}

@@ -52,7 +52,7 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 	defer cancel()
 	stop := context.AfterFunc(a.leading.stopping, cancel)
 	defer stop()
-	wake, unsubscribe := a.events.subscribe(func(ev event) bool {
+	wake, unsubscribe := a.events.subscribeMembers(func(ev event) bool {
 		return ev.Kind == eventJoined || ev.Kind == eventLeft || ev.Kind == eventDead
 	})
 	defer unsubscribe()

@@ -56,3 +56,56 @@ func TestWatchAliveTellsAFailingReadOnce(t *testing.T) {
 		t.Fatalf("not told once at info that reads succeed again:%s", logs)
 	}
 }
+
+// TestMembershipIsListenedToOnlyWhileWanted: an agent's session listens to the members
+// channel (joined:, left:, dead:) only while something in the process waits for
+// membership, here WatchAlive; a join is then told at once (within the WatchAlivePoll it
+// would otherwise wait). PostgreSQL signals every listener of a channel for each
+// notification, so an agent that nothing of which waits for membership must not listen.
+func TestMembershipIsListenedToOnlyWhileWanted(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 4)
+	a, err := NewAgent(AgentConfig{Pool: pool, DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc",
+		DisableWatcher: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, a.Run)
+	testutil.Eventually(t, 20*time.Second, "the agent listening to its events", a.events.Listening)
+	if !testutil.Never(t, 500*time.Millisecond, "listening to the members channel with nothing waiting", a.lock.members.Load) {
+		t.FailNow()
+	}
+	ctx := testutil.Context(t, time.Minute)
+	wctx, stopWatch := context.WithCancel(ctx)
+	sizes := make(chan int, 64)
+	watchDone := make(chan error, 1)
+	go func() {
+		watchDone <- a.WatchAlive(wctx, "svc", func(alive []InstanceStatus) { sizes <- len(alive) })
+	}()
+	testutil.Eventually(t, 10*time.Second, "listening to the members channel while WatchAlive runs", a.lock.members.Load)
+	for n := 0; n != 1; {
+		select {
+		case n = <-sizes:
+		case <-time.After(20 * time.Second):
+			t.Fatal("WatchAlive did not report the agent itself")
+		}
+	}
+	// Another instance joins: its row's insertion is notified, and WatchAlive reads again
+	// well before its poll.
+	other := uuid.New()
+	if _, err := pool.Exec(ctx, `INSERT INTO liveness.instances (instance_id, service_name) VALUES ($1, 'svc')`, other); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-sizes:
+		if n != 2 {
+			t.Fatalf("after the join WatchAlive reported %d alive; want 2", n)
+		}
+	case <-time.After(WatchAlivePoll / 2):
+		t.Fatalf("the join was not told within %s", WatchAlivePoll/2)
+	}
+	stopWatch()
+	if err := <-watchDone; err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "the members channel let go once WatchAlive ended", func() bool { return !a.lock.members.Load() })
+}

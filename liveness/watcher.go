@@ -109,7 +109,7 @@ func (w *watcher) watch(ctx context.Context) {
 	// A lock that appears and vanishes between two ticks leaves the digest as it was: an
 	// instance that crashes within a tick of its start. Its row's insertion is notified,
 	// so the tick after it stamps whatever the digest says.
-	joined, unsubscribe := w.cfg.Events.subscribe(func(ev event) bool { return ev.Kind == eventJoined })
+	joined, unsubscribe := w.cfg.Events.subscribeMembers(func(ev event) bool { return ev.Kind == eventJoined })
 	defer unsubscribe()
 	t := time.NewTicker(w.cfg.every)
 	defer t.Stop()
@@ -215,7 +215,14 @@ func (w *watcher) tick(ctx context.Context, st *watchState) error {
 // instance still alive has proved life (its absence is cleared at the next stamp), or
 // the clocks disagree by a little: it is asked again for a second, then let go.
 func (w *watcher) notify(ctx context.Context, st *watchState, ids []uuid.UUID, now time.Time) error {
-	rows, err := w.cfg.Pool.Query(ctx, w.notifySQL, ids)
+	// As text: a pool behind PgBouncer in transaction mode runs in a query mode that
+	// sends parameters in text format without asking the server their types, and pgx
+	// has no text encoding of a []uuid.UUID of unknown type (the statement casts).
+	texts := make([]string, len(ids))
+	for i, id := range ids {
+		texts[i] = id.String()
+	}
+	rows, err := w.cfg.Pool.Query(ctx, w.notifySQL, texts)
 	if err != nil {
 		return err
 	}

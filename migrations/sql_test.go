@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -414,4 +415,146 @@ func TestSharedLockOnKeyIsNotTheAliveLock(t *testing.T) {
 	if !queryBool(t, db.Conn(t), `SELECT liveness.claim_instance_alive_lock($1) IS FALSE`, id) {
 		t.Fatal("test setup: the shared locks do not block the claim")
 	}
+}
+
+// TestRefusedTriesJudgeFromStampsWhileWatched: while a watcher's tick is recent,
+// is_instance_alive judges from the instance's row and absence stamp (index lookups,
+// nothing written, pg_locks not read); once no watcher has ticked for a second it falls
+// back to the full verdict, which reads pg_locks and stamps. The stamps are part of the
+// watcher's digest, so one written behind its back is reconciled on the next tick.
+func TestRefusedTriesJudgeFromStampsWhileWatched(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 4)
+	gone, held := uuid.New(), uuid.New()
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, holds_alive_lock)
+		SELECT id, 'svc', true FROM unnest($1::uuid[]) AS id`, []uuid.UUID{gone, held})
+	holder := db.Conn(t)
+	if !queryBool(t, holder, `SELECT liveness.claim_instance_alive_lock($1)`, held) {
+		t.Fatal("claim failed")
+	}
+	stamps := func(id uuid.UUID) int {
+		return db.QueryInt(t, `SELECT count(*) FROM liveness.alive_lock_absences WHERE instance_id = $1`, id)
+	}
+	// aliveWrote runs is_instance_alive in a transaction of its own: its answer, and
+	// whether that transaction wrote anything (a stamp).
+	aliveWrote := func(id uuid.UUID) (alive, wrote bool) {
+		t.Helper()
+		ctx := testutil.Context(t, 60*time.Second)
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		var xid *string
+		if err := tx.QueryRow(ctx, `SELECT liveness.is_instance_alive($1)`, id).Scan(&alive); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id_if_assigned()::text`).Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return alive, xid != nil
+	}
+	tick := func(digest *string) string {
+		t.Helper()
+		var d string
+		if err := pool.QueryRow(testutil.Context(t, 60*time.Second),
+			`SELECT digest FROM liveness.watch_alive_locks($1) LIMIT 1`, digest).Scan(&d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+
+	// No watcher has ticked: the full verdict, which stamps the vanished lock.
+	if alive, wrote := aliveWrote(gone); !alive || !wrote || stamps(gone) != 1 {
+		t.Fatalf("without a watcher: alive %v, wrote %v, %d stamps; want alive (within its grace), a stamp written", alive, wrote, stamps(gone))
+	}
+	db.Exec(t, `DELETE FROM liveness.alive_lock_absences`)
+
+	// A watcher ticks (and stamps); a stamp removed behind its back is not written again
+	// by a refused try, which counts the unstamped lock as held and writes nothing.
+	digest := tick(nil)
+	db.Exec(t, `DELETE FROM liveness.alive_lock_absences`)
+	if alive, wrote := aliveWrote(gone); !alive || wrote || stamps(gone) != 0 {
+		t.Fatalf("while watched: alive %v, wrote %v, %d stamps; want alive from the row, nothing written", alive, wrote, stamps(gone))
+	}
+	// The stamp is what the answer rests on: one past the grace is dead, even though the
+	// instance holds its lock (the next tick clears it: see below).
+	db.Exec(t, `INSERT INTO liveness.alive_lock_absences (instance_id, missing_since, server_started_at)
+		VALUES ($1, now() - interval '5 seconds', pg_postmaster_start_time())`, held)
+	if alive, _ := aliveWrote(held); alive {
+		t.Fatal("while watched, an instance with a stamp past its grace is alive: the stamp was not read")
+	}
+	// The stamps are in the digest: the next tick sees the change, clears the stamp of
+	// the lock that is held and stamps the one that is not.
+	if next := tick(&digest); next == digest {
+		t.Fatalf("the digest %q did not change with the stamps", digest)
+	}
+	if stamps(held) != 0 || stamps(gone) != 1 {
+		t.Fatalf("after the tick: %d stamps for the held lock, %d for the vanished one; want 0 and 1", stamps(held), stamps(gone))
+	}
+	if alive, _ := aliveWrote(held); !alive {
+		t.Fatal("the holder is dead after the tick cleared its stamp")
+	}
+
+	// The watcher stops: a second later the full verdict answers again, and writes.
+	db.Exec(t, `UPDATE liveness.alive_lock_watch SET watched_at = clock_timestamp() - interval '2 seconds'`)
+	db.Exec(t, `DELETE FROM liveness.alive_lock_absences`)
+	if alive, wrote := aliveWrote(gone); !alive || !wrote || stamps(gone) != 1 {
+		t.Fatalf("with the watcher stale: alive %v, wrote %v, %d stamps; want the full verdict's stamp", alive, wrote, stamps(gone))
+	}
+}
+
+// TestLeaseEventsTakenAndExpired: taking a lease notifies taken:<name> (a renewal does
+// not), and the watcher's tick notifies free:<name> for a lease that expired since the
+// previous tick, once.
+func TestLeaseEventsTakenAndExpired(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 4)
+	listener := db.Conn(t)
+	ctx := testutil.Context(t, 60*time.Second)
+	if _, err := listener.Exec(ctx, `SELECT liveness.events_listen()`); err != nil {
+		t.Fatal(err)
+	}
+	next := func() string {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			return ""
+		}
+		return n.Payload
+	}
+	tick := func() {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `SELECT count(*) FROM liveness.watch_alive_locks(NULL)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tick() // the first tick: the reference for "since"
+	db.Exec(t, `INSERT INTO liveness.leases (name, holder, epoch, taken_at, expires_at)
+		VALUES ('job', 'h1', 1, now(), now() + interval '300 milliseconds')`)
+	if got := next(); got != "taken:job" {
+		t.Fatalf("after the lease was taken: %q; want taken:job", got)
+	}
+	db.Exec(t, `UPDATE liveness.leases SET expires_at = now() + interval '300 milliseconds'`)
+	time.Sleep(400 * time.Millisecond) // the lease's own expiry: what is being waited for
+	tick()
+	if got := next(); got != "free:job" {
+		t.Fatalf("after the lease expired and the watcher ticked: %q; want free:job (and no taken: for the renewal)", got)
+	}
+	tick()
+	if got := next(); got != "" {
+		t.Fatalf("a second tick notified %q; want nothing (the expiry was told once)", got)
+	}
+	db.Exec(t, `UPDATE liveness.leases SET epoch = 2, holder = 'h2', expires_at = now() + interval '1 minute'`)
+	if got := next(); got != "taken:job" {
+		t.Fatalf("after a takeover: %q; want taken:job", got)
+	}
+	// A name too long for a notification's 8000 bytes is taken and released without one:
+	// pg_notify would fail the statement.
+	long := strings.Repeat("l", 9000)
+	db.Exec(t, `INSERT INTO liveness.leases (name, holder, epoch, taken_at, expires_at) VALUES ($1, 'h', 3, now(), now() + interval '1 minute')`, long)
+	db.Exec(t, `DELETE FROM liveness.leases WHERE name = $1`, long)
 }

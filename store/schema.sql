@@ -1,4 +1,4 @@
--- The schema as it stands after the last migration, 0009_fence_at_commit: every table, sequence,
+-- The schema as it stands after the last migration, 0010_refusals_by_index: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (store/migrations/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
@@ -19,6 +19,14 @@ CREATE TABLE liveness.alive_lock_absences (
     missing_since timestamp with time zone NOT NULL,
     server_started_at timestamp with time zone NOT NULL,
     CONSTRAINT alive_lock_absences_pkey PRIMARY KEY (instance_id)
+);
+
+CREATE TABLE liveness.alive_lock_watch (
+    singleton boolean NOT NULL DEFAULT true,
+    watched_at timestamp with time zone NOT NULL,
+    server_started_at timestamp with time zone NOT NULL,
+    CONSTRAINT alive_lock_watch_pkey PRIMARY KEY (singleton),
+    CONSTRAINT alive_lock_watch_singleton_check CHECK (singleton)
 );
 
 CREATE TABLE liveness.fence_checks (
@@ -101,6 +109,10 @@ CREATE TRIGGER instances_notify_left AFTER DELETE ON liveness.instances FOR EACH
 
 CREATE TRIGGER leases_notify_free AFTER DELETE ON liveness.leases FOR EACH ROW EXECUTE FUNCTION liveness.notify_lease_free();
 
+CREATE TRIGGER leases_notify_taken_insert AFTER INSERT ON liveness.leases FOR EACH ROW EXECUTE FUNCTION liveness.notify_lease_taken();
+
+CREATE TRIGGER leases_notify_taken_update AFTER UPDATE OF epoch ON liveness.leases FOR EACH ROW WHEN (old.epoch IS DISTINCT FROM new.epoch) EXECUTE FUNCTION liveness.notify_lease_taken();
+
 -- Functions
 
 CREATE OR REPLACE FUNCTION liveness.alive_lock_held(p_instance_id uuid)
@@ -114,6 +126,18 @@ AS $function$
          WHERE l.granted
            AND l.classid = lock_key_classid(instance_lock_key(p_instance_id))
            AND l.objid = lock_key_objid(instance_lock_key(p_instance_id)))
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.alive_lock_watch_is_fresh()
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT EXISTS (SELECT 1 FROM alive_lock_watch w
+                    WHERE w.server_started_at = pg_catalog.pg_postmaster_start_time()
+                      AND w.watched_at > pg_catalog.clock_timestamp() - interval '1 second')
 $function$
 ;
 
@@ -149,6 +173,13 @@ AS $function$
     SELECT a.instance_id, a.missing_since FROM alive_lock_absences a
      WHERE a.server_started_at = pg_catalog.pg_postmaster_start_time()
 $function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.event_fits(p_payload text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$ SELECT pg_catalog.octet_length(p_payload) < 8000 $function$
 ;
 
 CREATE OR REPLACE FUNCTION liveness.events_channel()
@@ -335,13 +366,34 @@ END
 $function$
 ;
 
+CREATE OR REPLACE FUNCTION liveness.instance_watched_alive(p_instance_id uuid)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT instance_state_rule(i.holds_alive_lock AND a.missing_since IS NULL, i.holds_alive_lock,
+                               i.last_heartbeat_at, pg_catalog.now(),
+                               coalesce(i.stale_threshold, interval '90 seconds'),
+                               coalesce(i.definitive_dead_cutoff, interval '5 minutes'),
+                               a.missing_since, coalesce(i.lock_grace, interval '1 second'))
+           IN ('alive', 'lock_only', 'lock_lost', 'heartbeat_only')
+      FROM instances i
+      LEFT JOIN alive_lock_absences a
+             ON a.instance_id = i.instance_id AND a.server_started_at = pg_catalog.pg_postmaster_start_time()
+     WHERE i.instance_id = p_instance_id
+$function$
+;
+
 CREATE OR REPLACE FUNCTION liveness.is_instance_alive(p_instance_id uuid)
  RETURNS boolean
  LANGUAGE sql
  STRICT
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
-    SELECT coalesce((SELECT s.alive FROM instance_states(p_instance_id => p_instance_id) s), false)
+    SELECT coalesce(CASE WHEN alive_lock_watch_is_fresh() THEN instance_watched_alive(p_instance_id)
+                         ELSE (SELECT s.alive FROM instance_states(p_instance_id => p_instance_id) s) END,
+                    false)
 $function$
 ;
 
@@ -397,6 +449,42 @@ CREATE OR REPLACE FUNCTION liveness.lock_key_objid(p_key bigint)
 AS $function$ SELECT (p_key & 4294967295)::oid $function$
 ;
 
+CREATE OR REPLACE FUNCTION liveness.members_channel()
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$ SELECT left(pg_catalog.current_schema(), 50) || '_members' $function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.members_listen()
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_channel text := members_channel();
+BEGIN
+    EXECUTE pg_catalog.format('LISTEN %I', v_channel);
+    RETURN v_channel;
+END
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.members_unlisten()
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_channel text := members_channel();
+BEGIN
+    EXECUTE pg_catalog.format('UNLISTEN %I', v_channel);
+    RETURN v_channel;
+END
+$function$
+;
+
 CREATE OR REPLACE FUNCTION liveness.notify_dead_instances(p_ids uuid[])
  RETURNS SETOF uuid
  LANGUAGE plpgsql
@@ -405,6 +493,7 @@ CREATE OR REPLACE FUNCTION liveness.notify_dead_instances(p_ids uuid[])
 AS $function$
 DECLARE
     v_channel text := events_channel();
+    v_members text := members_channel();
     v_id      uuid;
     v_lease   text;
 BEGIN
@@ -412,8 +501,9 @@ BEGIN
         IF coalesce((SELECT s.alive FROM instance_state_verdicts(p_instance_id => v_id) s), false) THEN
             CONTINUE;
         END IF;
-        PERFORM pg_catalog.pg_notify(v_channel, 'dead:' || v_id::text);
-        FOR v_lease IN SELECT l.name FROM leases l WHERE l.holder_instance_id = v_id AND l.expires_at >= pg_catalog.now() LOOP
+        PERFORM pg_catalog.pg_notify(v_members, 'dead:' || v_id::text);
+        FOR v_lease IN SELECT l.name FROM leases l
+                        WHERE l.holder_instance_id = v_id AND l.expires_at >= pg_catalog.now() AND event_fits('free:' || l.name) LOOP
             PERFORM pg_catalog.pg_notify(v_channel, 'free:' || v_lease);
         END LOOP;
         RETURN NEXT v_id;
@@ -428,9 +518,9 @@ CREATE OR REPLACE FUNCTION liveness.notify_instance_event()
 AS $function$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_events', 'left:' || OLD.instance_id::text);
+        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_members', 'left:' || OLD.instance_id::text);
     ELSE
-        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_events', 'joined:' || NEW.instance_id::text);
+        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_members', 'joined:' || NEW.instance_id::text);
     END IF;
     RETURN NULL;
 END
@@ -440,9 +530,26 @@ $function$
 CREATE OR REPLACE FUNCTION liveness.notify_lease_free()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
 BEGIN
-    PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_events', 'free:' || OLD.name);
+    IF event_fits('free:' || OLD.name) THEN
+        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_events', 'free:' || OLD.name);
+    END IF;
+    RETURN NULL;
+END
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.notify_lease_taken()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    IF event_fits('taken:' || NEW.name) THEN
+        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_events', 'taken:' || NEW.name);
+    END IF;
     RETURN NULL;
 END
 $function$
@@ -512,16 +619,40 @@ CREATE OR REPLACE FUNCTION liveness.watch_alive_locks(p_digest text)
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
-    v_digest text;
+    v_digest  text;
+    v_started timestamptz := pg_catalog.pg_postmaster_start_time();
+    v_now     timestamptz := pg_catalog.clock_timestamp();
+    v_since   timestamptz;
 BEGIN
     SELECT count(*)::text || ':' || coalesce(bit_xor(k.key), 0)::text || ':' || coalesce(sum(k.key), 0)::text
       INTO v_digest
       FROM (SELECT (l.classid::bigint << 32) | l.objid::bigint AS key
               FROM bigint_advisory_locks l
              WHERE l.granted AND l.mode = 'ExclusiveLock') k;
+    SELECT v_digest || '/' || count(*)::text || ':'
+           || coalesce(bit_xor(pg_catalog.hashtextextended(a.instance_id::text || a.missing_since::text, 0)), 0)::text
+      INTO v_digest
+      FROM alive_lock_absences a;
     digest := v_digest;
     RETURN NEXT;
-    IF v_digest IS NOT DISTINCT FROM p_digest OR pg_catalog.pg_is_in_recovery() THEN
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RETURN;
+    END IF;
+    -- The leases that expired since the previous tick (by either watcher; at most a
+    -- minute back) are free: notified, so that followers need not poll for an expiry.
+    SELECT w.watched_at INTO v_since FROM alive_lock_watch w;
+    v_since := greatest(coalesce(v_since, v_now), v_now - interval '1 minute');
+    PERFORM pg_catalog.pg_notify(events_channel(), 'free:' || l.name)
+       FROM leases l
+      WHERE l.expires_at <= v_now AND l.expires_at > v_since AND event_fits('free:' || l.name);
+    UPDATE alive_lock_watch w SET watched_at = greatest(w.watched_at, v_now), server_started_at = v_started;
+    IF NOT FOUND THEN
+        INSERT INTO alive_lock_watch AS w (singleton, watched_at, server_started_at)
+        VALUES (true, v_now, v_started)
+        ON CONFLICT (singleton) DO UPDATE
+           SET watched_at = greatest(w.watched_at, excluded.watched_at), server_started_at = excluded.server_started_at;
+    END IF;
+    IF v_digest IS NOT DISTINCT FROM p_digest THEN
         RETURN;
     END IF;
     PERFORM stamp_alive_lock_absences(NULL::uuid);

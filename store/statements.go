@@ -53,6 +53,8 @@ var (
 	WatchAliveLocks     = Statement{"watch_alive_locks"}
 	NotifyDeadInstances = Statement{"notify_dead_instances"}
 	EventsListen        = Statement{"events_listen"}
+	MembersListen       = Statement{"members_listen"}
+	MembersUnlisten     = Statement{"members_unlisten"}
 
 	// Leases (package liveness): an elector's, a reaper's, Leases'.
 	LeaseAcquire = Statement{"lease_acquire"}
@@ -130,7 +132,7 @@ const VerdictOfLocksMigration = 8
 // each one is in sql/ and that sql/ has no statement without one.
 var handles = []string{
 	AliveLockClaim.name, AliveLockVerify.name, Heartbeat.name, HeartbeatDelete.name, Cleanup.name,
-	WatchAliveLocks.name, NotifyDeadInstances.name, EventsListen.name,
+	WatchAliveLocks.name, NotifyDeadInstances.name, EventsListen.name, MembersListen.name, MembersUnlisten.name,
 	LeaseAcquire.name, LeaseRenew.name, LeaseRelease.name, LeaseAbandon.name, LeaseDetach.name, LeaseLeader.name, LeaseFence.name,
 	LeaseFenceStrict.name, LeaseFenceCommit.name,
 	SchemaState.name, SchemaMigrations.name, SchemaVersion.name,

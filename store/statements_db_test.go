@@ -130,7 +130,7 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 		missing = missing[:0]
 		for _, tag := range []string{store.Heartbeat.Tag(), store.AliveLockClaim.Tag(), store.AliveLockVerify.Tag(),
 			store.LeaseAcquire.Tag(), store.LeaseRenew.Tag(), store.LeaseLeader.Tag(), store.LeaseFence.Tag(), store.Cleanup.Tag(),
-			store.WatchAliveLocks.Tag(), store.NotifyDeadInstances.Tag(), store.EventsListen.Tag()} {
+			store.WatchAliveLocks.Tag(), store.NotifyDeadInstances.Tag(), store.EventsListen.Tag(), store.MembersListen.Tag()} {
 			if !seen[tag] {
 				missing = append(missing, tag)
 			}

@@ -17,14 +17,14 @@ SELECT pg_catalog.pg_backend_pid(),
        pg_catalog.clock_timestamp()
 
 -- name: alive_lock_verify
--- Whether this very backend holds the instance's alive lock, with the same match (this
--- database, objsubid = 1, both key halves) the views use.
--- $1 instance id. Returns the backend's pid, whether it holds the lock, and the server's
--- clock while the statement ran (as the claim does).
-SELECT pg_catalog.pg_backend_pid(),
-       EXISTS (SELECT 1 FROM {schema}.bigint_advisory_locks l
-                WHERE l.granted
-                  AND l.pid = pg_catalog.pg_backend_pid()
-                  AND l.classid = {schema}.lock_key_classid({schema}.instance_lock_key($1::uuid))
-                  AND l.objid = {schema}.lock_key_objid({schema}.instance_lock_key($1::uuid))),
-       pg_catalog.clock_timestamp()
+-- Whether this session still holds the lock it claimed, proved in O(1): a session-level
+-- advisory lock is released only by its own session (an unlock, which nothing here
+-- sends, or the session's end), so while the backend that took it still answers on this
+-- connection, with the pid of the startup handshake (the caller compares them), the lock
+-- is held. Reading pg_locks instead would copy the server's whole lock table and take
+-- every lock-manager partition, on every agent every few seconds: O(fleet) each, O(fleet²)
+-- in all.
+-- $1 instance id (unused: kept so that claim and verify take the same arguments).
+-- Returns the backend's pid, true, and the server's clock while the statement ran (as the
+-- claim does).
+SELECT pg_catalog.pg_backend_pid(), $1::uuid IS NOT NULL, pg_catalog.clock_timestamp()

@@ -4,10 +4,13 @@
 -- payloads).
 
 -- name: watch_alive_locks
--- One tick: the digest of the exclusive advisory locks, and when it differs from the
--- previous tick's, the stamp of every vanished alive lock. Writes nothing when nothing
--- changed. $1 the previous digest (NULL on the first tick). Returns the digest, then one
--- row per standing absence: the instance and the seconds until its grace ends.
+-- One tick: the digest of the exclusive advisory locks and the absence stamps, and when
+-- it differs from the previous tick's, the stamp of every vanished alive lock. From
+-- migration 0010 on it also records the tick (while one is recent, refused lease tries
+-- judge holders from their rows and stamps, not pg_locks) and notifies the leases that
+-- expired since the previous one. $1 the previous digest (NULL on the first tick).
+-- Returns the digest, then one row per standing absence: the instance and the seconds
+-- until its grace ends.
 SELECT w.digest, w.instance_id, w.dead_in FROM {schema}.watch_alive_locks($1::text) w
 
 -- name: notify_dead_instances
@@ -18,3 +21,13 @@ SELECT d.id FROM {schema}.notify_dead_instances($1::uuid[]) AS d(id)
 -- name: events_listen
 -- LISTEN on the schema's events channel, on the alive lock's session. Returns the channel.
 SELECT {schema}.events_listen()
+
+-- name: members_listen
+-- LISTEN on the schema's members channel (joined:, left:, dead:; migration 0010 on), on
+-- the alive lock's session, while something in the process waits for membership (a
+-- watcher that leads, Agent.WatchAlive). Returns the channel.
+SELECT {schema}.members_listen()
+
+-- name: members_unlisten tag=members_listen
+-- UNLISTEN the members channel once nothing waits for membership. Returns the channel.
+SELECT {schema}.members_unlisten()

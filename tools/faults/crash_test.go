@@ -275,7 +275,7 @@ func TestCrashSilence(t *testing.T) {
 	ctx := testutil.Context(t, time.Minute+time.Duration(trials())*(silences[len(silences)-1]+15*time.Second))
 	listener := connect(t, ctx, e.dsn)
 	t.Cleanup(func() { _ = listener.Close(context.Background()) })
-	if _, err := listener.Exec(ctx, `LISTEN liveness_events`); err != nil {
+	if _, err := listener.Exec(ctx, `LISTEN liveness_members`); err != nil { // dead:<id> (migration 0010 on)
 		t.Fatal(err)
 	}
 	var mu sync.Mutex

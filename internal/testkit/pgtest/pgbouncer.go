@@ -40,6 +40,22 @@ type PgBouncer struct {
 type pgBouncerConfig struct {
 	poolMode      string
 	ignoreStartup []string
+	maxClients    int
+	poolSize      int
+	authType      string
+}
+
+// WithTrustedClients lets clients in without a password check (auth_type trust; PgBouncer
+// still logs in to the server with the password): for a benchmark whose thousands of
+// client connections would otherwise spend PgBouncer's one thread on SCRAM handshakes.
+func WithTrustedClients() PgBouncerOption {
+	return func(c *pgBouncerConfig) { c.authType = "trust" }
+}
+
+// WithLimits sets max_client_conn (100 by default) and default_pool_size (10): the
+// clients PgBouncer accepts, and the server sessions it opens per database and user.
+func WithLimits(maxClients, poolSize int) PgBouncerOption {
+	return func(c *pgBouncerConfig) { c.maxClients, c.poolSize = maxClients, poolSize }
 }
 
 // PgBouncerOption adjusts a throwaway PgBouncer.
@@ -63,7 +79,7 @@ func WithIgnoreStartupParameters(names ...string) PgBouncerOption {
 // with a one-line install hint when PgBouncer is missing.
 func NewPgBouncer(t testing.TB, targetDSN string, opts ...PgBouncerOption) *PgBouncer {
 	t.Helper()
-	cfg := pgBouncerConfig{poolMode: "transaction"}
+	cfg := pgBouncerConfig{poolMode: "transaction", maxClients: 100, poolSize: 10, authType: "scram-sha-256"}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -101,13 +117,13 @@ func NewPgBouncer(t testing.TB, targetDSN string, opts ...PgBouncerOption) *PgBo
 		"listen_addr = 127.0.0.1",
 		"listen_port = " + strconv.Itoa(b.Port),
 		"unix_socket_dir =",
-		"auth_type = scram-sha-256",
+		"auth_type = " + cfg.authType,
 		"auth_file = " + filepath.Join(b.dir, "userlist.txt"),
 		"pool_mode = " + cfg.poolMode,
 		"ignore_startup_parameters = " + strings.Join(cfg.ignoreStartup, ","),
 		"server_tls_sslmode = disable",
-		"max_client_conn = 100",
-		"default_pool_size = 10",
+		"max_client_conn = " + strconv.Itoa(cfg.maxClients),
+		"default_pool_size = " + strconv.Itoa(cfg.poolSize),
 		"logfile = " + filepath.Join(b.dir, "pgbouncer.log"),
 		"pidfile = " + filepath.Join(b.dir, "pgbouncer.pid"),
 		"",

@@ -348,6 +348,17 @@ func (s *Server) ping(ctx context.Context) error {
 	return s.Exec(ctx, "SELECT 1")
 }
 
+// PID is the postmaster's process id, 0 while the server is not running: the server's
+// processes (its backends and workers) are its children.
+func (s *Server) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil || s.proc.Process == nil {
+		return 0
+	}
+	return s.proc.Process.Pid
+}
+
 // Stop shuts the server down (fast mode: sessions are disconnected) and waits for it.
 func (s *Server) Stop() {
 	s.mu.Lock()

@@ -1,0 +1,140 @@
+//go:build benchfleet
+
+package fleetbench_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/tools/fleetbench"
+)
+
+// TestBenchFleet is make bench-fleet: the fleet at each size of FLEET_SIZES (100 and
+// 1,000 by default), each on a fresh server, after a 40 s warm-up, 60 s measured (FLEET_WARMUP,
+// FLEET_MEASURE), with a 20 s idle baseline of the lookup. It prints a markdown table and,
+// with FLEET_PLOT set, writes an SVG of the server's CPU per agent against the fleet's size
+// to that file.
+func TestBenchFleet(t *testing.T) {
+	sizes := []int{100, 1000}
+	if s := os.Getenv("FLEET_SIZES"); s != "" {
+		sizes = nil
+		for _, f := range strings.Split(s, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				t.Fatalf("FLEET_SIZES: %q is not a positive number", f)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	warmup, measure := envDuration(t, "FLEET_WARMUP", 40*time.Second), envDuration(t, "FLEET_MEASURE", 60*time.Second)
+	var results []fleetbench.Result
+	for _, n := range sizes {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			cfg := startServer(t, n)
+			cfg.Idle, cfg.Warmup, cfg.Measure = 20*time.Second, warmup, measure
+			cfg.VictimLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			if path := os.Getenv("FLEET_LOG"); path != "" { // every agent's warnings
+				f, err := os.Create(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				cfg.Logger = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+			defer cancel()
+			res, err := fleetbench.Run(ctx, cfg)
+			if err != nil {
+				t.Fatalf("%v\nmeasured so far: %+v", err, res)
+			}
+			results = append(results, res)
+			t.Logf("%+v", res)
+		})
+	}
+	fmt.Println(table(results))
+	if path := os.Getenv("FLEET_PLOT"); path != "" {
+		if err := os.WriteFile(path, []byte(plot(results)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return d
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
+
+// table is the results as docs/performance.md shows them.
+func table(rs []fleetbench.Result) string {
+	var b strings.Builder
+	b.WriteString("| agents | alive locks held | server CPU, liveness (cores) | per agent (millicores) | statements/s | per agent | backends | alive-lock sessions (listening) | lookup p50 idle → fleet | lookup p99 idle → fleet | crash → dead | crash → takeover | leader changes |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		fmt.Fprintf(&b, "| %d | %d of %d | %.3f | %.3f | %.0f | %.2f | %d | %d | %s → %s | %s → %s | %.2f s | %.2f s | %d |\n",
+			r.Agents, r.LocksHeld, r.Agents, r.LivenessCPU, 1000*r.LivenessCPU/float64(r.Agents), r.Statements,
+			r.Statements/float64(r.Agents), r.Backends, r.LockSessions,
+			ms(r.LookupIdle.P50), ms(r.LookupFleet.P50), ms(r.LookupIdle.P99), ms(r.LookupFleet.P99),
+			r.CrashToDead.Seconds(), r.CrashToTakeover.Seconds(), r.LeaderChanges)
+	}
+	for _, r := range rs {
+		fmt.Fprintf(&b, "\nbusiest statements at %d agents: %s", r.Agents, strings.Join(r.TopStatement, ", "))
+	}
+	return b.String()
+}
+
+// plot draws the server's liveness CPU per agent against the number of agents (a log
+// scale), as a small SVG.
+func plot(rs []fleetbench.Result) string {
+	const w, h, pad = 480.0, 260.0, 50.0
+	maxY := 0.0
+	for _, r := range rs {
+		maxY = max(maxY, 1000*r.LivenessCPU/float64(r.Agents))
+	}
+	maxY = max(maxY*1.2, 0.01)
+	minN, maxN := 1e18, 0.0
+	for _, r := range rs {
+		minN, maxN = min(minN, float64(r.Agents)), max(maxN, float64(r.Agents))
+	}
+	x := func(n int) float64 {
+		if maxN == minN {
+			return w / 2
+		}
+		return pad + (w-2*pad)*(log10(float64(n))-log10(minN))/(log10(maxN)-log10(minN))
+	}
+	y := func(v float64) float64 { return h - pad - (h-2*pad)*v/maxY }
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif" font-size="12">`, w, h)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/><line x1="%.0f" y1="%.0f" x2="%.0f" y2="%.0f" stroke="black"/>`, pad, h-pad, w-pad, h-pad)
+	fmt.Fprintf(&b, `<line x1="%.0f" y1="%.0f" x2="%.0f" y2="%.0f" stroke="black"/>`, pad, pad, pad, h-pad)
+	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="middle">agents (log scale)</text>`, w/2, h-10)
+	fmt.Fprintf(&b, `<text x="12" y="%.0f" transform="rotate(-90 12 %.0f)" text-anchor="middle">server CPU per agent (millicores)</text>`, h/2, h/2)
+	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="end">%.3f</text>`, pad-4, pad+4, maxY)
+	var pts []string
+	for _, r := range rs {
+		v := 1000 * r.LivenessCPU / float64(r.Agents)
+		pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(r.Agents), y(v)))
+		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="4" fill="steelblue"/><text x="%.1f" y="%.1f" text-anchor="middle">%d: %.3f</text>`,
+			x(r.Agents), y(v), x(r.Agents), y(v)-10, r.Agents, v)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%d</text>`, x(r.Agents), h-pad+16, r.Agents)
+	}
+	fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="steelblue"/></svg>`, strings.Join(pts, " "))
+	return b.String()
+}
+
+func log10(v float64) float64 { return math.Log10(v) }

@@ -1,0 +1,700 @@
+// Package fleetbench measures what a fleet of agents costs one PostgreSQL: N agents at the
+// library's defaults (each with its own pool, through PgBouncer in transaction mode as in
+// production, and its own alive-lock session; the reaper on; every agent campaigning with
+// Agent.Elect for a few jobs), beside an application's primary-key lookup. It reports the
+// server's CPU (read from /proc for the postmaster and its children, so the server must
+// run on this host), statements a second (pg_stat_statements), backends, listening
+// sessions, the lookup's latency against the same lookup with no fleet, and one victim's
+// crash → dead and crash → takeover.
+//
+// The victim is an agent like the others whose connections run through relays on
+// 127.0.0.1; its crash cuts them, as a kill -9 would: PostgreSQL ends its sessions at once
+// and nothing it tries later reaches the server.
+//
+// make bench-fleet runs it at 100 and 1,000 agents (TestBenchFleet); make test runs it at
+// a small scale (TestFleetBenchSmall), so that it cannot rot.
+package fleetbench
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+)
+
+// Config is one run.
+type Config struct {
+	// DirectDSN reaches PostgreSQL itself: the alive-lock sessions, the lookup's and the
+	// harness's. PoolDSN reaches it through PgBouncer in transaction mode: the agents'
+	// pools (add default_query_exec_mode=exec).
+	DirectDSN, PoolDSN string
+	// VictimDSN is DirectDSN over TCP, which the victim's relay needs; DirectDSN if empty.
+	VictimDSN string
+	// PostmasterPID is the server's postmaster, whose process and children's CPU is read.
+	PostmasterPID int
+	Agents        int
+	Jobs          []string // the leases every agent campaigns for; three if empty
+	// Idle is how long the lookup runs before the fleet starts (its baseline), Warmup
+	// how long the fleet runs before it is measured, Measure how long it is measured.
+	Idle, Warmup, Measure time.Duration
+	StartRate             int // agents started a second (50 if zero), so that connections do not storm
+	LookupRate            int // application lookups a second (20 if zero)
+	PoolMaxConns          int32
+	Logger                *slog.Logger // the agents'; nil discards
+	VictimLogger          *slog.Logger // the victim's; Logger if nil
+}
+
+// Latency is a distribution's median and 99th percentile.
+type Latency struct{ P50, P99 time.Duration }
+
+// Result is what a run measured.
+type Result struct {
+	Agents    int
+	LocksHeld int // agents whose alive lock the full verdict sees held at the end
+	// IdleCPU and FleetCPU are the server's cores, with the lookup only and with the
+	// fleet; LivenessCPU the difference.
+	IdleCPU, FleetCPU, LivenessCPU float64
+	// Statements is statements a second beside the harness's own, with the fleet.
+	Statements   float64
+	TopStatement []string // the busiest statement tags, "tag: calls/s"
+	Backends     int      // client backends with the fleet running
+	LockSessions int      // alive-lock sessions: each LISTENs to the schema's events
+	LookupIdle   Latency
+	LookupFleet  Latency
+	// CrashToDead is from the victim's crash to its dead:<id> notification (the fleet's
+	// watcher tells it once the verdict agrees); CrashToTakeover to the moment another
+	// agent's job for the victim's lease started.
+	CrashToDead, CrashToTakeover time.Duration
+	// LeaderChanges is how many times the victim's lease's leadership started while the
+	// fleet was measured: 0 in a fleet that can hold its leases.
+	LeaderChanges int64
+}
+
+// Run runs the fleet once, and stops everything it started before it returns.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	if cfg.Agents < 1 {
+		return Result{}, fmt.Errorf("fleetbench: Agents must be at least 1, got %d", cfg.Agents)
+	}
+	if len(cfg.Jobs) == 0 {
+		cfg.Jobs = []string{"job-1", "job-2", "job-3"}
+	}
+	cfg.StartRate = max(cfg.StartRate, 0)
+	if cfg.StartRate == 0 {
+		cfg.StartRate = 50
+	}
+	if cfg.LookupRate == 0 {
+		cfg.LookupRate = 20
+	}
+	if cfg.PoolMaxConns == 0 {
+		cfg.PoolMaxConns = 4
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	res := Result{Agents: cfg.Agents}
+
+	admin, err := pgx.Connect(ctx, cfg.DirectDSN)
+	if err != nil {
+		return res, fmt.Errorf("fleetbench: connect: %w", err)
+	}
+	defer admin.Close(context.Background())
+	if err := prepare(ctx, admin); err != nil {
+		return res, err
+	}
+	look, err := startLookups(ctx, cfg.DirectDSN, cfg.LookupRate)
+	if err != nil {
+		return res, err
+	}
+	defer look.stop()
+
+	// The lookup alone: its latency and the server's CPU without a fleet.
+	look.reset()
+	cpu0, err := serverCPU(cfg.PostmasterPID)
+	if err != nil {
+		return res, err
+	}
+	if !sleep(ctx, cfg.Idle) {
+		return res, ctx.Err()
+	}
+	cpu1, _ := serverCPU(cfg.PostmasterPID)
+	res.IdleCPU = cpu1.coresSince(cpu0)
+	res.LookupIdle = look.latency()
+
+	f := &fleet{cfg: cfg}
+	defer f.stop()
+	for i := range cfg.Agents {
+		if err := f.startAgent(ctx, fmt.Sprintf("bench-%d", i%10), cfg.PoolDSN, cfg.DirectDSN); err != nil {
+			return res, err
+		}
+		if (i+1)%cfg.StartRate == 0 && !sleep(ctx, time.Second) {
+			return res, ctx.Err()
+		}
+	}
+	// The victim starts once the fleet has, so that it leads victimLease before anyone
+	// else campaigns for it; then every agent follows that lease too.
+	if !sleep(ctx, cfg.Warmup/2) {
+		return res, ctx.Err()
+	}
+	victim, err := f.startVictim(ctx)
+	if err != nil {
+		return res, err
+	}
+	for _, ag := range f.list() {
+		if ag != victim {
+			ag.campaign(f, victimLease)
+		}
+	}
+	if !sleep(ctx, cfg.Warmup/2) {
+		return res, ctx.Err()
+	}
+
+	calls0, err := statementCalls(ctx, admin)
+	if err != nil {
+		return res, err
+	}
+	look.reset()
+	starts0 := f.starts.Load()
+	cpu0, _ = serverCPU(cfg.PostmasterPID)
+	start := time.Now()
+	if !sleep(ctx, cfg.Measure) {
+		return res, ctx.Err()
+	}
+	cpu1, _ = serverCPU(cfg.PostmasterPID)
+	took := time.Since(start).Seconds()
+	lookups := look.count()
+	calls1, err := statementCalls(ctx, admin)
+	if err != nil {
+		return res, err
+	}
+	res.FleetCPU = cpu1.coresSince(cpu0)
+	res.LeaderChanges = f.starts.Load() - starts0
+	res.LivenessCPU = max(res.FleetCPU-res.IdleCPU, 0)
+	res.LookupFleet = look.latency()
+	res.Statements, res.TopStatement = callRates(calls0, calls1, took, lookups)
+	if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE backend_type = 'client backend'),
+	        count(*) FILTER (WHERE application_name LIKE '%:alive-lock')
+	    FROM pg_stat_activity WHERE datname = current_database()`).Scan(&res.Backends, &res.LockSessions); err != nil {
+		return res, fmt.Errorf("fleetbench: backends: %w", err)
+	}
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM liveness.instance_states() WHERE lock_held`).Scan(&res.LocksHeld); err != nil {
+		return res, fmt.Errorf("fleetbench: locks held: %w", err)
+	}
+	res.LocksHeld-- // the victim's
+
+	dead, takeover, err := f.crash(ctx, admin, victim)
+	if err != nil {
+		return res, fmt.Errorf("%w\n%s", err, diagnose(ctx, admin))
+	}
+	res.CrashToDead, res.CrashToTakeover = dead, takeover
+	return res, nil
+}
+
+// diagnose describes the fleet's state for a run that failed: who holds the leases and
+// how they look, whether a watcher ticks, the instances by state and what the backends
+// wait for.
+func diagnose(ctx context.Context, admin *pgx.Conn) string {
+	var b strings.Builder
+	for _, q := range []string{
+		`SELECT l.name || ' epoch ' || l.epoch || ' expires in ' || round(extract(epoch FROM l.expires_at - now())::numeric, 1) ||
+		        ' s, holder alive ' || coalesce(liveness.is_instance_alive(l.holder_instance_id)::text, 'unknown')
+		   FROM liveness.leases l ORDER BY l.name`,
+		`SELECT 'watcher ticked ' || round(extract(epoch FROM clock_timestamp() - watched_at)::numeric, 2) || ' s ago' FROM liveness.alive_lock_watch`,
+		`SELECT state || ': ' || count(*) FROM liveness.instance_states() GROUP BY state`,
+		`SELECT coalesce(wait_event_type || ':' || wait_event, state, 'none') || ': ' || count(*) FROM pg_stat_activity
+		  WHERE backend_type = 'client backend' GROUP BY 1 ORDER BY count(*) DESC LIMIT 8`,
+	} {
+		rows, err := admin.Query(ctx, q)
+		if err != nil {
+			fmt.Fprintf(&b, "  (%v)\n", err)
+			continue
+		}
+		for rows.Next() {
+			var line string
+			if rows.Scan(&line) == nil {
+				fmt.Fprintf(&b, "  %s\n", line)
+			}
+		}
+		rows.Close()
+	}
+	return b.String()
+}
+
+// prepare applies the migrations and creates the application's table.
+func prepare(ctx context.Context, admin *pgx.Conn) error {
+	pool, err := pgxpool.New(ctx, admin.Config().ConnString())
+	if err != nil {
+		return fmt.Errorf("fleetbench: %w", err)
+	}
+	defer pool.Close()
+	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+		return fmt.Errorf("fleetbench: migrations: %w", err)
+	}
+	_, err = admin.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
+		CREATE TABLE IF NOT EXISTS app_items (id int PRIMARY KEY, payload text NOT NULL);
+		INSERT INTO app_items SELECT g, md5(g::text) FROM generate_series(1, 100000) g ON CONFLICT DO NOTHING;
+		ANALYZE app_items`)
+	if err != nil {
+		return fmt.Errorf("fleetbench: application table: %w", err)
+	}
+	return nil
+}
+
+// fleet is the running agents.
+type fleet struct {
+	cfg    Config
+	mu     sync.Mutex
+	agents []*agent
+	starts atomic.Int64 // leaderships of victimLease that started, in every agent
+}
+
+type agent struct {
+	a      *liveness.Agent
+	pool   *pgxpool.Pool
+	cancel context.CancelFunc
+	done   chan struct{}
+	relays []*relay        // the victim's only
+	ctx    context.Context // ends when the agent is stopped
+	jobs   sync.WaitGroup  // its campaigns
+	// led is when its job for victimLease last started, and leading whether it runs now.
+	led     atomic.Int64
+	leading atomic.Bool
+}
+
+func (f *fleet) startAgent(ctx context.Context, service, poolDSN, directDSN string) error {
+	_, err := f.start(ctx, service, poolDSN, directDSN, nil)
+	return err
+}
+
+func (f *fleet) start(ctx context.Context, service, poolDSN, directDSN string, relays []*relay) (*agent, error) {
+	logger := f.cfg.Logger
+	if relays != nil && f.cfg.VictimLogger != nil {
+		logger = f.cfg.VictimLogger
+	}
+	pcfg, err := pgxpool.ParseConfig(poolDSN)
+	if err != nil {
+		return nil, fmt.Errorf("fleetbench: pool DSN: %w", err)
+	}
+	pcfg.MaxConns = f.cfg.PoolMaxConns
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("fleetbench: pool: %w", err)
+	}
+	a, err := liveness.NewAgent(liveness.AgentConfig{
+		Pool: pool, DirectDSN: directDSN, InstanceID: uuid.New(), ServiceName: service,
+		Reaper: true, Logger: logger,
+	})
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	ag := &agent{a: a, pool: pool, ctx: runCtx, cancel: cancel, done: make(chan struct{}), relays: relays}
+	go func() {
+		defer close(ag.done)
+		defer pool.Close()
+		defer ag.jobs.Wait()
+		if err := a.Run(runCtx); err != nil && runCtx.Err() == nil {
+			logger.Error("agent stopped", "err", err)
+		}
+	}()
+	for _, job := range f.cfg.Jobs {
+		ag.campaign(f, job)
+	}
+	f.mu.Lock()
+	f.agents = append(f.agents, ag)
+	f.mu.Unlock()
+	return ag, nil
+}
+
+// victimLease is the lease the victim leads when it crashes, and every agent follows.
+const victimLease = "victim-job"
+
+// campaign runs a job for lease until the agent stops: leading whenever it can, holding
+// on until its context ends.
+func (ag *agent) campaign(f *fleet, lease string) {
+	ag.jobs.Go(func() {
+		_ = ag.a.Elect(ag.ctx, liveness.ElectorConfig{Lease: lease, OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+			if lease == victimLease {
+				f.starts.Add(1)
+				ag.led.Store(time.Now().UnixNano())
+				ag.leading.Store(true)
+				defer ag.leading.Store(false)
+			}
+			<-ctx.Done()
+		}})
+	})
+}
+
+func (f *fleet) list() []*agent {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.agents)
+}
+
+// startVictim starts the agent that will crash, through relays, and waits until it leads
+// victimLease.
+func (f *fleet) startVictim(ctx context.Context) (*agent, error) {
+	poolRelay, poolDSN, err := newRelay(f.cfg.PoolDSN)
+	if err != nil {
+		return nil, err
+	}
+	directRelay, directDSN, err := newRelay(cmp.Or(f.cfg.VictimDSN, f.cfg.DirectDSN))
+	if err != nil {
+		poolRelay.cut()
+		return nil, err
+	}
+	v, err := f.start(ctx, "victim", poolDSN, directDSN, []*relay{poolRelay, directRelay})
+	if err != nil {
+		poolRelay.cut()
+		directRelay.cut()
+		return nil, err
+	}
+	v.campaign(f, victimLease)
+	deadline := time.Now().Add(30 * time.Second)
+	for !v.leading.Load() {
+		if time.Now().After(deadline) {
+			return nil, errors.New("fleetbench: the victim did not lead within 30 s")
+		}
+		if !sleep(ctx, 50*time.Millisecond) {
+			return nil, ctx.Err()
+		}
+	}
+	return v, nil
+}
+
+// crash cuts the victim's connections and waits for the fleet to call it dead and take
+// its lease.
+func (f *fleet) crash(ctx context.Context, admin *pgx.Conn, v *agent) (dead, takeover time.Duration, err error) {
+	id := v.a.Snapshot().InstanceID
+	if _, err := admin.Exec(ctx, `SELECT liveness.events_listen(), liveness.members_listen()`); err != nil {
+		return 0, 0, fmt.Errorf("fleetbench: listen: %w", err)
+	}
+	if !v.leading.Load() {
+		return 0, 0, fmt.Errorf("fleetbench: the victim no longer leads %s at its crash (it lost the lease during the run)", victimLease)
+	}
+	t0 := time.Now()
+	for _, r := range v.relays {
+		r.cut()
+	}
+	v.cancel()
+	deadline := t0.Add(60 * time.Second)
+	for dead == 0 || takeover == 0 {
+		if time.Now().After(deadline) {
+			return dead, takeover, fmt.Errorf("fleetbench: 60 s after the crash: dead after %s, taken over after %s (0: not yet)", dead, takeover)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		n, err := admin.WaitForNotification(wctx)
+		cancel()
+		if err == nil {
+			f.cfg.Logger.Debug("notification", "payload", n.Payload, "after", time.Since(t0))
+		}
+		switch {
+		case err == nil && dead == 0 && n.Payload == "dead:"+id.String():
+			dead = time.Since(t0)
+		case err != nil && admin.IsClosed():
+			return dead, takeover, fmt.Errorf("fleetbench: the listening session: %w", err)
+		}
+		if ctx.Err() != nil {
+			return dead, takeover, ctx.Err()
+		}
+		if takeover == 0 {
+			f.mu.Lock()
+			for _, ag := range f.agents {
+				if at := ag.led.Load(); ag != v && at > t0.UnixNano() {
+					takeover = time.Duration(at - t0.UnixNano())
+				}
+			}
+			f.mu.Unlock()
+		}
+	}
+	return dead, takeover, nil
+}
+
+// stop stops every agent, at most a few at a time so that their row deletions and
+// releases do not storm, and waits for them.
+func (f *fleet) stop() {
+	f.mu.Lock()
+	agents := f.agents
+	f.agents = nil
+	f.mu.Unlock()
+	for _, ag := range agents {
+		ag.cancel()
+	}
+	for _, ag := range agents {
+		<-ag.done
+		for _, r := range ag.relays {
+			r.cut()
+		}
+	}
+}
+
+// lookups is the application's primary-key lookup, at a fixed rate on a session of its
+// own, with its latencies.
+type lookups struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	took   []time.Duration
+	total  atomic.Int64
+}
+
+func startLookups(ctx context.Context, dsn string, rate int) (*lookups, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("fleetbench: lookup connection: %w", err)
+	}
+	lctx, cancel := context.WithCancel(context.Background())
+	l := &lookups{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		defer conn.Close(context.Background())
+		tick := time.NewTicker(time.Second / time.Duration(rate))
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-lctx.Done():
+				return
+			case <-tick.C:
+			}
+			qctx, cancel := context.WithTimeout(lctx, 10*time.Second)
+			t := time.Now()
+			var payload string
+			err := conn.QueryRow(qctx, `SELECT payload FROM app_items WHERE id = $1`, 1+n*7919%100000).Scan(&payload)
+			cancel()
+			if err != nil {
+				continue
+			}
+			l.total.Add(1)
+			l.mu.Lock()
+			l.took = append(l.took, time.Since(t))
+			l.mu.Unlock()
+		}
+	}()
+	return l, nil
+}
+
+func (l *lookups) reset() {
+	l.mu.Lock()
+	l.took = nil
+	l.mu.Unlock()
+	l.total.Store(0)
+}
+
+func (l *lookups) count() int64 { return l.total.Load() }
+
+func (l *lookups) latency() Latency {
+	l.mu.Lock()
+	took := slices.Clone(l.took)
+	l.mu.Unlock()
+	if len(took) == 0 {
+		return Latency{}
+	}
+	slices.Sort(took)
+	at := func(q float64) time.Duration { return took[min(len(took)-1, int(q*float64(len(took))))] }
+	return Latency{P50: at(0.50), P99: at(0.99)}
+}
+
+func (l *lookups) stop() {
+	l.cancel()
+	<-l.done
+}
+
+// cpuSample is the CPU time of the server's processes, by pid, in clock ticks.
+type cpuSample struct {
+	at    time.Time
+	ticks map[int]int64
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on every Linux
+// platform Go supports.
+const clockTicks = 100
+
+// serverCPU reads the user and system time of the postmaster and its children.
+func serverCPU(postmaster int) (cpuSample, error) {
+	s := cpuSample{at: time.Now(), ticks: map[int]int64{}}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return s, fmt.Errorf("fleetbench: server CPU: %w", err)
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // exited
+		}
+		// The command sits in parentheses and may hold spaces: the fields follow the last ")".
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b)[i+1:])
+		if len(f) < 13 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		if pid != postmaster && ppid != postmaster {
+			continue
+		}
+		utime, _ := strconv.ParseInt(f[11], 10, 64)
+		stime, _ := strconv.ParseInt(f[12], 10, 64)
+		s.ticks[pid] = utime + stime
+	}
+	if _, ok := s.ticks[postmaster]; !ok {
+		return s, fmt.Errorf("fleetbench: server CPU: no process %d in /proc: the server must run on this host", postmaster)
+	}
+	return s, nil
+}
+
+// coresSince is the cores the server's processes used from earlier to s. A process that
+// exited in between is not counted; one that started counts from zero.
+func (s cpuSample) coresSince(earlier cpuSample) float64 {
+	var ticks int64
+	for pid, t := range s.ticks {
+		ticks += t - earlier.ticks[pid]
+	}
+	return float64(ticks) / clockTicks / s.at.Sub(earlier.at).Seconds()
+}
+
+// statementCalls reads pg_stat_statements' calls per statement, top level only.
+func statementCalls(ctx context.Context, admin *pgx.Conn) (map[string]int64, error) {
+	rows, err := admin.Query(ctx, `SELECT coalesce(substring(query FROM '/\* pg_liveness:([a-z_]+) \*/'), left(query, 40)), sum(calls)::bigint
+	    FROM pg_stat_statements WHERE toplevel AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+	    GROUP BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("fleetbench: pg_stat_statements: %w", err)
+	}
+	out := map[string]int64{}
+	for rows.Next() {
+		var tag string
+		var n int64
+		if err := rows.Scan(&tag, &n); err != nil {
+			return nil, err
+		}
+		out[tag] += n
+	}
+	return out, rows.Err()
+}
+
+// callRates is statements a second between two readings, the harness's lookups left out,
+// and the busiest five.
+func callRates(before, after map[string]int64, seconds float64, lookups int64) (float64, []string) {
+	type rate struct {
+		tag string
+		n   int64
+	}
+	var all []rate
+	var total int64
+	for tag, n := range after {
+		d := n - before[tag]
+		if strings.Contains(tag, "app_items") {
+			d = max(d-lookups, 0)
+		}
+		if d > 0 {
+			all = append(all, rate{tag, d})
+			total += d
+		}
+	}
+	slices.SortFunc(all, func(a, b rate) int { return int(b.n - a.n) })
+	var top []string
+	for _, r := range all[:min(5, len(all))] {
+		top = append(top, fmt.Sprintf("%s: %.1f/s", strings.Join(strings.Fields(r.tag), " "), float64(r.n)/seconds))
+	}
+	return float64(total) / seconds, top
+}
+
+// relay forwards TCP connections on 127.0.0.1 to a DSN's host, until cut.
+type relay struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+	closed bool
+}
+
+// newRelay starts a relay to dsn's host and returns dsn pointed at it.
+func newRelay(dsn string) (*relay, string, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, "", fmt.Errorf("fleetbench: relay: %w", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", fmt.Errorf("fleetbench: relay: %w", err)
+	}
+	r := &relay{ln: ln, target: net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))}
+	go r.accept()
+	port := ln.Addr().(*net.TCPAddr).Port
+	return r, dsn + " host=127.0.0.1 port=" + strconv.Itoa(port), nil
+}
+
+func (r *relay) accept() {
+	for {
+		c, err := r.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", r.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		r.mu.Lock()
+		if r.closed {
+			r.mu.Unlock()
+			_ = c.Close()
+			_ = s.Close()
+			return
+		}
+		r.conns = append(r.conns, c, s)
+		r.mu.Unlock()
+		go func() { _, _ = io.Copy(s, c); _ = s.Close() }()
+		go func() { _, _ = io.Copy(c, s); _ = c.Close() }()
+	}
+}
+
+// cut closes the listener and every connection: the server sees its sessions end.
+func (r *relay) cut() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
+	r.closed = true
+	_ = r.ln.Close()
+	for _, c := range r.conns {
+		_ = c.Close()
+	}
+}
+
+// sleep waits d or until ctx ends; false when ctx ended.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,76 @@
+package fleetbench_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/fleetbench"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// startServer starts a PostgreSQL for agents agents and a PgBouncer in transaction mode in
+// front of it, and returns the run's configuration.
+func startServer(t testing.TB, agents int) fleetbench.Config {
+	t.Helper()
+	srv := pgtest.NewServer(t, pgtest.WithSetting("max_connections", itoa(agents+150)))
+	db := pgtest.NewDBOn(t, srv)
+	// Thousands of connections from one host would spend the run's first minute on SCRAM
+	// handshakes (PgBouncer's single thread, and the server's): the agents' sessions come
+	// over the unix socket, which the test server trusts, and PgBouncer trusts its
+	// clients. The victim's come through relays, over TCP with the password.
+	bouncer := pgtest.NewPgBouncer(t, db.DSN, pgtest.WithLimits(6*agents+100, 20), pgtest.WithTrustedClients(),
+		pgtest.WithIgnoreStartupParameters("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count", "tcp_user_timeout"))
+	return fleetbench.Config{
+		DirectDSN:     srv.AdminDSN(db.Name),
+		VictimDSN:     db.DSN,
+		PoolDSN:       bouncer.DSN(db.Name) + " default_query_exec_mode=exec",
+		PostmasterPID: srv.PID(),
+		Agents:        agents,
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestFleetBenchSmall runs the fleet benchmark at a small scale, so that the harness
+// behind docs/performance.md's "Fleet scale" cannot break unnoticed, and checks what must
+// hold at any scale: every agent holds its alive lock, each costs the database about the
+// same few statements a second as the defaults promise (a follower that tried every
+// RetryPeriod would send several), the victim's crash is dead and taken over within
+// seconds, and the server's CPU and the lookups were measured at all.
+func TestFleetBenchSmall(t *testing.T) {
+	cfg := startServer(t, 20)
+	cfg.Idle, cfg.Warmup, cfg.Measure = 3*time.Second, 8*time.Second, 8*time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := fleetbench.Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", res)
+	if res.LocksHeld != cfg.Agents {
+		t.Errorf("%d of %d agents hold their alive lock", res.LocksHeld, cfg.Agents)
+	}
+	if res.LockSessions < cfg.Agents {
+		t.Errorf("%d alive-lock sessions for %d agents", res.LockSessions, cfg.Agents)
+	}
+	// At the defaults an agent beats every 30 s (fast: 5 s until settled), proves its lock
+	// every 10 s and, with its session listening, tries each of its seven campaigns (three
+	// jobs, the victim's, the reaper's, two watchers') every 30–60 s; the watchers tick 8
+	// times a second for the whole fleet. Under 1.5 a second each leaves room for the
+	// warm-up's tail, and fails followers that poll every second (7 tries a second).
+	if per := res.Statements / float64(cfg.Agents); res.Statements == 0 || per > 1.5 {
+		t.Errorf("%.1f statements a second, %.2f per agent; want more than none and at most 1.5 per agent (busiest: %v)",
+			res.Statements, per, res.TopStatement)
+	}
+	if res.FleetCPU <= 0 || res.LookupIdle.P99 == 0 || res.LookupFleet.P99 == 0 {
+		t.Errorf("nothing measured: server CPU %.3f cores, lookup p99 idle %s, with the fleet %s",
+			res.FleetCPU, res.LookupIdle.P99, res.LookupFleet.P99)
+	}
+	if res.CrashToDead > 5*time.Second || res.CrashToTakeover > 5*time.Second {
+		t.Errorf("the victim was dead %s and taken over %s after its crash; want within seconds", res.CrashToDead, res.CrashToTakeover)
+	}
+}
