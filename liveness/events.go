@@ -8,7 +8,7 @@ import (
 
 // The schema's events, as the triggers and the watcher notify them, payload
 // "<kind>:<id>": on the channel <schema>_events, and from migration 0010 on, membership
-// (dead, left, joined) on <schema>_members (see isMembership).
+// (dead, left, joined) on <schema>_members (see subscribeMembers).
 const (
 	eventDead   = "dead"   // dead:<instance id>: dead by the verdict after its lock vanished
 	eventLeft   = "left"   // left:<instance id>: its row was deleted (a graceful stop, the reaper)
@@ -52,11 +52,6 @@ type events struct {
 	// membersChanged (the session's wake) is called when that count leaves or reaches 0.
 	members        atomic.Int32
 	membersChanged func()
-}
-
-// isMembership reports whether an event kind comes on the members channel.
-func isMembership(kind string) bool {
-	return kind == eventJoined || kind == eventLeft || kind == eventDead
 }
 
 // subscribeMembers is subscribe for membership events: while any such subscription
