@@ -127,8 +127,9 @@ type aliveLock struct {
 
 	// Owned by the Run goroutine.
 	connectedOnce bool
-	lastExchange  time.Time   // when the last statement that got an answer was sent
-	members       atomic.Bool // whether the session listens to the members channel
+	lastExchange  time.Time    // when the last statement that got an answer was sent
+	members       atomic.Bool  // whether the session listens to the members channel
+	heldSince     atomic.Int64 // when the lock was last found held after not being (UnixNano; 0 while not held)
 	// The server's clock in that statement's answer, and its round trip (lockProof).
 	lastServerClock time.Time
 	lastRoundTrip   time.Duration
@@ -768,6 +769,11 @@ func (a *aliveLock) report(condition string, level slog.Level, msg string, attrs
 func (a *aliveLock) setHeld(v bool) {
 	if a.held.Load() == v {
 		return
+	}
+	if v {
+		a.heldSince.Store(time.Now().UnixNano())
+	} else {
+		a.heldSince.Store(0)
 	}
 	if !v {
 		a.losses.Add(1)

@@ -228,7 +228,7 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 	defer unsubscribeFree()
 	taken, unsubscribeTaken := e.leases.events.subscribe(func(ev event) bool { return ev.Kind == eventTaken && ev.ID == lease })
 	defer unsubscribeTaken()
-	try := true
+	try, answered := true, true
 	for ctx.Err() == nil {
 		// A try refused because this instance cannot prove life yet (an agent that has
 		// just started) is made again as soon as it can, not a RetryPeriod later.
@@ -239,15 +239,12 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 				lifeChanged = nil
 			}
 		}
-		period := e.cfg.RetryPeriod
-		if e.leases.events.Listening() {
-			period = e.cfg.QuietPeriod
-		}
-		wait := period/2 + rand.N(period/2+1)
+		recheck := false
 		switch {
 		case !try:
 		case e.cfg.slot == nil || e.cfg.slot.CompareAndSwap(slotFree, slotTrying):
-			if lease := e.try(ctx); lease != nil {
+			var lease *Lease
+			if lease, answered = e.try(ctx); lease != nil {
 				if e.cfg.slot != nil {
 					e.cfg.slot.Store(slotLeading)
 				}
@@ -261,6 +258,14 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 			}
 		case e.cfg.slot.Load() == slotTrying:
 			// The other campaign is only trying: its answer comes within a round trip.
+			recheck = true
+		}
+		period := e.cfg.RetryPeriod
+		if e.leases.events.Listening() && answered && e.steady() {
+			period = e.cfg.QuietPeriod
+		}
+		wait := period/2 + rand.N(period/2+1)
+		if recheck {
 			wait = slotRecheck
 		}
 		try = true
@@ -277,6 +282,19 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 		}
 	}
 	return nil
+}
+
+// steadyAfter is how long an Agent's alive lock must have been held before its followers
+// poll only every QuietPeriod: a refused try before that may be the fleet's verdict on
+// this very instance (its lock just re-claimed, after a server restart, say), which no
+// notification will tell the end of.
+const steadyAfter = 2 * time.Second
+
+// steady reports whether a refused try means that someone else holds the lease: the
+// Agent's alive lock has been held for steadyAfter.
+func (e *campaign) steady() bool {
+	m, ok := e.leases.life.(interface{ steadyFor() time.Duration })
+	return ok && m.steadyFor() >= steadyAfter
 }
 
 // awaitTurn waits a random part of freeSpread after a wake-up that the lease is free,
@@ -305,24 +323,28 @@ func (e *campaign) awaitTurn(ctx context.Context, taken <-chan struct{}) bool {
 const freeSpread = 250 * time.Millisecond
 
 // try takes the lease once, with the gate entered, or reports who leads and returns nil.
-func (e *campaign) try(ctx context.Context) *Lease {
+// answered is false when the database gave no answer (the try failed): then the next try
+// comes after RetryPeriod whatever the listening, since nothing will notify that the
+// failure is over (a pool's connections after a server restart fail once each).
+func (e *campaign) try(ctx context.Context) (lease *Lease, answered bool) {
 	if !e.gate.enter() {
-		return nil // the Agent stops: ctx ends with it
+		return nil, true // the Agent stops: ctx ends with it
 	}
 	// The lease outlives the campaign's context: it is let go only once the job has
 	// returned (lead).
 	lease, err := e.leases.acquire(ctx, context.WithoutCancel(ctx), e.cfg.Lease, e.cfg.TTL)
 	if err == nil {
-		return lease
+		return lease, true
 	}
 	e.gate.leave()
 	switch {
 	case errors.Is(err, ErrLeaseHeld), errors.Is(err, errNotAlive):
 		e.observe(ctx)
+		return nil, true
 	case ctx.Err() == nil:
 		e.leases.log.Debug("campaign: acquire failed; retrying", "lease", e.cfg.Lease, "err", err)
 	}
-	return nil
+	return nil, false
 }
 
 // lead runs OnStartedLeading under the lease. When the callback returns, the lease is

@@ -563,6 +563,10 @@ func TestFollowersWaitForNotificationsNotTheClock(t *testing.T) {
 	c2.RetryPeriod = 50 * time.Millisecond
 	wg.Go(func() { _ = follower.Elect(ctx, c2) })
 	testutil.Eventually(t, 10*time.Second, "the follower's first try", func() bool { return counter.count("lease_acquire:quiet-job") > 0 })
+	// Until its lock has been held for 2 s, a refusal may be the fleet's verdict on the
+	// follower itself, so it still polls at RetryPeriod: that span is waited out.
+	testutil.Eventually(t, 10*time.Second, "the follower holding its lock", func() bool { return follower.Snapshot().AliveLock.Held })
+	time.Sleep(2500 * time.Millisecond)
 
 	// Twenty RetryPeriods: a clock-driven follower tries about twenty times.
 	before := counter.count("lease_acquire:quiet-job")

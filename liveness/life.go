@@ -94,6 +94,21 @@ func (m *lifeMonitor) run(ctx context.Context) {
 }
 
 // leading reports whether a leadership wants its lock proved often.
+// steadyFor is how long the alive lock has been held without a break, zero while it is
+// not (or without a lock): until the fleet has seen it held for a while (the watcher
+// clears a stamp within a tick), a refused try may be the fleet's verdict on this
+// instance rather than a live holder's answer, and nothing will notify when that changes.
+func (m *lifeMonitor) steadyFor() time.Duration {
+	if !m.lockMode || m.lock == nil {
+		return 0
+	}
+	since := m.lock.heldSince.Load()
+	if since == 0 {
+		return 0
+	}
+	return time.Since(time.Unix(0, since))
+}
+
 func (m *lifeMonitor) leading() bool { return m.lockMode && m.lock.leading.Load() > 0 }
 
 func (m *lifeMonitor) evaluate(now time.Time) bool {
