@@ -35,7 +35,8 @@ type ElectorConfig struct {
 	// reconnecting, or runs ModeHeartbeatTableOnly); DefaultElectorRetryPeriod if zero.
 	// It then bounds how long a free lease stays untaken.
 	RetryPeriod time.Duration
-	// QuietPeriod replaces RetryPeriod while the events are listened to
+	// QuietPeriod replaces RetryPeriod while the events are listened to and the Agent's
+	// alive lock has been held for 2 s, after a try the database answered
 	// (DefaultElectorQuietPeriod if zero; never shorter than RetryPeriod). Everything
 	// that frees a lease is notified then (a release, a holder dead by the verdict, an
 	// expiry seen by the fleet's watcher), and a notification wakes the followers at
