@@ -645,6 +645,15 @@ BEGIN
     PERFORM pg_catalog.pg_notify(events_channel(), 'free:' || l.name)
        FROM leases l
       WHERE l.expires_at <= v_now AND l.expires_at > v_since AND event_fits('free:' || l.name);
+    -- And so are the unexpired leases whose holder is dead by its row and stamp: a holder
+    -- whose heartbeat aged past its limits with its lock still held (a hung process: a
+    -- zombie), or whose row is gone, is not told by notify_dead_instances, which follows
+    -- vanished locks. Told on every tick until someone takes the lease, which the first
+    -- woken follower does.
+    PERFORM pg_catalog.pg_notify(events_channel(), 'free:' || l.name)
+       FROM leases l
+      WHERE l.expires_at > v_now AND l.holder_instance_id IS NOT NULL AND event_fits('free:' || l.name)
+        AND NOT coalesce(instance_watched_alive(l.holder_instance_id), false);
     UPDATE alive_lock_watch w SET watched_at = greatest(w.watched_at, v_now), server_started_at = v_started;
     IF NOT FOUND THEN
         INSERT INTO alive_lock_watch AS w (singleton, watched_at, server_started_at)

@@ -91,7 +91,8 @@ $$;
 -- the locks (alive_lock_watch); its digest covers the stamps (count and bit_xor of a hash
 -- of each), so that a stamp another session wrote or cleared is reconciled with the locks
 -- on the next tick even when the locks did not change; and it notifies free:<name> for
--- each lease that expired since the previous tick.
+-- each lease that expired since the previous tick, and for each whose holder is dead by
+-- its row and stamp (a hung holder, a zombie, is not a vanished lock).
 CREATE OR REPLACE FUNCTION watch_alive_locks(p_digest text)
     RETURNS TABLE (digest text, instance_id uuid, dead_in float8)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -124,6 +125,15 @@ BEGIN
     PERFORM pg_catalog.pg_notify(events_channel(), 'free:' || l.name)
        FROM leases l
       WHERE l.expires_at <= v_now AND l.expires_at > v_since AND event_fits('free:' || l.name);
+    -- And so are the unexpired leases whose holder is dead by its row and stamp: a holder
+    -- whose heartbeat aged past its limits with its lock still held (a hung process: a
+    -- zombie), or whose row is gone, is not told by notify_dead_instances, which follows
+    -- vanished locks. Told on every tick until someone takes the lease, which the first
+    -- woken follower does.
+    PERFORM pg_catalog.pg_notify(events_channel(), 'free:' || l.name)
+       FROM leases l
+      WHERE l.expires_at > v_now AND l.holder_instance_id IS NOT NULL AND event_fits('free:' || l.name)
+        AND NOT coalesce(instance_watched_alive(l.holder_instance_id), false);
     UPDATE alive_lock_watch w SET watched_at = greatest(w.watched_at, v_now), server_started_at = v_started;
     IF NOT FOUND THEN
         INSERT INTO alive_lock_watch AS w (singleton, watched_at, server_started_at)
