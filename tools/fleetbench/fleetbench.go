@@ -74,9 +74,10 @@ type Result struct {
 	IdleCPU, FleetCPU, LivenessCPU float64
 	// Statements is statements a second beside the harness's own, with the fleet.
 	Statements   float64
-	TopStatement []string // the busiest statement tags, "tag: calls/s"
-	Backends     int      // client backends with the fleet running
-	LockSessions int      // alive-lock sessions: each LISTENs to the schema's events
+	TopStatement []string           // the busiest statement tags, "tag: calls/s"
+	Calls        map[string]float64 // calls a second by statement tag
+	Backends     int                // client backends with the fleet running
+	LockSessions int                // alive-lock sessions: each LISTENs to the schema's events
 	LookupIdle   Latency
 	LookupFleet  Latency
 	// CrashToDead is from the victim's crash to its dead:<id> notification (the fleet's
@@ -189,6 +190,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	res.LivenessCPU = max(res.FleetCPU-res.IdleCPU, 0)
 	res.LookupFleet = look.latency()
 	res.Statements, res.TopStatement = callRates(calls0, calls1, took, lookups)
+	res.Calls = map[string]float64{}
+	for tag, n := range calls1 {
+		res.Calls[tag] = float64(n-calls0[tag]) / took
+	}
 	if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE backend_type = 'client backend'),
 	        count(*) FILTER (WHERE application_name LIKE '%:alive-lock')
 	    FROM pg_stat_activity WHERE datname = current_database()`).Scan(&res.Backends, &res.LockSessions); err != nil {

@@ -57,14 +57,14 @@ func TestFleetBenchSmall(t *testing.T) {
 	if res.LockSessions < cfg.Agents {
 		t.Errorf("%d alive-lock sessions for %d agents", res.LockSessions, cfg.Agents)
 	}
-	// At the defaults an agent beats every 30 s (fast: 5 s until settled), proves its lock
-	// every 10 s and, with its session listening, tries each of its seven campaigns (three
-	// jobs, the victim's, the reaper's, two watchers') every 30–60 s; the watchers tick 8
-	// times a second for the whole fleet. Under 1.5 a second each leaves room for the
-	// warm-up's tail, and fails followers that poll every second (7 tries a second).
-	if per := res.Statements / float64(cfg.Agents); res.Statements == 0 || per > 1.5 {
-		t.Errorf("%.1f statements a second, %.2f per agent; want more than none and at most 1.5 per agent (busiest: %v)",
-			res.Statements, per, res.TopStatement)
+	// The followers' tries are what grew with the fleet: with its session listening, an
+	// agent tries each of its seven campaigns (three jobs, the victim's, the reaper's, two
+	// watchers') every 30–60 s, about 0.16 a second. Followers that polled every second
+	// would send 7. (The fleet-wide costs, the watchers' ticks and the leaders' proofs,
+	// are not per agent, and at 20 agents they dominate the total.)
+	if tries := res.Calls["lease_acquire"] / float64(cfg.Agents); res.Statements == 0 || tries > 0.5 {
+		t.Errorf("%.1f statements a second, %.2f lease_acquire per agent; want more than none and at most 0.5 tries per agent (busiest: %v)",
+			res.Statements, tries, res.TopStatement)
 	}
 	if res.FleetCPU <= 0 || res.LookupIdle.P99 == 0 || res.LookupFleet.P99 == 0 {
 		t.Errorf("nothing measured: server CPU %.3f cores, lookup p99 idle %s, with the fleet %s",
