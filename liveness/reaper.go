@@ -80,9 +80,11 @@ func (r *reaper) Reaped() uint64 { return r.reaped.Load() }
 // replaced within about that.
 func (r *reaper) Run(ctx context.Context) error {
 	return r.cfg.Leases.elect(ctx, ElectorConfig{
-		Lease:       ReaperLease,
-		TTL:         r.cfg.LeaseTTL,
-		RetryPeriod: min(r.cfg.Interval, 5*time.Second),
+		Lease: ReaperLease,
+		TTL:   r.cfg.LeaseTTL,
+		// Its followers keep polling at RetryPeriod, listening or not: while no watcher ticks,
+		// their refused tries (the full verdict) are what stamps a vanished lock early.
+		RetryPeriod: min(r.cfg.Interval, 5*time.Second), QuietPeriod: min(r.cfg.Interval, 5*time.Second),
 		OnStartedLeading: func(ctx context.Context, _ Leadership) {
 			t := time.NewTicker(r.cfg.Interval)
 			defer t.Stop()

@@ -89,7 +89,7 @@ func (w *watcher) Run(ctx context.Context) error {
 	for i, name := range WatcherLeases {
 		wg.Go(func() {
 			errs[i] = w.cfg.Leases.elect(ctx, ElectorConfig{
-				Lease: name, RetryPeriod: watcherRetryPeriod, slot: &w.slot,
+				Lease: name, RetryPeriod: watcherRetryPeriod, QuietPeriod: watcherRetryPeriod, slot: &w.slot,
 				OnStartedLeading: func(ctx context.Context, _ Leadership) { w.watch(ctx) },
 			}, w.cfg.windDown, w.cfg.gate)
 		})
