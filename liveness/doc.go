@@ -40,9 +40,12 @@
 // watcher reads a digest of the advisory locks every WatchInterval (250 ms), stamping
 // absences only when it changed: one cheap statement per tick, whatever the fleet's size,
 // and nothing written when nothing changed. A crashed instance is thus dead for the first
-// look after any silence, about its lock grace after PostgreSQL freed its lock. Readers
-// stamp at their first look too: the fallback when no watcher runs
-// (AgentConfig.DisableWatcher everywhere, or both watchers dead at once).
+// look after any silence, about its lock grace after PostgreSQL freed its lock. When both
+// watchers die at once, nobody is left to stamp their locks or to notify their leases
+// free: the reaper's leader asks every tick whether a watcher ticks, and when none does
+// it ticks in their place until a watcher is back (a crash is then dead about a second
+// later than with a watcher left). Readers stamp at their first look too: the fallback
+// when no watcher runs (AgentConfig.DisableWatcher everywhere).
 //
 // Waiters are woken: the schema's events channel (<schema>_events) carries free:<lease>
 // (released, its holder dead, or expired: the watcher's tick notices) and taken:<lease>,
@@ -55,9 +58,10 @@
 // is free (within a random part of 250 ms, so that a fleet's followers do not all try at
 // once; taken:<lease> sends the rest back to waiting), the reaper's too, and
 // Agent.WatchAlive reads the alive set again. Notifications are only wake-ups, sent on
-// commit: every waiter also polls, rarely while its session listens (QuietPeriod, 1 min),
-// at RetryPeriod while it does not, so a dropped session or a lost notification delays,
-// never misleads. In ModeHeartbeatTableOnly there is no listening session: polling only.
+// commit: every waiter also polls, rarely while its session listens (QuietPeriod, 1 min)
+// and another live instance leads, at RetryPeriod otherwise (not listening, or refused for
+// a reason nothing notifies the end of: its own old row, a verdict on this very instance),
+// so a dropped session or a lost notification delays, never misleads. In ModeHeartbeatTableOnly there is no listening session: polling only.
 //
 // What an agent costs the database is the same whatever the fleet's size: its statements
 // are index lookups and updates of its own rows. Only the fleet's watcher reads pg_locks

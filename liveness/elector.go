@@ -36,8 +36,9 @@ type ElectorConfig struct {
 	// It then bounds how long a free lease stays untaken.
 	RetryPeriod time.Duration
 	// QuietPeriod replaces RetryPeriod while the events are listened to and the Agent's
-	// alive lock has been held for 2 s, after a try the database answered
-	// (DefaultElectorQuietPeriod if zero; never shorter than RetryPeriod). Everything
+	// alive lock has been held for 2 s, after a try the database refused because another
+	// live instance leads (DefaultElectorQuietPeriod if zero; never shorter than
+	// RetryPeriod). Everything
 	// that frees a lease is notified then (a release, a holder dead by the verdict, an
 	// expiry seen by the fleet's watcher), and a notification wakes the followers at
 	// once, and a session that listens again wakes them all for a try, so their polls
@@ -229,7 +230,7 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 	defer unsubscribeFree()
 	taken, unsubscribeTaken := e.leases.events.subscribe(func(ev event) bool { return ev.Kind == eventTaken && ev.ID == lease })
 	defer unsubscribeTaken()
-	try, answered := true, true
+	try, quiet := true, false
 	for ctx.Err() == nil {
 		// A try refused because this instance cannot prove life yet (an agent that has
 		// just started) is made again as soon as it can, not a RetryPeriod later.
@@ -245,7 +246,7 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 		case !try:
 		case e.cfg.slot == nil || e.cfg.slot.CompareAndSwap(slotFree, slotTrying):
 			var lease *Lease
-			if lease, answered = e.try(ctx); lease != nil {
+			if lease, quiet = e.try(ctx); lease != nil {
 				if e.cfg.slot != nil {
 					e.cfg.slot.Store(slotLeading)
 				}
@@ -262,7 +263,7 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 			recheck = true
 		}
 		period := e.cfg.RetryPeriod
-		if e.leases.events.Listening() && answered && e.steady() {
+		if e.leases.events.Listening() && quiet && e.steady() {
 			period = e.cfg.QuietPeriod
 		}
 		wait := period/2 + rand.N(period/2+1)
@@ -324,24 +325,29 @@ func (e *campaign) awaitTurn(ctx context.Context, taken <-chan struct{}) bool {
 const freeSpread = 250 * time.Millisecond
 
 // try takes the lease once, with the gate entered, or reports who leads and returns nil.
-// answered is false when the database gave no answer (the try failed): then the next try
-// comes after RetryPeriod whatever the listening, since nothing will notify that the
-// failure is over (a pool's connections after a server restart fail once each).
-func (e *campaign) try(ctx context.Context) (lease *Lease, answered bool) {
+// quiet is true only when the try was refused because another instance, alive by the
+// verdict, leads: its end is notified (free:<name>), so the next try may wait for
+// QuietPeriod. Any other refusal (the row is still this instance's own, from a leadership
+// whose release failed; the database does not yet judge this instance alive, its lock
+// just re-claimed) or a failure (a pool's dead connections after a server restart) ends
+// with nothing notified, and the next try comes after RetryPeriod.
+func (e *campaign) try(ctx context.Context) (lease *Lease, quiet bool) {
 	if !e.gate.enter() {
-		return nil, true // the Agent stops: ctx ends with it
+		return nil, false // the Agent stops: ctx ends with it
 	}
 	// The lease outlives the campaign's context: it is let go only once the job has
 	// returned (lead).
 	lease, err := e.leases.acquire(ctx, context.WithoutCancel(ctx), e.cfg.Lease, e.cfg.TTL)
 	if err == nil {
-		return lease, true
+		return lease, false
 	}
 	e.gate.leave()
 	switch {
-	case errors.Is(err, ErrLeaseHeld), errors.Is(err, errNotAlive):
+	case errors.Is(err, errNotAlive):
 		e.observe(ctx)
-		return nil, true
+	case errors.Is(err, ErrLeaseHeld):
+		leader, ok := e.readLeader(ctx)
+		return nil, ok && leader.InstanceID != uuid.Nil && leader.InstanceID != e.leases.instanceID()
 	case ctx.Err() == nil:
 		e.leases.log.Debug("campaign: acquire failed; retrying", "lease", e.cfg.Lease, "err", err)
 	}
@@ -470,11 +476,16 @@ func (e *campaign) retryRelease(ctx context.Context, lease *Lease) {
 	e.leases.log.Warn("campaign: release failed until the lease expired", "lease", lease.Name, "epoch", lease.Epoch)
 }
 
-// observe reads who leads and reports a change.
+// observe reads who leads and reports a change, when OnNewLeader is set.
 func (e *campaign) observe(ctx context.Context) {
-	if e.cfg.OnNewLeader == nil {
-		return
+	if e.cfg.OnNewLeader != nil {
+		e.readLeader(ctx)
 	}
+}
+
+// readLeader reads who leads, reports a change, and returns the leader (the zero Leader,
+// but its name, when nobody leads); ok is false when it could not be read.
+func (e *campaign) readLeader(ctx context.Context) (leader Leader, ok bool) {
 	qctx, cancel := context.WithTimeout(ctx, e.cfg.RetryPeriod)
 	defer cancel()
 	leader, err := readLeader(qctx, e.leases.pool, e.leases.stmts.leader, e.cfg.Lease)
@@ -482,9 +493,10 @@ func (e *campaign) observe(ctx context.Context) {
 		if ctx.Err() == nil {
 			e.leases.log.Debug("campaign: cannot read the leader", "lease", e.cfg.Lease, "err", err)
 		}
-		return
+		return leader, false
 	}
 	e.report(leader)
+	return leader, true
 }
 
 // observeAfter reports who leads once this process's leadership self has ended: the

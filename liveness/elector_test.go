@@ -583,3 +583,43 @@ func TestFollowersWaitForNotificationsNotTheClock(t *testing.T) {
 		t.Fatalf("the follower took over %s after the step-down; want it woken by the release's notification", took)
 	}
 }
+
+// A follower refused because of its own instance, not another live leader (here: a row
+// still its own, from a leadership whose release was lost), is told of nothing when that
+// ends; it must go on polling at RetryPeriod, not wait out a QuietPeriod. The row then
+// expires, which nobody notifies (no watcher runs), and the follower must lead within
+// seconds.
+func TestFollowerRefusedByItsOwnRowKeepsPolling(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 3)
+	cfg := agentConfig(db, pool)
+	cfg.DisableWatcher, cfg.Reaper = true, false
+	a := newAgent(t, cfg)
+	runAgent(t, a)
+	ctx := testutil.Context(t, time.Minute)
+	id := a.Snapshot().InstanceID
+	if _, err := pool.Exec(ctx, `INSERT INTO liveness.leases (name, holder, holder_instance_id, holder_host, epoch, taken_at, expires_at)
+		VALUES ('own-row', 'an earlier leadership', $1, 'host', 999, now(), now() + interval '1 minute')`, id); err != nil {
+		t.Fatal(err)
+	}
+	var l leadership
+	c := l.config("own-row", 0)
+	c.QuietPeriod = time.Minute
+	electCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	wg.Go(func() { _ = a.Elect(electCtx, c) })
+	// Past the 2 s after which a refusal by another live leader would quiet the follower.
+	time.Sleep(2500 * time.Millisecond)
+	if _, err := pool.Exec(ctx, `UPDATE liveness.leases SET expires_at = now() - interval '1 second' WHERE name = 'own-row'`); err != nil {
+		t.Fatal(err)
+	}
+	expired := time.Now()
+	testutil.Eventually(t, 10*time.Second, "the follower leading once its own old row expired", func() bool {
+		s, _ := l.snapshot()
+		return len(s) == 1
+	})
+	if took := time.Since(expired); took > 5*time.Second {
+		t.Fatalf("led %s after the row expired; want within a few RetryPeriods (%s)", took, c.RetryPeriod)
+	}
+}
