@@ -332,7 +332,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 			Logger: cfg.Logger.With("part", "watcher"), gate: a.leading, windDown: cfg.JobWindDown})
 	}
 	if cfg.Reaper {
-		a.reaper, err = newReaper(reaperConfig{
+		rc := reaperConfig{
 			Pool:                 cfg.Pool,
 			Leases:               a.leases,
 			Schema:               cfg.Schema,
@@ -343,7 +343,11 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 			Logger:               cfg.Logger.With("part", "reaper"),
 			gate:                 a.leading,
 			windDown:             cfg.JobWindDown,
-		})
+		}
+		if a.watcher != nil {
+			rc.whileLeading = a.watcher.guard
+		}
+		a.reaper, err = newReaper(rc)
 		if err != nil {
 			return nil, err
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +38,10 @@ type reaperConfig struct {
 	// of its lease. Zero values are a campaign of its own (tests).
 	gate     leadGate
 	windDown time.Duration
+	// whileLeading, when set, runs beside the rounds while this process leads, until the
+	// leadership ends (the Agent's watcher guard: the fleet's one process that asks
+	// whether a watcher ticks).
+	whileLeading func(ctx context.Context)
 }
 
 // reaper runs cleanup_stale_instances periodically as a lease-protected singleton.
@@ -86,6 +91,11 @@ func (r *reaper) Run(ctx context.Context) error {
 		// their refused tries (the full verdict) are what stamps a vanished lock early.
 		RetryPeriod: min(r.cfg.Interval, 5*time.Second), QuietPeriod: min(r.cfg.Interval, 5*time.Second),
 		OnStartedLeading: func(ctx context.Context, _ Leadership) {
+			if r.cfg.whileLeading != nil {
+				var beside sync.WaitGroup
+				defer beside.Wait()
+				beside.Go(func() { r.cfg.whileLeading(ctx) })
+			}
 			t := time.NewTicker(r.cfg.Interval)
 			defer t.Stop()
 			var failing logging.Repeats

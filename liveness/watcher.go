@@ -3,6 +3,7 @@ package liveness
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,6 +63,7 @@ type watcher struct {
 	cfg       watcherConfig
 	watchSQL  string
 	notifySQL string
+	freshSQL  string
 	slot      campaignSlot // one of the two campaigns at a time
 	ticks     atomic.Uint64
 	notified  atomic.Uint64
@@ -79,7 +81,77 @@ func newWatcher(cfg watcherConfig) *watcher {
 		cfg.every = WatchInterval
 	}
 	return &watcher{cfg: cfg, watchSQL: store.WatchAliveLocks.In(cfg.Schema).SQL,
-		notifySQL: store.NotifyDeadInstances.In(cfg.Schema).SQL}
+		notifySQL: store.NotifyDeadInstances.In(cfg.Schema).SQL, freshSQL: store.WatchFresh.In(cfg.Schema).SQL}
+}
+
+// unwatched reports whether no watcher has ticked within the last second. An
+// unanswered question is not a reason to stand in.
+func (w *watcher) unwatched(ctx context.Context) bool {
+	qctx, cancel := context.WithTimeout(ctx, watchStatementTimeout)
+	defer cancel()
+	var fresh bool
+	if err := w.cfg.Pool.QueryRow(qctx, w.freshSQL).Scan(&fresh); err != nil {
+		if ctx.Err() == nil {
+			w.cfg.Logger.Debug("watcher: cannot read whether a watcher ticks", "err", err)
+		}
+		return false
+	}
+	return !fresh
+}
+
+// standInFor is how long the guard ticks in the watchers' place before it asks again
+// whether one ticks (its own ticks answer yes meanwhile).
+const standInFor = 10 * time.Second
+
+// guard runs while this Agent leads the reaper, one process of the fleet. When both
+// watchers die at once nobody notifies their leases free, nor stamps the vanished
+// locks, and their followers poll every 30 s: a crash would be dead only then. So every
+// tick (WatchInterval), unless this process leads a watcher itself, the guard asks
+// whether a watcher ticks; when none does, it ticks in their place for standInFor (or
+// until it sees a watcher lease taken): it stamps the vanished locks, the watchers'
+// included, and once their grace has passed notifies the deaths and the dead holders'
+// leases free, which wakes the fleet's watcher followers. It costs the database one
+// trivial statement a tick, for the fleet.
+func (w *watcher) guard(ctx context.Context) {
+	taken, unsubscribe := w.cfg.Events.subscribe(func(ev event) bool {
+		return ev.Kind == eventTaken && slices.Contains(WatcherLeases[:], ev.ID)
+	})
+	defer unsubscribe()
+	t := time.NewTicker(w.cfg.every)
+	defer t.Stop()
+	var (
+		st         watchState
+		standUntil time.Time // zero: not standing in
+		failing    logging.Repeats
+	)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-taken:
+			standUntil = time.Time{}
+			continue
+		case <-t.C:
+		}
+		switch {
+		case w.slot.Load() == slotLeading:
+			standUntil = time.Time{}
+			continue
+		case standUntil.IsZero() || time.Now().After(standUntil):
+			standUntil = time.Time{}
+			if !w.unwatched(ctx) {
+				continue
+			}
+			w.cfg.Logger.Info("no watcher ticks; the reaper's leader ticks in their place")
+			standUntil, st = time.Now().Add(standInFor), watchState{due: map[uuid.UUID]time.Time{}}
+		}
+		if err := w.tick(ctx, &st); err != nil && ctx.Err() == nil {
+			st.digest = nil
+			failing.Log(w.cfg.Logger, slog.LevelWarn, "failed", "stand-in watcher tick failed", "err", err)
+		} else {
+			failing.Clear(w.cfg.Logger, "stand-in watcher ticks succeed again")
+		}
+	}
 }
 
 // Run campaigns for both watcher leases until ctx ends.

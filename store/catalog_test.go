@@ -30,7 +30,7 @@ func rendered(t *testing.T) map[string][]Query {
 	t.Helper()
 	out := map[string][]Query{}
 	for _, st := range []Statement{AliveLockClaim, AliveLockVerify, Heartbeat, HeartbeatDelete, Cleanup,
-		WatchAliveLocks, NotifyDeadInstances, EventsListen, MembersListen, MembersUnlisten,
+		WatchAliveLocks, NotifyDeadInstances, WatchFresh, EventsListen, MembersListen, MembersUnlisten,
 		LeaseAcquire, LeaseRenew, LeaseRelease, LeaseAbandon, LeaseDetach, LeaseLeader, LeaseFence,
 		LeaseFenceStrict, LeaseFenceCommit, SchemaState, SchemaMigrations, SchemaVersion,
 		MigrateLock, MigrateSchema, MigrateBookkeeping, MigrateApplied, MigrateSearchPath, MigrateRecord,

@@ -52,6 +52,7 @@ var (
 	// The watcher (package liveness) and the events the alive lock's session listens to.
 	WatchAliveLocks     = Statement{"watch_alive_locks"}
 	NotifyDeadInstances = Statement{"notify_dead_instances"}
+	WatchFresh          = Statement{"watch_fresh"}
 	EventsListen        = Statement{"events_listen"}
 	MembersListen       = Statement{"members_listen"}
 	MembersUnlisten     = Statement{"members_unlisten"}
@@ -132,7 +133,7 @@ const VerdictOfLocksMigration = 8
 // each one is in sql/ and that sql/ has no statement without one.
 var handles = []string{
 	AliveLockClaim.name, AliveLockVerify.name, Heartbeat.name, HeartbeatDelete.name, Cleanup.name,
-	WatchAliveLocks.name, NotifyDeadInstances.name, EventsListen.name, MembersListen.name, MembersUnlisten.name,
+	WatchAliveLocks.name, NotifyDeadInstances.name, WatchFresh.name, EventsListen.name, MembersListen.name, MembersUnlisten.name,
 	LeaseAcquire.name, LeaseRenew.name, LeaseRelease.name, LeaseAbandon.name, LeaseDetach.name, LeaseLeader.name, LeaseFence.name,
 	LeaseFenceStrict.name, LeaseFenceCommit.name,
 	SchemaState.name, SchemaMigrations.name, SchemaVersion.name,

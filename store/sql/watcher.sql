@@ -18,6 +18,12 @@ SELECT w.digest, w.instance_id, w.dead_in FROM {schema}.watch_alive_locks($1::te
 -- free:<name> for the leases they hold. Returns the ids notified.
 SELECT d.id FROM {schema}.notify_dead_instances($1::uuid[]) AS d(id)
 
+-- name: watch_fresh
+-- Whether a watcher has ticked within the last second (migration 0010 on). The reaper's
+-- leader asks every tick, unless it leads a watcher itself: when both watchers died at
+-- once nobody notifies their leases free, and it ticks in their place until one is back.
+SELECT {schema}.alive_lock_watch_is_fresh()
+
 -- name: events_listen
 -- LISTEN on the schema's events channel, on the alive lock's session. Returns the channel.
 SELECT {schema}.events_listen()
