@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -273,42 +275,8 @@ func TestCrashSilence(t *testing.T) {
 	e := newEnv(t)
 	// Each trial waits out the longest silence: the deadline grows with the trials.
 	ctx := testutil.Context(t, time.Minute+time.Duration(trials())*(silences[len(silences)-1]+15*time.Second))
-	listener := connect(t, ctx, e.dsn)
-	t.Cleanup(func() { _ = listener.Close(context.Background()) })
-	if _, err := listener.Exec(ctx, `LISTEN liveness_members`); err != nil { // dead:<id> (migration 0010 on)
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	deadAt := map[string]time.Time{}
-	listenCtx, stopListening := context.WithCancel(ctx)
-	var listening sync.WaitGroup
-	listening.Go(func() {
-		for {
-			n, err := listener.WaitForNotification(listenCtx)
-			if err != nil {
-				return
-			}
-			if id, ok := strings.CutPrefix(n.Payload, "dead:"); ok {
-				mu.Lock()
-				if _, seen := deadAt[id]; !seen {
-					deadAt[id] = time.Now()
-				}
-				mu.Unlock()
-			}
-		}
-	})
-	defer func() { stopListening(); listening.Wait() }()
-	look := connect(t, ctx, e.dsn)
-	t.Cleanup(func() { _ = look.Close(context.Background()) })
-	firstLook := func(id uuid.UUID) (alive bool) {
-		var a, a90 bool
-		var state *string
-		if err := look.QueryRow(ctx, `SELECT liveness.is_instance_alive($1), liveness.is_instance_alive($1, 90),
-		        (SELECT s.state FROM liveness.instance_states() s WHERE s.instance_id = $1)`, id).Scan(&a, &a90, &state); err != nil {
-			t.Fatal(err)
-		}
-		return a || a90 || (state != nil && stateAlive[*state])
-	}
+	deadAt := listenDeaths(t, ctx, e.dsn)
+	firstLook := looker(t, ctx, e.dsn)
 
 	bystander := startAgent(t, e, agentOpts{service: "silence-bystander"})
 	defer bystander.Stop()
@@ -320,8 +288,7 @@ func TestCrashSilence(t *testing.T) {
 		// Healthy by the one look this scenario allows itself before the kill.
 		testutil.Eventually(t, 30*time.Second, "the victims alive", func() bool {
 			for _, v := range victims {
-				var alive bool
-				if err := look.QueryRow(ctx, `SELECT liveness.is_instance_alive($1)`, v.ids[0]).Scan(&alive); err != nil || !alive {
+				if !firstLook(v.ids[0]) {
 					return false
 				}
 			}
@@ -345,9 +312,7 @@ func TestCrashSilence(t *testing.T) {
 			id := victims[i].ids[0]
 			name := fmt.Sprintf("crash to dead, first look after %s of silence", d)
 			if !firstLook(id) { // dead at the first look, as it must be
-				mu.Lock()
-				at, ok := deadAt[id.String()]
-				mu.Unlock()
+				at, ok := deadAt(id)
 				if !ok {
 					// Dead at the look, but no watcher said so: count the look's time,
 					// which misses the bound and shows that nothing recorded the death.
@@ -370,6 +335,152 @@ func TestCrashSilence(t *testing.T) {
 	sc.s.Trials = trials()
 	sc.note("The time is when the database called the victim dead (its dead:<id> notification), the look being the first after the " +
 		"silence; a look that said alive would count until a look says dead, past the silence, and miss the bound.")
+}
+
+// listenDeaths listens to the members channel for dead:<id> until the test ends, and
+// returns when each instance was first notified dead (a listener reads no verdict).
+func listenDeaths(t *testing.T, ctx context.Context, dsn string) func(uuid.UUID) (time.Time, bool) {
+	t.Helper()
+	listener := connect(t, ctx, dsn)
+	if _, err := listener.Exec(ctx, `LISTEN liveness_members`); err != nil { // dead:<id> (migration 0010 on)
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	deadAt := map[string]time.Time{}
+	listenCtx, stopListening := context.WithCancel(ctx)
+	var listening sync.WaitGroup
+	listening.Go(func() {
+		for {
+			n, err := listener.WaitForNotification(listenCtx)
+			if err != nil {
+				return
+			}
+			if id, ok := strings.CutPrefix(n.Payload, "dead:"); ok {
+				mu.Lock()
+				if _, seen := deadAt[id]; !seen {
+					deadAt[id] = time.Now()
+				}
+				mu.Unlock()
+			}
+		}
+	})
+	t.Cleanup(func() {
+		stopListening()
+		listening.Wait()
+		_ = listener.Close(context.Background())
+	})
+	return func(id uuid.UUID) (time.Time, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		at, ok := deadAt[id.String()]
+		return at, ok
+	}
+}
+
+// looker returns a look at an instance by every verdict a consumer reads:
+// is_instance_alive(id), is_instance_alive(id, 90) and instance_states(); alive when any
+// says so.
+func looker(t *testing.T, ctx context.Context, dsn string) func(uuid.UUID) (alive bool) {
+	t.Helper()
+	look := connect(t, ctx, dsn)
+	t.Cleanup(func() { _ = look.Close(context.Background()) })
+	return func(id uuid.UUID) bool {
+		var a, a90 bool
+		var state *string
+		if err := look.QueryRow(ctx, `SELECT liveness.is_instance_alive($1), liveness.is_instance_alive($1, 90),
+		        (SELECT s.state FROM liveness.instance_states() s WHERE s.instance_id = $1)`, id).Scan(&a, &a90, &state); err != nil {
+			t.Fatal(err)
+		}
+		return a || a90 || (state != nil && stateAlive[*state])
+	}
+}
+
+// TestCrashBothWatchers kills (SIGKILL) the two processes that lead the watcher leases,
+// at once, while a bystander leads the reaper: nobody is left to notice either death, to
+// stamp their vanished locks or to notify their leases free, and the watcher leases'
+// followers poll every 30 s. The reaper's leader asks every tick whether a watcher ticks,
+// and ticks in their place when none does: both victims must be dead at the first look,
+// 3 s after the kill, and the bystander must lead a watcher soon after. The victims run
+// no reaper (--agent.reaper=false), so that the bystander is sure to lead it.
+func TestCrashBothWatchers(t *testing.T) {
+	t.Parallel()
+	const lookAfter = 3 * time.Second
+	sc := newScenario(t, 1, "Crash (kill -9) of both watchers at once",
+		fmt.Sprintf("default agent flags; the two victims lead the watcher leases (and run no reaper); a bystander leads the reaper; nobody looks for %s after the kill", lookAfter))
+	e := newEnv(t)
+	ctx := testutil.Context(t, time.Minute+time.Duration(trials())*time.Minute)
+	deadAt := listenDeaths(t, ctx, e.dsn)
+	firstLook := looker(t, ctx, e.dsn)
+	admin := connect(t, ctx, e.dsn)
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	holder := func(lease string) uuid.UUID {
+		var id *uuid.UUID
+		err := admin.QueryRow(ctx, `SELECT holder_instance_id FROM liveness.leases WHERE name = $1 AND expires_at > now()`, lease).Scan(&id)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		if id == nil {
+			return uuid.Nil
+		}
+		return *id
+	}
+	watchers := []string{"pg_liveness.watcher.a", "pg_liveness.watcher.b"}
+	for trial := range trials() {
+		victims := []*agent{
+			startAgent(t, e, agentOpts{service: fmt.Sprintf("watcher-a-%d", trial), timing: []string{"--agent.reaper=false"}}),
+			startAgent(t, e, agentOpts{service: fmt.Sprintf("watcher-b-%d", trial), timing: []string{"--agent.reaper=false"}}),
+		}
+		isVictim := func(id uuid.UUID) bool { return id == victims[0].ids[0] || id == victims[1].ids[0] }
+		// One watcher lease each: an agent leads at most one.
+		testutil.Eventually(t, 45*time.Second, "the victims leading both watcher leases", func() bool {
+			return isVictim(holder(watchers[0])) && isVictim(holder(watchers[1]))
+		})
+		bystander := startAgent(t, e, agentOpts{service: fmt.Sprintf("watchers-bystander-%d", trial)})
+		testutil.Eventually(t, 30*time.Second, "the bystander leading the reaper", func() bool {
+			return holder(reaperLease) == bystander.ids[0]
+		})
+		time.Sleep(time.Duration(rand.Int64N(int64(time.Second))))
+		t0 := time.Now()
+		for _, v := range victims {
+			v.Kill()
+		}
+		time.Sleep(time.Until(t0.Add(lookAfter)))
+		falseDead, first := 0, ""
+		if !firstLook(bystander.ids[0]) {
+			falseDead, first = 1, fmt.Sprintf("the bystander %s at the look %s after the kill", bystander.ids[0], lookAfter)
+		}
+		for _, v := range victims {
+			id := v.ids[0]
+			if firstLook(id) {
+				t.Logf("%s: alive at the first look %s after the kill", id, lookAfter)
+				var until time.Duration
+				ok := testutil.Poll(30*time.Second, func() bool { until = time.Since(t0); return !firstLook(id) })
+				sc.observe("crash to dead, both watchers", lookAfter+30*time.Second, until, ok)
+				continue
+			}
+			at, ok := deadAt(id)
+			if !ok {
+				at = t0.Add(lookAfter) // dead at the look, but nobody said so: misses the bound
+			}
+			sc.observe("crash to dead, both watchers", lookAfter, at.Sub(t0), true)
+		}
+		sc.addFalseDead(falseDead, first)
+		var took time.Duration
+		ok := testutil.Poll(30*time.Second, func() bool {
+			took = time.Since(t0)
+			return holder(watchers[0]) == bystander.ids[0] || holder(watchers[1]) == bystander.ids[0]
+		})
+		sc.observe("a watcher again (the bystander leads one)", 30*time.Second, took, ok)
+		bystander.Stop()
+	}
+	// No watcher ticks a second after the kill (the reaper's leader sees it within a tick
+	// of that), then the lock grace passes: about a second more than a crash with a
+	// watcher left.
+	sc.bound("crash to dead, both watchers", crashDeadMedian+time.Second, crashDeadWorst+time.Second)
+	sc.bound("a watcher again (the bystander leads one)", takeoverBound, takeoverBound+time.Second)
+	sc.s.Trials = trials()
+	sc.note("Without the reaper's leader ticking in the watchers' place, the victims were dead only when a watcher follower's 30 s poll " +
+		"came (15 s on average), and the bystander led a watcher only then.")
 }
 
 // TestHang stops an agent (SIGSTOP) that holds its lock and a lease past the
