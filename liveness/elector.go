@@ -345,6 +345,8 @@ func (e *campaign) try(ctx context.Context) (lease *Lease, quiet bool) {
 	switch {
 	case errors.Is(err, errNotAlive):
 		e.observe(ctx)
+	case errors.Is(err, ErrLeaseHeld) && e.cfg.QuietPeriod == e.cfg.RetryPeriod:
+		e.observe(ctx) // the next try comes at RetryPeriod whoever leads (the reaper's, the watchers')
 	case errors.Is(err, ErrLeaseHeld):
 		leader, ok := e.readLeader(ctx)
 		return nil, ok && leader.InstanceID != uuid.Nil && leader.InstanceID != e.leases.instanceID()
