@@ -345,7 +345,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 			windDown:             cfg.JobWindDown,
 		}
 		if a.watcher != nil {
-			rc.whileLeading = a.watcher.guard
+			rc.whileLeading = a.watcher.reaperLeading
 		}
 		a.reaper, err = newReaper(rc)
 		if err != nil {

@@ -39,8 +39,8 @@ type reaperConfig struct {
 	gate     leadGate
 	windDown time.Duration
 	// whileLeading, when set, runs beside the rounds while this process leads, until the
-	// leadership ends (the Agent's watcher guard: the fleet's one process that asks
-	// whether a watcher ticks).
+	// leadership ends (the Agent's watcher: its sentry asks every tick meanwhile whether
+	// a watcher ticks).
 	whileLeading func(ctx context.Context)
 }
 
@@ -81,15 +81,14 @@ func newReaper(cfg reaperConfig) (*reaper, error) {
 func (r *reaper) Reaped() uint64 { return r.reaped.Load() }
 
 // Run campaigns for the reaper's lease until ctx ends, and reaps every Interval while
-// it leads. Followers try every Interval (at most every 5 s), so a dead reaper is
-// replaced within about that.
+// it leads. A dead reaper's lease is notified free by the watcher (or a sentry standing
+// in for it), which wakes the followers; they poll at the elector's QuietPeriod besides,
+// and every Interval (at most every 5 s) while their Agent does not listen.
 func (r *reaper) Run(ctx context.Context) error {
 	return r.cfg.Leases.elect(ctx, ElectorConfig{
-		Lease: ReaperLease,
-		TTL:   r.cfg.LeaseTTL,
-		// Its followers keep polling at RetryPeriod, listening or not: while no watcher ticks,
-		// their refused tries (the full verdict) are what stamps a vanished lock early.
-		RetryPeriod: min(r.cfg.Interval, 5*time.Second), QuietPeriod: min(r.cfg.Interval, 5*time.Second),
+		Lease:       ReaperLease,
+		TTL:         r.cfg.LeaseTTL,
+		RetryPeriod: min(r.cfg.Interval, 5*time.Second),
 		OnStartedLeading: func(ctx context.Context, _ Leadership) {
 			if r.cfg.whileLeading != nil {
 				var beside sync.WaitGroup

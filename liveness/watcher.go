@@ -2,13 +2,16 @@ package liveness
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/logging"
@@ -67,6 +70,10 @@ type watcher struct {
 	slot      campaignSlot // one of the two campaigns at a time
 	ticks     atomic.Uint64
 	notified  atomic.Uint64
+	standIns  atomic.Uint64 // times the sentry began ticking in the watchers' place
+
+	leadsReaper atomic.Bool   // this process leads the reaper: its sentry asks every tick
+	reaperLeads chan struct{} // wakes the sentry when it begins to
 }
 
 func newWatcher(cfg watcherConfig) *watcher {
@@ -81,68 +88,117 @@ func newWatcher(cfg watcherConfig) *watcher {
 		cfg.every = WatchInterval
 	}
 	return &watcher{cfg: cfg, watchSQL: store.WatchAliveLocks.In(cfg.Schema).SQL,
-		notifySQL: store.NotifyDeadInstances.In(cfg.Schema).SQL, freshSQL: store.WatchFresh.In(cfg.Schema).SQL}
+		notifySQL: store.NotifyDeadInstances.In(cfg.Schema).SQL, freshSQL: store.WatchFresh.In(cfg.Schema).SQL,
+		reaperLeads: make(chan struct{}, 1)}
 }
 
-// unwatched reports whether no watcher has ticked within the last second. An
-// unanswered question is not a reason to stand in.
-func (w *watcher) unwatched(ctx context.Context) bool {
+// Sentry pacing. Every agent's sentry asks how long ago a watcher ticked (watch_fresh);
+// together the fleet's sentries ask about once per sentrySpacing, whatever its size: each
+// asks once per its count of peers times sentrySpacing, within [sentryMinPeriod,
+// sentryMaxPeriod], at a random moment of that period so that they do not ask in step.
+// The reaper's leader asks every WatchInterval.
+const (
+	sentrySpacing   = 100 * time.Millisecond
+	sentryMinPeriod = WatchInterval
+	sentryMaxPeriod = time.Minute
+	// watchStaleAfter is the age past which no watcher counts as ticking: two ticks
+	// missed. A watcher slowed down by a busy server makes a sentry stand in for a while,
+	// which costs a second reader of pg_locks, never a wrong verdict.
+	watchStaleAfter = 2 * WatchInterval
+)
+
+// watchAge reads how long ago a watcher ticked and the lock count it saw then. ok is
+// false when the question went unanswered: not a reason to stand in. ticked is false
+// when no watcher has ticked in this server lifetime.
+func (w *watcher) watchAge(ctx context.Context) (age time.Duration, locks int, ticked, ok bool) {
 	qctx, cancel := context.WithTimeout(ctx, watchStatementTimeout)
 	defer cancel()
-	var fresh bool
-	if err := w.cfg.Pool.QueryRow(qctx, w.freshSQL).Scan(&fresh); err != nil {
+	var ageSeconds float64
+	var count *int32
+	err := w.cfg.Pool.QueryRow(qctx, w.freshSQL).Scan(&ageSeconds, &count)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, 0, false, true
+	case err != nil:
 		if ctx.Err() == nil {
 			w.cfg.Logger.Debug("watcher: cannot read whether a watcher ticks", "err", err)
 		}
-		return false
+		return 0, 0, false, false
 	}
-	return !fresh
+	if count != nil {
+		locks = int(*count)
+	}
+	return time.Duration(ageSeconds * float64(time.Second)), locks, true, true
 }
 
-// standInFor is how long the guard ticks in the watchers' place before it asks again
-// whether one ticks (its own ticks answer yes meanwhile).
+// sentryPeriod is how long a sentry waits between two questions, given the lock count
+// last seen (0: unknown): on average, for the fleet, one question per sentrySpacing.
+func sentryPeriod(locks int) time.Duration {
+	p := time.Duration(locks) * sentrySpacing
+	return min(max(p, sentryMinPeriod), sentryMaxPeriod)
+}
+
+// standInFor is how long a sentry ticks in the watchers' place before it asks again
+// whether one ticks (its own ticks answer yes meanwhile), unless it sees a watcher lease
+// taken first.
 const standInFor = 10 * time.Second
 
-// guard runs while this Agent leads the reaper, one process of the fleet. When both
-// watchers die at once nobody notifies their leases free, nor stamps the vanished
-// locks, and their followers poll every 30 s: a crash would be dead only then. So every
-// tick (WatchInterval), unless this process leads a watcher itself, the guard asks
-// whether a watcher ticks; when none does, it ticks in their place for standInFor (or
-// until it sees a watcher lease taken): it stamps the vanished locks, the watchers'
-// included, and once their grace has passed notifies the deaths and the dead holders'
-// leases free, which wakes the fleet's watcher followers. It costs the database one
-// trivial statement a tick, for the fleet.
-func (w *watcher) guard(ctx context.Context) {
+// sentry runs for as long as the Agent takes part. When both watchers die at once nobody
+// notifies their leases free, nor stamps the vanished locks, and their followers wait
+// for notifications: a crash would be dead only at a follower's rare poll. So, unless
+// this process leads a watcher itself, the sentry asks now and then how long ago a
+// watcher ticked (every WatchInterval while this process leads the reaper, else at the
+// fleet-wide pace of sentryPeriod), and when none did within watchStaleAfter it ticks in
+// their place for standInFor (or until it sees a watcher lease taken): it stamps the
+// vanished locks, the watchers' included, and once their grace has passed notifies the
+// deaths and the dead holders' leases free, which wakes the fleet's followers. It costs
+// the database one trivial statement per question; the fleet's questions come about ten
+// times a second in all.
+func (w *watcher) sentry(ctx context.Context) {
 	taken, unsubscribe := w.cfg.Events.subscribe(func(ev event) bool {
 		return ev.Kind == eventTaken && slices.Contains(WatcherLeases[:], ev.ID)
 	})
 	defer unsubscribe()
-	t := time.NewTicker(w.cfg.every)
-	defer t.Stop()
 	var (
 		st         watchState
 		standUntil time.Time // zero: not standing in
+		locks      int       // the fleet's lock count, as last read
 		failing    logging.Repeats
 	)
+	wait := w.cfg.every
 	for {
+		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return
 		case <-taken:
+			timer.Stop()
 			standUntil = time.Time{}
+			wait = w.sentryWait(locks)
 			continue
-		case <-t.C:
+		case <-w.reaperLeads:
+			timer.Stop()
+			wait = w.cfg.every
+			continue
+		case <-timer.C:
 		}
 		switch {
 		case w.slot.Load() == slotLeading:
-			standUntil = time.Time{}
+			standUntil, wait = time.Time{}, w.sentryWait(locks)
 			continue
 		case standUntil.IsZero() || time.Now().After(standUntil):
 			standUntil = time.Time{}
-			if !w.unwatched(ctx) {
+			age, n, ticked, ok := w.watchAge(ctx)
+			if ok && ticked && n > 0 {
+				locks = n
+			}
+			if !ok || (ticked && age < watchStaleAfter) {
+				wait = w.sentryWait(locks)
 				continue
 			}
-			w.cfg.Logger.Info("no watcher ticks; the reaper's leader ticks in their place")
+			w.cfg.Logger.Info("no watcher ticks; ticking in their place", "last_tick_ago", age.Round(time.Millisecond))
+			w.standIns.Add(1)
 			standUntil, st = time.Now().Add(standInFor), watchState{due: map[uuid.UUID]time.Time{}}
 		}
 		if err := w.tick(ctx, &st); err != nil && ctx.Err() == nil {
@@ -151,12 +207,40 @@ func (w *watcher) guard(ctx context.Context) {
 		} else {
 			failing.Clear(w.cfg.Logger, "stand-in watcher ticks succeed again")
 		}
+		wait = st.nextTick(w.cfg.every)
 	}
 }
 
-// Run campaigns for both watcher leases until ctx ends.
+// sentryWait is the pause before a sentry's next question: every WatchInterval while
+// this process leads the reaper, otherwise a random part of twice sentryPeriod (on
+// average sentryPeriod, never in step with the others).
+func (w *watcher) sentryWait(locks int) time.Duration {
+	if w.leadsReaper.Load() {
+		return w.cfg.every
+	}
+	p := sentryPeriod(locks)
+	if w.cfg.every < WatchInterval { // tests run the watcher faster
+		p = p * w.cfg.every / WatchInterval
+	}
+	return p/2 + rand.N(p)
+}
+
+// reaperLeading runs while this process leads the reaper (reaperConfig.whileLeading):
+// its sentry asks every tick meanwhile, as the fleet's one fast sentry.
+func (w *watcher) reaperLeading(ctx context.Context) {
+	w.leadsReaper.Store(true)
+	defer w.leadsReaper.Store(false)
+	select {
+	case w.reaperLeads <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+}
+
+// Run campaigns for both watcher leases, and keeps the sentry, until ctx ends.
 func (w *watcher) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
+	wg.Go(func() { w.sentry(ctx) })
 	errs := make([]error, len(WatcherLeases))
 	for i, name := range WatcherLeases {
 		wg.Go(func() {
@@ -183,8 +267,6 @@ func (w *watcher) watch(ctx context.Context) {
 	// so the tick after it stamps whatever the digest says.
 	joined, unsubscribe := w.cfg.Events.subscribeMembers(func(ev event) bool { return ev.Kind == eventJoined })
 	defer unsubscribe()
-	t := time.NewTicker(w.cfg.every)
-	defer t.Stop()
 	var failing logging.Repeats
 	for {
 		select {
@@ -192,6 +274,7 @@ func (w *watcher) watch(ctx context.Context) {
 			st.digest = nil
 		default:
 		}
+		started := time.Now()
 		err := w.tick(ctx, &st)
 		switch {
 		case ctx.Err() != nil:
@@ -202,10 +285,12 @@ func (w *watcher) watch(ctx context.Context) {
 		default:
 			failing.Clear(w.cfg.Logger, "watcher ticks succeed again")
 		}
+		timer := time.NewTimer(st.nextTick(w.cfg.every) - time.Since(started))
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return
-		case <-t.C:
+		case <-timer.C:
 		}
 	}
 }
@@ -215,6 +300,17 @@ type watchState struct {
 	digest *string                 // the previous tick's; nil: stamp and read everything
 	due    map[uuid.UUID]time.Time // standing absences not yet notified, and when their grace ends
 	told   map[uuid.UUID]bool      // standing absences notified
+}
+
+// nextTick is how long after a tick the next one comes: every, or sooner when a standing
+// absence's grace ends before that, so that its death is notified when it happens rather
+// than up to a tick later.
+func (st *watchState) nextTick(every time.Duration) time.Duration {
+	next := every
+	for _, at := range st.due {
+		next = min(next, max(time.Until(at), time.Millisecond))
+	}
+	return next
 }
 
 // tick reads the digest, and after a change the standing absences; then it notifies the

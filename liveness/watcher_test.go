@@ -449,3 +449,72 @@ func TestTwoAgentsRunOneWatcherEach(t *testing.T) {
 		t.Fatalf("both watcher leases are held by %s; want one agent each", holders[0])
 	}
 }
+
+// When both watchers die at once, and with them whatever else they led, every other
+// agent's sentry is what notices: it finds no recent tick, ticks in their place, and the
+// crashes are dead, and their leases free, about a second after PostgreSQL freed the
+// locks. Here two crashable instances lead the watcher leases and tick as a watcher does
+// (the test ticks for them); the agent runs no reaper, so its sentry asks at the fleet's
+// pace only; the watchers and a third instance crash together. Without the sentry the
+// agent's watcher campaigns wait for a notification nobody sends, and poll 30 s later.
+func TestSentryStandsInWhenBothWatchersDie(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 4)
+	ctx := testutil.Context(t, time.Minute)
+	watchers := [2]*crashable{startCrashable(t, ctx, db, "watcher"), startCrashable(t, ctx, db, "watcher")}
+	for i, w := range watchers {
+		db.Exec(t, `INSERT INTO liveness.leases (name, holder, holder_instance_id, expires_at)
+		            VALUES ($1, 'test', $2, now() + interval '1 hour')`, liveness.WatcherLeases[i], w.id)
+	}
+	victim := startCrashable(t, ctx, db, "victim")
+	tickCtx, stopTicking := context.WithCancel(ctx)
+	ticking := make(chan struct{})
+	go func() {
+		defer close(ticking)
+		for tickCtx.Err() == nil {
+			_, _ = pool.Exec(tickCtx, `SELECT * FROM liveness.watch_alive_locks(NULL)`)
+			time.Sleep(liveness.WatchInterval / 2)
+		}
+	}()
+	defer stopTicking()
+
+	deaths := db.ConnAs(t, "test:listener")
+	if _, err := deaths.Exec(ctx, `LISTEN liveness_members`); err != nil {
+		t.Fatal(err)
+	}
+	a := newAgent(t, defaultAgentConfig(db, pool, "sentry"))
+	runAgent(t, a)
+	testutil.Eventually(t, 15*time.Second, "the agent holding its lock", func() bool { return a.Snapshot().AliveLock.Held })
+	// The agent's campaigns were refused (both watchers alive): it leads nothing.
+	time.Sleep(time.Second)
+
+	stopTicking()
+	<-ticking
+	for _, c := range []*crashable{watchers[0], watchers[1], victim} {
+		pid := c.conn.PgConn().PID()
+		_ = c.conn.Close(context.Background())
+		testutil.Eventually(t, 10*time.Second, "the crashed session's locks freed", func() bool {
+			return db.QueryInt(t, `SELECT count(*) FROM pg_locks WHERE pid = $1`, int64(pid)) == 0
+		})
+	}
+	crashed := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		n, err := deaths.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("no dead:%s within 10 s of the crash of both watchers and the victim (%v): nobody stood in", victim.id, err)
+		}
+		if n.Payload == "dead:"+victim.id.String() {
+			break
+		}
+	}
+	took := time.Since(crashed)
+	t.Logf("the victim was notified dead %s after the crash", took.Round(time.Millisecond))
+	// Generous: the sentry's question, a tick, the grace and the notifying tick, on a
+	// loaded machine. The fault suite measures it (TestCrashSilence).
+	if took > 5*time.Second {
+		t.Errorf("dead:%s came %s after the crash; want within a few seconds", victim.id, took)
+	}
+	// Then the watchers' leases are notified free and the agent leads one of them.
+	watching(t, ctx, pool, a)
+}

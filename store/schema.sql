@@ -1,4 +1,4 @@
--- The schema as it stands after the last migration, 0010_refusals_by_index: every table, sequence,
+-- The schema as it stands after the last migration, 0011_watch_sentries: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (store/migrations/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
@@ -25,6 +25,7 @@ CREATE TABLE liveness.alive_lock_watch (
     singleton boolean NOT NULL DEFAULT true,
     watched_at timestamp with time zone NOT NULL,
     server_started_at timestamp with time zone NOT NULL,
+    lock_count integer,
     CONSTRAINT alive_lock_watch_pkey PRIMARY KEY (singleton),
     CONSTRAINT alive_lock_watch_singleton_check CHECK (singleton)
 );
@@ -138,6 +139,18 @@ AS $function$
     SELECT EXISTS (SELECT 1 FROM alive_lock_watch w
                     WHERE w.server_started_at = pg_catalog.pg_postmaster_start_time()
                       AND w.watched_at > pg_catalog.clock_timestamp() - interval '1 second')
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.alive_lock_watch_state()
+ RETURNS TABLE(age double precision, lock_count integer)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT extract(epoch FROM pg_catalog.clock_timestamp() - w.watched_at)::float8, w.lock_count
+      FROM alive_lock_watch w
+     WHERE w.server_started_at = pg_catalog.pg_postmaster_start_time()
 $function$
 ;
 
@@ -620,12 +633,13 @@ CREATE OR REPLACE FUNCTION liveness.watch_alive_locks(p_digest text)
 AS $function$
 DECLARE
     v_digest  text;
+    v_locks   integer;
     v_started timestamptz := pg_catalog.pg_postmaster_start_time();
     v_now     timestamptz := pg_catalog.clock_timestamp();
     v_since   timestamptz;
 BEGIN
-    SELECT count(*)::text || ':' || coalesce(bit_xor(k.key), 0)::text || ':' || coalesce(sum(k.key), 0)::text
-      INTO v_digest
+    SELECT count(*)::integer, count(*)::text || ':' || coalesce(bit_xor(k.key), 0)::text || ':' || coalesce(sum(k.key), 0)::text
+      INTO v_locks, v_digest
       FROM (SELECT (l.classid::bigint << 32) | l.objid::bigint AS key
               FROM bigint_advisory_locks l
              WHERE l.granted AND l.mode = 'ExclusiveLock') k;
@@ -645,21 +659,20 @@ BEGIN
     PERFORM pg_catalog.pg_notify(events_channel(), 'free:' || l.name)
        FROM leases l
       WHERE l.expires_at <= v_now AND l.expires_at > v_since AND event_fits('free:' || l.name);
-    -- And so are the unexpired leases whose holder is dead by its row and stamp: a holder
-    -- whose heartbeat aged past its limits with its lock still held (a hung process: a
-    -- zombie), or whose row is gone, is not told by notify_dead_instances, which follows
-    -- vanished locks. Told on every tick until someone takes the lease, which the first
-    -- woken follower does.
+    -- And so are the unexpired leases whose holder is dead by its row and stamp (see
+    -- migration 0010).
     PERFORM pg_catalog.pg_notify(events_channel(), 'free:' || l.name)
        FROM leases l
       WHERE l.expires_at > v_now AND l.holder_instance_id IS NOT NULL AND event_fits('free:' || l.name)
         AND NOT coalesce(instance_watched_alive(l.holder_instance_id), false);
-    UPDATE alive_lock_watch w SET watched_at = greatest(w.watched_at, v_now), server_started_at = v_started;
+    UPDATE alive_lock_watch w
+       SET watched_at = greatest(w.watched_at, v_now), server_started_at = v_started, lock_count = v_locks;
     IF NOT FOUND THEN
-        INSERT INTO alive_lock_watch AS w (singleton, watched_at, server_started_at)
-        VALUES (true, v_now, v_started)
+        INSERT INTO alive_lock_watch AS w (singleton, watched_at, server_started_at, lock_count)
+        VALUES (true, v_now, v_started, v_locks)
         ON CONFLICT (singleton) DO UPDATE
-           SET watched_at = greatest(w.watched_at, excluded.watched_at), server_started_at = excluded.server_started_at;
+           SET watched_at = greatest(w.watched_at, excluded.watched_at), server_started_at = excluded.server_started_at,
+               lock_count = excluded.lock_count;
     END IF;
     IF v_digest IS NOT DISTINCT FROM p_digest THEN
         RETURN;

@@ -140,11 +140,12 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 		t.Fatalf("the agents sent none of %v within 60s", missing)
 	}
 
-	// watch_fresh is sent by the reaper's leader only while it leads no watcher; with two
+	// watch_fresh is sent by an agent's sentry only while it leads no watcher; with two
 	// agents each leads one (at most one an agent), so the test sends it, as the agent does
 	// (TestCrashBothWatchers in tools/faults runs it for real).
-	var fresh bool
-	if err := pool.QueryRow(ctx, store.WatchFresh.In(liveness.DefaultSchema).SQL).Scan(&fresh); err != nil {
+	var age float64
+	var lockCount *int32
+	if err := pool.QueryRow(ctx, store.WatchFresh.In(liveness.DefaultSchema).SQL).Scan(&age, &lockCount); err != nil {
 		t.Fatal(err)
 	}
 

@@ -19,10 +19,13 @@ SELECT w.digest, w.instance_id, w.dead_in FROM {schema}.watch_alive_locks($1::te
 SELECT d.id FROM {schema}.notify_dead_instances($1::uuid[]) AS d(id)
 
 -- name: watch_fresh
--- Whether a watcher has ticked within the last second (migration 0010 on). The reaper's
--- leader asks every tick, unless it leads a watcher itself: when both watchers died at
--- once nobody notifies their leases free, and it ticks in their place until one is back.
-SELECT {schema}.alive_lock_watch_is_fresh()
+-- How long ago a watcher last ticked, in seconds, and the lock count it saw then (the
+-- fleet's size, roughly); no row when none has in this server lifetime (migration 0011
+-- on). Every agent's sentry asks, at a pace that keeps the fleet's questions to a few a
+-- second (the reaper's leader every tick): when both watchers died at once nobody
+-- notifies their leases free or stamps their locks, and a sentry that finds no recent
+-- tick ticks in their place until one is back.
+SELECT w.age, w.lock_count FROM {schema}.alive_lock_watch_state() w
 
 -- name: events_listen
 -- LISTEN on the schema's events channel, on the alive lock's session. Returns the channel.
