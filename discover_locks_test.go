@@ -3,7 +3,7 @@ package main
 // Discovery within a server reads pg_locks once per scrape and server: three databases
 // of one server, each with instances that hold alive locks, others whose locks vanished,
 // other advisory locks held and waited for; one database's schema predates migration
-// 0008. Each discovered database's instance states and advisory-lock metrics are those
+// 0012. Each discovered database's instance states and advisory-lock metrics are those
 // its own read gives (/probe of the same database, which reads pg_locks itself), and
 // over N scrapes of /metrics the server saw N server_advisory_locks and no per-database
 // statement reading pg_locks, but for the old schema's verdict.
@@ -166,7 +166,7 @@ func TestDiscoveryReadsPgLocksOncePerScrapeAndServer(t *testing.T) {
 	}
 
 	// (b) Over N scrapes: N reads of the server's locks, and none of pg_locks by a
-	// database's own statements, but the verdict of the schema older than 0008.
+	// database's own statements, but the verdict of the schema older than 0012.
 	admin.Exec(t, `SELECT pg_stat_statements_reset()`)
 	const scrapes = 4
 	for range scrapes {
@@ -190,13 +190,13 @@ func TestDiscoveryReadsPgLocksOncePerScrapeAndServer(t *testing.T) {
 		for _, q := range texts[db.Name] {
 			ofLocks := strings.Contains(q, "instance_state_verdicts_of_locks")
 			if old := i == 2; ofLocks == old {
-				t.Errorf("%s (schema older than 0008: %v): its instances statement is %.300q", label(db), old, q)
+				t.Errorf("%s (schema older than 0012: %v): its instances statement is %.300q", label(db), old, q)
 			}
 		}
 	}
 	// (d) The old schema is logged once, not per scrape.
-	if n := strings.Count(p.Logs(), "predates migration 0008"); n != 1 {
-		t.Errorf("the schema older than 0008 logged %d times, want once:\n%s", n, p.Logs())
+	if n := strings.Count(p.Logs(), "predates migration 0012"); n != 1 {
+		t.Errorf("the schema older than 0012 logged %d times, want once:\n%s", n, p.Logs())
 	}
 }
 

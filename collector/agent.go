@@ -31,7 +31,7 @@ type agentCollector struct {
 	status store.StatusSource // may be nil: the agent then counts as started
 
 	info, lockHeld, interval, configured, beats, failures, lastBeat, reconnects *exposition.Family
-	leaseHeld, leaseEpoch, leasesLost, reaped, joined, duplicate                *exposition.Family
+	leaseHeld, leaseEpoch, leasesLost, reaped, joined, duplicate, stranger      *exposition.Family
 	fencedRefused                                                               *exposition.Family
 }
 
@@ -54,6 +54,9 @@ func newAgentCollector(d deps) (Collector, error) {
 		duplicate: desc("duplicate_instance", "1 while another session holds the agent's instance id's alive lock: a second process "+
 			"with the same --agent.instance-id (or this one's previous session not yet ended). The agent then writes nothing, "+
 			"and exits non-zero after --agent.duplicate-timeout."),
+		stranger: desc("alive_lock_stranger", "1 while a session that did not claim it for this instance (another role's, or an "+
+			"older binary's) holds the agent's alive-lock key: that lock counts for nobody, and the instance is judged by its "+
+			"heartbeat until the key is free."),
 		info:     desc("info", "The local agent's identity; always 1.", "instance_id", "service", "mode"),
 		lockHeld: desc("alive_lock_held", "1 while the agent holds its alive lock, verified on its own backend."),
 		interval: desc("heartbeat_interval_seconds", "Heartbeat cadence chosen on the last tick."),
@@ -83,6 +86,7 @@ func (c *agentCollector) Update(_ context.Context, out *exposition.Builder) erro
 	gauge(c.info, 1, s.InstanceID.String(), s.ServiceName, string(s.Mode))
 	gauge(c.lockHeld, boolFloat(s.AliveLock.Held))
 	gauge(c.duplicate, boolFloat(s.AliveLock.Duplicate))
+	gauge(c.stranger, boolFloat(s.AliveLock.Stranger))
 	gauge(c.interval, s.Heartbeat.Interval.Seconds())
 	gauge(c.configured, s.Timing.HeartbeatInterval.Seconds(), "fast")
 	gauge(c.configured, s.Timing.HeartbeatSlowInterval.Seconds(), "slow")

@@ -157,8 +157,8 @@ func (r serviceRow) total() (n float64) {
 func (c *instancesCollector) Update(ctx context.Context, out *exposition.Builder) error {
 	if c.useOfLocks() {
 		if part, err := c.serverLocks(ctx); err == nil {
-			classids, objids := part.exclusiveGranted()
-			err := c.update(ctx, out, c.ofLocks, c.ofLocks.Args(c.maxSeries, classids, objids))
+			classids, objids, pids := part.exclusiveGranted()
+			err := c.update(ctx, out, c.ofLocks, c.ofLocks.Args(c.maxSeries, classids, objids, pids))
 			if !isUndefinedFunction(err) { // a parse error: nothing was added to out
 				return err
 			}
@@ -183,7 +183,7 @@ func (c *instancesCollector) ofLocksMissing() {
 	c.noOfLocks = time.Now()
 	c.ofLocksMu.Unlock()
 	if first {
-		c.log.Info("the schema predates migration 0008 (instance_state_verdicts_of_locks): this database's verdict reads "+
+		c.log.Info("the schema predates migration 0012 (instance_state_verdicts_of_locks with the holders' pids): this database's verdict reads "+
 			"pg_locks itself, not the server's locks read once per scrape; apply the migrations to share the read",
 			"recheck", ofLocksRecheck.String())
 	}

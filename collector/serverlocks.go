@@ -26,22 +26,23 @@ type DatabaseLocks struct {
 	// Rows are the advisory-locks statement's rows that need no source: the client
 	// backends ("backends") and the locks on two int4 keys, never alive locks ("locks").
 	Rows []store.AdvisoryLocksRow
-	// The locks on bigint keys, one element each: the key's halves, granted, and
-	// whether in ExclusiveLock mode.
+	// The locks on bigint keys, one element each: the key's halves, granted, whether in
+	// ExclusiveLock mode, and the backend's pid.
 	Classids, Objids   []uint32
 	Granted, Exclusive []bool
+	Pids               []int32
 }
 
-// exclusiveGranted are the key halves of the granted exclusive bigint locks: the alive
-// locks the verdict counts.
-func (d *DatabaseLocks) exclusiveGranted() (classids, objids []uint32) {
-	classids, objids = []uint32{}, []uint32{}
+// exclusiveGranted are the key halves and holders of the granted exclusive bigint locks:
+// the alive locks the verdict counts (when held by their claimants).
+func (d *DatabaseLocks) exclusiveGranted() (classids, objids []uint32, pids []int32) {
+	classids, objids, pids = []uint32{}, []uint32{}, []int32{}
 	for i := range d.Classids {
 		if d.Granted[i] && d.Exclusive[i] {
-			classids, objids = append(classids, d.Classids[i]), append(objids, d.Objids[i])
+			classids, objids, pids = append(classids, d.Classids[i]), append(objids, d.Objids[i]), append(pids, d.Pids[i])
 		}
 	}
-	return classids, objids
+	return classids, objids, pids
 }
 
 // LocksSource gives one database's part of its server's advisory locks for the scrape
@@ -71,10 +72,11 @@ func ReadServerLocks(ctx context.Context, q interface {
 			out[r.Datname] = d
 		}
 		if r.Kind == "keys" {
-			if len(r.Objids) != len(r.Classids) || len(r.Granted) != len(r.Classids) || len(r.Exclusive) != len(r.Classids) {
+			if len(r.Objids) != len(r.Classids) || len(r.Granted) != len(r.Classids) || len(r.Exclusive) != len(r.Classids) ||
+				len(r.Pids) != len(r.Classids) {
 				return nil, errors.New("server_advisory_locks: a keys row's arrays differ in length")
 			}
-			d.Classids, d.Objids, d.Granted, d.Exclusive = r.Classids, r.Objids, r.Granted, r.Exclusive
+			d.Classids, d.Objids, d.Granted, d.Exclusive, d.Pids = r.Classids, r.Objids, r.Granted, r.Exclusive, r.Pids
 			continue
 		}
 		d.Rows = append(d.Rows, r.AdvisoryLocksRow)

@@ -94,6 +94,7 @@ type aliveLock struct {
 	clientUserTimeout time.Duration
 	claimSQL          string
 	verifySQL         string
+	holderSQL         string
 	listenSQL         string
 	membersSQL        string // LISTEN on the members channel
 	unmembersSQL      string // UNLISTEN it
@@ -102,7 +103,9 @@ type aliveLock struct {
 
 	running   atomic.Bool
 	held      atomic.Bool
-	duplicate atomic.Bool // the last claim found the lock held by another session
+	pid       atomic.Int64 // the backend pid of the session that last claimed the lock
+	duplicate atomic.Bool  // the last claim found the lock held by another session of this instance
+	stranger  atomic.Bool  // the last claim found the key held by a session that did not claim it
 	changed   atomic.Pointer[chan struct{}]
 	settled   chan struct{} // closed once the first claim has an answer
 	settle    sync.Once
@@ -266,6 +269,7 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 		clientUserTimeout: clientUserTimeout,
 		claimSQL:          store.AliveLockClaim.In(cfg.Schema).SQL,
 		verifySQL:         store.AliveLockVerify.In(cfg.Schema).SQL,
+		holderSQL:         store.AliveLockHolder.In(cfg.Schema).SQL,
 		listenSQL:         store.EventsListen.In(cfg.Schema).SQL,
 		membersSQL:        store.MembersListen.In(cfg.Schema).SQL,
 		unmembersSQL:      store.MembersUnlisten.In(cfg.Schema).SQL,
@@ -298,6 +302,15 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 // backend. It never blocks, is safe from any goroutine, and is false on a nil AliveLock.
 func (a *aliveLock) Held() bool { return a != nil && a.held.Load() }
 
+// HeldPID is the backend pid of the session that holds the lock, and 0 while it is not
+// held: the heartbeat records it, and only that session's lock counts for the instance.
+func (a *aliveLock) HeldPID() int64 {
+	if a == nil || !a.held.Load() {
+		return 0
+	}
+	return a.pid.Load()
+}
+
 // Changed returns a channel that is closed at the next change of Held. Take the channel
 // before reading Held, then wait on it; call Changed again for the change after that.
 func (a *aliveLock) Changed() <-chan struct{} {
@@ -326,6 +339,7 @@ func (a *aliveLock) Settled() <-chan struct{} {
 func (a *aliveLock) Stats() AliveLockStats {
 	return AliveLockStats{
 		Duplicate:  a.duplicate.Load(),
+		Stranger:   a.stranger.Load(),
 		Held:       a.held.Load(),
 		Claims:     a.claims.Load(),
 		Losses:     a.losses.Load(),
@@ -431,30 +445,86 @@ func (a *aliveLock) session(ctx context.Context) (held bool) {
 // yet) or the server refuses the claim, it claims again every reclaimEvery (or
 // verifyEvery, when shorter). It returns false when the connection must be dropped.
 func (a *aliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
+	var askedHolder time.Time
 	for {
 		ans, backendPID := a.ask(ctx, conn, a.claimSQL, a.instanceID, int64(conn.PgConn().PID()))
 		switch ans {
 		case answerDrop:
 			return false
 		case answerHeld:
+			a.pid.Store(backendPID)
 			a.noteProof(a.lastExchange, a.claims.Add(1))
+			a.stranger.Store(false)
 			a.setDuplicate(false)
 			a.setHeld(true)
 			a.report("held", slog.LevelInfo, "alive lock held", "backend_pid", backendPID)
 			a.settledOnce()
 			return true
 		case answerNotHeld:
-			a.setDuplicate(true)
-			a.report("duplicate", slog.LevelWarn,
-				"alive lock held by another session: a duplicate instance id, or this instance's previous "+
-					"session not yet ended; retrying, the heartbeat goes on at the fast cadence",
-				"backend_pid", backendPID)
+			// Whose session holds the key decides what this is: a pg_locks read, so asked
+			// at the first refusal and then rarely.
+			if askedHolder.IsZero() || time.Since(askedHolder) >= holderAskEvery {
+				askedHolder = time.Now()
+				if !a.judgeHolder(ctx, conn, backendPID) {
+					return false
+				}
+			} else {
+				a.reportHolder(backendPID, 0)
+			}
 			a.settledOnce()
 		}
 		if !a.wait(ctx, conn, min(a.verifyEvery, reclaimEvery)) {
 			return false
 		}
 	}
+}
+
+// holderAskEvery is how often, while claims are refused, the session asks again who
+// holds the key.
+const holderAskEvery = 30 * time.Second
+
+// judgeHolder asks who holds the key a claim found held, and reports it: a session the
+// instance's row records as its claimant is this instance's (a duplicate, or its previous
+// session not yet ended); any other is a stranger's, whose lock counts for nobody and
+// which must not make this process give up as a duplicate would. It returns false when
+// the connection must be dropped.
+func (a *aliveLock) judgeHolder(ctx context.Context, conn *pgx.Conn, backendPID int64) bool {
+	qctx, cancel := context.WithTimeout(ctx, a.statementTimeout())
+	defer cancel()
+	var holderPID int32
+	var claimed bool
+	err := conn.QueryRow(qctx, a.holderSQL, a.instanceID).Scan(&holderPID, &claimed)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return true // freed meanwhile: the next claim takes it
+	case err != nil && (ctx.Err() != nil || conn.IsClosed()):
+		return false
+	case err != nil:
+		// Not known: treat it as before this question existed, a duplicate.
+		claimed = true
+		a.log.Debug("cannot read who holds the alive lock's key", "error", err)
+	}
+	a.stranger.Store(!claimed)
+	a.setDuplicate(claimed)
+	a.reportHolder(backendPID, holderPID)
+	return true
+}
+
+// reportHolder logs what the last look at the key's holder found (once per condition;
+// repeats at debug level).
+func (a *aliveLock) reportHolder(backendPID int64, holderPID int32) {
+	if a.stranger.Load() {
+		a.report("stranger", slog.LevelError,
+			"alive lock's key held by a session that did not claim it for this instance (another role's "+
+				"session, or an older binary's): that lock counts for nobody, and this instance is judged "+
+				"by its heartbeat until the key is free; retrying",
+			"backend_pid", backendPID, "holder_pid", holderPID)
+		return
+	}
+	a.report("duplicate", slog.LevelWarn,
+		"alive lock held by another session: a duplicate instance id, or this instance's previous "+
+			"session not yet ended; retrying, the heartbeat goes on at the fast cadence",
+		"backend_pid", backendPID, "holder_pid", holderPID)
 }
 
 // runHoldingState verifies every verifyEvery (leaderEvery while leading, and at once when

@@ -45,6 +45,13 @@ type lockSource interface {
 	Held() bool
 }
 
+// lockHolder tells the backend pid of the session that holds the lock (0 while none
+// does), which the heartbeat records: only that session's lock counts for the instance.
+// An *aliveLock is one; a source that is not records none (NULL: any holder counts).
+type lockHolder interface {
+	HeldPID() int64
+}
+
 type lockNotifier interface {
 	Changed() <-chan struct{}
 }
@@ -279,9 +286,9 @@ func (h *heartbeatWorker) Run(ctx context.Context) error {
 		if duplicate.Clear(h.log, "the alive lock is this process's again: writing the instance row") {
 			h.setDuplicate(false)
 		}
-		holds := h.lock != nil && h.lock.Held()
+		holds, lockPID := h.lockState()
 		sent := time.Now() // the row's time is later: the server sets it
-		at, inserted, err := h.beat(ctx, holds)
+		at, inserted, err := h.beat(ctx, holds, lockPID)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -344,13 +351,27 @@ func (h *heartbeatWorker) wait(ctx context.Context, d time.Duration, changed <-c
 // beat is not cut short when Run's context ends: a cancelled statement can still commit
 // on the server after Run has returned, and an upsert landing after Remove's DELETE would
 // bring the row back. It is bounded by the statement timeout instead.
-func (h *heartbeatWorker) beat(ctx context.Context, holdsLock bool) (at time.Time, inserted bool, err error) {
+func (h *heartbeatWorker) beat(ctx context.Context, holdsLock bool, lockPID *int64) (at time.Time, inserted bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.stmtTimeout)
 	defer cancel()
 	t := h.timing
 	err = h.pool.QueryRow(ctx, h.upsertSQL, h.instanceID, h.service, h.host, h.pid, string(h.mode),
-		h.metadata, holdsLock, t[0], t[1], t[2], t[3], t[4]).Scan(&at, &inserted)
+		h.metadata, holdsLock, t[0], t[1], t[2], t[3], t[4], lockPID).Scan(&at, &inserted)
 	return at, inserted, err
+}
+
+// lockState is whether the lock is held and, when the source tells, by which backend
+// (0 while not held; nil when the source does not tell). One reading: the pid is that of
+// the session that holds the lock when holds is true.
+func (h *heartbeatWorker) lockState() (holds bool, lockPID *int64) {
+	if h.lock == nil {
+		return false, nil
+	}
+	if src, ok := h.lock.(lockHolder); ok {
+		pid := src.HeldPID()
+		return pid != 0, &pid
+	}
+	return h.lock.Held(), nil
 }
 
 func (h *heartbeatWorker) setDuplicate(v bool) {

@@ -8,7 +8,8 @@ import (
 
 // AliveLockStats is a point-in-time view of an AliveLock, for exporters.
 type AliveLockStats struct {
-	Duplicate  bool   // the last claim found the lock held by another session (a duplicate instance id)
+	Duplicate  bool   // the last claim found the lock held by another session of this instance (a duplicate instance id)
+	Stranger   bool   // the last claim found the key held by a session that did not claim it: that lock counts for nobody
 	Held       bool   // claimed and verified on this connection's own backend
 	Claims     uint64 // successful claims
 	Losses     uint64 // times a held lock was lost (connection dropped, backend gone)

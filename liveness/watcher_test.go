@@ -39,8 +39,8 @@ func startCrashable(t *testing.T, ctx context.Context, db *pgtest.DB, service st
 		t.Fatalf("claim = %v, %v", ok, err)
 	}
 	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, holds_alive_lock, heartbeat_interval,
-	            heartbeat_slow_interval, stale_threshold, definitive_dead_cutoff, lock_grace)
-	            VALUES ($1, $2, true, '30 s', '60 s', '90 s', '5 min', '1 s')`, c.id, service)
+	            heartbeat_slow_interval, stale_threshold, definitive_dead_cutoff, lock_grace, lock_pid)
+	            VALUES ($1, $2, true, '30 s', '60 s', '90 s', '5 min', '1 s', $3)`, c.id, service, c.conn.PgConn().PID())
 	return c
 }
 
@@ -478,7 +478,7 @@ func TestSentryStandsInWhenBothWatchersDie(t *testing.T) {
 	defer stopTicking()
 
 	deaths := db.ConnAs(t, "test:listener")
-	if _, err := deaths.Exec(ctx, `LISTEN liveness_members`); err != nil {
+	if _, err := deaths.Exec(ctx, `SELECT liveness.members_listen()`); err != nil {
 		t.Fatal(err)
 	}
 	a := newAgent(t, defaultAgentConfig(db, pool, "sentry"))

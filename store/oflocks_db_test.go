@@ -18,24 +18,25 @@ import (
 
 // exclusiveKeys are the granted exclusive bigint advisory locks of the pool's database,
 // as an observer of the server reads them for it.
-func exclusiveKeys(t *testing.T, ctx context.Context, q testdb.Querier) (classids, objids []uint32) {
+func exclusiveKeys(t *testing.T, ctx context.Context, q testdb.Querier) (classids, objids []uint32, pids []int32) {
 	t.Helper()
-	rows, err := q.Query(ctx, `SELECT classid, objid FROM liveness.bigint_advisory_locks WHERE granted AND mode = 'ExclusiveLock'`)
+	rows, err := q.Query(ctx, `SELECT classid, objid, pid FROM liveness.bigint_advisory_locks WHERE granted AND mode = 'ExclusiveLock'`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	classids, objids = []uint32{}, []uint32{}
+	classids, objids, pids = []uint32{}, []uint32{}, []int32{}
 	for rows.Next() {
 		var c, o uint32
-		if err := rows.Scan(&c, &o); err != nil {
+		var p int32
+		if err := rows.Scan(&c, &o, &p); err != nil {
 			t.Fatal(err)
 		}
-		classids, objids = append(classids, c), append(objids, o)
+		classids, objids, pids = append(classids, c), append(objids, o), append(pids, p)
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	return classids, objids
+	return classids, objids, pids
 }
 
 // The verdict of given locks (migration 0008) is instance_state_verdicts' when given the
@@ -76,12 +77,12 @@ func TestVerdictOfGivenLocksIsTheVerdict(t *testing.T) {
 	if _, err := other.Exec(ctx, `SELECT pg_advisory_lock(42), pg_advisory_lock(1, 2)`); err != nil {
 		t.Fatal(err)
 	}
-	classids, objids := exclusiveKeys(t, ctx, pool)
+	classids, objids, pids := exclusiveKeys(t, ctx, pool)
 	rows, err := pool.Query(ctx, `
 	    SELECT v.instance_id::text, v.state, g.state, v.alive = g.alive AND v.lock_held IS NOT DISTINCT FROM g.lock_held
 	      FROM liveness.instance_state_verdicts() v
-	      JOIN liveness.instance_state_verdicts_of_locks('90 seconds', '5 minutes', $1::oid[], $2::oid[]) g USING (instance_id)`,
-		classids, objids)
+	      JOIN liveness.instance_state_verdicts_of_locks('90 seconds', '5 minutes', $1::oid[], $2::oid[], $3::integer[]) g USING (instance_id)`,
+		classids, objids, pids)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func TestLockTakenAfterTheSnapshotIsNeverDead(t *testing.T) {
 	ctx := testutil.Context(t, time.Minute)
 	id := uuid.New()
 	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, holds_alive_lock, last_heartbeat_at, lock_grace) VALUES ($1, 'svc', true, now(), '1 second')`, id)
-	before, _ := exclusiveKeys(t, ctx, pool) // the snapshot: no lock yet
+	before, _, _ := exclusiveKeys(t, ctx, pool) // the snapshot: no lock yet
 	if len(before) != 0 {
 		t.Fatalf("locks before the claim: %v", before)
 	}
@@ -127,8 +128,8 @@ func TestLockTakenAfterTheSnapshotIsNeverDead(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := store.InstancesOfLocks(nil)
-	read := func(classids, objids []uint32) (lockLost, alive int64) {
-		rows, err := pool.Query(ctx, q.SQL, q.Args(10, classids, objids)...)
+	read := func(classids, objids []uint32, pids []int32) (lockLost, alive int64) {
+		rows, err := pool.Query(ctx, q.SQL, q.Args(10, classids, objids, pids)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,7 +148,7 @@ func TestLockTakenAfterTheSnapshotIsNeverDead(t *testing.T) {
 		t.Fatalf("no row of service svc: %+v", got)
 		return 0, 0
 	}
-	if lost, _ := read([]uint32{}, []uint32{}); lost != 1 {
+	if lost, _ := read([]uint32{}, []uint32{}, []int32{}); lost != 1 {
 		t.Errorf("with the lock taken after the snapshot: %d lock_lost, want 1", lost)
 	}
 	if n := db.QueryInt(t, `SELECT count(*) FROM liveness.alive_lock_absences`); n != 0 {
@@ -185,18 +186,19 @@ func TestWhizbangVerdictOfGivenLocksIsTheVerdict(t *testing.T) {
 		t.Fatal("whizbang claim failed")
 	}
 	src := wb.Reads(t)
-	classids, objids := []uint32{}, []uint32{}
-	rows, err := wb.Observer.Query(ctx, `SELECT classid, objid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+	classids, objids, pids := []uint32{}, []uint32{}, []int32{}
+	rows, err := wb.Observer.Query(ctx, `SELECT classid, objid, pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted
 	    AND mode = 'ExclusiveLock' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for rows.Next() {
 		var c, o uint32
-		if err := rows.Scan(&c, &o); err != nil {
+		var p int32
+		if err := rows.Scan(&c, &o, &p); err != nil {
 			t.Fatal(err)
 		}
-		classids, objids = append(classids, c), append(objids, o)
+		classids, objids, pids = append(classids, c), append(objids, o), append(pids, p)
 	}
 	if rows.Err() != nil || len(classids) != 4 {
 		t.Fatalf("%d exclusive locks read (%v), want 4", len(classids), rows.Err())
@@ -219,7 +221,7 @@ func TestWhizbangVerdictOfGivenLocksIsTheVerdict(t *testing.T) {
 		}
 		return out
 	}
-	own, given := counts(store.Instances.For(src), 0), counts(store.InstancesOfLocks(src), 0, classids, objids)
+	own, given := counts(store.Instances.For(src), 0), counts(store.InstancesOfLocks(src), 0, classids, objids, pids)
 	if !reflect.DeepEqual(own, given) || len(own) != 4 {
 		t.Errorf("own read of pg_locks:\n%+v\ngiven locks:\n%+v", own, given)
 	}

@@ -180,11 +180,12 @@ type ServerAdvisoryLocksRow struct {
 	// keys, below.
 	AdvisoryLocksRow
 	// Of a "keys" row: the locks on bigint keys, one element each: the key's halves,
-	// whether the lock is granted and whether in ExclusiveLock mode.
+	// whether the lock is granted, whether in ExclusiveLock mode, and the backend's pid.
 	Classids  []uint32 `db:"classids"`
 	Objids    []uint32 `db:"objids"`
 	Granted   []bool   `db:"granted"`
 	Exclusive []bool   `db:"exclusive"`
+	Pids      []int32  `db:"pids"`
 }
 
 // rowTypes are the row types above by statement.

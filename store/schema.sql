@@ -1,4 +1,4 @@
--- The schema as it stands after the last migration, 0011_watch_sentries: every table, sequence,
+-- The schema as it stands after the last migration, 0012_strangers: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (store/migrations/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
@@ -30,6 +30,14 @@ CREATE TABLE liveness.alive_lock_watch (
     CONSTRAINT alive_lock_watch_singleton_check CHECK (singleton)
 );
 
+CREATE TABLE liveness.event_channels (
+    singleton boolean NOT NULL DEFAULT true,
+    events text NOT NULL,
+    members text NOT NULL,
+    CONSTRAINT event_channels_pkey PRIMARY KEY (singleton),
+    CONSTRAINT event_channels_singleton_check CHECK (singleton)
+);
+
 CREATE TABLE liveness.fence_checks (
     lease_name text NOT NULL,
     epoch bigint NOT NULL,
@@ -54,6 +62,7 @@ CREATE TABLE liveness.instances (
     definitive_dead_cutoff interval,
     lock_grace interval,
     holds_alive_lock boolean NOT NULL DEFAULT false,
+    lock_pid integer,
     CONSTRAINT instances_liveness_mode_check CHECK ((liveness_mode = ANY (ARRAY['advisory-lock-when-available'::text, 'heartbeat-table-only'::text]))),
     CONSTRAINT instances_pkey PRIMARY KEY (instance_id)
 );
@@ -98,7 +107,7 @@ CREATE VIEW liveness.instance_alive_locks AS
  SELECT i.instance_id,
     l.pid
    FROM liveness.instances i
-     JOIN liveness.bigint_advisory_locks l ON l.granted AND l.classid = i.lock_classid AND l.objid = i.lock_objid;
+     JOIN liveness.bigint_advisory_locks l ON l.granted AND l.classid = i.lock_classid AND l.objid = i.lock_objid AND (i.lock_pid IS NULL OR l.pid = i.lock_pid);
 
 -- Triggers
 
@@ -119,14 +128,29 @@ CREATE TRIGGER leases_notify_taken_update AFTER UPDATE OF epoch ON liveness.leas
 CREATE OR REPLACE FUNCTION liveness.alive_lock_held(p_instance_id uuid)
  RETURNS boolean
  LANGUAGE sql
- STRICT
+ STABLE STRICT
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
     SELECT EXISTS (
         SELECT 1 FROM bigint_advisory_locks l
          WHERE l.granted
            AND l.classid = lock_key_classid(instance_lock_key(p_instance_id))
-           AND l.objid = lock_key_objid(instance_lock_key(p_instance_id)))
+           AND l.objid = lock_key_objid(instance_lock_key(p_instance_id))
+           AND coalesce(l.pid = (SELECT i.lock_pid FROM instances i WHERE i.instance_id = p_instance_id), true))
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.alive_lock_holder(p_instance_id uuid)
+ RETURNS TABLE(holder_pid integer, claimed boolean)
+ LANGUAGE sql
+ STABLE STRICT
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT l.pid, coalesce(l.pid = (SELECT i.lock_pid FROM instances i WHERE i.instance_id = p_instance_id), true)
+      FROM bigint_advisory_locks l
+     WHERE l.granted AND l.mode = 'ExclusiveLock'
+       AND l.classid = lock_key_classid(instance_lock_key(p_instance_id))
+       AND l.objid = lock_key_objid(instance_lock_key(p_instance_id))
 $function$
 ;
 
@@ -156,10 +180,19 @@ $function$
 
 CREATE OR REPLACE FUNCTION liveness.claim_instance_alive_lock(p_instance_id uuid)
  RETURNS boolean
- LANGUAGE sql
+ LANGUAGE plpgsql
  STRICT
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
-AS $function$ SELECT pg_catalog.pg_try_advisory_lock(instance_lock_key(p_instance_id)) $function$
+AS $function$
+BEGIN
+    IF NOT pg_catalog.pg_try_advisory_lock(instance_lock_key(p_instance_id)) THEN
+        RETURN false;
+    END IF;
+    UPDATE instances i SET lock_pid = pg_catalog.pg_backend_pid()
+     WHERE i.instance_id = p_instance_id AND i.lock_pid IS DISTINCT FROM pg_catalog.pg_backend_pid();
+    RETURN true;
+END
+$function$
 ;
 
 CREATE OR REPLACE FUNCTION liveness.cleanup_stale_instances(p_stale_cutoff timestamp with time zone, p_definitive_dead_cutoff timestamp with time zone DEFAULT NULL::timestamp with time zone)
@@ -198,21 +231,20 @@ AS $function$ SELECT pg_catalog.octet_length(p_payload) < 8000 $function$
 CREATE OR REPLACE FUNCTION liveness.events_channel()
  RETURNS text
  LANGUAGE sql
- STABLE
+ STABLE SECURITY DEFINER
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
-AS $function$ SELECT left(pg_catalog.current_schema(), 50) || '_events' $function$
+AS $function$ SELECT c.events FROM event_channels c $function$
 ;
 
 CREATE OR REPLACE FUNCTION liveness.events_listen()
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
-DECLARE
-    v_channel text := events_channel();
 BEGIN
-    EXECUTE pg_catalog.format('LISTEN %I', v_channel);
-    RETURN v_channel;
+    EXECUTE pg_catalog.format('LISTEN %I', events_channel());
+    RETURN left(pg_catalog.current_schema(), 50) || '_events';
 END
 $function$
 ;
@@ -315,9 +347,10 @@ BEGIN ATOMIC
                  END AS locked
             FROM (liveness.instances i
               LEFT JOIN ( SELECT l.classid,
-                     l.objid
+                     l.objid,
+                     l.pid
                     FROM liveness.bigint_advisory_locks l
-                   WHERE (l.granted AND (l.mode = 'ExclusiveLock'::text))) k ON (((k.classid = i.lock_classid) AND (k.objid = i.lock_objid))))
+                   WHERE (l.granted AND (l.mode = 'ExclusiveLock'::text))) k ON (((k.classid = i.lock_classid) AND (k.objid = i.lock_objid) AND ((i.lock_pid IS NULL) OR (k.pid = i.lock_pid)))))
            WHERE ((instance_state_verdicts.p_instance_id IS NULL) OR (i.instance_id = instance_state_verdicts.p_instance_id))) c
       CROSS JOIN LATERAL ( SELECT liveness.instance_state_rule(COALESCE(c.locked, false), (c.holds_alive_lock AND (c.locked IS NOT NULL)), c.last_heartbeat_at, now(), COALESCE(c.stale_threshold, instance_state_verdicts.p_stale_threshold), COALESCE(c.definitive_dead_cutoff, instance_state_verdicts.p_definitive_dead_cutoff),
                  CASE
@@ -353,6 +386,40 @@ BEGIN ATOMIC
                  END AS locked
             FROM (liveness.instances i
               LEFT JOIN UNNEST(instance_state_verdicts_of_locks.p_lock_classid, instance_state_verdicts_of_locks.p_lock_objid) k(classid, objid) ON (((k.classid = i.lock_classid) AND (k.objid = i.lock_objid))))) c
+      CROSS JOIN LATERAL ( SELECT liveness.instance_state_rule(COALESCE(c.locked, false), (c.holds_alive_lock AND (c.locked IS NOT NULL)), c.last_heartbeat_at, now(), COALESCE(c.stale_threshold, instance_state_verdicts_of_locks.p_stale_threshold), COALESCE(c.definitive_dead_cutoff, instance_state_verdicts_of_locks.p_definitive_dead_cutoff),
+                 CASE
+                     WHEN (c.holds_alive_lock AND (NOT c.locked)) THEN ( SELECT a.missing_since
+                        FROM liveness.current_alive_lock_absences() a(instance_id, missing_since)
+                       WHERE (a.instance_id = c.instance_id))
+                     ELSE NULL::timestamp with time zone
+                 END, COALESCE(c.lock_grace, '00:00:01'::interval)) AS state) s);
+END
+;
+
+CREATE OR REPLACE FUNCTION liveness.instance_state_verdicts_of_locks(p_stale_threshold interval, p_definitive_dead_cutoff interval, p_lock_classid oid[], p_lock_objid oid[], p_lock_pid integer[])
+ RETURNS TABLE(instance_id uuid, service_name text, state text, alive boolean, lock_held boolean, last_heartbeat_at timestamp with time zone)
+ LANGUAGE sql
+ STABLE
+BEGIN ATOMIC
+ SELECT c.instance_id,
+     c.service_name,
+     s.state,
+     (s.state = ANY (ARRAY['alive'::text, 'lock_only'::text, 'lock_lost'::text, 'heartbeat_only'::text])),
+     c.locked,
+     c.last_heartbeat_at
+    FROM (( SELECT i.instance_id,
+             i.service_name,
+             i.last_heartbeat_at,
+             i.holds_alive_lock,
+             i.stale_threshold,
+             i.definitive_dead_cutoff,
+             i.lock_grace,
+                 CASE
+                     WHEN (NOT ( SELECT pg_is_in_recovery() AS pg_is_in_recovery)) THEN (k.classid IS NOT NULL)
+                     ELSE NULL::boolean
+                 END AS locked
+            FROM (liveness.instances i
+              LEFT JOIN UNNEST(instance_state_verdicts_of_locks.p_lock_classid, instance_state_verdicts_of_locks.p_lock_objid, instance_state_verdicts_of_locks.p_lock_pid) k(classid, objid, pid) ON (((k.classid = i.lock_classid) AND (k.objid = i.lock_objid) AND ((i.lock_pid IS NULL) OR (k.pid = i.lock_pid)))))) c
       CROSS JOIN LATERAL ( SELECT liveness.instance_state_rule(COALESCE(c.locked, false), (c.holds_alive_lock AND (c.locked IS NOT NULL)), c.last_heartbeat_at, now(), COALESCE(c.stale_threshold, instance_state_verdicts_of_locks.p_stale_threshold), COALESCE(c.definitive_dead_cutoff, instance_state_verdicts_of_locks.p_definitive_dead_cutoff),
                  CASE
                      WHEN (c.holds_alive_lock AND (NOT c.locked)) THEN ( SELECT a.missing_since
@@ -465,21 +532,20 @@ AS $function$ SELECT (p_key & 4294967295)::oid $function$
 CREATE OR REPLACE FUNCTION liveness.members_channel()
  RETURNS text
  LANGUAGE sql
- STABLE
+ STABLE SECURITY DEFINER
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
-AS $function$ SELECT left(pg_catalog.current_schema(), 50) || '_members' $function$
+AS $function$ SELECT c.members FROM event_channels c $function$
 ;
 
 CREATE OR REPLACE FUNCTION liveness.members_listen()
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
-DECLARE
-    v_channel text := members_channel();
 BEGIN
-    EXECUTE pg_catalog.format('LISTEN %I', v_channel);
-    RETURN v_channel;
+    EXECUTE pg_catalog.format('LISTEN %I', members_channel());
+    RETURN left(pg_catalog.current_schema(), 50) || '_members';
 END
 $function$
 ;
@@ -487,13 +553,12 @@ $function$
 CREATE OR REPLACE FUNCTION liveness.members_unlisten()
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
-DECLARE
-    v_channel text := members_channel();
 BEGIN
-    EXECUTE pg_catalog.format('UNLISTEN %I', v_channel);
-    RETURN v_channel;
+    EXECUTE pg_catalog.format('UNLISTEN %I', members_channel());
+    RETURN left(pg_catalog.current_schema(), 50) || '_members';
 END
 $function$
 ;
@@ -528,12 +593,14 @@ $function$
 CREATE OR REPLACE FUNCTION liveness.notify_instance_event()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_members', 'left:' || OLD.instance_id::text);
+        PERFORM pg_catalog.pg_notify(members_channel(), 'left:' || OLD.instance_id::text);
     ELSE
-        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_members', 'joined:' || NEW.instance_id::text);
+        PERFORM pg_catalog.pg_notify(members_channel(), 'joined:' || NEW.instance_id::text);
     END IF;
     RETURN NULL;
 END
@@ -543,11 +610,12 @@ $function$
 CREATE OR REPLACE FUNCTION liveness.notify_lease_free()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
 BEGIN
     IF event_fits('free:' || OLD.name) THEN
-        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_events', 'free:' || OLD.name);
+        PERFORM pg_catalog.pg_notify(events_channel(), 'free:' || OLD.name);
     END IF;
     RETURN NULL;
 END
@@ -557,11 +625,12 @@ $function$
 CREATE OR REPLACE FUNCTION liveness.notify_lease_taken()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
 BEGIN
     IF event_fits('taken:' || NEW.name) THEN
-        PERFORM pg_catalog.pg_notify(left(TG_TABLE_SCHEMA, 50) || '_events', 'taken:' || NEW.name);
+        PERFORM pg_catalog.pg_notify(events_channel(), 'taken:' || NEW.name);
     END IF;
     RETURN NULL;
 END
@@ -587,8 +656,9 @@ BEGIN
     WITH missing AS MATERIALIZED (
         SELECT i.instance_id
           FROM instances i
-          LEFT JOIN (SELECT DISTINCT l.classid, l.objid FROM bigint_advisory_locks l WHERE l.granted) k
+          LEFT JOIN (SELECT DISTINCT l.classid, l.objid, l.pid FROM bigint_advisory_locks l WHERE l.granted) k
                  ON k.classid = i.lock_classid AND k.objid = i.lock_objid
+                AND (i.lock_pid IS NULL OR k.pid = i.lock_pid)
          WHERE i.holds_alive_lock AND k.classid IS NULL
            AND (p_instance_id IS NULL OR i.instance_id = p_instance_id)),
     stamped AS (
@@ -640,7 +710,7 @@ DECLARE
 BEGIN
     SELECT count(*)::integer, count(*)::text || ':' || coalesce(bit_xor(k.key), 0)::text || ':' || coalesce(sum(k.key), 0)::text
       INTO v_locks, v_digest
-      FROM (SELECT (l.classid::bigint << 32) | l.objid::bigint AS key
+      FROM (SELECT ((l.classid::bigint << 32) | l.objid::bigint) # (l.pid::bigint * 2654435761) AS key
               FROM bigint_advisory_locks l
              WHERE l.granted AND l.mode = 'ExclusiveLock') k;
     SELECT v_digest || '/' || count(*)::text || ':'
@@ -652,15 +722,11 @@ BEGIN
     IF pg_catalog.pg_is_in_recovery() THEN
         RETURN;
     END IF;
-    -- The leases that expired since the previous tick (by either watcher; at most a
-    -- minute back) are free: notified, so that followers need not poll for an expiry.
     SELECT w.watched_at INTO v_since FROM alive_lock_watch w;
     v_since := greatest(coalesce(v_since, v_now), v_now - interval '1 minute');
     PERFORM pg_catalog.pg_notify(events_channel(), 'free:' || l.name)
        FROM leases l
       WHERE l.expires_at <= v_now AND l.expires_at > v_since AND event_fits('free:' || l.name);
-    -- And so are the unexpired leases whose holder is dead by its row and stamp (see
-    -- migration 0010).
     PERFORM pg_catalog.pg_notify(events_channel(), 'free:' || l.name)
        FROM leases l
       WHERE l.expires_at > v_now AND l.holder_instance_id IS NOT NULL AND event_fits('free:' || l.name)

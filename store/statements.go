@@ -45,6 +45,7 @@ var (
 	// The agent (package liveness): the alive lock's session, the heartbeat, the reaper.
 	AliveLockClaim  = Statement{"alive_lock_claim"}
 	AliveLockVerify = Statement{"alive_lock_verify"}
+	AliveLockHolder = Statement{"alive_lock_holder"}
 	Heartbeat       = Statement{"heartbeat"}
 	HeartbeatDelete = Statement{"heartbeat_delete"}
 	Cleanup         = Statement{"cleanup"}
@@ -105,11 +106,12 @@ var (
 )
 
 // InstancesOfLocks renders the instances statement for src with the verdict of given
-// locks: its arguments are the max series, then the classids and objids (oid[]) of the
-// database's granted exclusive bigint advisory locks as server_advisory_locks read them,
-// and pg_locks is not read (but by the stamping of vanished locks, when one vanished).
-// On this project's schema it needs migration 0008 (instance_state_verdicts_of_locks);
-// on an older schema the statement fails with undefined_function.
+// locks: its arguments are the max series, then the classids and objids (oid[]) and the
+// holders' pids (integer[]) of the database's granted exclusive bigint advisory locks as
+// server_advisory_locks read them, and pg_locks is not read (but by the stamping of
+// vanished locks, when one vanished). On this project's schema it needs migration 0012
+// (instance_state_verdicts_of_locks with pids); on an older schema the statement fails
+// with undefined_function.
 func InstancesOfLocks(src *Source) Query {
 	src = src.orDefault()
 	vals := make(values, len(src.vals)+1)
@@ -127,12 +129,12 @@ func InstancesOfLocks(src *Source) Query {
 
 // VerdictOfLocksMigration is the migration of this project's schema that InstancesOfLocks
 // needs.
-const VerdictOfLocksMigration = 8
+const VerdictOfLocksMigration = 12
 
 // handles lists every statement above, so that the package checks, when it loads, that
 // each one is in sql/ and that sql/ has no statement without one.
 var handles = []string{
-	AliveLockClaim.name, AliveLockVerify.name, Heartbeat.name, HeartbeatDelete.name, Cleanup.name,
+	AliveLockClaim.name, AliveLockVerify.name, AliveLockHolder.name, Heartbeat.name, HeartbeatDelete.name, Cleanup.name,
 	WatchAliveLocks.name, NotifyDeadInstances.name, WatchFresh.name, EventsListen.name, MembersListen.name, MembersUnlisten.name,
 	LeaseAcquire.name, LeaseRenew.name, LeaseRelease.name, LeaseAbandon.name, LeaseDetach.name, LeaseLeader.name, LeaseFence.name,
 	LeaseFenceStrict.name, LeaseFenceCommit.name,

@@ -148,6 +148,14 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	if err := pool.QueryRow(ctx, store.WatchFresh.In(liveness.DefaultSchema).SQL).Scan(&age, &lockCount); err != nil {
 		t.Fatal(err)
 	}
+	// alive_lock_holder is sent only after a refused claim (a duplicate, or a stranger on
+	// the key); the test asks about the first agent, whose lock is its own.
+	var holderPID int32
+	var claimed bool
+	if err := pool.QueryRow(ctx, store.AliveLockHolder.In(liveness.DefaultSchema).SQL,
+		agents[0].Snapshot().InstanceID.String()).Scan(&holderPID, &claimed); err != nil || !claimed {
+		t.Fatalf("alive_lock_holder of a running agent: pid %d, claimed %v, %v; want its own claim", holderPID, claimed, err)
+	}
 
 	// The Reader, the status page and the collectors, on our schema.
 	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})

@@ -28,3 +28,13 @@ SELECT pg_catalog.pg_backend_pid(),
 -- Returns the backend's pid, true, and the server's clock while the statement ran (as the
 -- claim does).
 SELECT pg_catalog.pg_backend_pid(), $1::uuid IS NOT NULL, pg_catalog.clock_timestamp()
+
+-- name: alive_lock_holder
+-- Who holds the instance's key after a claim that found it held (migration 0012 on): the
+-- holder's backend pid, and whether it is the backend the instance's row records as the
+-- one that claimed it (a second process with this instance id, or this instance's
+-- previous session not yet ended) or not (a stranger's session, whose lock counts for
+-- nobody). No row once nobody holds it. Reads pg_locks: sent after the first refused
+-- claim, then at most every 30 s while the claims are refused.
+-- $1 instance id.
+SELECT h.holder_pid, h.claimed FROM {schema}.alive_lock_holder($1::uuid) h

@@ -188,8 +188,8 @@ SELECT 'locks', CASE WHEN alive THEN 'alive_lock' ELSE 'other' END, granted::tex
 -- (client backends by application_name and state, with holders, waiters and the longest
 -- idle holder), 'locks' rows counting the advisory locks on two int4 keys (objsubid 2,
 -- never an alive lock) by granted, and one 'keys' row with the locks on bigint keys
--- (objsubid 1) as arrays: classids, objids, granted and whether the mode is
--- ExclusiveLock. Holders and waiters count from the same materialized read of pg_locks
+-- (objsubid 1) as arrays: classids, objids, granted, whether the mode is ExclusiveLock,
+-- and the holder's (or waiter's) backend pid. Holders and waiters count from the same materialized read of pg_locks
 -- as the locks, so they agree, as in the advisory-locks statement.
 WITH dbs AS (
     SELECT d.oid, d.datname::text AS datname FROM pg_catalog.pg_database d WHERE d.datname = ANY ($1::text[])
@@ -212,17 +212,18 @@ WITH dbs AS (
 SELECT d.datname, 'backends' AS kind, b.app AS name, b.state, count(*) AS count,
        count(*) FILTER (WHERE b.holds) AS holders, count(*) FILTER (WHERE b.waits) AS waiters,
        coalesce(max(b.idle_for) FILTER (WHERE b.holds AND b.state LIKE 'idle%'), 0) AS idle_holder_max_seconds,
-       NULL::oid[] AS classids, NULL::oid[] AS objids, NULL::boolean[] AS granted, NULL::boolean[] AS exclusive
+       NULL::oid[] AS classids, NULL::oid[] AS objids, NULL::boolean[] AS granted, NULL::boolean[] AS exclusive,
+       NULL::integer[] AS pids
   FROM backends b JOIN dbs d ON d.oid = b.datid
  GROUP BY d.datname, b.app, b.state
 UNION ALL
-SELECT d.datname, 'locks', 'other', l.granted::text, count(*), 0, 0, 0, NULL, NULL, NULL, NULL
+SELECT d.datname, 'locks', 'other', l.granted::text, count(*), 0, 0, 0, NULL, NULL, NULL, NULL, NULL
   FROM locks l JOIN dbs d ON d.oid = l.database
  WHERE NOT l.on_bigint
  GROUP BY d.datname, l.granted
 UNION ALL
 SELECT d.datname, 'keys', '', '', count(*), 0, 0, 0,
-       array_agg(l.classid), array_agg(l.objid), array_agg(l.granted), array_agg(l.exclusive)
+       array_agg(l.classid), array_agg(l.objid), array_agg(l.granted), array_agg(l.exclusive), array_agg(l.pid)
   FROM locks l JOIN dbs d ON d.oid = l.database
  WHERE l.on_bigint
  GROUP BY d.datname

@@ -7,15 +7,21 @@
 -- vanished lock means the session ended (see instance_states).
 -- $1 instance id, $2 service, $3 host, $4 pid, $5 liveness mode, $6 metadata (a JSON
 -- object), $7 holds_alive_lock; $8 to $12 the heartbeat interval, slow interval, stale
--- threshold, definitive-dead cutoff and lock grace in seconds (NULL when not configured).
+-- threshold, definitive-dead cutoff and lock grace in seconds (NULL when not configured);
+-- $13 the backend pid of the session that holds the alive lock (0 when none does): only
+-- that session's lock counts for the instance (migration 0012). The claim records it on
+-- the row too; a beat that says the lock is held writes it again, one that says it is
+-- not leaves it (0 for a row an older binary wrote).
 -- Returns the beat's time and whether the row had to be inserted, which after the first
 -- beat means that it was removed as dead in between.
 INSERT INTO {schema}.instances AS i
        (instance_id, service_name, host_name, process_id, started_at, last_heartbeat_at, liveness_mode, metadata,
-        holds_alive_lock, heartbeat_interval, heartbeat_slow_interval, stale_threshold, definitive_dead_cutoff, lock_grace)
+        holds_alive_lock, heartbeat_interval, heartbeat_slow_interval, stale_threshold, definitive_dead_cutoff, lock_grace,
+        lock_pid)
 VALUES ($1::uuid, $2::text, $3::text, $4::integer, now(), now(), $5::text, $6::jsonb,
         $7::boolean, make_interval(secs => $8::float8), make_interval(secs => $9::float8),
-        make_interval(secs => $10::float8), make_interval(secs => $11::float8), make_interval(secs => $12::float8))
+        make_interval(secs => $10::float8), make_interval(secs => $11::float8), make_interval(secs => $12::float8),
+        $13::integer)
 ON CONFLICT (instance_id) DO UPDATE
    SET service_name = excluded.service_name,
        host_name = excluded.host_name,
@@ -28,7 +34,8 @@ ON CONFLICT (instance_id) DO UPDATE
        heartbeat_slow_interval = excluded.heartbeat_slow_interval,
        stale_threshold = excluded.stale_threshold,
        definitive_dead_cutoff = excluded.definitive_dead_cutoff,
-       lock_grace = excluded.lock_grace
+       lock_grace = excluded.lock_grace,
+       lock_pid = CASE WHEN excluded.holds_alive_lock THEN excluded.lock_pid ELSE coalesce(i.lock_pid, 0) END
 RETURNING i.last_heartbeat_at, i.xmax = 0
 
 -- name: heartbeat_delete

@@ -57,6 +57,7 @@ EXISTS (
 
 -- fragment: liveness.verdicts_of_locks
 -- {verdicts} of the locks an observer of the server read for this database
--- (server_advisory_locks): $2 and $3 the classids and objids of its granted exclusive
--- bigint advisory locks. Migration 0008's function: the same rule, no pg_locks read.
-{schema}.instance_state_verdicts_of_locks({stale}::interval, {dead}::interval, $2::oid[], $3::oid[])
+-- (server_advisory_locks): $2, $3 and $4 the classids, objids and holders' pids of its
+-- granted exclusive bigint advisory locks. Migration 0012's function: the same rule, a
+-- lock counting only when held by the session that claimed it, no pg_locks read.
+{schema}.instance_state_verdicts_of_locks({stale}::interval, {dead}::interval, $2::oid[], $3::oid[], $4::integer[])

@@ -108,5 +108,7 @@ NULL::float8
 
 -- fragment: exclusive_locks_given
 -- {exclusive_locks} as an observer of the server read them for this database
--- (server_advisory_locks), passed in: $2 the classids, $3 the objids.
-(SELECT g.classid, g.objid FROM ROWS FROM (pg_catalog.unnest($2::oid[]), pg_catalog.unnest($3::oid[])) AS g(classid, objid))
+-- (server_advisory_locks), passed in: $2 the classids, $3 the objids ($4, the holders'
+-- pids, is not needed: Whizbang records no claimant).
+(SELECT g.classid, g.objid FROM ROWS FROM (pg_catalog.unnest($2::oid[]), pg_catalog.unnest($3::oid[])) AS g(classid, objid)
+  WHERE $4::integer[] IS NOT DISTINCT FROM $4::integer[])

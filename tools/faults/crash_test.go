@@ -342,7 +342,7 @@ func TestCrashSilence(t *testing.T) {
 func listenDeaths(t *testing.T, ctx context.Context, dsn string) func(uuid.UUID) (time.Time, bool) {
 	t.Helper()
 	listener := connect(t, ctx, dsn)
-	if _, err := listener.Exec(ctx, `LISTEN liveness_members`); err != nil { // dead:<id> (migration 0010 on)
+	if _, err := listener.Exec(ctx, `SELECT liveness.members_listen()`); err != nil { // dead:<id> (migration 0010 on; a private channel from 0012)
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
