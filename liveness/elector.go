@@ -231,6 +231,12 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 	taken, unsubscribeTaken := e.leases.events.subscribe(func(ev event) bool { return ev.Kind == eventTaken && ev.ID == lease })
 	defer unsubscribeTaken()
 	try, quiet := true, false
+	// Wake-ups are hints anyone with the channel's name can send: at most one try per
+	// wakeHoldoff comes of them, whatever their rate; those that come sooner are folded
+	// into one try at the end of it.
+	holdoff := min(e.cfg.RetryPeriod, wakeHoldoff)
+	var lastWake time.Time
+	var held <-chan time.Time // the folded wake-up's turn
 	for ctx.Err() == nil {
 		// A try refused because this instance cannot prove life yet (an agent that has
 		// just started) is made again as soon as it can, not a RetryPeriod later.
@@ -275,16 +281,36 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 		case <-ctx.Done():
 		case <-time.After(wait):
 		case <-freed:
+			if next := lastWake.Add(holdoff); time.Now().Before(next) {
+				if held == nil {
+					held = time.After(time.Until(next))
+				}
+				try = false
+				continue
+			}
+			lastWake = time.Now()
+			try = e.awaitTurn(ctx, taken)
+		case <-held:
+			held, lastWake = nil, time.Now()
 			try = e.awaitTurn(ctx, taken)
 		case <-taken:
 			// Someone else took it: nothing to try, but who leads changed.
 			try = false
+			if next := lastWake.Add(holdoff); time.Now().Before(next) {
+				continue // a wake-up of its own will look
+			}
+			lastWake = time.Now()
 			e.observe(ctx)
 		case <-lifeChanged:
 		}
 	}
 	return nil
 }
+
+// wakeHoldoff is the least time between two tries (or looks at who leads) that
+// notifications cause: a flood of free:<name> or taken:<name> payloads costs each
+// follower at most one statement per wakeHoldoff, not one per payload.
+const wakeHoldoff = time.Second
 
 // steadyAfter is how long an Agent's alive lock must have been held before its followers
 // poll only every QuietPeriod: a refused try before that may be the fleet's verdict on

@@ -62,6 +62,7 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 	first := true
 	var failing logging.Repeats
 	for {
+		lastRead := time.Now()
 		rctx, cancelRead := context.WithTimeout(ctx, watchReadTimeout)
 		all, err := r.Instances(rctx, service)
 		cancelRead()
@@ -90,6 +91,13 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 		case <-ctx.Done():
 			return nil
 		case <-wake:
+			// Wake-ups are hints: a flood of them costs at most one read per
+			// wakeHoldoff; those that come meanwhile are folded into the next read.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Until(lastRead.Add(wakeHoldoff))):
+			}
 		case <-poll.C:
 		}
 	}
