@@ -26,6 +26,9 @@
 //     is set by the database clock, and which records whether the instance holds its
 //     lock.
 //
+// Only the session that claimed the lock counts (the row records its backend, migration
+// 0012): a stranger's session that takes the key, which anyone may, counts for nobody.
+//
 // A lock that vanishes while the row says it is held means the session ended. The
 // instance is dead unless it proves life within its lock grace (1 s by default): a live
 // agent notices its session's end at once and beats through its pool. So a crashed
@@ -49,7 +52,10 @@
 // watcher left). Readers stamp at their first look too: the fallback when no watcher
 // runs (AgentConfig.DisableWatcher everywhere).
 //
-// Waiters are woken: the schema's events channel (<schema>_events) carries free:<lease>
+// Waiters are woken: the schema's events channel (<schema>_events; its real name is
+// private from migration 0012 on, so that a role without USAGE on the schema can send
+// nothing to it, and a flood from one that can costs each follower at most a try a
+// second) carries free:<lease>
 // (released, its holder dead, or expired: the watcher's tick notices) and taken:<lease>,
 // and the alive lock's session LISTENs to it; the members channel (<schema>_members)
 // carries dead:<id> (from the watcher, once the verdict agrees), left:<id> and
