@@ -284,7 +284,7 @@ func (c AgentConfig) heartbeatConfig(lock lockSource) heartbeatConfig {
 // singleton jobs (Elect).
 type Agent struct {
 	cfg       AgentConfig
-	lock      *aliveLock // nil in ModeHeartbeatTableOnly
+	lock      lockSession // nil in ModeHeartbeatTableOnly
 	heartbeat *heartbeatWorker
 	leases    *Leases
 	life      *lifeMonitor

@@ -101,27 +101,8 @@ type aliveLock struct {
 	events            *events
 	log               *slog.Logger
 
-	running   atomic.Bool
-	held      atomic.Bool
-	pid       atomic.Int64 // the backend pid of the session that last claimed the lock
-	duplicate atomic.Bool  // the last claim found the lock held by another session of this instance
-	stranger  atomic.Bool  // the last claim found the key held by a session that did not claim it
-	changed   atomic.Pointer[chan struct{}]
-	settled   chan struct{} // closed once the first claim has an answer
-	settle    sync.Once
-
-	claims     atomic.Uint64
-	losses     atomic.Uint64
-	reconnects atomic.Uint64
-
-	// leading counts the leaderships (lead) that want frequent proofs.
-	leading atomic.Int32
-	// proof is the last claim or verification that answered "held"; proved is closed at
-	// the next one.
-	proofMu sync.Mutex
-	proof   lockProof
-	proved  chan struct{}
-	lostAt  time.Time // monotonic: when setHeld last cleared Held
+	running atomic.Bool
+	lockState
 	// wakeWait ends the holding state's wait, so that a proof wanted now is not made to
 	// wait for the verification interval; woken says one was wanted while no wait ran.
 	wakeMu   sync.Mutex
@@ -130,9 +111,8 @@ type aliveLock struct {
 
 	// Owned by the Run goroutine.
 	connectedOnce bool
-	lastExchange  time.Time    // when the last statement that got an answer was sent
-	members       atomic.Bool  // whether the session listens to the members channel
-	heldSince     atomic.Int64 // when the lock was last found held after not being (UnixNano; 0 while not held)
+	lastExchange  time.Time   // when the last statement that got an answer was sent
+	members       atomic.Bool // whether the session listens to the members channel
 	// The server's clock in that statement's answer, and its round trip (lockProof).
 	lastServerClock time.Time
 	lastRoundTrip   time.Duration
@@ -291,60 +271,9 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 		a.verifyEvery = DefaultVerifyInterval
 	}
 	a.leaderEvery = cmp.Or(cfg.LeaderVerifyInterval, a.verifyEvery)
-	a.proved = make(chan struct{})
-	ch := make(chan struct{})
-	a.changed.Store(&ch)
-	a.settled = make(chan struct{})
+	a.lockState.init()
+	a.lockState.wake = a.wake
 	return a, nil
-}
-
-// Held reports whether the lock is claimed and was verified on this connection's own
-// backend. It never blocks, is safe from any goroutine, and is false on a nil AliveLock.
-func (a *aliveLock) Held() bool { return a != nil && a.held.Load() }
-
-// HeldPID is the backend pid of the session that holds the lock, and 0 while it is not
-// held: the heartbeat records it, and only that session's lock counts for the instance.
-func (a *aliveLock) HeldPID() int64 {
-	if a == nil || !a.held.Load() {
-		return 0
-	}
-	return a.pid.Load()
-}
-
-// Changed returns a channel that is closed at the next change of Held. Take the channel
-// before reading Held, then wait on it; call Changed again for the change after that.
-func (a *aliveLock) Changed() <-chan struct{} {
-	if a == nil {
-		return nil
-	}
-	return *a.changed.Load()
-}
-
-// Duplicate reports whether the last claim found the lock held by another session: a
-// second process runs with this instance id, or this instance's previous session has
-// not ended yet. Such a process must not write the instance's row.
-func (a *aliveLock) Duplicate() bool { return a != nil && a.duplicate.Load() }
-
-// Settled returns a channel that is closed once the first claim has an answer: held,
-// held by another session, or refused (a pooler, a missing function). The heartbeat
-// waits for it, boundedly, so that a duplicate never writes a row.
-func (a *aliveLock) Settled() <-chan struct{} {
-	if a == nil {
-		return nil
-	}
-	return a.settled
-}
-
-// Stats returns counters for exporters. Safe from any goroutine.
-func (a *aliveLock) Stats() AliveLockStats {
-	return AliveLockStats{
-		Duplicate:  a.duplicate.Load(),
-		Stranger:   a.stranger.Load(),
-		Held:       a.held.Load(),
-		Claims:     a.claims.Load(),
-		Losses:     a.losses.Load(),
-		Reconnects: a.reconnects.Load(),
-	}
 }
 
 // Run connects, claims, verifies and reconnects (with backoff and jitter) until ctx is
@@ -691,50 +620,10 @@ func (a *aliveLock) wake() {
 	a.woken = true
 }
 
-// lead verifies the lock every leaderEvery, starting now, until the returned function
-// (idempotent) is called; leaderships count, so the lock goes back to verifyEvery only
-// once none is left. Safe from any goroutine.
-func (a *aliveLock) lead() (done func()) {
-	if a == nil {
-		return func() {}
-	}
-	a.leading.Add(1)
-	a.wake()
-	var once sync.Once
-	return func() { once.Do(func() { a.leading.Add(-1) }) }
-}
-
-// lockProof is a claim or a verification that answered "held": the lock was held, on the
-// session's own backend, when the statement ran, which was after sent. The lock may have
-// vanished at any moment since; claim counts the successful claims, so that two proofs
-// with the same claim show that one session held the lock between them.
-type lockProof struct {
-	sent  time.Time // monotonic
-	claim uint64
-	// serverClock is the server's clock while the statement ran, and roundTrip the time
-	// from sending it to its answer (zero in tests that make proofs by hand). The server's
-	// clock reads serverClock − roundTrip + d no later than sent + d: that is how a local
-	// deadline becomes one on the server's clock (lifeMonitor.fenceDeadline).
-	serverClock time.Time
-	roundTrip   time.Duration
-}
-
-// noteProof records a proof and wakes whoever waits on Proved. Only the Run goroutine
-// calls it.
+// noteProof records a claim or verification that answered "held", sent at sent, with
+// the server's clock and the round trip of that statement.
 func (a *aliveLock) noteProof(sent time.Time, claim uint64) {
-	a.proofMu.Lock()
-	defer a.proofMu.Unlock()
-	a.proof = lockProof{sent: sent, claim: claim, serverClock: a.lastServerClock, roundTrip: a.lastRoundTrip}
-	close(a.proved)
-	a.proved = make(chan struct{})
-}
-
-// lastProof returns the last proof (zero before the first), and a channel closed at the
-// next one. Safe from any goroutine.
-func (a *aliveLock) lastProof() (lockProof, <-chan struct{}) {
-	a.proofMu.Lock()
-	defer a.proofMu.Unlock()
-	return a.proof, a.proved
+	a.recordProof(lockProof{sent: sent, claim: claim, serverClock: a.lastServerClock, roundTrip: a.lastRoundTrip})
 }
 
 // answer is what a claim or a verification came to.
@@ -812,9 +701,6 @@ func (a *aliveLock) ask(ctx context.Context, conn *pgx.Conn, sql string, args ..
 	return answerNotHeld, backendPID
 }
 
-// settledOnce closes Settled, once: the first claim has an answer.
-func (a *aliveLock) settledOnce() { a.settle.Do(func() { close(a.settled) }) }
-
 func (a *aliveLock) connectFailed(err error) {
 	// The first claim has an answer too: there will be none for now. The heartbeat need
 	// not wait for it.
@@ -832,52 +718,4 @@ func (a *aliveLock) connectFailed(err error) {
 // report logs once per condition: a repeat of the previous condition goes to debug.
 func (a *aliveLock) report(condition string, level slog.Level, msg string, attrs ...any) {
 	a.condition.Log(a.log, level, condition, msg, attrs...)
-}
-
-// setHeld records a change of Held, counting a loss, and wakes whoever waits on
-// Changed. Only the Run goroutine calls it.
-func (a *aliveLock) setHeld(v bool) {
-	if a.held.Load() == v {
-		return
-	}
-	if v {
-		a.heldSince.Store(time.Now().UnixNano())
-	} else {
-		a.heldSince.Store(0)
-	}
-	if !v {
-		a.losses.Add(1)
-		a.proofMu.Lock()
-		a.lostAt = time.Now()
-		a.proofMu.Unlock()
-	}
-	a.change(v)
-}
-
-// lossNoticed is when the session last noticed that the lock was no longer held (zero
-// before the first loss). Safe from any goroutine.
-func (a *aliveLock) lossNoticed() time.Time {
-	a.proofMu.Lock()
-	defer a.proofMu.Unlock()
-	return a.lostAt
-}
-
-// setDuplicate records a change of Duplicate and wakes whoever waits on Changed.
-func (a *aliveLock) setDuplicate(v bool) {
-	if a.duplicate.Swap(v) != v {
-		a.change(a.held.Load())
-	}
-}
-
-// release clears Held on shutdown, which is not a loss.
-func (a *aliveLock) release() {
-	if a.held.Load() {
-		a.change(false)
-	}
-}
-
-func (a *aliveLock) change(v bool) {
-	a.held.Store(v)
-	next := make(chan struct{})
-	close(*a.changed.Swap(&next))
 }

@@ -29,7 +29,7 @@ import (
 // The beat's age counts from when it was sent, which is before the server stamped it,
 // so the local age is never below the database's.
 type lifeMonitor struct {
-	lock                       *aliveLock
+	lock                       lockSession
 	heartbeat                  *heartbeatWorker
 	lockMode                   bool
 	grace, stale, dead, margin time.Duration
@@ -42,7 +42,7 @@ type lifeMonitor struct {
 	lostAt time.Time // owned by run: when the loss of a lock the row says held was noticed
 }
 
-func newLifeMonitor(lock *aliveLock, hb *heartbeatWorker, lockMode bool, fast, stale, dead, grace time.Duration) *lifeMonitor {
+func newLifeMonitor(lock lockSession, hb *heartbeatWorker, lockMode bool, fast, stale, dead, grace time.Duration) *lifeMonitor {
 	m := &lifeMonitor{lock: lock, heartbeat: hb, lockMode: lockMode,
 		grace: grace, stale: stale, dead: dead, margin: fast / 2, proofMaxAge: grace - leaderVerifyInterval(grace),
 		poll: min(max(grace/10, 10*time.Millisecond), 100*time.Millisecond)}
@@ -102,14 +102,14 @@ func (m *lifeMonitor) steadyFor() time.Duration {
 	if !m.lockMode || m.lock == nil {
 		return 0
 	}
-	since := m.lock.heldSince.Load()
+	since := m.lock.heldSinceNano()
 	if since == 0 {
 		return 0
 	}
 	return time.Since(time.Unix(0, since))
 }
 
-func (m *lifeMonitor) leading() bool { return m.lockMode && m.lock.leading.Load() > 0 }
+func (m *lifeMonitor) leading() bool { return m.lockMode && m.lock.leaders() > 0 }
 
 func (m *lifeMonitor) evaluate(now time.Time) bool {
 	st := m.state()
@@ -231,7 +231,7 @@ func (m *lifeMonitor) hold() holdMark {
 	if !m.lockMode {
 		return holdMark{}
 	}
-	claim := m.lock.claims.Load() // before Held: a claim counts before it is held
+	claim := m.lock.claimCount() // before Held: a claim counts before it is held
 	return holdMark{held: m.lock.Held(), claim: claim}
 }
 

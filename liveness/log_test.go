@@ -58,7 +58,7 @@ func TestLoggersRemovePasswordsAndNameTheirPartOnce(t *testing.T) {
 		log        *slog.Logger
 	}{
 		{"agent", "", agent.cfg.Logger},
-		{"agent's alive lock", "alive_lock", agent.lock.log},
+		{"agent's alive lock", "alive_lock", agent.lock.(*aliveLock).log},
 		{"agent's heartbeat", "heartbeat", agent.heartbeat.log},
 		{"agent's leases", "leases", agent.leases.log},
 		{"agent's reaper", "reaper", agent.reaper.cfg.Logger},

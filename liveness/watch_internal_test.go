@@ -71,7 +71,7 @@ func TestMembershipIsListenedToOnlyWhileWanted(t *testing.T) {
 	}
 	runUntilCleanup(t, a.Run)
 	testutil.Eventually(t, 20*time.Second, "the agent listening to its events", a.events.Listening)
-	if !testutil.Never(t, 500*time.Millisecond, "listening to the members channel with nothing waiting", a.lock.members.Load) {
+	if !testutil.Never(t, 500*time.Millisecond, "listening to the members channel with nothing waiting", a.lock.(*aliveLock).members.Load) {
 		t.FailNow()
 	}
 	ctx := testutil.Context(t, time.Minute)
@@ -81,7 +81,7 @@ func TestMembershipIsListenedToOnlyWhileWanted(t *testing.T) {
 	go func() {
 		watchDone <- a.WatchAlive(wctx, "svc", func(alive []InstanceStatus) { sizes <- len(alive) })
 	}()
-	testutil.Eventually(t, 10*time.Second, "listening to the members channel while WatchAlive runs", a.lock.members.Load)
+	testutil.Eventually(t, 10*time.Second, "listening to the members channel while WatchAlive runs", a.lock.(*aliveLock).members.Load)
 	for n := 0; n != 1; {
 		select {
 		case n = <-sizes:
@@ -107,5 +107,5 @@ func TestMembershipIsListenedToOnlyWhileWanted(t *testing.T) {
 	if err := <-watchDone; err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 10*time.Second, "the members channel let go once WatchAlive ended", func() bool { return !a.lock.members.Load() })
+	testutil.Eventually(t, 10*time.Second, "the members channel let go once WatchAlive ended", func() bool { return !a.lock.(*aliveLock).members.Load() })
 }

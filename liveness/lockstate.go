@@ -1,0 +1,219 @@
+package liveness
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// lockSession holds an instance's alive lock: on a direct session of its own
+// (aliveLock), or on the node agent's session, attached over a local socket (nodeLock).
+// The Agent, its heartbeat and its life monitor see only this.
+type lockSession interface {
+	// Run holds the lock until ctx ends, then lets it go.
+	Run(ctx context.Context) error
+	Held() bool
+	HeldPID() int64
+	Changed() <-chan struct{}
+	Duplicate() bool
+	Settled() <-chan struct{}
+	Stats() AliveLockStats
+	lastProof() (lockProof, <-chan struct{})
+	lossNoticed() time.Time
+	lead() (done func())
+	claimCount() uint64
+	heldSinceNano() int64
+	leaders() int32
+}
+
+// lockState is what every way of holding the alive lock shares: whether it is held and by
+// which backend, its claims, proofs, losses and leaderships, and who waits for a change.
+// Its owner (aliveLock, nodeLock) runs the session and calls the setters from its Run
+// goroutine; the getters are safe from any goroutine.
+type lockState struct {
+	held      atomic.Bool
+	pid       atomic.Int64 // the backend pid of the session that last claimed the lock
+	duplicate atomic.Bool  // the last claim found the lock held by another session of this instance
+	stranger  atomic.Bool  // the last claim found the key held by a session that did not claim it
+	changed   atomic.Pointer[chan struct{}]
+	settled   chan struct{} // closed once the first claim has an answer
+	settle    sync.Once
+
+	claims     atomic.Uint64
+	losses     atomic.Uint64
+	reconnects atomic.Uint64
+
+	// leading counts the leaderships (lead) that want frequent proofs.
+	leading atomic.Int32
+	// proof is the last claim or verification that answered "held"; proved is closed at
+	// the next one.
+	proofMu sync.Mutex
+	proof   lockProof
+	proved  chan struct{}
+	lostAt  time.Time // monotonic: when setHeld last cleared Held
+	// heldSince is when the lock was last found held after not being (UnixNano; 0 while
+	// not held).
+	heldSince atomic.Int64
+	// wake, set by the owner, asks its session for a proof now.
+	wake func()
+}
+
+func (a *lockState) init() {
+	a.proved = make(chan struct{})
+	ch := make(chan struct{})
+	a.changed.Store(&ch)
+	a.settled = make(chan struct{})
+}
+
+func (a *lockState) claimCount() uint64   { return a.claims.Load() }
+func (a *lockState) heldSinceNano() int64 { return a.heldSince.Load() }
+func (a *lockState) leaders() int32       { return a.leading.Load() }
+
+// Held reports whether the lock is claimed and was verified on the holding session's own
+// backend. It never blocks, is safe from any goroutine, and is false on a nil lockState.
+func (a *lockState) Held() bool { return a != nil && a.held.Load() }
+
+// HeldPID is the backend pid of the session that holds the lock, and 0 while it is not
+// held: the heartbeat records it, and only that session's lock counts for the instance.
+func (a *lockState) HeldPID() int64 {
+	if a == nil || !a.held.Load() {
+		return 0
+	}
+	return a.pid.Load()
+}
+
+// Changed returns a channel that is closed at the next change of Held. Take the channel
+// before reading Held, then wait on it; call Changed again for the change after that.
+func (a *lockState) Changed() <-chan struct{} {
+	if a == nil {
+		return nil
+	}
+	return *a.changed.Load()
+}
+
+// Duplicate reports whether the last claim found the lock held by another session: a
+// second process runs with this instance id, or this instance's previous session has
+// not ended yet. Such a process must not write the instance's row.
+func (a *lockState) Duplicate() bool { return a != nil && a.duplicate.Load() }
+
+// Settled returns a channel that is closed once the first claim has an answer: held,
+// held by another session, or refused (a pooler, a missing function). The heartbeat
+// waits for it, boundedly, so that a duplicate never writes a row.
+func (a *lockState) Settled() <-chan struct{} {
+	if a == nil {
+		return nil
+	}
+	return a.settled
+}
+
+// Stats returns counters for exporters. Safe from any goroutine.
+func (a *lockState) Stats() AliveLockStats {
+	return AliveLockStats{
+		Duplicate:  a.duplicate.Load(),
+		Stranger:   a.stranger.Load(),
+		Held:       a.held.Load(),
+		Claims:     a.claims.Load(),
+		Losses:     a.losses.Load(),
+		Reconnects: a.reconnects.Load(),
+	}
+}
+
+// lead has the lock proved every leaderEvery, starting now, until the returned function
+// (idempotent) is called; leaderships count, so the lock goes back to verifyEvery only
+// once none is left. Safe from any goroutine.
+func (a *lockState) lead() (done func()) {
+	if a == nil {
+		return func() {}
+	}
+	a.leading.Add(1)
+	if a.wake != nil {
+		a.wake()
+	}
+	var once sync.Once
+	return func() { once.Do(func() { a.leading.Add(-1) }) }
+}
+
+// lockProof is a claim or a verification that answered "held": the lock was held, on the
+// session's own backend, when the statement ran, which was after sent. The lock may have
+// vanished at any moment since; claim counts the successful claims, so that two proofs
+// with the same claim show that one session held the lock between them.
+type lockProof struct {
+	sent  time.Time // monotonic
+	claim uint64
+	// serverClock is the server's clock while the statement ran, and roundTrip the time
+	// from sending it to its answer (zero in tests that make proofs by hand). The server's
+	// clock reads serverClock − roundTrip + d no later than sent + d: that is how a local
+	// deadline becomes one on the server's clock (lifeMonitor.fenceDeadline).
+	serverClock time.Time
+	roundTrip   time.Duration
+}
+
+// recordProof records a proof and wakes whoever waits on the next one. Only the owner's
+// Run goroutine calls it.
+func (a *lockState) recordProof(p lockProof) {
+	a.proofMu.Lock()
+	defer a.proofMu.Unlock()
+	a.proof = p
+	close(a.proved)
+	a.proved = make(chan struct{})
+}
+
+// lastProof returns the last proof (zero before the first), and a channel closed at the
+// next one. Safe from any goroutine.
+func (a *lockState) lastProof() (lockProof, <-chan struct{}) {
+	a.proofMu.Lock()
+	defer a.proofMu.Unlock()
+	return a.proof, a.proved
+}
+
+// settledOnce closes Settled, once: the first claim has an answer.
+func (a *lockState) settledOnce() { a.settle.Do(func() { close(a.settled) }) }
+
+// setHeld records a change of Held, counting a loss, and wakes whoever waits on
+// Changed. Only the Run goroutine calls it.
+func (a *lockState) setHeld(v bool) {
+	if a.held.Load() == v {
+		return
+	}
+	if v {
+		a.heldSince.Store(time.Now().UnixNano())
+	} else {
+		a.heldSince.Store(0)
+	}
+	if !v {
+		a.losses.Add(1)
+		a.proofMu.Lock()
+		a.lostAt = time.Now()
+		a.proofMu.Unlock()
+	}
+	a.change(v)
+}
+
+// lossNoticed is when the session last noticed that the lock was no longer held (zero
+// before the first loss). Safe from any goroutine.
+func (a *lockState) lossNoticed() time.Time {
+	a.proofMu.Lock()
+	defer a.proofMu.Unlock()
+	return a.lostAt
+}
+
+// setDuplicate records a change of Duplicate and wakes whoever waits on Changed.
+func (a *lockState) setDuplicate(v bool) {
+	if a.duplicate.Swap(v) != v {
+		a.change(a.held.Load())
+	}
+}
+
+// release clears Held on shutdown, which is not a loss.
+func (a *lockState) release() {
+	if a.held.Load() {
+		a.change(false)
+	}
+}
+
+func (a *lockState) change(v bool) {
+	a.held.Store(v)
+	next := make(chan struct{})
+	close(*a.changed.Swap(&next))
+}
