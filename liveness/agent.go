@@ -21,20 +21,29 @@ import (
 
 // AgentConfig configures an Agent: one instance that takes part in the fleet. Zero values
 // take the defaults (the Default* constants); Pool, InstanceID and ServiceName must be
-// set, and DirectDSN too unless Mode is ModeHeartbeatTableOnly.
+// set, and DirectDSN too unless Mode is ModeHeartbeatTableOnly or NodeAgentSocket is set.
 type AgentConfig struct {
 	// Pool runs every short statement: the heartbeat, the leases, the reaper. It may go
 	// through PgBouncer.
 	Pool *pgxpool.Pool
 	// DirectDSN reaches PostgreSQL itself, never a pooler in transaction mode: the alive
-	// lock's own connection. Unused in ModeHeartbeatTableOnly.
-	DirectDSN   string
-	Schema      string // DefaultSchema if empty
-	InstanceID  uuid.UUID
-	ServiceName string
-	HostName    string // os.Hostname() if empty
-	ProcessID   int    // os.Getpid() if zero
-	Mode        Mode   // ModeAdvisoryLockWhenAvailable if empty
+	// lock's own connection. Unused in ModeHeartbeatTableOnly, and with NodeAgentSocket.
+	DirectDSN string
+	// NodeAgentSocket, when set, is the local socket of the node agent of this host (the
+	// pg_liveness_exporter binary run with --node-agent.socket, or a NodeAgent): the
+	// alive lock is held on the node agent's one session for every process of the node,
+	// instead of on a session of this process's own, and the schema's events arrive
+	// through it. The lock is let go when this process's connection to the node agent
+	// closes, however the process ends. While the node agent cannot be reached (it
+	// restarts, say) the instance is judged by its heartbeat and leads nothing, and it
+	// attaches again as soon as the node agent answers. Unused in ModeHeartbeatTableOnly.
+	NodeAgentSocket string
+	Schema          string // DefaultSchema if empty
+	InstanceID      uuid.UUID
+	ServiceName     string
+	HostName        string // os.Hostname() if empty
+	ProcessID       int    // os.Getpid() if zero
+	Mode            Mode   // ModeAdvisoryLockWhenAvailable if empty
 
 	// Timing is recorded in the instance's row, and the fleet judges the instance by it.
 	Timing Timing
@@ -238,12 +247,27 @@ func (c AgentConfig) Validate() error {
 			return bad(f.name, "(%s) must not be negative", f.d)
 		}
 	}
-	if c.lockMode() {
+	switch {
+	case c.lockMode() && c.NodeAgentSocket != "":
+		if strings.TrimSpace(c.NodeAgentSocket) != c.NodeAgentSocket {
+			return bad("NodeAgentSocket", "(%q) must not begin or end with spaces", c.NodeAgentSocket)
+		}
+		if err := c.aliveLockConfig().validateTiming(); err != nil {
+			return asAgentError(err)
+		}
+	case c.lockMode():
 		if err := c.aliveLockConfig().validate(); err != nil {
 			return asAgentError(err)
 		}
 	}
 	return nil
+}
+
+// nodeLockConfig is the lock's configuration through a node agent.
+func (c AgentConfig) nodeLockConfig(ev *events) nodeLockConfig {
+	lc := c.aliveLockConfig()
+	return nodeLockConfig{Socket: c.NodeAgentSocket, InstanceID: c.InstanceID, Schema: c.Schema, Pool: c.Pool,
+		LeaderVerifyInterval: lc.LeaderVerifyInterval, Events: ev, Logger: lc.Logger}
 }
 
 func (c AgentConfig) aliveLockConfig() aliveLockConfig {
@@ -303,14 +327,18 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	cfg = cfg.withDefaults()
 	a := &Agent{cfg: cfg, leading: newLeaderships(), events: &events{}}
 	var lock lockSource // a nil interface, not a nil *aliveLock, without a lock
-	if cfg.lockMode() {
-		var err error
+	switch {
+	case cfg.lockMode() && cfg.NodeAgentSocket != "":
+		a.lock = newNodeLock(cfg.nodeLockConfig(a.events))
+		lock = a.lock
+	case cfg.lockMode():
 		lc := cfg.aliveLockConfig()
 		lc.Events = a.events
-		if a.lock, err = newAliveLock(lc); err != nil {
+		al, err := newAliveLock(lc)
+		if err != nil {
 			return nil, asAgentError(err)
 		}
-		lock = a.lock
+		a.lock, lock = al, al
 	}
 	hb, err := newHeartbeatWorker(cfg.heartbeatConfig(lock))
 	if err != nil {

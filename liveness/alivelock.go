@@ -129,6 +129,15 @@ func (c aliveLockConfig) validate() error {
 	return err
 }
 
+// validateTiming checks what does not concern the connection: the verification
+// interval, for a lock held through a node agent.
+func (c aliveLockConfig) validateTiming() error {
+	if c.VerifyInterval < 0 {
+		return aliveLockErr("VerifyInterval", "(%s) must not be negative", c.VerifyInterval)
+	}
+	return nil
+}
+
 // connConfig validates c and builds the lock connection's configuration. It also returns
 // the client socket's user timeout.
 func (c aliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {

@@ -156,6 +156,16 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 		agents[0].Snapshot().InstanceID.String()).Scan(&holderPID, &claimed); err != nil || !claimed {
 		t.Fatalf("alive_lock_holder of a running agent: pid %d, claimed %v, %v; want its own claim", holderPID, claimed, err)
 	}
+	// The node agent's: which database a session is on, and letting one instance's lock
+	// go (here one this session does not hold: false).
+	var database string
+	var released bool
+	if err := pool.QueryRow(ctx, store.LockDatabase.In(liveness.DefaultSchema).SQL).Scan(&database); err != nil || database == "" {
+		t.Fatalf("lock_database: %q, %v", database, err)
+	}
+	if err := pool.QueryRow(ctx, store.AliveLockRelease.In(liveness.DefaultSchema).SQL, uuid.New().String()).Scan(&released); err != nil || released {
+		t.Fatalf("alive_lock_release of a lock the session does not hold: %v, %v; want false", released, err)
+	}
 
 	// The Reader, the status page and the collectors, on our schema.
 	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})

@@ -38,3 +38,16 @@ SELECT pg_catalog.pg_backend_pid(), $1::uuid IS NOT NULL, pg_catalog.clock_times
 -- claim, then at most every 30 s while the claims are refused.
 -- $1 instance id.
 SELECT h.holder_pid, h.claimed FROM {schema}.alive_lock_holder($1::uuid) h
+
+-- name: alive_lock_release
+-- Lets an instance's alive lock go on the calling session, which holds it: the node
+-- agent, when the process it holds the lock for detaches or its local socket closes (it
+-- exited, or was killed). The fleet then sees the lock vanish, as it would the process's
+-- own session end. $1 instance id. Returns whether the session held it.
+SELECT pg_catalog.pg_advisory_unlock({schema}.instance_lock_key($1::uuid))
+
+-- name: lock_database
+-- The database the session is on: a process that attaches to a node agent says which
+-- database its pool reaches, and the node agent holds locks only for its own (a lock
+-- held in another database would count for nobody while the process believed it held).
+SELECT pg_catalog.current_database()

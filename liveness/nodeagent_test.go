@@ -1,0 +1,248 @@
+package liveness_test
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+)
+
+// startNodeAgent runs a node agent on a socket in a temporary folder until stop (or the
+// test's end).
+func startNodeAgent(t *testing.T, db *pgtest.DB, socket string) (n *liveness.NodeAgent, stop func()) {
+	t.Helper()
+	n, err := liveness.NewNodeAgent(liveness.NodeAgentConfig{DirectDSN: db.DSN, Socket: socket, ServiceName: "node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("node agent: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	testutil.Eventually(t, 10*time.Second, "the node agent's session up", func() bool { return n.Snapshot().SessionUp })
+	return n, stop
+}
+
+// sessionsNamed counts the database's sessions whose application_name ends with suffix.
+func sessionsNamed(t *testing.T, db *pgtest.DB, suffix string) int {
+	t.Helper()
+	return db.QueryInt(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE '%' || $1`, suffix)
+}
+
+// rawAttach attaches an instance over the socket as a process would, without an Agent:
+// the connection is the lock, and closing it is what a killed process's kernel does.
+func rawAttach(t *testing.T, socket string, id uuid.UUID, database string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	b, _ := json.Marshal(map[string]any{"op": "attach", "instance": id, "schema": "liveness", "database": database})
+	if _, err := c.Write(append(b, '\n')); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// The node agent holds the alive locks of every process attached to it on one session:
+// three agents, one liveness backend and no session of their own; their locks count by
+// the verdict (the row records the node agent's backend), they lead through it (proofs
+// are the node agent's verifications), and a process whose connection closes without a
+// word (what kill -9 leaves) is dead about a lock grace later.
+func TestNodeAgentHoldsItsProcessesLocksOnOneSession(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 8)
+	ctx := testutil.Context(t, time.Minute)
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	node, _ := startNodeAgent(t, db, socket)
+
+	var agents []*liveness.Agent
+	for i := range 3 {
+		cfg := liveness.AgentConfig{Pool: pool, NodeAgentSocket: socket, InstanceID: uuid.New(), ServiceName: "attached"}
+		if i == 0 {
+			cfg.Reaper = true
+		}
+		a := newAgent(t, cfg)
+		runAgent(t, a)
+		agents = append(agents, a)
+	}
+	if n := sessionsNamed(t, db, ":alive-lock"); n != 0 {
+		t.Errorf("%d alive-lock sessions of their own; want none", n)
+	}
+	if n := sessionsNamed(t, db, ":node-agent"); n != 1 {
+		t.Errorf("%d node agent sessions; want 1", n)
+	}
+	r, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range agents {
+		id := a.Snapshot().InstanceID
+		testutil.Eventually(t, 10*time.Second, "an attached instance alive by its lock", func() bool {
+			st, err := r.Instance(ctx, id)
+			return err == nil && st.State == liveness.StateAlive && st.LockHeld
+		})
+	}
+	if s := node.Snapshot(); s.Attached != 3 || s.LocksHeld != 3 {
+		t.Errorf("node agent snapshot %+v; want 3 attached, 3 locks held", s)
+	}
+
+	// Leading through it: a lease is trusted only after a proof sent after the
+	// acquisition, which the node agent's verification gives.
+	led := make(chan liveness.Leadership, 1)
+	campaign, stopCampaign := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stopCampaign()
+	wg.Go(func() {
+		_ = agents[1].Elect(campaign, liveness.ElectorConfig{Lease: "node-job", OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
+			led <- self
+			<-ctx.Done()
+		}})
+	})
+	select {
+	case self := <-led:
+		if _, err := self.Exec(ctx, pool, `SELECT 1`); err != nil {
+			t.Fatalf("a fenced statement of a leader through the node agent: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the attached agent did not lead within 15 s")
+	}
+	proofsBefore := node.Snapshot().ProveAsked
+	time.Sleep(time.Second)
+	if got := node.Snapshot().ProveAsked - proofsBefore; got < 2 {
+		t.Errorf("a leader through the node agent asked %d proofs in a second; want about four", got)
+	}
+
+	// A process that vanishes: its connection closes without a word.
+	victim := uuid.New()
+	conn := rawAttach(t, socket, victim, db.Name)
+	testutil.Eventually(t, 10*time.Second, "the raw process's lock held", func() bool { return node.Snapshot().LocksHeld == 4 })
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, holds_alive_lock, lock_grace, stale_threshold,
+	            definitive_dead_cutoff, lock_pid) VALUES ($1, 'raw', true, '1 s', '90 s', '5 min', $2)`, victim, node.Snapshot().BackendPID)
+	deaths := db.ConnAs(t, "test:listener")
+	if _, err := deaths.Exec(ctx, `SELECT liveness.members_listen()`); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * liveness.WatchInterval)
+	killed := time.Now()
+	_ = conn.Close()
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		n, err := deaths.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("no dead:%s within 10 s of its connection's end: %v", victim, err)
+		}
+		if n.Payload == "dead:"+victim.String() {
+			break
+		}
+	}
+	took := time.Since(killed)
+	t.Logf("a vanished process was notified dead %s after its connection closed", took.Round(time.Millisecond))
+	if took > 3*time.Second {
+		t.Errorf("dead %s after its connection closed; want within a few seconds", took)
+	}
+	for _, a := range agents {
+		if st, err := r.Instance(ctx, a.Snapshot().InstanceID); err != nil || !st.Alive() {
+			t.Errorf("an attached agent is %v (%v) after another process vanished", st.State, err)
+		}
+	}
+}
+
+// When the node agent dies, its processes notice at once (their connections close) and
+// prove life by their heartbeats: none is ever called dead. They attach again, and hold
+// their locks again, when a node agent is back on the socket.
+func TestNodeAgentDeathKillsNoneOfItsProcesses(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 8)
+	ctx := testutil.Context(t, time.Minute)
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	_, stopNode := startNodeAgent(t, db, socket)
+	var ids []uuid.UUID
+	var agents []*liveness.Agent
+	for range 3 {
+		a := newAgent(t, liveness.AgentConfig{Pool: pool, NodeAgentSocket: socket, InstanceID: uuid.New(), ServiceName: "attached"})
+		runAgent(t, a)
+		agents = append(agents, a)
+		ids = append(ids, a.Snapshot().InstanceID)
+	}
+	// An agent outside the node, as another node's would run: it stands in for the
+	// watchers, which may have been attached, and judges the attached processes.
+	runAgent(t, newAgent(t, defaultAgentConfig(db, db.Pool(t, 4), "other-node")))
+	time.Sleep(2 * liveness.WatchInterval)
+
+	falseDead := func() (dead []uuid.UUID) {
+		for _, id := range ids {
+			var alive bool
+			if err := pool.QueryRow(ctx, `SELECT liveness.is_instance_alive($1)`, id).Scan(&alive); err != nil {
+				t.Fatal(err)
+			}
+			if !alive {
+				dead = append(dead, id)
+			}
+		}
+		return dead
+	}
+	stopNode()
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if dead := falseDead(); len(dead) > 0 {
+			t.Fatalf("attached processes called dead after the node agent died: %v", dead)
+		}
+	}
+	for _, a := range agents {
+		if a.Snapshot().AliveLock.Held {
+			t.Fatalf("an attached agent still believes it holds its lock with the node agent gone")
+		}
+	}
+	node, _ := startNodeAgent(t, db, socket)
+	testutil.Eventually(t, 30*time.Second, "every process attached again, its lock held", func() bool {
+		for _, a := range agents {
+			if !a.Snapshot().AliveLock.Held {
+				return false
+			}
+		}
+		return node.Snapshot().LocksHeld == 3
+	})
+	if dead := falseDead(); len(dead) > 0 {
+		t.Fatalf("attached processes dead after the node agent came back: %v", dead)
+	}
+}
+
+// A process whose pool reaches another database is refused: a lock held in the node
+// agent's database would count for nobody while the process believed it held.
+func TestNodeAgentRefusesAnotherDatabase(t *testing.T) {
+	db, _ := testdb.MigratedPool(t, 2)
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	node, _ := startNodeAgent(t, db, socket)
+	conn := rawAttach(t, socket, uuid.New(), "not_"+db.Name)
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var reply struct {
+		Op, Error string
+	}
+	if err := json.NewDecoder(conn).Decode(&reply); err != nil || reply.Op != "error" {
+		t.Fatalf("reply to an attach for another database: %+v, %v; want an error", reply, err)
+	}
+	t.Logf("refused: %s", reply.Error)
+	if s := node.Snapshot(); s.LocksHeld != 0 || s.Refused != 1 {
+		t.Fatalf("node agent %+v after the refusal; want no lock, one refusal", s)
+	}
+}

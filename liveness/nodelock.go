@@ -1,0 +1,299 @@
+package liveness
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/store"
+)
+
+// nodeLockConfig configures a nodeLock.
+type nodeLockConfig struct {
+	Socket     string // the node agent's (AgentConfig.NodeAgentSocket)
+	InstanceID uuid.UUID
+	Schema     string
+	// Pool tells which database the process's statements reach: the node agent holds
+	// locks in its own database only.
+	Pool *pgxpool.Pool
+	// LeaderVerifyInterval is how often the lock is proved while the instance leads.
+	LeaderVerifyInterval time.Duration
+	Events               *events
+	Logger               *slog.Logger
+}
+
+// nodeLock holds the instance's alive lock through the node agent of its node: the node
+// agent's session claims it when the process attaches, and lets it go when the process's
+// connection to it closes. It is a lockSession, as aliveLock is: the proofs a leader
+// needs are the node agent's verifications of its session, each sent after this process
+// asked; and the node agent's session's notifications arrive on the same connection.
+// Between proofs nothing is sent: the node agent tells when its session drops, and this
+// process notices at once when the node agent's end of the connection closes.
+type nodeLock struct {
+	lockState
+	cfg         nodeLockConfig
+	dbSQL       string
+	log         *slog.Logger
+	leaderEvery time.Duration
+	wakeCh      chan struct{}
+
+	running       atomic.Bool
+	connectedOnce bool
+	database      string // the pool's, read once
+	condition     logging.Repeats
+}
+
+func newNodeLock(cfg nodeLockConfig) *nodeLock {
+	n := &nodeLock{cfg: cfg, dbSQL: store.LockDatabase.In(cfg.Schema).SQL, log: logging.Wrap(cfg.Logger),
+		leaderEvery: cfg.LeaderVerifyInterval, wakeCh: make(chan struct{}, 1)}
+	if n.leaderEvery <= 0 {
+		n.leaderEvery = leaderVerifyInterval(DefaultLockGrace)
+	}
+	n.lockState.init()
+	n.lockState.wake = n.wakeNow
+	if cfg.Events != nil {
+		cfg.Events.onMembersWantChanged(n.wakeNow)
+	}
+	return n
+}
+
+// wakeNow asks the connection for a proof now, and to tell the node agent whether
+// membership events are wanted. Safe from any goroutine.
+func (n *nodeLock) wakeNow() {
+	select {
+	case n.wakeCh <- struct{}{}:
+	default:
+	}
+}
+
+// Run attaches, and attaches again after the connection ends (with backoff and jitter),
+// until ctx ends; then it closes the connection, which lets the lock go.
+func (n *nodeLock) Run(ctx context.Context) error {
+	if !n.running.CompareAndSwap(false, true) {
+		return errors.New("node lock: Run is already running")
+	}
+	defer n.running.Store(false)
+	for attempt := 1; n.database == ""; attempt++ {
+		qctx, cancel := context.WithTimeout(ctx, aliveLockStatementTimeout)
+		err := n.cfg.Pool.QueryRow(qctx, n.dbSQL).Scan(&n.database)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		n.settledOnce() // no answer for now: the heartbeat need not wait
+		n.condition.Log(n.log, slog.LevelWarn, "database", "cannot read the pool's database; retrying", "error", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff(attempt)):
+		}
+	}
+	attempt := 0
+	for {
+		began := time.Now()
+		held := n.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if held || time.Since(began) > reconnectBackoffMax {
+			attempt = 0
+		}
+		attempt++
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff(attempt)):
+		}
+	}
+}
+
+// session runs one connection to the node agent; it reports whether the lock was held
+// at some point.
+func (n *nodeLock) session(ctx context.Context) (held bool) {
+	d := net.Dialer{Timeout: aliveLockConnectTimeout}
+	conn, err := d.DialContext(ctx, "unix", n.cfg.Socket)
+	if err != nil {
+		n.settledOnce()
+		if ctx.Err() == nil {
+			n.condition.Log(n.log, slog.LevelWarn, "connect",
+				"cannot reach the node agent; retrying, the heartbeat goes on at the fast cadence",
+				"socket", n.cfg.Socket, "error", err)
+		}
+		return false
+	}
+	if n.connectedOnce {
+		n.reconnects.Add(1)
+	}
+	n.connectedOnce = true
+	msgs := make(chan nodeMessage, nodeClientQueue)
+	readErr := make(chan error, 1)
+	go func() { // ends when conn is closed, below
+		defer close(msgs)
+		dec := newNodeDecoder(conn)
+		for {
+			m, err := dec.next()
+			if err != nil {
+				readErr <- err
+				return
+			}
+			msgs <- m
+		}
+	}()
+	defer func() {
+		_ = conn.Close()
+		for range msgs { // drain, so that the reader ends
+		}
+		n.cfg.Events.setListening(false)
+		if ctx.Err() != nil {
+			n.release()
+		} else {
+			n.setHeld(false)
+		}
+	}()
+
+	send := func(m nodeMessage) bool {
+		_ = conn.SetWriteDeadline(time.Now().Add(aliveLockStatementTimeout))
+		if err := writeNodeMessage(conn, m); err != nil {
+			if ctx.Err() == nil {
+				n.condition.Log(n.log, slog.LevelWarn, "lost", "node agent connection lost; attaching again", "error", err)
+			}
+			return false
+		}
+		return true
+	}
+	attachSent := time.Now()
+	if !send(nodeMessage{Op: nodeOpAttach, Instance: n.cfg.InstanceID, Schema: n.cfg.Schema, Database: n.database}) {
+		return false
+	}
+	var (
+		seq        uint64
+		asked      = map[uint64]time.Time{} // prove requests in flight, by when they were sent
+		claim      uint64                   // the node agent's number of the claim it holds the lock by
+		answered   bool                     // the attach was answered
+		members    bool                     // told the node agent that membership is wanted
+		listening  bool
+		nextProof  time.Time
+		proveTimer = time.NewTimer(time.Hour)
+	)
+	defer proveTimer.Stop()
+	prove := func() bool {
+		seq++
+		asked[seq] = time.Now()
+		nextProof = time.Now().Add(n.leaderEvery)
+		return send(nodeMessage{Op: nodeOpProve, Seq: seq})
+	}
+	for {
+		if n.leading.Load() > 0 && n.held.Load() {
+			proveTimer.Reset(max(time.Until(nextProof), 0))
+		} else {
+			proveTimer.Reset(time.Hour)
+		}
+		select {
+		case <-ctx.Done():
+			return held
+		case <-proveTimer.C:
+			if !prove() {
+				return held
+			}
+		case <-n.wakeCh:
+			if want := n.cfg.Events.MembersWanted(); want != members {
+				if !send(nodeMessage{Op: nodeOpMembers, Want: want}) {
+					return held
+				}
+				members = want
+			}
+			if n.held.Load() && !prove() {
+				return held
+			}
+		case m, ok := <-msgs:
+			if !ok {
+				if ctx.Err() == nil {
+					err := <-readErr
+					n.condition.Log(n.log, slog.LevelWarn, "lost",
+						"node agent connection lost; the heartbeat proves life, attaching again", "held_before", n.held.Load(), "error", err)
+				}
+				return held
+			}
+			switch m.Op {
+			case nodeOpState:
+				if m.Listening != listening {
+					listening = m.Listening
+					n.cfg.Events.setListening(listening)
+					if listening {
+						n.cfg.Events.publish(event{Kind: eventResync})
+					}
+				}
+				n.duplicate.Store(m.Duplicate)
+				n.stranger.Store(m.Stranger)
+				switch {
+				case m.Held && (!n.held.Load() || m.Claim != claim):
+					claim = m.Claim
+					n.pid.Store(m.PID)
+					n.claims.Add(1)
+					if !answered {
+						// The claim ran after the attach was sent: a proof.
+						n.recordProof(lockProof{sent: attachSent, claim: n.claims.Load(), serverClock: m.ServerClock,
+							roundTrip: time.Since(attachSent)})
+					}
+					n.setHeld(true)
+					held = true
+					n.condition.Log(n.log, slog.LevelInfo, "held", "alive lock held through the node agent",
+						"socket", n.cfg.Socket, "backend_pid", m.PID)
+					if answered && !prove() { // claimed again by the node agent: prove it from here
+						return held
+					}
+				case !m.Held && n.held.Load():
+					n.setHeld(false)
+					n.condition.Log(n.log, slog.LevelWarn, "vanished",
+						"the node agent's session no longer holds the alive lock; the heartbeat proves life")
+				case m.Duplicate:
+					n.change(n.held.Load())
+					n.condition.Log(n.log, slog.LevelWarn, "duplicate",
+						"alive lock held by another session of this instance id (through the node agent); retrying")
+				case m.Stranger:
+					n.change(n.held.Load())
+					n.condition.Log(n.log, slog.LevelError, "stranger",
+						"alive lock's key held by a session that did not claim it for this instance: it counts for "+
+							"nobody, and this instance is judged by its heartbeat until the key is free")
+				}
+				answered = true
+				n.settledOnce()
+				if want := n.cfg.Events.MembersWanted(); want != members {
+					if !send(nodeMessage{Op: nodeOpMembers, Want: want}) {
+						return held
+					}
+					members = want
+				}
+			case nodeOpProof:
+				sent, ok := asked[m.Seq]
+				if !ok {
+					continue
+				}
+				delete(asked, m.Seq)
+				if m.Held && m.Claim == claim && n.held.Load() {
+					n.recordProof(lockProof{sent: sent, claim: n.claims.Load(), serverClock: m.ServerClock,
+						roundTrip: time.Since(sent)})
+				} else if n.held.Load() {
+					n.setHeld(false)
+				}
+			case nodeOpEvent:
+				n.cfg.Events.publish(event{Kind: m.Kind, ID: m.ID})
+			case nodeOpError:
+				n.settledOnce()
+				n.condition.Log(n.log, slog.LevelError, "refused:"+m.Error, "the node agent refused to hold this instance's lock",
+					"socket", n.cfg.Socket, "reason", m.Error)
+				return held
+			}
+		}
+	}
+}

@@ -1,0 +1,117 @@
+package liveness
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// The node agent's protocol, on its local (unix) socket: one JSON object per line, each
+// way. A process attaches one instance per connection, and the connection is the lock:
+// when it closes, however the process ended, the node agent lets the lock go.
+//
+// From the process:
+//
+//	{"op":"attach","instance":"<uuid>","schema":"liveness","database":"app"}
+//	{"op":"prove","seq":N}          a proof of the lock, sent after this request arrived
+//	{"op":"members","want":true}    forward the members channel's events, or stop
+//
+// From the node agent:
+//
+//	{"op":"state",...}              the lock's state, after the attach and at every change
+//	{"op":"proof","seq":N,...}      the answer to a prove
+//	{"op":"event","kind":"free","id":"<lease>"}  a notification of the schema's channels
+//	{"op":"error","error":"..."}    the attach was refused; the node agent closes
+const (
+	nodeOpAttach  = "attach"
+	nodeOpProve   = "prove"
+	nodeOpMembers = "members"
+	nodeOpState   = "state"
+	nodeOpProof   = "proof"
+	nodeOpEvent   = "event"
+	nodeOpError   = "error"
+)
+
+// nodeMessage is one line of the protocol. Fields not used by an op are left out.
+type nodeMessage struct {
+	Op string `json:"op"`
+
+	// attach
+	Instance uuid.UUID `json:"instance,omitzero"`
+	Schema   string    `json:"schema,omitempty"`
+	Database string    `json:"database,omitempty"`
+
+	// prove, proof
+	Seq uint64 `json:"seq,omitempty"`
+
+	// state, proof: whether the node agent's session holds the instance's lock, the
+	// session's backend pid, the claim it holds it by (a new one after every reconnect of
+	// the session), and the server's clock when the claim or the verification ran.
+	Held        bool      `json:"held,omitempty"`
+	PID         int64     `json:"pid,omitempty"`
+	Claim       uint64    `json:"claim,omitempty"`
+	ServerClock time.Time `json:"server_clock,omitzero"`
+	// state: the claim found the key held by another session of this instance (a
+	// duplicate), or by a stranger's; and whether the session listens to the channels.
+	Duplicate bool `json:"duplicate,omitempty"`
+	Stranger  bool `json:"stranger,omitempty"`
+	Listening bool `json:"listening,omitempty"`
+
+	// members
+	Want bool `json:"want,omitempty"`
+
+	// event
+	Kind string `json:"kind,omitempty"`
+	ID   string `json:"id,omitempty"`
+
+	// error
+	Error string `json:"error,omitempty"`
+}
+
+// nodeMessageLimit bounds one line: an event's id is a lease name, under 8000 bytes.
+const nodeMessageLimit = 16 << 10
+
+// nodeDecoder reads the protocol's lines.
+type nodeDecoder struct{ r *bufio.Reader }
+
+func newNodeDecoder(r io.Reader) *nodeDecoder {
+	return &nodeDecoder{r: bufio.NewReaderSize(r, 4096)}
+}
+
+// next reads one message. A line over nodeMessageLimit, or one that is not a message, is
+// an error: the peer speaks something else.
+func (d *nodeDecoder) next() (nodeMessage, error) {
+	var line []byte
+	for {
+		chunk, isPrefix, err := d.r.ReadLine()
+		if err != nil {
+			return nodeMessage{}, err
+		}
+		line = append(line, chunk...)
+		if len(line) > nodeMessageLimit {
+			return nodeMessage{}, fmt.Errorf("node agent protocol: a line of over %d bytes", nodeMessageLimit)
+		}
+		if !isPrefix {
+			break
+		}
+	}
+	var m nodeMessage
+	if err := json.Unmarshal(line, &m); err != nil {
+		return nodeMessage{}, fmt.Errorf("node agent protocol: %w", err)
+	}
+	return m, nil
+}
+
+// writeNodeMessage writes one message as a line.
+func writeNodeMessage(w io.Writer, m nodeMessage) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
