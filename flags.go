@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"slices"
 	"strconv"
@@ -49,6 +50,7 @@ type config struct {
 
 	agentOn    bool // --agent: take part as an instance; --no-agent only observes
 	agent      liveness.AgentConfig
+	nodeAgent  liveness.NodeAgentConfig // --node-agent.*: serve the node's processes
 	source     store.SourceConfig
 	collectors *collector.Config
 
@@ -127,6 +129,11 @@ func addAgentFlags(app *kingpin.Application, c *config) {
 	duration("agent.tcp-keepalive-interval", "Server-side tcp_keepalives_interval of the alive lock's session.", liveness.DefaultKeepaliveInterval, &a.KeepaliveInterval)
 	app.Flag("agent.tcp-keepalive-count", "Server-side tcp_keepalives_count of the alive lock's session.").Default(strconv.Itoa(liveness.DefaultKeepaliveCount)).IntVar(&a.KeepaliveCount)
 	duration("agent.tcp-user-timeout", "Server-side tcp_user_timeout of the alive lock's session.", liveness.DefaultUserTimeout, &a.UserTimeout)
+	app.Flag("node-agent.socket", "Also be this node's agent: hold the alive locks of the node's processes "+
+		"(liveness.AgentConfig.NodeAgentSocket) on one direct session, and listen to the schema's channels once for them, "+
+		"on this unix socket. The exporter's own agent attaches to it too.").StringVar(&c.nodeAgent.Socket)
+	app.Flag("node-agent.socket-mode", "Permissions of the node agent's socket (octal): whoever may connect may hold and let go "+
+		"the alive lock of any instance id it names.").Default("0660").SetValue(fileModeValue{&c.nodeAgent.SocketMode})
 	app.Flag("agent.reaper", "Run cleanup_stale_instances as a lease-protected singleton.").Default("true").BoolVar(&a.Reaper)
 	duration("agent.reaper-interval", "How often the reaper runs.", liveness.DefaultReaperInterval, &a.ReaperInterval)
 	duration("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.", liveness.DefaultReaperLeaseTTL, &a.ReaperLeaseTTL)
@@ -156,6 +163,25 @@ func (v sharedValue[T]) Set(s string) error {
 }
 
 func (v sharedValue[T]) String() string { return fmt.Sprint(*v.fields[0]) }
+
+// fileModeValue is an octal file mode flag (--node-agent.socket-mode).
+type fileModeValue struct{ mode *fs.FileMode }
+
+func (v fileModeValue) Set(s string) error {
+	m, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || m > 0o777 {
+		return fmt.Errorf("%q is not an octal file mode such as 0660", s)
+	}
+	*v.mode = fs.FileMode(m)
+	return nil
+}
+
+func (v fileModeValue) String() string {
+	if v.mode == nil {
+		return ""
+	}
+	return fmt.Sprintf("%#o", uint32(*v.mode))
+}
 
 // instanceIDValue is --agent.instance-id. Unset, it leaves the nil uuid, for which wire
 // takes a new one; given, it must be a uuid other than the nil UUID.

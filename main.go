@@ -107,6 +107,20 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)
 	defer stopBG()
+	// The node agent outlives the agent, which may hold its lock through it: the agent
+	// removes its row while its lock is still held.
+	var nodeWG sync.WaitGroup
+	nodeCtx, stopNode := context.WithCancel(context.WithoutCancel(ctx))
+	defer func() { stopNode(); nodeWG.Wait() }()
+	nodeFailed := make(chan error, 1)
+	if w.nodeAgent != nil {
+		nodeWG.Go(func() {
+			if err := w.nodeAgent.Run(nodeCtx); err != nil {
+				logger.Error("node agent stopped", "err", err)
+				nodeFailed <- err
+			}
+		})
+	}
 	agentFailed := make(chan error, 1) // the agent gave up for good: exit non-zero
 	wg.Go(func() { runAgent(bg, c, w, agentFailed, logger) })
 	if w.discover != nil {
@@ -114,9 +128,11 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 		defer w.discover.stop() // they end with bg, before the pools close
 	}
 	srv := serve(c.web, webConfig, listeners, w.mux, logger)
-	code := waitForEnd(ctx, c, w, srv, agentFailed, logger)
+	code := waitForEnd(ctx, c, w, srv, agentFailed, nodeFailed, logger)
 	stopBG()
 	wg.Wait() // the agent releases its leases and removes its row before we go on
+	stopNode()
+	nodeWG.Wait() // then the node agent lets every lock go
 	srv.shutdown()
 	return code
 }
@@ -124,7 +140,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 // waitForEnd runs until ctx ends (exit 0), the agent gave up or the server failed (exit
 // 1). Meanwhile it reloads: on SIGHUP, which never stops the process, and whenever the
 // web configuration changes on disk.
-func waitForEnd(ctx context.Context, c *config, w *wired, srv *server, agentFailed <-chan error, logger *slog.Logger) int {
+func waitForEnd(ctx context.Context, c *config, w *wired, srv *server, agentFailed, nodeFailed <-chan error, logger *slog.Logger) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -144,6 +160,8 @@ func waitForEnd(ctx context.Context, c *config, w *wired, srv *server, agentFail
 		case <-webPoll:
 			reloadWebConfig(w.web, w.reloads, false, logger)
 		case <-agentFailed:
+			return exitRuntime
+		case <-nodeFailed: // its socket could not be listened on
 			return exitRuntime
 		case err := <-srv.served:
 			if errors.Is(err, http.ErrServerClosed) {
@@ -210,11 +228,12 @@ type wired struct {
 	status    *binaryStatus
 	database  string // the main DSN rebuilt without its password, for log lines
 	source    *store.Source
-	pool      *pgxpool.Pool   // nil with --config.file and no DSN: /probe only
-	agent     *liveness.Agent // nil with --no-agent
-	targets   *targets.Pools  // nil without --config.file
-	prober    *prober         // nil without --config.file
-	discover  *discoveredDBs  // nil without --config.file
+	pool      *pgxpool.Pool       // nil with --config.file and no DSN: /probe only
+	agent     *liveness.Agent     // nil with --no-agent
+	nodeAgent *liveness.NodeAgent // nil without --node-agent.socket
+	targets   *targets.Pools      // nil without --config.file
+	prober    *prober             // nil without --config.file
+	discover  *discoveredDBs      // nil without --config.file
 	mux       *http.ServeMux
 }
 
@@ -284,6 +303,19 @@ func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 	}()
 	w := &wired{dsnSwitch: dsnSwitch, reloads: newReloadStatus(), status: &binaryStatus{schema: &database.SchemaStatus{}},
 		database: dsn.Describe(c.pool.DSN), source: source, pool: pool, targets: pools, discover: discovered}
+	if c.nodeAgent.Socket != "" {
+		// The node's processes attach to it, and so does the exporter's own agent: one
+		// liveness session for the node.
+		n := c.nodeAgent
+		n.DirectDSN, n.Schema, n.ServiceName = c.agent.DirectDSN, c.agent.Schema, c.agent.ServiceName
+		n.KeepaliveIdle, n.KeepaliveInterval, n.KeepaliveCount = c.agent.KeepaliveIdle, c.agent.KeepaliveInterval, c.agent.KeepaliveCount
+		n.UserTimeout, n.Logger = c.agent.UserTimeout, logger.With("component", "node_agent")
+		if w.nodeAgent, err = liveness.NewNodeAgent(n); err != nil {
+			return nil, err
+		}
+		c.agent.NodeAgentSocket = n.Socket
+		c.collectors.NodeAgent.Source = w.nodeAgent
+	}
 	var agent collector.AgentSource // a nil interface without an agent, never a nil *Agent
 	if c.agentOn {
 		if c.agent.InstanceID == uuid.Nil {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -98,12 +99,18 @@ func TestReadmeMetricsMatchTheExporter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
-	for n := range live {
-		exposed[n] = true
+	// And those of a node agent, whose own agent holds its lock through it.
+	node, err := exposition.MetricNames(startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN},
+		"--node-agent.socket="+filepath.Join(dir, "node.sock")).
+		waitFor(t, `(?m)^pg_liveness_node_agent_locks_held 1$`, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for n := range multi {
-		exposed[n] = true
+	var names []string
+	for _, set := range []map[string]bool{live, multi, node} {
+		for n := range set {
+			exposed[n] = true
+		}
 	}
 	for n := range exposed {
 		if strings.HasPrefix(n, "pg_liveness_") {

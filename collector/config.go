@@ -39,6 +39,7 @@ type Config struct {
 	AdvisoryLocks AdvisoryLocksConfig
 	Statements    StatementsConfig
 	Agent         AgentConfig
+	NodeAgent     NodeAgentConfig
 }
 
 const (

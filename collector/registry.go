@@ -16,6 +16,7 @@ const (
 	NameAdvisoryLocks = "advisory_locks"
 	NameStatements    = "statements"
 	NameAgent         = "agent"
+	NameNodeAgent     = "node_agent"
 )
 
 // registry is every collector, in the order of their flags. The flags (AddFlags), the
@@ -33,6 +34,8 @@ var registry = []registration{
 		help: "Export call counts of the liveness statements from pg_stat_statements", build: newStatementsCollector},
 	{name: NameAgent, on: true, settings: func(c *Config) settings { return &c.Agent },
 		help: "Export the local agent's state", build: newAgentCollector},
+	{name: NameNodeAgent, on: true, settings: func(c *Config) settings { return &c.NodeAgent },
+		help: "Export the node agent's state (with --node-agent.socket)", build: newNodeAgentCollector},
 }
 
 // registration is one collector as the registry knows it.

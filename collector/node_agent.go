@@ -1,0 +1,73 @@
+package collector
+
+import (
+	"context"
+
+	"github.com/alecthomas/kingpin/v2"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+)
+
+// NodeAgentSource is what the node agent collector reads; liveness's NodeAgent
+// implements it.
+type NodeAgentSource interface {
+	Snapshot() liveness.NodeAgentSnapshot
+}
+
+// NodeAgentConfig configures the node agent collector. It only runs when Source is set
+// (the binary runs with --node-agent.socket).
+type NodeAgentConfig struct {
+	Enabled bool
+	// Source is the node agent. Not a flag: the binary sets it.
+	Source NodeAgentSource
+}
+
+func (s *NodeAgentConfig) enabled() *bool             { return &s.Enabled }
+func (s *NodeAgentConfig) defaults()                  {}
+func (s *NodeAgentConfig) flags(*kingpin.Application) {}
+func (s *NodeAgentConfig) check(*Config) error        { return nil }
+
+// nodeAgentCollector reports the node agent from its snapshot; it does not touch the
+// database.
+type nodeAgentCollector struct {
+	node                                       NodeAgentSource
+	attached, locks, up, listening             *exposition.Family
+	proofs, asked, reconnects, claims, refused *exposition.Family
+}
+
+func newNodeAgentCollector(d deps) (Collector, error) {
+	if d.cfg.NodeAgent.Source == nil {
+		return nil, nil
+	}
+	desc := func(name, help string) *exposition.Family { return gauge("node_agent_"+name, help) }
+	count := func(name, help string) *exposition.Family { return counter("node_agent_"+name, help) }
+	return &nodeAgentCollector{node: d.cfg.NodeAgent.Source,
+		attached: desc("attached_processes", "Processes of this node attached to the node agent (one connection per instance)."),
+		locks:    desc("locks_held", "Alive locks the node agent's session holds for the attached processes."),
+		up:       desc("session_up", "1 while the node agent's direct session to the database is up."),
+		listening: desc("listening", "1 while the node agent's session listens to the schema's channels for the attached "+
+			"processes."),
+		proofs: count("verifications_total", "Verifications of the node agent's session sent: its own, and one for every batch of "+
+			"proofs the attached leaders asked for."),
+		asked:      count("proofs_total", "Proofs of their locks the attached processes asked for and got."),
+		reconnects: count("session_reconnects_total", "Sessions the node agent opened after the first."),
+		claims:     count("claims_total", "Alive locks the node agent claimed for attached processes."),
+		refused: count("attaches_refused_total", "Attaches refused: a process of another schema or database, or one that "+
+			"does not speak the protocol."),
+	}, nil
+}
+
+func (c *nodeAgentCollector) Update(_ context.Context, out *exposition.Builder) error {
+	s := c.node.Snapshot()
+	out.Add(c.attached, float64(s.Attached))
+	out.Add(c.locks, float64(s.LocksHeld))
+	out.Add(c.up, boolFloat(s.SessionUp))
+	out.Add(c.listening, boolFloat(s.Listening))
+	out.Add(c.proofs, float64(s.Proofs))
+	out.Add(c.asked, float64(s.ProveAsked))
+	out.Add(c.reconnects, float64(s.Reconnects))
+	out.Add(c.claims, float64(s.Claims))
+	out.Add(c.refused, float64(s.Refused))
+	return nil
+}
