@@ -62,6 +62,7 @@ import (
 
 type config struct {
 	dsn, directDSN, schema string
+	nodeAgentSocket        string
 	service                string
 	instances              int
 	maxConns               int
@@ -85,6 +86,8 @@ func main() {
 	flag.StringVar(&c.dsn, "dsn", "", "DSN of the pool (heartbeat, leases, fenced writes)")
 	flag.StringVar(&c.directDSN, "direct-dsn", "", "DSN of the alive lock's connection; default: --dsn")
 	flag.StringVar(&c.schema, "schema", "liveness", "schema of the liveness objects")
+	flag.StringVar(&c.nodeAgentSocket, "node-agent.socket", "", "hold the alive lock through the node agent on this socket "+
+		"(AgentConfig.NodeAgentSocket) instead of a session of its own")
 	flag.StringVar(&c.service, "service", "faultagent", "service name; with --instances above 1, instance i gets <service>-<i>")
 	flag.IntVar(&c.instances, "instances", 1, "instances run by this process")
 	flag.IntVar(&c.maxConns, "max-conns", 2, "pool size of each instance")
