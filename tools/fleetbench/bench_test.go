@@ -33,11 +33,28 @@ func TestBenchFleet(t *testing.T) {
 			sizes = append(sizes, n)
 		}
 	}
+	// FLEET_NODES: the node agents of each run, in FLEET_SIZES' order (0: every agent on
+	// a session of its own); none by default.
+	nodes := make([]int, len(sizes))
+	if s := os.Getenv("FLEET_NODES"); s != "" {
+		fields := strings.Split(s, ",")
+		if len(fields) != len(sizes) {
+			t.Fatalf("FLEET_NODES has %d entries for %d FLEET_SIZES", len(fields), len(sizes))
+		}
+		for i, f := range fields {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 0 {
+				t.Fatalf("FLEET_NODES: %q is not a number of node agents", f)
+			}
+			nodes[i] = n
+		}
+	}
 	warmup, measure := envDuration(t, "FLEET_WARMUP", 40*time.Second), envDuration(t, "FLEET_MEASURE", 60*time.Second)
 	var results []fleetbench.Result
-	for _, n := range sizes {
-		t.Run(strconv.Itoa(n), func(t *testing.T) {
+	for i, n := range sizes {
+		t.Run(fmt.Sprintf("%d-agents-%d-nodes", n, nodes[i]), func(t *testing.T) {
 			cfg := startServer(t, n)
+			cfg.Nodes = nodes[i]
 			cfg.Idle, cfg.Warmup, cfg.Measure = 20*time.Second, warmup, measure
 			cfg.VictimLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			if path := os.Getenv("FLEET_LOG"); path != "" { // every agent's warnings
@@ -83,11 +100,15 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float
 // table is the results as docs/performance.md shows them.
 func table(rs []fleetbench.Result) string {
 	var b strings.Builder
-	b.WriteString("| agents | alive locks held | server CPU, liveness (cores) | per agent (millicores) | statements/s | per agent | backends | alive-lock sessions (listening) | lookup p50 idle → fleet | lookup p99 idle → fleet | crash → dead | crash → takeover | leader changes |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| agents | node agents | alive locks held | server CPU, liveness (cores) | per agent (millicores) | statements/s | per agent | backends | liveness sessions (listening) | lookup p50 idle → fleet | lookup p99 idle → fleet | crash → dead | crash → takeover | leader changes |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
-		fmt.Fprintf(&b, "| %d | %d of %d | %.3f | %.3f | %.0f | %.2f | %d | %d | %s → %s | %s → %s | %.2f s | %.2f s | %d |\n",
-			r.Agents, r.LocksHeld, r.Agents, r.LivenessCPU, 1000*r.LivenessCPU/float64(r.Agents), r.Statements,
+		nodes := "none"
+		if r.Nodes > 0 {
+			nodes = strconv.Itoa(r.Nodes)
+		}
+		fmt.Fprintf(&b, "| %d | %s | %d of %d | %.3f | %.3f | %.0f | %.2f | %d | %d | %s → %s | %s → %s | %.2f s | %.2f s | %d |\n",
+			r.Agents, nodes, r.LocksHeld, r.Agents, r.LivenessCPU, 1000*r.LivenessCPU/float64(r.Agents), r.Statements,
 			r.Statements/float64(r.Agents), r.Backends, r.LockSessions,
 			ms(r.LookupIdle.P50), ms(r.LookupFleet.P50), ms(r.LookupIdle.P99), ms(r.LookupFleet.P99),
 			r.CrashToDead.Seconds(), r.CrashToTakeover.Seconds(), r.LeaderChanges)
@@ -125,15 +146,30 @@ func plot(rs []fleetbench.Result) string {
 	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="middle">agents (log scale)</text>`, w/2, h-10)
 	fmt.Fprintf(&b, `<text x="12" y="%.0f" transform="rotate(-90 12 %.0f)" text-anchor="middle">server CPU per agent (millicores)</text>`, h/2, h/2)
 	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="end">%.3f</text>`, pad-4, pad+4, maxY)
-	var pts []string
-	for _, r := range rs {
-		v := 1000 * r.LivenessCPU / float64(r.Agents)
-		pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(r.Agents), y(v)))
-		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="4" fill="steelblue"/><text x="%.1f" y="%.1f" text-anchor="middle">%d: %.3f</text>`,
-			x(r.Agents), y(v), x(r.Agents), y(v)-10, r.Agents, v)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%d</text>`, x(r.Agents), h-pad+16, r.Agents)
+	// Two series: agents on sessions of their own, and agents attached to node agents.
+	for si, series := range []struct {
+		name  string
+		color string
+		nodes bool
+	}{{"a session per agent", "steelblue", false}, {"node agents", "darkorange", true}} {
+		var pts []string
+		for _, r := range rs {
+			if (r.Nodes > 0) != series.nodes {
+				continue
+			}
+			v := 1000 * r.LivenessCPU / float64(r.Agents)
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(r.Agents), y(v)))
+			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="4" fill="%s"/><text x="%.1f" y="%.1f" text-anchor="middle">%.3f</text>`,
+				x(r.Agents), y(v), series.color, x(r.Agents), y(v)-10, v)
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%d</text>`, x(r.Agents), h-pad+16, r.Agents)
+		}
+		if len(pts) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="%s"/>`, strings.Join(pts, " "), series.color)
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" fill="%s">%s</text>`, w-pad-140, pad+16*float64(si), series.color, series.name)
 	}
-	fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="steelblue"/></svg>`, strings.Join(pts, " "))
+	b.WriteString(`</svg>`)
 	return b.String()
 }
 

@@ -51,7 +51,11 @@ type Config struct {
 	// PostmasterPID is the server's postmaster, whose process and children's CPU is read.
 	PostmasterPID int
 	Agents        int
-	Jobs          []string // the leases every agent campaigns for; three if empty
+	// Nodes, when above 0, runs that many node agents (liveness.NodeAgent, each on a
+	// socket of its own) and attaches the agents to them in turn: the alive locks and
+	// the listening are then the node agents' sessions, one per node.
+	Nodes int
+	Jobs  []string // the leases every agent campaigns for; three if empty
 	// Idle is how long the lookup runs before the fleet starts (its baseline), Warmup
 	// how long the fleet runs before it is measured, Measure how long it is measured.
 	Idle, Warmup, Measure time.Duration
@@ -76,8 +80,9 @@ type Result struct {
 	Statements   float64
 	TopStatement []string           // the busiest statement tags, "tag: calls/s"
 	Calls        map[string]float64 // calls a second by statement tag
-	Backends     int                // client backends with the fleet running
-	LockSessions int                // alive-lock sessions: each LISTENs to the schema's events
+	Nodes        int
+	Backends     int // client backends with the fleet running
+	LockSessions int // alive-lock and node agent sessions: each LISTENs to the schema's events
 	LookupIdle   Latency
 	LookupFleet  Latency
 	// CrashToDead is from the victim's crash to its dead:<id> notification (the fleet's
@@ -110,7 +115,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	res := Result{Agents: cfg.Agents}
+	res := Result{Agents: cfg.Agents, Nodes: cfg.Nodes}
 
 	admin, err := pgx.Connect(ctx, cfg.DirectDSN)
 	if err != nil {
@@ -141,8 +146,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 	f := &fleet{cfg: cfg}
 	defer f.stop()
+	if err := f.startNodes(ctx); err != nil {
+		return res, err
+	}
 	for i := range cfg.Agents {
-		if err := f.startAgent(ctx, fmt.Sprintf("bench-%d", i%10), cfg.PoolDSN, cfg.DirectDSN); err != nil {
+		if err := f.startAgent(ctx, fmt.Sprintf("bench-%d", i%10), cfg.PoolDSN, cfg.DirectDSN, f.socket(i)); err != nil {
 			return res, err
 		}
 		if (i+1)%cfg.StartRate == 0 && !sleep(ctx, time.Second) {
@@ -195,7 +203,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		res.Calls[tag] = float64(n-calls0[tag]) / took
 	}
 	if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE backend_type = 'client backend'),
-	        count(*) FILTER (WHERE application_name LIKE '%:alive-lock')
+	        count(*) FILTER (WHERE application_name LIKE '%:alive-lock' OR application_name LIKE '%:node-agent')
 	    FROM pg_stat_activity WHERE datname = current_database()`).Scan(&res.Backends, &res.LockSessions); err != nil {
 		return res, fmt.Errorf("fleetbench: backends: %w", err)
 	}
@@ -268,6 +276,63 @@ type fleet struct {
 	mu     sync.Mutex
 	agents []*agent
 	starts atomic.Int64 // leaderships of victimLease that started, in every agent
+
+	// The node agents (Config.Nodes), their sockets in dir, and their Run's end.
+	dir      string
+	sockets  []string
+	stopNode context.CancelFunc
+	nodes    sync.WaitGroup
+}
+
+// startNodes starts the node agents, when the run has any, and waits until each session
+// is up.
+func (f *fleet) startNodes(ctx context.Context) error {
+	if f.cfg.Nodes == 0 {
+		return nil
+	}
+	dir, err := os.MkdirTemp("", "fleetbench-nodes-")
+	if err != nil {
+		return err
+	}
+	f.dir = dir
+	nodeCtx, stop := context.WithCancel(context.Background())
+	f.stopNode = stop
+	var agents []*liveness.NodeAgent
+	for i := range f.cfg.Nodes {
+		socket := filepath.Join(dir, fmt.Sprintf("node-%d.sock", i))
+		n, err := liveness.NewNodeAgent(liveness.NodeAgentConfig{DirectDSN: f.cfg.DirectDSN, Socket: socket,
+			ServiceName: fmt.Sprintf("node-%d", i), Logger: f.cfg.Logger})
+		if err != nil {
+			return err
+		}
+		f.sockets = append(f.sockets, socket)
+		agents = append(agents, n)
+		f.nodes.Go(func() {
+			if err := n.Run(nodeCtx); err != nil {
+				f.cfg.Logger.Error("node agent stopped", "err", err)
+			}
+		})
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for _, n := range agents {
+		for !n.Snapshot().SessionUp {
+			if time.Now().After(deadline) {
+				return errors.New("fleetbench: a node agent's session did not come up within 60 s")
+			}
+			if !sleep(ctx, 50*time.Millisecond) {
+				return ctx.Err()
+			}
+		}
+	}
+	return nil
+}
+
+// socket is the node agent the i-th agent attaches to, or "" (a session of its own).
+func (f *fleet) socket(i int) string {
+	if len(f.sockets) == 0 {
+		return ""
+	}
+	return f.sockets[i%len(f.sockets)]
 }
 
 type agent struct {
@@ -283,12 +348,12 @@ type agent struct {
 	leading atomic.Bool
 }
 
-func (f *fleet) startAgent(ctx context.Context, service, poolDSN, directDSN string) error {
-	_, err := f.start(ctx, service, poolDSN, directDSN, nil)
+func (f *fleet) startAgent(ctx context.Context, service, poolDSN, directDSN, socket string) error {
+	_, err := f.start(ctx, service, poolDSN, directDSN, socket, nil)
 	return err
 }
 
-func (f *fleet) start(ctx context.Context, service, poolDSN, directDSN string, relays []*relay) (*agent, error) {
+func (f *fleet) start(ctx context.Context, service, poolDSN, directDSN, socket string, relays []*relay) (*agent, error) {
 	logger := f.cfg.Logger
 	if relays != nil && f.cfg.VictimLogger != nil {
 		logger = f.cfg.VictimLogger
@@ -303,7 +368,7 @@ func (f *fleet) start(ctx context.Context, service, poolDSN, directDSN string, r
 		return nil, fmt.Errorf("fleetbench: pool: %w", err)
 	}
 	a, err := liveness.NewAgent(liveness.AgentConfig{
-		Pool: pool, DirectDSN: directDSN, InstanceID: uuid.New(), ServiceName: service,
+		Pool: pool, DirectDSN: directDSN, NodeAgentSocket: socket, InstanceID: uuid.New(), ServiceName: service,
 		Reaper: true, Logger: logger,
 	})
 	if err != nil {
@@ -361,12 +426,19 @@ func (f *fleet) startVictim(ctx context.Context) (*agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	directRelay, directDSN, err := newRelay(cmp.Or(f.cfg.VictimDSN, f.cfg.DirectDSN))
+	// Its lock's way: a session of its own, or its connection to a node agent.
+	var directRelay *relay
+	var directDSN, socket string
+	if len(f.sockets) > 0 {
+		directRelay, socket, err = newUnixRelay(f.sockets[0], filepath.Join(f.dir, "victim.sock"))
+	} else {
+		directRelay, directDSN, err = newRelay(cmp.Or(f.cfg.VictimDSN, f.cfg.DirectDSN))
+	}
 	if err != nil {
 		poolRelay.cut()
 		return nil, err
 	}
-	v, err := f.start(ctx, "victim", poolDSN, directDSN, []*relay{poolRelay, directRelay})
+	v, err := f.start(ctx, "victim", poolDSN, directDSN, socket, []*relay{poolRelay, directRelay})
 	if err != nil {
 		poolRelay.cut()
 		directRelay.cut()
@@ -448,6 +520,11 @@ func (f *fleet) stop() {
 		for _, r := range ag.relays {
 			r.cut()
 		}
+	}
+	if f.stopNode != nil {
+		f.stopNode()
+		f.nodes.Wait()
+		_ = os.RemoveAll(f.dir)
 	}
 }
 
@@ -630,11 +707,12 @@ func callRates(before, after map[string]int64, seconds float64, lookups int64) (
 
 // relay forwards TCP connections on 127.0.0.1 to a DSN's host, until cut.
 type relay struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	conns  []net.Conn
-	closed bool
+	ln      net.Listener
+	network string
+	target  string
+	mu      sync.Mutex
+	conns   []net.Conn
+	closed  bool
 }
 
 // newRelay starts a relay to dsn's host and returns dsn pointed at it.
@@ -647,10 +725,23 @@ func newRelay(dsn string) (*relay, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("fleetbench: relay: %w", err)
 	}
-	r := &relay{ln: ln, target: net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))}
+	r := &relay{ln: ln, network: "tcp", target: net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))}
 	go r.accept()
 	port := ln.Addr().(*net.TCPAddr).Port
 	return r, dsn + " host=127.0.0.1 port=" + strconv.Itoa(port), nil
+}
+
+// newUnixRelay starts a relay on the unix socket path to the socket target (a node
+// agent's), so that cutting it closes a process's connection to its node agent, as a
+// kill -9 does.
+func newUnixRelay(target, path string) (*relay, string, error) {
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, "", fmt.Errorf("fleetbench: relay: %w", err)
+	}
+	r := &relay{ln: ln, network: "unix", target: target}
+	go r.accept()
+	return r, path, nil
 }
 
 func (r *relay) accept() {
@@ -659,7 +750,7 @@ func (r *relay) accept() {
 		if err != nil {
 			return
 		}
-		s, err := net.Dial("tcp", r.target)
+		s, err := net.Dial(r.network, r.target)
 		if err != nil {
 			_ = c.Close()
 			continue

@@ -74,3 +74,29 @@ func TestFleetBenchSmall(t *testing.T) {
 		t.Errorf("the victim was dead %s and taken over %s after its crash; want within seconds", res.CrashToDead, res.CrashToTakeover)
 	}
 }
+
+// TestFleetBenchSmallWithNodeAgents is the small run with its agents attached to two
+// node agents: their locks are held and listened for on the node agents' two sessions,
+// and the victim's crash (its connection to its node agent cut) is dead and taken over
+// within seconds.
+func TestFleetBenchSmallWithNodeAgents(t *testing.T) {
+	cfg := startServer(t, 20)
+	cfg.Nodes = 2
+	cfg.Idle, cfg.Warmup, cfg.Measure = 3*time.Second, 8*time.Second, 8*time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := fleetbench.Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", res)
+	if res.LocksHeld != cfg.Agents {
+		t.Errorf("%d of %d agents hold their alive lock", res.LocksHeld, cfg.Agents)
+	}
+	if res.LockSessions != cfg.Nodes {
+		t.Errorf("%d liveness sessions for %d agents on %d nodes; want one per node", res.LockSessions, cfg.Agents, cfg.Nodes)
+	}
+	if res.CrashToDead > 5*time.Second || res.CrashToTakeover > 5*time.Second {
+		t.Errorf("the victim was dead %s and taken over %s after its crash; want within seconds", res.CrashToDead, res.CrashToTakeover)
+	}
+}
