@@ -316,6 +316,9 @@ type Agent struct {
 	watcher   *watcher // nil when disabled
 	events    *events  // the notifications the alive lock's session receives
 	leading   *leaderships
+
+	shardsMu  sync.Mutex
+	shardSets []*shardSetCounts // the sets Shards takes part in now
 }
 
 // NewAgent builds the parts; nothing connects until Run.
@@ -648,6 +651,7 @@ func (a *Agent) Snapshot() AgentSnapshot {
 		Timing:      a.cfg.Timing,
 		Heartbeat:   a.heartbeat.Stats(),
 		Leases:      a.leases.Stats(),
+		Shards:      a.shardSnapshot(),
 	}
 	if a.lock != nil {
 		s.AliveLock = a.lock.Stats()

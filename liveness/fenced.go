@@ -297,16 +297,16 @@ func (le *Lease) fenceFailed(err error) error {
 // refused counts a refused write and returns its error.
 func (le *Lease) refused(atCommit bool, err error) error {
 	fe := &FencedError{Lease: le.Name, Epoch: le.Epoch, Held: le.Err() == nil, AtCommit: atCommit, Err: logging.RedactError(err)}
-	le.leases.noteRefused(fe)
+	le.leases.noteRefused(le.statName(), fe)
 	return fe
 }
 
 // noteRefused counts a refused write, and logs the first one of each lease name at
 // warning level: a healthy leader should see none, so the first says that writes are
 // being dropped (by the lease's end, or by a network slower than the deadline allows).
-func (l *Leases) noteRefused(fe *FencedError) {
+func (l *Leases) noteRefused(statName string, fe *FencedError) {
 	l.mu.Lock()
-	c := l.counts(fe.Lease)
+	c := l.counts(statName)
 	c.refused++
 	first := c.refused == 1
 	l.mu.Unlock()

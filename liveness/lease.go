@@ -202,7 +202,8 @@ type Lease struct {
 	cancel      context.CancelCauseFunc
 	window      *time.Timer // cancels the lease when the trust window runs out
 	renewerDone chan struct{}
-	leading     func() // ends the leadership of the instance's life; called once the lease ends
+	leading     func()      // ends the leadership of the instance's life; called once the lease ends
+	group       *leaseGroup // renews it with others in one statement; nil: renewLoop does
 
 	mu         sync.Mutex
 	expiresAt  time.Time // database time
@@ -257,6 +258,12 @@ func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 // acquire sends the acquisition under ctx; the lease it returns lives under parent, whose
 // end stops its renewals.
 func (l *Leases) acquire(ctx, parent context.Context, name string, ttl time.Duration) (*Lease, error) {
+	return l.acquireIn(ctx, parent, name, ttl, nil)
+}
+
+// acquireIn is acquire for a lease that group renews, with its other leases, in one
+// statement (group's ttl is the lease's); a nil group is acquire.
+func (l *Leases) acquireIn(ctx, parent context.Context, name string, ttl time.Duration, group *leaseGroup) (*Lease, error) {
 	margin, err := l.marginFor(name, ttl)
 	if err != nil {
 		return nil, err
@@ -329,12 +336,15 @@ func (l *Leases) acquire(ctx, parent context.Context, name string, ttl time.Dura
 		ctx: lctx, cancel: lcancel,
 		renewerDone: make(chan struct{}),
 		expiresAt:   expiresAt, trustUntil: trustUntil, fenceUntil: fenceAt,
-		leading: leading,
+		leading: leading, group: group,
 	}
-	l.noteAcquired(name, epoch)
+	l.noteAcquired(le.statName(), epoch)
 	le.mu.Lock()
 	le.window = time.AfterFunc(time.Until(trustUntil), le.windowClosed)
 	le.mu.Unlock()
+	if group != nil {
+		group.add(le)
+	}
 	go le.renewLoop()
 	return le, nil
 }
@@ -444,7 +454,7 @@ func (le *Lease) Err() error {
 // the takeover waits for the fenced transaction.
 func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
 	if cause := le.Err(); cause != nil {
-		le.leases.noteRefused(&FencedError{Lease: le.Name, Epoch: le.Epoch, Err: cause})
+		le.leases.noteRefused(le.statName(), &FencedError{Lease: le.Name, Epoch: le.Epoch, Err: cause})
 		return le.notHeld(cause)
 	}
 	deadline, late := le.fenceDeadline()
@@ -461,7 +471,7 @@ func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
 		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: late})
 	}
 	if cause := le.Err(); cause != nil { // it ended, here or while the statement ran
-		le.leases.noteRefused(&FencedError{Lease: le.Name, Epoch: le.Epoch, Err: cause})
+		le.leases.noteRefused(le.statName(), &FencedError{Lease: le.Name, Epoch: le.Epoch, Err: cause})
 		return le.notHeld(cause)
 	}
 	return nil
@@ -593,6 +603,11 @@ func (le *Lease) renewLoop() {
 	every, retry := le.ttl/4, le.ttl/16
 	t := time.NewTimer(every)
 	defer t.Stop()
+	if le.group != nil {
+		// Its group renews it: this loop only ends it when life is lost or ctx ends.
+		defer le.group.remove(le)
+		t.Stop()
+	}
 	life := le.leases.life
 	var lifeChanged <-chan struct{}
 	for {
@@ -669,16 +684,7 @@ func (le *Lease) renew() bool {
 	err := le.leases.pool.QueryRow(rctx, le.leases.stmts.renew, le.Name, le.Holder, le.Epoch, le.ttl.Seconds()).Scan(&expiresAt)
 	switch {
 	case err == nil:
-		roundTrip := time.Since(sent)
-		le.mu.Lock()
-		defer le.mu.Unlock()
-		if !le.ended {
-			le.expiresAt = expiresAt
-			le.fenceUntil = fenceUntil(expiresAt, roundTrip, le.margin)
-			// Measured from when the renewal was sent: the server's now() came later.
-			le.trustUntil = sent.Add(le.ttl - le.margin)
-			le.window.Reset(time.Until(le.trustUntil))
-		}
+		le.extend(expiresAt, sent)
 		return true
 	case errors.Is(err, pgx.ErrNoRows):
 		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostTaken})
@@ -691,15 +697,44 @@ func (le *Lease) renew() bool {
 		le.leases.log.Debug("lease renewal unanswered; retrying", "lease", le.Name, "epoch", le.Epoch)
 		return false
 	default:
-		err = logging.RedactError(err)
-		le.mu.Lock()
-		if time.Now().Before(until) { // an answer past the window is no answer
-			le.lastErr = err
-		}
-		le.mu.Unlock()
-		le.leases.log.Debug("lease renewal failed; retrying", "lease", le.Name, "epoch", le.Epoch, "err", err)
+		le.renewFailed(err, until)
 		return false
 	}
+}
+
+// statName is the name the lease counts under in Leases.Stats: its own, or for a lease a
+// group renews (a shard set's) the group's, so that a thousand shards are one entry.
+func (le *Lease) statName() string {
+	if le.group != nil {
+		return le.group.statName
+	}
+	return le.Name
+}
+
+// extend takes a renewal sent at sent that answered expiresAt: the trust window runs
+// from when it was sent (the server's now() came later).
+func (le *Lease) extend(expiresAt, sent time.Time) {
+	roundTrip := time.Since(sent)
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	if !le.ended {
+		le.expiresAt = expiresAt
+		le.fenceUntil = fenceUntil(expiresAt, roundTrip, le.margin)
+		le.trustUntil = sent.Add(le.ttl - le.margin)
+		le.window.Reset(time.Until(le.trustUntil))
+	}
+}
+
+// renewFailed records a renewal's error, so that a window that runs out says why, unless
+// the answer came past the window (until), which is no answer.
+func (le *Lease) renewFailed(err error, until time.Time) {
+	err = logging.RedactError(err)
+	le.mu.Lock()
+	if time.Now().Before(until) {
+		le.lastErr = err
+	}
+	le.mu.Unlock()
+	le.leases.log.Debug("lease renewal failed; retrying", "lease", le.Name, "epoch", le.Epoch, "err", err)
 }
 
 // windowClosed runs when the trust window may have run out.
@@ -737,7 +772,7 @@ func (le *Lease) endLocked(cause error) {
 		lost = nil
 	}
 	// Count and log first: whoever wakes on Done must see the loss.
-	le.leases.noteEnded(le.Name, le.Epoch, lost)
+	le.leases.noteEnded(le.statName(), le.Epoch, lost)
 	if lost != nil {
 		attrs := []any{"lease", le.Name, "epoch", le.Epoch, "holder", le.Holder, "reason", string(lost.Reason)}
 		if lost.Err != nil {
@@ -803,6 +838,7 @@ func (l *Leases) Stats() []LeaseStats {
 // schema, once, when the Leases are built.
 type leaseStatements struct {
 	acquire, renew, release, abandon, leader, fence, detach string
+	renewMany, shardMembers                                 string
 	// fenceStrict is Exec's and BeginTx's fence; fenceCommit[0] + the deadline literal +
 	// fenceCommit[1] + "; COMMIT" is their COMMIT (lease_fence_commit, its $1 inlined).
 	fenceStrict string
@@ -818,6 +854,9 @@ func newLeaseStatements(schema string) leaseStatements {
 		leader:  store.LeaseLeader.In(schema).SQL,
 		fence:   store.LeaseFence.In(schema).SQL,
 		detach:  store.LeaseDetach.In(schema).SQL,
+
+		renewMany:    store.LeaseRenewMany.In(schema).SQL,
+		shardMembers: store.ShardMembers.In(schema).SQL,
 
 		fenceStrict: store.LeaseFenceStrict.In(schema).SQL,
 		fenceCommit: splitParam(store.LeaseFenceCommit.In(schema).SQL),

@@ -67,6 +67,7 @@ type AgentSnapshot struct {
 	Timing    Timing
 	AliveLock AliveLockStats // zero in ModeHeartbeatTableOnly: no lock
 	Heartbeat HeartbeatStats
-	Leases    []LeaseStats // sorted by Name
-	Reaped    uint64       // instances removed by this agent's reaper
+	Leases    []LeaseStats    // sorted by Name
+	Reaped    uint64          // instances removed by this agent's reaper
+	Shards    []ShardSetStats // the shard sets it takes part in (Agent.Shards), sorted by Set
 }

@@ -1,4 +1,4 @@
--- The schema as it stands after the last migration, 0012_strangers: every table, sequence,
+-- The schema as it stands after the last migration, 0013_shard_sets: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (store/migrations/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
@@ -81,6 +81,7 @@ CREATE TABLE liveness.leases (
     CONSTRAINT leases_pkey PRIMARY KEY (name)
 );
 CREATE INDEX leases_expires_at_idx ON liveness.leases USING btree (expires_at);
+CREATE INDEX leases_name_bytes_idx ON liveness.leases USING btree (name COLLATE "C");
 
 CREATE TABLE liveness.schema_migrations (
     version integer NOT NULL,

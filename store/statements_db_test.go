@@ -166,6 +166,13 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	if err := pool.QueryRow(ctx, store.AliveLockRelease.In(liveness.DefaultSchema).SQL, uuid.New().String()).Scan(&released); err != nil || released {
 		t.Fatalf("alive_lock_release of a lock the session does not hold: %v, %v; want false", released, err)
 	}
+	// A shard set's: renewing many leases at once (none here), and reading its members.
+	if _, err := pool.Exec(ctx, store.LeaseRenewMany.In(liveness.DefaultSchema).SQL, []string{"set/0"}, []string{"h"}, []int64{1}, 15.0); err != nil {
+		t.Fatalf("lease_renew_many: %v", err)
+	}
+	if _, err := pool.Exec(ctx, store.ShardMembers.In(liveness.DefaultSchema).SQL, "set/member/", "set/member0"); err != nil {
+		t.Fatalf("shard_members: %v", err)
+	}
 
 	// The Reader, the status page and the collectors, on our schema.
 	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})

@@ -96,3 +96,27 @@ SELECT f.held FROM {schema}.fence($1, $2, $3, true) f
 -- local: it ends with the transaction. $1, inlined as a literal of digits, a colon and a
 -- minus sign only: '<epoch>:<the deadline in Unix microseconds>'.
 SELECT pg_catalog.set_config('pg_liveness.commit_deadline', $1, true)
+
+-- name: lease_renew_many
+-- Renews many leases of one holder instance at once (a shard set's member lease and
+-- every shard it owns), each only while that very acquisition (name, holder and epoch)
+-- still holds it and it has not expired, as lease_renew does one: the cost of owning
+-- many shards is one statement per renewal, not one per shard. $1 names, $2 holders,
+-- $3 epochs (arrays of one length), $4 ttl in seconds. Returns the leases renewed and
+-- their new expiry; a lease missing from the answer is lost.
+UPDATE {schema}.leases AS l
+   SET expires_at = now() + make_interval(secs => $4::float8)
+  FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::bigint[])) AS t(name, holder, epoch)
+ WHERE l.name = t.name AND l.holder = t.holder AND l.epoch = t.epoch AND l.expires_at >= now()
+RETURNING l.name, l.expires_at
+
+-- name: shard_members
+-- A shard set's live members (Agent.Shards): the instances holding an unexpired member
+-- lease of the set, "<set>/member/<id>", whose holder is alive by the one verdict. $1 and
+-- $2 the range of those names in byte order ("<set>/member/" and the same with its last
+-- byte raised), which migration 0013's index answers. O(members).
+SELECT l.holder_instance_id
+  FROM {schema}.leases l
+ WHERE l.name COLLATE "C" >= $1::text AND l.name COLLATE "C" < $2::text
+   AND l.expires_at >= now() AND l.holder_instance_id IS NOT NULL
+   AND {schema}.is_instance_alive(l.holder_instance_id)

@@ -1,0 +1,233 @@
+package liveness_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+)
+
+// ownership records who owns each shard, from the callbacks themselves: a callback that
+// starts while another's for the same shard still runs is two owners at once.
+type ownership struct {
+	mu       sync.Mutex
+	owner    map[string]uuid.UUID
+	overlaps []string
+	starts   int
+}
+
+func (o *ownership) start(shard string, by uuid.UUID) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if cur, ok := o.owner[shard]; ok {
+		o.overlaps = append(o.overlaps, fmt.Sprintf("shard %s started by %s while %s owned it", shard, by, cur))
+	}
+	o.owner[shard] = by
+	o.starts++
+}
+
+func (o *ownership) stop(shard string, by uuid.UUID) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.owner[shard] == by {
+		delete(o.owner, shard)
+	}
+}
+
+// byOwner counts the shards each instance owns, and how many are owned.
+func (o *ownership) byOwner() (map[uuid.UUID]int, int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[uuid.UUID]int{}
+	for _, id := range o.owner {
+		out[id]++
+	}
+	return out, len(o.owner)
+}
+
+type shardMember struct {
+	agent *liveness.Agent
+	stop  context.CancelFunc
+	done  chan error
+}
+
+// startShardMember runs an agent and its Shards for set until stop.
+func startShardMember(t *testing.T, db *pgtest.DB, pool *pgxpool.Pool, set string, count int, own *ownership) *shardMember {
+	t.Helper()
+	a := newAgent(t, liveness.AgentConfig{Pool: pool, DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: "sharded"})
+	runAgent(t, a)
+	id := a.Snapshot().InstanceID
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &shardMember{agent: a, stop: cancel, done: make(chan error, 1)}
+	go func() {
+		m.done <- a.Shards(ctx, liveness.ShardsConfig{Set: set, Count: count,
+			OnStartedOwning: func(ctx context.Context, s liveness.Shard) {
+				own.start(s.Name, id)
+				defer own.stop(s.Name, id)
+				if _, err := s.Exec(ctx, pool, `SELECT 1`); err != nil && ctx.Err() == nil {
+					t.Errorf("a fenced statement of shard %s's owner: %v", s.Name, err)
+				}
+				<-ctx.Done()
+			}})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-m.done; err != nil {
+			t.Errorf("Shards: %v", err)
+		}
+	})
+	return m
+}
+
+// Every shard is owned by one live member at a time: three members share twelve shards,
+// a fourth joins and takes about a quarter, one stops and its shards go to the others;
+// a callback never starts while another's for the same shard still runs (the old owner's
+// callback returns before its lease is released). Each member renews all its leases in
+// one statement, whatever the number of shards it owns.
+func TestShardsOneOwnerAtATime(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 16)
+	ctx := testutil.Context(t, 2*time.Minute)
+	_ = ctx
+	own := &ownership{owner: map[string]uuid.UUID{}}
+	const shards = 12
+	var members []*shardMember
+	for range 3 {
+		members = append(members, startShardMember(t, db, pool, "orders", shards, own))
+	}
+	spread := func(n int, what string) map[uuid.UUID]int {
+		var by map[uuid.UUID]int
+		testutil.Eventually(t, 30*time.Second, what, func() bool {
+			var owned int
+			by, owned = own.byOwner()
+			return owned == shards && len(by) == n
+		})
+		return by
+	}
+	before := spread(3, "twelve shards owned, by all three members")
+	for _, m := range members {
+		st := m.agent.Snapshot().Shards
+		if len(st) != 1 || st[0].Set != "orders" || st[0].Members != 3 || st[0].Owned != before[m.agent.Snapshot().InstanceID] {
+			t.Errorf("snapshot of a member: %+v; want 3 members and its owned count %d", st, before[m.agent.Snapshot().InstanceID])
+		}
+	}
+
+	joined := startShardMember(t, db, pool, "orders", shards, own)
+	after := spread(4, "the shards spread over four members")
+	moved := 0
+	for id, n := range before {
+		if after[id] < n {
+			moved += n - after[id]
+		}
+	}
+	if got := after[joined.agent.Snapshot().InstanceID]; got != moved || moved == 0 || moved > shards/2 {
+		t.Errorf("the joiner owns %d shards, %d moved from the others; want the same few (about a quarter of %d)", got, moved, shards)
+	}
+
+	members[0].stop()
+	if err := <-members[0].done; err != nil {
+		t.Fatal(err)
+	}
+	members[0].done <- nil // for the cleanup
+	spread(3, "the stopped member's shards owned by the three others")
+
+	own.mu.Lock()
+	defer own.mu.Unlock()
+	if len(own.overlaps) > 0 {
+		t.Fatalf("two owners at once: %v", own.overlaps)
+	}
+	t.Logf("%d ownerships started", own.starts)
+}
+
+// A member renews all its leases in one statement, however many shards it owns: 64 shards
+// cost one lease_renew_many every TTL/4, and no renewal of its own per shard.
+func TestShardsRenewAllLeasesInOneStatement(t *testing.T) {
+	db, _ := testdb.MigratedPool(t, 2)
+	counter := &statementCounter{n: map[string]int{}}
+	pcfg, err := pgxpool.ParseConfig(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 4
+	pcfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	own := &ownership{owner: map[string]uuid.UUID{}}
+	m := startShardMember(t, db, pool, "many", 64, own)
+	testutil.Eventually(t, 30*time.Second, "the member owning all 64 shards", func() bool {
+		_, owned := own.byOwner()
+		return owned == 64
+	})
+	renewals, perShard := counter.count("lease_renew_many"), 0
+	time.Sleep(liveness.DefaultElectorTTL / 2) // two renewal periods
+	renewals = counter.count("lease_renew_many") - renewals
+	for i := range 64 {
+		perShard += counter.count(fmt.Sprintf("lease_renew:many/%d", i))
+	}
+	t.Logf("in %s: %d lease_renew_many, %d single renewals of shards", liveness.DefaultElectorTTL/2, renewals, perShard)
+	if renewals < 1 || renewals > 3 || perShard != 0 {
+		t.Errorf("in %s a member of 64 shards sent %d lease_renew_many and %d single renewals; want 2 (one a TTL/4) and none",
+			liveness.DefaultElectorTTL/2, renewals, perShard)
+	}
+	if st := m.agent.Snapshot(); len(st.Shards) != 1 || st.Shards[0].Owned != 64 {
+		t.Errorf("snapshot: %+v", st.Shards)
+	}
+	for _, l := range m.agent.Snapshot().Leases {
+		if len(l.Name) > 5 && l.Name[:5] == "many/" && l.Name != "many/*" {
+			t.Errorf("a lease of the set counted under its own name in the snapshot: %s (want many/*)", l.Name)
+		}
+	}
+}
+
+// WatchMaxHeartbeatAge leaves out an instance that hangs: its lock is held (the verdict
+// calls it alive, lock_only) but its heartbeat stopped. Without the option it is in the
+// set.
+func TestWatchAliveDropsInstancesThatStoppedBeating(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 4)
+	ctx := testutil.Context(t, time.Minute)
+	a := newAgent(t, defaultAgentConfig(db, pool, "watching"))
+	runAgent(t, a)
+	hung := startCrashable(t, ctx, db, "hung")
+	db.Exec(t, `UPDATE liveness.instances SET last_heartbeat_at = now() - interval '2 minutes' WHERE instance_id = $1`, hung.id)
+	seen := func(opts ...liveness.WatchOption) []uuid.UUID {
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		got := make(chan []uuid.UUID, 1)
+		go func() {
+			_ = a.WatchAlive(wctx, "hung", func(alive []liveness.InstanceStatus) {
+				var ids []uuid.UUID
+				for _, s := range alive {
+					ids = append(ids, s.InstanceID)
+				}
+				select {
+				case got <- ids:
+				default:
+				}
+			}, opts...)
+		}()
+		select {
+		case ids := <-got:
+			return ids
+		case <-time.After(10 * time.Second):
+			t.Fatal("WatchAlive did not call back within 10 s")
+			return nil
+		}
+	}
+	if ids := seen(); len(ids) != 1 || ids[0] != hung.id {
+		t.Fatalf("the alive set without the option: %v; want the hung instance (alive by its lock)", ids)
+	}
+	if ids := seen(liveness.WatchMaxHeartbeatAge(90 * time.Second)); len(ids) != 0 {
+		t.Fatalf("the alive set with WatchMaxHeartbeatAge(90s): %v; want none (its heartbeat is 2 min old)", ids)
+	}
+}
