@@ -33,6 +33,7 @@ type agentCollector struct {
 	info, lockHeld, interval, configured, beats, failures, lastBeat, reconnects *exposition.Family
 	leaseHeld, leaseEpoch, leasesLost, reaped, joined, duplicate, stranger      *exposition.Family
 	fencedRefused                                                               *exposition.Family
+	shardsOwned, shardMembers, shardMoves                                       *exposition.Family
 }
 
 // newAgentCollector builds the agent collector, or none without an agent.
@@ -74,6 +75,10 @@ func newAgentCollector(d deps) (Collector, error) {
 		reaped:     count("instances_reaped_total", "Stale instances removed by the agent's reaper."),
 		fencedRefused: count("lease_fenced_writes_refused_total", "Writes fenced under the lease that were refused: the lease "+
 			"was not held, or the fence or its COMMIT reached the server past the fence deadline.", "lease"),
+		shardsOwned:  desc("shards_owned", "Shards of the set this agent owns now (Agent.Shards).", "set"),
+		shardMembers: desc("shard_set_members", "Live members of the shard set, as this agent last read them.", "set"),
+		shardMoves: count("shard_moves_total", "Shards of the set this agent came to own (acquired), gave up (released: moved to "+
+			"another member, returned, or the set's part ended) or lost (its lease).", "set", "move"),
 	}, nil
 }
 
@@ -96,6 +101,13 @@ func (c *agentCollector) Update(_ context.Context, out *exposition.Builder) erro
 		gauge(c.lastBeat, float64(s.Heartbeat.LastBeat.UnixNano())/float64(time.Second))
 	}
 	counter(c.reconnects, s.AliveLock.Reconnects)
+	for _, st := range s.Shards {
+		gauge(c.shardsOwned, float64(st.Owned), st.Set)
+		gauge(c.shardMembers, float64(st.Members), st.Set)
+		counter(c.shardMoves, st.Acquired, st.Set, "acquired")
+		counter(c.shardMoves, st.Released, st.Set, "released")
+		counter(c.shardMoves, st.Lost, st.Set, "lost")
+	}
 	for _, l := range s.Leases {
 		gauge(c.leaseHeld, boolFloat(l.Held), l.Name)
 		if l.Held {

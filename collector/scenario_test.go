@@ -162,6 +162,7 @@ var testAgent = fixedAgent{
 			FencedRefused: 1},
 	},
 	Reaped: 7,
+	Shards: []liveness.ShardSetStats{{Set: "orders", Members: 4, Shards: 64, Owned: 16, Acquired: 20, Released: 3, Lost: 1}},
 }
 
 // scenarioRules are the bounds of the samples that depend on when the scrape runs.

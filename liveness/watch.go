@@ -2,6 +2,7 @@ package liveness
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"time"
@@ -36,9 +37,22 @@ const watchReadTimeout = 5 * time.Second
 //
 // It is the Agent's, not the Reader's, because the wake-ups come from the agent's own
 // listening session (the alive lock's connection); a Reader holds no connection.
-func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []InstanceStatus)) error {
+//
+// Options: WatchMaxHeartbeatAge drops the instances whose last heartbeat is older than a
+// bound, alive by the verdict or not (a hung process keeps its lock, and the verdict calls
+// it alive until the definitive-dead cutoff), so that membership-based logic moves work
+// away from it too. Agent.Shards needs none of this: its leases move a hung owner's
+// shards once they expire.
+func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []InstanceStatus), opts ...WatchOption) error {
 	if fn == nil {
 		return &ConfigError{Field: "WatchAlive fn", Reason: "must not be nil"}
+	}
+	var o watchOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.maxAge < 0 {
+		return &ConfigError{Field: "WatchMaxHeartbeatAge", Reason: fmt.Sprintf("(%s) must not be negative", o.maxAge)}
 	}
 	src, err := store.NewSource(store.SourceConfig{Schema: a.cfg.Schema})
 	if err != nil {
@@ -77,7 +91,9 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 				"service", service, "err", logging.RedactError(err))
 		default:
 			failing.Clear(a.cfg.Logger, "watch: reading the instances again", "service", service)
-			alive := slices.DeleteFunc(all, func(s InstanceStatus) bool { return !s.Alive() })
+			alive := slices.DeleteFunc(all, func(s InstanceStatus) bool {
+				return !s.Alive() || (o.maxAge > 0 && s.HeartbeatAge > o.maxAge)
+			})
 			ids := make([]uuid.UUID, len(alive))
 			for i, s := range alive {
 				ids[i] = s.InstanceID
@@ -101,4 +117,21 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 		case <-poll.C:
 		}
 	}
+}
+
+// WatchOption is an option of Agent.WatchAlive.
+type WatchOption func(*watchOptions)
+
+type watchOptions struct {
+	maxAge time.Duration
+}
+
+// WatchMaxHeartbeatAge leaves out of the alive set the instances whose last heartbeat is
+// older than d: a process that hangs (SIGSTOP, a long pause, a frozen VM) keeps its alive
+// lock and stays alive by the verdict, but stops beating. Choose d above the service's
+// slow heartbeat interval (Timing.HeartbeatSlowInterval, 60 s by default, at which a
+// healthy lock holder beats) with a margin: a hung instance then leaves the set about d
+// after its last beat. Zero keeps every instance the verdict calls alive.
+func WatchMaxHeartbeatAge(d time.Duration) WatchOption {
+	return func(o *watchOptions) { o.maxAge = d }
 }
