@@ -231,11 +231,10 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 	taken, unsubscribeTaken := e.leases.events.subscribe(func(ev event) bool { return ev.Kind == eventTaken && ev.ID == lease })
 	defer unsubscribeTaken()
 	try, quiet := true, false
-	// Wake-ups are hints anyone with the channel's name can send: at most one try per
-	// wakeHoldoff comes of them, whatever their rate; those that come sooner are folded
-	// into one try at the end of it.
-	holdoff := min(e.cfg.RetryPeriod, wakeHoldoff)
-	var lastWake time.Time
+	// Wake-ups are hints anyone with the channel's name can send: a flood of them costs
+	// one try per wakeHoldoff (after a burst of wakeBurst), whatever their rate; those
+	// that come sooner are folded into one try when the limiter allows it.
+	var limit wakeLimiter
 	var held <-chan time.Time // the folded wake-up's turn
 	for ctx.Err() == nil {
 		// A try refused because this instance cannot prove life yet (an agent that has
@@ -281,35 +280,33 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 		case <-ctx.Done():
 		case <-time.After(wait):
 		case <-freed:
-			if next := lastWake.Add(holdoff); time.Now().Before(next) {
-				if held == nil {
-					held = time.After(time.Until(next))
-				}
-				try = false
+			if held != nil {
+				try = false // folded into the try already due
 				continue
 			}
-			lastWake = time.Now()
+			if d := limit.delay(time.Now()); d > 0 {
+				held, try = time.After(d), false
+				continue
+			}
 			try = e.awaitTurn(ctx, taken)
 		case <-held:
-			held, lastWake = nil, time.Now()
+			held = nil
 			try = e.awaitTurn(ctx, taken)
 		case <-taken:
 			// Someone else took it: nothing to try, but who leads changed.
 			try = false
-			if next := lastWake.Add(holdoff); time.Now().Before(next) {
-				continue // a wake-up of its own will look
+			if held == nil && limit.delay(time.Now()) == 0 {
+				e.observe(ctx)
 			}
-			lastWake = time.Now()
-			e.observe(ctx)
 		case <-lifeChanged:
 		}
 	}
 	return nil
 }
 
-// wakeHoldoff is the least time between two tries (or looks at who leads) that
-// notifications cause: a flood of free:<name> or taken:<name> payloads costs each
-// follower at most one statement per wakeHoldoff, not one per payload.
+// wakeHoldoff is the time in which a follower's wake-up limiter (wakeLimiter) regains
+// one try (or look at who leads): a flood of free:<name> or taken:<name> payloads costs
+// each follower one statement per wakeHoldoff after a short burst, not one per payload.
 const wakeHoldoff = time.Second
 
 // steadyAfter is how long an Agent's alive lock must have been held before its followers

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // The schema's events, as the triggers and the watcher notify them, payload
@@ -152,4 +153,34 @@ func (h *events) publish(e event) {
 			}
 		}
 	}
+}
+
+// wakeLimiter bounds the work notifications cause, whatever their rate: a token bucket
+// of wakeBurst tokens that refills at one per wakeHoldoff. A burst of legitimate changes
+// (a member dies, its leases are freed, a new one joins) is acted on at once; a flood
+// costs one action per wakeHoldoff. Owned by one goroutine.
+type wakeLimiter struct {
+	tokens float64
+	last   time.Time
+}
+
+// wakeBurst is how many wake-ups are acted on at once before the limiter holds off.
+const wakeBurst = 4
+
+// delay takes a token and returns how long to wait before acting: zero while the
+// bucket has one, else until it refills.
+func (l *wakeLimiter) delay(now time.Time) time.Duration {
+	if l.last.IsZero() {
+		l.tokens, l.last = wakeBurst, now
+	}
+	l.tokens = min(wakeBurst, l.tokens+float64(now.Sub(l.last))/float64(wakeHoldoff))
+	l.last = now
+	if l.tokens >= 1 {
+		l.tokens--
+		return 0
+	}
+	wait := time.Duration((1 - l.tokens) * float64(wakeHoldoff))
+	l.tokens = 0
+	l.last = now.Add(wait)
+	return wait
 }

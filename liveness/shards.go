@@ -219,7 +219,7 @@ func (s *shardSet) run(ctx context.Context) error {
 	}()
 	poll := time.NewTimer(0)
 	defer poll.Stop()
-	var lastRead time.Time
+	var limit wakeLimiter
 	for ctx.Err() == nil {
 		s.reap()
 		if s.member == nil || s.member.ctx.Err() != nil {
@@ -227,7 +227,6 @@ func (s *shardSet) run(ctx context.Context) error {
 			s.join(ctx)
 		}
 		if s.member != nil && s.member.ctx.Err() == nil {
-			lastRead = time.Now()
 			if members, ok := s.readMembers(ctx); ok {
 				s.rebalance(ctx, members)
 			}
@@ -244,10 +243,10 @@ func (s *shardSet) run(ctx context.Context) error {
 		case name := <-s.ended:
 			s.reapOne(name)
 		case <-wake:
-			// Notifications are hints: at most one read per wakeHoldoff comes of them.
+			// Notifications are hints: a flood of them costs one read per wakeHoldoff.
 			select {
 			case <-ctx.Done():
-			case <-time.After(time.Until(lastRead.Add(wakeHoldoff))):
+			case <-time.After(limit.delay(time.Now())):
 			}
 		}
 	}

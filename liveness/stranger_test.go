@@ -167,8 +167,8 @@ func TestAgentCarriesOnWhileAStrangerHoldsItsKey(t *testing.T) {
 
 // Notifications are hints that cost a bounded amount of work whatever their rate: a
 // flood of free:<lease> on the events channel (here from a role that may read its name:
-// a stranger cannot, below) makes a follower try the lease at most once a second, not
-// once per payload (before: hundreds of tries a second). A stranger, who knows only the
+// a stranger cannot, below) makes a follower try the lease a few times at once and then
+// once a second, not once per payload (before: hundreds of tries a second). A stranger, who knows only the
 // channel names of older releases and may not read the private ones, wakes nobody.
 func TestNotificationFloodCostsAFollowerAtMostATryASecond(t *testing.T) {
 	db, _ := testdb.MigratedPool(t, 2)
@@ -253,9 +253,10 @@ func TestNotificationFloodCostsAFollowerAtMostATryASecond(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	tries := counter.count("lease_acquire:flooded") - before
 	t.Logf("%d free:flooded in %s: %d tries", sent, time.Since(began).Round(time.Millisecond), tries)
-	if limit := int(time.Since(began)/time.Second) + 2; tries > limit {
-		t.Errorf("%d free:flooded made the follower try %d times in %s; want at most %d (one a second)", sent, tries,
-			time.Since(began).Round(time.Millisecond), limit)
+	// A burst of four, then one a second.
+	if limit := int(time.Since(began)/time.Second) + 5; tries > limit {
+		t.Errorf("%d free:flooded made the follower try %d times in %s; want at most %d (a burst of four, then one a second)",
+			sent, tries, time.Since(began).Round(time.Millisecond), limit)
 	}
 	if tries == 0 {
 		t.Errorf("the follower never tried: the flood did not reach it, so the test shows nothing")

@@ -75,8 +75,8 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 	var last []uuid.UUID
 	first := true
 	var failing logging.Repeats
+	var limit wakeLimiter
 	for {
-		lastRead := time.Now()
 		rctx, cancelRead := context.WithTimeout(ctx, watchReadTimeout)
 		all, err := r.Instances(rctx, service)
 		cancelRead()
@@ -107,12 +107,12 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 		case <-ctx.Done():
 			return nil
 		case <-wake:
-			// Wake-ups are hints: a flood of them costs at most one read per
-			// wakeHoldoff; those that come meanwhile are folded into the next read.
+			// Wake-ups are hints: a flood of them costs one read per wakeHoldoff;
+			// those that come meanwhile are folded into the next read.
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(time.Until(lastRead.Add(wakeHoldoff))):
+			case <-time.After(limit.delay(time.Now())):
 			}
 		case <-poll.C:
 		}
