@@ -79,6 +79,8 @@ type config struct {
 	busyFor    time.Duration
 	ignoreLoss bool
 	listen     string
+	shardSet   string // --shards.set: take part in it; empty: none
+	shardCount int
 }
 
 func main() {
@@ -100,6 +102,9 @@ func main() {
 	flag.DurationVar(&c.writeEvery, "lease.write-every", 50*time.Millisecond, "fenced write cadence while holding the lease")
 	flag.IntVar(&c.txEvery, "lease.tx-every", 0, "every n-th fenced write is a transaction of two inserts (Leadership.BeginFunc); 0: none")
 	flag.StringVar(&c.fenceTable, "fence-table", "public.fence_log", "fencing log table (lease, epoch, writer)")
+	flag.StringVar(&c.shardSet, "shards.set", "", "take part in this shard set (Agent.Shards); empty: none. Each owned shard writes "+
+		"to the fencing log every --lease.write-every, fenced by its lease (lease <set>/<shard>)")
+	flag.IntVar(&c.shardCount, "shards.count", 64, "the shard set's shards")
 	flag.DurationVar(&c.busyFor, "busy-for", 10*time.Second, "how long SIGUSR1 keeps the pool busy")
 	flag.BoolVar(&c.ignoreLoss, "lease.ignore-loss", false, "a stale leader: go on believing in a lost lease (fault injection)")
 	flag.StringVar(&c.listen, "web.listen-address", "", "serve the agent metrics on /metrics at this address; needs --instances=1 and --agent")
@@ -246,6 +251,9 @@ func (in *instance) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { in.parts.run(ctx) })
 	wg.Go(func() { in.watchLock(ctx) })
+	if in.c.shardSet != "" && in.parts.agent != nil {
+		wg.Go(func() { in.ownShards(ctx) })
+	}
 	if in.c.lease != "" {
 		wg.Go(func() { in.compete(ctx) })
 	}
