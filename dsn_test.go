@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -47,6 +48,9 @@ func TestDSNFileRefusedAtStart(t *testing.T) {
 		{"directory", dir, "is a directory, not a regular file"},
 		{"utf-16", write("utf16", "\xff\xfeh\x00o\x00s\x00t\x00=\x00"), "UTF-16"},
 		{"comments only", write("comments", "# host=a password="+pw+"\n"), "holds no DSN"},
+		// A password file others may read is refused, as libpq refuses such a key file.
+		{"world-readable", withMode(t, write("world", "host=a password="+pw+"\n"), 0o644, 0), "is open to every user (mode 0644)"},
+		{"group-readable, not root's", withMode(t, write("group", "host=a password="+pw+"\n"), 0o640, 65534), "is readable by its group (mode 0640) and not owned by root"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			start := time.Now()
@@ -276,4 +280,17 @@ func dsnOutputs(t *testing.T, s, pw string) string {
 		cancel()
 	}
 	return volatile.ReplaceAllString(fmt.Sprint(strings.Join(out, "\n")), "")
+}
+
+// withMode gives the file at path the mode and the owner uid (the tests run as root) and
+// returns path.
+func withMode(t *testing.T, path string, mode os.FileMode, uid int) string {
+	t.Helper()
+	if err := os.Chmod(path, mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(path, uid, -1); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

@@ -144,10 +144,11 @@ const MaxFileSize = 64 << 10
 // ReadFile returns the one DSN in the file at path: a regular file of at most
 // MaxFileSize bytes, UTF-8 with or without a byte-order mark, holding one line besides
 // blank lines and # comments. A DSN split over two lines is refused rather than read as
-// one (pgx would let the second line's keywords override the first's). Errors name the
-// path and never quote the contents.
+// one (pgx would let the second line's keywords override the first's), and so is a file
+// other users may read (regularfile.ReadSecret). Errors name the path and never quote
+// the contents.
 func ReadFile(path string) (string, error) {
-	b, err := regularfile.Read(path, MaxFileSize)
+	b, err := regularfile.ReadSecret(path, MaxFileSize)
 	if err != nil {
 		return "", err
 	}

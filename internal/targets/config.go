@@ -484,7 +484,7 @@ func quote(v string) string {
 // readPassword reads a password file: its first line, without the line end. A file
 // whose further lines are not blank is refused, since one of them may be the password.
 func readPassword(path string) (string, error) {
-	b, err := regularfile.Read(path, 64<<10)
+	b, err := regularfile.ReadSecret(path, 64<<10)
 	if err != nil {
 		return "", err
 	}
