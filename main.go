@@ -57,7 +57,12 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Getenv("DATA_SOURCE_NAME"), os.Stderr))
+	// postgres_exporter's DATA_SOURCE_* variables; the flags' own variables kingpin reads.
+	envDSN, err := dsn.FromEnvironment(os.Getenv)
+	if err != nil {
+		os.Exit(configError(os.Stderr, err))
+	}
+	os.Exit(run(ctx, os.Args[1:], envDSN, os.Stderr))
 }
 
 // newLogger builds the binary's one logger, from --log.level and --log.format. Every line
