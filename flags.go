@@ -40,7 +40,9 @@ import (
 type config struct {
 	web           *web.FlagConfig
 	telemetryPath string
-	log           promslog.Config
+	// enableLifecycle serves POST /-/reload (--web.enable-lifecycle).
+	enableLifecycle bool
+	log             promslog.Config
 
 	dsn, dsnFile    string
 	directDSNFile   string // the alive lock's, read into agent.DirectDSN
@@ -77,6 +79,7 @@ func newApp(stderr io.Writer) (*kingpin.Application, *config) {
 
 	c.web = kingpinflag.AddFlags(app, ":9816")
 	app.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").StringVar(&c.telemetryPath)
+	app.Flag("web.enable-lifecycle", "Enable POST /-/reload, which reloads the configuration files as SIGHUP does.").Default("false").BoolVar(&c.enableLifecycle)
 	flag.AddFlags(app, &c.log)
 	addDatabaseFlags(app, c)
 	addAgentFlags(app, c)
