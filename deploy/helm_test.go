@@ -513,6 +513,7 @@ dashboards: {enabled: false}
 		name: "multi-target, every option",
 		values: `
 fullnameOverride: db1-liveness
+image: {digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}
 multiTarget:
   enabled: true
   existingSecret: db1-targets
@@ -526,6 +527,7 @@ multiTarget:
 			p := r.probes[0]
 			c := containerNamed(t, r.deployments[0].Spec.Template.Spec, "pg-liveness-exporter")
 			wantEqual(t, "args", c.Args, []string{"--no-agent", "--config.file=/etc/pg-liveness-exporter/exporter.yml", "--web.listen-address=:9816"})
+			wantEqual(t, "image pinned by digest", c.Image, "ghcr.io/pg-liveness/pg_liveness_exporter@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
 			if v := r.deployments[0].Spec.Template.Spec.Volumes; len(v) != 1 || v[0].Secret == nil || v[0].Secret.SecretName != "db1-targets" {
 				t.Errorf("volumes %+v, want the Secret db1-targets", v)
 			}

@@ -99,7 +99,11 @@ Pieces of both containers; they take the chart's values.
 */}}
 
 {{- define "pg-liveness-exporter.image" -}}
+{{- if .image.digest }}
+image: {{ printf "%s@%s" .image.repository .image.digest | quote }}
+{{- else }}
 image: {{ printf "%s:%s" .image.repository .image.tag | quote }}
+{{- end }}
 imagePullPolicy: {{ .image.pullPolicy }}
 {{- end }}
 
