@@ -3,7 +3,9 @@ package alerts
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +18,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/textparse"
 
 	"github.com/pg-liveness/pg_liveness_exporter/dashboards"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
@@ -177,6 +182,38 @@ func TestEndToEnd(t *testing.T) {
 		}
 	})
 
+	// The exporter answers OpenMetrics to whoever prefers it, Prometheus included (it
+	// scraped every target above in it): each answer parses with Prometheus' own
+	// OpenMetrics parser to its # EOF, and the agent's counters carry their _created.
+	t.Run("OpenMetrics answers parse", func(t *testing.T) {
+		for _, url := range []string{"http://" + observerAddr + "/metrics", "http://" + proberAddr + "/probe?target=e2e"} {
+			body := getOpenMetrics(t, url)
+			p := textparse.NewOpenMetricsParser(body, labels.NewSymbolTable())
+			samples, created := 0, false
+			for {
+				e, err := p.Next()
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					t.Fatalf("%s: Prometheus' OpenMetrics parser: %v", url, err)
+				}
+				if e == textparse.EntrySeries {
+					samples++
+					if name, _, _ := p.Series(); strings.HasPrefix(string(name), "pg_liveness_agent_heartbeats_total") && p.StartTimestamp() != 0 {
+						created = true
+					}
+				}
+			}
+			if samples == 0 {
+				t.Errorf("%s: no samples", url)
+			}
+			if strings.HasSuffix(url, "/metrics") && !created {
+				t.Errorf("%s: pg_liveness_agent_heartbeats_total has no _created", url)
+			}
+		}
+	})
+
 	// A dashboard filtered to the probe job (a multi-target install's databases) shows
 	// every panel: the agents' panels too, which the agents' own job serves.
 	t.Run("every dashboard query returns data for the probe job", func(t *testing.T) {
@@ -230,6 +267,27 @@ func TestEndToEnd(t *testing.T) {
 			return b.String()
 		})
 	})
+}
+
+// getOpenMetrics GETs url with the Accept header Prometheus sends and returns the
+// OpenMetrics answer.
+func getOpenMetrics(t *testing.T, url string) []byte {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
+	resp, err := apiClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/openmetrics-text; version=1.0.0") {
+		t.Fatalf("GET %s: %s, Content-Type %q, %v", url, resp.Status, resp.Header.Get("Content-Type"), err)
+	}
+	return b
 }
 
 // probeJobs are the scrape jobs of a multi-target install beside e2eJob: the prober's
