@@ -299,7 +299,7 @@ func negotiateOpenMetrics(h http.Header) string {
 	if !strings.Contains(h.Get("Accept"), expfmt.OpenMetricsType) {
 		return ""
 	}
-	f := expfmt.NegotiateIncludingOpenMetrics(h)
+	f := expfmt.NegotiateAccept(h, expfmt.FmtOpenMetrics_1_0_0, expfmt.FmtOpenMetrics_0_0_1, expfmt.NewFormat(expfmt.TypeTextPlain))
 	if f.FormatType() != expfmt.TypeOpenMetrics {
 		return ""
 	}

@@ -20,7 +20,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
@@ -74,11 +73,12 @@ func BuildBinary(ctx context.Context, root, out string, v Version) error {
 	return nil
 }
 
+// goCommand is the go command on PATH, else Debian's and the tarball's usual place.
 func goCommand() string {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
+	return "/usr/local/go/bin/go"
 }
 
 // Spec is what an image is built from.
