@@ -16,12 +16,26 @@ LDFLAGS := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REV
 	-X $(VERSION_PKG).Branch=$(BRANCH) -X $(VERSION_PKG).BuildUser=$(BUILD_USER) \
 	-X $(VERSION_PKG).BuildDate=$(BUILD_DATE)
 
-.PHONY: all build test test-majors lint run bench bench-compare bench-fleet clean deps faults faults-majors dashboard-plots soak
+.PHONY: all build image test test-majors lint run bench bench-compare bench-fleet clean deps faults faults-majors dashboard-plots soak
 
 all: lint test build
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BINARY) .
+
+# The OCI image, without a container engine (deploy/internal/image): the static binary
+# (CGO_ENABLED=0, -trimpath) as user 65532, written to $(IMAGE_DIR)/oci (an OCI image
+# layout: push it with crane, skopeo or oras, see README: Container image) and
+# $(IMAGE_DIR)/image.tar (docker load). Reproducible: the commit's time, not the clock's,
+# so one commit gives one digest, which it prints.
+IMAGE_REPOSITORY ?= ghcr.io/pg-liveness/pg_liveness_exporter
+IMAGE_TAG        ?= $(VERSION)
+IMAGE_DIR        ?= $(CURDIR)/image
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+image:
+	cd deploy && $(GO) run ./internal/buildimage -root .. -out $(IMAGE_DIR) \
+		-repository $(IMAGE_REPOSITORY) -tag $(IMAGE_TAG) -version $(VERSION) -revision $(REVISION) \
+		-branch $(BRANCH) -source-date-epoch $(SOURCE_DATE_EPOCH)
 
 # Installs the Debian packages the tests need when run as root; otherwise names them.
 deps:
@@ -145,3 +159,4 @@ bench-compare:
 
 clean:
 	rm -f $(BINARY)
+	rm -rf $(IMAGE_DIR)

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -47,6 +48,9 @@ func TestDSNFileRefusedAtStart(t *testing.T) {
 		{"directory", dir, "is a directory, not a regular file"},
 		{"utf-16", write("utf16", "\xff\xfeh\x00o\x00s\x00t\x00=\x00"), "UTF-16"},
 		{"comments only", write("comments", "# host=a password="+pw+"\n"), "holds no DSN"},
+		// A password file others may read is refused, as libpq refuses such a key file.
+		{"world-readable", withMode(t, write("world", "host=a password="+pw+"\n"), 0o644, 0), "is open to every user (mode 0644)"},
+		{"group-readable, not root's", withMode(t, write("group", "host=a password="+pw+"\n"), 0o640, 65534), "is readable by its group (mode 0640) and not owned by root"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			start := time.Now()
@@ -276,4 +280,61 @@ func dsnOutputs(t *testing.T, s, pw string) string {
 		cancel()
 	}
 	return volatile.ReplaceAllString(fmt.Sprint(strings.Join(out, "\n")), "")
+}
+
+// withMode gives the file at path the mode and the owner uid (the tests run as root) and
+// returns path.
+func withMode(t *testing.T, path string, mode os.FileMode, uid int) string {
+	t.Helper()
+	if err := os.Chmod(path, mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(path, uid, -1); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// postgres_exporter's variables work as its users set them: DATA_SOURCE_URI with
+// DATA_SOURCE_USER and DATA_SOURCE_PASS_FILE (a password with characters a URL must
+// encode) reaches the database; and what postgres_exporter would silently choose between
+// or ignore is refused at start with exit 2, naming the variables.
+func TestPostgresExporterVariables(t *testing.T) {
+	srv, db := ownServer(t)
+	const pw = "p@ss:w/rd%1"
+	newRole(t, srv, db, "pe_user", strings.ReplaceAll(pw, "'", "''"), "SUPERUSER")
+	dir := t.TempDir()
+	passFile := writeFile(t, dir, "pass", pw+"\n")
+	uri := fmt.Sprintf("127.0.0.1:%d/%s?sslmode=disable", srv.Port, db.Name)
+	p := startExporter(t, []string{"DATA_SOURCE_URI=" + uri, "DATA_SOURCE_USER=pe_user", "DATA_SOURCE_PASS_FILE=" + passFile}, "--no-agent")
+	p.waitFor(t, `(?m)^pg_liveness_up 1$`, 30*time.Second)
+	if strings.Contains(p.Logs(), pw) {
+		t.Error("the password was logged")
+	}
+
+	userFile := writeFile(t, dir, "user", "pe_user\n")
+	for _, c := range []struct {
+		name string
+		env  []string
+		want string
+	}{
+		{"name and uri", []string{"DATA_SOURCE_NAME=host=a", "DATA_SOURCE_URI=" + uri}, "DATA_SOURCE_NAME and DATA_SOURCE_URI are both set"},
+		{"pass and its file", []string{"DATA_SOURCE_URI=" + uri, "DATA_SOURCE_PASS=" + pw, "DATA_SOURCE_PASS_FILE=" + passFile}, "DATA_SOURCE_PASS and DATA_SOURCE_PASS_FILE are both set"},
+		{"user and its file", []string{"DATA_SOURCE_URI=" + uri, "DATA_SOURCE_USER=u", "DATA_SOURCE_USER_FILE=" + userFile}, "DATA_SOURCE_USER and DATA_SOURCE_USER_FILE are both set"},
+		{"password without uri", []string{"DATA_SOURCE_USER=u", "DATA_SOURCE_PASS=" + pw}, "without DATA_SOURCE_URI"},
+		{"uri with a scheme", []string{"DATA_SOURCE_URI=postgresql://" + uri}, "DATA_SOURCE_URI is host:port/dbname"},
+		{"missing pass file", []string{"DATA_SOURCE_URI=" + uri, "DATA_SOURCE_PASS_FILE=" + dir + "/none"}, "DATA_SOURCE_PASS_FILE: open"},
+		{"world-readable pass file", []string{"DATA_SOURCE_URI=" + uri, "DATA_SOURCE_PASS_FILE=" + withMode(t, writeFile(t, dir, "open", pw), 0o644, 0)}, "DATA_SOURCE_PASS_FILE: " + dir + "/open is open to every user"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			code, out := runToExit(t, c.env, "--web.listen-address=127.0.0.1:0")
+			if code != exitConfig {
+				t.Fatalf("exit %d, want %d:\n%s", code, exitConfig, out)
+			}
+			checkOneLine(t, out, c.want)
+			if strings.Contains(out, pw) {
+				t.Errorf("the password was printed:\n%s", out)
+			}
+		})
+	}
 }

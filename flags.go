@@ -41,7 +41,9 @@ import (
 type config struct {
 	web           *web.FlagConfig
 	telemetryPath string
-	log           promslog.Config
+	// enableLifecycle serves POST /-/reload (--web.enable-lifecycle).
+	enableLifecycle bool
+	log             promslog.Config
 
 	dsn, dsnFile    string
 	directDSNFile   string // the alive lock's, read into agent.DirectDSN
@@ -79,13 +81,39 @@ func newApp(stderr io.Writer) (*kingpin.Application, *config) {
 
 	c.web = kingpinflag.AddFlags(app, ":9816")
 	app.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").StringVar(&c.telemetryPath)
+	app.Flag("web.enable-lifecycle", "Enable POST /-/reload, which reloads the configuration files as SIGHUP does.").Default("false").BoolVar(&c.enableLifecycle)
 	flag.AddFlags(app, &c.log)
 	addDatabaseFlags(app, c)
 	addAgentFlags(app, c)
 	addSourceFlags(app, &c.source)
 	c.collectors = collector.AddFlags(app)
 	addProbeFlags(app, c)
+	addEnvars(app)
 	return app, c
+}
+
+// envarPrefix starts the environment variable of every flag: --db.dsn-file is
+// PG_LIVENESS_EXPORTER_DB_DSN_FILE (the flag's name upper-cased, "." and "-" as "_"). A
+// flag on the command line wins over its variable; a repeatable flag's variable holds one
+// value per line.
+const envarPrefix = "PG_LIVENESS_EXPORTER"
+
+// addEnvars gives every flag its environment variable, but kingpin's own (help, version,
+// completion), which a variable must not trigger.
+func addEnvars(app *kingpin.Application) {
+	for _, f := range app.Model().Flags {
+		clause := app.GetFlag(f.Name)
+		if slices.Contains([]string{"help", "help-long", "help-man", "version", "completion-bash", "completion-script-bash", "completion-script-zsh"}, f.Name) {
+			clause.NoEnvar()
+			continue
+		}
+		clause.Envar(envarName(f.Name))
+	}
+}
+
+// envarName is the environment variable of the flag --name.
+func envarName(name string) string {
+	return envarPrefix + "_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(name))
 }
 
 // addDatabaseFlags declares --db.* and --migrations.apply. --db.schema is the agent's

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -149,5 +150,54 @@ func TestSourceFieldErrorsNameTheirFlag(t *testing.T) {
 			!slices.ContainsFunc(cases, func(c badValue) bool { return c.field == field }) {
 			t.Errorf("no case for %s (%s)", field, fieldFlags[field])
 		}
+	}
+}
+
+// Every flag but kingpin's own can come from its environment variable, named by one
+// rule (README: Configuration reference): PG_LIVENESS_EXPORTER_ and the flag's name
+// upper-cased, "." and "-" as "_".
+func TestEveryFlagHasAnEnvironmentVariable(t *testing.T) {
+	app, _ := newApp(io.Discard)
+	nameRE := regexp.MustCompile(`^PG_LIVENESS_EXPORTER_[A-Z0-9_]+$`)
+	seen := map[string]string{}
+	n := 0
+	for _, f := range app.Model().Flags {
+		if slices.Contains(kingpinFlags, f.Name) {
+			if f.Envar != "" {
+				t.Errorf("--%s has the variable %s: setting it would print help or the version", f.Name, f.Envar)
+			}
+			continue
+		}
+		n++
+		want := "PG_LIVENESS_EXPORTER_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(f.Name))
+		if f.Envar != want || !nameRE.MatchString(f.Envar) {
+			t.Errorf("--%s: environment variable %q, want %q", f.Name, f.Envar, want)
+		}
+		if other, dup := seen[f.Envar]; dup {
+			t.Errorf("--%s and --%s share the variable %s", f.Name, other, f.Envar)
+		}
+		seen[f.Envar] = f.Name
+	}
+	if n < 50 {
+		t.Fatalf("only %d flags checked", n)
+	}
+}
+
+// A variable sets its flag (a duration, a negated bool, a repeatable flag one value a
+// line), and the command line wins over it.
+func TestFlagsFromEnvironment(t *testing.T) {
+	t.Setenv("PG_LIVENESS_EXPORTER_AGENT_HEARTBEAT_INTERVAL", "7s")
+	t.Setenv("PG_LIVENESS_EXPORTER_AGENT", "false")
+	t.Setenv("PG_LIVENESS_EXPORTER_WEB_LISTEN_ADDRESS", "127.0.0.1:1\n127.0.0.1:2")
+	t.Setenv("PG_LIVENESS_EXPORTER_DB_SCHEMA", "from_env")
+	c, err := parseFlags([]string{"--db.schema=from_flag"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.agent.Timing.HeartbeatInterval != 7*time.Second || c.agentOn || !slices.Equal(*c.web.WebListenAddresses, []string{"127.0.0.1:1", "127.0.0.1:2"}) {
+		t.Errorf("from the environment: heartbeat %s, agent %v, listen %v", c.agent.Timing.HeartbeatInterval, c.agentOn, *c.web.WebListenAddresses)
+	}
+	if c.agent.Schema != "from_flag" {
+		t.Errorf("--db.schema=from_flag and PG_LIVENESS_EXPORTER_DB_SCHEMA=from_env give %q; the command line must win", c.agent.Schema)
 	}
 }

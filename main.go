@@ -57,7 +57,12 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Getenv("DATA_SOURCE_NAME"), os.Stderr))
+	// postgres_exporter's DATA_SOURCE_* variables; the flags' own variables kingpin reads.
+	envDSN, err := dsn.FromEnvironment(os.Getenv)
+	if err != nil {
+		os.Exit(configError(os.Stderr, err))
+	}
+	os.Exit(run(ctx, os.Args[1:], envDSN, os.Stderr))
 }
 
 // newLogger builds the binary's one logger, from --log.level and --log.format. Every line
@@ -127,8 +132,11 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 		w.discover.start(bg)    // and a reload starts, or stops, its re-checks
 		defer w.discover.stop() // they end with bg, before the pools close
 	}
+	reloads, loopDone := make(chan chan error), make(chan struct{})
+	w.mux.Handle("/-/reload", reloadHandler(c.enableLifecycle, reloads, loopDone))
 	srv := serve(c.web, webConfig, listeners, w.mux, logger)
-	code := waitForEnd(ctx, c, w, srv, agentFailed, nodeFailed, logger)
+	code := waitForEnd(ctx, c, w, srv, agentFailed, nodeFailed, reloads, logger)
+	close(loopDone)
 	stopBG()
 	wg.Wait() // the agent releases its leases and removes its row before we go on
 	stopNode()
@@ -138,9 +146,10 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 }
 
 // waitForEnd runs until ctx ends (exit 0), the agent gave up or the server failed (exit
-// 1). Meanwhile it reloads: on SIGHUP, which never stops the process, and whenever the
-// web configuration changes on disk.
-func waitForEnd(ctx context.Context, c *config, w *wired, srv *server, agentFailed, nodeFailed <-chan error, logger *slog.Logger) int {
+// 1). Meanwhile it reloads (reload.go): on SIGHUP, which never stops the process, on
+// /-/reload's requests, and whenever a file it reads changes on disk.
+func waitForEnd(ctx context.Context, c *config, w *wired, srv *server, agentFailed, nodeFailed <-chan error,
+	reloads <-chan chan error, logger *slog.Logger) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -150,15 +159,26 @@ func waitForEnd(ctx context.Context, c *config, w *wired, srv *server, agentFail
 		defer poll.Stop()
 		webPoll = poll.C
 	}
+	files := newFileWatch(c, w)
+	var filesPoll <-chan time.Time // nil without files to watch
+	if files.any() {
+		poll := time.NewTicker(filePoll)
+		defer poll.Stop()
+		filesPoll = poll.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			logger.Info("shutting down")
 			return 0
 		case <-hup:
-			reload(c, w, logger)
+			_ = reload(c, w, "SIGHUP", logger)
+		case result := <-reloads:
+			result <- reload(c, w, "/-/reload", logger)
 		case <-webPoll:
-			reloadWebConfig(w.web, w.reloads, false, logger)
+			_ = reloadWebConfig(w.web, w.reloads, false, logger)
+		case <-filesPoll:
+			files.poll(c, w, logger)
 		case <-agentFailed:
 			return exitRuntime
 		case <-nodeFailed: // its socket could not be listened on

@@ -1,15 +1,23 @@
 package main
 
-// What can change while the exporter runs: --db.dsn-file and --config.file (its targets,
-// credentials and discover entries) on SIGHUP, --web.config.file (on SIGHUP, and
-// whenever the file or a certificate it names changes), and the metrics that say whether
-// the last reload of them succeeded. Every
-// reload runs in run's one loop (waitForEnd), never two at once.
+// What can change while the exporter runs: --db.dsn-file (or the DATA_SOURCE_*_FILE
+// files) and --config.file (its targets, credentials and discover entries, and the
+// password and DSN files it names), --web.config.file and the files it names; and the
+// metrics that say whether the last reload of them succeeded. Each is reloaded on SIGHUP,
+// on POST /-/reload (with --web.enable-lifecycle) and when one of its files changes on
+// disk, Kubernetes' swap of a mounted Secret's ..data link included. Every reload runs in
+// run's one loop (waitForEnd), never two at once.
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
+	"net/http"
+	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +25,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/webconfig"
+	"github.com/pg-liveness/pg_liveness_exporter/logging"
 )
 
 // webConfigPoll is how often the web configuration and the files it names are read for
@@ -27,6 +36,7 @@ const webConfigPoll = time.Second
 // Sources of reloads, as the log lines and reloadStatus name them.
 const (
 	sourceDSNFile   = "--db.dsn-file"
+	sourceDSNEnv    = "DATA_SOURCE_*_FILE"
 	sourceWebConfig = "--web.config.file"
 	sourceTargets   = "--config.file"
 )
@@ -92,10 +102,10 @@ func (r *reloadStatus) Collect(ch chan<- prometheus.Metric) {
 // reloadWebConfig reads --web.config.file again and reports a change, taken or refused,
 // in one log line. force (SIGHUP) checks and reports the file even when it is as it was
 // at the last look.
-func reloadWebConfig(web *webconfig.Served, status *reloadStatus, force bool, logger *slog.Logger) {
+func reloadWebConfig(web *webconfig.Served, status *reloadStatus, force bool, logger *slog.Logger) error {
 	r := web.Reload(force)
 	if !r.Attempted {
-		return
+		return nil
 	}
 	status.record(sourceWebConfig, r.Err)
 	switch {
@@ -111,36 +121,149 @@ func reloadWebConfig(web *webconfig.Served, status *reloadStatus, force bool, lo
 	default:
 		logger.Info("--web.config.file is back to the configuration in force", "file", web.File())
 	}
+	return r.Err
 }
 
-// reload handles SIGHUP: it re-reads --web.config.file, and --db.dsn-file, whose DSN the
-// pool's new connections then use (credential rotation; the alive lock's direct
-// connection keeps the DSN it started with). A file that is refused leaves the previous
-// configuration in force and says so.
-func reload(c *config, w *wired, logger *slog.Logger) {
-	if w.web == nil && c.dsnFile == "" && c.configFile == "" {
-		logger.Info("SIGHUP: nothing to reload without --db.dsn-file, --web.config.file or --config.file")
-		return
+// filePoll is how often the files the DSN and --config.file are read from are looked at
+// (a stat each, not a read) for a change: Kubernetes updates a mounted Secret without a
+// signal, by swapping the ..data link of its folder.
+const filePoll = 2 * time.Second
+
+// fileStamp is what a change of a file changes, as stat(2) sees it through symbolic
+// links: a swapped ..data link gives another inode, a rewrite another size or times, a
+// chmod another mode and ctime.
+type fileStamp struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime syscall.Timespec
+	mode         uint32
+	missing      bool
+}
+
+func stampOf(path string) fileStamp {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return fileStamp{missing: true}
 	}
+	return fileStamp{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim, mode: st.Mode}
+}
+
+// watched is the stamps of one source's files at the last look.
+type watched map[string]fileStamp
+
+// changed looks at paths again and reports whether they differ from the last look (a
+// path added or gone counts).
+func (w *watched) changed(paths []string) bool {
+	now := make(watched, len(paths))
+	for _, p := range paths {
+		now[p] = stampOf(p)
+	}
+	differ := !maps.Equal(*w, now)
+	*w = now
+	return differ
+}
+
+// fileWatch looks for changes of the files the DSN and the targets are read from.
+type fileWatch struct {
+	dsn, targets watched
+}
+
+// dsnFiles are the files the pool's DSN is read from: --db.dsn-file, or postgres_exporter's
+// DATA_SOURCE_*_FILE variables' files when neither --db.dsn nor --db.dsn-file is given.
+func dsnFiles(c *config, w *wired) []string {
+	switch {
+	case w.dsnSwitch == nil || c.dsn != "":
+		return nil
+	case c.dsnFile != "":
+		return []string{c.dsnFile}
+	}
+	var out []string
+	for _, v := range []string{dsn.EnvURIFile, dsn.EnvUserFile, dsn.EnvPassFile} {
+		if f := os.Getenv(v); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// targetFiles are --config.file and the password and DSN files of the targets in force.
+func targetFiles(c *config, w *wired) []string {
+	if c.configFile == "" {
+		return nil
+	}
+	return append([]string{c.configFile}, w.targets.Files()...)
+}
+
+// newFileWatch takes the first look, at start-up: what is on disk now is in force.
+func newFileWatch(c *config, w *wired) *fileWatch {
+	fw := &fileWatch{}
+	fw.dsn.changed(dsnFiles(c, w))
+	fw.targets.changed(targetFiles(c, w))
+	return fw
+}
+
+// any reports whether there is a file to watch.
+func (fw *fileWatch) any() bool { return len(fw.dsn)+len(fw.targets) > 0 }
+
+// poll reloads each source whose files changed since the last look.
+func (fw *fileWatch) poll(c *config, w *wired, logger *slog.Logger) {
+	if fw.dsn.changed(dsnFiles(c, w)) {
+		_ = reloadDSN(c, w, "a DSN file changed", logger)
+	}
+	if fw.targets.changed(targetFiles(c, w)) {
+		if reloadTargets(c, w, "--config.file or a file it names changed", logger) == nil {
+			fw.targets.changed(targetFiles(c, w)) // the files it now names are in force
+		}
+	}
+}
+
+// reload handles SIGHUP and /-/reload (why says which): it re-reads --web.config.file,
+// --config.file and the DSN's file, whose DSN the pool's new connections then use
+// (credential rotation; the alive lock's direct connection keeps the DSN it started
+// with). A file that is refused leaves the previous configuration in force and says so;
+// the refusals are returned.
+func reload(c *config, w *wired, why string, logger *slog.Logger) error {
+	files := dsnFiles(c, w)
+	if w.web == nil && len(files) == 0 && c.configFile == "" {
+		logger.Info(why + ": nothing to reload without --db.dsn-file, --web.config.file or --config.file")
+		return nil
+	}
+	var errs []error
 	if w.web != nil {
-		reloadWebConfig(w.web, w.reloads, true, logger)
+		errs = append(errs, reloadWebConfig(w.web, w.reloads, true, logger))
 	}
 	if c.configFile != "" {
-		reloadTargets(c, w, logger)
+		errs = append(errs, reloadTargets(c, w, why, logger))
 	}
-	if c.dsnFile == "" {
-		return
+	if len(files) > 0 {
+		errs = append(errs, reloadDSN(c, w, why, logger))
 	}
-	s, err := dsn.Resolve("", c.dsnFile, "")
+	return errors.Join(errs...)
+}
+
+// reloadDSN reads the pool's DSN again from its file (or files).
+func reloadDSN(c *config, w *wired, why string, logger *slog.Logger) error {
+	source := sourceDSNFile
+	var s string
+	var err error
+	if c.dsnFile != "" {
+		s, err = dsn.Resolve("", c.dsnFile, "")
+	} else {
+		source = sourceDSNEnv
+		if s, err = dsn.FromEnvironment(os.Getenv); err == nil && s == "" {
+			err = errors.New("the DATA_SOURCE_* variables name no database")
+		}
+	}
 	if err == nil {
 		err = w.dsnSwitch.Set(s)
 	}
-	w.reloads.record(sourceDSNFile, err)
+	w.reloads.record(source, err)
 	if err != nil {
-		logger.Error("SIGHUP: keeping the previous DSN", "err", err)
-		return
+		logger.Error(why+": keeping the previous DSN", "err", err)
+		return err
 	}
-	logger.Info("SIGHUP: reloaded --db.dsn-file; new pool connections use it", "database", dsn.Describe(s))
+	logger.Info(why+": reloaded "+source+"; new pool connections use it", "database", dsn.Describe(s))
+	return nil
 }
 
 // reloadTargets re-reads --config.file: a file that is refused leaves the targets and
@@ -149,14 +272,53 @@ func reload(c *config, w *wired, logger *slog.Logger) {
 // follows: an added entry is checked within a second (the first one starts the
 // re-checks), a changed one is checked again at once, a removed one's databases go with
 // their pools (the last one stops the re-checks' goroutine).
-func reloadTargets(c *config, w *wired, logger *slog.Logger) {
+func reloadTargets(c *config, w *wired, why string, logger *slog.Logger) error {
 	cfg, err := targets.Load(c.configFile)
 	w.reloads.record(sourceTargets, err)
 	if err != nil {
-		logger.Error("SIGHUP: refused --config.file; the previous targets stay in force", "file", c.configFile, "err", err)
-		return
+		logger.Error(why+": refused --config.file; the previous targets stay in force", "file", c.configFile, "err", err)
+		return fmt.Errorf("--config.file %s: %w", c.configFile, err)
 	}
 	w.targets.Replace(cfg)
 	w.discover.sync() // starts the re-checks for a first entry, stops them with the last
-	logger.Info("SIGHUP: reloaded --config.file", "file", c.configFile, "targets", len(cfg.Names()), "discover_entries", len(cfg.Discover()))
+	logger.Info(why+": reloaded --config.file", "file", c.configFile, "targets", len(cfg.Names()), "discover_entries", len(cfg.Discover()))
+	return nil
+}
+
+// reloadHandler serves /-/reload: with --web.enable-lifecycle a POST or PUT reloads as
+// SIGHUP does, in waitForEnd's loop (requests), and answers 200, or 500 with the
+// refusals; without it, 403, as Prometheus answers. done is closed once the loop has
+// ended, so that a request then does not wait for it.
+func reloadHandler(enabled bool, requests chan<- chan error, done <-chan struct{}) http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if !enabled {
+			http.Error(rw, "Lifecycle API is not enabled: start the exporter with --web.enable-lifecycle", http.StatusForbidden)
+			return
+		}
+		if r.Method != http.MethodPost && r.Method != http.MethodPut {
+			rw.Header().Set("Allow", "POST, PUT")
+			http.Error(rw, "Only POST or PUT requests allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		result := make(chan error, 1)
+		select {
+		case requests <- result:
+		case <-done:
+			http.Error(rw, "shutting down", http.StatusServiceUnavailable)
+			return
+		case <-r.Context().Done():
+			return
+		}
+		select {
+		case err := <-result:
+			if err != nil {
+				http.Error(rw, "failed to reload config: "+logging.Redact(err.Error()), http.StatusInternalServerError)
+				return
+			}
+			fmt.Fprintln(rw, "reloaded")
+		case <-done:
+			http.Error(rw, "shutting down", http.StatusServiceUnavailable)
+		case <-r.Context().Done():
+		}
+	})
 }

@@ -79,6 +79,7 @@ func TestDSNFileRefusedOnSIGHUP(t *testing.T) {
 		want    string
 	}{
 		{"two lines", func() error { return os.WriteFile(file, []byte(db.DSN+"\nhost=elsewhere\n"), 0o600) }, "holds 2 lines"},
+		{"world-readable", func() error { return os.Chmod(file, 0o644) }, "is open to every user (mode 0644)"},
 		{"fifo", func() error {
 			if err := os.Remove(file); err != nil {
 				return err

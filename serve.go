@@ -145,7 +145,7 @@ func newProbeOnlyHandler(c *config, w *wired, logger *slog.Logger) (*http.ServeM
 	if w.discover != nil {
 		mux.Handle(c.telemetryPath, w.discover.limit.HandlerOf(*c.collectors, reg, w.discover.exporters, logger.With("component", "collector")))
 	} else {
-		mux.Handle(c.telemetryPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle(c.telemetryPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	}
 	if err := addProbeRoutes(mux, reg, c, w, "", logger); err != nil {
 		return nil, err

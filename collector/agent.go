@@ -44,8 +44,10 @@ func newAgentCollector(d deps) (Collector, error) {
 	desc := func(name, help string, labels ...string) *exposition.Family {
 		return gauge("agent_"+name, help, labels...)
 	}
+	// The agent's counters count from zero, from its start: their OpenMetrics _created.
+	created := time.Now()
 	count := func(name, help string, labels ...string) *exposition.Family {
-		return counter("agent_"+name, help, labels...)
+		return counter("agent_"+name, help, labels...).CreatedAt(created)
 	}
 	return &agentCollector{
 		agent:  d.agent,

@@ -168,7 +168,8 @@ func (e *Exporter) Enabled() []string {
 }
 
 // Handler serves one scrape per request: it runs the enabled collectors concurrently
-// under the request's deadline and answers in the text format with their metrics plus
+// under the request's deadline and answers in the text format (or in OpenMetrics, when
+// the scraper prefers it, as promhttp negotiates) with their metrics plus
 // extra's (the caller's Go, process and build-info registry; may be nil), gzipped when
 // the scraper accepts it. The collectors' samples are written straight from the buffers
 // they were added to, which are reused by later scrapes.
@@ -222,7 +223,12 @@ func handlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter, l
 			}
 		}
 		h := w.Header()
-		h.Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+		openMetrics := negotiateOpenMetrics(r.Header)
+		if openMetrics != "" {
+			h.Set("Content-Type", openMetrics)
+		} else {
+			h.Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+		}
 		var out io.Writer = w
 		if acceptsGzip(r.Header) {
 			h.Set("Content-Encoding", "gzip")
@@ -231,12 +237,17 @@ func handlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter, l
 			defer putGzip(gz)
 			out = gz
 		}
-		err := exposition.Write(out, builders...)
-		for _, mf := range fams {
-			if err != nil {
-				break
+		var err error
+		if openMetrics != "" {
+			err = writeOpenMetrics(out, builders, fams)
+		} else {
+			err = exposition.Write(out, builders...)
+			for _, mf := range fams {
+				if err != nil {
+					break
+				}
+				_, err = expfmt.MetricFamilyToText(out, mf)
 			}
-			_, err = expfmt.MetricFamilyToText(out, mf)
 		}
 		if gz, ok := out.(*gzip.Writer); ok && err == nil {
 			err = gz.Close()
@@ -278,6 +289,39 @@ func putGzip(gz *gzip.Writer) {
 	case gzipWriters <- gz:
 	default:
 	}
+}
+
+// negotiateOpenMetrics returns the Content-Type of the OpenMetrics answer when the
+// scraper's Accept header prefers OpenMetrics to the text format, as client_golang's
+// promhttp negotiates with EnableOpenMetrics; "" for the text format. An Accept header
+// that does not mention OpenMetrics is not parsed: the text path costs what it did.
+func negotiateOpenMetrics(h http.Header) string {
+	if !strings.Contains(h.Get("Accept"), expfmt.OpenMetricsType) {
+		return ""
+	}
+	f := expfmt.NegotiateAccept(h, expfmt.FmtOpenMetrics_1_0_0, expfmt.FmtOpenMetrics_0_0_1, expfmt.NewFormat(expfmt.TypeTextPlain))
+	if f.FormatType() != expfmt.TypeOpenMetrics {
+		return ""
+	}
+	if strings.Contains(string(f), "version="+expfmt.OpenMetricsVersion_0_0_1) {
+		return string(expfmt.FmtOpenMetrics_0_0_1)
+	}
+	return string(expfmt.FmtOpenMetrics_1_0_0)
+}
+
+// writeOpenMetrics writes the collectors' samples and the registry's families (with
+// their _created samples where client_golang knows them) in OpenMetrics, and its # EOF.
+func writeOpenMetrics(out io.Writer, builders []*exposition.Builder, fams []*dto.MetricFamily) error {
+	if err := exposition.WriteOpenMetrics(out, builders...); err != nil {
+		return err
+	}
+	for _, mf := range fams {
+		if _, err := expfmt.MetricFamilyToOpenMetrics(out, mf, expfmt.WithCreatedLines()); err != nil {
+			return err
+		}
+	}
+	_, err := expfmt.FinalizeOpenMetrics(out)
+	return err
 }
 
 // acceptsGzip reports whether the Accept-Encoding header lists gzip with a non-zero q.

@@ -115,7 +115,7 @@ func newInstancesCollector(d deps) (Collector, error) {
 		serverLocks: cfg.Locks,
 		ofLocks:     store.InstancesOfLocks(cfg.Source),
 		foldedDesc: gauge("instance_services_folded",
-			`Services beyond --collector.instances.max-services whose instances are counted under service="other".`),
+			`Services beyond --collector.instances.max-services whose instances are counted under the service label other.`),
 		countDesc: gauge("instances",
 			"Instances by service and liveness state: alive (lock held, fresh heartbeat), lock_only (lock held, stale heartbeat), "+
 				"lock_lost (lock vanished, proving life within its grace), heartbeat_only (no lock, fresh heartbeat), "+

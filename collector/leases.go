@@ -37,7 +37,7 @@ func (s *LeasesConfig) defaults() { s.MaxSeries = defaultMaxLeases }
 
 func (s *LeasesConfig) maxSeries() limit {
 	return limit{"collector.leases.max-series",
-		`Most leases exported one by one, the most urgent first; the rest are exported together as lease="other".`,
+		`Most leases exported one by one, the most urgent first; the rest are exported together under the lease label other.`,
 		&s.MaxSeries, 0}
 }
 
@@ -106,18 +106,18 @@ func newLeasesCollector(d deps) (Collector, error) {
 		maxSeries: d.cfg.Leases.MaxSeries,
 		logger:    d.logger,
 		expiresIn: gauge("lease_expires_in_seconds",
-			`Seconds until the lease expires by the database clock; negative once expired. For lease="other", the soonest of the folded leases.`, lease),
+			`Seconds until the lease expires by the database clock; negative once expired. For the lease label other, the soonest of the folded leases.`, lease),
 		held: gauge("lease_held",
-			`1 while the lease has not expired (expires_at >= now()), else 0. For lease="other", how many folded leases are held.`, lease),
+			`1 while the lease has not expired (expires_at >= now()), else 0. For the lease label other, how many folded leases are held.`, lease),
 		epoch: gauge("lease_epoch",
 			"Fencing token of the lease's current acquisition; absent for a table without an epoch column.", lease),
 		holder: gauge("lease_holder_info",
 			"The lease's holder: its instance id (empty for a holder that records none) and host (the holder_host column, else the holder up to its first colon).",
 			lease, "holder_instance_id", "holder_host"),
 		heldFor: gauge("lease_held_for_seconds",
-			`Seconds since the lease was taken, by the database clock. For lease="other", the longest of the folded leases.`, lease),
+			`Seconds since the lease was taken, by the database clock. For the lease label other, the longest of the folded leases.`, lease),
 		folded: gauge("leases_folded",
-			`Leases beyond --collector.leases.max-series, exported together as lease="other".`),
+			`Leases beyond --collector.leases.max-series, exported together under the lease label other.`),
 		anomalies: gauge("lease_row_anomalies",
 			"Rows of the leases table that are not one clean lease, in this scrape: duplicate_name (extra rows of a name; the one expiring last is exported), "+
 				"null_name (rows skipped), null_value (a NULL holder, taken_at or expires_at; the rest is exported), invalid_utf8 (bytes replaced in an exported label).",

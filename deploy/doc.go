@@ -1,6 +1,6 @@
 // Package deploy holds the deployment artefacts of pg_liveness_exporter and the tests that
 // keep them correct: Kubernetes manifests (kubernetes/, a kustomize base and overlays), a
-// Helm chart (helm/pg-liveness-exporter, with helm/examples/checkout for the sidecar
+// Helm chart (helm/pg-liveness-exporter, with the example chart examples/checkout for the sidecar
 // shape), systemd units (systemd/) and the repository's Dockerfile. Its tests also decode
 // the Grafana dashboards (../dashboards) strictly into Grafana's own schema types.
 //

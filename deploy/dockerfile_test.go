@@ -104,6 +104,14 @@ func TestDockerfile(t *testing.T) {
 	}
 	build, final := stages[0], stages[1]
 
+	// Both bases are pinned by digest, after the tag that says what they are.
+	pinned := regexp.MustCompile(`^[a-z0-9./-]+:[A-Za-z0-9._-]+@sha256:[0-9a-f]{64}$`)
+	for _, s := range stages {
+		if !pinned.MatchString(s.base) {
+			t.Errorf("FROM %s: pin the base by digest, NAME:TAG@sha256:…", s.base)
+		}
+	}
+
 	// The build stage: the Go of go.mod, static, and `make build` with every version
 	// variable the Makefile's ldflags use, each from a build argument.
 	gomod, err := os.ReadFile("../go.mod")

@@ -35,56 +35,71 @@ import (
 // The chart, and the example chart of the sidecar shape that depends on it.
 const (
 	chartDir   = "helm/pg-liveness-exporter"
-	exampleDir = "helm/examples/checkout"
+	exampleDir = "examples/checkout"
 	// The example's values for the chart sit under the dependency's name.
 	dependencyKey = "pg-liveness-exporter"
 )
 
-// buildExample copies deploy/helm into a temporary directory and builds the example's
-// dependency there as `helm dependency build` does (a file:// repository, so offline),
-// leaving the worktree as it is. It returns the example chart's directory.
+// buildExample copies the charts (helm/ and examples/) into a temporary directory and
+// builds the example's dependency there as `helm dependency build` does (a file://
+// repository, so offline), leaving the worktree as it is. It returns the example chart's
+// directory.
 func buildExample(t *testing.T) string {
 	t.Helper()
-	tmp := t.TempDir()
-	err := filepath.WalkDir("helm", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel("helm", p)
-		// What a dependency build leaves behind (git-ignored) is rebuilt here.
-		if rel == filepath.Join("examples", "checkout", "charts") || rel == filepath.Join("examples", "checkout", "Chart.lock") {
-			if d.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		dst := filepath.Join(tmp, "helm", rel)
-		if d.IsDir() {
-			return os.MkdirAll(dst, 0o755)
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(dst, b, 0o644)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tmp := copyCharts(t)
 	example := filepath.Join(tmp, exampleDir)
+	buildDependencies(t, tmp, example)
+	return example
+}
+
+// copyCharts copies helm/ and examples/ into a new temporary directory, leaving out
+// what a dependency build leaves behind (git-ignored), and returns the directory.
+func copyCharts(t *testing.T) string {
+	t.Helper()
+	tmp := t.TempDir()
+	for _, root := range []string{"helm", "examples"} {
+		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.Name() == "charts" && d.IsDir() || d.Name() == "Chart.lock" {
+				if d.IsDir() {
+					return filepath.SkipDir
+				}
+				return nil
+			}
+			dst := filepath.Join(tmp, p)
+			if d.IsDir() {
+				return os.MkdirAll(dst, 0o755)
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(dst, b, 0o644)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return tmp
+}
+
+// buildDependencies runs `helm dependency build` on the chart in dir, offline.
+func buildDependencies(t *testing.T, tmp, dir string) {
+	t.Helper()
 	var out bytes.Buffer
 	m := &downloader.Manager{
 		Out:              &out,
-		ChartPath:        example,
+		ChartPath:        dir,
 		Getters:          getter.All(cli.New()),
 		RepositoryConfig: filepath.Join(tmp, "repositories.yaml"),
 		RepositoryCache:  filepath.Join(tmp, "cache"),
 		SkipUpdate:       true,
 	}
 	if err := m.Build(); err != nil {
-		t.Fatalf("helm dependency build %s: %v\n%s", exampleDir, err, out.String())
+		t.Fatalf("helm dependency build %s: %v\n%s", dir, err, out.String())
 	}
-	return example
 }
 
 // helmRelease is one rendering of a chart, as `helm install --dry-run` (and `helm
@@ -424,7 +439,7 @@ observer:
 			if ep.Port != svc.Spec.Ports[0].Name {
 				t.Errorf("the ServiceMonitor scrapes port %q, the Service's is %q", ep.Port, svc.Spec.Ports[0].Name)
 			}
-			checkMonitor(t, "serviceMonitor", sm.Labels, ep.Interval, ep.ScrapeTimeout, ep.RelabelConfigs, ep.MetricRelabelConfigs, ep)
+			checkMonitor(t, "serviceMonitor", sm.Labels, ep.Interval, ep.ScrapeTimeout, slices.Delete(slices.Clone(ep.RelabelConfigs), 1, 2), ep.MetricRelabelConfigs, ep)
 			if strings.Contains(r.notes, "Neither observer.podMonitor") {
 				t.Errorf("NOTES warn about a missing monitor:\n%s", r.notes)
 			}
@@ -456,6 +471,8 @@ agent:
   extraEnv: [{name: GOMEMLIMIT, value: 50MiB}]
   extraVolumeMounts: [{name: web, mountPath: /etc/pg-liveness-web, readOnly: true}, {name: direct-dsn, mountPath: /etc/pg-liveness-direct, readOnly: true}]
   terminationGracePeriodSeconds: 60
+  livenessProbe: {tcpSocket: {port: pg-liveness}, periodSeconds: 20}
+  readinessProbe: {tcpSocket: {port: pg-liveness}}
   podMonitor:
     enabled: true
 ` + monitorSettings,
@@ -477,9 +494,66 @@ agent:
 			wantEqual(t, "extra mount", c.VolumeMounts[1:], []corev1.VolumeMount{{Name: "web", MountPath: "/etc/pg-liveness-web", ReadOnly: true}, {Name: "direct-dsn", MountPath: "/etc/pg-liveness-direct", ReadOnly: true}})
 			wantEqual(t, "the parent's volume", pod.Volumes[1].Name, "web")
 			wantEqual(t, "terminationGracePeriodSeconds", *pod.TerminationGracePeriodSeconds, int64(60))
+			if c.LivenessProbe.TCPSocket == nil || c.LivenessProbe.PeriodSeconds != 20 || c.ReadinessProbe.TCPSocket == nil {
+				t.Errorf("probes from values: %+v %+v", c.LivenessProbe, c.ReadinessProbe)
+			}
 			pm := byComponent(t, r.podMonitors, "agent")
 			ep := pm.Spec.PodMetricsEndpoints[0]
 			checkMonitor(t, "agent podMonitor", pm.Labels, ep.Interval, ep.ScrapeTimeout, ep.RelabelConfigs, ep.MetricRelabelConfigs, ep)
+		},
+	}, {
+		// --web.config.file with TLS and basic auth: the probes cannot GET / (401), so
+		// they check the port; the monitor scrapes over TLS with basic auth. And the
+		// rest of what the prometheus-community charts offer.
+		name: "observer behind TLS and basic auth, in another namespace",
+		values: `
+namespaceOverride: monitoring
+database: orders
+observer:
+  extraArgs: [--web.config.file=/etc/pg-liveness-web/web.yml]
+  extraVolumes: [{name: web, secret: {secretName: pg-liveness-web, defaultMode: 0440}}]
+  extraVolumeMounts: [{name: web, mountPath: /etc/pg-liveness-web, readOnly: true}]
+  extraContainers: [{name: log-shipper, image: "registry.example.com/shipper:1"}]
+  livenessProbe: {tcpSocket: {port: metrics}, periodSeconds: 10, failureThreshold: 6}
+  readinessProbe: {tcpSocket: {port: metrics}, periodSeconds: 10}
+  podDisruptionBudget: {enabled: true, maxUnavailable: 100%}
+  podMonitor:
+` + monitorSettings + `networkPolicy:
+  enabled: true
+  ingressFrom: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: prometheus}}}]
+  egress: [{ports: [{port: 5432, protocol: TCP}, {port: 53, protocol: UDP}]}]
+`,
+		check: func(t *testing.T, r *helmRelease) {
+			wantCounts(t, r, 1, 1, 1, 0, 1, dashboards, 0)
+			checkObserver(t, r.deployments[0], defaultDSNSecret)
+			checkMonitorJobs(t, r.rendered)
+			for _, o := range r.objects() {
+				if o.GetNamespace() != "monitoring" {
+					t.Errorf("%T %s in namespace %q, want namespaceOverride's monitoring", o, o.GetName(), o.GetNamespace())
+				}
+			}
+			pod := r.deployments[0].Spec.Template.Spec
+			if len(pod.Containers) != 2 || pod.Containers[1].Name != "log-shipper" {
+				t.Errorf("extraContainers: %d containers", len(pod.Containers))
+			}
+			ep := r.podMonitors[0].Spec.PodMetricsEndpoints[0]
+			checkMonitor(t, "podMonitor", r.podMonitors[0].Labels, ep.Interval, ep.ScrapeTimeout, ep.RelabelConfigs[1:], ep.MetricRelabelConfigs, ep)
+			if rl := ep.RelabelConfigs[1]; rl.TargetLabel != "database" || rl.Replacement == nil || *rl.Replacement != "orders" {
+				t.Errorf("the PodMonitor does not label database=orders: %+v", ep.RelabelConfigs)
+			}
+			if len(r.pdbs) != 1 || r.pdbs[0].Spec.MaxUnavailable.String() != "100%" || r.pdbs[0].Spec.MinAvailable != nil {
+				t.Errorf("PodDisruptionBudget: %+v", r.pdbs)
+			} else if sel := r.pdbs[0].Spec.Selector.MatchLabels; sel["app.kubernetes.io/component"] != "observer" {
+				t.Errorf("the PodDisruptionBudget selects %v", sel)
+			}
+			if len(r.netpols) != 1 {
+				t.Fatalf("%d NetworkPolicies, want 1", len(r.netpols))
+			}
+			np := r.netpols[0].Spec
+			if len(np.Ingress) != 1 || len(np.Ingress[0].From) != 1 || np.Ingress[0].Ports[0].Port.String() != "metrics" ||
+				len(np.Egress) != 1 || len(np.PolicyTypes) != 2 || np.PodSelector.MatchLabels["app.kubernetes.io/component"] != "observer" {
+				t.Errorf("NetworkPolicy: %+v", np)
+			}
 		},
 	}, {
 		name: "nothing enabled",
@@ -513,11 +587,19 @@ dashboards: {enabled: false}
 		name: "multi-target, every option",
 		values: `
 fullnameOverride: db1-liveness
+image: {digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}
 multiTarget:
   enabled: true
   existingSecret: db1-targets
   key: exporter.yml
-  probe: {targets: [orders], interval: 1m, scrapeTimeout: 20s, labels: {release: kube-prometheus-stack}}
+  probe:
+    targets: [orders]
+    interval: 1m
+    scrapeTimeout: 20s
+    labels: {release: kube-prometheus-stack}
+    scheme: https
+    tlsConfig: {serverName: pg-liveness-exporter, ca: {secret: {name: pg-liveness-web, key: ca.crt}}}
+    basicAuth: {username: {name: pg-liveness-scrape, key: username}, password: {name: pg-liveness-scrape, key: password}}
 `,
 		check: func(t *testing.T, r *helmRelease) {
 			if len(r.probes) != 1 {
@@ -526,6 +608,7 @@ multiTarget:
 			p := r.probes[0]
 			c := containerNamed(t, r.deployments[0].Spec.Template.Spec, "pg-liveness-exporter")
 			wantEqual(t, "args", c.Args, []string{"--no-agent", "--config.file=/etc/pg-liveness-exporter/exporter.yml", "--web.listen-address=:9816"})
+			wantEqual(t, "image pinned by digest", c.Image, "ghcr.io/pg-liveness/pg_liveness_exporter@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
 			if v := r.deployments[0].Spec.Template.Spec.Volumes; len(v) != 1 || v[0].Secret == nil || v[0].Secret.SecretName != "db1-targets" {
 				t.Errorf("volumes %+v, want the Secret db1-targets", v)
 			}
@@ -533,6 +616,9 @@ multiTarget:
 				p.Spec.ProberSpec.URL != "db1-liveness.pg-liveness.svc:9816" || !slices.Equal(p.Spec.Targets.StaticConfig.Targets, []string{"orders"}) {
 				t.Errorf("Probe %s: labels %v, interval %s, timeout %s, prober %s, targets %v", p.Name, p.Labels, p.Spec.Interval,
 					p.Spec.ScrapeTimeout, p.Spec.ProberSpec.URL, p.Spec.Targets.StaticConfig.Targets)
+			}
+			if p.Spec.ProberSpec.Scheme == nil || *p.Spec.ProberSpec.Scheme != "https" || p.Spec.TLSConfig == nil || p.Spec.BasicAuth == nil {
+				t.Errorf("Probe %s: scheme %v, tlsConfig %+v, basicAuth %+v", p.Name, p.Spec.ProberSpec.Scheme, p.Spec.TLSConfig, p.Spec.BasicAuth)
 			}
 		},
 	}, {
@@ -553,6 +639,10 @@ multiTarget:
 const monitorSettings = `    labels: {release: kube-prometheus-stack}
     interval: 15s
     scrapeTimeout: 5s
+    honorLabels: false
+    scheme: https
+    tlsConfig: {serverName: pg-liveness-exporter, ca: {secret: {name: pg-liveness-web, key: ca.crt}}}
+    basicAuth: {username: {name: pg-liveness-scrape, key: username}, password: {name: pg-liveness-scrape, key: password}}
     relabelings: [{action: replace, targetLabel: cluster, replacement: eu-1}]
     metricRelabelings: [{action: drop, sourceLabels: [__name__], regex: go_gc_.*}]
 `
@@ -564,11 +654,22 @@ func checkMonitor(t *testing.T, what string, labels map[string]string, interval,
 		len(relabel) != 2 || relabel[1].TargetLabel != "cluster" || len(metricRelabel) != 1 {
 		t.Errorf("%s: labels %v, endpoint %+v", what, labels, endpoint)
 	}
+	// The scrape over TLS with basic auth, as --web.config.file serves it.
+	y := yamlOf(t, endpoint)
+	for _, want := range []string{"scheme: https", "serverName: pg-liveness-exporter", "name: pg-liveness-scrape"} {
+		if !strings.Contains(y, want) {
+			t.Errorf("%s: the endpoint lacks %q:\n%s", what, want, y)
+		}
+	}
+	if strings.Contains(y, "honorLabels: true") {
+		t.Errorf("%s: honorLabels is true, the values say false", what)
+	}
 }
 
 // metaObject is what the label checks read of an object.
 type metaObject interface {
 	GetName() string
+	GetNamespace() string
 	GetLabels() map[string]string
 }
 
@@ -582,6 +683,8 @@ func (r *rendered) objects() []metaObject {
 	out = appendObjects(out, r.podMonitors)
 	out = appendObjects(out, r.serviceMonitors)
 	out = appendObjects(out, r.probes)
+	out = appendObjects(out, r.pdbs)
+	out = appendObjects(out, r.netpols)
 	return appendObjects(out, r.promRules)
 }
 
@@ -693,6 +796,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"a DSN in the observer's arguments", false, `observer: {extraArgs: ["--db.dsn=postgres://u:` + secret + `@db/app"]}`, "observer.extraArgs: --db.dsn would put a DSN in the process list"},
 		{"a direct DSN in the agent's arguments", true, `agent: {extraArgs: ["--db.direct-dsn=postgres://u:` + secret + `@db/app"]}`, "agent.extraArgs: --db.direct-dsn would put a DSN in the process list; put it in a Secret and pass its file with --db.direct-dsn-file"},
 		{"a DSN in the observer's environment", false, `observer: {extraEnv: [{name: DATA_SOURCE_NAME, value: "postgres://u:` + secret + `@db/app"}]}`, "observer.extraEnv: DATA_SOURCE_NAME would put a DSN or password in the environment"},
+		{"postgres_exporter's password variable", false, `observer: {extraEnv: [{name: DATA_SOURCE_PASS, value: ` + secret + `}]}`, "observer.extraEnv: DATA_SOURCE_PASS would put a DSN or password in the environment"},
+		{"a DSN flag's variable", true, `agent: {extraEnv: [{name: PG_LIVENESS_EXPORTER_DB_DSN, value: "host=db password=` + secret + `"}]}`, "agent.extraEnv: PG_LIVENESS_EXPORTER_DB_DSN would put a DSN or password in the environment"},
 		{"a password in the agent's environment", true, `agent: {extraEnv: [{name: PGPASSWORD, value: ` + secret + `}]}`, "agent.extraEnv: PGPASSWORD would put a DSN or password in the environment"},
 		{"a flag the chart sets, observer", false, `observer: {extraArgs: ["--web.listen-address=:9000"]}`, "observer.extraArgs: --web.listen-address is set by the chart"},
 		{"a negated flag the chart sets, observer", false, `observer: {extraArgs: ["--migrations.apply"]}`, "observer.extraArgs: --migrations.apply is set by the chart"},
@@ -923,6 +1028,71 @@ func TestReadmeNamesTheChartsTemplates(t *testing.T) {
 		}
 		if !bytes.Contains(example, []byte(m[0])) {
 			t.Errorf("README.md includes %s, which %s does not", m[1], exampleDir)
+		}
+	}
+}
+
+// Every chart of the repository passes `helm lint --strict` (warnings are errors) with its
+// own values, after `helm dependency build`; and every entry of helm/ is a chart without
+// dependencies to build, so that `helm lint --strict deploy/helm/*` works as it is. Only
+// the missing icon, an info, is allowed.
+func TestEveryChartLintsStrict(t *testing.T) {
+	entries, err := os.ReadDir("helm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		ch, err := loader.Load(filepath.Join("helm", e.Name()))
+		if err != nil {
+			t.Errorf("helm/%s is not a chart (helm lint --strict deploy/helm/* lints it): %v", e.Name(), err)
+			continue
+		}
+		if len(ch.Metadata.Dependencies) > 0 {
+			t.Errorf("helm/%s has dependencies to build before it lints; charts that do belong in examples/", e.Name())
+		}
+	}
+	tmp := copyCharts(t)
+	var charts []string
+	err = filepath.WalkDir(tmp, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Name() == "Chart.yaml" {
+			charts = append(charts, filepath.Dir(p))
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(charts) < 2 {
+		t.Fatalf("found %d charts: %v", len(charts), charts)
+	}
+	for _, dir := range charts {
+		rel, _ := filepath.Rel(tmp, dir)
+		t.Run(rel, func(t *testing.T) {
+			buildDependencies(t, tmp, dir)
+			l := lint.All(dir, nil, "default", true)
+			for _, m := range l.Messages {
+				if m.Severity == support.InfoSev && strings.HasSuffix(m.Error(), "icon is recommended") {
+					continue
+				}
+				t.Errorf("helm lint --strict %s: %s", rel, m.Error())
+			}
+		})
+	}
+}
+
+// The chart's README names every top-level value.
+func TestChartReadmeNamesEveryValue(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join(chartDir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key := range ch.Values {
+		if !bytes.Contains(readme, []byte("`"+key)) {
+			t.Errorf("%s/README.md does not name the value %s", chartDir, key)
 		}
 	}
 }

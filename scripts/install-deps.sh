@@ -42,9 +42,10 @@ want() {
 want postgresql run,test,bench have_glob '/usr/lib/postgresql/*/bin/initdb' # every server internal/testkit/pgtest starts
 want postgresql-contrib run,test,bench have_glob '/usr/share/postgresql/*/extension/pg_stat_statements.control'
 want pgbouncer test have_glob /usr/sbin/pgbouncer # liveness, tools/faults
-want prometheus test have_cmd promtool # tools/alerts, tools/faults; make run
+want prometheus run,test have_cmd prometheus # tools/alerts, tools/faults; make run (the alerts page)
 want prometheus-alertmanager test have_cmd prometheus-alertmanager # tools/alerts (end to end)
 want systemd test have_cmd systemd-analyze # deploy/ (the units)
+want ca-certificates test have_glob /etc/ssl/certs/ca-certificates.crt # deploy/ (make image puts them in the image)
 want make test have_cmd make
 want iproute2 test have_cmd ip # tools/faults (network namespaces)
 want chromium test have_cmd chromium # tools/statuspage

@@ -150,3 +150,23 @@ func scrape(addr string) string {
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
 }
+
+// make run shows the alerts page on a fresh machine only if its profile of
+// install-deps.sh installs Prometheus, as it installs PostgreSQL.
+func TestInstallDepsRunProfileInstallsPrometheus(t *testing.T) {
+	b, err := os.ReadFile("install-deps.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"postgresql": false, "prometheus": false}
+	for _, m := range regexp.MustCompile(`(?m)^want (\S+) (\S+) `).FindAllStringSubmatch(string(b), -1) {
+		if _, ok := want[m[1]]; ok {
+			want[m[1]] = strings.Contains(","+m[2]+",", ",run,")
+		}
+	}
+	for pkg, inRun := range want {
+		if !inRun {
+			t.Errorf("install-deps.sh run does not install %s, which make run needs", pkg)
+		}
+	}
+}

@@ -14,6 +14,7 @@ package dsn
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 
@@ -95,7 +96,7 @@ func Resolve(flagDSN, file, env string) (string, error) {
 	case err != nil:
 		return "", err
 	case source == "" && env == "":
-		return "", errors.New("no database given: set DATA_SOURCE_NAME, --db.dsn or --db.dsn-file")
+		return "", errors.New("no database given: set --db.dsn-file, --db.dsn, DATA_SOURCE_NAME or DATA_SOURCE_URI")
 	case source == "":
 		s, source = env, "DATA_SOURCE_NAME"
 	}
@@ -144,10 +145,11 @@ const MaxFileSize = 64 << 10
 // ReadFile returns the one DSN in the file at path: a regular file of at most
 // MaxFileSize bytes, UTF-8 with or without a byte-order mark, holding one line besides
 // blank lines and # comments. A DSN split over two lines is refused rather than read as
-// one (pgx would let the second line's keywords override the first's). Errors name the
-// path and never quote the contents.
+// one (pgx would let the second line's keywords override the first's), and so is a file
+// other users may read (regularfile.ReadSecret). Errors name the path and never quote
+// the contents.
 func ReadFile(path string) (string, error) {
-	b, err := regularfile.Read(path, MaxFileSize)
+	b, err := regularfile.ReadSecret(path, MaxFileSize)
 	if err != nil {
 		return "", err
 	}
@@ -170,4 +172,95 @@ func ReadFile(path string) (string, error) {
 		return lines[0], nil
 	}
 	return "", fmt.Errorf("%s holds %d lines besides blank lines and comments; write the one DSN on one line", path, len(lines))
+}
+
+// The variables of postgres_exporter that name a database, read as it reads them.
+const (
+	EnvName     = "DATA_SOURCE_NAME"      // a whole DSN
+	EnvURI      = "DATA_SOURCE_URI"       // host[:port]/dbname[?params], no scheme, no user
+	EnvURIFile  = "DATA_SOURCE_URI_FILE"  // a file holding EnvURI's value
+	EnvUser     = "DATA_SOURCE_USER"      // the user, with EnvURI
+	EnvUserFile = "DATA_SOURCE_USER_FILE" // a file holding the user
+	EnvPass     = "DATA_SOURCE_PASS"      // the password, with EnvURI
+	EnvPassFile = "DATA_SOURCE_PASS_FILE" // a file holding the password (a secret's file)
+)
+
+// FromEnvironment returns the DSN that postgres_exporter's variables give, read with
+// getenv: DATA_SOURCE_NAME as it is, or postgresql://USER:PASS@URI from
+// DATA_SOURCE_URI (or _URI_FILE), DATA_SOURCE_USER (or _USER_FILE) and DATA_SOURCE_PASS
+// (or _PASS_FILE), files trimmed of surrounding white space as postgres_exporter trims
+// them, the user and password URL-encoded. It is "" when none is set. Where
+// postgres_exporter would silently pick one of two settings (a variable and its _FILE,
+// DATA_SOURCE_NAME and DATA_SOURCE_URI), or ignore a user or password without a URI, it
+// is an error that names the variables. Errors never quote the password.
+func FromEnvironment(getenv func(string) string) (string, error) {
+	both := func(a, b string) error {
+		if getenv(a) != "" && getenv(b) != "" {
+			return fmt.Errorf("%s and %s are both set; use one", a, b)
+		}
+		return nil
+	}
+	for _, pair := range [][2]string{{EnvName, EnvURI}, {EnvName, EnvURIFile}, {EnvURI, EnvURIFile}, {EnvUser, EnvUserFile}, {EnvPass, EnvPassFile}} {
+		if err := both(pair[0], pair[1]); err != nil {
+			return "", err
+		}
+	}
+	value := func(name, file string, secret bool) (string, error) {
+		path := getenv(file)
+		if path == "" {
+			return getenv(name), nil
+		}
+		read := regularfile.Read
+		if secret {
+			read = regularfile.ReadSecret
+		}
+		b, err := read(path, MaxFileSize)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", file, err)
+		}
+		v := strings.TrimSpace(strings.TrimPrefix(string(b), "\uFEFF"))
+		if v == "" {
+			return "", fmt.Errorf("%s: %s is empty", file, path)
+		}
+		return v, nil
+	}
+	uri, err := value(EnvURI, EnvURIFile, false)
+	if err != nil {
+		return "", err
+	}
+	user, err := value(EnvUser, EnvUserFile, false)
+	if err != nil {
+		return "", err
+	}
+	pass, err := value(EnvPass, EnvPassFile, true)
+	if err != nil {
+		return "", err
+	}
+	if name := getenv(EnvName); name != "" {
+		if user != "" || pass != "" {
+			return "", fmt.Errorf("%s and a DATA_SOURCE_USER or DATA_SOURCE_PASS variable are both set: the user and password go with %s", EnvName, EnvURI)
+		}
+		return name, nil
+	}
+	if uri == "" {
+		if user != "" || pass != "" {
+			return "", fmt.Errorf("DATA_SOURCE_USER or DATA_SOURCE_PASS is set without %s (host:port/dbname)", EnvURI)
+		}
+		return "", nil
+	}
+	if strings.Contains(uri, "://") || strings.Contains(uri, "@") {
+		return "", fmt.Errorf("%s is host:port/dbname?params, as postgres_exporter reads it: no scheme and no user (they go in DATA_SOURCE_USER and DATA_SOURCE_PASS)", EnvURI)
+	}
+	info := url.User(user)
+	if pass != "" {
+		info = url.UserPassword(user, pass)
+	}
+	s := "postgresql://" + info.String() + "@" + uri
+	if user == "" && pass == "" {
+		s = "postgresql://" + uri
+	}
+	if err := Validate(s); err != nil {
+		return "", fmt.Errorf("%s: malformed DSN: %w", EnvURI, err)
+	}
+	return s, nil
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Type is a metric family's type as the text format writes it.
@@ -23,15 +24,21 @@ const (
 // client_golang writes them, whatever the order in which Add takes their values.
 type Family struct {
 	name   string
+	typ    Type
 	labels []string // in the order Add takes values
 	order  []int    // indexes into labels, by label name
 	header []byte   // the # HELP and # TYPE lines
+	// omHeader is the header in OpenMetrics: a counter's family name has no _total.
+	omHeader []byte
+	// created is a counter's creation time, for OpenMetrics' _created samples; zero
+	// when unknown (none is written).
+	created time.Time
 }
 
 // NewFamily describes a family. name and labels must be valid Prometheus names (they are
 // constants of the program); help may hold any text.
 func NewFamily(name, help string, typ Type, labels ...string) *Family {
-	f := &Family{name: name, labels: labels, order: make([]int, len(labels))}
+	f := &Family{name: name, typ: typ, labels: labels, order: make([]int, len(labels))}
 	for i := range f.order {
 		f.order[i] = i
 	}
@@ -44,6 +51,27 @@ func NewFamily(name, help string, typ Type, labels ...string) *Family {
 	h = append(h, ' ')
 	h = append(h, typ...)
 	f.header = append(h, '\n')
+	omName := name
+	if typ == Counter {
+		omName = strings.TrimSuffix(name, "_total")
+	}
+	h = append([]byte("# HELP "), omName...)
+	h = append(h, ' ')
+	h = appendEscaped(h, help, true) // OpenMetrics escapes " in help too
+	h = append(h, "\n# TYPE "...)
+	h = append(h, omName...)
+	h = append(h, ' ')
+	h = append(h, typ...)
+	f.omHeader = append(h, '\n')
+	return f
+}
+
+// CreatedAt sets when the counter f counts from (every sample of it), for the
+// OpenMetrics _created samples: for a counter the process counts itself, its start. A
+// counter read from elsewhere (pg_stat_statements) has none: a wrong one would have
+// Prometheus invent an increase. It returns f.
+func (f *Family) CreatedAt(t time.Time) *Family {
+	f.created = t
 	return f
 }
 
@@ -153,11 +181,29 @@ func (b *Builder) Samples() int {
 // added to by several builders has their samples in the order of the builders). Families
 // without samples are left out.
 func Write(w io.Writer, builders ...*Builder) error {
-	type part struct {
-		f   *Family
-		buf []byte
-		n   int // builder index, to keep the builders' order within a family
+	parts := sortedParts(builders)
+	for i, p := range parts {
+		if i == 0 || parts[i-1].f.name != p.f.name {
+			if _, err := w.Write(p.f.header); err != nil {
+				return err
+			}
+		}
+		if _, err := w.Write(p.buf); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// part is one builder's samples of one family.
+type part struct {
+	f   *Family
+	buf []byte
+	n   int // builder index, to keep the builders' order within a family
+}
+
+// sortedParts returns the builders' samples by family name, then builder.
+func sortedParts(builders []*Builder) []part {
 	var parts []part
 	for n, b := range builders {
 		for _, s := range b.fams {
@@ -172,14 +218,45 @@ func Write(w io.Writer, builders ...*Builder) error {
 		}
 		return a.n - b.n
 	})
+	return parts
+}
+
+// WriteOpenMetrics writes the samples of the builders as Write does, in the OpenMetrics
+// text format instead (1.0.0): a counter family is named without its _total (its
+// samples keep it), followed, where its creation time is known (CreatedAt), by a
+// _created sample per label set. The caller ends the exposition with "# EOF" once
+// everything is written.
+func WriteOpenMetrics(w io.Writer, builders ...*Builder) error {
+	parts := sortedParts(builders)
+	var created []byte // scratch for _created lines
 	for i, p := range parts {
 		if i == 0 || parts[i-1].f.name != p.f.name {
-			if _, err := w.Write(p.f.header); err != nil {
+			if _, err := w.Write(p.f.omHeader); err != nil {
 				return err
 			}
 		}
-		if _, err := w.Write(p.buf); err != nil {
-			return err
+		if p.f.typ != Counter || p.f.created.IsZero() {
+			if _, err := w.Write(p.buf); err != nil {
+				return err
+			}
+			continue
+		}
+		base := strings.TrimSuffix(p.f.name, "_total")
+		ts := AppendFloat(nil, float64(p.f.created.Unix())+float64(p.f.created.Nanosecond())/1e9)
+		for line := range bytes.Lines(p.buf) {
+			// name_total{labels} value: the labels are what follows the name, up to the
+			// last space.
+			rest := line[len(p.f.name):bytes.LastIndexByte(line, ' ')]
+			created = append(created[:0], line...)
+			created = append(created, base...)
+			created = append(created, "_created"...)
+			created = append(created, rest...)
+			created = append(created, ' ')
+			created = append(created, ts...)
+			created = append(created, '\n')
+			if _, err := w.Write(created); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

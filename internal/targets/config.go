@@ -25,6 +25,15 @@ const MaxFileSize = 1 << 20
 type Config struct {
 	targets  map[string]Target
 	discover map[string]Server
+	files    []string // the password and DSN files read, for Files
+}
+
+// Files returns the password and DSN files the configuration was read from, sorted: a
+// change of one is a change of the configuration.
+func (c *Config) Files() []string {
+	out := slices.Clone(c.files)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // Server is a discover entry: a server whose databases holding the source's instances
@@ -71,6 +80,7 @@ type Target struct {
 	// Describe is the target's DSN rebuilt without its password, for log lines.
 	Describe string
 	dsn      string // secret: it may hold the password
+	dsnFile  string // where dsn was read from, if from a file of its own
 }
 
 // Names returns the targets' names, sorted.
@@ -149,6 +159,7 @@ func parse(b []byte) (*Config, error) {
 		return nil, err
 	}
 	creds := map[string]credentials{}
+	var files []string
 	if n := sections["credentials"]; n != nil {
 		entries, err := named(n, "credentials")
 		if err != nil {
@@ -160,9 +171,14 @@ func parse(b []byte) (*Config, error) {
 				return nil, err
 			}
 			creds[e.name] = c
+			for _, f := range []string{c.passwordFile, c.dsnFile} {
+				if f != "" {
+					files = append(files, f)
+				}
+			}
 		}
 	}
-	cfg := &Config{targets: map[string]Target{}, discover: map[string]Server{}}
+	cfg := &Config{targets: map[string]Target{}, discover: map[string]Server{}, files: files}
 	tn, dn := sections["targets"], sections["discover"]
 	if tn == nil && dn == nil {
 		return nil, errors.New("targets: missing; name at least one target (or a server under discover)")
@@ -182,6 +198,9 @@ func parse(b []byte) (*Config, error) {
 			}
 			t.Name = e.name
 			cfg.targets[e.name] = t
+			if t.dsnFile != "" {
+				cfg.files = append(cfg.files, t.dsnFile)
+			}
 		}
 	}
 	if dn != nil {
@@ -341,7 +360,7 @@ func readTarget(n *yaml.Node, path string, creds map[string]credentials) (Target
 		if err != nil {
 			return Target{}, errAt(f["dsn_file"], join(path, "dsn_file"), "%v", err)
 		}
-		return Target{dsn: s, Describe: dsn.Describe(s)}, nil
+		return Target{dsn: s, Describe: dsn.Describe(s), dsnFile: dsnFile}, nil
 	}
 	if f["host"] == nil {
 		return Target{}, errAt(n, path, "needs dsn_file, or host, database and credentials")
@@ -484,7 +503,7 @@ func quote(v string) string {
 // readPassword reads a password file: its first line, without the line end. A file
 // whose further lines are not blank is refused, since one of them may be the password.
 func readPassword(path string) (string, error) {
-	b, err := regularfile.Read(path, 64<<10)
+	b, err := regularfile.ReadSecret(path, 64<<10)
 	if err != nil {
 		return "", err
 	}

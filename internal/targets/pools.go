@@ -165,6 +165,13 @@ func (p *Pools) Replace(cfg *Config) {
 // closed).
 func (p *Pools) Conns() int { return len(p.limit.tokens) }
 
+// Files is Config.Files of the configuration in force.
+func (p *Pools) Files() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cfg.Files()
+}
+
 // Close closes every pool and waits for them.
 func (p *Pools) Close() {
 	p.mu.Lock()

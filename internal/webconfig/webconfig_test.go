@@ -260,3 +260,50 @@ func TestReloadStrongerAndRestartOnly(t *testing.T) {
 		t.Errorf("a second user and a rate limit: %+v; want taken, with rate_limit for the next restart", r)
 	}
 }
+
+// A web configuration mounted from a Kubernetes Secret is a link through ..data, which
+// the kubelet swaps to a new folder in one rename when the Secret changes: the swap is
+// seen at the next look (the file and its certificates read through the links), taken
+// when valid, refused when not, the configuration in force staying.
+func TestReloadFollowsASecretsSwap(t *testing.T) {
+	dir := t.TempDir()
+	version := func(name, users string) {
+		t.Helper()
+		v := filepath.Join(dir, name)
+		if err := os.Mkdir(v, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		tlstest.WriteSelfSigned(t, v, "tls")
+		if err := os.WriteFile(filepath.Join(v, "web.yml"), []byte(fmt.Sprintf("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n%s", users)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(name, filepath.Join(dir, "..data_tmp")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	version("..v1", "basic_auth_users:\n  alice: "+tlstest.BcryptHash(t, "pw")+"\n")
+	for _, key := range []string{"web.yml", "tls.crt", "tls.key"} {
+		if err := os.Symlink(filepath.Join("..data", key), filepath.Join(dir, key)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := Load(filepath.Join(dir, "web.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if r := s.Reload(false); r.Attempted {
+		t.Fatalf("nothing changed, yet: %+v", r)
+	}
+	version("..v2", "basic_auth_users:\n  alice: "+tlstest.BcryptHash(t, "pw2")+"\n")
+	if r := s.Reload(false); !r.Changed || r.Err != nil {
+		t.Errorf("the Secret's new version (a new password, a new certificate): %+v; want it taken", r)
+	}
+	version("..v3", "")
+	if r := s.Reload(false); r.Changed || r.Err == nil {
+		t.Errorf("a version without basic auth: %+v; want it refused", r)
+	}
+}

@@ -3,7 +3,9 @@ package alerts
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +18,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/textparse"
 
 	"github.com/pg-liveness/pg_liveness_exporter/dashboards"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
@@ -92,7 +97,7 @@ func TestEndToEnd(t *testing.T) {
 
 	hook := newWebhook(t)
 	amAddr := startAlertmanager(t, alertmanager, hook.URL)
-	promAddr := startPrometheus(t, []string{observerAddr, proberAddr}, amAddr)
+	promAddr := startPrometheus(t, []string{observerAddr, proberAddr}, amAddr, probeJobs(observerAddr, proberAddr)...)
 	prom := promAPI{addr: promAddr}
 
 	t.Run("stale instance alert fires and resolves", func(t *testing.T) {
@@ -177,12 +182,70 @@ func TestEndToEnd(t *testing.T) {
 		}
 	})
 
+	// The exporter answers OpenMetrics to whoever prefers it, Prometheus included (it
+	// scraped every target above in it): each answer parses with Prometheus' own
+	// OpenMetrics parser to its # EOF, and the agent's counters carry their _created.
+	t.Run("OpenMetrics answers parse", func(t *testing.T) {
+		for _, url := range []string{"http://" + observerAddr + "/metrics", "http://" + proberAddr + "/probe?target=e2e"} {
+			body := getOpenMetrics(t, url)
+			p := textparse.NewOpenMetricsParser(body, labels.NewSymbolTable())
+			samples, created := 0, false
+			for {
+				e, err := p.Next()
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					t.Fatalf("%s: Prometheus' OpenMetrics parser: %v", url, err)
+				}
+				if e == textparse.EntrySeries {
+					samples++
+					if name, _, _ := p.Series(); strings.HasPrefix(string(name), "pg_liveness_agent_heartbeats_total") && p.StartTimestamp() != 0 {
+						created = true
+					}
+				}
+			}
+			if samples == 0 {
+				t.Errorf("%s: no samples", url)
+			}
+			if strings.HasSuffix(url, "/metrics") && !created {
+				t.Errorf("%s: pg_liveness_agent_heartbeats_total has no _created", url)
+			}
+		}
+	})
+
+	// A dashboard filtered to the probe job (a multi-target install's databases) shows
+	// every panel: the agents' panels too, which the agents' own job serves.
+	t.Run("every dashboard query returns data for the probe job", func(t *testing.T) {
+		queries := dashboardQueries(t, map[string]string{"job": "pg_liveness_probe", "instance": ".+", "database": "e2e"})
+		empty := map[string]string{}
+		waitFor(t, "every dashboard query to return data for job pg_liveness_probe", func() bool {
+			clear(empty)
+			for _, q := range queries {
+				res, err := prom.query(t, q.expr)
+				if err != nil {
+					t.Fatalf("%s: %v\n\t%s", q.where, err, q.expr)
+				}
+				if res == 0 {
+					empty[q.where] = q.expr
+				}
+			}
+			return len(empty) == 0
+		}, func() string {
+			var b strings.Builder
+			for where, expr := range empty {
+				fmt.Fprintf(&b, "\n%s returns no data:\n\t%s", where, expr)
+			}
+			return b.String()
+		})
+	})
+
 	t.Run("every dashboard query returns data", func(t *testing.T) {
 		// The reaper's lease is released above; release it here as well in case that
 		// subtest stopped early, since the agent lease panels need the observer to hold it
 		// once.
 		db.Exec(t, `DELETE FROM liveness.leases WHERE name = $1 AND holder = $2`, liveness.ReaperLease, e2eHolder)
-		queries := dashboardQueries(t)
+		queries := dashboardQueries(t, nil)
 		empty := map[string]string{}
 		waitFor(t, "every dashboard query to return data", func() bool {
 			clear(empty)
@@ -204,6 +267,50 @@ func TestEndToEnd(t *testing.T) {
 			return b.String()
 		})
 	})
+}
+
+// getOpenMetrics GETs url with the Accept header Prometheus sends and returns the
+// OpenMetrics answer.
+func getOpenMetrics(t *testing.T, url string) []byte {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
+	resp, err := apiClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/openmetrics-text; version=1.0.0") {
+		t.Fatalf("GET %s: %s, Content-Type %q, %v", url, resp.Status, resp.Header.Get("Content-Type"), err)
+	}
+	return b
+}
+
+// probeJobs are the scrape jobs of a multi-target install beside e2eJob: the prober's
+// target e2e as /probe answers it (job pg_liveness_probe, labelled database=e2e, as the
+// README's scrape_config and the chart's Probe label it), and the observer's agent
+// scraped as the agents' job with its database's label, as the README says to.
+func probeJobs(observerAddr, proberAddr string) []any {
+	return []any{
+		map[string]any{
+			"job_name": "pg_liveness_probe", "metrics_path": "/probe",
+			"static_configs": []any{map[string]any{"targets": []string{"e2e"}}},
+			"relabel_configs": []any{
+				map[string]any{"source_labels": []string{"__address__"}, "target_label": "__param_target"},
+				map[string]any{"source_labels": []string{"__param_target"}, "target_label": "database"},
+				map[string]any{"source_labels": []string{"__param_target"}, "target_label": "instance"},
+				map[string]any{"target_label": "__address__", "replacement": proberAddr},
+			},
+		},
+		map[string]any{
+			"job_name":       "pg_liveness_agent",
+			"static_configs": []any{map[string]any{"targets": []string{observerAddr}, "labels": map[string]string{"database": "e2e"}}},
+		},
+	}
 }
 
 // setupE2EDatabase makes a database with data for every dashboard panel: the liveness
@@ -259,7 +366,7 @@ func shortenedRules(t *testing.T) []byte {
 
 // startPrometheus runs Prometheus scraping the exporters at targets every second, with the
 // shortened rules, alerting to Alertmanager at am, and returns its address.
-func startPrometheus(t *testing.T, targets []string, am string) string {
+func startPrometheus(t *testing.T, targets []string, am string, extraJobs ...any) string {
 	t.Helper()
 	rules := filepath.Join(t.TempDir(), "pg_liveness.rules.yml")
 	if err := os.WriteFile(rules, shortenedRules(t), 0o600); err != nil {
@@ -271,10 +378,10 @@ func startPrometheus(t *testing.T, targets []string, am string) string {
 		"alerting": map[string]any{"alertmanagers": []any{
 			map[string]any{"static_configs": []any{map[string]any{"targets": []string{am}}}},
 		}},
-		"scrape_configs": []any{map[string]any{
+		"scrape_configs": append([]any{map[string]any{
 			"job_name":       e2eJob,
 			"static_configs": []any{map[string]any{"targets": targets}},
-		}},
+		}}, extraJobs...),
 	}).Addr
 }
 
@@ -338,12 +445,13 @@ func newWebhook(t *testing.T) *webhook {
 	return h
 }
 
-// find returns the first received alert with this status, alertname and service.
+// find returns the first received alert with this status, alertname and service, of
+// the job e2eJob (the probe job's copy of a database-wide alert is its own).
 func (h *webhook) find(status, alertname, service string) *amAlert {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, a := range h.alerts {
-		if a.Status == status && a.Labels["alertname"] == alertname && a.Labels["service"] == service {
+		if a.Status == status && a.Labels["alertname"] == alertname && a.Labels["service"] == service && a.Labels["job"] == e2eJob {
 			return &a
 		}
 	}
@@ -426,10 +534,11 @@ func (p promAPI) ruleGroups(t *testing.T) []struct{ Rules []evaluatedRule } {
 type dashboardQuery struct{ where, expr string }
 
 // dashboardQueries returns every panel query of the shipped dashboards, with
-// $__rate_interval set to e2eRateInterval and every template variable matching all
-// values, as the dashboards' "All" does: its allValue (the database's, ".*", matches the
-// series of this exporter of one database, which have no database label).
-func dashboardQueries(t *testing.T) []dashboardQuery {
+// $__rate_interval set to e2eRateInterval and every template variable set as in
+// values, or else matching all values, as the dashboards' "All" does: its allValue (the
+// database's, ".*", matches the series of this exporter of one database, which have no
+// database label).
+func dashboardQueries(t *testing.T, values map[string]string) []dashboardQuery {
 	t.Helper()
 	type panel struct {
 		ID      int    `json:"id"`
@@ -454,6 +563,9 @@ func dashboardQueries(t *testing.T) []dashboardQuery {
 				expr := strings.ReplaceAll(tg.Expr, "$__rate_interval", e2eRateInterval)
 				expr = variableRE.ReplaceAllStringFunc(expr, func(v string) string {
 					name := variableRE.FindStringSubmatch(v)[1]
+					if set, ok := values[name]; ok {
+						return set
+					}
 					if all, ok := allValues[name]; ok {
 						return all
 					}

@@ -343,3 +343,34 @@ func TestUnitTestsCatchBrokenRules(t *testing.T) {
 		}
 	}
 }
+
+// TestCriticalAlertsNameTheAction: a critical alert pages someone, so it must be one that
+// needs action now, and its runbook section says which, in a paragraph that starts with
+// "**Act now.**". Warnings and info alerts have none: they wait for working hours.
+func TestCriticalAlertsNameTheAction(t *testing.T) {
+	b, err := os.ReadFile(runbooksFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]string{}
+	for _, part := range strings.Split(string(b), "\n## ")[1:] {
+		name, body, _ := strings.Cut(part, "\n")
+		sections[strings.TrimSpace(name)] = body
+	}
+	critical := 0
+	for _, r := range alertingRules(t, loadedRules(t)) {
+		act := strings.Contains(sections[r.Name], "\n**Act now.** ")
+		switch sev := r.Labels["severity"]; {
+		case sev == "critical" && !act:
+			t.Errorf("%s is critical, but its runbook section names no action: add a paragraph starting **Act now.**", r.Name)
+		case sev != "critical" && act:
+			t.Errorf("%s is %s, but its runbook section says **Act now.**: page for it (critical) or drop the paragraph", r.Name, sev)
+		}
+		if r.Labels["severity"] == "critical" {
+			critical++
+		}
+	}
+	if critical == 0 {
+		t.Error("no critical alert at all: nothing would page")
+	}
+}

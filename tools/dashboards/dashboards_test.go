@@ -174,10 +174,17 @@ func parseExpr(expr string) (parser.Expr, error) {
 }
 
 // filtered reports whether a selector filters by the job, instance and database
-// variables.
+// variables; an agent's metric (pg_liveness_agent_*) by the database only. The agents
+// are scraped by a job of their own (pg_liveness_agent) beside the observer's or the
+// probes' (pg_liveness_probe), so a job or instance filter would empty every agent
+// panel of a dashboard showing the probe job; their database label (README: scrape
+// agents with their database's) is what ties them to the fleet shown.
 func filtered(s promql.Selector) bool {
-	return s.Has("job", labels.MatchRegexp, "$job") && s.Has("instance", labels.MatchRegexp, "$instance") &&
-		s.Has("database", labels.MatchRegexp, "$database")
+	db := s.Has("database", labels.MatchRegexp, "$database")
+	if strings.HasPrefix(s.Name, "pg_liveness_agent_") {
+		return db && !slices.ContainsFunc(s.Matchers, func(m *labels.Matcher) bool { return m.Name == "job" || m.Name == "instance" })
+	}
+	return s.Has("job", labels.MatchRegexp, "$job") && s.Has("instance", labels.MatchRegexp, "$instance") && db
 }
 
 // checkExpr returns what is wrong with one panel query.
@@ -218,7 +225,7 @@ func checkExpr(expr string, allowed map[string]bool, vars []string) []string {
 }
 
 func TestCheckExpr(t *testing.T) {
-	allowed := map[string]bool{"a_total": true, "g": true}
+	allowed := map[string]bool{"a_total": true, "g": true, "pg_liveness_agent_x": true}
 	vars := []string{"job", "instance", "database", "service"}
 	const f = `job=~"$job",instance=~"$instance",database=~"$database"`
 	for _, tc := range []struct {
@@ -240,6 +247,8 @@ func TestCheckExpr(t *testing.T) {
 		{`sum without (instance) (g{` + f + `})`, false},            // label lists
 		{`g{` + f + `} +`, true},                                    // does not parse
 		{`count by (job) (g{` + f + `}) + count{` + f + `}`, true},  // "count" metric not exported
+		{`pg_liveness_agent_x{database=~"$database"}`, false},       // an agent's metric, by database
+		{`pg_liveness_agent_x{` + f + `}`, true},                    // an agent's metric by job: empty for the probe job
 	} {
 		if errs := checkExpr(tc.expr, allowed, vars); (len(errs) > 0) != tc.bad {
 			t.Errorf("checkExpr(%s): %q, want bad=%v", tc.expr, errs, tc.bad)

@@ -19,6 +19,10 @@ Names and labels. These take the root context.
 {{- end }}
 {{- end }}
 
+{{- define "pg-liveness-exporter.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride }}
+{{- end }}
+
 {{- define "pg-liveness-exporter.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "pg-liveness-exporter.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -85,7 +89,7 @@ its value.
 {{- $where := index . 0 }}
 {{- $owned := index . 2 }}
 {{- range (index . 1) }}
-{{- if has .name (list "DATA_SOURCE_NAME" "PGPASSWORD") }}
+{{- if has .name (list "DATA_SOURCE_NAME" "DATA_SOURCE_PASS" "PGPASSWORD" "PG_LIVENESS_EXPORTER_DB_DSN" "PG_LIVENESS_EXPORTER_DB_DIRECT_DSN") }}
 {{- fail (printf "%s: %s would put a DSN or password in the environment; put the DSN in the Secret named by dsn.existingSecret" $where .name) }}
 {{- end }}
 {{- if has .name $owned }}
@@ -99,26 +103,49 @@ Pieces of both containers; they take the chart's values.
 */}}
 
 {{- define "pg-liveness-exporter.image" -}}
+{{- if .image.digest }}
+image: {{ printf "%s@%s" .image.repository .image.digest | quote }}
+{{- else }}
 image: {{ printf "%s:%s" .image.repository .image.tag | quote }}
+{{- end }}
 imagePullPolicy: {{ .image.pullPolicy }}
 {{- end }}
 
-{{- /* The landing page answers without the database: an outage shows as
-pg_liveness_up 0, not as restarts. Takes the port's name. */}}
+{{- /* The container's probes, from values with livenessProbe and readinessProbe (the
+observer's or the agent's). */}}
 {{- define "pg-liveness-exporter.probes" -}}
 livenessProbe:
-  httpGet:
-    path: /
-    port: {{ . }}
-  periodSeconds: 10
-  timeoutSeconds: 5
-  failureThreshold: 6
+  {{- toYaml .livenessProbe | nindent 2 }}
 readinessProbe:
-  httpGet:
-    path: /
-    port: {{ . }}
-  periodSeconds: 10
-  timeoutSeconds: 5
+  {{- toYaml .readinessProbe | nindent 2 }}
+{{- end }}
+
+{{- /* A monitor endpoint's scrape settings beyond the chart's relabelings: takes the
+monitor's values (podMonitor, serviceMonitor). */}}
+{{- define "pg-liveness-exporter.endpointSettings" -}}
+honorLabels: {{ .honorLabels }}
+{{- with .scheme }}
+scheme: {{ . }}
+{{- end }}
+{{- with .tlsConfig }}
+tlsConfig:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .basicAuth }}
+basicAuth:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- /* The relabeling that gives the scraped series the database label, when the values
+name one. Takes the root context. */}}
+{{- define "pg-liveness-exporter.databaseRelabeling" -}}
+{{- with .Values.database }}
+# The alerts and dashboards group by database (values: database).
+- action: replace
+  targetLabel: database
+  replacement: {{ . | quote }}
+{{- end }}
 {{- end }}
 
 {{- /* The DSN Secret as a volume, readable by the pod's group only. Takes a list: the
@@ -138,7 +165,7 @@ volume's name and the chart's values. */}}
 The sidecar shape: what a service's own chart includes to run the agent beside each of
 its pods. Each takes this chart's values as your chart sees them, after defaults:
   {{- $pl := index .Values "pg-liveness-exporter" }}
-See deploy/helm/examples/checkout/templates/deployment.yaml.
+See deploy/examples/checkout/templates/deployment.yaml.
 */}}
 
 {{- /* The pod's securityContext (also the observer's). */}}
@@ -203,7 +230,7 @@ observer; each agent exports only its own state. */}}
     {{- end }}
   resources:
     {{- toYaml .agent.resources | nindent 4 }}
-  {{- include "pg-liveness-exporter.probes" "pg-liveness" | nindent 2 }}
+  {{- include "pg-liveness-exporter.probes" .agent | nindent 2 }}
   securityContext:
     {{- toYaml .securityContext | nindent 4 }}
 {{- end }}
