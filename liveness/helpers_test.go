@@ -31,7 +31,7 @@ func agentConfig(db *pgtest.DB, pool *pgxpool.Pool) liveness.AgentConfig {
 }
 
 // newAgent is liveness.NewAgent for a configuration the test says is valid.
-func newAgent(t *testing.T, cfg liveness.AgentConfig) *liveness.Agent {
+func newAgent(t testing.TB, cfg liveness.AgentConfig) *liveness.Agent {
 	t.Helper()
 	a, err := liveness.NewAgent(cfg)
 	if err != nil {
@@ -41,7 +41,7 @@ func newAgent(t *testing.T, cfg liveness.AgentConfig) *liveness.Agent {
 }
 
 // runAgent runs the agent until stop; done yields Run's error once it has returned.
-func runAgent(t *testing.T, a *liveness.Agent) (stop context.CancelFunc, done <-chan error) {
+func runAgent(t testing.TB, a *liveness.Agent) (stop context.CancelFunc, done <-chan error) {
 	t.Helper()
 	ctx, stop := context.WithCancel(context.Background())
 	out := make(chan error, 1)
