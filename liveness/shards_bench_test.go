@@ -70,7 +70,24 @@ func benchmarkShardMember(b *testing.B, shards int) {
 		by, owned := own.byOwner()
 		return owned == shards && len(by) == len(counters)
 	})
-	time.Sleep(5 * time.Second) // the last moves settle
+	// The moves of the start settle: no member tries a shard for 5 s.
+	tries := func() (n int) {
+		for _, c := range counters {
+			for tag, v := range c.snapshot() {
+				if strings.HasPrefix(tag, "lease_acquire:bench/") {
+					n += v
+				}
+			}
+		}
+		return n
+	}
+	last, quietSince := tries(), time.Now()
+	testutil.Eventually(b, 5*time.Minute, "no shard tried for 5 s", func() bool {
+		if n := tries(); n != last {
+			last, quietSince = n, time.Now()
+		}
+		return time.Since(quietSince) >= 5*time.Second
+	})
 	before := make([]map[string]int, len(counters))
 	for i, c := range counters {
 		before[i] = c.snapshot()
@@ -79,9 +96,9 @@ func benchmarkShardMember(b *testing.B, shards int) {
 	time.Sleep(measured)
 	total, byTag := 0.0, map[string]float64{}
 	for i, c := range counters {
-		for tag, n := range c.snapshot() {
-			tag, _, _ = strings.Cut(tag, ":") // the tag, whatever lease
-			d := float64(n - before[i][tag])
+		for key, n := range c.snapshot() {
+			d := float64(n - before[i][key])
+			tag, _, _ := strings.Cut(key, ":") // the tag, whatever lease
 			byTag[tag] += d / measured.Seconds() / float64(len(counters))
 			total += d
 		}
