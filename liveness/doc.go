@@ -203,6 +203,36 @@
 // says why). Refusals are counted per lease (LeaseStats.FencedRefused), and the first of
 // each lease is logged at warning level.
 //
+// # Sharded ownership
+//
+// Agent.Shards spreads a set of shards over the instances that take part, each shard
+// owned by one live instance at a time. Membership says who may own a shard, a lease who
+// does: a member holds the set's member lease, <set>/member/<id>, and the owner of a
+// shard its lease, <set>/<shard>, both in <schema>.leases. Each member reads the set's
+// live members when they change (notified) and every few seconds, and owns the shards
+// that rendezvous hashing gives it among them, so a join or a departure moves about one
+// shard in members. A shard's callback gets the shard's Leadership: fence its writes
+// with shard.Exec or shard.BeginFunc. A shard's lease is released only once its callback
+// has returned, so a shard that moves between live members (a join, a graceful stop) has
+// its new owner start after the old one's callback returned; a crashed owner's shards
+// move once it is dead by the verdict, and a hung one's once their leases expire (at
+// most TTL after its last renewal), since its member lease expires with them whatever
+// the verdict says of the instance. Every lease of a member is renewed in one statement
+// every TTL/4, however many shards it owns.
+//
+// # One session per node
+//
+// With AgentConfig.NodeAgentSocket the alive lock is held not on a direct session of
+// the process's own but on the node agent's (NodeAgent, or the pg_liveness_exporter
+// binary run with --node-agent.socket): one liveness session, and one listener, per
+// node instead of per process. The process's connection to the node agent is the lock:
+// when it closes, however the process ended, the node agent lets the lock go and the
+// fleet sees it vanish as it would have seen a session of the process's own end. A
+// leader's proofs are the node agent's verifications of its session, each sent after the
+// leader asked, so every guarantee of "What a leader guarantees" holds as it does with a
+// session of its own. When the node agent dies its processes notice at once, prove life
+// by their heartbeats (heartbeat_only), lead nothing, and attach again once it is back.
+//
 // # Leases without an alive lock
 //
 // Leases, the field report's design, takes and keeps leases alone: TryAcquire (an
