@@ -101,6 +101,9 @@ const (
 	sentrySpacing   = 100 * time.Millisecond
 	sentryMinPeriod = WatchInterval
 	sentryMaxPeriod = time.Minute
+	// sentryUnknownFleet is the fleet size a sentry assumes before it has read one, so
+	// that a fleet that starts all at once does not ask at the pace of a small one.
+	sentryUnknownFleet = 100
 	// watchStaleAfter is the age past which no watcher counts as ticking: two ticks
 	// missed. A watcher slowed down by a busy server makes a sentry stand in for a while,
 	// which costs a second reader of pg_locks, never a wrong verdict.
@@ -165,7 +168,7 @@ func (w *watcher) sentry(ctx context.Context) {
 		locks      int       // the fleet's lock count, as last read
 		failing    logging.Repeats
 	)
-	wait := w.cfg.every
+	wait := w.sentryWait(sentryUnknownFleet) // a fleet that starts at once does not ask at once
 	for {
 		timer := time.NewTimer(wait)
 		select {
@@ -193,7 +196,14 @@ func (w *watcher) sentry(ctx context.Context) {
 			if ok && ticked && n > 0 {
 				locks = n
 			}
-			if !ok || (ticked && age < watchStaleAfter) {
+			// Before any watcher has ticked in this server lifetime (a fleet that starts, a
+			// server just restarted) nobody is missed: the watchers' campaigns take their
+			// leases within a try. Standing in then would have every agent of a starting
+			// fleet read pg_locks.
+			if !ok || !ticked || age < watchStaleAfter {
+				if !ticked {
+					locks = max(locks, sentryUnknownFleet)
+				}
 				wait = w.sentryWait(locks)
 				continue
 			}
