@@ -270,6 +270,8 @@ func TestProbeConfigurationErrorsAndReload(t *testing.T) {
 	}{
 		"unknown credentials": {"targets:\n  orders: {host: h, database: d, credentials: nobody}\n", nil, `--config.file ` + dir + `/config.yml: line 2: targets.orders.credentials: no credentials named "nobody"`},
 		"unknown field":       {"targets:\n  orders: {dsn: x}\n", nil, "--config.file " + dir + "/config.yml: line 2: targets.orders.dsn: unknown field"},
+		"two documents": {"credentials:\n  c: {user: u, password_file: " + pw + "}\ntargets:\n  o: {host: h, database: d, credentials: c}\n---\ntargets: {}\n", nil,
+			"--config.file " + dir + "/config.yml: line 5: a --- line starts a second YAML document"},
 		"unreadable password": {"credentials:\n  c: {user: u, password_file: " + dir + "/missing}\ntargets:\n  o: {host: h, database: d, credentials: c}\n", nil, "--config.file " + dir + "/config.yml: credentials.c.password_file: open " + dir + "/missing"},
 		"with the agent":      {"credentials:\n  c: {user: u, password_file: " + pw + "}\ntargets:\n  o: {host: h, database: d, credentials: c}\n", []string{"--agent"}, "--config.file makes an observer"},
 		"telemetry path of /probe": {"credentials:\n  c: {user: u, password_file: " + pw + "}\ntargets:\n  o: {host: h, database: d, credentials: c}\n",
@@ -318,6 +320,17 @@ func TestProbeConfigurationErrorsAndReload(t *testing.T) {
 		t.Fatalf("target a lost after a refused reload:\n%s", body)
 	}
 	p.waitFor(t, `(?m)^pg_liveness_exporter_config_last_reload_successful 0$`, 10*time.Second)
+	// A file of two documents, the first valid (and naming b), is refused as well: not cut
+	// to its first document.
+	replaceFile(t, cfg, mustRead(t, targetsConfig(t, t.TempDir(), []testTarget{a, b}))+"---\ntargets: {}\n")
+	p.signal(t, syscall.SIGHUP)
+	waitLogCount(t, p, "refused --config.file", 2)
+	if !strings.Contains(p.Logs(), "a --- line starts a second YAML document") {
+		t.Errorf("the refusal of a file of two documents does not say why")
+	}
+	if code, body, _ := p.probe(t, "target=b", "5"); code != http.StatusBadRequest {
+		t.Fatalf("target b served from a refused file of two documents: %d\n%s", code, body)
+	}
 	replaceFile(t, cfg, mustRead(t, targetsConfig(t, t.TempDir(), []testTarget{a, b})))
 	p.signal(t, syscall.SIGHUP)
 	waitLog(t, p, "reloaded --config.file")
