@@ -9,7 +9,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -116,14 +118,32 @@ func (d *discoveredDBs) page(entry, name string) (http.Handler, int, string) {
 }
 
 // statusPage serves /targets/ENTRY/DATNAME/status and .json: a discovered database's
-// status page, the same page as /status. A database name with a '/' is escaped (%2F).
+// status page, the same page as /status. The DATNAME segment is databaseSegment's.
 func (d *discoveredDBs) statusPage(w http.ResponseWriter, r *http.Request) {
-	page, code, msg := d.page(r.PathValue("entry"), r.PathValue("database"))
+	page, code, msg := d.page(r.PathValue("entry"), databaseOfSegment(r.PathValue("database")))
 	if page == nil {
 		http.Error(w, msg, code)
 		return
 	}
 	page.ServeHTTP(w, r)
+}
+
+// databaseSegment is the path segment of database name in its page's path,
+// /targets/ENTRY/SEGMENT/status: the name path-escaped (a '/' as %2F, a '%' as %25),
+// except that "." and "..", which every client and the server's own path cleaning take
+// for the current and the parent folder (a browser even when written %2E), and names
+// that start with '~', are written with a '~' before them. databaseOfSegment reads it.
+func databaseSegment(name string) string {
+	if name == "." || name == ".." || strings.HasPrefix(name, "~") {
+		name = "~" + name
+	}
+	return url.PathEscape(name)
+}
+
+// databaseOfSegment is the database name of a page's path segment (already unescaped):
+// one leading '~' is dropped.
+func databaseOfSegment(segment string) string {
+	return strings.TrimPrefix(segment, "~")
 }
 
 // dropped describes, for /targets, the databases --discover.max-series dropped in the
