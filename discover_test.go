@@ -203,3 +203,97 @@ func TestDiscoveryWatchesEveryDatabaseWithTheSchema(t *testing.T) {
 		}
 	}
 }
+
+// A discovered database that is dropped, no longer accepts connections or may no longer
+// be connected to reports pg_liveness_up 0 with the reason, although its server answers
+// the shared read of pg_locks (its part of it, empty, needs no statement of its own): the
+// server answering is not the database answering. A database beside them stays up, and
+// the two that still exist stay listed, down, through the re-checks.
+func TestDiscoveredDatabaseThatRefusesConnectionsIsDown(t *testing.T) {
+	s := pgtest.NewServer(t)
+	const pw = "watcher-pw"
+	ctx := context.Background()
+	if err := s.Exec(ctx, `CREATE ROLE watcher LOGIN PASSWORD '`+pw+`'; GRANT pg_read_all_stats TO watcher`); err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]*pgtest.DB{}
+	for _, name := range []string{"ok", "dropped", "closed", "revoked"} {
+		d := pgtest.NewDBOn(t, s)
+		seedService(t, d, "svc-"+name)
+		d.Exec(t, `GRANT USAGE ON SCHEMA liveness TO watcher;
+			GRANT SELECT ON liveness.instances, liveness.leases, liveness.schema_migrations,
+			                liveness.instance_alive_locks, liveness.bigint_advisory_locks TO watcher`)
+		names[name] = d
+	}
+	label := func(name string) string { return "s/" + names[name].Name }
+	dir := t.TempDir()
+	cfg := writeFile(t, dir, "targets.yml", fmt.Sprintf("credentials:\n  w: {user: watcher, password_file: %s, sslmode: disable}\n"+
+		"discover:\n  s: {host: 127.0.0.1, port: %d, credentials: w, interval: 1s}\n", writeFile(t, dir, "pw", pw+"\n"), s.Port))
+	p := startExporter(t, nil, "--no-agent", "--config.file="+cfg)
+	testutil.Eventually(t, 30*time.Second, "the four databases up", func() bool {
+		body, _ := p.metrics(t, "5")
+		for name := range names {
+			if upOf(body, label(name)) != "1" {
+				return false
+			}
+		}
+		return true
+	})
+
+	// The sessions the exporter holds keep working after ALTER DATABASE and REVOKE: they
+	// are ended, so that its next scrape has to connect.
+	terminate := func(db string) string {
+		return `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '` + db + `' AND pid <> pg_backend_pid()`
+	}
+	for _, sql := range []string{
+		"DROP DATABASE " + names["dropped"].Name + " WITH (FORCE)",
+		"ALTER DATABASE " + names["closed"].Name + " ALLOW_CONNECTIONS false",
+		terminate(names["closed"].Name),
+		"REVOKE CONNECT ON DATABASE " + names["revoked"].Name + " FROM PUBLIC",
+		terminate(names["revoked"].Name),
+	} {
+		if err := s.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reason := func(body, db, r string) string {
+		m := regexp.MustCompile(`(?m)^pg_liveness_database_down_reason\{database="` + regexp.QuoteMeta(label(db)) + `",reason="` + r + `"\} (\S+)$`).FindStringSubmatch(body)
+		if m == nil {
+			return ""
+		}
+		return m[1]
+	}
+	// The first scrape after the change, before any re-check could drop a database.
+	body, _ := p.metrics(t, "5")
+	for db, r := range map[string]string{"dropped": "unavailable", "closed": "unavailable", "revoked": "auth"} {
+		if upOf(body, label(db)) != "0" || reason(body, db, r) != "1" {
+			t.Errorf("%s: pg_liveness_up %q, down_reason %s %q; want 0 and 1", db, upOf(body, label(db)), r, reason(body, db, r))
+		}
+	}
+	if upOf(body, label("ok")) != "1" {
+		t.Errorf("the database beside them: pg_liveness_up %q", upOf(body, label("ok")))
+	}
+	if strings.Contains(p.Logs(), "cannot read the server's advisory locks once") {
+		t.Errorf("the server's shared read of pg_locks failed: the test does not show what it should")
+	}
+	// A re-check (every second) drops the dropped database; the same re-check kept the
+	// other two, listed, down.
+	testutil.Eventually(t, 30*time.Second, "the dropped database gone after a re-check", func() bool {
+		body, _ = p.metrics(t, "5")
+		return upOf(body, label("dropped")) == ""
+	})
+	for db, r := range map[string]string{"closed": "unavailable", "revoked": "auth"} {
+		if upOf(body, label(db)) != "0" || reason(body, db, r) != "1" {
+			t.Errorf("after a re-check, %s: pg_liveness_up %q, down_reason %s %q; want listed, 0 and 1", db, upOf(body, label(db)), r, reason(body, db, r))
+		}
+	}
+	if t.Failed() {
+		var lines []string
+		for l := range strings.Lines(body) {
+			if strings.HasPrefix(l, "pg_liveness_up{") || strings.HasPrefix(l, "pg_liveness_database_down_reason{") {
+				lines = append(lines, l)
+			}
+		}
+		t.Logf("last scrape:\n%s", strings.Join(lines, ""))
+	}
+}

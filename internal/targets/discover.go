@@ -171,8 +171,15 @@ func (d *Discovery) check(ctx context.Context, srv Server) {
 	d.mu.Unlock()
 	var found []string
 	capped := 0 // databases with the table left out by MaxDatabases
-	for _, db := range names {
-		has, err := d.holdsSource(ctx, srv.Name, db)
+	for _, l := range names {
+		db := l.Name
+		var has bool
+		var err error
+		if l.AllowsConnections {
+			has, err = d.holdsSource(ctx, srv.Name, db)
+		} else {
+			err = errors.New("the database does not accept connections (ALLOW_CONNECTIONS false)")
+		}
 		switch {
 		case err != nil && slices.Contains(before, db):
 			logger.Warn("cannot check a database; keeping it", "database", db, "err", err)
@@ -221,8 +228,14 @@ func (d *Discovery) cappedLog(server string) *logging.Repeats {
 	return r
 }
 
+// listed is a database of pg_database.
+type listed struct {
+	Name              string `db:"datname"`
+	AllowsConnections bool   `db:"allows_connections"`
+}
+
 // list reads pg_database in srv's maintenance database.
-func (d *Discovery) list(ctx context.Context, srv Server) ([]string, error) {
+func (d *Discovery) list(ctx context.Context, srv Server) ([]listed, error) {
 	pool, ok, err := d.pools.DiscoveredPool(srv.Name, srv.Maintenance)
 	if !ok || err != nil {
 		return nil, cmpErr(err, errors.New("the entry was removed"))
@@ -234,7 +247,7 @@ func (d *Discovery) list(ctx context.Context, srv Server) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+	return pgx.CollectRows(rows, pgx.RowToStructByName[listed])
 }
 
 // holdsSource reports whether database db of server holds the source's instances table
