@@ -297,3 +297,71 @@ func TestDiscoveredDatabaseThatRefusesConnectionsIsDown(t *testing.T) {
 		t.Logf("last scrape:\n%s", strings.Join(lines, ""))
 	}
 }
+
+// A discover entry whose role may not read pg_database exports that it fails and why
+// (pg_liveness_exporter_discover_entry_up 0, down_reason permission) and logs it once
+// when it begins, not at every re-check; once the role may read it again, the entry is
+// up, its databases found, and one line says so.
+func TestDiscoverEntryThatMayNotListDatabasesSaysSo(t *testing.T) {
+	s := pgtest.NewServer(t)
+	const pw = "lister-pw"
+	ctx := context.Background()
+	d := pgtest.NewDBOn(t, s)
+	seedService(t, d, "svc-listed")
+	d.Exec(t, `GRANT USAGE ON SCHEMA liveness TO PUBLIC; GRANT SELECT ON liveness.instances, liveness.leases TO PUBLIC`)
+	// pg_database is shared, but its privileges are kept per database: this revokes it
+	// where the entry reads it (its maintenance database, postgres).
+	for _, sql := range []string{`CREATE ROLE lister LOGIN PASSWORD '` + pw + `'`, `REVOKE SELECT ON pg_catalog.pg_database FROM PUBLIC`} {
+		if err := s.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = s.Exec(context.Background(), `GRANT SELECT ON pg_catalog.pg_database TO PUBLIC`) })
+	dir := t.TempDir()
+	cfg := writeFile(t, dir, "targets.yml", fmt.Sprintf("credentials:\n  l: {user: lister, password_file: %s, sslmode: disable}\n"+
+		"discover:\n  s: {host: 127.0.0.1, port: %d, credentials: l, interval: 1s}\n", writeFile(t, dir, "pw", pw+"\n"), s.Port))
+	p := startExporter(t, nil, "--no-agent", "--config.file="+cfg)
+	body := p.waitFor(t, `(?m)^pg_liveness_exporter_discover_entry_up\{entry="s"\} 0$`, 30*time.Second)
+	for _, r := range []string{"auth", "connection", "error", "permission", "timeout", "unavailable"} {
+		want := "0"
+		if r == "permission" {
+			want = "1"
+		}
+		if line := `pg_liveness_exporter_discover_entry_down_reason{entry="s",reason="` + r + `"} ` + want; !strings.Contains(body, line+"\n") {
+			t.Errorf("no %s in:\n%s", line, body)
+		}
+	}
+	// One warning, whatever the re-checks (every second) that fail again.
+	warnings := func() int {
+		n := 0
+		for l := range strings.Lines(p.Logs()) {
+			if strings.Contains(l, "level=WARN") && strings.Contains(l, "cannot list the server's databases") {
+				n++
+			}
+		}
+		return n
+	}
+	waitLogCount(t, p, "cannot list the server's databases", 4) // the debug lines of three re-checks more
+	if n := warnings(); n != 1 {
+		t.Errorf("%d warnings for the same failure over four re-checks, want 1", n)
+	}
+	if !strings.Contains(p.Logs(), "permission denied") {
+		t.Errorf("the warning does not say why")
+	}
+
+	if err := s.Exec(ctx, `GRANT SELECT ON pg_catalog.pg_database TO PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	body = p.waitFor(t, `(?m)^pg_liveness_exporter_discover_entry_up\{entry="s"\} 1$`, 30*time.Second)
+	if !strings.Contains(body, `pg_liveness_exporter_discover_entry_down_reason{entry="s",reason="permission"} 0`) {
+		t.Errorf("permission still given as the reason once the entry succeeds:\n%s", body)
+	}
+	testutil.Eventually(t, 30*time.Second, "the database found", func() bool {
+		b, _ := p.metrics(t, "5")
+		return upOf(b, "s/"+d.Name) == "1"
+	})
+	waitLog(t, p, "the server's databases are listed again")
+	if n := warnings(); n != 1 {
+		t.Errorf("%d warnings, want the one", n)
+	}
+}

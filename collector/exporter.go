@@ -474,6 +474,10 @@ func run(ctx context.Context, c Collector, out *exposition.Builder) (_ *expositi
 
 var downReasons = []string{"auth", "connection", "timeout", "unavailable"}
 
+// DownReason is the reason pg_liveness_database_down_reason gives for err, a failure to
+// get an answer from PostgreSQL: auth, connection, timeout or unavailable.
+func DownReason(err error) string { return downReason(err) }
+
 // downReason classifies why PostgreSQL did not answer. A login refused for want of the
 // CONNECT privilege on the database (42501, FATAL at start-up) is auth, as a refused
 // password is; a database dropped (3D000) or not accepting connections (55000) is

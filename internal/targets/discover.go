@@ -38,6 +38,8 @@ type Discovery struct {
 	found   map[string][]string         // by entry: the databases, sorted
 	capped  map[string]*logging.Repeats // by entry: the max_databases warning, logged when it starts or changes
 	leftOut map[string]int              // by entry: the databases holding the table that max_databases left out
+	listed  map[string]error            // by entry checked: why its last listing of pg_database failed, nil when it did not
+	listLog map[string]*logging.Repeats // by entry: that failure, logged when it starts or changes
 	// rounds counts finished re-checks of every entry, for tests and the log.
 	rounds int
 	round  chan struct{} // closed and replaced when a round ends
@@ -47,7 +49,8 @@ type Discovery struct {
 // bounds each statement it sends (listing the databases, checking one).
 func NewDiscovery(pools *Pools, source *store.Source, timeout time.Duration, logger *slog.Logger) *Discovery {
 	return &Discovery{pools: pools, source: source, timeout: timeout, logger: logger,
-		found: map[string][]string{}, capped: map[string]*logging.Repeats{}, leftOut: map[string]int{}, round: make(chan struct{})}
+		found: map[string][]string{}, capped: map[string]*logging.Repeats{}, leftOut: map[string]int{},
+		listed: map[string]error{}, listLog: map[string]*logging.Repeats{}, round: make(chan struct{})}
 }
 
 // Found returns the databases found, by entry then name.
@@ -58,6 +61,25 @@ func (d *Discovery) Found() []Database {
 	for _, srv := range d.pools.Config().Discover() {
 		for _, db := range d.found[srv.Name] {
 			out = append(out, Database{srv.Name, db})
+		}
+	}
+	return out
+}
+
+// EntryStatus is how a discover entry's last listing of its server's databases went.
+type EntryStatus struct {
+	Name string
+	Err  error // nil when it succeeded
+}
+
+// Entries returns the status of the entries in force that have been checked, by name.
+func (d *Discovery) Entries() []EntryStatus {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []EntryStatus
+	for _, srv := range d.pools.Config().Discover() {
+		if err, ok := d.listed[srv.Name]; ok {
+			out = append(out, EntryStatus{Name: srv.Name, Err: err})
 		}
 	}
 	return out
@@ -142,6 +164,12 @@ func (d *Discovery) prune() {
 			delete(d.leftOut, name)
 		}
 	}
+	for name := range d.listed {
+		if !slices.ContainsFunc(d.pools.Config().Discover(), func(s Server) bool { return s.Name == name }) {
+			delete(d.listed, name)
+			delete(d.listLog, name)
+		}
+	}
 }
 
 // LeftOut is how many databases holding the table the entries in force left out at their
@@ -162,10 +190,19 @@ func (d *Discovery) LeftOut() int {
 func (d *Discovery) check(ctx context.Context, srv Server) {
 	logger := d.logger.With("server", srv.Name)
 	names, err := d.list(ctx, srv)
+	d.mu.Lock()
+	d.listed[srv.Name] = err
+	failed := d.listLog[srv.Name]
+	if failed == nil {
+		failed = new(logging.Repeats)
+		d.listLog[srv.Name] = failed
+	}
+	d.mu.Unlock()
 	if err != nil {
-		logger.Warn("cannot list the server's databases; keeping the ones found before", "err", err)
+		failed.Log(logger, slog.LevelWarn, err.Error(), "cannot list the server's databases; keeping the ones found before", "err", err)
 		return
 	}
+	failed.Clear(logger, "the server's databases are listed again")
 	d.mu.Lock()
 	before := d.found[srv.Name]
 	d.mu.Unlock()
