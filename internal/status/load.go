@@ -68,9 +68,9 @@ type limiter struct {
 	rate     *rate.Limiter
 	admitted atomic.Int64
 	db       chan struct{} // held while an evaluation reads the database
+	render   chan struct{} // held while a page is rendered
 	// reading is when the read holding db started (Unix nanoseconds; 0 when none does).
 	reading atomic.Int64
-	render   chan struct{} // held while a page is rendered
 
 	mu      sync.Mutex
 	entries map[query]*evaluation // in flight, or finished less than dataTTL ago
