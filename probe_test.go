@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -390,6 +391,66 @@ func TestProbeBesideTheMainDatabase(t *testing.T) {
 		resp.Body.Close()
 		if !strings.Contains(string(b), want) {
 			t.Errorf("%s has no %s:\n%s", path, want, b)
+		}
+	}
+}
+
+// SIGTERM while probes of a frozen server (every process stopped) are in flight, one on
+// a connection made before the freeze (its statement never answered) and one still
+// connecting: the exporter ends them, answers them, and exits within the 5 s that the
+// deploy tests and an HTTP server's shutdown allow, not at their 30 s deadline or after it.
+func TestSIGTERMDuringProbesOfAFrozenServerExitsAtOnce(t *testing.T) {
+	s := pgtest.NewServer(t)
+	ts := []testTarget{{"before", s, pgtest.NewDBOn(t, s)}, {"after", s, pgtest.NewDBOn(t, s)}}
+	for _, tg := range ts {
+		seedService(t, tg.db, "svc-"+tg.name)
+	}
+	p := startExporter(t, nil, "--no-agent", "--config.file="+targetsConfig(t, t.TempDir(), ts))
+	testutil.Eventually(t, 15*time.Second, "target before answering", func() bool {
+		_, body, _ := p.probe(t, "target=before", "5")
+		return strings.Contains(body, "\npg_liveness_up 1\n")
+	})
+	hang(t, s)
+	type answer struct {
+		code int
+		body string
+	}
+	answers := make(chan answer, len(ts))
+	var sent sync.WaitGroup
+	for _, tg := range ts {
+		sent.Add(1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { sent.Done() }}
+			req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodGet, "http://"+p.addr+"/probe?target="+tg.name, nil)
+			req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", "30")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				answers <- answer{0, err.Error()}
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			answers <- answer{resp.StatusCode, string(b)}
+		}()
+	}
+	sent.Wait()
+	// Both probes are being served: each waits on the frozen server (a statement, a login).
+	testutil.Eventually(t, 10*time.Second, "both probes waiting on the server", func() bool {
+		return metricValue(t, p.scrape(t), "pg_liveness_exporter_probe_connections") >= 2
+	})
+	start := time.Now()
+	p.signal(t, syscall.SIGTERM)
+	code := p.exitCode(t, 30*time.Second, "SIGTERM")
+	took := time.Since(start)
+	t.Logf("exit %d %s after SIGTERM", code, took)
+	if code != 0 || took > 5*time.Second {
+		t.Errorf("SIGTERM during probes of a frozen server: exit %d after %s, want 0 within 5 s", code, took)
+	}
+	for range ts {
+		if a := <-answers; a.code != http.StatusOK || !strings.Contains(a.body, "\npg_liveness_up 0\n") {
+			t.Errorf("a probe in flight at SIGTERM: %d, want its answer, up 0:\n%.300s", a.code, a.body)
 		}
 	}
 }

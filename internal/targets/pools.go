@@ -239,29 +239,106 @@ func (l *connLimit) acquire(ctx context.Context) error {
 	}
 }
 
+// closeGrace bounds what a connection on its way out still waits for: its cancel request
+// and the server's goodbye. pgx allows 15 s for each, which a server that does not
+// answer (its processes stopped, its host gone) takes whole, and the connection kept its
+// token that long after the scrape that gave it up had answered.
+const closeGrace = time.Second
+
+// wrap is each connection's dialer (database.PoolConfig.WrapDial): its first dial takes
+// a token, given back when the socket closes. A dial while that socket is still open is
+// the cancel request pgx sends as it closes a connection whose statement was given up
+// (its default context handling sends one at no other time): the connection is then
+// bounded to closeGrace, and the cancel request, which opens no session, rides on its
+// token for at most as long.
 func (l *connLimit) wrap(next pgconn.DialFunc) pgconn.DialFunc {
+	var mu sync.Mutex
+	var open *limitedConn // this connection's socket, once dialled
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		mu.Lock()
+		c := open
+		mu.Unlock()
+		if c != nil && !c.isClosed() {
+			c.leaving()
+			return dialCancel(ctx, next, network, addr)
+		}
 		if err := l.acquire(ctx); err != nil {
 			return nil, err
 		}
-		c, err := next(ctx, network, addr)
+		nc, err := next(ctx, network, addr)
 		if err != nil {
 			<-l.tokens
 			return nil, err
 		}
-		return &limitedConn{Conn: c, release: func() { <-l.tokens }}, nil
+		c = &limitedConn{Conn: nc, release: func() { <-l.tokens }}
+		mu.Lock()
+		open = c
+		mu.Unlock()
+		return c, nil
 	}
 }
 
-// limitedConn gives its token back once, on Close.
+// dialCancel dials a cancel request's connection, bounded to closeGrace from now.
+func dialCancel(ctx context.Context, next pgconn.DialFunc, network, addr string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, closeGrace)
+	defer cancel()
+	nc, err := next(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	c := &limitedConn{Conn: nc, release: func() {}}
+	c.leaving()
+	return c, nil
+}
+
+// limitedConn gives its token back once, on Close. Once leaving, no deadline set on it
+// is later than closeGrace after that moment.
 type limitedConn struct {
 	net.Conn
 	once    sync.Once
 	release func()
+
+	mu     sync.Mutex
+	closed bool
+	until  time.Time // the latest deadline while leaving; zero before
 }
 
 func (c *limitedConn) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
 }
+
+func (c *limitedConn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// leaving bounds every wait on the connection to closeGrace from now.
+func (c *limitedConn) leaving() {
+	c.mu.Lock()
+	if c.until.IsZero() {
+		c.until = time.Now().Add(closeGrace)
+	}
+	until := c.until
+	c.mu.Unlock()
+	_ = c.Conn.SetDeadline(until)
+}
+
+// bound is t, or the leaving connection's latest deadline when t is later (or none).
+func (c *limitedConn) bound(t time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.until.IsZero() && (t.IsZero() || t.After(c.until)) {
+		return c.until
+	}
+	return t
+}
+
+func (c *limitedConn) SetDeadline(t time.Time) error      { return c.Conn.SetDeadline(c.bound(t)) }
+func (c *limitedConn) SetReadDeadline(t time.Time) error  { return c.Conn.SetReadDeadline(c.bound(t)) }
+func (c *limitedConn) SetWriteDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(c.bound(t)) }
