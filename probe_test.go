@@ -454,3 +454,70 @@ func TestSIGTERMDuringProbesOfAFrozenServerExitsAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// Hung targets never starve healthy ones: ten targets on a frozen server (every process
+// stopped) and five on a healthy one, 40 clients probing them at once under
+// --probe.max-conns=10. The frozen server's targets hold at most its share of the cap,
+// so every probe of a healthy target answers up 1, well within its deadline, in every
+// round; the frozen ones answer up 0 at theirs.
+func TestHungTargetsDoNotStarveHealthyOnes(t *testing.T) {
+	hung, healthy := pgtest.NewServer(t), pgtest.NewServer(t)
+	hungDB, healthyDB := pgtest.NewDBOn(t, hung), pgtest.NewDBOn(t, healthy)
+	seedService(t, hungDB, "svc-hung")
+	seedService(t, healthyDB, "svc-healthy")
+	var ts []testTarget
+	for i := range 10 {
+		ts = append(ts, testTarget{fmt.Sprintf("hung-%d", i), hung, hungDB})
+	}
+	for i := range 5 {
+		ts = append(ts, testTarget{fmt.Sprintf("healthy-%d", i), healthy, healthyDB})
+	}
+	p := startExporter(t, nil, "--no-agent", "--config.file="+targetsConfig(t, t.TempDir(), ts), "--probe.max-conns=10")
+	// Half the frozen server's targets have connections from before, the other half
+	// connect once it is frozen.
+	for _, tg := range ts[:5] {
+		testutil.Eventually(t, 15*time.Second, tg.name+" answering", func() bool {
+			_, body, _ := p.probe(t, "target="+tg.name, "5")
+			return strings.Contains(body, "\npg_liveness_up 1\n")
+		})
+	}
+	hang(t, hung)
+	const deadline = 4500 * time.Millisecond // 5 s less the 0.5 s offset
+	for round := range 2 {
+		var mu sync.Mutex
+		var bad []string
+		healthyUp, hungDown := 0, 0
+		var wg sync.WaitGroup
+		for c := range 40 {
+			wg.Go(func() {
+				tg := ts[c%len(ts)]
+				if c >= 30 { // ten more clients on the healthy targets
+					tg = ts[10+c%5]
+				}
+				code, body, took := p.probe(t, "target="+tg.name, "5")
+				mu.Lock()
+				defer mu.Unlock()
+				up := strings.Contains(body, "\npg_liveness_up 1\n")
+				switch {
+				case tg.srv == healthy && code == http.StatusOK && up && took < deadline:
+					healthyUp++
+				case tg.srv == healthy:
+					bad = append(bad, fmt.Sprintf("%s: %d, up 1 %v, after %s", tg.name, code, up, took.Round(time.Millisecond)))
+				case code == http.StatusOK && strings.Contains(body, "\npg_liveness_up 0\n"):
+					hungDown++
+				}
+			})
+		}
+		wg.Wait()
+		t.Logf("round %d: %d healthy probes up 1 on time, %d frozen ones down", round, healthyUp, hungDown)
+		for _, b := range bad {
+			t.Errorf("round %d, a healthy target beside frozen ones: %s", round, b)
+		}
+		if hungDown == 0 {
+			t.Errorf("round %d: no probe of a frozen target answered up 0", round)
+		}
+	}
+	if n := metricValue(t, p.scrape(t), "pg_liveness_exporter_probe_connections"); n > 10 {
+		t.Errorf("%v connections, cap 10", n)
+	}
+}

@@ -3,9 +3,9 @@ package targets
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -25,7 +25,7 @@ const (
 
 // Options bound the targets' pools.
 type Options struct {
-	MaxConns          int           // across all targets; at least MaxConnsPerTarget
+	MaxConns          int           // across all targets, each server an equal share; at least MaxConnsPerTarget
 	MaxConnsPerTarget int32         // per target's pool, 1 to database.MaxMaxConns
 	IdleTimeout       time.Duration // a connection idle this long is closed; above zero
 	ConnectTimeout    time.Duration // per connection attempt, unless a DSN sets one
@@ -41,7 +41,8 @@ type Pools struct {
 	mu      sync.Mutex
 	cfg     *Config
 	open    map[string]*pgxpool.Pool
-	closing sync.WaitGroup // pools of replaced targets, closing while their last statements end
+	servers map[string]string // of open: each pool's server (serverOf)
+	closing sync.WaitGroup    // pools of replaced targets, closing while their last statements end
 }
 
 // NewPools checks opts and returns the pools of cfg's targets; none is opened yet.
@@ -57,9 +58,32 @@ func NewPools(cfg *Config, opts Options) (*Pools, error) {
 	case opts.ConnectTimeout <= 0:
 		return nil, errors.New("Options.ConnectTimeout must be above zero")
 	}
-	p := &Pools{opts: opts, cfg: cfg, open: map[string]*pgxpool.Pool{}}
-	p.limit = &connLimit{tokens: make(chan struct{}, opts.MaxConns), evict: p.evictIdle}
+	p := &Pools{opts: opts, cfg: cfg, open: map[string]*pgxpool.Pool{}, servers: map[string]string{}}
+	p.limit = newConnLimit(opts.MaxConns, p.evictIdle)
+	p.limit.setShare(servers(cfg))
 	return p, nil
+}
+
+// servers counts the servers (host and port) that cfg's targets and discover entries are
+// on: each may hold an equal share of the cap.
+func servers(cfg *Config) int {
+	seen := map[string]bool{}
+	for _, t := range cfg.targets {
+		seen[serverOf(t.dsn)] = true
+	}
+	for _, s := range cfg.discover {
+		seen[serverOf(s.dsn(s.Maintenance))] = true
+	}
+	return len(seen)
+}
+
+// serverOf is the server a DSN connects to: its (first) host and port.
+func serverOf(dsn string) string {
+	c, err := pgconn.ParseConfig(dsn)
+	if err != nil { // validated when the file was loaded
+		return "?"
+	}
+	return net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port)))
 }
 
 // Config is the configuration in force.
@@ -87,15 +111,16 @@ func (p *Pools) Pool(name string) (pool *pgxpool.Pool, ok bool, err error) {
 // openLocked opens the pool of key (a target's name, or discoveredKey) on dsn, without
 // connecting. p.mu is held.
 func (p *Pools) openLocked(key, dsn string) (*pgxpool.Pool, bool, error) {
+	server := serverOf(dsn)
 	pool, err := database.NewPool(database.PoolConfig{
 		DSN: dsn, MaxConns: p.opts.MaxConnsPerTarget, ApplicationName: p.opts.ApplicationName,
 		ConnectTimeout: p.opts.ConnectTimeout, Logger: p.opts.Logger, MaxConnIdleTime: p.opts.IdleTimeout,
-		WrapDial: p.limit.wrap,
+		WrapDial: p.limit.wrapFor(server),
 	})
 	if err != nil {
 		return nil, true, err
 	}
-	p.open[key] = pool
+	p.open[key], p.servers[key] = pool, server
 	return pool, true, nil
 }
 
@@ -128,6 +153,7 @@ func (p *Pools) ForgetDiscovered(server, db string) {
 	key := discoveredKey(server, db)
 	if pool := p.open[key]; pool != nil {
 		delete(p.open, key)
+		delete(p.servers, key)
 		p.closing.Go(pool.Close)
 	}
 }
@@ -156,33 +182,38 @@ func (p *Pools) Replace(cfg *Config) {
 			continue
 		}
 		delete(p.open, name)
+		delete(p.servers, name)
 		p.closing.Go(pool.Close)
 	}
 	p.cfg = cfg
+	p.limit.setShare(servers(cfg))
 }
 
 // Conns is how many connections the targets' pools hold together (dialled and not yet
 // closed).
-func (p *Pools) Conns() int { return len(p.limit.tokens) }
+func (p *Pools) Conns() int { return p.limit.held() }
 
 // Close closes every pool and waits for them.
 func (p *Pools) Close() {
 	p.mu.Lock()
 	for name, pool := range p.open {
 		delete(p.open, name)
+		delete(p.servers, name)
 		p.closing.Go(pool.Close)
 	}
 	p.mu.Unlock()
 	p.closing.Wait()
 }
 
-// evictIdle closes one idle connection of any target, to make room under the cap. It
-// reports whether it closed one.
-func (p *Pools) evictIdle() bool {
+// evictIdle closes one idle connection of a pool on server (of any pool for ""), to make
+// room under the cap. It reports whether it closed one.
+func (p *Pools) evictIdle(server string) bool {
 	p.mu.Lock()
 	pools := make([]*pgxpool.Pool, 0, len(p.open))
-	for _, pool := range p.open {
-		pools = append(pools, pool)
+	for key, pool := range p.open {
+		if server == "" || p.servers[key] == server {
+			pools = append(pools, pool)
+		}
 	}
 	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -205,140 +236,3 @@ func (p *Pools) evictIdle() bool {
 	return false
 }
 
-// connLimit is the cap on connections across the targets' pools: a token per dialled
-// socket, given back when the socket closes.
-type connLimit struct {
-	tokens chan struct{}
-	evict  func() bool // closes one idle connection of any pool
-}
-
-// evictRetry is how often a dial waiting at the cap looks again for an idle connection
-// to close: another target's connection may have become idle meanwhile.
-const evictRetry = 50 * time.Millisecond
-
-func (l *connLimit) acquire(ctx context.Context) error {
-	for {
-		select {
-		case l.tokens <- struct{}{}:
-			return nil
-		default:
-		}
-		if l.evict() {
-			continue
-		}
-		t := time.NewTimer(evictRetry)
-		select {
-		case l.tokens <- struct{}{}:
-			t.Stop()
-			return nil
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("the targets' connection cap is reached and no connection became free in time: %w", ctx.Err())
-		case <-t.C:
-		}
-	}
-}
-
-// closeGrace bounds what a connection on its way out still waits for: its cancel request
-// and the server's goodbye. pgx allows 15 s for each, which a server that does not
-// answer (its processes stopped, its host gone) takes whole, and the connection kept its
-// token that long after the scrape that gave it up had answered.
-const closeGrace = time.Second
-
-// wrap is each connection's dialer (database.PoolConfig.WrapDial): its first dial takes
-// a token, given back when the socket closes. A dial while that socket is still open is
-// the cancel request pgx sends as it closes a connection whose statement was given up
-// (its default context handling sends one at no other time): the connection is then
-// bounded to closeGrace, and the cancel request, which opens no session, rides on its
-// token for at most as long.
-func (l *connLimit) wrap(next pgconn.DialFunc) pgconn.DialFunc {
-	var mu sync.Mutex
-	var open *limitedConn // this connection's socket, once dialled
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		mu.Lock()
-		c := open
-		mu.Unlock()
-		if c != nil && !c.isClosed() {
-			c.leaving()
-			return dialCancel(ctx, next, network, addr)
-		}
-		if err := l.acquire(ctx); err != nil {
-			return nil, err
-		}
-		nc, err := next(ctx, network, addr)
-		if err != nil {
-			<-l.tokens
-			return nil, err
-		}
-		c = &limitedConn{Conn: nc, release: func() { <-l.tokens }}
-		mu.Lock()
-		open = c
-		mu.Unlock()
-		return c, nil
-	}
-}
-
-// dialCancel dials a cancel request's connection, bounded to closeGrace from now.
-func dialCancel(ctx context.Context, next pgconn.DialFunc, network, addr string) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, closeGrace)
-	defer cancel()
-	nc, err := next(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	c := &limitedConn{Conn: nc, release: func() {}}
-	c.leaving()
-	return c, nil
-}
-
-// limitedConn gives its token back once, on Close. Once leaving, no deadline set on it
-// is later than closeGrace after that moment.
-type limitedConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-
-	mu     sync.Mutex
-	closed bool
-	until  time.Time // the latest deadline while leaving; zero before
-}
-
-func (c *limitedConn) Close() error {
-	c.mu.Lock()
-	c.closed = true
-	c.mu.Unlock()
-	err := c.Conn.Close()
-	c.once.Do(c.release)
-	return err
-}
-
-func (c *limitedConn) isClosed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.closed
-}
-
-// leaving bounds every wait on the connection to closeGrace from now.
-func (c *limitedConn) leaving() {
-	c.mu.Lock()
-	if c.until.IsZero() {
-		c.until = time.Now().Add(closeGrace)
-	}
-	until := c.until
-	c.mu.Unlock()
-	_ = c.Conn.SetDeadline(until)
-}
-
-// bound is t, or the leaving connection's latest deadline when t is later (or none).
-func (c *limitedConn) bound(t time.Time) time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.until.IsZero() && (t.IsZero() || t.After(c.until)) {
-		return c.until
-	}
-	return t
-}
-
-func (c *limitedConn) SetDeadline(t time.Time) error      { return c.Conn.SetDeadline(c.bound(t)) }
-func (c *limitedConn) SetReadDeadline(t time.Time) error  { return c.Conn.SetReadDeadline(c.bound(t)) }
-func (c *limitedConn) SetWriteDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(c.bound(t)) }
