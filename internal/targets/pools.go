@@ -235,4 +235,3 @@ func (p *Pools) evictIdle(server string) bool {
 	}
 	return false
 }
-
