@@ -103,6 +103,8 @@ type Exporter struct {
 	logger     *slog.Logger
 	collectors []*entry  // sorted by name
 	label      [2]string // the label every sample carries (name, value); none when the name is ""
+	// turn is what each scrape waits for first (WithTurn); nil: scrapes start at once.
+	turn func(context.Context) (context.Context, func(), error)
 }
 
 type entry struct {
@@ -262,6 +264,18 @@ func (e *Exporter) Labelled(name, value string) *Exporter {
 	return &o
 }
 
+// WithTurn returns an exporter like e (use it in place of e, as Labelled's) whose every
+// scrape first waits for a turn from turn, within the scrape's deadline, runs under the
+// context turn returns (which may end before the deadline: the turn taken back), and
+// ends the turn by calling the function it returns: the databases of one server take
+// turns (package targets' Turn). A scrape that gets no turn, or loses it, answers as one
+// that missed its deadline: its collectors fail, pg_liveness_up 0 for a timeout.
+func (e *Exporter) WithTurn(turn func(context.Context) (context.Context, func(), error)) *Exporter {
+	o := *e
+	o.turn = turn
+	return &o
+}
+
 // gzipWriters keeps the gzip writer of a past scrape: it holds over half a MiB of
 // compressor state, too much to allocate per scrape. BestSpeed: the exposition repeats
 // itself, so the fastest level compresses it nearly as well, at a fraction of the CPU.
@@ -375,6 +389,12 @@ func (s *scraped) release() {
 // the caller cancels ctx, and their results go to a buffered channel nobody reads.
 func (e *Exporter) scrape(ctx context.Context) *scraped {
 	start := time.Now()
+	if e.turn != nil {
+		if turnCtx, release, err := e.turn(ctx); err == nil {
+			defer release()
+			ctx = turnCtx
+		} // else the deadline came first: every collector misses it, below
+	}
 	results := make(chan result, len(e.collectors))
 	for i, c := range e.collectors {
 		go func() {

@@ -3,6 +3,7 @@ package targets
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"sync"
@@ -29,6 +30,7 @@ type connLimit struct {
 	total   int            // tokens held
 	by      map[string]int // tokens held, by server
 	waiters []*waiter      // in the order they came
+	idle    chan struct{}  // closed and replaced when a connection may have turned idle (poke)
 }
 
 // waiter is a dial waiting for a token of server; ready is closed when it has one.
@@ -38,7 +40,18 @@ type waiter struct {
 }
 
 func newConnLimit(max int, evict func(string) bool) *connLimit {
-	return &connLimit{max: max, evict: evict, share: max, by: map[string]int{}}
+	return &connLimit{max: max, evict: evict, share: max, by: map[string]int{}, idle: make(chan struct{})}
+}
+
+// poke tells the dials waiting that a connection may have turned idle (a scrape's turn
+// ended): they look for one to close at once rather than at their next evictRetry.
+func (l *connLimit) poke() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.waiters) > 0 {
+		close(l.idle)
+		l.idle = make(chan struct{})
+	}
 }
 
 // setShare divides the cap among n servers (at least one token each).
@@ -47,6 +60,13 @@ func (l *connLimit) setShare(n int) {
 	defer l.mu.Unlock()
 	l.share = max(1, l.max/max(n, 1))
 	l.grantLocked()
+}
+
+// shareOf is the most tokens one server holds.
+func (l *connLimit) shareOf() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.share
 }
 
 // held is how many tokens are held.
@@ -110,6 +130,7 @@ func (l *connLimit) acquire(ctx context.Context, server string) error {
 		}
 		l.mu.Lock()
 		own := l.by[server] >= l.share
+		idle := l.idle
 		l.mu.Unlock()
 		victim := "" // the cap is reached: any pool's idle connection
 		if own {     // the server is at its share: one of its own
@@ -123,6 +144,8 @@ func (l *connLimit) acquire(ctx context.Context, server string) error {
 		case <-w.ready:
 			t.Stop()
 			return nil
+		case <-idle:
+			t.Stop()
 		case <-ctx.Done():
 			t.Stop()
 			l.abandon(w)
@@ -214,10 +237,16 @@ type limitedConn struct {
 	until  time.Time // the latest deadline while leaving; zero before
 }
 
+// Close waits (at most closeGrace) for the server to close its end first, as it does
+// once it has the Terminate pgx writes before closing a session, so that a token given
+// back is a session ended on the server too, not one still in pg_stat_activity beside
+// its replacement; then it closes the socket and gives the token back.
 func (c *limitedConn) Close() error {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
+	_ = c.SetReadDeadline(time.Now().Add(closeGrace))
+	_, _ = io.Copy(io.Discard, c.Conn)
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err

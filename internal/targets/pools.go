@@ -43,6 +43,9 @@ type Pools struct {
 	open    map[string]*pgxpool.Pool
 	servers map[string]string // of open: each pool's server (serverOf)
 	closing sync.WaitGroup    // pools of replaced targets, closing while their last statements end
+
+	entryServers map[string]string // by discover entry: its server (serverOf), as first asked
+	turns        map[string]*turns // by server: its databases' scrapes (Turn)
 }
 
 // NewPools checks opts and returns the pools of cfg's targets; none is opened yet.
@@ -58,7 +61,8 @@ func NewPools(cfg *Config, opts Options) (*Pools, error) {
 	case opts.ConnectTimeout <= 0:
 		return nil, errors.New("Options.ConnectTimeout must be above zero")
 	}
-	p := &Pools{opts: opts, cfg: cfg, open: map[string]*pgxpool.Pool{}, servers: map[string]string{}}
+	p := &Pools{opts: opts, cfg: cfg, open: map[string]*pgxpool.Pool{}, servers: map[string]string{},
+		entryServers: map[string]string{}, turns: map[string]*turns{}}
 	p.limit = newConnLimit(opts.MaxConns, p.evictIdle)
 	p.limit.setShare(servers(cfg))
 	return p, nil
@@ -105,15 +109,15 @@ func (p *Pools) Pool(name string) (pool *pgxpool.Pool, ok bool, err error) {
 	if !ok {
 		return nil, false, nil
 	}
-	return p.openLocked(name, t.dsn)
+	return p.openLocked(name, t.dsn, p.opts.MaxConnsPerTarget)
 }
 
-// openLocked opens the pool of key (a target's name, or discoveredKey) on dsn, without
-// connecting. p.mu is held.
-func (p *Pools) openLocked(key, dsn string) (*pgxpool.Pool, bool, error) {
+// openLocked opens the pool of key (a target's name, or discoveredKey) on dsn, of at most
+// conns connections, without connecting. p.mu is held.
+func (p *Pools) openLocked(key, dsn string, conns int32) (*pgxpool.Pool, bool, error) {
 	server := serverOf(dsn)
 	pool, err := database.NewPool(database.PoolConfig{
-		DSN: dsn, MaxConns: p.opts.MaxConnsPerTarget, ApplicationName: p.opts.ApplicationName,
+		DSN: dsn, MaxConns: conns, ApplicationName: p.opts.ApplicationName,
 		ConnectTimeout: p.opts.ConnectTimeout, Logger: p.opts.Logger, MaxConnIdleTime: p.opts.IdleTimeout,
 		WrapDial: p.limit.wrapFor(server),
 	})
@@ -142,8 +146,52 @@ func (p *Pools) DiscoveredPool(server, db string) (pool *pgxpool.Pool, ok bool, 
 	if !ok {
 		return nil, false, nil
 	}
-	return p.openLocked(key, srv.dsn(db))
+	// One connection: a server's databases are many, and their scrapes take turns
+	// (Turn); a database's collectors take turns on its connection.
+	return p.openLocked(key, srv.dsn(db), 1)
 }
+
+// Turn waits, within ctx, for a turn to scrape a database of discover entry entry, whose
+// scrape has databases of the entry's server. Each server gives at most turnsOf(its share
+// of the cap) at once, so that its databases' scrapes do not each dial for a connection
+// the cap cannot give (closing one another's), and leave a little of the share to the
+// entry's maintenance database and re-checks. A turn held longer than its share of the
+// scrape's time while others wait is taken back (turns). It returns the scrape's context
+// and the function that ends the turn; the error is ctx's, or says the entry is gone.
+func (p *Pools) Turn(ctx context.Context, entry string, databases int) (context.Context, func(), error) {
+	p.mu.Lock()
+	srv, ok := p.cfg.discover[entry]
+	var t *turns
+	if ok {
+		server := p.entryServers[entry]
+		if server == "" {
+			server = serverOf(srv.dsn(srv.Maintenance))
+			p.entryServers[entry] = server
+		}
+		n := turnsOf(p.limit.shareOf())
+		if t = p.turns[server]; t == nil || t.size != n { // new, or the share changed: later turns count anew
+			t = newTurns(n)
+			p.turns[server] = t
+		}
+	}
+	p.mu.Unlock()
+	if !ok {
+		return nil, nil, errors.New("the discover entry was removed")
+	}
+	scrape, release, err := t.take(ctx, databases)
+	if err != nil {
+		return nil, nil, err
+	}
+	return scrape, func() {
+		release()
+		p.limit.poke() // the database's connection turned idle
+	}, nil
+}
+
+// turnsOf is how many databases of one server are scraped at once with a share of n
+// connections: all but two (one for the maintenance database's shared read of pg_locks,
+// one for a re-check), at least one.
+func turnsOf(n int) int { return max(1, n-2) }
 
 // ForgetDiscovered closes the pool of a discovered database that is gone or no longer
 // holds the source, in the background once its statements in flight end.
@@ -186,6 +234,7 @@ func (p *Pools) Replace(cfg *Config) {
 		p.closing.Go(pool.Close)
 	}
 	p.cfg = cfg
+	clear(p.entryServers) // an entry's host or port may have changed
 	p.limit.setShare(servers(cfg))
 }
 
