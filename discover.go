@@ -196,7 +196,10 @@ func (d *discoveredDBs) buildLocked(db targets.Database) (*discoveredDB, error) 
 	if err != nil {
 		return nil, err
 	}
-	b := &discoveredDB{pool: pool, exporter: exp.Labelled("database", db.Label()), page: page}
+	turn := func(ctx context.Context) (context.Context, func(), error) {
+		return d.pools.Turn(ctx, db.Server, d.discovery.Count(db.Server))
+	}
+	b := &discoveredDB{pool: pool, exporter: exp.Labelled("database", db.Label()).WithTurn(turn), page: page}
 	d.built[db] = b
 	return b, nil
 }

@@ -8,9 +8,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
-	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
@@ -70,40 +72,72 @@ func TestDiscoveredDatabasesHaveStatusPages(t *testing.T) {
 	a, b := pgtest.NewDBOn(t, s), pgtest.NewDBOn(t, s)
 	seedService(t, a, "svc-a")
 	seedService(t, b, "svc-b")
-	// A database whose name holds a '/': its page's path has it escaped.
-	const slashed = "with/slash"
-	if err := s.Exec(context.Background(), `CREATE DATABASE "`+slashed+`"`); err != nil {
+	// Databases whose names a path takes for something else: a '/', a '%', '?' and '#',
+	// the current and the parent folder, and the '~' their links are written with. Each
+	// is a copy of the first, migrated, with a service of its own.
+	hostile := []string{"with/slash", ".", "..", "100%", "a?b#c", "~tilde", "~."}
+	if err := s.Exec(context.Background(), `CREATE DATABASE "`+hostile[0]+`"`); err != nil {
 		t.Fatal(err)
 	}
-	testdb.Migrate(t, s.DSN(slashed), "liveness")
-	if _, err := pgtest.Pool(t, s.DSN(slashed), 1).Exec(context.Background(),
-		`INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at) VALUES (gen_random_uuid(), 'svc-slash', now())`); err != nil {
-		t.Fatal(err)
+	testdb.Migrate(t, s.DSN(hostile[0]), "liveness")
+	for _, name := range hostile[1:] {
+		if err := s.Exec(context.Background(), `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()+` TEMPLATE "`+hostile[0]+`"`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, name := range hostile {
+		if _, err := pgtest.Pool(t, s.DSN("'"+name+"'"), 1).Exec(context.Background(),
+			`INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at) VALUES (gen_random_uuid(), $1, now())`, fmt.Sprintf("svc-hostile-%d", i)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	dir := t.TempDir()
 	// A target named like the discover entry: its page has one path segment less.
 	cfg := discoverConfig(t, dir, s, false, "  s1: {host: 127.0.0.1, port: "+strconv.Itoa(s.Port)+", credentials: c, interval: 1s}\n",
 		"  s1: {host: 127.0.0.1, port: "+strconv.Itoa(s.Port)+", database: "+b.Name+", credentials: c}\n")
 	p := startExporter(t, nil, "--no-agent", "--config.file="+cfg, "--probe.max-conns=8", "--probe.max-conns-per-target=2")
-	testutil.Eventually(t, 30*time.Second, "the three databases found", func() bool {
+	testutil.Eventually(t, 30*time.Second, "every database found", func() bool {
 		body, _ := p.metrics(t, "5")
-		return upOf(body, "s1/"+a.Name) == "1" && upOf(body, "s1/"+b.Name) == "1" && upOf(body, "s1/"+slashed) == "1"
+		for _, name := range append([]string{a.Name, b.Name}, hostile...) {
+			if upOf(body, "s1/"+name) != "1" {
+				return false
+			}
+		}
+		return true
 	})
 
-	// /targets links each database found to its page.
+	// /targets links each database found to its page, and each page is its own
+	// database's, in both forms, followed as the link is written (the client sends the
+	// path as it is) through the real server.
 	list := p.get(t, "/targets")
-	for _, name := range []string{a.Name, b.Name, slashed} {
-		link := `<a href="/targets/s1/` + url.PathEscape(name) + `/status">s1/` + name + `</a>`
-		if !strings.Contains(list, link) {
-			t.Errorf("/targets has no link %s:\n%s", link, list)
-		}
+	pages := []struct{ db, own string }{{a.Name, "svc-a"}, {b.Name, "svc-b"}}
+	for i, name := range hostile {
+		pages = append(pages, struct{ db, own string }{name, fmt.Sprintf("svc-hostile-%d", i)})
 	}
-	// Each page is its own database's, in both forms.
-	for _, c := range []struct{ db, own, other string }{{a.Name, "svc-a", "svc-b"}, {b.Name, "svc-b", "svc-a"}, {slashed, "svc-slash", "svc-a"}} {
+	for _, c := range pages {
+		m := regexp.MustCompile(`<a href="([^"]*)">` + regexp.QuoteMeta(html.EscapeString("s1/"+c.db)) + `</a>`).FindStringSubmatch(list)
+		if m == nil {
+			t.Errorf("/targets has no link for s1/%s:\n%s", c.db, list)
+			continue
+		}
+		link := html.UnescapeString(m[1])
+		// A browser removes a segment that reads as the current or the parent folder
+		// ("." or "..", %2E or %2e for a dot) before it sends the request.
+		for seg := range strings.SplitSeq(strings.ToLower(link), "/") {
+			if seg = strings.ReplaceAll(seg, "%2e", "."); seg == "." || seg == ".." {
+				t.Errorf("s1/%s: the link %s has a dot segment, which a browser would remove", c.db, link)
+			}
+		}
 		for _, suffix := range []string{"status", "status.json"} {
-			code, body := p.getStatus(t, "/targets/s1/"+url.PathEscape(c.db)+"/"+suffix)
-			if code != http.StatusOK || !strings.Contains(body, c.own) || strings.Contains(body, c.other) {
-				t.Errorf("/targets/s1/%s/%s: %d, want 200 with %s and without %s:\n%s", c.db, suffix, code, c.own, c.other, body)
+			path := strings.TrimSuffix(link, "status") + suffix
+			code, body := p.getStatus(t, path)
+			if code != http.StatusOK || !strings.Contains(body, c.own) {
+				t.Errorf("%s (s1/%s): %d, want 200 with %s:\n%.300s", path, c.db, code, c.own, body)
+			}
+			for _, other := range pages {
+				if other.own != c.own && strings.Contains(body, `"`+other.own+`"`) {
+					t.Errorf("%s (s1/%s) shows %s, another database's", path, c.db, other.own)
+				}
 			}
 		}
 	}

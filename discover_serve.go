@@ -6,14 +6,20 @@ package main
 // bound on their series together on /metrics, with the gauges that say what it dropped.
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
+	"strings"
 	"sync"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 )
 
@@ -116,14 +122,32 @@ func (d *discoveredDBs) page(entry, name string) (http.Handler, int, string) {
 }
 
 // statusPage serves /targets/ENTRY/DATNAME/status and .json: a discovered database's
-// status page, the same page as /status. A database name with a '/' is escaped (%2F).
+// status page, the same page as /status. The DATNAME segment is databaseSegment's.
 func (d *discoveredDBs) statusPage(w http.ResponseWriter, r *http.Request) {
-	page, code, msg := d.page(r.PathValue("entry"), r.PathValue("database"))
+	page, code, msg := d.page(r.PathValue("entry"), databaseOfSegment(r.PathValue("database")))
 	if page == nil {
 		http.Error(w, msg, code)
 		return
 	}
 	page.ServeHTTP(w, r)
+}
+
+// databaseSegment is the path segment of database name in its page's path,
+// /targets/ENTRY/SEGMENT/status: the name path-escaped (a '/' as %2F, a '%' as %25),
+// except that "." and "..", which every client and the server's own path cleaning take
+// for the current and the parent folder (a browser even when written %2E), and names
+// that start with '~', are written with a '~' before them. databaseOfSegment reads it.
+func databaseSegment(name string) string {
+	if name == "." || name == ".." || strings.HasPrefix(name, "~") {
+		name = "~" + name
+	}
+	return url.PathEscape(name)
+}
+
+// databaseOfSegment is the database name of a page's path segment (already unescaped):
+// one leading '~' is dropped.
+func databaseOfSegment(segment string) string {
+	return strings.TrimPrefix(segment, "~")
 }
 
 // dropped describes, for /targets, the databases --discover.max-series dropped in the
@@ -137,11 +161,33 @@ func (d *discoveredDBs) dropped() (names map[string]bool, max int) {
 	return names, o.Max
 }
 
+// discoverReasons are pg_liveness_exporter_discover_entry_down_reason's reasons: the
+// database's down reasons, and permission (the role may not read pg_database) and error
+// (another error of the statement; the log says which).
+var discoverReasons = []string{"auth", "connection", "error", "permission", "timeout", "unavailable"}
+
+// discoverReason is why a discover entry's listing of pg_database failed.
+func discoverReason(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && cmp.Or(pgErr.SeverityUnlocalized, pgErr.Severity) == "ERROR" {
+		switch pgErr.Code {
+		case "42501": // insufficient_privilege
+			return "permission"
+		case "57014": // query_canceled: statement_timeout
+			return "timeout"
+		}
+		return "error"
+	}
+	return collector.DownReason(err)
+}
+
 // discoverMetrics are --discover.max-series' gauges on /metrics, as the last answer
-// (this one: they are gathered after its databases were counted) left them.
+// (this one: they are gathered after its databases were counted) left them, and each
+// discover entry's.
 type discoverMetrics struct {
 	d                                      *discoveredDBs
 	series, max, droppedSeries, droppedDBs *prometheus.Desc
+	entryUp, entryDown                     *prometheus.Desc
 }
 
 func newDiscoverMetrics(d *discoveredDBs) *discoverMetrics {
@@ -153,7 +199,14 @@ func newDiscoverMetrics(d *discoveredDBs) *discoverMetrics {
 			"Series of discovered databases left out of this answer by --discover.max-series (each such database still exports pg_liveness_up and its scrape gauges).", nil, nil),
 		droppedDBs: prometheus.NewDesc(name("databases_dropped"),
 			`Discovered databases not exported whole, by reason: max_series (--discover.max-series: only pg_liveness_up and their scrape gauges), `+
-				`max_databases (a discover entry's max_databases: not watched at all).`, []string{"reason"}, nil)}
+				`max_databases (a discover entry's max_databases: not watched at all).`, []string{"reason"}, nil),
+		entryUp: prometheus.NewDesc(name("entry_up"),
+			"1 when the discover entry's last listing of its server's databases (pg_database, at start and every interval) succeeded, "+
+				"0 when it failed: the databases found before stay as they were.", []string{"entry"}, nil),
+		entryDown: prometheus.NewDesc(name("entry_down_reason"),
+			"1 for why the discover entry's last listing failed: auth, connection, timeout, unavailable (as pg_liveness_database_down_reason), "+
+				"permission (the role may not read pg_database), error (another error; the log says which). All 0 while it succeeds.",
+			[]string{"entry", "reason"}, nil)}
 }
 
 func (m *discoverMetrics) Describe(ch chan<- *prometheus.Desc) {
@@ -161,6 +214,8 @@ func (m *discoverMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.max
 	ch <- m.droppedSeries
 	ch <- m.droppedDBs
+	ch <- m.entryUp
+	ch <- m.entryDown
 }
 
 func (m *discoverMetrics) Collect(ch chan<- prometheus.Metric) {
@@ -170,4 +225,21 @@ func (m *discoverMetrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.droppedSeries, prometheus.GaugeValue, float64(o.DroppedSeries))
 	ch <- prometheus.MustNewConstMetric(m.droppedDBs, prometheus.GaugeValue, float64(len(o.Dropped)), "max_series")
 	ch <- prometheus.MustNewConstMetric(m.droppedDBs, prometheus.GaugeValue, float64(m.d.discovery.LeftOut()), "max_databases")
+	for _, e := range m.d.discovery.Entries() {
+		reason := ""
+		if e.Err != nil {
+			reason = discoverReason(e.Err)
+		}
+		ch <- prometheus.MustNewConstMetric(m.entryUp, prometheus.GaugeValue, boolGauge(e.Err == nil), e.Name)
+		for _, r := range discoverReasons {
+			ch <- prometheus.MustNewConstMetric(m.entryDown, prometheus.GaugeValue, boolGauge(r == reason), e.Name, r)
+		}
+	}
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

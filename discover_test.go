@@ -203,3 +203,165 @@ func TestDiscoveryWatchesEveryDatabaseWithTheSchema(t *testing.T) {
 		}
 	}
 }
+
+// A discovered database that is dropped, no longer accepts connections or may no longer
+// be connected to reports pg_liveness_up 0 with the reason, although its server answers
+// the shared read of pg_locks (its part of it, empty, needs no statement of its own): the
+// server answering is not the database answering. A database beside them stays up, and
+// the two that still exist stay listed, down, through the re-checks.
+func TestDiscoveredDatabaseThatRefusesConnectionsIsDown(t *testing.T) {
+	s := pgtest.NewServer(t)
+	const pw = "watcher-pw"
+	ctx := context.Background()
+	if err := s.Exec(ctx, `CREATE ROLE watcher LOGIN PASSWORD '`+pw+`'; GRANT pg_read_all_stats TO watcher`); err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]*pgtest.DB{}
+	for _, name := range []string{"ok", "dropped", "closed", "revoked"} {
+		d := pgtest.NewDBOn(t, s)
+		seedService(t, d, "svc-"+name)
+		d.Exec(t, `GRANT USAGE ON SCHEMA liveness TO watcher;
+			GRANT SELECT ON liveness.instances, liveness.leases, liveness.schema_migrations,
+			                liveness.instance_alive_locks, liveness.bigint_advisory_locks TO watcher`)
+		names[name] = d
+	}
+	label := func(name string) string { return "s/" + names[name].Name }
+	dir := t.TempDir()
+	cfg := writeFile(t, dir, "targets.yml", fmt.Sprintf("credentials:\n  w: {user: watcher, password_file: %s, sslmode: disable}\n"+
+		"discover:\n  s: {host: 127.0.0.1, port: %d, credentials: w, interval: 1s}\n", writeFile(t, dir, "pw", pw+"\n"), s.Port))
+	p := startExporter(t, nil, "--no-agent", "--config.file="+cfg)
+	testutil.Eventually(t, 30*time.Second, "the four databases up", func() bool {
+		body, _ := p.metrics(t, "5")
+		for name := range names {
+			if upOf(body, label(name)) != "1" {
+				return false
+			}
+		}
+		return true
+	})
+
+	// The sessions the exporter holds keep working after ALTER DATABASE and REVOKE: they
+	// are ended, so that its next scrape has to connect.
+	terminate := func(db string) string {
+		return `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '` + db + `' AND pid <> pg_backend_pid()`
+	}
+	for _, sql := range []string{
+		"DROP DATABASE " + names["dropped"].Name + " WITH (FORCE)",
+		"ALTER DATABASE " + names["closed"].Name + " ALLOW_CONNECTIONS false",
+		terminate(names["closed"].Name),
+		"REVOKE CONNECT ON DATABASE " + names["revoked"].Name + " FROM PUBLIC",
+		terminate(names["revoked"].Name),
+	} {
+		if err := s.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reason := func(body, db, r string) string {
+		m := regexp.MustCompile(`(?m)^pg_liveness_database_down_reason\{database="` + regexp.QuoteMeta(label(db)) + `",reason="` + r + `"\} (\S+)$`).FindStringSubmatch(body)
+		if m == nil {
+			return ""
+		}
+		return m[1]
+	}
+	// The first scrape after the change, before any re-check could drop a database.
+	body, _ := p.metrics(t, "5")
+	for db, r := range map[string]string{"dropped": "unavailable", "closed": "unavailable", "revoked": "auth"} {
+		if upOf(body, label(db)) != "0" || reason(body, db, r) != "1" {
+			t.Errorf("%s: pg_liveness_up %q, down_reason %s %q; want 0 and 1", db, upOf(body, label(db)), r, reason(body, db, r))
+		}
+	}
+	if upOf(body, label("ok")) != "1" {
+		t.Errorf("the database beside them: pg_liveness_up %q", upOf(body, label("ok")))
+	}
+	if strings.Contains(p.Logs(), "cannot read the server's advisory locks once") {
+		t.Errorf("the server's shared read of pg_locks failed: the test does not show what it should")
+	}
+	// A re-check (every second) drops the dropped database; the same re-check kept the
+	// other two, listed, down.
+	testutil.Eventually(t, 30*time.Second, "the dropped database gone after a re-check", func() bool {
+		body, _ = p.metrics(t, "5")
+		return upOf(body, label("dropped")) == ""
+	})
+	for db, r := range map[string]string{"closed": "unavailable", "revoked": "auth"} {
+		if upOf(body, label(db)) != "0" || reason(body, db, r) != "1" {
+			t.Errorf("after a re-check, %s: pg_liveness_up %q, down_reason %s %q; want listed, 0 and 1", db, upOf(body, label(db)), r, reason(body, db, r))
+		}
+	}
+	if t.Failed() {
+		var lines []string
+		for l := range strings.Lines(body) {
+			if strings.HasPrefix(l, "pg_liveness_up{") || strings.HasPrefix(l, "pg_liveness_database_down_reason{") {
+				lines = append(lines, l)
+			}
+		}
+		t.Logf("last scrape:\n%s", strings.Join(lines, ""))
+	}
+}
+
+// A discover entry whose role may not read pg_database exports that it fails and why
+// (pg_liveness_exporter_discover_entry_up 0, down_reason permission) and logs it once
+// when it begins, not at every re-check; once the role may read it again, the entry is
+// up, its databases found, and one line says so.
+func TestDiscoverEntryThatMayNotListDatabasesSaysSo(t *testing.T) {
+	s := pgtest.NewServer(t)
+	const pw = "lister-pw"
+	ctx := context.Background()
+	d := pgtest.NewDBOn(t, s)
+	seedService(t, d, "svc-listed")
+	d.Exec(t, `GRANT USAGE ON SCHEMA liveness TO PUBLIC; GRANT SELECT ON liveness.instances, liveness.leases TO PUBLIC`)
+	// pg_database is shared, but its privileges are kept per database: this revokes it
+	// where the entry reads it (its maintenance database, postgres).
+	for _, sql := range []string{`CREATE ROLE lister LOGIN PASSWORD '` + pw + `'`, `REVOKE SELECT ON pg_catalog.pg_database FROM PUBLIC`} {
+		if err := s.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = s.Exec(context.Background(), `GRANT SELECT ON pg_catalog.pg_database TO PUBLIC`) })
+	dir := t.TempDir()
+	cfg := writeFile(t, dir, "targets.yml", fmt.Sprintf("credentials:\n  l: {user: lister, password_file: %s, sslmode: disable}\n"+
+		"discover:\n  s: {host: 127.0.0.1, port: %d, credentials: l, interval: 1s}\n", writeFile(t, dir, "pw", pw+"\n"), s.Port))
+	p := startExporter(t, nil, "--no-agent", "--config.file="+cfg)
+	body := p.waitFor(t, `(?m)^pg_liveness_exporter_discover_entry_up\{entry="s"\} 0$`, 30*time.Second)
+	for _, r := range []string{"auth", "connection", "error", "permission", "timeout", "unavailable"} {
+		want := "0"
+		if r == "permission" {
+			want = "1"
+		}
+		if line := `pg_liveness_exporter_discover_entry_down_reason{entry="s",reason="` + r + `"} ` + want; !strings.Contains(body, line+"\n") {
+			t.Errorf("no %s in:\n%s", line, body)
+		}
+	}
+	// One warning, whatever the re-checks (every second) that fail again.
+	warnings := func() int {
+		n := 0
+		for l := range strings.Lines(p.Logs()) {
+			if strings.Contains(l, "level=WARN") && strings.Contains(l, "cannot list the server's databases") {
+				n++
+			}
+		}
+		return n
+	}
+	waitLogCount(t, p, "cannot list the server's databases", 4) // the debug lines of three re-checks more
+	if n := warnings(); n != 1 {
+		t.Errorf("%d warnings for the same failure over four re-checks, want 1", n)
+	}
+	if !strings.Contains(p.Logs(), "permission denied") {
+		t.Errorf("the warning does not say why")
+	}
+
+	if err := s.Exec(ctx, `GRANT SELECT ON pg_catalog.pg_database TO PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	body = p.waitFor(t, `(?m)^pg_liveness_exporter_discover_entry_up\{entry="s"\} 1$`, 30*time.Second)
+	if !strings.Contains(body, `pg_liveness_exporter_discover_entry_down_reason{entry="s",reason="permission"} 0`) {
+		t.Errorf("permission still given as the reason once the entry succeeds:\n%s", body)
+	}
+	testutil.Eventually(t, 30*time.Second, "the database found", func() bool {
+		b, _ := p.metrics(t, "5")
+		return upOf(b, "s/"+d.Name) == "1"
+	})
+	waitLog(t, p, "the server's databases are listed again")
+	if n := warnings(); n != 1 {
+		t.Errorf("%d warnings, want the one", n)
+	}
+}

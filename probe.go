@@ -239,7 +239,7 @@ func (p *prober) targetList(main string, discovered *discoveredDBs) http.Handler
 		dropped, maxSeries := discovered.dropped()
 		for _, db := range discovered.discovery.Found() {
 			found = append(found, discoveredLink{Label: db.Label(), Dropped: dropped[db.Label()],
-				Path: "/targets/" + url.PathEscape(db.Server) + "/" + url.PathEscape(db.Name) + "/status"})
+				Path: "/targets/" + url.PathEscape(db.Server) + "/" + databaseSegment(db.Name) + "/status"})
 		}
 		n := 0
 		for _, f := range found {

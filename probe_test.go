@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -270,6 +271,8 @@ func TestProbeConfigurationErrorsAndReload(t *testing.T) {
 	}{
 		"unknown credentials": {"targets:\n  orders: {host: h, database: d, credentials: nobody}\n", nil, `--config.file ` + dir + `/config.yml: line 2: targets.orders.credentials: no credentials named "nobody"`},
 		"unknown field":       {"targets:\n  orders: {dsn: x}\n", nil, "--config.file " + dir + "/config.yml: line 2: targets.orders.dsn: unknown field"},
+		"two documents": {"credentials:\n  c: {user: u, password_file: " + pw + "}\ntargets:\n  o: {host: h, database: d, credentials: c}\n---\ntargets: {}\n", nil,
+			"--config.file " + dir + "/config.yml: line 5: a --- line starts a second YAML document"},
 		"unreadable password": {"credentials:\n  c: {user: u, password_file: " + dir + "/missing}\ntargets:\n  o: {host: h, database: d, credentials: c}\n", nil, "--config.file " + dir + "/config.yml: credentials.c.password_file: open " + dir + "/missing"},
 		"with the agent":      {"credentials:\n  c: {user: u, password_file: " + pw + "}\ntargets:\n  o: {host: h, database: d, credentials: c}\n", []string{"--agent"}, "--config.file makes an observer"},
 		"telemetry path of /probe": {"credentials:\n  c: {user: u, password_file: " + pw + "}\ntargets:\n  o: {host: h, database: d, credentials: c}\n",
@@ -318,6 +321,17 @@ func TestProbeConfigurationErrorsAndReload(t *testing.T) {
 		t.Fatalf("target a lost after a refused reload:\n%s", body)
 	}
 	p.waitFor(t, `(?m)^pg_liveness_exporter_config_last_reload_successful 0$`, 10*time.Second)
+	// A file of two documents, the first valid (and naming b), is refused as well: not cut
+	// to its first document.
+	replaceFile(t, cfg, mustRead(t, targetsConfig(t, t.TempDir(), []testTarget{a, b}))+"---\ntargets: {}\n")
+	p.signal(t, syscall.SIGHUP)
+	waitLogCount(t, p, "refused --config.file", 2)
+	if !strings.Contains(p.Logs(), "a --- line starts a second YAML document") {
+		t.Errorf("the refusal of a file of two documents does not say why")
+	}
+	if code, body, _ := p.probe(t, "target=b", "5"); code != http.StatusBadRequest {
+		t.Fatalf("target b served from a refused file of two documents: %d\n%s", code, body)
+	}
 	replaceFile(t, cfg, mustRead(t, targetsConfig(t, t.TempDir(), []testTarget{a, b})))
 	p.signal(t, syscall.SIGHUP)
 	waitLog(t, p, "reloaded --config.file")
@@ -378,5 +392,132 @@ func TestProbeBesideTheMainDatabase(t *testing.T) {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("%s has no %s:\n%s", path, want, b)
 		}
+	}
+}
+
+// SIGTERM while probes of a frozen server (every process stopped) are in flight, one on
+// a connection made before the freeze (its statement never answered) and one still
+// connecting: the exporter ends them, answers them, and exits within the 5 s that the
+// deploy tests and an HTTP server's shutdown allow, not at their 30 s deadline or after it.
+func TestSIGTERMDuringProbesOfAFrozenServerExitsAtOnce(t *testing.T) {
+	s := pgtest.NewServer(t)
+	ts := []testTarget{{"before", s, pgtest.NewDBOn(t, s)}, {"after", s, pgtest.NewDBOn(t, s)}}
+	for _, tg := range ts {
+		seedService(t, tg.db, "svc-"+tg.name)
+	}
+	p := startExporter(t, nil, "--no-agent", "--config.file="+targetsConfig(t, t.TempDir(), ts))
+	testutil.Eventually(t, 15*time.Second, "target before answering", func() bool {
+		_, body, _ := p.probe(t, "target=before", "5")
+		return strings.Contains(body, "\npg_liveness_up 1\n")
+	})
+	hang(t, s)
+	type answer struct {
+		code int
+		body string
+	}
+	answers := make(chan answer, len(ts))
+	var sent sync.WaitGroup
+	for _, tg := range ts {
+		sent.Add(1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { sent.Done() }}
+			req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodGet, "http://"+p.addr+"/probe?target="+tg.name, nil)
+			req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", "30")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				answers <- answer{0, err.Error()}
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			answers <- answer{resp.StatusCode, string(b)}
+		}()
+	}
+	sent.Wait()
+	// Both probes are being served: each waits on the frozen server (a statement, a login).
+	testutil.Eventually(t, 10*time.Second, "both probes waiting on the server", func() bool {
+		return metricValue(t, p.scrape(t), "pg_liveness_exporter_probe_connections") >= 2
+	})
+	start := time.Now()
+	p.signal(t, syscall.SIGTERM)
+	code := p.exitCode(t, 30*time.Second, "SIGTERM")
+	took := time.Since(start)
+	t.Logf("exit %d %s after SIGTERM", code, took)
+	if code != 0 || took > 5*time.Second {
+		t.Errorf("SIGTERM during probes of a frozen server: exit %d after %s, want 0 within 5 s", code, took)
+	}
+	for range ts {
+		if a := <-answers; a.code != http.StatusOK || !strings.Contains(a.body, "\npg_liveness_up 0\n") {
+			t.Errorf("a probe in flight at SIGTERM: %d, want its answer, up 0:\n%.300s", a.code, a.body)
+		}
+	}
+}
+
+// Hung targets never starve healthy ones: ten targets on a frozen server (every process
+// stopped) and five on a healthy one, 40 clients probing them at once under
+// --probe.max-conns=10. The frozen server's targets hold at most its share of the cap,
+// so every probe of a healthy target answers up 1, well within its deadline, in every
+// round; the frozen ones answer up 0 at theirs.
+func TestHungTargetsDoNotStarveHealthyOnes(t *testing.T) {
+	hung, healthy := pgtest.NewServer(t), pgtest.NewServer(t)
+	hungDB, healthyDB := pgtest.NewDBOn(t, hung), pgtest.NewDBOn(t, healthy)
+	seedService(t, hungDB, "svc-hung")
+	seedService(t, healthyDB, "svc-healthy")
+	var ts []testTarget
+	for i := range 10 {
+		ts = append(ts, testTarget{fmt.Sprintf("hung-%d", i), hung, hungDB})
+	}
+	for i := range 5 {
+		ts = append(ts, testTarget{fmt.Sprintf("healthy-%d", i), healthy, healthyDB})
+	}
+	p := startExporter(t, nil, "--no-agent", "--config.file="+targetsConfig(t, t.TempDir(), ts), "--probe.max-conns=10")
+	// Half the frozen server's targets have connections from before, the other half
+	// connect once it is frozen.
+	for _, tg := range ts[:5] {
+		testutil.Eventually(t, 15*time.Second, tg.name+" answering", func() bool {
+			_, body, _ := p.probe(t, "target="+tg.name, "5")
+			return strings.Contains(body, "\npg_liveness_up 1\n")
+		})
+	}
+	hang(t, hung)
+	const deadline = 4500 * time.Millisecond // 5 s less the 0.5 s offset
+	for round := range 2 {
+		var mu sync.Mutex
+		var bad []string
+		healthyUp, hungDown := 0, 0
+		var wg sync.WaitGroup
+		for c := range 40 {
+			wg.Go(func() {
+				tg := ts[c%len(ts)]
+				if c >= 30 { // ten more clients on the healthy targets
+					tg = ts[10+c%5]
+				}
+				code, body, took := p.probe(t, "target="+tg.name, "5")
+				mu.Lock()
+				defer mu.Unlock()
+				up := strings.Contains(body, "\npg_liveness_up 1\n")
+				switch {
+				case tg.srv == healthy && code == http.StatusOK && up && took < deadline:
+					healthyUp++
+				case tg.srv == healthy:
+					bad = append(bad, fmt.Sprintf("%s: %d, up 1 %v, after %s", tg.name, code, up, took.Round(time.Millisecond)))
+				case code == http.StatusOK && strings.Contains(body, "\npg_liveness_up 0\n"):
+					hungDown++
+				}
+			})
+		}
+		wg.Wait()
+		t.Logf("round %d: %d healthy probes up 1 on time, %d frozen ones down", round, healthyUp, hungDown)
+		for _, b := range bad {
+			t.Errorf("round %d, a healthy target beside frozen ones: %s", round, b)
+		}
+		if hungDown == 0 {
+			t.Errorf("round %d: no probe of a frozen target answered up 0", round)
+		}
+	}
+	if n := metricValue(t, p.scrape(t), "pg_liveness_exporter_probe_connections"); n > 10 {
+		t.Errorf("%v connections, cap 10", n)
 	}
 }

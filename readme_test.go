@@ -91,11 +91,13 @@ func TestReadmeMetricsMatchTheExporter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// And those of an exporter of many databases (--config.file), on the same database.
+	// And those of an exporter of many databases (--config.file), on the same database,
+	// with a discover entry (of a server that is not there: its gauges say so).
 	dir := t.TempDir()
-	targets := writeFile(t, dir, "targets.yml", "targets:\n  main: {dsn_file: "+writeFile(t, dir, "dsn", db.DSN+"\n")+"}\n")
+	targets := writeFile(t, dir, "targets.yml", "targets:\n  main: {dsn_file: "+writeFile(t, dir, "dsn", db.DSN+"\n")+"}\n"+
+		"credentials:\n  c: {user: nobody}\ndiscover:\n  gone: {host: 127.0.0.1, port: 1, credentials: c}\n")
 	multi, err := exposition.MetricNames(startExporter(t, nil, "--no-agent", "--config.file="+targets).
-		waitFor(t, `(?m)^pg_liveness_exporter_probe_connections_max `, 30*time.Second))
+		waitFor(t, `(?m)^pg_liveness_exporter_discover_entry_up\{entry="gone"\} 0$`, 30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -176,6 +176,7 @@ func addLanding(mux *http.ServeMux, c *config, links []web.LandingLinks) error {
 type server struct {
 	srv    *http.Server
 	served chan error
+	end    context.CancelFunc // ends the contexts of the requests in flight
 }
 
 // serve starts serving mux on the listeners (or those the toolkit opens itself). The
@@ -187,7 +188,9 @@ func serve(f *web.FlagConfig, webConfig *webconfig.Served, listeners []net.Liste
 		path := webConfig.Path()
 		toolkitFlags.WebConfigFile = &path
 	}
-	s := &server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, served: make(chan error, 1)}
+	requests, end := context.WithCancel(context.Background())
+	s := &server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return requests }}, served: make(chan error, 1), end: end}
 	go func() {
 		if listeners == nil { // systemd socket activation or vsock: the toolkit listens
 			s.served <- web.ListenAndServe(s.srv, &toolkitFlags, logger)
@@ -198,9 +201,18 @@ func serve(f *web.FlagConfig, webConfig *webconfig.Served, listeners []net.Liste
 	return s
 }
 
-// shutdown stops the server, giving requests in flight 5 s.
+// shutdownGrace is how long requests in flight at shutdown may take on their own before
+// their contexts end: a scrape or probe waiting on a database that does not answer then
+// answers at once with what it has (that database down), instead of at its deadline.
+const shutdownGrace = time.Second
+
+// shutdown stops the server: requests in flight get shutdownGrace, then their contexts
+// end; the whole takes at most 5 s.
 func (s *server) shutdown() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	end := time.AfterFunc(shutdownGrace, s.end)
+	defer end.Stop()
 	_ = s.srv.Shutdown(ctx)
+	s.end()
 }

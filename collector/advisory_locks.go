@@ -143,6 +143,7 @@ func (c *advisoryLocksCollector) read(ctx context.Context) ([]store.AdvisoryLock
 func (c *advisoryLocksCollector) readOfSnapshot(ctx context.Context, part *DatabaseLocks) ([]store.AdvisoryLocksRow, error) {
 	out := slices.Clone(part.Rows)
 	if len(part.Classids) == 0 {
+		answeredWithoutAsking(ctx) // the database itself was not asked: its pg_liveness_up is the others'
 		return out, nil
 	}
 	rows, err := c.pool.Query(ctx, c.ofSnapshot.SQL, c.ofSnapshot.Args(part.Classids, part.Objids, part.Granted)...)

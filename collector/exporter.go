@@ -22,7 +22,11 @@
 //
 // pg_liveness_up is 1 when PostgreSQL answered some database collector in this scrape,
 // with rows or with an ERROR (a FATAL one, such as a shutdown or a refused login, is no
-// answer); with no database collector enabled, a ping decides.
+// answer); with no database collector enabled, a ping decides. A collector that answered
+// from the server's shared read alone, without a statement to its own database
+// (answeredWithoutAsking), is no answer of that database: a database that was dropped,
+// refuses connections or may not be connected to is down although its server answers.
+// When no collector asked the database, a ping decides.
 package collector
 
 import (
@@ -38,6 +42,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -72,8 +77,9 @@ var (
 		"Time a collector took in this scrape; the whole budget when it missed the deadline.",
 		"collector")
 	downReasonDesc = gauge("database_down_reason",
-		"1 for why PostgreSQL did not answer this scrape (pg_liveness_up 0): auth (the login was refused: password, pg_hba.conf, role), "+
-			"unavailable (the server refused the session: starting, shutting down, too many connections), connection (no connection: "+
+		"1 for why PostgreSQL did not answer this scrape (pg_liveness_up 0): auth (the login was refused: password, pg_hba.conf, role, "+
+			"no CONNECT privilege on the database), unavailable (the server refused the session: starting, shutting down, too many connections, "+
+			"the database dropped or not accepting connections), connection (no connection: "+
 			"network, TLS, DNS), timeout (no answer within the scrape deadline). All 0 while it answers.",
 		"reason")
 	successDesc = gauge("scrape_collector_success",
@@ -97,6 +103,8 @@ type Exporter struct {
 	logger     *slog.Logger
 	collectors []*entry  // sorted by name
 	label      [2]string // the label every sample carries (name, value); none when the name is ""
+	// turn is what each scrape waits for first (WithTurn); nil: scrapes start at once.
+	turn func(context.Context) (context.Context, func(), error)
 }
 
 type entry struct {
@@ -267,6 +275,18 @@ func (e *Exporter) Labelled(name, value string) *Exporter {
 	return &o
 }
 
+// WithTurn returns an exporter like e (use it in place of e, as Labelled's) whose every
+// scrape first waits for a turn from turn, within the scrape's deadline, runs under the
+// context turn returns (which may end before the deadline: the turn taken back), and
+// ends the turn by calling the function it returns: the databases of one server take
+// turns (package targets' Turn). A scrape that gets no turn, or loses it, answers as one
+// that missed its deadline: its collectors fail, pg_liveness_up 0 for a timeout.
+func (e *Exporter) WithTurn(turn func(context.Context) (context.Context, func(), error)) *Exporter {
+	o := *e
+	o.turn = turn
+	return &o
+}
+
 // gzipWriters keeps the gzip writer of a past scrape: it holds over half a MiB of
 // compressor state, too much to allocate per scrape. BestSpeed: the exposition repeats
 // itself, so the fastest level compresses it nearly as well, at a fraction of the CPU.
@@ -372,6 +392,19 @@ type result struct {
 	out      *exposition.Builder
 	err      error
 	duration time.Duration
+	unasked  bool // succeeded without a statement to its database (answeredWithoutAsking)
+}
+
+// unaskedKey is the context key of a collector's unasked flag in a scrape.
+type unaskedKey struct{}
+
+// answeredWithoutAsking tells the scrape that the collector's Update (whose ctx this is)
+// succeeds without having sent its database a statement: its samples came from the
+// server's shared read, so its success says nothing about whether the database answers.
+func answeredWithoutAsking(ctx context.Context) {
+	if f, ok := ctx.Value(unaskedKey{}).(*atomic.Bool); ok {
+		f.Store(true)
+	}
 }
 
 // ownBuilders keeps the builder of the exporter's own metrics between scrapes.
@@ -400,14 +433,21 @@ func (s *scraped) release() {
 // the caller cancels ctx, and their results go to a buffered channel nobody reads.
 func (e *Exporter) scrape(ctx context.Context) *scraped {
 	start := time.Now()
+	if e.turn != nil {
+		if turnCtx, release, err := e.turn(ctx); err == nil {
+			defer release()
+			ctx = turnCtx
+		} // else the deadline came first: every collector misses it, below
+	}
 	results := make(chan result, len(e.collectors))
 	for i, c := range e.collectors {
 		go func() {
 			t0 := time.Now()
 			b := c.builder()
 			b.SetLabel(e.label[0], e.label[1])
-			out, err := run(ctx, c.c, b)
-			results <- result{idx: i, out: out, err: err, duration: time.Since(t0)}
+			unasked := new(atomic.Bool)
+			out, err := run(context.WithValue(ctx, unaskedKey{}, unasked), c.c, b)
+			results <- result{idx: i, out: out, err: err, duration: time.Since(t0), unasked: err == nil && unasked.Load()}
 		}()
 	}
 
@@ -437,15 +477,16 @@ wait:
 	own.Reset()
 	own.SetLabel(e.label[0], e.label[1])
 	s := &scraped{builders: make([]*exposition.Builder, 0, len(e.collectors)+1), own: own}
-	answered, anyDB := false, false
-	var downErr error // the first database collector's failure
+	answered, anyDB := false, false // anyDB: some database collector asked the database
+	var downErr error               // the first database collector's failure
 	for i, c := range e.collectors {
 		r := done[i]
 		if r == nil {
 			r = &result{err: fmt.Errorf("missed the scrape deadline: %w", context.Cause(ctx)), duration: time.Since(start)}
 		}
-		anyDB = anyDB || c.db
-		if c.db && (r.err == nil || isServerError(r.err)) {
+		asked := c.db && !r.unasked
+		anyDB = anyDB || asked
+		if asked && (r.err == nil || isServerError(r.err)) {
 			answered = true
 		}
 		if c.db && r.err != nil && downErr == nil {
@@ -497,11 +538,18 @@ func run(ctx context.Context, c Collector, out *exposition.Builder) (_ *expositi
 
 var downReasons = []string{"auth", "connection", "timeout", "unavailable"}
 
-// downReason classifies why PostgreSQL did not answer.
+// DownReason is the reason pg_liveness_database_down_reason gives for err, a failure to
+// get an answer from PostgreSQL: auth, connection, timeout or unavailable.
+func DownReason(err error) string { return downReason(err) }
+
+// downReason classifies why PostgreSQL did not answer. A login refused for want of the
+// CONNECT privilege on the database (42501, FATAL at start-up) is auth, as a refused
+// password is; a database dropped (3D000) or not accepting connections (55000) is
+// unavailable.
 func downReason(err error) string {
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "28"):
+	case errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "28") || pgErr.Code == "42501"):
 		return "auth"
 	case errors.As(err, &pgErr):
 		return "unavailable"

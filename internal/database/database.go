@@ -46,7 +46,9 @@ type PoolConfig struct {
 	// it); zero keeps pgxpool's default (30 minutes, checked every minute).
 	MaxConnIdleTime time.Duration
 	// WrapDial, when set, wraps the pool's dialer: a limit shared by several pools (the
-	// /probe targets' cap on connections) counts every connection there.
+	// /probe targets' cap on connections) counts every connection there. It is called
+	// once for each connection: the dialer it returns dials that connection and then, while
+	// it is open, the cancel requests pgx sends for it when it closes it.
 	WrapDial func(pgconn.DialFunc) pgconn.DialFunc
 }
 
@@ -115,10 +117,8 @@ func NewSwitchablePool(cfg PoolConfig) (*pgxpool.Pool, *DSNSwitch, error) {
 		pc.ConnConfig.ConnectTimeout = cfg.ConnectTimeout
 	}
 	// Keep the client side of pool connections from hanging on a dead peer.
-	pc.ConnConfig.DialFunc = (&net.Dialer{KeepAlive: 15 * time.Second, Timeout: pc.ConnConfig.ConnectTimeout}).DialContext
-	if cfg.WrapDial != nil {
-		pc.ConnConfig.DialFunc = cfg.WrapDial(pc.ConnConfig.DialFunc)
-	}
+	dial := (&net.Dialer{KeepAlive: 15 * time.Second, Timeout: pc.ConnConfig.ConnectTimeout}).DialContext
+	pc.ConnConfig.DialFunc = dial
 	if cfg.MaxConnIdleTime > 0 {
 		pc.MaxConnIdleTime, pc.HealthCheckPeriod = cfg.MaxConnIdleTime, max(cfg.MaxConnIdleTime/2, 100*time.Millisecond)
 	}
@@ -127,6 +127,9 @@ func NewSwitchablePool(cfg PoolConfig) (*pgxpool.Pool, *DSNSwitch, error) {
 	sw := &DSNSwitch{gate: gate}
 	pc.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
 		sw.apply(cc)
+		if cfg.WrapDial != nil { // cc is this connection's own copy
+			cc.DialFunc = cfg.WrapDial(dial)
+		}
 		return gate.before(ctx)
 	}
 	// The server's version comes with every login (ParameterStatus): no statement is sent.

@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,8 +24,19 @@ import (
 //   - One page is rendered at a time, and the page answers at most pagesPerSecond
 //     requests a second (bursts of pageBurst), so that serving it cannot crowd out a
 //     scrape's CPU; at most maxAdmitted requests wait for a turn. Beyond that, or when a
-//     request waited maxWait for its turn, the answer is 429 with Retry-After: the
-//     database was not asked, so nothing reads as an outage.
+//     request waited maxWait for its turn to render, the answer is 429 with Retry-After:
+//     the page's own limit, and the database was not asked, so nothing reads as an
+//     outage.
+//   - A request that waited maxWait for the database slot while one read, started before
+//     it began to wait, kept waiting on the database (a lock on the instances table, an
+//     overloaded server) is answered 503 with Retry-After and that reason (errSlow): the
+//     database is what does not answer. Several reads in turn ahead of it are the page's
+//     own load: 429. A read that times out itself is a 503 with the page and its error.
+//
+// A request waits for an evaluation already in flight until it ends (its read is bounded
+// by queryTimeout), not by a deadline of its own, and renders after it with a wait of its
+// own: a read that took its whole queryTimeout is answered, never turned into a 429
+// because the request's time ran out meanwhile.
 //
 // A connection reserved for scrapes was the other way, and is not possible here: the
 // pool is the connection budget (--db.max-conns, which must work at 1), pgxpool has no
@@ -40,8 +52,16 @@ const (
 	retryAfter     = "1"
 )
 
-// errBusy: the page had too much to do to answer now.
+// errBusy: the page had too much to do to answer now (429).
 var errBusy = errors.New("the status page is busy with other requests; retry in a second (the database was not asked)")
+
+// errSlow: another read of the page has been waiting on the database for longer than
+// this request may wait for its turn (503).
+var errSlow = fmt.Errorf("the database is slow to answer the page: the read ahead of this request did not end within %s "+
+	"(a lock on the instances table, or an overloaded server); it was not asked again: retry later", maxWait)
+
+// errGone: the client went away while waiting; nobody reads the answer.
+var errGone = errors.New("the client went away")
 
 // limiter bounds the page's cost; see above.
 type limiter struct {
@@ -49,6 +69,8 @@ type limiter struct {
 	admitted atomic.Int64
 	db       chan struct{} // held while an evaluation reads the database
 	render   chan struct{} // held while a page is rendered
+	// reading is when the read holding db started (Unix nanoseconds; 0 when none does).
+	reading atomic.Int64
 
 	mu      sync.Mutex
 	entries map[query]*evaluation // in flight, or finished less than dataTTL ago
@@ -65,7 +87,7 @@ type evaluation struct {
 	finished time.Time     // set under limiter.mu before done is closed
 	page     Page          // never changed once done
 	dbErr    bool
-	err      error // errBusy: it never got the database
+	err      error // errSlow: it never got the database
 
 	mu     sync.Mutex
 	bodies map[bodyKey]*body
@@ -98,8 +120,8 @@ func (l *limiter) admit() bool {
 func (l *limiter) leave() { l.admitted.Add(-1) }
 
 // evaluate returns the evaluation for q: one in flight or finished less than dataTTL
-// ago, or a new one by read, in the database slot. The error is errBusy when it waited
-// too long.
+// ago, or a new one by read, in the database slot. The error is errSlow when it waited
+// maxWait for the slot, errGone when ctx (the client's) ended first.
 func (l *limiter) evaluate(ctx context.Context, q query, read func(context.Context, query) (Page, bool)) (*evaluation, error) {
 	key := q
 	key.refresh = 0 // the same data, whatever the page's reload interval
@@ -116,7 +138,7 @@ func (l *limiter) evaluate(ctx context.Context, q query, read func(context.Conte
 		case <-e.done:
 			return e, e.err
 		case <-ctx.Done():
-			return nil, errBusy
+			return nil, errGone
 		}
 	}
 	e := &evaluation{done: make(chan struct{}), bodies: map[bodyKey]*body{}}
@@ -132,15 +154,28 @@ func (l *limiter) evaluate(ctx context.Context, q query, read func(context.Conte
 		l.mu.Unlock()
 		close(e.done)
 	}
+	waitFrom := time.Now().UnixNano()
 	if !take(ctx, l.db) {
-		e.err = errBusy
+		// One read kept the slot for the whole wait: the database is what is slow.
+		// Several in turn: the page's own load.
+		since := l.reading.Load()
+		switch {
+		case ctx.Err() != nil:
+			e.err = errGone
+		case since != 0 && since <= waitFrom:
+			e.err = errSlow
+		default:
+			e.err = errBusy
+		}
 		finish(false)
 		return nil, e.err
 	}
+	l.reading.Store(time.Now().UnixNano())
 	// The requests sharing it must not lose it when this one's client goes away.
 	readCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout)
 	e.page, e.dbErr = read(readCtx, q)
 	cancel()
+	l.reading.Store(0)
 	<-l.db
 	finish(true)
 	return e, nil
@@ -156,7 +191,7 @@ func (l *limiter) body(ctx context.Context, e *evaluation, k bodyKey, render fun
 		case <-b.done:
 			return b.b, b.err
 		case <-ctx.Done():
-			return nil, errBusy
+			return nil, errGone
 		}
 	}
 	b := &body{done: make(chan struct{})}

@@ -19,7 +19,8 @@
 // statement (a bad one is a 400 naming it).
 //
 // The page shares the exporter's pool with /metrics and must never cost a scrape its
-// latency: load.go bounds what it reads and renders, and answers 429 beyond that.
+// latency: load.go bounds what it reads and renders, and answers 429 beyond that (503
+// when what it waits for is the database).
 package status
 
 import (
@@ -349,28 +350,36 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	busy := func() {
+	// notNow answers errBusy (429: the page's own limits) or errSlow (503: the database).
+	notNow := func(err error) {
+		code := http.StatusTooManyRequests
+		if errors.Is(err, errSlow) {
+			code = http.StatusServiceUnavailable
+		}
 		w.Header().Set("Retry-After", retryAfter)
 		if asJSON {
-			http.Error(w, errBusy.Error(), http.StatusTooManyRequests)
+			http.Error(w, err.Error(), code)
 			return
 		}
 		// A screen that reloads the page by itself must not stop at this answer.
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Content-Security-Policy", "default-src 'none'")
-		w.WriteHeader(http.StatusTooManyRequests)
-		_, _ = fmt.Fprintf(w, busyHTML, retryAfter, template.HTMLEscapeString(errBusy.Error()))
+		w.WriteHeader(code)
+		_, _ = fmt.Fprintf(w, busyHTML, retryAfter, template.HTMLEscapeString(err.Error()))
 	}
 	if !h.load.admit() {
-		busy()
+		notNow(errBusy)
 		return
 	}
 	defer h.load.leave()
-	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
-	defer cancel()
+	// No deadline of the request's own: each wait is bounded where it waits (load.go).
+	ctx := r.Context()
 	e, err := h.load.evaluate(ctx, q, h.collect)
-	if err != nil {
-		busy()
+	switch {
+	case errors.Is(err, errGone):
+		return
+	case err != nil:
+		notNow(err)
 		return
 	}
 	b, err := h.load.body(ctx, e, bodyKey{json: asJSON, refresh: q.refresh}, func() ([]byte, error) {
@@ -383,8 +392,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return b.Bytes(), err
 	})
 	switch {
+	case errors.Is(err, errGone):
+		return
 	case errors.Is(err, errBusy):
-		busy()
+		notNow(err)
 		return
 	case err != nil:
 		h.log.Error("status page: cannot render", "err", err)
@@ -405,7 +416,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(b)
 }
 
-// busyHTML is the HTML answer of a 429: it reloads itself after Retry-After.
+// busyHTML is the HTML answer of a 429 or errSlow's 503: it reloads itself after
+// Retry-After.
 const busyHTML = `<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="%s">` +
 	`<title>pg_liveness status: busy</title></head><body><p>%s</p></body></html>` + "\n"
 
@@ -432,6 +444,9 @@ func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
 		LeaseName: q.lease, LeaseOffset: (q.leasePage - 1) * LeasesPerPage, LeaseLimit: LeasesPerPage,
 	})
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("the database did not answer within %s (a lock on the instances table, or an overloaded server)", queryTimeout)
+		}
 		fail("cannot read instances and leases", err)
 		dbErr = true
 	} else {

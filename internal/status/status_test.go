@@ -440,22 +440,34 @@ func TestPageEvaluationsShareAndQueue(t *testing.T) {
 	}
 }
 
-// When the page cannot get its turn (here the database blocks its read: another session
-// holds a lock on the instances table), requests beyond the page's share get 429 with
-// Retry-After, never a 503 that reads as a database outage, and the database is not
-// asked for them. Once the lock goes, the page answers again.
-func TestPageBusyIs429(t *testing.T) {
-	db, pool, ctx := setup(t)
-	fixture(t, ctx, db, pool)
-	h, counted := countingHandler(t, pool)
-	locker := db.Conn(t)
-	tx, err := locker.Begin(ctx)
+// lockInstances holds an ACCESS EXCLUSIVE lock on the instances table in a session of its
+// own until the returned function rolls it back: every read of the page waits on it.
+func lockInstances(t *testing.T, ctx context.Context, db *pgtest.DB) (release func()) {
+	t.Helper()
+	tx, err := db.Conn(t).Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tx.Exec(ctx, `LOCK TABLE liveness.instances IN ACCESS EXCLUSIVE MODE`); err != nil {
 		t.Fatal(err)
 	}
+	return func() {
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// When the page cannot get its turn because the database blocks the read ahead of it
+// (another session holds a lock on the instances table), the requests that waited for
+// the database get 503 with Retry-After and that reason, and the database is not asked
+// for them; the requests beyond the page's own share get 429 with Retry-After, without
+// asking it either. Once the lock goes, the page answers again.
+func TestPageWaitingOnTheDatabaseIs503AndOverItsShare429(t *testing.T) {
+	db, pool, ctx := setup(t)
+	fixture(t, ctx, db, pool)
+	h, counted := countingHandler(t, pool)
+	release := lockInstances(t, ctx, db)
 	// The lock is released once 99 answers are in: the waiters gave up by then.
 	results := make(chan *http.Response, 100)
 	var wg sync.WaitGroup
@@ -474,39 +486,68 @@ func TestPageBusyIs429(t *testing.T) {
 	for len(res) < 99 {
 		res = append(res, <-results)
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	wg.Wait()
 	res = append(res, <-results)
 	codes := map[int]int{}
 	for _, r := range res {
 		codes[r.StatusCode]++
-		if r.StatusCode == http.StatusTooManyRequests {
-			if r.Header.Get("Retry-After") != "1" {
-				t.Errorf("429 without Retry-After: 1: %v", r.Header)
-			}
-			b, _ := io.ReadAll(r.Body)
-			if !strings.Contains(string(b), "busy") || !strings.Contains(string(b), "database was not asked") {
-				t.Errorf("429 body %q", b)
-			}
-			// The HTML answer reloads itself, so that a screen showing the page goes on.
-			if isHTML := strings.HasPrefix(r.Header.Get("Content-Type"), "text/html"); isHTML &&
-				!strings.Contains(string(b), `<meta http-equiv="refresh" content="1">`) {
-				t.Errorf("an HTML 429 that does not reload itself: %q", b)
+		b, _ := io.ReadAll(r.Body)
+		want := map[int][]string{
+			http.StatusTooManyRequests:    {"busy", "database was not asked"},
+			http.StatusServiceUnavailable: {"the database is slow to answer", "a lock on the instances table", "not asked again"},
+		}[r.StatusCode]
+		if want == nil {
+			continue
+		}
+		if r.Header.Get("Retry-After") != "1" {
+			t.Errorf("%d without Retry-After: 1: %v", r.StatusCode, r.Header)
+		}
+		for _, w := range want {
+			if !strings.Contains(string(b), w) {
+				t.Errorf("%d body %q, want %q", r.StatusCode, b, w)
 			}
 		}
+		// The HTML answer reloads itself, so that a screen showing the page goes on.
+		if isHTML := strings.HasPrefix(r.Header.Get("Content-Type"), "text/html"); isHTML &&
+			!strings.Contains(string(b), `<meta http-equiv="refresh" content="1">`) {
+			t.Errorf("an HTML %d that does not reload itself: %q", r.StatusCode, b)
+		}
 	}
-	// One evaluation got the database and waited for the lock; the others waited their
-	// 3 s or were not admitted.
-	if codes[http.StatusOK] != 1 || codes[http.StatusTooManyRequests] != 99 {
-		t.Errorf("answers %v; want one 200 (the read that waited for the lock) and 99 429s", codes)
+	// One evaluation got the database and waited for the lock; the admitted others waited
+	// their 3 s for the database (503), the rest were not admitted (429).
+	if codes[http.StatusOK] != 1 || codes[http.StatusServiceUnavailable] == 0 ||
+		codes[http.StatusServiceUnavailable]+codes[http.StatusTooManyRequests] != 99 {
+		t.Errorf("answers %v; want one 200 (the read that waited for the lock), 503s for those that waited for it and 429s for the rest", codes)
 	}
 	if n := counted.calls.Load(); n != 2 {
 		t.Errorf("%d statements sent, want the one evaluation's 2", n)
 	}
 	if r, body := get(t, h, "/status.json?page=1000"); r.StatusCode != http.StatusOK {
 		t.Errorf("after the lock: %s %.200q", r.Status, body)
+	}
+}
+
+// A read that waits on a locked instances table for its whole time (10 s) is answered 503
+// with the page and the reason, for every request that shared it, in every form: never a
+// 429 saying the database was not asked, because the request's own time ran out while
+// the database kept it waiting.
+func TestPageReadTimingOutIs503WithTheReason(t *testing.T) {
+	db, pool, ctx := setup(t)
+	fixture(t, ctx, db, pool)
+	h, counted := countingHandler(t, pool)
+	release := lockInstances(t, ctx, db)
+	defer release()
+	// One evaluation (the query is the same), rendered in four forms, each asked twice.
+	targets := []string{"/status.json", "/status", "/status?refresh=1", "/status?refresh=0"}
+	for i, res := range concurrently(t, h, 8, func(i int) string { return targets[i%len(targets)] }) {
+		b, _ := io.ReadAll(res.Body)
+		if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "did not answer within 10s") {
+			t.Errorf("%s with the instances table locked: %s, want 503 saying the database did not answer within 10s: %.300s", targets[i%len(targets)], res.Status, b)
+		}
+	}
+	if n := counted.calls.Load(); n != 1 {
+		t.Errorf("%d statements sent, want the one evaluation's read_fleet", n)
 	}
 }
 

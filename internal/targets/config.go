@@ -153,6 +153,16 @@ func parse(b []byte) (*Config, error) {
 	if len(doc.Content) != 1 {
 		return nil, errors.New("the file is empty: it needs a targets section")
 	}
+	// A second document (after a --- line) would otherwise be dropped without a word, and
+	// with it whatever targets and credentials it holds.
+	var next yaml.Node
+	switch err := dec.Decode(&next); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		return nil, fmt.Errorf("a --- line starts a second YAML document, not valid YAML (%w); write the configuration as one document", err)
+	default:
+		return nil, fmt.Errorf("line %d: a --- line starts a second YAML document; write the configuration as one document", next.Line)
+	}
 	root := doc.Content[0]
 	sections, err := mapping(root, "", []string{"credentials", "targets", "discover"})
 	if err != nil {

@@ -106,6 +106,10 @@ func TestLoadRefusesBadInputNamingTheField(t *testing.T) {
 		{"empty targets", "targets: {}\n", "targets: is empty"},
 		{"empty file", "", "the file is empty"},
 		{"not yaml", "targets: [\n", "not valid YAML"},
+		// A second document would be dropped, with the targets it names.
+		{"two documents", "targets:\n  a: {dsn_file: DIR/orders.dsn}\n---\ntargets:\n  b: {dsn_file: DIR/orders.dsn}\n", "line 3: a --- line starts a second YAML document; write the configuration as one document"},
+		{"an empty second document", "targets:\n  a: {dsn_file: DIR/orders.dsn}\n---\n", "line 3: a --- line starts a second YAML document"},
+		{"a second document not valid", "targets:\n  a: {dsn_file: DIR/orders.dsn}\n---\ntargets: [\n", "a --- line starts a second YAML document, not valid YAML"},
 		{"unreadable dsn file", "targets:\n  o: {dsn_file: DIR/missing.dsn}\n", "targets.o.dsn_file: open"},
 		{"unreadable password file", "credentials:\n  c: {user: u, password_file: DIR/nope}\ntargets:\n  o: {host: h, database: d, credentials: c}\n", "credentials.c.password_file: open"},
 		{"password file of two lines", "credentials:\n  c: {user: u, password_file: DIR/two-lines}\ntargets:\n  o: {host: h, database: d, credentials: c}\n", "credentials.c.password_file: " + dir + "/two-lines holds more than one line"},

@@ -35,19 +35,24 @@ type Discovery struct {
 	logger  *slog.Logger
 
 	mu      sync.Mutex
-	found   map[string][]string         // by entry: the databases, sorted
-	capped  map[string]*logging.Repeats // by entry: the max_databases warning, logged when it starts or changes
-	leftOut map[string]int              // by entry: the databases holding the table that max_databases left out
-	// rounds counts finished re-checks of every entry, for tests and the log.
+	found   map[string][]string           // by entry: the databases, sorted
+	capped  map[string]*logging.Repeats   // by entry: the max_databases warning, logged when it starts or changes
+	leftOut map[string]int                // by entry: the databases holding the table that max_databases left out
+	listed  map[string]error              // by entry checked: why its last listing of pg_database failed, nil when it did not
+	listLog map[string]*logging.Repeats   // by entry: that failure, logged when it starts or changes
+	checks  map[Database]*logging.Repeats // a database kept that cannot be checked, logged when it starts or changes
+	// rounds counts finished checks of an entry, for tests.
 	rounds int
-	round  chan struct{} // closed and replaced when a round ends
+	round  chan struct{} // closed and replaced when a check ends
 }
 
 // NewDiscovery returns the discovery of pools' discover entries for source. timeout
 // bounds each statement it sends (listing the databases, checking one).
 func NewDiscovery(pools *Pools, source *store.Source, timeout time.Duration, logger *slog.Logger) *Discovery {
 	return &Discovery{pools: pools, source: source, timeout: timeout, logger: logger,
-		found: map[string][]string{}, capped: map[string]*logging.Repeats{}, leftOut: map[string]int{}, round: make(chan struct{})}
+		found: map[string][]string{}, capped: map[string]*logging.Repeats{}, leftOut: map[string]int{},
+		listed: map[string]error{}, listLog: map[string]*logging.Repeats{}, checks: map[Database]*logging.Repeats{},
+		round: make(chan struct{})}
 }
 
 // Found returns the databases found, by entry then name.
@@ -63,7 +68,34 @@ func (d *Discovery) Found() []Database {
 	return out
 }
 
-// Rounds returns how many rounds have ended and a channel closed when the next one does.
+// Count is how many databases of entry are found.
+func (d *Discovery) Count(entry string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.found[entry])
+}
+
+// EntryStatus is how a discover entry's last listing of its server's databases went.
+type EntryStatus struct {
+	Name string
+	Err  error // nil when it succeeded
+}
+
+// Entries returns the status of the entries in force that have been checked, by name.
+func (d *Discovery) Entries() []EntryStatus {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []EntryStatus
+	for _, srv := range d.pools.Config().Discover() {
+		if err, ok := d.listed[srv.Name]; ok {
+			out = append(out, EntryStatus{Name: srv.Name, Err: err})
+		}
+	}
+	return out
+}
+
+// Rounds returns how many checks of an entry have ended and a channel closed when the
+// next one does.
 func (d *Discovery) Rounds() (int, <-chan struct{}) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -75,20 +107,39 @@ func (d *Discovery) Rounds() (int, <-chan struct{}) {
 // re-check. It follows the configuration in force: a reload's new entries, and entries
 // whose connection or interval changed, are checked on the next tick (within
 // MinDiscoverInterval); a removed entry's databases are forgotten, their pools closed.
+// An entry whose check of its databases takes longer than its interval (each needs a
+// connection, a few at a time) is listed again on time meanwhile, so that a dropped
+// database goes within about an interval whatever the server's size.
 func (d *Discovery) Run(ctx context.Context) {
 	last := map[string]time.Time{}
 	checked := map[string]Server{} // each entry as it was at its last check
+	checking := map[string]bool{}  // entries whose check runs now
+	ended := make(chan string)     // an entry's check ended
+	var wg sync.WaitGroup
+	defer wg.Wait() // the checks end with ctx
 	tick := time.NewTicker(MinDiscoverInterval)
 	defer tick.Stop()
 	for {
-		var due []Server
 		now := time.Now()
 		entries := d.pools.Config().Discover()
 		for _, srv := range entries {
-			if t, ok := last[srv.Name]; !ok || now.Sub(t) >= srv.Interval || checked[srv.Name] != srv {
-				due = append(due, srv)
-				last[srv.Name], checked[srv.Name] = now, srv
+			t, ok := last[srv.Name]
+			if ok && now.Sub(t) < srv.Interval && checked[srv.Name] == srv {
+				continue
 			}
+			last[srv.Name] = now
+			if checking[srv.Name] {
+				d.relist(ctx, srv) // and the changed entry's check follows this one
+				continue
+			}
+			checked[srv.Name], checking[srv.Name] = srv, true
+			wg.Go(func() {
+				d.check(ctx, srv)
+				select {
+				case ended <- srv.Name:
+				case <-ctx.Done():
+				}
+			})
 		}
 		for name := range last {
 			if !slices.ContainsFunc(entries, func(s Server) bool { return s.Name == name }) {
@@ -97,17 +148,12 @@ func (d *Discovery) Run(ctx context.Context) {
 			}
 		}
 		d.Prune()
-		if len(due) > 0 {
-			var wg sync.WaitGroup
-			for _, srv := range due {
-				wg.Go(func() { d.check(ctx, srv) })
-			}
-			wg.Wait()
-			d.endRound()
-		}
 		select {
 		case <-ctx.Done():
 			return
+		case name := <-ended:
+			delete(checking, name)
+			d.endRound()
 		case <-tick.C:
 		}
 	}
@@ -142,6 +188,17 @@ func (d *Discovery) prune() {
 			delete(d.leftOut, name)
 		}
 	}
+	for name := range d.listed {
+		if !slices.ContainsFunc(d.pools.Config().Discover(), func(s Server) bool { return s.Name == name }) {
+			delete(d.listed, name)
+			delete(d.listLog, name)
+		}
+	}
+	for db := range d.checks {
+		if _, ok := d.found[db.Server]; !ok {
+			delete(d.checks, db)
+		}
+	}
 }
 
 // LeftOut is how many databases holding the table the entries in force left out at their
@@ -161,36 +218,41 @@ func (d *Discovery) LeftOut() int {
 // rather than vanish; so does a database that does not answer the check.
 func (d *Discovery) check(ctx context.Context, srv Server) {
 	logger := d.logger.With("server", srv.Name)
-	names, err := d.list(ctx, srv)
-	if err != nil {
-		logger.Warn("cannot list the server's databases; keeping the ones found before", "err", err)
+	names, before, ok := d.relist(ctx, srv)
+	if !ok {
 		return
 	}
-	d.mu.Lock()
-	before := d.found[srv.Name]
-	d.mu.Unlock()
+	checked := d.checkAll(ctx, srv.Name, names)
 	var found []string
+	keep := make(map[string]bool, len(names))
 	capped := 0 // databases with the table left out by MaxDatabases
-	for _, db := range names {
-		has, err := d.holdsSource(ctx, srv.Name, db)
+	for i, l := range names {
+		db, c := l.Name, checked[i]
+		was := slices.Contains(before, db)
 		switch {
-		case err != nil && slices.Contains(before, db):
-			logger.Warn("cannot check a database; keeping it", "database", db, "err", err)
+		case c.err != nil && was:
+			d.checkLog(srv.Name, db).Log(logger, slog.LevelWarn, c.err.Error(), "cannot check a database; keeping it", "database", db, "err", c.err)
 			found = append(found, db)
-		case err != nil:
-			logger.Debug("cannot check a database", "database", db, "err", err)
-		case has && len(found) >= srv.MaxDatabases:
+		case c.err != nil:
+			logger.Debug("cannot check a database", "database", db, "err", c.err)
+		case c.has && len(found) >= srv.MaxDatabases:
 			capped++
-		case has:
+		case c.has:
 			found = append(found, db)
 		}
-		if !slices.Contains(found, db) {
+		if c.err == nil && was {
+			d.checkLog(srv.Name, db).Clear(logger, "a database can be checked again", "database", db)
+		}
+		if len(found) > 0 && found[len(found)-1] == db {
+			keep[db] = true
+		} else {
 			d.pools.ForgetDiscovered(srv.Name, db) // no connection kept for a database not watched
 		}
 	}
 	for _, db := range before {
-		if !slices.Contains(found, db) {
+		if !keep[db] {
 			d.pools.ForgetDiscovered(srv.Name, db)
+			d.forgetCheckLog(srv.Name, db)
 			logger.Info("database no longer watched", "database", db)
 		}
 	}
@@ -206,8 +268,105 @@ func (d *Discovery) check(ctx context.Context, srv Server) {
 		d.cappedLog(srv.Name).Clear(logger, "every database holding the table is watched again")
 	}
 	d.mu.Lock()
+	// A database that a listing during the checks found dropped (relist, from Run) stays
+	// gone, though its check, failing, kept it.
+	now := d.found[srv.Name]
+	found = slices.DeleteFunc(found, func(db string) bool { return slices.Contains(before, db) && !slices.Contains(now, db) })
 	d.found[srv.Name], d.leftOut[srv.Name] = found, capped
 	d.mu.Unlock()
+}
+
+// relist lists srv's databases and forgets at once those found before that are no
+// longer listed (dropped). It returns the list and the databases found before it, or
+// false when the listing failed (logged once when that starts).
+func (d *Discovery) relist(ctx context.Context, srv Server) (names []listed, before []string, ok bool) {
+	logger := d.logger.With("server", srv.Name)
+	names, err := d.list(ctx, srv)
+	d.mu.Lock()
+	d.listed[srv.Name] = err
+	failed := d.listLog[srv.Name]
+	if failed == nil {
+		failed = new(logging.Repeats)
+		d.listLog[srv.Name] = failed
+	}
+	d.mu.Unlock()
+	if err != nil {
+		failed.Log(logger, slog.LevelWarn, err.Error(), "cannot list the server's databases; keeping the ones found before", "err", err)
+		return nil, nil, false
+	}
+	failed.Clear(logger, "the server's databases are listed again")
+	listed := make(map[string]bool, len(names))
+	for _, l := range names {
+		listed[l.Name] = true
+	}
+	d.mu.Lock()
+	before = d.found[srv.Name]
+	kept := slices.DeleteFunc(slices.Clone(before), func(db string) bool { return !listed[db] })
+	if len(kept) < len(before) {
+		d.found[srv.Name] = kept
+	}
+	d.mu.Unlock()
+	for _, db := range before {
+		if !listed[db] {
+			d.pools.ForgetDiscovered(srv.Name, db)
+			d.forgetCheckLog(srv.Name, db)
+			logger.Info("database no longer watched", "database", db)
+		}
+	}
+	return names, kept, true
+}
+
+// discoverCheckers is how many of an entry's databases a re-check checks at once.
+const discoverCheckers = 4
+
+// checked is how the check of one database went.
+type checked struct {
+	has bool // it holds the source's table, and the role may read it
+	err error
+}
+
+// checkAll checks each listed database for the source's table, discoverCheckers at a
+// time, and returns the outcomes in the list's order.
+func (d *Discovery) checkAll(ctx context.Context, server string, names []listed) []checked {
+	out := make([]checked, len(names))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(discoverCheckers, len(names)) {
+		wg.Go(func() {
+			for i := range next {
+				if !names[i].AllowsConnections {
+					out[i].err = errors.New("the database does not accept connections (ALLOW_CONNECTIONS false)")
+					continue
+				}
+				out[i].has, out[i].err = d.holdsSource(ctx, server, names[i].Name)
+			}
+		})
+	}
+	for i := range names {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return out
+}
+
+// checkLog is the Repeats of the warning that database db of server cannot be checked.
+func (d *Discovery) checkLog(server, db string) *logging.Repeats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	key := Database{server, db}
+	r := d.checks[key]
+	if r == nil {
+		r = new(logging.Repeats)
+		d.checks[key] = r
+	}
+	return r
+}
+
+func (d *Discovery) forgetCheckLog(server, db string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.checks, Database{server, db})
 }
 
 func (d *Discovery) cappedLog(server string) *logging.Repeats {
@@ -221,8 +380,14 @@ func (d *Discovery) cappedLog(server string) *logging.Repeats {
 	return r
 }
 
+// listed is a database of pg_database.
+type listed struct {
+	Name              string `db:"datname"`
+	AllowsConnections bool   `db:"allows_connections"`
+}
+
 // list reads pg_database in srv's maintenance database.
-func (d *Discovery) list(ctx context.Context, srv Server) ([]string, error) {
+func (d *Discovery) list(ctx context.Context, srv Server) ([]listed, error) {
 	pool, ok, err := d.pools.DiscoveredPool(srv.Name, srv.Maintenance)
 	if !ok || err != nil {
 		return nil, cmpErr(err, errors.New("the entry was removed"))
@@ -234,7 +399,7 @@ func (d *Discovery) list(ctx context.Context, srv Server) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+	return pgx.CollectRows(rows, pgx.RowToStructByName[listed])
 }
 
 // holdsSource reports whether database db of server holds the source's instances table

@@ -3,9 +3,9 @@ package targets
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -25,7 +25,7 @@ const (
 
 // Options bound the targets' pools.
 type Options struct {
-	MaxConns          int           // across all targets; at least MaxConnsPerTarget
+	MaxConns          int           // across all targets, each server an equal share; at least MaxConnsPerTarget
 	MaxConnsPerTarget int32         // per target's pool, 1 to database.MaxMaxConns
 	IdleTimeout       time.Duration // a connection idle this long is closed; above zero
 	ConnectTimeout    time.Duration // per connection attempt, unless a DSN sets one
@@ -41,7 +41,11 @@ type Pools struct {
 	mu      sync.Mutex
 	cfg     *Config
 	open    map[string]*pgxpool.Pool
-	closing sync.WaitGroup // pools of replaced targets, closing while their last statements end
+	servers map[string]string // of open: each pool's server (serverOf)
+	closing sync.WaitGroup    // pools of replaced targets, closing while their last statements end
+
+	entryServers map[string]string // by discover entry: its server (serverOf), as first asked
+	turns        map[string]*turns // by server: its databases' scrapes (Turn)
 }
 
 // NewPools checks opts and returns the pools of cfg's targets; none is opened yet.
@@ -57,9 +61,33 @@ func NewPools(cfg *Config, opts Options) (*Pools, error) {
 	case opts.ConnectTimeout <= 0:
 		return nil, errors.New("Options.ConnectTimeout must be above zero")
 	}
-	p := &Pools{opts: opts, cfg: cfg, open: map[string]*pgxpool.Pool{}}
-	p.limit = &connLimit{tokens: make(chan struct{}, opts.MaxConns), evict: p.evictIdle}
+	p := &Pools{opts: opts, cfg: cfg, open: map[string]*pgxpool.Pool{}, servers: map[string]string{},
+		entryServers: map[string]string{}, turns: map[string]*turns{}}
+	p.limit = newConnLimit(opts.MaxConns, p.evictIdle)
+	p.limit.setShare(servers(cfg))
 	return p, nil
+}
+
+// servers counts the servers (host and port) that cfg's targets and discover entries are
+// on: each may hold an equal share of the cap.
+func servers(cfg *Config) int {
+	seen := map[string]bool{}
+	for _, t := range cfg.targets {
+		seen[serverOf(t.dsn)] = true
+	}
+	for _, s := range cfg.discover {
+		seen[serverOf(s.dsn(s.Maintenance))] = true
+	}
+	return len(seen)
+}
+
+// serverOf is the server a DSN connects to: its (first) host and port.
+func serverOf(dsn string) string {
+	c, err := pgconn.ParseConfig(dsn)
+	if err != nil { // validated when the file was loaded
+		return "?"
+	}
+	return net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port)))
 }
 
 // Config is the configuration in force.
@@ -81,21 +109,22 @@ func (p *Pools) Pool(name string) (pool *pgxpool.Pool, ok bool, err error) {
 	if !ok {
 		return nil, false, nil
 	}
-	return p.openLocked(name, t.dsn)
+	return p.openLocked(name, t.dsn, p.opts.MaxConnsPerTarget)
 }
 
-// openLocked opens the pool of key (a target's name, or discoveredKey) on dsn, without
-// connecting. p.mu is held.
-func (p *Pools) openLocked(key, dsn string) (*pgxpool.Pool, bool, error) {
+// openLocked opens the pool of key (a target's name, or discoveredKey) on dsn, of at most
+// conns connections, without connecting. p.mu is held.
+func (p *Pools) openLocked(key, dsn string, conns int32) (*pgxpool.Pool, bool, error) {
+	server := serverOf(dsn)
 	pool, err := database.NewPool(database.PoolConfig{
-		DSN: dsn, MaxConns: p.opts.MaxConnsPerTarget, ApplicationName: p.opts.ApplicationName,
+		DSN: dsn, MaxConns: conns, ApplicationName: p.opts.ApplicationName,
 		ConnectTimeout: p.opts.ConnectTimeout, Logger: p.opts.Logger, MaxConnIdleTime: p.opts.IdleTimeout,
-		WrapDial: p.limit.wrap,
+		WrapDial: p.limit.wrapFor(server),
 	})
 	if err != nil {
 		return nil, true, err
 	}
-	p.open[key] = pool
+	p.open[key], p.servers[key] = pool, server
 	return pool, true, nil
 }
 
@@ -117,8 +146,52 @@ func (p *Pools) DiscoveredPool(server, db string) (pool *pgxpool.Pool, ok bool, 
 	if !ok {
 		return nil, false, nil
 	}
-	return p.openLocked(key, srv.dsn(db))
+	// One connection: a server's databases are many, and their scrapes take turns
+	// (Turn); a database's collectors take turns on its connection.
+	return p.openLocked(key, srv.dsn(db), 1)
 }
+
+// Turn waits, within ctx, for a turn to scrape a database of discover entry entry, whose
+// scrape has databases of the entry's server. Each server gives at most turnsOf(its share
+// of the cap) at once, so that its databases' scrapes do not each dial for a connection
+// the cap cannot give (closing one another's), and leave a little of the share to the
+// entry's maintenance database and re-checks. A turn held longer than its share of the
+// scrape's time while others wait is taken back (turns). It returns the scrape's context
+// and the function that ends the turn; the error is ctx's, or says the entry is gone.
+func (p *Pools) Turn(ctx context.Context, entry string, databases int) (context.Context, func(), error) {
+	p.mu.Lock()
+	srv, ok := p.cfg.discover[entry]
+	var t *turns
+	if ok {
+		server := p.entryServers[entry]
+		if server == "" {
+			server = serverOf(srv.dsn(srv.Maintenance))
+			p.entryServers[entry] = server
+		}
+		n := turnsOf(p.limit.shareOf())
+		if t = p.turns[server]; t == nil || t.size != n { // new, or the share changed: later turns count anew
+			t = newTurns(n)
+			p.turns[server] = t
+		}
+	}
+	p.mu.Unlock()
+	if !ok {
+		return nil, nil, errors.New("the discover entry was removed")
+	}
+	scrape, release, err := t.take(ctx, databases)
+	if err != nil {
+		return nil, nil, err
+	}
+	return scrape, func() {
+		release()
+		p.limit.poke() // the database's connection turned idle
+	}, nil
+}
+
+// turnsOf is how many databases of one server are scraped at once with a share of n
+// connections: all but two (one for the maintenance database's shared read of pg_locks,
+// one for a re-check), at least one.
+func turnsOf(n int) int { return max(1, n-2) }
 
 // ForgetDiscovered closes the pool of a discovered database that is gone or no longer
 // holds the source, in the background once its statements in flight end.
@@ -128,6 +201,7 @@ func (p *Pools) ForgetDiscovered(server, db string) {
 	key := discoveredKey(server, db)
 	if pool := p.open[key]; pool != nil {
 		delete(p.open, key)
+		delete(p.servers, key)
 		p.closing.Go(pool.Close)
 	}
 }
@@ -156,14 +230,17 @@ func (p *Pools) Replace(cfg *Config) {
 			continue
 		}
 		delete(p.open, name)
+		delete(p.servers, name)
 		p.closing.Go(pool.Close)
 	}
 	p.cfg = cfg
+	clear(p.entryServers) // an entry's host or port may have changed
+	p.limit.setShare(servers(cfg))
 }
 
 // Conns is how many connections the targets' pools hold together (dialled and not yet
 // closed).
-func (p *Pools) Conns() int { return len(p.limit.tokens) }
+func (p *Pools) Conns() int { return p.limit.held() }
 
 // Files is Config.Files of the configuration in force.
 func (p *Pools) Files() []string {
@@ -177,19 +254,22 @@ func (p *Pools) Close() {
 	p.mu.Lock()
 	for name, pool := range p.open {
 		delete(p.open, name)
+		delete(p.servers, name)
 		p.closing.Go(pool.Close)
 	}
 	p.mu.Unlock()
 	p.closing.Wait()
 }
 
-// evictIdle closes one idle connection of any target, to make room under the cap. It
-// reports whether it closed one.
-func (p *Pools) evictIdle() bool {
+// evictIdle closes one idle connection of a pool on server (of any pool for ""), to make
+// room under the cap. It reports whether it closed one.
+func (p *Pools) evictIdle(server string) bool {
 	p.mu.Lock()
 	pools := make([]*pgxpool.Pool, 0, len(p.open))
-	for _, pool := range p.open {
-		pools = append(pools, pool)
+	for key, pool := range p.open {
+		if server == "" || p.servers[key] == server {
+			pools = append(pools, pool)
+		}
 	}
 	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -210,65 +290,4 @@ func (p *Pools) evictIdle() bool {
 		return true
 	}
 	return false
-}
-
-// connLimit is the cap on connections across the targets' pools: a token per dialled
-// socket, given back when the socket closes.
-type connLimit struct {
-	tokens chan struct{}
-	evict  func() bool // closes one idle connection of any pool
-}
-
-// evictRetry is how often a dial waiting at the cap looks again for an idle connection
-// to close: another target's connection may have become idle meanwhile.
-const evictRetry = 50 * time.Millisecond
-
-func (l *connLimit) acquire(ctx context.Context) error {
-	for {
-		select {
-		case l.tokens <- struct{}{}:
-			return nil
-		default:
-		}
-		if l.evict() {
-			continue
-		}
-		t := time.NewTimer(evictRetry)
-		select {
-		case l.tokens <- struct{}{}:
-			t.Stop()
-			return nil
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("the targets' connection cap is reached and no connection became free in time: %w", ctx.Err())
-		case <-t.C:
-		}
-	}
-}
-
-func (l *connLimit) wrap(next pgconn.DialFunc) pgconn.DialFunc {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if err := l.acquire(ctx); err != nil {
-			return nil, err
-		}
-		c, err := next(ctx, network, addr)
-		if err != nil {
-			<-l.tokens
-			return nil, err
-		}
-		return &limitedConn{Conn: c, release: func() { <-l.tokens }}, nil
-	}
-}
-
-// limitedConn gives its token back once, on Close.
-type limitedConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-}
-
-func (c *limitedConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.release)
-	return err
 }

@@ -157,3 +157,52 @@ func TestNewPoolsNamesTheField(t *testing.T) {
 		}
 	}
 }
+
+// Each server holds at most its share of the cap (the cap over the servers of the
+// configuration, here 4 over 2): at its share, a target of that server waits for one of
+// the server's own connections, even with the cap not reached, and takes no other
+// server's; the other server's targets connect at once meanwhile.
+func TestPoolsShareTheCapByServer(t *testing.T) {
+	a1, a2, a3 := pgtest.NewDB(t), pgtest.NewDB(t), pgtest.NewDB(t) // the shared server
+	b := pgtest.NewDBOn(t, pgtest.NewServer(t))
+	p := testPools(t, Options{MaxConns: 4, MaxConnsPerTarget: 2, IdleTimeout: time.Hour}, a1, a2, a3, b)
+	ctx := testutil.Context(t, 20*time.Second)
+	// a and b (a1, a2) hold the shared server's two connections, in use.
+	var held []*pgxpool.Conn
+	defer func() {
+		for _, c := range held {
+			c.Release()
+		}
+	}()
+	for _, name := range []string{"a", "b"} {
+		c, err := pool(t, p, name).Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err := pool(t, p, "c").Exec(short, "SELECT 1")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a third connection to the shared server beyond its share of 2: %v", err)
+	}
+	// The other server's target (d, on b) is not kept waiting: two connections at once.
+	for range 2 {
+		c, err := pool(t, p, "d").Acquire(ctx)
+		if err != nil {
+			t.Fatalf("the other server's target: %v", err)
+		}
+		held = append(held, c)
+	}
+	if p.Conns() != 4 {
+		t.Fatalf("%d connections, want 4", p.Conns())
+	}
+	// a's connection turns idle: c closes it (its own server's) and connects.
+	held[0].Release()
+	held = held[1:]
+	if _, err := pool(t, p, "c").Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatalf("c at its server's share with an idle connection of it: %v", err)
+	}
+	testutil.Eventually(t, 10*time.Second, "a's session closed", func() bool { return serverConns(t, a1) == 0 })
+}

@@ -2,10 +2,12 @@
 -- server the exporter watches. Read at start and at every re-check, never per scrape.
 
 -- name: discover_databases
--- The server's databases that take connections, templates left out, by name.
-SELECT d.datname::text AS datname
+-- The server's databases, templates left out, by name, and whether each takes
+-- connections: one that does not is not watched, unless it was before (it is then down,
+-- not gone).
+SELECT d.datname::text AS datname, d.datallowconn AS allows_connections
   FROM pg_catalog.pg_database d
- WHERE d.datallowconn AND NOT d.datistemplate
+ WHERE NOT d.datistemplate
  ORDER BY d.datname
 
 -- name: discover_source
