@@ -110,7 +110,11 @@ func newHandler(c *config, w *wired, agent collector.AgentSource, logger *slog.L
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		versioncollector.NewCollector(exporterName), w.reloads)
 	// The status page reads the source the collectors read.
-	page, err := statuspage.New(statuspage.Config{DB: w.pool, Source: w.source, Agent: agent, Status: status,
+	var node statuspage.NodeAgentSource // a nil interface without a node agent, never a nil *NodeAgent
+	if w.nodeAgent != nil {
+		node = w.nodeAgent
+	}
+	page, err := statuspage.New(statuspage.Config{DB: w.pool, Source: w.source, Agent: agent, NodeAgent: node, Status: status,
 		Logger: logger.With("component", "status")})
 	if err != nil {
 		return nil, err

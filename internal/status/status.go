@@ -77,6 +77,8 @@ type Config struct {
 	Source *store.Source
 	// Agent is the local agent; nil when the exporter runs as an observer only.
 	Agent AgentSource
+	// NodeAgent is the node agent (--node-agent.socket); nil without.
+	NodeAgent NodeAgentSource
 	// Status is the binary's view of the schema; nil leaves that line out.
 	Status store.StatusSource
 	Logger *slog.Logger
@@ -85,6 +87,11 @@ type Config struct {
 // AgentSource is the local agent, as the agent collector reads it.
 type AgentSource interface {
 	Snapshot() liveness.AgentSnapshot
+}
+
+// NodeAgentSource is the node agent, as its collector reads it.
+type NodeAgentSource interface {
+	Snapshot() liveness.NodeAgentSnapshot
 }
 
 // Handler serves /status and /status.json (the path's suffix decides).
@@ -113,11 +120,12 @@ type Page struct {
 	Errors      []string    `json:"errors,omitempty"`
 	Schema      *SchemaView `json:"schema,omitempty"`
 
-	Services      []ServiceView `json:"services"`
-	Instances     InstancesView `json:"instances"`
-	Leases        LeasesView    `json:"leases"`
-	AdvisoryLocks *LocksView    `json:"advisory_locks,omitempty"`
-	Agent         *AgentView    `json:"agent,omitempty"`
+	Services      []ServiceView  `json:"services"`
+	Instances     InstancesView  `json:"instances"`
+	Leases        LeasesView     `json:"leases"`
+	AdvisoryLocks *LocksView     `json:"advisory_locks,omitempty"`
+	Agent         *AgentView     `json:"agent,omitempty"`
+	NodeAgent     *NodeAgentView `json:"node_agent,omitempty"`
 }
 
 // SchemaView is how the binary stands with the schema.
@@ -237,6 +245,29 @@ type AgentView struct {
 	AliveLockReconnects      uint64           `json:"alive_lock_reconnects"`
 	InstancesReaped          uint64           `json:"instances_reaped"`
 	Leases                   []AgentLeaseView `json:"leases"`
+	Shards                   []ShardSetView   `json:"shard_sets"`
+}
+
+// ShardSetView is one shard set the agent takes part in (Agent.Shards).
+type ShardSetView struct {
+	Set      string `json:"set"`
+	Members  int    `json:"members"`
+	Shards   int    `json:"shards"`
+	Owned    int    `json:"owned"`
+	Acquired uint64 `json:"acquired"`
+	Released uint64 `json:"released"`
+	Lost     uint64 `json:"lost"`
+}
+
+// NodeAgentView is the node agent this exporter runs (--node-agent.socket).
+type NodeAgentView struct {
+	Socket     string `json:"socket"`
+	SessionUp  bool   `json:"session_up"`
+	Listening  bool   `json:"listening"`
+	Attached   int    `json:"attached_processes"`
+	LocksHeld  int    `json:"locks_held"`
+	Reconnects uint64 `json:"session_reconnects"`
+	Refused    uint64 `json:"attaches_refused"`
 }
 
 // AgentLeaseView is one lease the agent uses.
@@ -467,6 +498,11 @@ func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
 				AgentStarted: s.AgentStarted}
 		}
 	}
+	if h.cfg.NodeAgent != nil {
+		n := h.cfg.NodeAgent.Snapshot()
+		p.NodeAgent = &NodeAgentView{Socket: n.Socket, SessionUp: n.SessionUp, Listening: n.Listening,
+			Attached: n.Attached, LocksHeld: n.LocksHeld, Reconnects: n.Reconnects, Refused: n.Refused}
+	}
 	if h.cfg.Agent != nil {
 		p.Agent = agentView(h.cfg.Agent.Snapshot())
 	}
@@ -649,7 +685,11 @@ func agentView(s liveness.AgentSnapshot) *AgentView {
 		AliveLockHeld: s.AliveLock.Held, DuplicateInstance: s.AliveLock.Duplicate,
 		HeartbeatIntervalSeconds: s.Heartbeat.Interval.Seconds(), Heartbeats: s.Heartbeat.Beats,
 		HeartbeatFailures: s.Heartbeat.Failures, AliveLockReconnects: s.AliveLock.Reconnects, InstancesReaped: s.Reaped,
-		Leases: []AgentLeaseView{},
+		Leases: []AgentLeaseView{}, Shards: []ShardSetView{},
+	}
+	for _, st := range s.Shards {
+		v.Shards = append(v.Shards, ShardSetView{Set: st.Set, Members: st.Members, Shards: st.Shards, Owned: st.Owned,
+			Acquired: st.Acquired, Released: st.Released, Lost: st.Lost})
 	}
 	if !s.Heartbeat.LastBeat.IsZero() {
 		t := s.Heartbeat.LastBeat

@@ -617,3 +617,41 @@ func maxShown(s string) int {
 	}
 	return 80
 }
+
+type fixedAgent liveness.AgentSnapshot
+
+func (a fixedAgent) Snapshot() liveness.AgentSnapshot { return liveness.AgentSnapshot(a) }
+
+type fixedNodeAgent liveness.NodeAgentSnapshot
+
+func (n fixedNodeAgent) Snapshot() liveness.NodeAgentSnapshot { return liveness.NodeAgentSnapshot(n) }
+
+// The page shows the agent's shard sets and the node agent it runs: the processes
+// attached and the locks held, in both forms.
+func TestPageShowsShardsAndTheNodeAgent(t *testing.T) {
+	_, pool, _ := setup(t)
+	h, err := status.New(status.Config{DB: pool,
+		Agent: fixedAgent{InstanceID: uuid.New(), ServiceName: "svc", Mode: liveness.ModeAdvisoryLockWhenAvailable,
+			Shards: []liveness.ShardSetStats{{Set: "orders", Members: 4, Shards: 64, Owned: 16, Acquired: 20, Released: 4}}},
+		NodeAgent: fixedNodeAgent{Socket: "/run/pg-liveness/agent.sock", SessionUp: true, Listening: true, Attached: 12, LocksHeld: 11}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, body := get(t, h, "/status.json")
+	var p status.Page
+	if err := json.Unmarshal([]byte(body), &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.NodeAgent == nil || p.NodeAgent.Attached != 12 || p.NodeAgent.LocksHeld != 11 || !p.NodeAgent.SessionUp {
+		t.Errorf("node agent in the JSON: %+v", p.NodeAgent)
+	}
+	if p.Agent == nil || len(p.Agent.Shards) != 1 || p.Agent.Shards[0].Owned != 16 || p.Agent.Shards[0].Members != 4 {
+		t.Errorf("shard sets in the JSON: %+v", p.Agent)
+	}
+	_, page := get(t, h, "/status")
+	for _, want := range []string{`id="node-agent-attached">12, 11 alive locks held`, `: owns 16 of 64, 4 members`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page does not show %q", want)
+		}
+	}
+}
