@@ -361,6 +361,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	if !cfg.DisableWatcher {
 		a.watcher = newWatcher(watcherConfig{Pool: cfg.Pool, Leases: a.leases, Schema: cfg.Schema, Events: a.events,
 			Logger: cfg.Logger.With("part", "watcher"), gate: a.leading, windDown: cfg.JobWindDown})
+		a.leases.fleet = &a.watcher.fleet
 	}
 	if cfg.Reaper {
 		rc := reaperConfig{

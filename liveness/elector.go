@@ -38,7 +38,9 @@ type ElectorConfig struct {
 	// QuietPeriod replaces RetryPeriod while the events are listened to and the Agent's
 	// alive lock has been held for 2 s, after a try the database refused because another
 	// live instance leads (DefaultElectorQuietPeriod if zero; never shorter than
-	// RetryPeriod). Everything
+	// RetryPeriod; in a fleet of more than 300 agents, as the Agent's sentry reads its
+	// size, the fleet's size times 200 ms, at most 30 min, so that the fleet's followers
+	// of a lease poll it about five times a second in all, whatever its size). Everything
 	// that frees a lease is notified then (a release, a holder dead by the verdict, an
 	// expiry seen by the fleet's watcher), and a notification wakes the followers at
 	// once, and a session that listens again wakes them all for a try, so their polls
@@ -269,7 +271,7 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 		}
 		period := e.cfg.RetryPeriod
 		if e.leases.events.Listening() && quiet && e.steady() {
-			period = e.cfg.QuietPeriod
+			period = max(e.cfg.QuietPeriod, fleetQuietPeriod(e.leases.fleetSize()))
 		}
 		wait := period/2 + rand.N(period/2+1)
 		if recheck {
@@ -308,6 +310,20 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 // one try (or look at who leads): a flood of free:<name> or taken:<name> payloads costs
 // each follower one statement per wakeHoldoff after a short burst, not one per payload.
 const wakeHoldoff = time.Second
+
+// Followers' quiet polls only cover a notification lost while listening, so a fleet's
+// followers of one lease share a pace: each polls at most once per fleet size times
+// quietSpacing (and never rarer than maxQuietPeriod), so that the fleet's polls of a
+// lease come about once per quietSpacing whatever its size, instead of growing with it.
+const (
+	quietSpacing   = 200 * time.Millisecond
+	maxQuietPeriod = 30 * time.Minute
+)
+
+// fleetQuietPeriod is the quiet period a fleet of n (0: unknown) calls for.
+func fleetQuietPeriod(n int) time.Duration {
+	return min(time.Duration(n)*quietSpacing, maxQuietPeriod)
+}
 
 // steadyAfter is how long an Agent's alive lock must have been held before its followers
 // poll only every QuietPeriod: a refused try before that may be the fleet's verdict on

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -139,6 +140,9 @@ type Leases struct {
 	id     *uuid.UUID // the holder instance, or nil
 	life   lifeGate
 	events *events // the Agent's notifications, which wake its campaigns' followers; nil without
+	// fleet is the fleet's size as the Agent's sentry last read it (0: unknown, or no
+	// Agent): followers poll rarer in a larger fleet (quietPeriod).
+	fleet *atomic.Int64
 
 	mu    sync.Mutex
 	names map[string]*leaseCounts
@@ -365,6 +369,14 @@ func (l *Leases) sendAcquire(ctx context.Context, until time.Time, send func(con
 }
 
 // instanceID is the holder instance recorded in the leases taken, or uuid.Nil.
+// fleetSize is the fleet's size as last read, 0 when unknown.
+func (l *Leases) fleetSize() int {
+	if l.fleet == nil {
+		return 0
+	}
+	return int(l.fleet.Load())
+}
+
 func (l *Leases) instanceID() uuid.UUID {
 	if l.id == nil {
 		return uuid.Nil

@@ -20,7 +20,14 @@ import (
 
 // DefaultShardsPollPeriod is how often Agent.Shards reads its set's members without a
 // notification: the fallback for a notification lost while its session did not listen.
+// A set of more than 100 members polls every members times shardPollSpacing instead (at
+// most maxShardPollPeriod), so that the set's reads stay about ten a second.
 const DefaultShardsPollPeriod = 10 * time.Second
+
+const (
+	shardPollSpacing   = 100 * time.Millisecond
+	maxShardPollPeriod = 10 * time.Minute
+)
 
 // ShardsConfig configures Agent.Shards: a set of shards spread over the service's
 // instances that take part, each shard owned by one of them at a time.
@@ -231,7 +238,9 @@ func (s *shardSet) run(ctx context.Context) error {
 				s.rebalance(ctx, members)
 			}
 		}
-		poll.Reset(s.cfg.PollPeriod/2 + rand.N(s.cfg.PollPeriod/2+1))
+		// A large set's members poll rarer: about ten reads a second for the set.
+		period := min(max(s.cfg.PollPeriod, time.Duration(s.stats.members.Load())*shardPollSpacing), maxShardPollPeriod)
+		poll.Reset(period/2 + rand.N(period/2+1))
 		var memberLost <-chan struct{}
 		if s.member != nil {
 			memberLost = s.member.ctx.Done()

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,6 +76,7 @@ type watcher struct {
 
 	leadsReaper atomic.Bool   // this process leads the reaper: its sentry asks every tick
 	reaperLeads chan struct{} // wakes the sentry when it begins to
+	fleet       atomic.Int64  // the fleet's size (the watcher's lock count) as last read; 0: unknown
 }
 
 func newWatcher(cfg watcherConfig) *watcher {
@@ -195,6 +198,7 @@ func (w *watcher) sentry(ctx context.Context) {
 			age, n, ticked, ok := w.watchAge(ctx)
 			if ok && ticked && n > 0 {
 				locks = n
+				w.fleet.Store(int64(n))
 			}
 			// Before any watcher has ticked in this server lifetime (a fleet that starts, a
 			// server just restarted) nobody is missed: the watchers' campaigns take their
@@ -255,7 +259,7 @@ func (w *watcher) Run(ctx context.Context) error {
 	for i, name := range WatcherLeases {
 		wg.Go(func() {
 			errs[i] = w.cfg.Leases.elect(ctx, ElectorConfig{
-				Lease: name, RetryPeriod: watcherRetryPeriod, QuietPeriod: watcherRetryPeriod, slot: &w.slot,
+				Lease: name, RetryPeriod: watcherRetryPeriod, slot: &w.slot,
 				OnStartedLeading: func(ctx context.Context, _ Leadership) { w.watch(ctx) },
 			}, w.cfg.windDown, w.cfg.gate)
 		})
@@ -354,7 +358,12 @@ func (w *watcher) tick(ctx context.Context, st *watchState) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	got := time.Now() // after the server's now(), so deadlines counted from it are not early
+	got := time.Now()                             // after the server's now(), so deadlines counted from it are not early
+	if n, _, ok := strings.Cut(digest, ":"); ok { // the digest starts with the lock count
+		if locks, err := strconv.Atoi(n); err == nil && locks > 0 {
+			w.fleet.Store(int64(locks))
+		}
+	}
 	full = st.digest == nil || *st.digest != digest
 	st.digest = &digest
 	if full {
