@@ -142,15 +142,21 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m ./...
 	cd tools && $(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m ./...
 
+# What a fleet of agents at the library's defaults costs one PostgreSQL: 100 and 1,000
+# agents each on a session of its own, then 100, 1,000 and 5,000 attached to 50 node
+# agents (FLEET_SIZES, FLEET_NODES: the node agents of each run, 0 for none;
+# FLEET_WARMUP, FLEET_MEASURE): docs/performance.md, "Fleet scale". About 25 minutes. Run
+# it on an otherwise idle machine.
+FLEET_SIZES ?= 100,1000,100,1000,5000
+FLEET_NODES ?= 0,0,50,50,50
+bench-fleet:
+	./scripts/install-deps.sh test
+	cd tools && FLEET_SIZES=$(FLEET_SIZES) FLEET_NODES=$(FLEET_NODES) FLEET_PLOT=$(CURDIR)/docs/fleet-scale.svg \
+		$(GO) test -tags benchfleet -run '^TestBenchFleet$$' -count=1 -timeout 90m -v ./fleetbench/
+
 # Side by side with Debian's prometheus-postgres-exporter (installed here, as root) at
 # 1,000, 10,000 and 100,000 instances, interleaved; rewrites the table in
 # docs/performance.md. About ten minutes; not part of make test.
-# What a fleet of agents at the library's defaults costs one PostgreSQL, at 100 and 1,000
-# agents (FLEET_SIZES=100,1000; FLEET_WARMUP, FLEET_MEASURE): docs/performance.md, "Fleet
-# scale". About 6 minutes. Run it on an otherwise idle machine.
-bench-fleet:
-	./scripts/install-deps.sh test
-	cd tools && FLEET_PLOT=$(CURDIR)/docs/fleet-scale.svg $(GO) test -tags benchfleet -run '^TestBenchFleet$$' -count=1 -timeout 60m -v ./fleetbench/
 
 bench-compare:
 	./scripts/install-deps.sh bench
