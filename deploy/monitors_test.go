@@ -756,6 +756,13 @@ func TestTwoLeadersInEveryShape(t *testing.T) {
 		{"kustomize node-agent overlay", func(t *testing.T, env string) (*rendered, map[string]string) {
 			return inNamespace(render(t, "kubernetes/overlays/node-agent"), env), map[string]string{"namespace": env}
 		}},
+		{"helm node agents, PodMonitor", func(t *testing.T, env string) (*rendered, map[string]string) {
+			return helm(t, chartDir, "pg-liveness-exporter", env, "nodeAgent: {enabled: true}"), map[string]string{"namespace": env}
+		}},
+		{"helm node agents, ServiceMonitor", func(t *testing.T, env string) (*rendered, map[string]string) {
+			return helm(t, chartDir, "pg-liveness-exporter", env, "nodeAgent: {enabled: true, podMonitor: {enabled: false}, serviceMonitor: {enabled: true}}"),
+				map[string]string{"namespace": env}
+		}},
 	}
 	// samples scrapes an install: the agents (the first only, when one leads) serve the
 	// scenario's agent families (the reaper's lease, epoch 7), the fleet's targets the
