@@ -657,3 +657,89 @@ func fmtMode(m *int32) string {
 	}
 	return fmt.Sprintf("%#o", *m)
 }
+
+// podSnippetMarker starts the README's and the chart README's example of a pod that
+// attaches to its node's agent.
+const podSnippetMarker = "# A pod of your service that attaches to its node's agent:"
+
+// The pod the READMEs show reaches the node agent the manifests deploy: it mounts the
+// node agent's host directory, has the socket's group, and names the socket's path in
+// its container as the one its service gives to liveness.AgentConfig.NodeAgentSocket.
+func TestReadmesShowHowAPodAttaches(t *testing.T) {
+	r := render(t, "kubernetes/overlays/node-agent")
+	if len(r.daemonSets) != 1 {
+		t.Fatalf("%d DaemonSets, want 1", len(r.daemonSets))
+	}
+	socket := checkNodeAgent(t, r.daemonSets[0], defaultDSNSecret)
+	for _, readme := range []string{"../README.md", filepath.Join(chartDir, "README.md")} {
+		t.Run(readme, func(t *testing.T) {
+			b, err := os.ReadFile(readme)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod := readmePodSnippet(t, string(b))
+			checkAttachingPod(t, pod, socket)
+		})
+	}
+}
+
+// readmePodSnippet decodes the YAML block that starts with podSnippetMarker strictly into
+// a pod template.
+func readmePodSnippet(t *testing.T, md string) corev1.PodTemplateSpec {
+	t.Helper()
+	i := strings.Index(md, podSnippetMarker)
+	if i < 0 {
+		t.Fatalf("no YAML block starts with %q", podSnippetMarker)
+	}
+	lineStart := strings.LastIndex(md[:i], "\n") + 1
+	indent := md[lineStart:i]
+	block, _, ok := strings.Cut(md[lineStart:], "```")
+	if !ok || strings.TrimSpace(indent) != "" {
+		t.Fatalf("the block of %q does not end", podSnippetMarker)
+	}
+	var y strings.Builder
+	for line := range strings.Lines(block) {
+		y.WriteString(strings.TrimPrefix(line, indent))
+	}
+	var pod corev1.PodTemplateSpec
+	if err := manifests.DecodeStrict([]byte(y.String()), &pod); err != nil {
+		t.Fatalf("the example pod does not decode strictly into a pod template: %v\n%s", err, y.String())
+	}
+	return pod
+}
+
+func checkAttachingPod(t *testing.T, pod corev1.PodTemplateSpec, socket nodeAgentSocket) {
+	t.Helper()
+	spec := pod.Spec
+	var volume string
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil && filepath.Clean(v.HostPath.Path) == filepath.Clean(socket.hostDir) {
+			volume = v.Name
+		}
+	}
+	if volume == "" {
+		t.Fatalf("no volume of the host directory %s: %+v", socket.hostDir, spec.Volumes)
+	}
+	attached := false
+	for _, c := range spec.Containers {
+		for _, m := range c.VolumeMounts {
+			if m.Name != volume {
+				continue
+			}
+			path := filepath.Join(m.MountPath, socket.file)
+			for _, e := range c.Env {
+				attached = attached || e.Value == path
+			}
+			if !attached {
+				t.Errorf("container %s mounts the socket's directory at %s, but no variable names %s", c.Name, m.MountPath, path)
+			}
+		}
+	}
+	if !attached {
+		t.Errorf("no container mounts the volume %s and names the socket in it", volume)
+	}
+	sc := spec.SecurityContext
+	if sc == nil || (sc.FSGroup == nil || *sc.FSGroup != socket.group) && !slices.Contains(sc.SupplementalGroups, socket.group) {
+		t.Errorf("the pod's securityContext %+v lacks the socket's group %d (fsGroup or supplementalGroups)", sc, socket.group)
+	}
+}
