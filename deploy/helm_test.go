@@ -250,12 +250,12 @@ func byComponent[T interface{ GetLabels() map[string]string }](t *testing.T, obj
 	return found[0]
 }
 
-func wantCounts(t *testing.T, r *helmRelease, deployments, services, podMonitors, serviceMonitors, rules, dashboards, serviceAccounts int) {
+func wantCounts(t *testing.T, r *helmRelease, deployments, services, podMonitors, serviceMonitors, rules, dashboards, serviceAccounts, daemonSets int) {
 	t.Helper()
-	got := []int{len(r.deployments), len(r.services), len(r.podMonitors), len(r.serviceMonitors), len(r.promRules), len(r.configMaps), len(r.serviceAccounts)}
-	want := []int{deployments, services, podMonitors, serviceMonitors, rules, dashboards, serviceAccounts}
+	got := []int{len(r.deployments), len(r.services), len(r.podMonitors), len(r.serviceMonitors), len(r.promRules), len(r.configMaps), len(r.serviceAccounts), len(r.daemonSets)}
+	want := []int{deployments, services, podMonitors, serviceMonitors, rules, dashboards, serviceAccounts, daemonSets}
 	if !slices.Equal(got, want) {
-		t.Fatalf("rendered %v Deployments, Services, PodMonitors, ServiceMonitors, PrometheusRules, ConfigMaps, ServiceAccounts; want %v", got, want)
+		t.Fatalf("rendered %v Deployments, Services, PodMonitors, ServiceMonitors, PrometheusRules, ConfigMaps, ServiceAccounts, DaemonSets; want %v", got, want)
 	}
 }
 
@@ -299,7 +299,7 @@ func chartCases(t *testing.T) []chartCase {
 	return []chartCase{{
 		name: "observer shape, defaults",
 		check: func(t *testing.T, r *helmRelease) {
-			wantCounts(t, r, 1, 1, 1, 0, 1, dashboards, 0)
+			wantCounts(t, r, 1, 1, 1, 0, 1, dashboards, 0, 0)
 			checkObserver(t, r.deployments[0], defaultDSNSecret)
 			checkMonitorJobs(t, r.rendered)
 			sameAsKustomize(t, kustObserver(), r.rendered)
@@ -311,7 +311,7 @@ func chartCases(t *testing.T) []chartCase {
 		name:    "sidecar shape, the example chart",
 		sidecar: true,
 		check: func(t *testing.T, r *helmRelease) {
-			wantCounts(t, r, 2, 1, 2, 0, 1, dashboards, 0)
+			wantCounts(t, r, 2, 1, 2, 0, 1, dashboards, 0, 0)
 			checkAgent(t, deployment(t, r.rendered, "checkout"), defaultDSNSecret)
 			checkObserver(t, byComponent(t, r.deployments, "observer"), defaultDSNSecret)
 			checkMonitorJobs(t, r.rendered)
@@ -347,7 +347,7 @@ observer:
 dashboards: {labels: {team: platform-dashboards}, annotations: {grafana_folder: pg_liveness}}
 `,
 		check: func(t *testing.T, r *helmRelease) {
-			wantCounts(t, r, 1, 1, 1, 0, 1, dashboards, 1)
+			wantCounts(t, r, 1, 1, 1, 0, 1, dashboards, 1, 0)
 			d := r.deployments[0]
 			checkObserver(t, d, dsnSecret{"db1-dsn", "url"})
 			checkMonitorJobs(t, r.rendered)
@@ -427,7 +427,7 @@ observer:
     enabled: true
 ` + monitorSettings,
 		check: func(t *testing.T, r *helmRelease) {
-			wantCounts(t, r, 1, 1, 0, 1, 1, dashboards, 0)
+			wantCounts(t, r, 1, 1, 0, 1, 1, dashboards, 0, 0)
 			checkMonitorJobs(t, r.rendered)
 			sm, svc := r.serviceMonitors[0], r.services[0]
 			for k, v := range sm.Spec.Selector.MatchLabels {
@@ -451,7 +451,7 @@ podSecurityContext: {runAsUser: null, runAsGroup: null, fsGroup: null}
 observer: {podMonitor: {enabled: false}}
 `,
 		check: func(t *testing.T, r *helmRelease) {
-			wantCounts(t, r, 1, 1, 0, 0, 1, dashboards, 0)
+			wantCounts(t, r, 1, 1, 0, 0, 1, dashboards, 0, 0)
 			sc := r.deployments[0].Spec.Template.Spec.SecurityContext
 			if sc.RunAsUser != nil || sc.RunAsGroup != nil || sc.FSGroup != nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.SeccompProfile == nil {
 				t.Errorf("want runAsNonRoot and seccomp without fixed ids: %+v", sc)
@@ -477,7 +477,7 @@ agent:
     enabled: true
 ` + monitorSettings,
 		check: func(t *testing.T, r *helmRelease) {
-			wantCounts(t, r, 2, 1, 2, 0, 1, dashboards, 0)
+			wantCounts(t, r, 2, 1, 2, 0, 1, dashboards, 0, 0)
 			d := deployment(t, r.rendered, "checkout")
 			checkAgent(t, d, defaultDSNSecret)
 			checkMonitorJobs(t, r.rendered)
@@ -524,7 +524,7 @@ observer:
   egress: [{ports: [{port: 5432, protocol: TCP}, {port: 53, protocol: UDP}]}]
 `,
 		check: func(t *testing.T, r *helmRelease) {
-			wantCounts(t, r, 1, 1, 1, 0, 1, dashboards, 0)
+			wantCounts(t, r, 1, 1, 1, 0, 1, dashboards, 0, 0)
 			checkObserver(t, r.deployments[0], defaultDSNSecret)
 			checkMonitorJobs(t, r.rendered)
 			for _, o := range r.objects() {
@@ -571,7 +571,7 @@ dashboards: {enabled: false}
 		name:   "multi-target shape, as the overlay",
 		values: `multiTarget: {enabled: true, probe: {targets: [orders, billing]}}`,
 		check: func(t *testing.T, r *helmRelease) {
-			wantCounts(t, r, 1, 1, 1, 0, 1, dashboards, 0)
+			wantCounts(t, r, 1, 1, 1, 0, 1, dashboards, 0, 0)
 			kust := render(t, "kubernetes/overlays/multi-target")
 			sameAsKustomize(t, kust, r.rendered)
 			if len(r.probes) != 1 || len(kust.probes) != 1 {
@@ -625,9 +625,156 @@ multiTarget:
 		name:   "multi-target without the Probe",
 		values: `multiTarget: {enabled: true, probe: {enabled: false}}`,
 		check: func(t *testing.T, r *helmRelease) {
-			wantCounts(t, r, 1, 1, 1, 0, 1, dashboards, 0)
+			wantCounts(t, r, 1, 1, 1, 0, 1, dashboards, 0, 0)
 			if len(r.probes) != 0 {
 				t.Errorf("%d Probes, want none", len(r.probes))
+			}
+		},
+	}, {
+		name:   "node-agent shape, as the overlay",
+		values: `nodeAgent: {enabled: true}`,
+		check: func(t *testing.T, r *helmRelease) {
+			wantCounts(t, r, 1, 1, 2, 0, 1, dashboards, 0, 1)
+			checkObserver(t, byComponent(t, r.deployments, "observer"), defaultDSNSecret)
+			socket := checkNodeAgent(t, r.daemonSets[0], defaultDSNSecret)
+			checkMonitorJobs(t, r.rendered)
+			sameAsKustomize(t, render(t, "kubernetes/overlays/node-agent"), r.rendered)
+			if want := "listen on\n" + socket.hostDir + "/" + socket.file; !strings.Contains(r.notes, want) {
+				t.Errorf("NOTES do not say where the node agents listen (%q):\n%s", want, r.notes)
+			}
+		},
+	}, {
+		name: "node agent, every option",
+		values: `
+commonLabels: {team: platform}
+observer: {enabled: false}
+nodeAgent:
+  enabled: true
+  socketDirectory: /var/run/liveness
+  hostPathType: Directory
+  socketMode: "0770"
+  serviceName: orders-node-agent
+  podSecurityContext: {runAsUser: 65532, runAsNonRoot: true, runAsGroup: 10001}
+  securityContext: {runAsNonRoot: true}
+  resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {cpu: "1", memory: 256Mi}}
+  extraArgs: [--log.level=debug, --db.direct-dsn-file=/etc/pg-liveness-direct/dsn]
+  extraEnv: [{name: GOMEMLIMIT, value: 100MiB}]
+  extraVolumes: [{name: direct-dsn, secret: {secretName: orders-direct-dsn, defaultMode: 0440}}]
+  extraVolumeMounts: [{name: direct-dsn, mountPath: /etc/pg-liveness-direct, readOnly: true}]
+  livenessProbe: {tcpSocket: {port: metrics}, periodSeconds: 20}
+  readinessProbe: {tcpSocket: {port: metrics}}
+  terminationGracePeriodSeconds: 60
+  maxUnavailable: 10%
+  podAnnotations: {example.com/owner: platform}
+  podLabels: {tier: node}
+  nodeSelector: {kubernetes.io/os: linux}
+  tolerations: [{operator: Exists}]
+  affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: pool, operator: In, values: [orders]}]}]}}}
+  priorityClassName: system-node-critical
+  podMonitor:
+` + monitorSettings,
+		check: func(t *testing.T, r *helmRelease) {
+			wantCounts(t, r, 0, 0, 1, 0, 1, dashboards, 0, 1)
+			d := r.daemonSets[0]
+			socket := checkNodeAgent(t, d, defaultDSNSecret)
+			checkMonitorJobs(t, r.rendered)
+			wantEqual(t, "socket", socket, nodeAgentSocket{"/var/run/liveness", "agent.sock", 10001})
+			pod := d.Spec.Template.Spec
+			c := containerNamed(t, pod, "pg-liveness-exporter")
+			if v := pod.Volumes[1].HostPath; v == nil || v.Type == nil || *v.Type != corev1.HostPathDirectory {
+				t.Errorf("the socket's volume: %+v, want hostPath type Directory", pod.Volumes[1])
+			}
+			for _, flag := range []string{"--node-agent.socket-mode=0770", "--agent.service-name=orders-node-agent"} {
+				if !slices.Contains(c.Args, flag) {
+					t.Errorf("args %q lack %s", c.Args, flag)
+				}
+			}
+			if sc := pod.SecurityContext; *sc.RunAsUser != 65532 || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || *sc.FSGroup != 65532 || sc.SeccompProfile == nil {
+				t.Errorf("nodeAgent.podSecurityContext not merged into its defaults: %+v", sc)
+			}
+			if sc := c.SecurityContext; sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || !*sc.ReadOnlyRootFilesystem {
+				t.Errorf("nodeAgent.securityContext not merged into its defaults: %+v", sc)
+			}
+			wantEqual(t, "resources", c.Resources, corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+				Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("256Mi")},
+			})
+			wantEqual(t, "args", c.Args[len(c.Args)-2:], []string{"--log.level=debug", "--db.direct-dsn-file=/etc/pg-liveness-direct/dsn"})
+			wantEqual(t, "env", c.Env[1:], []corev1.EnvVar{{Name: "GOMEMLIMIT", Value: "100MiB"}})
+			wantEqual(t, "extra volume", pod.Volumes[2:], []corev1.Volume{{Name: "direct-dsn", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "orders-direct-dsn", DefaultMode: new(int32(0o440))}}}})
+			wantEqual(t, "extra mount", c.VolumeMounts[2:], []corev1.VolumeMount{{Name: "direct-dsn", MountPath: "/etc/pg-liveness-direct", ReadOnly: true}})
+			if c.LivenessProbe.TCPSocket == nil || c.LivenessProbe.PeriodSeconds != 20 || c.ReadinessProbe.TCPSocket == nil {
+				t.Errorf("probes from values: %+v %+v", c.LivenessProbe, c.ReadinessProbe)
+			}
+			wantEqual(t, "terminationGracePeriodSeconds", *pod.TerminationGracePeriodSeconds, int64(60))
+			wantEqual(t, "maxUnavailable", d.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable.String(), "10%")
+			wantEqual(t, "pod annotations", d.Spec.Template.Annotations, map[string]string{"example.com/owner": "platform"})
+			if d.Spec.Template.Labels["tier"] != "node" || d.Spec.Selector.MatchLabels["tier"] != "" {
+				t.Errorf("podLabels belong on the pod, not in the selector: pod %v, selector %v", d.Spec.Template.Labels, d.Spec.Selector.MatchLabels)
+			}
+			wantEqual(t, "nodeSelector", pod.NodeSelector, map[string]string{"kubernetes.io/os": "linux"})
+			wantEqual(t, "tolerations", pod.Tolerations, []corev1.Toleration{{Operator: "Exists"}})
+			if a := pod.Affinity; a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0].Key != "pool" {
+				t.Errorf("affinity: %+v", a)
+			}
+			wantEqual(t, "priorityClassName", pod.PriorityClassName, "system-node-critical")
+			for _, o := range r.objects() {
+				if o.GetLabels()["team"] != "platform" && o.GetLabels()["grafana_dashboard"] == "" {
+					t.Errorf("%T %s lacks commonLabels", o, o.GetName())
+				}
+			}
+			pm := r.podMonitors[0]
+			ep := pm.Spec.PodMetricsEndpoints[0]
+			checkMonitor(t, "nodeAgent.podMonitor", pm.Labels, ep.Interval, ep.ScrapeTimeout, ep.RelabelConfigs, ep.MetricRelabelConfigs, ep)
+			if !strings.Contains(r.notes, "the socket's group 10001") {
+				t.Errorf("NOTES do not name the socket's group:\n%s", r.notes)
+			}
+		},
+	}, {
+		name: "node agent with a ServiceMonitor",
+		values: `
+nodeAgent:
+  enabled: true
+  podMonitor: {enabled: false}
+  serviceMonitor:
+    enabled: true
+` + monitorSettings,
+		check: func(t *testing.T, r *helmRelease) {
+			wantCounts(t, r, 1, 2, 1, 1, 1, dashboards, 0, 1)
+			checkMonitorJobs(t, r.rendered)
+			sm, svc, ds := r.serviceMonitors[0], byComponent(t, r.services, "node-agent"), r.daemonSets[0]
+			for k, v := range sm.Spec.Selector.MatchLabels {
+				if svc.Labels[k] != v {
+					t.Errorf("the ServiceMonitor selects %s=%s, which the Service %s lacks (%v)", k, v, svc.Name, svc.Labels)
+				}
+			}
+			for k, v := range svc.Spec.Selector {
+				if ds.Spec.Template.Labels[k] != v {
+					t.Errorf("the Service selects %s=%s, which the node agents' pods lack (%v)", k, v, ds.Spec.Template.Labels)
+				}
+			}
+			if svc.Spec.ClusterIP != corev1.ClusterIPNone {
+				t.Errorf("the node agents' Service has clusterIP %q, want a headless Service", svc.Spec.ClusterIP)
+			}
+			ep := sm.Spec.Endpoints[0]
+			if ep.Port != svc.Spec.Ports[0].Name || svc.Spec.Ports[0].TargetPort.String() != ds.Spec.Template.Spec.Containers[0].Ports[0].Name {
+				t.Errorf("the ServiceMonitor scrapes port %q, the Service's is %q targeting %s", ep.Port, svc.Spec.Ports[0].Name, svc.Spec.Ports[0].TargetPort.String())
+			}
+			checkMonitor(t, "nodeAgent.serviceMonitor", sm.Labels, ep.Interval, ep.ScrapeTimeout, slices.Delete(slices.Clone(ep.RelabelConfigs), 1, 2), ep.MetricRelabelConfigs, ep)
+		},
+	}, {
+		// A second release beside the observer's: only the node agents.
+		name: "node agents alone, without a monitor",
+		values: `
+observer: {enabled: false}
+prometheusRule: {enabled: false}
+dashboards: {enabled: false}
+nodeAgent: {enabled: true, podMonitor: {enabled: false}}
+`,
+		check: func(t *testing.T, r *helmRelease) {
+			wantCounts(t, r, 0, 0, 0, 0, 0, 0, 0, 1)
+			if !strings.Contains(r.notes, `with job="pg_liveness_node_agent"`) {
+				t.Errorf("NOTES do not say that nothing scrapes the node agents:\n%s", r.notes)
 			}
 		},
 	}}
@@ -677,6 +824,7 @@ type metaObject interface {
 func (r *rendered) objects() []metaObject {
 	var out []metaObject
 	out = appendObjects(out, r.deployments)
+	out = appendObjects(out, r.daemonSets)
 	out = appendObjects(out, r.services)
 	out = appendObjects(out, r.serviceAccounts)
 	out = appendObjects(out, r.configMaps)
@@ -711,17 +859,17 @@ func TestChartRendersStrictlyIntoOfficialTypes(t *testing.T) {
 }
 
 // sameAsKustomize checks that the chart renders the objects the kustomize overlay does:
-// the same Deployment specs (containers, arguments, probes, security contexts,
-// resources, volumes, termination grace), Services, PodMonitors, PrometheusRule and
-// dashboards. Names, namespaces and labels differ by design: Helm's labels name the
+// the same Deployment and DaemonSet specs (containers, arguments, probes, security
+// contexts, resources, volumes, termination grace), Services, PodMonitors, PrometheusRule
+// and dashboards. Names, namespaces and labels differ by design: Helm's labels name the
 // release; the chart's selectors must contain kustomize's.
 func sameAsKustomize(t *testing.T, k *rendered, h *rendered) {
 	t.Helper()
-	if len(k.deployments) != len(h.deployments) || len(k.services) != len(h.services) || len(k.podMonitors) != len(h.podMonitors) ||
+	if len(k.deployments) != len(h.deployments) || len(k.daemonSets) != len(h.daemonSets) || len(k.services) != len(h.services) || len(k.podMonitors) != len(h.podMonitors) ||
 		len(k.serviceMonitors) != len(h.serviceMonitors) || len(k.promRules) != len(h.promRules) || len(k.configMaps) != len(h.configMaps) {
-		t.Fatalf("kustomize renders %d Deployments, %d Services, %d PodMonitors, %d ServiceMonitors, %d PrometheusRules, %d ConfigMaps; the chart %d, %d, %d, %d, %d, %d",
-			len(k.deployments), len(k.services), len(k.podMonitors), len(k.serviceMonitors), len(k.promRules), len(k.configMaps),
-			len(h.deployments), len(h.services), len(h.podMonitors), len(h.serviceMonitors), len(h.promRules), len(h.configMaps))
+		t.Fatalf("kustomize renders %d Deployments, %d DaemonSets, %d Services, %d PodMonitors, %d ServiceMonitors, %d PrometheusRules, %d ConfigMaps; the chart %d, %d, %d, %d, %d, %d, %d",
+			len(k.deployments), len(k.daemonSets), len(k.services), len(k.podMonitors), len(k.serviceMonitors), len(k.promRules), len(k.configMaps),
+			len(h.deployments), len(h.daemonSets), len(h.services), len(h.podMonitors), len(h.serviceMonitors), len(h.promRules), len(h.configMaps))
 	}
 	match := func(what string, kl, hl map[string]string) {
 		t.Helper()
@@ -741,6 +889,17 @@ func sameAsKustomize(t *testing.T, k *rendered, h *rendered) {
 		match("Deployment "+kd.Name+" pod labels", ks.Template.Labels, hs.Template.Labels)
 		ks.Selector, hs.Selector, ks.Template.Labels, hs.Template.Labels = nil, nil, nil, nil
 		wantEqual(t, "Deployment "+kd.Name+" spec, kustomize (-) and the chart (+)", *hs, *ks)
+	}
+	for _, kd := range k.daemonSets {
+		hd, ok := counterpart(t, h.daemonSets, kd)
+		if !ok {
+			continue
+		}
+		ks, hs := kd.Spec.DeepCopy(), hd.Spec.DeepCopy()
+		match("DaemonSet "+kd.Name+" selector", ks.Selector.MatchLabels, hs.Selector.MatchLabels)
+		match("DaemonSet "+kd.Name+" pod labels", ks.Template.Labels, hs.Template.Labels)
+		ks.Selector, hs.Selector, ks.Template.Labels, hs.Template.Labels = nil, nil, nil, nil
+		wantEqual(t, "DaemonSet "+kd.Name+" spec, kustomize (-) and the chart (+)", *hs, *ks)
 	}
 	for i, ks := range k.services {
 		hs := h.services[i]
@@ -812,6 +971,17 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"multi-target without the observer", false, `observer: {enabled: false}
 multiTarget: {enabled: true, probe: {targets: [orders]}}`, "multiTarget.enabled needs observer.enabled"},
 		{"a config file in the observer's arguments", false, `observer: {extraArgs: ["--config.file=/x"]}`, "observer.extraArgs: --config.file is set by the chart"},
+		{"two monitors of the node agents", false, `nodeAgent: {enabled: true, serviceMonitor: {enabled: true}}`, "nodeAgent.podMonitor.enabled and nodeAgent.serviceMonitor.enabled: enable one"},
+		{"a DSN in the node agent's arguments", false, `nodeAgent: {enabled: true, extraArgs: ["--db.direct-dsn=postgres://u:` + secret + `@db/app"]}`, "nodeAgent.extraArgs: --db.direct-dsn would put a DSN in the process list"},
+		{"a password in the node agent's environment", false, `nodeAgent: {enabled: true, extraEnv: [{name: PGPASSWORD, value: ` + secret + `}]}`, "nodeAgent.extraEnv: PGPASSWORD would put a DSN or password in the environment"},
+		{"the socket in the node agent's arguments", false, `nodeAgent: {enabled: true, extraArgs: ["--node-agent.socket=/tmp/x.sock"]}`, "nodeAgent.extraArgs: --node-agent.socket is set by the chart"},
+		{"a variable the chart sets, node agent", false, `nodeAgent: {enabled: true, extraEnv: [{name: POD_UID, value: x}]}`, "nodeAgent.extraEnv: POD_UID is set by the chart"},
+		{"a socket every user may connect to", false, `nodeAgent: {enabled: true, socketMode: "0666"}`, "nodeAgent.socketMode: 0666 lets every user of the node connect"},
+		{"a socket mode that is not octal", false, `nodeAgent: {enabled: true, socketMode: "0860"}`, "socketMode"},
+		{"the socket's group is root's", false, `nodeAgent: {enabled: true, podSecurityContext: {runAsGroup: 0}}`, "nodeAgent.podSecurityContext.runAsGroup: set it, and not to 0"},
+		{"no group for the socket", false, `nodeAgent: {enabled: true, podSecurityContext: {runAsGroup: null}}`, "nodeAgent.podSecurityContext.runAsGroup: set it"},
+		{"a relative socket directory", false, `nodeAgent: {enabled: true, socketDirectory: run/pg-liveness}`, "socketDirectory"},
+		{"a hostPath type that creates no directory", false, `nodeAgent: {enabled: true, hostPathType: Socket}`, "hostPathType"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cc := chartCase{name: c.name, sidecar: c.sidecar, values: c.values}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,12 +26,14 @@ import (
 )
 
 // The kustomizations users apply.
-var kustomizations = []string{"kubernetes/base", "kubernetes/overlays/observer", "kubernetes/overlays/sidecar", "kubernetes/overlays/multi-target"}
+var kustomizations = []string{"kubernetes/base", "kubernetes/overlays/observer", "kubernetes/overlays/sidecar", "kubernetes/overlays/multi-target",
+	"kubernetes/overlays/node-agent"}
 
 // rendered is the output of one kustomization or one Helm release, every object decoded
 // into its official type.
 type rendered struct {
 	deployments     []*appsv1.Deployment
+	daemonSets      []*appsv1.DaemonSet
 	services        []*corev1.Service
 	serviceAccounts []*corev1.ServiceAccount
 	configMaps      []*corev1.ConfigMap
@@ -48,6 +51,7 @@ type rendered struct {
 // its list in rendered.
 var officialTypes = map[string]func(*rendered) any{
 	"apps/v1 Deployment":                      func(r *rendered) any { return appendNew(&r.deployments) },
+	"apps/v1 DaemonSet":                       func(r *rendered) any { return appendNew(&r.daemonSets) },
 	"v1 Service":                              func(r *rendered) any { return appendNew(&r.services) },
 	"v1 ServiceAccount":                       func(r *rendered) any { return appendNew(&r.serviceAccounts) },
 	"v1 ConfigMap":                            func(r *rendered) any { return appendNew(&r.configMaps) },
@@ -119,13 +123,17 @@ func TestKustomizationsRenderStrictlyIntoOfficialTypes(t *testing.T) {
 	for _, dir := range kustomizations {
 		t.Run(dir, func(t *testing.T) {
 			r := render(t, dir)
-			wantDeployments := 1
-			if strings.HasSuffix(dir, "sidecar") {
+			wantDeployments, wantDaemonSets := 1, 0
+			switch {
+			case strings.HasSuffix(dir, "sidecar"):
 				wantDeployments = 2
+			case strings.HasSuffix(dir, "node-agent"):
+				wantDaemonSets = 1
 			}
-			if len(r.deployments) != wantDeployments || len(r.services) != 1 || len(r.promRules) != 1 || len(r.podMonitors) != wantDeployments {
-				t.Errorf("got %d Deployments, %d Services, %d PodMonitors, %d PrometheusRules; want %d, 1, %d, 1",
-					len(r.deployments), len(r.services), len(r.podMonitors), len(r.promRules), wantDeployments, wantDeployments)
+			wantPodMonitors := wantDeployments + wantDaemonSets
+			if len(r.deployments) != wantDeployments || len(r.daemonSets) != wantDaemonSets || len(r.services) != 1 || len(r.promRules) != 1 || len(r.podMonitors) != wantPodMonitors {
+				t.Errorf("got %d Deployments, %d DaemonSets, %d Services, %d PodMonitors, %d PrometheusRules; want %d, %d, 1, %d, 1",
+					len(r.deployments), len(r.daemonSets), len(r.services), len(r.podMonitors), len(r.promRules), wantDeployments, wantDaemonSets, wantPodMonitors)
 			}
 			var labelled int
 			for _, c := range r.configMaps {
@@ -140,9 +148,9 @@ func TestKustomizationsRenderStrictlyIntoOfficialTypes(t *testing.T) {
 				if len(r.namespaces) != 1 {
 					t.Fatalf("overlay creates %d namespaces, want 1", len(r.namespaces))
 				}
-				for _, d := range r.deployments {
-					if d.Namespace != r.namespaces[0].Name {
-						t.Errorf("Deployment %s in namespace %q, want %q", d.Name, d.Namespace, r.namespaces[0].Name)
+				for _, w := range r.workloads() {
+					if w.namespace != r.namespaces[0].Name {
+						t.Errorf("%s %s in namespace %q, want %q", w.kind, w.name, w.namespace, r.namespaces[0].Name)
 					}
 				}
 			}
@@ -205,14 +213,40 @@ func checkQuotedBudget(t *testing.T, path, re string, budget time.Duration) {
 
 const dsnFlag = "--db.dsn-file="
 
-func exporterContainer(t *testing.T, d *appsv1.Deployment) *corev1.Container {
+// workload is what the checks read of a Deployment or a DaemonSet.
+type workload struct {
+	kind, name, namespace string
+	template              corev1.PodTemplateSpec
+}
+
+func ofDeployment(d *appsv1.Deployment) workload {
+	return workload{"Deployment", d.Name, d.Namespace, d.Spec.Template}
+}
+
+func ofDaemonSet(d *appsv1.DaemonSet) workload {
+	return workload{"DaemonSet", d.Name, d.Namespace, d.Spec.Template}
+}
+
+// workloads are the rendered Deployments and DaemonSets.
+func (r *rendered) workloads() []workload {
+	var out []workload
+	for _, d := range r.deployments {
+		out = append(out, ofDeployment(d))
+	}
+	for _, d := range r.daemonSets {
+		out = append(out, ofDaemonSet(d))
+	}
+	return out
+}
+
+func exporterContainer(t *testing.T, w workload) *corev1.Container {
 	t.Helper()
-	for i, c := range d.Spec.Template.Spec.Containers {
+	for i, c := range w.template.Spec.Containers {
 		if c.Name == "pg-liveness-exporter" {
-			return &d.Spec.Template.Spec.Containers[i]
+			return &w.template.Spec.Containers[i]
 		}
 	}
-	t.Fatalf("Deployment %s has no pg-liveness-exporter container", d.Name)
+	t.Fatalf("%s %s has no pg-liveness-exporter container", w.kind, w.name)
 	return nil
 }
 
@@ -232,30 +266,31 @@ type dsnSecret struct{ name, key string }
 var defaultDSNSecret = dsnSecret{"pg-liveness-exporter-dsn", "dsn"}
 
 // checkExporterContainer asserts what every exporter container must do: the DSN from a
-// Secret mounted as a file, never in the environment or the arguments; non-root, read-only
-// root file system, no privilege escalation, no capabilities; requests and limits; probes
-// on the landing page.
-func checkExporterContainer(t *testing.T, d *appsv1.Deployment, dsn dsnSecret) *corev1.Container {
+// Secret mounted as a file, never in the environment or the arguments; read-only root
+// file system, no privilege escalation, no capabilities; requests and limits; probes on
+// the landing page. Who it runs as is checkNonRoot's, or the node agent's own check.
+func checkExporterContainer(t *testing.T, w workload, dsn dsnSecret) *corev1.Container {
 	t.Helper()
-	c := exporterContainer(t, d)
-	pod := d.Spec.Template.Spec
+	c := exporterContainer(t, w)
+	pod := w.template.Spec
+	name := w.name
 
 	for _, e := range c.Env {
 		if e.Name == "DATA_SOURCE_NAME" || strings.Contains(strings.ToLower(e.Value), "password") {
-			t.Errorf("%s: environment variable %s carries a DSN; use %s with a Secret", d.Name, e.Name, dsnFlag)
+			t.Errorf("%s: environment variable %s carries a DSN; use %s with a Secret", name, e.Name, dsnFlag)
 		}
 	}
 	if len(c.EnvFrom) > 0 {
-		t.Errorf("%s: envFrom can put a DSN in the environment", d.Name)
+		t.Errorf("%s: envFrom can put a DSN in the environment", name)
 	}
 	for _, a := range slices.Concat(c.Command, c.Args) {
 		if strings.HasPrefix(a, "--db.dsn=") || strings.HasPrefix(a, "--db.direct-dsn=") {
-			t.Errorf("%s: %q puts a DSN in the process list", d.Name, a)
+			t.Errorf("%s: %q puts a DSN in the process list", name, a)
 		}
 	}
 	dsnFile, ok := flagValue(c.Args, "db.dsn-file")
 	if !ok {
-		t.Fatalf("%s: no %s argument", d.Name, dsnFlag)
+		t.Fatalf("%s: no %s argument", name, dsnFlag)
 	}
 	var secret *corev1.SecretVolumeSource
 	for _, m := range c.VolumeMounts {
@@ -263,7 +298,7 @@ func checkExporterContainer(t *testing.T, d *appsv1.Deployment, dsn dsnSecret) *
 			continue
 		}
 		if !m.ReadOnly {
-			t.Errorf("%s: the DSN mount %s is writable", d.Name, m.MountPath)
+			t.Errorf("%s: the DSN mount %s is writable", name, m.MountPath)
 		}
 		for _, v := range pod.Volumes {
 			if v.Name == m.Name && v.Secret != nil {
@@ -272,57 +307,66 @@ func checkExporterContainer(t *testing.T, d *appsv1.Deployment, dsn dsnSecret) *
 		}
 	}
 	if secret == nil {
-		t.Fatalf("%s: %s is not on a mounted Secret volume", d.Name, dsnFile)
+		t.Fatalf("%s: %s is not on a mounted Secret volume", name, dsnFile)
 	}
 	if secret.SecretName != dsn.name || len(secret.Items) != 1 || secret.Items[0].Key != dsn.key || secret.Items[0].Path != filepath.Base(dsnFile) {
-		t.Errorf("%s: the Secret volume does not put key %s of %s at %s: %+v", d.Name, dsn.key, dsn.name, dsnFile, secret)
+		t.Errorf("%s: the Secret volume does not put key %s of %s at %s: %+v", name, dsn.key, dsn.name, dsnFile, secret)
 	}
 	if secret.DefaultMode == nil || *secret.DefaultMode&0o007 != 0 {
-		t.Errorf("%s: the DSN file must not be world-readable (defaultMode %s)", d.Name, fmtMode(secret.DefaultMode))
+		t.Errorf("%s: the DSN file must not be world-readable (defaultMode %s)", name, fmtMode(secret.DefaultMode))
 	}
-	if psc := pod.SecurityContext; psc == nil || psc.FSGroup == nil || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
-		t.Errorf("%s: the pod needs a non-root runAsUser and an fsGroup to read the DSN file", d.Name)
+	if psc := pod.SecurityContext; psc == nil || psc.FSGroup == nil || psc.RunAsUser == nil {
+		t.Errorf("%s: the pod needs a runAsUser and an fsGroup to read the DSN file", name)
 	}
 
 	sc := c.SecurityContext
 	switch {
 	case sc == nil:
-		t.Fatalf("%s: no securityContext", d.Name)
-	case sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot:
-		t.Errorf("%s: runAsNonRoot is not true", d.Name)
+		t.Fatalf("%s: no securityContext", name)
 	case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
-		t.Errorf("%s: readOnlyRootFilesystem is not true", d.Name)
+		t.Errorf("%s: readOnlyRootFilesystem is not true", name)
 	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
-		t.Errorf("%s: allowPrivilegeEscalation is not false", d.Name)
+		t.Errorf("%s: allowPrivilegeEscalation is not false", name)
 	case sc.Privileged != nil && *sc.Privileged:
-		t.Errorf("%s: privileged", d.Name)
+		t.Errorf("%s: privileged", name)
 	case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0:
-		t.Errorf("%s: capabilities must drop ALL and add none: %+v", d.Name, sc.Capabilities)
+		t.Errorf("%s: capabilities must drop ALL and add none: %+v", name, sc.Capabilities)
 	}
 
 	for _, res := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
 		req, lim := c.Resources.Requests[res], c.Resources.Limits[res]
 		if req.IsZero() || lim.IsZero() || lim.Cmp(req) < 0 {
-			t.Errorf("%s: %s request %s and limit %s: both must be set, limit ≥ request", d.Name, res, req.String(), lim.String())
+			t.Errorf("%s: %s request %s and limit %s: both must be set, limit ≥ request", name, res, req.String(), lim.String())
 		}
 	}
 	if mem := c.Resources.Requests[corev1.ResourceMemory]; mem.Value() < 32<<20 {
-		t.Errorf("%s: memory request %s is below the 29 MiB peak measured in docs/performance.md", d.Name, mem.String())
+		t.Errorf("%s: memory request %s is below the 29 MiB peak measured in docs/performance.md", name, mem.String())
 	}
 
 	if len(c.Ports) != 1 || c.Ports[0].ContainerPort != 9816 {
-		t.Fatalf("%s: want one container port 9816, got %+v", d.Name, c.Ports)
+		t.Fatalf("%s: want one container port 9816, got %+v", name, c.Ports)
 	}
 	// The landing page, which answers without the database; or, where basic auth makes it
 	// answer 401, the port.
-	for name, p := range map[string]*corev1.Probe{"livenessProbe": c.LivenessProbe, "readinessProbe": c.ReadinessProbe} {
+	for probe, p := range map[string]*corev1.Probe{"livenessProbe": c.LivenessProbe, "readinessProbe": c.ReadinessProbe} {
 		landing := p != nil && p.HTTPGet != nil && p.HTTPGet.Path == "/" && p.HTTPGet.Port.String() == c.Ports[0].Name
 		port := p != nil && p.TCPSocket != nil && p.TCPSocket.Port.String() == c.Ports[0].Name
 		if !landing && !port {
-			t.Errorf("%s: %s must GET the landing page / on port %s, or check that port: %+v", d.Name, name, c.Ports[0].Name, p)
+			t.Errorf("%s: %s must GET the landing page / on port %s, or check that port: %+v", name, probe, c.Ports[0].Name, p)
 		}
 	}
 	return c
+}
+
+// checkNonRoot: the observer and the sidecar run as a user other than root, and say so.
+func checkNonRoot(t *testing.T, w workload, c *corev1.Container) {
+	t.Helper()
+	if psc := w.template.Spec.SecurityContext; psc == nil || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
+		t.Errorf("%s: the pod needs a non-root runAsUser", w.name)
+	}
+	if sc := c.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Errorf("%s: runAsNonRoot is not true", w.name)
+	}
 }
 
 func deployment(t *testing.T, r *rendered, name string) *appsv1.Deployment {
@@ -381,7 +425,8 @@ func TestMultiTargetOverlay(t *testing.T) {
 
 func checkObserver(t *testing.T, d *appsv1.Deployment, dsn dsnSecret) {
 	t.Helper()
-	c := checkExporterContainer(t, d, dsn)
+	c := checkExporterContainer(t, ofDeployment(d), dsn)
+	checkNonRoot(t, ofDeployment(d), c)
 	if !slices.Contains(c.Args, "--no-agent") {
 		t.Errorf("the observer must run with --no-agent: %q", c.Args)
 	}
@@ -398,9 +443,36 @@ func TestSidecarAgent(t *testing.T) {
 
 func checkAgent(t *testing.T, d *appsv1.Deployment, dsn dsnSecret) {
 	t.Helper()
-	c := checkExporterContainer(t, d, dsn)
+	w := ofDeployment(d)
+	c := checkExporterContainer(t, w, dsn)
+	checkNonRoot(t, w, c)
+	checkAgentArgs(t, w, c, "kubernetes/overlays/sidecar/checkout-deployment.yaml")
+	// The service name from the pod, through the downward API.
+	v, _ := flagValue(c.Args, "agent.service-name")
+	if env := envFromField(c)["metadata.labels['app.kubernetes.io/name']"]; env == "" || v != fmt.Sprintf("$(%s)", env) {
+		t.Errorf("--agent.service-name=%q, want it from the pod's app.kubernetes.io/name label through the downward API", v)
+	}
+}
+
+// envFromField maps the downward API's field paths to the container's variables.
+func envFromField(c *corev1.Container) map[string]string {
+	out := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			out[e.ValueFrom.FieldRef.FieldPath] = e.Name
+		}
+	}
+	return out
+}
+
+// checkAgentArgs checks what an exporter running as an agent (the sidecar, the node
+// agent) needs: its SIGTERM clean-up ends before Kubernetes' SIGKILL, and manifest (the
+// kustomize file of the workload) quotes the agent's budget; the pod's UID is the
+// instance id; the fleet-wide collectors are off (the observer exports those once).
+func checkAgentArgs(t *testing.T, w workload, c *corev1.Container, manifest string) {
+	t.Helper()
 	if slices.Contains(c.Args, "--no-agent") {
-		t.Fatal("the sidecar must run as an agent")
+		t.Fatalf("%s must run as an agent", w.name)
 	}
 
 	// The agent's configuration as its arguments set it, on the binary's defaults: its
@@ -414,36 +486,105 @@ func checkAgent(t *testing.T, d *appsv1.Deployment, dsn dsnSecret) {
 		}
 	}
 	budget := cfg.ShutdownBudget() + serverShutdown
-	grace := d.Spec.Template.Spec.TerminationGracePeriodSeconds
+	grace := w.template.Spec.TerminationGracePeriodSeconds
 	if grace == nil || time.Duration(*grace)*time.Second <= budget {
-		t.Errorf("terminationGracePeriodSeconds %s must exceed the shutdown budget %s (agent %s + HTTP server %s)",
-			fmtSeconds(grace), budget, cfg.ShutdownBudget(), serverShutdown)
+		t.Errorf("%s: terminationGracePeriodSeconds %s must exceed the shutdown budget %s (agent %s + HTTP server %s)",
+			w.name, fmtSeconds(grace), budget, cfg.ShutdownBudget(), serverShutdown)
 	}
 	// The manifest's comment quotes the agent's budget; it must be the one computed.
-	checkQuotedBudget(t, "kubernetes/overlays/sidecar/checkout-deployment.yaml", `takes at most (\d+) s`, cfg.ShutdownBudget())
+	checkQuotedBudget(t, manifest, `takes at most (\d+) s`, cfg.ShutdownBudget())
 
-	// Instance id and service name from the pod, through the downward API.
-	fromField := map[string]string{}
-	for _, e := range c.Env {
-		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
-			fromField[e.ValueFrom.FieldRef.FieldPath] = e.Name
-		}
+	// The instance id from the pod, through the downward API.
+	v, _ := flagValue(c.Args, "agent.instance-id")
+	if env := envFromField(c)["metadata.uid"]; env == "" || v != fmt.Sprintf("$(%s)", env) {
+		t.Errorf("%s: --agent.instance-id=%q, want the pod's UID through the downward API", w.name, v)
 	}
-	for flag, field := range map[string]string{
-		"agent.instance-id":  "metadata.uid",
-		"agent.service-name": "metadata.labels['app.kubernetes.io/name']",
-	} {
-		v, _ := flagValue(c.Args, flag)
-		if env := fromField[field]; env == "" || v != fmt.Sprintf("$(%s)", env) {
-			t.Errorf("--%s=%q, want it from %s through the downward API", flag, v, field)
-		}
-	}
-	// The fleet-wide collectors run once, in the observer.
 	for _, coll := range []string{"instances", "leases", "advisory_locks", "statements"} {
 		if !slices.Contains(c.Args, "--no-collector."+coll) {
-			t.Errorf("the sidecar must not export the fleet (add --no-collector.%s)", coll)
+			t.Errorf("%s must not export the fleet (add --no-collector.%s)", w.name, coll)
 		}
 	}
+}
+
+// The node agents: one per node, the exporter holding the alive locks of the node's
+// processes on a socket in a host directory that the node's pods mount.
+func TestNodeAgentDaemonSet(t *testing.T) {
+	r := render(t, "kubernetes/overlays/node-agent")
+	if len(r.daemonSets) != 1 {
+		t.Fatalf("%d DaemonSets, want 1", len(r.daemonSets))
+	}
+	checkNodeAgent(t, r.daemonSets[0], defaultDSNSecret)
+	checkMonitorJobs(t, r)
+	if ns := r.namespaces[0]; ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+		t.Errorf("namespace %s: labels %v; the baseline Pod Security Standard refuses a hostPath volume", ns.Name, ns.Labels)
+	}
+}
+
+// nodeAgentSocket is where a node agent listens: the host's directory, shared with the
+// node's pods, the socket's file name in it, and the group that may connect.
+type nodeAgentSocket struct {
+	hostDir, file string
+	group         int64
+}
+
+// checkNodeAgent checks a node agent's DaemonSet and returns where its socket is.
+func checkNodeAgent(t *testing.T, d *appsv1.DaemonSet, dsn dsnSecret) nodeAgentSocket {
+	t.Helper()
+	w := ofDaemonSet(d)
+	c := checkExporterContainer(t, w, dsn)
+	checkAgentArgs(t, w, c, "kubernetes/components/node-agent/node-agent-daemonset.yaml")
+	pod := w.template.Spec
+
+	// The socket, in a host directory that the container mounts writable.
+	socket, ok := flagValue(c.Args, "node-agent.socket")
+	if !ok || !filepath.IsAbs(socket) {
+		t.Fatalf("%s: --node-agent.socket=%q, want an absolute path", d.Name, socket)
+	}
+	var out nodeAgentSocket
+	for _, m := range c.VolumeMounts {
+		if filepath.Clean(m.MountPath) != filepath.Dir(socket) {
+			continue
+		}
+		if m.ReadOnly {
+			t.Errorf("%s: the socket's directory %s is mounted read-only", d.Name, m.MountPath)
+		}
+		for _, v := range pod.Volumes {
+			if v.Name != m.Name {
+				continue
+			}
+			if v.HostPath == nil || v.HostPath.Type == nil ||
+				!slices.Contains([]corev1.HostPathType{corev1.HostPathDirectoryOrCreate, corev1.HostPathDirectory}, *v.HostPath.Type) {
+				t.Fatalf("%s: the socket's directory is not a host directory the node's pods can mount: %+v", d.Name, v.VolumeSource)
+			}
+			out.hostDir, out.file = v.HostPath.Path, filepath.Base(socket)
+		}
+	}
+	if out.hostDir == "" {
+		t.Fatalf("%s: the directory of %s is not a mounted volume", d.Name, socket)
+	}
+	// Whoever may connect may hold and let go any instance's lock: not every user.
+	mode := "0660" // the flag's default
+	if v, ok := flagValue(c.Args, "node-agent.socket-mode"); ok {
+		mode = v
+	}
+	if m, err := strconv.ParseUint(mode, 8, 32); err != nil || m&0o007 != 0 || m&0o060 != 0o060 {
+		t.Errorf("%s: --node-agent.socket-mode=%s: want the socket's group to connect, other users not", d.Name, mode)
+	}
+	// The socket's group is the process's: not root's, so that pods need no root group.
+	psc := pod.SecurityContext
+	if psc == nil || psc.RunAsGroup == nil || *psc.RunAsGroup == 0 {
+		t.Fatalf("%s: the pod's runAsGroup (the socket's group) must be set and not 0", d.Name)
+	}
+	out.group = *psc.RunAsGroup
+	// Two node agents on a node would contend for the socket: an update replaces them.
+	if ru := d.Spec.UpdateStrategy.RollingUpdate; d.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType ||
+		ru == nil || ru.MaxSurge == nil || ru.MaxSurge.IntValue() != 0 || ru.MaxUnavailable == nil {
+		t.Errorf("%s: updateStrategy %+v, want RollingUpdate with maxSurge 0", d.Name, d.Spec.UpdateStrategy)
+	}
+	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		t.Errorf("%s: the pod mounts a service-account token", d.Name)
+	}
+	return out
 }
 
 // Each PodMonitor names its job so that PgLivenessExporterDown's selector finds it.
@@ -515,4 +656,90 @@ func fmtMode(m *int32) string {
 		return "unset (0644)"
 	}
 	return fmt.Sprintf("%#o", *m)
+}
+
+// podSnippetMarker starts the README's and the chart README's example of a pod that
+// attaches to its node's agent.
+const podSnippetMarker = "# A pod of your service that attaches to its node's agent:"
+
+// The pod the READMEs show reaches the node agent the manifests deploy: it mounts the
+// node agent's host directory, has the socket's group, and names the socket's path in
+// its container as the one its service gives to liveness.AgentConfig.NodeAgentSocket.
+func TestReadmesShowHowAPodAttaches(t *testing.T) {
+	r := render(t, "kubernetes/overlays/node-agent")
+	if len(r.daemonSets) != 1 {
+		t.Fatalf("%d DaemonSets, want 1", len(r.daemonSets))
+	}
+	socket := checkNodeAgent(t, r.daemonSets[0], defaultDSNSecret)
+	for _, readme := range []string{"../README.md", filepath.Join(chartDir, "README.md")} {
+		t.Run(readme, func(t *testing.T) {
+			b, err := os.ReadFile(readme)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod := readmePodSnippet(t, string(b))
+			checkAttachingPod(t, pod, socket)
+		})
+	}
+}
+
+// readmePodSnippet decodes the YAML block that starts with podSnippetMarker strictly into
+// a pod template.
+func readmePodSnippet(t *testing.T, md string) corev1.PodTemplateSpec {
+	t.Helper()
+	i := strings.Index(md, podSnippetMarker)
+	if i < 0 {
+		t.Fatalf("no YAML block starts with %q", podSnippetMarker)
+	}
+	lineStart := strings.LastIndex(md[:i], "\n") + 1
+	indent := md[lineStart:i]
+	block, _, ok := strings.Cut(md[lineStart:], "```")
+	if !ok || strings.TrimSpace(indent) != "" {
+		t.Fatalf("the block of %q does not end", podSnippetMarker)
+	}
+	var y strings.Builder
+	for line := range strings.Lines(block) {
+		y.WriteString(strings.TrimPrefix(line, indent))
+	}
+	var pod corev1.PodTemplateSpec
+	if err := manifests.DecodeStrict([]byte(y.String()), &pod); err != nil {
+		t.Fatalf("the example pod does not decode strictly into a pod template: %v\n%s", err, y.String())
+	}
+	return pod
+}
+
+func checkAttachingPod(t *testing.T, pod corev1.PodTemplateSpec, socket nodeAgentSocket) {
+	t.Helper()
+	spec := pod.Spec
+	var volume string
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil && filepath.Clean(v.HostPath.Path) == filepath.Clean(socket.hostDir) {
+			volume = v.Name
+		}
+	}
+	if volume == "" {
+		t.Fatalf("no volume of the host directory %s: %+v", socket.hostDir, spec.Volumes)
+	}
+	attached := false
+	for _, c := range spec.Containers {
+		for _, m := range c.VolumeMounts {
+			if m.Name != volume {
+				continue
+			}
+			path := filepath.Join(m.MountPath, socket.file)
+			for _, e := range c.Env {
+				attached = attached || e.Value == path
+			}
+			if !attached {
+				t.Errorf("container %s mounts the socket's directory at %s, but no variable names %s", c.Name, m.MountPath, path)
+			}
+		}
+	}
+	if !attached {
+		t.Errorf("no container mounts the volume %s and names the socket in it", volume)
+	}
+	sc := spec.SecurityContext
+	if sc == nil || (sc.FSGroup == nil || *sc.FSGroup != socket.group) && !slices.Contains(sc.SupplementalGroups, socket.group) {
+		t.Errorf("the pod's securityContext %+v lacks the socket's group %d (fsGroup or supplementalGroups)", sc, socket.group)
+	}
 }

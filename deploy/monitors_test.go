@@ -33,7 +33,6 @@ import (
 	"github.com/prometheus/prometheus/model/relabel"
 	"go.yaml.in/yaml/v3"
 	"helm.sh/helm/v3/pkg/chartutil"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
@@ -183,21 +182,21 @@ func probeTargets(t *testing.T, p *monitoringv1.Probe) (scrapeConfig, []labels.L
 }
 
 // podMetas are the labels Kubernetes' pod role gives each port of each container of a
-// pod of d, named name with address ip.
-func podMetas(d *appsv1.Deployment, name, ip string) []labels.Labels {
+// pod of w, named name with address ip.
+func podMetas(w workload, name, ip string) []labels.Labels {
 	var out []labels.Labels
-	for _, c := range d.Spec.Template.Spec.Containers {
+	for _, c := range w.template.Spec.Containers {
 		for _, p := range c.Ports {
 			m := map[string]string{
 				"__address__":                                 fmt.Sprintf("%s:%d", ip, p.ContainerPort),
-				"__meta_kubernetes_namespace":                 d.Namespace,
+				"__meta_kubernetes_namespace":                 w.namespace,
 				"__meta_kubernetes_pod_name":                  name,
 				"__meta_kubernetes_pod_ip":                    ip,
 				"__meta_kubernetes_pod_container_name":        c.Name,
 				"__meta_kubernetes_pod_container_port_name":   p.Name,
 				"__meta_kubernetes_pod_container_port_number": strconv.Itoa(int(p.ContainerPort)),
 			}
-			for k, v := range d.Spec.Template.Labels {
+			for k, v := range w.template.Labels {
 				m["__meta_kubernetes_pod_label_"+sanitize(k)] = v
 				m["__meta_kubernetes_pod_labelpresent_"+sanitize(k)] = "true"
 			}
@@ -208,11 +207,11 @@ func podMetas(d *appsv1.Deployment, name, ip string) []labels.Labels {
 }
 
 // endpointMetas are the labels Kubernetes' endpoints role gives each port of svc backed
-// by the pod of d named name, with address ip.
-func endpointMetas(svc *corev1.Service, d *appsv1.Deployment, name, ip string) []labels.Labels {
+// by the pod of w named name, with address ip.
+func endpointMetas(svc *corev1.Service, w workload, name, ip string) []labels.Labels {
 	var out []labels.Labels
 	for _, sp := range svc.Spec.Ports {
-		for _, pm := range podMetas(d, name, ip) {
+		for _, pm := range podMetas(w, name, ip) {
 			if pm.Get("__meta_kubernetes_pod_container_port_name") != sp.TargetPort.String() {
 				continue
 			}
@@ -497,7 +496,7 @@ func TestObserverMonitorsKeepTheServiceLabel(t *testing.T) {
 	}
 	podMonitor := func(r *rendered) func(t *testing.T) (labels.Labels, scrapeConfig) {
 		return func(t *testing.T) (labels.Labels, scrapeConfig) {
-			return onlyTarget(t, podMonitorConfig(t, r.podMonitors[0], 0), podMetas(r.deployments[0], r.deployments[0].Name+"-7d9f-abcde", "10.0.0.7"))
+			return onlyTarget(t, podMonitorConfig(t, r.podMonitors[0], 0), podMetas(ofDeployment(r.deployments[0]), r.deployments[0].Name+"-7d9f-abcde", "10.0.0.7"))
 		}
 	}
 	probe := func(r *rendered) func(t *testing.T) (labels.Labels, scrapeConfig) {
@@ -520,7 +519,7 @@ func TestObserverMonitorsKeepTheServiceLabel(t *testing.T) {
 		{"helm observer, ServiceMonitor", func(t *testing.T) (labels.Labels, scrapeConfig) {
 			r := helm(t, "observer: {podMonitor: {enabled: false}, serviceMonitor: {enabled: true}}")
 			d := r.deployments[0]
-			return onlyTarget(t, serviceMonitorConfig(t, r.serviceMonitors[0], 0), endpointMetas(r.services[0], d, d.Name+"-7d9f-abcde", "10.0.0.7"))
+			return onlyTarget(t, serviceMonitorConfig(t, r.serviceMonitors[0], 0), endpointMetas(r.services[0], ofDeployment(d), d.Name+"-7d9f-abcde", "10.0.0.7"))
 		}},
 		{"kustomize multi-target, Probe", probe(render(t, "kubernetes/overlays/multi-target"))},
 		{"helm multi-target, Probe", probe(helm(t, "multiTarget: {enabled: true, probe: {targets: [orders]}}"))},
@@ -605,33 +604,46 @@ type scraped struct {
 }
 
 // installTargets applies every monitor of an install to every pod of its Deployments
-// (agents' Deployments, those with a pg-liveness port, with two pods each; the observer's
-// with one) and every Probe to its targets, and returns the targets Prometheus keeps.
-// The pods' addresses start at 10.0.<net>.1. A multi-target exporter's own /metrics (its
-// process metrics only) is left out.
+// and DaemonSets and every Probe to its targets, and returns the targets Prometheus
+// keeps. Agents' pods (a Deployment with a pg-liveness port, or a DaemonSet of node
+// agents) come two to a workload, the observer's one. A ServiceMonitor reaches the pods
+// of the Services it selects. The pods' addresses start at 10.0.<net>.1. A multi-target
+// exporter's own /metrics (its process metrics only) is left out.
 func installTargets(t *testing.T, r *rendered, net int) []scraped {
 	t.Helper()
 	var out []scraped
 	host := 0
 	multiTarget := len(r.probes) > 0
-	for _, d := range r.deployments {
-		agent := slices.ContainsFunc(d.Spec.Template.Spec.Containers, func(c corev1.Container) bool {
+	for _, w := range r.workloads() {
+		agent := w.kind == "DaemonSet" || slices.ContainsFunc(w.template.Spec.Containers, func(c corev1.Container) bool {
 			return slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "pg-liveness" })
 		})
-		pods := []string{d.Name + "-5f7c-a"}
+		pods := []string{w.name + "-5f7c-a"}
 		if agent {
-			pods = append(pods, d.Name+"-5f7c-b")
+			pods = append(pods, w.name+"-5f7c-b")
+		}
+		keep := func(sc scrapeConfig, metas []labels.Labels) {
+			for _, m := range metas {
+				if l, ok := targetLabels(sc, m); ok && (agent || !multiTarget) {
+					out = append(out, scraped{labels: l, sc: sc, agent: agent})
+				}
+			}
 		}
 		for _, pod := range pods {
 			host++
-			metas := podMetas(d, pod, fmt.Sprintf("10.0.%d.%d", net, host))
+			ip := fmt.Sprintf("10.0.%d.%d", net, host)
 			for _, pm := range r.podMonitors {
 				for i := range pm.Spec.PodMetricsEndpoints {
-					sc := podMonitorConfig(t, pm, i)
-					for _, m := range metas {
-						if l, ok := targetLabels(sc, m); ok && (agent || !multiTarget) {
-							out = append(out, scraped{labels: l, sc: sc, agent: agent})
-						}
+					keep(podMonitorConfig(t, pm, i), podMetas(w, pod, ip))
+				}
+			}
+			for _, sm := range r.serviceMonitors {
+				for _, svc := range r.services {
+					if !selects(sm.Spec.Selector.MatchLabels, svc.Labels) || !selects(svc.Spec.Selector, w.template.Labels) {
+						continue
+					}
+					for i := range sm.Spec.Endpoints {
+						keep(serviceMonitorConfig(t, sm, i), endpointMetas(svc, w, pod, ip))
 					}
 				}
 			}
@@ -648,10 +660,23 @@ func installTargets(t *testing.T, r *rendered, net int) []scraped {
 	return out
 }
 
+// selects: a selector's labels are all among labels.
+func selects(selector, labels map[string]string) bool {
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return len(selector) > 0
+}
+
 // inNamespace moves a kustomization's rendered objects to ns, as an overlay's namespace:
 // does.
 func inNamespace(r *rendered, ns string) *rendered {
 	for _, o := range r.deployments {
+		o.Namespace = ns
+	}
+	for _, o := range r.daemonSets {
 		o.Namespace = ns
 	}
 	for _, o := range r.podMonitors {
@@ -684,13 +709,19 @@ func TestTwoLeadersInEveryShape(t *testing.T) {
 		for _, d := range r.deployments {
 			d.Namespace = cmp.Or(d.Namespace, ns)
 		}
+		for _, d := range r.daemonSets {
+			d.Namespace = cmp.Or(d.Namespace, ns)
+		}
 		return r.rendered
 	}
 	merge := func(rs ...*rendered) *rendered {
 		out := &rendered{}
 		for _, r := range rs {
 			out.deployments = append(out.deployments, r.deployments...)
+			out.daemonSets = append(out.daemonSets, r.daemonSets...)
 			out.podMonitors = append(out.podMonitors, r.podMonitors...)
+			out.serviceMonitors = append(out.serviceMonitors, r.serviceMonitors...)
+			out.services = append(out.services, r.services...)
 			out.probes = append(out.probes, r.probes...)
 		}
 		return out
@@ -719,6 +750,18 @@ func TestTwoLeadersInEveryShape(t *testing.T) {
   dashboards: {enabled: false}
 `)
 			return merge(exporter, agents), map[string]string{"database": db}
+		}},
+		// The node agents are agents too (the reaper's lease among them), beside the
+		// observer of their namespace.
+		{"kustomize node-agent overlay", func(t *testing.T, env string) (*rendered, map[string]string) {
+			return inNamespace(render(t, "kubernetes/overlays/node-agent"), env), map[string]string{"namespace": env}
+		}},
+		{"helm node agents, PodMonitor", func(t *testing.T, env string) (*rendered, map[string]string) {
+			return helm(t, chartDir, "pg-liveness-exporter", env, "nodeAgent: {enabled: true}"), map[string]string{"namespace": env}
+		}},
+		{"helm node agents, ServiceMonitor", func(t *testing.T, env string) (*rendered, map[string]string) {
+			return helm(t, chartDir, "pg-liveness-exporter", env, "nodeAgent: {enabled: true, podMonitor: {enabled: false}, serviceMonitor: {enabled: true}}"),
+				map[string]string{"namespace": env}
 		}},
 	}
 	// samples scrapes an install: the agents (the first only, when one leads) serve the

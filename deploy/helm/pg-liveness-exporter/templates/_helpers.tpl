@@ -53,6 +53,21 @@ selectors rely on those), and all of them over commonLabels. */}}
 app.kubernetes.io/component: observer
 {{- end }}
 
+{{- define "pg-liveness-exporter.nodeAgent.selectorLabels" -}}
+{{ include "pg-liveness-exporter.selectorLabels" . }}
+app.kubernetes.io/component: node-agent
+{{- end }}
+
+{{- define "pg-liveness-exporter.nodeAgent.fullname" -}}
+{{- printf "%s-node-agent" (include "pg-liveness-exporter.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- /* Where the node agent listens, in its container and on the node. Takes the chart's
+values. */}}
+{{- define "pg-liveness-exporter.nodeAgent.socket" -}}
+{{- printf "%s/agent.sock" (trimSuffix "/" .nodeAgent.socketDirectory) }}
+{{- end }}
+
 {{- define "pg-liveness-exporter.observer.serviceAccountName" -}}
 {{- if .Values.observer.serviceAccount.create }}
 {{- default (include "pg-liveness-exporter.fullname" .) .Values.observer.serviceAccount.name }}
