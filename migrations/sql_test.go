@@ -498,8 +498,14 @@ func TestRefusedTriesJudgeFromStampsWhileWatched(t *testing.T) {
 		t.Fatal("the holder is dead after the tick cleared its stamp")
 	}
 
-	// The watcher stops: a second later the full verdict answers again, and writes.
+	// The watcher stops: five seconds later (migration 0014) the full verdict answers
+	// again, and writes; two seconds later the rows still do.
 	db.Exec(t, `UPDATE liveness.alive_lock_watch SET watched_at = clock_timestamp() - interval '2 seconds'`)
+	db.Exec(t, `DELETE FROM liveness.alive_lock_absences`)
+	if alive, wrote := aliveWrote(gone); !alive || wrote || stamps(gone) != 0 {
+		t.Fatalf("with the watcher 2 s late: alive %v, wrote %v, %d stamps; want the rows' answer, nothing written", alive, wrote, stamps(gone))
+	}
+	db.Exec(t, `UPDATE liveness.alive_lock_watch SET watched_at = clock_timestamp() - interval '6 seconds'`)
 	db.Exec(t, `DELETE FROM liveness.alive_lock_absences`)
 	if alive, wrote := aliveWrote(gone); !alive || !wrote || stamps(gone) != 1 {
 		t.Fatalf("with the watcher stale: alive %v, wrote %v, %d stamps; want the full verdict's stamp", alive, wrote, stamps(gone))

@@ -1,4 +1,4 @@
--- The schema as it stands after the last migration, 0013_shard_sets: every table, sequence,
+-- The schema as it stands after the last migration, 0014_watch_fresh_for_five_seconds: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (store/migrations/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
@@ -163,7 +163,7 @@ CREATE OR REPLACE FUNCTION liveness.alive_lock_watch_is_fresh()
 AS $function$
     SELECT EXISTS (SELECT 1 FROM alive_lock_watch w
                     WHERE w.server_started_at = pg_catalog.pg_postmaster_start_time()
-                      AND w.watched_at > pg_catalog.clock_timestamp() - interval '1 second')
+                      AND w.watched_at > pg_catalog.clock_timestamp() - interval '5 seconds')
 $function$
 ;
 
