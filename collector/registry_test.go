@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/alecthomas/kingpin/v2"
+
+	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
 // testAgentCollector is the agent collector on testAgent, as New builds it.
@@ -55,6 +57,7 @@ func TestRegistry(t *testing.T) {
 		for _, r := range registry {
 			*r.settings(&only).enabled() = r.name == off.name
 		}
+		only.NodeAgent.Source = fixedNodeAgent{}
 		e, err := New(only, nil, testAgent, nil)
 		if off.db {
 			if err == nil || !strings.Contains(err.Error(), "collector "+off.name+" needs a database pool") {
@@ -70,3 +73,8 @@ func TestRegistry(t *testing.T) {
 		}
 	}
 }
+
+// fixedNodeAgent is a stand-in for the node agent: its collector only reads the snapshot.
+type fixedNodeAgent liveness.NodeAgentSnapshot
+
+func (n fixedNodeAgent) Snapshot() liveness.NodeAgentSnapshot { return liveness.NodeAgentSnapshot(n) }
