@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,6 +50,13 @@ func TestBenchFleet(t *testing.T) {
 			}
 			nodes[i] = n
 		}
+	}
+	// Each agent's pool connections to PgBouncer, and its connection to its node agent
+	// (both ends in this process), are files: thousands of agents need more than a
+	// shell's usual limit, which PgBouncer, started from here, inherits.
+	maxAgents := slices.Max(sizes)
+	if err := raiseFileLimit(uint64(16*maxAgents + 10000)); err != nil {
+		t.Fatalf("open files: %v (run as root, or raise ulimit -n to %d)", err, 16*maxAgents+10000)
 	}
 	warmup, measure := envDuration(t, "FLEET_WARMUP", 40*time.Second), envDuration(t, "FLEET_MEASURE", 60*time.Second)
 	var results []fleetbench.Result
@@ -174,3 +183,16 @@ func plot(rs []fleetbench.Result) string {
 }
 
 func log10(v float64) float64 { return math.Log10(v) }
+
+// raiseFileLimit raises this process's open-files limit to at least n.
+func raiseFileLimit(n uint64) error {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return err
+	}
+	if lim.Cur >= n {
+		return nil
+	}
+	lim.Cur, lim.Max = n, max(lim.Max, n)
+	return syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+}
