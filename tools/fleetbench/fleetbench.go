@@ -81,8 +81,9 @@ type Result struct {
 	TopStatement []string           // the busiest statement tags, "tag: calls/s"
 	Calls        map[string]float64 // calls a second by statement tag
 	Nodes        int
-	Backends     int // client backends with the fleet running
-	LockSessions int // alive-lock and node agent sessions: each LISTENs to the schema's events
+	PoolMaxConns int32 // each agent's pool's connections, at most
+	Backends     int   // client backends with the fleet running
+	LockSessions int   // alive-lock and node agent sessions: each LISTENs to the schema's events
 	LookupIdle   Latency
 	LookupFleet  Latency
 	// CrashToDead is from the victim's crash to its dead:<id> notification (the fleet's
@@ -115,7 +116,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	res := Result{Agents: cfg.Agents, Nodes: cfg.Nodes}
+	res := Result{Agents: cfg.Agents, Nodes: cfg.Nodes, PoolMaxConns: cfg.PoolMaxConns}
 
 	admin, err := pgx.Connect(ctx, cfg.DirectDSN)
 	if err != nil {
