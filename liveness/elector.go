@@ -233,6 +233,7 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 	taken, unsubscribeTaken := e.leases.events.subscribe(func(ev event) bool { return ev.Kind == eventTaken && ev.ID == lease })
 	defer unsubscribeTaken()
 	try, quiet := true, false
+	failures := 0 // tries in a row that failed (not refused): the server is down or overloaded
 	// Wake-ups are hints anyone with the channel's name can send: a flood of them costs
 	// one try per wakeHoldoff (after a burst of wakeBurst), whatever their rate; those
 	// that come sooner are folded into one try when the limiter allows it.
@@ -253,7 +254,8 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 		case !try:
 		case e.cfg.slot == nil || e.cfg.slot.CompareAndSwap(slotFree, slotTrying):
 			var lease *Lease
-			if lease, quiet = e.try(ctx); lease != nil {
+			var failed bool
+			if lease, quiet, failed = e.try(ctx); lease != nil {
 				if e.cfg.slot != nil {
 					e.cfg.slot.Store(slotLeading)
 				}
@@ -265,13 +267,23 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 			if ctx.Err() != nil {
 				return nil
 			}
+			if failed {
+				failures = min(failures+1, 11)
+			} else {
+				failures = 0
+			}
 		case e.cfg.slot.Load() == slotTrying:
 			// The other campaign is only trying: its answer comes within a round trip.
 			recheck = true
 		}
 		period := e.cfg.RetryPeriod
-		if e.leases.events.Listening() && quiet && e.steady() {
+		switch {
+		case e.leases.events.Listening() && quiet && e.steady():
 			period = max(e.cfg.QuietPeriod, fleetQuietPeriod(e.leases.fleetSize()))
+		case failures > 0:
+			// A server that does not answer, or answers late, gets fewer tries, not more:
+			// a fleet retrying every second would keep an overloaded server overloaded.
+			period = min(e.cfg.RetryPeriod<<(failures-1), e.cfg.QuietPeriod)
 		}
 		wait := period/2 + rand.N(period/2+1)
 		if recheck {
@@ -370,29 +382,30 @@ const freeSpread = 250 * time.Millisecond
 // whose release failed; the database does not yet judge this instance alive, its lock
 // just re-claimed) or a failure (a pool's dead connections after a server restart) ends
 // with nothing notified, and the next try comes after RetryPeriod.
-func (e *campaign) try(ctx context.Context) (lease *Lease, quiet bool) {
+func (e *campaign) try(ctx context.Context) (lease *Lease, quiet, failed bool) {
 	if !e.gate.enter() {
-		return nil, false // the Agent stops: ctx ends with it
+		return nil, false, false // the Agent stops: ctx ends with it
 	}
 	// The lease outlives the campaign's context: it is let go only once the job has
 	// returned (lead).
 	lease, err := e.leases.acquire(ctx, context.WithoutCancel(ctx), e.cfg.Lease, e.cfg.TTL)
 	if err == nil {
-		return lease, false
+		return lease, false, false
 	}
 	e.gate.leave()
 	switch {
 	case errors.Is(err, errNotAlive):
 		e.observe(ctx)
 	case errors.Is(err, ErrLeaseHeld) && e.cfg.QuietPeriod == e.cfg.RetryPeriod:
-		e.observe(ctx) // the next try comes at RetryPeriod whoever leads (the reaper's, the watchers')
+		e.observe(ctx) // the next try comes at RetryPeriod whoever leads
 	case errors.Is(err, ErrLeaseHeld):
 		leader, ok := e.readLeader(ctx)
-		return nil, ok && leader.InstanceID != uuid.Nil && leader.InstanceID != e.leases.instanceID()
+		return nil, ok && leader.InstanceID != uuid.Nil && leader.InstanceID != e.leases.instanceID(), !ok
 	case ctx.Err() == nil:
 		e.leases.log.Debug("campaign: acquire failed; retrying", "lease", e.cfg.Lease, "err", err)
+		return nil, false, true
 	}
-	return nil, false
+	return nil, false, false
 }
 
 // lead runs OnStartedLeading under the lease. When the callback returns, the lease is
