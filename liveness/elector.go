@@ -396,11 +396,13 @@ func (e *campaign) try(ctx context.Context) (lease *Lease, quiet, failed bool) {
 	switch {
 	case errors.Is(err, errNotAlive):
 		e.observe(ctx)
-	case errors.Is(err, ErrLeaseHeld) && e.cfg.QuietPeriod == e.cfg.RetryPeriod:
-		e.observe(ctx) // the next try comes at RetryPeriod whoever leads
 	case errors.Is(err, ErrLeaseHeld):
-		leader, ok := e.readLeader(ctx)
-		return nil, ok && leader.InstanceID != uuid.Nil && leader.InstanceID != e.leases.instanceID(), !ok
+		// The refusal says who holds the lease: only a live holder other than this
+		// instance notifies the end of its hold (free:<name>).
+		var held *leaseHeldError
+		quiet := errors.As(err, &held) && held.live && held.holder != uuid.Nil && held.holder != e.leases.instanceID()
+		e.observe(ctx)
+		return nil, quiet, false
 	case ctx.Err() == nil:
 		e.leases.log.Debug("campaign: acquire failed; retrying", "lease", e.cfg.Lease, "err", err)
 		return nil, false, true

@@ -291,16 +291,29 @@ func (l *Leases) acquireIn(ctx, parent context.Context, name string, ttl time.Du
 	actx, cancel := context.WithDeadline(ctx, trustUntil)
 	defer cancel()
 	var (
-		epoch            int64
-		taken, expiresAt time.Time
+		epochOrNil       *int64
+		taken, expiresAt *time.Time
+		heldByLive       bool
+		heldBy           *uuid.UUID
 	)
 	err = l.sendAcquire(actx, trustUntil, func(ctx context.Context, conn *pgxpool.Conn) error {
-		return conn.QueryRow(ctx, l.stmts.acquire, name, holder, ttl.Seconds(), l.id, l.host).Scan(&epoch, &taken, &expiresAt)
+		return conn.QueryRow(ctx, l.stmts.acquire, name, holder, ttl.Seconds(), l.id, l.host).
+			Scan(&epochOrNil, &taken, &expiresAt, &heldByLive, &heldBy)
 	})
-	fenceAt := fenceUntil(expiresAt, time.Since(start), margin)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, ErrLeaseHeld
+	if err == nil && epochOrNil == nil {
+		held := &leaseHeldError{live: heldByLive}
+		if heldBy != nil {
+			held.holder = *heldBy
+		}
+		return nil, held
 	}
+	var epoch int64
+	if err == nil {
+		epoch = *epochOrNil
+	} else {
+		taken, expiresAt = new(time.Time), new(time.Time)
+	}
+	fenceAt := fenceUntil(*expiresAt, time.Since(start), margin)
 	if err == nil && actx.Err() != nil {
 		// Taken as the caller gave up: give it back at once rather than at its ttl.
 		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
@@ -335,11 +348,11 @@ func (l *Leases) acquireIn(ctx, parent context.Context, name string, ttl time.Du
 
 	lctx, lcancel := context.WithCancelCause(parent)
 	le := &Lease{
-		Name: name, Holder: holder, Epoch: epoch, TakenAt: taken,
+		Name: name, Holder: holder, Epoch: epoch, TakenAt: *taken,
 		leases: l, ttl: ttl, margin: margin,
 		ctx: lctx, cancel: lcancel,
 		renewerDone: make(chan struct{}),
-		expiresAt:   expiresAt, trustUntil: trustUntil, fenceUntil: fenceAt,
+		expiresAt:   *expiresAt, trustUntil: trustUntil, fenceUntil: fenceAt,
 		leading: leading, group: group,
 	}
 	l.noteAcquired(le.statName(), epoch)
@@ -352,6 +365,16 @@ func (l *Leases) acquireIn(ctx, parent context.Context, name string, ttl time.Du
 	go le.renewLoop()
 	return le, nil
 }
+
+// leaseHeldError is a refused acquisition: errors.Is ErrLeaseHeld, and says whether a
+// holder alive by the verdict holds the lease, and which instance the row names.
+type leaseHeldError struct {
+	live   bool
+	holder uuid.UUID // uuid.Nil when the row names none, or there is no row
+}
+
+func (e *leaseHeldError) Error() string        { return ErrLeaseHeld.Error() }
+func (e *leaseHeldError) Is(target error) bool { return target == ErrLeaseHeld }
 
 // sendAcquire runs the acquisition on a connection taken from the pool under ctx, but
 // lets the statement itself finish, up to until, even when ctx ends meanwhile: a statement

@@ -17,7 +17,12 @@
 -- sequence as nextval takes it, a regclass literal.
 --
 -- $1 name, $2 holder, $3 ttl in seconds, $4 the holder's instance id (or NULL), $5 its
--- host. Returns the epoch, taken_at and expires_at; no row when the lease is held.
+-- host. Returns the epoch, taken_at and expires_at once taken. Refused, it returns one
+-- row without them that says why, so that a follower needs no second statement to know
+-- whether to wait quietly: whether another holder alive by the verdict holds the lease
+-- (held_by_live), and the row's holder instance as it was (holder_instance_id: this very
+-- instance after a release that failed, or NULL).
+WITH taken AS (
 INSERT INTO {schema}.leases AS l
        (name, holder, holder_instance_id, holder_host, epoch, taken_at, expires_at)
 SELECT $1, $2, $4::uuid, $5::text, nextval({epoch_seq}), now(), now() + make_interval(secs => $3::float8)
@@ -29,6 +34,12 @@ ON CONFLICT (name) DO UPDATE
  WHERE l.expires_at < now()
     OR (l.holder_instance_id IS NOT NULL AND NOT {schema}.is_instance_alive(l.holder_instance_id))
 RETURNING l.epoch, l.taken_at, l.expires_at
+)
+SELECT t.epoch, t.taken_at, t.expires_at, false AS held_by_live, NULL::uuid AS holder_instance_id FROM taken t
+UNION ALL
+SELECT NULL, NULL, NULL, NOT {schema}.lease_is_free($1),
+       (SELECT l.holder_instance_id FROM {schema}.leases l WHERE l.name = $1)
+ WHERE NOT EXISTS (SELECT 1 FROM taken)
 
 -- name: lease_renew
 -- Extends the lease only while this very acquisition (name, holder and epoch) still
