@@ -88,7 +88,7 @@ func startShardMember(t *testing.T, db *pgtest.DB, pool *pgxpool.Pool, set strin
 	return m
 }
 
-// Every shard is owned by one live member at a time: three members share twelve shards,
+// Every shard is owned by one live member at a time: three members share 64 shards,
 // a fourth joins and takes about a quarter, one stops and its shards go to the others;
 // a callback never starts while another's for the same shard still runs (the old owner's
 // callback returns before its lease is released). Each member renews all its leases in
@@ -98,21 +98,36 @@ func TestShardsOneOwnerAtATime(t *testing.T) {
 	ctx := testutil.Context(t, 2*time.Minute)
 	_ = ctx
 	own := &ownership{owner: map[string]uuid.UUID{}}
-	const shards = 12
+	const shards = 64 // enough that no member is left without one (with 12, one in eight runs left one empty)
 	var members []*shardMember
 	for range 3 {
 		members = append(members, startShardMember(t, db, pool, "orders", shards, own))
 	}
-	spread := func(n int, what string) map[uuid.UUID]int {
+	// spread waits until the shards are owned by n members, every running member has
+	// read n members, and nothing has moved for a second: the set has settled.
+	spread := func(n int, what string, running ...*shardMember) map[uuid.UUID]int {
 		var by map[uuid.UUID]int
+		var last string
+		var since time.Time
 		testutil.Eventually(t, 30*time.Second, what, func() bool {
 			var owned int
 			by, owned = own.byOwner()
-			return owned == shards && len(by) == n
+			if owned != shards || len(by) != n {
+				return false
+			}
+			for _, m := range running {
+				if st := m.agent.Snapshot().Shards; len(st) != 1 || st[0].Members != n {
+					return false
+				}
+			}
+			if now := fmt.Sprint(by); now != last {
+				last, since = now, time.Now()
+			}
+			return time.Since(since) >= time.Second
 		})
 		return by
 	}
-	before := spread(3, "twelve shards owned, by all three members")
+	before := spread(3, "the shards owned, by all three members, settled", members...)
 	for _, m := range members {
 		st := m.agent.Snapshot().Shards
 		if len(st) != 1 || st[0].Set != "orders" || st[0].Members != 3 || st[0].Owned != before[m.agent.Snapshot().InstanceID] {
@@ -121,7 +136,7 @@ func TestShardsOneOwnerAtATime(t *testing.T) {
 	}
 
 	joined := startShardMember(t, db, pool, "orders", shards, own)
-	after := spread(4, "the shards spread over four members")
+	after := spread(4, "the shards spread over four members, settled", append(members, joined)...)
 	moved := 0
 	for id, n := range before {
 		if after[id] < n {
@@ -139,7 +154,7 @@ func TestShardsOneOwnerAtATime(t *testing.T) {
 		t.Fatal(err)
 	}
 	members[0].done <- nil // for the cleanup
-	spread(3, "the stopped member's shards owned by the three others")
+	spread(3, "the stopped member's shards owned by the three others, settled", members[1], members[2], joined)
 
 	own.mu.Lock()
 	defer own.mu.Unlock()
