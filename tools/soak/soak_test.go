@@ -198,6 +198,11 @@ func TestSoak(t *testing.T) {
 			if k == 0 && l < 2 {
 				m.ns = spaces[l]
 			}
+			var shards []string
+			if k < shardMembersPerJob {
+				m.set = shardSetName
+				shards = []string{"--shards.set=" + m.set, "--shards.count=" + fmt.Sprint(shardCount), "--shards.write-every=" + shardWriteEvery.String()}
+			}
 			m.addr = metricsAddr(t, m.ns)
 			host := "127.0.0.1"
 			if m.ns != nil {
@@ -212,7 +217,7 @@ func TestSoak(t *testing.T) {
 					// A killed agent is restarted when its time is up, database or not, as a
 					// supervisor would; with the library's default it would stop for good
 					// if the database happens to be away then.
-					"--agent.wait-for-schema"}, defaults...)
+					"--agent.wait-for-schema"}, append(shards, defaults...)...)
 			}
 			add(m)
 		}
@@ -356,8 +361,9 @@ func TestSoak(t *testing.T) {
 	results := Check(h.Events())
 	sum := Summary{Generated: time.Now(), Revision: rev, Machine: machine(cl), Seed: seed, Requested: d, Ran: ran,
 		Interrupted: interrupted, Applied: n.applied(), Overlapping: n.overlapping(h.Events()), Results: results,
-		Fleet: fmt.Sprintf("%d agents: %d faultagent processes (the liveness library: Agent, Elect on %d leases, %d competitors each, fenced ledger rows every %s, one write in %d a transaction of two rows) and %d exporter binaries as agents; %d agents in network namespaces; an observer exporter scraped with every agent by Prometheus with the shipped rules; PostgreSQL %s primary with a streaming replica; agent defaults as the exporter ships them",
-			len(members), leases*competitorsPerJob, leases, competitorsPerJob, writeEvery, txEvery, exporterAgents, len(fleet.Netns), pgVersion(cl))}
+		Fleet: fmt.Sprintf("%d agents: %d faultagent processes (the liveness library: Agent, Elect on %d leases, %d competitors each, fenced ledger rows every %s, one write in %d a transaction of two rows; %d of them, %d competitors of each lease, also members of a shard set of %d shards, Agent.Shards, each owner writing fenced rows every %s, one write in %d a transaction of two rows) and %d exporter binaries as agents; %d agents in network namespaces; an observer exporter scraped with every agent by Prometheus with the shipped rules; PostgreSQL %s primary with a streaming replica; agent defaults as the exporter ships them",
+			len(members), leases*competitorsPerJob, leases, competitorsPerJob, writeEvery, txEvery, leases*shardMembersPerJob, shardMembersPerJob,
+			shardCount, shardWriteEvery, txEvery, exporterAgents, len(fleet.Netns), pgVersion(cl))}
 	failing := sum.Violations() > 0 || interrupted || len(samplerFailures) > 0
 	keep = failing
 	if failing {
