@@ -32,6 +32,7 @@ var (
 	seedFlag       = flag.Uint64("soak.seed", SeedForTests, "the schedule's seed; the same seed replays it")
 	reportFlag     = flag.String("soak.report", "", "write the soak's section of the failover report (Markdown) into this file")
 	historyFlag    = flag.String("soak.history-dir", "", "folder of the history file (default: the temporary folder); kept only when a check fails")
+	keepFlag       = flag.Bool("soak.keep-history", false, "keep the history file even when every check passes, to study a run")
 	recheckFlag    = flag.String("soak.check", "", "check this kept history again instead of running the fleet (with -soak.report, -soak.seed and -soak.duration: its section)")
 	recheckFleet   = flag.String("soak.check-fleet", "as in the run", "with -soak.check: the fleet, as the run's section stated it")
 	recheckMachine = flag.String("soak.check-machine", "", "with -soak.check: the machine, as the run's section stated it")
@@ -365,8 +366,8 @@ func TestSoak(t *testing.T) {
 			len(members), leases*competitorsPerJob, leases, competitorsPerJob, writeEvery, txEvery, leases*shardMembersPerJob, shardMembersPerJob,
 			shardCount, shardWriteEvery, txEvery, exporterAgents, len(fleet.Netns), pgVersion(cl))}
 	failing := sum.Violations() > 0 || interrupted || len(samplerFailures) > 0
-	keep = failing
-	if failing {
+	keep = failing || *keepFlag
+	if keep {
 		sum.History = histPath
 	}
 	for _, r := range results {
@@ -386,7 +387,7 @@ func TestSoak(t *testing.T) {
 			t.Errorf("-soak.report: %v", err)
 		}
 	}
-	if failing {
+	if keep {
 		t.Logf("history kept: %s (seed %d)", histPath, seed)
 	}
 }
