@@ -307,11 +307,11 @@ func (m *model) spans(begin, end string) map[string][]job {
 	for _, e := range m.events {
 		switch e.Kind {
 		case begin:
-			end := m.runEnd
+			until := m.runEnd
 			if l := m.byInst[e.Inst]; l != nil {
-				end = l.end
+				until = l.end
 			}
-			out[e.Lease] = append(out[e.Lease], job{inst: e.Inst, lease: e.Lease, epoch: e.Epoch, begin: e.T, end: end})
+			out[e.Lease] = append(out[e.Lease], job{inst: e.Inst, lease: e.Lease, epoch: e.Epoch, begin: e.T, end: until})
 			open[key(e)] = len(out[e.Lease]) - 1
 		case end:
 			if i, ok := open[key(e)]; ok {

@@ -168,6 +168,9 @@ func (m *model) checkShardsWritten() Result {
 	sort.Strings(names)
 	for _, name := range names {
 		set := m.sets[name]
+		if set.count == 0 {
+			continue // a fleet that did not say how many shards the set has
+		}
 		relevant := func(f *faultSpan) bool {
 			return databaseFault[f.kind] || slices.ContainsFunc(f.targets, func(p string) bool { return slices.Contains(set.procs, p) })
 		}
