@@ -512,6 +512,10 @@ type nemesis struct {
 	mu    sync.Mutex
 	count map[string]int
 	busy  map[string]bool // processes under a process fault
+
+	// dbMu is held by a database fault from when it is applied to its heal: the schedule
+	// keeps them apart, and this keeps a failover that waits for its replica apart too.
+	dbMu sync.Mutex
 }
 
 // claim marks a process as under a fault; false when it already is.
@@ -621,6 +625,10 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 	}
 	heal := func(tg []string) { n.h.Add(Event{Kind: EvHeal, Fault: f.Kind, FaultID: f.ID, Targets: tg}) }
 	hold := func() { waitCtx(ctx, f.For) }
+	if databaseFault[f.Kind] {
+		n.dbMu.Lock()
+		defer n.dbMu.Unlock()
+	}
 	switch f.Kind {
 	case FaultKill:
 		p, inst := m.current()
@@ -678,10 +686,26 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 		if next == nil {
 			return
 		}
+		// A failover that loses nothing the primary committed, as the checks assume (a
+		// lease's takeover lost with it would let its old holder lead again for a while):
+		// the replica streaming when the primary stops, since a fast shutdown sends a
+		// connected standby all its WAL before it exits. Right after a restart of the
+		// primary the replica reconnects only after wal_retrieve_retry_interval (5 s); a
+		// promotion then lost every commit since the restart (seed 4139).
+		written, err := waitStreaming(ctx, old, n.cl.db)
+		if err != nil {
+			if ctx.Err() == nil {
+				n.t.Errorf("fault %s: %v", f, err)
+			}
+			return
+		}
 		fault(targets)
 		old.Stop()
 		pctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		err := next.Promote(pctx)
+		err = next.Promote(pctx)
+		if err == nil {
+			err = replayedTo(pctx, next, n.cl.db, written)
+		}
 		cancel()
 		if err != nil {
 			n.t.Errorf("fault %s: promote: %v", f, err)
@@ -709,6 +733,58 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 		fault(victims)
 		heal(victims)
 	}
+}
+
+// streamingWait bounds how long a failover waits for its replica to stream.
+const streamingWait = 30 * time.Second
+
+// waitStreaming waits until primary streams to a standby, and returns the WAL position
+// it had written then.
+func waitStreaming(ctx context.Context, primary *pgtest.Server, db string) (string, error) {
+	deadline := time.Now().Add(streamingWait)
+	var last error
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var lsn string
+		var streaming bool
+		conn, err := pgx.Connect(qctx, primary.AdminDSN(db))
+		if err == nil {
+			err = conn.QueryRow(qctx, `SELECT pg_current_wal_lsn()::text,
+				EXISTS (SELECT 1 FROM pg_stat_replication WHERE state = 'streaming')`).Scan(&lsn, &streaming)
+			conn.Close(context.Background())
+		}
+		cancel()
+		switch {
+		case err == nil && streaming:
+			return lsn, nil
+		case err != nil:
+			last = err
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("the replica did not stream within %s (last error: %v)", streamingWait, last)
+		}
+		if !waitCtx(ctx, 100*time.Millisecond) {
+			return "", ctx.Err()
+		}
+	}
+}
+
+// replayedTo checks that a promoted replica replayed the WAL up to written at least.
+func replayedTo(ctx context.Context, promoted *pgtest.Server, db, written string) error {
+	conn, err := pgx.Connect(ctx, promoted.AdminDSN(db))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	var replayed string
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_last_wal_replay_lsn()::text, pg_last_wal_replay_lsn() >= $1::pg_lsn`, written).Scan(&replayed, &ok); err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("the promoted replica replayed the WAL to %s only; the primary had written %s before it stopped: commits lost", replayed, written)
+	}
+	return nil
 }
 
 // terminate ends one to three random sessions of the fleet (not the soak's samplers) and
