@@ -21,6 +21,12 @@ const (
 	CheckTwoLeaders      = "no two-leaders alert while fencing works"
 	CheckFlat            = "the observer exporter's resources flat over the run"
 	CheckNoExit          = "no fleet process exited on its own"
+
+	CheckShardOneOwner    = "shards: never two owners inside a shard's callback at once"
+	CheckShardEpochs      = "shards: no accepted write under an epoch older than one already written, nor by two writers under one epoch"
+	CheckShardAfterNext   = "shards: no accepted write of an owner after the shard's next owner was given it"
+	CheckShardAfterLost   = "shards: no accepted write after its owner was told it lost the shard's lease"
+	CheckShardsWrittenAll = "shards: after the fleet heals, every shard written again within the bound"
 )
 
 // TwoLeadersAlert is the alert of the shipped rules that fires for two processes that
@@ -57,6 +63,13 @@ type model struct {
 	byInst      map[string]*life
 	faults      map[int]*faultSpan
 	competitors map[string][]string // lease → processes
+	sets        map[string]*shardSet
+}
+
+// shardSet is a shard set of the fleet: its shards' count and its members' processes.
+type shardSet struct {
+	count int
+	procs []string
 }
 
 type faultSpan struct {
@@ -70,7 +83,8 @@ func (f *faultSpan) affects(proc string) bool {
 }
 
 func newModel(events []Event) *model {
-	m := &model{events: events, byInst: map[string]*life{}, faults: map[int]*faultSpan{}, competitors: map[string][]string{}}
+	m := &model{events: events, byInst: map[string]*life{}, faults: map[int]*faultSpan{}, competitors: map[string][]string{},
+		sets: map[string]*shardSet{}}
 	for _, e := range events {
 		m.runEnd = max(m.runEnd, e.T)
 	}
@@ -85,6 +99,17 @@ func newModel(events []Event) *model {
 			open[e.Proc] = len(m.lives) - 1
 			if e.Lease != "" && !slices.Contains(m.competitors[e.Lease], e.Proc) {
 				m.competitors[e.Lease] = append(m.competitors[e.Lease], e.Proc)
+			}
+			if e.Set != "" {
+				set := m.sets[e.Set]
+				if set == nil {
+					set = &shardSet{}
+					m.sets[e.Set] = set
+				}
+				set.count = max(set.count, e.Shards)
+				if !slices.Contains(set.procs, e.Proc) {
+					set.procs = append(set.procs, e.Proc)
+				}
 			}
 		case EvFault:
 			m.faults[e.FaultID] = &faultSpan{kind: e.Fault, targets: e.Targets, a: e.T, h: math.MaxInt64}
@@ -250,7 +275,8 @@ func ts(t int64) string { return time.Unix(0, t).UTC().Format("15:04:05.000") }
 func Check(events []Event) []Result {
 	m := newModel(events)
 	return []Result{m.checkOneInJob(), m.checkEpochs(), m.checkNoWriteAfterEnd(), m.checkNoFalseDead(),
-		m.checkCrashDead(), m.checkLeaseTaken(), m.checkConvergence(), m.checkTwoLeaders(), m.checkFlat(), m.checkNoExit()}
+		m.checkCrashDead(), m.checkLeaseTaken(), m.checkConvergence(), m.checkTwoLeaders(), m.checkFlat(), m.checkNoExit(),
+		m.checkShardOneOwner(), m.checkShardEpochs(), m.checkShardAfterNext(), m.checkShardAfterLost(), m.checkShardsWritten()}
 }
 
 func (m *model) checkNoExit() Result {
@@ -270,20 +296,24 @@ type job struct {
 	begin, end  int64
 }
 
-func (m *model) jobs() map[string][]job {
+func (m *model) jobs() map[string][]job { return m.spans(EvJobBegin, EvJobEnd) }
+
+// spans are the stretches between begin and end events of one inst, lease and epoch, by
+// lease; one not ended runs to its instance's end.
+func (m *model) spans(begin, end string) map[string][]job {
 	out := map[string][]job{}
 	open := map[string]int{} // inst/lease/epoch → index
 	key := func(e Event) string { return fmt.Sprintf("%s/%s/%d", e.Inst, e.Lease, e.Epoch) }
 	for _, e := range m.events {
 		switch e.Kind {
-		case EvJobBegin:
-			end := m.runEnd
+		case begin:
+			until := m.runEnd
 			if l := m.byInst[e.Inst]; l != nil {
-				end = l.end
+				until = l.end
 			}
-			out[e.Lease] = append(out[e.Lease], job{inst: e.Inst, lease: e.Lease, epoch: e.Epoch, begin: e.T, end: end})
+			out[e.Lease] = append(out[e.Lease], job{inst: e.Inst, lease: e.Lease, epoch: e.Epoch, begin: e.T, end: until})
 			open[key(e)] = len(out[e.Lease]) - 1
-		case EvJobEnd:
+		case end:
 			if i, ok := open[key(e)]; ok {
 				out[e.Lease][i].end = e.T
 				delete(open, key(e))
@@ -295,7 +325,15 @@ func (m *model) jobs() map[string][]job {
 
 func (m *model) checkOneInJob() Result {
 	r := Result{Name: CheckOneInJob, Bound: fmt.Sprintf("a stopped holder leaves within %s of SIGCONT", ResumeEndBound)}
-	jobs := m.jobs()
+	m.oneAtATime(&r, m.jobs(), "lease", "in the job")
+	r.Detail = fmt.Sprintf("%d jobs", r.Cases)
+	return r
+}
+
+// oneAtATime adds to r a violation for every two spans of one lease that overlap, unless
+// the earlier one's process was stopped when the later began, past its lease's expiry,
+// and the earlier ended within ResumeEndBound of SIGCONT.
+func (m *model) oneAtATime(r *Result, jobs map[string][]job, what, inside string) {
 	names := make([]string, 0, len(jobs))
 	for lease := range jobs {
 		names = append(names, lease)
@@ -318,13 +356,11 @@ func (m *model) checkOneInJob() Result {
 						continue
 					}
 				}
-				r.Violations = append(r.Violations, fmt.Sprintf("lease %s: %s (epoch %d, %s–%s) and %s (epoch %d, from %s) in the job at once",
-					lease, a.inst, a.epoch, ts(a.begin), ts(a.end), b.inst, b.epoch, ts(b.begin)))
+				r.Violations = append(r.Violations, fmt.Sprintf("%s %s: %s (epoch %d, %s–%s) and %s (epoch %d, from %s) %s at once",
+					what, lease, a.inst, a.epoch, ts(a.begin), ts(a.end), b.inst, b.epoch, ts(b.begin), inside))
 			}
 		}
 	}
-	r.Detail = fmt.Sprintf("%d jobs", r.Cases)
-	return r
 }
 
 func (m *model) ledger() []Event {
@@ -338,10 +374,30 @@ func (m *model) ledger() []Event {
 	return rows
 }
 
+// leaseRows are the ledger's rows of the leases' jobs, by id; shardRows those of the
+// shard sets' owners.
+func (m *model) leaseRows() []Event {
+	return slices.DeleteFunc(m.ledger(), func(e Event) bool { return m.isShard(e.Lease) })
+}
+
+func (m *model) shardRows() []Event {
+	return slices.DeleteFunc(m.ledger(), func(e Event) bool { return !m.isShard(e.Lease) })
+}
+
+// isShard reports whether lease is a shard's ("<set>/<shard>") of a set of the fleet.
+func (m *model) isShard(lease string) bool {
+	for set := range m.sets {
+		if strings.HasPrefix(lease, set+"/") {
+			return true
+		}
+	}
+	return false
+}
+
 func (m *model) checkEpochs() Result {
 	r := Result{Name: CheckEpochsMonotone}
 	top := map[string]Event{}
-	for _, row := range m.ledger() {
+	for _, row := range m.leaseRows() {
 		r.Cases++
 		if t, ok := top[row.Lease]; ok && row.Epoch < t.Epoch {
 			r.Violations = append(r.Violations, fmt.Sprintf("lease %s: row %d (epoch %d, by %s at %s) after row %d (epoch %d, by %s)",
@@ -369,7 +425,7 @@ func (m *model) checkNoWriteAfterEnd() Result {
 			rejected++
 		}
 	}
-	for _, row := range m.ledger() {
+	for _, row := range m.leaseRows() {
 		r.Cases++
 		if t, ok := told[fmt.Sprintf("%s/%s/%d", row.Inst, row.Lease, row.Epoch)]; ok && row.T > t {
 			r.Violations = append(r.Violations, fmt.Sprintf("lease %s: row %d by %s under epoch %d at %s, told at %s",

@@ -1,6 +1,7 @@
 package soak
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -12,11 +13,12 @@ var base = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 func at(sec float64) int64 { return base.Add(time.Duration(sec * float64(time.Second))).UnixNano() }
 
 // cleanHistory is a small run with nothing wrong: three processes (p1 and p2 compete for
-// lease L, p3 holds none), p1 killed while it holds L and restarted, p2 taking over.
+// lease L and share the two shards of set S, p3 holds none), p1 killed while it holds L
+// and restarted, p2 taking over; see shardHistory for the shards.
 func cleanHistory() []Event {
 	ev := []Event{
-		{T: at(0), Kind: EvStart, Proc: "p1", Inst: "i1", Lease: "L"},
-		{T: at(0), Kind: EvStart, Proc: "p2", Inst: "i2", Lease: "L"},
+		{T: at(0), Kind: EvStart, Proc: "p1", Inst: "i1", Lease: "L", Set: "S", Shards: 2},
+		{T: at(0), Kind: EvStart, Proc: "p2", Inst: "i2", Lease: "L", Set: "S", Shards: 2},
 		{T: at(0), Kind: EvStart, Proc: "p3", Inst: "i3"},
 		{T: at(1), Kind: EvAlert, Name: TwoLeadersAlert, State: ""},
 		{T: at(2), Kind: EvJobBegin, Inst: "i1", Lease: "L", Epoch: 1},
@@ -29,7 +31,7 @@ func cleanHistory() []Event {
 		{T: at(62), Kind: EvHolder, Lease: "L", Inst: "i2", Epoch: 2},
 		{T: at(63), Kind: EvLedger, ID: 30, Inst: "i2", Lease: "L", Epoch: 2},
 		{T: at(65), Kind: EvHeal, Fault: FaultKill, FaultID: 1, Targets: []string{"p1"}},
-		{T: at(66), Kind: EvStart, Proc: "p1", Inst: "i4", Lease: "L"},
+		{T: at(66), Kind: EvStart, Proc: "p1", Inst: "i4", Lease: "L", Set: "S", Shards: 2},
 		{T: at(68), Kind: EvVerdict, Source: SrcSQL, Inst: "i4", Alive: true},
 		{T: at(68), Kind: EvVerdict, Source: SrcLock, Inst: "i4", Alive: true},
 		{T: at(200), Kind: EvRunEnd},
@@ -41,6 +43,7 @@ func cleanHistory() []Event {
 	for _, p := range []string{"p1", "p2", "p3"} {
 		ev = append(ev, Event{T: at(1), Kind: EvVerdict, Source: SrcExporter, Proc: p, Alive: true})
 	}
+	ev = append(ev, shardHistory()...)
 	for s := 0.0; s <= 200; s += 5 {
 		for _, r := range []struct {
 			name string
@@ -50,6 +53,61 @@ func cleanHistory() []Event {
 		}
 	}
 	return ev
+}
+
+// shardHistory is the shards' part of cleanHistory: i1 owns S/0 (epoch 101) and i2 S/1
+// (102), each writing every 5 s; i1's kill at 60 s moves S/0 to i2 (103), and i4, p1's
+// restart, takes it back (104), a write of i2 in flight committing just after its
+// callback returned; at 80 s i2 is told it lost S/1's lease, which i4 takes (105).
+func shardHistory() []Event {
+	ev := []Event{
+		{T: at(2), Kind: EvShardOwned, Inst: "i1", Lease: "S/0", Epoch: 101},
+		{T: at(2), Kind: EvShardOwned, Inst: "i2", Lease: "S/1", Epoch: 102},
+		{T: at(62.5), Kind: EvShardOwned, Inst: "i2", Lease: "S/0", Epoch: 103},
+		{T: at(67), Kind: EvShardStop, Inst: "i2", Lease: "S/0", Epoch: 103, Note: "moved"},
+		{T: at(67.1), Kind: EvShardReleased, Inst: "i2", Lease: "S/0", Epoch: 103},
+		{T: at(67.2), Kind: EvShardOwned, Inst: "i4", Lease: "S/0", Epoch: 104},
+		{T: at(50), Kind: EvShardRefused, Inst: "i2", Lease: "S/1", Epoch: 102, Note: "late"},
+		{T: at(80), Kind: EvShardLost, Inst: "i2", Lease: "S/1", Epoch: 102, Note: "lost"},
+		{T: at(80.1), Kind: EvShardReleased, Inst: "i2", Lease: "S/1", Epoch: 102},
+		{T: at(81), Kind: EvShardOwned, Inst: "i4", Lease: "S/1", Epoch: 105},
+	}
+	id := int64(1000)
+	row := func(sec float64, inst, lease string, epoch int64) {
+		id += 10 // room for a doctored row between two
+		ev = append(ev, Event{T: at(sec), Kind: EvLedger, ID: id, Inst: inst, Lease: lease, Epoch: epoch})
+	}
+	for s := 3.0; s < 200; s += 5 {
+		switch {
+		case s < 60:
+			row(s, "i1", "S/0", 101)
+		case s > 62.5 && s < 67:
+			row(s, "i2", "S/0", 103)
+		case s > 67.2:
+			row(s, "i4", "S/0", 104)
+		}
+		switch {
+		case s+0.5 < 80:
+			row(s+0.5, "i2", "S/1", 102)
+		case s+0.5 > 81:
+			row(s+0.5, "i4", "S/1", 105)
+		}
+		if s == 63 {
+			row(67.15, "i2", "S/0", 103) // in flight when the move cancelled it
+		}
+	}
+	return ev
+}
+
+// firstRow is the id of the first ledger row of lease under epoch.
+func firstRow(ev []Event, lease string, epoch int64) int64 {
+	first := int64(math.MaxInt64)
+	for _, e := range ev {
+		if e.Kind == EvLedger && e.Lease == lease && e.Epoch == epoch {
+			first = min(first, e.ID)
+		}
+	}
+	return first
 }
 
 func sorted(ev []Event) []Event {
@@ -144,6 +202,37 @@ func TestEachCheckFailsOnADoctoredHistory(t *testing.T) {
 		{"an agent exits on its own", CheckNoExit, func(ev []Event) []Event {
 			return append(ev, Event{T: at(150), Kind: EvExit, Proc: "p3", Inst: "i3", Note: "exit status 1"})
 		}},
+		{"a second owner in a shard's callback", CheckShardOneOwner, func(ev []Event) []Event {
+			return append(ev, Event{T: at(30), Kind: EvShardOwned, Inst: "i2", Lease: "S/0", Epoch: 100},
+				Event{T: at(31), Kind: EvShardReleased, Inst: "i2", Lease: "S/0", Epoch: 100})
+		}},
+		{"a stopped owner stays in its shard's callback after SIGCONT", CheckShardOneOwner, func(ev []Event) []Event {
+			ev = slices.DeleteFunc(ev, func(e Event) bool { return e.Kind == EvLedger && e.Lease == "S/0" && e.T > at(20) && e.T < at(60) })
+			return append(ev, Event{T: at(20), Kind: EvFault, Fault: FaultStop, FaultID: 2, Targets: []string{"p1"}},
+				Event{T: at(30), Kind: EvShardOwned, Inst: "i2", Lease: "S/0", Epoch: 100},
+				Event{T: at(31), Kind: EvShardReleased, Inst: "i2", Lease: "S/0", Epoch: 100},
+				Event{T: at(40), Kind: EvHeal, Fault: FaultStop, FaultID: 2, Targets: []string{"p1"}},
+				Event{T: at(42), Kind: EvShardReleased, Inst: "i1", Lease: "S/0", Epoch: 101})
+		}},
+		{"a shard's row under an older epoch after a newer one's", CheckShardEpochs, func(ev []Event) []Event {
+			// Inserted after epoch 103's first row, committed before its owner began.
+			return append(ev, Event{T: at(62.4), Kind: EvLedger, ID: firstRow(ev, "S/0", 103) + 1, Inst: "i1", Lease: "S/0", Epoch: 101})
+		}},
+		{"two writers under one shard epoch", CheckShardEpochs, func(ev []Event) []Event {
+			return append(ev, Event{T: at(10), Kind: EvLedger, ID: firstRow(ev, "S/1", 102) + 1, Inst: "i1", Lease: "S/1", Epoch: 102})
+		}},
+		{"an owner's row after the next owner was given the shard", CheckShardAfterNext, func(ev []Event) []Event {
+			return append(ev, Event{T: at(62.8), Kind: EvLedger, ID: firstRow(ev, "S/0", 103) - 1, Inst: "i1", Lease: "S/0", Epoch: 101})
+		}},
+		{"a row after its owner was told it lost the shard", CheckShardAfterLost, func(ev []Event) []Event {
+			return append(ev, Event{T: at(80.05), Kind: EvLedger, ID: firstRow(ev, "S/1", 105) - 1, Inst: "i2", Lease: "S/1", Epoch: 102})
+		}},
+		{"a row after its owner's write was refused as lost", CheckShardAfterLost, func(ev []Event) []Event {
+			return replace(ev, func(e Event) bool { return e.Kind == EvShardRefused }, func(e *Event) { e.Note = "lost"; e.T = at(49) })
+		}},
+		{"a shard not written again after the fleet heals", CheckShardsWrittenAll, func(ev []Event) []Event {
+			return remove(ev, func(e Event) bool { return e.Kind == EvLedger && e.Lease == "S/1" && e.T > at(65) && e.T < at(100) })
+		}},
 		{"the observer leaks goroutines", CheckFlat, func(ev []Event) []Event {
 			return replace(ev, func(e Event) bool { return e.Kind == EvResource && e.Source == "goroutines" },
 				func(e *Event) { e.Value = 40 + float64(e.T-at(0))/1e9*0.2 })
@@ -198,6 +287,44 @@ func TestCrashBeforeRelockIsNotMeasured(t *testing.T) {
 	for _, r := range Check(sorted(ev)) {
 		if (r.Name == CheckCrashDead || r.Name == CheckLeaseTaken) && r.NotMeasured != 1 {
 			t.Errorf("%s: %d not measured, want 1", r.Name, r.NotMeasured)
+		}
+	}
+}
+
+// The shard checks look at what the clean history holds, and a write in flight when a
+// move stopped its callback, committing with the lease still held before the next owner
+// began, is counted, not called a violation.
+func TestShardChecksCount(t *testing.T) {
+	want := map[string]struct {
+		cases  int
+		detail string
+	}{
+		CheckShardOneOwner:    {5, "5 callbacks over 2 shards"},
+		CheckShardEpochs:      {81, "81 rows of 2 shards under 5 epochs"},
+		CheckShardAfterNext:   {81, "81 rows, 5 owners given a shard"},
+		CheckShardAfterLost:   {81, "1 callbacks told their shard's lease was lost, 1 stopped with it held"},
+		CheckShardsWrittenAll: {1, "1 heals measured, worst 3500 ms (after the kill healed at 12:01:05.000)"},
+	}
+	for _, r := range Check(sorted(cleanHistory())) {
+		w, ok := want[r.Name]
+		if !ok {
+			continue
+		}
+		delete(want, r.Name)
+		if r.Cases != w.cases || !strings.Contains(r.Detail, w.detail) {
+			t.Errorf("%s: %d cases, %q; want %d, %q", r.Name, r.Cases, r.Detail, w.cases, w.detail)
+		}
+		if r.Name == CheckShardAfterLost && !strings.Contains(r.Detail, "; 1 rows committed just after their callback returned") {
+			t.Errorf("%s: the write in flight at the move is not counted: %s", r.Name, r.Detail)
+		}
+	}
+	for name := range want {
+		t.Errorf("no check %q", name)
+	}
+	// The lease checks count the leases' rows only.
+	for _, r := range Check(sorted(cleanHistory())) {
+		if r.Name == CheckEpochsMonotone && r.Cases != 3 {
+			t.Errorf("%s: %d rows, want the 3 of lease L", r.Name, r.Cases)
 		}
 	}
 }

@@ -40,4 +40,13 @@ const (
 	// after SIGCONT. The suite measured "after SIGCONT: lease context cancelled" at 3 ms
 	// worst (scenario 2); a second leaves room for a loaded machine.
 	ResumeEndBound = time.Second
+
+	// ShardsWrittenBound: after a heal that leaves no fault on a shard set's members or
+	// the database, every shard of the set is written again within it. It is the fault
+	// suite's bound for the worst of its shard scenarios, "PostgreSQL restart: every shard
+	// written again" < 30 s (TestShards), which it counts from the restart's start and the
+	// soak from the heal; it covers the relock (11 s) and a shard lease its owner could not
+	// release (the database away) free again when it expires (the leases' ttl, 15 s), which
+	// run together, plus the members' reading and a write's cadence.
+	ShardsWrittenBound = 30 * time.Second
 )

@@ -1,12 +1,13 @@
 // Package soak is the randomized fault soak (make soak): a running fleet of agents (the
 // exporter binary as an agent, and the faultagent, a service built on the liveness
-// library, campaigning for four leases whose jobs append fenced rows to a ledger),
-// an observer exporter scraped by a real Prometheus with the shipped rules, all against
-// a real PostgreSQL primary with a streaming replica. A nemesis applies and heals faults
-// on a schedule drawn from a seed, overlapping them; every fault, job begin and end,
-// ledger row, verdict change, lease holder, alert and resource sample goes into a
-// history, and a checker looks for anomalies in it afterwards, in the manner of Jepsen's
-// history checkers and etcd's functional tester.
+// library, campaigning for four leases whose jobs append fenced rows to a ledger, and
+// sharing a shard set whose owners append theirs), an observer exporter scraped by a
+// real Prometheus with the shipped rules, all against a real PostgreSQL primary with a
+// streaming replica. A nemesis applies and heals faults on a schedule drawn from a seed,
+// overlapping them; every fault, job begin and end, shard ownership, ledger row, verdict
+// change, lease holder, alert and resource sample goes into a history, and a checker
+// looks for anomalies in it afterwards, in the manner of Jepsen's history checkers and
+// etcd's functional tester.
 //
 // What it guarantees: the same seed, duration and fleet give the same schedule of faults
 // (what the fleet does under them differs from run to run); the history on disk is

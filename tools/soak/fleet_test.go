@@ -20,7 +20,10 @@ import (
 // Fleet shape: three faultagents per lease (a service built on the library, campaigning
 // with Agent.Elect, its job appending fenced rows to the ledger and printing its begin
 // and end) and four exporter binaries as agents: sixteen agents. One competitor of two of
-// the leases and one exporter agent run in network namespaces, for the link faults.
+// the leases and one exporter agent run in network namespaces, for the link faults. The
+// first two competitors of each lease also share a shard set (Agent.Shards): eight
+// members, among them both faultagents in namespaces, each shard's owner appending
+// fenced rows to the same ledger.
 const (
 	leases            = 4
 	competitorsPerJob = 3
@@ -30,12 +33,21 @@ const (
 	// txEvery: every third write is a transaction of two inserts (Leadership.BeginFunc),
 	// fenced at COMMIT; the others are single statements with the hand-written fence.
 	txEvery = 3
+
+	shardSetName       = "shards" // its leases, "shards/<n>", are apart from the soak-<n> ones the sampler follows
+	shardCount         = 32
+	shardMembersPerJob = 2 // competitors of each lease that are members too
+	// shardWriteEvery: each owned shard's write cadence (one write in txEvery a
+	// transaction of two rows, Shard.BeginFunc): 32 writes a second across the set,
+	// beside the lease holders' 20.
+	shardWriteEvery = time.Second
 )
 
 // member is one process of the fleet, restarted as a new instance after a kill.
 type member struct {
 	name  string
 	lease string // the lease it competes for; "" for the exporter agents
+	set   string // the shard set it takes part in, or ""
 	ns    *netns.Namespace
 	addr  string // its /metrics, host:port
 	argv  func(inst uuid.UUID) []string
@@ -110,7 +122,11 @@ func (m *member) start() error {
 	m.mu.Lock()
 	m.proc, m.inst, m.killing = p, inst, false
 	m.mu.Unlock()
-	m.h.Add(Event{Kind: EvStart, Proc: m.name, Inst: inst, Lease: m.lease})
+	start := Event{Kind: EvStart, Proc: m.name, Inst: inst, Lease: m.lease}
+	if m.set != "" {
+		start.Set, start.Shards = m.set, shardCount
+	}
+	m.h.Add(start)
 	go m.watchExit(p, inst) // ends with the process, which the test's cleanup ends
 	return nil
 }
@@ -128,11 +144,19 @@ func (m *member) onLine(line string, ready chan string) {
 		Epoch int64  `json:"epoch"`
 		Cause string `json:"cause"`
 		Err   string `json:"err"`
+		Lost  bool   `json:"lost"`
 	}
 	if json.Unmarshal([]byte(line), &e) != nil || e.Ev == "" {
 		return
 	}
-	kind := map[string]string{"acquired": EvJobBegin, "job_end": EvJobEnd, "lost": EvLost, "rejected": EvRejected}[e.Ev]
+	kind := map[string]string{"acquired": EvJobBegin, "job_end": EvJobEnd, "lost": EvLost, "rejected": EvRejected,
+		"shard_owned": EvShardOwned, "shard_released": EvShardReleased, "shard_cancelled": EvShardStop, "fence_refused": EvShardRefused}[e.Ev]
+	switch {
+	case e.Ev == "shard_cancelled" && e.Lost:
+		kind = EvShardLost
+	case e.Ev == "fence_refused":
+		e.Cause = map[bool]string{true: "lost", false: "late"}[e.Lost]
+	}
 	switch {
 	case e.Ev == "ready":
 		select {

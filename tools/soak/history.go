@@ -15,7 +15,7 @@ import (
 const (
 	EvFault     = "fault"     // a fault applied: Fault, FaultID, Targets
 	EvHeal      = "heal"      // a fault healed: Fault, FaultID, Targets
-	EvStart     = "start"     // a fleet process is ready with instance Inst (Lease: the lease it competes for)
+	EvStart     = "start"     // a fleet process is ready with instance Inst (Lease: the lease it competes for; Set: the shard set it takes part in, of Shards shards)
 	EvExit      = "exit"      // a fleet process exited on its own (Note: how)
 	EvJobBegin  = "job_begin" // Inst entered the job of Lease under Epoch
 	EvJobEnd    = "job_end"   // its job returned
@@ -28,6 +28,16 @@ const (
 	EvResource  = "resource"  // a sample of the observer exporter: Source (goroutines, fds, rss, conns), Value
 	EvRunEnd    = "run_end"   // the run ended
 	EvInterrupt = "interrupt" // the run was interrupted (SIGINT)
+)
+
+// Event kinds of a shard set's members. A shard's lease is named "<set>/<shard>"; Inst,
+// Lease and Epoch say whose callback, Note the cause.
+const (
+	EvShardOwned    = "shard_owned"    // Inst came to own the shard: its callback began
+	EvShardStop     = "shard_stop"     // the callback's context ended, the shard's lease still held (a move, the member lease lost, a shutdown)
+	EvShardLost     = "shard_lost"     // the callback's context ended because the shard's lease was lost: Inst was told
+	EvShardRefused  = "shard_refused"  // a write under the shard's fence was refused (Note: "lost", or "late": past its deadline, the lease held)
+	EvShardReleased = "shard_released" // the callback returned
 )
 
 // Verdict sources.
@@ -61,6 +71,8 @@ type Event struct {
 	State   string   `json:"state,omitempty"`
 	Value   float64  `json:"v,omitempty"`
 	Note    string   `json:"note,omitempty"`
+	Set     string   `json:"set,omitempty"`
+	Shards  int      `json:"shards,omitempty"`
 }
 
 // At is the event's time.

@@ -32,6 +32,7 @@ var (
 	seedFlag       = flag.Uint64("soak.seed", SeedForTests, "the schedule's seed; the same seed replays it")
 	reportFlag     = flag.String("soak.report", "", "write the soak's section of the failover report (Markdown) into this file")
 	historyFlag    = flag.String("soak.history-dir", "", "folder of the history file (default: the temporary folder); kept only when a check fails")
+	keepFlag       = flag.Bool("soak.keep-history", false, "keep the history file even when every check passes, to study a run")
 	recheckFlag    = flag.String("soak.check", "", "check this kept history again instead of running the fleet (with -soak.report, -soak.seed and -soak.duration: its section)")
 	recheckFleet   = flag.String("soak.check-fleet", "as in the run", "with -soak.check: the fleet, as the run's section stated it")
 	recheckMachine = flag.String("soak.check-machine", "", "with -soak.check: the machine, as the run's section stated it")
@@ -198,6 +199,11 @@ func TestSoak(t *testing.T) {
 			if k == 0 && l < 2 {
 				m.ns = spaces[l]
 			}
+			var shards []string
+			if k < shardMembersPerJob {
+				m.set = shardSetName
+				shards = []string{"--shards.set=" + m.set, "--shards.count=" + fmt.Sprint(shardCount), "--shards.write-every=" + shardWriteEvery.String()}
+			}
 			m.addr = metricsAddr(t, m.ns)
 			host := "127.0.0.1"
 			if m.ns != nil {
@@ -212,7 +218,7 @@ func TestSoak(t *testing.T) {
 					// A killed agent is restarted when its time is up, database or not, as a
 					// supervisor would; with the library's default it would stop for good
 					// if the database happens to be away then.
-					"--agent.wait-for-schema"}, defaults...)
+					"--agent.wait-for-schema"}, append(shards, defaults...)...)
 			}
 			add(m)
 		}
@@ -356,11 +362,12 @@ func TestSoak(t *testing.T) {
 	results := Check(h.Events())
 	sum := Summary{Generated: time.Now(), Revision: rev, Machine: machine(cl), Seed: seed, Requested: d, Ran: ran,
 		Interrupted: interrupted, Applied: n.applied(), Overlapping: n.overlapping(h.Events()), Results: results,
-		Fleet: fmt.Sprintf("%d agents: %d faultagent processes (the liveness library: Agent, Elect on %d leases, %d competitors each, fenced ledger rows every %s, one write in %d a transaction of two rows) and %d exporter binaries as agents; %d agents in network namespaces; an observer exporter scraped with every agent by Prometheus with the shipped rules; PostgreSQL %s primary with a streaming replica; agent defaults as the exporter ships them",
-			len(members), leases*competitorsPerJob, leases, competitorsPerJob, writeEvery, txEvery, exporterAgents, len(fleet.Netns), pgVersion(cl))}
+		Fleet: fmt.Sprintf("%d agents: %d faultagent processes (the liveness library: Agent, Elect on %d leases, %d competitors each, fenced ledger rows every %s, one write in %d a transaction of two rows; %d of them, %d competitors of each lease, also members of a shard set of %d shards, Agent.Shards, each owner writing fenced rows every %s, one write in %d a transaction of two rows) and %d exporter binaries as agents; %d agents in network namespaces; an observer exporter scraped with every agent by Prometheus with the shipped rules; PostgreSQL %s primary with a streaming replica; agent defaults as the exporter ships them",
+			len(members), leases*competitorsPerJob, leases, competitorsPerJob, writeEvery, txEvery, leases*shardMembersPerJob, shardMembersPerJob,
+			shardCount, shardWriteEvery, txEvery, exporterAgents, len(fleet.Netns), pgVersion(cl))}
 	failing := sum.Violations() > 0 || interrupted || len(samplerFailures) > 0
-	keep = failing
-	if failing {
+	keep = failing || *keepFlag
+	if keep {
 		sum.History = histPath
 	}
 	for _, r := range results {
@@ -380,7 +387,7 @@ func TestSoak(t *testing.T) {
 			t.Errorf("-soak.report: %v", err)
 		}
 	}
-	if failing {
+	if keep {
 		t.Logf("history kept: %s (seed %d)", histPath, seed)
 	}
 }
@@ -505,6 +512,10 @@ type nemesis struct {
 	mu    sync.Mutex
 	count map[string]int
 	busy  map[string]bool // processes under a process fault
+
+	// dbMu is held by a database fault from when it is applied to its heal: the schedule
+	// keeps them apart, and this keeps a failover that waits for its replica apart too.
+	dbMu sync.Mutex
 }
 
 // claim marks a process as under a fault; false when it already is.
@@ -614,6 +625,10 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 	}
 	heal := func(tg []string) { n.h.Add(Event{Kind: EvHeal, Fault: f.Kind, FaultID: f.ID, Targets: tg}) }
 	hold := func() { waitCtx(ctx, f.For) }
+	if databaseFault[f.Kind] {
+		n.dbMu.Lock()
+		defer n.dbMu.Unlock()
+	}
 	switch f.Kind {
 	case FaultKill:
 		p, inst := m.current()
@@ -671,10 +686,26 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 		if next == nil {
 			return
 		}
+		// A failover that loses nothing the primary committed, as the checks assume (a
+		// lease's takeover lost with it would let its old holder lead again for a while):
+		// the replica streaming when the primary stops, since a fast shutdown sends a
+		// connected standby all its WAL before it exits. Right after a restart of the
+		// primary the replica reconnects only after wal_retrieve_retry_interval (5 s); a
+		// promotion then lost every commit since the restart (seed 4139).
+		written, err := waitStreaming(ctx, old, n.cl.db)
+		if err != nil {
+			if ctx.Err() == nil {
+				n.t.Errorf("fault %s: %v", f, err)
+			}
+			return
+		}
 		fault(targets)
 		old.Stop()
 		pctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		err := next.Promote(pctx)
+		err = next.Promote(pctx)
+		if err == nil {
+			err = replayedTo(pctx, next, n.cl.db, written)
+		}
 		cancel()
 		if err != nil {
 			n.t.Errorf("fault %s: promote: %v", f, err)
@@ -702,6 +733,58 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 		fault(victims)
 		heal(victims)
 	}
+}
+
+// streamingWait bounds how long a failover waits for its replica to stream.
+const streamingWait = 30 * time.Second
+
+// waitStreaming waits until primary streams to a standby, and returns the WAL position
+// it had written then.
+func waitStreaming(ctx context.Context, primary *pgtest.Server, db string) (string, error) {
+	deadline := time.Now().Add(streamingWait)
+	var last error
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var lsn string
+		var streaming bool
+		conn, err := pgx.Connect(qctx, primary.AdminDSN(db))
+		if err == nil {
+			err = conn.QueryRow(qctx, `SELECT pg_current_wal_lsn()::text,
+				EXISTS (SELECT 1 FROM pg_stat_replication WHERE state = 'streaming')`).Scan(&lsn, &streaming)
+			conn.Close(context.Background())
+		}
+		cancel()
+		switch {
+		case err == nil && streaming:
+			return lsn, nil
+		case err != nil:
+			last = err
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("the replica did not stream within %s (last error: %v)", streamingWait, last)
+		}
+		if !waitCtx(ctx, 100*time.Millisecond) {
+			return "", ctx.Err()
+		}
+	}
+}
+
+// replayedTo checks that a promoted replica replayed the WAL up to written at least.
+func replayedTo(ctx context.Context, promoted *pgtest.Server, db, written string) error {
+	conn, err := pgx.Connect(ctx, promoted.AdminDSN(db))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	var replayed string
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_last_wal_replay_lsn()::text, pg_last_wal_replay_lsn() >= $1::pg_lsn`, written).Scan(&replayed, &ok); err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("the promoted replica replayed the WAL to %s only; the primary had written %s before it stopped: commits lost", replayed, written)
+	}
+	return nil
 }
 
 // terminate ends one to three random sessions of the fleet (not the soak's samplers) and

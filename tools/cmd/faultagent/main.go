@@ -17,6 +17,15 @@
 //	ignoring  with --lease.ignore-loss: it lost the lease and goes on believing it leads
 //	job_end   the lease's job (the callback that began with acquired) has returned
 //
+// With --shards.set, each shard it comes to own (lease "<set>/<shard>", epoch) is told as:
+//
+//	shard_owned      its callback began
+//	shard_cancelled  its callback's context ended (cause; lost: the cause is the loss of
+//	                 the shard's own lease, not a move, the member lease or a shutdown)
+//	fence_refused    a write under the shard's fence was refused (lost: the lease is lost,
+//	                 and the callback returns; else the write came past its deadline)
+//	shard_released   its callback has returned
+//
 // Each event also carries "mono", CLOCK_MONOTONIC in nanoseconds, which every process of
 // the host shares and no clock step moves.
 //
@@ -81,6 +90,8 @@ type config struct {
 	listen     string
 	shardSet   string // --shards.set: take part in it; empty: none
 	shardCount int
+	// shardWriteEvery is each owned shard's write cadence; 0: writeEvery.
+	shardWriteEvery time.Duration
 }
 
 func main() {
@@ -100,11 +111,13 @@ func main() {
 	flag.DurationVar(&c.hold, "lease.hold", 0, "give the lease back after holding it this long; 0 keeps it")
 	flag.DurationVar(&c.retry, "lease.retry", defaultLeaseRetry, "pause between attempts to take the lease; the library's default")
 	flag.DurationVar(&c.writeEvery, "lease.write-every", 50*time.Millisecond, "fenced write cadence while holding the lease")
-	flag.IntVar(&c.txEvery, "lease.tx-every", 0, "every n-th fenced write is a transaction of two inserts (Leadership.BeginFunc); 0: none")
+	flag.IntVar(&c.txEvery, "lease.tx-every", 0, "every n-th fenced write (of the lease, and of each owned shard) is a transaction of "+
+		"two inserts (Leadership.BeginFunc); 0: none")
 	flag.StringVar(&c.fenceTable, "fence-table", "public.fence_log", "fencing log table (lease, epoch, writer)")
 	flag.StringVar(&c.shardSet, "shards.set", "", "take part in this shard set (Agent.Shards); empty: none. Each owned shard writes "+
-		"to the fencing log every --lease.write-every, fenced by its lease (lease <set>/<shard>)")
+		"to the fencing log every --shards.write-every, fenced by its lease (lease <set>/<shard>)")
 	flag.IntVar(&c.shardCount, "shards.count", 64, "the shard set's shards")
+	flag.DurationVar(&c.shardWriteEvery, "shards.write-every", 0, "fenced write cadence of each owned shard; 0: --lease.write-every")
 	flag.DurationVar(&c.busyFor, "busy-for", 10*time.Second, "how long SIGUSR1 keeps the pool busy")
 	flag.BoolVar(&c.ignoreLoss, "lease.ignore-loss", false, "a stale leader: go on believing in a lost lease (fault injection)")
 	flag.StringVar(&c.listen, "web.listen-address", "", "serve the agent metrics on /metrics at this address; needs --instances=1 and --agent")
