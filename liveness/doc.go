@@ -185,7 +185,12 @@
 // at the holder's life: while the holder is dead by the verdict but nobody has taken the
 // lease yet, a write fenced under its epoch is still accepted; it lands before any other
 // holder's. Keep fenced transactions short: the row lock holds back the lease's own
-// renewals too. Leadership.Fence (or Lease.Fence) fences a pgx.Tx of the caller's own.
+// renewals too, and a fenced transaction may idle between its statements at most the
+// lease's TTL, after which the server ends its session (the fence sets
+// idle_in_transaction_session_timeout for the transaction): a holder that hangs with one
+// open would otherwise hold back every takeover until it resumes. A write whose context
+// was cancelled may still have committed, as any COMMIT whose answer was lost: it landed
+// before any other holder's. Leadership.Fence (or Lease.Fence) fences a pgx.Tx of the caller's own.
 //
 // A fence also carries FenceDeadline: when, on the server's clock, this process stops
 // trusting the lease (the end of its trust window; under an Agent, also the moment its

@@ -110,7 +110,7 @@ func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ..
 	deadline, _ := le.fenceDeadline() // after the wait for the connection: it does not count
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(le.leases.stmts.fenceStrict, le.Name, le.Epoch, deadline)
+	b.Queue(le.leases.stmts.fenceStrict, le.Name, le.Epoch, deadline, le.idleLimit())
 	b.Queue(sql, args...)
 	br := conn.SendBatch(ctx, b)
 	var tag pgconn.CommandTag
@@ -158,7 +158,7 @@ func (le *Lease) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptio
 	}
 	deadline, _ := le.fenceDeadline()
 	var held bool
-	if err := tx.QueryRow(ctx, le.leases.stmts.fenceStrict, le.Name, le.Epoch, deadline).Scan(&held); err != nil {
+	if err := tx.QueryRow(ctx, le.leases.stmts.fenceStrict, le.Name, le.Epoch, deadline, le.idleLimit()).Scan(&held); err != nil {
 		endTx(ctx, conn.Conn())
 		conn.Release()
 		return nil, le.fenceFailed(err)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -494,7 +495,7 @@ func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
 	}
 	deadline, late := le.fenceDeadline()
 	var held, inTime bool
-	if err := tx.QueryRow(ctx, le.leases.stmts.fence, le.Name, le.Epoch, deadline).Scan(&held, &inTime); err != nil {
+	if err := tx.QueryRow(ctx, le.leases.stmts.fence, le.Name, le.Epoch, deadline, le.idleLimit()).Scan(&held, &inTime); err != nil {
 		return fmt.Errorf("liveness: fence lease %q: %w", le.Name, logging.RedactError(err))
 	}
 	switch {
@@ -736,6 +737,13 @@ func (le *Lease) renew() bool {
 		return false
 	}
 }
+
+// idleLimit is how long a fenced transaction may idle between its statements before the
+// server ends its session (idle_in_transaction_session_timeout, set by the fence for the
+// transaction only): the lease's ttl. A holder that hangs with a fenced transaction open
+// holds the lease row's lock, and so every takeover; the limit ends that hold no later
+// than the lease itself would have ended.
+func (le *Lease) idleLimit() string { return strconv.FormatInt(le.ttl.Milliseconds(), 10) + "ms" }
 
 // statName is the name the lease counts under in Leases.Stats: its own, or for a lease a
 // group renews (a shard set's) the group's, so that a thousand shards are one entry.

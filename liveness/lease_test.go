@@ -950,6 +950,11 @@ func TestLeaseFence(t *testing.T) {
 	if err := old.Fence(ctx, tx); err != nil {
 		t.Fatalf("Fence: %v", err)
 	}
+	// This transaction idles on purpose longer than the lease's ttl, past which the fence
+	// would have the server end its session (see TestFencedTransactionOfAHungHolder).
+	if _, err := tx.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = 0`); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := tx.Exec(ctx, `INSERT INTO ledger (epoch) VALUES ($1)`, old.Epoch); err != nil {
 		t.Fatal(err)
 	}
@@ -1038,4 +1043,48 @@ func pgxscanEpochs(ctx context.Context, pool *pgxpool.Pool, out *[]int64) error 
 	}
 	*out, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 	return err
+}
+
+// A holder that hangs (SIGSTOP, a pause) with a fenced transaction open holds the lease
+// row's lock, and so every takeover, until it resumes: the fence has the server end that
+// transaction's session once it has idled for the lease's ttl, so the lease moves as it
+// would have without the transaction. Here the transaction is simply left idle.
+func TestFencedTransactionOfAHungHolder(t *testing.T) {
+	ctx := testutil.Context(t, 60*time.Second)
+	db, pool := testdb.MigratedPool(t, 6)
+	db.Exec(t, `CREATE TABLE ledger (id bigserial PRIMARY KEY, epoch bigint NOT NULL)`)
+	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
+	old := mustAcquire(t, ctx, a, "job", 2*time.Second)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if err := old.Fence(ctx, tx); err != nil {
+		t.Fatalf("Fence: %v", err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO ledger (epoch) VALUES ($1)`, old.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	hung := time.Now()
+	var next *liveness.Lease
+	testutil.Eventually(t, 20*time.Second, "another holder taking the lease", func() bool {
+		le, err := b.TryAcquire(ctx, "job", 10*time.Second)
+		if err == nil {
+			next = le
+		}
+		return err == nil
+	})
+	t.Cleanup(func() { _ = next.Release(context.Background()) })
+	took := time.Since(hung)
+	t.Logf("taken %s after the holder hung with its fenced transaction open", took.Round(time.Millisecond))
+	if took > 8*time.Second {
+		t.Errorf("taken %s after the hang; want about the ttl (2 s) and the idle limit (2 s)", took)
+	}
+	if err := tx.Commit(ctx); err == nil {
+		t.Fatal("the hung holder's transaction committed after its session was ended")
+	}
+	if n := db.QueryInt(t, `SELECT count(*) FROM ledger`); n != 0 {
+		t.Fatalf("%d rows of the hung holder's transaction in the ledger; want none", n)
+	}
 }

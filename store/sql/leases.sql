@@ -88,16 +88,24 @@ SELECT l.holder_instance_id, coalesce(l.holder_host, '') AS holder_host, l.epoch
 -- lease (held back by the network, say) is refused, even while nobody has taken the lease
 -- yet; and so is the transaction's COMMIT when it reaches the server past that deadline
 -- (migration 0009's check at commit, queued by the fence whatever it answers).
--- $1 name, $2 epoch, $3 the fence deadline. Returns whether the lease is held under that
--- epoch, and whether the server's clock is still before the deadline.
-SELECT f.held, f.in_time FROM {schema}.fence($1, $2, $3) f
+-- The transaction may then idle (between its statements) at most $4 (the lease's ttl,
+-- as '<n>ms'), after which the server ends the session: a holder that hangs with a
+-- fenced transaction open (SIGSTOP, a pause) would otherwise hold the row lock, and so
+-- every takeover, until it resumes; this way no longer than its lease would have lasted.
+-- $1 name, $2 epoch, $3 the fence deadline, $4 the idle limit. Returns whether the lease
+-- is held under that epoch, and whether the server's clock is still before the deadline.
+SELECT f.held, f.in_time
+  FROM {schema}.fence($1, $2, $3) f,
+       pg_catalog.set_config('idle_in_transaction_session_timeout', $4::text, true) AS idle
 
 -- name: lease_fence_strict tag=lease_fence
 -- The fence of Lease.Exec and Lease.BeginTx: the same, but a refusal is an error, so that
 -- the writes sent after it in the same pipeline never run: SQLSTATE LVF01 when the lease
 -- is not held under the epoch, LVF02 when the fence came past its deadline.
--- $1 name, $2 epoch, $3 the fence deadline.
-SELECT f.held FROM {schema}.fence($1, $2, $3, true) f
+-- $1 name, $2 epoch, $3 the fence deadline, $4 the idle limit (as lease_fence's).
+SELECT f.held
+  FROM {schema}.fence($1, $2, $3, true) f,
+       pg_catalog.set_config('idle_in_transaction_session_timeout', $4::text, true) AS idle
 
 -- name: lease_fence_commit tag=lease_fence
 -- Sent with the COMMIT of a transaction of Lease.Exec or Lease.BeginTx, in one simple
