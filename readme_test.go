@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
@@ -224,4 +225,172 @@ func vetProgram(t *testing.T, what, code string) {
 	if err != nil {
 		t.Fatalf("%s does not build: %v\n%s", what, err, out)
 	}
+}
+
+// The README is the front door: what it is, why, how to start, run, embed and deploy it,
+// and links. The reference lives in docs/.
+func TestReadmeIsAFrontDoor(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Count(string(b), "\n"); lines > 500 {
+		t.Errorf("README.md has %d lines, at most 500: move reference to docs/", lines)
+	}
+	var sections []string
+	for _, h := range markdownHeadings(string(b)) {
+		if h.level == 2 {
+			sections = append(sections, h.text)
+		}
+	}
+	if len(sections) > 10 {
+		t.Errorf("README.md has %d ## sections, at most 10: %q", len(sections), sections)
+	}
+}
+
+// Every relative link of README.md and docs/*.md names a file or folder of the
+// repository, and its #anchor, if any, a heading of that Markdown file as GitHub names it.
+func TestDocsLinksResolve(t *testing.T) {
+	files, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append([]string{"README.md"}, files...)
+	anchors := map[string]map[string]bool{} // by file, read once
+	anchorsOf := func(path string) map[string]bool {
+		if a, ok := anchors[path]; ok {
+			return a
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := map[string]bool{}
+		seen := map[string]int{}
+		for _, h := range markdownHeadings(string(b)) {
+			id := gitHubAnchor(h.text)
+			if n := seen[id]; n > 0 {
+				a[fmt.Sprintf("%s-%d", id, n)] = true
+			} else {
+				a[id] = true
+			}
+			seen[id]++
+		}
+		anchors[path] = a
+		return a
+	}
+	links := 0
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range markdownLinks(string(b)) {
+			if regexp.MustCompile(`^[a-z][a-z0-9+.-]*:`).MatchString(l.target) {
+				continue // a URL
+			}
+			links++
+			path, anchor, _ := strings.Cut(l.target, "#")
+			where := fmt.Sprintf("%s:%d: link %q", file, l.line, l.target)
+			switch {
+			case strings.HasPrefix(path, "/"):
+				t.Errorf("%s: an absolute path; write it relative to %s", where, filepath.Dir(file))
+				continue
+			case path == "":
+				path = file
+			default:
+				path = filepath.Join(filepath.Dir(file), path)
+				if _, err := os.Stat(path); err != nil {
+					t.Errorf("%s: no such file: %v", where, err)
+					continue
+				}
+			}
+			if anchor == "" {
+				continue
+			}
+			if !strings.HasSuffix(path, ".md") {
+				t.Errorf("%s: an anchor into %s, which is not Markdown", where, path)
+			} else if !anchorsOf(path)[anchor] {
+				t.Errorf("%s: %s has no heading whose anchor is #%s", where, path, anchor)
+			}
+		}
+	}
+	if links == 0 {
+		t.Fatal("no relative link found: the link reader is broken")
+	}
+}
+
+// markdownHeading is an ATX heading ("## Title") outside fenced code blocks.
+type markdownHeading struct {
+	level int
+	text  string
+}
+
+type markdownLink struct {
+	line   int
+	target string
+}
+
+// markdownHeadings returns the headings of a Markdown text, in order.
+func markdownHeadings(md string) []markdownHeading {
+	var hs []markdownHeading
+	forEachProseLine(md, func(_ int, line string) {
+		level := len(line) - len(strings.TrimLeft(line, "#"))
+		if level >= 1 && level <= 6 && strings.HasPrefix(line[level:], " ") {
+			hs = append(hs, markdownHeading{level, strings.TrimSpace(line[level:])})
+		}
+	})
+	return hs
+}
+
+var (
+	inlineCodeRE   = regexp.MustCompile("`[^`]*`")
+	markdownLinkRE = regexp.MustCompile(`\]\(([^()\s]+)(?:\s+"[^"]*")?\)`)
+)
+
+// markdownLinks returns the targets of the inline links and images of a Markdown text,
+// outside fenced code blocks and code spans.
+func markdownLinks(md string) []markdownLink {
+	var ls []markdownLink
+	forEachProseLine(md, func(n int, line string) {
+		for _, m := range markdownLinkRE.FindAllStringSubmatch(inlineCodeRE.ReplaceAllString(line, ""), -1) {
+			ls = append(ls, markdownLink{n, m[1]})
+		}
+	})
+	return ls
+}
+
+// forEachProseLine calls f with each line (numbered from 1) outside fenced code blocks.
+func forEachProseLine(md string, f func(n int, line string)) {
+	fence := ""
+	for i, line := range strings.Split(md, "\n") {
+		trimmed := strings.TrimLeft(line, " ")
+		if fence == "" && (strings.HasPrefix(trimmed, "```") || strings.HasPrefix(trimmed, "~~~")) {
+			fence = trimmed[:3]
+			continue
+		}
+		if fence != "" {
+			if strings.HasPrefix(trimmed, fence) {
+				fence = ""
+			}
+			continue
+		}
+		f(i+1, line)
+	}
+}
+
+// gitHubAnchor is the anchor GitHub gives a heading: its text without markup, lower-cased,
+// spaces as "-", and every character but letters, digits, "-" and "_" dropped.
+func gitHubAnchor(heading string) string {
+	text := regexp.MustCompile(`!?\[([^\]]*)\]\([^)]*\)`).ReplaceAllString(heading, "$1")
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(text)) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
