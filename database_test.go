@@ -1,8 +1,8 @@
 package main
 
-// The binary against the databases it meets: a wrong password, the least privileges the
-// README documents and one missing, a schema a newer release migrated, an unsupported
-// PostgreSQL major. It serves what it can and says why in /metrics and one log line.
+// The binary against the databases it meets: a wrong password, the least privileges
+// docs/security.md documents and one missing, a schema a newer release migrated, an
+// unsupported PostgreSQL major. It serves what it can and says why in /metrics and one log line.
 
 import (
 	"context"
@@ -78,8 +78,9 @@ func TestWrongPasswordBacksOff(t *testing.T) {
 	}
 }
 
-// The grants README.md documents under "Least privileges" are enough: an observer and an
-// agent running with exactly those grants get every collector and the whole agent working.
+// The grants docs/security.md documents under "Least privileges" are enough: an observer
+// and an agent running with exactly those grants get every collector and the whole agent
+// working.
 func TestLeastPrivileges(t *testing.T) {
 	srv, db := ownServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -92,7 +93,7 @@ func TestLeastPrivileges(t *testing.T) {
 		CREATE ROLE liveness_observer LOGIN PASSWORD '`+pw+`';
 		CREATE ROLE liveness_agent LOGIN PASSWORD '`+pw+`';
 		CREATE ROLE someone_else LOGIN PASSWORD '`+pw+`'`)
-	// The README's grants, verbatim in substance, to both roles (the agent's on top).
+	// docs/security.md's grants, verbatim in substance, to both roles (the agent's on top).
 	for _, role := range []string{"liveness_observer", "liveness_agent"} {
 		db.Exec(t, fmt.Sprintf(`GRANT CONNECT ON DATABASE %s TO %s;
 			GRANT USAGE ON SCHEMA liveness TO %[2]s;

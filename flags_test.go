@@ -154,8 +154,8 @@ func TestSourceFieldErrorsNameTheirFlag(t *testing.T) {
 }
 
 // Every flag but kingpin's own can come from its environment variable, named by one
-// rule (README: Configuration reference): PG_LIVENESS_EXPORTER_ and the flag's name
-// upper-cased, "." and "-" as "_".
+// rule (docs/configuration.md: Environment variables): PG_LIVENESS_EXPORTER_ and the
+// flag's name upper-cased, "." and "-" as "_".
 func TestEveryFlagHasAnEnvironmentVariable(t *testing.T) {
 	app, _ := newApp(io.Discard)
 	nameRE := regexp.MustCompile(`^PG_LIVENESS_EXPORTER_[A-Z0-9_]+$`)

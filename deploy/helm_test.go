@@ -1168,18 +1168,18 @@ func TestChartValuesDocumentedAndExercised(t *testing.T) {
 	}
 }
 
-// The named templates README.md tells a service's chart to include are defined by the
-// chart, and the example chart includes each of them.
-func TestReadmeNamesTheChartsTemplates(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+// The named templates the deployment guide (docs/deployment.md) tells a service's chart to
+// include are defined by the chart, and the example chart includes each of them.
+func TestDocsNameTheChartsTemplates(t *testing.T) {
+	readme, err := os.ReadFile("../docs/deployment.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, ok := strings.Cut(string(readme), "\n### Helm\n")
+	_, section, ok := strings.Cut(string(readme), "\n## Helm\n")
 	if !ok {
-		t.Fatal("README.md has no ### Helm section")
+		t.Fatal("docs/deployment.md has no ## Helm section")
 	}
-	section, _, _ = strings.Cut(section, "\n### ")
+	section, _, _ = strings.Cut(section, "\n## ")
 	helpers, err := os.ReadFile(filepath.Join(chartDir, "templates", "_helpers.tpl"))
 	if err != nil {
 		t.Fatal(err)
@@ -1190,14 +1190,14 @@ func TestReadmeNamesTheChartsTemplates(t *testing.T) {
 	}
 	named := regexp.MustCompile(`include "(pg-liveness-exporter\.[^"]+)"`).FindAllStringSubmatch(section, -1)
 	if len(named) < 5 {
-		t.Fatalf("README.md's Helm section names %d of the chart's templates, want the five of the sidecar shape", len(named))
+		t.Fatalf("docs/deployment.md's Helm section names %d of the chart's templates, want the five of the sidecar shape", len(named))
 	}
 	for _, m := range named {
 		if !bytes.Contains(helpers, []byte(`define "`+m[1]+`"`)) {
-			t.Errorf("README.md includes %s, which the chart does not define", m[1])
+			t.Errorf("docs/deployment.md includes %s, which the chart does not define", m[1])
 		}
 		if !bytes.Contains(example, []byte(m[0])) {
-			t.Errorf("README.md includes %s, which %s does not", m[1], exampleDir)
+			t.Errorf("docs/deployment.md includes %s, which %s does not", m[1], exampleDir)
 		}
 	}
 }

@@ -658,20 +658,20 @@ func fmtMode(m *int32) string {
 	return fmt.Sprintf("%#o", *m)
 }
 
-// podSnippetMarker starts the README's and the chart README's example of a pod that
-// attaches to its node's agent.
+// podSnippetMarker starts docs/deployment.md's and the chart README's example of a pod
+// that attaches to its node's agent.
 const podSnippetMarker = "# A pod of your service that attaches to its node's agent:"
 
-// The pod the READMEs show reaches the node agent the manifests deploy: it mounts the
+// The pod the deployment guide and the chart's README show reaches the node agent the manifests deploy: it mounts the
 // node agent's host directory, has the socket's group, and names the socket's path in
 // its container as the one its service gives to liveness.AgentConfig.NodeAgentSocket.
-func TestReadmesShowHowAPodAttaches(t *testing.T) {
+func TestDocsShowHowAPodAttaches(t *testing.T) {
 	r := render(t, "kubernetes/overlays/node-agent")
 	if len(r.daemonSets) != 1 {
 		t.Fatalf("%d DaemonSets, want 1", len(r.daemonSets))
 	}
 	socket := checkNodeAgent(t, r.daemonSets[0], defaultDSNSecret)
-	for _, readme := range []string{"../README.md", filepath.Join(chartDir, "README.md")} {
+	for _, readme := range []string{"../docs/deployment.md", filepath.Join(chartDir, "README.md")} {
 		t.Run(readme, func(t *testing.T) {
 			b, err := os.ReadFile(readme)
 			if err != nil {

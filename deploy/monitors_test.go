@@ -1,15 +1,15 @@
 package deploy
 
 // Labels survive every shipped monitor: each monitor shape the kustomizations and the chart
-// render (PodMonitor, ServiceMonitor, Probe) and the README's plain scrape_config is
-// turned into the scrape configuration the Prometheus Operator generates for it, that
-// configuration's relabelling is applied with Prometheus' own relabel library to the
-// labels Kubernetes' service discovery gives the rendered pods, the exporter's real
-// exposition (collector/testdata/scenario.prom, which the collector's scenario test
-// asserts) is attached to the resulting targets as a scrape attaches it (honor_labels
-// included), and promtool runs the alert rules over the series that result. A monitor
-// that renames the fleet's service label (a ServiceMonitor adds service=<its Service>),
-// or a two-leaders alert that two deployments meet in, fails here.
+// render (PodMonitor, ServiceMonitor, Probe) and the plain scrape_config of
+// docs/many-databases.md is turned into the scrape configuration the Prometheus Operator
+// generates for it, that configuration's relabelling is applied with Prometheus' own
+// relabel library to the labels Kubernetes' service discovery gives the rendered pods, the
+// exporter's real exposition (collector/testdata/scenario.prom, which the collector's
+// scenario test asserts) is attached to the resulting targets as a scrape attaches it
+// (honor_labels included), and promtool runs the alert rules over the series that result. A
+// monitor that renames the fleet's service label (a ServiceMonitor adds service=<its
+// Service>), or a two-leaders alert that two deployments meet in, fails here.
 
 import (
 	"cmp"
@@ -523,7 +523,7 @@ func TestObserverMonitorsKeepTheServiceLabel(t *testing.T) {
 		}},
 		{"kustomize multi-target, Probe", probe(render(t, "kubernetes/overlays/multi-target"))},
 		{"helm multi-target, Probe", probe(helm(t, "multiTarget: {enabled: true, probe: {targets: [orders]}}"))},
-		{"README's scrape_config", func(t *testing.T) (labels.Labels, scrapeConfig) {
+		{"docs/many-databases.md's scrape_config", func(t *testing.T) (labels.Labels, scrapeConfig) {
 			sc, metas := readmeProbeJob(t)
 			return onlyTarget(t, sc, metas[:1])
 		}},
@@ -543,17 +543,17 @@ func TestObserverMonitorsKeepTheServiceLabel(t *testing.T) {
 	}
 }
 
-// readmeProbeJob is the README's plain scrape_config for /probe (job pg_liveness_probe):
-// its relabelling and its static targets.
+// readmeProbeJob is the plain scrape_config for /probe (job pg_liveness_probe) of
+// docs/many-databases.md: its relabelling and its static targets.
 func readmeProbeJob(t *testing.T) (scrapeConfig, []labels.Labels) {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/many-databases.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, block, ok := strings.Cut(string(b), "```yaml\n# prometheus.yml: each database a target of the job pg_liveness_probe")
 	if !ok {
-		t.Fatal("README.md has no prometheus.yml block for /probe")
+		t.Fatal("docs/many-databases.md has no prometheus.yml block for /probe")
 	}
 	block, _, _ = strings.Cut(block, "```")
 	var cfg struct {
@@ -568,7 +568,7 @@ func readmeProbeJob(t *testing.T) (scrapeConfig, []labels.Labels) {
 		} `yaml:"scrape_configs"`
 	}
 	if err := yaml.Unmarshal([]byte("# prometheus.yml"+block), &cfg); err != nil {
-		t.Fatalf("README.md's prometheus.yml: %v", err)
+		t.Fatalf("docs/many-databases.md's prometheus.yml: %v", err)
 	}
 	for _, j := range cfg.ScrapeConfigs {
 		if j.JobName != "pg_liveness_probe" {
@@ -592,7 +592,7 @@ func readmeProbeJob(t *testing.T) (scrapeConfig, []labels.Labels) {
 		}
 		return scrapeConfig{job: j.JobName, honorLabels: j.HonorLabels, relabel: j.RelabelConfigs}, metas
 	}
-	t.Fatal("README.md's prometheus.yml has no job pg_liveness_probe")
+	t.Fatal("docs/many-databases.md's prometheus.yml has no job pg_liveness_probe")
 	return scrapeConfig{}, nil
 }
 

@@ -292,8 +292,9 @@ func getOpenMetrics(t *testing.T, url string) []byte {
 
 // probeJobs are the scrape jobs of a multi-target install beside e2eJob: the prober's
 // target e2e as /probe answers it (job pg_liveness_probe, labelled database=e2e, as the
-// README's scrape_config and the chart's Probe label it), and the observer's agent
-// scraped as the agents' job with its database's label, as the README says to.
+// scrape_config of docs/many-databases.md and the chart's Probe label it), and the
+// observer's agent scraped as the agents' job with its database's label, as that page
+// says to.
 func probeJobs(observerAddr, proberAddr string) []any {
 	return []any{
 		map[string]any{

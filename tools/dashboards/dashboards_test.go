@@ -177,8 +177,9 @@ func parseExpr(expr string) (parser.Expr, error) {
 // variables; an agent's metric (pg_liveness_agent_*) by the database only. The agents
 // are scraped by a job of their own (pg_liveness_agent) beside the observer's or the
 // probes' (pg_liveness_probe), so a job or instance filter would empty every agent
-// panel of a dashboard showing the probe job; their database label (README: scrape
-// agents with their database's) is what ties them to the fleet shown.
+// panel of a dashboard showing the probe job; their database label
+// (docs/many-databases.md: scrape agents with their database's) is what ties them to the
+// fleet shown.
 func filtered(s promql.Selector) bool {
 	db := s.Has("database", labels.MatchRegexp, "$database")
 	if strings.HasPrefix(s.Name, "pg_liveness_agent_") {

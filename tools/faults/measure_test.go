@@ -27,7 +27,7 @@ const (
 	// A half-open client's alive lock is freed by the server, and the client stops trusting
 	// its lock and leases, within about 30 s (keepalive and TCP user timeout).
 	halfOpenBound = 40 * time.Second
-	// A live agent holds its alive lock again soon after its session ends (README,
+	// A live agent holds its alive lock again soon after its session ends (docs/operations.md,
 	// Detection and failover times): the session reconnects with backoff and jitter, at
 	// most 250 ms after a session that held the lock, doubling up to 10 s while the
 	// server stays away. So a terminated session's lock is back within reclaimMedian

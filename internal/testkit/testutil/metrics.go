@@ -21,13 +21,13 @@ import (
 const ScenarioExposition = "collector/testdata/scenario.prom"
 
 // binaryMetricPrefix names the families the binary itself registers besides the
-// collectors' (build information, reloads, the targets' connections). README's metrics
-// table lists them, and the root module's TestReadmeMetricsMatchTheExporter keeps that
-// table equal to what a real run of the binary exposes.
+// collectors' (build information, reloads, the targets' connections). The metrics table
+// of docs/metrics.md lists them, and the root module's TestDocsMetricsMatchTheExporter
+// keeps that table equal to what a real run of the binary exposes.
 const binaryMetricPrefix = "pg_liveness_exporter_"
 
 // ExposedMetrics returns the metric family names in ScenarioExposition and the binary's
-// own pg_liveness_exporter_* families from README.md's metrics table.
+// own pg_liveness_exporter_* families from docs/metrics.md's metrics table.
 func ExposedMetrics(t testing.TB) map[string]bool {
 	t.Helper()
 	root := ModuleRoot(t)
@@ -35,14 +35,14 @@ func ExposedMetrics(t testing.TB) map[string]bool {
 	if err != nil {
 		t.Fatalf("exposed metrics: %v", err)
 	}
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "metrics.md"))
 	if err != nil {
 		t.Fatalf("exposed metrics: %v", err)
 	}
-	text := string(readme)
+	text := string(doc)
 	start, end := strings.Index(text, "<!-- metrics:begin -->"), strings.Index(text, "<!-- metrics:end -->")
 	if start < 0 || end < start {
-		t.Fatal("exposed metrics: README.md has no metrics block")
+		t.Fatal("exposed metrics: docs/metrics.md has no metrics block")
 	}
 	for _, m := range binaryMetricRE.FindAllStringSubmatch(text[start:end], -1) {
 		names[m[1]] = true
@@ -50,7 +50,7 @@ func ExposedMetrics(t testing.TB) map[string]bool {
 	return names
 }
 
-// binaryMetricRE matches a row of README's metrics table that names a binary family.
+// binaryMetricRE matches a row of docs/metrics.md's metrics table that names a binary family.
 var binaryMetricRE = regexp.MustCompile("(?m)^\\| `(" + binaryMetricPrefix + "[a-z_]+)` \\|")
 
 // ModuleRoot returns the folder of the exporter's module (the repository's root), found

@@ -13,7 +13,7 @@ func TestExposedMetrics(t *testing.T) {
 	names := ExposedMetrics(t)
 	for _, want := range []string{"pg_liveness_up", "pg_liveness_instances", "pg_liveness_exporter_config_last_reload_successful", "pg_liveness_exporter_probe_connections_max"} {
 		if !names[want] {
-			t.Errorf("%s is neither in %s nor in README's metrics table", want, ScenarioExposition)
+			t.Errorf("%s is neither in %s nor in docs/metrics.md's metrics table", want, ScenarioExposition)
 		}
 	}
 }
