@@ -61,17 +61,34 @@ func benchmarkLeaseAcquireRefused(b *testing.B, watched bool) {
 	}
 	acquire := store.LeaseAcquire.In(liveness.DefaultSchema).SQL
 	const lease = "bench.campaign"
-	if tag, err := conn.Exec(ctx, acquire, lease, "holder", 3600.0, holder, "host-h"); err != nil || tag.RowsAffected() != 1 {
-		b.Fatalf("the holder's acquisition: %v, %v", tag, err)
+	// lease_acquire answers one row: the epoch once taken, NULL with the reason when refused.
+	var epoch *int64
+	var rest [4]any
+	if err := conn.QueryRow(ctx, acquire, lease, "holder", 3600.0, holder, "host-h").Scan(&epoch, &rest[0], &rest[1], &rest[2], &rest[3]); err != nil || epoch == nil {
+		b.Fatalf("the holder's acquisition: epoch %v, %v", epoch, err)
 	}
 	timed := func(sql string, args ...any) time.Duration {
 		t0 := time.Now()
-		tag, err := conn.Exec(ctx, sql, args...)
-		d := time.Since(t0)
+		rows, err := conn.Query(ctx, sql, args...)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if tag.RowsAffected() != 0 && sql == acquire {
+		var taken bool
+		for rows.Next() {
+			if sql == acquire {
+				var epoch *int64
+				if err := rows.Scan(&epoch, &rest[0], &rest[1], &rest[2], &rest[3]); err != nil {
+					b.Fatal(err)
+				}
+				taken = taken || epoch != nil
+			}
+		}
+		rows.Close()
+		d := time.Since(t0)
+		if err := rows.Err(); err != nil {
+			b.Fatal(err)
+		}
+		if taken {
 			b.Fatal("a live holder's lease was taken")
 		}
 		return d
