@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/migrationstest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -101,8 +103,12 @@ func TestLeastPrivileges(t *testing.T) {
 			                liveness.instance_alive_locks, liveness.bigint_advisory_locks TO %[2]s;
 			GRANT pg_read_all_stats TO %[2]s`, db.Name, role))
 	}
-	db.Exec(t, `GRANT INSERT, UPDATE, DELETE ON liveness.instances, liveness.leases TO liveness_agent;
-		GRANT USAGE ON SEQUENCE liveness.lease_epoch_seq TO liveness_agent`)
+	db.Exec(t, `GRANT INSERT, UPDATE, DELETE ON liveness.instances TO liveness_agent;
+		GRANT EXECUTE ON FUNCTION liveness.lease_take(text, text, float8, uuid, text),
+		    liveness.lease_extend(text, text, bigint, float8),
+		    liveness.lease_extend_many(text[], text[], bigint[], float8),
+		    liveness.lease_let_go(text, text, bigint), liveness.lease_abandon(text, text),
+		    liveness.lease_detach(text, text, bigint) TO liveness_agent`)
 
 	dsnFor := func(role string) string { return roleDSN(srv, db, role, pw) }
 	// Another role's idle backend sits on an advisory lock: seeing its state needs
@@ -136,6 +142,7 @@ func TestLeastPrivileges(t *testing.T) {
 		t.Errorf("agent with least privileges hit a permission error (the exporter logs follow)")
 	}
 	checkCollectors(t, "agent with least privileges", body, "instances", "leases", "advisory_locks", "statements", "agent")
+	checkLeaseWritesOnlyByHolder(ctx, t, pgtest.Pool(t, dsnFor("liveness_agent"), 1))
 
 	observer := startExporter(t, []string{"DATA_SOURCE_NAME=" + dsnFor("liveness_observer")}, "--no-agent", "--no-migrations.apply")
 	body = observer.waitFor(t, `(?m)^pg_liveness_up 1$`, 30*time.Second)
@@ -300,5 +307,58 @@ func TestUnsupportedMajorIsOneLineAndServes(t *testing.T) {
 	}
 	if !strings.Contains(p.Logs(), "server_version=13.") {
 		t.Errorf("the line does not name the server's version")
+	}
+}
+
+// checkLeaseWritesOnlyByHolder: the agent's role, which the running agent's reaper lease
+// was taken with, can neither write the leases table nor release, renew, detach or
+// abandon that lease through the functions with what it can read of it (the holder
+// column keeps the token's hash): only the acquisition holding the token can.
+func checkLeaseWritesOnlyByHolder(ctx context.Context, t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	var name, stored string
+	var epoch int64
+	if err := pool.QueryRow(ctx, `SELECT name, holder, epoch FROM liveness.leases WHERE expires_at > now() LIMIT 1`).
+		Scan(&name, &stored, &epoch); err != nil {
+		t.Fatalf("the reaper's lease: %v", err)
+	}
+	for _, sql := range []string{
+		`DELETE FROM liveness.leases WHERE name = $1`,
+		`UPDATE liveness.leases SET expires_at = now() WHERE name = $1`,
+		`INSERT INTO liveness.leases (name, holder, epoch, taken_at, expires_at) VALUES ($1 || '-mine', 'x', 1, now(), now())`,
+	} {
+		if _, err := pool.Exec(ctx, sql, name); err == nil || !strings.Contains(err.Error(), "permission denied") {
+			t.Errorf("%s: err %v, want permission denied", sql, err)
+		}
+	}
+	var gone, detached, abandoned int64
+	if err := pool.QueryRow(ctx, `SELECT liveness.lease_let_go($1, $2, $3), liveness.lease_detach($1, $2, $3),
+	                                     liveness.lease_abandon($1, $2)`, name, stored, epoch).
+		Scan(&gone, &detached, &abandoned); err != nil {
+		t.Fatal(err)
+	}
+	var extended int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM liveness.lease_extend($1, $2, $3, 3600)`, name, stored, epoch).
+		Scan(&extended); err != nil {
+		t.Fatal(err)
+	}
+	if gone+detached+abandoned != 0 || extended != 0 {
+		t.Errorf("with the stored holder, another acquisition released %d, detached %d, abandoned %d and extended %d of lease %q",
+			gone, detached, abandoned, extended, name)
+	}
+	var still bool
+	if err := pool.QueryRow(ctx, `SELECT count(*) = 1 FROM liveness.leases
+	                                WHERE name = $1 AND epoch = $2 AND holder_instance_id IS NOT NULL
+	                                  AND expires_at < now() + interval '1 hour'`, name, epoch).Scan(&still); err != nil || !still {
+		t.Errorf("lease %q under epoch %d no longer as its holder left it (err %v)", name, epoch, err)
+	}
+	// Its own token works: a fresh acquisition of another name, renewed and let go.
+	var mine int64
+	if err := pool.QueryRow(ctx, `SELECT epoch FROM liveness.lease_take('least-priv-own', 'own-token', 30, NULL, 'h')`).
+		Scan(&mine); err != nil {
+		t.Fatalf("lease_take with the agent's grants: %v", err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT liveness.lease_let_go('least-priv-own', 'own-token', $1)`, mine).Scan(&gone); err != nil || gone != 1 {
+		t.Errorf("lease_let_go of its own acquisition: %d rows, err %v", gone, err)
 	}
 }

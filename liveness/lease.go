@@ -191,7 +191,8 @@ type Lease struct {
 	Name string
 	// Holder is hostname:pid:64 random bits in hex, new on every acquisition; a ':' or
 	// '%' in the host name is percent-escaped. It is a token, not an identity (and never
-	// a label value).
+	// a label value): whoever presents it may renew or release this acquisition, so the
+	// leases table keeps only its SHA-256 (migration 0015). Do not log or share it.
 	Holder string
 	// Epoch is the fencing token: it strictly increases across acquisitions, takeovers,
 	// releases and deletes. Fence writes with Fence, or in SQL with
@@ -817,7 +818,7 @@ func (le *Lease) endLocked(cause error) {
 	// Count and log first: whoever wakes on Done must see the loss.
 	le.leases.noteEnded(le.statName(), le.Epoch, lost)
 	if lost != nil {
-		attrs := []any{"lease", le.Name, "epoch", le.Epoch, "holder", le.Holder, "reason", string(lost.Reason)}
+		attrs := []any{"lease", le.Name, "epoch", le.Epoch, "reason", string(lost.Reason)}
 		if lost.Err != nil {
 			attrs = append(attrs, "err", lost.Err)
 		}

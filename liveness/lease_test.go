@@ -2,6 +2,8 @@ package liveness_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -98,6 +100,13 @@ type leaseRow struct {
 }
 
 // rowOf reads a lease's row; ok is false when there is none.
+// storedHolder is what the leases table keeps of a holder token: its SHA-256, in hex
+// (migration 0015), so that reading the row releases nothing.
+func storedHolder(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
 func rowOf(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string) (leaseRow, bool) {
 	t.Helper()
 	var r leaseRow
@@ -393,7 +402,7 @@ func TestLeaseLateReleaseKeepsNewerHolder(t *testing.T) {
 	if err := old.Release(ctx); err != nil {
 		t.Fatalf("late Release: %v", err)
 	}
-	if row, ok := rowOf(t, ctx, pool, "job"); !ok || row != (leaseRow{next.Holder, next.Epoch}) {
+	if row, ok := rowOf(t, ctx, pool, "job"); !ok || row != (leaseRow{storedHolder(next.Holder), next.Epoch}) {
 		t.Fatalf("after a late Release the row is %+v (present %v), want the new holder's %s/%d", row, ok, next.Holder, next.Epoch)
 	}
 	// The new holder keeps renewing: its row was not touched.
@@ -474,7 +483,7 @@ func TestLeaseEpochStrictlyIncreases(t *testing.T) {
 	var epochs []int64
 	check := func(step string, le *liveness.Lease) {
 		t.Helper()
-		if row, ok := rowOf(t, ctx, pool, le.Name); !ok || row.epoch != le.Epoch || row.holder != le.Holder {
+		if row, ok := rowOf(t, ctx, pool, le.Name); !ok || row.epoch != le.Epoch || row.holder != storedHolder(le.Holder) {
 			t.Fatalf("%s: row %+v (present %v), lease %s/%d", step, row, ok, le.Holder, le.Epoch)
 		}
 		if n := len(epochs); n > 0 && le.Epoch <= epochs[n-1] {
@@ -570,7 +579,7 @@ func TestLeaseRun(t *testing.T) {
 		var got *liveness.Lease
 		ran, err := l.Run(ctx, "job", ttl, func(ctx context.Context, le *liveness.Lease) error {
 			got = le
-			if row, ok := rowOf(t, ctx, pool, "job"); !ok || row != (leaseRow{le.Holder, le.Epoch}) {
+			if row, ok := rowOf(t, ctx, pool, "job"); !ok || row != (leaseRow{storedHolder(le.Holder), le.Epoch}) {
 				return fmt.Errorf("inside Run the row is %+v (present %v)", row, ok)
 			}
 			return nil
@@ -621,7 +630,7 @@ func TestLeaseRun(t *testing.T) {
 		if !ran || !errors.As(err, &lost) || lost.Reason != liveness.LostTaken {
 			t.Fatalf("Run = %v, %v; want true and a LeaseLostError (taken)", ran, err)
 		}
-		if row, ok := rowOf(t, ctx, pool, "lost"); !ok || row != (leaseRow{taker.Holder, taker.Epoch}) {
+		if row, ok := rowOf(t, ctx, pool, "lost"); !ok || row != (leaseRow{storedHolder(taker.Holder), taker.Epoch}) {
 			t.Fatalf("the new holder's row is %+v (present %v) after the loser's Run returned", row, ok)
 		}
 	})

@@ -1,4 +1,4 @@
--- The schema as it stands after the last migration, 0014_watch_fresh_for_five_seconds: every table, sequence,
+-- The schema as it stands after the last migration, 0015_lease_writes_by_holder: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (store/migrations/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
@@ -490,6 +490,54 @@ AS $function$
 $function$
 ;
 
+CREATE OR REPLACE FUNCTION liveness.lease_abandon(p_name text, p_holder text)
+ RETURNS bigint
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    WITH gone AS (DELETE FROM leases WHERE name = p_name AND holder = lease_token(p_holder) RETURNING 1)
+    SELECT count(*) FROM gone
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.lease_detach(p_name text, p_holder text, p_epoch bigint)
+ RETURNS bigint
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    WITH left_ AS (UPDATE leases SET holder_instance_id = NULL
+                    WHERE name = p_name AND holder = lease_token(p_holder) AND epoch = p_epoch RETURNING 1)
+    SELECT count(*) FROM left_
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.lease_extend(p_name text, p_holder text, p_epoch bigint, p_ttl_seconds double precision)
+ RETURNS SETOF timestamp with time zone
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    UPDATE leases SET expires_at = now() + make_interval(secs => p_ttl_seconds)
+     WHERE name = p_name AND holder = lease_token(p_holder) AND epoch = p_epoch AND expires_at >= now()
+    RETURNING expires_at
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.lease_extend_many(p_names text[], p_holders text[], p_epochs bigint[], p_ttl_seconds double precision)
+ RETURNS TABLE(name text, expires_at timestamp with time zone)
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    UPDATE leases AS l SET expires_at = now() + make_interval(secs => p_ttl_seconds)
+      FROM ROWS FROM (pg_catalog.unnest(p_names), pg_catalog.unnest(p_holders), pg_catalog.unnest(p_epochs)) AS t(name, holder, epoch)
+     WHERE l.name = t.name AND l.holder = lease_token(t.holder) AND l.epoch = t.epoch AND l.expires_at >= now()
+    RETURNING l.name, l.expires_at
+$function$
+;
+
 CREATE OR REPLACE FUNCTION liveness.lease_is_free(p_name text)
  RETURNS boolean
  LANGUAGE sql
@@ -514,6 +562,50 @@ AS $function$
                       WHERE l.name = p_name AND l.epoch = p_epoch AND l.expires_at >= now()
                         FOR SHARE), false)
 $function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.lease_let_go(p_name text, p_holder text, p_epoch bigint)
+ RETURNS bigint
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    WITH gone AS (DELETE FROM leases WHERE name = p_name AND holder = lease_token(p_holder) AND epoch = p_epoch RETURNING 1)
+    SELECT count(*) FROM gone
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.lease_take(p_name text, p_holder text, p_ttl_seconds double precision, p_instance_id uuid, p_host text)
+ RETURNS TABLE(epoch bigint, taken_at timestamp with time zone, expires_at timestamp with time zone, held_by_live boolean, holder_instance_id uuid)
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    WITH taken AS (
+        INSERT INTO leases AS l (name, holder, holder_instance_id, holder_host, epoch, taken_at, expires_at)
+        SELECT p_name, lease_token(p_holder), p_instance_id, p_host, nextval('lease_epoch_seq'), now(),
+               now() + make_interval(secs => p_ttl_seconds)
+         WHERE lease_is_free(p_name)
+           AND (p_instance_id IS NULL OR is_instance_alive(p_instance_id))
+        ON CONFLICT (name) DO UPDATE
+           SET holder = excluded.holder, holder_instance_id = excluded.holder_instance_id, holder_host = excluded.holder_host,
+               epoch = excluded.epoch, taken_at = excluded.taken_at, expires_at = excluded.expires_at
+         WHERE l.expires_at < now()
+            OR (l.holder_instance_id IS NOT NULL AND NOT is_instance_alive(l.holder_instance_id))
+        RETURNING l.epoch, l.taken_at, l.expires_at
+    )
+    SELECT t.epoch, t.taken_at, t.expires_at, false, NULL::uuid FROM taken t
+    UNION ALL
+    SELECT NULL, NULL, NULL, NOT lease_is_free(p_name), (SELECT l.holder_instance_id FROM leases l WHERE l.name = p_name)
+     WHERE NOT EXISTS (SELECT 1 FROM taken)
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.lease_token(p_holder text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE STRICT
+AS $function$ SELECT pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(p_holder, 'UTF8')), 'hex') $function$
 ;
 
 CREATE OR REPLACE FUNCTION liveness.lock_key_classid(p_key bigint)

@@ -4,7 +4,10 @@
 -- Each statement runs on a pool connection borrowed for that statement alone.
 
 -- name: lease_acquire
--- Inserts the row, or takes it over only when it has expired by the database clock. ON
+-- Through lease_take (migration 0015), which writes the table with its owner's rights and
+-- stores the holder token's SHA-256: the agents' roles need no privilege on the table,
+-- and only the acquisition that holds a lease can renew, release or detach it (each
+-- statement below presents its token). Inserts the row, or takes it over only when it has expired by the database clock. ON
 -- CONFLICT DO UPDATE decides atomically, so two callers can never both get a row back.
 -- The SELECT yields no row while the lease is held, so a refused attempt draws no epoch:
 -- epochs count acquisitions (only racing attempts on an expired lease waste one), and the
@@ -13,8 +16,7 @@
 -- A lease whose holder instance is dead by the one verdict (is_instance_alive) is free as
 -- well, so a crashed holder's lease moves without waiting for its ttl; and an acquirer
 -- that names its instance takes the lease only while that instance is alive by the same
--- verdict, so that its own death is visible to the others. {epoch_seq} is the epoch
--- sequence as nextval takes it, a regclass literal.
+-- verdict, so that its own death is visible to the others.
 --
 -- $1 name, $2 holder, $3 ttl in seconds, $4 the holder's instance id (or NULL), $5 its
 -- host. Returns the epoch, taken_at and expires_at once taken. Refused, it returns one
@@ -22,24 +24,8 @@
 -- whether to wait quietly: whether another holder alive by the verdict holds the lease
 -- (held_by_live), and the row's holder instance as it was (holder_instance_id: this very
 -- instance after a release that failed, or NULL).
-WITH taken AS (
-INSERT INTO {schema}.leases AS l
-       (name, holder, holder_instance_id, holder_host, epoch, taken_at, expires_at)
-SELECT $1, $2, $4::uuid, $5::text, nextval({epoch_seq}), now(), now() + make_interval(secs => $3::float8)
- WHERE {schema}.lease_is_free($1)
-   AND ($4::uuid IS NULL OR {schema}.is_instance_alive($4::uuid))
-ON CONFLICT (name) DO UPDATE
-   SET holder = excluded.holder, holder_instance_id = excluded.holder_instance_id, holder_host = excluded.holder_host,
-       epoch = excluded.epoch, taken_at = excluded.taken_at, expires_at = excluded.expires_at
- WHERE l.expires_at < now()
-    OR (l.holder_instance_id IS NOT NULL AND NOT {schema}.is_instance_alive(l.holder_instance_id))
-RETURNING l.epoch, l.taken_at, l.expires_at
-)
-SELECT t.epoch, t.taken_at, t.expires_at, false AS held_by_live, NULL::uuid AS holder_instance_id FROM taken t
-UNION ALL
-SELECT NULL, NULL, NULL, NOT {schema}.lease_is_free($1),
-       (SELECT l.holder_instance_id FROM {schema}.leases l WHERE l.name = $1)
- WHERE NOT EXISTS (SELECT 1 FROM taken)
+SELECT t.epoch, t.taken_at, t.expires_at, t.held_by_live, t.holder_instance_id
+  FROM {schema}.lease_take($1, $2, $3::float8, $4::uuid, $5::text) t
 
 -- name: lease_renew
 -- Extends the lease only while this very acquisition (name, holder and epoch) still
@@ -48,30 +34,24 @@ SELECT NULL, NULL, NULL, NOT {schema}.lease_is_free($1),
 -- renewal from resurrecting an expired lease before someone else takes it.
 -- $1 name, $2 holder, $3 epoch, $4 ttl in seconds. Returns the new expires_at; no row
 -- when the lease is lost.
-UPDATE {schema}.leases
-   SET expires_at = now() + make_interval(secs => $4::float8)
- WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires_at >= now()
-RETURNING expires_at
+SELECT e FROM {schema}.lease_extend($1, $2, $3, $4::float8) AS e
 
 -- name: lease_release
 -- Deletes the row only if it still belongs to this acquisition, so a late release never
 -- deletes a newer holder's lease. $1 name, $2 holder, $3 epoch.
-DELETE FROM {schema}.leases
- WHERE name = $1 AND holder = $2 AND epoch = $3
+SELECT {schema}.lease_let_go($1, $2, $3)
 
 -- name: lease_abandon tag=lease_release
 -- Deletes the row an acquisition may have inserted when its answer was lost: the holder
 -- token is new on every acquisition, so it matches nothing else. $1 name, $2 holder.
-DELETE FROM {schema}.leases
- WHERE name = $1 AND holder = $2
+SELECT {schema}.lease_abandon($1, $2)
 
 -- name: lease_detach tag=lease_release
 -- Leaves a lease to expire: without a holder instance, lease_is_free no longer frees it
 -- when that instance is dead, only once it expires. Guarded like the release, so it never
 -- touches a newer holder's row. Sent as a release: it is how a holder lets a lease go
 -- when it may not delete it yet. $1 name, $2 holder, $3 epoch.
-UPDATE {schema}.leases SET holder_instance_id = NULL
- WHERE name = $1 AND holder = $2 AND epoch = $3
+SELECT {schema}.lease_detach($1, $2, $3)
 
 -- name: lease_leader
 -- Who holds a lease: the elector's followers and Reader.Leader. $1 name.
@@ -123,11 +103,7 @@ SELECT pg_catalog.set_config('pg_liveness.commit_deadline', $1, true)
 -- many shards is one statement per renewal, not one per shard. $1 names, $2 holders,
 -- $3 epochs (arrays of one length), $4 ttl in seconds. Returns the leases renewed and
 -- their new expiry; a lease missing from the answer is lost.
-UPDATE {schema}.leases AS l
-   SET expires_at = now() + make_interval(secs => $4::float8)
-  FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::bigint[])) AS t(name, holder, epoch)
- WHERE l.name = t.name AND l.holder = t.holder AND l.epoch = t.epoch AND l.expires_at >= now()
-RETURNING l.name, l.expires_at
+SELECT r.name, r.expires_at FROM {schema}.lease_extend_many($1::text[], $2::text[], $3::bigint[], $4::float8) AS r
 
 -- name: shard_members
 -- A shard set's live members (Agent.Shards): the instances holding an unexpired member
