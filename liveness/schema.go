@@ -1,6 +1,6 @@
 package liveness
 
-import "github.com/pg-liveness/pg_liveness_exporter/store"
+import "github.com/pg-liveness/pg_liveness_exporter/internal/store"
 
 // DefaultSchema is where the migrations put the liveness objects unless configured.
 const DefaultSchema = store.DefaultSchema

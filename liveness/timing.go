@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // Timing is an instance's heartbeat timing, defined with the data layer (store.Timing)
