@@ -27,7 +27,7 @@ func TestNoSQLOutsideTheStore(t *testing.T) {
 	checked := 0
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		parts := strings.SplitN(line, "\t", 3)
-		if len(parts) != 3 || (parts[0] != module && !strings.HasPrefix(parts[0], module+"/")) || parts[0] == module+"/store" {
+		if len(parts) != 3 || (parts[0] != module && !strings.HasPrefix(parts[0], module+"/")) || parts[0] == module+"/internal/store" {
 			continue
 		}
 		for _, name := range strings.Fields(parts[2]) {
