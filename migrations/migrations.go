@@ -46,7 +46,7 @@ import (
 )
 
 // DefaultSchema is the schema the objects live in unless configured otherwise.
-const DefaultSchema = store.DefaultSchema
+const DefaultSchema = "liveness"
 
 // Migration is one embedded SQL file.
 type Migration struct {

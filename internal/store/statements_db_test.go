@@ -227,7 +227,7 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	if err := wsrc.CheckTable(ctx, wb.Observer, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	wr, err := liveness.NewReader(liveness.ReaderConfig{DB: wb.Observer, Source: wsrc})
+	wr, err := liveness.NewReader(liveness.ReaderConfig{DB: wb.Observer, Whizbang: &liveness.WhizbangSource{}}) // the fixture's: Whizbang's defaults
 	if err != nil {
 		t.Fatal(err)
 	}
