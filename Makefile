@@ -49,7 +49,7 @@ deps:
 # soak (tools/soak) runs on 15 only, for the same reason.
 PG_MAJORS     ?= 14 16 17 18
 DB_PKGS       := . ./collector ./internal/database ./internal/status ./internal/targets ./internal/testkit/pgtest ./liveness \
-	./migrations ./store
+	./migrations ./internal/store
 TOOLS_DB_PKGS := ./alerts ./cmd/fleetsim ./faults ./fleetsim ./statuspage
 MAJOR_SKIP    := ^TestPrimaryFailover$$
 

@@ -24,10 +24,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	statuspage "github.com/pg-liveness/pg_liveness_exporter/internal/status"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // discoverTimeout bounds each statement of a discovery round (listing a server's

@@ -20,10 +20,10 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // lockSeries are the series of body that the server's snapshot feeds, of one database

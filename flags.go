@@ -30,9 +30,9 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // config is what the flags set: the library's configuration types, field by field, and
@@ -300,12 +300,14 @@ var fieldFlags = map[string]string{
 // flagOf is the flag that sets field, or field itself if none does.
 func flagOf(field string) string { return cmp.Or(fieldFlags[field], field) }
 
-// asFlagError rewrites a *ConfigError (the one error type of the library, the data layer
-// and the pool for their configuration) in terms of the flags: the field it names, and
-// every field its reason mentions.
+// asFlagError rewrites a *ConfigError (the library's, or the data layer's, which the
+// pool's configuration uses too) in terms of the flags: the field it names, and every
+// field its reason mentions.
 func asFlagError(err error) error {
 	var ce *store.ConfigError
-	if !errors.As(err, &ce) {
+	if le := (*liveness.ConfigError)(nil); errors.As(err, &le) {
+		ce = &store.ConfigError{Field: le.Field, Reason: le.Reason}
+	} else if !errors.As(err, &ce) {
 		return err
 	}
 	reason := ce.Reason

@@ -33,11 +33,11 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/webconfig"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 const exporterName = "pg_liveness_exporter"

@@ -23,9 +23,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/webconfig"
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
 )
 
 // webConfigPoll is how often the web configuration and the files it names are read for

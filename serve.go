@@ -23,8 +23,8 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	statuspage "github.com/pg-liveness/pg_liveness_exporter/internal/status"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/webconfig"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // loadWeb checks --web.telemetry-path and loads --web.config.file (nil without it).

@@ -8,7 +8,7 @@ package main
 import (
 	"github.com/alecthomas/kingpin/v2"
 
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // addSourceFlags binds --source and --source.whizbang.* to the source's configuration,

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // AdvisoryLocksConfig configures the advisory_locks collector.
@@ -39,7 +39,7 @@ func (s *AdvisoryLocksConfig) flags(app *kingpin.Application) { s.maxApplication
 
 func (s *AdvisoryLocksConfig) check(*Config) error { return s.maxApplications().check() }
 
-// advisoryLocksCollector sends the advisory-locks statement (store/sql/collectors.sql)
+// advisoryLocksCollector sends the advisory-locks statement (internal/store/sql/collectors.sql)
 // for the source, the status page's too; with Config.Locks, it takes the server's shared
 // read and sends only advisory_locks_of_snapshot, to tell its alive locks apart.
 type advisoryLocksCollector struct {

@@ -7,8 +7,8 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // lostReasons are zero-filled for every lease so that increase() sees the first loss.

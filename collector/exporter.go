@@ -52,8 +52,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
 )
 
 const namespace = "pg_liveness"

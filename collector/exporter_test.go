@@ -15,11 +15,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 var dbCollectors = []string{NameAdvisoryLocks, NameInstances, NameLeases, NameStatements}

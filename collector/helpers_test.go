@@ -24,9 +24,9 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

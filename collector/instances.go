@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // InstancesConfig configures the instances collector.
@@ -75,7 +75,7 @@ func (s *InstancesConfig) check(*Config) error {
 // cutoff).
 var instanceStates = store.InstanceStates()
 
-// instancesCollector sends the instances statement (store/sql/collectors.sql) for the
+// instancesCollector sends the instances statement (internal/store/sql/collectors.sql) for the
 // source: one summary row per service and the oldest heartbeats; with Config.Locks, its
 // variant that judges the server's shared read of the locks (store.InstancesOfLocks).
 type instancesCollector struct {

@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // LeasesConfig configures the leases collector.
@@ -69,7 +69,7 @@ const otherLease = "other"
 // Lease row anomalies, counted per scrape in pg_liveness_lease_row_anomalies{kind}.
 var leaseAnomalies = []string{"duplicate_name", "null_name", "null_value", "invalid_utf8"}
 
-// leasesCollector sends the leases statement (store/sql/collectors.sql), rendered for the
+// leasesCollector sends the leases statement (internal/store/sql/collectors.sql), rendered for the
 // table's shape: which optional columns it has, and whether its names are unique.
 type leasesCollector struct {
 	pool                                    *pgxpool.Pool

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/latency"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // BenchmarkAdvisoryLocksByServerLocks measures what the advisory-locks statement costs one

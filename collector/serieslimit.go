@@ -7,7 +7,7 @@ import (
 	"sync"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
 // SeriesLimit bounds the series that the labelled exporters of one answer (the databases

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // pg_locks and pg_stat_activity are cluster-wide: every read copies the server's whole

@@ -2,7 +2,7 @@ package collector
 
 import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // The schema metrics show how the binary stands with its schema (Config.Status, a

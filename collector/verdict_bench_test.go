@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/latency"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // instancesSQLBeforeVerdict is the instances collector's statement before instance_states

@@ -8,9 +8,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/latency"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // BenchmarkWhizbangInstancesCost runs the instances collector's statement for our schema

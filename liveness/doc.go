@@ -1,9 +1,10 @@
 // Package liveness lets instances of a service that share one PostgreSQL tell which of
 // them are alive, and run singleton jobs on one instance at a time. It is what the
 // pg_liveness_exporter agent runs, and a Go service embeds the same thing. The SQL
-// objects it uses come from the migrations package, and every statement it sends from
-// the data layer, package store, which the exporter's collectors read too; it imports
-// no internal package.
+// objects it uses come from the migrations package, which applies them; every statement
+// it sends comes from the exporter's internal data layer, which its collectors read
+// too. A service imports this package (and migrations) and nothing else of the module:
+// every type of its API is defined here.
 //
 // A service needs three things from it: an Agent to take part (NewAgent, Agent.Run),
 // Agent.Elect to campaign for a singleton job, and a Reader to ask the verdict. Leases
@@ -79,8 +80,9 @@
 // judges the holder from its row and its absence stamp rather than by the full verdict
 // (migration 0010).
 //
-// A Reader reads the source ReaderConfig.Source names: this package's schema, or a
-// Whizbang database as it is, judged by the same rule (store.SourceConfig).
+// A Reader reads this package's schema (ReaderConfig.Schema, with ReaderConfig.Fallback
+// for rows that record no timing), or a Whizbang database as it is
+// (ReaderConfig.Whizbang), judged by the same rule.
 //
 // ModeHeartbeatTableOnly is for a service that reaches PostgreSQL only through PgBouncer
 // in transaction mode: no direct connection, no lock. Its instances are heartbeat_only

@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // Defaults of ElectorConfig.
@@ -122,10 +122,14 @@ func (l Leadership) FenceDeadline() time.Time {
 }
 
 // ConfigError is a configuration value the library refuses. Field names the config
-// field ("AgentConfig.Timing.StaleThreshold", "SourceConfig.Whizbang.Prefix"), never a
-// flag: a binary maps fields to its flags. One type for the library and its data layer,
-// where it is defined (store.ConfigError).
-type ConfigError = store.ConfigError
+// field ("AgentConfig.Timing.StaleThreshold", "ReaderConfig.Whizbang.Prefix"), never a
+// flag: a binary maps fields to its flags.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string { return "liveness: " + e.Field + " " + e.Reason }
 
 // Validate checks the configuration; errors are *ConfigError.
 func (c ElectorConfig) Validate() error {

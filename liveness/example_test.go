@@ -196,6 +196,34 @@ func ExampleReader() {
 	// true
 }
 
+// ExampleReaderConfig_whizbang reads a Whizbang database as it is, read only, by the
+// same rule as this package's schema: the role needs only SELECT on Whizbang's table and
+// pg_read_all_stats. Zero fields take Whizbang's documented defaults; here its services
+// beat more slowly than Whizbang's default, so they are stale later. (It is not run: it
+// needs a Whizbang database.)
+func ExampleReaderConfig_whizbang() {
+	ctx := context.Background()
+	observer, err := pgxpool.New(ctx, os.Getenv("WHIZBANG_DATABASE_URL"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer observer.Close()
+	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: observer, Whizbang: &liveness.WhizbangSource{
+		Prefix: "wh_", // the default: public.wh_service_instances
+		Timing: liveness.Timing{HeartbeatInterval: time.Minute, HeartbeatSlowInterval: 2 * time.Minute,
+			StaleThreshold: 3 * time.Minute, DefinitiveDeadCutoff: 10 * time.Minute},
+	}})
+	if err != nil {
+		fmt.Println(err) // a *liveness.ConfigError naming the field: ReaderConfig.Whizbang.Timing.StaleThreshold
+		return
+	}
+	orders, err := reader.Instances(ctx, "orders")
+	fmt.Println(len(orders), err)
+	_, err = reader.Leader(ctx, "nightly-report")
+	fmt.Println(errors.Is(err, liveness.ErrNoLeases)) // Whizbang has no leases
+}
+
 // ExampleAgent_WatchAlive shards work over the alive instances of a service: fn gets the
 // whole alive set at the start and after every change (an instance joined, stopped, or
 // died by the verdict), woken by the schema's notifications and polled as a fallback.

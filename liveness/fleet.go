@@ -7,13 +7,24 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // FleetQuery selects what Reader.Fleet returns besides the per-service counts: one page
-// of instances, problems first, and one page of leases. It is the data layer's
-// (store.FleetQuery), which the exporter's status page sends too.
-type FleetQuery = store.FleetQuery
+// of instances, problems first, and one page of leases, as the exporter's status page
+// asks for them too. Offsets and limits must not be negative.
+type FleetQuery struct {
+	Service    string    // only this service's instances; "" for every service
+	InstanceID uuid.UUID // only this instance; uuid.Nil for all
+	// The page of instances: Limit rows after Offset, ordered zombie, stale, lock_lost,
+	// lock_only, then the rest, each group by service and id. Limit 0 returns none.
+	Offset, Limit int
+
+	LeaseName string // only leases whose name contains this, ignoring case; "" for all
+	// The page of leases: first those whose holder is dead (takeable before they
+	// expire), then the expired ones, then the held ones, each group by name.
+	LeaseOffset, LeaseLimit int
+}
 
 // Fleet is the whole fleet as one statement saw it: the states of every instance by the
 // one verdict, evaluated once, so that the counts, the page of instances and the lease
@@ -58,7 +69,7 @@ type LeaseStatus struct {
 // instances (problems first) and a page of leases with their holders' states. It is one
 // statement.
 func (r *Reader) Fleet(ctx context.Context, q FleetQuery) (Fleet, error) {
-	args, err := q.Args()
+	args, err := store.FleetQuery(q).Args() // the same fields: one definition of the arguments
 	if err != nil {
 		return Fleet{}, fmt.Errorf("liveness: %w", err)
 	}

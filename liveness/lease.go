@@ -19,8 +19,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // MinLeaseTTL is the shortest ttl a lease may have.
@@ -878,7 +878,7 @@ func (l *Leases) Stats() []LeaseStats {
 	return out
 }
 
-// leaseStatements are the lease statements (store/sql/leases.sql) rendered for one
+// leaseStatements are the lease statements (internal/store/sql/leases.sql) rendered for one
 // schema, once, when the Leases are built.
 type leaseStatements struct {
 	acquire, renew, release, abandon, leader, fence, detach string

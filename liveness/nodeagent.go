@@ -19,8 +19,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/sys/unix"
 
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // NodeAgentConfig configures a NodeAgent. Zero values take the defaults of the alive

@@ -11,8 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // nodeLockConfig configures a nodeLock.

@@ -10,7 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // InstanceState is an instance's liveness state, as the migrations' instance_states
@@ -46,17 +46,70 @@ type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// ReaderConfig configures a Reader.
+// ReaderConfig configures a Reader. Its zero value (with DB set) reads this package's
+// schema, DefaultSchema, and judges rows that record no timing by the default stale
+// threshold and definitive-dead cutoff.
 type ReaderConfig struct {
 	DB Querier
 
-	// Source is where instances are read from, as store.NewSource checked it: this
-	// project's schema (nil is DefaultSchema, with the default timing for rows that
-	// record none) or a Whizbang database as it is (read only; Leader then returns
-	// ErrNoLeases). A process that reads one source in several ways (the exporter's
-	// collectors, its status page, a Reader) gives each the same one, so that they read
-	// the same tables by the same rules.
-	Source *store.Source
+	// Schema is the schema the migrations were applied to ("" is DefaultSchema).
+	Schema string
+
+	// Fallback is the timing for rows that record none (rows written by other
+	// software); an Agent's rows are judged by their own. Only its StaleThreshold and
+	// DefinitiveDeadCutoff are used; zero takes DefaultStaleThreshold and
+	// DefaultDefinitiveDeadCutoff.
+	Fallback Timing
+
+	// Whizbang, when set, reads a Whizbang database as it is instead of the schema: its
+	// instances judged by the same rule, read only (Leader then returns ErrNoLeases).
+	// Schema and Fallback are then unused, though still checked.
+	Whizbang *WhizbangSource
+}
+
+// WhizbangSource is a Whizbang database, read as it is: its <Prefix>service_instances
+// table and the session advisory lock each Whizbang instance takes,
+// hashtext(LockKeyPrefix || instance_id). Its instances are judged by the same rule as
+// this package's own, and nothing is written: reading it needs only SELECT on the table
+// and pg_read_all_stats. Whizbang records no timing in its rows, so it is given here.
+//
+// Zero fields take Whizbang's documented defaults: schema public, prefix wh_, lock key
+// prefix "wh_instance_alive:", and a heartbeat every 30 s (every 60 s while the lock is
+// held), stale after 90 s (one fast beat after the slow cadence, so that a lock holder
+// beating every minute is never stale), dead with the lock held after 5 min.
+// Whizbang's rows do not say whether the instance holds its lock, so there is no
+// lock_lost state (and Timing.LockGrace must stay zero); two instances whose 32-bit
+// keys collide are judged by their heartbeats while the key is held.
+type WhizbangSource struct {
+	Schema string // the table's schema
+	// Prefix of the table's name; "" means Whizbang's default, wh_, unless NoPrefix.
+	Prefix string
+	// NoPrefix reads service_instances, for an install whose tables have no prefix.
+	// Prefix must then be empty.
+	NoPrefix bool
+	// LockKeyPrefix: the lock key is hashtext(LockKeyPrefix || instance_id::text).
+	LockKeyPrefix string
+	// Timing is the cadence Whizbang's services run with: its HeartbeatInterval (while
+	// the lock is not held), HeartbeatSlowInterval (while it is), and the StaleThreshold
+	// and DefinitiveDeadCutoff to judge them by.
+	Timing Timing
+}
+
+// source checks the configuration as the data layer's source, whose fields it carries
+// under the same names, so that its errors name ReaderConfig's fields.
+func (c ReaderConfig) source() (*store.Source, error) {
+	sc := store.SourceConfig{Schema: c.Schema, Fallback: store.Timing(c.Fallback)}
+	if w := c.Whizbang; w != nil {
+		sc.Kind = store.SourceWhizbang
+		sc.Whizbang = store.Whizbang{Schema: w.Schema, Prefix: w.Prefix, NoPrefix: w.NoPrefix,
+			LockKeyPrefix: w.LockKeyPrefix, Timing: store.Timing(w.Timing)}
+	}
+	src, err := store.NewSourceNamed(sc, "ReaderConfig")
+	var ce *store.ConfigError
+	if errors.As(err, &ce) {
+		return nil, &ConfigError{Field: ce.Field, Reason: ce.Reason}
+	}
+	return src, err
 }
 
 // ErrNoLeases is returned by Reader.Leader for a source without leases (Whizbang's).
@@ -96,12 +149,9 @@ func NewReader(cfg ReaderConfig) (*Reader, error) {
 	if cfg.DB == nil {
 		return nil, &ConfigError{Field: "ReaderConfig.DB", Reason: "must not be nil"}
 	}
-	src := cfg.Source
-	if src == nil {
-		var err error
-		if src, err = store.NewSource(store.SourceConfig{}); err != nil {
-			return nil, err // not expected: the defaults pass every check
-		}
+	src, err := cfg.source()
+	if err != nil {
+		return nil, err
 	}
 	r := &Reader{db: cfg.DB, instances: store.ReadInstances.For(src), fleet: store.ReadFleet.For(src)}
 	if src.HasLeases() {

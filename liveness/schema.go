@@ -1,9 +1,9 @@
 package liveness
 
-import "github.com/pg-liveness/pg_liveness_exporter/store"
+import "github.com/pg-liveness/pg_liveness_exporter/migrations"
 
 // DefaultSchema is where the migrations put the liveness objects unless configured.
-const DefaultSchema = store.DefaultSchema
+const DefaultSchema = migrations.DefaultSchema
 
 // Mode selects the liveness signals an instance relies on.
 type Mode string

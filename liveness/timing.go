@@ -4,24 +4,39 @@ import (
 	"cmp"
 	"fmt"
 	"time"
-
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
-// Timing is an instance's heartbeat timing, defined with the data layer (store.Timing)
-// that records it in every instance row and reads it back. In an AgentConfig a zero
-// field takes its Default*.
-type Timing = store.Timing
+// Timing is an instance's heartbeat timing. Each instance records its own in its row,
+// and every observer judges it by that (the one verdict), so a fleet may mix settings.
+// In an AgentConfig a zero field takes its Default*; in an InstanceStatus a zero field
+// was not recorded (a row written by other software), and a Reader uses its
+// ReaderConfig.Fallback instead. A WhizbangSource carries its services' timing in one,
+// since Whizbang records none.
+type Timing struct {
+	// HeartbeatInterval is the fast cadence: while the alive lock is not held and
+	// verified, and always in heartbeat-table-only mode.
+	HeartbeatInterval time.Duration
+	// HeartbeatSlowInterval is the cadence while the alive lock is held and verified.
+	HeartbeatSlowInterval time.Duration
+	// StaleThreshold is the heartbeat age past which an instance without its lock is dead.
+	StaleThreshold time.Duration
+	// DefinitiveDeadCutoff is the heartbeat age past which an instance is dead even with
+	// its lock held (a zombie: a hung process, a half-open session).
+	DefinitiveDeadCutoff time.Duration
+	// LockGrace is how long observers wait, after the alive lock vanished, for the
+	// instance to prove life before they call it dead.
+	LockGrace time.Duration
+}
 
-// Defaults of Timing, as the agent's flags have them (store's, where they are defined).
+// Defaults of Timing, as the agent's flags have them.
 const (
-	DefaultHeartbeatInterval     = store.DefaultHeartbeatInterval
-	DefaultHeartbeatSlowInterval = store.DefaultHeartbeatSlowInterval
-	DefaultStaleThreshold        = store.DefaultStaleThreshold
-	DefaultDefinitiveDeadCutoff  = store.DefaultDefinitiveDeadCutoff
+	DefaultHeartbeatInterval     = 30 * time.Second
+	DefaultHeartbeatSlowInterval = 60 * time.Second
+	DefaultStaleThreshold        = 90 * time.Second
+	DefaultDefinitiveDeadCutoff  = 5 * time.Minute
 	// DefaultLockGrace: a live agent notices the end of its lock's session at once and
 	// beats within milliseconds.
-	DefaultLockGrace = store.DefaultLockGrace
+	DefaultLockGrace = time.Second
 )
 
 // timingWithDefaults fills zero fields with the defaults; negative ones stay, for

@@ -9,8 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
 // WatchAlivePoll is how often Agent.WatchAlive reads the set again without a
@@ -54,11 +53,7 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 	if o.maxAge < 0 {
 		return &ConfigError{Field: "WatchMaxHeartbeatAge", Reason: fmt.Sprintf("(%s) must not be negative", o.maxAge)}
 	}
-	src, err := store.NewSource(store.SourceConfig{Schema: a.cfg.Schema})
-	if err != nil {
-		return err
-	}
-	r, err := NewReader(ReaderConfig{DB: a.cfg.Pool, Source: src})
+	r, err := NewReader(ReaderConfig{DB: a.cfg.Pool, Schema: a.cfg.Schema})
 	if err != nil {
 		return err
 	}

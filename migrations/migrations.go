@@ -1,9 +1,9 @@
 // Package migrations applies the SQL objects pg_liveness_exporter and the liveness package
 // rely on to a configurable schema, and reads where a schema stands. The objects are the
-// data layer's ordered files, store/migrations/NNNN_name.sql (store.MigrationFiles), and
-// store/schema.sql shows them as they stand after the last one; every statement this
-// package sends around them is the data layer's too (store/sql/migrate.sql and
-// schema_state.sql).
+// data layer's ordered files, internal/store/migrations/NNNN_name.sql, and
+// internal/store/schema.sql shows them as they stand after the last one; every statement
+// this package sends around them is the data layer's too (internal/store/sql/migrate.sql
+// and schema_state.sql).
 //
 // Each file runs in its own transaction, serialized across processes by
 // pg_advisory_xact_lock, and is recorded in <schema>.schema_migrations; applying again is
@@ -42,11 +42,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // DefaultSchema is the schema the objects live in unless configured otherwise.
-const DefaultSchema = store.DefaultSchema
+const DefaultSchema = "liveness"
 
 // Migration is one embedded SQL file.
 type Migration struct {

@@ -1,5 +1,5 @@
 -- Moving a Whizbang fleet to pg_liveness, side by side. Generated from the exporter's
--- Whizbang source (store/sql/whizbang_side_by_side.sql); do not edit by hand.
+-- Whizbang source (internal/store/sql/whizbang_side_by_side.sql); do not edit by hand.
 --
 -- Run it once, after pg_liveness's migrations created schema "liveness", as a role that may
 -- create functions there. It reads "public"."wh_service_instances"

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

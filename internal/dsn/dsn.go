@@ -21,8 +21,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/regularfile"
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
 )
 
 // Validate parses s as pgx would. The error for a malformed DSN is a fixed description

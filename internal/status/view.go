@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // view is the Page with what only the HTML form needs: capped lists, links and the

@@ -11,8 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // Database is one database that discovery found: on the discover entry Server, named

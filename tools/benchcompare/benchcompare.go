@@ -37,8 +37,8 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // queriesTemplate is postgres_exporter's custom queries file, without the statement

@@ -36,10 +36,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // PoolApplicationName names the connections of the instances' pools and of the fleet's
@@ -537,12 +536,8 @@ func (s Status) Alive() bool { return s.Row && s.Observed.Alive() }
 // Statuses asks the database about every instance, in one round trip, through the same
 // reader the library offers services (instance_states, the one verdict).
 func (f *Fleet) Statuses(ctx context.Context) ([]Status, error) {
-	src, err := store.NewSource(store.SourceConfig{Schema: f.cfg.Schema,
+	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: f.pool, Schema: f.cfg.Schema,
 		Fallback: liveness.Timing{StaleThreshold: f.cfg.StaleThreshold, DefinitiveDeadCutoff: f.cfg.DefinitiveDeadCutoff}})
-	if err != nil {
-		return nil, err
-	}
-	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: f.pool, Source: src})
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,7 @@ import (
 	"github.com/prometheus/common/promslog/flag"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
-	"github.com/pg-liveness/pg_liveness_exporter/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/tools/fleetsim"
 )
 

@@ -7,8 +7,8 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // The rule's body, where its parameters are columns of that name (as whizbang.verdicts

@@ -13,9 +13,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 const schemaFile = "schema.sql"
@@ -24,7 +24,7 @@ const schemaFile = "schema.sql"
 // major of the test runs (Debian's), whose deparsed view and function bodies it holds.
 const schemaFileMajor = 15
 
-const regenerate = "go test ./store -run TestSchemaFileIsCurrent -update (on PostgreSQL 15: PG_LIVENESS_TEST_PG_MAJOR unset)"
+const regenerate = "go test ./internal/store -run TestSchemaFileIsCurrent -update (on PostgreSQL 15: PG_LIVENESS_TEST_PG_MAJOR unset)"
 
 // schema.sql is every object of the schema as the migrations leave it, read back from a
 // server that applied them all, so that nobody has to replay the migrations to read
@@ -65,7 +65,7 @@ func TestSchemaFileIsCurrent(t *testing.T) {
 		got, want = structure(got), structure(want)
 	}
 	if got != want {
-		t.Fatalf("store/schema.sql is not the schema the migrations make on PostgreSQL %d; run %s\n%s", major, regenerate, firstDifference(want, got))
+		t.Fatalf("internal/store/schema.sql is not the schema the migrations make on PostgreSQL %d; run %s\n%s", major, regenerate, firstDifference(want, got))
 	}
 }
 
@@ -121,7 +121,7 @@ func dumpSchema(ctx context.Context, c *pgx.Conn, schema string, major int) (str
 	}
 	fmt.Fprintf(&b, `-- The schema as it stands after the last migration, %04d_%s: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL %d
--- once every migration is applied. The migrations (store/migrations/) are the history,
+-- once every migration is applied. The migrations (internal/store/migrations/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
 -- Generated and checked by TestSchemaFileIsCurrent; do not edit by hand:
 --   %s

@@ -4,6 +4,13 @@
 // collectors, the status page, and package migrations, which applies the schema. Views
 // never take SQL from one another.
 //
+// It is internal: a service imports liveness (and migrations) and never sees these
+// types. The library converts at its boundary: liveness.Timing and liveness.FleetQuery
+// are this package's Timing and FleetQuery field for field (a conversion, checked by the
+// compiler), liveness.ReaderConfig carries SourceConfig's fields under the same names
+// (NewSourceNamed checks them, naming ReaderConfig's fields), and a *ConfigError leaves
+// the library as a *liveness.ConfigError with the same field and reason.
+//
 // # What is where
 //
 //   - sql/*.sql: every statement, by what sends it (alive_lock.sql, heartbeat.sql,
@@ -44,8 +51,9 @@
 // SourceConfig says where instances are read from: this project's schema, or a Whizbang
 // database as it is (Whizbang), judged by the newest migration's instance_state_rule,
 // taken from the migration, not copied. NewSource checks it once; the *Source it returns
-// is what every reader of a process takes, so that they read the same tables by the
-// same rules. Errors are *ConfigError naming the SourceConfig field.
+// is what every reader of the exporter takes, so that they read the same tables by the
+// same rules. Errors are *ConfigError naming the SourceConfig field (or, through
+// NewSourceNamed, liveness.ReaderConfig's).
 //
 // # What it guarantees
 //
@@ -61,6 +69,8 @@
 //
 //   - Import another package of this module, or Prometheus: the public liveness library
 //     depends on it.
+//   - Appear in the library's API: no exported name of liveness or migrations may
+//     mention a type or constant of this package (liveness's TestAPINamesNoOtherPackage).
 //   - Paste a configured name or value into SQL unquoted, or fill text that already
 //     holds one.
 //   - Hold a connection or keep state between statements; the one statement it sends

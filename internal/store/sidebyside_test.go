@@ -10,16 +10,16 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/whizbangtest"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // update rewrites the generated files the tests check: scripts/whizbang-side-by-side.sql
-// and store/schema.sql (on its major).
-var update = flag.Bool("update", false, "rewrite the generated files: scripts/whizbang-side-by-side.sql and store/schema.sql")
+// and internal/store/schema.sql (on its major).
+var update = flag.Bool("update", false, "rewrite the generated files: scripts/whizbang-side-by-side.sql and internal/store/schema.sql")
 
-const scriptPath = "../scripts/whizbang-side-by-side.sql"
+const scriptPath = "../../scripts/whizbang-side-by-side.sql"
 
 func TestSideBySideScriptIsUpToDate(t *testing.T) {
 	src, err := store.NewSource(store.SourceConfig{Kind: store.SourceWhizbang})

@@ -18,12 +18,12 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/status"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/whizbangtest"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // stmtEntry is one pg_stat_statements entry of the test's database.
@@ -227,7 +227,7 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	if err := wsrc.CheckTable(ctx, wb.Observer, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	wr, err := liveness.NewReader(liveness.ReaderConfig{DB: wb.Observer, Source: wsrc})
+	wr, err := liveness.NewReader(liveness.ReaderConfig{DB: wb.Observer, Whizbang: &liveness.WhizbangSource{}}) // the fixture's: Whizbang's defaults
 	if err != nil {
 		t.Fatal(err)
 	}

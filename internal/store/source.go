@@ -25,8 +25,11 @@ const (
 
 // SourceConfig says where instances are read from. Its zero value is this project's
 // schema, DefaultSchema, with the default timing for rows that record none. NewSource
-// checks it once; the *Source it returns is what every reader takes (the collectors, the
-// status page, liveness.Reader), so that they read the same tables by the same rules.
+// checks it once; the *Source it returns is what every reader of the exporter takes (the
+// collectors, the status page), so that they read the same tables by the same rules.
+// liveness.ReaderConfig holds the same fields under the same names (Schema, Fallback,
+// and Whizbang as a *liveness.WhizbangSource, whose presence is SourceWhizbang), and
+// liveness.NewReader builds its source from them with NewSourceNamed.
 type SourceConfig struct {
 	Kind SourceKind // "" is SourceLiveness
 
@@ -123,9 +126,15 @@ type Source struct {
 
 // NewSource fills cfg's defaults and checks it. Errors are *ConfigError naming the
 // SourceConfig field ("SourceConfig.Whizbang.Timing.StaleThreshold").
-func NewSource(cfg SourceConfig) (*Source, error) {
+func NewSource(cfg SourceConfig) (*Source, error) { return NewSourceNamed(cfg, "SourceConfig") }
+
+// NewSourceNamed is NewSource for a configuration a caller's own type holds under the
+// same field names: errors name the field under config instead of SourceConfig
+// ("ReaderConfig.Whizbang.Prefix", for liveness.ReaderConfig), in the field and in the
+// reason, so that one check serves both.
+func NewSourceNamed(cfg SourceConfig, config string) (*Source, error) {
 	bad := func(field, format string, args ...any) error {
-		return &ConfigError{Field: "SourceConfig." + field, Reason: fmt.Sprintf(format, args...)}
+		return &ConfigError{Field: config + "." + field, Reason: fmt.Sprintf(format, args...)}
 	}
 	cfg.Kind = cmp.Or(cfg.Kind, SourceLiveness)
 	cfg.Schema = cmp.Or(cfg.Schema, DefaultSchema)
@@ -139,8 +148,8 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	case f.StaleThreshold < 0:
 		return nil, bad("Fallback.StaleThreshold", "(%s) must not be negative", f.StaleThreshold)
 	case f.DefinitiveDeadCutoff <= f.StaleThreshold:
-		return nil, bad("Fallback.DefinitiveDeadCutoff", "(%s) must be above SourceConfig.Fallback.StaleThreshold (%s)",
-			f.DefinitiveDeadCutoff, f.StaleThreshold)
+		return nil, bad("Fallback.DefinitiveDeadCutoff", "(%s) must be above %s.Fallback.StaleThreshold (%s)",
+			f.DefinitiveDeadCutoff, config, f.StaleThreshold)
 	}
 	s := &Source{cfg: cfg}
 	switch cfg.Kind {
@@ -148,10 +157,10 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 		s.vals = values{"schema": ident(cfg.Schema), "stale": arg(f.StaleThreshold), "dead": arg(f.DefinitiveDeadCutoff)}
 	case SourceWhizbang:
 		if cfg.Whizbang.NoPrefix && cfg.Whizbang.Prefix != "" {
-			return nil, bad("Whizbang.NoPrefix", "is set with SourceConfig.Whizbang.Prefix %q; set one of them", cfg.Whizbang.Prefix)
+			return nil, bad("Whizbang.NoPrefix", "is set with %s.Whizbang.Prefix %q; set one of them", config, cfg.Whizbang.Prefix)
 		}
 		w := cfg.Whizbang.withDefaults()
-		if err := w.check(bad); err != nil {
+		if err := w.check(config, bad); err != nil {
 			return nil, err
 		}
 		s.cfg.Whizbang = w
@@ -170,7 +179,7 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 }
 
 // check refuses a Whizbang source that would misjudge its instances.
-func (w Whizbang) check(bad func(field, format string, args ...any) error) error {
+func (w Whizbang) check(config string, bad func(field, format string, args ...any) error) error {
 	if err := ValidateIdentifier(SchemaName, w.Schema); err != nil {
 		return bad("Whizbang.Schema", "%s", err)
 	}
@@ -179,21 +188,21 @@ func (w Whizbang) check(bad func(field, format string, args ...any) error) error
 		return bad("Whizbang.Prefix", "makes the table name %q, which %s", w.table().Name, err)
 	}
 	t := w.Timing
-	const f = "SourceConfig.Whizbang.Timing."
+	f := config + ".Whizbang.Timing."
 	switch {
 	case !utf8.ValidString(w.LockKeyPrefix) || strings.ContainsRune(w.LockKeyPrefix, 0):
 		return bad("Whizbang.LockKeyPrefix", "must be valid UTF-8 without NUL bytes")
 	case t.HeartbeatInterval < 0:
 		return bad("Whizbang.Timing.HeartbeatInterval", "must be positive, got %s", t.HeartbeatInterval)
 	case t.HeartbeatSlowInterval < t.HeartbeatInterval:
-		return bad("Whizbang.Timing.HeartbeatSlowInterval", "(%s) must not be below "+f+"HeartbeatInterval (%s)",
-			t.HeartbeatSlowInterval, t.HeartbeatInterval)
+		return bad("Whizbang.Timing.HeartbeatSlowInterval", "(%s) must not be below %sHeartbeatInterval (%s)",
+			t.HeartbeatSlowInterval, f, t.HeartbeatInterval)
 	case t.StaleThreshold <= t.HeartbeatSlowInterval:
-		return bad("Whizbang.Timing.StaleThreshold", "(%s) must be above "+f+"HeartbeatSlowInterval (%s): an instance beating "+
-			"at the slow cadence would be called stale", t.StaleThreshold, t.HeartbeatSlowInterval)
+		return bad("Whizbang.Timing.StaleThreshold", "(%s) must be above %sHeartbeatSlowInterval (%s): an instance beating "+
+			"at the slow cadence would be called stale", t.StaleThreshold, f, t.HeartbeatSlowInterval)
 	case t.DefinitiveDeadCutoff <= t.StaleThreshold:
-		return bad("Whizbang.Timing.DefinitiveDeadCutoff", "(%s) must be above "+f+"StaleThreshold (%s)",
-			t.DefinitiveDeadCutoff, t.StaleThreshold)
+		return bad("Whizbang.Timing.DefinitiveDeadCutoff", "(%s) must be above %sStaleThreshold (%s)",
+			t.DefinitiveDeadCutoff, f, t.StaleThreshold)
 	case t.LockGrace != 0:
 		return bad("Whizbang.Timing.LockGrace", "(%s) must be zero: Whizbang's rows do not record the lock, so there is no grace", t.LockGrace)
 	}

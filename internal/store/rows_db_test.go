@@ -13,9 +13,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/whizbangtest"
-	"github.com/pg-liveness/pg_liveness_exporter/store"
 )
 
 // dbTags are a row type's column names, in field order, an embedded struct's in its

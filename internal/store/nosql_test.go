@@ -15,7 +15,7 @@ import (
 // sqlText is a string that starts like a statement.
 var sqlText = regexp.MustCompile(`^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|DROP|TRUNCATE|GRANT|REVOKE)\s`)
 
-// Every statement the product sends is in store/sql/: no package that the binary or the
+// Every statement the product sends is in internal/store/sql/: no package that the binary or the
 // library links holds SQL text of its own (their tests and the tools may).
 func TestNoSQLOutsideTheStore(t *testing.T) {
 	const module = "github.com/pg-liveness/pg_liveness_exporter"
@@ -27,7 +27,7 @@ func TestNoSQLOutsideTheStore(t *testing.T) {
 	checked := 0
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		parts := strings.SplitN(line, "\t", 3)
-		if len(parts) != 3 || (parts[0] != module && !strings.HasPrefix(parts[0], module+"/")) || parts[0] == module+"/store" {
+		if len(parts) != 3 || (parts[0] != module && !strings.HasPrefix(parts[0], module+"/")) || parts[0] == module+"/internal/store" {
 			continue
 		}
 		for _, name := range strings.Fields(parts[2]) {
@@ -43,7 +43,7 @@ func TestNoSQLOutsideTheStore(t *testing.T) {
 					return true
 				}
 				if s, err := strconv.Unquote(lit.Value); err == nil && sqlText.MatchString(s) {
-					t.Errorf("%s holds SQL of its own; put it in store/sql/: %.60q", file, s)
+					t.Errorf("%s holds SQL of its own; put it in internal/store/sql/: %.60q", file, s)
 				}
 				return true
 			})

@@ -24,8 +24,8 @@ func InstanceStates() []string {
 }
 
 // FleetQuery selects what read_fleet returns besides the per-service counts: one page
-// of instances, problems first, and one page of leases (liveness.Reader.Fleet and the
-// status page send it).
+// of instances, problems first, and one page of leases (the status page sends it, and
+// liveness.Reader.Fleet as liveness.FleetQuery, the same fields, converted).
 type FleetQuery struct {
 	Service    string    // only this service's instances; "" for every service
 	InstanceID uuid.UUID // only this instance; uuid.Nil for all

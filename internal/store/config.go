@@ -11,10 +11,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ConfigError is a configuration value the library refuses. Field names the
-// configuration field ("SourceConfig.Whizbang.Timing.StaleThreshold",
-// "AgentConfig.Timing.LockGrace"), never a flag: a binary maps fields to its flags. It is
-// liveness.ConfigError too, one type for the library and its data layer.
+// ConfigError is a configuration value the data layer or the exporter's pool refuses.
+// Field names the configuration field ("SourceConfig.Whizbang.Timing.StaleThreshold",
+// "PoolConfig.MaxConns"), never a flag: a binary maps fields to its flags. The library
+// returns the same field and reason as its own liveness.ConfigError (Reader's
+// configuration is checked here, under the name "ReaderConfig").
 type ConfigError struct {
 	Field  string
 	Reason string
@@ -22,15 +23,16 @@ type ConfigError struct {
 
 func (e *ConfigError) Error() string { return "liveness: " + e.Field + " " + e.Reason }
 
-// DefaultSchema is where the migrations put the liveness objects unless configured.
+// DefaultSchema is where the migrations put the liveness objects unless configured:
+// migrations.DefaultSchema and liveness.DefaultSchema, which their tests hold equal to it.
 const DefaultSchema = "liveness"
 
-// Timing is an instance's heartbeat timing. Each instance records its own in its row,
-// and every observer judges it by that (the one verdict), so a fleet may mix settings.
-// In an AgentConfig a zero field takes its Default*; in an InstanceStatus a zero field
-// was not recorded (a row written by other software), and observers use the source's
-// SourceConfig.Fallback instead. A Whizbang source carries its services' timing in one,
-// since Whizbang records none.
+// Timing is an instance's heartbeat timing, as a source's fallback and a Whizbang
+// source's cadence: liveness.Timing, field for field, which converts to it
+// (store.Timing(t)), so that the two cannot drift apart without the library failing to
+// build. Observers use SourceConfig.Fallback for rows that record no timing (written by
+// other software); a Whizbang source carries its services' timing in one, since Whizbang
+// records none.
 type Timing struct {
 	// HeartbeatInterval is the fast cadence: while the alive lock is not held and
 	// verified, and always in heartbeat-table-only mode.
@@ -47,15 +49,13 @@ type Timing struct {
 	LockGrace time.Duration
 }
 
-// Defaults of Timing, as the agent's flags have them.
+// The fallback's defaults: liveness.DefaultStaleThreshold and
+// liveness.DefaultDefinitiveDeadCutoff, which the library's tests hold equal to these
+// (the library cannot name this package in its documented constants, nor this package
+// import the library).
 const (
-	DefaultHeartbeatInterval     = 30 * time.Second
-	DefaultHeartbeatSlowInterval = 60 * time.Second
-	DefaultStaleThreshold        = 90 * time.Second
-	DefaultDefinitiveDeadCutoff  = 5 * time.Minute
-	// DefaultLockGrace: a live agent notices the end of its lock's session at once and
-	// beats within milliseconds.
-	DefaultLockGrace = time.Second
+	DefaultStaleThreshold       = 90 * time.Second
+	DefaultDefinitiveDeadCutoff = 5 * time.Minute
 )
 
 // MaxIdentifierLength is PostgreSQL's longest identifier in bytes (NAMEDATALEN - 1).
