@@ -79,13 +79,17 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	// The agents: alive locks, heartbeats, the reaper under its lease, and one elector
 	// each for the same job, so that one leads (acquire, renew) and one follows (leader).
 	var agents []*liveness.Agent
+	var agentPools []*pgxpool.Pool
 	var wg sync.WaitGroup
 	runCtx, stopAgents := context.WithCancel(ctx)
 	t.Cleanup(func() { stopAgents(); wg.Wait() })
 	errs := make(chan error, 4)
 	for range 2 {
+		// Named, so that the test can wait for the agents' sessions to end.
+		agentPool := pgtest.Pool(t, db.DSN+" application_name=tagged:pool", 4)
+		agentPools = append(agentPools, agentPool)
 		a, err := liveness.NewAgent(liveness.AgentConfig{
-			Pool: db.Pool(t, 4), DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: "tagged",
+			Pool: agentPool, DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: "tagged",
 			Timing: liveness.Timing{HeartbeatInterval: 300 * time.Millisecond, HeartbeatSlowInterval: 600 * time.Millisecond,
 				StaleThreshold: 3 * time.Second, DefinitiveDeadCutoff: 10 * time.Second},
 			VerifyInterval: 100 * time.Millisecond,
@@ -252,6 +256,17 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 			t.Fatalf("agent: %v", err)
 		}
 	}
+	// A statement whose context the shutdown cancelled may still run on the server, and
+	// count, after the agent returned: count once the agents' sessions have ended.
+	for _, a := range agentPools {
+		a.Close()
+	}
+	testutil.Eventually(t, 30*time.Second, "the agents' sessions ended", func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		                            WHERE datname = current_database() AND application_name LIKE 'tagged:%'`).Scan(&n)
+		return err == nil && n == 0
+	})
 
 	entries := readEntries(t, pool)
 	patterns := defaultPatterns(t)
