@@ -563,7 +563,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.lock == nil || !a.lock.Duplicate() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), steps.removeRow)
 		if rerr := a.heartbeat.Remove(rctx); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("remove own instance row: %w", rerr))
+			err = errors.Join(err, rerr)
 		}
 		cancel()
 	}

@@ -249,7 +249,7 @@ func wholeSeconds(field string, d, def time.Duration) (time.Duration, error) {
 func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 	connCfg, clientUserTimeout, err := cfg.connConfig()
 	if err != nil {
-		return nil, fmt.Errorf("alive lock: %w", err)
+		return nil, err // a *ConfigError naming the aliveLockConfig field
 	}
 	a := &aliveLock{
 		connCfg:           connCfg,
@@ -290,7 +290,7 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 // are logged, never returned: the heartbeat carries liveness while the lock is not held.
 func (a *aliveLock) Run(ctx context.Context) error {
 	if !a.running.CompareAndSwap(false, true) {
-		return errors.New("alive lock: Run is already running")
+		return errors.New("liveness: alive lock: Run is already running")
 	}
 	defer a.running.Store(false)
 	attempt := 0
@@ -517,7 +517,7 @@ func (a *aliveLock) waitWakeable(ctx context.Context, conn *pgx.Conn, d time.Dur
 }
 
 // errWoken ends a wait that wake cut short.
-var errWoken = errors.New("alive lock: proof wanted")
+var errWoken = errors.New("liveness: alive lock: proof wanted")
 
 func (a *aliveLock) waitFor(ctx context.Context, conn *pgx.Conn, d time.Duration, wakeable bool) bool {
 	deadline := time.Now().Add(d)

@@ -106,7 +106,7 @@ type Leadership struct {
 // ErrLeaseLost.
 func (l Leadership) Fence(ctx context.Context, tx pgx.Tx) error {
 	if l.lease == nil {
-		return fmt.Errorf("liveness: a Leadership that no campaign gave out holds no lease: %w", ErrLeaseLost)
+		return fmt.Errorf("%w: a Leadership that no campaign gave out holds no lease", ErrLeaseLost)
 	}
 	return l.lease.Fence(ctx, tx)
 }

@@ -37,10 +37,10 @@ const runReleaseTimeout = 5 * time.Second
 
 // ErrLeaseLost matches (errors.Is) every *LeaseLostError, and every error of a fence that
 // found its lease not held.
-var ErrLeaseLost = errors.New("lease lost")
+var ErrLeaseLost = errors.New("liveness: lease lost")
 
 // ErrLeaseReleased is the cause of a lease's context after Release.
-var ErrLeaseReleased = errors.New("lease released")
+var ErrLeaseReleased = errors.New("liveness: lease released")
 
 // ErrLeaseHeld is returned by Leases.TryAcquire when another holder has the lease.
 var ErrLeaseHeld = errors.New("liveness: the lease is held by another holder")
@@ -50,7 +50,7 @@ var errNotAlive = errors.New("liveness: this instance cannot prove it is alive")
 
 // errLeftToExpire is the cause of a lease's context when its holder stopped renewing it
 // without deleting its row: the lease is free once it expires.
-var errLeftToExpire = errors.New("lease left to expire")
+var errLeftToExpire = errors.New("liveness: lease left to expire")
 
 // LeaseLostError is the cause of a lost lease's context. Reasons:
 //
@@ -581,7 +581,7 @@ func (le *Lease) notHeld(cause error) error {
 	if errors.As(cause, &lost) {
 		return cause
 	}
-	return fmt.Errorf("liveness: lease %q (epoch %d) is not held (%w): %w", le.Name, le.Epoch, cause, ErrLeaseLost)
+	return fmt.Errorf("%w: lease %q (epoch %d) is not held: %w", ErrLeaseLost, le.Name, le.Epoch, cause)
 }
 
 // ExpiresAt is the database time the lease expires at, as of the last successful

@@ -171,7 +171,7 @@ func (n *NodeAgent) Snapshot() NodeAgentSnapshot {
 // It returns an error only when the socket cannot be listened on.
 func (n *NodeAgent) Run(ctx context.Context) error {
 	if !n.running.CompareAndSwap(false, true) {
-		return errors.New("node agent: Run is already running")
+		return errors.New("liveness: node agent: Run is already running")
 	}
 	defer n.running.Store(false)
 	ln, err := n.listen()
@@ -200,24 +200,24 @@ func (n *NodeAgent) Run(ctx context.Context) error {
 func (n *NodeAgent) listen() (net.Listener, error) {
 	if fi, err := os.Lstat(n.cfg.Socket); err == nil {
 		if fi.Mode().Type() != fs.ModeSocket {
-			return nil, fmt.Errorf("node agent: %s exists and is not a socket; not replacing it", n.cfg.Socket)
+			return nil, fmt.Errorf("liveness: node agent: %s exists and is not a socket; not replacing it", n.cfg.Socket)
 		}
 		if c, err := net.DialTimeout("unix", n.cfg.Socket, time.Second); err == nil {
 			_ = c.Close()
-			return nil, fmt.Errorf("node agent: another node agent listens on %s", n.cfg.Socket)
+			return nil, fmt.Errorf("liveness: node agent: another node agent listens on %s", n.cfg.Socket)
 		}
 		if err := os.Remove(n.cfg.Socket); err != nil {
-			return nil, fmt.Errorf("node agent: remove the stale socket: %w", err)
+			return nil, fmt.Errorf("liveness: node agent: remove the stale socket: %w", err)
 		}
 	}
 	ln, err := net.Listen("unix", n.cfg.Socket)
 	if err != nil {
-		return nil, fmt.Errorf("node agent: listen on %s: %w", n.cfg.Socket, err)
+		return nil, fmt.Errorf("liveness: node agent: listen on %s: %w", n.cfg.Socket, err)
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false) // removed once the session let go, in Run
 	if err := os.Chmod(n.cfg.Socket, n.cfg.SocketMode); err != nil {
 		_ = ln.Close()
-		return nil, fmt.Errorf("node agent: chmod %s: %w", n.cfg.Socket, err)
+		return nil, fmt.Errorf("liveness: node agent: chmod %s: %w", n.cfg.Socket, err)
 	}
 	return ln, nil
 }
@@ -269,7 +269,7 @@ func (n *NodeAgent) request(r nodeRequest) {
 	n.rung = true
 }
 
-var errRung = errors.New("node agent: a request came")
+var errRung = errors.New("liveness: node agent: a request came")
 
 func (n *NodeAgent) take() []nodeRequest {
 	n.mu.Lock()
