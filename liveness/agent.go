@@ -1,307 +1,31 @@
+// The Agent: one instance taking part in the fleet. It builds its parts, runs them, and
+// shuts them down in order.
+
 package liveness
 
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
-// AgentConfig configures an Agent: one instance that takes part in the fleet. Zero values
-// take the defaults (the Default* constants); Pool, InstanceID and ServiceName must be
-// set, and DirectDSN too unless Mode is ModeHeartbeatTableOnly or NodeAgentSocket is set.
-type AgentConfig struct {
-	// Pool runs every short statement: the heartbeat, the leases, the reaper. It may go
-	// through PgBouncer.
-	Pool *pgxpool.Pool
-	// DirectDSN reaches PostgreSQL itself, never a pooler in transaction mode: the alive
-	// lock's own connection. Unused in ModeHeartbeatTableOnly, and with NodeAgentSocket.
-	DirectDSN string
-	// NodeAgentSocket, when set, is the local socket of the node agent of this host (the
-	// pg_liveness_exporter binary run with --node-agent.socket, or a NodeAgent): the
-	// alive lock is held on the node agent's one session for every process of the node,
-	// instead of on a session of this process's own, and the schema's events arrive
-	// through it. The lock is let go when this process's connection to the node agent
-	// closes, however the process ends. While the node agent cannot be reached (it
-	// restarts, say) the instance is judged by its heartbeat and leads nothing, and it
-	// attaches again as soon as the node agent answers. Unused in ModeHeartbeatTableOnly.
-	NodeAgentSocket string
-	Schema          string // DefaultSchema if empty
-	InstanceID      uuid.UUID
-	ServiceName     string
-	HostName        string // os.Hostname() if empty
-	ProcessID       int    // os.Getpid() if zero
-	Mode            Mode   // ModeAdvisoryLockWhenAvailable if empty
-
-	// Timing is recorded in the instance's row, and the fleet judges the instance by it.
-	Timing Timing
-	// VerifyInterval is how often the alive lock is verified on its own backend while
-	// the agent holds no lease; DefaultVerifyInterval if zero. While it holds any (a
-	// campaign's, the reaper's, a watcher's) the lock is verified every quarter of
-	// Timing.LockGrace (or VerifyInterval, if shorter): a leader trusts its lock only
-	// three quarters of the lock grace after the last verification was sent (see "What a
-	// leader guarantees" in the package documentation).
-	VerifyInterval time.Duration
-	// Metadata is stored in the instance row's metadata column; it must marshal to JSON.
-	Metadata map[string]any
-
-	// The alive lock's session: server-side TCP keepalive and user timeout (see the
-	// Default* constants).
-	KeepaliveIdle     time.Duration
-	KeepaliveInterval time.Duration
-	KeepaliveCount    int
-	UserTimeout       time.Duration
-
-	// Reaper runs cleanup_stale_instances every ReaperInterval on one agent at a time,
-	// under the lease ReaperLease (ReaperLeaseTTL).
-	Reaper         bool
-	ReaperInterval time.Duration
-	ReaperLeaseTTL time.Duration
-
-	// DisableWatcher keeps this agent out of the watchers' campaigns (WatcherLeases). By
-	// default every agent takes part, and two of them, in two processes, record the
-	// vanishing of any alive lock within WatchInterval and notify the waiters; without a
-	// watcher the first look records it, and a crash is dead a lock grace after that
-	// look instead of after the crash.
-	DisableWatcher bool
-
-	// JobWindDown is how long a campaign's OnStartedLeading may take to return after its
-	// context was cancelled because the campaign ended (Elect's context or Run's): its
-	// lease stays renewed meanwhile, and Run keeps the instance alive. Past it the lease
-	// is left to expire. DefaultJobWindDown if zero.
-	JobWindDown time.Duration
-	// ShutdownTimeout bounds the deletion of the instance row on the way out;
-	// DefaultShutdownTimeout if zero.
-	ShutdownTimeout time.Duration
-	// DuplicateTimeout is how long the agent waits, writing nothing, while another session
-	// holds its instance's alive lock, before Run gives up with ErrDuplicateInstance.
-	// A restarted process may find its previous session's lock for up to the keepalive
-	// bound (about 30 s); a second process with the same id finds it for good.
-	// DefaultDuplicateTimeout if zero.
-	DuplicateTimeout time.Duration
-	// WaitForSchema makes Run wait for the migrations to be applied (by another process)
-	// instead of failing at once when the schema is missing or older than this library.
-	WaitForSchema bool
-	// Logger receives the agent's lines, passwords removed; nil discards. The agent adds
-	// no key naming itself: add what tells agents apart (an instance id) with With. Its
-	// parts' lines carry part=alive_lock, heartbeat, leases or reaper.
-	Logger *slog.Logger
-}
-
 // ErrSchemaNotReady is returned by Agent.Run when the schema is missing or older than
 // this library and AgentConfig.WaitForSchema is not set.
 var ErrSchemaNotReady = errors.New("liveness: the schema is not ready")
-
-// Defaults of AgentConfig.
-const (
-	DefaultReaperInterval = 30 * time.Second
-	DefaultReaperLeaseTTL = 2 * time.Minute
-	// DefaultJobWindDown: a job that needs longer to stop sets its own, and its
-	// process's grace before SIGKILL with it (AgentConfig.ShutdownBudget).
-	DefaultJobWindDown     = 10 * time.Second
-	DefaultShutdownTimeout = 5 * time.Second
-	// DefaultDuplicateTimeout is twice the time the server needs, with the default
-	// keepalive settings, to end a half-open session.
-	DefaultDuplicateTimeout = 2 * time.Minute
-)
 
 // ErrDuplicateInstance is returned by Agent.Run when another session kept holding the
 // instance's alive lock for DuplicateTimeout: another process runs with the same
 // instance id.
 var ErrDuplicateInstance = errors.New("liveness: another process holds this instance id's alive lock")
-
-// shutdownSteps are the deadlines of Run's clean-up, one after the other, once its
-// context ends; ShutdownBudget is their sum, and Run uses these very values.
-type shutdownSteps struct {
-	windDown  time.Duration // the campaigns' jobs return, their leases still renewed
-	letGo     time.Duration // their leases are released, or left to expire
-	beat      time.Duration // a beat in flight finishes
-	removeRow time.Duration // the instance row is deleted
-	closeLock time.Duration // the alive lock's session is closed
-}
-
-func (c AgentConfig) shutdownSteps() shutdownSteps {
-	c = c.withDefaults()
-	s := shutdownSteps{windDown: c.JobWindDown, letGo: runReleaseTimeout, beat: beatTimeout(c.Timing.HeartbeatInterval),
-		removeRow: c.ShutdownTimeout, closeLock: aliveLockCloseTimeout}
-	if c.Mode == ModeHeartbeatTableOnly {
-		s.closeLock = 0 // no lock, no session
-	}
-	return s
-}
-
-func (s shutdownSteps) total() time.Duration {
-	return s.windDown + s.letGo + s.beat + s.removeRow + s.closeLock
-}
-
-// ShutdownBudget is the longest Run takes to return once its context ends, with this
-// configuration (defaults filled in). The steps run one after the other, each under its
-// own deadline: the campaigns' jobs get JobWindDown to return while their leases are
-// still renewed and the instance still proves life, then their leases are released (or
-// left to expire) within 5 s; a beat in flight finishes (half the heartbeat interval, at
-// most 10 s); the instance row is deleted (ShutdownTimeout); the alive lock's session is
-// closed (5 s). With the defaults that is 10 + 5 + 10 + 5 + 5 = 35 s. Give a process that
-// runs an Agent at least this long between SIGTERM and SIGKILL, plus whatever else it
-// does on the way out.
-func (c AgentConfig) ShutdownBudget() time.Duration { return c.shutdownSteps().total() }
-
-// withDefaults fills zero values with the documented defaults. Negative values stay, for
-// Validate to refuse.
-func (c AgentConfig) withDefaults() AgentConfig {
-	c.Schema = cmp.Or(c.Schema, DefaultSchema)
-	c.Mode = cmp.Or(c.Mode, ModeAdvisoryLockWhenAvailable)
-	c.Timing = timingWithDefaults(c.Timing)
-	c.ReaperInterval = cmp.Or(c.ReaperInterval, DefaultReaperInterval)
-	c.ReaperLeaseTTL = cmp.Or(c.ReaperLeaseTTL, DefaultReaperLeaseTTL)
-	c.JobWindDown = cmp.Or(c.JobWindDown, DefaultJobWindDown)
-	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
-	c.DuplicateTimeout = cmp.Or(c.DuplicateTimeout, DefaultDuplicateTimeout)
-	return c
-}
-
-// lockMode reports whether the agent holds an alive lock.
-func (c AgentConfig) lockMode() bool { return c.Mode != ModeHeartbeatTableOnly }
-
-// aliveLockFields names, for each field of the alive lock's configuration, the
-// AgentConfig field it comes from, so that an Agent's errors name what its caller set.
-var aliveLockFields = map[string]string{
-	"aliveLockConfig.DSN":               "AgentConfig.DirectDSN",
-	"aliveLockConfig.InstanceID":        "AgentConfig.InstanceID",
-	"aliveLockConfig.ServiceName":       "AgentConfig.ServiceName",
-	"aliveLockConfig.KeepaliveIdle":     "AgentConfig.KeepaliveIdle",
-	"aliveLockConfig.KeepaliveInterval": "AgentConfig.KeepaliveInterval",
-	"aliveLockConfig.KeepaliveCount":    "AgentConfig.KeepaliveCount",
-	"aliveLockConfig.UserTimeout":       "AgentConfig.UserTimeout",
-	"aliveLockConfig.VerifyInterval":    "AgentConfig.VerifyInterval",
-}
-
-// asAgentError renames the alive lock's *ConfigError to the AgentConfig fields.
-func asAgentError(err error) error {
-	var ce *ConfigError
-	if !errors.As(err, &ce) {
-		return err
-	}
-	out := &ConfigError{Field: ce.Field, Reason: ce.Reason}
-	if f, ok := aliveLockFields[ce.Field]; ok {
-		out.Field = f
-	}
-	for from, to := range aliveLockFields {
-		out.Reason = strings.ReplaceAll(out.Reason, from, to)
-	}
-	return out
-}
-
-// Validate refuses configuration that NewAgent would refuse: a missing Pool or
-// identity, or timing that would make an alive instance look dead or a dead one look
-// alive, after filling zero values with the defaults. Errors are *ConfigError naming the
-// AgentConfig field.
-func (c AgentConfig) Validate() error {
-	c = c.withDefaults()
-	bad := func(field, format string, args ...any) error {
-		return &ConfigError{Field: "AgentConfig." + field, Reason: fmt.Sprintf(format, args...)}
-	}
-	switch {
-	case c.Pool == nil:
-		return bad("Pool", "must be set")
-	case strings.TrimSpace(c.ServiceName) == "":
-		return bad("ServiceName", "must not be empty")
-	case c.InstanceID == uuid.Nil:
-		return bad("InstanceID", "must not be the nil UUID")
-	}
-	if _, ok := parseMode(string(c.Mode)); !ok {
-		return bad("Mode", "%q is unknown (want %s or %s)", c.Mode, ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly)
-	}
-	if err := checkTiming(c.Timing, "AgentConfig.Timing"); err != nil {
-		return err
-	}
-	if len(c.Metadata) > 0 {
-		if _, err := json.Marshal(c.Metadata); err != nil {
-			return bad("Metadata", "does not marshal to JSON: %v", err)
-		}
-	}
-	if c.Reaper {
-		if c.ReaperInterval < 0 {
-			return bad("ReaperInterval", "(%s) must be positive", c.ReaperInterval)
-		}
-		if c.ReaperLeaseTTL < time.Second {
-			return bad("ReaperLeaseTTL", "(%s) must be at least 1s: it is renewed every ttl/4", c.ReaperLeaseTTL)
-		}
-	}
-	for _, f := range []struct {
-		name string
-		d    time.Duration
-	}{{"JobWindDown", c.JobWindDown}, {"ShutdownTimeout", c.ShutdownTimeout}, {"DuplicateTimeout", c.DuplicateTimeout}} {
-		if f.d < 0 {
-			return bad(f.name, "(%s) must not be negative", f.d)
-		}
-	}
-	switch {
-	case c.lockMode() && c.NodeAgentSocket != "":
-		if strings.TrimSpace(c.NodeAgentSocket) != c.NodeAgentSocket {
-			return bad("NodeAgentSocket", "(%q) must not begin or end with spaces", c.NodeAgentSocket)
-		}
-		if err := c.aliveLockConfig().validateTiming(); err != nil {
-			return asAgentError(err)
-		}
-	case c.lockMode():
-		if err := c.aliveLockConfig().validate(); err != nil {
-			return asAgentError(err)
-		}
-	}
-	return nil
-}
-
-// nodeLockConfig is the lock's configuration through a node agent.
-func (c AgentConfig) nodeLockConfig(ev *events) nodeLockConfig {
-	lc := c.aliveLockConfig()
-	return nodeLockConfig{Socket: c.NodeAgentSocket, InstanceID: c.InstanceID, Schema: c.Schema, Pool: c.Pool,
-		LeaderVerifyInterval: lc.LeaderVerifyInterval, Events: ev, Logger: lc.Logger}
-}
-
-func (c AgentConfig) aliveLockConfig() aliveLockConfig {
-	return aliveLockConfig{
-		DSN:               c.DirectDSN,
-		Schema:            c.Schema,
-		InstanceID:        c.InstanceID,
-		ServiceName:       c.ServiceName,
-		KeepaliveIdle:     c.KeepaliveIdle,
-		KeepaliveInterval: c.KeepaliveInterval,
-		KeepaliveCount:    c.KeepaliveCount,
-		UserTimeout:       c.UserTimeout,
-		VerifyInterval:    c.VerifyInterval,
-		// A leader trusts its lock only briefly after each proof (lifeMonitor).
-		LeaderVerifyInterval: min(cmp.Or(c.VerifyInterval, DefaultVerifyInterval), leaderVerifyInterval(c.Timing.LockGrace)),
-		Logger:               logging.Wrap(c.Logger).With("part", "alive_lock"),
-	}
-}
-
-func (c AgentConfig) heartbeatConfig(lock lockSource) heartbeatConfig {
-	return heartbeatConfig{
-		Pool:        c.Pool,
-		Schema:      c.Schema,
-		InstanceID:  c.InstanceID,
-		ServiceName: c.ServiceName,
-		HostName:    c.HostName,
-		ProcessID:   c.ProcessID,
-		Mode:        c.Mode,
-		Timing:      c.Timing,
-		Lock:        lock,
-		Metadata:    c.Metadata,
-		Logger:      logging.Wrap(c.Logger).With("part", "heartbeat"),
-	}
-}
 
 // Agent is one instance taking part in the fleet: it holds its alive lock (unless in
 // ModeHeartbeatTableOnly), beats, optionally reaps dead instances, and campaigns for
@@ -563,7 +287,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.lock == nil || !a.lock.Duplicate() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), steps.removeRow)
 		if rerr := a.heartbeat.Remove(rctx); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("remove own instance row: %w", rerr))
+			err = errors.Join(err, rerr)
 		}
 		cancel()
 	}

@@ -284,6 +284,17 @@
 //     and any value whose printed form holds one), so no line of this package can leak
 //     one, whatever the caller's handler. Errors it returns carry no password either.
 //
+// # Errors
+//
+// Every error the package returns starts with "liveness: ", then names the part or the
+// operation that failed: "liveness: acquire lease "jobs": ...", "liveness: node agent:
+// another node agent listens on /run/pg-liveness/agent.sock", "liveness:
+// AgentConfig.DirectDSN must not be empty". An error that wraps one of the package's
+// sentinels starts with it: "liveness: lease lost: lease "jobs" (epoch 3) is not held:
+// ...". Match errors with errors.Is against the sentinels (ErrLeaseLost, ErrLeaseHeld,
+// ErrFenced, ErrNoLeader, ...) and errors.As against the types (*ConfigError,
+// *LeaseLostError, *FencedError), not by their text.
+//
 // # Logging
 //
 // Every config has a Logger field; nil discards. A part logs with no key naming itself:

@@ -163,10 +163,10 @@ type heartbeatWorker struct {
 // database; Run does.
 func newHeartbeatWorker(cfg heartbeatConfig) (*heartbeatWorker, error) {
 	if err := cfg.validate(); err != nil {
-		return nil, fmt.Errorf("heartbeat: %w", err)
+		return nil, err // a *ConfigError naming the heartbeatConfig field
 	}
 	if cfg.Pool == nil {
-		return nil, errors.New("heartbeat: heartbeatConfig.Pool must not be nil")
+		return nil, &ConfigError{Field: "heartbeatConfig.Pool", Reason: "must not be nil"}
 	}
 	t := timingWithDefaults(cfg.Timing)
 	meta := []byte("{}")
@@ -250,7 +250,7 @@ func (h *heartbeatWorker) Stats() HeartbeatStats {
 // grace has run out.
 func (h *heartbeatWorker) Run(ctx context.Context) error {
 	if !h.running.CompareAndSwap(false, true) {
-		return errors.New("heartbeat: Run is already running")
+		return errors.New("liveness: heartbeat: Run is already running")
 	}
 	defer h.running.Store(false)
 	if h.mode == ModeAdvisoryLockWhenAvailable && h.lock == nil {
@@ -418,7 +418,7 @@ func (h *heartbeatWorker) failed() {
 // AgentConfig.ShutdownTimeout).
 func (h *heartbeatWorker) Remove(ctx context.Context) error {
 	if _, err := h.pool.Exec(ctx, h.deleteSQL, h.instanceID); err != nil {
-		return fmt.Errorf("heartbeat: remove instance row: %w", logging.RedactError(err))
+		return fmt.Errorf("liveness: heartbeat: remove instance row: %w", logging.RedactError(err))
 	}
 	return nil
 }

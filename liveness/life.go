@@ -217,7 +217,7 @@ type serverAnchor struct {
 }
 
 // errNoLockProof: no proof that the lock is held came in time for a new leadership.
-var errNoLockProof = errors.New("no proof in time that the alive lock is held")
+var errNoLockProof = errors.New("liveness: no proof in time that the alive lock is held")
 
 // holdMark is what hold saw before an acquisition was sent: whether the lock was held,
 // and by which claim.

@@ -77,7 +77,7 @@ func (n *nodeLock) wakeNow() {
 // until ctx ends; then it closes the connection, which lets the lock go.
 func (n *nodeLock) Run(ctx context.Context) error {
 	if !n.running.CompareAndSwap(false, true) {
-		return errors.New("node lock: Run is already running")
+		return errors.New("liveness: node lock: Run is already running")
 	}
 	defer n.running.Store(false)
 	for attempt := 1; n.database == ""; attempt++ {

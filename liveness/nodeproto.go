@@ -93,7 +93,7 @@ func (d *nodeDecoder) next() (nodeMessage, error) {
 		}
 		line = append(line, chunk...)
 		if len(line) > nodeMessageLimit {
-			return nodeMessage{}, fmt.Errorf("node agent protocol: a line of over %d bytes", nodeMessageLimit)
+			return nodeMessage{}, fmt.Errorf("liveness: node agent protocol: a line of over %d bytes", nodeMessageLimit)
 		}
 		if !isPrefix {
 			break
@@ -101,7 +101,7 @@ func (d *nodeDecoder) next() (nodeMessage, error) {
 	}
 	var m nodeMessage
 	if err := json.Unmarshal(line, &m); err != nil {
-		return nodeMessage{}, fmt.Errorf("node agent protocol: %w", err)
+		return nodeMessage{}, fmt.Errorf("liveness: node agent protocol: %w", err)
 	}
 	return m, nil
 }

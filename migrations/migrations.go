@@ -1,9 +1,9 @@
 // Package migrations applies the SQL objects pg_liveness_exporter and the liveness package
 // rely on to a configurable schema, and reads where a schema stands. The objects are the
-// data layer's ordered files, internal/store/migrations/NNNN_name.sql, and
-// internal/store/schema.sql shows them as they stand after the last one; every statement
-// this package sends around them is the data layer's too (internal/store/sql/migrate.sql
-// and schema_state.sql).
+// data layer's ordered files, internal/store/schema/NNNN_name.sql (the migrations, which
+// this package embeds through the data layer), and internal/store/schema.sql shows them as
+// they stand after the last one; every statement this package sends around them is the
+// data layer's too (internal/store/sql/migrate.sql and schema_state.sql).
 //
 // Each file runs in its own transaction, serialized across processes by
 // pg_advisory_xact_lock, and is recorded in <schema>.schema_migrations; applying again is

@@ -20,9 +20,9 @@
 //     handles the views render once, when they are built.
 //   - sql/source_liveness.sql and sql/source_whizbang.sql: what each source fills into
 //     the statements that read instances (its verdict, its tables, its timing).
-//   - migrations/NNNN_name.sql: the schema's history (MigrationFiles), which package
-//     migrations applies in order; schema.sql: every object as it stands after the last
-//     one, read back from a server and checked by the tests.
+//   - schema/NNNN_name.sql: the schema's history, the migrations (MigrationFiles), which
+//     package migrations applies in order; schema.sql: every object as it stands after
+//     the last one, read back from a server and checked by the tests.
 //   - rows.go: the row types of the statements the views read, by column name.
 //
 // # Tags

@@ -10,14 +10,15 @@ import (
 	"strings"
 )
 
-//go:embed migrations/*.sql
+//go:embed schema/*.sql
 var migrationFiles embed.FS
 
-// MigrationFiles is the schema's history, the files NNNN_name.sql in the order package
-// migrations applies them. The files are the one definition of every object the product
-// relies on; schema.sql beside them shows the objects as they stand after the last one.
+// MigrationFiles is the schema's history, the files schema/NNNN_name.sql, in the order
+// package migrations applies them. The files are the one definition of every object the
+// product relies on; schema.sql beside the folder shows the objects as they stand after
+// the last one.
 func MigrationFiles() fs.FS {
-	sub, err := fs.Sub(migrationFiles, "migrations")
+	sub, err := fs.Sub(migrationFiles, "schema")
 	if err != nil {
 		panic(err) // a literal path of this package's own embed
 	}

@@ -1,6 +1,6 @@
 -- The schema as it stands after the last migration, 0015_lease_writes_by_holder: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
--- once every migration is applied. The migrations (internal/store/migrations/) are the history,
+-- once every migration is applied. The migrations (internal/store/schema/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
 -- Generated and checked by TestSchemaFileIsCurrent; do not edit by hand:
 --   go test ./internal/store -run TestSchemaFileIsCurrent -update (on PostgreSQL 15: PG_LIVENESS_TEST_PG_MAJOR unset)

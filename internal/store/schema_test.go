@@ -121,7 +121,7 @@ func dumpSchema(ctx context.Context, c *pgx.Conn, schema string, major int) (str
 	}
 	fmt.Fprintf(&b, `-- The schema as it stands after the last migration, %04d_%s: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL %d
--- once every migration is applied. The migrations (internal/store/migrations/) are the history,
+-- once every migration is applied. The migrations (internal/store/schema/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
 -- Generated and checked by TestSchemaFileIsCurrent; do not edit by hand:
 --   %s

@@ -1,0 +1,302 @@
+// A held lease: renewed every ttl/4 within its trust window until it is released, lost
+// (LeaseLostError) or left to expire, and how it ends.
+
+package liveness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+)
+
+// minRenewAttempt is the shortest a renewal attempt may wait for its answer: slow links
+// answer slowly, and a short ttl leaves no room for retries anyway.
+const minRenewAttempt = 2 * time.Second
+
+// ErrLeaseLost matches (errors.Is) every *LeaseLostError, and every error of a fence that
+// found its lease not held.
+var ErrLeaseLost = errors.New("liveness: lease lost")
+
+// ErrLeaseReleased is the cause of a lease's context after Release.
+var ErrLeaseReleased = errors.New("liveness: lease released")
+
+// errLeftToExpire is the cause of a lease's context when its holder stopped renewing it
+// without deleting its row: the lease is free once it expires.
+var errLeftToExpire = errors.New("liveness: lease left to expire")
+
+// LeaseLostError is the cause of a lost lease's context. Reasons:
+//
+//   - LostTaken: a renewal or a fence reached the database and found the lease no longer
+//     held under its epoch. Another holder took the lease over, the row was deleted, or
+//     it had expired by the database clock.
+//   - LostError: the trust window ran out while the most recent renewal attempt had
+//     failed with an error (connection refused, pool closed, SQL error). Err is that
+//     error. A failed renewal is retried every ttl/16 until the window runs out.
+//   - LostExpired: the trust window ran out with no failed attempt to blame: a renewal
+//     was still unanswered (a hung network, a stalled server) or none could be sent in
+//     time (a paused process).
+//   - LostNotAlive: the holder is an Agent's instance that could no longer prove life;
+//     it stepped down before the fleet could call it dead and take the lease.
+type LeaseLostError struct {
+	Name   string
+	Epoch  int64
+	Reason LostReason
+	Err    error
+}
+
+func (e *LeaseLostError) Error() string {
+	msg := fmt.Sprintf("liveness: lease %q (epoch %d) lost: %s", e.Name, e.Epoch, e.Reason)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is makes errors.Is(err, ErrLeaseLost) true.
+func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
+
+func (e *LeaseLostError) Unwrap() error { return e.Err }
+
+// Context is cancelled when the lease is lost, released, or its parent context ends.
+func (le *Lease) Context() context.Context { return le.ctx }
+
+// Err is nil while the lease is held. Afterwards it is a *LeaseLostError when the lease
+// was lost, ErrLeaseReleased after Release, or the parent context's cause.
+func (le *Lease) Err() error {
+	if le.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(le.ctx)
+}
+
+// ExpiresAt is the database time the lease expires at, as of the last successful
+// renewal.
+func (le *Lease) ExpiresAt() time.Time {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.expiresAt
+}
+
+// Release stops the renewals, waits for the renewer to exit, cancels the lease's context
+// and deletes the row if it still belongs to this acquisition (name, holder and epoch), so
+// a late Release never deletes a newer holder's lease. It is safe to call more than once
+// and after a loss; later calls return the first call's error.
+func (le *Lease) Release(ctx context.Context) error {
+	le.releaseOnce.Do(func() {
+		le.end(ErrLeaseReleased)
+		<-le.renewerDone
+		le.releaseErr = le.deleteRow(ctx)
+	})
+	return le.releaseErr
+}
+
+// deleteRow sends the release statement: the row goes if it still belongs to this
+// acquisition (name, holder and epoch). It may be sent again after a failure; once a
+// newer acquisition holds the row, it deletes nothing.
+func (le *Lease) deleteRow(ctx context.Context) error {
+	if _, err := le.leases.pool.Exec(ctx, le.leases.stmts.release, le.Name, le.Holder, le.Epoch); err != nil {
+		return fmt.Errorf("liveness: release lease %q: %w", le.Name, logging.RedactError(err))
+	}
+	return nil
+}
+
+// leaveToExpire stops the renewals without deleting the row, so that the lease is free
+// only once it expires. For a holder instance it also clears the row's
+// holder_instance_id: otherwise the lease would be free as soon as the instance is dead
+// (its process stopping), which is what leaving it to expire must prevent. ctx bounds
+// that statement.
+func (le *Lease) leaveToExpire(ctx context.Context) error {
+	le.end(errLeftToExpire)
+	<-le.renewerDone
+	if le.leases.id == nil {
+		return nil
+	}
+	if _, err := le.leases.pool.Exec(ctx, le.leases.stmts.detach, le.Name, le.Holder, le.Epoch); err != nil {
+		return fmt.Errorf("liveness: leave lease %q to expire: %w", le.Name, logging.RedactError(err))
+	}
+	return nil
+}
+
+// renewLoop renews every ttl/4, and ttl/16 after a failed attempt, until the lease's
+// context ends, and ends the lease as soon as the instance can no longer prove life. It
+// is owned by the lease: Release waits for it.
+func (le *Lease) renewLoop() {
+	defer close(le.renewerDone)
+	every, retry := le.ttl/4, le.ttl/16
+	t := time.NewTimer(every)
+	defer t.Stop()
+	if le.group != nil {
+		// Its group renews it: this loop only ends it when life is lost or ctx ends.
+		defer le.group.remove(le)
+		t.Stop()
+	}
+	life := le.leases.life
+	var lifeChanged <-chan struct{}
+	for {
+		if life != nil {
+			lifeChanged = life.Changed() // before Alive, so that no change is missed
+			if !life.Alive() {
+				le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostNotAlive})
+			}
+		}
+		select {
+		case <-le.ctx.Done():
+			le.end(nil) // the parent context ended, unless the lease already had
+			return
+		case <-lifeChanged:
+			continue
+		case <-t.C:
+		}
+		if le.renew() {
+			t.Reset(every)
+		} else {
+			t.Reset(retry)
+		}
+	}
+}
+
+// endWhenNotAlive ends the lease the moment life says this instance can no longer prove
+// it, while a renewal is in flight: renewLoop looks at life only between renewals, and a
+// renewal stuck on a cut-off network waits up to ttl/5, far past the moment the fleet may
+// call this instance dead. The returned func stops the watch and waits for it; ending the
+// lease cancels ctx, which ends the renewal.
+func (le *Lease) endWhenNotAlive(ctx context.Context, life lifeGate) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			changed := life.Changed() // before Alive, so that no change is missed
+			if !life.Alive() {
+				le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostNotAlive})
+				return
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return
+			case <-quit:
+				return
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
+// renew sends one renewal and reports whether it succeeded.
+func (le *Lease) renew() bool {
+	sent := time.Now()
+	le.mu.Lock()
+	until := le.trustUntil
+	le.lastErr = nil // an unanswered attempt counts as "expired", not "error"
+	le.mu.Unlock()
+
+	// One attempt waits at most a fifth of the ttl: after a network blip, a statement
+	// stuck on its connection can stay unanswered for seconds of TCP retransmission
+	// backoff, while a new attempt, on a new connection, gets through at once.
+	deadline := sent.Add(max(le.ttl/5, minRenewAttempt))
+	if until.Before(deadline) {
+		deadline = until
+	}
+	rctx, cancel := context.WithDeadline(le.ctx, deadline)
+	defer cancel()
+	if life := le.leases.life; life != nil {
+		defer le.endWhenNotAlive(rctx, life)()
+	}
+	var expiresAt time.Time
+	err := le.leases.pool.QueryRow(rctx, le.leases.stmts.renew, le.Name, le.Holder, le.Epoch, le.ttl.Seconds()).Scan(&expiresAt)
+	switch {
+	case err == nil:
+		le.extend(expiresAt, sent)
+		return true
+	case errors.Is(err, pgx.ErrNoRows):
+		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostTaken})
+		return false
+	case le.ctx.Err() != nil:
+		return false // released, lost or the parent ended: the loop exits
+	case rctx.Err() != nil:
+		// Unanswered within the attempt: try again, on another connection; if the window
+		// runs out meanwhile the lease is lost as expired, not as an error.
+		le.leases.log.Debug("lease renewal unanswered; retrying", "lease", le.Name, "epoch", le.Epoch)
+		return false
+	default:
+		le.renewFailed(err, until)
+		return false
+	}
+}
+
+// extend takes a renewal sent at sent that answered expiresAt: the trust window runs
+// from when it was sent (the server's now() came later).
+func (le *Lease) extend(expiresAt, sent time.Time) {
+	roundTrip := time.Since(sent)
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	if !le.ended {
+		le.expiresAt = expiresAt
+		le.fenceUntil = fenceUntil(expiresAt, roundTrip, le.margin)
+		le.trustUntil = sent.Add(le.ttl - le.margin)
+		le.window.Reset(time.Until(le.trustUntil))
+	}
+}
+
+// renewFailed records a renewal's error, so that a window that runs out says why, unless
+// the answer came past the window (until), which is no answer.
+func (le *Lease) renewFailed(err error, until time.Time) {
+	err = logging.RedactError(err)
+	le.mu.Lock()
+	if time.Now().Before(until) {
+		le.lastErr = err
+	}
+	le.mu.Unlock()
+	le.leases.log.Debug("lease renewal failed; retrying", "lease", le.Name, "epoch", le.Epoch, "err", err)
+}
+
+// windowClosed runs when the trust window may have run out.
+func (le *Lease) windowClosed() {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	if le.ended || time.Now().Before(le.trustUntil) {
+		return // a renewal extended the window while this timer fired
+	}
+	lost := &LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostExpired}
+	if le.lastErr != nil {
+		lost.Reason, lost.Err = LostError, le.lastErr
+	}
+	le.endLocked(lost)
+}
+
+func (le *Lease) end(cause error) {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	le.endLocked(cause)
+}
+
+// endLocked ends the lease once: it stops the window timer, cancels the context with
+// cause and updates the counts. A nil cause, or a context the parent already ended, means
+// the parent context ended it; that is not a loss.
+func (le *Lease) endLocked(cause error) {
+	if le.ended {
+		return
+	}
+	le.ended = true
+	le.window.Stop()
+	defer le.leading() // after the cancel: the job's context ends first
+	var lost *LeaseLostError
+	if le.ctx.Err() != nil || !errors.As(cause, &lost) {
+		lost = nil
+	}
+	// Count and log first: whoever wakes on Done must see the loss.
+	le.leases.noteEnded(le.statName(), le.Epoch, lost)
+	if lost != nil {
+		attrs := []any{"lease", le.Name, "epoch", le.Epoch, "reason", string(lost.Reason)}
+		if lost.Err != nil {
+			attrs = append(attrs, "err", lost.Err)
+		}
+		le.leases.log.Warn("lease lost; cancelling its context", attrs...)
+	}
+	le.cancel(cause) // no-op when the parent already cancelled it
+}

@@ -1,0 +1,151 @@
+// One attached process's connection, as the node agent sees it: its queues of messages,
+// read and written by goroutines of its own.
+
+package liveness
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
+)
+
+// peerOf names a process's connection by its credentials (SO_PEERCRED), for the logs.
+func peerOf(c *net.UnixConn) string {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return ""
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || cerr != nil {
+		return ""
+	}
+	return fmt.Sprintf("pid=%d uid=%d", cred.Pid, cred.Uid)
+}
+
+// nodeClient is one process's connection.
+type nodeClient struct {
+	conn        net.Conn
+	peer        string
+	control     chan nodeMessage // state, proof, error: never dropped (a client that lets them pile up is dropped)
+	events      chan nodeMessage // notifications: dropped when full, then a resync
+	dropped     atomic.Bool
+	attached    atomic.Bool
+	wantMembers atomic.Bool
+	closeOnce   sync.Once
+	done        chan struct{}
+	sentLast    chan struct{} // closed by closeAfterSend: close once control is drained
+
+	// Owned by the session goroutine.
+	instance            uuid.UUID
+	database            string
+	held                bool
+	claim               uint64
+	duplicate, stranger bool
+	askedHolder         time.Time
+}
+
+// nodeClientQueue bounds a client's pending messages of each kind.
+const nodeClientQueue = 64
+
+func newNodeClient(conn net.Conn) *nodeClient {
+	c := &nodeClient{conn: conn, control: make(chan nodeMessage, nodeClientQueue),
+		events: make(chan nodeMessage, nodeClientQueue), done: make(chan struct{}), sentLast: make(chan struct{})}
+	if uc, ok := conn.(*net.UnixConn); ok {
+		c.peer = peerOf(uc)
+	}
+	return c
+}
+
+// send queues a control message; a process that does not read them is dropped (its
+// connection closed, which lets its lock go).
+func (c *nodeClient) send(m nodeMessage) {
+	select {
+	case c.control <- m:
+	default:
+		c.close()
+	}
+}
+
+// event queues a notification, or notes that one was dropped.
+func (c *nodeClient) event(m nodeMessage) {
+	select {
+	case c.events <- m:
+	default:
+		c.dropped.Store(true)
+	}
+}
+
+func (c *nodeClient) close() {
+	c.closeOnce.Do(func() {
+		close(c.done)
+		_ = c.conn.Close()
+	})
+}
+
+// closeAfterSend closes the connection once the queued control messages are written.
+func (c *nodeClient) closeAfterSend() {
+	select {
+	case <-c.sentLast:
+	default:
+		close(c.sentLast)
+	}
+}
+
+// read hands each message to handle until the connection ends.
+func (c *nodeClient) read(handle func(nodeMessage)) {
+	d := newNodeDecoder(c.conn)
+	for {
+		m, err := d.next()
+		if err != nil {
+			return
+		}
+		handle(m)
+	}
+}
+
+// write sends the queued messages, control first, until the connection ends.
+func (c *nodeClient) write(ctx context.Context) {
+	for {
+		select {
+		case m := <-c.control:
+			if writeNodeMessage(c.conn, m) != nil {
+				c.close()
+				return
+			}
+			continue
+		default:
+		}
+		select {
+		case <-ctx.Done():
+			c.close()
+			return
+		case <-c.done:
+			return
+		case m := <-c.control:
+			if writeNodeMessage(c.conn, m) != nil {
+				c.close()
+				return
+			}
+		case <-c.sentLast:
+			if len(c.control) == 0 {
+				c.close()
+				return
+			}
+		case m := <-c.events:
+			if writeNodeMessage(c.conn, m) != nil {
+				c.close()
+				return
+			}
+			if len(c.events) == 0 && c.dropped.Swap(false) {
+				c.event(nodeMessage{Op: nodeOpEvent, Kind: eventResync})
+			}
+		}
+	}
+}

@@ -1,0 +1,139 @@
+// What the node agent's session does for each process: attach it (or refuse it), claim
+// its alive lock, forget it once it departs, and verify the session, which proves the
+// locks it holds.
+
+package liveness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// attach takes an attach request: the process's schema and database must be the node
+// agent's (checked once a session knows the database: live says one is up). It reports
+// whether the process is now attached.
+func (n *NodeAgent) attach(s *nodeSession, c *nodeClient, m nodeMessage, live bool) bool {
+	switch {
+	case c.attached.Load():
+		return n.refuse(c, m.Instance, "one instance per connection: already attached")
+	case m.Instance == uuid.Nil:
+		return n.refuse(c, m.Instance, "attach names no instance")
+	case m.Schema != n.cfg.Schema:
+		return n.refuse(c, m.Instance, fmt.Sprintf("the node agent holds locks for schema %q, not %q", n.cfg.Schema, m.Schema))
+	case live && m.Database != s.database:
+		return n.refuse(c, m.Instance, n.otherDatabase(s, m.Database))
+	}
+	c.instance, c.database = m.Instance, m.Database
+	c.attached.Store(true)
+	s.clients[c] = struct{}{}
+	n.attached.Store(int64(len(s.clients)))
+	n.log.Debug("node agent: process attached", "instance_id", c.instance, "peer", c.peer)
+	return true
+}
+
+// refuse tells a process why it may not attach, and closes its connection once told.
+func (n *NodeAgent) refuse(c *nodeClient, instance uuid.UUID, reason string) bool {
+	n.refused.Add(1)
+	n.log.Warn("node agent: attach refused", "instance_id", instance, "peer", c.peer, "reason", reason)
+	c.send(nodeMessage{Op: nodeOpError, Error: reason})
+	c.closeAfterSend()
+	return false
+}
+
+func (n *NodeAgent) otherDatabase(s *nodeSession, database string) string {
+	return fmt.Sprintf("the node agent holds locks in database %q, not %q", s.database, database)
+}
+
+// forget removes a process that departed.
+func (n *NodeAgent) forget(s *nodeSession, c *nodeClient) {
+	if _, ok := s.clients[c]; !ok {
+		return
+	}
+	delete(s.clients, c)
+	if s.byInstance[c.instance] == c {
+		delete(s.byInstance, c.instance)
+	}
+	if c.held {
+		c.held = false
+		n.locksHeld.Add(-1)
+	}
+	n.attached.Store(int64(len(s.clients)))
+	n.log.Debug("node agent: process departed", "instance_id", c.instance)
+}
+
+// claim claims c's lock on the session and tells c. Another process attached with the
+// same instance id is a duplicate, whose lock this session would otherwise hold twice
+// (session locks stack). It returns false when the session must be dropped.
+func (n *NodeAgent) claim(ctx context.Context, s *nodeSession, c *nodeClient) bool {
+	if c.database != s.database {
+		// Attached while no session knew the database: refused now.
+		n.forget(s, c)
+		n.refuse(c, c.instance, n.otherDatabase(s, c.database))
+		return true
+	}
+	if owner := s.byInstance[c.instance]; owner != nil && owner != c {
+		if !c.duplicate {
+			c.duplicate, c.stranger = true, false
+			c.send(nodeMessage{Op: nodeOpState, Duplicate: true, Listening: n.listening.Load()})
+		}
+		return true
+	}
+	var pid int64
+	var held *bool
+	var clock time.Time
+	if err := n.query(ctx, s, n.claimSQL, c.instance.String(), int64(s.conn.PgConn().PID())).Scan(&pid, &held, &clock); err != nil {
+		return n.failed(ctx, s, "claim", err)
+	}
+	if held != nil && *held {
+		s.claim++
+		s.byInstance[c.instance] = c
+		c.held, c.claim, c.duplicate, c.stranger = true, s.claim, false, false
+		n.claims.Add(1)
+		n.locksHeld.Add(1)
+		c.send(nodeMessage{Op: nodeOpState, Held: true, PID: pid, Claim: c.claim, ServerClock: clock,
+			Listening: n.listening.Load()})
+		return true
+	}
+	// Held by another session: whose, at the first refusal and then rarely.
+	if c.askedHolder.IsZero() || time.Since(c.askedHolder) >= holderAskEvery {
+		c.askedHolder = time.Now()
+		var holderPID int32
+		var claimed bool
+		switch err := n.query(ctx, s, n.holderSQL, c.instance.String()).Scan(&holderPID, &claimed); {
+		case errors.Is(err, pgx.ErrNoRows):
+			return true // freed meanwhile: the next claim takes it
+		case err != nil:
+			return n.failed(ctx, s, "holder", err)
+		}
+		c.duplicate, c.stranger = claimed, !claimed
+	}
+	c.send(nodeMessage{Op: nodeOpState, Duplicate: c.duplicate, Stranger: c.stranger, Listening: n.listening.Load()})
+	return true
+}
+
+// verify proves the session (a session-level lock is released only by its own session:
+// while the backend that took the locks answers, it holds them) and returns the server's
+// clock. It returns false when the session must be dropped.
+func (n *NodeAgent) verify(ctx context.Context, s *nodeSession) (time.Time, bool) {
+	var pid int64
+	var ok *bool
+	var clock time.Time
+	s.lastVerify = time.Now()
+	n.proofs.Add(1)
+	if err := n.query(ctx, s, n.verifySQL, uuid.Max.String()).Scan(&pid, &ok, &clock); err != nil {
+		return time.Time{}, n.failed(ctx, s, "verify", err)
+	}
+	if pid != int64(s.conn.PgConn().PID()) {
+		n.condition.Log(n.log, slog.LevelError, "pooled",
+			"node agent: statements on its session run on another backend than the one the server opened "+
+				"for it: the direct DSN most likely points at a pooler; point it at PostgreSQL itself")
+		return time.Time{}, false
+	}
+	return clock, true
+}

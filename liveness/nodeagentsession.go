@@ -1,0 +1,311 @@
+// The node agent's session to the database: connect, listen, serve the queued requests
+// and wait on the idle session, and reconnect after a drop.
+
+package liveness
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// nodeSession is what the session goroutine owns.
+type nodeSession struct {
+	conn        *pgx.Conn
+	byInstance  map[uuid.UUID]*nodeClient // the client each attached instance belongs to
+	clients     map[*nodeClient]struct{}  // attached, whoever holds what
+	members     bool                      // the session listens to the members channel
+	database    string
+	claim       uint64 // the last claim's number
+	lastVerify  time.Time
+	lastReclaim time.Time
+}
+
+// hold runs sessions until ctx ends: connect, listen, claim what is attached, serve the
+// requests; after a drop, every attached process is told, and the next session claims
+// their locks again.
+func (n *NodeAgent) hold(ctx context.Context) {
+	s := &nodeSession{byInstance: map[uuid.UUID]*nodeClient{}, clients: map[*nodeClient]struct{}{}}
+	attempt, connectedOnce := 0, false
+	for ctx.Err() == nil {
+		began := time.Now()
+		if n.session(ctx, s, &connectedOnce) || time.Since(began) > reconnectBackoffMax {
+			attempt = 0
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		attempt++
+		wait := time.NewTimer(backoff(attempt))
+		for waiting := true; waiting; {
+			// Requests while down: attaches wait for the next session, departures just go.
+			n.serveWhileDown(s)
+			rung, stop := n.doorbell(ctx)
+			select {
+			case <-ctx.Done():
+				wait.Stop()
+				waiting = false
+			case <-wait.C:
+				waiting = false
+			case <-rung:
+			}
+			stop()
+		}
+	}
+}
+
+// serveWhileDown answers the requests that came while no session is up.
+func (n *NodeAgent) serveWhileDown(s *nodeSession) {
+	for _, r := range n.take() {
+		c := r.client
+		switch {
+		case r.gone:
+			n.forget(s, c)
+		case r.msg.Op == nodeOpAttach:
+			if n.attach(s, c, r.msg, false) {
+				c.send(nodeMessage{Op: nodeOpState})
+			}
+		case r.msg.Op == nodeOpProve:
+			c.send(nodeMessage{Op: nodeOpProof, Seq: r.msg.Seq})
+		case r.msg.Op == nodeOpMembers:
+			c.wantMembers.Store(r.msg.Want)
+		}
+	}
+}
+
+// session runs one connection; it reports whether it held anything. The locks of the
+// attached processes are claimed at its start and let go at its end (the session's end
+// lets every lock go).
+func (n *NodeAgent) session(ctx context.Context, s *nodeSession, connectedOnce *bool) (ok bool) {
+	cctx, cancel := context.WithTimeout(ctx, aliveLockConnectTimeout)
+	conn, err := pgx.ConnectConfig(cctx, n.connCfg)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			n.condition.Log(n.log, slog.LevelWarn, "connect", "node agent cannot connect; retrying", "error", err)
+		}
+		return false
+	}
+	if *connectedOnce {
+		n.reconnects.Add(1)
+	}
+	*connectedOnce = true
+	s.conn = conn
+	defer func() {
+		n.sessionUp.Store(false)
+		n.listening.Store(false)
+		n.backendPID.Store(0)
+		for c := range s.clients {
+			c.held, c.duplicate, c.stranger = false, false, false
+			c.send(nodeMessage{Op: nodeOpState})
+		}
+		n.locksHeld.Store(0)
+		s.members = false
+		closeCtx, cancel := context.WithTimeout(context.Background(), aliveLockCloseTimeout)
+		defer cancel()
+		_ = conn.Close(closeCtx) // ends the session: every lock goes
+		s.conn = nil
+	}()
+	pid := int64(conn.PgConn().PID())
+	if err := n.query(ctx, s, n.databaseSQL).Scan(&s.database); err != nil {
+		n.condition.Log(n.log, slog.LevelWarn, "lost", "node agent session failed; reconnecting", "error", err)
+		return false
+	}
+	var listening bool
+	var channel string
+	if err := n.query(ctx, s, n.listenSQL).Scan(&channel); err != nil {
+		n.log.Warn("node agent cannot listen to the schema's events; the processes poll instead", "error", err)
+	} else {
+		listening = true
+	}
+	n.sessionUp.Store(true)
+	n.listening.Store(listening)
+	n.backendPID.Store(pid)
+	n.condition.Log(n.log, slog.LevelInfo, "up", "node agent session up", "backend_pid", pid, "database", s.database)
+	// The processes attached meanwhile, or before the drop: claim their locks again.
+	for c := range s.clients {
+		if !n.claim(ctx, s, c) {
+			return true
+		}
+	}
+	s.lastVerify, s.lastReclaim = time.Now(), time.Now()
+	for {
+		if !n.serve(ctx, s) {
+			return true
+		}
+		if !n.wait(ctx, s) {
+			return true
+		}
+	}
+}
+
+// serve answers the queued requests, then what is due: one verification for every
+// proof asked (each sent after its question arrived), the session's own, and claims
+// again of the locks not held. It returns false when the session must be dropped.
+func (n *NodeAgent) serve(ctx context.Context, s *nodeSession) bool {
+	var proves []nodeRequest
+	for _, r := range n.take() {
+		c := r.client
+		switch {
+		case r.gone:
+			if c.held && s.byInstance[c.instance] == c {
+				if _, err := s.conn.Exec(ctx, n.releaseSQL, c.instance.String()); err != nil {
+					n.log.Warn("node agent: letting a departed process's lock go failed; dropping the session, "+
+						"which lets it go", "instance_id", c.instance, "error", err)
+					n.forget(s, c)
+					return false
+				}
+			}
+			n.forget(s, c)
+		case r.msg.Op == nodeOpAttach:
+			if n.attach(s, c, r.msg, true) && !n.claim(ctx, s, c) {
+				return false
+			}
+		case r.msg.Op == nodeOpProve:
+			proves = append(proves, r)
+		case r.msg.Op == nodeOpMembers:
+			c.wantMembers.Store(r.msg.Want)
+		}
+	}
+	if !n.syncMembers(ctx, s) {
+		return false
+	}
+	if len(proves) > 0 || time.Since(s.lastVerify) >= n.verifyEvery {
+		clock, ok := n.verify(ctx, s)
+		if !ok {
+			return false
+		}
+		for _, r := range proves {
+			c := r.client
+			r.client.send(nodeMessage{Op: nodeOpProof, Seq: r.msg.Seq, Held: c.held, PID: n.backendPID.Load(),
+				Claim: c.claim, ServerClock: clock})
+		}
+		n.proveAsked.Add(uint64(len(proves)))
+	}
+	if time.Since(s.lastReclaim) >= reclaimEvery {
+		s.lastReclaim = time.Now()
+		for c := range s.clients {
+			if !c.held && !n.claim(ctx, s, c) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// syncMembers listens to the members channel while an attached process wants it.
+func (n *NodeAgent) syncMembers(ctx context.Context, s *nodeSession) bool {
+	want := false
+	for c := range s.clients {
+		if c.wantMembers.Load() {
+			want = true
+			break
+		}
+	}
+	if want == s.members || !n.listening.Load() {
+		return true
+	}
+	sql := n.unmembersSQL
+	if want {
+		sql = n.membersSQL
+	}
+	var channel string
+	if err := n.query(ctx, s, sql).Scan(&channel); err != nil {
+		return n.failed(ctx, s, "members", err)
+	}
+	s.members = want
+	if want {
+		// What happened before the LISTEN is lost: the processes read again.
+		n.broadcast(event{Kind: eventResync})
+	}
+	return true
+}
+
+// query sends sql on the session with the alive lock's statement deadline.
+func (n *NodeAgent) query(ctx context.Context, s *nodeSession, sql string, args ...any) pgx.Row {
+	qctx, cancel := context.WithTimeout(ctx, max(aliveLockStatementTimeout, n.clientUserTimeout+aliveLockStatementTimeout))
+	row := s.conn.QueryRow(qctx, sql, args...)
+	return cancelingRow{row, cancel}
+}
+
+type cancelingRow struct {
+	pgx.Row
+	cancel context.CancelFunc
+}
+
+func (r cancelingRow) Scan(dest ...any) error {
+	defer r.cancel()
+	return r.Row.Scan(dest...)
+}
+
+// failed logs a statement's failure and says whether the session may go on: a server
+// error (a missing function, say) keeps it, a broken connection does not.
+func (n *NodeAgent) failed(ctx context.Context, s *nodeSession, what string, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && !s.conn.IsClosed() {
+		n.condition.Log(n.log, slog.LevelError, "error:"+what+":"+pgErr.Code, "node agent statement failed", "statement", what, "error", err)
+		return true
+	}
+	n.condition.Log(n.log, slog.LevelWarn, "lost", "node agent session lost; reconnecting", "error", err)
+	return false
+}
+
+// wait waits on the idle session until the next verification or claim is due or a
+// request comes; a notification is handed on meanwhile (OnNotification), and a dropped
+// session is noticed at once. It returns false when the session must be dropped.
+func (n *NodeAgent) wait(ctx context.Context, s *nodeSession) bool {
+	due := s.lastVerify.Add(n.verifyEvery)
+	if slices.ContainsFunc(mapKeys(s.clients), func(c *nodeClient) bool { return !c.held }) {
+		due = earliest(due, s.lastReclaim.Add(reclaimEvery))
+	}
+	for time.Now().Before(due) {
+		wctx, cancel := context.WithDeadline(ctx, due)
+		n.mu.Lock()
+		if n.rung || len(n.queue) > 0 {
+			n.mu.Unlock()
+			cancel()
+			return true
+		}
+		rctx, ring := context.WithCancelCause(wctx)
+		n.wakeWait = ring
+		n.mu.Unlock()
+		err := s.conn.PgConn().WaitForNotification(rctx)
+		rung := context.Cause(rctx) == errRung
+		n.mu.Lock()
+		n.wakeWait = nil
+		n.mu.Unlock()
+		ring(nil)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return false
+		case rung && !s.conn.IsClosed():
+			return true
+		case err == nil:
+			continue // a notification, handed on
+		case pgconn.Timeout(err) && !s.conn.IsClosed():
+			return true
+		default:
+			n.condition.Log(n.log, slog.LevelWarn, "lost", "node agent session lost; reconnecting", "error", err)
+			return false
+		}
+	}
+	return true
+}
+
+func mapKeys[K comparable, V any](m map[K]V) []K {
+	out := make([]K, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
