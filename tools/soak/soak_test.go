@@ -25,6 +25,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/netns"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/wait"
 )
 
 var (
@@ -312,7 +313,7 @@ func TestSoak(t *testing.T) {
 	samplers.Go(func() { sampleAlerts(sctx, prom.Addr, ch) })
 	samplers.Go(func() { sampleReader(sctx, dsnVia("127.0.0.1", "soak-sampler"), ids, ch, failed) })
 	samplers.Go(func() {
-		if waitCtx(sctx, Warmup) { // the observer's start-up is not growth
+		if wait.Sleep(sctx, Warmup) { // the observer's start-up is not growth
 			sampleResources(sctx, "http://"+obsAddr+"/metrics", samplerDSN, observerApp, h)
 		}
 	})
@@ -345,7 +346,7 @@ func TestSoak(t *testing.T) {
 	for _, f := range schedule {
 		faults.Go(func() { n.run(ctx, t0, f) })
 	}
-	interrupted := !waitCtx(ctx, time.Until(t0.Add(d)))
+	interrupted := !wait.Sleep(ctx, time.Until(t0.Add(d)))
 	faults.Wait()
 	ran := time.Since(t0)
 	for _, m := range members {
@@ -584,7 +585,7 @@ func (n *nemesis) overlapping(events []Event) int {
 // run waits for f's time, applies it, waits its length and heals it; an interrupted run
 // heals at once, and applies nothing more.
 func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
-	if !waitCtx(ctx, time.Until(t0.Add(f.At))) {
+	if !wait.Sleep(ctx, time.Until(t0.Add(f.At))) {
 		return
 	}
 	targets := []string{f.Target}
@@ -595,7 +596,7 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 	if lease, ok := strings.CutPrefix(f.Target, HolderPrefix); ok {
 		// Right after a database fault nobody may hold it yet: wait a while for a holder.
 		for deadline := time.Now().Add(holderWait); ; {
-			if m = n.holder(lease); m != nil || time.Now().After(deadline) || !waitCtx(ctx, 100*time.Millisecond) {
+			if m = n.holder(lease); m != nil || time.Now().After(deadline) || !wait.Sleep(ctx, 100*time.Millisecond) {
 				break
 			}
 		}
@@ -624,7 +625,7 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 		n.mu.Unlock()
 	}
 	heal := func(tg []string) { n.h.Add(Event{Kind: EvHeal, Fault: f.Kind, FaultID: f.ID, Targets: tg}) }
-	hold := func() { waitCtx(ctx, f.For) }
+	hold := func() { wait.Sleep(ctx, f.For) }
 	if databaseFault[f.Kind] {
 		n.dbMu.Lock()
 		defer n.dbMu.Unlock()
@@ -763,7 +764,7 @@ func waitStreaming(ctx context.Context, primary *pgtest.Server, db string) (stri
 		if time.Now().After(deadline) {
 			return "", fmt.Errorf("the replica did not stream within %s (last error: %v)", streamingWait, last)
 		}
-		if !waitCtx(ctx, 100*time.Millisecond) {
+		if !wait.Sleep(ctx, 100*time.Millisecond) {
 			return "", ctx.Err()
 		}
 	}
