@@ -39,7 +39,7 @@ func waitSeen(window time.Duration, checks ...func() bool) {
 
 // waitHealthy waits until the sampler sees every instance of a holding its lock, alive by
 // is_instance_alive, and (with an observer) alive in the exporter.
-func waitHealthy(t *testing.T, s *sampler, a *agent, observed bool) {
+func waitHealthy(t *testing.T, s *verdictLog, a *agent, observed bool) {
 	t.Helper()
 	since := time.Now()
 	testutil.Eventually(t, 60*time.Second, a.Name()+" locked and alive for every consumer", func() bool {
@@ -70,7 +70,7 @@ func waitHealthy(t *testing.T, s *sampler, a *agent, observed bool) {
 const reaperLease = "pg_liveness.reaper"
 
 // holdsLease reports whether the last SQL sample shows the lease held by instance id.
-func (s *sampler) holdsLease(name string, id uuid.UUID) bool {
+func (s *verdictLog) holdsLease(name string, id uuid.UUID) bool {
 	smps := s.sqlSamples()
 	if len(smps) == 0 {
 		return false

@@ -198,20 +198,6 @@ func defaultDuration(t testing.TB, name string) time.Duration {
 	return v
 }
 
-// ---- verdicts ------------------------------------------------------------------------
-
-// stateAlive is the one place that says which of the exporter's instance states call an
-// instance alive. A state not listed here fails the scenario: a new state must be
-// placed on one side deliberately.
-var stateAlive = map[string]bool{
-	"alive":          true,
-	"lock_only":      true,
-	"heartbeat_only": true,
-	"lock_lost":      true, // the lock vanished, still within the grace for proof of life
-	"stale":          false,
-	"zombie":         false,
-}
-
 // ---- the database --------------------------------------------------------------------
 
 // env is one scenario's database: a server of the scenario's own, a database with the
@@ -432,7 +418,7 @@ func startObserver(t *testing.T, dsn string, flags ...string) *observer {
 // startWatchedAgent is the set-up of the scenarios measured at the defaults: an observer
 // and a sampler at the default stale threshold on e.dsn, and the agent o describes,
 // watched by the sampler.
-func startWatchedAgent(t *testing.T, e *env, o agentOpts) (*sampler, *agent) {
+func startWatchedAgent(t *testing.T, e *env, o agentOpts) (*verdictLog, *agent) {
 	t.Helper()
 	obs := startObserver(t, e.dsn)
 	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)

@@ -127,7 +127,7 @@ func (r partitionRun) stop() {
 // off, waits until the heir holds the lease, heals, and waits until the victim holds
 // its lock again. A stale victim goes on believing in its lease once lost. The run's
 // times are recorded under the scenario's quantities, except for a stale victim's.
-func runPartition(t *testing.T, sc *scenario, e *env, ns *netns.Namespace, nsDSN string, obs *observer, s *sampler,
+func runPartition(t *testing.T, sc *scenario, e *env, ns *netns.Namespace, nsDSN string, obs *observer, s *verdictLog,
 	lease, tag string, stale bool) partitionRun {
 	t.Helper()
 	const window = 90 * time.Second
