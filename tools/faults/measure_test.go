@@ -124,6 +124,12 @@ func show(d time.Duration, ok bool) string {
 	return fmt.Sprintf("%d ms", d.Milliseconds())
 }
 
+// observeDead records when the victim was dead for every consumer: the later of when
+// is_instance_alive and the exporter called it dead.
+func (sc *scenario) observeDead(name string, window time.Duration, sql, exp moment) {
+	sc.observe(name, window, max(sql.d, exp.d), sql.ok && exp.ok)
+}
+
 // observeRelock waits within window for a sample after up in which every instance of a
 // holds its lock, and records the time as what "from the stop" (from the fault at stop)
 // and what "from" upName (from up, when the server answered again).

@@ -174,6 +174,19 @@ func instDead(id uuid.UUID) func(sqlSample) bool {
 	return func(smp sqlSample) bool { v, ok := smp.Inst[id]; return ok && !v.Alive }
 }
 
+// rowGone is a SQL sample's predicate: id's instances row is gone (reaped).
+func rowGone(id uuid.UUID) func(sqlSample) bool {
+	return func(smp sqlSample) bool { v, ok := smp.Inst[id]; return ok && !v.Row }
+}
+
+// leaseHeldBy is a SQL sample's predicate: instance id holds the lease, unexpired.
+func leaseHeldBy(name string, id uuid.UUID) func(sqlSample) bool {
+	return func(smp sqlSample) bool {
+		l, ok := smp.Leases[name]
+		return ok && !l.Expired && l.HolderID == id.String()
+	}
+}
+
 // expDead is a scrape's predicate: the observer does not call the service alive.
 func expDead(service string) func(expSample) bool {
 	return func(smp expSample) bool { st, ok := smp.States[service]; return ok && !stateAlive[st] }
