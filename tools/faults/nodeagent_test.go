@@ -13,7 +13,7 @@ import (
 // to it, as a DaemonSet or a systemd unit would.
 func startNodeAgent(t *testing.T, e *env, socket string) *proc {
 	t.Helper()
-	p := startProc(t, "node agent", procOpts{}, exporterBin, "--web.listen-address="+testutil.FreeAddr(t),
+	p := startProc(t, "node agent", procOpts{}, bins.Exporter, "--web.listen-address="+testutil.FreeAddr(t),
 		"--db.dsn="+e.dsn, "--db.schema="+schema, "--log.level=warn", "--node-agent.socket="+socket)
 	testutil.Eventually(t, 30*time.Second, "the node agent's socket", func() bool {
 		return e.db.QueryInt(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE '%:node-agent'`) == 1
