@@ -37,21 +37,15 @@ const schema = "liveness"
 var bins binaries.Built
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	var err error
-	if bins, err = binaries.Build("pg_liveness_faults_bin_"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := pgtest.Run(m)
-	if *reportFlag != "" {
-		if err := writeReport(*reportFlag); err != nil {
-			fmt.Fprintln(os.Stderr, "failover report:", err)
-			code = 1
+	binaries.Main(m, "pg_liveness_faults_bin_", &bins, func(code int) int {
+		if *reportFlag != "" {
+			if err := writeReport(*reportFlag); err != nil {
+				fmt.Fprintln(os.Stderr, "failover report:", err)
+				return 1
+			}
 		}
-	}
-	bins.Remove()
-	os.Exit(code)
+		return code
+	})
 }
 
 func trials() int { return max(1, *trialsFlag) }

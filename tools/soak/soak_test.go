@@ -48,17 +48,7 @@ const rulesFile = "../../alerts/pg_liveness.rules.yml"
 // The binaries TestMain builds: the exporter and the faultagent.
 var bins binaries.Built
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	var err error
-	if bins, err = binaries.Build("pg_liveness_soak_bin_"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := pgtest.Run(m)
-	bins.Remove()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { binaries.Main(m, "pg_liveness_soak_bin_", &bins, nil) }
 
 // agentDefaults reads the exporter's agent flags and their defaults from its --help: the
 // fleet runs at the defaults the binary ships.

@@ -5,12 +5,16 @@
 package binaries
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"testing"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 )
 
 // AgentFlags are the exporter's agent flags whose defaults the agents are started with.
@@ -56,6 +60,25 @@ func Build(prefix string) (Built, error) {
 		}
 	}
 	return b, nil
+}
+
+// Main is a TestMain of a package whose tests run the binaries: it builds them into b,
+// runs the tests with pgtest.Run (which stops the package's shared server), then after
+// (when not nil) with their exit code, removes the binaries and exits with the code
+// after returns.
+func Main(m *testing.M, prefix string, b *Built, after func(code int) int) {
+	flag.Parse()
+	var err error
+	if *b, err = Build(prefix); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := pgtest.Run(m)
+	if after != nil {
+		code = after(code)
+	}
+	b.Remove()
+	os.Exit(code)
 }
 
 // Remove deletes the binaries' folder.
