@@ -44,46 +44,42 @@ deps:
 # The PostgreSQL majors the database-facing tests run on besides Debian's 15 (the
 # default), from npm's server builds that scripts/install-deps.sh installs; and those
 # tests: every package that starts a server, in the root module (DB_PKGS) and in the
-# tools module (TOOLS_DB_PKGS, from tools/), and the fault suite without the failover
-# scenario, which needs pg_basebackup (the npm builds have none; it runs on 15). The
-# soak (tools/soak) runs on 15 only, for the same reason.
+# tools module (TOOLS_DB_PKGS, from tools/). The failover scenario (TestPrimaryFailover)
+# needs pg_basebackup, which the npm builds lack: it runs on 15 only (MAJOR_SKIP), as does
+# the soak (tools/soak), for the same reason.
 PG_MAJORS     ?= 14 16 17 18
 DB_PKGS       := . ./collector ./internal/database ./internal/status ./internal/targets ./internal/testkit/pgtest ./liveness \
 	./migrations ./internal/store
 TOOLS_DB_PKGS := ./alerts ./cmd/fleetsim ./faults ./fleetsim ./statuspage
 MAJOR_SKIP    := ^TestPrimaryFailover$$
 
-# The whole suite, against real PostgreSQL, PgBouncer, Prometheus, Alertmanager and
-# Chromium that the tests start themselves on 127.0.0.1, then the database-facing tests on
-# the other majors; every part runs even when one fails. deploy/ and tools/ are modules of
-# their own, so that the Kubernetes, BuildKit, Prometheus and chromedp libraries their
-# tests use stay out of the binary's dependencies.
-test: deps
-	@status=0; \
-	echo "== PostgreSQL 15 (Debian): the whole suite"; start=$$(date +%s); \
-	$(GO) test $(TEST_FLAGS) ./... || status=1; \
-	(cd deploy && $(GO) test $(TEST_FLAGS) ./...) || status=1; \
-	(cd tools && $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/tools/soak$$')) || status=1; \
-	echo "== PostgreSQL 15: $$(( $$(date +%s) - start )) s"; \
-	echo "== PostgreSQL 15: the two-minute soak, seed 29 (tools/soak), alone"; start=$$(date +%s); \
-	(cd tools && $(GO) test $(TEST_FLAGS) ./soak/) || status=1; \
-	echo "== the soak: $$(( $$(date +%s) - start )) s"; \
-	$(MAKE) --no-print-directory test-majors || status=1; \
-	exit $$status
+# The fault suite's scenarios that make test runs on PG_MAJORS (on 15 it runs them all):
+# those whose behaviour depends on the server, as make faults-majors runs them. A crash
+# (kill -9) is seen through the server's lock table, a restart and a terminated backend
+# are the server's doing; a partition, a hang or a pool's exhaustion behave alike on any
+# major. make test runs each scenario once; make faults and make faults-majors run the
+# full trials (FAULT_TRIALS).
+MAJOR_FAULTS  := ^(TestCrash|TestRestartFast|TestRestartImmediate|TestTerminateBackend)$$
 
-# The database-facing tests on each of PG_MAJORS (PG_MAJORS=18 for one), every major
-# even when one fails.
+# make test's jobs run side by side, JOBS at a time (scripts/test.sh): most of the suite
+# waits on timers and servers rather than computes.
+JOBS ?= 3
+TEST_ENV = GO='$(GO)' TEST_FLAGS='$(TEST_FLAGS)' JOBS='$(JOBS)' PG_MAJORS='$(PG_MAJORS)' DB_PKGS='$(DB_PKGS)' \
+	TOOLS_DB_PKGS='$(TOOLS_DB_PKGS)' MAJOR_FAULTS='$(MAJOR_FAULTS)' MAJOR_SKIP='$(MAJOR_SKIP)'
+
+# The whole suite, against real PostgreSQL, PgBouncer, Prometheus, Alertmanager and
+# Chromium that the tests start themselves on 127.0.0.1: every package on 15 (the root
+# module, deploy/ and tools/), the two-minute soak (alone), and the database-facing
+# packages on PG_MAJORS. Every job runs even when one fails; at the end, a table of each
+# package's seconds on each major. deploy/ and tools/ are modules of their own, so that
+# the Kubernetes, BuildKit, Prometheus and chromedp libraries their tests use stay out of
+# the binary's dependencies.
+test: deps
+	@$(TEST_ENV) ./scripts/test.sh all
+
+# The database-facing tests on each of PG_MAJORS (PG_MAJORS=18 for one).
 test-majors:
-	@failed=""; for m in $(PG_MAJORS); do \
-		echo "== PostgreSQL $$m: the database-facing packages and the fault suite; the failover scenario (TestPrimaryFailover) runs on 15 only: this build has no pg_basebackup"; \
-		start=$$(date +%s); \
-		m_failed=""; \
-		PG_LIVENESS_TEST_PG_MAJOR=$$m $(GO) test $(TEST_FLAGS) -skip '$(MAJOR_SKIP)' $(DB_PKGS) || m_failed=1; \
-		(cd tools && PG_LIVENESS_TEST_PG_MAJOR=$$m $(GO) test $(TEST_FLAGS) -skip '$(MAJOR_SKIP)' $(TOOLS_DB_PKGS)) || m_failed=1; \
-		[ -z "$$m_failed" ] || failed="$$failed $$m"; \
-		echo "== PostgreSQL $$m: $$(( $$(date +%s) - start )) s"; \
-	done; \
-	if [ -n "$$failed" ]; then echo "== failed on PostgreSQL$$failed"; exit 1; fi
+	@$(TEST_ENV) ./scripts/test.sh majors
 
 # gofmt, vet and staticcheck over the three modules (the tools module with the
 # benchcompare build tag, so that the comparison's files are checked too).
@@ -117,7 +113,7 @@ faults:
 # SOAK_DURATION, the history checked, the soak's section of docs/failover.md rewritten.
 # SOAK_SEED replays a run's schedule; a failing run keeps its history (the path is
 # printed). Needs root (network namespaces). The two-minute run with the fixed seed is
-# part of make test, on PostgreSQL 15 (it adds about 125 s).
+# part of make test, on PostgreSQL 15, alone (it adds about 130 s).
 SOAK_DURATION ?= 30m
 SOAK_SEED     ?= 29
 SOAK_TIMEOUT  ?= 6h
@@ -125,11 +121,10 @@ soak:
 	cd tools && $(GO) test -count=1 -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' -v ./soak/ \
 		-args -soak.duration=$(SOAK_DURATION) -soak.seed=$(SOAK_SEED) -soak.report=$(CURDIR)/docs/failover.md
 
-# The crash, restart and terminate scenarios on other majors (FAULT_MAJORS, default 14
-# and 18), FAULT_TRIALS times each; each major's section of docs/failover.md is rewritten,
-# the rest of the file kept.
+# The crash, restart and terminate scenarios (MAJOR_FAULTS) on other majors (FAULT_MAJORS,
+# default 14 and 18), FAULT_TRIALS times each; each major's section of docs/failover.md is
+# rewritten, the rest of the file kept.
 FAULT_MAJORS ?= 14 18
-MAJOR_FAULTS := ^(TestCrash|TestRestartFast|TestRestartImmediate|TestTerminateBackend)$$
 faults-majors:
 	./scripts/install-deps.sh test
 	for m in $(FAULT_MAJORS); do \

@@ -485,9 +485,13 @@ func TestOnNewLeaderReportsItselfAndTheGap(t *testing.T) {
 // statementCounter counts the statements a pool sends, per tag and first argument when it
 // is a string ("lease_acquire:<lease>").
 type statementCounter struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu   sync.Mutex
+	n    map[string]int
+	done map[string]int // the statements answered
 }
+
+// counterTag carries a statement's tag from its start to its end.
+type counterTag struct{}
 
 func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	if _, rest, ok := strings.Cut(data.SQL, "/* pg_liveness:"); ok {
@@ -500,16 +504,49 @@ func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, dat
 		c.mu.Lock()
 		c.n[tag]++
 		c.mu.Unlock()
+		return context.WithValue(ctx, counterTag{}, tag)
 	}
 	return ctx
 }
 
-func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *statementCounter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if tag, ok := ctx.Value(counterTag{}).(string); ok {
+		c.mu.Lock()
+		c.done[tag]++
+		c.mu.Unlock()
+	}
+}
 
 func (c *statementCounter) count(tag string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.n[tag]
+}
+
+// answered counts the statements of tag whose answers have come.
+func (c *statementCounter) answered(tag string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.done[tag]
+}
+
+// countingPool is a pool of maxConns connections to dsn whose statements the returned
+// counter counts, closed when the test ends.
+func countingPool(t testing.TB, dsn string, maxConns int32) (*pgxpool.Pool, *statementCounter) {
+	t.Helper()
+	counter := &statementCounter{n: map[string]int{}, done: map[string]int{}}
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = maxConns
+	pcfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, counter
 }
 
 // TestFollowersWaitForNotificationsNotTheClock: a follower whose Agent listens to the
@@ -521,18 +558,7 @@ func TestFollowersWaitForNotificationsNotTheClock(t *testing.T) {
 	lead := newAgent(t, agentConfig(db, db.Pool(t, 3)))
 	runAgent(t, lead)
 
-	counter := &statementCounter{n: map[string]int{}}
-	pcfg, err := pgxpool.ParseConfig(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.MaxConns = 3
-	pcfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, counter := countingPool(t, db.DSN, 3)
 	follower := newAgent(t, agentConfig(db, pool))
 	runAgent(t, follower)
 

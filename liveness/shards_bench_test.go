@@ -41,18 +41,8 @@ func benchmarkShardMember(b *testing.B, shards int) {
 		}
 	}()
 	for i := range counters {
-		counters[i] = &statementCounter{n: map[string]int{}}
-		pcfg, err := pgxpool.ParseConfig(db.DSN)
-		if err != nil {
-			b.Fatal(err)
-		}
-		pcfg.MaxConns = 4
-		pcfg.ConnConfig.Tracer = counters[i]
-		pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(pool.Close)
+		var pool *pgxpool.Pool
+		pool, counters[i] = countingPool(b, db.DSN, 4)
 		a := newAgent(b, liveness.AgentConfig{Pool: pool, DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: "bench"})
 		runAgent(b, a)
 		id := a.Snapshot().InstanceID

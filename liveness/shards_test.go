@@ -166,18 +166,7 @@ func TestShardsOneOwnerAtATime(t *testing.T) {
 // cost one lease_renew_many every TTL/4, and no renewal of its own per shard.
 func TestShardsRenewAllLeasesInOneStatement(t *testing.T) {
 	db, _ := testdb.MigratedPool(t, 2)
-	counter := &statementCounter{n: map[string]int{}}
-	pcfg, err := pgxpool.ParseConfig(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.MaxConns = 4
-	pcfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, counter := countingPool(t, db.DSN, 4)
 	own := &ownership{owner: map[string]uuid.UUID{}}
 	m := startShardMember(t, db, pool, "many", 64, own)
 	testutil.Eventually(t, 30*time.Second, "the member owning all 64 shards", func() bool {

@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
@@ -175,18 +174,7 @@ func TestNotificationFloodCostsAFollowerAtMostATryASecond(t *testing.T) {
 	ctx := testutil.Context(t, time.Minute)
 	lead := newAgent(t, agentConfig(db, db.Pool(t, 3)))
 	runAgent(t, lead)
-	counter := &statementCounter{n: map[string]int{}}
-	pcfg, err := pgxpool.ParseConfig(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.MaxConns = 3
-	pcfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, counter := countingPool(t, db.DSN, 3)
 	follower := newAgent(t, agentConfig(db, pool))
 	runAgent(t, follower)
 

@@ -59,6 +59,46 @@ func (c *crashable) crash(t *testing.T) time.Time {
 	return at
 }
 
+// leadUntilStepDown starts a's campaign for lease and returns once a leads, with what
+// makes it step down.
+func leadUntilStepDown(t *testing.T, ctx context.Context, a *liveness.Agent, lease string, retry time.Duration) (stepDown func()) {
+	t.Helper()
+	step := make(chan struct{})
+	leading := make(chan struct{}, 1)
+	go func() {
+		_ = a.Elect(ctx, liveness.ElectorConfig{Lease: lease, RetryPeriod: retry,
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+				leading <- struct{}{}
+				select {
+				case <-step:
+				case <-ctx.Done():
+				}
+			}})
+	}()
+	select {
+	case <-leading:
+	case <-ctx.Done():
+		t.Fatalf("%s never led %s", a.Snapshot().ServiceName, lease)
+	}
+	return func() { close(step) }
+}
+
+// follow starts the campaign for lease of the follower, whose pool counter counts, and
+// returns once its first try has been answered (refused: the lease is held), with the
+// channel that gets the time it starts leading.
+func follow(t *testing.T, ctx context.Context, follower *liveness.Agent, counter *statementCounter, lease string, retry time.Duration) <-chan time.Time {
+	t.Helper()
+	took := make(chan time.Time, 1)
+	go func() {
+		_ = follower.Elect(ctx, liveness.ElectorConfig{Lease: lease, RetryPeriod: retry,
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) { took <- time.Now(); <-ctx.Done() }})
+	}()
+	testutil.Eventually(t, 10*time.Second, "the follower's first try of "+lease+" answered", func() bool {
+		return counter.answered("lease_acquire:"+lease) > 0
+	})
+	return took
+}
+
 // watching waits until one of the two watcher leases is held by a.
 func watching(t *testing.T, ctx context.Context, pool *pgxpool.Pool, a *liveness.Agent) {
 	t.Helper()
@@ -198,35 +238,19 @@ func TestFollowerIsWokenWhenTheLeaseIsReleased(t *testing.T) {
 	const retry = 30 * time.Second
 	leader := newAgent(t, defaultAgentConfig(db, pool, "leader"))
 	runAgent(t, leader)
-	follower := newAgent(t, defaultAgentConfig(db, pool, "follower"))
+	fpool, counter := countingPool(t, db.DSN, 4)
+	follower := newAgent(t, defaultAgentConfig(db, fpool, "follower"))
 	runAgent(t, follower)
 
-	step := make(chan struct{})
-	leading := make(chan struct{}, 1)
-	go func() {
-		_ = leader.Elect(ctx, liveness.ElectorConfig{Lease: "woken", RetryPeriod: retry,
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
-				leading <- struct{}{}
-				select {
-				case <-step:
-				case <-ctx.Done():
-				}
-			}})
-	}()
-	<-leading
-	took := make(chan time.Time, 1)
-	go func() {
-		_ = follower.Elect(ctx, liveness.ElectorConfig{Lease: "woken", RetryPeriod: retry,
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) { took <- time.Now(); <-ctx.Done() }})
-	}()
-	// The follower's first try has found the lease held: wait for its listening session,
-	// then let the leader step down.
-	testutil.Eventually(t, 10*time.Second, "the follower following", func() bool {
+	stepDown := leadUntilStepDown(t, ctx, leader, "woken", retry)
+	// The follower listens on its alive lock's session; its first try has found the lease
+	// held, and its next one is 15 to 30 s away: then the leader steps down.
+	testutil.Eventually(t, 10*time.Second, "the follower listening", func() bool {
 		return db.QueryInt(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'follower:alive-lock'`) == 1
 	})
-	time.Sleep(time.Second) // its first try is behind it; the next one is 15 to 30 s away
+	took := follow(t, ctx, follower, counter, "woken", retry)
 	stepped := time.Now()
-	close(step)
+	stepDown()
 	select {
 	case at := <-took:
 		if d := at.Sub(stepped); d > 5*time.Second {
@@ -247,37 +271,21 @@ func TestFollowerListensAgainAfterItsSessionIsTerminated(t *testing.T) {
 	ctx := testutil.Context(t, 2*time.Minute)
 	leader := newAgent(t, defaultAgentConfig(db, pool, "leader"))
 	runAgent(t, leader)
-	follower := newAgent(t, defaultAgentConfig(db, pool, "follower"))
+	fpool, counter := countingPool(t, db.DSN, 4)
+	follower := newAgent(t, defaultAgentConfig(db, fpool, "follower"))
 	runAgent(t, follower)
 
 	round := func(name string, retry time.Duration, between func()) time.Duration {
 		t.Helper()
-		step := make(chan struct{})
-		leading := make(chan struct{}, 1)
 		lctx, stopLeader := context.WithCancel(ctx)
 		defer stopLeader()
-		go func() {
-			_ = leader.Elect(lctx, liveness.ElectorConfig{Lease: name, RetryPeriod: time.Hour,
-				OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
-					leading <- struct{}{}
-					select {
-					case <-step:
-					case <-ctx.Done():
-					}
-				}})
-		}()
-		<-leading
-		took := make(chan time.Time, 1)
+		stepDown := leadUntilStepDown(t, lctx, leader, name, time.Hour)
 		fctx, stopFollower := context.WithCancel(ctx)
 		defer stopFollower()
-		go func() {
-			_ = follower.Elect(fctx, liveness.ElectorConfig{Lease: name, RetryPeriod: retry,
-				OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) { took <- time.Now(); <-ctx.Done() }})
-		}()
-		time.Sleep(time.Second) // the follower's first try is behind it
+		took := follow(t, fctx, follower, counter, name, retry)
 		between()
 		stepped := time.Now()
-		close(step)
+		stepDown()
 		select {
 		case at := <-took:
 			return at.Sub(stepped)
@@ -319,7 +327,7 @@ func TestFollowerBehindPgBouncerPolls(t *testing.T) {
 	ctx := testutil.Context(t, time.Minute)
 	bouncer := pgtest.NewPgBouncer(t, db.DSN)
 	// pgx must not use named prepared statements through a transaction-mode PgBouncer.
-	bpool := pgtest.Pool(t, bouncer.DSN(db.Name)+" default_query_exec_mode=exec", 4)
+	bpool, counter := countingPool(t, bouncer.DSN(db.Name)+" default_query_exec_mode=exec", 4)
 	leader := newAgent(t, defaultAgentConfig(db, pool, "leader"))
 	runAgent(t, leader)
 	fcfg := defaultAgentConfig(db, bpool, "bounced")
@@ -328,26 +336,9 @@ func TestFollowerBehindPgBouncerPolls(t *testing.T) {
 	runAgent(t, follower)
 
 	const retry = 2 * time.Second
-	step := make(chan struct{})
-	leading := make(chan struct{}, 1)
-	go func() {
-		_ = leader.Elect(ctx, liveness.ElectorConfig{Lease: "bounced", RetryPeriod: time.Hour,
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
-				leading <- struct{}{}
-				select {
-				case <-step:
-				case <-ctx.Done():
-				}
-			}})
-	}()
-	<-leading
-	took := make(chan time.Time, 1)
-	go func() {
-		_ = follower.Elect(ctx, liveness.ElectorConfig{Lease: "bounced", RetryPeriod: retry,
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) { took <- time.Now(); <-ctx.Done() }})
-	}()
-	time.Sleep(time.Second)
-	close(step)
+	stepDown := leadUntilStepDown(t, ctx, leader, "bounced", time.Hour)
+	took := follow(t, ctx, follower, counter, "bounced", retry)
+	stepDown()
 	select {
 	case <-took:
 	case <-time.After(retry + 10*time.Second):

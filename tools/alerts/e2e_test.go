@@ -217,27 +217,8 @@ func TestEndToEnd(t *testing.T) {
 	// A dashboard filtered to the probe job (a multi-target install's databases) shows
 	// every panel: the agents' panels too, which the agents' own job serves.
 	t.Run("every dashboard query returns data for the probe job", func(t *testing.T) {
-		queries := dashboardQueries(t, map[string]string{"job": "pg_liveness_probe", "instance": ".+", "database": "e2e"})
-		empty := map[string]string{}
-		waitFor(t, "every dashboard query to return data for job pg_liveness_probe", func() bool {
-			clear(empty)
-			for _, q := range queries {
-				res, err := prom.query(t, q.expr)
-				if err != nil {
-					t.Fatalf("%s: %v\n\t%s", q.where, err, q.expr)
-				}
-				if res == 0 {
-					empty[q.where] = q.expr
-				}
-			}
-			return len(empty) == 0
-		}, func() string {
-			var b strings.Builder
-			for where, expr := range empty {
-				fmt.Fprintf(&b, "\n%s returns no data:\n\t%s", where, expr)
-			}
-			return b.String()
-		})
+		waitForData(t, prom, "every dashboard query to return data for job pg_liveness_probe",
+			dashboardQueries(t, map[string]string{"job": "pg_liveness_probe", "instance": ".+", "database": "e2e"}))
 	})
 
 	t.Run("every dashboard query returns data", func(t *testing.T) {
@@ -245,27 +226,33 @@ func TestEndToEnd(t *testing.T) {
 		// subtest stopped early, since the agent lease panels need the observer to hold it
 		// once.
 		db.Exec(t, `DELETE FROM liveness.leases WHERE name = $1 AND holder = $2`, liveness.ReaperLease, e2eHolder)
-		queries := dashboardQueries(t, nil)
-		empty := map[string]string{}
-		waitFor(t, "every dashboard query to return data", func() bool {
-			clear(empty)
-			for _, q := range queries {
-				res, err := prom.query(t, q.expr)
-				if err != nil {
-					t.Fatalf("%s: %v\n\t%s", q.where, err, q.expr)
-				}
-				if res == 0 {
-					empty[q.where] = q.expr
-				}
+		waitForData(t, prom, "every dashboard query to return data", dashboardQueries(t, nil))
+	})
+}
+
+// waitForData waits until every query returns data, and fails the test naming those that
+// return none.
+func waitForData(t *testing.T, prom promAPI, what string, queries []dashboardQuery) {
+	t.Helper()
+	empty := map[string]string{}
+	waitFor(t, what, func() bool {
+		clear(empty)
+		for _, q := range queries {
+			res, err := prom.query(t, q.expr)
+			if err != nil {
+				t.Fatalf("%s: %v\n\t%s", q.where, err, q.expr)
 			}
-			return len(empty) == 0
-		}, func() string {
-			var b strings.Builder
-			for where, expr := range empty {
-				fmt.Fprintf(&b, "\n%s returns no data:\n\t%s", where, expr)
+			if res == 0 {
+				empty[q.where] = q.expr
 			}
-			return b.String()
-		})
+		}
+		return len(empty) == 0
+	}, func() string {
+		var b strings.Builder
+		for where, expr := range empty {
+			fmt.Fprintf(&b, "\n%s returns no data:\n\t%s", where, expr)
+		}
+		return b.String()
 	})
 }
 

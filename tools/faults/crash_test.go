@@ -25,21 +25,87 @@ const jobLeaseTTL = 10 * time.Second
 // trialWindow bounds how long one trial waits for an event before it counts as missed.
 const trialWindow = 150 * time.Second
 
-// waitSeen polls until every named check holds or the window ends.
-func waitSeen(window time.Duration, checks ...func() bool) {
+// moment is when something was first seen after a fault, and whether it was.
+type moment struct {
+	d  time.Duration
+	ok bool
+}
+
+// finder says when something was first seen after a fault, and whether it was yet.
+type finder func() (time.Duration, bool)
+
+// waitSeen polls until every moment has been found or the window ends; finds says what
+// finds each.
+func waitSeen(window time.Duration, finds map[*moment]finder) {
 	testutil.Poll(window, func() bool {
-		for _, c := range checks {
-			if !c() {
-				return false
+		all := true
+		for m, find := range finds {
+			if !m.ok {
+				m.d, m.ok = find()
+			}
+			all = all && m.ok
+		}
+		return all
+	})
+}
+
+// eventAfter finds a's first event ev after t0 that match accepts (nil: any).
+func eventAfter(a *proc, ev string, t0 time.Time, match func(event) bool) finder {
+	return func() (time.Duration, bool) {
+		for _, e := range a.Events(ev, t0) {
+			if match == nil || match(e) {
+				return e.At.Sub(t0), true
 			}
 		}
-		return true
+		return 0, false
+	}
+}
+
+// sqlAfter finds the first SQL sample after t0 that meets cond.
+func (s *verdictLog) sqlAfter(t0 time.Time, cond func(sqlSample) bool) finder {
+	return func() (time.Duration, bool) { return s.firstSQL(t0, cond) }
+}
+
+// deadAfter finds when a's first instance was called dead after t0 by is_instance_alive
+// (sql) and by the exporter (exp); observeDead records the later of the two.
+func (s *verdictLog) deadAfter(t0 time.Time, a *agent) (sql, exp finder) {
+	id, svc := a.ids[0], a.services[0]
+	return s.sqlAfter(t0, instDead(id)), func() (time.Duration, bool) { return s.firstExp(t0, expDead(svc)) }
+}
+
+// startPair starts a victim alone, so that it takes lease (and the reaper's and a
+// watcher's when o lets it), then its heir, which competes for lease; both are watched by
+// s, and healthy for every consumer when it returns. o is the agents' options but their
+// service names.
+func startPair(t *testing.T, e *env, s *verdictLog, o agentOpts, victimName, heirName string) (victim, heir *agent) {
+	t.Helper()
+	o.service = victimName
+	victim = startAgent(t, e, o)
+	s.Watch(victim)
+	testutil.Eventually(t, 30*time.Second, "the victim holding "+o.lease, func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
+	o.service = heirName
+	heir = startAgent(t, e, o)
+	s.Watch(heir)
+	waitHealthy(t, s, victim, true)
+	waitHealthy(t, s, heir, true)
+	return victim, heir
+}
+
+// startCrashPair is startPair at the default settings, returning once the victim also
+// holds the reaper's lease, 0–1 s later: a kill comes anywhere in the agents' cycles.
+func startCrashPair(t *testing.T, e *env, s *verdictLog, lease, victimName, heirName string) (victim, heir *agent) {
+	t.Helper()
+	victim, heir = startPair(t, e, s, agentOpts{lease: lease}, victimName, heirName)
+	testutil.Eventually(t, 30*time.Second, "the victim holding the reaper's lease", func() bool {
+		return s.holdsLease(reaperLease, victim.ids[0])
 	})
+	time.Sleep(time.Duration(rand.Int64N(int64(time.Second)))) // a random moment, not a wait for an event
+	return victim, heir
 }
 
 // waitHealthy waits until the sampler sees every instance of a holding its lock, alive by
 // is_instance_alive, and (with an observer) alive in the exporter.
-func waitHealthy(t *testing.T, s *sampler, a *agent, observed bool) {
+func waitHealthy(t *testing.T, s *verdictLog, a *agent, observed bool) {
 	t.Helper()
 	since := time.Now()
 	testutil.Eventually(t, 60*time.Second, a.Name()+" locked and alive for every consumer", func() bool {
@@ -70,13 +136,9 @@ func waitHealthy(t *testing.T, s *sampler, a *agent, observed bool) {
 const reaperLease = "pg_liveness.reaper"
 
 // holdsLease reports whether the last SQL sample shows the lease held by instance id.
-func (s *sampler) holdsLease(name string, id uuid.UUID) bool {
+func (s *verdictLog) holdsLease(name string, id uuid.UUID) bool {
 	smps := s.sqlSamples()
-	if len(smps) == 0 {
-		return false
-	}
-	l, ok := smps[len(smps)-1].Leases[name]
-	return ok && !l.Expired && l.HolderID == id.String()
+	return len(smps) > 0 && leaseHeldBy(name, id)(smps[len(smps)-1])
 }
 
 // TestCrash kills (SIGKILL) an agent that holds its alive lock, a job lease and the
@@ -95,59 +157,27 @@ func TestCrash(t *testing.T) {
 
 	for trial := range trials() {
 		lease := fmt.Sprintf("job-%d", trial)
-		// The victim starts alone, so that it takes the reaper's lease (and a watcher's).
-		victim := startAgent(t, e, agentOpts{service: fmt.Sprintf("crash-victim-%d", trial), lease: lease})
-		s.Watch(victim)
-		testutil.Eventually(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
-		heir := startAgent(t, e, agentOpts{service: fmt.Sprintf("crash-heir-%d", trial), lease: lease})
-		s.Watch(heir)
-		waitHealthy(t, s, victim, true)
-		waitHealthy(t, s, heir, true)
-		testutil.Eventually(t, 30*time.Second, "the victim holding the reaper's lease", func() bool {
-			return s.holdsLease(reaperLease, victim.ids[0])
-		})
-		time.Sleep(time.Duration(rand.Int64N(int64(time.Second))))
-
-		id, svc := victim.ids[0], victim.services[0]
+		victim, heir := startCrashPair(t, e, s, lease, fmt.Sprintf("crash-victim-%d", trial), fmt.Sprintf("crash-heir-%d", trial))
+		id := victim.ids[0]
 		t0 := time.Now()
 		victim.Kill()
-		var (
-			lockGone, sqlDead, expDeadT, reaped, takeover, reaper time.Duration
-			okLock, okSQL, okExp, okReap, okTake, okReaper        bool
-		)
-		waitSeen(trialWindow,
-			func() bool {
-				lockGone, okLock = s.firstSQL(t0, func(smp sqlSample) bool { return !smp.Inst[id].Locked })
-				return okLock
-			},
-			func() bool { sqlDead, okSQL = s.firstSQL(t0, instDead(id)); return okSQL },
-			func() bool { expDeadT, okExp = s.firstExp(t0, expDead(svc)); return okExp },
-			func() bool {
-				okTake = false
-				if ev := heir.Events("acquired", t0); len(ev) > 0 {
-					takeover, okTake = ev[0].At.Sub(t0), true
-				}
-				return okTake
-			},
-			func() bool {
-				reaper, okReaper = s.firstSQL(t0, func(smp sqlSample) bool {
-					l, ok := smp.Leases[reaperLease]
-					return ok && !l.Expired && l.HolderID == heir.ids[0].String()
-				})
-				return okReaper
-			},
-			func() bool {
-				reaped, okReap = s.firstSQL(t0, func(smp sqlSample) bool { v, ok := smp.Inst[id]; return ok && !v.Row })
-				return okReap
-			},
-		)
-		sc.observe("lock gone from pg_locks", trialWindow, lockGone, okLock)
-		sc.observe("is_instance_alive false", trialWindow, sqlDead, okSQL)
-		sc.observe("exporter: not alive", trialWindow, expDeadT, okExp)
-		sc.observe("dead for every consumer", trialWindow, max(sqlDead, expDeadT), okSQL && okExp)
-		sc.observe("lease held by another process", trialWindow, takeover, okTake)
-		sc.observe("reaper's lease held by another process", trialWindow, reaper, okReaper)
-		sc.observe("row reaped", trialWindow, reaped, okReap)
+		var lockGone, sqlDead, expDeadT, reaped, takeover, reaper moment
+		deadSQL, deadExp := s.deadAfter(t0, victim)
+		waitSeen(trialWindow, map[*moment]finder{
+			&lockGone: s.sqlAfter(t0, func(smp sqlSample) bool { return !smp.Inst[id].Locked }),
+			&sqlDead:  deadSQL,
+			&expDeadT: deadExp,
+			&takeover: eventAfter(heir.proc, "acquired", t0, nil),
+			&reaper:   s.sqlAfter(t0, leaseHeldBy(reaperLease, heir.ids[0])),
+			&reaped:   s.sqlAfter(t0, rowGone(id)),
+		})
+		sc.observe("lock gone from pg_locks", trialWindow, lockGone.d, lockGone.ok)
+		sc.observe("is_instance_alive false", trialWindow, sqlDead.d, sqlDead.ok)
+		sc.observe("exporter: not alive", trialWindow, expDeadT.d, expDeadT.ok)
+		sc.observeDead("dead for every consumer", trialWindow, sqlDead, expDeadT)
+		sc.observe("lease held by another process", trialWindow, takeover.d, takeover.ok)
+		sc.observe("reaper's lease held by another process", trialWindow, reaper.d, reaper.ok)
+		sc.observe("row reaped", trialWindow, reaped.d, reaped.ok)
 		n, first := s.falseDead(t0, time.Now(), []*agent{heir})
 		sc.addFalseDead(n, first)
 		sc.fence(e.dsn, lease)
@@ -179,48 +209,22 @@ func TestCrashNotificationsLost(t *testing.T) {
 	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)
 	for trial := range trials() {
 		lease := fmt.Sprintf("lost-job-%d", trial)
-		victim := startAgent(t, e, agentOpts{service: fmt.Sprintf("lost-victim-%d", trial), lease: lease})
-		s.Watch(victim)
-		testutil.Eventually(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
-		heir := startAgent(t, e, agentOpts{service: fmt.Sprintf("lost-heir-%d", trial), lease: lease})
-		s.Watch(heir)
-		waitHealthy(t, s, victim, true)
-		waitHealthy(t, s, heir, true)
-		testutil.Eventually(t, 30*time.Second, "the victim holding the reaper's lease", func() bool {
-			return s.holdsLease(reaperLease, victim.ids[0])
-		})
-		time.Sleep(time.Duration(rand.Int64N(int64(time.Second))))
-
-		id, svc := victim.ids[0], victim.services[0]
+		victim, heir := startCrashPair(t, e, s, lease, fmt.Sprintf("lost-victim-%d", trial), fmt.Sprintf("lost-heir-%d", trial))
 		const lostFor = 3 * time.Second
 		t0 := time.Now()
 		victim.Kill()
 		terminateFor(t, e.dsn, heir.services[0]+":alive-lock", lostFor)
-		var (
-			sqlDead, expDeadT, takeover, reaper time.Duration
-			okSQL, okExp, okTake, okReaper      bool
-		)
-		waitSeen(trialWindow,
-			func() bool { sqlDead, okSQL = s.firstSQL(t0, instDead(id)); return okSQL },
-			func() bool { expDeadT, okExp = s.firstExp(t0, expDead(svc)); return okExp },
-			func() bool {
-				okTake = false
-				if ev := heir.Events("acquired", t0); len(ev) > 0 {
-					takeover, okTake = ev[0].At.Sub(t0), true
-				}
-				return okTake
-			},
-			func() bool {
-				reaper, okReaper = s.firstSQL(t0, func(smp sqlSample) bool {
-					l, ok := smp.Leases[reaperLease]
-					return ok && !l.Expired && l.HolderID == heir.ids[0].String()
-				})
-				return okReaper
-			},
-		)
-		sc.observe("dead for every consumer", trialWindow, max(sqlDead, expDeadT), okSQL && okExp)
-		sc.observe("lease held by another process", trialWindow, takeover, okTake)
-		sc.observe("reaper's lease held by another process", trialWindow, reaper, okReaper)
+		var sqlDead, expDeadT, takeover, reaper moment
+		deadSQL, deadExp := s.deadAfter(t0, victim)
+		waitSeen(trialWindow, map[*moment]finder{
+			&sqlDead:  deadSQL,
+			&expDeadT: deadExp,
+			&takeover: eventAfter(heir.proc, "acquired", t0, nil),
+			&reaper:   s.sqlAfter(t0, leaseHeldBy(reaperLease, heir.ids[0])),
+		})
+		sc.observeDead("dead for every consumer", trialWindow, sqlDead, expDeadT)
+		sc.observe("lease held by another process", trialWindow, takeover.d, takeover.ok)
+		sc.observe("reaper's lease held by another process", trialWindow, reaper.d, reaper.ok)
 		sc.watchFalseDead(s, t0, falseDeadWatch, heir)
 		losses := 0
 		for _, ev := range heir.Events("lock", t0) {
@@ -510,54 +514,32 @@ func TestHang(t *testing.T) {
 
 	for trial := range trials() {
 		lease := fmt.Sprintf("job-%d", trial)
-		victim := startAgent(t, e, agentOpts{service: fmt.Sprintf("hang-victim-%d", trial), lease: lease, leaseTTL: leaseTTL, timing: timing})
-		s.Watch(victim)
-		testutil.Eventually(t, 30*time.Second, "the victim holding "+lease, func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
-		heir := startAgent(t, e, agentOpts{service: fmt.Sprintf("hang-heir-%d", trial), lease: lease, leaseTTL: leaseTTL, timing: timing})
-		s.Watch(heir)
-		waitHealthy(t, s, victim, true)
-		waitHealthy(t, s, heir, true)
-
+		victim, heir := startPair(t, e, s, agentOpts{lease: lease, leaseTTL: leaseTTL, timing: timing},
+			fmt.Sprintf("hang-victim-%d", trial), fmt.Sprintf("hang-heir-%d", trial))
 		id, svc := victim.ids[0], victim.services[0]
 		t0 := time.Now()
 		victim.Signal(syscall.SIGSTOP)
-		time.Sleep(stopFor)
+		time.Sleep(stopFor) // the hang itself
 		tCont := time.Now()
 		victim.Signal(syscall.SIGCONT)
-		var (
-			reRegistered, lost, said time.Duration
-			okReg, okLost, okSaid    bool
-		)
-		waitSeen(30*time.Second,
-			func() bool {
-				// The resumed process must say that it was written off.
-				if !okSaid && victim.Logged("instance row was gone") {
-					said, okSaid = time.Since(tCont), true
-				}
-				return okSaid
-			},
-			func() bool {
-				reRegistered, okReg = s.firstSQL(tCont, func(smp sqlSample) bool { return smp.Inst[id].Row })
-				return okReg
-			},
-			func() bool {
-				okLost = false
+		var reRegistered, lost, said moment
+		waitSeen(30*time.Second, map[*moment]finder{
+			// The resumed process must say that it was written off.
+			&said:         func() (time.Duration, bool) { return time.Since(tCont), victim.Logged("instance row was gone") },
+			&reRegistered: s.sqlAfter(tCont, func(smp sqlSample) bool { return smp.Inst[id].Row }),
+			&lost: func() (time.Duration, bool) {
 				if ev := victim.Events("lost", tCont.Add(-stopFor)); len(ev) > 0 {
-					lost, okLost = ev[0].At.Sub(tCont), true
+					return ev[0].At.Sub(tCont), true
 				}
-				return okLost
+				return 0, false
 			},
-		)
+		})
 		lockOnly, okLO := s.firstExp(t0, expState(svc, "lock_only"))
 		zombie, okZ := s.firstExp(t0, expState(svc, "zombie"))
 		expDeadT, okExp := s.firstExp(t0, expDead(svc))
 		sqlDead, okSQL := s.firstSQL(t0, instDead(id))
-		reaped, okReap := s.firstSQL(t0, func(smp sqlSample) bool { v, ok := smp.Inst[id]; return ok && !v.Row })
-		var takeover time.Duration
-		okTake := false
-		if ev := heir.Events("acquired", t0); len(ev) > 0 {
-			takeover, okTake = ev[0].At.Sub(t0), true
-		}
+		reaped, okReap := s.firstSQL(t0, rowGone(id))
+		takeover, okTake := eventAfter(heir.proc, "acquired", t0, nil)()
 		within := func(d time.Duration, ok bool) (time.Duration, bool) { return d, ok && d < stopFor }
 		sc.observe("exporter: lock_only", stopFor, lockOnly, okLO && lockOnly < stopFor)
 		sc.observe("exporter: zombie", stopFor, zombie, okZ && zombie < stopFor)
@@ -569,9 +551,9 @@ func TestHang(t *testing.T) {
 		sc.observe("row reaped", stopFor, d, ok)
 		d, ok = within(takeover, okTake)
 		sc.observe("lease held by another process", stopFor, d, ok)
-		sc.observe("after SIGCONT: lease context cancelled", 30*time.Second, lost, okLost)
-		sc.observe("after SIGCONT: row registered again", 30*time.Second, reRegistered, okReg)
-		sc.observe("after SIGCONT: logs that it was written off", 30*time.Second, said, okSaid)
+		sc.observe("after SIGCONT: lease context cancelled", 30*time.Second, lost.d, lost.ok)
+		sc.observe("after SIGCONT: row registered again", 30*time.Second, reRegistered.d, reRegistered.ok)
+		sc.observe("after SIGCONT: logs that it was written off", 30*time.Second, said.d, said.ok)
 		rejected := len(victim.Events("rejected", tCont))
 		sc.note("Trial %d: %d fenced writes of the resumed victim were refused by the fence (lease_is_held and the fence deadline; attempted after the takeover, before its lease context ended).", trial+1, rejected)
 		n, first := s.falseDead(t0, time.Now(), []*agent{heir})

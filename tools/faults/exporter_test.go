@@ -23,7 +23,7 @@ func startExporterAgent(t *testing.T, e *env, service string, flags ...string) (
 	addr := testutil.FreeAddr(t)
 	args := append([]string{"--web.listen-address=" + addr, "--db.dsn=" + e.dsn, "--db.schema=" + schema,
 		"--agent.instance-id=" + id.String(), "--agent.service-name=" + service}, flags...)
-	p := startProc(t, "exporter agent "+service, procOpts{}, exporterBin, args...)
+	p := startProc(t, "exporter agent "+service, procOpts{}, bins.Exporter, args...)
 	url := "http://" + addr + "/metrics"
 	testutil.Eventually(t, 30*time.Second, "the exporter agent answering", func() bool { _, err := scrapeValues(url); return err == nil })
 	return &agent{proc: p, ids: []uuid.UUID{id}, services: []string{service}}, url

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"sort"
 	"strings"
@@ -24,6 +23,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/binaries"
 )
 
 var (
@@ -33,39 +33,19 @@ var (
 
 const schema = "liveness"
 
-// Paths of the binaries TestMain builds.
-var exporterBin, agentBin string
+// The binaries TestMain builds: the exporter and the faultagent.
+var bins binaries.Built
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	dir, err := os.MkdirTemp("", "pg_liveness_faults_bin_")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	exporterBin = filepath.Join(dir, "pg_liveness_exporter")
-	agentBin = filepath.Join(dir, "faultagent")
-	// The exporter is built in its own module (the repository's root), with the
-	// dependencies it ships with; the faultagent in this one.
-	for _, b := range []struct{ out, dir, pkg string }{{exporterBin, "../..", "."}, {agentBin, ".", "../cmd/faultagent"}} {
-		// Without -race: twenty agents and an observer share two cores with the server.
-		build := exec.Command("go", "build", "-o", b.out, b.pkg)
-		build.Dir = b.dir
-		if out, err := build.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "go build %s: %v\n%s", b.pkg, err, out)
-			_ = os.RemoveAll(dir)
-			os.Exit(1)
+	binaries.Main(m, "pg_liveness_faults_bin_", &bins, func(code int) int {
+		if *reportFlag != "" {
+			if err := writeReport(*reportFlag); err != nil {
+				fmt.Fprintln(os.Stderr, "failover report:", err)
+				return 1
+			}
 		}
-	}
-	code := pgtest.Run(m)
-	if *reportFlag != "" {
-		if err := writeReport(*reportFlag); err != nil {
-			fmt.Fprintln(os.Stderr, "failover report:", err)
-			code = 1
-		}
-	}
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+		return code
+	})
 }
 
 func trials() int { return max(1, *trialsFlag) }
@@ -105,7 +85,7 @@ func writeReport(path string) error {
 	if err != nil {
 		return err
 	}
-	for _, name := range defaultFlagNames {
+	for _, name := range binaries.AgentFlags {
 		r.Defaults = append(r.Defaults, Setting{name, defaults[name]})
 	}
 	// The sections of the other majors are kept; a run on one of them rewrites only its own.
@@ -153,14 +133,6 @@ func machine() Machine {
 	return m
 }
 
-// defaultFlagNames are the exporter's agent flags the agents are started with.
-var defaultFlagNames = []string{
-	"agent.heartbeat-interval", "agent.heartbeat-slow-interval", "agent.stale-threshold",
-	"agent.definitive-dead-cutoff", "agent.tcp-keepalive-idle", "agent.tcp-keepalive-interval",
-	"agent.tcp-keepalive-count", "agent.tcp-user-timeout", "agent.reaper-interval",
-	"agent.reaper-lease-ttl",
-}
-
 var (
 	defaultsOnce sync.Once
 	defaultsMap  map[string]string
@@ -170,18 +142,7 @@ var (
 // exporterDefaults reads the agent flags' defaults from the exporter's own help, so the
 // agents in this suite run with whatever the binary ships.
 func exporterDefaults() (map[string]string, error) {
-	defaultsOnce.Do(func() {
-		out, _ := exec.Command(exporterBin, "--help").CombinedOutput()
-		defaultsMap = map[string]string{}
-		for _, m := range regexp.MustCompile(`--(agent\.[a-z.-]+)=(\S+)`).FindAllStringSubmatch(string(out), -1) {
-			defaultsMap[m[1]] = m[2]
-		}
-		for _, name := range defaultFlagNames {
-			if _, ok := defaultsMap[name]; !ok {
-				defaultsErr = fmt.Errorf("the exporter's --help shows no default for --%s", name)
-			}
-		}
-	})
+	defaultsOnce.Do(func() { defaultsMap, defaultsErr = bins.AgentDefaults() })
 	return defaultsMap, defaultsErr
 }
 
@@ -196,20 +157,6 @@ func defaultDuration(t testing.TB, name string) time.Duration {
 		t.Fatalf("default of --%s: %v", name, err)
 	}
 	return v
-}
-
-// ---- verdicts ------------------------------------------------------------------------
-
-// stateAlive is the one place that says which of the exporter's instance states call an
-// instance alive. A state not listed here fails the scenario: a new state must be
-// placed on one side deliberately.
-var stateAlive = map[string]bool{
-	"alive":          true,
-	"lock_only":      true,
-	"heartbeat_only": true,
-	"lock_lost":      true, // the lock vanished, still within the grace for proof of life
-	"stale":          false,
-	"zombie":         false,
 }
 
 // ---- the database --------------------------------------------------------------------
@@ -379,12 +326,12 @@ func startAgent(t *testing.T, e *env, o agentOpts) *agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range defaultFlagNames {
+	for _, name := range binaries.AgentFlags {
 		args = append(args, "--"+name+"="+d[name])
 	}
 	args = append(args, o.timing...)
 	args = append(args, o.extra...)
-	a := &agent{proc: startProc(t, "faultagent "+o.service, procOpts{netns: o.netns}, agentBin, args...)}
+	a := &agent{proc: startProc(t, "faultagent "+o.service, procOpts{netns: o.netns}, bins.Agent, args...)}
 	n := max(1, o.instances)
 	testutil.Eventually(t, 60*time.Second, "faultagent "+o.service+" ready", func() bool {
 		return len(a.Events("ready", time.Time{})) >= n || !a.Running()
@@ -417,7 +364,7 @@ func startObserver(t *testing.T, dsn string, flags ...string) *observer {
 	addr := testutil.FreeAddr(t)
 	args := append([]string{"--no-agent", "--web.listen-address=" + addr, "--db.dsn=" + dsn,
 		"--db.schema=" + schema, "--log.level=warn"}, flags...)
-	o := &observer{proc: startProc(t, "observer", procOpts{}, exporterBin, args...), url: "http://" + addr + "/metrics"}
+	o := &observer{proc: startProc(t, "observer", procOpts{}, bins.Exporter, args...), url: "http://" + addr + "/metrics"}
 	testutil.Eventually(t, 30*time.Second, "observer answering", func() bool {
 		resp, err := http.Get(o.url)
 		if err != nil {
@@ -432,7 +379,7 @@ func startObserver(t *testing.T, dsn string, flags ...string) *observer {
 // startWatchedAgent is the set-up of the scenarios measured at the defaults: an observer
 // and a sampler at the default stale threshold on e.dsn, and the agent o describes,
 // watched by the sampler.
-func startWatchedAgent(t *testing.T, e *env, o agentOpts) (*sampler, *agent) {
+func startWatchedAgent(t *testing.T, e *env, o agentOpts) (*verdictLog, *agent) {
 	t.Helper()
 	obs := startObserver(t, e.dsn)
 	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)

@@ -124,10 +124,16 @@ func show(d time.Duration, ok bool) string {
 	return fmt.Sprintf("%d ms", d.Milliseconds())
 }
 
+// observeDead records when the victim was dead for every consumer: the later of when
+// is_instance_alive and the exporter called it dead.
+func (sc *scenario) observeDead(name string, window time.Duration, sql, exp moment) {
+	sc.observe(name, window, max(sql.d, exp.d), sql.ok && exp.ok)
+}
+
 // observeRelock waits within window for a sample after up in which every instance of a
 // holds its lock, and records the time as what "from the stop" (from the fault at stop)
 // and what "from" upName (from up, when the server answered again).
-func (sc *scenario) observeRelock(s *sampler, a *agent, what, upName string, window time.Duration, stop, up time.Time) {
+func (sc *scenario) observeRelock(s *verdictLog, a *agent, what, upName string, window time.Duration, stop, up time.Time) {
 	allLocked := func(smp sqlSample) bool {
 		for _, id := range a.ids {
 			if !smp.Inst[id].Locked {
@@ -145,7 +151,7 @@ func (sc *scenario) observeRelock(s *sampler, a *agent, what, upName string, win
 // watchFalseDead watches the live agents for d, failing at once when a sample since from
 // calls one of them dead; the false-dead verdicts from from to the end of the watch go to
 // the report either way.
-func (sc *scenario) watchFalseDead(s *sampler, from time.Time, d time.Duration, live ...*agent) {
+func (sc *scenario) watchFalseDead(s *verdictLog, from time.Time, d time.Duration, live ...*agent) {
 	sc.t.Helper()
 	testutil.Never(sc.t, d, "a live instance called dead", func() bool { n, _ := s.falseDead(from, time.Now(), live); return n > 0 })
 	sc.addFalseDead(s.falseDead(from, time.Now(), live))

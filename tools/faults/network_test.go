@@ -72,18 +72,17 @@ func TestHalfOpenPartition(t *testing.T) {
 	// Fencing bypassed, once: the victim goes on believing in its lost lease.
 	r := runPartition(t, sc, e, ns, nsDSN, obs, s, "job-stale-leader", "stale-leader", true)
 	const alertWindow = 2 * time.Minute
-	var pendingAfter, firingAfter time.Duration
-	var okPending, okFiring bool
-	waitSeen(alertWindow,
-		func() bool { pendingAfter, okPending = r.prom.first(r.healed, "pending"); return okPending },
-		func() bool { firingAfter, okFiring = r.prom.first(r.healed, "firing"); return okFiring },
-	)
+	var pending, firing moment
+	waitSeen(alertWindow, map[*moment]finder{
+		&pending: func() (time.Duration, bool) { return r.prom.first(r.healed, "pending") },
+		&firing:  func() (time.Duration, bool) { return r.prom.first(r.healed, "firing") },
+	})
 	check.BypassedRuns++
-	if okFiring {
+	if firing.ok {
 		check.FiredWhenBypassed++
 	}
-	sc.observe("fencing bypassed: "+twoLeadersAlert+" pending, from the heal", alertWindow, pendingAfter, okPending)
-	sc.observe("fencing bypassed: "+twoLeadersAlert+" firing, from the heal", alertWindow, firingAfter, okFiring)
+	sc.observe("fencing bypassed: "+twoLeadersAlert+" pending, from the heal", alertWindow, pending.d, pending.ok)
+	sc.observe("fencing bypassed: "+twoLeadersAlert+" firing, from the heal", alertWindow, firing.d, firing.ok)
 	// The stale leader is invisible while cut off; once it is scraped again, one scrape
 	// and one evaluation show it, and the rule's for: 1m fires it.
 	sc.bound("fencing bypassed: "+twoLeadersAlert+" pending, from the heal", 0, 10*time.Second)
@@ -127,7 +126,7 @@ func (r partitionRun) stop() {
 // off, waits until the heir holds the lease, heals, and waits until the victim holds
 // its lock again. A stale victim goes on believing in its lease once lost. The run's
 // times are recorded under the scenario's quantities, except for a stale victim's.
-func runPartition(t *testing.T, sc *scenario, e *env, ns *netns.Namespace, nsDSN string, obs *observer, s *sampler,
+func runPartition(t *testing.T, sc *scenario, e *env, ns *netns.Namespace, nsDSN string, obs *observer, s *verdictLog,
 	lease, tag string, stale bool) partitionRun {
 	t.Helper()
 	const window = 90 * time.Second
@@ -160,42 +159,19 @@ func runPartition(t *testing.T, sc *scenario, e *env, ns *netns.Namespace, nsDSN
 	if err := ns.Cut(); err != nil {
 		t.Fatal(err)
 	}
-	var (
-		freed, leaseDistrust, lockDistrust, takeover time.Duration
-		okFreed, okLease, okLock, okTake             bool
-	)
-	firstEvent := func(p *proc, ev string, match func(event) bool) (time.Duration, bool) {
-		for _, e := range p.Events(ev, r.t0) {
-			if match(e) {
-				return e.At.Sub(r.t0), true
-			}
-		}
-		return 0, false
-	}
-	waitSeen(window,
-		func() bool {
-			freed, okFreed = s.firstSQL(r.t0, func(smp sqlSample) bool { return !smp.Inst[id].Locked })
-			return okFreed
-		},
-		func() bool {
-			leaseDistrust, okLease = firstEvent(r.victim.proc, "lost", func(event) bool { return true })
-			return okLease
-		},
-		func() bool {
-			lockDistrust, okLock = firstEvent(r.victim.proc, "lock", func(e event) bool { return !e.Held })
-			return okLock
-		},
-		func() bool {
-			takeover, okTake = firstEvent(r.heir.proc, "acquired", func(event) bool { return true })
-			return okTake
-		},
-	)
+	var freed, leaseDistrust, lockDistrust, takeover moment
+	waitSeen(window, map[*moment]finder{
+		&freed:         s.sqlAfter(r.t0, func(smp sqlSample) bool { return !smp.Inst[id].Locked }),
+		&leaseDistrust: eventAfter(r.victim.proc, "lost", r.t0, nil),
+		&lockDistrust:  eventAfter(r.victim.proc, "lock", r.t0, func(e event) bool { return !e.Held }),
+		&takeover:      eventAfter(r.heir.proc, "acquired", r.t0, nil),
+	})
 	if !stale {
-		sc.observe("server frees the alive lock", window, freed, okFreed)
-		sc.observe("agent stops trusting its lease", window, leaseDistrust, okLease)
-		sc.observe("agent stops trusting its alive lock", window, lockDistrust, okLock)
-		sc.observe("lease held by another process", window, takeover, okTake)
-	} else if !okTake {
+		sc.observe("server frees the alive lock", window, freed.d, freed.ok)
+		sc.observe("agent stops trusting its lease", window, leaseDistrust.d, leaseDistrust.ok)
+		sc.observe("agent stops trusting its alive lock", window, lockDistrust.d, lockDistrust.ok)
+		sc.observe("lease held by another process", window, takeover.d, takeover.ok)
+	} else if !takeover.ok {
 		t.Errorf("stale-leader run: the heir never took %s over", lease)
 	}
 

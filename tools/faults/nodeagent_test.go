@@ -13,7 +13,7 @@ import (
 // to it, as a DaemonSet or a systemd unit would.
 func startNodeAgent(t *testing.T, e *env, socket string) *proc {
 	t.Helper()
-	p := startProc(t, "node agent", procOpts{}, exporterBin, "--web.listen-address="+testutil.FreeAddr(t),
+	p := startProc(t, "node agent", procOpts{}, bins.Exporter, "--web.listen-address="+testutil.FreeAddr(t),
 		"--db.dsn="+e.dsn, "--db.schema="+schema, "--log.level=warn", "--node-agent.socket="+socket)
 	testutil.Eventually(t, 30*time.Second, "the node agent's socket", func() bool {
 		return e.db.QueryInt(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE '%:node-agent'`) == 1
@@ -68,24 +68,17 @@ func TestNodeAgent(t *testing.T) {
 			t.Errorf("%d node agent sessions; want 1", n)
 		}
 
-		id, svc := victim.ids[0], victim.services[0]
 		t0 := time.Now()
 		victim.Kill()
-		var sqlDead, expDeadT, takeover time.Duration
-		var okSQL, okExp, okTake bool
-		waitSeen(trialWindow,
-			func() bool { sqlDead, okSQL = s.firstSQL(t0, instDead(id)); return okSQL },
-			func() bool { expDeadT, okExp = s.firstExp(t0, expDead(svc)); return okExp },
-			func() bool {
-				okTake = false
-				if ev := heir.Events("acquired", t0); len(ev) > 0 {
-					takeover, okTake = ev[0].At.Sub(t0), true
-				}
-				return okTake
-			},
-		)
-		sc.observe("attached process: dead for every consumer", trialWindow, max(sqlDead, expDeadT), okSQL && okExp)
-		sc.observe("attached process: lease held by another process", trialWindow, takeover, okTake)
+		var sqlDead, expDeadT, takeover moment
+		deadSQL, deadExp := s.deadAfter(t0, victim)
+		waitSeen(trialWindow, map[*moment]finder{
+			&sqlDead:  deadSQL,
+			&expDeadT: deadExp,
+			&takeover: eventAfter(heir.proc, "acquired", t0, nil),
+		})
+		sc.observeDead("attached process: dead for every consumer", trialWindow, sqlDead, expDeadT)
+		sc.observe("attached process: lease held by another process", trialWindow, takeover.d, takeover.ok)
 		n, first := s.falseDead(t0, time.Now(), append([]*agent{heir}, peers...))
 		sc.addFalseDead(n, first)
 		sc.fence(e.dsn, lease)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/sampler"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/wait"
 )
 
 // rulesFile is the alert rule file the project ships, loaded unchanged.
@@ -65,45 +67,13 @@ func startPrometheus(t *testing.T, alert string, targets ...string) *prometheus 
 
 func (p *prometheus) sampleLoop(ctx context.Context, alert string) {
 	client := &http.Client{Timeout: 2 * time.Second}
-	every(ctx, 250*time.Millisecond, func() {
-		if state, ok := p.alertState(client, alert); ok {
+	wait.Every(ctx, 250*time.Millisecond, func() {
+		if states, err := sampler.Alerts(ctx, client, p.addr); err == nil {
 			p.mu.Lock()
-			p.samples = append(p.samples, alertSample{time.Now(), state})
+			p.samples = append(p.samples, alertSample{time.Now(), states[alert]})
 			p.mu.Unlock()
 		}
 	})
-}
-
-// alertState is the most advanced state among alert's active instances (any lease):
-// "firing", "pending", or "" when none is active.
-func (p *prometheus) alertState(client *http.Client, alert string) (string, bool) {
-	resp, err := client.Get("http://" + p.addr + "/api/v1/alerts")
-	if err != nil {
-		return "", false
-	}
-	defer resp.Body.Close()
-	var body struct {
-		Status string `json:"status"`
-		Data   struct {
-			Alerts []struct {
-				Labels map[string]string `json:"labels"`
-				State  string            `json:"state"`
-			} `json:"alerts"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || body.Status != "success" {
-		return "", false
-	}
-	state := ""
-	for _, a := range body.Data.Alerts {
-		if a.Labels["alertname"] != alert {
-			continue
-		}
-		if a.State == "firing" || state == "" {
-			state = a.State
-		}
-	}
-	return state, true
 }
 
 // first returns how long after t0 the alert was first sampled in state.

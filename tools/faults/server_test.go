@@ -171,7 +171,7 @@ func sortEvents(evs []event) {
 	}
 }
 
-func lastSQL(s *sampler) sqlSample {
+func lastSQL(s *verdictLog) sqlSample {
 	smp := s.sqlSamples()
 	if len(smp) == 0 {
 		return sqlSample{}

@@ -38,6 +38,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/wait"
 )
 
 // Config is one run.
@@ -138,7 +139,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	if !sleep(ctx, cfg.Idle) {
+	if !wait.Sleep(ctx, cfg.Idle) {
 		return res, ctx.Err()
 	}
 	cpu1, _ := serverCPU(cfg.PostmasterPID)
@@ -154,13 +155,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		if err := f.startAgent(ctx, fmt.Sprintf("bench-%d", i%10), cfg.PoolDSN, cfg.DirectDSN, f.socket(i)); err != nil {
 			return res, err
 		}
-		if (i+1)%cfg.StartRate == 0 && !sleep(ctx, time.Second) {
+		if (i+1)%cfg.StartRate == 0 && !wait.Sleep(ctx, time.Second) {
 			return res, ctx.Err()
 		}
 	}
 	// The victim starts once the fleet has, so that it leads victimLease before anyone
 	// else campaigns for it; then every agent follows that lease too.
-	if !sleep(ctx, cfg.Warmup/2) {
+	if !wait.Sleep(ctx, cfg.Warmup/2) {
 		return res, ctx.Err()
 	}
 	victim, err := f.startVictim(ctx)
@@ -172,7 +173,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			ag.campaign(f, victimLease)
 		}
 	}
-	if !sleep(ctx, cfg.Warmup/2) {
+	if !wait.Sleep(ctx, cfg.Warmup/2) {
 		return res, ctx.Err()
 	}
 
@@ -184,7 +185,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	starts0 := f.starts.Load()
 	cpu0, _ = serverCPU(cfg.PostmasterPID)
 	start := time.Now()
-	if !sleep(ctx, cfg.Measure) {
+	if !wait.Sleep(ctx, cfg.Measure) {
 		return res, ctx.Err()
 	}
 	cpu1, _ = serverCPU(cfg.PostmasterPID)
@@ -320,7 +321,7 @@ func (f *fleet) startNodes(ctx context.Context) error {
 			if time.Now().After(deadline) {
 				return errors.New("fleetbench: a node agent's session did not come up within 60 s")
 			}
-			if !sleep(ctx, 50*time.Millisecond) {
+			if !wait.Sleep(ctx, 50*time.Millisecond) {
 				return ctx.Err()
 			}
 		}
@@ -451,7 +452,7 @@ func (f *fleet) startVictim(ctx context.Context) (*agent, error) {
 		if time.Now().After(deadline) {
 			return nil, errors.New("fleetbench: the victim did not lead within 30 s")
 		}
-		if !sleep(ctx, 50*time.Millisecond) {
+		if !wait.Sleep(ctx, 50*time.Millisecond) {
 			return nil, ctx.Err()
 		}
 	}
@@ -781,17 +782,5 @@ func (r *relay) cut() {
 	_ = r.ln.Close()
 	for _, c := range r.conns {
 		_ = c.Close()
-	}
-}
-
-// sleep waits d or until ctx ends; false when ctx ended.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

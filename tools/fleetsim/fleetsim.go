@@ -39,6 +39,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/wait"
 )
 
 // PoolApplicationName names the connections of the instances' pools and of the fleet's
@@ -341,7 +342,7 @@ func (f *Fleet) run(inst *instance) {
 func (f *Fleet) campaign(ctx context.Context, inst *instance, name string) {
 	log := inst.log.With("lease", name)
 	// Start campaigns at different times so that the instances take turns.
-	if !sleep(ctx, jitter(f.cfg.JobPause)) {
+	if !wait.Sleep(ctx, jitter(f.cfg.JobPause)) {
 		return
 	}
 	err := inst.agent.Elect(ctx, liveness.ElectorConfig{
@@ -361,25 +362,13 @@ func (f *Fleet) job(ctx context.Context, inst Instance, self liveness.Leadership
 	if f.cfg.Job != nil {
 		return f.cfg.Job(ctx, inst, self)
 	}
-	sleep(ctx, jitter(f.cfg.JobDuration))
+	wait.Sleep(ctx, jitter(f.cfg.JobDuration))
 	return nil
 }
 
 // jitter returns d ± 50%.
 func jitter(d time.Duration) time.Duration {
 	return d/2 + rand.N(d+1)
-}
-
-// sleep waits d and reports whether ctx is still live.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 func (f *Fleet) info(inst *instance) Instance {

@@ -46,6 +46,20 @@ type Result struct {
 // Failed reports whether the check found a violation.
 func (r Result) Failed() bool { return len(r.Violations) > 0 }
 
+// bounded judges one case of what must follow a fault at at within bound: it came at
+// came (negative: never), and adds a violation (never, or happened followed by how much
+// later) or raises worst.
+func (r *Result) bounded(at, came int64, bound time.Duration, worst *time.Duration, never, happened string) {
+	switch took := time.Duration(came - at); {
+	case came < 0:
+		r.Violations = append(r.Violations, never)
+	case took > bound:
+		r.Violations = append(r.Violations, fmt.Sprintf("%s %s later", happened, took.Round(time.Millisecond)))
+	default:
+		*worst = max(*worst, took)
+	}
+}
+
 // span is a closed interval of Unix nanoseconds.
 type span struct{ a, b int64 }
 
@@ -564,14 +578,8 @@ func (m *model) checkCrashDead() Result {
 				break
 			}
 		}
-		switch {
-		case called < 0:
-			r.Violations = append(r.Violations, fmt.Sprintf("%s (%s) killed at %s, never called dead", l.inst, l.proc, ts(f.a)))
-		case time.Duration(called-f.a) > CrashDeadBound:
-			r.Violations = append(r.Violations, fmt.Sprintf("%s (%s) killed at %s, called dead %s later", l.inst, l.proc, ts(f.a), time.Duration(called-f.a).Round(time.Millisecond)))
-		default:
-			worst = max(worst, time.Duration(called-f.a))
-		}
+		killed := fmt.Sprintf("%s (%s) killed at %s", l.inst, l.proc, ts(f.a))
+		r.bounded(f.a, called, CrashDeadBound, &worst, killed+", never called dead", killed+", called dead")
 	}
 	r.Detail = fmt.Sprintf("%d crashes measured, worst %d ms", r.Cases, worst.Milliseconds())
 	return r
@@ -616,14 +624,8 @@ func (m *model) checkLeaseTaken() Result {
 				taken = j.begin
 			}
 		}
-		switch {
-		case taken < 0:
-			r.Violations = append(r.Violations, fmt.Sprintf("lease %s of %s (%s) killed at %s: never taken", l.lease, l.inst, l.proc, ts(f.a)))
-		case time.Duration(taken-f.a) > LeaseTakeBound:
-			r.Violations = append(r.Violations, fmt.Sprintf("lease %s of %s (%s) killed at %s: taken %s later", l.lease, l.inst, l.proc, ts(f.a), time.Duration(taken-f.a).Round(time.Millisecond)))
-		default:
-			worst = max(worst, time.Duration(taken-f.a))
-		}
+		killed := fmt.Sprintf("lease %s of %s (%s) killed at %s", l.lease, l.inst, l.proc, ts(f.a))
+		r.bounded(f.a, taken, LeaseTakeBound, &worst, killed+": never taken", killed+": taken")
 	}
 	r.Detail = fmt.Sprintf("%d leases freed by a crash, worst %d ms", r.Cases, worst.Milliseconds())
 	return r

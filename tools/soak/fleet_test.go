@@ -1,7 +1,6 @@
 package soak
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -217,16 +216,4 @@ func metricsAddr(t *testing.T, ns *netns.Namespace) string {
 		host = ns.NSIP
 	}
 	return net.JoinHostPort(host, strconv.Itoa(port))
-}
-
-// waitCtx sleeps d unless ctx ends first; false when it did.
-func waitCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"sort"
 	"strings"
@@ -24,7 +23,9 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/binaries"
 	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/netns"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/wait"
 )
 
 var (
@@ -44,43 +45,23 @@ const schema = "liveness"
 // rulesFile is the alert rule file the project ships, loaded unchanged.
 const rulesFile = "../../alerts/pg_liveness.rules.yml"
 
-var exporterBin, agentBin string
+// The binaries TestMain builds: the exporter and the faultagent.
+var bins binaries.Built
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	dir, err := os.MkdirTemp("", "pg_liveness_soak_bin_")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	exporterBin, agentBin = filepath.Join(dir, "pg_liveness_exporter"), filepath.Join(dir, "faultagent")
-	// Without -race: sixteen agents share two cores with two servers and Prometheus.
-	for _, b := range []struct{ out, dir, pkg string }{{exporterBin, "../..", "."}, {agentBin, ".", "../cmd/faultagent"}} {
-		build := exec.Command("go", "build", "-o", b.out, b.pkg)
-		build.Dir = b.dir
-		if out, err := build.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "go build %s: %v\n%s", b.pkg, err, out)
-			_ = os.RemoveAll(dir)
-			os.Exit(1)
-		}
-	}
-	code := pgtest.Run(m)
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { binaries.Main(m, "pg_liveness_soak_bin_", &bins, nil) }
 
 // agentDefaults reads the exporter's agent flags and their defaults from its --help: the
 // fleet runs at the defaults the binary ships.
 func agentDefaults(t *testing.T) (flags []string, stale time.Duration) {
-	out, _ := exec.Command(exporterBin, "--help").CombinedOutput()
-	for _, m := range regexp.MustCompile(`--(agent\.(?:heartbeat-interval|heartbeat-slow-interval|stale-threshold|definitive-dead-cutoff|tcp-keepalive-idle|tcp-keepalive-interval|tcp-keepalive-count|tcp-user-timeout|reaper-interval|reaper-lease-ttl))=(\S+)`).FindAllStringSubmatch(string(out), -1) {
-		flags = append(flags, "--"+m[1]+"="+m[2])
-		if m[1] == "agent.stale-threshold" {
-			stale, _ = time.ParseDuration(m[2])
-		}
+	d, err := bins.AgentDefaults()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(flags) != 10 || stale == 0 {
-		t.Fatalf("the exporter's --help shows %d of the 10 agent defaults the fleet runs with", len(flags))
+	for _, name := range binaries.AgentFlags {
+		flags = append(flags, "--"+name+"="+d[name])
+	}
+	if stale, err = time.ParseDuration(d["agent.stale-threshold"]); err != nil {
+		t.Fatalf("--agent.stale-threshold=%s: %v", d["agent.stale-threshold"], err)
 	}
 	return flags, stale
 }
@@ -211,7 +192,7 @@ func TestSoak(t *testing.T) {
 			}
 			dsn := dsnVia(host, m.name)
 			m.argv = func(uuid.UUID) []string {
-				return append([]string{agentBin, "--dsn=" + dsn, "--schema=" + schema, "--service=" + m.name,
+				return append([]string{bins.Agent, "--dsn=" + dsn, "--schema=" + schema, "--service=" + m.name,
 					"--lease=" + m.lease, "--lease.write-every=" + writeEvery.String(), "--fence-table=" + ledgerTable,
 					"--lease.tx-every=" + fmt.Sprint(txEvery),
 					"--busy-for=" + PoolBusyFor.String(), "--web.listen-address=" + m.addr,
@@ -235,7 +216,7 @@ func TestSoak(t *testing.T) {
 		}
 		dsn := dsnVia(host, m.name)
 		m.argv = func(id uuid.UUID) []string {
-			return append([]string{exporterBin, "--web.listen-address=" + m.addr, "--db.dsn=" + dsn, "--db.schema=" + schema,
+			return append([]string{bins.Exporter, "--web.listen-address=" + m.addr, "--db.dsn=" + dsn, "--db.schema=" + schema,
 				"--agent.instance-id=" + id.String(), "--agent.service-name=" + m.name, "--log.level=warn"}, defaults...)
 		}
 		add(m)
@@ -250,7 +231,7 @@ func TestSoak(t *testing.T) {
 	// shipped rules, beside every agent's own /metrics.
 	const observerApp = "soak-observer"
 	obsAddr := metricsAddr(t, nil)
-	obs := proctest.Start(t, "observer", proctest.Options{}, exporterBin, "--no-agent", "--web.listen-address="+obsAddr,
+	obs := proctest.Start(t, "observer", proctest.Options{}, bins.Exporter, "--no-agent", "--web.listen-address="+obsAddr,
 		"--db.dsn="+dsnVia("127.0.0.1", observerApp), "--db.schema="+schema, "--log.level=warn")
 	obs.WaitReady(t, "http://"+obsAddr+"/metrics", 30*time.Second)
 	rules, err := filepath.Abs(rulesFile)
@@ -312,7 +293,7 @@ func TestSoak(t *testing.T) {
 	samplers.Go(func() { sampleAlerts(sctx, prom.Addr, ch) })
 	samplers.Go(func() { sampleReader(sctx, dsnVia("127.0.0.1", "soak-sampler"), ids, ch, failed) })
 	samplers.Go(func() {
-		if waitCtx(sctx, Warmup) { // the observer's start-up is not growth
+		if wait.Sleep(sctx, Warmup) { // the observer's start-up is not growth
 			sampleResources(sctx, "http://"+obsAddr+"/metrics", samplerDSN, observerApp, h)
 		}
 	})
@@ -345,7 +326,7 @@ func TestSoak(t *testing.T) {
 	for _, f := range schedule {
 		faults.Go(func() { n.run(ctx, t0, f) })
 	}
-	interrupted := !waitCtx(ctx, time.Until(t0.Add(d)))
+	interrupted := !wait.Sleep(ctx, time.Until(t0.Add(d)))
 	faults.Wait()
 	ran := time.Since(t0)
 	for _, m := range members {
@@ -584,7 +565,7 @@ func (n *nemesis) overlapping(events []Event) int {
 // run waits for f's time, applies it, waits its length and heals it; an interrupted run
 // heals at once, and applies nothing more.
 func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
-	if !waitCtx(ctx, time.Until(t0.Add(f.At))) {
+	if !wait.Sleep(ctx, time.Until(t0.Add(f.At))) {
 		return
 	}
 	targets := []string{f.Target}
@@ -595,7 +576,7 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 	if lease, ok := strings.CutPrefix(f.Target, HolderPrefix); ok {
 		// Right after a database fault nobody may hold it yet: wait a while for a holder.
 		for deadline := time.Now().Add(holderWait); ; {
-			if m = n.holder(lease); m != nil || time.Now().After(deadline) || !waitCtx(ctx, 100*time.Millisecond) {
+			if m = n.holder(lease); m != nil || time.Now().After(deadline) || !wait.Sleep(ctx, 100*time.Millisecond) {
 				break
 			}
 		}
@@ -624,7 +605,7 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 		n.mu.Unlock()
 	}
 	heal := func(tg []string) { n.h.Add(Event{Kind: EvHeal, Fault: f.Kind, FaultID: f.ID, Targets: tg}) }
-	hold := func() { waitCtx(ctx, f.For) }
+	hold := func() { wait.Sleep(ctx, f.For) }
 	if databaseFault[f.Kind] {
 		n.dbMu.Lock()
 		defer n.dbMu.Unlock()
@@ -763,7 +744,7 @@ func waitStreaming(ctx context.Context, primary *pgtest.Server, db string) (stri
 		if time.Now().After(deadline) {
 			return "", fmt.Errorf("the replica did not stream within %s (last error: %v)", streamingWait, last)
 		}
-		if !waitCtx(ctx, 100*time.Millisecond) {
+		if !wait.Sleep(ctx, 100*time.Millisecond) {
 			return "", ctx.Err()
 		}
 	}

@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# make test and make test-majors: the suite on Debian's PostgreSQL 15 and the
+# database-facing packages on each major of PG_MAJORS, as jobs that run side by side, at
+# most JOBS at a time. Most of the suite waits (on leases, heartbeats, timeouts, servers
+# starting and stopping) rather than computes: a package of the library keeps a core
+# busy a fifth of its time, the root package half of it; so jobs beside each other share
+# the two cores instead of taking turns. A job is one `go test` of some packages of one
+# module on one major; each starts its own PostgreSQL servers on free ports.
+#
+#   scripts/test.sh all      the whole suite on 15 (the root module, deploy/ and tools/),
+#                            the soak, and the database-facing packages on PG_MAJORS
+#   scripts/test.sh majors   only the database-facing packages on PG_MAJORS
+#
+# The soak (tools/soak) runs alone: nothing starts beside it, since what it checks are
+# bounds on how soon a fault is seen. Each job's output is printed whole when it ends;
+# then a table of each package's seconds on each major, the slowest first, and each
+# job's. Every job runs even when one fails; the exit status is 1 if any failed.
+#
+# Environment (the Makefile passes its variables): GO, TEST_FLAGS, JOBS (default 3),
+# PG_MAJORS, DB_PKGS and TOOLS_DB_PKGS (the database-facing packages of the root and the
+# tools module), MAJOR_FAULTS (the fault scenarios run on PG_MAJORS) and MAJOR_SKIP (the
+# tests no major but 15 runs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+what=${1:-all}
+GO=${GO:-go}
+TEST_FLAGS=${TEST_FLAGS:--race -count=1 -timeout 30m}
+JOBS=${JOBS:-3}
+: "${PG_MAJORS:?}" "${DB_PKGS:?}" "${TOOLS_DB_PKGS:?}" "${MAJOR_FAULTS:?}" "${MAJOR_SKIP:?}"
+
+logs=$(mktemp -d "${TMPDIR:-/tmp}/pg_liveness_test.XXXXXX")
+trap 'rm -rf "$logs"' EXIT
+
+# The jobs, in the order they start: the longest first, so that the short ones fill in at
+# the end. Fields: name, module folder, major ("" is Debian's 15), flags, packages, and
+# "alone" for a job that runs with nothing beside it.
+names=() dirs=() majors=() flags=() pkgs=() alone=()
+job() { names+=("$1") dirs+=("$2") majors+=("$3") flags+=("$4") pkgs+=("$5") alone+=("${6:-}"); }
+
+# tested DIR EXCLUDE...: the packages with tests of the module in DIR, as ./paths, but
+# those named.
+tested() {
+	local dir=$1 module p rel out=()
+	shift
+	module=$(cd "$dir" && $GO list -m)
+	for p in $(cd "$dir" && $GO list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./...); do
+		rel=.${p#"$module"}
+		[[ " $* " == *" $rel "* ]] || out+=("$rel")
+	done
+	echo "${out[*]}"
+}
+
+root_db_rest=()
+for p in $DB_PKGS; do
+	[[ $p == . || $p == ./liveness ]] || root_db_rest+=("$p")
+done
+tools_db_rest=()
+for p in $TOOLS_DB_PKGS; do
+	[[ $p == ./faults ]] || tools_db_rest+=("$p")
+done
+
+if [[ $what == all ]]; then
+	job soak tools "" "" ./soak/ alone
+fi
+for m in $([[ $what == all ]] && echo 15) $PG_MAJORS; do
+	mm=$m
+	[[ $m == 15 ]] && mm=""
+	job "root package" . "$mm" "" .
+	job liveness . "$mm" "" ./liveness
+done
+if [[ $what == all ]]; then
+	job "tools: fault suite" tools "" "" ./faults/
+	job "root: other packages" . "" "" "$(tested . . ./liveness)"
+	job "tools: other packages" tools "" "" "$(tested tools ./soak ./faults)"
+	job deploy deploy "" "" ./...
+fi
+for m in $PG_MAJORS; do
+	job "tools: faults (server-facing)" tools "$m" "-run $MAJOR_FAULTS" ./faults/
+	job "root: database-facing" . "$m" "-skip $MAJOR_SKIP" "${root_db_rest[*]}"
+	job "tools: database-facing" tools "$m" "-skip $MAJOR_SKIP" "${tools_db_rest[*]}"
+done
+
+start_all=$(date +%s)
+declare -A pid_job=()
+running=0 alone_running=0 next=0 failed=()
+
+elapsed() { echo "$(($(date +%s) - start_all))"; }
+major_of() { echo "${majors[$1]:-15}"; }
+
+# run_job I: the job's go test; its output and seconds go to the log folder.
+run_job() {
+	local i=$1 t0 rc
+	t0=$(date +%s)
+	# shellcheck disable=SC2086 # TEST_FLAGS, the flags and the packages are lists
+	(cd "${dirs[$i]}" && PG_LIVENESS_TEST_PG_MAJOR=${majors[$i]} $GO test $TEST_FLAGS ${flags[$i]} ${pkgs[$i]}) >"$logs/$i.log" 2>&1
+	rc=$?
+	echo "$(($(date +%s) - t0))" >"$logs/$i.secs"
+	return $rc
+}
+
+launch() {
+	local i=$1
+	run_job "$i" &
+	pid_job[$!]=$i
+	running=$((running + 1))
+	[[ ${alone[$i]} == alone ]] && alone_running=1
+	echo "== $(elapsed) s: start ${names[$i]}, PostgreSQL $(major_of "$i")$([[ ${alone[$i]} == alone ]] && echo ", alone")"
+}
+
+reap() {
+	local pid rc i
+	wait -n -p pid
+	rc=$?
+	i=${pid_job[$pid]}
+	unset "pid_job[$pid]"
+	running=$((running - 1))
+	[[ ${alone[$i]} == alone ]] && alone_running=0
+	echo "== $(elapsed) s: end ${names[$i]}, PostgreSQL $(major_of "$i"): $(cat "$logs/$i.secs") s, $([[ $rc == 0 ]] && echo ok || echo FAILED)"
+	sed 's/^/    /' "$logs/$i.log"
+	[[ $rc == 0 ]] || failed+=("${names[$i]} on $(major_of "$i")")
+}
+
+# Compiled once before the jobs start, so that they do not compile the same packages side
+# by side; -exec true runs no test.
+echo "== building the tests of the three modules"
+for d in . deploy tools; do
+	# shellcheck disable=SC2086
+	if ! out=$(cd "$d" && $GO test $TEST_FLAGS -exec true ./... 2>&1 && $GO build ./...); then
+		echo "$out"
+		failed+=("the build of $d")
+	fi
+done
+echo "== built in $(elapsed) s; ${#names[@]} jobs, $JOBS at a time"
+
+while ((next < ${#names[@]} || running > 0)); do
+	if ((next < ${#names[@]})); then
+		if [[ ${alone[$next]} == alone ]]; then
+			if ((running == 0)); then
+				launch "$next"
+				next=$((next + 1))
+				continue
+			fi
+		elif ((running < JOBS && alone_running == 0)); then
+			launch "$next"
+			next=$((next + 1))
+			continue
+		fi
+	fi
+	reap
+done
+
+# The tables: each package's seconds (as go test reports them) on each major, the
+# slowest first, and each job's (the go command's own work included).
+echo
+echo "== seconds by package and PostgreSQL major, the slowest first"
+for i in "${!names[@]}"; do
+	module=$(cd "${dirs[$i]}" && $GO list -m)
+	sed -nE 's/^(ok|FAIL)[[:space:]]+([^[:space:]]+)[[:space:]]+([0-9.]+)s.*/\1 \2 \3/p' "$logs/$i.log" |
+		while read -r status pkg secs; do
+			rel=${pkg#"$module"}
+			rel=${rel#/}
+			[[ ${dirs[$i]} != . ]] && rel=${dirs[$i]}/$rel
+			rel=${rel%/}
+			[[ $status == FAIL ]] && secs="$secs!"
+			echo "${rel:-.} $(major_of "$i") $secs"
+		done
+done | awk -v majors="$(printf '%s\n' 15 $PG_MAJORS | sort -nu | tr '\n' ' ')" '
+	BEGIN { n = split(majors, m, " ") }
+	{ t[$1, $2] = $3; s = $3 + 0; if (s > worst[$1]) worst[$1] = s; seen[$1] = 1 }
+	END {
+		printf "%-28s", "package"; for (j = 1; j <= n; j++) printf "%8s", m[j]; printf "\n"; fflush()
+		cmd = "sort -t\"\t\" -k1,1nr"
+		for (p in seen) {
+			line = sprintf("%-28s", p)
+			for (j = 1; j <= n; j++) line = line sprintf("%8s", ((p, m[j]) in t) ? t[p, m[j]] : "-")
+			printf "%d\t%s\n", worst[p] * 1000, line | cmd
+		}
+		close(cmd)
+	}' | cut -f2-
+echo "(seconds as go test reports each package; - not run on that major; ! failed)"
+echo
+echo "== seconds by job, in the order they started"
+for i in "${!names[@]}"; do
+	printf '%6s  %-32s %s\n' "$(cat "$logs/$i.secs" 2>/dev/null || echo -)" "${names[$i]}" "$(major_of "$i")"
+done
+echo
+echo "== $(elapsed) s in all, $JOBS jobs at a time"
+if ((${#failed[@]} > 0)); then
+	echo "== failed: $(printf '%s; ' "${failed[@]}")"
+	exit 1
+fi
