@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -316,8 +317,11 @@ func TestLeaderLeadsAgainSoonAfterADatabaseRestart(t *testing.T) {
 	db := pgtest.NewDBOn(t, srv)
 	testdb.Migrate(t, db.DSN, liveness.DefaultSchema)
 	ctx := testutil.Context(t, 2*time.Minute)
+	// The agent's log, debug included, is printed when the test fails: it says whether the
+	// lock, the release or the next campaign was slow.
+	logger, logs := logbuf.Logger()
 	agent := newAgent(t, liveness.AgentConfig{Pool: pgtest.Pool(t, db.DSN, 4), DirectDSN: db.DSN,
-		InstanceID: uuid.New(), ServiceName: "leader"})
+		InstanceID: uuid.New(), ServiceName: "leader", Logger: logger})
 	runAgent(t, agent)
 
 	epochs := make(chan int64, 16)
@@ -352,9 +356,9 @@ func TestLeaderLeadsAgainSoonAfterADatabaseRestart(t *testing.T) {
 		took := time.Since(answered)
 		t.Logf("led again (epoch %d after %d) %s after the server answered", again, first, took.Round(time.Millisecond))
 		if took > 20*time.Second {
-			t.Fatalf("led again %s after the server answered; want within seconds (the relock, a release, a retry), not when the row expired", took)
+			t.Fatalf("led again %s after the server answered; want within seconds (the relock, a release, a retry), not when the row expired\nthe agent's log:\n%s", took, logs)
 		}
 	case <-time.After(40 * time.Second):
-		t.Fatal("not led again within 40 s of the server answering: the lost lease's row was left to expire (ttl 1 min)")
+		t.Fatalf("not led again within 40 s of the server answering: the lost lease's row was left to expire (ttl 1 min)\nthe agent's log:\n%s", logs)
 	}
 }

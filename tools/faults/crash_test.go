@@ -73,16 +73,22 @@ func (s *verdictLog) deadAfter(t0 time.Time, a *agent) (sql, exp finder) {
 	return s.sqlAfter(t0, instDead(id)), func() (time.Duration, bool) { return s.firstExp(t0, expDead(svc)) }
 }
 
-// startPair starts a victim alone, so that it takes lease (and the reaper's and a
-// watcher's when o lets it), then its heir, which competes for lease; both are watched by
-// s, and healthy for every consumer when it returns. o is the agents' options but their
-// service names.
-func startPair(t *testing.T, e *env, s *verdictLog, o agentOpts, victimName, heirName string) (victim, heir *agent) {
+// startPair starts a victim alone, so that it takes lease (and, with withReaper, the
+// reaper's), then its heir, which competes for lease; both are watched by s, and healthy
+// for every consumer when it returns. o is the agents' options but their service names.
+// The victim's reaper campaign starts after a jittered delay, so the heir waits for it:
+// started at once, the heir could win the reaper's lease first.
+func startPair(t *testing.T, e *env, s *verdictLog, o agentOpts, withReaper bool, victimName, heirName string) (victim, heir *agent) {
 	t.Helper()
 	o.service = victimName
 	victim = startAgent(t, e, o)
 	s.Watch(victim)
 	testutil.Eventually(t, 30*time.Second, "the victim holding "+o.lease, func() bool { return len(victim.Events("acquired", time.Time{})) > 0 })
+	if withReaper {
+		testutil.Eventually(t, 30*time.Second, "the victim holding the reaper's lease", func() bool {
+			return s.holdsLease(reaperLease, victim.ids[0])
+		})
+	}
 	o.service = heirName
 	heir = startAgent(t, e, o)
 	s.Watch(heir)
@@ -95,10 +101,7 @@ func startPair(t *testing.T, e *env, s *verdictLog, o agentOpts, victimName, hei
 // holds the reaper's lease, 0–1 s later: a kill comes anywhere in the agents' cycles.
 func startCrashPair(t *testing.T, e *env, s *verdictLog, lease, victimName, heirName string) (victim, heir *agent) {
 	t.Helper()
-	victim, heir = startPair(t, e, s, agentOpts{lease: lease}, victimName, heirName)
-	testutil.Eventually(t, 30*time.Second, "the victim holding the reaper's lease", func() bool {
-		return s.holdsLease(reaperLease, victim.ids[0])
-	})
+	victim, heir = startPair(t, e, s, agentOpts{lease: lease}, true, victimName, heirName)
 	time.Sleep(time.Duration(rand.Int64N(int64(time.Second)))) // a random moment, not a wait for an event
 	return victim, heir
 }
@@ -514,7 +517,7 @@ func TestHang(t *testing.T) {
 
 	for trial := range trials() {
 		lease := fmt.Sprintf("job-%d", trial)
-		victim, heir := startPair(t, e, s, agentOpts{lease: lease, leaseTTL: leaseTTL, timing: timing},
+		victim, heir := startPair(t, e, s, agentOpts{lease: lease, leaseTTL: leaseTTL, timing: timing}, false,
 			fmt.Sprintf("hang-victim-%d", trial), fmt.Sprintf("hang-heir-%d", trial))
 		id, svc := victim.ids[0], victim.services[0]
 		t0 := time.Now()
