@@ -4,7 +4,8 @@
 // Agent.Elect for a few jobs), beside an application's primary-key lookup. It reports the
 // server's CPU (read from /proc for the postmaster and its children, so the server must
 // run on this host), statements a second (pg_stat_statements), backends, listening
-// sessions, the lookup's latency against the same lookup with no fleet, and one victim's
+// sessions, the lookup's latency (from a process of its own, see ServeLookup) against the
+// same lookup with no fleet, and one victim's
 // crash → dead and crash → takeover.
 //
 // The victim is an agent like the others whose connections run through relays on
@@ -144,6 +145,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	cpu1, _ := serverCPU(cfg.PostmasterPID)
 	res.IdleCPU = cpu1.coresSince(cpu0)
+	if err := look.measure(); err != nil {
+		return res, err
+	}
 	res.LookupIdle = look.latency()
 
 	f := &fleet{cfg: cfg}
@@ -190,6 +194,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	cpu1, _ = serverCPU(cfg.PostmasterPID)
 	took := time.Since(start).Seconds()
+	if err := look.measure(); err != nil {
+		return res, err
+	}
 	lookups := look.count()
 	calls1, err := statementCalls(ctx, admin)
 	if err != nil {
@@ -528,77 +535,6 @@ func (f *fleet) stop() {
 		f.nodes.Wait()
 		_ = os.RemoveAll(f.dir)
 	}
-}
-
-// lookups is the application's primary-key lookup, at a fixed rate on a session of its
-// own, with its latencies.
-type lookups struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	mu     sync.Mutex
-	took   []time.Duration
-	total  atomic.Int64
-}
-
-func startLookups(ctx context.Context, dsn string, rate int) (*lookups, error) {
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return nil, fmt.Errorf("fleetbench: lookup connection: %w", err)
-	}
-	lctx, cancel := context.WithCancel(context.Background())
-	l := &lookups{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(l.done)
-		defer conn.Close(context.Background())
-		tick := time.NewTicker(time.Second / time.Duration(rate))
-		defer tick.Stop()
-		for n := 0; ; n++ {
-			select {
-			case <-lctx.Done():
-				return
-			case <-tick.C:
-			}
-			qctx, cancel := context.WithTimeout(lctx, 10*time.Second)
-			t := time.Now()
-			var payload string
-			err := conn.QueryRow(qctx, `SELECT payload FROM app_items WHERE id = $1`, 1+n*7919%100000).Scan(&payload)
-			cancel()
-			if err != nil {
-				continue
-			}
-			l.total.Add(1)
-			l.mu.Lock()
-			l.took = append(l.took, time.Since(t))
-			l.mu.Unlock()
-		}
-	}()
-	return l, nil
-}
-
-func (l *lookups) reset() {
-	l.mu.Lock()
-	l.took = nil
-	l.mu.Unlock()
-	l.total.Store(0)
-}
-
-func (l *lookups) count() int64 { return l.total.Load() }
-
-func (l *lookups) latency() Latency {
-	l.mu.Lock()
-	took := slices.Clone(l.took)
-	l.mu.Unlock()
-	if len(took) == 0 {
-		return Latency{}
-	}
-	slices.Sort(took)
-	at := func(q float64) time.Duration { return took[min(len(took)-1, int(q*float64(len(took))))] }
-	return Latency{P50: at(0.50), P99: at(0.99)}
-}
-
-func (l *lookups) stop() {
-	l.cancel()
-	<-l.done
 }
 
 // cpuSample is the CPU time of the server's processes, by pid, in clock ticks.

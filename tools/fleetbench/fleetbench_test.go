@@ -10,7 +10,11 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/tools/fleetbench"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain serves the lookup when Run started this binary as its process.
+func TestMain(m *testing.M) {
+	fleetbench.ServeLookup()
+	pgtest.Main(m)
+}
 
 // startServer starts a PostgreSQL for agents agents and a PgBouncer in transaction mode in
 // front of it, and returns the run's configuration.

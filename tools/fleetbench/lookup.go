@@ -1,0 +1,239 @@
+package fleetbench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The application's lookup runs in a process of its own, as an application's query
+// would: in the process of a thousand agents, its latency would include that process's
+// goroutine scheduling and garbage collection, which the database does not cause. The
+// process is the benchmark's own binary started again with these variables set; its
+// TestMain calls ServeLookup first.
+const (
+	lookupDSNEnv  = "PG_LIVENESS_FLEETBENCH_LOOKUP_DSN"
+	lookupRateEnv = "PG_LIVENESS_FLEETBENCH_LOOKUP_RATE"
+)
+
+// lookupQuery is the application's primary-key lookup, on the table prepare fills.
+const lookupQuery = `SELECT payload FROM app_items WHERE id = $1`
+
+// ServeLookup makes this process the application's lookup when Run started it for that,
+// and never returns then; otherwise it returns at once. A test binary that calls Run
+// calls ServeLookup first in its TestMain.
+//
+// The lookup process connects, answers "ready", then runs the lookup at the given rate
+// and answers each line it reads on stdin: "reset" forgets the latencies so far,
+// "report" writes them as one JSON line. It exits when stdin closes (its parent ended).
+func ServeLookup() {
+	dsn := os.Getenv(lookupDSNEnv)
+	if dsn == "" {
+		return
+	}
+	if err := serveLookup(dsn, os.Getenv(lookupRateEnv), os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stdout, "error:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// lookupReport is what the lookup process reports: how many lookups answered since the
+// last reset, and their latencies in nanoseconds, sorted.
+type lookupReport struct {
+	Took []time.Duration `json:"took_ns"`
+}
+
+func serveLookup(dsn, rateText string, in io.Reader, out io.Writer) error {
+	rate, err := strconv.Atoi(rateText)
+	if err != nil || rate < 1 {
+		return fmt.Errorf("%s: want a positive number of lookups a second, got %q", lookupRateEnv, rateText)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
+	conn, err := pgx.Connect(cctx, dsn)
+	ccancel()
+	if err != nil {
+		return fmt.Errorf("lookup connection: %w", err)
+	}
+	defer conn.Close(context.Background())
+
+	var (
+		mu   sync.Mutex
+		took []time.Duration
+		done = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(time.Second / time.Duration(rate))
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
+			t := time.Now()
+			var payload string
+			err := conn.QueryRow(qctx, lookupQuery, 1+n*7919%100000).Scan(&payload)
+			d := time.Since(t)
+			qcancel()
+			if err != nil {
+				continue
+			}
+			mu.Lock()
+			took = append(took, d)
+			mu.Unlock()
+		}
+	}()
+	defer func() { cancel(); <-done }()
+
+	if _, err := fmt.Fprintln(out, "ready"); err != nil {
+		return err
+	}
+	lines := bufio.NewScanner(in)
+	for lines.Scan() {
+		switch lines.Text() {
+		case "reset":
+			mu.Lock()
+			took = nil
+			mu.Unlock()
+		case "report":
+			mu.Lock()
+			r := lookupReport{Took: slices.Clone(took)}
+			mu.Unlock()
+			slices.Sort(r.Took)
+			b, err := json.Marshal(r)
+			if err != nil {
+				return err
+			}
+			if _, err := fmt.Fprintf(out, "%s\n", b); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("unknown command %q", lines.Text())
+		}
+	}
+	return lines.Err()
+}
+
+// lookups is the parent's end of the lookup process.
+type lookups struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	answer *bufio.Scanner
+	last   lookupReport
+}
+
+// startLookups starts the lookup process at rate lookups a second on a session of its own
+// to dsn, and returns once it is connected.
+func startLookups(ctx context.Context, dsn string, rate int) (*lookups, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("fleetbench: the lookup process: %w", err)
+	}
+	// -test.run=^$: a test binary whose TestMain does not call ServeLookup runs no test
+	// and exits, instead of running the suite again; the missing "ready" says why.
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), lookupDSNEnv+"="+dsn, lookupRateEnv+"="+strconv.Itoa(rate))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("fleetbench: the lookup process: %w", err)
+	}
+	l := &lookups{cmd: cmd, stdin: stdin, answer: bufio.NewScanner(stdout)}
+	l.answer.Buffer(make([]byte, 64<<10), 64<<20)
+	ready := make(chan error, 1)
+	go func() {
+		if !l.answer.Scan() {
+			ready <- errors.New("it ended before it was ready (does the test binary's TestMain call fleetbench.ServeLookup?)")
+			return
+		}
+		if line := l.answer.Text(); line != "ready" {
+			ready <- errors.New(line)
+			return
+		}
+		ready <- nil
+	}()
+	select {
+	case err = <-ready:
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-time.After(40 * time.Second):
+		err = errors.New("not ready within 40 s")
+	}
+	if err != nil {
+		l.stop()
+		return nil, fmt.Errorf("fleetbench: the lookup process: %w", err)
+	}
+	return l, nil
+}
+
+// reset forgets the latencies measured so far.
+func (l *lookups) reset() { _, _ = io.WriteString(l.stdin, "reset\n") }
+
+// measure asks the lookup process for its latencies since the last reset; count and
+// latency then read them.
+func (l *lookups) measure() error {
+	if _, err := io.WriteString(l.stdin, "report\n"); err != nil {
+		return fmt.Errorf("fleetbench: the lookup process: %w", err)
+	}
+	if !l.answer.Scan() {
+		return fmt.Errorf("fleetbench: the lookup process ended: %v", l.answer.Err())
+	}
+	line := l.answer.Text()
+	if rest, ok := strings.CutPrefix(line, "error: "); ok {
+		return fmt.Errorf("fleetbench: the lookup process: %s", rest)
+	}
+	var r lookupReport
+	if err := json.Unmarshal([]byte(line), &r); err != nil {
+		return fmt.Errorf("fleetbench: the lookup process's report: %w", err)
+	}
+	l.last = r
+	return nil
+}
+
+func (l *lookups) count() int64 { return int64(len(l.last.Took)) }
+
+func (l *lookups) latency() Latency {
+	took := l.last.Took
+	if len(took) == 0 {
+		return Latency{}
+	}
+	at := func(q float64) time.Duration { return took[min(len(took)-1, int(q*float64(len(took))))] }
+	return Latency{P50: at(0.50), P99: at(0.99)}
+}
+
+// stop ends the lookup process: closing its stdin ends it.
+func (l *lookups) stop() {
+	_ = l.stdin.Close()
+	done := make(chan struct{})
+	go func() { _ = l.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = l.cmd.Process.Kill()
+		<-done
+	}
+}
