@@ -51,7 +51,7 @@ type advisoryLocksCollector struct {
 	locks, holders, backends, idle, wait *exposition.Family
 }
 
-func newAdvisoryLocksCollector(d deps) (Collector, error) {
+func newAdvisoryLocksCollector(d deps) (collector, error) {
 	const app = "application_name"
 	return &advisoryLocksCollector{
 		pool:        d.pool,

@@ -37,7 +37,7 @@ type agentCollector struct {
 }
 
 // newAgentCollector builds the agent collector, or none without an agent.
-func newAgentCollector(d deps) (Collector, error) {
+func newAgentCollector(d deps) (collector, error) {
 	if d.agent == nil {
 		return nil, nil
 	}

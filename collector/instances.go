@@ -104,7 +104,7 @@ type instancesCollector struct {
 // of pg_locks before the verdict of given locks is tried again (a migration applied since).
 const ofLocksRecheck = 10 * time.Minute
 
-func newInstancesCollector(d deps) (Collector, error) {
+func newInstancesCollector(d deps) (collector, error) {
 	cfg := d.cfg
 	c := &instancesCollector{
 		log:         d.logger,

@@ -91,7 +91,7 @@ func (c *leasesCollector) leasesQuery(shape []string) string {
 	return store.LeasesFor(c.table, shape).SQL
 }
 
-func newLeasesCollector(d deps) (Collector, error) {
+func newLeasesCollector(d deps) (collector, error) {
 	const lease = "lease"
 	table, err := leasesTable(d.cfg.Leases.Table, d.cfg.Source.Schema())
 	if err != nil {

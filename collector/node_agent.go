@@ -36,7 +36,7 @@ type nodeAgentCollector struct {
 	proofs, asked, reconnects, claims, refused *exposition.Family
 }
 
-func newNodeAgentCollector(d deps) (Collector, error) {
+func newNodeAgentCollector(d deps) (collector, error) {
 	if d.cfg.NodeAgent.Source == nil {
 		return nil, nil
 	}

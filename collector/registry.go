@@ -21,7 +21,7 @@ const (
 
 // registry is every collector, in the order of their flags. The flags (AddFlags), the
 // defaults (DefaultConfig), the checks (Config.validate), New and the benchmarks all
-// read it. Adding a collector is its own file (the Collector, its settings type and its
+// read it. Adding a collector is its own file (the collector, its settings type and its
 // constructor) plus one row here, and the settings' field in Config.
 var registry = []registration{
 	{name: NameInstances, on: true, db: true, settings: func(c *Config) settings { return &c.Instances },
@@ -46,9 +46,9 @@ type registration struct {
 	db   bool   // talks to PostgreSQL, so its outcome tells whether the server answers
 	// settings returns the collector's part of c.
 	settings func(c *Config) settings
-	// build makes the collector. A nil Collector with a nil error means it has nothing
+	// build makes the collector. A nil collector with a nil error means it has nothing
 	// to run on (the agent collector without an agent) and is left out.
-	build func(deps) (Collector, error)
+	build func(deps) (collector, error)
 }
 
 // settings is a collector's part of Config; the collector's file defines it.

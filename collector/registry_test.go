@@ -10,7 +10,7 @@ import (
 )
 
 // testAgentCollector is the agent collector on testAgent, as New builds it.
-func testAgentCollector(t testing.TB) Collector {
+func testAgentCollector(t testing.TB) collector {
 	t.Helper()
 	c, err := newAgentCollector(deps{cfg: &Config{}, agent: testAgent})
 	if err != nil || c == nil {

@@ -162,7 +162,7 @@ type statementsCollector struct {
 	totals       []stmtCounts           // by pattern index
 }
 
-func newStatementsCollector(d deps) (Collector, error) {
+func newStatementsCollector(d deps) (collector, error) {
 	const stmt = "statement"
 	patterns, err := parsePatterns(d.cfg.Statements.Patterns)
 	if err != nil {
