@@ -1,10 +1,11 @@
 package main
 
-// The flags, bound to the configuration types of the library (liveness.AgentConfig), the
-// data layer (store.SourceConfig, in source.go) and the pool (database.PoolConfig), with
-// those packages' Default* constants as their defaults; and fieldFlags, the one table
-// from those types' fields to the flags, which turns every *ConfigError (an error that
-// names a field) into one that names the flag.
+// Every flag of the binary, declared here and nowhere else: bound to the configuration
+// types of the library (liveness.AgentConfig, liveness.NodeAgentConfig), the data layer's
+// source (store.SourceConfig), the pool (database.PoolConfig), the collectors
+// (collector.Config) and the targets' pools (targets.Options), with those packages'
+// defaults as their defaults; and fieldFlags, the one table from those types' fields to
+// the flags, which turns every error that names a field into one that names the flag.
 
 import (
 	"cmp"
@@ -13,6 +14,7 @@ import (
 	"io"
 	"io/fs"
 	"maps"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,9 +56,9 @@ type config struct {
 	agent      liveness.AgentConfig
 	nodeAgent  liveness.NodeAgentConfig // --node-agent.*: serve the node's processes
 	source     store.SourceConfig
-	collectors *collector.Config
+	collectors collector.Config
 
-	configFile string          // --config.file: the /probe targets
+	configFile string          // --config.file: the /probe targets and the discover entries
 	probe      targets.Options // their pools' bounds
 	// discoverMaxSeries bounds the series of every discovered database on /metrics together.
 	discoverMaxSeries int
@@ -77,7 +79,7 @@ func newApp(stderr io.Writer) (*kingpin.Application, *config) {
 	app.ErrorWriter(stderr)
 	app.Version(version.Print(exporterName))
 	app.HelpFlag.Short('h')
-	c := &config{}
+	c := &config{collectors: collector.DefaultConfig()}
 
 	c.web = kingpinflag.AddFlags(app, ":9816")
 	app.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").StringVar(&c.telemetryPath)
@@ -86,7 +88,7 @@ func newApp(stderr io.Writer) (*kingpin.Application, *config) {
 	addDatabaseFlags(app, c)
 	addAgentFlags(app, c)
 	addSourceFlags(app, &c.source)
-	c.collectors = collector.AddFlags(app)
+	addCollectorFlags(app, &c.collectors)
 	addProbeFlags(app, c)
 	addEnvars(app)
 	return app, c
@@ -128,8 +130,8 @@ func addDatabaseFlags(app *kingpin.Application, c *config) {
 	app.Flag("db.schema", "Schema of the liveness objects.").Default(liveness.DefaultSchema).
 		PlaceHolder(strconv.Quote(liveness.DefaultSchema)). // quoted, as kingpin shows a string's default
 		SetValue(shared(func(s string) (string, error) { return s, nil }, &c.agent.Schema, &c.source.Schema))
-	app.Flag("db.connect-timeout", "Timeout of one connection attempt.").
-		Default(database.DefaultConnectTimeout.String()).DurationVar(&c.pool.ConnectTimeout)
+	app.Flag("db.connect-timeout", "Timeout of one connection attempt.").Default(database.DefaultConnectTimeout.String()).
+		SetValue(shared(time.ParseDuration, &c.pool.ConnectTimeout, &c.probe.ConnectTimeout))
 	app.Flag("migrations.apply", "Apply the embedded migrations once the database answers.").Default("true").BoolVar(&c.applyMigrations)
 }
 
@@ -167,6 +169,85 @@ func addAgentFlags(app *kingpin.Application, c *config) {
 	duration("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.", liveness.DefaultReaperLeaseTTL, &a.ReaperLeaseTTL)
 	duration("agent.duplicate-timeout", "How long the agent waits, writing nothing, while another process holds its instance id's alive lock, before it exits non-zero.",
 		liveness.DefaultDuplicateTimeout, &a.DuplicateTimeout)
+}
+
+// addSourceFlags binds --source and --source.whizbang.* to the source's configuration,
+// their defaults Whizbang's documented ones. --db.schema and the agent's stale threshold
+// and definitive-dead cutoff (the fallback for rows that record no timing) set its Schema
+// and Fallback too. The source is checked once, by store.NewSource, and reaches every
+// reader.
+func addSourceFlags(app *kingpin.Application, s *store.SourceConfig) {
+	s.Kind, s.Whizbang = store.SourceLiveness, store.DefaultWhizbang()
+	w, t := &s.Whizbang, &s.Whizbang.Timing
+	app.Flag("source", "Where instances are read from: liveness (this project's schema) or whizbang (a Whizbang "+
+		"database as it is, read only; needs --no-agent).").Default(string(store.SourceLiveness)).
+		EnumVar((*string)(&s.Kind), string(store.SourceLiveness), string(store.SourceWhizbang))
+	app.Flag("source.whizbang.schema", "Schema of Whizbang's tables.").Default(w.Schema).StringVar(&w.Schema)
+	app.Flag("source.whizbang.prefix", "Prefix of Whizbang's tables: instances are read from <prefix>service_instances (empty: service_instances).").
+		Default(w.Prefix).SetValue(whizbangPrefix{w})
+	app.Flag("source.whizbang.lock-key-prefix", "Text before the instance id in Whizbang's alive-lock key, hashtext(<prefix> || instance_id).").
+		Default(w.LockKeyPrefix).StringVar(&w.LockKeyPrefix)
+	app.Flag("source.whizbang.heartbeat-interval", "Whizbang's fast heartbeat cadence (Whizbang stores no timing in its rows).").
+		Default(t.HeartbeatInterval.String()).DurationVar(&t.HeartbeatInterval)
+	app.Flag("source.whizbang.heartbeat-slow-interval", "Whizbang's slow heartbeat cadence, while the alive lock is held.").
+		Default(t.HeartbeatSlowInterval.String()).DurationVar(&t.HeartbeatSlowInterval)
+	app.Flag("source.whizbang.stale-threshold", "A Whizbang heartbeat older than this is stale; must be above the slow cadence.").
+		Default(t.StaleThreshold.String()).DurationVar(&t.StaleThreshold)
+	app.Flag("source.whizbang.definitive-dead-cutoff", "A Whizbang heartbeat older than this is dead even with the lock held (its cleanup_stale_instances p_definitive_dead_cutoff).").
+		Default(t.DefinitiveDeadCutoff.String()).DurationVar(&t.DefinitiveDeadCutoff)
+}
+
+// addCollectorFlags declares --[no-]collector.<name> from the collectors' switches, each
+// collector's options and --scrape.*, their defaults c's (collector.DefaultConfig's).
+func addCollectorFlags(app *kingpin.Application, c *collector.Config) {
+	for _, s := range c.Switches() {
+		help := s.Help + "."
+		if s.On {
+			help = s.Help + " (--no-collector." + s.Name + " disables it)."
+		}
+		app.Flag("collector."+s.Name, help).Default(strconv.FormatBool(s.On)).BoolVar(s.Enabled)
+	}
+	limit := func(name, help string, v *int) { app.Flag(name, help).Default(strconv.Itoa(*v)).IntVar(v) }
+	limit("collector.instances.max-series",
+		"Most pg_liveness_instance_heartbeat_age_seconds series to export; the oldest heartbeats are kept.", &c.Instances.MaxSeries)
+	limit("collector.instances.max-services",
+		`Most services whose instance counts are exported one by one, those with dead instances first; the rest are summed into service="other".`,
+		&c.Instances.MaxServices)
+	app.Flag("collector.leases.table",
+		`Leases table, as "table" or "schema.table" (default: <db.schema>.leases; with --source=whizbang, none unless given). A plain table without an epoch column works too.`).
+		PlaceHolder("TABLE").StringVar(&c.Leases.Table)
+	limit("collector.leases.max-series",
+		`Most leases exported one by one, the most urgent first; the rest are exported together under the lease label other.`, &c.Leases.MaxSeries)
+	limit("collector.advisory_locks.max-applications",
+		`Most application_name label values to export; the rest are folded into "other".`, &c.AdvisoryLocks.MaxApplications)
+	app.Flag("collector.statements.pattern",
+		`Classify pg_stat_statements entries whose query text matches regex as statement="name", as name=regex. Repeatable; merged over the defaults by name (an empty regex removes one). Defaults: `+
+			strings.Join(collector.DefaultStatementPatterns, ", ")).
+		PlaceHolder("NAME=REGEX").StringsVar(&c.Statements.Patterns)
+	limit("collector.statements.cache-size", "Most pg_stat_statements queryids whose classification is remembered.", &c.Statements.CacheSize)
+	app.Flag("scrape.timeout-offset",
+		"Subtracted from the scraper's X-Prometheus-Scrape-Timeout-Seconds to leave time to send the answer.").
+		Default(c.ScrapeTimeoutOffset.String()).DurationVar(&c.ScrapeTimeoutOffset)
+	app.Flag("scrape.default-timeout",
+		"Time allowed to collect when the scraper sends no X-Prometheus-Scrape-Timeout-Seconds.").
+		Default(c.ScrapeDefaultTimeout.String()).DurationVar(&c.ScrapeDefaultTimeout)
+}
+
+// addProbeFlags declares --config.file, --probe.*, the targets' pools' bounds, and
+// --discover.max-series.
+func addProbeFlags(app *kingpin.Application, c *config) {
+	o := &c.probe
+	app.Flag("config.file", "File of named credentials, targets that /probe?target=NAME answers for, and servers whose databases /metrics discovers (YAML). Re-read on SIGHUP.").
+		StringVar(&c.configFile)
+	app.Flag("probe.max-conns", "Most connections the /probe targets' pools hold together.").
+		Default(fmt.Sprint(targets.DefaultMaxConns)).IntVar(&o.MaxConns)
+	app.Flag("probe.max-conns-per-target", "Most connections of one /probe target's pool.").
+		Default(fmt.Sprint(targets.DefaultMaxConnsPerTarget)).Int32Var(&o.MaxConnsPerTarget)
+	app.Flag("probe.idle-timeout", "A /probe target's connection idle this long is closed.").
+		Default(targets.DefaultIdleTimeout.String()).DurationVar(&o.IdleTimeout)
+	app.Flag("discover.max-series", "Most series the databases that --config.file's discover entries find hold together on /metrics; "+
+		"beyond it, whole databases (the last by label) export only pg_liveness_up and their scrape gauges.").
+		Default(fmt.Sprint(defaultDiscoverMaxSeries)).IntVar(&c.discoverMaxSeries)
 }
 
 // sharedValue is a flag whose one value several configuration fields take.
@@ -234,6 +315,13 @@ func (v instanceIDValue) String() string {
 	return v.id.String()
 }
 
+// whizbangPrefix is --source.whizbang.prefix: an empty value is no prefix
+// (Whizbang.NoPrefix), where the library's empty Prefix is Whizbang's default.
+type whizbangPrefix struct{ w *store.Whizbang }
+
+func (p whizbangPrefix) Set(v string) error { p.w.Prefix, p.w.NoPrefix = v, v == ""; return nil }
+func (p whizbangPrefix) String() string     { return p.w.Prefix }
+
 // nameFlagInError prefixes kingpin's value errors ("time: invalid duration \"soon\"")
 // with the flag whose value they quote, so the one line says which flag is wrong.
 func nameFlagInError(err error, args []string) error {
@@ -257,9 +345,9 @@ func nameFlagInError(err error, args []string) error {
 }
 
 // fieldFlags is the one table from the configuration fields that flags set (of
-// liveness.AgentConfig, store.SourceConfig, database.PoolConfig) to those flags: the
-// packages' errors name fields, and the binary reports flags. TestFieldFlagsAreTheFlags
-// checks it against what each flag really sets.
+// liveness.AgentConfig, store.SourceConfig, database.PoolConfig, collector.Config and
+// targets.Options) to those flags: the packages' errors name fields, and the binary
+// reports flags. TestFieldFlagsAreTheFlags checks it against what each flag really sets.
 var fieldFlags = map[string]string{
 	"AgentConfig.DirectDSN":                    "--db.direct-dsn",
 	"AgentConfig.Schema":                       "--db.schema",
@@ -295,28 +383,58 @@ var fieldFlags = map[string]string{
 
 	"PoolConfig.MaxConns":       "--db.max-conns",
 	"PoolConfig.ConnectTimeout": "--db.connect-timeout",
+
+	// collector.Config
+	"Config.ScrapeTimeoutOffset":           "--scrape.timeout-offset",
+	"Config.ScrapeDefaultTimeout":          "--scrape.default-timeout",
+	"Config.Instances.Enabled":             "--collector.instances",
+	"Config.Instances.MaxSeries":           "--collector.instances.max-series",
+	"Config.Instances.MaxServices":         "--collector.instances.max-services",
+	"Config.Leases.Enabled":                "--collector.leases",
+	"Config.Leases.Table":                  "--collector.leases.table",
+	"Config.Leases.MaxSeries":              "--collector.leases.max-series",
+	"Config.AdvisoryLocks.Enabled":         "--collector.advisory_locks",
+	"Config.AdvisoryLocks.MaxApplications": "--collector.advisory_locks.max-applications",
+	"Config.Statements.Enabled":            "--collector.statements",
+	"Config.Statements.Patterns":           "--collector.statements.pattern",
+	"Config.Statements.CacheSize":          "--collector.statements.cache-size",
+	"Config.Agent.Enabled":                 "--collector.agent",
+	"Config.NodeAgent.Enabled":             "--collector.node_agent",
+
+	// targets.Options
+	"Options.MaxConns":          "--probe.max-conns",
+	"Options.MaxConnsPerTarget": "--probe.max-conns-per-target",
+	"Options.IdleTimeout":       "--probe.idle-timeout",
+	"Options.ConnectTimeout":    "--db.connect-timeout",
 }
 
 // flagOf is the flag that sets field, or field itself if none does.
 func flagOf(field string) string { return cmp.Or(fieldFlags[field], field) }
 
-// asFlagError rewrites a *ConfigError (the library's, or the data layer's, which the
-// pool's configuration uses too) in terms of the flags: the field it names, and every
-// field its reason mentions.
+// fieldNames matches every field of fieldFlags as a whole word, the longest first, so
+// that no field is rewritten inside a longer one ("Options.MaxConnsPerTarget") or inside
+// another type's ("NodeAgentConfig.KeepaliveIdle").
+var fieldNames = func() *regexp.Regexp {
+	fields := slices.SortedFunc(maps.Keys(fieldFlags), func(a, b string) int { return cmp.Compare(len(b), len(a)) })
+	for i, f := range fields {
+		fields[i] = regexp.QuoteMeta(f)
+	}
+	return regexp.MustCompile(`\b(` + strings.Join(fields, "|") + `)\b`)
+}()
+
+// asFlagError rewrites an error in terms of the flags: a *ConfigError (the library's, or
+// the data layer's, which the pool's configuration uses too) as the flag of the field it
+// names and its reason; any other error as its text; in both, every field of fieldFlags
+// mentioned as its flag.
 func asFlagError(err error) error {
+	namingFlags := func(s string) string { return fieldNames.ReplaceAllStringFunc(s, flagOf) }
 	var ce *store.ConfigError
 	if le := (*liveness.ConfigError)(nil); errors.As(err, &le) {
 		ce = &store.ConfigError{Field: le.Field, Reason: le.Reason}
 	} else if !errors.As(err, &ce) {
-		return err
+		return errors.New(namingFlags(err.Error()))
 	}
-	reason := ce.Reason
-	// Longest field first, so that no field's name is rewritten inside a longer one's.
-	fields := slices.SortedFunc(maps.Keys(fieldFlags), func(a, b string) int { return cmp.Compare(len(b), len(a)) })
-	for _, from := range fields {
-		reason = strings.ReplaceAll(reason, from, fieldFlags[from])
-	}
-	return errors.New(flagOf(ce.Field) + " " + reason)
+	return errors.New(flagOf(ce.Field) + " " + namingFlags(ce.Reason))
 }
 
 // setting is a configuration field and its value, for refuseUnset.

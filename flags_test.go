@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/collector"
 )
 
 // configFields parses args and returns every field of the configuration types that flags
@@ -39,6 +41,8 @@ func configFields(args ...string) (map[string]any, error) {
 	walk("AgentConfig", reflect.ValueOf(c.agent))
 	walk("SourceConfig", reflect.ValueOf(c.source))
 	walk("PoolConfig", reflect.ValueOf(c.pool))
+	walk("Config", reflect.ValueOf(c.collectors))
+	walk("Options", reflect.ValueOf(c.probe))
 	return fields, nil
 }
 
@@ -94,7 +98,7 @@ func TestFieldFlagsAreTheFlags(t *testing.T) {
 			t.Errorf("fieldFlags maps %s to %s, but no flag sets that field", field, flag)
 		}
 	}
-	if len(setBy) < 20 {
+	if len(setBy) < 50 {
 		t.Fatalf("only %d fields found set by a flag: the probe cannot tell", len(setBy))
 	}
 }
@@ -150,6 +154,96 @@ func TestSourceFieldErrorsNameTheirFlag(t *testing.T) {
 			!slices.ContainsFunc(cases, func(c badValue) bool { return c.field == field }) {
 			t.Errorf("no case for %s (%s)", field, fieldFlags[field])
 		}
+	}
+}
+
+// Every field of the collectors' configuration and of the targets' pools that a flag
+// sets and the package checks is refused, when wrong, with one line that starts with that
+// flag: the packages name their fields, and fieldFlags turns them into flags.
+func TestCollectorAndProbeFieldErrorsNameTheirFlag(t *testing.T) {
+	dir := t.TempDir()
+	targetsFile := writeFile(t, dir, "targets.yml", "targets:\n  a: {dsn_file: "+writeFile(t, dir, "dsn", "host=127.0.0.1 port=1\n")+"}\n")
+	probe := func(args ...string) []string {
+		return append([]string{"--no-agent", "--config.file=" + targetsFile}, args...)
+	}
+	main := func(args ...string) []string { return append([]string{"--db.dsn=host=127.0.0.1 port=1"}, args...) }
+	type badValue struct {
+		field string // of collector.Config or targets.Options
+		args  []string
+		flag  string // the flag the line must start with
+	}
+	cases := []badValue{
+		{"Config.ScrapeTimeoutOffset", main("--scrape.timeout-offset=-1s"), "--scrape.timeout-offset"},
+		{"Config.ScrapeDefaultTimeout", main("--scrape.default-timeout=0s"), "--scrape.default-timeout"},
+		{"Config.Instances.MaxSeries", main("--collector.instances.max-series=-1"), "--collector.instances.max-series"},
+		{"Config.Instances.MaxServices", main("--collector.instances.max-services=-1"), "--collector.instances.max-services"},
+		{"Config.Leases.Table", main("--collector.leases.table=a.b.c"), "--collector.leases.table"},
+		{"Config.Leases.MaxSeries", main("--collector.leases.max-series=-1"), "--collector.leases.max-series"},
+		{"Config.AdvisoryLocks.MaxApplications", main("--collector.advisory_locks.max-applications=0"), "--collector.advisory_locks.max-applications"},
+		{"Config.Statements.Patterns", main("--collector.statements.pattern=bad=("), "--collector.statements.pattern"},
+		{"Config.Statements.CacheSize", main("--collector.statements.cache-size=0"), "--collector.statements.cache-size"},
+		// The same checks on an exporter of --config.file only: its targets' collectors.
+		{"Config.Leases.MaxSeries", probe("--collector.leases.max-series=-1"), "--collector.leases.max-series"},
+		{"Options.MaxConns", probe("--probe.max-conns=1", "--probe.max-conns-per-target=2"), "--probe.max-conns"},
+		{"Options.MaxConnsPerTarget", probe("--probe.max-conns-per-target=0"), "--probe.max-conns-per-target"},
+		{"Options.IdleTimeout", probe("--probe.idle-timeout=0s"), "--probe.idle-timeout"},
+		{"Options.ConnectTimeout", probe("--db.connect-timeout=0s"), "--db.connect-timeout"},
+	}
+	for _, c := range cases {
+		args := append([]string{"--web.listen-address=127.0.0.1:0"}, c.args...)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a case that is not refused serves until then
+		var out bytes.Buffer
+		code := run(ctx, args, "", &out)
+		cancel()
+		line := strings.TrimSpace(out.String())
+		rest, _ := strings.CutPrefix(line, exporterName+": error: "+c.flag)
+		if code != exitConfig || strings.Contains(line, "\n") || rest == line || rest == "" || !strings.ContainsAny(rest[:1], " :") {
+			t.Errorf("%s %v: exit %d, want %d and one line that starts with %s:\n%s", c.field, args[1:], code, exitConfig, c.flag, line)
+		}
+		if strings.Contains(line, "Config.") || strings.Contains(line, "Options.") {
+			t.Errorf("%s %v: the line names a field, not a flag:\n%s", c.field, args[1:], line)
+		}
+	}
+	// Every such field that a flag sets has its case; a collector's switch has no check.
+	for field := range fieldFlags {
+		if (strings.HasPrefix(field, "Config.") && !strings.HasSuffix(field, ".Enabled") || strings.HasPrefix(field, "Options.")) &&
+			!slices.ContainsFunc(cases, func(c badValue) bool { return c.field == field }) {
+			t.Errorf("no case for %s (%s)", field, fieldFlags[field])
+		}
+	}
+}
+
+// The collector flags set the collectors' configuration, and left alone give
+// collector.DefaultConfig.
+func TestCollectorFlags(t *testing.T) {
+	c, err := parseFlags([]string{
+		"--no-collector.leases", "--no-collector.agent",
+		"--collector.instances.max-series=7",
+		"--collector.leases.table=blog.leases",
+		"--collector.advisory_locks.max-applications=3",
+		"--collector.statements.pattern=heartbeat=my_heartbeat",
+		"--collector.statements.pattern=cleanup=",
+		"--collector.statements.cache-size=99",
+		"--scrape.timeout-offset=250ms", "--scrape.default-timeout=4s",
+	}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.collectors
+	if cfg.Leases.Enabled || cfg.Agent.Enabled || !cfg.Instances.Enabled || !cfg.Statements.Enabled || !cfg.AdvisoryLocks.Enabled || !cfg.NodeAgent.Enabled {
+		t.Errorf("enabled collectors wrong: %+v", cfg)
+	}
+	if cfg.Instances.MaxSeries != 7 || cfg.Leases.Table != "blog.leases" || cfg.AdvisoryLocks.MaxApplications != 3 ||
+		!slices.Equal(cfg.Statements.Patterns, []string{"heartbeat=my_heartbeat", "cleanup="}) ||
+		cfg.Statements.CacheSize != 99 || cfg.ScrapeTimeoutOffset != 250*time.Millisecond || cfg.ScrapeDefaultTimeout != 4*time.Second {
+		t.Errorf("options not parsed: %+v", cfg)
+	}
+	d, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(d.collectors, collector.DefaultConfig()) {
+		t.Errorf("flag defaults %+v differ from DefaultConfig %+v", d.collectors, collector.DefaultConfig())
 	}
 }
 

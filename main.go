@@ -5,9 +5,9 @@
 // adaptive heartbeat, lease-protected reaper), and reports that agent too.
 //
 // This file wires the flags to the constructors (the pool, the agent, the one source,
-// the collectors and the status page) and runs them until SIGINT or SIGTERM. The flags
-// and the table from the library's fields to them are in flags.go (the source's in
-// source.go), serving in serve.go, and what SIGHUP reloads in reload.go.
+// the collectors and the status page) and runs them until SIGINT or SIGTERM. Every flag
+// and the table from the packages' fields to them are in flags.go, serving in serve.go,
+// and what SIGHUP reloads in reload.go.
 package main
 
 import (
@@ -299,7 +299,7 @@ func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 	}
 	var discovered *discoveredDBs
 	if pools != nil {
-		if discovered, err = newDiscovered(pools, *c.collectors, source, c.discoverMaxSeries, logger); err != nil {
+		if discovered, err = newDiscovered(pools, c.collectors, source, c.discoverMaxSeries, logger); err != nil {
 			return nil, err
 		}
 	}

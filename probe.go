@@ -9,18 +9,14 @@ package main
 // discovered database's is in discover_serve.go), and the --discover.max-series flag.
 
 import (
-	"cmp"
 	"fmt"
 	"html/template"
 	"log/slog"
-	"maps"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 
-	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -28,30 +24,6 @@ import (
 	statuspage "github.com/pg-liveness/pg_liveness_exporter/internal/status"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 )
-
-// addProbeFlags declares --config.file and --probe.*, the targets' pools' bounds.
-func addProbeFlags(app *kingpin.Application, c *config) {
-	o := &c.probe
-	app.Flag("config.file", "File of named credentials, targets that /probe?target=NAME answers for, and servers whose databases /metrics discovers (YAML). Re-read on SIGHUP.").
-		StringVar(&c.configFile)
-	app.Flag("probe.max-conns", "Most connections the /probe targets' pools hold together.").
-		Default(fmt.Sprint(targets.DefaultMaxConns)).IntVar(&o.MaxConns)
-	app.Flag("probe.max-conns-per-target", "Most connections of one /probe target's pool.").
-		Default(fmt.Sprint(targets.DefaultMaxConnsPerTarget)).Int32Var(&o.MaxConnsPerTarget)
-	app.Flag("probe.idle-timeout", "A /probe target's connection idle this long is closed.").
-		Default(targets.DefaultIdleTimeout.String()).DurationVar(&o.IdleTimeout)
-	app.Flag("discover.max-series", "Most series the databases that --config.file's discover entries find hold together on /metrics; "+
-		"beyond it, whole databases (the last by label) export only pg_liveness_up and their scrape gauges.").
-		Default(fmt.Sprint(defaultDiscoverMaxSeries)).IntVar(&c.discoverMaxSeries)
-}
-
-// probeFlags maps targets.Options' fields to their flags.
-var probeFlags = map[string]string{
-	"Options.MaxConnsPerTarget": "--probe.max-conns-per-target",
-	"Options.MaxConns":          "--probe.max-conns",
-	"Options.IdleTimeout":       "--probe.idle-timeout",
-	"Options.ConnectTimeout":    "--db.connect-timeout",
-}
 
 // loadTargets reads --config.file and opens (without connecting) the targets' pools.
 func loadTargets(c *config, logger *slog.Logger) (*targets.Pools, error) {
@@ -62,25 +34,14 @@ func loadTargets(c *config, logger *slog.Logger) (*targets.Pools, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--config.file %s: %w", c.configFile, err)
 	}
-	c.probe.ConnectTimeout, c.probe.ApplicationName = c.pool.ConnectTimeout, exporterName+":probe"
-	c.probe.Logger = logger.With("component", "database")
-	pools, err := targets.NewPools(cfg, c.probe)
-	if err != nil {
-		msg := err.Error()
-		// Longest field first: Options.MaxConns is the start of Options.MaxConnsPerTarget.
-		fields := slices.SortedFunc(maps.Keys(probeFlags), func(a, b string) int { return cmp.Compare(len(b), len(a)) })
-		for _, field := range fields {
-			msg = strings.ReplaceAll(msg, field, probeFlags[field])
-		}
-		return nil, fmt.Errorf("%s", msg)
-	}
-	return pools, nil
+	c.probe.ApplicationName, c.probe.Logger = exporterName+":probe", logger.With("component", "database")
+	return targets.NewPools(cfg, c.probe) // errors name Options' fields
 }
 
 // addProbeRoutes serves /probe, /targets and the targets' status pages on mux, and the
 // pools' connection gauges in reg. main describes the --db.dsn database ("" for none).
 func addProbeRoutes(mux *http.ServeMux, reg *prometheus.Registry, c *config, w *wired, main string, logger *slog.Logger) error {
-	cfg := *c.collectors
+	cfg := c.collectors
 	cfg.Source = w.source
 	p, err := newProber(w.targets, cfg, logger)
 	if err != nil {

@@ -102,7 +102,7 @@ func newHandler(c *config, w *wired, agent collector.AgentSource, logger *slog.L
 		status = w.status
 	}
 	c.collectors.Status, c.collectors.Source = status, w.source
-	exporter, err := collector.New(*c.collectors, w.pool, agent, logger.With("component", "collector"))
+	exporter, err := collector.New(c.collectors, w.pool, agent, logger.With("component", "collector"))
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +121,7 @@ func newHandler(c *config, w *wired, agent collector.AgentSource, logger *slog.L
 	}
 	mux := http.NewServeMux()
 	if w.discover != nil { // and every database discovery finds, each with its database label, under --discover.max-series
-		mux.Handle(c.telemetryPath, w.discover.limit.HandlerOf(*c.collectors, reg, func() []*collector.Exporter {
+		mux.Handle(c.telemetryPath, w.discover.limit.HandlerOf(c.collectors, reg, func() []*collector.Exporter {
 			return append([]*collector.Exporter{exporter}, w.discover.exporters()...)
 		}, logger.With("component", "collector")))
 	} else {
@@ -147,7 +147,7 @@ func newProbeOnlyHandler(c *config, w *wired, logger *slog.Logger) (*http.ServeM
 		versioncollector.NewCollector(exporterName), w.reloads)
 	mux := http.NewServeMux()
 	if w.discover != nil {
-		mux.Handle(c.telemetryPath, w.discover.limit.HandlerOf(*c.collectors, reg, w.discover.exporters, logger.With("component", "collector")))
+		mux.Handle(c.telemetryPath, w.discover.limit.HandlerOf(c.collectors, reg, w.discover.exporters, logger.With("component", "collector")))
 	} else {
 		mux.Handle(c.telemetryPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	}
