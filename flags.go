@@ -32,6 +32,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/discovery"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -247,7 +248,7 @@ func addProbeFlags(app *kingpin.Application, c *config) {
 		Default(targets.DefaultIdleTimeout.String()).DurationVar(&o.IdleTimeout)
 	app.Flag("discover.max-series", "Most series the databases that --config.file's discover entries find hold together on /metrics; "+
 		"beyond it, whole databases (the last by label) export only pg_liveness_up and their scrape gauges.").
-		Default(fmt.Sprint(defaultDiscoverMaxSeries)).IntVar(&c.discoverMaxSeries)
+		Default(fmt.Sprint(discovery.DefaultMaxSeries)).IntVar(&c.discoverMaxSeries)
 }
 
 // sharedValue is a flag whose one value several configuration fields take.

@@ -32,6 +32,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/discovery"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
@@ -129,8 +130,8 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	agentFailed := make(chan error, 1) // the agent gave up for good: exit non-zero
 	wg.Go(func() { runAgent(bg, c, w, agentFailed, logger) })
 	if w.discover != nil {
-		w.discover.start(bg)    // and a reload starts, or stops, its re-checks
-		defer w.discover.stop() // they end with bg, before the pools close
+		w.discover.Start(bg)    // and a reload starts, or stops, its re-checks
+		defer w.discover.Stop() // they end with bg, before the pools close
 	}
 	reloads, loopDone := make(chan chan error), make(chan struct{})
 	w.mux.Handle("/-/reload", reloadHandler(c.enableLifecycle, reloads, loopDone))
@@ -248,12 +249,12 @@ type wired struct {
 	status    *binaryStatus
 	database  string // the main DSN rebuilt without its password, for log lines
 	source    *store.Source
-	pool      *pgxpool.Pool       // nil with --config.file and no DSN: /probe only
-	agent     *liveness.Agent     // nil with --no-agent
-	nodeAgent *liveness.NodeAgent // nil without --node-agent.socket
-	targets   *targets.Pools      // nil without --config.file
-	prober    *prober             // nil without --config.file
-	discover  *discoveredDBs      // nil without --config.file
+	pool      *pgxpool.Pool        // nil with --config.file and no DSN: /probe only
+	agent     *liveness.Agent      // nil with --no-agent
+	nodeAgent *liveness.NodeAgent  // nil without --node-agent.socket
+	targets   *targets.Pools       // nil without --config.file
+	prober    *prober              // nil without --config.file
+	discover  *discovery.Databases // nil without --config.file
 	mux       *http.ServeMux
 }
 
@@ -297,9 +298,9 @@ func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 			}
 		}()
 	}
-	var discovered *discoveredDBs
+	var discovered *discovery.Databases
 	if pools != nil {
-		if discovered, err = newDiscovered(pools, c.collectors, source, c.discoverMaxSeries, logger); err != nil {
+		if discovered, err = discovery.New(pools, c.collectors, source, c.discoverMaxSeries, logger); err != nil {
 			return nil, err
 		}
 	}

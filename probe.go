@@ -10,7 +10,6 @@ package main
 
 import (
 	"fmt"
-	"html/template"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -48,15 +47,15 @@ func addProbeRoutes(mux *http.ServeMux, reg *prometheus.Registry, c *config, w *
 		return err
 	}
 	w.prober = p
-	reg.MustRegister(newPoolMetrics(w.targets, c.probe.MaxConns), newDiscoverMetrics(w.discover))
+	reg.MustRegister(newPoolMetrics(w.targets, c.probe.MaxConns), w.discover.Metrics())
 	mux.Handle("/probe", p)
-	mux.Handle("/targets", p.targetList(main, w.discover))
+	mux.Handle("/targets", targets.ListPage(main, w.targets, w.discover.Listed))
 	mux.HandleFunc("/targets/{target}/status", p.statusPage)
 	mux.HandleFunc("/targets/{target}/status.json", p.statusPage)
 	// A discovered database's page has one path segment more than a target's (a target's
 	// name holds no '/'), so the two never meet, whatever the names.
-	mux.HandleFunc("/targets/{entry}/{database}/status", w.discover.statusPage)
-	mux.HandleFunc("/targets/{entry}/{database}/status.json", w.discover.statusPage)
+	mux.HandleFunc("/targets/{entry}/{database}/status", w.discover.StatusPage)
+	mux.HandleFunc("/targets/{entry}/{database}/status.json", w.discover.StatusPage)
 	return nil
 }
 
@@ -171,50 +170,6 @@ func (p *prober) statusPage(w http.ResponseWriter, r *http.Request) {
 	default:
 		t.page.ServeHTTP(w, r)
 	}
-}
-
-var targetListTemplate = template.Must(template.New("targets").Parse(`<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>pg_liveness: databases</title></head><body>
-<h1>Databases</h1>
-{{if .Main}}<p><a href="/status">{{.Main}}</a> (this exporter's own, on <code>/metrics</code>)</p>{{end}}
-<p>The targets of <code>--config.file</code>, each one's metrics on <code>/probe?target=NAME</code>:</p>
-<ul>{{range .Targets}}<li><a href="/targets/{{.}}/status">{{.}}</a> (<a href="/probe?target={{.}}">metrics</a>)</li>{{end}}</ul>
-{{if .Discovered}}<p>The databases found by <code>--config.file</code>'s discover entries, each one's metrics on <code>/metrics</code> with its <code>database</code> label:</p>
-{{if .Dropped}}<p><strong>{{.Dropped}} of them over <code>--discover.max-series</code> ({{.MaxSeries}})</strong>: in the last <code>/metrics</code> answer they exported only <code>pg_liveness_up</code> and their scrape gauges (marked below).</p>{{end}}
-<ul>{{range .Discovered}}<li><a href="{{.Path}}">{{.Label}}</a>{{if .Dropped}} (series dropped: over <code>--discover.max-series</code>){{end}}</li>{{end}}</ul>{{end}}
-<p><a href="/">Home</a></p></body></html>
-`))
-
-// targetList serves /targets: the databases this exporter answers for, one status page
-// each. main describes the --db.dsn database, if there is one.
-func (p *prober) targetList(main string, discovered *discoveredDBs) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Content-Security-Policy", "default-src 'none'")
-		w.Header().Set("Cache-Control", "no-store")
-		type discoveredLink struct {
-			Label, Path string
-			Dropped     bool
-		}
-		var found []discoveredLink
-		dropped, maxSeries := discovered.dropped()
-		for _, db := range discovered.discovery.Found() {
-			found = append(found, discoveredLink{Label: db.Label(), Dropped: dropped[db.Label()],
-				Path: "/targets/" + url.PathEscape(db.Server) + "/" + databaseSegment(db.Name) + "/status"})
-		}
-		n := 0
-		for _, f := range found {
-			if f.Dropped {
-				n++
-			}
-		}
-		_ = targetListTemplate.Execute(w, struct {
-			Main               string
-			Targets            []string
-			Discovered         []discoveredLink
-			Dropped, MaxSeries int
-		}{main, p.pools.Config().Names(), found, n, maxSeries})
-	})
 }
 
 // poolMetrics is pg_liveness_exporter_probe_connections and _max on /metrics.

@@ -280,7 +280,7 @@ func reloadTargets(c *config, w *wired, why string, logger *slog.Logger) error {
 		return fmt.Errorf("--config.file %s: %w", c.configFile, err)
 	}
 	w.targets.Replace(cfg)
-	w.discover.sync() // starts the re-checks for a first entry, stops them with the last
+	w.discover.Sync() // starts the re-checks for a first entry, stops them with the last
 	logger.Info(why+": reloaded --config.file", "file", c.configFile, "targets", len(cfg.Names()), "discover_entries", len(cfg.Discover()))
 	return nil
 }

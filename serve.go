@@ -121,9 +121,7 @@ func newHandler(c *config, w *wired, agent collector.AgentSource, logger *slog.L
 	}
 	mux := http.NewServeMux()
 	if w.discover != nil { // and every database discovery finds, each with its database label, under --discover.max-series
-		mux.Handle(c.telemetryPath, w.discover.limit.HandlerOf(c.collectors, reg, func() []*collector.Exporter {
-			return append([]*collector.Exporter{exporter}, w.discover.exporters()...)
-		}, logger.With("component", "collector")))
+		mux.Handle(c.telemetryPath, w.discover.Handler(reg, exporter))
 	} else {
 		mux.Handle(c.telemetryPath, exporter.Handler(reg))
 	}
@@ -147,7 +145,7 @@ func newProbeOnlyHandler(c *config, w *wired, logger *slog.Logger) (*http.ServeM
 		versioncollector.NewCollector(exporterName), w.reloads)
 	mux := http.NewServeMux()
 	if w.discover != nil {
-		mux.Handle(c.telemetryPath, w.discover.limit.HandlerOf(c.collectors, reg, w.discover.exporters, logger.With("component", "collector")))
+		mux.Handle(c.telemetryPath, w.discover.Handler(reg, nil))
 	} else {
 		mux.Handle(c.telemetryPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	}
