@@ -253,7 +253,6 @@ type wired struct {
 	agent     *liveness.Agent      // nil with --no-agent
 	nodeAgent *liveness.NodeAgent  // nil without --node-agent.socket
 	targets   *targets.Pools       // nil without --config.file
-	prober    *prober              // nil without --config.file
 	discover  *discovery.Databases // nil without --config.file
 	mux       *http.ServeMux
 }

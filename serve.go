@@ -22,8 +22,10 @@ import (
 	"github.com/prometheus/exporter-toolkit/web"
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/probe"
 	statuspage "github.com/pg-liveness/pg_liveness_exporter/internal/status"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/webconfig"
 )
 
@@ -217,4 +219,38 @@ func (s *server) shutdown() {
 	defer end.Stop()
 	_ = s.srv.Shutdown(ctx)
 	s.end()
+}
+
+// loadTargets reads --config.file and opens (without connecting) the targets' pools.
+func loadTargets(c *config, logger *slog.Logger) (*targets.Pools, error) {
+	if c.discoverMaxSeries < 1 {
+		return nil, fmt.Errorf("--discover.max-series must be at least 1, got %d", c.discoverMaxSeries)
+	}
+	cfg, err := targets.Load(c.configFile)
+	if err != nil {
+		return nil, fmt.Errorf("--config.file %s: %w", c.configFile, err)
+	}
+	c.probe.ApplicationName, c.probe.Logger = exporterName+":probe", logger.With("component", "database")
+	return targets.NewPools(cfg, c.probe) // errors name Options' fields
+}
+
+// addProbeRoutes serves /probe, /targets and the targets' status pages on mux, and the
+// pools' connection gauges in reg. main describes the --db.dsn database ("" for none).
+func addProbeRoutes(mux *http.ServeMux, reg *prometheus.Registry, c *config, w *wired, main string, logger *slog.Logger) error {
+	cfg := c.collectors
+	cfg.Source = w.source
+	p, err := probe.New(w.targets, cfg, logger)
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(probe.PoolMetrics(w.targets, c.probe.MaxConns), w.discover.Metrics())
+	mux.Handle("/probe", p)
+	mux.Handle("/targets", targets.ListPage(main, w.targets, w.discover.Listed))
+	mux.HandleFunc("/targets/{target}/status", p.StatusPage)
+	mux.HandleFunc("/targets/{target}/status.json", p.StatusPage)
+	// A discovered database's page has one path segment more than a target's (a target's
+	// name holds no '/'), so the two never meet, whatever the names.
+	mux.HandleFunc("/targets/{entry}/{database}/status", w.discover.StatusPage)
+	mux.HandleFunc("/targets/{entry}/{database}/status.json", w.discover.StatusPage)
+	return nil
 }

@@ -1,12 +1,11 @@
-package main
-
-// /probe?target=NAME (with repeated &collector=NAME): one database of --config.file's
-// targets, answered by the same collectors and data layer as /metrics, on that target's
-// own small pool (package targets), following Prometheus' multi-target exporter pattern.
-// The scrape's deadline comes from its timeout header, per request, so a slow or down
-// target only delays its own answer. Also the list of targets and discovered databases
-// (/targets), and each target's status page (/targets/NAME/status and .json; a
-// discovered database's is in discover_serve.go), and the --discover.max-series flag.
+// Package probe answers /probe?target=NAME (with repeated &collector=NAME): one
+// database of --config.file's targets, answered by the same collectors and data layer as
+// /metrics, on that target's own small pool (package targets), following Prometheus'
+// multi-target exporter pattern. The scrape's deadline comes from its timeout header, per
+// request, so a slow or down target only delays its own answer. It also serves each
+// target's status page (/targets/NAME/status and .json), and PoolMetrics are the
+// targets' pools' connection gauges.
+package probe
 
 import (
 	"fmt"
@@ -24,43 +23,8 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 )
 
-// loadTargets reads --config.file and opens (without connecting) the targets' pools.
-func loadTargets(c *config, logger *slog.Logger) (*targets.Pools, error) {
-	if c.discoverMaxSeries < 1 {
-		return nil, fmt.Errorf("--discover.max-series must be at least 1, got %d", c.discoverMaxSeries)
-	}
-	cfg, err := targets.Load(c.configFile)
-	if err != nil {
-		return nil, fmt.Errorf("--config.file %s: %w", c.configFile, err)
-	}
-	c.probe.ApplicationName, c.probe.Logger = exporterName+":probe", logger.With("component", "database")
-	return targets.NewPools(cfg, c.probe) // errors name Options' fields
-}
-
-// addProbeRoutes serves /probe, /targets and the targets' status pages on mux, and the
-// pools' connection gauges in reg. main describes the --db.dsn database ("" for none).
-func addProbeRoutes(mux *http.ServeMux, reg *prometheus.Registry, c *config, w *wired, main string, logger *slog.Logger) error {
-	cfg := c.collectors
-	cfg.Source = w.source
-	p, err := newProber(w.targets, cfg, logger)
-	if err != nil {
-		return err
-	}
-	w.prober = p
-	reg.MustRegister(newPoolMetrics(w.targets, c.probe.MaxConns), w.discover.Metrics())
-	mux.Handle("/probe", p)
-	mux.Handle("/targets", targets.ListPage(main, w.targets, w.discover.Listed))
-	mux.HandleFunc("/targets/{target}/status", p.statusPage)
-	mux.HandleFunc("/targets/{target}/status.json", p.statusPage)
-	// A discovered database's page has one path segment more than a target's (a target's
-	// name holds no '/'), so the two never meet, whatever the names.
-	mux.HandleFunc("/targets/{entry}/{database}/status", w.discover.StatusPage)
-	mux.HandleFunc("/targets/{entry}/{database}/status.json", w.discover.StatusPage)
-	return nil
-}
-
-// prober serves /probe and the targets' status pages.
-type prober struct {
+// Prober serves /probe and the targets' status pages.
+type Prober struct {
 	pools      *targets.Pools
 	collectors collector.Config // Source set; no Status: a target's schema is not this binary's
 	logger     *slog.Logger
@@ -76,9 +40,13 @@ type probeTarget struct {
 	page     *statuspage.Handler
 }
 
-func newProber(pools *targets.Pools, collectors collector.Config, logger *slog.Logger) (*prober, error) {
+// New returns the Prober of pools' targets, each answered by collectors (Source set;
+// Status is dropped: a target's schema is not this binary's). The first target's
+// collectors are built now, so that a bad setting is refused at start-up (the error
+// names collector.Config's field).
+func New(pools *targets.Pools, collectors collector.Config, logger *slog.Logger) (*Prober, error) {
 	collectors.Status = nil
-	p := &prober{pools: pools, collectors: collectors, logger: logger, built: map[string]*probeTarget{}}
+	p := &Prober{pools: pools, collectors: collectors, logger: logger, built: map[string]*probeTarget{}}
 	// The first target's collectors are built now (its pool does not connect yet), so
 	// that a bad collector flag is refused at start-up, not at a target's first probe.
 	if names := pools.Config().Names(); len(names) > 0 { // a file of discover entries only has none
@@ -90,7 +58,7 @@ func newProber(pools *targets.Pools, collectors collector.Config, logger *slog.L
 }
 
 // target returns the named target's collectors and page; nil for an unknown name.
-func (p *prober) target(name string) (*probeTarget, error) {
+func (p *Prober) target(name string) (*probeTarget, error) {
 	pool, ok, err := p.pools.Pool(name)
 	if !ok || err != nil {
 		return nil, err
@@ -117,7 +85,7 @@ func (p *prober) target(name string) (*probeTarget, error) {
 // probeParams are /probe's query parameters.
 var probeParams = []string{"target", "collector"}
 
-func (p *prober) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (p *Prober) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
@@ -157,9 +125,9 @@ func (p *prober) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	exp.Handler(nil).ServeHTTP(w, r)
 }
 
-// statusPage serves /targets/NAME/status and /targets/NAME/status.json: the target's
-// status page, the same page as /status.
-func (p *prober) statusPage(w http.ResponseWriter, r *http.Request) {
+// StatusPage serves /targets/{target}/status and /targets/{target}/status.json: the
+// target's status page, the same page as /status.
+func (p *Prober) StatusPage(w http.ResponseWriter, r *http.Request) {
 	t, err := p.target(r.PathValue("target"))
 	switch {
 	case err != nil:
@@ -172,7 +140,13 @@ func (p *prober) statusPage(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// poolMetrics is pg_liveness_exporter_probe_connections and _max on /metrics.
+// PoolMetrics are pg_liveness_exporter_probe_connections, what pools hold, and _max, the
+// cap on them (max, --probe.max-conns).
+func PoolMetrics(pools *targets.Pools, max int) prometheus.Collector {
+	return newPoolMetrics(pools, max)
+}
+
+// poolMetrics are PoolMetrics.
 type poolMetrics struct {
 	pools     *targets.Pools
 	max       int
@@ -181,8 +155,8 @@ type poolMetrics struct {
 
 func newPoolMetrics(pools *targets.Pools, max int) *poolMetrics {
 	return &poolMetrics{pools: pools, max: max,
-		conns: prometheus.NewDesc(exporterName+"_probe_connections", "Connections the /probe targets' pools hold together.", nil, nil),
-		mx:    prometheus.NewDesc(exporterName+"_probe_connections_max", "The cap on them, --probe.max-conns.", nil, nil)}
+		conns: prometheus.NewDesc("pg_liveness_exporter_probe_connections", "Connections the /probe targets' pools hold together.", nil, nil),
+		mx:    prometheus.NewDesc("pg_liveness_exporter_probe_connections_max", "The cap on them, --probe.max-conns.", nil, nil)}
 }
 
 func (m *poolMetrics) Describe(ch chan<- *prometheus.Desc) { ch <- m.conns; ch <- m.mx }
