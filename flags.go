@@ -38,6 +38,8 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
+const exporterName = "pg_liveness_exporter"
+
 // config is what the flags set: the library's configuration types, field by field, and
 // the few settings of the binary's own. wire fills in what no flag gives (the pool's DSN
 // from --db.dsn, --db.dsn-file or DATA_SOURCE_NAME, a new instance id, the loggers).
