@@ -4,8 +4,8 @@
 // Unless run with --no-agent it also takes part in the fleet as an instance (alive lock,
 // adaptive heartbeat, lease-protected reaper), and reports that agent too.
 //
-// The command only wires: every flag is declared in flags.go, with the one table from
-// the packages' fields to the flags; wire.go builds the parts from them (the pool, the
+// The command only wires: every flag is declared in package cli (internal/cli/flags.go),
+// with the one table from the packages' fields to the flags; wire.go builds the parts from them (the pool, the
 // agent, the one source, the collectors, the status page, /probe and discovery); this
 // file runs them until SIGINT or SIGTERM, reloading what package reload reloads.
 package main
@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/common/promslog"
 	"github.com/prometheus/common/version"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/cli"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
@@ -62,19 +63,19 @@ func main() {
 // newLogger builds the binary's one logger, from --log.level and --log.format. Every line
 // passes the redacting handler, so no line can print a password; its parts get it with
 // With("component", …) once, from here.
-func newLogger(c *config, w io.Writer) *slog.Logger {
-	return logging.Wrap(promslog.New(&promslog.Config{Level: c.log.Level, Format: c.log.Format, Writer: w}))
+func newLogger(c *cli.Config, w io.Writer) *slog.Logger {
+	return logging.Wrap(promslog.New(&promslog.Config{Level: c.Log.Level, Format: c.Log.Format, Writer: w}))
 }
 
 // configError prints a configuration error as the one line the operator sees, flags
 // named and passwords removed, and returns exitConfig.
 func configError(stderr io.Writer, err error) int {
-	fmt.Fprintf(stderr, "%s: error: %s\n", exporterName, logging.Redact(asFlagError(err).Error()))
+	fmt.Fprintf(stderr, "%s: error: %s\n", server.Name, logging.Redact(cli.FlagError(err).Error()))
 	return exitConfig
 }
 
 func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) int {
-	c, err := parseFlags(args, stderr)
+	c, err := cli.Parse(args, stderr)
 	if err != nil {
 		return configError(stderr, err)
 	}
@@ -94,13 +95,13 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	defer w.close()
 	// Binding the listeners now turns a bad address or a port in use into a
 	// configuration error, before anything starts.
-	listeners, err := server.Listen(c.web)
+	listeners, err := server.Listen(c.Web)
 	if err != nil {
 		return configError(stderr, fmt.Errorf("--web.listen-address %w", err))
 	}
 	defer server.CloseAll(listeners)
-	logger.Info("starting "+exporterName, "version", version.Info(), "database", w.database, "source", w.source.Kind(),
-		"schema", c.source.Schema, "agent", c.agentOn)
+	logger.Info("starting "+server.Name, "version", version.Info(), "database", w.database, "source", w.source.Kind(),
+		"schema", c.Source.Schema, "agent", c.AgentOn)
 
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)
@@ -125,14 +126,14 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 		w.discover.Start(bg)    // and a reload starts, or stops, its re-checks
 		defer w.discover.Stop() // they end with bg, before the pools close
 	}
-	rc := reload.Config{DSNFile: c.dsnFile, Web: webConfig, TargetsFile: c.configFile, Targets: w.targets,
+	rc := reload.Config{DSNFile: c.DSNFile, Web: webConfig, TargetsFile: c.ConfigFile, Targets: w.targets,
 		Discovered: w.discover, Status: w.reloads, Logger: logger}
-	if c.dsn == "" { // else the DSN is the flag's, and no file to watch
+	if c.DSN == "" { // else the DSN is the flag's, and no file to watch
 		rc.DSN = w.dsnSwitch
 	}
 	reloader := reload.New(rc)
-	w.mux.Handle("/-/reload", reloader.Handler(c.enableLifecycle))
-	srv := server.Serve(c.web, webConfig, listeners, w.mux, logger)
+	w.mux.Handle("/-/reload", reloader.Handler(c.EnableLifecycle))
+	srv := server.Serve(c.Web, webConfig, listeners, w.mux, logger)
 	reloader.Start(ctx) // SIGHUP, /-/reload and changes on disk, until the end
 	code := waitForEnd(ctx, srv, agentFailed, nodeFailed, logger)
 	reloader.Stop()
@@ -167,7 +168,7 @@ func waitForEnd(ctx context.Context, srv *server.Server, agentFailed, nodeFailed
 // runAgent prepares the schema and runs the agent until ctx ends. Whatever happens here,
 // the exporter keeps serving: an agent that cannot join leaves an observer, and
 // pg_liveness_agent_joined says so.
-func runAgent(ctx context.Context, c *config, w *wired, failed chan<- error, logger *slog.Logger) {
+func runAgent(ctx context.Context, c *cli.Config, w *wired, failed chan<- error, logger *slog.Logger) {
 	if w.pool == nil { // /probe only: no database of its own
 		return
 	}
@@ -179,7 +180,7 @@ func runAgent(ctx context.Context, c *config, w *wired, failed chan<- error, log
 		}
 		return
 	}
-	err := database.PrepareSchema(ctx, w.pool, c.source.Schema, c.applyMigrations, &w.status.Schema, logger.With("component", "schema"))
+	err := database.PrepareSchema(ctx, w.pool, c.Source.Schema, c.ApplyMigrations, &w.status.Schema, logger.With("component", "schema"))
 	if err != nil {
 		if ctx.Err() == nil {
 			logger.Error("serving as an observer only", "agent", w.agent != nil, "err", err)

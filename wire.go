@@ -1,6 +1,6 @@
 package main
 
-// wire builds the exporter's parts from the flags (flags.go), each by its package's
+// wire builds the exporter's parts from the flags (internal/cli), each by its package's
 // constructor, and routes the HTTP paths to them.
 
 import (
@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/exporter-toolkit/web"
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/cli"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/discovery"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
@@ -52,20 +53,20 @@ func (w *wired) close() {
 }
 
 // loadWeb checks --web.telemetry-path and loads --web.config.file (nil without it).
-func loadWeb(c *config) (*webconfig.Served, error) {
-	if err := server.ValidPath(c.telemetryPath); err != nil {
-		return nil, fmt.Errorf("--web.telemetry-path %q: %w", c.telemetryPath, err)
+func loadWeb(c *cli.Config) (*webconfig.Served, error) {
+	if err := server.ValidPath(c.TelemetryPath); err != nil {
+		return nil, fmt.Errorf("--web.telemetry-path %q: %w", c.TelemetryPath, err)
 	}
-	if c.telemetryPath == "/status" || c.telemetryPath == "/status.json" {
-		return nil, fmt.Errorf("--web.telemetry-path %q is the status page's path", c.telemetryPath)
+	if c.TelemetryPath == "/status" || c.TelemetryPath == "/status.json" {
+		return nil, fmt.Errorf("--web.telemetry-path %q is the status page's path", c.TelemetryPath)
 	}
-	if c.configFile != "" && (c.telemetryPath == "/probe" || c.telemetryPath == "/targets" || strings.HasPrefix(c.telemetryPath, "/targets/")) {
-		return nil, fmt.Errorf("--web.telemetry-path %q is a path of --config.file's targets (/probe, /targets)", c.telemetryPath)
+	if c.ConfigFile != "" && (c.TelemetryPath == "/probe" || c.TelemetryPath == "/targets" || strings.HasPrefix(c.TelemetryPath, "/targets/")) {
+		return nil, fmt.Errorf("--web.telemetry-path %q is a path of --config.file's targets (/probe, /targets)", c.TelemetryPath)
 	}
-	if *c.web.WebConfigFile == "" {
+	if *c.Web.WebConfigFile == "" {
 		return nil, nil
 	}
-	served, err := webconfig.Load(*c.web.WebConfigFile)
+	served, err := webconfig.Load(*c.Web.WebConfigFile)
 	if err != nil {
 		return nil, fmt.Errorf("--web.config.file %w", err)
 	}
@@ -75,24 +76,24 @@ func loadWeb(c *config) (*webconfig.Served, error) {
 // wire checks the flags and builds the pool, the agent, the collectors and the HTTP
 // handlers. The flags are checked before the pool exists; once it does, a failure closes
 // it on the way out, in one place. Errors name fields (run names their flags).
-func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
+func wire(c *cli.Config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 	// With --config.file and no DSN the exporter answers /probe only.
-	probeOnly := c.configFile != "" && c.dsn == "" && c.dsnFile == "" && envDSN == ""
+	probeOnly := c.ConfigFile != "" && c.DSN == "" && c.DSNFile == "" && envDSN == ""
 	if !probeOnly {
-		if err := resolveDSNs(c, envDSN); err != nil {
+		if err := c.ResolveDSNs(envDSN); err != nil {
 			return nil, err
 		}
 	}
-	if err := checkFlags(c); err != nil {
+	if err := cli.Check(c); err != nil {
 		return nil, err
 	}
 	// The one parsed source: the collectors and the status page read it.
-	source, err := store.NewSource(c.source)
+	source, err := store.NewSource(c.Source)
 	if err != nil {
 		return nil, err
 	}
 	w := &wired{reloads: reload.NewStatus(), status: &database.BinaryStatus{}, database: "none (--config.file only)", source: source}
-	if c.configFile != "" {
+	if c.ConfigFile != "" {
 		if w.targets, err = loadTargets(c, logger); err != nil {
 			return nil, err
 		}
@@ -101,7 +102,7 @@ func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 				w.targets.Close()
 			}
 		}()
-		if w.discover, err = discovery.New(w.targets, c.collectors, source, c.discoverMaxSeries, logger); err != nil {
+		if w.discover, err = discovery.New(w.targets, c.Collectors, source, c.DiscoverMaxSeries, logger); err != nil {
 			return nil, err
 		}
 	}
@@ -109,8 +110,8 @@ func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 		w.mux, err = routes(c, w, nil, logger)
 		return w, err
 	}
-	c.pool.ApplicationName, c.pool.Logger = exporterName+":pool", logger.With("component", "database")
-	if w.pool, w.dsnSwitch, err = database.NewSwitchablePool(c.pool); err != nil {
+	c.Pool.ApplicationName, c.Pool.Logger = server.Name+":pool", logger.With("component", "database")
+	if w.pool, w.dsnSwitch, err = database.NewSwitchablePool(c.Pool); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -118,27 +119,27 @@ func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 			w.pool.Close()
 		}
 	}()
-	w.database = dsn.Describe(c.pool.DSN)
-	if c.nodeAgent.Socket != "" {
+	w.database = dsn.Describe(c.Pool.DSN)
+	if c.NodeAgent.Socket != "" {
 		// The node's processes attach to it, and so does the exporter's own agent: one
 		// liveness session for the node.
-		n := c.nodeAgent
-		n.DirectDSN, n.Schema, n.ServiceName = c.agent.DirectDSN, c.agent.Schema, c.agent.ServiceName
-		n.KeepaliveIdle, n.KeepaliveInterval, n.KeepaliveCount = c.agent.KeepaliveIdle, c.agent.KeepaliveInterval, c.agent.KeepaliveCount
-		n.UserTimeout, n.Logger = c.agent.UserTimeout, logger.With("component", "node_agent")
+		n := c.NodeAgent
+		n.DirectDSN, n.Schema, n.ServiceName = c.Agent.DirectDSN, c.Agent.Schema, c.Agent.ServiceName
+		n.KeepaliveIdle, n.KeepaliveInterval, n.KeepaliveCount = c.Agent.KeepaliveIdle, c.Agent.KeepaliveInterval, c.Agent.KeepaliveCount
+		n.UserTimeout, n.Logger = c.Agent.UserTimeout, logger.With("component", "node_agent")
 		if w.nodeAgent, err = liveness.NewNodeAgent(n); err != nil {
 			return nil, err
 		}
-		c.agent.NodeAgentSocket = n.Socket
-		c.collectors.NodeAgent.Source = w.nodeAgent
+		c.Agent.NodeAgentSocket = n.Socket
+		c.Collectors.NodeAgent.Source = w.nodeAgent
 	}
 	var agent collector.AgentSource // a nil interface without an agent, never a nil *Agent
-	if c.agentOn {
-		if c.agent.InstanceID == uuid.Nil {
-			c.agent.InstanceID = uuid.New()
+	if c.AgentOn {
+		if c.Agent.InstanceID == uuid.Nil {
+			c.Agent.InstanceID = uuid.New()
 		}
-		c.agent.Pool, c.agent.Logger = w.pool, logger.With("component", "agent", "instance_id", c.agent.InstanceID.String())
-		if w.agent, err = liveness.NewAgent(c.agent); err != nil {
+		c.Agent.Pool, c.Agent.Logger = w.pool, logger.With("component", "agent", "instance_id", c.Agent.InstanceID.String())
+		if w.agent, err = liveness.NewAgent(c.Agent); err != nil {
 			return nil, err
 		}
 		agent = w.agent
@@ -147,52 +148,35 @@ func wire(c *config, envDSN string, logger *slog.Logger) (_ *wired, err error) {
 	return w, err
 }
 
-// resolveDSNs sets the pool's DSN from --db.dsn, --db.dsn-file or DATA_SOURCE_NAME, and
-// the alive lock's from --db.direct-dsn, --db.direct-dsn-file or else the same.
-func resolveDSNs(c *config, envDSN string) error {
-	mainDSN, err := dsn.Resolve(c.dsn, c.dsnFile, envDSN)
-	if err != nil {
-		return err
-	}
-	c.pool.DSN = mainDSN
-	if c.agent.DirectDSN, err = dsn.ResolveDirect(c.agent.DirectDSN, c.directDSNFile); err != nil {
-		return err
-	}
-	if c.agent.DirectDSN == "" {
-		c.agent.DirectDSN = mainDSN
-	}
-	return nil
-}
-
 // loadTargets reads --config.file and opens (without connecting) the targets' pools.
-func loadTargets(c *config, logger *slog.Logger) (*targets.Pools, error) {
-	if c.discoverMaxSeries < 1 {
-		return nil, fmt.Errorf("--discover.max-series must be at least 1, got %d", c.discoverMaxSeries)
+func loadTargets(c *cli.Config, logger *slog.Logger) (*targets.Pools, error) {
+	if c.DiscoverMaxSeries < 1 {
+		return nil, fmt.Errorf("--discover.max-series must be at least 1, got %d", c.DiscoverMaxSeries)
 	}
-	cfg, err := targets.Load(c.configFile)
+	cfg, err := targets.Load(c.ConfigFile)
 	if err != nil {
-		return nil, fmt.Errorf("--config.file %s: %w", c.configFile, err)
+		return nil, fmt.Errorf("--config.file %s: %w", c.ConfigFile, err)
 	}
-	c.probe.ApplicationName, c.probe.Logger = exporterName+":probe", logger.With("component", "database")
-	return targets.NewPools(cfg, c.probe) // errors name Options' fields
+	c.Probe.ApplicationName, c.Probe.Logger = server.Name+":probe", logger.With("component", "database")
+	return targets.NewPools(cfg, c.Probe) // errors name Options' fields
 }
 
 // routes builds the collectors and the status page of the exporter's own database (if
 // it has one) on the one source, /probe, /targets and the discovered databases (with
 // --config.file), and the mux that serves them with the landing page.
-func routes(c *config, w *wired, agent collector.AgentSource, logger *slog.Logger) (*http.ServeMux, error) {
+func routes(c *cli.Config, w *wired, agent collector.AgentSource, logger *slog.Logger) (*http.ServeMux, error) {
 	reg := server.Registry(w.reloads)
 	mux := http.NewServeMux()
-	links := []web.LandingLinks{{Address: c.telemetryPath, Text: "Metrics"}}
+	links := []web.LandingLinks{{Address: c.TelemetryPath, Text: "Metrics"}}
 	var own *collector.Exporter // nil for /probe only
 	if w.pool != nil {
 		var status store.StatusSource
 		if w.source.Kind() != store.SourceWhizbang { // a Whizbang database has no schema of ours to report on
 			status = w.status
 		}
-		c.collectors.Status, c.collectors.Source = status, w.source
+		c.Collectors.Status, c.Collectors.Source = status, w.source
 		var err error
-		if own, err = collector.New(c.collectors, w.pool, agent, logger.With("component", "collector")); err != nil {
+		if own, err = collector.New(c.Collectors, w.pool, agent, logger.With("component", "collector")); err != nil {
 			return nil, err
 		}
 		// The status page reads the source the collectors read.
@@ -210,19 +194,19 @@ func routes(c *config, w *wired, agent collector.AgentSource, logger *slog.Logge
 		links = append(links, web.LandingLinks{Address: "/status", Text: "Status"})
 	}
 	if w.discover == nil {
-		mux.Handle(c.telemetryPath, own.Handler(reg))
-		return mux, server.Landing(mux, c.telemetryPath, links)
+		mux.Handle(c.TelemetryPath, own.Handler(reg))
+		return mux, server.Landing(mux, c.TelemetryPath, links)
 	}
 	// With --config.file: every database discovery finds is on /metrics too, each with
 	// its database label, under --discover.max-series; each target is on /probe.
-	mux.Handle(c.telemetryPath, w.discover.Handler(reg, own))
-	cfg := c.collectors
+	mux.Handle(c.TelemetryPath, w.discover.Handler(reg, own))
+	cfg := c.Collectors
 	cfg.Source = w.source
 	p, err := probe.New(w.targets, cfg, logger)
 	if err != nil {
 		return nil, err
 	}
-	reg.MustRegister(probe.PoolMetrics(w.targets, c.probe.MaxConns), w.discover.Metrics())
+	reg.MustRegister(probe.PoolMetrics(w.targets, c.Probe.MaxConns), w.discover.Metrics())
 	mux.Handle("/probe", p)
 	mainDB := w.database // the page links the exporter's own database, when it has one
 	if w.pool == nil {
@@ -238,5 +222,5 @@ func routes(c *config, w *wired, agent collector.AgentSource, logger *slog.Logge
 	if w.pool == nil {
 		mux.Handle("/status", http.RedirectHandler("/targets", http.StatusFound))
 	}
-	return mux, server.Landing(mux, c.telemetryPath, append(links, web.LandingLinks{Address: "/targets", Text: "Probe targets"}))
+	return mux, server.Landing(mux, c.TelemetryPath, append(links, web.LandingLinks{Address: "/targets", Text: "Probe targets"}))
 }

@@ -1,11 +1,12 @@
-package main
-
-// Every flag of the binary, declared here and nowhere else: bound to the configuration
-// types of the library (liveness.AgentConfig, liveness.NodeAgentConfig), the data layer's
-// source (store.SourceConfig), the pool (database.PoolConfig), the collectors
+// Package cli is the exporter's command line: every flag of the binary, declared in
+// flags.go and nowhere else, bound to the configuration types of the library
+// (liveness.AgentConfig, liveness.NodeAgentConfig), the data layer's source
+// (store.SourceConfig), the pool (database.PoolConfig), the collectors
 // (collector.Config) and the targets' pools (targets.Options), with those packages'
 // defaults as their defaults; and fieldFlags, the one table from those types' fields to
 // the flags, which turns every error that names a field into one that names the flag.
+// Package main only passes Config on to the constructors.
+package cli
 
 import (
 	"cmp"
@@ -33,65 +34,72 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/discovery"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/server"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
-const exporterName = "pg_liveness_exporter"
+// exporterName is the application's name in --help and --version, and the default
+// --agent.service-name.
+const exporterName = server.Name
 
-// config is what the flags set: the library's configuration types, field by field, and
-// the few settings of the binary's own. wire fills in what no flag gives (the pool's DSN
-// from --db.dsn, --db.dsn-file or DATA_SOURCE_NAME, a new instance id, the loggers).
-type config struct {
-	web           *web.FlagConfig
-	telemetryPath string
-	// enableLifecycle serves POST /-/reload (--web.enable-lifecycle).
-	enableLifecycle bool
-	log             promslog.Config
+// Config is what the flags set: the library's configuration types, field by field, and
+// the few settings of the binary's own. ResolveDSNs and package main fill in what no
+// flag gives (the pool's DSN from --db.dsn, --db.dsn-file or DATA_SOURCE_NAME, a new
+// instance id, the loggers).
+type Config struct {
+	Web           *web.FlagConfig
+	TelemetryPath string
+	// EnableLifecycle serves POST /-/reload (--web.enable-lifecycle).
+	EnableLifecycle bool
+	Log             promslog.Config
 
-	dsn, dsnFile    string
-	directDSNFile   string // the alive lock's, read into agent.DirectDSN
-	pool            database.PoolConfig
-	applyMigrations bool
+	DSN, DSNFile    string
+	DirectDSNFile   string // the alive lock's, read into Agent.DirectDSN
+	Pool            database.PoolConfig
+	ApplyMigrations bool
 
-	agentOn    bool // --agent: take part as an instance; --no-agent only observes
-	agent      liveness.AgentConfig
-	nodeAgent  liveness.NodeAgentConfig // --node-agent.*: serve the node's processes
-	source     store.SourceConfig
-	collectors collector.Config
+	AgentOn    bool // --agent: take part as an instance; --no-agent only observes
+	Agent      liveness.AgentConfig
+	NodeAgent  liveness.NodeAgentConfig // --node-agent.*: serve the node's processes
+	Source     store.SourceConfig
+	Collectors collector.Config
 
-	configFile string          // --config.file: the /probe targets and the discover entries
-	probe      targets.Options // their pools' bounds
-	// discoverMaxSeries bounds the series of every discovered database on /metrics together.
-	discoverMaxSeries int
+	ConfigFile string          // --config.file: the /probe targets and the discover entries
+	Probe      targets.Options // their pools' bounds
+	// DiscoverMaxSeries bounds the series of every discovered database on /metrics together.
+	DiscoverMaxSeries int
 }
 
-func parseFlags(args []string, stderr io.Writer) (*config, error) {
-	app, c := newApp(stderr)
+// Parse parses the command line (and the flags' environment variables); a bad value's
+// error names its flag.
+func Parse(args []string, stderr io.Writer) (*Config, error) {
+	app, c := NewApp(stderr)
 	if _, err := app.Parse(args); err != nil {
 		return nil, nameFlagInError(err, args)
 	}
 	return c, nil
 }
 
-// newApp declares every flag of the binary.
-func newApp(stderr io.Writer) (*kingpin.Application, *config) {
+// NewApp declares every flag of the binary, bound to the returned Config's fields.
+func NewApp(stderr io.Writer) (*kingpin.Application, *Config) {
 	app := kingpin.New(exporterName, "Takes part in a PostgreSQL-coordinated fleet and exports its liveness, leases and advisory locks.")
 	app.UsageWriter(stderr)
 	app.ErrorWriter(stderr)
 	app.Version(version.Print(exporterName))
 	app.HelpFlag.Short('h')
-	c := &config{collectors: collector.DefaultConfig()}
+	c := &Config{Collectors: collector.DefaultConfig()}
 
-	c.web = kingpinflag.AddFlags(app, ":9816")
-	app.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").StringVar(&c.telemetryPath)
-	app.Flag("web.enable-lifecycle", "Enable POST /-/reload, which reloads the configuration files as SIGHUP does.").Default("false").BoolVar(&c.enableLifecycle)
-	flag.AddFlags(app, &c.log)
+	c.Web = kingpinflag.AddFlags(app, ":9816")
+	app.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").StringVar(&c.TelemetryPath)
+	app.Flag("web.enable-lifecycle", "Enable POST /-/reload, which reloads the configuration files as SIGHUP does.").Default("false").BoolVar(&c.EnableLifecycle)
+	flag.AddFlags(app, &c.Log)
 	addDatabaseFlags(app, c)
 	addAgentFlags(app, c)
-	addSourceFlags(app, &c.source)
-	addCollectorFlags(app, &c.collectors)
+	addSourceFlags(app, &c.Source)
+	addCollectorFlags(app, &c.Collectors)
 	addProbeFlags(app, c)
 	addEnvars(app)
 	return app, c
@@ -103,12 +111,15 @@ func newApp(stderr io.Writer) (*kingpin.Application, *config) {
 // value per line.
 const envarPrefix = "PG_LIVENESS_EXPORTER"
 
+// KingpinFlags are the flags kingpin adds to every application: they print and exit.
+var KingpinFlags = []string{"help", "help-long", "help-man", "version", "completion-bash", "completion-script-bash", "completion-script-zsh"}
+
 // addEnvars gives every flag its environment variable, but kingpin's own (help, version,
 // completion), which a variable must not trigger.
 func addEnvars(app *kingpin.Application) {
 	for _, f := range app.Model().Flags {
 		clause := app.GetFlag(f.Name)
-		if slices.Contains([]string{"help", "help-long", "help-man", "version", "completion-bash", "completion-script-bash", "completion-script-zsh"}, f.Name) {
+		if slices.Contains(KingpinFlags, f.Name) {
 			clause.NoEnvar()
 			continue
 		}
@@ -123,30 +134,30 @@ func envarName(name string) string {
 
 // addDatabaseFlags declares --db.* and --migrations.apply. --db.schema is the agent's
 // schema and the source's.
-func addDatabaseFlags(app *kingpin.Application, c *config) {
-	app.Flag("db.dsn", "PostgreSQL DSN (keyword/value or URL). Overrides DATA_SOURCE_NAME. Prefer --db.dsn-file: flags are visible in the process list.").StringVar(&c.dsn)
-	app.Flag("db.dsn-file", "File holding the PostgreSQL DSN.").StringVar(&c.dsnFile)
-	app.Flag("db.direct-dsn", "DSN for the alive lock's dedicated session. Must reach PostgreSQL directly, not a pooler in transaction mode. Default: the main DSN.").StringVar(&c.agent.DirectDSN)
-	app.Flag("db.direct-dsn-file", "File holding the alive lock's DSN (see --db.direct-dsn).").StringVar(&c.directDSNFile)
+func addDatabaseFlags(app *kingpin.Application, c *Config) {
+	app.Flag("db.dsn", "PostgreSQL DSN (keyword/value or URL). Overrides DATA_SOURCE_NAME. Prefer --db.dsn-file: flags are visible in the process list.").StringVar(&c.DSN)
+	app.Flag("db.dsn-file", "File holding the PostgreSQL DSN.").StringVar(&c.DSNFile)
+	app.Flag("db.direct-dsn", "DSN for the alive lock's dedicated session. Must reach PostgreSQL directly, not a pooler in transaction mode. Default: the main DSN.").StringVar(&c.Agent.DirectDSN)
+	app.Flag("db.direct-dsn-file", "File holding the alive lock's DSN (see --db.direct-dsn).").StringVar(&c.DirectDSNFile)
 	app.Flag("db.max-conns", "Maximum connections in the pool for short statements (the alive lock adds one).").
-		Default(strconv.Itoa(database.DefaultMaxConns)).Int32Var(&c.pool.MaxConns)
+		Default(strconv.Itoa(database.DefaultMaxConns)).Int32Var(&c.Pool.MaxConns)
 	app.Flag("db.schema", "Schema of the liveness objects.").Default(liveness.DefaultSchema).
 		PlaceHolder(strconv.Quote(liveness.DefaultSchema)). // quoted, as kingpin shows a string's default
-		SetValue(shared(func(s string) (string, error) { return s, nil }, &c.agent.Schema, &c.source.Schema))
+		SetValue(shared(func(s string) (string, error) { return s, nil }, &c.Agent.Schema, &c.Source.Schema))
 	app.Flag("db.connect-timeout", "Timeout of one connection attempt.").Default(database.DefaultConnectTimeout.String()).
-		SetValue(shared(time.ParseDuration, &c.pool.ConnectTimeout, &c.probe.ConnectTimeout))
-	app.Flag("migrations.apply", "Apply the embedded migrations once the database answers.").Default("true").BoolVar(&c.applyMigrations)
+		SetValue(shared(time.ParseDuration, &c.Pool.ConnectTimeout, &c.Probe.ConnectTimeout))
+	app.Flag("migrations.apply", "Apply the embedded migrations once the database answers.").Default("true").BoolVar(&c.ApplyMigrations)
 }
 
 // addAgentFlags declares --agent and --agent.*, bound to the agent's configuration. The
 // stale threshold and the definitive-dead cutoff are also the source's fallback for rows
 // that record no timing of their own.
-func addAgentFlags(app *kingpin.Application, c *config) {
-	a, t, fallback := &c.agent, &c.agent.Timing, &c.source.Fallback
+func addAgentFlags(app *kingpin.Application, c *Config) {
+	a, t, fallback := &c.Agent, &c.Agent.Timing, &c.Source.Fallback
 	duration := func(name, help string, def time.Duration, fields ...*time.Duration) {
 		app.Flag(name, help).Default(def.String()).SetValue(shared(time.ParseDuration, fields...))
 	}
-	app.Flag("agent", "Take part as a live instance (alive lock, heartbeat, reaper). --no-agent runs a pure observer.").Default("true").BoolVar(&c.agentOn)
+	app.Flag("agent", "Take part as a live instance (alive lock, heartbeat, reaper). --no-agent runs a pure observer.").Default("true").BoolVar(&c.AgentOn)
 	app.Flag("agent.instance-id", "Instance id (uuid). Default: a new one per start.").SetValue(instanceIDValue{&a.InstanceID})
 	app.Flag("agent.service-name", "Service name recorded in the instances table.").Default(exporterName).StringVar(&a.ServiceName)
 	app.Flag("agent.liveness-mode", "advisory-lock-when-available or heartbeat-table-only.").Default(string(liveness.ModeAdvisoryLockWhenAvailable)).
@@ -164,9 +175,9 @@ func addAgentFlags(app *kingpin.Application, c *config) {
 	duration("agent.tcp-user-timeout", "Server-side tcp_user_timeout of the alive lock's session.", liveness.DefaultUserTimeout, &a.UserTimeout)
 	app.Flag("node-agent.socket", "Also be this node's agent: hold the alive locks of the node's processes "+
 		"(liveness.AgentConfig.NodeAgentSocket) on one direct session, and listen to the schema's channels once for them, "+
-		"on this unix socket. The exporter's own agent attaches to it too.").StringVar(&c.nodeAgent.Socket)
+		"on this unix socket. The exporter's own agent attaches to it too.").StringVar(&c.NodeAgent.Socket)
 	app.Flag("node-agent.socket-mode", "Permissions of the node agent's socket (octal): whoever may connect may hold and let go "+
-		"the alive lock of any instance id it names.").Default("0660").SetValue(fileModeValue{&c.nodeAgent.SocketMode})
+		"the alive lock of any instance id it names.").Default("0660").SetValue(fileModeValue{&c.NodeAgent.SocketMode})
 	app.Flag("agent.reaper", "Run cleanup_stale_instances as a lease-protected singleton.").Default("true").BoolVar(&a.Reaper)
 	duration("agent.reaper-interval", "How often the reaper runs.", liveness.DefaultReaperInterval, &a.ReaperInterval)
 	duration("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.", liveness.DefaultReaperLeaseTTL, &a.ReaperLeaseTTL)
@@ -238,10 +249,10 @@ func addCollectorFlags(app *kingpin.Application, c *collector.Config) {
 
 // addProbeFlags declares --config.file, --probe.*, the targets' pools' bounds, and
 // --discover.max-series.
-func addProbeFlags(app *kingpin.Application, c *config) {
-	o := &c.probe
+func addProbeFlags(app *kingpin.Application, c *Config) {
+	o := &c.Probe
 	app.Flag("config.file", "File of named credentials, targets that /probe?target=NAME answers for, and servers whose databases /metrics discovers (YAML). Re-read on SIGHUP.").
-		StringVar(&c.configFile)
+		StringVar(&c.ConfigFile)
 	app.Flag("probe.max-conns", "Most connections the /probe targets' pools hold together.").
 		Default(fmt.Sprint(targets.DefaultMaxConns)).IntVar(&o.MaxConns)
 	app.Flag("probe.max-conns-per-target", "Most connections of one /probe target's pool.").
@@ -250,7 +261,7 @@ func addProbeFlags(app *kingpin.Application, c *config) {
 		Default(targets.DefaultIdleTimeout.String()).DurationVar(&o.IdleTimeout)
 	app.Flag("discover.max-series", "Most series the databases that --config.file's discover entries find hold together on /metrics; "+
 		"beyond it, whole databases (the last by label) export only pg_liveness_up and their scrape gauges.").
-		Default(fmt.Sprint(discovery.DefaultMaxSeries)).IntVar(&c.discoverMaxSeries)
+		Default(fmt.Sprint(discovery.DefaultMaxSeries)).IntVar(&c.DiscoverMaxSeries)
 }
 
 // sharedValue is a flag whose one value several configuration fields take.
@@ -295,8 +306,8 @@ func (v fileModeValue) String() string {
 	return fmt.Sprintf("%#o", uint32(*v.mode))
 }
 
-// instanceIDValue is --agent.instance-id. Unset, it leaves the nil uuid, for which wire
-// takes a new one; given, it must be a uuid other than the nil UUID.
+// instanceIDValue is --agent.instance-id. Unset, it leaves the nil uuid, for which package
+// main takes a new one; given, it must be a uuid other than the nil UUID.
 type instanceIDValue struct{ id *uuid.UUID }
 
 func (v instanceIDValue) Set(s string) error {
@@ -411,6 +422,9 @@ var fieldFlags = map[string]string{
 	"Options.ConnectTimeout":    "--db.connect-timeout",
 }
 
+// FieldFlags returns a copy of fieldFlags, for tests that check every field's error.
+func FieldFlags() map[string]string { return maps.Clone(fieldFlags) }
+
 // flagOf is the flag that sets field, or field itself if none does.
 func flagOf(field string) string { return cmp.Or(fieldFlags[field], field) }
 
@@ -425,11 +439,11 @@ var fieldNames = func() *regexp.Regexp {
 	return regexp.MustCompile(`\b(` + strings.Join(fields, "|") + `)\b`)
 }()
 
-// asFlagError rewrites an error in terms of the flags: a *ConfigError (the library's, or
+// FlagError rewrites an error in terms of the flags: a *ConfigError (the library's, or
 // the data layer's, which the pool's configuration uses too) as the flag of the field it
 // names and its reason; any other error as its text; in both, every field of fieldFlags
 // mentioned as its flag.
-func asFlagError(err error) error {
+func FlagError(err error) error {
 	namingFlags := func(s string) string { return fieldNames.ReplaceAllStringFunc(s, flagOf) }
 	var ce *store.ConfigError
 	if le := (*liveness.ConfigError)(nil); errors.As(err, &le) {
@@ -465,12 +479,12 @@ func refuseUnset(settings ...setting) error {
 	return nil
 }
 
-// checkFlags refuses what the library would take differently from what the flags mean:
+// Check refuses what the library would take differently from what the flags mean:
 // a zero or empty value the library takes for its default, a service name that cannot be
 // a label value, an agent writing to a Whizbang database. The rest the constructors
 // check, by field.
-func checkFlags(c *config) error {
-	s, w, t := &c.source, &c.source.Whizbang, &c.source.Whizbang.Timing
+func Check(c *Config) error {
+	s, w, t := &c.Source, &c.Source.Whizbang, &c.Source.Whizbang.Timing
 	settings := []setting{{"SourceConfig.Schema", s.Schema}}
 	if s.Kind == store.SourceWhizbang { // an empty --source.whizbang.prefix is no prefix
 		settings = append(settings, setting{"SourceConfig.Whizbang.Schema", w.Schema},
@@ -486,13 +500,13 @@ func checkFlags(c *config) error {
 	if err := refuseUnset(settings...); err != nil {
 		return err
 	}
-	if err := validateLabel(c.agent.ServiceName); err != nil {
+	if err := validateLabel(c.Agent.ServiceName); err != nil {
 		return fmt.Errorf("%s: %w", flagOf("AgentConfig.ServiceName"), err)
 	}
-	if !c.agentOn {
+	if !c.AgentOn {
 		return nil
 	}
-	if c.configFile != "" {
+	if c.ConfigFile != "" {
 		// The agent takes part in one database; an exporter that probes many is an
 		// observer of each, and must not join (and migrate) its --db.dsn by default.
 		return errors.New("--config.file makes an observer of many databases, and the agent takes part in one: add --no-agent (run agents as sidecars with --db.dsn-file)")
@@ -500,13 +514,31 @@ func checkFlags(c *config) error {
 	if s.Kind == store.SourceWhizbang {
 		return errors.New("--source=whizbang observes a Whizbang database and writes nothing to it: add --no-agent")
 	}
-	a := &c.agent
+	a := &c.Agent
 	return refuseUnset(setting{"AgentConfig.Timing.HeartbeatInterval", a.Timing.HeartbeatInterval},
 		setting{"AgentConfig.Timing.HeartbeatSlowInterval", a.Timing.HeartbeatSlowInterval},
 		setting{"AgentConfig.Timing.StaleThreshold", a.Timing.StaleThreshold},
 		setting{"AgentConfig.Timing.DefinitiveDeadCutoff", a.Timing.DefinitiveDeadCutoff},
 		setting{"AgentConfig.Timing.LockGrace", a.Timing.LockGrace}, setting{"AgentConfig.ReaperInterval", a.ReaperInterval},
 		setting{"AgentConfig.ReaperLeaseTTL", a.ReaperLeaseTTL}, setting{"AgentConfig.DuplicateTimeout", a.DuplicateTimeout})
+}
+
+// ResolveDSNs sets the pool's DSN from --db.dsn, --db.dsn-file or envDSN
+// (DATA_SOURCE_NAME and the like), and the alive lock's from --db.direct-dsn,
+// --db.direct-dsn-file or else the same.
+func (c *Config) ResolveDSNs(envDSN string) error {
+	mainDSN, err := dsn.Resolve(c.DSN, c.DSNFile, envDSN)
+	if err != nil {
+		return err
+	}
+	c.Pool.DSN = mainDSN
+	if c.Agent.DirectDSN, err = dsn.ResolveDirect(c.Agent.DirectDSN, c.DirectDSNFile); err != nil {
+		return err
+	}
+	if c.Agent.DirectDSN == "" {
+		c.Agent.DirectDSN = mainDSN
+	}
+	return nil
 }
 
 // validateLabel refuses a value that ends up as a label value and in the database as
