@@ -9,7 +9,6 @@ import (
 	"context"
 	"io"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/cli"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 )
@@ -276,7 +276,7 @@ func TestDuplicateInstanceIDExitsNonZeroWithoutWriting(t *testing.T) {
 func TestLoggerRemovesPasswords(t *testing.T) {
 	for _, format := range []string{"logfmt", "json"} {
 		t.Run(format, func(t *testing.T) {
-			f, err := parseFlags([]string{"--log.format=" + format}, io.Discard)
+			f, err := cli.Parse([]string{"--log.format=" + format}, io.Discard)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -322,28 +322,5 @@ func TestMakeBuildStampsVersion(t *testing.T) {
 	}
 	if strings.Contains(labels["version"], " ") {
 		t.Errorf("build_info version %q has a space", labels["version"])
-	}
-}
-
-// The alive lock's DSN comes from its own file when one is given, and is the main DSN
-// otherwise; the pool keeps the main DSN either way.
-func TestDirectDSNFromItsFile(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "direct")
-	if err := os.WriteFile(file, []byte("# the lock's own path, past the pooler\nhost=db-direct dbname=app\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		name, directFile, wantDirect string
-	}{
-		{"from its file", file, "host=db-direct dbname=app"},
-		{"the main DSN", "", "host=pooler dbname=app"},
-	} {
-		c := &config{dsn: "host=pooler dbname=app", directDSNFile: tc.directFile}
-		if err := resolveDSNs(c, ""); err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
-		}
-		if c.agent.DirectDSN != tc.wantDirect || c.pool.DSN != "host=pooler dbname=app" {
-			t.Errorf("%s: direct %q, pool %q; want direct %q, pool the main DSN", tc.name, c.agent.DirectDSN, c.pool.DSN, tc.wantDirect)
-		}
 	}
 }

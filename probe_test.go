@@ -118,21 +118,7 @@ func TestProbeAnswersPerTargetAndIsolatesADownServer(t *testing.T) {
 	if strings.Contains(body, `collector="advisory_locks"`) || strings.Contains(body, "pg_liveness_backends") {
 		t.Errorf("collector=leases&collector=instances ran advisory_locks:\n%s", body)
 	}
-	// Bad requests are 400s that name the parameter; none is a 5xx.
-	for q, want := range map[string]string{
-		"target=nope":                           `"nope" is no target`,
-		"":                                      "parameter target",
-		"target=s1-db1&target=s1-db2":           "parameter target",
-		"target=s1-db1&collector=agent":         `collector "agent" is not enabled`,
-		"target=s1-db1&collector=no_such":       `collector "no_such" is not enabled`,
-		"target=s1-db1&module=x":                `parameter "module": unknown`,
-		"target=s1-db1&password=" + s1.Password: `parameter "password": unknown`,
-	} {
-		code, body, _ := p.probe(t, q, "5")
-		if code != http.StatusBadRequest || !strings.Contains(body, want) {
-			t.Errorf("/probe?%s: %d %q, want 400 saying %q", q, code, body, want)
-		}
-	}
+	// Bad requests are the probe package's tests (TestBadRequestsNameTheParameter).
 
 	// s2 stops: its targets are down, s1's answer on time, probed at the same moments.
 	s2.Stop()

@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/cli"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -70,10 +71,10 @@ func checkDocumented(t *testing.T, path, block string, re *regexp.Regexp, has st
 // The configuration reference (docs/configuration.md) lists exactly the flags the binary
 // accepts.
 func TestDocsFlagsMatchTheBinary(t *testing.T) {
-	app, _ := newApp(io.Discard)
+	app, _ := cli.NewApp(io.Discard)
 	var accepted []string
 	for _, f := range app.Model().Flags {
-		if !f.Hidden && !slices.Contains(kingpinFlags, f.Name) {
+		if !f.Hidden && !slices.Contains(cli.KingpinFlags, f.Name) {
 			accepted = append(accepted, f.Name)
 		}
 	}

@@ -1,6 +1,6 @@
 package main
 
-// The binary on a Whizbang database (--source=whizbang, source.go): read as it is, by
+// The binary on a Whizbang database (--source=whizbang, internal/cli): read as it is, by
 // every reader alike, and its flags' errors.
 
 import (

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"sort"
 
-	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -30,12 +29,8 @@ const defaultMaxApplications = 50
 func (s *AdvisoryLocksConfig) defaults() { s.MaxApplications = defaultMaxApplications }
 
 func (s *AdvisoryLocksConfig) maxApplications() limit {
-	return limit{"collector.advisory_locks.max-applications",
-		`Most application_name label values to export; the rest are folded into "other".`,
-		&s.MaxApplications, 1}
+	return limit{"Config.AdvisoryLocks.MaxApplications", &s.MaxApplications, 1}
 }
-
-func (s *AdvisoryLocksConfig) flags(app *kingpin.Application) { s.maxApplications().register(app) }
 
 func (s *AdvisoryLocksConfig) check(*Config) error { return s.maxApplications().check() }
 
@@ -51,7 +46,7 @@ type advisoryLocksCollector struct {
 	locks, holders, backends, idle, wait *exposition.Family
 }
 
-func newAdvisoryLocksCollector(d deps) (Collector, error) {
+func newAdvisoryLocksCollector(d deps) (collector, error) {
 	const app = "application_name"
 	return &advisoryLocksCollector{
 		pool:        d.pool,

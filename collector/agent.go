@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/alecthomas/kingpin/v2"
-
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -19,10 +17,9 @@ type AgentConfig struct {
 	Enabled bool
 }
 
-func (s *AgentConfig) enabled() *bool             { return &s.Enabled }
-func (s *AgentConfig) defaults()                  {}
-func (s *AgentConfig) flags(*kingpin.Application) {}
-func (s *AgentConfig) check(*Config) error        { return nil }
+func (s *AgentConfig) enabled() *bool      { return &s.Enabled }
+func (s *AgentConfig) defaults()           {}
+func (s *AgentConfig) check(*Config) error { return nil }
 
 // agentCollector reports the local agent from its snapshot; it does not touch the
 // database.
@@ -37,7 +34,7 @@ type agentCollector struct {
 }
 
 // newAgentCollector builds the agent collector, or none without an agent.
-func newAgentCollector(d deps) (Collector, error) {
+func newAgentCollector(d deps) (collector, error) {
 	if d.agent == nil {
 		return nil, nil
 	}

@@ -2,16 +2,14 @@ package collector
 
 import (
 	"fmt"
-	"strconv"
 	"time"
-
-	"github.com/alecthomas/kingpin/v2"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
-// Config is everything the collectors need. AddFlags fills one from the command line;
-// tests start from DefaultConfig.
+// Config is everything the collectors need. Start from DefaultConfig: the binary binds
+// its flags to a DefaultConfig's fields, with their values as the flags' defaults.
+// Errors name the fields ("Config.Leases.MaxSeries"); the binary names its flags.
 type Config struct {
 	ScrapeTimeoutOffset  time.Duration // subtracted from X-Prometheus-Scrape-Timeout-Seconds
 	ScrapeDefaultTimeout time.Duration // the budget when that header is absent
@@ -47,8 +45,8 @@ const (
 	defaultScrapeDefaultTimeout = 10 * time.Second
 )
 
-// DefaultConfig returns the defaults AddFlags uses: each collector enabled as the registry
-// says, with its options' defaults.
+// DefaultConfig returns each collector enabled as the registry says, with its options'
+// defaults.
 func DefaultConfig() Config {
 	c := Config{
 		ScrapeTimeoutOffset:  defaultScrapeTimeoutOffset,
@@ -59,30 +57,6 @@ func DefaultConfig() Config {
 		s.defaults()
 		*s.enabled() = r.on
 	}
-	return c
-}
-
-// AddFlags registers the collector and scrape flags on app. The returned Config is
-// filled when app parses; the caller then sets Source and Status.
-func AddFlags(app *kingpin.Application) *Config {
-	cfg := DefaultConfig()
-	c := &cfg
-	for _, r := range registry {
-		help := r.help + "."
-		if r.on {
-			help = r.help + " (--no-collector." + r.name + " disables it)."
-		}
-		app.Flag("collector."+r.name, help).Default(strconv.FormatBool(r.on)).BoolVar(r.settings(c).enabled())
-	}
-	for _, r := range registry {
-		r.settings(c).flags(app)
-	}
-	app.Flag("scrape.timeout-offset",
-		"Subtracted from the scraper's X-Prometheus-Scrape-Timeout-Seconds to leave time to send the answer.").
-		Default(defaultScrapeTimeoutOffset.String()).DurationVar(&c.ScrapeTimeoutOffset)
-	app.Flag("scrape.default-timeout",
-		"Time allowed to collect when the scraper sends no X-Prometheus-Scrape-Timeout-Seconds.").
-		Default(defaultScrapeDefaultTimeout.String()).DurationVar(&c.ScrapeDefaultTimeout)
 	return c
 }
 
@@ -106,10 +80,10 @@ func (c *Config) validate() error {
 		}
 	}
 	if c.ScrapeTimeoutOffset < 0 {
-		return fmt.Errorf("--scrape.timeout-offset must not be negative, got %s", c.ScrapeTimeoutOffset)
+		return fmt.Errorf("Config.ScrapeTimeoutOffset must not be negative, got %s", c.ScrapeTimeoutOffset)
 	}
 	if c.ScrapeDefaultTimeout <= 0 {
-		return fmt.Errorf("--scrape.default-timeout must be positive, got %s", c.ScrapeDefaultTimeout)
+		return fmt.Errorf("Config.ScrapeDefaultTimeout must be positive, got %s", c.ScrapeDefaultTimeout)
 	}
 	return nil
 }

@@ -1,5 +1,5 @@
 // Package collector exports pg_liveness_* metrics, collected from PostgreSQL and from the
-// local agent at scrape time. Each collector is one file and one Collector, listed once
+// local agent at scrape time. Each collector is one file and one collector, listed once
 // in the registry (registry.go) that the flags, the checks and New read; the Exporter
 // runs the enabled ones concurrently under the scrape's deadline and serves them over
 // HTTP together with the caller's own registry.
@@ -58,10 +58,13 @@ import (
 
 const namespace = "pg_liveness"
 
-// Collector produces one group of metrics. Update adds its samples to out and returns
+// collector produces one group of metrics. Update adds its samples to out and returns
 // when it is done or ctx ends; it must not use out after it returns. Each series must be
-// added once: nothing checks it after Update.
-type Collector interface {
+// added once: nothing checks it after Update. It is unexported: its samples go to an
+// internal builder, so only this package can implement it, and a new collector is a
+// file here and a row in the registry. Users of the package build an Exporter (New) and
+// serve it (Exporter.Handler).
+type collector interface {
 	Update(ctx context.Context, out *exposition.Builder) error
 }
 
@@ -109,7 +112,7 @@ type Exporter struct {
 
 type entry struct {
 	name string
-	c    Collector
+	c    collector
 	db   bool // talks to PostgreSQL, so its outcome tells whether the server answers
 
 	failing logging.Repeats // the collector's failure, logged when it starts or changes
@@ -527,7 +530,7 @@ wait:
 
 // run collects one collector's samples. A panic becomes an error: the agent lives in
 // this process, and a collector bug must not drop its alive lock.
-func run(ctx context.Context, c Collector, out *exposition.Builder) (_ *exposition.Builder, err error) {
+func run(ctx context.Context, c collector, out *exposition.Builder) (_ *exposition.Builder, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("panic: %v", p)

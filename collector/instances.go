@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -42,20 +41,7 @@ func (s *InstancesConfig) defaults() {
 }
 
 func (s *InstancesConfig) limits() []limit {
-	return []limit{
-		{"collector.instances.max-series",
-			"Most pg_liveness_instance_heartbeat_age_seconds series to export; the oldest heartbeats are kept.",
-			&s.MaxSeries, 0},
-		{"collector.instances.max-services",
-			`Most services whose instance counts are exported one by one, those with dead instances first; the rest are summed into service="other".`,
-			&s.MaxServices, 0},
-	}
-}
-
-func (s *InstancesConfig) flags(app *kingpin.Application) {
-	for _, l := range s.limits() {
-		l.register(app)
-	}
+	return []limit{{"Config.Instances.MaxSeries", &s.MaxSeries, 0}, {"Config.Instances.MaxServices", &s.MaxServices, 0}}
 }
 
 func (s *InstancesConfig) check(*Config) error {
@@ -104,7 +90,7 @@ type instancesCollector struct {
 // of pg_locks before the verdict of given locks is tried again (a migration applied since).
 const ofLocksRecheck = 10 * time.Minute
 
-func newInstancesCollector(d deps) (Collector, error) {
+func newInstancesCollector(d deps) (collector, error) {
 	cfg := d.cfg
 	c := &instancesCollector{
 		log:         d.logger,

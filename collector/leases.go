@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -36,26 +35,17 @@ const defaultMaxLeases = 500
 func (s *LeasesConfig) defaults() { s.MaxSeries = defaultMaxLeases }
 
 func (s *LeasesConfig) maxSeries() limit {
-	return limit{"collector.leases.max-series",
-		`Most leases exported one by one, the most urgent first; the rest are exported together under the lease label other.`,
-		&s.MaxSeries, 0}
-}
-
-func (s *LeasesConfig) flags(app *kingpin.Application) {
-	app.Flag("collector.leases.table",
-		`Leases table, as "table" or "schema.table" (default: <db.schema>.leases; with --source=whizbang, none unless given). A plain table without an epoch column works too.`).
-		PlaceHolder("TABLE").StringVar(&s.Table)
-	s.maxSeries().register(app)
+	return limit{"Config.Leases.MaxSeries", &s.MaxSeries, 0}
 }
 
 func (s *LeasesConfig) check(c *Config) error {
 	if _, err := leasesTable(s.Table, c.Source.Schema()); err != nil {
-		return fmt.Errorf("--collector.leases.table: %w", err)
+		return fmt.Errorf("Config.Leases.Table: %w", err)
 	}
 	return s.maxSeries().check()
 }
 
-// leasesTable is --collector.leases.table, or <schema>.leases when it is empty.
+// leasesTable is Config.Leases.Table, or <schema>.leases when it is empty.
 func leasesTable(s, schema string) (store.Table, error) {
 	if s == "" {
 		return store.Table{Schema: schema, Name: "leases"}, nil
@@ -91,11 +81,11 @@ func (c *leasesCollector) leasesQuery(shape []string) string {
 	return store.LeasesFor(c.table, shape).SQL
 }
 
-func newLeasesCollector(d deps) (Collector, error) {
+func newLeasesCollector(d deps) (collector, error) {
 	const lease = "lease"
 	table, err := leasesTable(d.cfg.Leases.Table, d.cfg.Source.Schema())
 	if err != nil {
-		return nil, fmt.Errorf("--collector.leases.table: %w", err)
+		return nil, fmt.Errorf("Config.Leases.Table: %w", err)
 	}
 	shape := store.OurLeasesShape() // corrected by the first scrape for another table
 	return &leasesCollector{

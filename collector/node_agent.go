@@ -3,8 +3,6 @@ package collector
 import (
 	"context"
 
-	"github.com/alecthomas/kingpin/v2"
-
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
@@ -23,10 +21,9 @@ type NodeAgentConfig struct {
 	Source NodeAgentSource
 }
 
-func (s *NodeAgentConfig) enabled() *bool             { return &s.Enabled }
-func (s *NodeAgentConfig) defaults()                  {}
-func (s *NodeAgentConfig) flags(*kingpin.Application) {}
-func (s *NodeAgentConfig) check(*Config) error        { return nil }
+func (s *NodeAgentConfig) enabled() *bool      { return &s.Enabled }
+func (s *NodeAgentConfig) defaults()           {}
+func (s *NodeAgentConfig) check(*Config) error { return nil }
 
 // nodeAgentCollector reports the node agent from its snapshot; it does not touch the
 // database.
@@ -36,7 +33,7 @@ type nodeAgentCollector struct {
 	proofs, asked, reconnects, claims, refused *exposition.Family
 }
 
-func newNodeAgentCollector(d deps) (Collector, error) {
+func newNodeAgentCollector(d deps) (collector, error) {
 	if d.cfg.NodeAgent.Source == nil {
 		return nil, nil
 	}

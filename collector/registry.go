@@ -3,13 +3,11 @@ package collector
 import (
 	"fmt"
 	"log/slog"
-	"strconv"
 
-	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Collector names, as used in --[no-]collector.<name> and in the collector label.
+// Collector names, as used in the collector label (and the binary's --[no-]collector.<name>).
 const (
 	NameInstances     = "instances"
 	NameLeases        = "leases"
@@ -19,10 +17,12 @@ const (
 	NameNodeAgent     = "node_agent"
 )
 
-// registry is every collector, in the order of their flags. The flags (AddFlags), the
-// defaults (DefaultConfig), the checks (Config.validate), New and the benchmarks all
-// read it. Adding a collector is its own file (the Collector, its settings type and its
-// constructor) plus one row here, and the settings' field in Config.
+// registry is every collector, in the order of the binary's flags. The switches
+// (Config.Switches, which the binary makes its --[no-]collector.<name> flags of), the
+// defaults (DefaultConfig), the checks (Config.validate), New and the benchmarks all read
+// it. Adding a collector is its own file (the collector, its settings type and its
+// constructor) plus one row here, the settings' field in Config, and the flags of its
+// options where the binary declares every flag.
 var registry = []registration{
 	{name: NameInstances, on: true, db: true, settings: func(c *Config) settings { return &c.Instances },
 		help: "Export instance counts by state and heartbeat ages", build: newInstancesCollector},
@@ -40,44 +40,34 @@ var registry = []registration{
 
 // registration is one collector as the registry knows it.
 type registration struct {
-	name string // in --[no-]collector.<name> and in the collector label
-	help string // of --[no-]collector.<name>
+	name string // in the collector label and in --[no-]collector.<name>
+	help string // what it exports, for --[no-]collector.<name>
 	on   bool   // enabled by default
 	db   bool   // talks to PostgreSQL, so its outcome tells whether the server answers
 	// settings returns the collector's part of c.
 	settings func(c *Config) settings
-	// build makes the collector. A nil Collector with a nil error means it has nothing
+	// build makes the collector. A nil collector with a nil error means it has nothing
 	// to run on (the agent collector without an agent) and is left out.
-	build func(deps) (Collector, error)
+	build func(deps) (collector, error)
 }
 
 // settings is a collector's part of Config; the collector's file defines it.
 type settings interface {
-	// enabled is where --[no-]collector.<name> lands.
+	// enabled is the collector's switch.
 	enabled() *bool
 	// defaults sets the options to their defaults (not enabled: the registry's on does).
 	defaults()
-	// flags registers the options' flags, --collector.<name>.<option>, with the current
-	// values as their defaults.
-	flags(app *kingpin.Application)
 	// check validates the options of an enabled collector against the whole
-	// configuration; errors name the flag.
+	// configuration; errors name the field ("Config.Leases.Table").
 	check(c *Config) error
 }
 
-// limit is an integer option of a collector: its flag, whose default is the option's
-// value when the flag is registered, and the least value it may take. Registering the
-// flag and checking the value both read it, so each flag's name and rule are written
-// once.
+// limit is an integer option of a collector: its field, as errors name it, and the least
+// value it may take.
 type limit struct {
-	flag  string // --<flag>
-	help  string
+	field string // Config.<Collector>.<Option>
 	value *int
 	least int
-}
-
-func (l limit) register(app *kingpin.Application) {
-	app.Flag(l.flag, l.help).Default(strconv.Itoa(*l.value)).IntVar(l.value)
 }
 
 func (l limit) check() error {
@@ -85,10 +75,28 @@ func (l limit) check() error {
 	case *l.value >= l.least:
 		return nil
 	case l.least == 0:
-		return fmt.Errorf("--%s must be 0 or more, got %d", l.flag, *l.value)
+		return fmt.Errorf("%s must be 0 or more, got %d", l.field, *l.value)
 	default:
-		return fmt.Errorf("--%s must be at least %d, got %d", l.flag, l.least, *l.value)
+		return fmt.Errorf("%s must be at least %d, got %d", l.field, l.least, *l.value)
 	}
+}
+
+// Switch is one collector's on/off setting, as the registry lists it.
+type Switch struct {
+	Name    string // the collector's, in the collector label
+	Help    string // what it exports ("Export leases")
+	On      bool   // enabled by default
+	Enabled *bool  // the setting, in the Config that Switches was called on
+}
+
+// Switches lists every collector's switch in c, in the registry's order: the binary
+// declares its --[no-]collector.<name> flags from them.
+func (c *Config) Switches() []Switch {
+	out := make([]Switch, len(registry))
+	for i, r := range registry {
+		out[i] = Switch{Name: r.name, Help: r.help, On: r.on, Enabled: r.settings(c).enabled()}
+	}
+	return out
 }
 
 // deps is what every collector is built from.

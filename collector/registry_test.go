@@ -4,13 +4,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/alecthomas/kingpin/v2"
-
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
 // testAgentCollector is the agent collector on testAgent, as New builds it.
-func testAgentCollector(t testing.TB) Collector {
+func testAgentCollector(t testing.TB) collector {
 	t.Helper()
 	c, err := newAgentCollector(deps{cfg: &Config{}, agent: testAgent})
 	if err != nil || c == nil {
@@ -20,8 +18,8 @@ func testAgentCollector(t testing.TB) Collector {
 }
 
 // TestRegistry: every row names a distinct collector with its own switch, which
-// DefaultConfig sets as the row says and --[no-]collector.<name> turns, and New builds
-// exactly the enabled ones.
+// DefaultConfig sets as the row says and Switches lists (the binary's
+// --[no-]collector.<name>), and New builds exactly the enabled ones.
 func TestRegistry(t *testing.T) {
 	seen := map[string]bool{}
 	cfg := DefaultConfig()
@@ -41,15 +39,19 @@ func TestRegistry(t *testing.T) {
 		}
 	}
 
-	for _, off := range registry {
-		app := kingpin.New("test", "")
-		c := AddFlags(app)
-		if _, err := app.Parse([]string{"--no-collector." + off.name}); err != nil {
-			t.Fatal(err)
+	for i, off := range registry {
+		c := DefaultConfig()
+		switches := c.Switches()
+		if len(switches) != len(registry) {
+			t.Fatalf("%d switches for %d collectors", len(switches), len(registry))
 		}
+		if s := switches[i]; s.Name != off.name || s.Help != off.help || s.On != off.on || s.Enabled != off.settings(&c).enabled() {
+			t.Errorf("switch %d is %+v, not %s's", i, s, off.name)
+		}
+		*switches[i].Enabled = false
 		for _, r := range registry {
-			if got := *r.settings(c).enabled(); got != (r.name != off.name) {
-				t.Errorf("--no-collector.%s: %s enabled = %v", off.name, r.name, got)
+			if got := *r.settings(&c).enabled(); got != (r.name != off.name && r.on) {
+				t.Errorf("%s switched off: %s enabled = %v", off.name, r.name, got)
 			}
 		}
 		// Without a pool, New builds only the collectors that need none.

@@ -8,7 +8,6 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/alecthomas/kingpin/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -50,17 +49,8 @@ const defaultStatementsCacheSize = 10000
 
 func (s *StatementsConfig) defaults() { s.CacheSize = defaultStatementsCacheSize }
 
-func (s *StatementsConfig) flags(app *kingpin.Application) {
-	app.Flag("collector.statements.pattern",
-		`Classify pg_stat_statements entries whose query text matches regex as statement="name", as name=regex. Repeatable; merged over the defaults by name (an empty regex removes one). Defaults: `+
-			strings.Join(DefaultStatementPatterns, ", ")).
-		PlaceHolder("NAME=REGEX").StringsVar(&s.Patterns)
-	s.cacheSize().register(app)
-}
-
 func (s *StatementsConfig) cacheSize() limit {
-	return limit{"collector.statements.cache-size", "Most pg_stat_statements queryids whose classification is remembered.",
-		&s.CacheSize, 1}
+	return limit{"Config.Statements.CacheSize", &s.CacheSize, 1}
 }
 
 func (s *StatementsConfig) check(*Config) error {
@@ -68,12 +58,12 @@ func (s *StatementsConfig) check(*Config) error {
 		return err
 	}
 	if _, err := parsePatterns(s.Patterns); err != nil {
-		return fmt.Errorf("--collector.statements.pattern: %w", err)
+		return fmt.Errorf("Config.Statements.Patterns: %w", err)
 	}
 	return nil
 }
 
-// statementPattern is one parsed --collector.statements.pattern.
+// statementPattern is one parsed pattern of StatementsConfig.Patterns.
 type statementPattern struct {
 	name string
 	re   *regexp.Regexp
@@ -162,11 +152,11 @@ type statementsCollector struct {
 	totals       []stmtCounts           // by pattern index
 }
 
-func newStatementsCollector(d deps) (Collector, error) {
+func newStatementsCollector(d deps) (collector, error) {
 	const stmt = "statement"
 	patterns, err := parsePatterns(d.cfg.Statements.Patterns)
 	if err != nil {
-		return nil, fmt.Errorf("--collector.statements.pattern: %w", err)
+		return nil, fmt.Errorf("Config.Statements.Patterns: %w", err)
 	}
 	return &statementsCollector{
 		pool:      d.pool,

@@ -12,6 +12,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -172,6 +173,22 @@ func (s *SchemaStatus) set(st migrations.State) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.s = SchemaState{Read: true, State: st, Binary: migrations.Latest(), Compatible: st.Serves(migrations.Latest())}
+}
+
+// BinaryStatus is the exporter's start-up as its collectors report it
+// (store.StatusSource): the schema PrepareSchema found, and whether the agent started.
+type BinaryStatus struct {
+	Schema       SchemaStatus
+	AgentStarted atomic.Bool
+}
+
+// Status is the start-up as it stands.
+func (b *BinaryStatus) Status() store.BinaryStatus {
+	s := b.Schema.Get()
+	return store.BinaryStatus{
+		SchemaRead: s.Read, SchemaVersion: s.State.Version, SchemaCompatibleFrom: s.State.CompatibleFrom,
+		BinaryVersion: s.Binary, SchemaCompatible: s.Compatible, AgentStarted: b.AgentStarted.Load(),
+	}
 }
 
 // ErrNotJoining wraps the reasons PrepareSchema gives up: retrying cannot help.

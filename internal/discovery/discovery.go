@@ -1,9 +1,12 @@
-package main
-
-// Discovery within a server (--config.file's discover section): every database of a
-// server that holds the source's instances table, found at start and re-checked by
-// package targets, is scraped with /metrics, each database's samples labelled
-// database="ENTRY/DATNAME", on its own small pool under --probe.max-conns.
+// Package discovery serves the databases that discovery within a server finds
+// (--config.file's discover entries): every database of a server that holds the source's
+// instances table, found at start and re-checked by package targets, is scraped with
+// /metrics (Databases.Handler), each database's samples labelled
+// database="ENTRY/DATNAME", on its own small pool under --probe.max-conns, and all of
+// them together under --discover.max-series (DefaultMaxSeries). Each has its status page
+// (Databases.StatusPage) and a line on /targets (Databases.Listed); the re-checks' loop
+// runs while the configuration in force has discover entries (Start, Sync, Stop); and
+// Databases.Metrics are the pg_liveness_exporter_discover_* gauges.
 //
 // pg_locks is read once per scrape and server, not once per database: the first of a
 // server's databases to need it in a scrape reads the advisory locks of all of them
@@ -11,6 +14,7 @@ package main
 // scrape's deadline) and each takes its part (collector.Config.Locks). When that read
 // fails, each database reads pg_locks itself for that scrape, as a single database does:
 // a server that answers its databases' own reads is never reported down for it.
+package discovery
 
 import (
 	"cmp"
@@ -34,8 +38,8 @@ import (
 // databases, checking one): a round never waits on a hung server for longer.
 const discoverTimeout = 10 * time.Second
 
-// discoveredDBs keeps the collectors of each database that discovery found.
-type discoveredDBs struct {
+// Databases keeps the collectors and the page of each database that discovery found.
+type Databases struct {
 	discovery  *targets.Discovery
 	pools      *targets.Pools
 	collectors collector.Config // Source set; no Status: a discovered schema is not this binary's
@@ -51,7 +55,7 @@ type discoveredDBs struct {
 
 // serverLocks reads one discover entry's server's advisory locks once per scrape.
 type serverLocks struct {
-	d      *discoveredDBs
+	d      *Databases
 	server string
 	failed logging.Repeats // the shared read's failure, logged when it starts or changes
 }
@@ -104,7 +108,7 @@ func (s *serverLocks) readLocks(ctx context.Context) (map[string]*collector.Data
 }
 
 // serverOf returns entry's serverLocks. d.mu is held.
-func (d *discoveredDBs) serverOf(entry string) *serverLocks {
+func (d *Databases) serverOf(entry string) *serverLocks {
 	s := d.servers[entry]
 	if s == nil {
 		s = &serverLocks{d: d, server: entry}
@@ -119,13 +123,14 @@ type discoveredDB struct {
 	page     *statuspage.Handler // /targets/ENTRY/DATNAME/status, on the same pool
 }
 
-// newDiscovered returns the discovery of pools' discover entries, which a reload may
-// add, change or remove (none yet is no discovery yet). When there are some, its
-// collectors are built once now, on a pool that does not connect, so that a bad
-// collector flag is refused at start-up.
-func newDiscovered(pools *targets.Pools, collectors collector.Config, source *store.Source, maxSeries int, logger *slog.Logger) (*discoveredDBs, error) {
+// New returns the discovery of pools' discover entries, which a reload may add, change
+// or remove (none yet is no discovery yet), read with source, and exported with
+// collectors' settings under maxSeries. When there are some, its collectors are built
+// once now, on a pool that does not connect, so that a bad collector setting is refused
+// at start-up (the error names collector.Config's field).
+func New(pools *targets.Pools, collectors collector.Config, source *store.Source, maxSeries int, logger *slog.Logger) (*Databases, error) {
 	collectors.Source, collectors.Status = source, nil
-	d := &discoveredDBs{discovery: targets.NewDiscovery(pools, source, discoverTimeout, logger.With("component", "discovery")),
+	d := &Databases{discovery: targets.NewDiscovery(pools, source, discoverTimeout, logger.With("component", "discovery")),
 		pools: pools, collectors: collectors, logger: logger, built: map[targets.Database]*discoveredDB{},
 		servers: map[string]*serverLocks{},
 		limit:   collector.NewSeriesLimit(maxSeries, logger.With("component", "collector"))}
@@ -145,7 +150,7 @@ func newDiscovered(pools *targets.Pools, collectors collector.Config, source *st
 
 // exporters returns the exporters of the databases found now, each labelled with its
 // database, building those new since the last call and forgetting those gone.
-func (d *discoveredDBs) exporters() []*collector.Exporter {
+func (d *Databases) exporters() []*collector.Exporter {
 	found := d.discovery.Found()
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -177,7 +182,7 @@ func (d *discoveredDBs) exporters() []*collector.Exporter {
 
 // buildLocked returns db's collectors and page, built on its pool (again when the pool
 // was replaced); nil when its entry is gone. d.mu is held.
-func (d *discoveredDBs) buildLocked(db targets.Database) (*discoveredDB, error) {
+func (d *Databases) buildLocked(db targets.Database) (*discoveredDB, error) {
 	pool, ok, err := d.pools.DiscoveredPool(db.Server, db.Name)
 	if !ok || err != nil {
 		return nil, err

@@ -1,9 +1,10 @@
-package main
+package discovery
 
-// What the exporter does with the databases discovery found beyond scraping them: the
-// re-checks' goroutine, which a reload starts and stops (reload.go), each database's
-// status page (/targets/ENTRY/DATNAME/status and .json), and --discover.max-series, the
-// bound on their series together on /metrics, with the gauges that say what it dropped.
+// What the exporter does with the databases discovery found: /metrics of them all under
+// --discover.max-series, the re-checks' goroutine, which a reload starts and stops
+// (Sync), each database's status page (/targets/ENTRY/DATNAME/status and .json) and its
+// line on /targets, and the gauges that say what the bound dropped and how each discover
+// entry's listing went.
 
 import (
 	"cmp"
@@ -11,9 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -23,7 +22,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
 )
 
-// defaultDiscoverMaxSeries is --discover.max-series' default: a server of 100 databases
+// DefaultMaxSeries is --discover.max-series' default: a server of 100 databases
 // (max_databases' default) fits at 2,000 series each. Measured (the cap's test): a
 // database of one service and one instance exports about 30 series, each further service
 // of one instance about 8 more, so 2,000 is some 250 services. A database at every
@@ -31,7 +30,7 @@ import (
 // and 100 of them several hundred thousand: more than one answer should carry, and the
 // case the cap is for. A fleet that needs more is one to spread over /probe targets,
 // each answer its own scrape.
-const defaultDiscoverMaxSeries = 200_000
+const DefaultMaxSeries = 200_000
 
 // discoveryLoop is the re-checks' goroutine: running while the configuration in force has
 // discover entries, from start until stop.
@@ -42,20 +41,32 @@ type discoveryLoop struct {
 	done   chan struct{}
 }
 
-// start runs the re-checks under ctx: now when the configuration has discover entries,
+// Handler serves /metrics: own's answer (nil for none), and every database found now,
+// each labelled with its database, all under the one scrape deadline, the discovered
+// ones' series under --discover.max-series. extra is gathered with them (the process's
+// own metrics).
+func (d *Databases) Handler(extra prometheus.Gatherer, own *collector.Exporter) http.Handler {
+	list := d.exporters
+	if own != nil {
+		list = func() []*collector.Exporter { return append([]*collector.Exporter{own}, d.exporters()...) }
+	}
+	return d.limit.HandlerOf(d.collectors, extra, list, d.logger.With("component", "collector"))
+}
+
+// Start runs the re-checks under ctx: now when the configuration has discover entries,
 // else from the reload that adds the first.
-func (d *discoveredDBs) start(ctx context.Context) {
+func (d *Databases) Start(ctx context.Context) {
 	d.loop.mu.Lock()
 	d.loop.parent = ctx
 	d.loop.mu.Unlock()
-	d.sync()
+	d.Sync()
 }
 
-// sync starts the re-checks when the configuration in force has discover entries and
+// Sync starts the re-checks when the configuration in force has discover entries and
 // they are not running, and stops them (forgetting every database found, and closing its
 // pool) when it has none. A reload calls it after putting a configuration in force; the
 // running loop takes added, changed and removed entries itself (targets.Discovery.Run).
-func (d *discoveredDBs) sync() {
+func (d *Databases) Sync() {
 	l := &d.loop
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -80,8 +91,8 @@ func (d *discoveredDBs) sync() {
 	}
 }
 
-// stop ends the re-checks and waits for their goroutine; a later sync does nothing.
-func (d *discoveredDBs) stop() {
+// Stop ends the re-checks and waits for their goroutine; a later Sync does nothing.
+func (d *Databases) Stop() {
 	d.loop.mu.Lock()
 	defer d.loop.mu.Unlock()
 	d.loop.stopLocked()
@@ -99,7 +110,7 @@ func (l *discoveryLoop) stopLocked() {
 
 // page returns the status page of database name of discover entry entry, on the pool its
 // scrapes use, and an HTTP status and message naming the path part when there is none.
-func (d *discoveredDBs) page(entry, name string) (http.Handler, int, string) {
+func (d *Databases) page(entry, name string) (http.Handler, int, string) {
 	cfg := d.pools.Config()
 	if !slices.ContainsFunc(cfg.Discover(), func(s targets.Server) bool { return s.Name == entry }) {
 		if _, ok := cfg.Target(entry); ok {
@@ -121,10 +132,11 @@ func (d *discoveredDBs) page(entry, name string) (http.Handler, int, string) {
 	return b.page, 0, ""
 }
 
-// statusPage serves /targets/ENTRY/DATNAME/status and .json: a discovered database's
-// status page, the same page as /status. The DATNAME segment is databaseSegment's.
-func (d *discoveredDBs) statusPage(w http.ResponseWriter, r *http.Request) {
-	page, code, msg := d.page(r.PathValue("entry"), databaseOfSegment(r.PathValue("database")))
+// StatusPage serves /targets/{entry}/{database}/status and .json: a discovered
+// database's status page, the same page as /status. The {database} segment is
+// targets.Database.StatusPath's.
+func (d *Databases) StatusPage(w http.ResponseWriter, r *http.Request) {
+	page, code, msg := d.page(r.PathValue("entry"), targets.DatabaseName(r.PathValue("database")))
 	if page == nil {
 		http.Error(w, msg, code)
 		return
@@ -132,33 +144,18 @@ func (d *discoveredDBs) statusPage(w http.ResponseWriter, r *http.Request) {
 	page.ServeHTTP(w, r)
 }
 
-// databaseSegment is the path segment of database name in its page's path,
-// /targets/ENTRY/SEGMENT/status: the name path-escaped (a '/' as %2F, a '%' as %25),
-// except that "." and "..", which every client and the server's own path cleaning take
-// for the current and the parent folder (a browser even when written %2E), and names
-// that start with '~', are written with a '~' before them. databaseOfSegment reads it.
-func databaseSegment(name string) string {
-	if name == "." || name == ".." || strings.HasPrefix(name, "~") {
-		name = "~" + name
-	}
-	return url.PathEscape(name)
-}
-
-// databaseOfSegment is the database name of a page's path segment (already unescaped):
-// one leading '~' is dropped.
-func databaseOfSegment(segment string) string {
-	return strings.TrimPrefix(segment, "~")
-}
-
-// dropped describes, for /targets, the databases --discover.max-series dropped in the
-// last /metrics answer.
-func (d *discoveredDBs) dropped() (names map[string]bool, max int) {
+// Listed is, for /targets, every database found now, each marked when
+// --discover.max-series dropped it in the last /metrics answer, and that bound.
+func (d *Databases) Listed() (found []targets.Listed, maxSeries int) {
 	o := d.limit.Last()
-	names = map[string]bool{}
+	dropped := map[string]bool{}
 	for _, n := range o.Dropped {
-		names[n] = true
+		dropped[n] = true
 	}
-	return names, o.Max
+	for _, db := range d.discovery.Found() {
+		found = append(found, targets.Listed{Database: db, Dropped: dropped[db.Label()]})
+	}
+	return found, o.Max
 }
 
 // discoverReasons are pg_liveness_exporter_discover_entry_down_reason's reasons: the
@@ -181,17 +178,20 @@ func discoverReason(err error) string {
 	return collector.DownReason(err)
 }
 
-// discoverMetrics are --discover.max-series' gauges on /metrics, as the last answer
-// (this one: they are gathered after its databases were counted) left them, and each
-// discover entry's.
+// Metrics are --discover.max-series' gauges on /metrics, as the last answer (this one:
+// they are gathered after its databases were counted) left them, and each discover
+// entry's.
+func (d *Databases) Metrics() prometheus.Collector { return newDiscoverMetrics(d) }
+
+// discoverMetrics are Metrics.
 type discoverMetrics struct {
-	d                                      *discoveredDBs
+	d                                      *Databases
 	series, max, droppedSeries, droppedDBs *prometheus.Desc
 	entryUp, entryDown                     *prometheus.Desc
 }
 
-func newDiscoverMetrics(d *discoveredDBs) *discoverMetrics {
-	name := func(s string) string { return exporterName + "_discover_" + s }
+func newDiscoverMetrics(d *Databases) *discoverMetrics {
+	name := func(s string) string { return "pg_liveness_exporter_discover_" + s }
 	return &discoverMetrics{d: d,
 		series: prometheus.NewDesc(name("series"), "Series of the discovered databases exported whole in this /metrics answer, counted against --discover.max-series.", nil, nil),
 		max:    prometheus.NewDesc(name("series_max"), "The cap on them, --discover.max-series.", nil, nil),
