@@ -320,9 +320,20 @@ func TestLeaderLeadsAgainSoonAfterADatabaseRestart(t *testing.T) {
 	// The agent's log, debug included, is printed when the test fails: it says whether the
 	// lock, the release or the next campaign was slow.
 	logger, logs := logbuf.Logger()
-	agent := newAgent(t, liveness.AgentConfig{Pool: pgtest.Pool(t, db.DSN, 4), DirectDSN: db.DSN,
-		InstanceID: uuid.New(), ServiceName: "leader", Logger: logger})
+	pool := pgtest.Pool(t, db.DSN, 4)
+	id := uuid.New()
+	agent := newAgent(t, liveness.AgentConfig{Pool: pool, DirectDSN: db.DSN,
+		InstanceID: id, ServiceName: "leader", Logger: logger})
 	runAgent(t, agent)
+	// Until a beat records the lock in the instance's row, the fleet judges the instance
+	// by its heartbeat alone, and so does the leader: a lock lost then ends no leadership
+	// (the instance stays alive for the stale threshold), and the lease survives the
+	// restart. The first beat may have been sent before the first claim.
+	testutil.Eventually(t, 30*time.Second, "the instance's row records its alive lock", func() bool {
+		var holds bool
+		err := pool.QueryRow(ctx, `SELECT holds_alive_lock FROM liveness.instances WHERE instance_id = $1`, id).Scan(&holds)
+		return err == nil && holds
+	})
 
 	epochs := make(chan int64, 16)
 	var wg sync.WaitGroup
