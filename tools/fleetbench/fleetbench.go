@@ -240,8 +240,10 @@ func diagnose(ctx context.Context, admin *pgx.Conn) string {
 		   FROM liveness.leases l ORDER BY l.name`,
 		`SELECT 'watcher ticked ' || round(extract(epoch FROM clock_timestamp() - watched_at)::numeric, 2) || ' s ago' FROM liveness.alive_lock_watch`,
 		`SELECT state || ': ' || count(*) FROM liveness.instance_states() GROUP BY state`,
-		`SELECT coalesce(wait_event_type || ':' || wait_event, state, 'none') || ': ' || count(*) FROM pg_stat_activity
-		  WHERE backend_type = 'client backend' GROUP BY 1 ORDER BY count(*) DESC LIMIT 8`,
+		`SELECT waiting || ': ' || count(*)
+		   FROM (SELECT coalesce(wait_event_type || ':' || wait_event, state, 'none') AS waiting FROM pg_stat_activity
+		          WHERE backend_type = 'client backend') w
+		  GROUP BY waiting ORDER BY count(*) DESC LIMIT 8`,
 	} {
 		rows, err := admin.Query(ctx, q)
 		if err != nil {
