@@ -140,8 +140,10 @@ bench:
 # What a fleet of agents at the library's defaults costs one PostgreSQL: 100 and 1,000
 # agents each on a session of its own, then 100, 1,000 and 5,000 attached to 50 node
 # agents (FLEET_SIZES, FLEET_NODES: the node agents of each run, 0 for none;
-# FLEET_WARMUP, FLEET_MEASURE): docs/performance.md, "Fleet scale". About 25 minutes. Run
-# it on an otherwise idle machine.
+# FLEET_WARMUP, FLEET_MEASURE; FLEET_POOL, each agent's pool if smaller than 4):
+# docs/performance.md, "Fleet scale". About 25 minutes. Run it on an otherwise idle
+# machine. Every agent runs in one process: beyond 1,000 agents its open files need a
+# `ulimit -n` above 20,000 (the 5,000-agent run stalls on a machine limited to that).
 FLEET_SIZES ?= 100,1000,100,1000,5000
 FLEET_NODES ?= 0,0,50,50,50
 bench-fleet:

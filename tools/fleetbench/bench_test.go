@@ -73,6 +73,13 @@ func TestBenchFleet(t *testing.T) {
 				t.Fatalf("%d agents need more open files than the limit, %d (ulimit -n)", n, files.Cur)
 			}
 			cfg.PoolMaxConns = int32(min(4, perAgent))
+			if s := os.Getenv("FLEET_POOL"); s != "" { // a smaller pool, to compare at a size the limit allows
+				p, err := strconv.Atoi(s)
+				if err != nil || p < 1 || p > perAgent {
+					t.Fatalf("FLEET_POOL: %q is not a pool size from 1 to %d (what the open-files limit leaves)", s, perAgent)
+				}
+				cfg.PoolMaxConns = int32(p)
+			}
 			t.Logf("each agent's pool: at most %d connections", cfg.PoolMaxConns)
 			cfg.Idle, cfg.Warmup, cfg.Measure = 20*time.Second, warmup, measure
 			cfg.VictimLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
