@@ -62,9 +62,8 @@ MAJOR_SKIP    := ^TestPrimaryFailover$$
 MAJOR_FAULTS  := ^(TestCrash|TestRestartFast|TestRestartImmediate|TestTerminateBackend)$$
 
 # make test's jobs run side by side, JOBS at a time (scripts/test.sh): most of the suite
-# waits on timers and servers rather than computes. At 3 the whole run took 1,516 s on
-# the 2-core machine, over the 25-minute budget; the jobs' seconds sum to about 4,000.
-JOBS ?= 4
+# waits on timers and servers rather than computes.
+JOBS ?= 3
 TEST_ENV = GO='$(GO)' TEST_FLAGS='$(TEST_FLAGS)' JOBS='$(JOBS)' PG_MAJORS='$(PG_MAJORS)' DB_PKGS='$(DB_PKGS)' \
 	TOOLS_DB_PKGS='$(TOOLS_DB_PKGS)' MAJOR_FAULTS='$(MAJOR_FAULTS)' MAJOR_SKIP='$(MAJOR_SKIP)'
 

@@ -16,7 +16,7 @@
 # then a table of each package's seconds on each major, the slowest first, and each
 # job's. Every job runs even when one fails; the exit status is 1 if any failed.
 #
-# Environment (the Makefile passes its variables): GO, TEST_FLAGS, JOBS (default 4),
+# Environment (the Makefile passes its variables): GO, TEST_FLAGS, JOBS (default 3),
 # PG_MAJORS, DB_PKGS and TOOLS_DB_PKGS (the database-facing packages of the root and the
 # tools module), MAJOR_FAULTS (the fault scenarios run on PG_MAJORS) and MAJOR_SKIP (the
 # tests no major but 15 runs).
@@ -26,7 +26,7 @@ cd "$(dirname "$0")/.."
 what=${1:-all}
 GO=${GO:-go}
 TEST_FLAGS=${TEST_FLAGS:--race -count=1 -timeout 30m}
-JOBS=${JOBS:-4}
+JOBS=${JOBS:-3}
 : "${PG_MAJORS:?}" "${DB_PKGS:?}" "${TOOLS_DB_PKGS:?}" "${MAJOR_FAULTS:?}" "${MAJOR_SKIP:?}"
 
 logs=$(mktemp -d "${TMPDIR:-/tmp}/pg_liveness_test.XXXXXX")
