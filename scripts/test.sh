@@ -66,7 +66,7 @@ fi
 for m in $([[ $what == all ]] && echo 15) $PG_MAJORS; do
 	mm=$m
 	[[ $m == 15 ]] && mm=""
-	job "root package" . "$mm" "" .
+	job "root package" . "$mm" "$([[ -n $mm ]] && echo "-skip $MAJOR_SKIP")" .
 	job liveness . "$mm" "" ./liveness
 done
 if [[ $what == all ]]; then
