@@ -354,9 +354,13 @@ func TestLeaderLeadsAgainSoonAfterADatabaseRestart(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the agent does not lead within 30 s")
 	}
+	beatsBefore := agent.Snapshot().Heartbeat.Beats
 	if err := srv.StopMode("fast"); err != nil {
 		t.Fatal(err)
 	}
+	// The server is down: a beat counted since it began to stop landed during the
+	// shutdown, after the lock's session was ended (it ends every backend at once).
+	beatDuringStop := agent.Snapshot().Heartbeat.Beats > beatsBefore
 	time.Sleep(time.Second) // away long enough for the lock to go and the release to fail
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
@@ -366,11 +370,14 @@ func TestLeaderLeadsAgainSoonAfterADatabaseRestart(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&answeredAt); err != nil {
 		t.Fatal(err)
 	}
-	// Sometimes the leader keeps its lease across the restart instead: the lease is still
-	// its own and renewed after the restart (a renewal then puts the expiry at least a TTL
-	// past the server's answer; the last one before the stop, more than a second short of
-	// it). That too is a leader soon after the restart. Its cause is not yet understood (the lock was gone for longer than the life
-	// gate's half grace): the test logs it, and the log goes with the report.
+	// Sometimes the leader keeps its lease across the restart instead, and rightly: the
+	// beat that the lock's loss sends at once to prove life can land before the shutdown
+	// ends its backend. The row then records the lock as not held with a fresh beat, so
+	// the fleet judges the instance by its heartbeat (alive up to the stale threshold), and
+	// so does the life gate. The lease is then still its own and renewed after the restart
+	// (a renewal puts the expiry at least a TTL past the server's answer; the last one
+	// before the stop, more than a second short of it). Without such a beat the leader must
+	// step down within half the lock grace, and keeping the lease is a failure.
 	keptLeading := func() bool {
 		var held bool
 		err := pool.QueryRow(ctx, `SELECT epoch = $1 AND expires_at > $2::timestamptz + $3::interval
@@ -391,7 +398,10 @@ func TestLeaderLeadsAgainSoonAfterADatabaseRestart(t *testing.T) {
 			return
 		case <-tick.C:
 			if keptLeading() {
-				t.Logf("kept leading across the restart (epoch %d, renewed after it)\nthe agent's log:\n%s", first, logs)
+				if !beatDuringStop {
+					t.Fatalf("kept leading across the restart (epoch %d, renewed after it) although no beat proved life during the shutdown: the life gate should have ended the lease half a lock grace after the loss\nthe agent's log:\n%s", first, logs)
+				}
+				t.Logf("kept leading across the restart (epoch %d): the beat proving life landed before the shutdown ended its backend", first)
 				return
 			}
 		case <-deadline:
