@@ -18,11 +18,6 @@ import (
 // the definitive-dead cutoff's.
 func TestSourceFieldErrorsNameTheirFlag(t *testing.T) {
 	whizbang := func(arg string) []string { return []string{"--no-agent", "--source=whizbang", arg} }
-	type badValue struct {
-		field string // of the source configuration
-		args  []string
-		flag  string // the flag the line must start with
-	}
 	cases := []badValue{
 		{"SourceConfig.Kind", []string{"--source=other"}, "--source"},
 		{"SourceConfig.Schema", []string{"--no-agent", "--db.schema=pg_liveness"}, "--db.schema"},
@@ -41,26 +36,48 @@ func TestSourceFieldErrorsNameTheirFlag(t *testing.T) {
 	}
 	for _, c := range cases {
 		for _, collectors := range [][]string{nil, {"--no-collector.instances", "--no-collector.advisory_locks"}} {
-			args := append(append([]string{"--db.dsn=host=127.0.0.1 port=1", "--web.listen-address=127.0.0.1:0"}, c.args...), collectors...)
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a case that is not refused serves until then
-			var out bytes.Buffer
-			code := run(ctx, args, "", &out)
-			cancel()
-			line := strings.TrimSpace(out.String())
-			rest, _ := strings.CutPrefix(line, server.Name+": error: "+c.flag)
-			if code != exitConfig || strings.Contains(line, "\n") || rest == line || rest == "" || !strings.ContainsAny(rest[:1], " :") {
-				t.Errorf("%s %v: exit %d, want %d and one line that starts with %s:\n%s", c.field, args[2:], code, exitConfig, c.flag, line)
-			}
-			if strings.Contains(line, "Config.") {
-				t.Errorf("%s %v: the line names a library field, not a flag:\n%s", c.field, args[2:], line)
-			}
+			args := append(append([]string{"--db.dsn=host=127.0.0.1 port=1"}, c.args...), collectors...)
+			c.refused(t, args)
 		}
 	}
 	// Every source field that a flag sets has its case. NoPrefix has none: its flag sets it
 	// with Prefix, so no value of the flag makes the two disagree.
+	everyFieldHasACase(t, cases, func(field string) bool {
+		return strings.HasPrefix(field, "SourceConfig.") && field != "SourceConfig.Whizbang.NoPrefix"
+	})
+}
+
+// badValue is a flag's value that must be refused.
+type badValue struct {
+	field string // of the configuration the flag sets
+	args  []string
+	flag  string // the flag the line must start with
+}
+
+// refused runs the binary with args (and a free listen address) and checks that it exits
+// with exitConfig and one line that starts with c.flag and names no library field.
+func (c badValue) refused(t *testing.T, args []string) {
+	t.Helper()
+	args = append([]string{"--web.listen-address=127.0.0.1:0"}, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a case that is not refused serves until then
+	var out bytes.Buffer
+	code := run(ctx, args, "", &out)
+	cancel()
+	line := strings.TrimSpace(out.String())
+	rest, _ := strings.CutPrefix(line, server.Name+": error: "+c.flag)
+	if code != exitConfig || strings.Contains(line, "\n") || rest == line || rest == "" || !strings.ContainsAny(rest[:1], " :") {
+		t.Errorf("%s %v: exit %d, want %d and one line that starts with %s:\n%s", c.field, args[1:], code, exitConfig, c.flag, line)
+	}
+	if strings.Contains(line, "Config.") || strings.Contains(line, "Options.") {
+		t.Errorf("%s %v: the line names a library field, not a flag:\n%s", c.field, args[1:], line)
+	}
+}
+
+// everyFieldHasACase checks that every field a flag sets, of those checked, has a case.
+func everyFieldHasACase(t *testing.T, cases []badValue, checked func(field string) bool) {
+	t.Helper()
 	for field, flag := range cli.FieldFlags() {
-		if strings.HasPrefix(field, "SourceConfig.") && field != "SourceConfig.Whizbang.NoPrefix" &&
-			!slices.ContainsFunc(cases, func(c badValue) bool { return c.field == field }) {
+		if checked(field) && !slices.ContainsFunc(cases, func(c badValue) bool { return c.field == field }) {
 			t.Errorf("no case for %s (%s)", field, flag)
 		}
 	}
@@ -76,11 +93,6 @@ func TestCollectorAndProbeFieldErrorsNameTheirFlag(t *testing.T) {
 		return append([]string{"--no-agent", "--config.file=" + targetsFile}, args...)
 	}
 	main := func(args ...string) []string { return append([]string{"--db.dsn=host=127.0.0.1 port=1"}, args...) }
-	type badValue struct {
-		field string // of collector.Config or targets.Options
-		args  []string
-		flag  string // the flag the line must start with
-	}
 	cases := []badValue{
 		{"Config.ScrapeTimeoutOffset", main("--scrape.timeout-offset=-1s"), "--scrape.timeout-offset"},
 		{"Config.ScrapeDefaultTimeout", main("--scrape.default-timeout=0s"), "--scrape.default-timeout"},
@@ -99,25 +111,10 @@ func TestCollectorAndProbeFieldErrorsNameTheirFlag(t *testing.T) {
 		{"Options.ConnectTimeout", probe("--db.connect-timeout=0s"), "--db.connect-timeout"},
 	}
 	for _, c := range cases {
-		args := append([]string{"--web.listen-address=127.0.0.1:0"}, c.args...)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a case that is not refused serves until then
-		var out bytes.Buffer
-		code := run(ctx, args, "", &out)
-		cancel()
-		line := strings.TrimSpace(out.String())
-		rest, _ := strings.CutPrefix(line, server.Name+": error: "+c.flag)
-		if code != exitConfig || strings.Contains(line, "\n") || rest == line || rest == "" || !strings.ContainsAny(rest[:1], " :") {
-			t.Errorf("%s %v: exit %d, want %d and one line that starts with %s:\n%s", c.field, args[1:], code, exitConfig, c.flag, line)
-		}
-		if strings.Contains(line, "Config.") || strings.Contains(line, "Options.") {
-			t.Errorf("%s %v: the line names a field, not a flag:\n%s", c.field, args[1:], line)
-		}
+		c.refused(t, c.args)
 	}
 	// Every such field that a flag sets has its case; a collector's switch has no check.
-	for field, flag := range cli.FieldFlags() {
-		if (strings.HasPrefix(field, "Config.") && !strings.HasSuffix(field, ".Enabled") || strings.HasPrefix(field, "Options.")) &&
-			!slices.ContainsFunc(cases, func(c badValue) bool { return c.field == field }) {
-			t.Errorf("no case for %s (%s)", field, flag)
-		}
-	}
+	everyFieldHasACase(t, cases, func(field string) bool {
+		return strings.HasPrefix(field, "Config.") && !strings.HasSuffix(field, ".Enabled") || strings.HasPrefix(field, "Options.")
+	})
 }
