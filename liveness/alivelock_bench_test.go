@@ -1,12 +1,10 @@
 package liveness_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
@@ -21,13 +19,7 @@ import (
 // medians, the ratio, and the database time a second of one leading agent.
 func BenchmarkAliveLockVerify(b *testing.B) {
 	data := benchdata.BuildScale(b, watcherScale)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, data.DSN)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	ctx, conn := data.Conn(b, 20*time.Minute)
 	id := uuid.New()
 	pid := int64(conn.PgConn().PID())
 	var backend int64

@@ -35,13 +35,7 @@ func BenchmarkLeaseAcquireRefused(b *testing.B) {
 
 func benchmarkLeaseAcquireRefused(b *testing.B, watched bool) {
 	data := benchdata.BuildScale(b, watcherScale)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, data.DSN)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	ctx, conn := data.Conn(b, 20*time.Minute)
 	// Two instances of the fleet that hold their alive locks, their heartbeats fresh: the
 	// holder and the acquirer.
 	var holder, acquirer uuid.UUID

@@ -151,3 +151,17 @@ func BuildScale(b testing.TB, sc Scale) Data {
 		time.Since(start).Round(time.Millisecond), sc.Instances, sc.Leases, held, sc.Backends, entries)
 	return Data{Scale: sc, DSN: db.DSN, Server: srv}
 }
+
+// Conn connects to the data set's database for a benchmark's statements, under a context
+// that ends after timeout; both end with the benchmark.
+func (d Data) Conn(b testing.TB, timeout time.Duration) (context.Context, *pgx.Conn) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	b.Cleanup(cancel)
+	conn, err := pgx.Connect(ctx, d.DSN)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return ctx, conn
+}
