@@ -98,35 +98,7 @@ func TestFenceDeadlineRefusesALeadersWriteHeldBackPastItsStepDown(t *testing.T) 
 	writes := pgtest.Pool(t, writesNet.dsn(), 2)
 
 	ctx := testutil.Context(t, time.Minute)
-	campaign, stopCampaign := context.WithCancel(ctx)
-	defer stopCampaign()
-	leading := make(chan liveness.Leadership, 1)
-	told := make(chan error, 1)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer stopCampaign()
-	wg.Go(func() {
-		_ = agent.Elect(campaign, liveness.ElectorConfig{Lease: "job", TTL: 30 * time.Second,
-			OnStartedLeading: func(lctx context.Context, self liveness.Leadership) {
-				select {
-				case leading <- self:
-				default:
-				}
-				<-lctx.Done()
-			},
-			OnStoppedLeading: func(reason error) {
-				select {
-				case told <- reason:
-				default:
-				}
-			}})
-	})
-	var self liveness.Leadership
-	select {
-	case self = <-leading:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the agent did not lead within 20s")
-	}
+	self, told := lead(t, ctx, agent, "job")
 	// The fence lets the leader's writes through while it leads.
 	if tag, err := writes.Exec(ctx, guardedInsert, self.Epoch, self.FenceDeadline()); err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("the leader's fenced insert, before any fault: %v rows, %v", tag.RowsAffected(), err)

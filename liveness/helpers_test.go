@@ -65,6 +65,21 @@ func newTestLeases(t *testing.T, pool *pgxpool.Pool) *liveness.Leases {
 }
 
 // mustAcquire takes a lease that must be free and releases it when the test ends.
+// fencedTx begins a transaction on pool that le fences; it is rolled back when the test
+// ends, unless committed before.
+func fencedTx(t *testing.T, ctx context.Context, pool *pgxpool.Pool, le *liveness.Lease) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if err := le.Fence(ctx, tx); err != nil {
+		t.Fatalf("Fence: %v", err)
+	}
+	return tx
+}
+
 func mustAcquire(t *testing.T, ctx context.Context, l *liveness.Leases, name string, ttl time.Duration) *liveness.Lease {
 	t.Helper()
 	le, err := l.TryAcquire(ctx, name, ttl)

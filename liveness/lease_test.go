@@ -951,14 +951,7 @@ func TestLeaseFence(t *testing.T) {
 	}
 	// A fenced transaction stays open: its row lock holds back the renewals, so the
 	// lease expires by the database clock, and the takeover waits for the transaction.
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	if err := old.Fence(ctx, tx); err != nil {
-		t.Fatalf("Fence: %v", err)
-	}
+	tx := fencedTx(t, ctx, pool, old)
 	// This transaction idles on purpose longer than the lease's ttl, past which the fence
 	// would have the server end its session (see TestFencedTransactionOfAHungHolder).
 	if _, err := tx.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = 0`); err != nil {
@@ -1021,7 +1014,7 @@ func TestLeaseFence(t *testing.T) {
 	// The row changes under a holder that has not noticed yet: Fence finds out, and ends
 	// the lease at once rather than at its next renewal.
 	db.Exec(t, `UPDATE liveness.leases SET epoch = nextval('liveness.lease_epoch_seq') WHERE name = 'job'`)
-	err = write(next)
+	err := write(next)
 	var lost *liveness.LeaseLostError
 	if !errors.As(err, &lost) || lost.Reason != liveness.LostTaken || lost.Epoch != next.Epoch {
 		t.Fatalf("fenced write under a changed row = %v; want a *LeaseLostError (taken) for epoch %d", err, next.Epoch)
@@ -1064,14 +1057,7 @@ func TestFencedTransactionOfAHungHolder(t *testing.T) {
 	db.Exec(t, `CREATE TABLE ledger (id bigserial PRIMARY KEY, epoch bigint NOT NULL)`)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
 	old := mustAcquire(t, ctx, a, "job", 2*time.Second)
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	if err := old.Fence(ctx, tx); err != nil {
-		t.Fatalf("Fence: %v", err)
-	}
+	tx := fencedTx(t, ctx, pool, old)
 	if _, err := tx.Exec(ctx, `INSERT INTO ledger (epoch) VALUES ($1)`, old.Epoch); err != nil {
 		t.Fatal(err)
 	}
