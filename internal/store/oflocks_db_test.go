@@ -20,7 +20,13 @@ import (
 // as an observer of the server reads them for it.
 func exclusiveKeys(t *testing.T, ctx context.Context, q testdb.Querier) (classids, objids []uint32, pids []int32) {
 	t.Helper()
-	rows, err := q.Query(ctx, `SELECT classid, objid, pid FROM liveness.bigint_advisory_locks WHERE granted AND mode = 'ExclusiveLock'`)
+	return lockKeys(t, ctx, q, `SELECT classid, objid, pid FROM liveness.bigint_advisory_locks WHERE granted AND mode = 'ExclusiveLock'`)
+}
+
+// lockKeys reads the (classid, objid, pid) rows of query.
+func lockKeys(t *testing.T, ctx context.Context, q testdb.Querier, query string) (classids, objids []uint32, pids []int32) {
+	t.Helper()
+	rows, err := q.Query(ctx, query)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,22 +192,10 @@ func TestWhizbangVerdictOfGivenLocksIsTheVerdict(t *testing.T) {
 		t.Fatal("whizbang claim failed")
 	}
 	src := wb.Reads(t)
-	classids, objids, pids := []uint32{}, []uint32{}, []int32{}
-	rows, err := wb.Observer.Query(ctx, `SELECT classid, objid, pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+	classids, objids, pids := lockKeys(t, ctx, wb.Observer, `SELECT classid, objid, pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted
 	    AND mode = 'ExclusiveLock' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var c, o uint32
-		var p int32
-		if err := rows.Scan(&c, &o, &p); err != nil {
-			t.Fatal(err)
-		}
-		classids, objids, pids = append(classids, c), append(objids, o), append(pids, p)
-	}
-	if rows.Err() != nil || len(classids) != 4 {
-		t.Fatalf("%d exclusive locks read (%v), want 4", len(classids), rows.Err())
+	if len(classids) != 4 {
+		t.Fatalf("%d exclusive locks read, want 4", len(classids))
 	}
 	counts := func(q store.Query, args ...any) []store.InstancesRow {
 		rows, err := wb.Observer.Query(ctx, q.SQL, q.Args(args...)...)
