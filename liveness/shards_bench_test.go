@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -21,7 +22,11 @@ import (
 // a second while it owns anything, on its own session) are not the pool's and are the
 // same at any number of shards.
 func BenchmarkShardMemberStatements(b *testing.B) {
-	for _, shards := range []int{64, 1024} {
+	counts := []int{64, 1024}
+	if benchdata.Small() {
+		counts = []int{16}
+	}
+	for _, shards := range counts {
 		b.Run(fmt.Sprintf("shards=%d", shards), func(b *testing.B) {
 			for range b.N {
 				benchmarkShardMember(b, shards)
@@ -31,6 +36,10 @@ func BenchmarkShardMemberStatements(b *testing.B) {
 }
 
 func benchmarkShardMember(b *testing.B, shards int) {
+	quiet, measured := 5*time.Second, 15*time.Second
+	if benchdata.Small() {
+		quiet, measured = time.Second, time.Second
+	}
 	db, _ := testdb.MigratedPool(b, 2)
 	own := &ownership{owner: map[string]uuid.UUID{}}
 	counters := make([]*statementCounter, 4)
@@ -72,17 +81,16 @@ func benchmarkShardMember(b *testing.B, shards int) {
 		return n
 	}
 	last, quietSince := tries(), time.Now()
-	testutil.Eventually(b, 5*time.Minute, "no shard tried for 5 s", func() bool {
+	testutil.Eventually(b, 5*time.Minute, "no shard tried for a while", func() bool {
 		if n := tries(); n != last {
 			last, quietSince = n, time.Now()
 		}
-		return time.Since(quietSince) >= 5*time.Second
+		return time.Since(quietSince) >= quiet
 	})
 	before := make([]map[string]int, len(counters))
 	for i, c := range counters {
 		before[i] = c.snapshot()
 	}
-	const measured = 15 * time.Second
 	time.Sleep(measured)
 	total, byTag := 0.0, map[string]float64{}
 	for i, c := range counters {

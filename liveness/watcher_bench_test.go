@@ -34,8 +34,8 @@ func BenchmarkWatcherTick(b *testing.B) {
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'`).Scan(&locks); err != nil {
 		b.Fatal(err)
 	}
-	if locks < watcherScale.Instances {
-		b.Fatalf("%d advisory locks, want the fleet's %d alive locks at least", locks, watcherScale.Instances)
+	if locks < data.Instances {
+		b.Fatalf("%d advisory locks, want the fleet's %d alive locks at least", locks, data.Instances)
 	}
 	run := func(sql string, args ...any) time.Duration {
 		t0 := time.Now()

@@ -74,6 +74,10 @@ if [[ $what == all ]]; then
 	job "root: other packages" . "" "" "$(tested . . ./liveness)"
 	job "tools: other packages" tools "" "" "$(tested tools ./soak ./faults)"
 	job deploy deploy "" "" ./...
+	# Every benchmark of the library and the collectors once, at a small scale (-short):
+	# their numbers mean nothing here, but their checks run, so that a benchmark behind the
+	# docs' numbers cannot break unseen (one did: BenchmarkWatcherTick).
+	job "benchmarks, small, once" . "" "-short -run ^$ -bench . -benchtime=1x" "./liveness ./collector"
 fi
 for m in $PG_MAJORS; do
 	job "tools: faults (server-facing)" tools "$m" "-run $MAJOR_FAULTS" ./faults/
