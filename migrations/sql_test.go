@@ -479,10 +479,11 @@ func TestRefusedTriesJudgeFromStampsWhileWatched(t *testing.T) {
 	if alive, wrote := aliveWrote(gone); !alive || wrote || stamps(gone) != 0 {
 		t.Fatalf("while watched: alive %v, wrote %v, %d stamps; want alive from the row, nothing written", alive, wrote, stamps(gone))
 	}
-	// The stamp is what the answer rests on: one past the grace is dead, even though the
-	// instance holds its lock (the next tick clears it: see below).
-	db.Exec(t, `INSERT INTO liveness.alive_lock_absences (instance_id, missing_since, server_started_at)
-		VALUES ($1, now() - interval '5 seconds', pg_postmaster_start_time())`, held)
+	// The stamp is what the answer rests on: one of the present claim past the grace is
+	// dead, even though the instance holds its lock (the next tick clears it: see below).
+	db.Exec(t, `INSERT INTO liveness.alive_lock_absences (instance_id, missing_since, server_started_at, lock_pid)
+		SELECT instance_id, now() - interval '5 seconds', pg_postmaster_start_time(), lock_pid
+		  FROM liveness.instances WHERE instance_id = $1`, held)
 	if alive, _ := aliveWrote(held); alive {
 		t.Fatal("while watched, an instance with a stamp past its grace is alive: the stamp was not read")
 	}
@@ -510,6 +511,112 @@ func TestRefusedTriesJudgeFromStampsWhileWatched(t *testing.T) {
 	if alive, wrote := aliveWrote(gone); !alive || !wrote || stamps(gone) != 1 {
 		t.Fatalf("with the watcher stale: alive %v, wrote %v, %d stamps; want the full verdict's stamp", alive, wrote, stamps(gone))
 	}
+}
+
+// TestStampOfAnEarlierClaimDoesNotCount: a stamp says that the session that claimed an
+// instance's alive lock no longer holds it. After a server restart (or the end of its
+// lock session) the instance claims its lock again from a new session; a stamp taken
+// before that claim, or by a look that ran during it (pg_locks shows the new lock the
+// moment it is taken, while the claim's update of the row's claimant is not committed),
+// is about the old session, and stays until the next look at the locks. Looks come with
+// the watcher's ticks, which come late on a server slowed down by a fleet reconnecting
+// at once, while its record counts as fresh for five seconds (migration 0014). Such a
+// stamp was the answer: one lock grace after it, refused tries called the instance dead
+// and ticks told its followers that its leases were free, while it held its lock,
+// counted itself alive and kept leading (the two-hour soak saw two processes in one
+// lease's job, 65–375 ms, after restarts). A stamp counts only for the claim it was
+// taken under (migration 0016).
+func TestStampOfAnEarlierClaimDoesNotCount(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 4)
+	id := uuid.New()
+	// A lock grace of 100 ms: a stamp goes past it without a long wait.
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, holds_alive_lock, lock_grace)
+		VALUES ($1, 'svc', true, interval '100 milliseconds')`, id)
+	ctx := testutil.Context(t, 60*time.Second)
+	tick := func() {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `SELECT liveness.watch_alive_locks(NULL)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stampedFor := func() *int32 {
+		t.Helper()
+		var pid *int32
+		if err := pool.QueryRow(ctx, `SELECT max(lock_pid) FROM liveness.alive_lock_absences WHERE instance_id = $1`, id).Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	first := db.Conn(t)
+	if !queryBool(t, first, `SELECT liveness.claim_instance_alive_lock($1)`, id) {
+		t.Fatal("the first claim failed")
+	}
+	// The first session ends (a restart ends them all), and its lock with it.
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "the first session's lock is gone", func() bool {
+		return !queryBool(t, pool, `SELECT liveness.alive_lock_held($1)`, id)
+	})
+	// The claim again, from a new session, held open between its lock and its commit
+	// while the watcher looks.
+	again := db.Conn(t)
+	claim, err := again.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !queryBool(t, claim, `SELECT liveness.claim_instance_alive_lock($1)`, id) {
+		t.Fatal("the second claim failed")
+	}
+	tick()
+	if err := claim.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if stampedFor() == nil {
+		t.Fatal("test setup: the look during the claim stamped nothing")
+	}
+	if !queryBool(t, pool, `SELECT liveness.alive_lock_held($1)`, id) {
+		t.Fatal("test setup: the lock is not held by its claimant")
+	}
+	// No look comes before the stamp is past the lock grace; the watcher's record is
+	// still fresh, so refused tries answer from the rows and stamps.
+	time.Sleep(300 * time.Millisecond)
+	if !queryBool(t, pool, `SELECT liveness.alive_lock_watch_is_fresh()`) {
+		t.Fatal("test setup: the watcher's record is not fresh")
+	}
+	if !queryBool(t, pool, `SELECT liveness.is_instance_alive($1)`, id) {
+		t.Fatal("an instance that holds its lock is dead by a stamp taken under its earlier claim")
+	}
+	var alive bool
+	if err := pool.QueryRow(ctx, `SELECT alive FROM liveness.instance_state_verdicts(p_instance_id => $1)`, id).Scan(&alive); err != nil {
+		t.Fatal(err)
+	}
+	if !alive {
+		t.Fatal("the full verdict calls the instance that holds its lock dead")
+	}
+	// Its lock vanishes again: the earlier claim's stamp must not hide the new absence,
+	// nor date it. The next look stamps it for the new claim, and one lock grace later
+	// the instance is dead.
+	var pid int32
+	if err := again.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "the second session's lock is gone", func() bool {
+		return !queryBool(t, pool, `SELECT liveness.alive_lock_held($1)`, id)
+	})
+	if !queryBool(t, pool, `SELECT liveness.is_instance_alive($1)`, id) {
+		t.Fatal("an absence not looked at yet is dated by the earlier claim's stamp: dead at once")
+	}
+	tick()
+	if got := stampedFor(); got == nil || *got != pid {
+		t.Fatalf("after a look, the stamp is for claimant %v; want %d", got, pid)
+	}
+	testutil.Eventually(t, 10*time.Second, "the instance is dead once its lock is gone past its grace", func() bool {
+		return !queryBool(t, pool, `SELECT liveness.is_instance_alive($1)`, id)
+	})
 }
 
 // TestLeaseEventsTakenAndExpired: taking a lease notifies taken:<name> (a renewal does

@@ -1,4 +1,4 @@
--- The schema as it stands after the last migration, 0015_lease_writes_by_holder: every table, sequence,
+-- The schema as it stands after the last migration, 0016_stamps_of_one_claim: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (internal/store/schema/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
@@ -18,6 +18,7 @@ CREATE TABLE liveness.alive_lock_absences (
     instance_id uuid NOT NULL,
     missing_since timestamp with time zone NOT NULL,
     server_started_at timestamp with time zone NOT NULL,
+    lock_pid integer,
     CONSTRAINT alive_lock_absences_pkey PRIMARY KEY (instance_id)
 );
 
@@ -217,7 +218,9 @@ CREATE OR REPLACE FUNCTION liveness.current_alive_lock_absences()
  STABLE SECURITY DEFINER ROWS 10
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
-    SELECT a.instance_id, a.missing_since FROM alive_lock_absences a
+    SELECT a.instance_id, a.missing_since
+      FROM alive_lock_absences a
+      JOIN instances i ON i.instance_id = a.instance_id AND i.lock_pid IS NOT DISTINCT FROM a.lock_pid
      WHERE a.server_started_at = pg_catalog.pg_postmaster_start_time()
 $function$
 ;
@@ -462,6 +465,7 @@ AS $function$
       FROM instances i
       LEFT JOIN alive_lock_absences a
              ON a.instance_id = i.instance_id AND a.server_started_at = pg_catalog.pg_postmaster_start_time()
+            AND a.lock_pid IS NOT DISTINCT FROM i.lock_pid
      WHERE i.instance_id = p_instance_id
 $function$
 ;
@@ -747,7 +751,7 @@ BEGIN
         RETURN NULL;
     END IF;
     WITH missing AS MATERIALIZED (
-        SELECT i.instance_id
+        SELECT i.instance_id, i.lock_pid
           FROM instances i
           LEFT JOIN (SELECT DISTINCT l.classid, l.objid, l.pid FROM bigint_advisory_locks l WHERE l.granted) k
                  ON k.classid = i.lock_classid AND k.objid = i.lock_objid
@@ -755,12 +759,14 @@ BEGIN
          WHERE i.holds_alive_lock AND k.classid IS NULL
            AND (p_instance_id IS NULL OR i.instance_id = p_instance_id)),
     stamped AS (
-        INSERT INTO alive_lock_absences AS a (instance_id, missing_since, server_started_at)
-        SELECT m.instance_id, v_now, v_started FROM missing m
+        INSERT INTO alive_lock_absences AS a (instance_id, missing_since, server_started_at, lock_pid)
+        SELECT m.instance_id, v_now, v_started, m.lock_pid FROM missing m
          WHERE NOT EXISTS (SELECT 1 FROM alive_lock_absences k
-                            WHERE k.instance_id = m.instance_id AND k.server_started_at = v_started)
+                            WHERE k.instance_id = m.instance_id AND k.server_started_at = v_started
+                              AND k.lock_pid IS NOT DISTINCT FROM m.lock_pid)
         ON CONFLICT ON CONSTRAINT alive_lock_absences_pkey DO UPDATE
-           SET missing_since = excluded.missing_since, server_started_at = excluded.server_started_at
+           SET missing_since = excluded.missing_since, server_started_at = excluded.server_started_at,
+               lock_pid = excluded.lock_pid
         RETURNING 1),
     cleared AS (
         DELETE FROM alive_lock_absences a
