@@ -10,8 +10,10 @@
 -- threshold, definitive-dead cutoff and lock grace in seconds (NULL when not configured);
 -- $13 the backend pid of the session that holds the alive lock (0 when none does): only
 -- that session's lock counts for the instance (migration 0012). The claim records it on
--- the row too; a beat that says the lock is held writes it again, one that says it is
--- not leaves it (0 for a row an older binary wrote).
+-- the row; a beat writes it only on a row that records none yet (the claim ran before the
+-- row existed), never over a claim's: a beat read the lock's state before it was sent,
+-- and one sent before the lock was lost and claimed again from a new session can land
+-- after that claim, which would make the new session's lock a stranger's.
 -- Returns the beat's time and whether the row had to be inserted, which after the first
 -- beat means that it was removed as dead in between.
 INSERT INTO {schema}.instances AS i
@@ -35,7 +37,8 @@ ON CONFLICT (instance_id) DO UPDATE
        stale_threshold = excluded.stale_threshold,
        definitive_dead_cutoff = excluded.definitive_dead_cutoff,
        lock_grace = excluded.lock_grace,
-       lock_pid = CASE WHEN excluded.holds_alive_lock THEN excluded.lock_pid ELSE coalesce(i.lock_pid, 0) END
+       lock_pid = CASE WHEN excluded.holds_alive_lock AND coalesce(i.lock_pid, 0) = 0 THEN excluded.lock_pid
+                       ELSE coalesce(i.lock_pid, 0) END
 RETURNING i.last_heartbeat_at, i.xmax = 0
 
 -- name: heartbeat_delete
