@@ -723,7 +723,11 @@ func (m *model) checkTwoLeaders() Result {
 		}
 		r.Cases++
 		if e.Name == TwoLeadersAlert && e.State == "firing" {
-			r.Violations = append(r.Violations, fmt.Sprintf("%s firing at %s", TwoLeadersAlert, ts(e.T)))
+			v := fmt.Sprintf("%s firing at %s", TwoLeadersAlert, ts(e.T))
+			if e.Note != "" {
+				v += " (" + e.Note + ")"
+			}
+			r.Violations = append(r.Violations, v)
 		}
 	}
 	var alerts []string

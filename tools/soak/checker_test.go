@@ -197,7 +197,7 @@ func TestEachCheckFailsOnADoctoredHistory(t *testing.T) {
 			return remove(ev, func(e Event) bool { return e.Kind == EvVerdict && e.Inst == "i4" && e.Source == SrcLock })
 		}},
 		{"the two-leaders alert fires", CheckTwoLeaders, func(ev []Event) []Event {
-			return append(ev, Event{T: at(120), Kind: EvAlert, Name: TwoLeadersAlert, State: "firing"})
+			return append(ev, Event{T: at(120), Kind: EvAlert, Name: TwoLeadersAlert, State: "firing", Note: "lease=L value=2"})
 		}},
 		{"an agent exits on its own", CheckNoExit, func(ev []Event) []Event {
 			return append(ev, Event{T: at(150), Kind: EvExit, Proc: "p3", Inst: "i3", Note: "exit status 1"})

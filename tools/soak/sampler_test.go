@@ -3,7 +3,9 @@ package soak
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -151,20 +153,37 @@ func sampleResources(ctx context.Context, url, dsn, app string, h *History) {
 }
 
 // sampleAlerts records each alert's state in Prometheus (the most severe of its series:
-// firing, pending or inactive) whenever it changes.
+// firing, pending or inactive) whenever it changes. A firing two-leaders alert also
+// records its series (the lease, and the value: a count of processes, or the lowest
+// epoch a process reports), so that the history says which lease it was about.
 func sampleAlerts(ctx context.Context, promAddr string, c *changes) {
 	client := &http.Client{Timeout: 2 * time.Second}
 	seen := map[string]bool{TwoLeadersAlert: true}
 	wait.Every(ctx, time.Second, func() {
-		state, err := sampler.Alerts(ctx, client, promAddr)
+		alerts, err := sampler.ActiveAlerts(ctx, client, promAddr)
 		if err != nil {
 			return
 		}
-		for name := range state {
+		rank := map[string]int{"pending": 1, "firing": 2}
+		state := map[string]string{}
+		var series []string
+		for _, a := range alerts {
+			name := a.Labels["alertname"]
 			seen[name] = true
+			if rank[a.State] > rank[state[name]] {
+				state[name] = a.State
+			}
+			if name == TwoLeadersAlert && a.State == "firing" {
+				series = append(series, fmt.Sprintf("lease=%s value=%s", a.Labels["lease"], a.Value))
+			}
 		}
+		sort.Strings(series)
 		for name := range seen {
-			c.see("alert/"+name, state[name], Event{Kind: EvAlert, Name: name, State: state[name]})
+			e := Event{Kind: EvAlert, Name: name, State: state[name]}
+			if name == TwoLeadersAlert {
+				e.Note = strings.Join(series, "; ")
+			}
+			c.see("alert/"+name, state[name], e)
 		}
 	})
 }

@@ -306,6 +306,7 @@ func (e Exposition) State(service string) (string, error) {
 type Alert struct {
 	Labels map[string]string `json:"labels"`
 	State  string            `json:"state"` // "pending" or "firing"
+	Value  string            `json:"value"` // the expression's value when it was last evaluated
 }
 
 // ActiveAlerts reads Prometheus' active alerts, a series each (GET /api/v1/alerts on
