@@ -164,15 +164,11 @@ func sampleAlerts(ctx context.Context, promAddr string, c *changes) {
 		if err != nil {
 			return
 		}
-		rank := map[string]int{"pending": 1, "firing": 2}
-		state := map[string]string{}
+		state := sampler.AlertStates(alerts)
 		var series []string
 		for _, a := range alerts {
 			name := a.Labels["alertname"]
 			seen[name] = true
-			if rank[a.State] > rank[state[name]] {
-				state[name] = a.State
-			}
 			if name == TwoLeadersAlert && a.State == "firing" {
 				series = append(series, fmt.Sprintf("lease=%s value=%s", a.Labels["lease"], a.Value))
 			}

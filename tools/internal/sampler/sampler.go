@@ -343,6 +343,11 @@ func Alerts(ctx context.Context, client *http.Client, addr string) (map[string]s
 	if err != nil {
 		return nil, err
 	}
+	return AlertStates(alerts), nil
+}
+
+// AlertStates is each alert's most severe state among its series (firing over pending).
+func AlertStates(alerts []Alert) map[string]string {
 	rank := map[string]int{"pending": 1, "firing": 2}
 	state := map[string]string{}
 	for _, a := range alerts {
@@ -351,5 +356,5 @@ func Alerts(ctx context.Context, client *http.Client, addr string) (map[string]s
 			state[name] = a.State
 		}
 	}
-	return state, nil
+	return state
 }
