@@ -144,8 +144,8 @@ bench:
 # agents (FLEET_SIZES, FLEET_NODES: the node agents of each run, 0 for none;
 # FLEET_WARMUP, FLEET_MEASURE; FLEET_POOL, each agent's pool if smaller than 4):
 # docs/performance.md, "Fleet scale". About 25 minutes. Run it on an otherwise idle
-# machine. Every agent runs in one process; beyond 1,000 agents the run stalls on a 2-core
-# machine with `ulimit -n` 20,000, for a reason not yet found (see "Fleet scale").
+# machine. Above 1,000 agents they run in processes of their own, one per 1,000
+# (FLEET_PROCESSES), so that their connections fit each process's open-files limit.
 FLEET_SIZES ?= 100,1000,100,1000,5000
 FLEET_NODES ?= 0,0,50,50,50
 bench-fleet:

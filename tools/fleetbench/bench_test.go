@@ -18,7 +18,7 @@ import (
 )
 
 // TestBenchFleet is make bench-fleet: the fleet at each size of FLEET_SIZES (100 and
-// 1,000 by default), each on a fresh server, after a 40 s warm-up, 60 s measured (FLEET_WARMUP,
+// 1,000 by default; FLEET_NODES the node agents of each), each on a fresh server, after a 40 s warm-up, 60 s measured (FLEET_WARMUP,
 // FLEET_MEASURE), with a 20 s idle baseline of the lookup. It prints a markdown table and,
 // with FLEET_PLOT set, writes an SVG of the server's CPU per agent against the fleet's size
 // to that file.
@@ -50,9 +50,12 @@ func TestBenchFleet(t *testing.T) {
 			nodes[i] = n
 		}
 	}
-	// Each agent's pool connections to PgBouncer, and its connection to its node agent
-	// (both ends in this process), are open files, within this process's limit (Go
-	// raises the soft one to the hard one at start).
+	// Each agent's pool connections to PgBouncer are open files of PgBouncer's, one
+	// process, within the open-files limit (the hard one: PgBouncer raises its soft limit
+	// to it, as Go does). They, and an agent's connection to its node agent (both ends in
+	// the process of agents), are open files of its process too: above 1,000 agents they
+	// run in processes of their own (FLEET_PROCESSES: how many; one per 1,000 agents by
+	// default), so that the pools are what the limit bounds.
 	var files syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &files); err != nil {
 		t.Fatal(err)
@@ -63,10 +66,19 @@ func TestBenchFleet(t *testing.T) {
 		t.Run(fmt.Sprintf("%d-agents-%d-nodes", n, nodes[i]), func(t *testing.T) {
 			cfg := startServer(t, n)
 			cfg.Nodes = nodes[i]
+			cfg.Processes = (n + 999) / 1000
+			if s := os.Getenv("FLEET_PROCESSES"); s != "" {
+				p, err := strconv.Atoi(s)
+				if err != nil || p < 1 || p > n {
+					t.Fatalf("FLEET_PROCESSES: %q is not a number of processes from 1 to %d (the agents)", s, n)
+				}
+				cfg.Processes = p
+			}
 			// Thousands of agents: their pools get what the open-files limit leaves them
-			// (each agent attached to a node agent takes two files for that), at most 4.
+			// (each agent attached to a node agent takes two files of its process for
+			// that), at most 4.
 			perAgent := (int(files.Cur) - 2000) / n
-			if cfg.Nodes > 0 {
+			if cfg.Nodes > 0 && cfg.Processes == 1 {
 				perAgent -= 2
 			}
 			if perAgent < 1 {
@@ -80,7 +92,7 @@ func TestBenchFleet(t *testing.T) {
 				}
 				cfg.PoolMaxConns = int32(p)
 			}
-			t.Logf("each agent's pool: at most %d connections", cfg.PoolMaxConns)
+			t.Logf("each agent's pool: at most %d connections; the agents in %d processes", cfg.PoolMaxConns, cfg.Processes)
 			cfg.Idle, cfg.Warmup, cfg.Measure = 20*time.Second, warmup, measure
 			cfg.VictimLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			if path := os.Getenv("FLEET_LOG"); path != "" { // every agent's warnings

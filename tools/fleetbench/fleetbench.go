@@ -4,13 +4,16 @@
 // Agent.Elect for a few jobs), beside an application's primary-key lookup. It reports the
 // server's CPU (read from /proc for the postmaster and its children, so the server must
 // run on this host), statements a second (pg_stat_statements), backends, listening
-// sessions, the lookup's latency (from a process of its own, see ServeLookup) against the
+// sessions, the lookup's latency (from a process of its own, see Serve) against the
 // same lookup with no fleet, and one victim's
 // crash → dead and crash → takeover.
 //
 // The victim is an agent like the others whose connections run through relays on
 // 127.0.0.1; its crash cuts them, as a kill -9 would: PostgreSQL ends its sessions at once
 // and nothing it tries later reaches the server.
+//
+// The agents run in this process, or spread over processes of their own (Config.Processes),
+// so that thousands of them fit within one process's open-files limit.
 //
 // make bench-fleet runs it at 100 and 1,000 agents (TestBenchFleet); make test runs it at
 // a small scale (TestFleetBenchSmall), so that it cannot rot.
@@ -58,6 +61,12 @@ type Config struct {
 	// the listening are then the node agents' sessions, one per node.
 	Nodes int
 	Jobs  []string // the leases every agent campaigns for; three if empty
+	// Processes, when above 1, runs the agents and the node agents in that many processes
+	// of their own (this test binary started again, see Serve): each process holds its
+	// share of the agents' connections, within its own open-files limit. Node agent n and
+	// the agents attached to it share process n % Processes, as a node's processes share a
+	// host. The victim, the lookup and the measuring stay here.
+	Processes int
 	// Idle is how long the lookup runs before the fleet starts (its baseline), Warmup
 	// how long the fleet runs before it is measured, Measure how long it is measured.
 	Idle, Warmup, Measure time.Duration
@@ -150,18 +159,20 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	res.LookupIdle = look.latency()
 
-	f := &fleet{cfg: cfg}
-	defer f.stop()
-	if err := f.startNodes(ctx); err != nil {
+	f, err := newFleet(cfg, "")
+	if err != nil {
 		return res, err
 	}
-	for i := range cfg.Agents {
-		if err := f.startAgent(ctx, fmt.Sprintf("bench-%d", i%10), cfg.PoolDSN, cfg.DirectDSN, f.socket(i)); err != nil {
+	defer f.stop()
+	var remote *workers
+	if cfg.Processes > 1 {
+		remote, err = startWorkers(ctx, f)
+		if err != nil {
 			return res, err
 		}
-		if (i+1)%cfg.StartRate == 0 && !wait.Sleep(ctx, time.Second) {
-			return res, ctx.Err()
-		}
+		defer remote.stop()
+	} else if err := f.startShare(ctx, allIndexes(cfg.Nodes), allIndexes(cfg.Agents), cfg.StartRate); err != nil {
+		return res, err
 	}
 	// The victim starts once the fleet has, so that it leads victimLease before anyone
 	// else campaigns for it; then every agent follows that lease too.
@@ -175,6 +186,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	for _, ag := range f.list() {
 		if ag != victim {
 			ag.campaign(f, victimLease)
+		}
+	}
+	if remote != nil {
+		if err := remote.follow(); err != nil {
+			return res, err
 		}
 	}
 	if !wait.Sleep(ctx, cfg.Warmup/2) {
@@ -221,6 +237,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	res.LocksHeld-- // the victim's
 
+	if remote != nil {
+		if err := remote.err(); err != nil { // a process whose agents ended early measured less than its share
+			return res, err
+		}
+	}
 	dead, takeover, err := f.crash(ctx, admin, victim)
 	if err != nil {
 		return res, fmt.Errorf("%w\n%s", err, diagnose(ctx, admin))
@@ -281,42 +302,87 @@ func prepare(ctx context.Context, admin *pgx.Conn) error {
 	return nil
 }
 
-// fleet is the running agents.
+// fleet is the running agents of this process.
 type fleet struct {
 	cfg    Config
 	mu     sync.Mutex
 	agents []*agent
 	starts atomic.Int64 // leaderships of victimLease that started, in every agent
+	// othersLed is when an agent other than the victim last started leading victimLease
+	// (Unix nanoseconds), and onStart, when set, is told of each start too (a process of
+	// agents reports them to Run's).
+	othersLed atomic.Int64
+	onStart   func(at time.Time)
 
-	// The node agents (Config.Nodes), their sockets in dir, and their Run's end.
+	// The node agents' sockets in dir, by node (Config.Nodes), and the Run of those this
+	// process runs; dir is removed at stop when this fleet made it.
 	dir      string
+	ownDir   bool
 	sockets  []string
 	stopNode context.CancelFunc
 	nodes    sync.WaitGroup
 }
 
-// startNodes starts the node agents, when the run has any, and waits until each session
-// is up.
-func (f *fleet) startNodes(ctx context.Context) error {
-	if f.cfg.Nodes == 0 {
-		return nil
+// newFleet prepares a fleet whose node agents' sockets are in dir, or in a directory of
+// its own when dir is empty and the run has node agents.
+func newFleet(cfg Config, dir string) (*fleet, error) {
+	f := &fleet{cfg: cfg, dir: dir}
+	if cfg.Nodes == 0 {
+		return f, nil
 	}
-	dir, err := os.MkdirTemp("", "fleetbench-nodes-")
-	if err != nil {
+	if dir == "" {
+		d, err := os.MkdirTemp("", "fleetbench-nodes-")
+		if err != nil {
+			return nil, fmt.Errorf("fleetbench: %w", err)
+		}
+		f.dir, f.ownDir = d, true
+	}
+	for i := range cfg.Nodes {
+		f.sockets = append(f.sockets, filepath.Join(f.dir, fmt.Sprintf("node-%d.sock", i)))
+	}
+	return f, nil
+}
+
+func allIndexes(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// startShare starts the node agents nodes (indexes into Config.Nodes) and waits for their
+// sessions, then the agents agents (indexes into Config.Agents), rate a second.
+func (f *fleet) startShare(ctx context.Context, nodes, agents []int, rate int) error {
+	if err := f.startNodes(ctx, nodes); err != nil {
 		return err
 	}
-	f.dir = dir
+	for n, i := range agents {
+		if err := f.startAgent(ctx, fmt.Sprintf("bench-%d", i%10), f.cfg.PoolDSN, f.cfg.DirectDSN, f.socket(i)); err != nil {
+			return err
+		}
+		if (n+1)%rate == 0 && !wait.Sleep(ctx, time.Second) {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// startNodes starts the node agents of the given indexes, and waits until each session
+// is up.
+func (f *fleet) startNodes(ctx context.Context, indexes []int) error {
+	if len(indexes) == 0 {
+		return nil
+	}
 	nodeCtx, stop := context.WithCancel(context.Background())
 	f.stopNode = stop
 	var agents []*liveness.NodeAgent
-	for i := range f.cfg.Nodes {
-		socket := filepath.Join(dir, fmt.Sprintf("node-%d.sock", i))
-		n, err := liveness.NewNodeAgent(liveness.NodeAgentConfig{DirectDSN: f.cfg.DirectDSN, Socket: socket,
+	for _, i := range indexes {
+		n, err := liveness.NewNodeAgent(liveness.NodeAgentConfig{DirectDSN: f.cfg.DirectDSN, Socket: f.sockets[i],
 			ServiceName: fmt.Sprintf("node-%d", i), Logger: f.cfg.Logger})
 		if err != nil {
 			return err
 		}
-		f.sockets = append(f.sockets, socket)
 		agents = append(agents, n)
 		f.nodes.Go(func() {
 			if err := n.Run(nodeCtx); err != nil {
@@ -346,16 +412,27 @@ func (f *fleet) socket(i int) string {
 	return f.sockets[i%len(f.sockets)]
 }
 
+// started records that ag's job for victimLease started at at.
+func (f *fleet) started(ag *agent, at time.Time) {
+	f.starts.Add(1)
+	if !ag.victim {
+		f.othersLed.Store(at.UnixNano())
+	}
+	if f.onStart != nil {
+		f.onStart(at)
+	}
+}
+
 type agent struct {
 	a      *liveness.Agent
 	pool   *pgxpool.Pool
 	cancel context.CancelFunc
 	done   chan struct{}
+	victim bool            // the agent that crashes, through its relays
 	relays []*relay        // the victim's only
 	ctx    context.Context // ends when the agent is stopped
 	jobs   sync.WaitGroup  // its campaigns
-	// led is when its job for victimLease last started, and leading whether it runs now.
-	led     atomic.Int64
+	// leading is whether its job for victimLease runs now.
 	leading atomic.Bool
 }
 
@@ -387,7 +464,7 @@ func (f *fleet) start(ctx context.Context, service, poolDSN, directDSN, socket s
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	ag := &agent{a: a, pool: pool, ctx: runCtx, cancel: cancel, done: make(chan struct{}), relays: relays}
+	ag := &agent{a: a, pool: pool, ctx: runCtx, cancel: cancel, done: make(chan struct{}), relays: relays, victim: relays != nil}
 	go func() {
 		defer close(ag.done)
 		defer pool.Close()
@@ -414,8 +491,7 @@ func (ag *agent) campaign(f *fleet, lease string) {
 	ag.jobs.Go(func() {
 		_ = ag.a.Elect(ag.ctx, liveness.ElectorConfig{Lease: lease, OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
 			if lease == victimLease {
-				f.starts.Add(1)
-				ag.led.Store(time.Now().UnixNano())
+				f.started(ag, time.Now())
 				ag.leading.Store(true)
 				defer ag.leading.Store(false)
 			}
@@ -503,14 +579,8 @@ func (f *fleet) crash(ctx context.Context, admin *pgx.Conn, v *agent) (dead, tak
 		if ctx.Err() != nil {
 			return dead, takeover, ctx.Err()
 		}
-		if takeover == 0 {
-			f.mu.Lock()
-			for _, ag := range f.agents {
-				if at := ag.led.Load(); ag != v && at > t0.UnixNano() {
-					takeover = time.Duration(at - t0.UnixNano())
-				}
-			}
-			f.mu.Unlock()
+		if at := f.othersLed.Load(); takeover == 0 && at > t0.UnixNano() {
+			takeover = time.Duration(at - t0.UnixNano())
 		}
 	}
 	return dead, takeover, nil
@@ -535,6 +605,8 @@ func (f *fleet) stop() {
 	if f.stopNode != nil {
 		f.stopNode()
 		f.nodes.Wait()
+	}
+	if f.ownDir {
 		_ = os.RemoveAll(f.dir)
 	}
 }

@@ -10,9 +10,10 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/tools/fleetbench"
 )
 
-// TestMain serves the lookup when Run started this binary as its process.
+// TestMain serves the lookup or a share of the agents when Run started this binary as
+// one of its processes.
 func TestMain(m *testing.M) {
-	fleetbench.ServeLookup()
+	fleetbench.Serve()
 	pgtest.Main(m)
 }
 
@@ -47,7 +48,7 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // seconds, and the server's CPU and the lookups were measured at all.
 func TestFleetBenchSmall(t *testing.T) {
 	t.Parallel() // a server of its own, and mostly waiting: beside the node agents' run
-	cfg, res := runSmall(t, 0)
+	cfg, res := runSmall(t, 0, 1)
 	if res.LockSessions < cfg.Agents {
 		t.Errorf("%d alive-lock sessions for %d agents", res.LockSessions, cfg.Agents)
 	}
@@ -67,13 +68,13 @@ func TestFleetBenchSmall(t *testing.T) {
 }
 
 // runSmall runs the fleet benchmark with 20 agents on a server of its own, attached to
-// nodes node agents (0: each on sessions of its own), and checks what holds on any:
-// every agent holds its alive lock, and the victim's crash is dead and taken over within
-// seconds.
-func runSmall(t *testing.T, nodes int) (fleetbench.Config, fleetbench.Result) {
+// nodes node agents (0: each on sessions of its own), in processes processes of agents
+// (1: this one), and checks what holds on any: every agent holds its alive lock, and the
+// victim's crash is dead and taken over within seconds.
+func runSmall(t *testing.T, nodes, processes int) (fleetbench.Config, fleetbench.Result) {
 	t.Helper()
 	cfg := startServer(t, 20)
-	cfg.Nodes = nodes
+	cfg.Nodes, cfg.Processes = nodes, processes
 	cfg.Idle, cfg.Warmup, cfg.Measure = 3*time.Second, 8*time.Second, 8*time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -92,12 +93,13 @@ func runSmall(t *testing.T, nodes int) (fleetbench.Config, fleetbench.Result) {
 }
 
 // TestFleetBenchSmallWithNodeAgents is the small run with its agents attached to two
-// node agents: their locks are held and listened for on the node agents' two sessions,
-// and the victim's crash (its connection to its node agent cut) is dead and taken over
-// within seconds.
+// node agents, each node in a process of its own, as make bench-fleet runs thousands:
+// their locks are held and listened for on the node agents' two sessions, and the
+// victim's crash (its connection to its node agent cut) is dead and taken over within
+// seconds by an agent of another process.
 func TestFleetBenchSmallWithNodeAgents(t *testing.T) {
 	t.Parallel()
-	cfg, res := runSmall(t, 2)
+	cfg, res := runSmall(t, 2, 2)
 	if res.LockSessions != cfg.Nodes {
 		t.Errorf("%d liveness sessions for %d agents on %d nodes; want one per node", res.LockSessions, cfg.Agents, cfg.Nodes)
 	}

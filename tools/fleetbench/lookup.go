@@ -22,7 +22,11 @@ import (
 // would: in the process of a thousand agents, its latency would include that process's
 // goroutine scheduling and garbage collection, which the database does not cause. The
 // process is the benchmark's own binary started again with these variables set; its
-// TestMain calls ServeLookup first.
+// TestMain calls Serve first.
+//
+// The lookup process connects, answers "ready", then runs the lookup at the given rate
+// and answers each line it reads on stdin: "reset" forgets the latencies so far,
+// "report" writes them as one JSON line. It exits when stdin closes (its parent ended).
 const (
 	lookupDSNEnv  = "PG_LIVENESS_FLEETBENCH_LOOKUP_DSN"
 	lookupRateEnv = "PG_LIVENESS_FLEETBENCH_LOOKUP_RATE"
@@ -30,25 +34,6 @@ const (
 
 // lookupQuery is the application's primary-key lookup, on the table prepare fills.
 const lookupQuery = `SELECT payload FROM app_items WHERE id = $1`
-
-// ServeLookup makes this process the application's lookup when Run started it for that,
-// and never returns then; otherwise it returns at once. A test binary that calls Run
-// calls ServeLookup first in its TestMain.
-//
-// The lookup process connects, answers "ready", then runs the lookup at the given rate
-// and answers each line it reads on stdin: "reset" forgets the latencies so far,
-// "report" writes them as one JSON line. It exits when stdin closes (its parent ended).
-func ServeLookup() {
-	dsn := os.Getenv(lookupDSNEnv)
-	if dsn == "" {
-		return
-	}
-	if err := serveLookup(dsn, os.Getenv(lookupRateEnv), os.Stdin, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stdout, "error:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
 
 // lookupReport is what the lookup process reports: how many lookups answered since the
 // last reset, and their latencies in nanoseconds, sorted.
@@ -146,7 +131,7 @@ func startLookups(ctx context.Context, dsn string, rate int) (*lookups, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fleetbench: the lookup process: %w", err)
 	}
-	// -test.run=^$: a test binary whose TestMain does not call ServeLookup runs no test
+	// -test.run=^$: a test binary whose TestMain does not call Serve runs no test
 	// and exits, instead of running the suite again; the missing "ready" says why.
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), lookupDSNEnv+"="+dsn, lookupRateEnv+"="+strconv.Itoa(rate))
@@ -167,7 +152,7 @@ func startLookups(ctx context.Context, dsn string, rate int) (*lookups, error) {
 	ready := make(chan error, 1)
 	go func() {
 		if !l.answer.Scan() {
-			ready <- errors.New("it ended before it was ready (does the test binary's TestMain call fleetbench.ServeLookup?)")
+			ready <- errors.New("it ended before it was ready (does the test binary's TestMain call fleetbench.Serve?)")
 			return
 		}
 		if line := l.answer.Text(); line != "ready" {
