@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -39,6 +38,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
 // queriesTemplate is postgres_exporter's custom queries file, without the statement
@@ -229,12 +229,7 @@ type Proc struct {
 // added) and waits until it answers; it is stopped when the test ends.
 func Start(t testing.TB, name, bin string, env []string, args ...string) *Proc {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := testutil.FreeAddr(t)
 	p := &Proc{Name: name, Addr: addr, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, append([]string{"--web.listen-address=" + addr}, args...)...)
 	p.cmd.Env = append(os.Environ(), env...)

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/netns"
 )
 
@@ -203,14 +204,14 @@ func (m *member) kill() bool {
 }
 
 // metricsAddr picks the /metrics address of a member: a free port on 127.0.0.1, or on the
-// namespace's address (nothing listens inside a fresh namespace).
+// namespace's address (nothing listens inside a fresh namespace). The members start one
+// after another, their connections taking local ports meanwhile: the port is one that no
+// connection takes (testutil.FreePort).
 func metricsAddr(t *testing.T, ns *netns.Namespace) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testutil.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
 	host := "127.0.0.1"
 	if ns != nil {
 		host = ns.NSIP

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -92,5 +94,34 @@ func TestContext(t *testing.T) {
 	}
 	if !errors.Is(short.Err(), context.DeadlineExceeded) {
 		t.Errorf("after its deadline: %v; want context.DeadlineExceeded", short.Err())
+	}
+}
+
+// TestFreePortIsNoConnectionsPort checks that FreePort hands out ports that no outgoing
+// connection can take (below the kernel's ephemeral range), free to bind, and never the
+// same one twice in a row of calls.
+func TestFreePortIsNoConnectionsPort(t *testing.T) {
+	lo, n := quietPorts()
+	if n == 0 {
+		t.Fatal("no range below the ephemeral ports: /proc/sys/net/ipv4/ip_local_port_range unreadable or starting below 21000")
+	}
+	seen := map[int]bool{}
+	for range 50 {
+		port, err := FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if port < lo || port >= lo+n {
+			t.Fatalf("FreePort gave %d; want a port from %d to %d, below the ephemeral range", port, lo, lo+n-1)
+		}
+		if seen[port] {
+			t.Fatalf("FreePort gave %d twice", port)
+		}
+		seen[port] = true
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			t.Fatalf("FreePort gave %d, which cannot be bound: %v", port, err)
+		}
+		_ = l.Close()
 	}
 }

@@ -1,7 +1,12 @@
 package testutil
 
 import (
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -48,8 +53,25 @@ func Never(t testing.TB, within time.Duration, what string, cond func() bool) bo
 	return true
 }
 
-// FreePort returns a port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a port on 127.0.0.1 that was free a moment ago, for a server that a
+// test starts next.
+//
+// It is taken below the kernel's ephemeral range, from which every outgoing connection
+// takes its local port: a port from that range (what listening on port 0 gives) can be
+// taken by any process's connection in the moment before the server binds it, and the
+// server then fails with "address already in use". Ports are handed out in turn from a
+// random start, so that one test binary does not hand out the same port twice and
+// binaries running side by side rarely meet.
 func FreePort() (int, error) {
+	if lo, n := quietPorts(); n > 0 {
+		for range min(n, 200) {
+			port := lo + int(nextPort.Add(1)%uint32(n))
+			if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
+				_ = l.Close()
+				return port, nil
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
@@ -58,13 +80,40 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// FreeAddr returns a 127.0.0.1 address whose port was free a moment ago.
+// FreeAddr returns a 127.0.0.1 address whose port was free a moment ago (FreePort).
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+}
+
+// quietPortsFrom is the lowest port FreePort hands out: above the well-known and most
+// registered services' ports that a developer's machine may run.
+const quietPortsFrom = 20000
+
+// nextPort is FreePort's turn, from a random start.
+var nextPort atomic.Uint32
+
+func init() { nextPort.Store(rand.Uint32()) }
+
+// quietPorts is the range below the kernel's ephemeral ports that FreePort hands out:
+// its first port and its size, 0 if there is none (the range cannot be read, or starts
+// too low).
+func quietPorts() (lo, n int) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, 0
+	}
+	ephemeral, err := strconv.Atoi(f[0])
+	if err != nil || ephemeral-quietPortsFrom < 1000 {
+		return 0, 0
+	}
+	return quietPortsFrom, ephemeral - quietPortsFrom
 }
