@@ -123,6 +123,10 @@ func NewPgBouncer(t testing.TB, targetDSN string, opts ...PgBouncerOption) *PgBo
 		"ignore_startup_parameters = " + strings.Join(cfg.ignoreStartup, ","),
 		"server_tls_sslmode = disable",
 		"max_client_conn = " + strconv.Itoa(cfg.maxClients),
+		// Thousands of clients connecting at once (the fleet benchmark's start) can
+		// overflow the default queue of 128 unaccepted connections while PgBouncer's
+		// single thread is busy, and an overflow can be answered with resets.
+		"listen_backlog = 4096",
 		"default_pool_size = " + strconv.Itoa(cfg.poolSize),
 		"logfile = " + filepath.Join(b.dir, "pgbouncer.log"),
 		"pidfile = " + filepath.Join(b.dir, "pgbouncer.pid"),
