@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -127,24 +126,8 @@ type lookups struct {
 // startLookups starts the lookup process at rate lookups a second on a session of its own
 // to dsn, and returns once it is connected.
 func startLookups(ctx context.Context, dsn string, rate int) (*lookups, error) {
-	exe, err := os.Executable()
+	cmd, stdin, stdout, err := startHelper(lookupDSNEnv+"="+dsn, lookupRateEnv+"="+strconv.Itoa(rate))
 	if err != nil {
-		return nil, fmt.Errorf("fleetbench: the lookup process: %w", err)
-	}
-	// -test.run=^$: a test binary whose TestMain does not call Serve runs no test
-	// and exits, instead of running the suite again; the missing "ready" says why.
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), lookupDSNEnv+"="+dsn, lookupRateEnv+"="+strconv.Itoa(rate))
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("fleetbench: the lookup process: %w", err)
 	}
 	l := &lookups{cmd: cmd, stdin: stdin, answer: bufio.NewScanner(stdout)}

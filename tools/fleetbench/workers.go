@@ -134,10 +134,6 @@ type worker struct {
 // victimLease's job count in f as its own agents' do.
 func startWorkers(ctx context.Context, f *fleet) (*workers, error) {
 	cfg := f.cfg
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("fleetbench: the processes of agents: %w", err)
-	}
 	shares := make([]share, cfg.Processes)
 	for p := range shares {
 		shares[p] = share{PoolDSN: cfg.PoolDSN, DirectDSN: cfg.DirectDSN, Jobs: cfg.Jobs, PoolMaxConns: cfg.PoolMaxConns,
@@ -161,7 +157,7 @@ func startWorkers(ctx context.Context, f *fleet) (*workers, error) {
 			w.stop()
 			return nil, err
 		}
-		p, err := w.start(exe, string(spec), f)
+		p, err := w.start(string(spec), f)
 		if err != nil {
 			w.stop()
 			return nil, err
@@ -191,21 +187,11 @@ func startWorkers(ctx context.Context, f *fleet) (*workers, error) {
 	return w, nil
 }
 
-func (w *workers) start(exe, spec string, f *fleet) (*worker, error) {
+func (w *workers) start(spec string, f *fleet) (*worker, error) {
 	// -test.run=^$: a test binary whose TestMain does not call Serve runs no test and
 	// exits, instead of running the suite again; the missing "ready" says why.
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), agentsEnv+"="+spec)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
+	cmd, stdin, stdout, err := startHelper(agentsEnv + "=" + spec)
 	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("fleetbench: a process of agents: %w", err)
 	}
 	p := &worker{cmd: cmd, stdin: stdin, ready: make(chan struct{}), done: make(chan struct{})}
@@ -236,6 +222,32 @@ func (w *workers) start(exe, spec string, f *fleet) (*worker, error) {
 		_, _ = io.Copy(io.Discard, stdout)
 	}()
 	return p, nil
+}
+
+// startHelper starts this test binary again as one of Run's helpers, with env added to
+// its environment, and returns its stdin and stdout.
+func startHelper(env ...string) (*exec.Cmd, io.WriteCloser, io.ReadCloser, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	// -test.run=^$: a test binary whose TestMain does not call Serve runs no test and
+	// exits, instead of running the suite again; the missing "ready" says why.
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, nil, err
+	}
+	return cmd, stdin, stdout, nil
 }
 
 func (p *worker) setErr(err error) {
