@@ -28,12 +28,19 @@ import (
 // Defaults of the alive lock's session (AgentConfig.Keepalive*, VerifyInterval). With them the server drops a half-open client's session,
 // and so frees its lock, after about 25–30 s instead of Linux's two hours: 10 s idle, then
 // 3 probes 5 s apart, and unacknowledged data gives up after 30 s.
+//
+// DefaultVerifyInterval is the pace of an agent that leads nothing. Its verification only
+// tells the agent itself, a little sooner, that a silent network took its session: a
+// session that ends is noticed at once on the idle connection, the socket's keepalive
+// gives up within about 25 s, and the fleet's verdict never depends on it. A leader
+// verifies every quarter of its lock grace whatever this is. At 10 s it was the fleet's
+// busiest statement (at 1,000 agents, 100 of 235 statements a second).
 const (
 	DefaultKeepaliveIdle     = 10 * time.Second
 	DefaultKeepaliveInterval = 5 * time.Second
 	DefaultKeepaliveCount    = 3
 	DefaultUserTimeout       = 30 * time.Second
-	DefaultVerifyInterval    = 10 * time.Second
+	DefaultVerifyInterval    = 30 * time.Second
 )
 
 const (

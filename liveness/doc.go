@@ -165,7 +165,7 @@
 // verification sent after the acquisition was answered, on the session that held the
 // lock before it was sent, finds the lock held; otherwise, one lock grace after the
 // acquisition at most, the lease is given back. The cost is per leader, not per agent: an Agent that holds no lease verifies
-// every VerifyInterval (10 s) as before. The price of the guarantee is availability: a
+// every VerifyInterval (30 s). The price of the guarantee is availability: a
 // leader whose lock session stalls for more than about 750 ms (a slow network, a
 // stalled server, a paused process) steps down, although the fleet might still have
 // seen it alive. ModeHeartbeatTableOnly holds no lock, so none of this applies: such a

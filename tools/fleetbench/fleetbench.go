@@ -225,7 +225,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	res.Statements, res.TopStatement = callRates(calls0, calls1, took, lookups)
 	res.Calls = map[string]float64{}
 	for tag, n := range calls1 {
-		res.Calls[tag] = float64(n-calls0[tag]) / took
+		if n > calls0[tag] { // what ran while measured, not the migrations' statements
+			res.Calls[tag] = float64(n-calls0[tag]) / took
+		}
 	}
 	if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE backend_type = 'client backend'),
 	        count(*) FILTER (WHERE application_name LIKE '%:alive-lock' OR application_name LIKE '%:node-agent')
