@@ -8,8 +8,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -19,7 +23,10 @@ import (
 )
 
 // ErrSchemaNotReady is returned by Agent.Run when the schema is missing or older than
-// this library and AgentConfig.WaitForSchema is not set.
+// this library and AgentConfig.WaitForSchema is not set, or when the database refuses
+// the read of its version for good (a login refused, an unknown database). A database
+// that does not answer in time, or cannot be reached for now, is asked again until Run's
+// context ends.
 var ErrSchemaNotReady = errors.New("liveness: the schema is not ready")
 
 // ErrDuplicateInstance is returned by Agent.Run when another session kept holding the
@@ -305,7 +312,7 @@ var schemaReadTimeout = 10 * time.Second
 // are applied; with WaitForSchema it waits for them.
 func (a *Agent) schemaReady(ctx context.Context) error {
 	var slow logging.Repeats
-	for {
+	for attempt := 1; ; attempt++ {
 		qctx, cancel := context.WithTimeout(ctx, schemaReadTimeout)
 		v, err := migrations.Version(qctx, a.cfg.Pool, a.cfg.Schema)
 		cancel()
@@ -317,6 +324,20 @@ func (a *Agent) schemaReady(ctx context.Context) error {
 			// under load): no answer is not a missing schema. Ask again.
 			slow.Log(a.cfg.Logger, slog.LevelWarn, "timeout", "cannot read the schema's version in time; asking again",
 				"schema", a.cfg.Schema, "err", err)
+			continue
+		}
+		if err != nil && ctx.Err() == nil && unreachable(err) {
+			// Refused or dropped (a server restarting, a pooler at its limits while a
+			// fleet starts at once): that passes, and is not a missing schema either. Ask
+			// again, after a backoff with jitter so that the fleet does not come back in
+			// step. A refused login or an unknown database does not pass, and ends Run.
+			slow.Log(a.cfg.Logger, slog.LevelWarn, "unreachable", "cannot reach the database to read the schema's version; asking again",
+				"schema", a.cfg.Schema, "err", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(backoff(attempt)):
+			}
 			continue
 		}
 		if !a.cfg.WaitForSchema {
@@ -334,6 +355,28 @@ func (a *Agent) schemaReady(ctx context.Context) error {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// unreachable reports whether err says that the database could not be reached or dropped
+// the connection (refused, reset or closed, the server starting, shutting down or out of
+// connection slots, a pooler's connection error), which passes; not that it refused this
+// client (a login, a database or a host name that does not exist), which does not.
+func unreachable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "53300", // too_many_connections
+			"57P01", "57P02", "57P03": // shutting down, crashed, starting up
+			return true
+		}
+		return strings.HasPrefix(pgErr.Code, "08") // connection exceptions, and PgBouncer's errors
+	}
+	if dnsErr := (*net.DNSError)(nil); errors.As(err, &dnsErr) {
+		return dnsErr.IsTimeout || dnsErr.IsTemporary
+	}
+	var opErr *net.OpError
+	return errors.As(err, &opErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // duplicateFor returns a channel that is closed once the alive lock has been held by
