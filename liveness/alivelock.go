@@ -27,7 +27,8 @@ import (
 
 // Defaults of the alive lock's session (AgentConfig.Keepalive*, VerifyInterval). With them the server drops a half-open client's session,
 // and so frees its lock, after about 25–30 s instead of Linux's two hours: 10 s idle, then
-// 3 probes 5 s apart, and unacknowledged data gives up after 30 s.
+// 3 probes 5 s apart, and unacknowledged data gives up after 30 s (counted from the
+// first notification the server could not deliver, when it sends one: up to a minute).
 //
 // DefaultVerifyInterval is the pace of an agent that leads nothing. Its verification only
 // tells the agent itself, a little sooner, that a silent network took its session: a

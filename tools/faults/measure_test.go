@@ -24,9 +24,15 @@ const (
 	// notification wakes the follower.
 	takeoverMedian = 2 * time.Second
 	takeoverBound  = 5 * time.Second
-	// A half-open client's alive lock is freed by the server, and the client stops trusting
-	// its lock and leases, within about 30 s (keepalive and TCP user timeout).
+	// A half-open client stops trusting its lock and leases within about 30 s (keepalive
+	// and TCP user timeout).
 	halfOpenBound = 40 * time.Second
+	// The server frees a half-open client's alive lock after keepalive's 25–30 s while it
+	// sends the session nothing, but the user timeout (30 s) counts from the first data
+	// it cannot deliver once it sends some, and the lock's session listens: the heir's
+	// taken:<lease> at the lease's expiry (jobLeaseTTL) is such data. So the lock is
+	// freed about jobLeaseTTL + 30 s after the cut; 5 s of margin.
+	halfOpenLockFreedBound = jobLeaseTTL + 35*time.Second
 	// A live agent holds its alive lock again soon after its session ends (docs/operations.md,
 	// Detection and failover times): the session reconnects with backoff and jitter, at
 	// most 250 ms after a session that held the lock, doubling up to 10 s while the
