@@ -117,6 +117,15 @@ func NewSwitchablePool(cfg PoolConfig) (*pgxpool.Pool, *DSNSwitch, error) {
 	if pc.ConnConfig.ConnectTimeout == 0 {
 		pc.ConnConfig.ConnectTimeout = cfg.ConnectTimeout
 	}
+	// pgx gives every connection both caches, each a map sized for 512 statements (about
+	// 25 KB), but a query uses only its exec mode's: nothing here passes a mode per
+	// query, so the one the DSN's default_query_exec_mode does not use is left out.
+	switch pc.ConnConfig.DefaultQueryExecMode {
+	case pgx.QueryExecModeCacheStatement:
+		pc.ConnConfig.DescriptionCacheCapacity = 0
+	case pgx.QueryExecModeCacheDescribe:
+		pc.ConnConfig.StatementCacheCapacity = 0
+	}
 	// Keep the client side of pool connections from hanging on a dead peer.
 	dial := (&net.Dialer{KeepAlive: 15 * time.Second, Timeout: pc.ConnConfig.ConnectTimeout}).DialContext
 	pc.ConnConfig.DialFunc = dial

@@ -121,3 +121,44 @@ func TestPoolIsQuietOnASupportedMajor(t *testing.T) {
 		t.Errorf("logged on a supported major:\n%s", logs)
 	}
 }
+
+// Each connection keeps only the statement cache its exec mode uses (pgx would build
+// both, about 25 KB each), and the pool serves parameterized queries, twice (the second
+// from the cache), whatever default_query_exec_mode the DSN chooses.
+func TestPoolKeepsTheCacheItsExecModeUses(t *testing.T) {
+	db := pgtest.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range []struct {
+		mode                  string // "" for pgx's default, cache_statement
+		statements, describes int    // the caches' capacities
+	}{
+		{"", 512, 0},
+		{"cache_statement", 512, 0},
+		{"cache_describe", 0, 512},
+		{"describe_exec", 512, 512},
+		{"exec", 512, 512},
+		{"simple_protocol", 512, 512},
+	} {
+		dsn := db.DSN
+		if c.mode != "" {
+			dsn += " default_query_exec_mode=" + c.mode
+		}
+		pool, err := NewPool(PoolConfig{DSN: dsn, MaxConns: 1, ConnectTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatalf("%s: %v", c.mode, err)
+		}
+		cc := pool.Config().ConnConfig
+		if cc.StatementCacheCapacity != c.statements || cc.DescriptionCacheCapacity != c.describes {
+			t.Errorf("mode %q: statement cache %d, description cache %d; want %d and %d", c.mode,
+				cc.StatementCacheCapacity, cc.DescriptionCacheCapacity, c.statements, c.describes)
+		}
+		for range 2 {
+			var n int
+			if err := pool.QueryRow(ctx, `SELECT $1::int + 1`, 41).Scan(&n); err != nil || n != 42 {
+				t.Errorf("mode %q: %d, %v; want 42", c.mode, n, err)
+			}
+		}
+		pool.Close()
+	}
+}
