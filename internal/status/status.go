@@ -40,6 +40,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -419,7 +420,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return append(b, '\n'), err
 		}
 		var b bytes.Buffer
-		err := pageTemplate.Execute(&b, newView(e.page, q))
+		err := pageTemplate().Execute(&b, newView(e.page, q))
 		return b.Bytes(), err
 	})
 	switch {
@@ -724,19 +725,23 @@ func hashOf(s string) string {
 	return "sha256-" + base64.StdEncoding.EncodeToString(sum[:])
 }
 
-var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
-	"dur":  formatSeconds,
-	"durp": formatSecondsPtr,
-	"ts":   func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
-	"pct":  func(f float64) string { return strconv.Itoa(int(f*100+0.5)) + "%" },
-	"cut":  func(s string) shortened { return shorten(s, maxNameShown) },
-	"meta": func(m json.RawMessage) shortened {
-		if s := string(m); s != "{}" && s != "null" {
-			return shorten(s, maxMetadataShown)
-		}
-		return shortened{}
-	},
-}).Parse(pageHTML))
+// pageTemplate is parsed at the page's first request: an exporter whose page nobody opens
+// does not keep its parse tree (about 90 KB) in memory.
+var pageTemplate = sync.OnceValue(func() *template.Template {
+	return template.Must(template.New("page").Funcs(template.FuncMap{
+		"dur":  formatSeconds,
+		"durp": formatSecondsPtr,
+		"ts":   func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+		"pct":  func(f float64) string { return strconv.Itoa(int(f*100+0.5)) + "%" },
+		"cut":  func(s string) shortened { return shorten(s, maxNameShown) },
+		"meta": func(m json.RawMessage) shortened {
+			if s := string(m); s != "{}" && s != "null" {
+				return shorten(s, maxMetadataShown)
+			}
+			return shortened{}
+		},
+	}).Parse(pageHTML))
+})
 
 // shortened is a value for the HTML tables: Full, or when it is longer than fits, Short
 // (its start) with Full behind it, in a details element. A 10 KB name would otherwise

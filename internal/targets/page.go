@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 )
 
 // Listed is a database that discovery found, as /targets lists it.
@@ -20,7 +21,10 @@ type Listed struct {
 //go:embed targets.html
 var listHTML string
 
-var listTemplate = template.Must(template.New("targets").Parse(listHTML))
+// listTemplate is parsed at the first request for /targets, as the status page's.
+var listTemplate = sync.OnceValue(func() *template.Template {
+	return template.Must(template.New("targets").Parse(listHTML))
+})
 
 // ListPage serves /targets: main, the database of the exporter's own DSN ("" for none,
 // else described without its password), the targets of the configuration in force, and
@@ -43,7 +47,7 @@ func ListPage(main string, pools *Pools, discovered func() ([]Listed, int)) http
 				dropped++
 			}
 		}
-		_ = listTemplate.Execute(w, struct {
+		_ = listTemplate().Execute(w, struct {
 			Main               string
 			Targets            []string
 			Discovered         []link
