@@ -95,6 +95,7 @@ func TestLoadRefusesBadInputNamingTheField(t *testing.T) {
 		{"bad port", "credentials:\n  c: {user: u}\ntargets:\n  o: {host: h, port: 70000, database: d, credentials: c}\n", `targets.o.port: "70000" is not a port`},
 		{"bad sslmode", "credentials:\n  c: {user: u, sslmode: maybe}\ntargets:\n  o: {dsn_file: DIR/orders.dsn}\n", `credentials.c.sslmode: "maybe" is not one of`},
 		{"bad name", "targets:\n  \"a b\": {dsn_file: DIR/orders.dsn}\n", `targets: "a b" is not a valid name`},
+		{"long name", "targets:\n  " + strings.Repeat("a", 64) + ": {dsn_file: DIR/orders.dsn}\n", `targets: "` + strings.Repeat("a", 64) + `" is not a valid name`},
 		{"no targets", "credentials: {}\n", "targets: missing"},
 		{"empty discover", "discover: {}\n", "discover: is empty"},
 		{"discover without host", "credentials:\n  c: {user: u}\ndiscover:\n  s: {credentials: c}\n", "discover.s.host: missing"},
@@ -192,5 +193,18 @@ func TestShippedExampleLoads(t *testing.T) {
 	}
 	if got := strings.Join(cfg.Names(), ","); got != "billing,orders" {
 		t.Errorf("targets %s", got)
+	}
+}
+
+// A name is 1 to 63 letters, digits, '_', '.' or '-', starting with a letter or digit.
+func TestValidName(t *testing.T) {
+	for name, want := range map[string]bool{
+		"a": true, "orders-2.eu_west": true, "9": true, strings.Repeat("x", 63): true,
+		"": false, strings.Repeat("x", 64): false, ".a": false, "-a": false, "_a": false, "a b": false,
+		"a/b": false, "a\n": false, "é": false,
+	} {
+		if got := validName(name); got != want {
+			t.Errorf("validName(%q) = %v, want %v", name, got, want)
+		}
 	}
 }
