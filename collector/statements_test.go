@@ -1,6 +1,9 @@
 package collector
 
 import (
+	"maps"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -167,10 +170,50 @@ func TestStatementsCacheBound(t *testing.T) {
 		}
 	}
 	sc := e.collectors[0].c.(*statementsCollector)
-	if len(sc.class) > 2 {
-		t.Errorf("cache holds %d ids, want at most 2", len(sc.class))
+	if len(sc.class.ids) > 2 {
+		t.Errorf("cache holds %d ids, want at most 2", len(sc.class.ids))
 	}
 	if n := strings.Count(logs.String(), `level=WARN msg="more pg_stat_statements entries than --collector.statements.cache-size`); n != 1 {
 		t.Errorf("cache too small logged %d times, want once", n)
+	}
+}
+
+// The classification cache answers as a map would, through additions in batches and
+// retains, whatever the ids' order (pg_stat_statements' queryids are signed).
+func TestClassCacheIsAMap(t *testing.T) {
+	var c classCache
+	model := map[int64]int{}
+	r := rand.New(rand.NewPCG(1, 2))
+	for round := range 50 {
+		found := map[int64]int{}
+		for range r.IntN(40) {
+			id := r.Int64N(200) - 100
+			if _, ok := model[id]; !ok {
+				found[id] = r.IntN(5) - 1
+			}
+		}
+		c.add(found)
+		maps.Copy(model, found)
+		if round%7 == 6 {
+			keep := map[int64]bool{}
+			for id := range model {
+				if r.IntN(2) == 0 {
+					keep[id] = true
+				} else {
+					delete(model, id)
+				}
+			}
+			c.retain(keep)
+		}
+		if len(c.ids) != len(model) || !slices.IsSorted(c.ids) {
+			t.Fatalf("round %d: %d ids (sorted %v), want %d", round, len(c.ids), slices.IsSorted(c.ids), len(model))
+		}
+		for id := int64(-101); id <= 100; id++ {
+			got, ok := c.get(id)
+			want, wok := model[id]
+			if ok != wok || got != want {
+				t.Fatalf("round %d: get(%d) = %d, %v; want %d, %v", round, id, got, ok, want, wok)
+			}
+		}
 	}
 }
