@@ -9,7 +9,7 @@ import (
 // loadValid is load of a set the test says is valid.
 func loadValid(t *testing.T, fsys fstest.MapFS) []Migration {
 	t.Helper()
-	ms, err := load(fsys)
+	ms, err := load(fsys, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func TestLoadOrdersAndValidates(t *testing.T) {
 		"compatible-from above own version": {"0001_a.sql": {Data: []byte("-- compatible-from: 2\nA")}},
 		"compatible-from zero":              {"0001_a.sql": {Data: []byte("-- compatible-from: 0\nA")}},
 	} {
-		if _, err := load(fsys); err == nil {
+		if _, err := load(fsys, false); err == nil {
 			t.Errorf("%s: load accepted it", name)
 		}
 	}
@@ -57,6 +57,21 @@ func TestCompatibleFromHeader(t *testing.T) {
 	for _, m := range All() {
 		if m.CompatibleFrom < 1 || m.CompatibleFrom > m.Version {
 			t.Errorf("%04d_%s: compatible-from %d", m.Version, m.Name, m.CompatibleFrom)
+		}
+	}
+}
+
+// The embedded set keeps no SQL in memory and reads each file's when it applies it:
+// the same text as All's.
+func TestEmbeddedReadsItsSQLWhenApplying(t *testing.T) {
+	full := All()
+	for i, m := range Embedded {
+		if m.SQL != "" {
+			t.Errorf("%04d_%s: Embedded holds its SQL", m.Version, m.Name)
+		}
+		sql, err := m.text()
+		if err != nil || sql != full[i].SQL || sql == "" {
+			t.Errorf("%04d_%s: text() = %d bytes, %v; want All's %d bytes", m.Version, m.Name, len(sql), err, len(full[i].SQL))
 		}
 	}
 }

@@ -52,10 +52,24 @@ const DefaultSchema = "liveness"
 type Migration struct {
 	Version int
 	Name    string
-	SQL     string
+	// SQL is the file's text; empty in Embedded, which reads it from the file when it
+	// applies it (All has it).
+	SQL string
 	// CompatibleFrom is the oldest binary schema version that still works once this
 	// migration is applied, from the file's "-- compatible-from: N" line.
 	CompatibleFrom int
+
+	src  fs.FS // where SQL is read from when it was left out; nil when SQL is set
+	file string
+}
+
+// text is the migration's SQL, read from its file when the set was loaded without it.
+func (m Migration) text() (string, error) {
+	if m.src == nil {
+		return m.SQL, nil
+	}
+	b, err := fs.ReadFile(m.src, m.file)
+	return string(b), err
 }
 
 var (
@@ -85,17 +99,20 @@ func compatibleFrom(name, sql string, version int) (int, error) {
 		"state the oldest binary schema version that still works once it is applied (1 for additions only, %d when it breaks older binaries)", name, version)
 }
 
-var all = mustLoad(store.MigrationFiles())
+// all is the embedded set without the files' text (78 KB that only applying needs).
+var all = mustLoad(store.MigrationFiles(), false)
 
-func mustLoad(fsys fs.FS) []Migration {
-	ms, err := load(fsys)
+func mustLoad(fsys fs.FS, withSQL bool) []Migration {
+	ms, err := load(fsys, withSQL)
 	if err != nil {
 		panic(err)
 	}
 	return ms
 }
 
-func load(fsys fs.FS) ([]Migration, error) {
+// load reads and checks every file; withSQL keeps the files' text, or else where to read
+// it again.
+func load(fsys fs.FS, withSQL bool) ([]Migration, error) {
 	entries, err := fs.ReadDir(fsys, ".")
 	if err != nil {
 		return nil, err
@@ -115,7 +132,11 @@ func load(fsys fs.FS) ([]Migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		ms = append(ms, Migration{Version: v, Name: m[2], SQL: string(b), CompatibleFrom: cf})
+		mig := Migration{Version: v, Name: m[2], CompatibleFrom: cf, src: fsys, file: e.Name()}
+		if withSQL {
+			mig.SQL, mig.src, mig.file = string(b), nil, ""
+		}
+		ms = append(ms, mig)
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	for i, m := range ms {
@@ -135,12 +156,12 @@ var Embedded = Set(all)
 
 // LoadSet reads NNNN_name.sql files from fsys's root, as the embedded set is read.
 func LoadSet(fsys fs.FS) (Set, error) {
-	ms, err := load(fsys)
+	ms, err := load(fsys, true)
 	return Set(ms), err
 }
 
-// All returns the embedded migrations in order.
-func All() []Migration { return append([]Migration(nil), all...) }
+// All returns the embedded migrations in order, with their SQL.
+func All() []Migration { return mustLoad(store.MigrationFiles(), true) }
 
 // Latest is the highest version this binary knows.
 func Latest() int { return Embedded.Latest() }
@@ -292,7 +313,11 @@ func applyOne(ctx context.Context, db Beginner, schema string, m Migration) (boo
 	if _, err := tx.Exec(ctx, store.MigrateSearchPath.In(schema).SQL, ident+", pg_catalog, pg_temp"); err != nil {
 		return false, fmt.Errorf("migrations: set search_path: %w", err)
 	}
-	if _, err := tx.Exec(ctx, m.SQL); err != nil {
+	sql, err := m.text()
+	if err != nil {
+		return false, fmt.Errorf("migrations: %04d_%s: %w", m.Version, m.Name, err)
+	}
+	if _, err := tx.Exec(ctx, sql); err != nil {
 		return false, fmt.Errorf("migrations: %04d_%s: %w", m.Version, m.Name, err)
 	}
 	if _, err := tx.Exec(ctx, store.MigrateRecord.In(schema).SQL,
