@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -180,7 +181,7 @@ func (c *leasesCollector) read(ctx context.Context, sql string, out *exposition.
 		return r, nil, err
 	}
 	defer rows.Close()
-	seen := map[string]bool{}
+	var seen map[string]bool // the names holding U+FFFD: see below
 	var sc rowScanner[store.LeasesRow]
 	for rows.Next() {
 		row, err := sc.scan(rows)
@@ -192,11 +193,18 @@ func (c *leasesCollector) read(ctx context.Context, sql string, out *exposition.
 			continue
 		}
 		name, bad := labelValue(r.Name.String)
-		if seen[name] { // two names that differ only in invalid bytes
-			counts["duplicate_name"]++
-			continue
+		// The statement returns each name once; two become one label value only where
+		// invalid bytes became U+FFFD, so only such names need remembering.
+		if strings.ContainsRune(name, utf8.RuneError) {
+			if seen[name] {
+				counts["duplicate_name"]++
+				continue
+			}
+			if seen == nil {
+				seen = map[string]bool{}
+			}
+			seen[name] = true
 		}
-		seen[name] = true
 		if r.ExpiresIn.Valid {
 			out.Add(c.expiresIn, r.ExpiresIn.Float64, name)
 		}

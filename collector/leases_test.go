@@ -76,11 +76,17 @@ func TestLeasesTableNamedLikeAPlaceholder(t *testing.T) {
 }
 
 // In a SQL_ASCII database a lease name or holder can hold any bytes. The bad bytes are
-// replaced in the label; no other lease is lost.
+// replaced in the label; no other lease is lost. Names that become the same label (other
+// bad bytes, or U+FFFD itself, after or before them by urgency) are exported once, the
+// most urgent, and the others counted as duplicates.
 func TestLeasesInvalidUTF8(t *testing.T) {
 	ascii := pgtest.NewSQLASCIIDB(t)
 	exec(t, ascii.ConnAs(t, "setup"), `CREATE TABLE leases (name text PRIMARY KEY, holder text, taken_at timestamptz, expires_at timestamptz);
-		INSERT INTO leases VALUES (E'caf\xe9', E'h\xf6st:1', now(), now() + interval '60 s'),
+		INSERT INTO leases VALUES (E'caf\xe9', E'h\xf6st:1', now(), now() + interval '30 s'),
+		                          (E'caf\xef\xbf\xbd', 'node-2:1', now(), now() + interval '60 s'),
+		                          (E'caf\xe8', 'node-3:1', now(), now() + interval '90 s'),
+		                          (E'x\xef\xbf\xbd', 'node-4:1', now(), now() + interval '10 s'),
+		                          (E'x\xff', 'node-5:1', now(), now() + interval '20 s'),
 		                          ('good', 'node-1:1', now(), now() + interval '60 s')`)
 	e := newExporter(t, leasesOnly("public.leases", 10), exporterPool(t, ascii.DSN, 1, nil), nil, nil)
 	got := scrapeFamilies(t, e)
@@ -89,8 +95,13 @@ func TestLeasesInvalidUTF8(t *testing.T) {
 		{"pg_liveness_lease_held", []string{"lease", "good"}, 1},
 		{"pg_liveness_lease_held", []string{"lease", "caf\uFFFD"}, 1},
 		{"pg_liveness_lease_holder_info", []string{"lease", "caf\uFFFD", "holder_host", "h\uFFFDst"}, 1},
+		{"pg_liveness_lease_holder_info", []string{"lease", "x\uFFFD", "holder_host", "node-4"}, 1},
 		{"pg_liveness_lease_row_anomalies", []string{"kind", "invalid_utf8"}, 1},
+		{"pg_liveness_lease_row_anomalies", []string{"kind", "duplicate_name"}, 3},
 	})
+	if n := len(got["pg_liveness_lease_held"].GetMetric()); n != 3 {
+		t.Errorf("%d lease_held series, want 3 (good, caf\uFFFD, x\uFFFD)", n)
+	}
 }
 
 // Beyond --collector.leases.max-series, the most urgent leases are exported one by one
