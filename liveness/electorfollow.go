@@ -23,8 +23,10 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 	lease := e.cfg.Lease
 	freed, unsubscribeFree := e.leases.events.subscribe(func(ev event) bool { return ev.Kind == eventFree && ev.ID == lease })
 	defer unsubscribeFree()
-	taken, unsubscribeTaken := e.leases.events.subscribe(func(ev event) bool { return ev.Kind == eventTaken && ev.ID == lease })
+	taken, unsubscribeTaken := e.leases.events.subscribeNews(func(ev event) bool { return ev.Kind == eventTaken && ev.ID == lease })
 	defer unsubscribeTaken()
+	deadHere, unsubscribeDeadHere := e.leases.events.subscribeNews(func(ev event) bool { return ev.Kind == eventDeadHere })
+	defer unsubscribeDeadHere()
 	try, quiet := true, false
 	failures := 0 // tries in a row that failed (not refused): the server is down or overloaded
 	// Wake-ups are hints anyone with the channel's name can send: a flood of them costs
@@ -98,6 +100,11 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 			try = e.awaitTurn(ctx, taken)
 		case <-held:
 			held = nil
+			try = e.awaitTurn(ctx, taken)
+		case <-deadHere:
+			// This process's watcher called a holder dead while nothing here listens: the
+			// one wake-up that could not come from anyone else, so the limiter, which
+			// is there for floods of payloads, does not hold it back.
 			try = e.awaitTurn(ctx, taken)
 		case <-taken:
 			// Someone else took it: nothing to try, but who leads changed.

@@ -19,6 +19,12 @@ const (
 	// eventResync is no notification: the listening session (re)started, so anything
 	// may have been missed while it was away; whoever waits reads the state again.
 	eventResync = "resync"
+	// eventDeadHere is no notification either: this process's watcher has just notified
+	// deaths (and the dead holders' leases free) while its own session does not listen.
+	// Its colon keeps it from ever being parsed from a payload (parseEvent cuts the kind
+	// at the first one), so only the watcher can publish it, at most once a tick, and a
+	// follower acts on it at once rather than through its wake-up limiter.
+	eventDeadHere = "dead:here"
 )
 
 // event is one notification of the schema's events channel.
@@ -114,17 +120,31 @@ func (h *events) setListening(on bool) {
 }
 
 type eventSub struct {
-	match func(event) bool
-	wake  chan struct{}
+	match  func(event) bool
+	resync bool // woken by eventResync too
+	wake   chan struct{}
 }
 
 // subscribe returns a channel that receives a wake-up after each event match accepts
 // (and after every eventResync), and the function that ends the subscription.
 func (h *events) subscribe(match func(event) bool) (<-chan struct{}, func()) {
+	return h.add(match, true)
+}
+
+// subscribeNews is subscribe for a waiter whose wake-up means that the event happened
+// (a lease was taken: stop trying), not that it may have: eventResync does
+// not wake it. A listening session that drops and comes back again and again publishes
+// a resync each time; a follower that took each one for taken:<lease> gave up every try
+// it was about to make, and never took a lease that was free.
+func (h *events) subscribeNews(match func(event) bool) (<-chan struct{}, func()) {
+	return h.add(match, false)
+}
+
+func (h *events) add(match func(event) bool, resync bool) (<-chan struct{}, func()) {
 	if h == nil {
 		return nil, func() {}
 	}
-	s := &eventSub{match: match, wake: make(chan struct{}, 1)}
+	s := &eventSub{match: match, resync: resync, wake: make(chan struct{}, 1)}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.subs == nil {
@@ -146,7 +166,7 @@ func (h *events) publish(e event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for s := range h.subs {
-		if e.Kind == eventResync || s.match(e) {
+		if e.Kind == eventResync && s.resync || e.Kind != eventResync && s.match(e) {
 			select {
 			case s.wake <- struct{}{}:
 			default: // a wake-up is pending already

@@ -437,6 +437,12 @@ func (w *watcher) notify(ctx context.Context, st *watchState, ids []uuid.UUID, n
 	}
 	if len(dead) > 0 {
 		w.cfg.Logger.Info("instances dead after their lock vanished; notified", "count", len(dead))
+		// This process's own followers hear none of it while its session does not listen
+		// (it is reconnecting): they are told here, or they would take the dead holders'
+		// leases only at their next poll.
+		if !w.cfg.Events.Listening() {
+			w.cfg.Events.publish(event{Kind: eventDeadHere})
+		}
 	}
 	return nil
 }
