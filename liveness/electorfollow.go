@@ -14,11 +14,12 @@ import (
 
 // follow tries to take the lease, with jitter so that followers do not hit the row in
 // step, and reports leader changes: every QuietPeriod while the Agent listens to the
-// schema's events, every RetryPeriod while it does not (the poll is then all there is).
-// A notification that the lease is free (released, its holder dead, or expired) wakes it
-// for a try within freeSpread: the fleet's followers are all woken at once, and the first
-// to try takes the lease, whose taken:<name> sends back to waiting those that have not
-// tried yet. It returns the lease once taken, with the gate entered, or nil when ctx ends.
+// schema's events, every RetryPeriod while it does not (then only this process's own
+// watcher, calling a holder dead, wakes it sooner: dead:here). A notification that the
+// lease is free (released, its holder dead, or expired) wakes it for a try within
+// freeSpread: the fleet's followers are all woken at once, and the first to try takes
+// the lease, whose taken:<name> sends back to waiting those that have not tried yet. It
+// returns the lease once taken, with the gate entered, or nil when ctx ends.
 func (e *campaign) follow(ctx context.Context) *Lease {
 	lease := e.cfg.Lease
 	freed, unsubscribeFree := e.leases.events.subscribe(func(ev event) bool { return ev.Kind == eventFree && ev.ID == lease })

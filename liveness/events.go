@@ -132,10 +132,10 @@ func (h *events) subscribe(match func(event) bool) (<-chan struct{}, func()) {
 }
 
 // subscribeNews is subscribe for a waiter whose wake-up means that the event happened
-// (a lease was taken: stop trying), not that it may have: eventResync does
-// not wake it. A listening session that drops and comes back again and again publishes
-// a resync each time; a follower that took each one for taken:<lease> gave up every try
-// it was about to make, and never took a lease that was free.
+// (a lease was taken: stop trying), not that it may have: eventResync does not wake it.
+// A listening session that drops and comes back again and again publishes a resync each
+// time; a follower that took each one for taken:<lease> gave up every try it was about
+// to make, and never took a lease that was free.
 func (h *events) subscribeNews(match func(event) bool) (<-chan struct{}, func()) {
 	return h.add(match, false)
 }
