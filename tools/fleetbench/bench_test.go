@@ -18,8 +18,9 @@ import (
 )
 
 // TestBenchFleet is make bench-fleet: the fleet at each size of FLEET_SIZES (100 and
-// 1,000 by default; FLEET_NODES the node agents of each), each on a fresh server, after a 40 s warm-up, 60 s measured (FLEET_WARMUP,
-// FLEET_MEASURE), with a 20 s idle baseline of the lookup. It prints a markdown table and,
+// 1,000 by default; FLEET_NODES the node agents of each), each on a fresh server and
+// PgBouncer, after a 40 s warm-up, 60 s measured (FLEET_WARMUP, FLEET_MEASURE), with a
+// 20 s idle baseline of the lookup (ten sessions at 20 a second; FLEET_LOOKUP_SESSIONS). It prints a markdown table and,
 // with FLEET_PLOT set, writes an SVG of the server's CPU per agent against the fleet's size
 // to that file.
 func TestBenchFleet(t *testing.T) {
@@ -94,6 +95,13 @@ func TestBenchFleet(t *testing.T) {
 			}
 			t.Logf("each agent's pool: at most %d connections; the agents in %d processes", cfg.PoolMaxConns, cfg.Processes)
 			cfg.Idle, cfg.Warmup, cfg.Measure = 20*time.Second, warmup, measure
+			if s := os.Getenv("FLEET_LOOKUP_SESSIONS"); s != "" { // 1: the lookup on one session, as before
+				p, err := strconv.Atoi(s)
+				if err != nil || p < 1 || p > 100 {
+					t.Fatalf("FLEET_LOOKUP_SESSIONS: %q is not a number of lookup sessions from 1 to 100", s)
+				}
+				cfg.LookupSessions = p
+			}
 			cfg.VictimLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			if path := os.Getenv("FLEET_LOG"); path != "" { // every agent's warnings
 				f, err := os.Create(path)
@@ -133,21 +141,21 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 	return d
 }
 
-func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
 
 // table is the results as docs/performance.md shows them.
 func table(rs []fleetbench.Result) string {
 	var b strings.Builder
-	b.WriteString("| agents | node agents | pool (conns) | alive locks held | server CPU, liveness (cores) | per agent (millicores) | statements/s | per agent | backends | liveness sessions (listening) | lookup p50 idle → fleet | lookup p99 idle → fleet | crash → dead | crash → takeover | leader changes |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| agents | node agents | pool (conns) | alive locks held | server CPU, liveness (cores) | per agent (millicores) | statements/s | per agent | backends | liveness sessions (listening) | lookups idle / fleet | lookup p50 idle → fleet | lookup p99 idle → fleet | crash → dead | crash → takeover | leader changes |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		nodes := "none"
 		if r.Nodes > 0 {
 			nodes = strconv.Itoa(r.Nodes)
 		}
-		fmt.Fprintf(&b, "| %d | %s | %d | %d of %d | %.3f | %.3f | %.0f | %.2f | %d | %d | %s → %s | %s → %s | %.2f s | %.2f s | %d |\n",
+		fmt.Fprintf(&b, "| %d | %s | %d | %d of %d | %.3f | %.3f | %.0f | %.2f | %d | %d | %d / %d | %s → %s | %s → %s | %.2f s | %.2f s | %d |\n",
 			r.Agents, nodes, r.PoolMaxConns, r.LocksHeld, r.Agents, r.LivenessCPU, 1000*r.LivenessCPU/float64(r.Agents), r.Statements,
-			r.Statements/float64(r.Agents), r.Backends, r.LockSessions,
+			r.Statements/float64(r.Agents), r.Backends, r.LockSessions, r.IdleLookups, r.Lookups,
 			ms(r.LookupIdle.P50), ms(r.LookupFleet.P50), ms(r.LookupIdle.P99), ms(r.LookupFleet.P99),
 			r.CrashToDead.Seconds(), r.CrashToTakeover.Seconds(), r.LeaderChanges)
 	}

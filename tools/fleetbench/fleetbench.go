@@ -71,10 +71,18 @@ type Config struct {
 	// how long the fleet runs before it is measured, Measure how long it is measured.
 	Idle, Warmup, Measure time.Duration
 	StartRate             int // agents started a second (50 if zero), so that connections do not storm
-	LookupRate            int // application lookups a second (20 if zero)
-	PoolMaxConns          int32
-	Logger                *slog.Logger // the agents'; nil discards
-	VictimLogger          *slog.Logger // the victim's; Logger if nil
+	LookupRate            int // application lookups a second on each lookup session (20 if zero)
+	// LookupSessions is how many sessions of the lookup's process run the application's
+	// lookup, each at LookupRate (10 if zero): one session's 60 s at 20 a second are
+	// 1,200 samples, whose p99 is the twelfth slowest; ten give 12,000 with the same
+	// cold path, a backend asked every 50 ms.
+	LookupSessions int
+	PoolMaxConns   int32
+	Logger         *slog.Logger // the agents'; nil discards
+	VictimLogger   *slog.Logger // the victim's; Logger if nil
+	// Diagnose, when set, adds the caller's view to a failed run's diagnosis while the
+	// fleet still runs: PgBouncer's pools and log, say, which the server cannot see.
+	Diagnose func(context.Context) string
 }
 
 // Latency is a distribution's median and 99th percentile.
@@ -97,6 +105,9 @@ type Result struct {
 	LockSessions int   // alive-lock and node agent sessions: each LISTENs to the schema's events
 	LookupIdle   Latency
 	LookupFleet  Latency
+	// IdleLookups and Lookups are how many lookups answered in the idle baseline and
+	// while the fleet was measured: the samples behind each p99.
+	IdleLookups, Lookups int64
 	// CrashToDead is from the victim's crash to its dead:<id> notification (the fleet's
 	// watcher tells it once the verdict agrees); CrashToTakeover to the moment another
 	// agent's job for the victim's lease started.
@@ -121,6 +132,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if cfg.LookupRate == 0 {
 		cfg.LookupRate = 20
 	}
+	if cfg.LookupSessions == 0 {
+		cfg.LookupSessions = 10
+	}
 	if cfg.PoolMaxConns == 0 {
 		cfg.PoolMaxConns = 4
 	}
@@ -137,7 +151,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err := prepare(ctx, admin); err != nil {
 		return res, err
 	}
-	look, err := startLookups(ctx, cfg.DirectDSN, cfg.LookupRate)
+	look, err := startLookups(ctx, cfg.DirectDSN, cfg.LookupRate, cfg.LookupSessions)
 	if err != nil {
 		return res, err
 	}
@@ -157,7 +171,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err := look.measure(); err != nil {
 		return res, err
 	}
-	res.LookupIdle = look.latency()
+	res.LookupIdle, res.IdleLookups = look.latency(), look.count()
 
 	f, err := newFleet(cfg, "")
 	if err != nil {
@@ -214,6 +228,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, err
 	}
 	lookups := look.count()
+	res.Lookups = lookups
 	calls1, err := statementCalls(ctx, admin)
 	if err != nil {
 		return res, err
@@ -241,12 +256,12 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 	if remote != nil {
 		if err := remote.err(); err != nil { // a process whose agents ended early measured less than its share
-			return res, err
+			return res, fmt.Errorf("%w\n%s", err, diagnose(ctx, admin, cfg.Diagnose))
 		}
 	}
 	dead, takeover, err := f.crash(ctx, admin, victim)
 	if err != nil {
-		return res, fmt.Errorf("%w\n%s", err, diagnose(ctx, admin))
+		return res, fmt.Errorf("%w\n%s", err, diagnose(ctx, admin, cfg.Diagnose))
 	}
 	res.CrashToDead, res.CrashToTakeover = dead, takeover
 	return res, nil
@@ -254,8 +269,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 // diagnose describes the fleet's state for a run that failed: who holds the leases and
 // how they look, whether a watcher ticks, the instances by state and what the backends
-// wait for.
-func diagnose(ctx context.Context, admin *pgx.Conn) string {
+// wait for; then what the caller's view adds, if any.
+func diagnose(ctx context.Context, admin *pgx.Conn, caller func(context.Context) string) string {
 	var b strings.Builder
 	for _, q := range []string{
 		`SELECT l.name || ' epoch ' || l.epoch || ' expires in ' || round(extract(epoch FROM l.expires_at - now())::numeric, 1) ||
@@ -280,6 +295,9 @@ func diagnose(ctx context.Context, admin *pgx.Conn) string {
 			}
 		}
 		rows.Close()
+	}
+	if caller != nil {
+		b.WriteString(caller(ctx))
 	}
 	return b.String()
 }

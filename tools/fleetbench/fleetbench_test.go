@@ -3,6 +3,7 @@ package fleetbench_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,6 +36,7 @@ func startServer(t testing.TB, agents int) fleetbench.Config {
 		PoolDSN:       bouncer.DSN(db.Name) + " default_query_exec_mode=exec",
 		PostmasterPID: srv.PID(),
 		Agents:        agents,
+		Diagnose:      bouncer.Describe,
 	}
 }
 
@@ -64,6 +66,17 @@ func TestFleetBenchSmall(t *testing.T) {
 	if res.FleetCPU <= 0 || res.LookupIdle.P99 == 0 || res.LookupFleet.P99 == 0 {
 		t.Errorf("nothing measured: server CPU %.3f cores, lookup p99 idle %s, with the fleet %s",
 			res.FleetCPU, res.LookupIdle.P99, res.LookupFleet.P99)
+	}
+	// Ten lookup sessions at 20 a second for the 8 s measured: about 1,600 lookups. One
+	// session would give 160.
+	if res.Lookups < 1000 {
+		t.Errorf("%d lookups measured with the fleet; want about 1,600 (ten sessions, 20 a second, 8 s)", res.Lookups)
+	}
+	// What a failed run adds to its diagnosis: PgBouncer's pools, the agents' among them.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if d := cfg.Diagnose(ctx); !strings.Contains(d, "SHOW POOLS: database") || !strings.Contains(d, "pgbouncer.log") {
+		t.Errorf("PgBouncer's diagnosis lacks its pools or its log:\n%s", d)
 	}
 }
 

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/wait"
 )
 
 // The application's lookup runs in a process of its own, as an application's query
@@ -23,12 +25,14 @@ import (
 // process is the benchmark's own binary started again with these variables set; its
 // TestMain calls Serve first.
 //
-// The lookup process connects, answers "ready", then runs the lookup at the given rate
-// and answers each line it reads on stdin: "reset" forgets the latencies so far,
+// The lookup process opens its sessions, answers "ready", then runs the lookup on each
+// session at the given rate (the sessions' turns spread evenly over the period) and
+// answers each line it reads on stdin: "reset" forgets the latencies so far,
 // "report" writes them as one JSON line. It exits when stdin closes (its parent ended).
 const (
-	lookupDSNEnv  = "PG_LIVENESS_FLEETBENCH_LOOKUP_DSN"
-	lookupRateEnv = "PG_LIVENESS_FLEETBENCH_LOOKUP_RATE"
+	lookupDSNEnv      = "PG_LIVENESS_FLEETBENCH_LOOKUP_DSN"
+	lookupRateEnv     = "PG_LIVENESS_FLEETBENCH_LOOKUP_RATE"
+	lookupSessionsEnv = "PG_LIVENESS_FLEETBENCH_LOOKUP_SESSIONS"
 )
 
 // lookupQuery is the application's primary-key lookup, on the table prepare fills.
@@ -40,51 +44,71 @@ type lookupReport struct {
 	Took []time.Duration `json:"took_ns"`
 }
 
-func serveLookup(dsn, rateText string, in io.Reader, out io.Writer) error {
+func serveLookup(dsn, rateText, sessionsText string, in io.Reader, out io.Writer) error {
 	rate, err := strconv.Atoi(rateText)
 	if err != nil || rate < 1 {
 		return fmt.Errorf("%s: want a positive number of lookups a second, got %q", lookupRateEnv, rateText)
 	}
+	sessions, err := strconv.Atoi(sessionsText)
+	if err != nil || sessions < 1 {
+		return fmt.Errorf("%s: want a positive number of sessions, got %q", lookupSessionsEnv, sessionsText)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
-	conn, err := pgx.Connect(cctx, dsn)
-	ccancel()
-	if err != nil {
-		return fmt.Errorf("lookup connection: %w", err)
-	}
-	defer conn.Close(context.Background())
-
-	var (
-		mu   sync.Mutex
-		took []time.Duration
-		done = make(chan struct{})
-	)
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(time.Second / time.Duration(rate))
-		defer tick.Stop()
-		for n := 0; ; n++ {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
-			t := time.Now()
-			var payload string
-			err := conn.QueryRow(qctx, lookupQuery, 1+n*7919%100000).Scan(&payload)
-			d := time.Since(t)
-			qcancel()
-			if err != nil {
-				continue
-			}
-			mu.Lock()
-			took = append(took, d)
-			mu.Unlock()
+	conns := make([]*pgx.Conn, 0, sessions)
+	defer func() {
+		for _, c := range conns {
+			c.Close(context.Background())
 		}
 	}()
-	defer func() { cancel(); <-done }()
+	for range sessions {
+		cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
+		conn, err := pgx.Connect(cctx, dsn)
+		ccancel()
+		if err != nil {
+			return fmt.Errorf("lookup connection: %w", err)
+		}
+		conns = append(conns, conn)
+	}
+
+	var (
+		mu      sync.Mutex
+		took    []time.Duration
+		running sync.WaitGroup
+	)
+	// Each session looks up every period, its turn offset by its share of the period:
+	// lookups that all fired at once would queue behind each other on the server's cores
+	// and measure that.
+	period := time.Second / time.Duration(rate)
+	for i, conn := range conns {
+		running.Go(func() {
+			if !wait.Sleep(ctx, period*time.Duration(i)/time.Duration(sessions)) {
+				return
+			}
+			tick := time.NewTicker(period)
+			defer tick.Stop()
+			for n := i * 100000 / sessions; ; n++ {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
+				t := time.Now()
+				var payload string
+				err := conn.QueryRow(qctx, lookupQuery, 1+n*7919%100000).Scan(&payload)
+				d := time.Since(t)
+				qcancel()
+				if err != nil {
+					continue
+				}
+				mu.Lock()
+				took = append(took, d)
+				mu.Unlock()
+			}
+		})
+	}
+	defer func() { cancel(); running.Wait() }()
 
 	if _, err := fmt.Fprintln(out, "ready"); err != nil {
 		return err
@@ -123,10 +147,11 @@ type lookups struct {
 	last   lookupReport
 }
 
-// startLookups starts the lookup process at rate lookups a second on a session of its own
-// to dsn, and returns once it is connected.
-func startLookups(ctx context.Context, dsn string, rate int) (*lookups, error) {
-	cmd, stdin, stdout, err := startHelper(lookupDSNEnv+"="+dsn, lookupRateEnv+"="+strconv.Itoa(rate))
+// startLookups starts the lookup process, rate lookups a second on each of its sessions
+// to dsn, and returns once they are connected.
+func startLookups(ctx context.Context, dsn string, rate, sessions int) (*lookups, error) {
+	cmd, stdin, stdout, err := startHelper(lookupDSNEnv+"="+dsn, lookupRateEnv+"="+strconv.Itoa(rate),
+		lookupSessionsEnv+"="+strconv.Itoa(sessions))
 	if err != nil {
 		return nil, fmt.Errorf("fleetbench: the lookup process: %w", err)
 	}

@@ -40,7 +40,7 @@ type share struct {
 // returns at once. A test binary that calls Run calls Serve first in its TestMain.
 func Serve() {
 	if dsn := os.Getenv(lookupDSNEnv); dsn != "" {
-		exit(serveLookup(dsn, os.Getenv(lookupRateEnv), os.Stdin, os.Stdout))
+		exit(serveLookup(dsn, os.Getenv(lookupRateEnv), os.Getenv(lookupSessionsEnv), os.Stdin, os.Stdout))
 	}
 	if spec := os.Getenv(agentsEnv); spec != "" {
 		exit(serveAgents(spec, os.Stdin, os.Stdout))

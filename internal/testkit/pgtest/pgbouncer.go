@@ -128,6 +128,8 @@ func NewPgBouncer(t testing.TB, targetDSN string, opts ...PgBouncerOption) *PgBo
 		// single thread is busy, and an overflow can be answered with resets.
 		"listen_backlog = 4096",
 		"default_pool_size = " + strconv.Itoa(cfg.poolSize),
+		// The target's user may read the admin console's SHOW commands (Describe).
+		"stats_users = " + b.user,
 		"logfile = " + filepath.Join(b.dir, "pgbouncer.log"),
 		"pidfile = " + filepath.Join(b.dir, "pgbouncer.pid"),
 		"",
@@ -247,6 +249,44 @@ func (b *PgBouncer) stop() {
 	if b.watchdog != nil {
 		_ = b.watchdog.Close()
 	}
+}
+
+// Describe is PgBouncer's state for a test that failed: its pools and lists from the
+// admin console (SHOW POOLS, SHOW LISTS) and the last lines of its log, one per line.
+func (b *PgBouncer) Describe(ctx context.Context) string {
+	var out strings.Builder
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, b.DSN("pgbouncer")+" default_query_exec_mode=simple_protocol")
+	if err != nil {
+		fmt.Fprintf(&out, "pgbouncer admin console: %v\n", redact(err))
+	} else {
+		defer conn.Close(context.Background())
+		for _, show := range []string{"SHOW POOLS", "SHOW LISTS"} {
+			rows, err := conn.Query(ctx, show)
+			if err != nil {
+				fmt.Fprintf(&out, "%s: %v\n", show, err)
+				continue
+			}
+			var names []string
+			for _, f := range rows.FieldDescriptions() {
+				names = append(names, f.Name)
+			}
+			fmt.Fprintf(&out, "%s: %s\n", show, strings.Join(names, " "))
+			for rows.Next() {
+				values, err := rows.Values()
+				if err != nil {
+					break
+				}
+				fmt.Fprintf(&out, "  %v\n", values)
+			}
+			rows.Close()
+		}
+	}
+	if data, err := os.ReadFile(filepath.Join(b.dir, "pgbouncer.log")); err == nil {
+		fmt.Fprintf(&out, "pgbouncer.log, last lines:\n  %s\n", strings.ReplaceAll(lastLines(string(data), 30), " | ", "\n  "))
+	}
+	return out.String()
 }
 
 func (b *PgBouncer) logTail() string {
