@@ -67,6 +67,12 @@ type Config struct {
 	// the agents attached to it share process n % Processes, as a node's processes share a
 	// host. The victim, the lookup and the measuring stay here.
 	Processes int
+	// FleetNice, when above 0 (at most 19), runs the agents and node agents at that
+	// niceness, in processes of their own even when one would hold them all (Processes
+	// 1): on a machine where they share the server's cores, the server and the lookup
+	// then have the cores first, as on a database host of their own. The victim and the
+	// measuring stay in this process at its own priority.
+	FleetNice int
 	// Idle is how long the lookup runs before the fleet starts (its baseline), Warmup
 	// how long the fleet runs before it is measured, Measure how long it is measured.
 	Idle, Warmup, Measure time.Duration
@@ -88,6 +94,12 @@ type Config struct {
 // Latency is a distribution's median and 99th percentile.
 type Latency struct{ P50, P99 time.Duration }
 
+// ServerTime is a statement's time in the server's executor (pg_stat_statements): its
+// mean and its slowest. It leaves out what the client's latency adds around it: the
+// round trip, the backend's wake-up, parsing, the plan cache and the locks taken before
+// the executor runs.
+type ServerTime struct{ Mean, Max time.Duration }
+
 // Result is what a run measured.
 type Result struct {
 	Agents    int
@@ -108,6 +120,9 @@ type Result struct {
 	// IdleLookups and Lookups are how many lookups answered in the idle baseline and
 	// while the fleet was measured: the samples behind each p99.
 	IdleLookups, Lookups int64
+	// LookupServerIdle and LookupServerFleet are the lookup's time in the executor,
+	// idle and with the fleet: what of its latency the server's work on it explains.
+	LookupServerIdle, LookupServerFleet ServerTime
 	// CrashToDead is from the victim's crash to its dead:<id> notification (the fleet's
 	// watcher tells it once the verdict agrees); CrashToTakeover to the moment another
 	// agent's job for the victim's lease started.
@@ -138,6 +153,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if cfg.PoolMaxConns == 0 {
 		cfg.PoolMaxConns = 4
 	}
+	if cfg.FleetNice < 0 || cfg.FleetNice > 19 {
+		return Result{}, fmt.Errorf("fleetbench: FleetNice must be from 0 to 19, got %d", cfg.FleetNice)
+	}
+	cfg.Processes = max(cfg.Processes, 1)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -157,8 +176,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	defer look.stop()
 
-	// The lookup alone: its latency and the server's CPU without a fleet.
+	// The lookup alone: its latency and the server's CPU without a fleet. Its sessions'
+	// first lookups load their caches and plans, once: not the path it measures.
+	if !wait.Sleep(ctx, 2*time.Second) {
+		return res, ctx.Err()
+	}
 	look.reset()
+	if err := resetLookupStats(ctx, admin); err != nil {
+		return res, err
+	}
 	cpu0, err := serverCPU(cfg.PostmasterPID)
 	if err != nil {
 		return res, err
@@ -172,6 +198,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, err
 	}
 	res.LookupIdle, res.IdleLookups = look.latency(), look.count()
+	if res.LookupServerIdle, err = lookupStats(ctx, admin); err != nil {
+		return res, err
+	}
 
 	f, err := newFleet(cfg, "")
 	if err != nil {
@@ -179,7 +208,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	defer f.stop()
 	var remote *workers
-	if cfg.Processes > 1 {
+	if cfg.Processes > 1 || cfg.FleetNice > 0 {
 		remote, err = startWorkers(ctx, f)
 		if err != nil {
 			return res, err
@@ -216,6 +245,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, err
 	}
 	look.reset()
+	if err := resetLookupStats(ctx, admin); err != nil {
+		return res, err
+	}
 	starts0 := f.starts.Load()
 	cpu0, _ = serverCPU(cfg.PostmasterPID)
 	start := time.Now()
@@ -229,6 +261,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	lookups := look.count()
 	res.Lookups = lookups
+	if res.LookupServerFleet, err = lookupStats(ctx, admin); err != nil {
+		return res, err
+	}
 	calls1, err := statementCalls(ctx, admin)
 	if err != nil {
 		return res, err
@@ -318,6 +353,13 @@ func prepare(ctx context.Context, admin *pgx.Conn) error {
 		ANALYZE app_items`)
 	if err != nil {
 		return fmt.Errorf("fleetbench: application table: %w", err)
+	}
+	// The table's first vacuum (autovacuum's, after the insert) and the checkpoint after
+	// it would otherwise fall into the lookup's idle baseline.
+	for _, q := range []string{`VACUUM (ANALYZE) app_items`, `CHECKPOINT`} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			return fmt.Errorf("fleetbench: application table: %s: %w", q, err)
+		}
 	}
 	return nil
 }

@@ -230,3 +230,27 @@ func (l *lookups) stop() {
 		<-done
 	}
 }
+
+// lookupStatsWhere picks the lookup's entries in pg_stat_statements.
+const lookupStatsWhere = `query LIKE '%FROM app_items WHERE id = $1%' AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`
+
+// resetLookupStats forgets the lookup's server-side times so far.
+func resetLookupStats(ctx context.Context, admin *pgx.Conn) error {
+	_, err := admin.Exec(ctx, `SELECT pg_stat_statements_reset(userid, dbid, queryid) FROM pg_stat_statements WHERE `+lookupStatsWhere)
+	if err != nil {
+		return fmt.Errorf("fleetbench: reset the lookup's statistics: %w", err)
+	}
+	return nil
+}
+
+// lookupStats is the lookup's time in the executor since resetLookupStats.
+func lookupStats(ctx context.Context, admin *pgx.Conn) (ServerTime, error) {
+	var mean, slowest float64 // milliseconds
+	err := admin.QueryRow(ctx, `SELECT coalesce(sum(total_exec_time) / nullif(sum(calls), 0), 0), coalesce(max(max_exec_time), 0)
+	    FROM pg_stat_statements WHERE `+lookupStatsWhere).Scan(&mean, &slowest)
+	if err != nil {
+		return ServerTime{}, fmt.Errorf("fleetbench: the lookup's statistics: %w", err)
+	}
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+	return ServerTime{Mean: ms(mean), Max: ms(slowest)}, nil
+}

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -31,6 +32,7 @@ type share struct {
 	StartRate    int      `json:"start_rate"`
 	Nodes        int      `json:"nodes"` // the run's node agents, all processes'
 	SocketDir    string   `json:"socket_dir"`
+	Nice         int      `json:"nice"` // this process's niceness, when above 0 (Config.FleetNice)
 	RunNodes     []int    `json:"run_nodes"`
 	RunAgents    []int    `json:"run_agents"`
 }
@@ -63,6 +65,11 @@ func serveAgents(spec string, in io.Reader, out io.Writer) error {
 	var s share
 	if err := json.Unmarshal([]byte(spec), &s); err != nil {
 		return fmt.Errorf("%s: %w", agentsEnv, err)
+	}
+	if s.Nice > 0 {
+		if err := lowerPriority(s.Nice); err != nil {
+			return err
+		}
 	}
 	cfg := Config{PoolDSN: s.PoolDSN, DirectDSN: s.DirectDSN, Jobs: s.Jobs, PoolMaxConns: s.PoolMaxConns, Nodes: s.Nodes,
 		// Only what stops an agent: a process's warnings, thousands of agents', would bury the test's output.
@@ -137,7 +144,7 @@ func startWorkers(ctx context.Context, f *fleet) (*workers, error) {
 	shares := make([]share, cfg.Processes)
 	for p := range shares {
 		shares[p] = share{PoolDSN: cfg.PoolDSN, DirectDSN: cfg.DirectDSN, Jobs: cfg.Jobs, PoolMaxConns: cfg.PoolMaxConns,
-			StartRate: max(cfg.StartRate/cfg.Processes, 1), Nodes: cfg.Nodes, SocketDir: f.dir}
+			StartRate: max(cfg.StartRate/cfg.Processes, 1), Nodes: cfg.Nodes, SocketDir: f.dir, Nice: cfg.FleetNice}
 	}
 	// An agent lives in the process of the node agent it attaches to.
 	for n := range cfg.Nodes {
@@ -222,6 +229,38 @@ func (w *workers) start(spec string, f *fleet) (*worker, error) {
 		_, _ = io.Copy(io.Discard, stdout)
 	}()
 	return p, nil
+}
+
+// lowerPriority sets every thread of this process to niceness nice. Linux keeps a
+// niceness per thread and a new thread takes its creator's, so once every thread has it
+// the threads the runtime starts later have it too; a pass that finds none left to
+// change ends it (a thread started while the last pass ran is seen by the next).
+func lowerPriority(nice int) error {
+	for range 10 {
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			return fmt.Errorf("fleetbench: this process's threads: %w", err)
+		}
+		changed := 0
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil {
+				continue
+			}
+			// getpriority(2)'s raw syscall answers 20 - nice.
+			if prio, err := syscall.Getpriority(syscall.PRIO_PROCESS, tid); err == nil && 20-prio == nice {
+				continue
+			}
+			if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, syscall.ESRCH) {
+				return fmt.Errorf("fleetbench: niceness %d for thread %d: %w", nice, tid, err)
+			}
+			changed++
+		}
+		if changed == 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("fleetbench: niceness %d: threads kept starting at the old one", nice)
 }
 
 // startHelper starts this test binary again as one of Run's helpers, with env added to
