@@ -284,7 +284,14 @@ func (b *PgBouncer) Describe(ctx context.Context) string {
 		}
 	}
 	if data, err := os.ReadFile(filepath.Join(b.dir, "pgbouncer.log")); err == nil {
-		fmt.Fprintf(&out, "pgbouncer.log, last lines:\n  %s\n", strings.ReplaceAll(lastLines(string(data), 30), " | ", "\n  "))
+		// Thousands of clients' logins would fill the tail; the rest is what went wrong.
+		var kept []string
+		for line := range strings.Lines(string(data)) {
+			if !strings.Contains(line, " login attempt: ") {
+				kept = append(kept, strings.TrimSuffix(line, "\n"))
+			}
+		}
+		fmt.Fprintf(&out, "pgbouncer.log, last lines but logins:\n  %s\n", strings.Join(kept[max(0, len(kept)-30):], "\n  "))
 	}
 	return out.String()
 }
