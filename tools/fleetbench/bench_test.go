@@ -20,9 +20,9 @@ import (
 // TestBenchFleet is make bench-fleet: the fleet at each size of FLEET_SIZES (100 and
 // 1,000 by default; FLEET_NODES the node agents of each), each on a fresh server and
 // PgBouncer, after a 40 s warm-up, 60 s measured (FLEET_WARMUP, FLEET_MEASURE), with a
-// 20 s idle baseline of the lookup (ten sessions at 20 a second; FLEET_LOOKUP_SESSIONS). It prints a markdown table and,
-// with FLEET_PLOT set, writes an SVG of the server's CPU per agent against the fleet's size
-// to that file.
+// 20 s idle baseline of the lookup (ten sessions at 20 a second; FLEET_LOOKUP_SESSIONS).
+// It prints a markdown table and, with FLEET_PLOT set, writes an SVG of the server's CPU
+// per agent against the fleet's size to that file.
 func TestBenchFleet(t *testing.T) {
 	sizes := []int{100, 1000}
 	if s := os.Getenv("FLEET_SIZES"); s != "" {
@@ -67,14 +67,7 @@ func TestBenchFleet(t *testing.T) {
 		t.Run(fmt.Sprintf("%d-agents-%d-nodes", n, nodes[i]), func(t *testing.T) {
 			cfg := startServer(t, n)
 			cfg.Nodes = nodes[i]
-			cfg.Processes = (n + 999) / 1000
-			if s := os.Getenv("FLEET_PROCESSES"); s != "" {
-				p, err := strconv.Atoi(s)
-				if err != nil || p < 1 || p > n {
-					t.Fatalf("FLEET_PROCESSES: %q is not a number of processes from 1 to %d (the agents)", s, n)
-				}
-				cfg.Processes = p
-			}
+			cfg.Processes = envInt(t, "FLEET_PROCESSES", (n+999)/1000, 1, n, "a number of processes of agents")
 			// Thousands of agents: their pools get what the open-files limit leaves them
 			// (each agent attached to a node agent takes two files of its process for
 			// that), at most 4.
@@ -85,30 +78,15 @@ func TestBenchFleet(t *testing.T) {
 			if perAgent < 1 {
 				t.Fatalf("%d agents need more open files than the limit, %d (ulimit -n)", n, files.Cur)
 			}
-			cfg.PoolMaxConns = int32(min(4, perAgent))
-			if s := os.Getenv("FLEET_POOL"); s != "" { // a smaller pool, to compare at a size the limit allows
-				p, err := strconv.Atoi(s)
-				if err != nil || p < 1 || p > perAgent {
-					t.Fatalf("FLEET_POOL: %q is not a pool size from 1 to %d (what the open-files limit leaves)", s, perAgent)
-				}
-				cfg.PoolMaxConns = int32(p)
-			}
+			// FLEET_POOL: a smaller pool, to compare at a size the limit allows.
+			cfg.PoolMaxConns = int32(envInt(t, "FLEET_POOL", min(4, perAgent), 1, perAgent,
+				"a pool size within what the open-files limit leaves"))
 			t.Logf("each agent's pool: at most %d connections; the agents in %d processes", cfg.PoolMaxConns, cfg.Processes)
 			cfg.Idle, cfg.Warmup, cfg.Measure = 20*time.Second, warmup, measure
-			if s := os.Getenv("FLEET_NICE"); s != "" {
-				p, err := strconv.Atoi(s)
-				if err != nil || p < 0 || p > 19 {
-					t.Fatalf("FLEET_NICE: %q is not a niceness from 0 to 19 for the fleet's processes", s)
-				}
-				cfg.FleetNice = p
-			}
-			if s := os.Getenv("FLEET_LOOKUP_SESSIONS"); s != "" { // 1: the lookup on one session, as before
-				p, err := strconv.Atoi(s)
-				if err != nil || p < 1 || p > 100 {
-					t.Fatalf("FLEET_LOOKUP_SESSIONS: %q is not a number of lookup sessions from 1 to 100", s)
-				}
-				cfg.LookupSessions = p
-			}
+			cfg.FleetNice = envInt(t, "FLEET_NICE", 0, 0, 19, "a niceness for the fleet's processes")
+			// FLEET_LOOKUP_SESSIONS=1: the lookup on one session, as before 2026-12-04's last
+			// runs; unset, Run's default.
+			cfg.LookupSessions = envInt(t, "FLEET_LOOKUP_SESSIONS", 0, 1, 100, "a number of lookup sessions")
 			cfg.VictimLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			if path := os.Getenv("FLEET_LOG"); path != "" { // every agent's warnings
 				f, err := os.Create(path)
@@ -136,6 +114,20 @@ func TestBenchFleet(t *testing.T) {
 	}
 }
 
+// envInt is the number in the environment variable name, def when it is unset; a value
+// outside [lo, hi] fails the test.
+func envInt(t *testing.T, name string, def, lo, hi int, what string) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < lo || n > hi {
+		t.Fatalf("%s: %q is not %s from %d to %d", name, s, what, lo, hi)
+	}
+	return n
+}
+
 func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 	s := os.Getenv(name)
 	if s == "" {
@@ -148,9 +140,10 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 	return d
 }
 
-func ms3(d time.Duration) string { return fmt.Sprintf("%.3f ms", float64(d)/float64(time.Millisecond)) }
-
-func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+// ms is d in milliseconds with decimals digits after the point.
+func ms(d time.Duration, decimals int) string {
+	return fmt.Sprintf("%.*f ms", decimals, float64(d)/float64(time.Millisecond))
+}
 
 // table is the results as docs/performance.md shows them.
 func table(rs []fleetbench.Result) string {
@@ -165,7 +158,8 @@ func table(rs []fleetbench.Result) string {
 		fmt.Fprintf(&b, "| %d | %s | %d | %d of %d | %.3f | %.3f | %.0f | %.2f | %d | %d | %d / %d | %s → %s | %s → %s | %s / %s | %.2f s | %.2f s | %d |\n",
 			r.Agents, nodes, r.PoolMaxConns, r.LocksHeld, r.Agents, r.LivenessCPU, 1000*r.LivenessCPU/float64(r.Agents), r.Statements,
 			r.Statements/float64(r.Agents), r.Backends, r.LockSessions, r.IdleLookups, r.Lookups,
-			ms(r.LookupIdle.P50), ms(r.LookupFleet.P50), ms(r.LookupIdle.P99), ms(r.LookupFleet.P99), ms3(r.LookupServerFleet.Mean), ms3(r.LookupServerFleet.Max),
+			ms(r.LookupIdle.P50, 2), ms(r.LookupFleet.P50, 2), ms(r.LookupIdle.P99, 2), ms(r.LookupFleet.P99, 2),
+			ms(r.LookupServerFleet.Mean, 3), ms(r.LookupServerFleet.Max, 3),
 			r.CrashToDead.Seconds(), r.CrashToTakeover.Seconds(), r.LeaderChanges)
 	}
 	for _, r := range rs {
