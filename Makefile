@@ -50,7 +50,7 @@ deps:
 # test (74 s a run): its bound is on the exporter's scheduling, and the statements it
 # sends are those every other discovery test sends on each major.
 PG_MAJORS     ?= 14 16 17 18
-DB_PKGS       := . ./collector ./internal/database ./internal/status ./internal/targets ./internal/testkit/pgtest ./liveness \
+DB_PKGS       := . ./collector ./internal/database ./internal/lifegate ./internal/status ./internal/targets ./internal/testkit/pgtest ./liveness \
 	./migrations ./internal/store
 TOOLS_DB_PKGS := ./alerts ./cmd/fleetsim ./faults ./fleetsim ./statuspage
 MAJOR_SKIP    := ^(TestPrimaryFailover|TestDiscoveryScrapes150DatabasesWithinTheDeadline)$$
