@@ -108,7 +108,8 @@ func TestLeastPrivileges(t *testing.T) {
 		    liveness.lease_extend(text, text, bigint, float8),
 		    liveness.lease_extend_many(text[], text[], bigint[], float8),
 		    liveness.lease_let_go(text, text, bigint), liveness.lease_abandon(text, text),
-		    liveness.lease_detach(text, text, bigint) TO liveness_agent`)
+		    liveness.lease_detach(text, text, bigint),
+		    liveness.watch_alive_locks(text), liveness.notify_dead_instances(uuid[]) TO liveness_agent`)
 
 	dsnFor := func(role string) string { return roleDSN(srv, db, role, pw) }
 	// Another role's idle backend sits on an advisory lock: seeing its state needs

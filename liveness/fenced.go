@@ -2,6 +2,8 @@ package liveness
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -110,7 +112,7 @@ func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ..
 	deadline, _ := le.fenceDeadline() // after the wait for the connection: it does not count
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(le.leases.stmts.fenceStrict, le.Name, le.Epoch, deadline, le.idleLimit())
+	b.Queue(le.leases.stmts.fenceStrict, le.Name, le.Holder, le.Epoch, deadline, le.idleLimit())
 	b.Queue(sql, args...)
 	br := conn.SendBatch(ctx, b)
 	var tag pgconn.CommandTag
@@ -158,7 +160,7 @@ func (le *Lease) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptio
 	}
 	deadline, _ := le.fenceDeadline()
 	var held bool
-	if err := tx.QueryRow(ctx, le.leases.stmts.fenceStrict, le.Name, le.Epoch, deadline, le.idleLimit()).Scan(&held); err != nil {
+	if err := tx.QueryRow(ctx, le.leases.stmts.fenceStrict, le.Name, le.Holder, le.Epoch, deadline, le.idleLimit()).Scan(&held); err != nil {
 		endTx(ctx, conn.Conn())
 		conn.Release()
 		return nil, le.fenceFailed(err)
@@ -248,8 +250,8 @@ func (le *Lease) commit(ctx context.Context, conn *pgx.Conn) error {
 	if conn.PgConn().TxStatus() != 'E' {
 		deadline, _ := le.fenceDeadline()
 		q := le.leases.stmts.fenceCommit
-		// Digits, a colon and a minus sign only: nothing to quote.
-		lit := "'" + strconv.FormatInt(le.Epoch, 10) + ":" + strconv.FormatInt(deadline.UnixMicro(), 10) + "'"
+		// Digits, colons, a minus sign and hex only: nothing to quote.
+		lit := "'" + le.commitDeadline(deadline) + "'"
 		sql = q[0] + lit + q[1] + "; COMMIT"
 	}
 	tag, err := conn.Exec(ctx, sql)
@@ -261,6 +263,16 @@ func (le *Lease) commit(ctx context.Context, conn *pgx.Conn) error {
 		return pgx.ErrTxCommitRollback
 	}
 	return nil
+}
+
+// commitDeadline is pg_liveness.commit_deadline's value for deadline:
+// '<epoch>:<Unix microseconds>:<signature>', signed with the fence's commit key (migration
+// 0017), which only this acquisition's token gives, so that the check at commit takes it.
+func (le *Lease) commitDeadline(deadline time.Time) string {
+	payload := strconv.FormatInt(le.Epoch, 10) + ":" + strconv.FormatInt(deadline.UnixMicro(), 10)
+	key := sha256.Sum256([]byte("pg_liveness.commit:" + le.Holder))
+	sig := sha256.Sum256([]byte(hex.EncodeToString(key[:]) + ":" + payload))
+	return payload + ":" + hex.EncodeToString(sig[:])
 }
 
 // endTx rolls back what is left of a transaction on conn after an error, or closes conn

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/lifegate"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
@@ -392,10 +393,10 @@ func (h *heartbeatWorker) succeeded(at time.Time, interval time.Duration, sent t
 
 // lastAnchor is the last successful beat as a statement that returned the server's
 // clock: when it was sent, its stamp and its round trip (zero before the first).
-func (h *heartbeatWorker) lastAnchor() serverAnchor {
+func (h *heartbeatWorker) lastAnchor() lifegate.Anchor {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return serverAnchor{sent: h.lastSent, server: h.lastStamp, roundTrip: h.lastRoundTrip}
+	return lifegate.Anchor{Sent: h.lastSent, Server: h.lastStamp, RoundTrip: h.lastRoundTrip}
 }
 
 // lastProof returns when the last successful beat was sent, by this host's monotonic

@@ -102,11 +102,14 @@ func releaseAtEnd(t *testing.T, le *liveness.Lease) {
 // freezingProxy relays TCP to a server, each answer from the server delayed by a fixed
 // time, until frozen; then it stops relaying without closing anything, as a network
 // partition does, and holds what it read until thawed, when it delivers it, in order, as
-// TCP retransmits what was in flight once a partition heals. It only relays bytes to a
+// TCP retransmits what was in flight once a partition heals. With holdCloses, a side's
+// close (its FIN) is held too, so that a session the server ends while frozen is seen to
+// end only at the thaw; otherwise a close goes through at once. It only relays bytes to a
 // real server; it fakes nothing.
 type freezingProxy struct {
 	ln              net.Listener
 	upstream        string // the DSN it relays for
+	holdCloses      bool
 	delay           time.Duration
 	network, target string
 	done            chan struct{} // closed by close
@@ -116,8 +119,17 @@ type freezingProxy struct {
 	once   sync.Once
 	wg     sync.WaitGroup
 
-	mu    sync.Mutex
-	conns []net.Conn
+	mu         sync.Mutex
+	conns      []net.Conn
+	refuseTill time.Time // new connections are closed at once until then
+}
+
+// refuseNewUntil closes every connection accepted before t at once, as a link that is up
+// for what is established but refuses new connections.
+func (p *freezingProxy) refuseNewUntil(t time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refuseTill = t
 }
 
 func newFreezingProxy(t *testing.T, dsn string, delay time.Duration) *freezingProxy {
@@ -215,6 +227,13 @@ func (p *freezingProxy) accept() {
 		if !p.track(client) {
 			return
 		}
+		p.mu.Lock()
+		refuse := time.Now().Before(p.refuseTill)
+		p.mu.Unlock()
+		if refuse {
+			_ = client.Close()
+			continue
+		}
 		server, err := net.DialTimeout(p.network, p.target, 5*time.Second)
 		if err != nil {
 			_ = client.Close()
@@ -250,7 +269,9 @@ func (p *freezingProxy) relay(dst, src net.Conn, delay time.Duration) {
 			}
 		}
 		if err != nil {
-			_ = dst.Close()
+			if !p.holdCloses || p.pass() { // a held close comes in order, after what was held
+				_ = dst.Close()
+			}
 			return
 		}
 	}

@@ -3,6 +3,7 @@ package liveness_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -354,13 +355,9 @@ func TestLeaderLeadsAgainSoonAfterADatabaseRestart(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the agent does not lead within 30 s")
 	}
-	beatsBefore := agent.Snapshot().Heartbeat.Beats
 	if err := srv.StopMode("fast"); err != nil {
 		t.Fatal(err)
 	}
-	// The server is down: a beat counted since it began to stop landed during the
-	// shutdown, after the lock's session was ended (it ends every backend at once).
-	beatDuringStop := agent.Snapshot().Heartbeat.Beats > beatsBefore
 	time.Sleep(time.Second) // away long enough for the lock to go and the release to fail
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
@@ -370,14 +367,12 @@ func TestLeaderLeadsAgainSoonAfterADatabaseRestart(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&answeredAt); err != nil {
 		t.Fatal(err)
 	}
-	// Sometimes the leader keeps its lease across the restart instead, and rightly: the
-	// beat that the lock's loss sends at once to prove life can land before the shutdown
-	// ends its backend. The row then records the lock as not held with a fresh beat, so
-	// the fleet judges the instance by its heartbeat (alive up to the stale threshold), and
-	// so does the life gate. The lease is then still its own and renewed after the restart
-	// (a renewal puts the expiry at least a TTL past the server's answer; the last one
-	// before the stop, more than a second short of it). Without such a beat the leader must
-	// step down within half the lock grace, and keeping the lease is a failure.
+	// A leader cannot keep its lease across the restart: its last proof of the lock came
+	// before the stop, and its trust ended three quarters of the grace after it, for good,
+	// whatever beat or claim came later (the lock was gone for a second). A lease still
+	// its own and renewed after the restart (a renewal puts the expiry at least a TTL past
+	// the server's answer; the last one before the stop, more than a second short of it)
+	// is a leadership kept across a gap in which the fleet may have called it dead.
 	keptLeading := func() bool {
 		var held bool
 		err := pool.QueryRow(ctx, `SELECT epoch = $1 AND expires_at > $2::timestamptz + $3::interval
@@ -398,14 +393,181 @@ func TestLeaderLeadsAgainSoonAfterADatabaseRestart(t *testing.T) {
 			return
 		case <-tick.C:
 			if keptLeading() {
-				if !beatDuringStop {
-					t.Fatalf("kept leading across the restart (epoch %d, renewed after it) although no beat proved life during the shutdown: the life gate should have ended the lease half a lock grace after the loss\nthe agent's log:\n%s", first, logs)
-				}
-				t.Logf("kept leading across the restart (epoch %d): the beat proving life landed before the shutdown ended its backend", first)
-				return
+				t.Fatalf("kept leading across the restart (epoch %d, renewed after it): its trust should have ended three "+
+					"quarters of the lock grace after its last proof, before the stop\nthe agent's log:\n%s", first, logs)
 			}
 		case <-deadline:
 			t.Fatalf("not led again within 40 s of the server answering: the lost lease's row was left to expire (ttl 1 min)\nthe agent's log:\n%s", logs)
 		}
+	}
+}
+
+// TestLeaderStepsDownWhenItsLockLossIsNoticedLate: the safety review's scenario, with real
+// agents and a real server. Just after a verification of the leader's alive lock reaches
+// the server (Q), both of the leader's links stall (Q + 40 ms: its lock session and its
+// pool each go through a proxy); at Q + 60 ms the server ends the lock's backend, and the
+// competitor's watcher stamps the absence at its next look; the end of the session
+// reaches the leader late (the proxy delivers the FIN at Q + 0.5, 0.7 or 0.74 grace: a
+// FIN held back by retransmission, a process paused just after reading it). The fleet may
+// call the leader dead one grace after the loss (its pool's link still frozen, no beat
+// proves its life), and the competitor then starts its job: the leader's must have
+// stopped before, whenever it noticed the loss, since its trust counts from its last
+// proof (Q), not from the notice. The lock's link refuses new connections for a while, so
+// that the leader cannot claim its lock again in time. Default settings but the grace,
+// which is also 4 s (where the old gate overlapped by most of a second).
+func TestLeaderStepsDownWhenItsLockLossIsNoticedLate(t *testing.T) {
+	for _, grace := range []time.Duration{liveness.DefaultLockGrace, 4 * time.Second} {
+		for _, late := range []float64{0.5, 0.7, 0.74} {
+			t.Run(fmt.Sprintf("grace=%s/notice=%.2fgrace", grace, late), func(t *testing.T) {
+				t.Parallel()
+				leaderLossNoticedLate(t, grace, late)
+			})
+		}
+	}
+}
+
+func leaderLossNoticedLate(t *testing.T, grace time.Duration, late float64) {
+	db := testdb.Migrated(t)
+	ctx := testutil.Context(t, 2*time.Minute)
+	admin := pgtest.Pool(t, db.DSN, 2)
+	timing := liveness.Timing{LockGrace: grace}
+	lockLink, poolLink := newFreezingProxy(t, db.DSN, 0), newFreezingProxy(t, db.DSN, 0)
+	lockLink.holdCloses = true
+	leaderCfg := liveness.AgentConfig{Pool: pgtest.Pool(t, poolLink.dsn(), 4), DirectDSN: lockLink.dsn(),
+		InstanceID: uuid.New(), ServiceName: "leader", Timing: timing}
+	leader := newAgent(t, leaderCfg)
+	runAgent(t, leader)
+	t.Cleanup(lockLink.close) // first, so that the leader's statements fail instead of hanging
+	t.Cleanup(poolLink.close)
+	competitor := newAgent(t, liveness.AgentConfig{Pool: pgtest.Pool(t, db.DSN, 4), DirectDSN: db.DSN,
+		InstanceID: uuid.New(), ServiceName: "competitor", Timing: timing})
+	runAgent(t, competitor)
+
+	var mu sync.Mutex
+	var leaderEnded, competitorBegan time.Time
+	var leaderStop error
+	leads, takes, stopped := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var leadsOnce, takesOnce sync.Once
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	electCtx, stopElect := context.WithCancel(ctx)
+	defer stopElect()
+	wg.Go(func() {
+		_ = leader.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+				leadsOnce.Do(func() { close(leads) })
+				<-ctx.Done()
+				mu.Lock()
+				if leaderEnded.IsZero() {
+					leaderEnded = time.Now()
+				}
+				mu.Unlock()
+			},
+			OnStoppedLeading: func(reason error) {
+				mu.Lock()
+				if leaderStop == nil {
+					leaderStop = reason
+					close(stopped)
+				}
+				mu.Unlock()
+			}})
+	})
+	select {
+	case <-leads:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the leader does not lead within 30 s")
+	}
+	following := make(chan struct{})
+	var followOnce sync.Once
+	wg.Go(func() {
+		_ = competitor.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
+			OnNewLeader: func(l liveness.Leader) {
+				if l.InstanceID == leaderCfg.InstanceID {
+					followOnce.Do(func() { close(following) })
+				}
+			},
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+				mu.Lock()
+				if competitorBegan.IsZero() {
+					competitorBegan = time.Now()
+				}
+				mu.Unlock()
+				takesOnce.Do(func() { close(takes) })
+				<-ctx.Done()
+			}})
+	})
+	select {
+	case <-following:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the competitor does not see the leader within 30 s")
+	}
+
+	// Q: a verification of the leader's lock reaching the server, seen as its backend's
+	// query_start moving (the leader verifies every quarter grace).
+	var lockPID int32
+	if err := admin.QueryRow(ctx, `SELECT lock_pid FROM liveness.instances WHERE instance_id = $1`,
+		leaderCfg.InstanceID).Scan(&lockPID); err != nil || lockPID == 0 {
+		t.Fatalf("the leader's lock backend: %d, %v", lockPID, err)
+	}
+	conn, err := admin.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	queryStart := func() (at time.Time) {
+		if err := conn.QueryRow(ctx, `SELECT query_start FROM pg_stat_activity WHERE pid = $1`, lockPID).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	first := queryStart()
+	for queryStart().Equal(first) {
+		time.Sleep(time.Millisecond)
+	}
+	q := time.Now()
+	time.Sleep(time.Until(q.Add(40 * time.Millisecond)))
+	// The lock's link stays bad for new connections until well past the competitor's
+	// takeover, so that the leader cannot claim its lock again in time: it must step down
+	// (a leader that does claim it again before its deadline is never dead by the rule,
+	// and rightly leads on). Its pool's link stays frozen until then too, so that no beat
+	// proves its life after the loss: the fleet calls it dead one grace after the stamp.
+	lockLink.refuseNewUntil(q.Add(3 * grace))
+	lockLink.freeze()
+	poolLink.freeze()
+	time.Sleep(time.Until(q.Add(60 * time.Millisecond)))
+	var ended bool
+	if err := conn.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, lockPID).Scan(&ended); err != nil || !ended {
+		t.Fatalf("pg_terminate_backend(%d): %v, %v", lockPID, ended, err)
+	}
+	time.Sleep(time.Until(q.Add(time.Duration(late * float64(grace)))))
+	lockLink.thaw()
+
+	select {
+	case <-takes:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the competitor does not take over within 60 s")
+	}
+	poolLink.thaw()
+	select {
+	case <-stopped: // once its release has gone through the thawed pool, or failed
+	case <-time.After(30 * time.Second):
+		t.Fatal("the leader's OnStoppedLeading does not run within 30 s of the thaw")
+	}
+	mu.Lock()
+	endedAt, began, stop := leaderEnded, competitorBegan, leaderStop
+	mu.Unlock()
+	if endedAt.IsZero() || !endedAt.Before(began) {
+		t.Fatalf("the competitor began its job %s after Q while the leader's still ran (ended: %s after Q): two job runners",
+			began.Sub(q), endedAt.Sub(q))
+	}
+	t.Logf("the leader's job ended %s after Q (its last proof), the competitor's began %s after Q: %s apart",
+		endedAt.Sub(q).Round(time.Millisecond), began.Sub(q).Round(time.Millisecond), began.Sub(endedAt).Round(time.Millisecond))
+	if want := q.Add(grace * 3 / 4); endedAt.After(want.Add(grace / 4)) {
+		t.Errorf("the leader's job ended %s after Q; want about three quarters of the grace (%s), whatever the notice",
+			endedAt.Sub(q), grace*3/4)
+	}
+	var lost *liveness.LeaseLostError
+	if !errors.As(stop, &lost) || lost.Reason != liveness.LostNotAlive {
+		t.Errorf("the leader stopped because %v; want %s", stop, liveness.LostNotAlive)
 	}
 }

@@ -61,19 +61,18 @@ type LeasesConfig struct {
 	life       lifeGate
 }
 
-// lifeGate says whether this instance can still count on the fleet seeing it alive, and
-// what a leadership must wait for before its lease may be trusted (lifeMonitor).
+// lifeGate says whether this instance, leading nothing, can count on the fleet seeing it
+// alive, and gives each lease it takes a leadership that says so for a leader
+// (lifeMonitor).
 type lifeGate interface {
 	Alive() bool
 	Changed() <-chan struct{} // closed at the next change of Alive
 	// hold is taken just before an acquisition is sent, and lead once it has succeeded
-	// (answered at answered): it returns when the lease may be trusted, with done to call
-	// when the lease ends, or an error when it may not.
+	// (answered at answered): it returns when the lease may be trusted, with the
+	// leadership the lease follows (stop it when the lease ends), or an error when it may
+	// not be trusted.
 	hold() holdMark
-	lead(ctx context.Context, mark holdMark, answered time.Time) (done func(), err error)
-	// fenceDeadline is when, on the server's clock, life stops vouching for a leader, if
-	// it bounds that at all (lifeMonitor.fenceDeadline).
-	fenceDeadline() (deadline time.Time, ok bool)
+	lead(ctx context.Context, mark holdMark, answered time.Time) (*leadership, error)
 }
 
 // Leases takes and keeps table leases: singleton jobs held by a row in <schema>.leases,
@@ -153,7 +152,7 @@ type Lease struct {
 	cancel      context.CancelCauseFunc
 	window      *time.Timer // cancels the lease when the trust window runs out
 	renewerDone chan struct{}
-	leading     func()      // ends the leadership of the instance's life; called once the lease ends
+	life        *leadership // the instance's trust as this lease's leader; nil without an Agent
 	group       *leaseGroup // renews it with others in one statement; nil: renewLoop does
 
 	mu         sync.Mutex
@@ -279,12 +278,12 @@ func (l *Leases) acquireIn(ctx, parent context.Context, name string, ttl time.Du
 		}
 		return nil, fmt.Errorf("liveness: acquire lease %q: %w", name, logging.RedactError(err))
 	}
-	leading := func() {}
+	var life *leadership
 	if l.life != nil {
 		// The lease is not trusted, and no job runs under it, until the alive lock has been
 		// proved held since before the acquisition ran: the fleet may call this instance
 		// dead one lock grace after its lock vanished, however recently it was renewed.
-		if leading, err = l.life.lead(actx, mark, time.Now()); err != nil {
+		if life, err = l.life.lead(actx, mark, time.Now()); err != nil {
 			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
 			_, _ = l.pool.Exec(dctx, l.stmts.abandon, name, holder)
 			dcancel()
@@ -300,7 +299,7 @@ func (l *Leases) acquireIn(ctx, parent context.Context, name string, ttl time.Du
 		ctx: lctx, cancel: lcancel,
 		renewerDone: make(chan struct{}),
 		expiresAt:   *expiresAt, trustUntil: trustUntil, fenceUntil: fenceAt,
-		leading: leading, group: group,
+		life: life, group: group,
 	}
 	l.noteAcquired(le.statName(), epoch)
 	le.mu.Lock()

@@ -928,16 +928,19 @@ func TestLeaseTrustWindowEndsBeforeDatabaseExpiry(t *testing.T) {
 	t.Logf("context cancelled %v before the row expired", left)
 }
 
-// TestLeaseFence: Fence in the writing transaction accepts the holder's writes, holds a
-// takeover back until that transaction ends (so the old epoch's writes all land first, or
-// not at all: a COMMIT past the deadline is refused),
+// TestLeaseFence: Fence in the writing transaction accepts the holder's writes, lets the
+// lease's renewals go on, holds a takeover back until that transaction ends (so the old
+// epoch's writes all land first, or not at all: a COMMIT past the deadline is refused),
 // and refuses, with an error that is errors.Is ErrLeaseLost, once the lease is not held:
 // taken over, its row changed under it, or released.
 func TestLeaseFence(t *testing.T) {
 	ctx := testutil.Context(t, 60*time.Second)
 	db, pool := testdb.MigratedPool(t, 6)
 	db.Exec(t, `CREATE TABLE ledger (id bigserial PRIMARY KEY, epoch bigint NOT NULL)`)
-	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
+	// The first holder's leases renew through a pool of their own, closed below to stop
+	// its renewals as a hung holder's would stop.
+	holderPool := pgtest.Pool(t, db.DSN, 2)
+	a, b := newTestLeases(t, holderPool), newTestLeases(t, pool)
 	write := func(le *liveness.Lease) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			if err := le.Fence(ctx, tx); err != nil {
@@ -952,9 +955,24 @@ func TestLeaseFence(t *testing.T) {
 	if err := write(old); err != nil {
 		t.Fatalf("the holder's fenced write: %v", err)
 	}
-	// A fenced transaction stays open: its row lock holds back the renewals, so the
-	// lease expires by the database clock, and the takeover waits for the transaction.
+	// A fenced transaction stays open. Its row lock does not hold back the renewals: the
+	// lease is renewed past its ttl meanwhile.
 	tx := fencedTx(t, ctx, pool, old)
+	var firstExpiry time.Time
+	if err := pool.QueryRow(ctx, `SELECT expires_at FROM liveness.leases WHERE name = 'job'`).Scan(&firstExpiry); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "a renewal while the fenced transaction is open", func() bool {
+		var at time.Time
+		err := pool.QueryRow(ctx, `SELECT expires_at FROM liveness.leases WHERE name = 'job'`).Scan(&at)
+		return err == nil && at.After(firstExpiry.Add(500*time.Millisecond))
+	})
+	if err := old.Err(); err != nil {
+		t.Fatalf("the lease ended while its fenced transaction was open: %v", err)
+	}
+	// Then its renewals stop (the holder hangs): the lease expires by the database clock,
+	// and the takeover waits for the transaction.
+	holderPool.Close()
 	// This transaction idles on purpose longer than the lease's ttl, past which the fence
 	// would have the server end its session (see TestFencedTransactionOfAHungHolder).
 	if _, err := tx.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = 0`); err != nil {
@@ -987,7 +1005,7 @@ func TestLeaseFence(t *testing.T) {
 		}
 		return n > 0
 	})
-	// Its renewals held back, the lease has expired: its holder was told it lost it, so
+	// Its renewals stopped, the lease has expired: its holder was told it lost it, so
 	// the COMMIT, past the fence's deadline, is refused (the check at commit), and the
 	// takeover goes on only once the transaction has ended.
 	var pgErr *pgconn.PgError
@@ -1053,14 +1071,17 @@ func pgxscanEpochs(ctx context.Context, pool *pgxpool.Pool, out *[]int64) error 
 // A holder that hangs (SIGSTOP, a pause) with a fenced transaction open holds the lease
 // row's lock, and so every takeover, until it resumes: the fence has the server end that
 // transaction's session once it has idled for the lease's ttl, so the lease moves as it
-// would have without the transaction. Here the transaction is simply left idle.
+// would have without the transaction. Here the transaction is simply left idle, and the
+// holder's renewals stop (their pool closed), as a hung holder's do.
 func TestFencedTransactionOfAHungHolder(t *testing.T) {
 	ctx := testutil.Context(t, 60*time.Second)
 	db, pool := testdb.MigratedPool(t, 6)
 	db.Exec(t, `CREATE TABLE ledger (id bigserial PRIMARY KEY, epoch bigint NOT NULL)`)
-	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
+	holderPool := pgtest.Pool(t, db.DSN, 2)
+	a, b := newTestLeases(t, holderPool), newTestLeases(t, pool)
 	old := mustAcquire(t, ctx, a, "job", 2*time.Second)
 	tx := fencedTx(t, ctx, pool, old)
+	holderPool.Close()
 	if _, err := tx.Exec(ctx, `INSERT INTO ledger (epoch) VALUES ($1)`, old.Epoch); err != nil {
 		t.Fatal(err)
 	}

@@ -50,7 +50,7 @@ func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
 	}
 	deadline, late := le.fenceDeadline()
 	var held, inTime bool
-	if err := tx.QueryRow(ctx, le.leases.stmts.fence, le.Name, le.Epoch, deadline, le.idleLimit()).Scan(&held, &inTime); err != nil {
+	if err := tx.QueryRow(ctx, le.leases.stmts.fence, le.Name, le.Holder, le.Epoch, deadline, le.idleLimit()).Scan(&held, &inTime); err != nil {
 		return fmt.Errorf("liveness: fence lease %q: %w", le.Name, logging.RedactError(err))
 	}
 	switch {
@@ -113,8 +113,12 @@ func (le *Lease) fenceDeadline() (time.Time, LostReason) {
 		return time.Time{}, LostExpired
 	}
 	reason := LostExpired
-	if life := le.leases.life; life != nil {
-		if d, ok := life.fenceDeadline(); ok && d.Before(deadline) {
+	if le.life != nil {
+		d, ok := le.life.fenceDeadline()
+		if !ok {
+			return time.Time{}, LostNotAlive
+		}
+		if d.Before(deadline) {
 			deadline, reason = d, LostNotAlive
 		}
 	}

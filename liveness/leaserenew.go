@@ -135,20 +135,18 @@ func (le *Lease) renewLoop() {
 		defer le.group.remove(le)
 		t.Stop()
 	}
-	life := le.leases.life
-	var lifeChanged <-chan struct{}
+	var over <-chan struct{} // the leadership's trust ran out
+	if le.life != nil {
+		over = le.life.Over()
+	}
 	for {
-		if life != nil {
-			lifeChanged = life.Changed() // before Alive, so that no change is missed
-			if !life.Alive() {
-				le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostNotAlive})
-			}
-		}
 		select {
 		case <-le.ctx.Done():
 			le.end(nil) // the parent context ended, unless the lease already had
 			return
-		case <-lifeChanged:
+		case <-over:
+			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostNotAlive})
+			over = nil
 			continue
 		case <-t.C:
 		}
@@ -160,28 +158,20 @@ func (le *Lease) renewLoop() {
 	}
 }
 
-// endWhenNotAlive ends the lease the moment life says this instance can no longer prove
-// it, while a renewal is in flight: renewLoop looks at life only between renewals, and a
-// renewal stuck on a cut-off network waits up to ttl/5, far past the moment the fleet may
-// call this instance dead. The returned func stops the watch and waits for it; ending the
-// lease cancels ctx, which ends the renewal.
-func (le *Lease) endWhenNotAlive(ctx context.Context, life lifeGate) (stop func()) {
+// endWhenNotAlive ends the lease the moment its leadership is over, while a renewal is in
+// flight: renewLoop looks at it only between renewals, and a renewal stuck on a cut-off
+// network waits up to ttl/5, far past the moment the fleet may call this instance dead.
+// The returned func stops the watch and waits for it; ending the lease cancels ctx, which
+// ends the renewal.
+func (le *Lease) endWhenNotAlive(ctx context.Context, life *leadership) (stop func()) {
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		for {
-			changed := life.Changed() // before Alive, so that no change is missed
-			if !life.Alive() {
-				le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostNotAlive})
-				return
-			}
-			select {
-			case <-changed:
-			case <-ctx.Done():
-				return
-			case <-quit:
-				return
-			}
+		select {
+		case <-life.Over():
+			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostNotAlive})
+		case <-ctx.Done():
+		case <-quit:
 		}
 	}()
 	return func() { close(quit); <-done }
@@ -204,8 +194,8 @@ func (le *Lease) renew() bool {
 	}
 	rctx, cancel := context.WithDeadline(le.ctx, deadline)
 	defer cancel()
-	if life := le.leases.life; life != nil {
-		defer le.endWhenNotAlive(rctx, life)()
+	if le.life != nil {
+		defer le.endWhenNotAlive(rctx, le.life)()
 	}
 	var expiresAt time.Time
 	err := le.leases.pool.QueryRow(rctx, le.leases.stmts.renew, le.Name, le.Holder, le.Epoch, le.ttl.Seconds()).Scan(&expiresAt)
@@ -230,11 +220,17 @@ func (le *Lease) renew() bool {
 }
 
 // extend takes a renewal sent at sent that answered expiresAt: the trust window runs
-// from when it was sent (the server's now() came later).
+// from when it was sent (the server's now() came later). A window that ran out before the
+// answer was taken stays over, whether or not its timer has fired yet: the lease is lost,
+// however the renewal went.
 func (le *Lease) extend(expiresAt, sent time.Time) {
 	roundTrip := time.Since(sent)
 	le.mu.Lock()
 	defer le.mu.Unlock()
+	if !le.ended && !time.Now().Before(le.trustUntil) {
+		le.endLocked(le.windowLostLocked())
+		return
+	}
 	if !le.ended {
 		le.expiresAt = expiresAt
 		le.fenceUntil = fenceUntil(expiresAt, roundTrip, le.margin)
@@ -260,13 +256,19 @@ func (le *Lease) windowClosed() {
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	if le.ended || time.Now().Before(le.trustUntil) {
-		return // a renewal extended the window while this timer fired
+		return // a renewal extended the window in time, while this timer fired
 	}
+	le.endLocked(le.windowLostLocked())
+}
+
+// windowLostLocked is the loss of a trust window that ran out: expired, or the last
+// attempt's error.
+func (le *Lease) windowLostLocked() *LeaseLostError {
 	lost := &LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostExpired}
 	if le.lastErr != nil {
 		lost.Reason, lost.Err = LostError, le.lastErr
 	}
-	le.endLocked(lost)
+	return lost
 }
 
 func (le *Lease) end(cause error) {
@@ -284,7 +286,9 @@ func (le *Lease) endLocked(cause error) {
 	}
 	le.ended = true
 	le.window.Stop()
-	defer le.leading() // after the cancel: the job's context ends first
+	if le.life != nil {
+		defer le.life.stop() // after the cancel: the job's context ends first
+	}
 	var lost *LeaseLostError
 	if le.ctx.Err() != nil || !errors.As(cause, &lost) {
 		lost = nil

@@ -3,97 +3,136 @@ package liveness
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/lifegate"
 )
 
-// lifeMonitor tells whether this instance can count on the fleet seeing it alive, by the
-// same rules as instance_states, but always earlier: it answers from what this process
-// knows (its alive lock, and when its last successful beat was sent), with margins, so
-// that a process stops leading before any observer can call it dead and let another
-// process take its leases.
+// lifeMonitor gathers what this process knows of its own liveness (its alive lock's
+// proofs and losses, its acknowledged beats) and asks internal/lifegate, which decides by
+// the same rules as instance_state_rule but always earlier, whether it may count on the
+// fleet seeing it alive. Two answers:
 //
-//   - Before the first successful beat: not alive (there is no row to see).
-//   - Lock held: alive while the last beat is younger than the definitive-dead cutoff
-//     minus half a fast interval (past it, observers call a lock holder a zombie). While
-//     this instance leads (lead), also only while the last proof that the lock is held
-//     was sent less than the lock grace less a quarter ago (proofMaxAge): the lock may
-//     vanish, unseen by a session cut off from the server, at any moment after that
-//     proof ran, and observers call the instance dead one lock grace later.
-//   - Lock gone while the row still says held: alive for half the lock grace after the
-//     loss was noticed; the heartbeat beats at once to prove life, and a proof ends this
-//     case.
-//   - Otherwise (no lock, or table-only mode): alive while the last beat is younger than
-//     the stale threshold minus half a fast interval.
-//
-// The beat's age counts from when it was sent, which is before the server stamped it,
-// so the local age is never below the database's.
+//   - Alive, for a process that leads nothing: whether to try for a lease at all. It
+//     trusts a held lock without fresh proofs, and a lost one for half a grace after the
+//     loss was noticed (the beat the loss triggers proves life).
+//   - A leadership (lead), for every lease it holds: a lifegate.Trust that follows the
+//     leader's deadline (the last proof of the lock plus three quarters of the grace, and
+//     the heartbeat's limit) and ends for good the first time the clock reaches it. Every
+//     question a leadership is asked (alive? the fence's deadline?) looks at the evidence
+//     and the clock as of then, so a late timer or a paused goroutine never lets it answer
+//     from an old view; run only ends it on time, so that its job's context is cancelled.
 type lifeMonitor struct {
-	lock                       lockSession
-	heartbeat                  *heartbeatWorker
-	lockMode                   bool
-	grace, stale, dead, margin time.Duration
-	proofMaxAge                time.Duration // of the lock's last proof, while leading
-	poll                       time.Duration
+	lock      lockSession
+	heartbeat *heartbeatWorker
+	lockMode  bool
+	timing    lifegate.Timing
+	poll      time.Duration
 
 	alive   atomic.Bool
 	changed atomic.Pointer[chan struct{}]
 
-	lostAt time.Time // owned by run: when the loss of a lock the row says held was noticed
+	mu          sync.Mutex
+	leaderships map[*leadership]struct{}
+	began       chan struct{} // a leadership began: run looks at its deadline
 }
 
 func newLifeMonitor(lock lockSession, hb *heartbeatWorker, lockMode bool, fast, stale, dead, grace time.Duration) *lifeMonitor {
 	m := &lifeMonitor{lock: lock, heartbeat: hb, lockMode: lockMode,
-		grace: grace, stale: stale, dead: dead, margin: fast / 2, proofMaxAge: grace - leaderVerifyInterval(grace),
-		poll: min(max(grace/10, 10*time.Millisecond), 100*time.Millisecond)}
+		timing: lifegate.Timing{Grace: grace, Stale: stale, Dead: dead, Margin: fast / 2},
+		poll:   min(max(grace/10, 10*time.Millisecond), 100*time.Millisecond),
+		began:  make(chan struct{}, 1), leaderships: map[*leadership]struct{}{}}
 	ch := make(chan struct{})
 	m.changed.Store(&ch)
 	return m
 }
 
-// leaderVerifyInterval is how often a leader's alive lock is verified: a quarter of the
-// lock grace, so that a proof or two may come late before the last one's age reaches
-// proofMaxAge (the other three quarters), and the last quarter is left for the job to
-// notice its cancelled context.
-func leaderVerifyInterval(grace time.Duration) time.Duration { return grace / 4 }
+// leaderVerifyInterval is how often a leader's alive lock is verified
+// (lifegate.Timing.LeaderVerifyInterval).
+func leaderVerifyInterval(grace time.Duration) time.Duration {
+	return lifegate.Timing{Grace: grace}.LeaderVerifyInterval()
+}
 
-// Alive reports the last evaluation. Safe from any goroutine.
+// Alive reports the last evaluation of the gate of a process that leads nothing. Safe
+// from any goroutine.
 func (m *lifeMonitor) Alive() bool { return m.alive.Load() }
 
 // Changed returns a channel closed at the next change of Alive.
 func (m *lifeMonitor) Changed() <-chan struct{} { return *m.changed.Load() }
 
-// run evaluates every poll, at each new proof of the lock, and, while leading, the moment
-// the last proof grows too old, until ctx ends; then the instance counts as not alive.
+// evidence is what the gate decides from, read now.
+func (m *lifeMonitor) evidence() lifegate.Evidence {
+	ev := lifegate.Evidence{LockMode: m.lockMode}
+	ev.BeatSent, ev.BeatHolds = m.heartbeat.lastProof()
+	if m.lockMode {
+		p, _ := m.lock.lastProof()
+		ev.Proof, ev.Held, ev.LossNoticed = p.sent, m.lock.Held(), m.lock.lossNoticed()
+	}
+	return ev
+}
+
+// anchor is the latest statement that returned the server's clock: a beat, or a proof of
+// the lock.
+func (m *lifeMonitor) anchor() lifegate.Anchor {
+	a := m.heartbeat.lastAnchor()
+	if m.lockMode {
+		if p, _ := m.lock.lastProof(); !p.serverClock.IsZero() {
+			a = lifegate.Later(a, lifegate.Anchor{Sent: p.sent, Server: p.serverClock, RoundTrip: p.roundTrip})
+		}
+	}
+	return a
+}
+
+// run evaluates every poll, at each new proof of the lock, when a leadership begins, and
+// at the moment the nearest leadership's deadline comes, until ctx ends; then the
+// instance counts as not alive, and every leadership is over.
 func (m *lifeMonitor) run(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
-	defer m.set(false)
+	defer func() {
+		m.set(false)
+		for _, l := range m.current() {
+			l.end()
+		}
+	}()
 	for {
-		now := time.Now()
 		var proved <-chan struct{}
-		next := m.poll
 		if m.lockMode {
-			var p lockProof
-			p, proved = m.lock.lastProof()
-			if m.leading() && !p.sent.IsZero() {
-				if left := p.sent.Add(m.proofMaxAge).Sub(now); left > 0 {
-					next = min(next, left)
-				}
+			_, proved = m.lock.lastProof()
+		}
+		next := m.poll
+		ev := m.evidence()
+		now := time.Now()
+		until, ok := lifegate.Deadline(m.timing, ev, false)
+		m.set(ok && now.Before(until))
+		for _, l := range m.current() {
+			if until, alive := l.check(ev, now); alive {
+				next = min(next, until.Sub(now))
 			}
 		}
-		m.set(m.evaluate(now))
 		t.Reset(next)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-proved:
+		case <-m.began:
 		}
 	}
 }
 
-// leading reports whether a leadership wants its lock proved often.
+func (m *lifeMonitor) current() []*leadership {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]*leadership, 0, len(m.leaderships))
+	for l := range m.leaderships {
+		out = append(out, l)
+	}
+	return out
+}
+
 // steadyFor is how long the alive lock has been held without a break, zero while it is
 // not (or without a lock): until the fleet has seen it held for a while (the watcher
 // clears a stamp within a tick), a refused try may be the fleet's verdict on this
@@ -109,114 +148,7 @@ func (m *lifeMonitor) steadyFor() time.Duration {
 	return time.Since(time.Unix(0, since))
 }
 
-func (m *lifeMonitor) leading() bool { return m.lockMode && m.lock.leaders() > 0 }
-
-func (m *lifeMonitor) evaluate(now time.Time) bool {
-	st := m.state()
-	if st.lockLost() {
-		if m.lostAt.IsZero() {
-			m.lostAt = now
-		}
-	} else {
-		m.lostAt = time.Time{}
-	}
-	until, ok := m.aliveUntil(st, m.lostAt)
-	return ok && now.Before(until)
-}
-
-// lifeState is what the rules look at, read once.
-type lifeState struct {
-	beatSent time.Time // of the last successful beat; zero before the first
-	rowHolds bool      // that beat recorded the lock as held
-	held     bool      // the lock, as its session last saw it
-	leading  bool
-	proof    lockProof
-}
-
-func (m *lifeMonitor) state() lifeState {
-	var st lifeState
-	st.beatSent, st.rowHolds = m.heartbeat.lastProof()
-	if m.lockMode {
-		st.held, st.leading = m.lock.Held(), m.leading()
-		st.proof, _ = m.lock.lastProof()
-	}
-	return st
-}
-
-// lockLost: the lock is gone while the row still says it is held.
-func (st lifeState) lockLost() bool { return !st.held && st.rowHolds }
-
-// aliveUntil is the moment, on this host's clock, at which the rules stop counting the
-// instance alive given st, and lostAt when the lock is gone while the row says held
-// (when that was noticed). ok is false before the first beat: not alive at all.
-func (m *lifeMonitor) aliveUntil(st lifeState, lostAt time.Time) (until time.Time, ok bool) {
-	if st.beatSent.IsZero() {
-		return time.Time{}, false
-	}
-	if m.lockMode {
-		if st.held {
-			until = st.beatSent.Add(m.dead - m.margin)
-			if st.leading {
-				if st.proof.sent.IsZero() {
-					return time.Time{}, true
-				}
-				until = earliest(until, st.proof.sent.Add(m.proofMaxAge))
-			}
-			return until, true
-		}
-		if st.rowHolds {
-			return earliest(st.beatSent.Add(m.dead-m.margin), lostAt.Add(m.grace/2)), true
-		}
-	}
-	return st.beatSent.Add(m.stale - m.margin), true
-}
-
-func earliest(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}
-
-// fenceDeadline is aliveUntil on the server's clock: when, by the server's clock, the
-// rules stop counting this instance alive as of now. A local moment T becomes the
-// server's S − roundTrip + (T − sent), from the latest statement that returned the
-// server's clock S (the beat's stamp, or the lock proof's clock_timestamp) and was sent
-// at sent: the server read S after sent, so its clock reads that value no later than T.
-// The lock gone while the row says held counts from when the lock's session noticed the
-// loss, which is no later than when the rules did. ok is false without any such
-// statement (only tests make those); before the first beat the deadline is the zero
-// time, which refuses every write.
-func (m *lifeMonitor) fenceDeadline() (deadline time.Time, ok bool) {
-	st := m.state()
-	anchor := m.heartbeat.lastAnchor() // may be a beat newer than st's: it is read whole
-	if p := st.proof; !p.serverClock.IsZero() && (anchor.server.IsZero() || p.sent.After(anchor.sent)) {
-		anchor = serverAnchor{sent: p.sent, server: p.serverClock, roundTrip: p.roundTrip}
-	}
-	if anchor.server.IsZero() {
-		return time.Time{}, false
-	}
-	var lostAt time.Time
-	if st.lockLost() {
-		if lostAt = m.lock.lossNoticed(); lostAt.IsZero() {
-			lostAt = st.proof.sent // the lock vanished after its last proof
-		}
-	}
-	until, alive := m.aliveUntil(st, lostAt)
-	if !alive || until.IsZero() {
-		return time.Time{}, true
-	}
-	return anchor.server.Add(until.Sub(anchor.sent) - anchor.roundTrip), true
-}
-
-// serverAnchor is a statement that returned the server's clock: when it was sent (this
-// host's monotonic clock), what the server's clock read while it ran, and its round trip.
-type serverAnchor struct {
-	sent, server time.Time
-	roundTrip    time.Duration
-}
-
-// errNoLockProof: no proof that the lock is held came in time for a new leadership.
+// errNoLockProof: no proof that the alive lock is held came in time for a new leadership.
 var errNoLockProof = errors.New("liveness: no proof in time that the alive lock is held")
 
 // holdMark is what hold saw before an acquisition was sent: whether the lock was held,
@@ -236,40 +168,60 @@ func (m *lifeMonitor) hold() holdMark {
 }
 
 // lead begins a leadership whose acquisition was sent after mark was taken and answered
-// at answered: the lock is verified often from now on, until done is called, and lead
-// waits (at most one lock grace, and within ctx) for a proof sent after answered by the
-// same claim as mark's (so one session held the lock from before the acquisition ran
-// until after it), and for Alive. Then the lease may be trusted. Without a lock, or when
-// the lock was not held (the fleet then judges the instance by its heartbeat, and no
-// vanishing lock can make it dead early), it waits for nothing.
-func (m *lifeMonitor) lead(ctx context.Context, mark holdMark, answered time.Time) (done func(), err error) {
-	if !m.lockMode {
-		return func() {}, nil
+// at answered. The lock is verified often from now on, until the leadership ends; when it
+// was held, lead waits (at most one lock grace, and within ctx) for a proof sent after
+// answered by the same claim as mark's, so that the job starts with a fresh proof and
+// the whole of its three quarters of the grace ahead. Then the leadership's Trust starts,
+// if the gate's deadline for a leader lies ahead.
+func (m *lifeMonitor) lead(ctx context.Context, mark holdMark, answered time.Time) (*leadership, error) {
+	done := func() {}
+	if m.lockMode {
+		done = m.lock.lead()
 	}
-	done = m.lock.lead()
-	if !mark.held {
-		return done, nil
-	}
-	wctx, cancel := context.WithDeadline(ctx, answered.Add(m.grace))
-	defer cancel()
-	for {
-		changed := m.Changed()
-		p, proved := m.lock.lastProof()
-		if p.claim > mark.claim {
-			done()
-			return nil, errNoLockProof // the lock was lost and claimed again meanwhile
-		}
-		if !p.sent.Before(answered) && m.Alive() {
-			return done, nil
-		}
-		select {
-		case <-wctx.Done():
-			done()
-			return nil, errNoLockProof
-		case <-proved:
-		case <-changed:
+	if m.lockMode && mark.held {
+		wctx, cancel := context.WithDeadline(ctx, answered.Add(m.timing.Grace))
+		defer cancel()
+		for {
+			p, proved := m.lock.lastProof()
+			if p.claim > mark.claim {
+				done()
+				return nil, errNoLockProof // the lock was lost and claimed again meanwhile
+			}
+			if !p.sent.Before(answered) {
+				break
+			}
+			select {
+			case <-wctx.Done():
+				done()
+				return nil, errNoLockProof
+			case <-proved:
+			}
 		}
 	}
+	l := &leadership{m: m, over: make(chan struct{}), done: done}
+	ev := m.evidence()
+	now := time.Now()
+	until, ok := lifegate.Deadline(m.timing, ev, true)
+	l.trust = lifegate.Start(now, until, ok)
+	if !l.trust.Alive(now) {
+		done()
+		return nil, errNoLockProof
+	}
+	m.mu.Lock()
+	m.leaderships[l] = struct{}{}
+	m.mu.Unlock()
+	select {
+	case m.began <- struct{}{}:
+	default:
+	}
+	return l, nil
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func (m *lifeMonitor) set(v bool) {
@@ -278,4 +230,83 @@ func (m *lifeMonitor) set(v bool) {
 	}
 	next := make(chan struct{})
 	close(*m.changed.Swap(&next))
+}
+
+// leadership is one lease's trust in the gate (lifegate.Trust): it ends for good the
+// first time the clock reaches the leader's deadline in force, which every question put to
+// it checks as of then.
+type leadership struct {
+	m    *lifeMonitor
+	done func() // the lock goes back to its usual verifications
+
+	mu    sync.Mutex
+	trust lifegate.Trust
+
+	over     chan struct{} // closed once the trust has ended
+	overOnce sync.Once
+	stopOnce sync.Once
+}
+
+// check observes the gate (evidence ev, read before now) and returns the deadline in
+// force while the trust holds.
+func (l *leadership) check(ev lifegate.Evidence, now time.Time) (until time.Time, alive bool) {
+	until, ok := lifegate.Deadline(l.m.timing, ev, true)
+	l.mu.Lock()
+	alive = l.trust.Observe(now, until, ok)
+	l.mu.Unlock()
+	if !alive {
+		l.end()
+	}
+	return until, alive
+}
+
+// Alive reports whether the leadership still holds, as of now.
+func (l *leadership) Alive() bool {
+	ev := l.m.evidence()
+	_, alive := l.check(ev, time.Now())
+	return alive
+}
+
+// Over returns a channel closed once the leadership has ended.
+func (l *leadership) Over() <-chan struct{} { return l.over }
+
+// fenceDeadline is the moment, on the server's clock, past which a write fenced now under
+// this leadership must be refused (lifegate.FenceUntil carried over with the latest
+// statement that returned the server's clock); false when it must be refused already.
+func (l *leadership) fenceDeadline() (time.Time, bool) {
+	ev := l.m.evidence()
+	anchor := l.m.anchor()
+	now := time.Now()
+	if _, alive := l.check(ev, now); !alive {
+		return time.Time{}, false
+	}
+	l.mu.Lock()
+	until, ok := lifegate.FenceUntil(l.m.timing, ev, l.trust, now)
+	l.mu.Unlock()
+	if !ok || anchor.Server.IsZero() {
+		return time.Time{}, false
+	}
+	return anchor.OnServer(until), true
+}
+
+// end marks the leadership over (its trust ran out, or the monitor stopped).
+func (l *leadership) end() {
+	l.overOnce.Do(func() {
+		l.mu.Lock()
+		l.trust = lifegate.Trust{}
+		l.mu.Unlock()
+		close(l.over)
+	})
+}
+
+// stop is called once the lease has ended: the leadership is over, the monitor forgets
+// it, and the lock goes back to its usual verifications once no leadership is left.
+func (l *leadership) stop() {
+	l.stopOnce.Do(func() {
+		l.end()
+		l.m.mu.Lock()
+		delete(l.m.leaderships, l)
+		l.m.mu.Unlock()
+		l.done()
+	})
 }

@@ -27,97 +27,82 @@ func gateUnderTest(t *testing.T) (*lifeMonitor, *aliveLock, *heartbeatWorker) {
 	return m, lock, hb
 }
 
-// TestLifeGateWantsAFreshLockProofWhileLeading: with the lock held and a fresh beat, an
-// instance is alive; while it leads, only as long as the last proof that the lock is held
-// was sent less than three quarters of the lock grace ago (a session cut off from the
-// server cannot see its lock vanish, and the fleet calls it dead a lock grace after).
-func TestLifeGateWantsAFreshLockProofWhileLeading(t *testing.T) {
+// TestLeadershipEndsAtItsDeadlineUnseenAndStaysOver: a leadership's trust ends the first
+// time the clock reaches its deadline (three quarters of the lock grace after the last
+// proof was sent), although nothing evaluated it then (the monitor does not run here:
+// a process unscheduled, a timer late), and a proof that comes later does not revive it;
+// its lease's Over is closed by the first question that finds it so.
+func TestLeadershipEndsAtItsDeadlineUnseenAndStaysOver(t *testing.T) {
+	ctx := testutil.Context(t, 30*time.Second)
 	m, lock, hb := gateUnderTest(t)
-	now := time.Now()
-	hb.lastSent, hb.lastHolds = now.Add(-time.Second), true
-	lock.change(true)
-	lock.noteProof(now.Add(-800*time.Millisecond), lock.claims.Add(1)) // older than 750 ms
-
-	if !m.evaluate(now) {
-		t.Fatal("not alive without leading, with the lock held and a fresh beat")
-	}
-	done := lock.lead()
-	if m.evaluate(now) {
-		t.Fatal("alive while leading on a proof sent 800 ms ago; want not alive past 750 ms (lock grace 1 s)")
-	}
-	if !m.evaluate(now.Add(-100 * time.Millisecond)) { // the same proof, 700 ms old
-		t.Fatal("not alive while leading on a proof 700 ms old; want alive below 750 ms")
-	}
-	lock.noteProof(now.Add(-10*time.Millisecond), lock.claims.Load())
-	if !m.evaluate(now) {
-		t.Fatal("not alive while leading on a fresh proof")
-	}
-	if m.evaluate(now.Add(750 * time.Millisecond)) {
-		t.Fatal("alive while leading 760 ms after the last proof was sent")
-	}
-	done()
-	done() // idempotent: the count must not go below the other leaderships'
-	if n := lock.leading.Load(); n != 0 {
-		t.Fatalf("leading = %d after done, want 0", n)
-	}
-	if !m.evaluate(now.Add(750 * time.Millisecond)) {
-		t.Fatal("not alive after the leadership ended, with the lock held and a fresh beat")
-	}
-
-	// Without a lock (table-only mode) there is no proof to want.
-	table := newLifeMonitor(nil, hb, false, DefaultHeartbeatInterval, DefaultStaleThreshold, DefaultDefinitiveDeadCutoff,
-		DefaultLockGrace)
-	if !table.evaluate(now) {
-		t.Fatal("table-only: not alive with a fresh beat")
-	}
-}
-
-// TestLifeGateFenceDeadlineMirrorsItsRulesOnTheServersClock: the fence deadline is the
-// moment the gate's rules end, carried over to the server's clock through the latest
-// statement that returned it (S − round trip + (T − sent)): the beat's stamp, or a later
-// proof of the lock. Each rule: three quarters of the lock grace after the last proof
-// while leading; half the grace after the loss was noticed while the row still says the
-// lock is held; the heartbeat's limits less half a fast interval otherwise.
-func TestLifeGateFenceDeadlineMirrorsItsRulesOnTheServersClock(t *testing.T) {
-	m, lock, hb := gateUnderTest(t)
-	if d, ok := m.fenceDeadline(); ok {
-		t.Fatalf("fence deadline %s before any statement returned the server's clock; want none", d)
-	}
 	server := time.Date(2026, time.December, 1, 12, 0, 0, 0, time.UTC)
 	now := time.Now()
 	hb.lastSent, hb.lastHolds, hb.lastStamp, hb.lastRoundTrip = now, true, server, 10*time.Millisecond
 	lock.change(true)
-	margin := DefaultHeartbeatInterval / 2
+	lock.noteProof(now, lock.claims.Add(1))
+	mark := m.hold()
+	go func() {
+		time.Sleep(10 * time.Millisecond)
+		lock.noteProof(time.Now(), lock.claims.Load())
+	}()
+	l, err := m.lead(ctx, mark, time.Now())
+	if err != nil {
+		t.Fatalf("lead: %v", err)
+	}
+	defer l.stop()
+	if !l.Alive() {
+		t.Fatal("not alive just after a fresh proof")
+	}
+	p, _ := lock.lastProof()
+	time.Sleep(time.Until(p.sent.Add(DefaultLockGrace * 3 / 4)))
+	lock.noteProof(time.Now(), lock.claims.Load()) // a proof that comes after the deadline
+	if l.Alive() {
+		t.Fatal("alive after its deadline passed unseen, revived by a later proof")
+	}
+	select {
+	case <-l.Over():
+	default:
+		t.Fatal("Over not closed once the leadership was found over")
+	}
+	if d, ok := l.fenceDeadline(); ok {
+		t.Fatalf("a fence deadline %s after the leadership ended", d)
+	}
+}
+
+// TestLeadershipFenceDeadlineOnTheServersClock: a leader's fence deadline is its trust's
+// deadline carried over to the server's clock by the latest statement that returned it
+// (S − round trip + (T − sent)): the beat's stamp, or a later proof of the lock.
+func TestLeadershipFenceDeadlineOnTheServersClock(t *testing.T) {
+	m, lock, hb := gateUnderTest(t)
+	server := time.Date(2026, time.December, 1, 12, 0, 0, 0, time.UTC)
+	now := time.Now()
+	hb.lastSent, hb.lastHolds, hb.lastStamp, hb.lastRoundTrip = now, true, server, 10*time.Millisecond
+	lock.change(true)
+	lock.noteProof(now, lock.claims.Add(1)) // made by hand: no server clock, so the beat carries it over
+	l, err := m.lead(testutil.Context(t, 10*time.Second), holdMark{}, now)
+	if err != nil {
+		t.Fatalf("lead: %v", err)
+	}
+	defer l.stop()
 	expect := func(what string, want time.Time) {
 		t.Helper()
-		if d, ok := m.fenceDeadline(); !ok || !d.Equal(want) {
+		if d, ok := l.fenceDeadline(); !ok || !d.Equal(want) {
 			t.Fatalf("%s: fence deadline %s, %v; want %s", what, d, ok, want)
 		}
 	}
-	byBeat := func(after time.Duration) time.Time { return server.Add(after - 10*time.Millisecond) }
-	expect("lock held, not leading", byBeat(DefaultDefinitiveDeadCutoff-margin))
+	expect("a proof of the beat's moment", server.Add(750*time.Millisecond-10*time.Millisecond))
 
-	done := lock.lead()
-	defer done()
-	expect("leading without a proof", time.Time{})
-	lock.noteProof(now, lock.claims.Add(1)) // made by hand: no server clock, so the beat carries it over
-	expect("leading on a proof of the beat's moment", byBeat(750*time.Millisecond))
-
-	// A later proof that returned the server's clock carries the rules over instead.
+	// A later proof that returned the server's clock carries the deadline over instead.
 	lock.lastServerClock, lock.lastRoundTrip = server.Add(time.Second), 40*time.Millisecond
 	lock.noteProof(now.Add(5*time.Millisecond), lock.claims.Load())
-	byProof := func(after time.Duration) time.Time { return server.Add(time.Second - 40*time.Millisecond + after) }
-	expect("leading, lock held", byProof(750*time.Millisecond))
+	expect("a later proof with the server's clock", server.Add(time.Second-40*time.Millisecond+750*time.Millisecond))
 
-	lock.change(false) // gone, the loss not recorded: counted from the last proof
-	expect("the lock gone while the row says held, loss not noticed", byProof(500*time.Millisecond))
+	// The lock's loss noticed moves nothing: it may have vanished just after that proof.
+	lock.change(false)
 	lock.proofMu.Lock()
 	lock.lostAt = now.Add(105 * time.Millisecond)
 	lock.proofMu.Unlock()
-	expect("the lock gone while the row says held", byProof(100*time.Millisecond+500*time.Millisecond))
-	hb.lastHolds = false
-	expect("the lock gone and the row without it: judged by the heartbeat",
-		byProof(DefaultStaleThreshold-margin-5*time.Millisecond))
+	expect("the loss noticed", server.Add(time.Second-40*time.Millisecond+750*time.Millisecond))
 }
 
 // TestLifeGateLeadWaitsForAProofOfTheSameClaim: a new leadership is trusted only once a
@@ -140,7 +125,7 @@ func TestLifeGateLeadWaitsForAProofOfTheSameClaim(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // the verification's round trip
 		lock.noteProof(time.Now(), lock.claims.Load())
 	}()
-	done, err := m.lead(ctx, mark, answered)
+	l, err := m.lead(ctx, mark, answered)
 	if err != nil {
 		t.Fatalf("lead with a proof of the same claim: %v", err)
 	}
@@ -150,18 +135,18 @@ func TestLifeGateLeadWaitsForAProofOfTheSameClaim(t *testing.T) {
 	if !woken || lock.leading.Load() != 1 {
 		t.Fatalf("lead did not ask the session for a proof now (woken %v) or count the leadership (%d)", woken, lock.leading.Load())
 	}
-	if !m.Alive() {
+	if !l.Alive() {
 		t.Fatal("lead returned while not alive")
 	}
-	done()
+	l.stop()
 
 	mark = m.hold()
 	answered = time.Now()
 	lock.noteProof(time.Now(), lock.claims.Add(1)) // lost and claimed again: a new claim
-	if done, err := m.lead(ctx, mark, answered); !errors.Is(err, errNoLockProof) {
+	if l, err := m.lead(ctx, mark, answered); !errors.Is(err, errNoLockProof) {
 		t.Fatalf("lead with a proof of a later claim: %v; want %v", err, errNoLockProof)
-	} else if done != nil {
-		t.Fatal("lead refused but returned a done function")
+	} else if l != nil {
+		t.Fatal("lead refused but returned a leadership")
 	}
 
 	mark = m.hold()

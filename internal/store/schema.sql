@@ -1,4 +1,4 @@
--- The schema as it stands after the last migration, 0016_stamps_of_one_claim: every table, sequence,
+-- The schema as it stands after the last migration, 0017_fence_of_the_holder: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (internal/store/schema/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
@@ -43,6 +43,7 @@ CREATE TABLE liveness.fence_checks (
     lease_name text NOT NULL,
     epoch bigint NOT NULL,
     deadline timestamp with time zone NOT NULL,
+    commit_key text,
     CONSTRAINT fence_checks_at_commit TRIGGER DEFERRABLE INITIALLY DEFERRED
 );
 
@@ -79,6 +80,7 @@ CREATE TABLE liveness.leases (
     expires_at timestamp with time zone NOT NULL,
     holder_instance_id uuid,
     holder_host text,
+    CONSTRAINT leases_epoch_key UNIQUE (epoch),
     CONSTRAINT leases_pkey PRIMARY KEY (name)
 );
 CREATE INDEX leases_expires_at_idx ON liveness.leases USING btree (expires_at);
@@ -180,6 +182,14 @@ AS $function$
 $function$
 ;
 
+CREATE OR REPLACE FUNCTION liveness.caller_participates()
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$ SELECT pg_catalog.has_table_privilege(session_user, 'instances', 'UPDATE') $function$
+;
+
 CREATE OR REPLACE FUNCTION liveness.claim_instance_alive_lock(p_instance_id uuid)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -253,7 +263,7 @@ END
 $function$
 ;
 
-CREATE OR REPLACE FUNCTION liveness.fence(p_name text, p_epoch bigint, p_deadline timestamp with time zone, p_raise boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION liveness.fence(p_name text, p_holder text, p_epoch bigint, p_deadline timestamp with time zone, p_raise boolean DEFAULT false)
  RETURNS TABLE(held boolean, in_time boolean)
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -262,7 +272,11 @@ AS $function$
 DECLARE
     v_row tid;
 BEGIN
-    held := coalesce(lease_is_held(p_name, p_epoch), false);
+    PERFORM 1 FROM leases l
+      WHERE l.name = p_name AND l.holder = lease_token(p_holder) AND l.epoch = p_epoch
+        AND l.expires_at >= pg_catalog.clock_timestamp()
+        FOR KEY SHARE;
+    held := FOUND;
     in_time := pg_catalog.clock_timestamp() < p_deadline;
     IF p_raise AND NOT held THEN
         RAISE EXCEPTION 'liveness: lease % is not held under epoch %', p_name, p_epoch USING ERRCODE = 'LVF01';
@@ -271,11 +285,11 @@ BEGIN
         RAISE EXCEPTION 'liveness: fence of lease % (epoch %) came past its deadline %', p_name, p_epoch, p_deadline
               USING ERRCODE = 'LVF02';
     END IF;
-    INSERT INTO fence_checks (lease_name, epoch, deadline)
-         VALUES (p_name, p_epoch, CASE WHEN held THEN coalesce(p_deadline, '-infinity') ELSE '-infinity' END)
+    INSERT INTO fence_checks (lease_name, epoch, deadline, commit_key)
+         VALUES (p_name, p_epoch, CASE WHEN held THEN coalesce(p_deadline, '-infinity') ELSE '-infinity' END,
+                 fence_commit_key(p_holder))
       RETURNING ctid INTO v_row;
-    -- The check stays queued; the row has done its part. By ctid: a tid scan, however
-    -- many dead rows other fences left for vacuum.
+    -- The check stays queued; the row has done its part.
     DELETE FROM fence_checks f WHERE f.ctid = v_row;
     RETURN NEXT;
 END
@@ -285,12 +299,37 @@ $function$
 CREATE OR REPLACE FUNCTION liveness.fence_check_at_commit()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
-    v_set      text := pg_catalog.current_setting('pg_liveness.commit_deadline', true);
+    v_set      text;
     v_deadline timestamptz := NEW.deadline;
+    v_row      tid;
 BEGIN
-    IF v_set IS NOT NULL AND pg_catalog.split_part(v_set, ':', 1) = NEW.epoch::text THEN
+    IF NEW.epoch = -1 THEN
+        PERFORM pg_catalog.set_config('pg_liveness.fence_probe', 'fired', true);
+        RETURN NULL;
+    END IF;
+    PERFORM pg_catalog.set_config('pg_liveness.fence_probe', '', true);
+    INSERT INTO fence_checks (lease_name, epoch, deadline) VALUES (NEW.lease_name, -1, '-infinity')
+      RETURNING ctid INTO v_row;
+    DELETE FROM fence_checks f WHERE f.ctid = v_row;
+    IF pg_catalog.current_setting('pg_liveness.fence_probe') = 'fired' THEN
+        RAISE EXCEPTION 'liveness: fenced transaction of lease % (epoch %) refused: its check at COMMIT was made to run early '
+                        '(SET CONSTRAINTS ... IMMEDIATE); name your own constraints in SET CONSTRAINTS instead of ALL',
+                        NEW.lease_name, NEW.epoch
+              USING ERRCODE = 'LVF04';
+    END IF;
+    IF pg_catalog.current_query() ~* '\mprepare\s+transaction\M' THEN
+        RAISE EXCEPTION 'liveness: fenced transaction of lease % (epoch %) refused: it cannot be prepared for two-phase '
+                        'commit, whose COMMIT PREPARED would not be checked', NEW.lease_name, NEW.epoch
+              USING ERRCODE = 'LVF05';
+    END IF;
+    v_set := pg_catalog.current_setting('pg_liveness.commit_deadline', true);
+    IF v_set IS NOT NULL AND pg_catalog.split_part(v_set, ':', 1) = NEW.epoch::text
+       AND pg_catalog.split_part(v_set, ':', 3) = pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+               NEW.commit_key || ':' || NEW.epoch::text || ':' || pg_catalog.split_part(v_set, ':', 2), 'UTF8')), 'hex') THEN
         v_deadline := timestamptz 'epoch' + pg_catalog.split_part(v_set, ':', 2)::bigint * interval '1 microsecond';
     END IF;
     IF pg_catalog.clock_timestamp() >= v_deadline THEN
@@ -301,6 +340,13 @@ BEGIN
     RETURN NULL;
 END
 $function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.fence_commit_key(p_holder text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE STRICT
+AS $function$ SELECT pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to('pg_liveness.commit:' || p_holder, 'UTF8')), 'hex') $function$
 ;
 
 CREATE OR REPLACE FUNCTION liveness.instance_lock_key(p_instance_id uuid)
@@ -563,8 +609,8 @@ CREATE OR REPLACE FUNCTION liveness.lease_is_held(p_name text, p_epoch bigint)
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
     SELECT coalesce((SELECT true FROM leases l
-                      WHERE l.name = p_name AND l.epoch = p_epoch AND l.expires_at >= now()
-                        FOR SHARE), false)
+                      WHERE l.name = p_name AND l.epoch = p_epoch AND l.expires_at >= pg_catalog.clock_timestamp()
+                        FOR KEY SHARE), false)
 $function$
 ;
 
@@ -743,21 +789,27 @@ CREATE OR REPLACE FUNCTION liveness.stamp_alive_lock_absences(p_instance_id uuid
  SET jit TO 'off'
 AS $function$
 DECLARE
-    v_now     timestamptz := pg_catalog.now();
     v_started timestamptz := pg_catalog.pg_postmaster_start_time();
+    v_now     timestamptz;
+    v_ids     uuid[];
+    v_pids    integer[];
     v_missing integer;
 BEGIN
-    IF pg_catalog.pg_is_in_recovery() OR pg_catalog.current_setting('transaction_read_only') = 'on' THEN
+    IF pg_catalog.pg_is_in_recovery() OR pg_catalog.current_setting('transaction_read_only') = 'on'
+       OR NOT caller_participates() THEN
         RETURN NULL;
     END IF;
-    WITH missing AS MATERIALIZED (
-        SELECT i.instance_id, i.lock_pid
-          FROM instances i
-          LEFT JOIN (SELECT DISTINCT l.classid, l.objid, l.pid FROM bigint_advisory_locks l WHERE l.granted) k
-                 ON k.classid = i.lock_classid AND k.objid = i.lock_objid
-                AND (i.lock_pid IS NULL OR k.pid = i.lock_pid)
-         WHERE i.holds_alive_lock AND k.classid IS NULL
-           AND (p_instance_id IS NULL OR i.instance_id = p_instance_id)),
+    SELECT coalesce(pg_catalog.array_agg(i.instance_id), '{}'), coalesce(pg_catalog.array_agg(i.lock_pid), '{}')
+      INTO v_ids, v_pids
+      FROM instances i
+      LEFT JOIN (SELECT DISTINCT l.classid, l.objid, l.pid FROM bigint_advisory_locks l WHERE l.granted) k
+             ON k.classid = i.lock_classid AND k.objid = i.lock_objid
+            AND (i.lock_pid IS NULL OR k.pid = i.lock_pid)
+     WHERE i.holds_alive_lock AND k.classid IS NULL
+       AND (p_instance_id IS NULL OR i.instance_id = p_instance_id);
+    v_now := pg_catalog.clock_timestamp(); -- after the read: each lock stamped vanished before it
+    WITH missing AS (
+        SELECT m.instance_id, m.lock_pid FROM ROWS FROM (pg_catalog.unnest(v_ids), pg_catalog.unnest(v_pids)) AS m(instance_id, lock_pid)),
     stamped AS (
         INSERT INTO alive_lock_absences AS a (instance_id, missing_since, server_started_at, lock_pid)
         SELECT m.instance_id, v_now, v_started, m.lock_pid FROM missing m

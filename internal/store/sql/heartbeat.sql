@@ -14,8 +14,13 @@
 -- row existed), never over a claim's: a beat read the lock's state before it was sent,
 -- and one sent before the lock was lost and claimed again from a new session can land
 -- after that claim, which would make the new session's lock a stranger's.
--- Returns the beat's time and whether the row had to be inserted, which after the first
--- beat means that it was removed as dead in between.
+-- The row's time never moves back: a beat whose transaction began before another's
+-- committed (it waited for the row, or its message was held back) keeps the newer time, so
+-- the row is never older than the last beat this process saw acknowledged, which its
+-- leaders count on (internal/lifegate).
+-- Returns the row's time (this beat's, or a newer one that committed while it ran: either
+-- way a reading of the server's clock taken while it ran) and whether the row had to be
+-- inserted, which after the first beat means that it was removed as dead in between.
 INSERT INTO {schema}.instances AS i
        (instance_id, service_name, host_name, process_id, started_at, last_heartbeat_at, liveness_mode, metadata,
         holds_alive_lock, heartbeat_interval, heartbeat_slow_interval, stale_threshold, definitive_dead_cutoff, lock_grace,
@@ -28,7 +33,7 @@ ON CONFLICT (instance_id) DO UPDATE
    SET service_name = excluded.service_name,
        host_name = excluded.host_name,
        process_id = excluded.process_id,
-       last_heartbeat_at = excluded.last_heartbeat_at,
+       last_heartbeat_at = greatest(i.last_heartbeat_at, excluded.last_heartbeat_at),
        liveness_mode = excluded.liveness_mode,
        metadata = excluded.metadata,
        holds_alive_lock = excluded.holds_alive_lock,

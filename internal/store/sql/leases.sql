@@ -61,9 +61,10 @@ SELECT l.holder_instance_id, coalesce(l.holder_host, '') AS holder_host, l.epoch
   FROM {schema}.leases l WHERE l.name = $1
 
 -- name: lease_fence
--- A leader's fence, inside the transaction of the writes it guards (Lease.Fence):
--- lease_is_held locks the lease row FOR SHARE until that transaction ends, so no takeover
--- commits in between. The deadline is the leader's own (Lease.FenceDeadline, on this
+-- A leader's fence, inside the transaction of the writes it guards (Lease.Fence): fence
+-- (migration 0017) acts only for the holder whose token it is given, and locks the lease
+-- row FOR KEY SHARE until that transaction ends, so no takeover (nor release) commits in
+-- between, while renewals go on. The deadline is the leader's own (Lease.FenceDeadline, on this
 -- server's clock): a fence that reaches the server after its sender was told it lost the
 -- lease (held back by the network, say) is refused, even while nobody has taken the lease
 -- yet; and so is the transaction's COMMIT when it reaches the server past that deadline
@@ -72,28 +73,31 @@ SELECT l.holder_instance_id, coalesce(l.holder_host, '') AS holder_host, l.epoch
 -- as '<n>ms'), after which the server ends the session: a holder that hangs with a
 -- fenced transaction open (SIGSTOP, a pause) would otherwise hold the row lock, and so
 -- every takeover, until it resumes; this way no longer than its lease would have lasted.
--- $1 name, $2 epoch, $3 the fence deadline, $4 the idle limit. Returns whether the lease
--- is held under that epoch, and whether the server's clock is still before the deadline.
+-- $1 name, $2 holder, $3 epoch, $4 the fence deadline, $5 the idle limit. Returns whether
+-- the lease is held under that epoch, and whether the server's clock is still before the
+-- deadline.
 SELECT f.held, f.in_time
-  FROM {schema}.fence($1, $2, $3) f,
-       pg_catalog.set_config('idle_in_transaction_session_timeout', $4::text, true) AS idle
+  FROM {schema}.fence($1, $2, $3, $4) f,
+       pg_catalog.set_config('idle_in_transaction_session_timeout', $5::text, true) AS idle
 
 -- name: lease_fence_strict tag=lease_fence
 -- The fence of Lease.Exec and Lease.BeginTx: the same, but a refusal is an error, so that
 -- the writes sent after it in the same pipeline never run: SQLSTATE LVF01 when the lease
 -- is not held under the epoch, LVF02 when the fence came past its deadline.
--- $1 name, $2 epoch, $3 the fence deadline, $4 the idle limit (as lease_fence's).
+-- $1 name, $2 holder, $3 epoch, $4 the fence deadline, $5 the idle limit (as lease_fence's).
 SELECT f.held
-  FROM {schema}.fence($1, $2, $3, true) f,
-       pg_catalog.set_config('idle_in_transaction_session_timeout', $4::text, true) AS idle
+  FROM {schema}.fence($1, $2, $3, $4, true) f,
+       pg_catalog.set_config('idle_in_transaction_session_timeout', $5::text, true) AS idle
 
 -- name: lease_fence_commit tag=lease_fence
 -- Sent with the COMMIT of a transaction of Lease.Exec or Lease.BeginTx, in one simple
 -- query ("...; COMMIT"), with the deadline read just before it: the check at commit then
 -- holds the COMMIT to the deadline as of when it was sent, so that the time the
 -- transaction's own statements took (a row lock's wait, say) does not count. Transaction
--- local: it ends with the transaction. $1, inlined as a literal of digits, a colon and a
--- minus sign only: '<epoch>:<the deadline in Unix microseconds>'.
+-- local: it ends with the transaction. $1, inlined as a literal of digits, colons, a
+-- minus sign and hex only: '<epoch>:<the deadline in Unix microseconds>:<signature>', signed
+-- with the fence's commit key (migration 0017), which no one without the holder's token
+-- can make.
 SELECT pg_catalog.set_config('pg_liveness.commit_deadline', $1, true)
 
 -- name: lease_renew_many
