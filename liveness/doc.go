@@ -125,15 +125,15 @@
 //     by more than the margin. The fence below keeps the database right either way.
 //   - Lost life. The instance can no longer count on the fleet seeing it alive
 //     (LostNotAlive), and the callback's context is cancelled before anyone may take the
-//     lease: half the lock grace (0.5 s) after the loss of its alive lock was noticed,
-//     when no beat proved life meanwhile, while the fleet calls it dead a full lock
-//     grace after the lock vanished; or when its last beat is half a fast heartbeat
-//     interval (15 s) short of the age at which the fleet calls it dead (the stale
-//     threshold, or with the lock held the definitive-dead cutoff); or, since a lock can
-//     vanish unseen (a server restart, a failover or a terminated backend while the
-//     leader is cut off from the server by a half-open network), when the last proof
-//     that its lock is held was sent three quarters of the lock grace (0.75 s) ago. See
-//     "What a leader guarantees". Once the callback has returned, the lease is released
+//     lease: three quarters of the lock grace (0.75 s) after the last proof that its lock
+//     was held was sent, since the lock may vanish unseen just after that proof (a server
+//     restart, a failover or a terminated backend while the leader is cut off, or its
+//     notice held back), and the fleet calls it dead a lock grace after it vanished;
+//     or when its last beat is half a fast heartbeat interval (15 s) short of the stale
+//     threshold, past which some observer may judge it by its heartbeat alone. Noticing
+//     the loss moves neither, and a beat or a new claim after the deadline does not
+//     revive the leadership. See "What a leader guarantees". Once the callback has
+//     returned, the lease is released
 //     as on a return; a release that fails (the server restarting, failing over, out of
 //     reach) is sent again every 0.5 s until it succeeds or the row has expired, so that
 //     the lease is free as soon as the server answers: otherwise nobody could take it
@@ -150,45 +150,75 @@
 //
 // # What a leader guarantees
 //
-// A process stops leading before any observer can call it dead. The fleet may call a
-// holder of the alive lock dead one lock grace after the lock vanished, and the lock
-// may vanish at any moment after the last verification that found it held ran: PostgreSQL
-// frees every advisory lock when it restarts, fails over or ends the lock's backend, and
-// a leader cut off by a half-open network learns of that only when its socket gives up
-// (about 20 s at the defaults). So while an Agent holds at least one lease (a campaign's,
-// the reaper's, a watcher's), its lock's session verifies the lock every quarter of the
-// lock grace (250 ms) instead of every VerifyInterval, and the leases trust the lock
-// only while the last such proof was sent less than three quarters of the lock grace
-// (750 ms) ago; past that they end with LostNotAlive, the job having the last quarter
-// (250 ms) to stop before another process may start (fence its writes, below, for what
-// it cannot stop in time), and a campaign tries again once the proofs resume. A new lease is trusted, and its job started, only once a
+// At no instant does a leadership's trust say alive, nor does its fence accept a write,
+// while the schema's verdict rule (instance_state_rule, with the stamps of vanished
+// locks) may call the instance dead; the job's context is cancelled when the trust ends,
+// at its deadline (or, in a process that was not running then, as soon as it runs).
+// Each lease an Agent holds follows a trust (internal/lifegate) whose deadline is the
+// earliest of:
+//
+//   - three quarters of the lock grace (750 ms) after the last proof that the alive lock
+//     was held was sent. The lock may vanish at any moment after that proof ran:
+//     PostgreSQL frees every advisory lock when it restarts, fails over or ends the
+//     lock's backend, and a leader learns of that only when the session's end reaches
+//     it, which a half-open network delays to its keepalive (about 20 s at the defaults)
+//     and a retransmitted FIN or a paused process by any amount. The fleet calls it dead
+//     a lock grace after the vanishing, at the earliest; the last quarter (250 ms) is the
+//     job's time to stop (fence its writes, below, for what it cannot stop in time);
+//   - its last acknowledged beat's sending plus the stale threshold, less half a fast
+//     interval (75 s at the defaults): an observer that trusts the row's word on the
+//     lock, or finds the lock gone, judges it by its heartbeat alone.
+//
+// Noticing the loss moves neither, and once the clock has reached the deadline in force
+// the leadership is over for good: a proof, a beat or a new claim that comes later (the
+// process was unscheduled, a timer fired late) does not revive it; the campaign tries
+// again with a new acquisition. Every question put to a leadership reads the evidence and
+// the clock as of then, so no late evaluation answers from an old view. A fence's
+// deadline is the trust's carried over to the server's clock (and, for a lock never yet
+// held, at most three quarters of the grace ahead, since it stays on the server whatever
+// the process learns later).
+//
+// internal/lifegate's TestGateNeverOutlivesTheVerdict checks this over 10,000 generated
+// schedules in every run of the tests, against the migrations' own rule on a real server:
+// any order and delays of the lock's loss at the server, the absence stamp, the session's
+// notice, proofs, beats (landing late, out of order, or refused), claims after a
+// reconnect, server restarts and missing or late evaluations, with the host's and the
+// server's clocks offset. It assumes the clocks run at the same rate (the lease's margin
+// covers the difference) and that a backend pid is not reused by the instance's next
+// session within a watcher tick.
+//
+// While an Agent holds at least one lease (a campaign's, the reaper's, a watcher's), its
+// lock's session verifies the lock every quarter of the lock grace (250 ms) instead of
+// every VerifyInterval, so a healthy leader's deadline stays half to three quarters of
+// the grace ahead. A new lease is trusted, and its job started, only once a
 // verification sent after the acquisition was answered, on the session that held the
 // lock before it was sent, finds the lock held; otherwise, one lock grace after the
-// acquisition at most, the lease is given back. The cost is per leader, not per agent: an Agent that holds no lease verifies
-// every VerifyInterval (30 s). The price of the guarantee is availability: a
-// leader whose lock session stalls for more than about 750 ms (a slow network, a
-// stalled server, a paused process) steps down, although the fleet might still have
-// seen it alive. ModeHeartbeatTableOnly holds no lock, so none of this applies: such a
-// holder is dead only once its heartbeat is too old, which the margins above cover.
-// OnNewLeader tells every process, the leader included, who leads, and when it sees
-// nobody lead.
+// acquisition at most, the lease is given back. The cost is per leader, not per agent:
+// an Agent that holds no lease verifies every VerifyInterval (30 s). The price of the
+// guarantee is availability: a leader whose lock session stalls for more than about
+// 750 ms (a slow network, a stalled server, a paused process) steps down, although the
+// fleet might still have seen it alive, and so does one whose session ends and is not
+// claimed again within that time. ModeHeartbeatTableOnly holds no lock, so only the
+// heartbeat's deadline applies. OnNewLeader tells every process, the leader included,
+// who leads, and when it sees nobody lead.
 //
 // # Fencing
 //
 // A write that must never come from two leaders is fenced: Leadership.Exec runs one
 // statement, Leadership.BeginTx and BeginFunc a transaction (Lease has the same three).
-// The fence, sent first in the writing transaction, runs lease_is_held(name, epoch),
-// whose FOR SHARE lock on the lease row holds any takeover back until the transaction
-// ends, so every write accepted under one epoch commits before the next holder's first.
+// The fence, sent first in the writing transaction, runs the schema's fence, which acts
+// only for the caller that presents the lease's holder token and locks the lease row FOR
+// KEY SHARE: any takeover (and release) waits until the transaction ends, so every write
+// accepted under one epoch commits before the next holder's first, while the lease's
+// renewals go on.
 // A refused write is a *FencedError (errors.Is ErrFenced), never 0 rows: its Held says
 // whether the lease is still held (the write only came too late) or lost (errors.Is
 // ErrLeaseLost too). During a wind-down (the campaign over, the lease still renewed)
 // fenced writes still count. lease_is_held looks at the row's epoch and expiry only, not
 // at the holder's life: while the holder is dead by the verdict but nobody has taken the
 // lease yet, a write fenced under its epoch is still accepted; it lands before any other
-// holder's. Keep fenced transactions short: the row lock holds back the lease's own
-// renewals too, and a fenced transaction may idle between its statements at most the
-// lease's TTL, after which the server ends its session (the fence sets
+// holder's. A fenced transaction may idle between its statements at most the lease's
+// TTL, after which the server ends its session (the fence sets
 // idle_in_transaction_session_timeout for the transaction): a holder that hangs with one
 // open would otherwise hold back every takeover until it resumes. A write whose context
 // was cancelled may still have committed, as any COMMIT whose answer was lost: it landed
@@ -202,7 +232,10 @@
 // clocks need not agree. A fence, or a COMMIT, that reaches the server later (held back
 // by a partition that heals, TCP retransmitting it) is refused, although nobody has
 // taken the lease: the fence queues a check that runs at COMMIT (a deferred constraint
-// trigger) and rolls the transaction back. Exec, BeginTx and BeginFunc take their
+// trigger) and rolls the transaction back. Nothing inside the transaction moves that
+// check: SET CONSTRAINTS that would run it early refuses the transaction (SQLSTATE
+// LVF04), so does PREPARE TRANSACTION (LVF05), and the fresh deadline a COMMIT carries is
+// signed with a key only the holder's token gives. Exec, BeginTx and BeginFunc take their
 // connection before reading the deadline and send it again, as of then, with their
 // COMMIT, so a healthy leader's write may wait for a connection or a row lock as long as
 // it needs; only the fence's and the COMMIT's own way to the server count against the

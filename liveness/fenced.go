@@ -140,8 +140,8 @@ func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ..
 // lease: its fence runs first, and its Commit is refused unless it reaches the server
 // before the lease's deadline as of when Commit is called. Errors are as Exec's: a
 // *FencedError when the fence or the COMMIT is refused. The connection goes back to db
-// at Commit or Rollback: call one of them. Keep the transaction short: the fence holds
-// the lease row FOR SHARE until it ends, which holds back this lease's renewals too.
+// at Commit or Rollback: call one of them. The fence holds the lease row FOR KEY SHARE
+// until the transaction ends: a takeover waits for it, this lease's renewals do not.
 //
 // The returned transaction's Commit is the only COMMIT that carries a fresh deadline:
 // do not commit it with SQL of your own.

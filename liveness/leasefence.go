@@ -16,18 +16,18 @@ import (
 )
 
 // Fence makes the writes that follow it in tx count only while this lease is held: it
-// runs <schema>.lease_is_held(Name, Epoch) in tx, whose FOR SHARE lock on the lease row
-// keeps any takeover from committing until tx ends, so every write fenced under this
-// epoch commits before the next holder's first. Call it in the transaction that writes,
-// before the writes, and roll back when it fails.
+// runs <schema>.fence in tx, which acts only for this acquisition's holder token and
+// locks the lease row FOR KEY SHARE, keeping any takeover from committing until tx ends
+// (the renewals go on), so every write fenced under this epoch commits before the next
+// holder's first. Call it in the transaction that writes, before the writes, and roll
+// back when it fails.
 //
 // It fails with an error that is errors.Is ErrLeaseLost when the lease is not held: it
 // has ended in this process (lost, released, its context ended), its row no longer has
 // this epoch (taken over, deleted, expired by the database clock), or the fence reached
 // the server after FenceDeadline (held back by the network past the moment this process
 // stopped trusting the lease); the lease is then ended. Any other error is the
-// statement's. tx must be on the leases' database. Keep fenced transactions short: the
-// row lock holds back this lease's renewals too.
+// statement's. tx must be on the leases' database.
 //
 // The deadline is checked when the fence runs, and again at COMMIT (a deferred check the
 // fence queues, migration 0009): a COMMIT that reaches the server past FenceDeadline as
@@ -35,9 +35,10 @@ import (
 // and rolls tx back, even when Fence's error was ignored. That deadline is fixed when
 // Fence runs, so tx must commit within the horizon FenceDeadline states; BeginTx,
 // BeginFunc and Exec carry a fresh one with their COMMIT instead, take their connection
-// before reading it, and say a refusal with a *FencedError: prefer them. Setting the
-// constraints IMMEDIATE (SET CONSTRAINTS ALL IMMEDIATE) in tx moves the check from COMMIT
-// to that statement, which defeats it.
+// before reading it, and say a refusal with a *FencedError: prefer them. A SET
+// CONSTRAINTS in tx that would run the check early (ALL IMMEDIATE, or naming it) fails
+// with SQLSTATE LVF04 and aborts tx; name your own constraints instead. PREPARE
+// TRANSACTION fails with LVF05.
 //
 // lease_is_held looks only at the row's epoch and expiry, not at the holder's life: while
 // the holder is dead by the verdict but nobody has taken the lease yet, a write fenced
