@@ -26,6 +26,7 @@ import (
 // server sees a handful of failed logins (one attempt shared by concurrent scrapes, then
 // a doubling backoff), and /metrics says why pg_liveness_up is 0.
 func TestWrongPasswordBacksOff(t *testing.T) {
+	t.Parallel()
 	srv, db := ownServer(t)
 	newRole(t, srv, db, "wrongpw", "the-right-one")
 	const pw = "not-the-password"
@@ -181,6 +182,7 @@ func TestLeastPrivileges(t *testing.T) {
 // keeps serving as an observer and says in pg_liveness_agent_joined that it has not
 // joined, while pg_liveness_up stays about the database alone.
 func TestMissingPrivilegeIsNotRetriedAndShows(t *testing.T) {
+	t.Parallel()
 	srv, db := ownServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -225,6 +227,7 @@ func TestMissingPrivilegeIsNotRetriedAndShows(t *testing.T) {
 // normally; when it does not, the binary keeps serving as an observer, says why in
 // /metrics, and writes nothing (no instance row). It never exits.
 func TestOlderBinaryAgainstNewerSchema(t *testing.T) {
+	t.Parallel()
 	latest := migrations.Latest()
 	// A newer schema serves at most what every migration in it serves.
 	served := 1

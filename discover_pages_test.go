@@ -68,6 +68,7 @@ func probeConns(t *testing.T, on *pgtest.DB, db string) int {
 }
 
 func TestDiscoveredDatabasesHaveStatusPages(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewServer(t)
 	a, b := pgtest.NewDBOn(t, s), pgtest.NewDBOn(t, s)
 	seedService(t, a, "svc-a")
@@ -170,6 +171,7 @@ func TestDiscoveredDatabasesHaveStatusPages(t *testing.T) {
 }
 
 func TestDiscoverMaxSeriesKeepsWholeDatabasesInOrder(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewServer(t)
 	dbs := []*pgtest.DB{pgtest.NewDBOn(t, s), pgtest.NewDBOn(t, s), pgtest.NewDBOn(t, s)}
 	slices.SortFunc(dbs, func(a, b *pgtest.DB) int { return strings.Compare(a.Name, b.Name) })
@@ -266,6 +268,7 @@ func TestDiscoverMaxSeriesKeepsWholeDatabasesInOrder(t *testing.T) {
 }
 
 func TestSIGHUPStartsChangesAndStopsDiscovery(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewServer(t)
 	a, b := pgtest.NewDBOn(t, s), pgtest.NewDBOn(t, s)
 	seedService(t, a, "svc-a")

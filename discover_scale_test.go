@@ -1,14 +1,18 @@
 package main
 
-// Discovery at the scale its defaults promise: 150 databases of one server, scraped with
-// /metrics at --probe.max-conns' default (20), within the scrape's deadline, every one
-// up, the exporter's sessions never over the cap, and a dropped database gone within
-// about one interval.
+// Discovery at scale: the databases of one server, scraped with /metrics at
+// --probe.max-conns' default (20), within the scrape's deadline, every one up, the
+// exporter's sessions never over the cap, and a dropped database gone within about one
+// interval. make test runs it at 40 databases (its checks, at a scale a loaded 2-core
+// machine meets whatever else runs); make bench-discovery at the 150 its defaults promise
+// (docs/many-databases.md's figures), with PG_LIVENESS_DISCOVERY_DATABASES=150.
 
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,8 +26,20 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
-// scaleDatabases is the test's number of discovered databases: the 150.
-const scaleDatabases = 150
+// scaleDatabases is the test's number of discovered databases: 40, or
+// PG_LIVENESS_DISCOVERY_DATABASES (make bench-discovery: 150). At least 40: 25 of them are
+// locked below, more than a server's turns.
+func scaleDatabases(t *testing.T) int {
+	v := os.Getenv("PG_LIVENESS_DISCOVERY_DATABASES")
+	if v == "" {
+		return 40
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 40 {
+		t.Fatalf("PG_LIVENESS_DISCOVERY_DATABASES=%q: want a number of databases, at least 40", v)
+	}
+	return n
+}
 
 // scaleServer starts a server with n copies (d000, d001, …) of a migrated database that
 // records one live instance, and returns it with the copies' names.
@@ -90,14 +106,15 @@ func sessionPeak(t *testing.T, s *pgtest.Server) (stop func() int) {
 	}
 }
 
-func TestDiscoveryScrapes150DatabasesWithinTheDeadline(t *testing.T) {
+func TestDiscoveryScrapesManyDatabasesWithinTheDeadline(t *testing.T) {
 	t0 := time.Now()
-	s, names := scaleServer(t, scaleDatabases)
+	scale := scaleDatabases(t)
+	s, names := scaleServer(t, scale)
 	t.Logf("%d databases made in %s", len(names), time.Since(t0))
 	dir := t.TempDir()
 	cfg := writeFile(t, dir, "targets.yml", fmt.Sprintf("credentials:\n  c: {user: %s, password_file: %s, sslmode: disable}\n"+
 		"discover:\n  s: {host: 127.0.0.1, port: %d, credentials: c, interval: 5s, max_databases: %d}\n",
-		pgtest.Superuser, writeFile(t, dir, "pw", s.Password+"\n"), s.Port, scaleDatabases))
+		pgtest.Superuser, writeFile(t, dir, "pw", s.Password+"\n"), s.Port, scale))
 	p := startExporter(t, nil, "--no-agent", "--config.file="+cfg) // --probe.max-conns 20, the default
 	// down lists the databases not up 1, in one pass (upOf would scan the body once each).
 	down := func(body string) []string {

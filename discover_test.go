@@ -61,6 +61,7 @@ func upOf(body, database string) string {
 }
 
 func TestDiscoveryWatchesEveryDatabaseWithTheSchema(t *testing.T) {
+	t.Parallel()
 	s1, s2 := pgtest.NewServer(t), pgtest.NewServer(t)
 	type db struct {
 		srv    string

@@ -70,6 +70,7 @@ func TestDSNFileRefusedAtStart(t *testing.T) {
 // used to become part of the first keyword, so host= was lost and the exporter retried
 // the default socket forever.
 func TestDSNFileWithByteOrderMark(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewDB(t)
 	file := writeFile(t, t.TempDir(), "dsn", "\uFEFF"+db.DSN+"\r\n")
 	p := startExporter(t, nil, "--db.dsn-file="+file, "--no-agent")

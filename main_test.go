@@ -23,6 +23,7 @@ import (
 )
 
 func TestBadConfigurationExitsTwoWithOneLine(t *testing.T) {
+	t.Parallel()
 	const pw = "hunter2secret"
 	for _, tc := range []struct {
 		name string
@@ -124,6 +125,7 @@ func TestBadWebConfigurationExitsTwo(t *testing.T) {
 }
 
 func TestServesAndRecoversWhenDatabaseReturns(t *testing.T) {
+	t.Parallel()
 	srv, db := ownServer(t)
 	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN},
 		"--agent.heartbeat-interval=1s", "--agent.heartbeat-slow-interval=2s",
@@ -156,6 +158,7 @@ func TestServesAndRecoversWhenDatabaseReturns(t *testing.T) {
 }
 
 func TestUnreachableDatabaseIsNotFatal(t *testing.T) {
+	t.Parallel()
 	p := startExporter(t, nil, "--db.dsn=host=127.0.0.1 port=1 user=x password=topsecret dbname=x connect_timeout=1")
 	body := p.waitFor(t, `(?m)^pg_liveness_up 0$`, 30*time.Second)
 	if strings.Contains(body, "topsecret") || strings.Contains(p.Logs(), "topsecret") {
@@ -164,6 +167,7 @@ func TestUnreachableDatabaseIsNotFatal(t *testing.T) {
 }
 
 func TestSIGTERMRemovesOwnRowAndExitsZero(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewDB(t)
 	const id = "7b4b8f1e-8c1e-4a57-9b7e-3f0a2e5c9d11"
 	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--agent.instance-id="+id)
@@ -194,10 +198,13 @@ func TestConnectionBudgetWithOnePooledConnection(t *testing.T) {
 	db := pgtest.NewDB(t)
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 	const service = "budget"
+	// Beats every 1-2 s: each may wait its turn for the one connection behind a scrape,
+	// and a loaded machine must not turn that wait into a failed beat (its deadline is
+	// below the interval).
 	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--db.max-conns=1",
 		"--agent.service-name="+service,
-		"--agent.heartbeat-interval=300ms", "--agent.heartbeat-slow-interval=600ms",
-		"--agent.stale-threshold=2s", "--agent.definitive-dead-cutoff=5s",
+		"--agent.heartbeat-interval=1s", "--agent.heartbeat-slow-interval=2s",
+		"--agent.stale-threshold=5s", "--agent.definitive-dead-cutoff=10s",
 		"--agent.reaper-interval=200ms", "--agent.reaper-lease-ttl=2s")
 	p.waitFor(t, `(?m)^pg_liveness_agent_alive_lock_held 1$`, 30*time.Second)
 
@@ -210,7 +217,7 @@ func TestConnectionBudgetWithOnePooledConnection(t *testing.T) {
 	defer cancel()
 	maxPool, maxTotal := 0, 0
 	var body string
-	for start := time.Now(); time.Since(start) < 6*time.Second; {
+	for start := time.Now(); time.Since(start) < 7*time.Second; {
 		// Scrape concurrently with the agent's work, so they compete for the connection.
 		body = p.scrape(t)
 		var pool, total int
@@ -249,6 +256,7 @@ func TestConnectionBudgetWithOnePooledConnection(t *testing.T) {
 // so it writes no row (the first one's service name stays), reports the duplicate in
 // /metrics, and exits 1 after --agent.duplicate-timeout; the first keeps its row.
 func TestDuplicateInstanceIDExitsNonZeroWithoutWriting(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewDB(t)
 	const id = "0d7c3c2a-41b5-4e0e-a6a5-3c5b7b8f9e10"
 	env := []string{"DATA_SOURCE_NAME=" + db.DSN}

@@ -86,6 +86,7 @@ func TestDocsFlagsMatchTheBinary(t *testing.T) {
 // of the collectors' scenario (asserted exactly by collector/scenario_test.go) and those a
 // real run of the binary shows, with a DSN and with --config.file.
 func TestDocsMetricsMatchTheExporter(t *testing.T) {
+	t.Parallel()
 	exposed, err := exposition.FileMetricNames("collector/testdata/scenario.prom")
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,7 @@ import (
 // SIGHUP reloads --db.dsn-file (a rotated password is picked up) and never stops the
 // process; a reload that fails keeps the previous DSN.
 func TestSIGHUPReloadsDSNFile(t *testing.T) {
+	t.Parallel()
 	srv, db := ownServer(t)
 	newRole(t, srv, db, "rotated", "new-secret-pw", "SUPERUSER")
 	file := writeFile(t, t.TempDir(), "dsn", roleDSN(srv, db, "rotated", "old-secret-pw")+"\n")
@@ -52,6 +53,7 @@ func TestSIGHUPReloadsDSNFile(t *testing.T) {
 // Without --db.dsn-file there is nothing to reload, and SIGHUP still does not kill the
 // agent: it keeps its row and lock.
 func TestSIGHUPDoesNotKill(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewDB(t)
 	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN})
 	p.waitFor(t, `(?m)^pg_liveness_agent_alive_lock_held 1$`, 30*time.Second)
@@ -67,6 +69,7 @@ func TestSIGHUPDoesNotKill(t *testing.T) {
 // or a FIFO put in its place is one log line naming the flag, the exporter goes on
 // scraping with the previous DSN, and it does not block on the FIFO.
 func TestDSNFileRefusedOnSIGHUP(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewDB(t)
 	file := writeFile(t, t.TempDir(), "dsn", db.DSN+"\n")
 	p := startExporter(t, nil, "--db.dsn-file="+file, "--no-agent")
@@ -120,6 +123,7 @@ func webConfigDir(t *testing.T) (string, *x509.CertPool) {
 // again. A valid change (a new password) is taken: the new password works, the old one no
 // longer does.
 func TestWebConfigReloadKeepsTheLastValidOne(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewDB(t)
 	dir, pool := webConfigDir(t)
 	file := filepath.Join(dir, "web.yml")
@@ -248,6 +252,7 @@ func TestWebConfigReloadKeepsTheLastValidOne(t *testing.T) {
 
 // With the DSN file refused on SIGHUP, the reload metric says so too.
 func TestReloadMetricCountsTheDSNFile(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewDB(t)
 	file := filepath.Join(t.TempDir(), "dsn")
 	replaceFile(t, file, db.DSN+"\n")

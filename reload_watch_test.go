@@ -61,6 +61,7 @@ func swapSecret(t *testing.T, dir string, files map[string]string) {
 // (--db.dsn-file) and a --config.file target's password_file, each a link through a
 // swapped ..data. A bad new version is refused and the last good one stays in force.
 func TestSecretSwapReloadsWithoutSignal(t *testing.T) {
+	t.Parallel()
 	srv, db := ownServer(t)
 	newRole(t, srv, db, "rotating", "new-secret-pw", "SUPERUSER")
 	dsnDir, targetsDir := t.TempDir(), t.TempDir()
@@ -126,6 +127,7 @@ func do(t *testing.T, method, url string) (int, string) {
 // files are taken, 500 naming the refused one (no password), 405 for GET, and 403
 // without the flag.
 func TestLifecycleReload(t *testing.T) {
+	t.Parallel()
 	srv, db := ownServer(t)
 	newRole(t, srv, db, "lifecycle", "second-secret-pw", "SUPERUSER")
 	file := writeFile(t, t.TempDir(), "dsn", roleDSN(srv, db, "lifecycle", "first-secret-pw")+"\n")

@@ -138,6 +138,7 @@ func TestWhizbangSourceErrors(t *testing.T) {
 
 // A missing table is one clear log line that names the flags to check.
 func TestWhizbangSourceMissingTable(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewDB(t)
 	e := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--no-agent", "--source=whizbang", "--source.whizbang.prefix=nope_")
 	waitLog(t, e, "nope_service_instances does not exist")
@@ -150,6 +151,7 @@ func TestWhizbangSourceMissingTable(t *testing.T) {
 // the status page both read public.service_instances, never the default
 // wh_service_instances beside it.
 func TestWhizbangEmptyPrefixOneTableForEveryReader(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewDB(t)
 	for _, table := range []string{"service_instances", "wh_service_instances"} {
 		db.Exec(t, `CREATE TABLE public.`+table+` (

@@ -173,6 +173,7 @@ func leaseExpiry(t *testing.T, pool *pgxpool.Pool, name string) (expires time.Ti
 // and the row's deletion may wait for longer than the default ShutdownTimeout, and
 // succeeds.
 func TestAgentShutdownGivesEachStepItsBudget(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	cfg := agentConfig(db, pool)
 	cfg.Reaper = false
@@ -356,6 +357,7 @@ func TestAgentLeavesAnOverrunningJobsLeaseToExpire(t *testing.T) {
 // reap round are waiting on it, then the leases table, so that the reaper's release and
 // the stubborn job's leaving its lease to expire hang too.
 func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	cfg := agentConfig(db, pool)
 	cfg.Timing = liveness.Timing{HeartbeatInterval: 2 * time.Second, HeartbeatSlowInterval: 4 * time.Second,
@@ -388,7 +390,7 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = locker.Exec(context.Background(), `ROLLBACK`) })
-	testutil.Eventually(t, 20*time.Second, "a beat and a reap round wait for the tables", func() bool {
+	testutil.Eventually(t, time.Minute, "a beat and a reap round wait for the tables", func() bool {
 		var beat, reap bool
 		if err := pool.QueryRow(bg, `SELECT
 			coalesce(bool_or(query LIKE '%pg_liveness:heartbeat %'), false),
@@ -418,6 +420,7 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 // the first one's), must not delete the row on its way out, and gives up with
 // ErrDuplicateInstance once the duplicate has lasted DuplicateTimeout.
 func TestAgentDuplicateInstanceWritesNothing(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	first := agentConfig(db, pool)
 	first.Reaper = false
@@ -461,6 +464,7 @@ func TestAgentDuplicateInstanceWritesNothing(t *testing.T) {
 // TestAgentNeedsTheSchema: forgetting the migrations fails Run at once with one line that
 // says what to do; with WaitForSchema the agent waits, and joins once they are applied.
 func TestAgentNeedsTheSchema(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewDB(t)
 	pool := db.Pool(t, 3)
 	cfg := liveness.AgentConfig{Pool: pool, DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: "no-schema"}

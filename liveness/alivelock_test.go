@@ -292,6 +292,7 @@ func TestAliveLockConfigErrors(t *testing.T) {
 // ticks: Held never flickers, there is one claim and no loss, and no log line above Info
 // (a failing verification would re-claim on every other tick).
 func TestAliveLockStaysHeldAcrossVerifications(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 90*time.Second)
 	db, pool := testdb.MigratedPool(t, 4)
 	logs := &logRecorder{}
@@ -318,6 +319,7 @@ func TestAliveLockStaysHeldAcrossVerifications(t *testing.T) {
 // reconnect backoff starts over; a series of terminated backends (a flapping pooler, a
 // DBA's script) is recovered from as fast the sixth time as the first.
 func TestAliveLockRecoversFastEveryTime(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 90*time.Second)
 	db, pool := testdb.MigratedPool(t, 4)
 	dsn := db.DSN

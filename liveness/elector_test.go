@@ -83,6 +83,7 @@ func startCuttableAgent(t *testing.T, db *pgtest.DB, service string) (*liveness.
 // leads well before the 30 s ttl, once the leader is dead by the one verdict; the two
 // leaderships never overlap and their epochs increase.
 func TestElectorTakesOverFromADeadLeaderBeforeTheTTL(t *testing.T) {
+	t.Parallel()
 	db, migratedPool := testdb.MigratedPool(t, 2)
 	a1, cut := startCuttableAgent(t, db, "elector-a")
 	a2, _ := startCuttableAgent(t, db, "elector-b")
@@ -219,6 +220,7 @@ func TestAgentRecordsMetadata(t *testing.T) {
 // too late for the caller; the row it inserted is deleted at once instead of blocking
 // the lease for its whole ttl.
 func TestAcquireWhoseAnswerIsLostLeavesNoRow(t *testing.T) {
+	t.Parallel()
 	db, direct := testdb.MigratedPool(t, 2)
 	proxy := newFreezingProxy(t, db.DSN, 700*time.Millisecond) // every answer 0.7 s late
 	t.Cleanup(proxy.close)
@@ -315,6 +317,7 @@ func (l *jobLog) String() string {
 // and when its campaign alone ends, the next leader's job begins only after the
 // previous one's own end record, and each handover happens.
 func TestElectorNeverRunsTwoJobsAtOnce(t *testing.T) {
+	t.Parallel()
 	db, _ := testdb.MigratedPool(t, 2)
 	const windDown = 1500 * time.Millisecond
 	var log jobLog
@@ -554,6 +557,7 @@ func countingPool(t testing.TB, dsn string, maxConns int32) (*pgxpool.Pool, *sta
 // follower, the fleet's O(N) share of the database), and still takes the lease at once
 // when the leader steps down, woken by the notification.
 func TestFollowersWaitForNotificationsNotTheClock(t *testing.T) {
+	t.Parallel()
 	db, _ := testdb.MigratedPool(t, 2)
 	lead := newAgent(t, agentConfig(db, db.Pool(t, 3)))
 	runAgent(t, lead)
@@ -616,6 +620,7 @@ func TestFollowersWaitForNotificationsNotTheClock(t *testing.T) {
 // expires, which nobody notifies (no watcher runs), and the follower must lead within
 // seconds.
 func TestFollowerRefusedByItsOwnRowKeepsPolling(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 3)
 	cfg := agentConfig(db, pool)
 	cfg.DisableWatcher, cfg.Reaper = true, false

@@ -81,6 +81,7 @@ func countWrites(t *testing.T, ctx context.Context, pool *pgxpool.Pool, how stri
 // of the caller's own, fenced by Fence, committed by pgx); the fence as it was before
 // (checked when it runs, not at COMMIT) lets its transaction commit.
 func TestFencedCommitHeldBackPastTheStepDownIsRefused(t *testing.T) {
+	t.Parallel()
 	db, direct := testdb.MigratedPool(t, 2)
 	db.Exec(t, fencedWrites)
 	agent, agentNet := startCuttableAgent(t, db, "fenced-commit")
@@ -322,6 +323,7 @@ func TestLeaseBeginTxCommitsAndRollsBack(t *testing.T) {
 // The same write with the deadline taken before the wait (the hand-written fence) is
 // refused: this is what the horizon used to cost.
 func TestFencedWritesOfAHealthyLeaderWaitingASecondAreNotRefused(t *testing.T) {
+	t.Parallel()
 	db, direct := testdb.MigratedPool(t, 2)
 	db.Exec(t, fencedWrites)
 	db.Exec(t, `CREATE TABLE counters (id int PRIMARY KEY, n int NOT NULL); INSERT INTO counters VALUES (1, 0)`)

@@ -90,6 +90,7 @@ func (h *heldBackWrites) check(t *testing.T) {
 // the half-open session and so still counts the lease held, ran it. The fence deadline,
 // on the server's clock, refuses it.
 func TestFenceDeadlineRefusesALeadersWriteHeldBackPastItsStepDown(t *testing.T) {
+	t.Parallel()
 	db, direct := testdb.MigratedPool(t, 2)
 	db.Exec(t, fencedLedger)
 	agent, agentNet := startCuttableAgent(t, db, "fence-deadline")
@@ -137,6 +138,7 @@ func TestFenceDeadlineRefusesALeadersWriteHeldBackPastItsStepDown(t *testing.T) 
 // write is held back until the window has closed, and reaches the server while the row is
 // still unexpired.
 func TestFenceDeadlineRefusesAWriteHeldBackPastTheTrustWindow(t *testing.T) {
+	t.Parallel()
 	db := testdb.Migrated(t)
 	db.Exec(t, fencedLedger)
 	leaseNet := newFreezingProxy(t, db.DSN, 0)

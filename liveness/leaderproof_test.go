@@ -27,6 +27,7 @@ import (
 // keepalive about 20 s) except: no reaper (it would only add a lease of its own). The
 // partition is real (the proxy stops relaying, closes nothing) and so is the restart.
 func TestCutOffLeaderStepsDownBeforeServerRestartFreesItsLock(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.NewServer(t)
 	db := pgtest.NewDBOn(t, srv)
 	testdb.Migrate(t, db.DSN, liveness.DefaultSchema)
@@ -165,6 +166,7 @@ func TestCutOffLeaderStepsDownBeforeServerRestartFreesItsLock(t *testing.T) {
 // watchers' campaigns (a watcher lease would make it verify often and step down before it
 // tries, which is not what this test is about).
 func TestLeaseNotTrustedOnAnOldLockProof(t *testing.T) {
+	t.Parallel()
 	db, direct := testdb.MigratedPool(t, 2)
 	ctx := testutil.Context(t, 2*time.Minute)
 	proxy := newFreezingProxy(t, db.DSN, 0)
@@ -180,7 +182,7 @@ func TestLeaseNotTrustedOnAnOldLockProof(t *testing.T) {
 	proxy.freeze()
 	var terminated int
 	if err := direct.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-	                                 WHERE application_name = 'holder:alive-lock'`).Scan(&terminated); err != nil || terminated != 1 {
+	                                 WHERE application_name = 'holder:alive-lock' AND datname = current_database()`).Scan(&terminated); err != nil || terminated != 1 {
 		t.Fatalf("terminated %d lock backends of the holder (%v); want 1", terminated, err)
 	}
 	cutAt := time.Now()
@@ -239,6 +241,7 @@ func TestLeaseNotTrustedOnAnOldLockProof(t *testing.T) {
 // dead a lock grace after the restart. Default settings; no restart is needed to see the
 // delay, only the cut.
 func TestCutOffLeaderStepsDownDuringARenewal(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	ctx := testutil.Context(t, 2*time.Minute)
 	proxy := newFreezingProxy(t, db.DSN, 0)
@@ -314,6 +317,7 @@ func TestCutOffLeaderStepsDownDuringARenewal(t *testing.T) {
 // led again within seconds of the server answering. The ttl is a minute here, so that a
 // row left to expire cannot pass for that (the expiry is at least 45 s away).
 func TestLeaderLeadsAgainSoonAfterADatabaseRestart(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.NewServer(t)
 	db := pgtest.NewDBOn(t, srv)
 	testdb.Migrate(t, db.DSN, liveness.DefaultSchema)

@@ -143,13 +143,15 @@ func statsOf(t *testing.T, l *liveness.Leases, name string) liveness.LeaseStats 
 // that pool too, and still the readiness probe's write commits within 3 s. A lease that
 // kept its connection (the old TryExclusive) would starve every other statement.
 func TestLeasesHoldNoConnection(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	db, pool := testdb.MigratedPool(t, 1)
 	db.Exec(t, `CREATE TABLE readiness_probe (id serial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())`)
 	leases := newTestLeases(t, pool)
 
-	// ttl 1 s: each lease renews every 250 ms, through the same single connection.
-	const ttl = time.Second
+	// ttl 2 s: each lease renews every 500 ms, through the same single connection (its
+	// trust window, 1.8 s, leaves a loaded machine room for a renewal that waits its turn).
+	const ttl = 2 * time.Second
 	names := []string{"cleanup", "alerts", "mail-checks", "uptime-runner:node-a"}
 	inside := make(chan *liveness.Lease, len(names))
 	finish := make(chan struct{})
@@ -238,6 +240,7 @@ func TestLeasesHoldNoConnection(t *testing.T) {
 // second holder inside gets a unique violation), the work is a write fenced by
 // lease_is_held(name, epoch), and leaving deletes the row by its epoch.
 func TestLeaseContentionOneHolderAtATime(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	db, pool := testdb.MigratedPool(t, 8)
 	db.Exec(t, `CREATE TABLE lease_inside (name text PRIMARY KEY, epoch bigint NOT NULL);
@@ -247,7 +250,7 @@ func TestLeaseContentionOneHolderAtATime(t *testing.T) {
 
 	const (
 		contenders = 32
-		wantRounds = 300
+		wantRounds = 100
 		name       = "contended"
 	)
 	var (
@@ -329,6 +332,7 @@ func TestLeaseContentionOneHolderAtATime(t *testing.T) {
 }
 
 func TestLeaseTakeover(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool) // two processes
@@ -412,6 +416,7 @@ func TestLeaseLateReleaseKeepsNewerHolder(t *testing.T) {
 // The old holder must notice, on its next renewal, that it no longer holds the lease,
 // however the row changed under it, and cancel its context.
 func TestLeaseLostIsReportedAndCancels(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	const ttl = time.Second // renews every 250 ms
@@ -570,6 +575,7 @@ func TestLeaseIsHeldFencesOldEpoch(t *testing.T) {
 }
 
 func TestLeaseRun(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	l, other := newTestLeases(t, pool), newTestLeases(t, pool)
@@ -813,6 +819,7 @@ func TestLeaseStatementsAreTagged(t *testing.T) {
 // The server stops or crashes mid-lease: renewals fail, and the trust window, not a
 // hang, cancels the lease within ttl of its last renewal.
 func TestLeaseDatabaseGoneMidLease(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	srv := pgtest.NewServer(t)
 	db := pgtest.NewDBOn(t, srv)
@@ -852,6 +859,7 @@ func TestLeaseDatabaseGoneMidLease(t *testing.T) {
 // flight never answers, and the trust window must still cancel the lease on time, as
 // "expired". The proxy only relays bytes to the real server; it fakes nothing.
 func TestLeaseNetworkHangExpires(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	db := testdb.Migrated(t)
 	proxy := newFreezingProxy(t, db.DSN, 0)
@@ -891,6 +899,7 @@ func TestLeaseNetworkHangExpires(t *testing.T) {
 // when the network then hangs, the lease's context must be cancelled while its row is
 // still valid by the database clock.
 func TestLeaseTrustWindowEndsBeforeDatabaseExpiry(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	db, direct := testdb.MigratedPool(t, 1)
 	// A renewal's round trip is over 600 ms here: at a 2 s ttl a loaded machine (make test
@@ -934,6 +943,7 @@ func TestLeaseTrustWindowEndsBeforeDatabaseExpiry(t *testing.T) {
 // and refuses, with an error that is errors.Is ErrLeaseLost, once the lease is not held:
 // taken over, its row changed under it, or released.
 func TestLeaseFence(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	db, pool := testdb.MigratedPool(t, 6)
 	db.Exec(t, `CREATE TABLE ledger (id bigserial PRIMARY KEY, epoch bigint NOT NULL)`)
@@ -1074,6 +1084,7 @@ func pgxscanEpochs(ctx context.Context, pool *pgxpool.Pool, out *[]int64) error 
 // would have without the transaction. Here the transaction is simply left idle, and the
 // holder's renewals stop (their pool closed), as a hung holder's do.
 func TestFencedTransactionOfAHungHolder(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	db, pool := testdb.MigratedPool(t, 6)
 	db.Exec(t, `CREATE TABLE ledger (id bigserial PRIMARY KEY, epoch bigint NOT NULL)`)

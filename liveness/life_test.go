@@ -166,6 +166,7 @@ func TestLifeGateLeadWaitsForAProofOfTheSameClaim(t *testing.T) {
 // the lock's session for a verification at once, although its interval is a minute, and
 // then it verifies every LeaderVerifyInterval until the leadership ends.
 func TestAliveLockVerifiesOftenWhileLeading(t *testing.T) {
+	t.Parallel()
 	db := testdb.Migrated(t)
 	lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc",
 		VerifyInterval: time.Minute, LeaderVerifyInterval: 50 * time.Millisecond})

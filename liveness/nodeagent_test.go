@@ -70,6 +70,7 @@ func rawAttach(t *testing.T, socket string, id uuid.UUID, database string) net.C
 // are the node agent's verifications), and a process whose connection closes without a
 // word (what kill -9 leaves) is dead about a lock grace later.
 func TestNodeAgentHoldsItsProcessesLocksOnOneSession(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 8)
 	ctx := testutil.Context(t, time.Minute)
 	socket := filepath.Join(t.TempDir(), "agent.sock")
@@ -173,6 +174,7 @@ func TestNodeAgentHoldsItsProcessesLocksOnOneSession(t *testing.T) {
 // prove life by their heartbeats: none is ever called dead. They attach again, and hold
 // their locks again, when a node agent is back on the socket.
 func TestNodeAgentDeathKillsNoneOfItsProcesses(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 8)
 	ctx := testutil.Context(t, time.Minute)
 	socket := filepath.Join(t.TempDir(), "agent.sock")

@@ -21,6 +21,7 @@ var aliveLockStartupParameters = []string{"tcp_keepalives_idle", "tcp_keepalives
 // pooling mode. The lock must be reported not held, with one clear log line, no lock may
 // be left on a pooled server connection, and the heartbeat stays fast.
 func TestAliveLockBehindPgBouncer(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 90*time.Second)
 
 	t.Run("transaction pooling", func(t *testing.T) {

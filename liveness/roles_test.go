@@ -61,6 +61,7 @@ func roleConn(t *testing.T, db *pgtest.DB, role string) *pgx.Conn {
 // the lease's ttl, as it would without the observer. Whatever the observer holds, it
 // holds nothing a renewal, the watcher or a takeover waits for.
 func TestObserversCannotBendALease(t *testing.T) {
+	t.Parallel()
 	db := testdb.Migrated(t)
 	ctx := testutil.Context(t, 2*time.Minute)
 	admin := pgtest.Pool(t, db.DSN, 2)
@@ -256,6 +257,7 @@ func TestObserversCannotBendALease(t *testing.T) {
 // move or disable the check of its COMMIT against the fence's deadline. Each COMMIT sent
 // past that deadline is refused, or the statement itself is.
 func TestNothingInAFencedTransactionMovesItsCommitCheck(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 8)
 	writer := "writer_" + db.Name
 	db.Exec(t, fmt.Sprintf(`CREATE ROLE %[2]s LOGIN PASSWORD 'role-pw';

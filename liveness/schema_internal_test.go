@@ -83,6 +83,7 @@ func TestRunWaitsForASlowDatabaseAtStart(t *testing.T) {
 // connection, then relays them to the real PostgreSQL, stands in for the server that
 // comes back: the shared server cannot be made to refuse and then accept on demand.
 func TestRunAsksAgainWhenTheDatabaseIsUnreachableAtStart(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 90*time.Second)
 	db, admin := testdb.MigratedPool(t, 2)
 	real, err := pgxpool.ParseConfig(db.DSN)

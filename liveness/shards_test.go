@@ -94,6 +94,7 @@ func startShardMember(t *testing.T, db *pgtest.DB, pool *pgxpool.Pool, set strin
 // callback returns before its lease is released). Each member renews all its leases in
 // one statement, whatever the number of shards it owns.
 func TestShardsOneOwnerAtATime(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 16)
 	own := &ownership{owner: map[string]uuid.UUID{}}
 	const shards = 64 // enough that no member is left without one (with 12, one in eight runs left one empty)
@@ -165,6 +166,7 @@ func TestShardsOneOwnerAtATime(t *testing.T) {
 // A member renews all its leases in one statement, however many shards it owns: 64 shards
 // cost one lease_renew_many every TTL/4, and no renewal of its own per shard.
 func TestShardsRenewAllLeasesInOneStatement(t *testing.T) {
+	t.Parallel()
 	db, _ := testdb.MigratedPool(t, 2)
 	pool, counter := countingPool(t, db.DSN, 4)
 	own := &ownership{owner: map[string]uuid.UUID{}}

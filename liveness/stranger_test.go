@@ -57,6 +57,7 @@ func takeKey(ctx context.Context, conn *pgx.Conn, id uuid.UUID) error {
 // (the row records its backend), and the watcher sees the key change hands. Before,
 // the victim stayed alive until its lease's ttl, or its heartbeat's limits.
 func TestStrangerOnACrashedInstancesKeyDoesNotKeepItAlive(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	ctx := testutil.Context(t, time.Minute)
 	a := newAgent(t, defaultAgentConfig(db, pool, "watching"))
@@ -97,6 +98,7 @@ func TestStrangerOnACrashedInstancesKeyDoesNotKeepItAlive(t *testing.T) {
 // the stranger lets go. Before, it gave up as a duplicate instance after
 // DuplicateTimeout, and so did every restart.
 func TestAgentCarriesOnWhileAStrangerHoldsItsKey(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	ctx := testutil.Context(t, time.Minute)
 	cfg := defaultAgentConfig(db, pool, "squatted")
@@ -170,6 +172,7 @@ func TestAgentCarriesOnWhileAStrangerHoldsItsKey(t *testing.T) {
 // once a second, not once per payload (before: hundreds of tries a second). A stranger, who knows only the
 // channel names of older releases and may not read the private ones, wakes nobody.
 func TestNotificationFloodCostsAFollowerAtMostATryASecond(t *testing.T) {
+	t.Parallel()
 	db, _ := testdb.MigratedPool(t, 2)
 	ctx := testutil.Context(t, time.Minute)
 	lead := newAgent(t, agentConfig(db, db.Pool(t, 3)))

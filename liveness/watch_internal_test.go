@@ -16,6 +16,7 @@ import (
 // WatchAlive says so once at warning level (repeats at debug); once a read succeeds, it
 // says so at info level.
 func TestWatchAliveTellsAFailingReadOnce(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	logs := &logRecorder{}
 	a, err := NewAgent(AgentConfig{Pool: pool, DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc",

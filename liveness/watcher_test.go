@@ -121,6 +121,7 @@ func watching(t *testing.T, ctx context.Context, pool *pgxpool.Pool, a *liveness
 // not from the look. With the watcher disabled the same look says alive (lock_lost),
 // which is the defect this guards against.
 func TestCrashIsDeadForTheFirstLookAfterSilence(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	ctx := testutil.Context(t, time.Minute)
 	a := newAgent(t, defaultAgentConfig(db, pool, "watching"))
@@ -246,7 +247,7 @@ func TestFollowerIsWokenWhenTheLeaseIsReleased(t *testing.T) {
 	// The follower listens on its alive lock's session; its first try has found the lease
 	// held, and its next one is 15 to 30 s away: then the leader steps down.
 	testutil.Eventually(t, 10*time.Second, "the follower listening", func() bool {
-		return db.QueryInt(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'follower:alive-lock'`) == 1
+		return db.QueryInt(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'follower:alive-lock' AND datname = current_database()`) == 1
 	})
 	took := follow(t, ctx, follower, counter, "woken", retry)
 	stepped := time.Now()
@@ -267,6 +268,7 @@ func TestFollowerIsWokenWhenTheLeaseIsReleased(t *testing.T) {
 // session reconnects and listens again, so the next release still wakes it; and a
 // release sent while it was away is caught up by the poll.
 func TestFollowerListensAgainAfterItsSessionIsTerminated(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 8)
 	ctx := testutil.Context(t, 2*time.Minute)
 	leader := newAgent(t, defaultAgentConfig(db, pool, "leader"))
@@ -297,7 +299,7 @@ func TestFollowerListensAgainAfterItsSessionIsTerminated(t *testing.T) {
 	terminate := func() {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-		        WHERE application_name = 'follower:alive-lock'`).Scan(&n); err != nil || n != 1 {
+		        WHERE application_name = 'follower:alive-lock' AND datname = current_database()`).Scan(&n); err != nil || n != 1 {
 			t.Fatalf("terminated %d listening sessions (%v); want 1", n, err)
 		}
 	}
@@ -323,6 +325,7 @@ func TestFollowerListensAgainAfterItsSessionIsTerminated(t *testing.T) {
 // A follower behind PgBouncer (transaction mode, ModeHeartbeatTableOnly) has no
 // listening session: it polls, and takes a released lease at its next try.
 func TestFollowerBehindPgBouncerPolls(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 8)
 	ctx := testutil.Context(t, time.Minute)
 	bouncer := pgtest.NewPgBouncer(t, db.DSN)
@@ -350,6 +353,7 @@ func TestFollowerBehindPgBouncerPolls(t *testing.T) {
 // joins, one that stops gracefully (left), one that crashes (dead, notified by the
 // watcher a grace after its lock vanished), each well before the slow poll.
 func TestWatchAliveReportsEveryChange(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 8)
 	ctx := testutil.Context(t, 2*time.Minute)
 	watcher := newAgent(t, defaultAgentConfig(db, pool, "shard"))
@@ -449,6 +453,7 @@ func TestTwoAgentsRunOneWatcherEach(t *testing.T) {
 // pace only; the watchers and a third instance crash together. Without the sentry the
 // agent's watcher campaigns wait for a notification nobody sends, and poll 30 s later.
 func TestSentryStandsInWhenBothWatchersDie(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	ctx := testutil.Context(t, time.Minute)
 	watchers := [2]*crashable{startCrashable(t, ctx, db, "watcher"), startCrashable(t, ctx, db, "watcher")}
