@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -101,6 +102,10 @@ func (e *FencedError) Unwrap() error { return e.Err }
 // sql must be a single statement without transaction control. db must be a pool on the
 // leases' database and schema.
 func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ...any) (pgconn.CommandTag, error) {
+	if blankSQL(sql) {
+		return pgconn.CommandTag{}, fmt.Errorf("liveness: fenced write under lease %q: the statement is empty "+
+			"(blank, or comments only): nothing to write", le.Name)
+	}
 	if cause := le.Err(); cause != nil {
 		return pgconn.CommandTag{}, le.refused(false, cause)
 	}
@@ -325,6 +330,45 @@ func (l *Leases) noteRefused(statName string, fe *FencedError) {
 	if first {
 		l.log.Warn("fenced write refused (logged once per lease; see the lease's refused count)",
 			"lease", fe.Lease, "epoch", fe.Epoch, "held", fe.Held, "at_commit", fe.AtCommit, "err", fe.Err)
+	}
+}
+
+// blankSQL reports whether sql holds nothing but white space and comments (-- to the end
+// of the line, and /* */, which nest in PostgreSQL).
+func blankSQL(sql string) bool {
+	for {
+		sql = strings.TrimLeftFunc(sql, unicode.IsSpace)
+		switch {
+		case sql == "":
+			return true
+		case strings.HasPrefix(sql, "--"):
+			_, rest, ok := strings.Cut(sql, "\n")
+			if !ok {
+				return true
+			}
+			sql = rest
+		case strings.HasPrefix(sql, "/*"):
+			depth, i := 0, 0
+			for i < len(sql) {
+				switch {
+				case strings.HasPrefix(sql[i:], "/*"):
+					depth, i = depth+1, i+2
+				case strings.HasPrefix(sql[i:], "*/"):
+					depth, i = depth-1, i+2
+				default:
+					i++
+				}
+				if depth == 0 {
+					break
+				}
+			}
+			if depth > 0 {
+				return false // an unclosed comment: the server says what is wrong
+			}
+			sql = sql[i:]
+		default:
+			return false
+		}
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -79,21 +80,44 @@ type ShardSetStats struct {
 	Lost     uint64 // shards whose lease it lost
 }
 
+// MaxShards is the most shards a set may have (ShardsConfig.Count, or Names): each is a
+// lease row, renewed in one statement with the member's others, and a callback.
+const MaxShards = 100_000
+
+// badName says what is wrong with a set's or a shard's name, or "": it must be text
+// PostgreSQL stores as it is given (valid UTF-8 without NUL), and hold no /, which
+// separates the parts of the set's lease names ("<set>/member/<id>", "<set>/<shard>"), so
+// that no two sets' names can meet.
+func badName(n string) string {
+	switch {
+	case n == "":
+		return "must not be empty"
+	case !utf8.ValidString(n):
+		return "is not valid UTF-8"
+	case strings.ContainsRune(n, 0):
+		return "holds a NUL byte"
+	case strings.Contains(n, "/"):
+		return "holds a /, which separates the parts of the set's lease names"
+	}
+	return ""
+}
+
 func (c ShardsConfig) validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &ConfigError{Field: "ShardsConfig." + field, Reason: fmt.Sprintf(format, args...)}
 	}
+	if why := badName(c.Set); why != "" {
+		return bad("Set", "(%q) %s", c.Set, why)
+	}
 	switch {
-	case c.Set == "":
-		return bad("Set", "must be set")
-	case strings.HasSuffix(c.Set, "/"):
-		return bad("Set", "(%q) must not end with /", c.Set)
 	case c.OnStartedOwning == nil:
 		return bad("OnStartedOwning", "must be set")
 	case (c.Count > 0) == (len(c.Names) > 0):
 		return bad("Count", "(%d) or ShardsConfig.Names (%d names): give exactly one", c.Count, len(c.Names))
 	case c.Count < 0:
 		return bad("Count", "(%d) must not be negative", c.Count)
+	case c.Count > MaxShards || len(c.Names) > MaxShards:
+		return bad("Count", "(%d, or %d names) must be at most MaxShards (%d)", c.Count, len(c.Names), MaxShards)
 	case c.TTL != 0 && c.TTL < MinLeaseTTL:
 		return bad("TTL", "(%s) must be at least %s", c.TTL, MinLeaseTTL)
 	case c.TTL < 0 || c.PollPeriod < 0:
@@ -101,9 +125,10 @@ func (c ShardsConfig) validate() error {
 	}
 	seen := map[string]bool{}
 	for _, n := range c.Names {
+		if why := badName(n); why != "" {
+			return bad("Names", "%q %s", n, why)
+		}
 		switch {
-		case n == "" || strings.Contains(n, "/"):
-			return bad("Names", "%q: a shard name must be non-empty and hold no /", n)
 		case n == "member":
 			return bad("Names", "%q is the members' part of the set's lease names", n)
 		case seen[n]:

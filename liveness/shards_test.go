@@ -2,7 +2,9 @@ package liveness_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -235,5 +237,46 @@ func TestWatchAliveDropsInstancesThatStoppedBeating(t *testing.T) {
 	}
 	if ids := seen(liveness.WatchMaxHeartbeatAge(90 * time.Second)); len(ids) != 0 {
 		t.Fatalf("the alive set with WatchMaxHeartbeatAge(90s): %v; want none (its heartbeat is 2 min old)", ids)
+	}
+}
+
+// TestShardsAndFencedWritesRefuseBadInput: names that would meet another set's leases
+// (a / in the set's name made "jobs/member" count as members of "jobs"), or that
+// PostgreSQL cannot store as given (NUL, invalid UTF-8), counts past MaxShards, and a
+// fenced Exec of nothing are each a clear error naming what is wrong: no panic, no silent
+// no-op, no set that owns nothing.
+func TestShardsAndFencedWritesRefuseBadInput(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 2)
+	agent := newAgent(t, liveness.AgentConfig{Pool: pool, DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc"})
+	ctx := testutil.Context(t, 30*time.Second)
+	owning := func(context.Context, liveness.Shard) {}
+	for _, tc := range []struct {
+		cfg  liveness.ShardsConfig
+		want string
+	}{
+		{liveness.ShardsConfig{Set: "jobs/member", Count: 4, OnStartedOwning: owning}, "ShardsConfig.Set (\"jobs/member\") holds a /"},
+		{liveness.ShardsConfig{Set: "jobs\x00", Count: 4, OnStartedOwning: owning}, "holds a NUL byte"},
+		{liveness.ShardsConfig{Set: "jobs\xff", Count: 4, OnStartedOwning: owning}, "is not valid UTF-8"},
+		{liveness.ShardsConfig{Set: "", Count: 4, OnStartedOwning: owning}, "ShardsConfig.Set (\"\") must not be empty"},
+		{liveness.ShardsConfig{Set: "jobs", Names: []string{"a", "b\x00"}, OnStartedOwning: owning}, "ShardsConfig.Names \"b\\x00\" holds a NUL byte"},
+		{liveness.ShardsConfig{Set: "jobs", Names: []string{"\xc3"}, OnStartedOwning: owning}, "is not valid UTF-8"},
+		{liveness.ShardsConfig{Set: "jobs", Count: liveness.MaxShards + 1, OnStartedOwning: owning}, "must be at most MaxShards"},
+	} {
+		err := agent.Shards(ctx, tc.cfg)
+		var ce *liveness.ConfigError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Shards(%+q): %v; want a *ConfigError saying %q", tc.cfg.Set, err, tc.want)
+		}
+	}
+
+	le := mustAcquire(t, ctx, newTestLeases(t, pool), "job", 10*time.Second)
+	for _, sql := range []string{"", "   \n", "-- nothing\n", "/* nothing /* nested */ */ "} {
+		tag, err := le.Exec(ctx, pool, sql)
+		if err == nil || !strings.Contains(err.Error(), "the statement is empty") {
+			t.Errorf("Exec(%q) = %v, %v; want an error saying the statement is empty", sql, tag, err)
+		}
+	}
+	if _, err := le.Exec(ctx, pool, "/* a comment first */ SELECT 1"); err != nil {
+		t.Errorf("Exec of a statement after a comment: %v", err)
 	}
 }
