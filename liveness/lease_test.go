@@ -393,10 +393,13 @@ func TestLeaseTakeover(t *testing.T) {
 }
 
 func TestLeaseLateReleaseKeepsNewerHolder(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
-	const ttl = 300 * time.Millisecond
+	// Short, but not so short that an acquisition on a loaded machine outlasts its trust
+	// window (ttl less a tenth).
+	const ttl = 2 * time.Second
 
 	parent, stop := context.WithCancel(ctx)
 	old := mustAcquire(t, parent, a, "job", ttl)
@@ -777,7 +780,7 @@ func TestLeaseCustomSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const ttl = 400 * time.Millisecond
+	const ttl = time.Second // a loaded machine acquires and renews within its 900 ms window
 	le := mustAcquire(t, ctx, l, "job", ttl)
 	waitRenewed(t, le, 3*time.Second)
 	if err := le.Release(ctx); err != nil {
@@ -799,7 +802,7 @@ func TestLeaseStatementsAreTagged(t *testing.T) {
 	db, pool := testdb.MigratedPool(t, 2)
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 	l := newTestLeases(t, pool)
-	const ttl = 200 * time.Millisecond
+	const ttl = time.Second // a renewal every 250 ms; its trust window 900 ms
 	le := mustAcquire(t, ctx, l, "job", ttl)
 	waitRenewed(t, le, 3*time.Second)
 	if err := le.Release(ctx); err != nil {
