@@ -31,6 +31,7 @@ type nodeAgentCollector struct {
 	node                                       NodeAgentSource
 	attached, locks, up, listening             *exposition.Family
 	proofs, asked, reconnects, claims, refused *exposition.Family
+	acceptErrors, protocolErrors               *exposition.Family
 }
 
 func newNodeAgentCollector(d deps) (collector, error) {
@@ -50,8 +51,12 @@ func newNodeAgentCollector(d deps) (collector, error) {
 		asked:      count("proofs_total", "Proofs of their locks the attached processes asked for and got."),
 		reconnects: count("session_reconnects_total", "Sessions the node agent opened after the first."),
 		claims:     count("claims_total", "Alive locks the node agent claimed for attached processes."),
-		refused: count("attaches_refused_total", "Attaches refused: a process of another schema or database, or one that "+
-			"does not speak the protocol."),
+		refused: count("attaches_refused_total", "Attaches refused (a process of another schema or database) and "+
+			"connections refused past --node-agent.max-connections."),
+		acceptErrors: count("accept_errors_total", "Accepts of the node agent's socket that failed (out of file descriptors, "+
+			"say); each is retried with back-off."),
+		protocolErrors: count("protocol_errors_total", "What processes sent that is not the node agent's protocol: lines that "+
+			"do not parse or are too long (their connection closed), unknown ops, proofs asked before attaching."),
 	}, nil
 }
 
@@ -66,5 +71,7 @@ func (c *nodeAgentCollector) Update(_ context.Context, out *exposition.Builder) 
 	out.Add(c.reconnects, float64(s.Reconnects))
 	out.Add(c.claims, float64(s.Claims))
 	out.Add(c.refused, float64(s.Refused))
+	out.Add(c.acceptErrors, float64(s.AcceptErrors))
+	out.Add(c.protocolErrors, float64(s.ProtocolErrors))
 	return nil
 }

@@ -48,9 +48,22 @@ type NodeAgentConfig struct {
 	// VerifyInterval is how often the session proves itself while no process asks for a
 	// proof; DefaultVerifyInterval if zero. A dropped session is noticed at once anyway.
 	VerifyInterval time.Duration
+	// MaxConnections bounds the processes' connections open at once (one per attached
+	// instance); DefaultNodeAgentMaxConnections if zero. A connection past it is told why,
+	// closed, counted (NodeAgentSnapshot.Refused) and logged.
+	MaxConnections int
+	// MaxMessageBytes bounds one line of the protocol; DefaultNodeAgentMaxMessageBytes if
+	// zero. A longer line is a protocol error: counted, logged, and its connection closed.
+	MaxMessageBytes int
 
 	Logger *slog.Logger // passwords removed; nil discards
 }
+
+// The node agent's limits by default (NodeAgentConfig).
+const (
+	DefaultNodeAgentMaxConnections  = 4096
+	DefaultNodeAgentMaxMessageBytes = 16 << 10 // an event's id is a lease name, under 8000 bytes
+)
 
 // NodeAgent holds the alive locks of every process of its node on one direct session,
 // and listens to the schema's channels once for them: the database serves one liveness
@@ -93,8 +106,16 @@ type NodeAgent struct {
 	proofs     atomic.Uint64 // verifications sent
 	proveAsked atomic.Uint64 // prove requests answered
 	reconnects atomic.Uint64
-	refused    atomic.Uint64 // attaches refused (schema, database, protocol)
+	refused    atomic.Uint64 // attaches and connections refused (schema, database, limits)
 	condition  logging.Repeats
+
+	maxConns, maxMessage int
+	connections          atomic.Int64  // open, attached or not
+	acceptErrors         atomic.Uint64 // accepts that failed (and were retried)
+	accepting            logging.Repeats
+	protocolErrors       atomic.Uint64 // lines that are not the protocol, unknown ops, proofs asked unattached
+	protocolLog          rareLog
+	refusedLog           rareLog
 }
 
 // NodeAgentSnapshot is a point-in-time view of a NodeAgent, for exporters.
@@ -109,7 +130,14 @@ type NodeAgentSnapshot struct {
 	Proofs     uint64 // verifications of its session sent
 	ProveAsked uint64 // proofs the processes asked for and got
 	Reconnects uint64 // sessions opened after the first
-	Refused    uint64 // attaches refused: another schema or database, or not the protocol
+	Refused    uint64 // attaches refused (another schema or database) and connections past MaxConnections
+	// AcceptErrors counts the accepts of the socket that failed (out of file
+	// descriptors, say): each is retried, with back-off, and the node agent serves on.
+	AcceptErrors uint64
+	// ProtocolErrors counts what processes sent that is not the protocol: lines that do
+	// not parse or are too long (their connection is closed), unknown ops, and proofs
+	// asked before attaching (answered not held, at no cost to the database).
+	ProtocolErrors uint64
 }
 
 // NewNodeAgent checks the configuration; nothing connects or listens until Run.
@@ -120,6 +148,13 @@ func NewNodeAgent(cfg NodeAgentConfig) (*NodeAgent, error) {
 	cfg.SocketMode = cmp.Or(cfg.SocketMode, 0o660)
 	if cfg.Socket == "" {
 		return nil, &ConfigError{Field: "NodeAgentConfig.Socket", Reason: "must be set"}
+	}
+	if cfg.MaxConnections < 0 {
+		return nil, &ConfigError{Field: "NodeAgentConfig.MaxConnections", Reason: fmt.Sprintf("(%d) must not be negative", cfg.MaxConnections)}
+	}
+	if cfg.MaxMessageBytes != 0 && cfg.MaxMessageBytes < 1024 {
+		return nil, &ConfigError{Field: "NodeAgentConfig.MaxMessageBytes",
+			Reason: fmt.Sprintf("(%d) must be at least 1024: a lease's name may be that long", cfg.MaxMessageBytes)}
 	}
 	lc := aliveLockConfig{DSN: cfg.DirectDSN, Schema: cfg.Schema, InstanceID: uuid.Max, ServiceName: cfg.ServiceName,
 		KeepaliveIdle: cfg.KeepaliveIdle, KeepaliveInterval: cfg.KeepaliveInterval, KeepaliveCount: cfg.KeepaliveCount,
@@ -139,7 +174,8 @@ func NewNodeAgent(cfg NodeAgentConfig) (*NodeAgent, error) {
 		holderSQL: store.AliveLockHolder.In(cfg.Schema).SQL, releaseSQL: store.AliveLockRelease.In(cfg.Schema).SQL,
 		databaseSQL: store.LockDatabase.In(cfg.Schema).SQL, listenSQL: store.EventsListen.In(cfg.Schema).SQL,
 		membersSQL: store.MembersListen.In(cfg.Schema).SQL, unmembersSQL: store.MembersUnlisten.In(cfg.Schema).SQL,
-		clients: map[*nodeClient]struct{}{}}
+		clients:  map[*nodeClient]struct{}{},
+		maxConns: cmp.Or(cfg.MaxConnections, DefaultNodeAgentMaxConnections), maxMessage: cmp.Or(cfg.MaxMessageBytes, DefaultNodeAgentMaxMessageBytes)}
 	connCfg.OnNotification = func(_ *pgconn.PgConn, note *pgconn.Notification) {
 		if e, ok := parseEvent(note.Payload); ok {
 			n.broadcast(e)
@@ -164,7 +200,8 @@ func (n *NodeAgent) Snapshot() NodeAgentSnapshot {
 	return NodeAgentSnapshot{Socket: n.cfg.Socket, SessionUp: n.sessionUp.Load(), Listening: n.listening.Load(),
 		BackendPID: n.backendPID.Load(), Attached: int(n.attached.Load()), LocksHeld: int(n.locksHeld.Load()),
 		Claims: n.claims.Load(), Proofs: n.proofs.Load(), ProveAsked: n.proveAsked.Load(),
-		Reconnects: n.reconnects.Load(), Refused: n.refused.Load()}
+		Reconnects: n.reconnects.Load(), Refused: n.refused.Load(), AcceptErrors: n.acceptErrors.Load(),
+		ProtocolErrors: n.protocolErrors.Load()}
 }
 
 // Run listens on the socket and holds the session until ctx ends; then it closes the
@@ -224,30 +261,93 @@ func (n *NodeAgent) listen() (net.Listener, error) {
 }
 
 // accept takes the processes' connections until ln closes; each gets a reader and a
-// writer, owned by wg.
+// writer, owned by wg. A failed accept (out of file descriptors during a burst, say) is
+// retried with back-off, logged once while it lasts and counted: the node agent never
+// stops serving. A connection past MaxConnections is told why and closed.
 func (n *NodeAgent) accept(ctx context.Context, ln net.Listener, wg *sync.WaitGroup) {
+	var pause time.Duration
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
-			if ctx.Err() == nil {
-				n.log.Error("node agent: accept failed; no process can attach", "err", err)
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			n.acceptErrors.Add(1)
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			n.accepting.Log(n.log, slog.LevelError, "failing", "node agent: accepting a process's connection failed; "+
+				"retrying (processes wait to attach meanwhile)", "err", err, "retry_in", pause)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(pause):
+			}
+			continue
 		}
-		c := newNodeClient(conn)
+		if pause > 0 {
+			pause = 0
+			n.accepting.Clear(n.log, "node agent: accepting connections again", "accept_errors", n.acceptErrors.Load())
+		}
+		if open := n.connections.Load(); open >= int64(n.maxConns) {
+			n.refused.Add(1)
+			reason := fmt.Sprintf("the node agent has %d connections open, the most it takes (--node-agent.max-connections)", open)
+			n.refusedLog.warn(n.log, "node agent: connection refused", "reason", reason, "peer", peerOf(conn))
+			_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
+			_ = writeNodeMessage(conn, nodeMessage{Op: nodeOpError, Error: reason})
+			_ = conn.Close()
+			continue
+		}
+		n.connections.Add(1)
+		c := newNodeClient(conn, n.maxMessage)
 		n.mu.Lock()
 		n.clients[c] = struct{}{}
 		n.mu.Unlock()
 		wg.Go(func() { c.write(ctx) })
 		wg.Go(func() {
-			c.read(func(m nodeMessage) { n.request(nodeRequest{client: c, msg: m}) })
+			err := c.read(func(m nodeMessage) { n.request(nodeRequest{client: c, msg: m}) })
+			if errors.Is(err, errNotProtocol) {
+				n.protocolError(c, err)
+			}
 			n.mu.Lock()
 			delete(n.clients, c)
 			n.mu.Unlock()
 			c.close()
+			n.connections.Add(-1)
 			n.request(nodeRequest{client: c, gone: true})
 		})
 	}
+}
+
+// protocolError counts and logs (rarely) what a process sent that is not the protocol.
+func (n *NodeAgent) protocolError(c *nodeClient, err error) {
+	n.protocolErrors.Add(1)
+	n.protocolLog.warn(n.log, "node agent: a process sent what is not the protocol", "peer", c.peer, "instance_id", c.instance,
+		"err", err)
+}
+
+// rareLog logs a line at warning level at most once every rareLogEvery, saying how many
+// like it it did not log since: a flood of bad input costs a line every few seconds.
+type rareLog struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+const rareLogEvery = 10 * time.Second
+
+func (r *rareLog) warn(l *slog.Logger, msg string, args ...any) {
+	r.mu.Lock()
+	if !r.last.IsZero() && time.Since(r.last) < rareLogEvery {
+		r.suppressed++
+		r.mu.Unlock()
+		return
+	}
+	suppressed := r.suppressed
+	r.last, r.suppressed = time.Now(), 0
+	r.mu.Unlock()
+	if suppressed > 0 {
+		args = append(args, "not_logged_since_the_last", suppressed)
+	}
+	l.Warn(msg, args...)
 }
 
 // nodeRequest is a process's message, or its connection's end, for the session.

@@ -3,6 +3,8 @@ package liveness_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"sync"
@@ -247,4 +249,198 @@ func TestNodeAgentRefusesAnotherDatabase(t *testing.T) {
 	if s := node.Snapshot(); s.LocksHeld != 0 || s.Refused != 1 {
 		t.Fatalf("node agent %+v after the refusal; want no lock, one refusal", s)
 	}
+}
+
+// TestNodeAgentCountsWhatIsNotItsProtocol: a line that is not the protocol closes its
+// connection, an unknown op and proofs asked before attaching are answered or ignored;
+// each is counted, none stops the node agent, and a connection that never attaches costs
+// the database nothing however many proofs it asks for.
+func TestNodeAgentCountsWhatIsNotItsProtocol(t *testing.T) {
+	t.Parallel()
+	db, pool := testdb.MigratedPool(t, 2)
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	node, _ := startNodeAgent(t, db, socket)
+	dial := func() net.Conn {
+		c, err := net.Dial("unix", socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	send := func(c net.Conn, line string) {
+		if _, err := c.Write([]byte(line + "\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Garbage: the connection is closed, and counted.
+	garbage := dial()
+	send(garbage, "GET / HTTP/1.1")
+	_ = garbage.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := garbage.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("the node agent answered %d bytes to a line that is not the protocol; want its connection closed", n)
+	}
+	testutil.Eventually(t, 5*time.Second, "the garbage counted", func() bool { return node.Snapshot().ProtocolErrors >= 1 })
+
+	// Proofs asked before attaching: answered not held, with no verification sent.
+	before := node.Snapshot()
+	idle := dial()
+	dec := json.NewDecoder(idle)
+	const proves, batch = 512, 32 // a batch at a time: a process that reads nothing is dropped
+	for i := 0; i < proves; i += batch {
+		for j := range batch {
+			send(idle, fmt.Sprintf(`{"op":"prove","seq":%d}`, i+j+1))
+		}
+		for range batch {
+			_ = idle.SetReadDeadline(time.Now().Add(10 * time.Second))
+			var m struct {
+				Op   string `json:"op"`
+				Held bool   `json:"held"`
+			}
+			if err := dec.Decode(&m); err != nil {
+				t.Fatalf("a proof asked before attaching: %v", err)
+			}
+			if m.Op != "proof" || m.Held {
+				t.Fatalf("a proof asked before attaching answered %+v; want a proof, not held", m)
+			}
+		}
+	}
+	after := node.Snapshot()
+	if after.Proofs-before.Proofs > 1 { // its own verification may come due meanwhile
+		t.Errorf("%d verifications of the session for %d proofs asked by a connection that never attached; want none",
+			after.Proofs-before.Proofs, proves)
+	}
+	if got := after.ProtocolErrors - before.ProtocolErrors; got != proves {
+		t.Errorf("%d protocol errors counted for %d proofs asked before attaching", got, proves)
+	}
+
+	// An unknown op is counted; the connection stays, and attaches after it.
+	c := dial()
+	send(c, `{"op":"frobnicate"}`)
+	var database string
+	if err := pool.QueryRow(testutil.Context(t, 10*time.Second), `SELECT current_database()`).Scan(&database); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(map[string]any{"op": "attach", "instance": uuid.New(), "schema": "liveness", "database": database})
+	send(c, string(b))
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var st struct {
+		Op   string `json:"op"`
+		Held bool   `json:"held"`
+	}
+	if err := json.NewDecoder(c).Decode(&st); err != nil || st.Op != "state" || !st.Held {
+		t.Fatalf("the attach after an unknown op: %+v, %v; want its lock held", st, err)
+	}
+	if got := node.Snapshot().ProtocolErrors - after.ProtocolErrors; got != 1 {
+		t.Errorf("%d protocol errors counted for one unknown op", got)
+	}
+	if s := node.Snapshot(); !s.SessionUp || s.LocksHeld != 1 {
+		t.Errorf("the node agent after all that: %+v; want its session up, the one lock held", s)
+	}
+}
+
+// TestNodeAgentLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce: a process leading through
+// its node agent leads nothing while the node agent is away (its trust runs out three
+// quarters of the grace after its last proof, LostNotAlive), and attaches again, its lock
+// held, within half a second of the node agent's return, whether it was away one second
+// or five. Five trials.
+func TestNodeAgentLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce(t *testing.T) {
+	t.Parallel()
+	db, pool := testdb.MigratedPool(t, 4)
+	ctx := testutil.Context(t, 3*time.Minute)
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	_, stop := startNodeAgent(t, db, socket)
+	agent := newAgent(t, liveness.AgentConfig{Pool: pool, NodeAgentSocket: socket, InstanceID: uuid.New(), ServiceName: "attached"})
+	runAgent(t, agent)
+
+	type stint struct {
+		began, ended time.Time
+		reason       error
+	}
+	stints := make(chan stint, 16)
+	electCtx, stopElect := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stopElect()
+	var current stint
+	wg.Go(func() {
+		_ = agent.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
+			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+				current = stint{began: time.Now()}
+				<-ctx.Done()
+				current.ended = time.Now()
+			},
+			OnStoppedLeading: func(reason error) {
+				current.reason = reason
+				stints <- current
+			}})
+	})
+	leading := func() {
+		t.Helper()
+		testutil.Eventually(t, 30*time.Second, "the process leading", func() bool {
+			for _, l := range agent.Snapshot().Leases {
+				if l.Name == "job" && l.Held {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	var worst time.Duration
+	for trial, away := range []time.Duration{time.Second, 5 * time.Second, time.Second, 2 * time.Second, 3 * time.Second} {
+		leading()
+		gone := time.Now()
+		stop()
+		var s stint
+		select {
+		case s = <-stints:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("trial %d: the process still leads 10 s after its node agent went away", trial)
+		}
+		var lost *liveness.LeaseLostError
+		if !errors.As(s.reason, &lost) || lost.Reason != liveness.LostNotAlive {
+			t.Fatalf("trial %d: stopped leading because %v; want %s", trial, s.reason, liveness.LostNotAlive)
+		}
+		if took := s.ended.Sub(gone); took > 2*time.Second {
+			t.Errorf("trial %d: the job ended %s after the node agent went away; want within its trust (0.75 s of its last proof)",
+				trial, took)
+		}
+		time.Sleep(time.Until(gone.Add(away)))
+		var back time.Time
+		_, stop = startNodeAgentAt(t, db, socket, &back)
+		testutil.Eventually(t, 10*time.Second, "the lock held through the node agent again", func() bool {
+			return agent.Snapshot().AliveLock.Held
+		})
+		took := time.Since(back)
+		worst = max(worst, took)
+		t.Logf("trial %d: away %s; the lock held again %s after the node agent listened", trial, away, took.Round(time.Millisecond))
+	}
+	if worst > 500*time.Millisecond {
+		t.Errorf("the lock held again up to %s after the node agent was back; want within 0.5 s", worst)
+	}
+}
+
+// startNodeAgentAt is startNodeAgent, noting in listening when the node agent listens.
+func startNodeAgentAt(t *testing.T, db *pgtest.DB, socket string, listening *time.Time) (*liveness.NodeAgent, func()) {
+	t.Helper()
+	n, err := liveness.NewNodeAgent(liveness.NodeAgentConfig{DirectDSN: db.DSN, Socket: socket, ServiceName: "node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	*listening = time.Now()
+	go func() { done <- n.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("node agent: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return n, stop
 }

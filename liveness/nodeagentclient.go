@@ -16,7 +16,11 @@ import (
 )
 
 // peerOf names a process's connection by its credentials (SO_PEERCRED), for the logs.
-func peerOf(c *net.UnixConn) string {
+func peerOf(conn net.Conn) string {
+	c, ok := conn.(*net.UnixConn)
+	if !ok {
+		return ""
+	}
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return ""
@@ -42,6 +46,8 @@ type nodeClient struct {
 	done        chan struct{}
 	sentLast    chan struct{} // closed by closeAfterSend: close once control is drained
 
+	maxMessage int // the longest line read
+
 	// Owned by the session goroutine.
 	instance            uuid.UUID
 	database            string
@@ -54,13 +60,10 @@ type nodeClient struct {
 // nodeClientQueue bounds a client's pending messages of each kind.
 const nodeClientQueue = 64
 
-func newNodeClient(conn net.Conn) *nodeClient {
-	c := &nodeClient{conn: conn, control: make(chan nodeMessage, nodeClientQueue),
-		events: make(chan nodeMessage, nodeClientQueue), done: make(chan struct{}), sentLast: make(chan struct{})}
-	if uc, ok := conn.(*net.UnixConn); ok {
-		c.peer = peerOf(uc)
-	}
-	return c
+func newNodeClient(conn net.Conn, maxMessage int) *nodeClient {
+	return &nodeClient{conn: conn, control: make(chan nodeMessage, nodeClientQueue),
+		events: make(chan nodeMessage, nodeClientQueue), done: make(chan struct{}), sentLast: make(chan struct{}),
+		peer: peerOf(conn), maxMessage: maxMessage}
 }
 
 // send queues a control message; a process that does not read them is dropped (its
@@ -98,13 +101,14 @@ func (c *nodeClient) closeAfterSend() {
 	}
 }
 
-// read hands each message to handle until the connection ends.
-func (c *nodeClient) read(handle func(nodeMessage)) {
-	d := newNodeDecoder(c.conn)
+// read hands each message to handle until the connection ends, and returns why it ended:
+// an error that is errNotProtocol when the process sent something else.
+func (c *nodeClient) read(handle func(nodeMessage)) error {
+	d := newNodeDecoder(c.conn, c.maxMessage)
 	for {
 		m, err := d.next()
 		if err != nil {
-			return
+			return err
 		}
 		handle(m)
 	}

@@ -6,6 +6,7 @@ package liveness
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"time"
@@ -72,9 +73,14 @@ func (n *NodeAgent) serveWhileDown(s *nodeSession) {
 				c.send(nodeMessage{Op: nodeOpState})
 			}
 		case r.msg.Op == nodeOpProve:
+			if !c.attached.Load() {
+				n.protocolError(c, errors.New("a proof asked before attaching"))
+			}
 			c.send(nodeMessage{Op: nodeOpProof, Seq: r.msg.Seq})
 		case r.msg.Op == nodeOpMembers:
 			c.wantMembers.Store(r.msg.Want)
+		default:
+			n.protocolError(c, fmt.Errorf("unknown op %q", r.msg.Op))
 		}
 	}
 }
@@ -167,10 +173,19 @@ func (n *NodeAgent) serve(ctx context.Context, s *nodeSession) bool {
 			if n.attach(s, c, r.msg, true) && !n.claim(ctx, s, c) {
 				return false
 			}
+		case r.msg.Op == nodeOpProve && !c.held:
+			// Nothing of this connection's is held (not attached, a duplicate, a stranger
+			// on its key): the answer needs no verification, and costs the database nothing.
+			if !c.attached.Load() {
+				n.protocolError(c, errors.New("a proof asked before attaching"))
+			}
+			c.send(nodeMessage{Op: nodeOpProof, Seq: r.msg.Seq, Claim: c.claim})
 		case r.msg.Op == nodeOpProve:
 			proves = append(proves, r)
 		case r.msg.Op == nodeOpMembers:
 			c.wantMembers.Store(r.msg.Want)
+		default:
+			n.protocolError(c, fmt.Errorf("unknown op %q", r.msg.Op))
 		}
 	}
 	if !n.syncMembers(ctx, s) {

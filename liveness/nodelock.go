@@ -46,6 +46,7 @@ type nodeLock struct {
 
 	running       atomic.Bool
 	connectedOnce bool
+	dialFailed    bool   // the last dial of the socket failed: nobody listens there
 	database      string // the pool's, read once
 	condition     logging.Repeats
 }
@@ -109,19 +110,31 @@ func (n *nodeLock) Run(ctx context.Context) error {
 			attempt = 0
 		}
 		attempt++
+		wait := backoff(attempt)
+		if n.dialFailed {
+			// Nobody listens on the socket (the node agent restarts): a local dial costs
+			// a system call, so try often, to attach within a fraction of a second of
+			// its return however long it was away.
+			wait = min(wait, nodeAgentRedialEvery)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(backoff(attempt)):
+		case <-time.After(wait):
 		}
 	}
 }
+
+// nodeAgentRedialEvery is the longest wait between two dials of a node agent's socket
+// that nobody answered.
+const nodeAgentRedialEvery = 100 * time.Millisecond
 
 // session runs one connection to the node agent; it reports whether the lock was held
 // at some point.
 func (n *nodeLock) session(ctx context.Context) (held bool) {
 	d := net.Dialer{Timeout: aliveLockConnectTimeout}
 	conn, err := d.DialContext(ctx, "unix", n.cfg.Socket)
+	n.dialFailed = err != nil
 	if err != nil {
 		n.settledOnce()
 		if ctx.Err() == nil {
@@ -139,7 +152,7 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 	readErr := make(chan error, 1)
 	go func() { // ends when conn is closed, below
 		defer close(msgs)
-		dec := newNodeDecoder(conn)
+		dec := newNodeDecoder(conn, DefaultNodeAgentMaxMessageBytes)
 		for {
 			m, err := dec.next()
 			if err != nil {

@@ -3,6 +3,7 @@ package liveness
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -72,18 +73,21 @@ type nodeMessage struct {
 	Error string `json:"error,omitempty"`
 }
 
-// nodeMessageLimit bounds one line: an event's id is a lease name, under 8000 bytes.
-const nodeMessageLimit = 16 << 10
+// errNotProtocol matches the decoder's errors for what is not the protocol.
+var errNotProtocol = errors.New("liveness: node agent protocol")
 
-// nodeDecoder reads the protocol's lines.
-type nodeDecoder struct{ r *bufio.Reader }
-
-func newNodeDecoder(r io.Reader) *nodeDecoder {
-	return &nodeDecoder{r: bufio.NewReaderSize(r, 4096)}
+// nodeDecoder reads the protocol's lines, each at most limit bytes.
+type nodeDecoder struct {
+	r     *bufio.Reader
+	limit int
 }
 
-// next reads one message. A line over nodeMessageLimit, or one that is not a message, is
-// an error: the peer speaks something else.
+func newNodeDecoder(r io.Reader, limit int) *nodeDecoder {
+	return &nodeDecoder{r: bufio.NewReaderSize(r, 4096), limit: limit}
+}
+
+// next reads one message. A line over the limit, or one that is not a message, is an
+// error that is errNotProtocol: the peer speaks something else.
 func (d *nodeDecoder) next() (nodeMessage, error) {
 	var line []byte
 	for {
@@ -92,8 +96,8 @@ func (d *nodeDecoder) next() (nodeMessage, error) {
 			return nodeMessage{}, err
 		}
 		line = append(line, chunk...)
-		if len(line) > nodeMessageLimit {
-			return nodeMessage{}, fmt.Errorf("liveness: node agent protocol: a line of over %d bytes", nodeMessageLimit)
+		if len(line) > d.limit {
+			return nodeMessage{}, fmt.Errorf("%w: a line of over %d bytes", errNotProtocol, d.limit)
 		}
 		if !isPrefix {
 			break
@@ -101,7 +105,10 @@ func (d *nodeDecoder) next() (nodeMessage, error) {
 	}
 	var m nodeMessage
 	if err := json.Unmarshal(line, &m); err != nil {
-		return nodeMessage{}, fmt.Errorf("liveness: node agent protocol: %w", err)
+		return nodeMessage{}, fmt.Errorf("%w: %w", errNotProtocol, err)
+	}
+	if m.Op == "" {
+		return nodeMessage{}, fmt.Errorf("%w: a line without an op", errNotProtocol)
 	}
 	return m, nil
 }

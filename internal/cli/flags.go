@@ -178,6 +178,12 @@ func addAgentFlags(app *kingpin.Application, c *Config) {
 		"on this unix socket. The exporter's own agent attaches to it too.").StringVar(&c.NodeAgent.Socket)
 	app.Flag("node-agent.socket-mode", "Permissions of the node agent's socket (octal): whoever may connect may hold and let go "+
 		"the alive lock of any instance id it names.").Default("0660").SetValue(fileModeValue{&c.NodeAgent.SocketMode})
+	app.Flag("node-agent.max-connections", "The most processes' connections the node agent keeps open at once (one per "+
+		"attached instance); one past it is told why and closed, counted and logged.").
+		Default(strconv.Itoa(liveness.DefaultNodeAgentMaxConnections)).IntVar(&c.NodeAgent.MaxConnections)
+	app.Flag("node-agent.max-message-bytes", "The longest line of the node agent's protocol a process may send (at least "+
+		"1024); a longer one closes its connection, counted and logged.").
+		Default(strconv.Itoa(liveness.DefaultNodeAgentMaxMessageBytes)).IntVar(&c.NodeAgent.MaxMessageBytes)
 	app.Flag("agent.reaper", "Run cleanup_stale_instances as a lease-protected singleton.").Default("true").BoolVar(&a.Reaper)
 	duration("agent.reaper-interval", "How often the reaper runs.", liveness.DefaultReaperInterval, &a.ReaperInterval)
 	duration("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.", liveness.DefaultReaperLeaseTTL, &a.ReaperLeaseTTL)

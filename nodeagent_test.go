@@ -1,0 +1,83 @@
+package main
+
+import (
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
+)
+
+// TestNodeAgentServesThroughAnAcceptErrorBurst: the exporter as a node agent, its open
+// files limited to 200, takes a burst of 400 connections: its accepts fail (EMFILE) while
+// the burst holds its files, and are retried; once the burst is gone a process attaches
+// and its lock is held, the failures are counted, and logged once, not once each.
+func TestNodeAgentServesThroughAnAcceptErrorBurst(t *testing.T) {
+	t.Parallel()
+	db := testdb.Migrated(t)
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "agent.sock")
+	// The limit set in a shell before the binary: both the soft and the hard one, which Go
+	// would otherwise raise the soft one to.
+	limited := filepath.Join(dir, "limited")
+	if err := os.WriteFile(limited, []byte("#!/bin/sh\nulimit -n 200 || exit 97\nexec "+binary+" \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := startBinary(t, limited, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--node-agent.socket="+socket)
+	p.waitFor(t, `(?m)^pg_liveness_node_agent_session_up 1$`, 30*time.Second)
+
+	var burst []net.Conn
+	for range 400 {
+		c, err := net.DialTimeout("unix", socket, 5*time.Second)
+		if err != nil {
+			t.Fatalf("dial %d: %v", len(burst), err)
+		}
+		burst = append(burst, c)
+	}
+	p.waitFor(t, `(?m)^pg_liveness_node_agent_accept_errors_total [1-9][0-9]*$`, 30*time.Second)
+	for _, c := range burst {
+		_ = c.Close()
+	}
+
+	var database string
+	if err := db.Conn(t).QueryRow(testutil.Context(t, 10*time.Second), `SELECT current_database()`).Scan(&database); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	b, _ := json.Marshal(map[string]any{"op": "attach", "instance": uuid.New(), "schema": "liveness", "database": database})
+	if _, err := c.Write(append(b, '\n')); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	var st struct {
+		Op   string `json:"op"`
+		Held bool   `json:"held"`
+	}
+	if err := json.NewDecoder(c).Decode(&st); err != nil || st.Op != "state" || !st.Held {
+		t.Fatalf("an attach after the burst: %+v, %v; want its lock held", st, err)
+	}
+	p.checkRunning(t, "the end of the test")
+	errorLines := 0
+	for l := range strings.Lines(p.Logs()) {
+		if strings.Contains(l, "level=ERROR") && strings.Contains(l, "accepting a process's connection failed") {
+			errorLines++
+		}
+	}
+	if errorLines != 1 {
+		t.Errorf("the accept failures logged %d times at error level; want once, when they began (the rest at debug)", errorLines)
+	}
+	if !strings.Contains(p.Logs(), "accepting connections again") {
+		t.Error("no line saying the node agent accepts connections again")
+	}
+}
