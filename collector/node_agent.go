@@ -31,7 +31,7 @@ type nodeAgentCollector struct {
 	node                                       NodeAgentSource
 	attached, locks, up, listening             *exposition.Family
 	proofs, asked, reconnects, claims, refused *exposition.Family
-	acceptErrors, protocolErrors               *exposition.Family
+	acceptErrors, protocolErrors, impostors    *exposition.Family
 }
 
 func newNodeAgentCollector(d deps) (collector, error) {
@@ -57,6 +57,8 @@ func newNodeAgentCollector(d deps) (collector, error) {
 			"say); each is retried with back-off."),
 		protocolErrors: count("protocol_errors_total", "What processes sent that is not the node agent's protocol: lines that "+
 			"do not parse or are too long (their connection closed), unknown ops, proofs asked before attaching."),
+		impostors: count("impostors_refused_total", "Attaches refused because they named an instance another process "+
+			"claimed: one that still runs, or one that ended and is not dead yet by the verdict."),
 	}, nil
 }
 
@@ -73,5 +75,6 @@ func (c *nodeAgentCollector) Update(_ context.Context, out *exposition.Builder) 
 	out.Add(c.refused, float64(s.Refused))
 	out.Add(c.acceptErrors, float64(s.AcceptErrors))
 	out.Add(c.protocolErrors, float64(s.ProtocolErrors))
+	out.Add(c.impostors, float64(s.Impostors))
 	return nil
 }

@@ -36,7 +36,10 @@ type NodeAgentConfig struct {
 	// any other file there is an error.
 	Socket string
 	// SocketMode is the socket file's permissions, 0660 if zero: whoever may connect to
-	// it may hold and let go the lock of any instance id it names.
+	// it may attach processes. An instance belongs to the process that claimed it (its
+	// uid, pid and start time, from the socket's peer credentials, kept beside the socket
+	// in <Socket>.claims across restarts): no other process may claim, hold or let go of
+	// it until its claimant has ended and the fleet has called it dead.
 	SocketMode fs.FileMode
 	// ServiceName names the session: application_name "<ServiceName>:node-agent".
 	ServiceName string
@@ -86,7 +89,12 @@ type NodeAgent struct {
 	verifyEvery       time.Duration
 
 	claimSQL, verifySQL, holderSQL, releaseSQL, databaseSQL string
-	listenSQL, membersSQL, unmembersSQL                     string
+	listenSQL, membersSQL, unmembersSQL, deadSQL            string
+
+	// bindings are the instances and the processes that claimed them, kept beside the
+	// socket; owned by the session goroutine once Run has loaded them.
+	bindings  *claimBindings
+	impostors atomic.Uint64 // attaches refused: another process's instance
 
 	// The requests of the clients' readers, for the session goroutine, and the doorbell
 	// that ends its wait.
@@ -138,6 +146,9 @@ type NodeAgentSnapshot struct {
 	// not parse or are too long (their connection is closed), unknown ops, and proofs
 	// asked before attaching (answered not held, at no cost to the database).
 	ProtocolErrors uint64
+	// Impostors counts attaches refused because they named an instance another process
+	// claimed: one that still runs, or one that ended and is not dead yet by the verdict.
+	Impostors uint64
 }
 
 // NewNodeAgent checks the configuration; nothing connects or listens until Run.
@@ -174,6 +185,7 @@ func NewNodeAgent(cfg NodeAgentConfig) (*NodeAgent, error) {
 		holderSQL: store.AliveLockHolder.In(cfg.Schema).SQL, releaseSQL: store.AliveLockRelease.In(cfg.Schema).SQL,
 		databaseSQL: store.LockDatabase.In(cfg.Schema).SQL, listenSQL: store.EventsListen.In(cfg.Schema).SQL,
 		membersSQL: store.MembersListen.In(cfg.Schema).SQL, unmembersSQL: store.MembersUnlisten.In(cfg.Schema).SQL,
+		deadSQL:  store.NodeAgentDeadInstances.In(cfg.Schema).SQL,
 		clients:  map[*nodeClient]struct{}{},
 		maxConns: cmp.Or(cfg.MaxConnections, DefaultNodeAgentMaxConnections), maxMessage: cmp.Or(cfg.MaxMessageBytes, DefaultNodeAgentMaxMessageBytes)}
 	connCfg.OnNotification = func(_ *pgconn.PgConn, note *pgconn.Notification) {
@@ -201,7 +213,7 @@ func (n *NodeAgent) Snapshot() NodeAgentSnapshot {
 		BackendPID: n.backendPID.Load(), Attached: int(n.attached.Load()), LocksHeld: int(n.locksHeld.Load()),
 		Claims: n.claims.Load(), Proofs: n.proofs.Load(), ProveAsked: n.proveAsked.Load(),
 		Reconnects: n.reconnects.Load(), Refused: n.refused.Load(), AcceptErrors: n.acceptErrors.Load(),
-		ProtocolErrors: n.protocolErrors.Load()}
+		ProtocolErrors: n.protocolErrors.Load(), Impostors: n.impostors.Load()}
 }
 
 // Run listens on the socket and holds the session until ctx ends; then it closes the
@@ -212,6 +224,11 @@ func (n *NodeAgent) Run(ctx context.Context) error {
 		return errors.New("liveness: node agent: Run is already running")
 	}
 	defer n.running.Store(false)
+	bindings, err := loadBindings(bindingsPath(n.cfg.Socket))
+	if err != nil {
+		return err
+	}
+	n.bindings = bindings
 	ln, err := n.listen()
 	if err != nil {
 		return err

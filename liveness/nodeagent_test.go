@@ -1,18 +1,24 @@
 package liveness_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -23,7 +29,9 @@ import (
 // test's end).
 func startNodeAgent(t *testing.T, db *pgtest.DB, socket string) (n *liveness.NodeAgent, stop func()) {
 	t.Helper()
-	n, err := liveness.NewNodeAgent(liveness.NodeAgentConfig{DirectDSN: db.DSN, Socket: socket, ServiceName: "node"})
+	logger, logs := logbuf.Logger()
+	n, err := liveness.NewNodeAgent(liveness.NodeAgentConfig{DirectDSN: db.DSN, Socket: socket, ServiceName: "node",
+		Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,6 +44,9 @@ func startNodeAgent(t *testing.T, db *pgtest.DB, socket string) (n *liveness.Nod
 			cancel()
 			if err := <-done; err != nil {
 				t.Errorf("node agent: %v", err)
+			}
+			if t.Failed() {
+				t.Logf("the node agent's log:\n%s", logs)
 			}
 		})
 	}
@@ -443,4 +454,141 @@ func startNodeAgentAt(t *testing.T, db *pgtest.DB, socket string, listening *tim
 	}
 	t.Cleanup(stop)
 	return n, stop
+}
+
+// attachedProcess is a process of its own (the test binary, rawAttachEnv) attached to a
+// node agent with one instance, attaching again whenever its connection ends.
+type attachedProcess struct {
+	cmd   *exec.Cmd
+	out   *bufio.Reader
+	stdin io.WriteCloser
+}
+
+type attachAnswer struct {
+	Op    string `json:"op"`
+	Held  bool   `json:"held"`
+	Error string `json:"error"`
+}
+
+func attachProcess(t *testing.T, socket string, id uuid.UUID, database string) *attachedProcess {
+	t.Helper()
+	p := &attachedProcess{cmd: exec.Command(os.Args[0])}
+	p.cmd.Env = append(os.Environ(), rawAttachEnv+"="+socket+","+id.String()+","+database)
+	out, err := p.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.out = bufio.NewReader(out)
+	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Stderr = os.Stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() })
+	return p
+}
+
+// next is the process's next answer to an attach.
+func (p *attachedProcess) next(t *testing.T) attachAnswer {
+	t.Helper()
+	type result struct {
+		line string
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() { line, err := p.out.ReadString('\n'); ch <- result{line, err} }()
+	select {
+	case r := <-ch:
+		var a attachAnswer
+		if r.err != nil || json.Unmarshal([]byte(r.line), &a) != nil {
+			t.Fatalf("the attached process's answer %q: %v", r.line, r.err)
+		}
+		return a
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer from the attached process within 20 s")
+		return attachAnswer{}
+	}
+}
+
+// kill ends the process with SIGKILL, as a crash would.
+func (p *attachedProcess) kill(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.cmd.Wait()
+}
+
+// TestNodeAgentGivesAnInstanceToNoOtherProcess: an instance is the process that claimed
+// it. Another process that names it is refused, counted, while its claimant runs; after
+// the claimant is killed, until the fleet has called the instance dead (a dead instance
+// is never kept alive by someone else's lock), and only then may the id begin a new life.
+// Across a restart of the node agent too: a process that attaches first after it cannot
+// take a running process's instance, which attaches again as its own.
+func TestNodeAgentGivesAnInstanceToNoOtherProcess(t *testing.T) {
+	t.Parallel()
+	db, pool := testdb.MigratedPool(t, 2)
+	ctx := testutil.Context(t, time.Minute)
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	node, stop := startNodeAgent(t, db, socket)
+	var database string
+	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&database); err != nil {
+		t.Fatal(err)
+	}
+
+	id := uuid.New()
+	owner := attachProcess(t, socket, id, database)
+	if a := owner.next(t); a.Op != "state" || !a.Held {
+		t.Fatalf("the owner's attach: %+v; want its lock held", a)
+	}
+	// Its row, as its heartbeat would write it: the lock held by the node agent's session.
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, holds_alive_lock, lock_pid, lock_grace,
+		stale_threshold, definitive_dead_cutoff)
+		SELECT $1, 'owner', true, pid, interval '1 second', interval '90 seconds', interval '5 minutes'
+		  FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'node:node-agent'`, id)
+
+	impostor := attachProcess(t, socket, id, database)
+	if a := impostor.next(t); a.Op != "error" || !strings.Contains(a.Error, "which still runs") {
+		t.Fatalf("another process's attach of the owner's instance: %+v; want refused, its claimant running", a)
+	}
+	if n := node.Snapshot().Impostors; n == 0 {
+		t.Error("no impostor counted")
+	}
+	impostor.kill(t)
+
+	// Across a restart of the node agent: a process that comes first is refused; the
+	// owner attaches again as its own.
+	stop()
+	first := attachProcess(t, socket, id, database) // dials until the node agent listens
+	node, stop = startNodeAgent(t, db, socket)
+	if a := first.next(t); a.Op != "error" || !strings.Contains(a.Error, "which still runs") {
+		t.Fatalf("another process's attach first after the node agent's restart: %+v; want refused", a)
+	}
+	first.kill(t)
+	if a := owner.next(t); a.Op != "state" || !a.Held {
+		t.Fatalf("the owner's attach again after the node agent's restart: %+v; want its lock held", a)
+	}
+
+	// The owner killed: its lock goes; until the fleet calls it dead, nobody else may
+	// claim it, and then the id may begin a new life.
+	owner.kill(t)
+	heir := attachProcess(t, socket, id, database)
+	var refusals int
+	for {
+		a := heir.next(t)
+		if a.Op == "state" && a.Held {
+			break
+		}
+		if a.Op != "error" || !strings.Contains(a.Error, "not dead yet") {
+			t.Fatalf("another process's attach after the owner's kill: %+v; want refused until the instance is dead", a)
+		}
+		refusals++
+	}
+	// Held only once the fleet called the instance dead: it was refused meanwhile.
+	if refusals == 0 {
+		t.Error("the heir attached at once after the owner's kill: the instance was not dead yet (its lock grace)")
+	}
+	t.Logf("the heir was refused %d times until the instance was dead, then held its lock", refusals)
 }

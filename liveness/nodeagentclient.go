@@ -46,7 +46,8 @@ type nodeClient struct {
 	done        chan struct{}
 	sentLast    chan struct{} // closed by closeAfterSend: close once control is drained
 
-	maxMessage int // the longest line read
+	maxMessage int      // the longest line read
+	cred       peerCred // the process on the other end; its zero value when unknown
 
 	// Owned by the session goroutine.
 	instance            uuid.UUID
@@ -61,9 +62,10 @@ type nodeClient struct {
 const nodeClientQueue = 64
 
 func newNodeClient(conn net.Conn, maxMessage int) *nodeClient {
+	cred, _ := credOf(conn)
 	return &nodeClient{conn: conn, control: make(chan nodeMessage, nodeClientQueue),
 		events: make(chan nodeMessage, nodeClientQueue), done: make(chan struct{}), sentLast: make(chan struct{}),
-		peer: peerOf(conn), maxMessage: maxMessage}
+		peer: peerOf(conn), maxMessage: maxMessage, cred: cred}
 }
 
 // send queues a control message; a process that does not read them is dropped (its

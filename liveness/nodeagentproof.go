@@ -16,9 +16,9 @@ import (
 )
 
 // attach takes an attach request: the process's schema and database must be the node
-// agent's (checked once a session knows the database: live says one is up). It reports
-// whether the process is now attached.
-func (n *NodeAgent) attach(s *nodeSession, c *nodeClient, m nodeMessage, live bool) bool {
+// agent's (checked once a session knows the database: live says one is up), and the
+// instance its own (claimBindings). It reports whether the process is now attached.
+func (n *NodeAgent) attach(ctx context.Context, s *nodeSession, c *nodeClient, m nodeMessage, live bool) bool {
 	switch {
 	case c.attached.Load():
 		return n.refuse(c, m.Instance, "one instance per connection: already attached")
@@ -28,6 +28,35 @@ func (n *NodeAgent) attach(s *nodeSession, c *nodeClient, m nodeMessage, live bo
 		return n.refuse(c, m.Instance, fmt.Sprintf("the node agent holds locks for schema %q, not %q", n.cfg.Schema, m.Schema))
 	case live && m.Database != s.database:
 		return n.refuse(c, m.Instance, n.otherDatabase(s, m.Database))
+	}
+	if b, ok := n.bindings.byID[m.Instance]; !ok {
+		n.bindings.bind(m.Instance, c.cred)
+	} else if !b.Peer.same(c.cred) {
+		switch {
+		case b.Peer.running():
+			return n.refuseImpostor(c, m.Instance, fmt.Sprintf("instance %s belongs to the process that claimed it (%s), "+
+				"which still runs: use an instance id of this process's own", m.Instance, b.Peer))
+		case !live:
+			return n.refuseImpostor(c, m.Instance, fmt.Sprintf("instance %s was claimed by a process that has ended (%s), "+
+				"and the node agent cannot ask the database yet whether the fleet has called it dead: attach again",
+				m.Instance, b.Peer))
+		}
+		dead, err := n.deadInstances(ctx, s, []uuid.UUID{m.Instance})
+		if err != nil {
+			n.log.Warn("node agent: cannot ask whether an instance is dead", "instance_id", m.Instance, "error", err)
+			return n.refuseImpostor(c, m.Instance, fmt.Sprintf("instance %s was claimed by a process that has ended (%s), "+
+				"and the node agent could not ask the database whether the fleet has called it dead: attach again",
+				m.Instance, b.Peer))
+		}
+		if len(dead) == 0 {
+			return n.refuseImpostor(c, m.Instance, fmt.Sprintf("instance %s was claimed by a process that has ended (%s) "+
+				"and is not dead yet by the fleet's verdict: attach again once it is (its lock grace after its lock went, or "+
+				"its stale threshold without one), or use a new instance id", m.Instance, b.Peer))
+		}
+		// Its claimant ended and the fleet called it dead: the id may begin a new life.
+		n.log.Info("node agent: instance claimed afresh: the process that claimed it ended and the fleet called it dead",
+			"instance_id", m.Instance, "previous", b.Peer.String(), "peer", c.cred.String())
+		n.bindings.bind(m.Instance, c.cred)
 	}
 	c.instance, c.database = m.Instance, m.Database
 	c.attached.Store(true)
@@ -44,6 +73,61 @@ func (n *NodeAgent) refuse(c *nodeClient, instance uuid.UUID, reason string) boo
 	c.send(nodeMessage{Op: nodeOpError, Error: reason})
 	c.closeAfterSend()
 	return false
+}
+
+// refuseImpostor refuses an attach that names another process's instance: counted,
+// logged at warning (at most once every few seconds), and the process told why.
+func (n *NodeAgent) refuseImpostor(c *nodeClient, instance uuid.UUID, reason string) bool {
+	n.impostors.Add(1)
+	n.refusedLog.warn(n.log, "node agent: attach refused: another process's instance", "instance_id", instance,
+		"peer", c.cred.String(), "reason", reason)
+	c.send(nodeMessage{Op: nodeOpError, Error: reason})
+	c.closeAfterSend()
+	return false
+}
+
+// deadInstances returns those of ids that are dead by the one verdict.
+func (n *NodeAgent) deadInstances(ctx context.Context, s *nodeSession, ids []uuid.UUID) ([]uuid.UUID, error) {
+	qctx, cancel := context.WithTimeout(ctx, max(aliveLockStatementTimeout, n.clientUserTimeout+aliveLockStatementTimeout))
+	defer cancel()
+	texts := make([]string, len(ids)) // as text: the session's exec mode sends no types
+	for i, id := range ids {
+		texts[i] = id.String()
+	}
+	rows, err := s.conn.Query(qctx, n.deadSQL, texts)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+}
+
+// pruneBindings forgets the instances whose claimant ended and that the fleet has called
+// dead (their ids may begin a new life with any process), and saves the bindings when
+// they changed. It returns false when the session must be dropped.
+func (n *NodeAgent) pruneBindings(ctx context.Context, s *nodeSession) bool {
+	s.lastPrune = time.Now()
+	if ended := n.bindings.ended(); len(ended) > 0 {
+		dead, err := n.deadInstances(ctx, s, ended)
+		if err != nil {
+			return n.failed(ctx, s, "dead_instances", err)
+		}
+		for _, id := range dead {
+			if owner := s.byInstance[id]; owner == nil {
+				n.bindings.forget(id)
+			}
+		}
+	}
+	n.saveBindings()
+	return true
+}
+
+// saveBindings writes the bindings if they changed; a failure is logged once while it
+// lasts (they are written again at the next change or prune).
+func (n *NodeAgent) saveBindings() {
+	if err := n.bindings.save(); err != nil {
+		n.condition.Log(n.log, slog.LevelError, "bindings", "node agent: cannot keep its claims beside its socket: after a "+
+			"restart it could not tell a process's instance from an impostor's", "error", err)
+	}
 }
 
 func (n *NodeAgent) otherDatabase(s *nodeSession, database string) string {

@@ -26,7 +26,12 @@ type nodeSession struct {
 	claim       uint64 // the last claim's number
 	lastVerify  time.Time
 	lastReclaim time.Time
+	lastPrune   time.Time
 }
+
+// bindingsPruneEvery is how often the node agent asks which of the instances whose
+// claimant ended are dead, to forget them.
+const bindingsPruneEvery = 30 * time.Second
 
 // hold runs sessions until ctx ends: connect, listen, claim what is attached, serve the
 // requests; after a drop, every attached process is told, and the next session claims
@@ -69,7 +74,7 @@ func (n *NodeAgent) serveWhileDown(s *nodeSession) {
 		case r.gone:
 			n.forget(s, c)
 		case r.msg.Op == nodeOpAttach:
-			if n.attach(s, c, r.msg, false) {
+			if n.attach(context.Background(), s, c, r.msg, false) {
 				c.send(nodeMessage{Op: nodeOpState})
 			}
 		case r.msg.Op == nodeOpProve:
@@ -83,6 +88,7 @@ func (n *NodeAgent) serveWhileDown(s *nodeSession) {
 			n.protocolError(c, fmt.Errorf("unknown op %q", r.msg.Op))
 		}
 	}
+	n.saveBindings()
 }
 
 // session runs one connection; it reports whether it held anything. The locks of the
@@ -170,7 +176,7 @@ func (n *NodeAgent) serve(ctx context.Context, s *nodeSession) bool {
 			}
 			n.forget(s, c)
 		case r.msg.Op == nodeOpAttach:
-			if n.attach(s, c, r.msg, true) && !n.claim(ctx, s, c) {
+			if n.attach(ctx, s, c, r.msg, true) && !n.claim(ctx, s, c) {
 				return false
 			}
 		case r.msg.Op == nodeOpProve && !c.held:
@@ -202,6 +208,13 @@ func (n *NodeAgent) serve(ctx context.Context, s *nodeSession) bool {
 				Claim: c.claim, ServerClock: clock})
 		}
 		n.proveAsked.Add(uint64(len(proves)))
+	}
+	if time.Since(s.lastPrune) >= bindingsPruneEvery {
+		if !n.pruneBindings(ctx, s) {
+			return false
+		}
+	} else {
+		n.saveBindings()
 	}
 	if time.Since(s.lastReclaim) >= reclaimEvery {
 		s.lastReclaim = time.Now()

@@ -176,8 +176,8 @@ func addAgentFlags(app *kingpin.Application, c *Config) {
 	app.Flag("node-agent.socket", "Also be this node's agent: hold the alive locks of the node's processes "+
 		"(liveness.AgentConfig.NodeAgentSocket) on one direct session, and listen to the schema's channels once for them, "+
 		"on this unix socket. The exporter's own agent attaches to it too.").StringVar(&c.NodeAgent.Socket)
-	app.Flag("node-agent.socket-mode", "Permissions of the node agent's socket (octal): whoever may connect may hold and let go "+
-		"the alive lock of any instance id it names.").Default("0660").SetValue(fileModeValue{&c.NodeAgent.SocketMode})
+	app.Flag("node-agent.socket-mode", "Permissions of the node agent's socket (octal): whoever may connect may attach "+
+		"processes; an instance belongs to the process that claimed it.").Default("0660").SetValue(fileModeValue{&c.NodeAgent.SocketMode})
 	app.Flag("node-agent.max-connections", "The most processes' connections the node agent keeps open at once (one per "+
 		"attached instance); one past it is told why and closed, counted and logged.").
 		Default(strconv.Itoa(liveness.DefaultNodeAgentMaxConnections)).IntVar(&c.NodeAgent.MaxConnections)

@@ -29,7 +29,8 @@ func sources(t *testing.T) map[SourceKind]*Source {
 func rendered(t *testing.T) map[string][]Query {
 	t.Helper()
 	out := map[string][]Query{}
-	for _, st := range []Statement{AliveLockClaim, AliveLockVerify, AliveLockHolder, AliveLockRelease, LockDatabase, Heartbeat, HeartbeatDelete, Cleanup,
+	for _, st := range []Statement{AliveLockClaim, AliveLockVerify, AliveLockHolder, AliveLockRelease, LockDatabase, NodeAgentDeadInstances,
+		Heartbeat, HeartbeatDelete, Cleanup,
 		WatchAliveLocks, NotifyDeadInstances, WatchFresh, EventsListen, MembersListen, MembersUnlisten,
 		LeaseAcquire, LeaseRenew, LeaseRenewMany, ShardMembers, LeaseRelease, LeaseAbandon, LeaseDetach, LeaseLeader, LeaseFence,
 		LeaseFenceStrict, LeaseFenceCommit, SchemaState, SchemaMigrations, SchemaVersion,

@@ -170,6 +170,12 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	if err := pool.QueryRow(ctx, store.AliveLockRelease.In(liveness.DefaultSchema).SQL, uuid.New().String()).Scan(&released); err != nil || released {
 		t.Fatalf("alive_lock_release of a lock the session does not hold: %v, %v; want false", released, err)
 	}
+	// Which of some instances are dead: an unknown one is.
+	unknown := uuid.New()
+	var dead uuid.UUID
+	if err := pool.QueryRow(ctx, store.NodeAgentDeadInstances.In(liveness.DefaultSchema).SQL, []string{unknown.String()}).Scan(&dead); err != nil || dead != unknown {
+		t.Fatalf("node_agent_dead_instances of an unknown instance: %v, %v; want it", dead, err)
+	}
 	// A shard set's: renewing many leases at once (none here), and reading its members.
 	if _, err := pool.Exec(ctx, store.LeaseRenewMany.In(liveness.DefaultSchema).SQL, []string{"set/0"}, []string{"h"}, []int64{1}, 15.0); err != nil {
 		t.Fatalf("lease_renew_many: %v", err)

@@ -51,3 +51,9 @@ SELECT pg_catalog.pg_advisory_unlock({schema}.instance_lock_key($1::uuid))
 -- database its pool reaches, and the node agent holds locks only for its own (a lock
 -- held in another database would count for nobody while the process believed it held).
 SELECT pg_catalog.current_database()
+
+-- name: node_agent_dead_instances
+-- Which of the given instances are dead by the one verdict: the node agent asks of the
+-- instances whose claimant process has ended, before it lets another process claim one
+-- (a new life of the id, never the old one's) and before it forgets one. $1 instance ids.
+SELECT d.id FROM pg_catalog.unnest($1::text[]::uuid[]) AS d(id) WHERE NOT {schema}.is_instance_alive(d.id)
