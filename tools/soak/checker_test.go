@@ -569,3 +569,44 @@ func replace(t *testing.T, ev []Event, match func(Event) bool, to func(*Event)) 
 	}
 	return ev
 }
+
+// The samplers' recorder keeps a verdict's changes only, each with when its sample was
+// sent and answered and when the last sample of the value before was; after a heal it
+// records the first sample sent after it whatever its value (the checker's proof of life
+// needs one), and after a gap the next one.
+func TestCheckChangesRecordAfterHealsAndGaps(t *testing.T) {
+	h, _ := NewHistory("")
+	c := newChanges(h)
+	s := func(sec float64) time.Time { return time.Unix(0, at(sec)) }
+	see := func(from, to float64, alive bool) {
+		c.see("sql/i", map[bool]string{true: "true", false: "false"}[alive], s(from), s(to), Event{Kind: EvVerdict, Source: SrcSQL, Inst: "i", Alive: alive})
+	}
+	see(1, 1.01, true)     // recorded: the first
+	see(1.02, 1.03, true)  // unchanged
+	see(1.04, 1.05, false) // recorded: a change
+	see(1.06, 1.07, false)
+	c.resample(at(1.075))
+	see(1.07, 1.08, false) // sent before the heal: not recorded
+	see(1.09, 1.10, false) // the first sent after it: recorded
+	see(1.11, 1.12, false)
+	c.gap("sql/")
+	see(1.50, 1.51, false) // after a gap: recorded
+	see(1.52, 1.53, true)  // a change
+	want := []Event{
+		{T: at(1.01), From: at(1)},
+		{T: at(1.05), From: at(1.04), Prev: at(1.03), PrevFrom: at(1.02)},
+		{T: at(1.10), From: at(1.09), Prev: at(1.08), PrevFrom: at(1.07)},
+		{T: at(1.51), From: at(1.50), Prev: at(1.12), PrevFrom: at(1.11)},
+		{T: at(1.53), From: at(1.52), Prev: at(1.51), PrevFrom: at(1.50)},
+	}
+	got := h.Events()
+	if len(got) != len(want) {
+		t.Fatalf("%d events recorded, want %d: %+v", len(got), len(want), got)
+	}
+	for i, w := range want {
+		g := got[i]
+		if g.T != w.T || g.From != w.From || g.Prev != w.Prev || g.PrevFrom != w.PrevFrom {
+			t.Errorf("event %d: t %d from %d prev %d prev_from %d; want %+v", i, g.T, g.From, g.Prev, g.PrevFrom, w)
+		}
+	}
+}
