@@ -378,9 +378,73 @@ func (m *model) spans(begin, end string) map[string][]job {
 
 func (m *model) checkOneInJob() Result {
 	r := Result{Name: CheckOneInJob, Bound: fmt.Sprintf("an overlap is excused only when the earlier holder was stopped, its lease had expired by the database's clock before the later took it, nothing of its committed after that, and it left within %s of SIGCONT", ResumeEndBound)}
-	excused := m.oneAtATime(&r, m.jobs(), "lease", "in the job")
-	r.Detail = fmt.Sprintf("%d jobs; %d overlaps excused (a stopped holder past its lease's expiry)", r.Cases, excused)
+	jobs := m.jobs()
+	excused := m.oneAtATime(&r, jobs, "lease", "in the job")
+	r.Detail = fmt.Sprintf("%d jobs; %d overlaps excused (a stopped holder past its lease's expiry); %s; %s",
+		r.Cases, excused, m.lateCloses(jobs), m.lossCauses())
 	return r
+}
+
+// lateCloses describes the late closes of a job's holder: how soon after its lock's
+// session froze (and its backend was ended) the holder left its job, and how soon the
+// next holder began.
+func (m *model) lateCloses(jobs map[string][]job) string {
+	n, left, next := 0, []time.Duration{}, []time.Duration{}
+	for _, f := range m.sorted {
+		if f.kind != FaultLateClose || len(f.targets) == 0 {
+			continue
+		}
+		for _, js := range jobs {
+			for _, j := range js {
+				l := m.byInst[j.inst]
+				if l == nil || l.proc != f.targets[0] || j.begin > f.a || j.end < f.a {
+					continue
+				}
+				n++
+				left = append(left, time.Duration(j.end-f.a))
+				first := int64(math.MaxInt64)
+				for _, k := range js {
+					if k.inst != j.inst && k.begin > f.a {
+						first = min(first, k.begin)
+					}
+				}
+				if first != math.MaxInt64 {
+					next = append(next, time.Duration(first-f.a))
+				}
+			}
+		}
+	}
+	return fmt.Sprintf("%d late closes of a job's holder: it left its job at worst %s after the freeze, the next holder began at the earliest %s after",
+		n, quantile(left, 1), quantile(next, 0))
+}
+
+// lossCauses counts the leases' losses by cause, as the holders were told: the cost of
+// the leader's guarantee in availability is its step-downs for want of a proof of life
+// (not_alive).
+func (m *model) lossCauses() string {
+	causes := map[string]int{}
+	n := 0
+	for _, e := range m.events {
+		if e.Kind != EvLost {
+			continue
+		}
+		n++
+		cause := e.Note
+		if i := strings.LastIndex(cause, "lost: "); i >= 0 {
+			cause, _, _ = strings.Cut(cause[i+len("lost: "):], ":") // the reason, not an error's words
+		}
+		causes[cause]++
+	}
+	names := make([]string, 0, len(causes))
+	for c := range causes {
+		names = append(names, c)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, c := range names {
+		parts[i] = fmt.Sprintf("%s %d", c, causes[c])
+	}
+	return fmt.Sprintf("%d leases lost by their holders (%s)", n, strings.Join(parts, ", "))
 }
 
 // oneAtATime adds to r a violation for every two spans of one lease that overlap, unless

@@ -103,12 +103,12 @@ func (g *gaps) answered(at time.Time) {
 }
 
 // sampleSQL reads, every SQLSampleEvery until ctx ends, is_instance_alive and the alive
-// lock of each instance ids returns, and the leases' holders, in one statement. A sample
+// lock of each instance ids returns, and the jobs' leases' holders, in one statement. A sample
 // the database cannot answer has no verdict and is not recorded.
 func sampleSQL(ctx context.Context, dsn, schema string, stale time.Duration, ids func() []string, c *changes, failed func(string)) {
 	g := newGaps(c.h, SrcSQL)
 	sampler.SQLLoop{
-		DSN: dsn, Reader: sampler.NewSQLReader(schema, stale), Every: SQLSampleEvery, Timeout: 2 * time.Second,
+		DSN: dsn, Reader: sampler.NewSQLReader(schema, stale).Leases("soak-%"), Every: SQLSampleEvery, Timeout: 2 * time.Second,
 		IDs: func() []uuid.UUID {
 			var out []uuid.UUID
 			for _, id := range ids() {
@@ -126,9 +126,7 @@ func sampleSQL(ctx context.Context, dsn, schema string, stale time.Duration, ids
 				c.see("lock/"+id, strconv.FormatBool(v.Locked), smp.From, smp.At, Event{Kind: EvVerdict, Source: SrcLock, Inst: id, Alive: v.Locked})
 			}
 			for name, l := range smp.Leases {
-				if strings.HasPrefix(name, "soak-") {
-					c.see("holder/"+name, l.LiveHolder(), smp.From, smp.At, Event{Kind: EvHolder, Lease: name, Inst: l.LiveHolder(), Epoch: l.Epoch})
-				}
+				c.see("holder/"+name, l.LiveHolder(), smp.From, smp.At, Event{Kind: EvHolder, Lease: name, Inst: l.LiveHolder(), Epoch: l.Epoch})
 			}
 		},
 		Missed: func(err error) {

@@ -97,25 +97,32 @@ SELECT 'i', id::text, coalesce(v.alive, false), coalesce(v.state, ''),
   FROM unnest($1::uuid[]) AS id LEFT JOIN v ON v.instance_id = id
 UNION ALL
 SELECT 'l', name, false, '', 0, false, holder, coalesce(holder_instance_id::text, ''), epoch, expires_at < now()
-  FROM {s}.leases`
+  FROM {s}.leases WHERE name LIKE $3`
 
 // SQLReader reads SQL samples of the liveness objects in one schema.
 type SQLReader struct {
-	q     string
-	stale int // seconds, for is_instance_alive
+	q         string
+	stale     int    // seconds, for is_instance_alive
+	leaseLike string // the leases read: a LIKE pattern of their names
 }
 
 // NewSQLReader reads the objects in schema, with is_instance_alive at the stale threshold
-// (whole seconds).
+// (whole seconds), and every lease.
 func NewSQLReader(schema string, stale time.Duration) *SQLReader {
-	return &SQLReader{q: strings.ReplaceAll(sampleSQL, "{s}", pgx.Identifier{schema}.Sanitize()), stale: int(stale / time.Second)}
+	return &SQLReader{q: strings.ReplaceAll(sampleSQL, "{s}", pgx.Identifier{schema}.Sanitize()), stale: int(stale / time.Second), leaseLike: "%"}
+}
+
+// Leases reads only the leases whose names match the LIKE pattern like.
+func (r *SQLReader) Leases(like string) *SQLReader {
+	r.leaseLike = like
+	return r
 }
 
 // Read takes one sample of the instances ids and of every lease on conn, in one
 // statement.
 func (r *SQLReader) Read(ctx context.Context, conn *pgx.Conn, ids []uuid.UUID) (SQL, error) {
 	smp := SQL{From: time.Now(), Inst: map[uuid.UUID]Instance{}, Leases: map[string]Lease{}}
-	rows, err := conn.Query(ctx, r.q, ids, r.stale)
+	rows, err := conn.Query(ctx, r.q, ids, r.stale, r.leaseLike)
 	if err != nil {
 		return smp, err
 	}

@@ -73,6 +73,12 @@ func TestSQLReader(t *testing.T) {
 			l.HolderID == id.String() && !l.Expired && l.LiveHolder() == l.Holder && l.Epoch > 0
 	})
 
+	// A reader of some leases reads those only.
+	only, err := NewSQLReader(migrations.DefaultSchema, 3*time.Second).Leases("other-%").Read(ctx, conn, []uuid.UUID{id})
+	if err != nil || len(only.Leases) != 0 || !only.Inst[id].Alive {
+		t.Errorf("a reader of other-%%: %+v, %v; want the instance alive and no lease", only, err)
+	}
+
 	// The loop hands on samples of the same verdicts, each after the last.
 	loopCtx, stopLoop := context.WithCancel(ctx)
 	got := make(chan SQL, 16)
