@@ -18,7 +18,7 @@ const (
 	CheckNoFalseDead       = "no live, connected process called dead"
 	CheckCrashDead         = "every crash called dead within the bound"
 	CheckLeaseTaken        = "every lease freed by a crash taken within the bound"
-	CheckSampling          = "the SQL verdict sampled without gaps"
+	CheckSampling          = "the verdicts sampled: their gaps, in which nothing of that source was judged"
 	CheckConvergence       = "after the last heal, everything converges within the bound"
 	CheckTwoLeaders        = "no two-leaders alert while fencing works"
 	CheckFlat              = "the observer exporter's resources flat over the run"
