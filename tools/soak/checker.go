@@ -597,7 +597,7 @@ func (m *model) checkConvergence() Result {
 		}
 	}
 	if last == 0 {
-		r.NotMeasured = 1
+		r.notJudged("nothing started or healed")
 		return r
 	}
 	r.Cases = 1
@@ -734,7 +734,7 @@ func (m *model) checkFlat() Result {
 	for _, name := range []string{"goroutines", "fds", "conns", "rss"} {
 		s := series[name]
 		if len(s) < minFlatSamples {
-			r.NotMeasured++
+			r.notJudged(fmt.Sprintf("fewer than %d samples of a resource", minFlatSamples))
 			continue
 		}
 		r.Cases++
