@@ -3,6 +3,7 @@ package soak
 import (
 	"fmt"
 	"math"
+	"sort"
 )
 
 // The database's own record of the leases: a trigger on the leases table (the soak's,
@@ -19,6 +20,7 @@ type epochRecord struct {
 	released int64    // when its row was deleted, 0 when it was not
 	replaced int64    // when its row was taken under another epoch, 0 when it was not
 	by       int64    // that epoch
+	upTo     []int64  // upTo[i]: the latest expiry of exps[:i+1]
 }
 
 type expiry struct{ at, exp int64 }
@@ -38,13 +40,20 @@ func (e *epochRecord) final() int64 {
 // renewal written before t may commit after it, which only makes the expiry later and
 // the check more lenient, never wrong); false when nothing was written before t.
 func (e *epochRecord) inForce(t int64) (int64, bool) {
-	out, ok := int64(math.MinInt64), false
-	for _, x := range e.exps {
-		if x.at < t {
-			out, ok = max(out, x.exp), true
+	if e.upTo == nil { // the latest expiry up to each row, once
+		e.upTo = make([]int64, len(e.exps))
+		for i, x := range e.exps {
+			e.upTo[i] = x.exp
+			if i > 0 {
+				e.upTo[i] = max(e.upTo[i], e.upTo[i-1])
+			}
 		}
 	}
-	return out, ok
+	i := sort.Search(len(e.exps), func(i int) bool { return e.exps[i].at >= t })
+	if i == 0 {
+		return 0, false
+	}
+	return e.upTo[i-1], true
 }
 
 // epochRecords reads the lease rows of a history, by lease and epoch.
