@@ -271,6 +271,14 @@ func TestCheckEachFailsOnADoctoredHistory(t *testing.T) {
 			ev = without(ev, func(e Event) bool { return e.Kind == EvLeaseRow && e.Lease == "L" && e.Epoch == 2 && e.T > at(90) })
 			return append(ev, Event{T: at(120), Kind: EvLedger, ID: 35, Inst: "i2", Lease: "L", Epoch: 2})
 		}},
+		{"a row while its lease had expired, though renewed after", []string{CheckNoWriteAfterLease}, func(ev []Event) []Event {
+			// Renewed last at 80 s (expiring at 90 s) and again at 95 s, which the database
+			// would refuse; the checker judges by the expiry in force at the commit.
+			ev = without(ev, func(e Event) bool {
+				return e.Kind == EvLeaseRow && e.Lease == "L" && e.Epoch == 2 && e.T > at(80) && e.T < at(95)
+			})
+			return append(ev, Event{T: at(92), Kind: EvLedger, ID: 35, Inst: "i2", Lease: "L", Epoch: 2})
+		}},
 		{"a row after its lease was released", []string{CheckNoWriteAfterLease}, func(ev []Event) []Event {
 			ev = without(ev, func(e Event) bool { return e.Kind == EvLeaseRow && e.Lease == "L" && e.Epoch == 2 && e.T > at(100) })
 			return append(ev, Event{T: at(100), Kind: EvLeaseRow, Lease: "L", Epoch: 2, Note: "delete", Taken: at(61.9), Exp: at(109)},
