@@ -508,7 +508,7 @@ func TestHang(t *testing.T) {
 		leaseTTL      = 5 * time.Second
 		stopFor       = cutoff + 6*time.Second
 		// The heartbeat is at most one slow interval old when the process stops; allow
-		// two 200 ms samples on top.
+		// two samples (of the observer, every 200 ms) on top.
 		hangDeadBound = cutoff + time.Second
 	)
 	sc := newScenario(t, 2, "Hang (SIGSTOP past the definitive-dead cutoff, then SIGCONT)",

@@ -38,7 +38,7 @@ const (
 	// most 250 ms after a session that held the lock, doubling up to 10 s while the
 	// server stays away. So a terminated session's lock is back within reclaimMedian
 	// (median) and reclaimWorst (worst): the first retry, the connection, the claim and a
-	// 200 ms sample, on a loaded machine. After a restart or a failover it is back within
+	// sample, on a loaded machine. After a restart or a failover it is back within
 	// relockBound of the server answering: the backoff's ceiling and a second on top.
 	reclaimMedian = time.Second
 	reclaimWorst  = 2 * time.Second

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -15,8 +16,15 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/wait"
 )
 
-// sampleEvery is how often every verdict is read.
-const sampleEvery = 200 * time.Millisecond
+// How often the verdicts are read: over SQL every 20 ms, so that a false-dead dip of a
+// few tens of milliseconds is seen (one statement a sample, whatever the number of
+// instances: tools/internal/sampler); the observer exporter's /metrics every 200 ms,
+// since each scrape runs every collector, which at 20 ms would load the machine whose
+// timing the suite measures.
+const (
+	sqlEvery = 20 * time.Millisecond
+	expEvery = 200 * time.Millisecond
+)
 
 // stateAlive says which of the exporter's instance states call an instance alive.
 var stateAlive = sampler.StateAlive
@@ -31,10 +39,11 @@ type expSample struct {
 	States map[string]string
 }
 
-// verdictLog keeps every verdict read every 200 ms until the test ends
-// (tools/internal/sampler): is_instance_alive, pg_locks, the instances row and the leases
-// table over SQL, and the observer's pg_liveness_instances. Samples the database or the
-// exporter could not answer are dropped: they carry no verdict.
+// verdictLog keeps every verdict read until the test ends (tools/internal/sampler):
+// is_instance_alive, pg_locks, the instances row and the leases table over SQL every
+// sqlEvery, and the observer's pg_liveness_instances every expEvery. Samples the database
+// or the exporter could not answer are dropped: they carry no verdict. The samples only
+// grow, in time order.
 type verdictLog struct {
 	obsURL string
 
@@ -55,7 +64,7 @@ func startSampler(t *testing.T, dsn string, threshold time.Duration, obs *observ
 	var done sync.WaitGroup
 	done.Go(func() {
 		sampler.SQLLoop{
-			DSN: dsn, Reader: sampler.NewSQLReader(schema, threshold), Every: sampleEvery, Timeout: time.Second,
+			DSN: dsn, Reader: sampler.NewSQLReader(schema, threshold), Every: sqlEvery, Timeout: time.Second,
 			IDs: s.ids,
 			Got: func(smp sqlSample) { s.mu.Lock(); s.sql = append(s.sql, smp); s.mu.Unlock() },
 		}.Run(ctx)
@@ -114,7 +123,7 @@ func (s *verdictLog) services() []string {
 
 func (s *verdictLog) expLoop(ctx context.Context) {
 	client := &http.Client{Timeout: 2 * time.Second}
-	wait.Every(ctx, sampleEvery, func() {
+	wait.Every(ctx, expEvery, func() {
 		e, err := sampler.Scrape(ctx, client, s.obsURL)
 		if errors.Is(err, sampler.ErrMalformed) {
 			s.fail("%v", err)
@@ -135,24 +144,34 @@ func (s *verdictLog) expLoop(ctx context.Context) {
 		s.mu.Unlock()
 	})
 }
+
+// sqlSamples is the SQL samples so far. They are only ever appended, so the slice is
+// shared, not copied: at 50 samples a second, the scans of a long scenario would
+// otherwise copy them again and again.
 func (s *verdictLog) sqlSamples() []sqlSample {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]sqlSample(nil), s.sql...)
+	return s.sql[:len(s.sql):len(s.sql)]
 }
 
 func (s *verdictLog) expSamples() []expSample {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]expSample(nil), s.exp...)
+	return s.exp[:len(s.exp):len(s.exp)]
+}
+
+// sqlSince is the SQL samples taken after t0, found by bisection.
+func (s *verdictLog) sqlSince(t0 time.Time) []sqlSample {
+	smps := s.sqlSamples()
+	return smps[sort.Search(len(smps), func(i int) bool { return smps[i].At.After(t0) }):]
 }
 
 // ---- reading the samples -------------------------------------------------------------
 
 // firstSQL returns how long after t0 the first SQL sample taken after t0 met cond.
 func (s *verdictLog) firstSQL(t0 time.Time, cond func(sqlSample) bool) (time.Duration, bool) {
-	for _, smp := range s.sqlSamples() {
-		if smp.At.After(t0) && cond(smp) {
+	for _, smp := range s.sqlSince(t0) {
+		if cond(smp) {
 			return smp.At.Sub(t0), true
 		}
 	}
@@ -200,9 +219,9 @@ func expState(service, state string) func(expSample) bool {
 // observer called one of the live instances dead.
 func (s *verdictLog) falseDead(from, to time.Time, live []*agent) (n int, first string) {
 	in := func(at time.Time) bool { return at.After(from) && !at.After(to) }
-	for _, smp := range s.sqlSamples() {
+	for _, smp := range s.sqlSince(from) {
 		if !in(smp.At) {
-			continue
+			break
 		}
 		for _, a := range live {
 			for _, id := range a.ids {

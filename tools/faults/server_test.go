@@ -94,8 +94,8 @@ func TestPoolExhaustion(t *testing.T) {
 		victim.Signal(syscall.SIGUSR1)
 		testutil.Eventually(t, 10*time.Second, "the pool busy", func() bool { return len(victim.Events("busy", t0)) > 0 })
 		testutil.Eventually(t, busy+15*time.Second, "the pool idle again", func() bool { return len(victim.Events("idle", t0)) > 0 })
-		for _, smp := range s.sqlSamples() {
-			if smp.At.After(t0) && !smp.Inst[id].Locked {
+		for _, smp := range s.sqlSince(t0) {
+			if !smp.Inst[id].Locked {
 				lockLost++
 			}
 		}

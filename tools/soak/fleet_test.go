@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"slices"
+	"sort"
 	"strconv"
 	"sync"
 	"syscall"
@@ -23,7 +25,10 @@ import (
 // the leases and one exporter agent run in network namespaces, for the link faults. The
 // first two competitors of each lease also share a shard set (Agent.Shards): eight
 // members, among them both faultagents in namespaces, each shard's owner appending
-// fenced rows to the same ledger.
+// fenced rows to the same ledger. The last exporter agent is the node's agent too
+// (--node-agent.socket), and the faultagents of attachedNames hold their alive locks
+// through it; every other faultagent outside a namespace holds its lock on a session
+// through a proxy of the soak's (late_close).
 const (
 	leases            = 4
 	competitorsPerJob = 3
@@ -43,6 +48,41 @@ const (
 	shardWriteEvery = time.Second
 )
 
+// nodeAgentName is the exporter agent that is also the node agent; attachedNames are the
+// faultagents attached to it: a competitor of two leases (one of them a shard member),
+// and two of one lease, so that a node agent's fault leaves that lease one competitor
+// of its own.
+const nodeAgentName = "ex-3"
+
+var attachedNames = []string{"fa-2-2", "fa-3-1", "fa-3-2"}
+
+// soakFleet is the fleet's shape as the schedule sees it, from the names alone: TestSoak
+// checks that the fleet it starts has it, and the schedule's tests draw from it.
+func soakFleet() Fleet {
+	f := Fleet{Failover: true, Competitors: map[string][]string{}, NodeAgent: nodeAgentName, Attached: attachedNames}
+	for l := range leases {
+		for k := range competitorsPerJob {
+			name := fmt.Sprintf("fa-%d-%d", l, k)
+			f.Procs = append(f.Procs, name)
+			f.Pools = append(f.Pools, name)
+			f.Competitors[fmt.Sprintf("soak-%d", l)] = append(f.Competitors[fmt.Sprintf("soak-%d", l)], name)
+			switch {
+			case k == 0 && l < 2:
+				f.Netns = append(f.Netns, name)
+			case !slices.Contains(attachedNames, name):
+				f.Proxied = append(f.Proxied, name)
+			}
+		}
+	}
+	for k := range exporterAgents {
+		f.Procs = append(f.Procs, fmt.Sprintf("ex-%d", k))
+	}
+	f.Netns = append(f.Netns, "ex-0")
+	sort.Strings(f.Procs)
+	sort.Strings(f.Netns)
+	return f
+}
+
 // member is one process of the fleet, restarted as a new instance after a kill.
 type member struct {
 	name  string
@@ -51,7 +91,9 @@ type member struct {
 	ns    *netns.Namespace
 	addr  string // its /metrics, host:port
 	argv  func(inst uuid.UUID) []string
-	exp   bool // the exporter binary (else the faultagent)
+	exp   bool       // the exporter binary (else the faultagent)
+	node  string     // the node agent it is attached to, or ""
+	proxy *lockProxy // its alive lock's session's proxy, or nil
 
 	h *History
 	t *testing.T
@@ -119,14 +161,16 @@ func (m *member) start() error {
 			return fmt.Errorf("%s not ready within 60 s", m.name)
 		}
 	}
-	m.mu.Lock()
-	m.proc, m.inst, m.killing = p, inst, false
-	m.mu.Unlock()
-	start := Event{Kind: EvStart, Proc: m.name, Inst: inst, Lease: m.lease}
+	// The start is recorded before the samplers read the instance: every sample of it
+	// was sent after its start.
+	start := Event{Kind: EvStart, Proc: m.name, Inst: inst, Lease: m.lease, Node: m.node}
 	if m.set != "" {
 		start.Set, start.Shards = m.set, shardCount
 	}
 	m.h.Add(start)
+	m.mu.Lock()
+	m.proc, m.inst, m.killing = p, inst, false
+	m.mu.Unlock()
 	go m.watchExit(p, inst) // ends with the process, which the test's cleanup ends
 	return nil
 }
@@ -180,6 +224,29 @@ func (m *member) signal(sig syscall.Signal) bool {
 		return false
 	}
 	return syscall.Kill(p.Pid(), sig) == nil
+}
+
+// stop ends the process as a supervisor does (SIGTERM), and waits for it to exit.
+func (m *member) stop() bool {
+	m.mu.Lock()
+	p := m.proc
+	m.killing = true
+	m.mu.Unlock()
+	if p == nil || !p.Running() {
+		return false
+	}
+	_ = syscall.Kill(p.Pid(), syscall.SIGTERM)
+	select {
+	case <-p.Exited():
+	case <-time.After(30 * time.Second):
+		m.t.Errorf("%s still running 30 s after SIGTERM; killed", m.name)
+		_ = syscall.Kill(-p.Pid(), syscall.SIGKILL)
+		<-p.Exited()
+	}
+	m.mu.Lock()
+	m.proc, m.holding = nil, false
+	m.mu.Unlock()
+	return true
 }
 
 // kill is kill -9 of the process group; it returns once the process is gone.

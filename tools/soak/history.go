@@ -15,14 +15,16 @@ import (
 const (
 	EvFault     = "fault"     // a fault applied: Fault, FaultID, Targets
 	EvHeal      = "heal"      // a fault healed: Fault, FaultID, Targets
-	EvStart     = "start"     // a fleet process is ready with instance Inst (Lease: the lease it competes for; Set: the shard set it takes part in, of Shards shards)
+	EvStart     = "start"     // a fleet process is ready with instance Inst (Lease: the lease it competes for; Set: the shard set it takes part in, of Shards shards; Node: the node agent's process it is attached to)
 	EvExit      = "exit"      // a fleet process exited on its own (Note: how)
 	EvJobBegin  = "job_begin" // Inst entered the job of Lease under Epoch
 	EvJobEnd    = "job_end"   // its job returned
 	EvLost      = "lost"      // Inst was told it lost Lease (Epoch)
 	EvRejected  = "rejected"  // a fenced write of Inst was refused
 	EvLedger    = "ledger"    // a ledger row accepted: ID, Lease, Epoch, Inst (writer), T (the server's clock)
-	EvVerdict   = "verdict"   // a change of a verdict on Inst from Source: Alive; Prev, the last sample before
+	EvLeaseRow  = "lease_row" // a change of a lease's row, as the database recorded it: Lease, Epoch, Taken, Exp (taken_at, expires_at), Note (insert, update, delete), T (the server's clock)
+	EvVerdict   = "verdict"   // a change of a verdict on Inst (Proc for the exporter) from Source: Alive, Note (the state); the sample sent at From and answered at T; PrevFrom and Prev, the last sample before
+	EvGap       = "gap"       // Source's samples were more than GapLimit apart: none answered between Prev and T
 	EvHolder    = "holder"    // a change of Lease's holder in the leases table: Inst ("" none), Epoch
 	EvAlert     = "alert"     // a change of an alert's state in Prometheus: Name, State ("" inactive)
 	EvResource  = "resource"  // a sample of the observer exporter: Source (goroutines, fds, rss, conns), Value
@@ -52,7 +54,8 @@ const (
 const AllProcs = "*"
 
 // Event is one line of a history. T is wall-clock Unix nanoseconds: every process of the
-// soak runs on one host, and the ledger's times come from the server's clock_timestamp().
+// soak runs on one host, and the ledger's and the lease rows' times come from the server's
+// clock_timestamp(), the same clock.
 type Event struct {
 	T       int64    `json:"t"`
 	Kind    string   `json:"kind"`
@@ -73,6 +76,14 @@ type Event struct {
 	Note    string   `json:"note,omitempty"`
 	Set     string   `json:"set,omitempty"`
 	Shards  int      `json:"shards,omitempty"`
+	Node    string   `json:"node,omitempty"`
+	// A verdict's samples: this one was sent at From, the last one of the value before at
+	// PrevFrom (and answered at Prev).
+	From     int64 `json:"from,omitempty"`
+	PrevFrom int64 `json:"prev_from,omitempty"`
+	// A lease row's taken_at and expires_at, Unix nanoseconds on the server's clock.
+	Taken int64 `json:"taken,omitempty"`
+	Exp   int64 `json:"exp,omitempty"`
 }
 
 // At is the event's time.

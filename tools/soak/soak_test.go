@@ -5,12 +5,16 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"reflect"
 	"runtime"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -171,6 +175,9 @@ func TestSoak(t *testing.T) {
 	}
 
 	defaults, stale := agentDefaults(t)
+	// The node agent's socket, and the proxies' way to the current primary.
+	socket := filepath.Join(t.TempDir(), "node.sock")
+	primaryAddr := func() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(cl.current().Port)) }
 	var members []*member
 	byName := map[string]*member{}
 	add := func(m *member) { m.h, m.t = h, t; members = append(members, m); byName[m.name] = m }
@@ -180,10 +187,10 @@ func TestSoak(t *testing.T) {
 			if k == 0 && l < 2 {
 				m.ns = spaces[l]
 			}
-			var shards []string
+			var extra []string
 			if k < shardMembersPerJob {
 				m.set = shardSetName
-				shards = []string{"--shards.set=" + m.set, "--shards.count=" + fmt.Sprint(shardCount), "--shards.write-every=" + shardWriteEvery.String()}
+				extra = []string{"--shards.set=" + m.set, "--shards.count=" + fmt.Sprint(shardCount), "--shards.write-every=" + shardWriteEvery.String()}
 			}
 			m.addr = metricsAddr(t, m.ns)
 			host := "127.0.0.1"
@@ -191,6 +198,16 @@ func TestSoak(t *testing.T) {
 				host = m.ns.HostIP
 			}
 			dsn := dsnVia(host, m.name)
+			switch {
+			case slices.Contains(attachedNames, m.name):
+				m.node = nodeAgentName
+				extra = append(extra, "--node-agent.socket="+socket)
+			case m.ns == nil:
+				m.proxy = newLockProxy(t, primaryAddr)
+				extra = append(extra, fmt.Sprintf("--direct-dsn=host=127.0.0.1 port=%d user=%s password=%s dbname=%s sslmode=disable "+
+					"target_session_attrs=read-write connect_timeout=2 application_name=%s",
+					m.proxy.port(), pgtest.Superuser, primary.Password, db.Name, m.name))
+			}
 			m.argv = func(uuid.UUID) []string {
 				return append([]string{bins.Agent, "--dsn=" + dsn, "--schema=" + schema, "--service=" + m.name,
 					"--lease=" + m.lease, "--lease.write-every=" + writeEvery.String(), "--fence-table=" + ledgerTable,
@@ -199,7 +216,7 @@ func TestSoak(t *testing.T) {
 					// A killed agent is restarted when its time is up, database or not, as a
 					// supervisor would; with the library's default it would stop for good
 					// if the database happens to be away then.
-					"--agent.wait-for-schema"}, append(shards, defaults...)...)
+					"--agent.wait-for-schema"}, append(extra, defaults...)...)
 			}
 			add(m)
 		}
@@ -215,15 +232,26 @@ func TestSoak(t *testing.T) {
 			host = m.ns.HostIP
 		}
 		dsn := dsnVia(host, m.name)
+		var extra []string
+		if m.name == nodeAgentName {
+			extra = []string{"--node-agent.socket=" + socket}
+		}
 		m.argv = func(id uuid.UUID) []string {
-			return append([]string{bins.Exporter, "--web.listen-address=" + m.addr, "--db.dsn=" + dsn, "--db.schema=" + schema,
-				"--agent.instance-id=" + id.String(), "--agent.service-name=" + m.name, "--log.level=warn"}, defaults...)
+			return append(append([]string{bins.Exporter, "--web.listen-address=" + m.addr, "--db.dsn=" + dsn, "--db.schema=" + schema,
+				"--agent.instance-id=" + id.String(), "--agent.service-name=" + m.name, "--log.level=warn"}, extra...), defaults...)
 		}
 		add(m)
 	}
+	// The node agent first, so that its processes attach to it from their start.
+	slices.SortStableFunc(members, func(a, b *member) int { return cmpBool(b.name == nodeAgentName, a.name == nodeAgentName) })
 	for _, m := range members {
 		if err := m.start(); err != nil {
 			t.Fatal(err)
+		}
+		if m.name == nodeAgentName {
+			if err := waitNodeAgent(cl, m.name); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 
@@ -298,10 +326,7 @@ func TestSoak(t *testing.T) {
 		}
 	})
 
-	fleet := Fleet{Failover: true}
-	for l := range leases {
-		fleet.Leases = append(fleet.Leases, fmt.Sprintf("soak-%d", l))
-	}
+	fleet := Fleet{Failover: true, Competitors: map[string][]string{}, NodeAgent: nodeAgentName, Attached: attachedNames}
 	for _, m := range members {
 		fleet.Procs = append(fleet.Procs, m.name)
 		if m.ns != nil {
@@ -309,14 +334,23 @@ func TestSoak(t *testing.T) {
 		}
 		if !m.exp {
 			fleet.Pools = append(fleet.Pools, m.name)
+			fleet.Competitors[m.lease] = append(fleet.Competitors[m.lease], m.name)
 		}
+		if m.proxy != nil {
+			fleet.Proxied = append(fleet.Proxied, m.name)
+		}
+	}
+	sort.Strings(fleet.Procs)
+	sort.Strings(fleet.Netns)
+	if want := soakFleet(); !reflect.DeepEqual(fleet, want) {
+		t.Fatalf("the fleet started is %+v; soakFleet, which the schedule's tests draw from, says %+v", fleet, want)
 	}
 	schedule := NewSchedule(seed, d, fleet)
 	// Printed, not only logged: the seed is what replays a failing run.
 	fmt.Printf("soak: seed %d, %s, %d faults (replay: make soak SOAK_SEED=%d SOAK_DURATION=%s); history %s\n%s",
 		seed, d, len(schedule), seed, d, histPath, Describe(schedule))
 
-	n := &nemesis{t: t, h: h, cl: cl, byName: byName, killed: func(inst string) {
+	n := &nemesis{t: t, h: h, ch: ch, cl: cl, byName: byName, killed: func(inst string) {
 		killedMu.Lock()
 		recentlyKilled[inst] = time.Now()
 		killedMu.Unlock()
@@ -343,9 +377,9 @@ func TestSoak(t *testing.T) {
 	results := Check(h.Events())
 	sum := Summary{Generated: time.Now(), Revision: rev, Machine: machine(cl), Seed: seed, Requested: d, Ran: ran,
 		Interrupted: interrupted, Applied: n.applied(), Overlapping: n.overlapping(h.Events()), Results: results,
-		Fleet: fmt.Sprintf("%d agents: %d faultagent processes (the liveness library: Agent, Elect on %d leases, %d competitors each, fenced ledger rows every %s, one write in %d a transaction of two rows; %d of them, %d competitors of each lease, also members of a shard set of %d shards, Agent.Shards, each owner writing fenced rows every %s, one write in %d a transaction of two rows) and %d exporter binaries as agents; %d agents in network namespaces; an observer exporter scraped with every agent by Prometheus with the shipped rules; PostgreSQL %s primary with a streaming replica; agent defaults as the exporter ships them",
+		Fleet: fmt.Sprintf("%d agents: %d faultagent processes (the liveness library: Agent, Elect on %d leases, %d competitors each, fenced ledger rows every %s, one write in %d a transaction of two rows; %d of them, %d competitors of each lease, also members of a shard set of %d shards, Agent.Shards, each owner writing fenced rows every %s, one write in %d a transaction of two rows) and %d exporter binaries as agents, one of them also the node agent (--node-agent.socket) of %d faultagents (%s); %d faultagents' alive-lock sessions through a proxy that can hold them (late_close); %d agents in network namespaces; an observer exporter scraped with every agent by Prometheus with the shipped rules; PostgreSQL %s primary with a streaming replica; agent defaults as the exporter ships them; the lease rows recorded by a trigger of the soak's",
 			len(members), leases*competitorsPerJob, leases, competitorsPerJob, writeEvery, txEvery, leases*shardMembersPerJob, shardMembersPerJob,
-			shardCount, shardWriteEvery, txEvery, exporterAgents, len(fleet.Netns), pgVersion(cl))}
+			shardCount, shardWriteEvery, txEvery, exporterAgents, len(attachedNames), strings.Join(attachedNames, ", "), len(fleet.Proxied), len(fleet.Netns), pgVersion(cl))}
 	failing := sum.Violations() > 0 || interrupted || len(samplerFailures) > 0
 	keep = failing || *keepFlag
 	if keep {
@@ -421,6 +455,36 @@ func recheck(t *testing.T, path string) {
 	}
 }
 
+// waitNodeAgent waits until the node agent's session is open.
+func waitNodeAgent(cl *cluster, name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		var n int
+		conn, err := pgx.Connect(ctx, cl.current().AdminDSN(cl.db))
+		if err == nil {
+			err = conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, name+":node-agent").Scan(&n)
+			conn.Close(context.Background())
+		}
+		if err == nil && n == 1 {
+			return nil
+		}
+		if !wait.Sleep(ctx, 100*time.Millisecond) {
+			return fmt.Errorf("the node agent %s: no session of it within 60 s (last error: %v)", name, err)
+		}
+	}
+}
+
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
 // prepare applies the migrations and creates the ledger the jobs append to.
 func prepare(t *testing.T, dsn string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -449,9 +513,35 @@ func prepare(t *testing.T, dsn string) {
 			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ledger_committed()`); err != nil {
 		t.Fatalf("ledger: %v", err)
 	}
+	// The database's own record of the leases (the checker's lease rows): each insert,
+	// update and delete of a row, in the transaction that made it, with the server's
+	// clock. The soak's, not the schema's: a trigger that writes another table takes no
+	// lock on the leases' rows, so the library's statements behave as without it.
+	if _, err := conn.Exec(ctx, `CREATE TABLE `+leaseRowsTable+` (
+		id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT clock_timestamp(), op text NOT NULL,
+		name text NOT NULL, epoch bigint NOT NULL, taken_at timestamptz NOT NULL, expires_at timestamptz NOT NULL);
+		CREATE FUNCTION soak_lease_row() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF TG_OP = 'DELETE' THEN
+				INSERT INTO `+leaseRowsTable+` (op, name, epoch, taken_at, expires_at)
+				VALUES ('delete', OLD.name, OLD.epoch, OLD.taken_at, OLD.expires_at);
+			ELSE
+				INSERT INTO `+leaseRowsTable+` (op, name, epoch, taken_at, expires_at)
+				VALUES (lower(TG_OP), NEW.name, NEW.epoch, NEW.taken_at, NEW.expires_at);
+			END IF;
+			RETURN NULL;
+		END $$;
+		CREATE TRIGGER soak_lease_row AFTER INSERT OR UPDATE OR DELETE ON `+schema+`.leases
+			FOR EACH ROW EXECUTE FUNCTION soak_lease_row()`); err != nil {
+		t.Fatalf("lease rows: %v", err)
+	}
 }
 
-// readLedger adds every accepted ledger row to the history.
+// leaseRowsTable is the soak's record of the leases table's changes.
+const leaseRowsTable = "public.soak_lease_rows"
+
+// readLedger adds every accepted ledger row, and every recorded change of a lease's or a
+// shard's row, to the history.
 func readLedger(t *testing.T, cl *cluster, h *History) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -477,22 +567,39 @@ func readLedger(t *testing.T, cl *cluster, h *History) {
 	if err := rows.Err(); err != nil {
 		t.Fatalf("ledger: %v", err)
 	}
+	rows, err = conn.Query(ctx, `SELECT at, op, name, epoch, taken_at, expires_at FROM `+leaseRowsTable+`
+		WHERE name LIKE 'soak-%' OR name ~ ('^'||$1||'/[0-9]+$') ORDER BY id`, shardSetName)
+	if err != nil {
+		t.Fatalf("lease rows: %v", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		e := Event{Kind: EvLeaseRow}
+		var at, taken, exp time.Time
+		if err := rows.Scan(&at, &e.Note, &e.Lease, &e.Epoch, &taken, &exp); err != nil {
+			t.Fatalf("lease rows: %v", err)
+		}
+		e.T, e.Taken, e.Exp = at.UnixNano(), taken.UnixNano(), exp.UnixNano()
+		h.Add(e)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("lease rows: %v", err)
+	}
 }
-
-// holderWait is how long a kill of a lease's holder waits for the lease to have one.
-const holderWait = 15 * time.Second
 
 // nemesis applies and heals the schedule's faults.
 type nemesis struct {
 	t      *testing.T
 	h      *History
+	ch     *changes
 	cl     *cluster
 	byName map[string]*member
 	killed func(inst string)
 
-	mu    sync.Mutex
-	count map[string]int
-	busy  map[string]bool // processes under a process fault
+	mu      sync.Mutex
+	count   map[string]int
+	busy    map[string]bool // processes under a process fault
+	stopped map[string]bool // processes stopped (SIGSTOP) now: terminations spare their lock
 
 	// dbMu is held by a database fault from when it is applied to its heal: the schedule
 	// keeps them apart, and this keeps a failover that waits for its replica apart too.
@@ -519,19 +626,42 @@ func (n *nemesis) release(name string) {
 	delete(n.busy, name)
 }
 
-// holder is the member inside lease's job now, if any is free of other faults.
-func (n *nemesis) holder(lease string) *member {
-	names := make([]string, 0, len(n.byName))
-	for name := range n.byName {
-		names = append(names, name)
+func (n *nemesis) setStopped(name string, stopped bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stopped == nil {
+		n.stopped = map[string]bool{}
 	}
-	sort.Strings(names)
-	for _, name := range names {
-		if m := n.byName[name]; m.lease == lease && m.inJob() {
+	n.stopped[name] = stopped
+}
+
+func (n *nemesis) isStopped(name string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.stopped[name]
+}
+
+// holder is the member inside lease's job (any lease's: AnyLease) now among those ok
+// accepts, if any.
+func (n *nemesis) holder(lease string, ok func(*member) bool) *member {
+	for _, m := range n.competitors(lease) {
+		if ok(m) && m.inJob() {
 			return m
 		}
 	}
 	return nil
+}
+
+// competitors are lease's competitors (every lease's: AnyLease), by name.
+func (n *nemesis) competitors(lease string) []*member {
+	var out []*member
+	for _, m := range n.byName {
+		if m.lease != "" && (m.lease == lease || lease == AnyLease) {
+			out = append(out, m)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
 }
 
 func (n *nemesis) applied() map[string]int {
@@ -563,7 +693,8 @@ func (n *nemesis) overlapping(events []Event) int {
 }
 
 // run waits for f's time, applies it, waits its length and heals it; an interrupted run
-// heals at once, and applies nothing more.
+// heals at once, and applies nothing more. Each fault is recorded before it acts, and
+// each heal after; after a heal, every verdict is recorded afresh from the next sample.
 func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 	if !wait.Sleep(ctx, time.Until(t0.Add(f.At))) {
 		return
@@ -574,21 +705,33 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 	}
 	m := n.byName[f.Target]
 	if lease, ok := strings.CutPrefix(f.Target, HolderPrefix); ok {
-		// Right after a database fault nobody may hold it yet: wait a while for a holder.
-		for deadline := time.Now().Add(holderWait); ; {
-			if m = n.holder(lease); m != nil || time.Now().After(deadline) || !wait.Sleep(ctx, 100*time.Millisecond) {
+		// Among those it may take: a late close, the competitors behind a proxy.
+		may := func(c *member) bool { return f.Kind != FaultLateClose || c.proxy != nil }
+		for deadline := time.Now().Add(HolderWait); ; {
+			if m = n.holder(lease, may); m != nil || time.Now().After(deadline) || !wait.Sleep(ctx, 20*time.Millisecond) {
 				break
 			}
 		}
 		if m == nil {
-			n.t.Logf("fault %s: nobody held %s for %s, skipped", f, lease, holderWait)
-			return
+			var cands []*member
+			for _, c := range n.competitors(lease) {
+				if may(c) {
+					cands = append(cands, c)
+				}
+			}
+			if len(cands) == 0 {
+				n.t.Logf("fault %s: no competitor of %s to take, skipped", f, lease)
+				return
+			}
+			m = cands[f.Pick%uint64(len(cands))]
+			n.t.Logf("fault %s: nobody held %s for %s; %s instead", f, lease, HolderWait, m.name)
 		}
 		targets = []string{m.name}
 	}
-	// A process takes one process fault at a time: a kill of a lease's holder may pick a
-	// process that another fault holds.
-	if f.Kind == FaultKill || f.Kind == FaultStop || f.Kind == FaultPoolExhaustion {
+	// A process takes one process fault at a time (the schedule keeps them apart; this
+	// is the last guard).
+	switch f.Kind {
+	case FaultKill, FaultStop, FaultPoolExhaustion, FaultLateClose, FaultNodeRestart:
 		if !n.claim(m.name) {
 			n.t.Logf("fault %s: %s is under another fault, skipped", f, m.name)
 			return
@@ -604,7 +747,11 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 		n.count[f.Kind]++
 		n.mu.Unlock()
 	}
-	heal := func(tg []string) { n.h.Add(Event{Kind: EvHeal, Fault: f.Kind, FaultID: f.ID, Targets: tg}) }
+	heal := func(tg []string) {
+		at := time.Now().UnixNano()
+		n.h.Add(Event{T: at, Kind: EvHeal, Fault: f.Kind, FaultID: f.ID, Targets: tg})
+		n.ch.resample(at)
+	}
 	hold := func() { wait.Sleep(ctx, f.For) }
 	if databaseFault[f.Kind] {
 		n.dbMu.Lock()
@@ -625,13 +772,29 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 		if err := m.start(); err != nil {
 			n.t.Errorf("fault %s: restart: %v", f, err)
 		}
+	case FaultNodeRestart:
+		p, inst := m.current()
+		if p == nil || !p.Running() {
+			n.t.Logf("fault %s: %s not running, skipped", f, m.name)
+			return
+		}
+		fault(targets)
+		m.stop()
+		n.killed(inst)
+		hold()
+		heal(targets)
+		if err := m.start(); err != nil {
+			n.t.Errorf("fault %s: restart: %v", f, err)
+		}
 	case FaultStop:
 		fault(targets)
+		n.setStopped(m.name, true)
 		if !m.signal(syscall.SIGSTOP) {
 			n.t.Logf("fault %s: %s not running", f, m.name)
 		}
 		hold()
 		m.signal(syscall.SIGCONT)
+		n.setStopped(m.name, false)
 		heal(targets)
 	case FaultLinkDown, FaultBlip:
 		fault(targets)
@@ -647,6 +810,21 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 		fault(targets)
 		m.signal(syscall.SIGUSR1)
 		hold()
+		heal(targets)
+	case FaultLateClose:
+		// The lock's session frozen at its proxy, its backend ended: the server lets the
+		// lock go at once (and the fleet may call the process dead a lock grace later),
+		// while the end of the session reaches the process only when the proxy delivers
+		// what it held, For later.
+		fault(targets)
+		m.proxy.freeze()
+		if err := n.cl.exec(context.Background(), fmt.Sprintf(
+			"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+			quoteLiteral(m.name+":alive-lock"))); err != nil {
+			n.t.Logf("fault %s: %v", f, err)
+		}
+		hold()
+		m.proxy.thaw()
 		heal(targets)
 	case FaultRestartFast, FaultRestartImmediate:
 		srv := n.cl.current()
@@ -706,15 +884,14 @@ func (n *nemesis) run(ctx context.Context, t0 time.Time, f Fault) {
 		}
 		heal(targets)
 	case FaultTerminate:
-		victims, err := n.terminate(f)
-		if err != nil {
+		if err := n.terminate(f, fault, heal); err != nil {
 			n.t.Logf("fault %s: %v", f, err) // the database may be away: another fault
-			return
 		}
-		fault(victims)
-		heal(victims)
 	}
 }
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // streamingWait bounds how long a failover waits for its replica to stream.
 const streamingWait = 30 * time.Second
@@ -768,21 +945,26 @@ func replayedTo(ctx context.Context, promoted *pgtest.Server, db, written string
 	return nil
 }
 
-// terminate ends one to three random sessions of the fleet (not the soak's samplers) and
-// returns the processes whose alive-lock session was among them.
-func (n *nemesis) terminate(f Fault) ([]string, error) {
+// terminate ends one to three random sessions of the fleet (not the soak's samplers),
+// recording first as its targets the processes whose alive lock is among them: the
+// lock's session of a faultagent or an exporter agent, or the node agent's session,
+// which holds its own lock and its processes'. It spares the locks of stopped processes
+// (and the node agent's session while it or one of its processes is stopped): a stopped
+// holder whose lock is taken away is dead by the verdict, and its lease may be taken
+// while its job runs on when it resumes, an overlap nothing could excuse.
+func (n *nemesis) terminate(f Fault, fault, heal func([]string)) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, n.cl.current().AdminDSN(n.cl.db))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer conn.Close(context.Background())
 	rows, err := conn.Query(ctx, `SELECT pid, application_name FROM pg_stat_activity
 		WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
 		  AND application_name <> 'soak-sampler' ORDER BY application_name, pid`)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	type session struct {
 		pid int32
@@ -792,32 +974,48 @@ func (n *nemesis) terminate(f Fault) ([]string, error) {
 	for rows.Next() {
 		var s session
 		if err := rows.Scan(&s.pid, &s.app); err != nil {
-			return nil, err
+			return err
 		}
 		all = append(all, s)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return err
 	}
+	// lockOf is the process whose lock a session holds, "" for none; spared says whether
+	// it must be left alone.
+	lockOf := func(app string) (proc string, spared bool) {
+		if svc, ok := strings.CutSuffix(app, ":alive-lock"); ok && n.byName[svc] != nil {
+			return svc, n.isStopped(svc)
+		}
+		if svc, ok := strings.CutSuffix(app, ":node-agent"); ok && n.byName[svc] != nil {
+			spared = n.isStopped(svc)
+			for _, a := range attachedNames {
+				spared = spared || n.isStopped(a)
+			}
+			return svc, spared
+		}
+		return "", false
+	}
+	all = slices.DeleteFunc(all, func(s session) bool { _, spared := lockOf(s.app); return spared })
 	r := rand.New(rand.NewPCG(f.Pick, 0))
 	r.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
 	k := min(len(all), 1+int(f.Pick%3))
-	var victims []string
+	victims := []string{}
 	for _, s := range all[:k] {
-		if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1)", s.pid); err != nil {
-			return nil, err
-		}
-		// The alive lock's session is named after the service; a pool's session ending
-		// takes nothing away from anyone's liveness.
-		if svc, ok := strings.CutSuffix(s.app, ":alive-lock"); ok && n.byName[svc] != nil {
-			victims = append(victims, svc)
+		// A pool's session ending takes nothing away from anyone's liveness.
+		if p, _ := lockOf(s.app); p != "" && !slices.Contains(victims, p) {
+			victims = append(victims, p)
 		}
 	}
 	sort.Strings(victims)
-	if len(victims) == 0 {
-		victims = []string{}
+	fault(victims)
+	defer heal(victims)
+	for _, s := range all[:k] {
+		if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1)", s.pid); err != nil {
+			return err
+		}
 	}
-	return victims, nil
+	return nil
 }
 
 func revision() string {

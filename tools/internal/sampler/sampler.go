@@ -43,10 +43,11 @@ var StateAlive = map[string]bool{
 
 // Instance is one instance's verdicts in one SQL sample.
 type Instance struct {
-	Alive   bool  // is_instance_alive(id, stale threshold)
-	Locked  bool  // its alive lock is granted in pg_locks
-	LockPID int32 // the backend holding it, 0 when none
-	Row     bool  // its instances row exists
+	Alive   bool   // is_instance_alive(id, stale threshold)
+	State   string // its state by the same rule ("" without a row)
+	Locked  bool   // its alive lock is granted in pg_locks
+	LockPID int32  // the backend holding it, 0 when none
+	Row     bool   // its instances row exists
 }
 
 // Lease is one row of the leases table.
@@ -65,75 +66,83 @@ func (l Lease) LiveHolder() string {
 	return l.Holder
 }
 
-// SQL is one sample over SQL: the watched instances and every lease, read on one
-// connection, at At (when both reads had answered).
+// SQL is one sample over SQL: the watched instances and every lease, read in one
+// statement, sent at From and answered at At.
 type SQL struct {
-	At     time.Time
-	Inst   map[uuid.UUID]Instance
-	Leases map[string]Lease
+	From, At time.Time
+	Inst     map[uuid.UUID]Instance
+	Leases   map[string]Lease
 }
 
-const instancesSQL = `
-SELECT id,
-       {s}.is_instance_alive(id, $2),
-       coalesce((SELECT l.pid FROM pg_catalog.pg_locks l
-                  WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-                    AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
-                    AND l.classid = ((({s}.instance_lock_key(id)) >> 32) & 4294967295)::oid
-                    AND l.objid = ({s}.instance_lock_key(id) & 4294967295)::oid
+// sampleSQL is one sample in one statement, whatever the number of instances: the
+// verdicts of every instance through instance_states(stale threshold), which is what
+// is_instance_alive(id, stale threshold) reads for one (it stamps the vanished locks
+// first, as any participating caller's read does), each watched instance's granted
+// alive lock in one read of pg_locks, whether its row exists, and every lease. Rows of
+// kind 'i' are instances, 'l' leases.
+const sampleSQL = `
+WITH v AS MATERIALIZED (
+       SELECT s.instance_id, s.alive, s.state FROM {s}.instance_states(make_interval(secs => $2)) s),
+     k AS MATERIALIZED (
+       SELECT l.classid, l.objid, l.pid FROM pg_catalog.pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()))
+SELECT 'i', id::text, coalesce(v.alive, false), coalesce(v.state, ''),
+       coalesce((SELECT k.pid FROM k
+                  WHERE k.classid = ((({s}.instance_lock_key(id)) >> 32) & 4294967295)::oid
+                    AND k.objid = ({s}.instance_lock_key(id) & 4294967295)::oid
                   LIMIT 1), 0),
-       EXISTS (SELECT 1 FROM {s}.instances i WHERE i.instance_id = id)
-  FROM unnest($1::uuid[]) AS id`
-
-const leasesSQL = `SELECT name, holder, coalesce(holder_instance_id::text, ''), epoch, expires_at < now() FROM {s}.leases`
+       EXISTS (SELECT 1 FROM {s}.instances i WHERE i.instance_id = id),
+       '', '', 0::bigint, false
+  FROM unnest($1::uuid[]) AS id LEFT JOIN v ON v.instance_id = id
+UNION ALL
+SELECT 'l', name, false, '', 0, false, holder, coalesce(holder_instance_id::text, ''), epoch, expires_at < now()
+  FROM {s}.leases WHERE name LIKE $3`
 
 // SQLReader reads SQL samples of the liveness objects in one schema.
 type SQLReader struct {
-	instQ, leaseQ string
-	stale         int // seconds, for is_instance_alive
+	q         string
+	stale     int    // seconds, for is_instance_alive
+	leaseLike string // the leases read: a LIKE pattern of their names
 }
 
 // NewSQLReader reads the objects in schema, with is_instance_alive at the stale threshold
-// (whole seconds).
+// (whole seconds), and every lease.
 func NewSQLReader(schema string, stale time.Duration) *SQLReader {
-	s := pgx.Identifier{schema}.Sanitize()
-	return &SQLReader{
-		instQ:  strings.ReplaceAll(instancesSQL, "{s}", s),
-		leaseQ: strings.ReplaceAll(leasesSQL, "{s}", s),
-		stale:  int(stale / time.Second),
-	}
+	return &SQLReader{q: strings.ReplaceAll(sampleSQL, "{s}", pgx.Identifier{schema}.Sanitize()), stale: int(stale / time.Second), leaseLike: "%"}
 }
 
-// Read takes one sample of the instances ids and of every lease on conn.
+// Leases reads only the leases whose names match the LIKE pattern like.
+func (r *SQLReader) Leases(like string) *SQLReader {
+	r.leaseLike = like
+	return r
+}
+
+// Read takes one sample of the instances ids and of every lease on conn, in one
+// statement.
 func (r *SQLReader) Read(ctx context.Context, conn *pgx.Conn, ids []uuid.UUID) (SQL, error) {
-	smp := SQL{Inst: map[uuid.UUID]Instance{}, Leases: map[string]Lease{}}
-	rows, err := conn.Query(ctx, r.instQ, ids, r.stale)
+	smp := SQL{From: time.Now(), Inst: map[uuid.UUID]Instance{}, Leases: map[string]Lease{}}
+	rows, err := conn.Query(ctx, r.q, ids, r.stale, r.leaseLike)
 	if err != nil {
 		return smp, err
 	}
 	for rows.Next() {
-		var id uuid.UUID
+		var kind, key string
 		var v Instance
-		if err := rows.Scan(&id, &v.Alive, &v.LockPID, &v.Row); err != nil {
+		var l Lease
+		if err := rows.Scan(&kind, &key, &v.Alive, &v.State, &v.LockPID, &v.Row, &l.Holder, &l.HolderID, &l.Epoch, &l.Expired); err != nil {
+			return smp, err
+		}
+		if kind == "l" {
+			smp.Leases[key] = l
+			continue
+		}
+		id, err := uuid.Parse(key)
+		if err != nil {
 			return smp, err
 		}
 		v.Locked = v.LockPID != 0
 		smp.Inst[id] = v
-	}
-	if err := rows.Err(); err != nil {
-		return smp, err
-	}
-	rows, err = conn.Query(ctx, r.leaseQ)
-	if err != nil {
-		return smp, err
-	}
-	for rows.Next() {
-		var name string
-		var l Lease
-		if err := rows.Scan(&name, &l.Holder, &l.HolderID, &l.Epoch, &l.Expired); err != nil {
-			return smp, err
-		}
-		smp.Leases[name] = l
 	}
 	if err := rows.Err(); err != nil {
 		return smp, err

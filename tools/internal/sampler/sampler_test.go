@@ -26,8 +26,8 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// The SQL sample of an instance no one runs says dead, unlocked, without a row; of an
-// agent's instance, alive, locked by a backend, with its row; and it shows the lease the
+// The SQL sample (one statement) of an instance no one runs says dead, unlocked, without a
+// row; of an agent's instance, alive, locked by a backend, with its row; and it shows the lease the
 // agent leads with the agent as its holder. SQLLoop hands such samples on until its
 // context ends.
 func TestSQLReader(t *testing.T) {
@@ -45,8 +45,8 @@ func TestSQLReader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := smp.Inst[id]; got != (Instance{}) || len(smp.Leases) != 0 || smp.At.IsZero() {
-		t.Fatalf("before the agent: %+v, leases %v, at %v; want a dead instance without lock or row, no lease", got, smp.Leases, smp.At)
+	if got := smp.Inst[id]; got != (Instance{}) || len(smp.Leases) != 0 || smp.From.IsZero() || smp.At.Before(smp.From) {
+		t.Fatalf("before the agent: %+v, leases %v, from %v to %v; want a dead instance without lock or row, no lease", got, smp.Leases, smp.From, smp.At)
 	}
 
 	a, err := liveness.NewAgent(liveness.AgentConfig{
@@ -69,9 +69,15 @@ func TestSQLReader(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, "the agent's instance alive, locked, with its row, leading sampled-job", func() bool {
 		smp, err = r.Read(ctx, conn, []uuid.UUID{id})
 		v, l := smp.Inst[id], smp.Leases["sampled-job"]
-		return err == nil && v.Alive && v.Locked && v.LockPID != 0 && v.Row &&
+		return err == nil && v.Alive && v.State == "alive" && v.Locked && v.LockPID != 0 && v.Row &&
 			l.HolderID == id.String() && !l.Expired && l.LiveHolder() == l.Holder && l.Epoch > 0
 	})
+
+	// A reader of some leases reads those only.
+	only, err := NewSQLReader(migrations.DefaultSchema, 3*time.Second).Leases("other-%").Read(ctx, conn, []uuid.UUID{id})
+	if err != nil || len(only.Leases) != 0 || !only.Inst[id].Alive {
+		t.Errorf("a reader of other-%%: %+v, %v; want the instance alive and no lease", only, err)
+	}
 
 	// The loop hands on samples of the same verdicts, each after the last.
 	loopCtx, stopLoop := context.WithCancel(ctx)
