@@ -31,11 +31,14 @@ package collector
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"sort"
 	"strconv"
@@ -82,8 +85,10 @@ var (
 	downReasonDesc = gauge("database_down_reason",
 		"1 for why PostgreSQL did not answer this scrape (pg_liveness_up 0): auth (the login was refused: password, pg_hba.conf, role, "+
 			"no CONNECT privilege on the database), unavailable (the server refused the session: starting, shutting down, too many connections, "+
-			"the database dropped or not accepting connections), connection (no connection: "+
-			"network, TLS, DNS), timeout (no answer within the scrape deadline). All 0 while it answers.",
+			"the database dropped or not accepting connections), tls (the exporter's own TLS side failed: the server's certificate does not "+
+			"verify against the exporter's CA, or the server refused the exporter's client certificate, expired or from an unknown CA), "+
+			"connection (no connection: network, DNS, a server without TLS), timeout (no answer within the scrape deadline). "+
+			"All 0 while it answers.",
 		"reason")
 	successDesc = gauge("scrape_collector_success",
 		"1 when a collector succeeded in this scrape, 0 when it failed or missed the deadline.",
@@ -250,7 +255,7 @@ func handlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter, l
 		}
 		var err error
 		if openMetrics != "" {
-			err = writeOpenMetrics(out, builders, fams)
+			err = writeOpenMetrics(out, builders, fams, cfg.OpenMetricsCreated)
 		} else {
 			err = exposition.Write(out, builders...)
 			for _, mf := range fams {
@@ -338,12 +343,16 @@ func negotiateOpenMetrics(h http.Header) string {
 
 // writeOpenMetrics writes the collectors' samples and the registry's families (with
 // their _created samples where client_golang knows them) in OpenMetrics, and its # EOF.
-func writeOpenMetrics(out io.Writer, builders []*exposition.Builder, fams []*dto.MetricFamily) error {
-	if err := exposition.WriteOpenMetrics(out, builders...); err != nil {
+func writeOpenMetrics(out io.Writer, builders []*exposition.Builder, fams []*dto.MetricFamily, created bool) error {
+	if err := exposition.WriteOpenMetrics(out, created, builders...); err != nil {
 		return err
 	}
+	var opts []expfmt.EncoderOption
+	if created {
+		opts = append(opts, expfmt.WithCreatedLines())
+	}
 	for _, mf := range fams {
-		if _, err := expfmt.MetricFamilyToOpenMetrics(out, mf, expfmt.WithCreatedLines()); err != nil {
+		if _, err := expfmt.MetricFamilyToOpenMetrics(out, mf, opts...); err != nil {
 			return err
 		}
 	}
@@ -543,16 +552,20 @@ func run(ctx context.Context, c collector, out *exposition.Builder) (_ *expositi
 	return out, c.Update(ctx, out)
 }
 
-var downReasons = []string{"auth", "connection", "timeout", "unavailable"}
+var downReasons = []string{"auth", "connection", "timeout", "tls", "unavailable"}
 
 // DownReason is the reason pg_liveness_database_down_reason gives for err, a failure to
-// get an answer from PostgreSQL: auth, connection, timeout or unavailable.
+// get an answer from PostgreSQL: auth, connection, timeout, tls or unavailable.
 func DownReason(err error) string { return downReason(err) }
 
 // downReason classifies why PostgreSQL did not answer. A login refused for want of the
 // CONNECT privilege on the database (42501, FATAL at start-up) is auth, as a refused
 // password is; a database dropped (3D000) or not accepting connections (55000) is
-// unavailable.
+// unavailable. A TLS handshake that failed on the exporter's side of it is tls: the
+// server's certificate does not verify against the exporter's sslrootcert (a rotated CA,
+// a wrong host name), or the server sent an alert refusing the exporter's client
+// certificate (expired, from a CA it does not trust). The database's owner cannot act on
+// those; whoever configures the exporter can.
 func downReason(err error) string {
 	var pgErr *pgconn.PgError
 	switch {
@@ -562,9 +575,26 @@ func downReason(err error) string {
 		return "unavailable"
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		return "timeout"
+	case tlsFailure(err):
+		return "tls"
 	default:
 		return "connection"
 	}
+}
+
+// tlsFailure reports whether err is a TLS handshake's failure: a certificate the client
+// could not verify, or an alert the server sent (crypto/tls reports a received alert as a
+// net.OpError whose Op is "remote error").
+func tlsFailure(err error) bool {
+	var (
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		invalid  x509.CertificateInvalidError
+		hostname x509.HostnameError
+		op       *net.OpError
+	)
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &invalid) || errors.As(err, &hostname) ||
+		errors.As(err, &op) && op.Op == "remote error"
 }
 
 // isServerError reports whether PostgreSQL answered a statement with an error, which

@@ -302,6 +302,7 @@ pg_liveness_lease_row_anomalies{kind="null_value"} 0
 pg_liveness_database_down_reason{reason="auth"} 0
 pg_liveness_database_down_reason{reason="connection"} 0
 pg_liveness_database_down_reason{reason="timeout"} 0
+pg_liveness_database_down_reason{reason="tls"} 0
 pg_liveness_database_down_reason{reason="unavailable"} 0
 # TYPE pg_liveness_scrape_collector_duration_seconds gauge
 pg_liveness_scrape_collector_duration_seconds{collector="leases"} 0

@@ -301,6 +301,9 @@ func addCollectorFlags(app *kingpin.Application, c *collector.Config) {
 	app.Flag("scrape.default-timeout",
 		"Time allowed to collect when the scraper sends no X-Prometheus-Scrape-Timeout-Seconds.").
 		Default(c.ScrapeDefaultTimeout.String()).DurationVar(&c.ScrapeDefaultTimeout)
+	app.Flag("web.openmetrics-created-samples",
+		"Add each counter's _created sample, where its start is known, to the OpenMetrics answer (for a Prometheus that ingests created timestamps).").
+		Default(strconv.FormatBool(c.OpenMetricsCreated)).BoolVar(&c.OpenMetricsCreated)
 }
 
 // addProbeFlags declares --config.file, --probe.*, the targets' pools' bounds, and
@@ -457,6 +460,7 @@ var fieldFlags = map[string]string{
 	// collector.Config
 	"Config.ScrapeTimeoutOffset":           "--scrape.timeout-offset",
 	"Config.ScrapeDefaultTimeout":          "--scrape.default-timeout",
+	"Config.OpenMetricsCreated":            "--web.openmetrics-created-samples",
 	"Config.Instances.Enabled":             "--collector.instances",
 	"Config.Instances.MaxSeries":           "--collector.instances.max-series",
 	"Config.Instances.MaxServices":         "--collector.instances.max-services",
