@@ -56,6 +56,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
@@ -90,6 +91,11 @@ var (
 			"connection (no connection: network, DNS, a server without TLS), timeout (no answer within the scrape deadline). "+
 			"All 0 while it answers.",
 		"reason")
+	identityDesc = gauge("database_info",
+		"The database the exporter reads, identified everywhere; always 1, absent until read. database_id is the server's system "+
+			"identifier (pg_control_system(), which its physical standbys share) and the database's oid, as SYSID:OID; datname its name. "+
+			"The lease alerts meet agents and lease rows by database_id, whatever namespace, release or cluster scraped them.",
+		"database_id", "datname")
 	successDesc = gauge("scrape_collector_success",
 		"1 when a collector succeeded in this scrape, 0 when it failed or missed the deadline.",
 		"collector")
@@ -113,6 +119,48 @@ type Exporter struct {
 	label      [2]string // the label every sample carries (name, value); none when the name is ""
 	// turn is what each scrape waits for first (WithTurn); nil: scrapes start at once.
 	turn func(context.Context) (context.Context, func(), error)
+	// identity is the database's, read by the scrapes (shared by Labelled's and
+	// WithTurn's copies, which read the same pool).
+	identity *identity
+}
+
+// identityMaxAge is how long a database's identity is taken as read: a scrape that gets
+// an answer from PostgreSQL reads it again after that, so that a DSN switched to another
+// database by a reload is followed within minutes, and a scrape costs no round trip more.
+const identityMaxAge = 5 * time.Minute
+
+// identity is a database's identity (pg_liveness_database_info's labels), as last read.
+type identity struct {
+	mu     sync.Mutex
+	labels []string // database_id, datname; nil until read
+	read   time.Time
+}
+
+// refresh reads the identity through pool when it is older than identityMaxAge (or was
+// never read), within ctx; a failure keeps what was read before, and is the next
+// scrape's to retry.
+func (id *identity) refresh(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) {
+	if !id.mu.TryLock() { // another scrape reads it now
+		return
+	}
+	defer id.mu.Unlock()
+	if id.labels != nil && time.Since(id.read) < identityMaxAge {
+		return
+	}
+	var sysid, oid, datname string
+	q := store.DatabaseIdentity.In("")
+	if err := pool.QueryRow(ctx, q.SQL).Scan(&sysid, &oid, &datname); err != nil {
+		logger.Debug("reading the database's identity", "err", err)
+		return
+	}
+	id.labels, id.read = []string{sysid + ":" + oid, datname}, time.Now()
+}
+
+// get returns the identity's labels, nil until read.
+func (id *identity) get() []string {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	return id.labels
 }
 
 type entry struct {
@@ -154,7 +202,7 @@ func New(cfg Config, pool *pgxpool.Pool, agent AgentSource, logger *slog.Logger)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	e := &Exporter{cfg: cfg, pool: pool, logger: logger}
+	e := &Exporter{cfg: cfg, pool: pool, logger: logger, identity: &identity{}}
 	for _, r := range registry {
 		if !*r.settings(&cfg).enabled() {
 			continue
@@ -535,6 +583,12 @@ wait:
 	}
 	if e.cfg.Status != nil {
 		statusMetrics(own, e.cfg.Status.Status())
+	}
+	if answered && e.pool != nil {
+		e.identity.refresh(ctx, e.pool, e.logger)
+	}
+	if labels := e.identity.get(); labels != nil {
+		own.Add(identityDesc, 1, labels...)
 	}
 	own.Add(upDesc, boolFloat(answered))
 	s.builders = append(s.builders, own)
