@@ -199,11 +199,13 @@ func parseExpr(expr string) (parser.Expr, error) {
 // of their own (pg_liveness_agent) beside the observer's or the probes'
 // (pg_liveness_probe), so a job or instance filter would empty every agent panel of a
 // dashboard showing the probe job; their database label (docs/many-databases.md: scrape
-// agents with their database's) is what ties them to the fleet shown.
+// agents with their database's) is what ties them to the fleet shown. The database's
+// identity (pg_liveness_database_info) is every process's, the agents' included, and is
+// filtered as theirs.
 func filtered(s promql.Selector) bool {
 	where := s.Has("cluster", labels.MatchRegexp, "$cluster") && s.Has("namespace", labels.MatchRegexp, "$namespace") &&
 		s.Has("database", labels.MatchRegexp, "$database")
-	if strings.HasPrefix(s.Name, "pg_liveness_agent_") {
+	if strings.HasPrefix(s.Name, "pg_liveness_agent_") || s.Name == "pg_liveness_database_info" {
 		return where && !slices.ContainsFunc(s.Matchers, func(m *labels.Matcher) bool { return m.Name == "job" || m.Name == "instance" })
 	}
 	return where && s.Has("job", labels.MatchRegexp, "$job") && s.Has("instance", labels.MatchRegexp, "$instance")
