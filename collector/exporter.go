@@ -125,8 +125,9 @@ type Exporter struct {
 }
 
 // identityMaxAge is how long a database's identity is taken as read: a scrape that gets
-// an answer from PostgreSQL reads it again after that, so that a DSN switched to another
-// database by a reload is followed within minutes, and a scrape costs no round trip more.
+// an answer from PostgreSQL (and has the time) reads it again after that, so that a DSN
+// switched to another database by a reload is followed within minutes, and scrapes
+// cost no round trip more but once in that while.
 const identityMaxAge = 5 * time.Minute
 
 // identity is a database's identity (pg_liveness_database_info's labels), as last read.
@@ -156,8 +157,12 @@ func (id *identity) refresh(ctx context.Context, pool *pgxpool.Pool, logger *slo
 	id.labels, id.read = []string{sysid + ":" + oid, datname}, time.Now()
 }
 
-// get returns the identity's labels, nil until read.
+// get returns the identity's labels, nil until read (or without an identity: an
+// Exporter not made by New).
 func (id *identity) get() []string {
+	if id == nil {
+		return nil
+	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	return id.labels
@@ -584,7 +589,10 @@ wait:
 	if e.cfg.Status != nil {
 		statusMetrics(own, e.cfg.Status.Status())
 	}
-	if answered && e.pool != nil {
+	// The identity is read by a scrape that has at least as much time left as it took
+	// (one round trip more, every identityMaxAge): never at the cost of the answer, nor
+	// of the other databases of a server waiting for the turn this scrape holds.
+	if dl, ok := ctx.Deadline(); answered && e.pool != nil && e.identity != nil && (!ok || time.Until(dl) > time.Since(start)) {
 		e.identity.refresh(ctx, e.pool, e.logger)
 	}
 	if labels := e.identity.get(); labels != nil {

@@ -335,6 +335,8 @@ pg_liveness_database_down_reason{reason="connection"} 0
 pg_liveness_database_down_reason{reason="timeout"} 0
 pg_liveness_database_down_reason{reason="tls"} 0
 pg_liveness_database_down_reason{reason="unavailable"} 0
+# TYPE pg_liveness_database_info gauge
+pg_liveness_database_info{database_id="SYSID:OID",datname="DATNAME"} 1
 # TYPE pg_liveness_scrape_collector_duration_seconds gauge
 pg_liveness_scrape_collector_duration_seconds{collector="leases"} 0
 # TYPE pg_liveness_scrape_collector_success gauge
@@ -347,7 +349,9 @@ pg_liveness_up 1
 			cfg := Config{Leases: LeasesConfig{Enabled: true, Table: table, MaxSeries: 10},
 				ScrapeDefaultTimeout: 10 * time.Second}
 			e := newExporter(t, cfg, exporterPool(t, db.DSN, 1, nil), nil, nil)
-			compareExposition(t, scrapeFamilies(t, e), want,
+			got := scrapeFamilies(t, e)
+			anonymizeIdentity(t, got, db.Name)
+			compareExposition(t, got, want,
 				approx{name: "pg_liveness_scrape_collector_duration_seconds", lo: 0, hi: 10},
 				approx{name: "pg_liveness_lease_expires_in_seconds", lo: -60, hi: 0},
 				approx{name: "pg_liveness_lease_held_for_seconds", lo: 0, hi: 60})

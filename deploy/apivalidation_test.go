@@ -129,9 +129,9 @@ func TestChartPassesTheAPIServersValidation(t *testing.T) {
 	}
 }
 
-// readmeValuesRecipes are the values recipes of the chart's README: each ```yaml block
-// that follows a line ending with "values:" ... the blocks a user copies into a values
-// file, by the heading of their section.
+// readmeValuesRecipes are the values recipes of the chart's README, by the heading of
+// their section: every ```yaml block but the example pod (podSnippetMarker), each a
+// block a user copies into a values file. A section holds one at most.
 func readmeValuesRecipes(t *testing.T) map[string]string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(chartDir, "README.md"))
