@@ -502,9 +502,13 @@ func (s *scraped) release() {
 // the caller cancels ctx, and their results go to a buffered channel nobody reads.
 func (e *Exporter) scrape(ctx context.Context) *scraped {
 	start := time.Now()
+	scrapeCtx := ctx      // the request's, beyond the turn
+	giveBack := func() {} // ends the turn, once
 	if e.turn != nil {
 		if turnCtx, release, err := e.turn(ctx); err == nil {
-			defer release()
+			var once sync.Once
+			giveBack = func() { once.Do(release) }
+			defer giveBack()
 			ctx = turnCtx
 		} // else the deadline came first: every collector misses it, below
 	}
@@ -590,10 +594,11 @@ wait:
 		statusMetrics(own, e.cfg.Status.Status())
 	}
 	// The identity is read by a scrape that has at least as much time left as it took
-	// (one round trip more, every identityMaxAge): never at the cost of the answer, nor
-	// of the other databases of a server waiting for the turn this scrape holds.
-	if dl, ok := ctx.Deadline(); answered && e.pool != nil && e.identity != nil && (!ok || time.Until(dl) > time.Since(start)) {
-		e.identity.refresh(ctx, e.pool, e.logger)
+	// (one round trip more, every identityMaxAge), after it gave its turn back: never at
+	// the cost of the answer, nor of the other databases of a server waiting for a turn.
+	if dl, ok := scrapeCtx.Deadline(); answered && e.pool != nil && e.identity != nil && (!ok || time.Until(dl) > time.Since(start)) {
+		giveBack()
+		e.identity.refresh(scrapeCtx, e.pool, e.logger)
 	}
 	if labels := e.identity.get(); labels != nil {
 		own.Add(identityDesc, 1, labels...)
