@@ -23,19 +23,26 @@ all: lint test build
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BINARY) .
 
-# The OCI image, without a container engine (deploy/internal/image): the static binary
-# (CGO_ENABLED=0, -trimpath) as user 65532, written to $(IMAGE_DIR)/oci (an OCI image
-# layout: push it with crane, skopeo or oras, see README: Container image) and
-# $(IMAGE_DIR)/image.tar (docker load). Reproducible: the commit's time, not the clock's,
-# so one commit gives one digest, which it prints.
+# The OCI image, without a container engine (deploy/internal/image): one image index of
+# IMAGE_PLATFORMS, each the static, stripped binary (CGO_ENABLED=0, -trimpath, -s -w) as
+# user 65532 with its SPDX SBOM attached as BuildKit attaches one, written to
+# $(IMAGE_DIR)/oci (an OCI image layout: push it with crane, skopeo or oras, see README:
+# Container image; the release workflow does on a v* tag), $(IMAGE_DIR)/sbom/*.spdx.json
+# and $(IMAGE_DIR)/image.tar (this machine's platform, docker load). Reproducible: the
+# commit's time, not the clock's, so one commit gives one digest, which it prints.
+# IMAGE_LICENSES is the licenses label, an SPDX expression; the repository declares none
+# yet, so it is NOASSERTION until it does.
 IMAGE_REPOSITORY ?= ghcr.io/pg-liveness/pg_liveness_exporter
 IMAGE_TAG        ?= $(VERSION)
 IMAGE_DIR        ?= $(CURDIR)/image
+IMAGE_PLATFORMS  ?= linux/amd64,linux/arm64
+IMAGE_LICENSES   ?= NOASSERTION
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 image:
 	cd deploy && $(GO) run ./internal/buildimage -root .. -out $(IMAGE_DIR) \
 		-repository $(IMAGE_REPOSITORY) -tag $(IMAGE_TAG) -version $(VERSION) -revision $(REVISION) \
-		-branch $(BRANCH) -source-date-epoch $(SOURCE_DATE_EPOCH)
+		-branch $(BRANCH) -source-date-epoch $(SOURCE_DATE_EPOCH) -platforms $(IMAGE_PLATFORMS) \
+		-licenses '$(IMAGE_LICENSES)'
 
 # Installs the Debian packages the tests need when run as root; otherwise names them.
 deps:

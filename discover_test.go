@@ -339,7 +339,7 @@ func TestDiscoverEntryThatMayNotListDatabasesSaysSo(t *testing.T) {
 		"discover:\n  s: {host: 127.0.0.1, port: %d, credentials: l, interval: 1s}\n", writeFile(t, dir, "pw", pw+"\n"), s.Port))
 	p := startExporter(t, nil, "--no-agent", "--config.file="+cfg)
 	body := p.waitFor(t, `(?m)^pg_liveness_exporter_discover_entry_up\{entry="s"\} 0$`, 30*time.Second)
-	for _, r := range []string{"auth", "connection", "error", "permission", "timeout", "unavailable"} {
+	for _, r := range []string{"auth", "connection", "error", "permission", "timeout", "tls", "unavailable"} {
 		want := "0"
 		if r == "permission" {
 			want = "1"

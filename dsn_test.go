@@ -48,9 +48,11 @@ func TestDSNFileRefusedAtStart(t *testing.T) {
 		{"directory", dir, "is a directory, not a regular file"},
 		{"utf-16", write("utf16", "\xff\xfeh\x00o\x00s\x00t\x00=\x00"), "UTF-16"},
 		{"comments only", write("comments", "# host=a password="+pw+"\n"), "holds no DSN"},
-		// A password file others may read is refused, as libpq refuses such a key file.
-		{"world-readable", withMode(t, write("world", "host=a password="+pw+"\n"), 0o644, 0), "is open to every user (mode 0644)"},
-		{"group-readable, not root's", withMode(t, write("group", "host=a password="+pw+"\n"), 0o640, 65534), "is readable by its group (mode 0640) and not owned by root"},
+		// A password file others may write, or another user's, is refused, as libpq
+		// refuses such a key file.
+		{"world-writable", withMode(t, write("world", "host=a password="+pw+"\n"), 0o646, 0), "is writable by every user (mode 0646)"},
+		{"group-writable", withMode(t, write("group", "host=a password="+pw+"\n"), 0o660, 0), "is writable by its group (mode 0660)"},
+		{"another user's", withMode(t, write("other", "host=a password="+pw+"\n"), 0o640, 65534), "is owned by user 65534, neither root nor this process's user 0"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			start := time.Now()
@@ -325,7 +327,9 @@ func TestPostgresExporterVariables(t *testing.T) {
 		{"password without uri", []string{"DATA_SOURCE_USER=u", "DATA_SOURCE_PASS=" + pw}, "without DATA_SOURCE_URI"},
 		{"uri with a scheme", []string{"DATA_SOURCE_URI=postgresql://" + uri}, "DATA_SOURCE_URI is host:port/dbname"},
 		{"missing pass file", []string{"DATA_SOURCE_URI=" + uri, "DATA_SOURCE_PASS_FILE=" + dir + "/none"}, "DATA_SOURCE_PASS_FILE: open"},
-		{"world-readable pass file", []string{"DATA_SOURCE_URI=" + uri, "DATA_SOURCE_PASS_FILE=" + withMode(t, writeFile(t, dir, "open", pw), 0o644, 0)}, "DATA_SOURCE_PASS_FILE: " + dir + "/open is open to every user"},
+		// postgres_exporter's other variables mean a flag here or are refused by name.
+		{"a PG_EXPORTER_ variable without a counterpart", []string{"PG_EXPORTER_CONSTANT_LABELS=env=prod"}, "PG_EXPORTER_CONSTANT_LABELS (postgres_exporter's) has no counterpart here"},
+		{"another user's pass file", []string{"DATA_SOURCE_URI=" + uri, "DATA_SOURCE_PASS_FILE=" + withMode(t, writeFile(t, dir, "open", pw), 0o600, 65534)}, "DATA_SOURCE_PASS_FILE: " + dir + "/open is owned by user 65534"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			code, out := runToExit(t, c.env, "--web.listen-address=127.0.0.1:0")

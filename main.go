@@ -31,6 +31,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/regularfile"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/reload"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/server"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
@@ -80,6 +81,9 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 		return configError(stderr, err)
 	}
 	logger := newLogger(c, stderr)
+	// A secret's file accepted although every user may read it (a Kubernetes Secret's
+	// default mount) is one warning per read: at start, and on each reload.
+	regularfile.SetLogger(logger)
 	// Everything that can be wrong with the configuration is found before listening.
 	webConfig, err := loadWeb(c)
 	if err != nil {

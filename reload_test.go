@@ -82,7 +82,7 @@ func TestDSNFileRefusedOnSIGHUP(t *testing.T) {
 		want    string
 	}{
 		{"two lines", func() error { return os.WriteFile(file, []byte(db.DSN+"\nhost=elsewhere\n"), 0o600) }, "holds 2 lines"},
-		{"world-readable", func() error { return os.Chmod(file, 0o644) }, "is open to every user (mode 0644)"},
+		{"group-writable", func() error { return os.Chmod(file, 0o660) }, "is writable by its group (mode 0660)"},
 		{"fifo", func() error {
 			if err := os.Remove(file); err != nil {
 				return err
@@ -105,6 +105,27 @@ func TestDSNFileRefusedOnSIGHUP(t *testing.T) {
 	if strings.Contains(p.Logs(), db.Server.Password) {
 		t.Error("the password was logged")
 	}
+}
+
+// A DSN file as Kubernetes mounts a Secret unless told otherwise, owned by root with mode
+// 0644, is taken: the exporter reaches the database, and says once at start, and once on
+// each reload that reads it again, that every user may read it.
+func TestDSNFileOfASecretsDefaultMount(t *testing.T) {
+	db := pgtest.NewDB(t)
+	file := withMode(t, writeFile(t, t.TempDir(), "dsn", db.DSN+"\n"), 0o644, 0)
+	p := startExporter(t, nil, "--db.dsn-file="+file, "--no-agent")
+	p.waitFor(t, `(?m)^pg_liveness_up 1$`, 30*time.Second)
+	const warning = "is readable by every user of this machine; accepted because root owns it"
+	waitLogCount(t, p, warning, 1)
+	if line := lastLogLine(p, warning); !strings.Contains(line, "level=WARN") || !strings.Contains(line, file) || !strings.Contains(line, "mode=0644") {
+		t.Errorf("the warning is not a warning naming the file and its mode: %s", line)
+	}
+	p.signal(t, syscall.SIGHUP)
+	waitLog(t, p, "SIGHUP: reloaded --db.dsn-file")
+	if n := strings.Count(p.Logs(), warning); n != 2 {
+		t.Errorf("%d warnings after the start and one reload, want 2:\n%s", n, p.Logs())
+	}
+	p.waitFor(t, `(?m)^pg_liveness_up 1$`, 10*time.Second)
 }
 
 // webConfigDir writes a self-signed certificate for 127.0.0.1 and its key into a new

@@ -13,6 +13,10 @@ import (
 type Config struct {
 	ScrapeTimeoutOffset  time.Duration // subtracted from X-Prometheus-Scrape-Timeout-Seconds
 	ScrapeDefaultTimeout time.Duration // the budget when that header is absent
+	// OpenMetricsCreated adds a counter's _created sample, where its start is known, to
+	// the OpenMetrics answer. Off, as client_golang's promhttp has it: every _created is
+	// one more series, which only a Prometheus that ingests created timestamps uses.
+	OpenMetricsCreated bool
 
 	// Source is where instances are read from, as store.NewSource checked it: this
 	// project's schema (nil is the default schema, with the default timing for rows that

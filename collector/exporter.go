@@ -31,11 +31,14 @@ package collector
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"sort"
 	"strconv"
@@ -53,6 +56,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
@@ -82,9 +86,16 @@ var (
 	downReasonDesc = gauge("database_down_reason",
 		"1 for why PostgreSQL did not answer this scrape (pg_liveness_up 0): auth (the login was refused: password, pg_hba.conf, role, "+
 			"no CONNECT privilege on the database), unavailable (the server refused the session: starting, shutting down, too many connections, "+
-			"the database dropped or not accepting connections), connection (no connection: "+
-			"network, TLS, DNS), timeout (no answer within the scrape deadline). All 0 while it answers.",
+			"the database dropped or not accepting connections), tls (the exporter's own TLS side failed: the server's certificate does not "+
+			"verify against the exporter's CA, or the server refused the exporter's client certificate, expired or from an unknown CA), "+
+			"connection (no connection: network, DNS, a server without TLS), timeout (no answer within the scrape deadline). "+
+			"All 0 while it answers.",
 		"reason")
+	identityDesc = gauge("database_info",
+		"The database the exporter reads, identified everywhere; always 1, absent until read. database_id is the server's system "+
+			"identifier (pg_control_system(), which its physical standbys share) and the database's oid, as SYSID:OID; datname its name. "+
+			"The lease alerts meet agents and lease rows by database_id, whatever namespace, release or cluster scraped them.",
+		"database_id", "datname")
 	successDesc = gauge("scrape_collector_success",
 		"1 when a collector succeeded in this scrape, 0 when it failed or missed the deadline.",
 		"collector")
@@ -108,6 +119,53 @@ type Exporter struct {
 	label      [2]string // the label every sample carries (name, value); none when the name is ""
 	// turn is what each scrape waits for first (WithTurn); nil: scrapes start at once.
 	turn func(context.Context) (context.Context, func(), error)
+	// identity is the database's, read by the scrapes (shared by Labelled's and
+	// WithTurn's copies, which read the same pool).
+	identity *identity
+}
+
+// identityMaxAge is how long a database's identity is taken as read: a scrape that gets
+// an answer from PostgreSQL (and has the time) reads it again after that, so that a DSN
+// switched to another database by a reload is followed within minutes, and scrapes
+// cost no round trip more but once in that while.
+const identityMaxAge = 5 * time.Minute
+
+// identity is a database's identity (pg_liveness_database_info's labels), as last read.
+type identity struct {
+	mu     sync.Mutex
+	labels []string // database_id, datname; nil until read
+	read   time.Time
+}
+
+// refresh reads the identity through pool when it is older than identityMaxAge (or was
+// never read), within ctx; a failure keeps what was read before, and is the next
+// scrape's to retry.
+func (id *identity) refresh(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) {
+	if !id.mu.TryLock() { // another scrape reads it now
+		return
+	}
+	defer id.mu.Unlock()
+	if id.labels != nil && time.Since(id.read) < identityMaxAge {
+		return
+	}
+	var sysid, oid, datname string
+	q := store.DatabaseIdentity.In("")
+	if err := pool.QueryRow(ctx, q.SQL).Scan(&sysid, &oid, &datname); err != nil {
+		logger.Debug("reading the database's identity", "err", err)
+		return
+	}
+	id.labels, id.read = []string{sysid + ":" + oid, datname}, time.Now()
+}
+
+// get returns the identity's labels, nil until read (or without an identity: an
+// Exporter not made by New).
+func (id *identity) get() []string {
+	if id == nil {
+		return nil
+	}
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	return id.labels
 }
 
 type entry struct {
@@ -149,7 +207,7 @@ func New(cfg Config, pool *pgxpool.Pool, agent AgentSource, logger *slog.Logger)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	e := &Exporter{cfg: cfg, pool: pool, logger: logger}
+	e := &Exporter{cfg: cfg, pool: pool, logger: logger, identity: &identity{}}
 	for _, r := range registry {
 		if !*r.settings(&cfg).enabled() {
 			continue
@@ -250,7 +308,7 @@ func handlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter, l
 		}
 		var err error
 		if openMetrics != "" {
-			err = writeOpenMetrics(out, builders, fams)
+			err = writeOpenMetrics(out, builders, fams, cfg.OpenMetricsCreated)
 		} else {
 			err = exposition.Write(out, builders...)
 			for _, mf := range fams {
@@ -338,12 +396,16 @@ func negotiateOpenMetrics(h http.Header) string {
 
 // writeOpenMetrics writes the collectors' samples and the registry's families (with
 // their _created samples where client_golang knows them) in OpenMetrics, and its # EOF.
-func writeOpenMetrics(out io.Writer, builders []*exposition.Builder, fams []*dto.MetricFamily) error {
-	if err := exposition.WriteOpenMetrics(out, builders...); err != nil {
+func writeOpenMetrics(out io.Writer, builders []*exposition.Builder, fams []*dto.MetricFamily, created bool) error {
+	if err := exposition.WriteOpenMetrics(out, created, builders...); err != nil {
 		return err
 	}
+	var opts []expfmt.EncoderOption
+	if created {
+		opts = append(opts, expfmt.WithCreatedLines())
+	}
 	for _, mf := range fams {
-		if _, err := expfmt.MetricFamilyToOpenMetrics(out, mf, expfmt.WithCreatedLines()); err != nil {
+		if _, err := expfmt.MetricFamilyToOpenMetrics(out, mf, opts...); err != nil {
 			return err
 		}
 	}
@@ -440,9 +502,13 @@ func (s *scraped) release() {
 // the caller cancels ctx, and their results go to a buffered channel nobody reads.
 func (e *Exporter) scrape(ctx context.Context) *scraped {
 	start := time.Now()
+	scrapeCtx := ctx      // the request's, beyond the turn
+	giveBack := func() {} // ends the turn, once
 	if e.turn != nil {
 		if turnCtx, release, err := e.turn(ctx); err == nil {
-			defer release()
+			var once sync.Once
+			giveBack = func() { once.Do(release) }
+			defer giveBack()
 			ctx = turnCtx
 		} // else the deadline came first: every collector misses it, below
 	}
@@ -527,6 +593,16 @@ wait:
 	if e.cfg.Status != nil {
 		statusMetrics(own, e.cfg.Status.Status())
 	}
+	// The identity is read by a scrape that has at least as much time left as it took
+	// (one round trip more, every identityMaxAge), after it gave its turn back: never at
+	// the cost of the answer, nor of the other databases of a server waiting for a turn.
+	if dl, ok := scrapeCtx.Deadline(); answered && e.pool != nil && e.identity != nil && (!ok || time.Until(dl) > time.Since(start)) {
+		giveBack()
+		e.identity.refresh(scrapeCtx, e.pool, e.logger)
+	}
+	if labels := e.identity.get(); labels != nil {
+		own.Add(identityDesc, 1, labels...)
+	}
 	own.Add(upDesc, boolFloat(answered))
 	s.builders = append(s.builders, own)
 	return s
@@ -543,16 +619,20 @@ func run(ctx context.Context, c collector, out *exposition.Builder) (_ *expositi
 	return out, c.Update(ctx, out)
 }
 
-var downReasons = []string{"auth", "connection", "timeout", "unavailable"}
+var downReasons = []string{"auth", "connection", "timeout", "tls", "unavailable"}
 
 // DownReason is the reason pg_liveness_database_down_reason gives for err, a failure to
-// get an answer from PostgreSQL: auth, connection, timeout or unavailable.
+// get an answer from PostgreSQL: auth, connection, timeout, tls or unavailable.
 func DownReason(err error) string { return downReason(err) }
 
 // downReason classifies why PostgreSQL did not answer. A login refused for want of the
 // CONNECT privilege on the database (42501, FATAL at start-up) is auth, as a refused
 // password is; a database dropped (3D000) or not accepting connections (55000) is
-// unavailable.
+// unavailable. A TLS handshake that failed on the exporter's side of it is tls: the
+// server's certificate does not verify against the exporter's sslrootcert (a rotated CA,
+// a wrong host name), or the server sent an alert refusing the exporter's client
+// certificate (expired, from a CA it does not trust). The database's owner cannot act on
+// those; whoever configures the exporter can.
 func downReason(err error) string {
 	var pgErr *pgconn.PgError
 	switch {
@@ -562,9 +642,26 @@ func downReason(err error) string {
 		return "unavailable"
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		return "timeout"
+	case tlsFailure(err):
+		return "tls"
 	default:
 		return "connection"
 	}
+}
+
+// tlsFailure reports whether err is a TLS handshake's failure: a certificate the client
+// could not verify, or an alert the server sent (crypto/tls reports a received alert as a
+// net.OpError whose Op is "remote error").
+func tlsFailure(err error) bool {
+	var (
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		invalid  x509.CertificateInvalidError
+		hostname x509.HostnameError
+		op       *net.OpError
+	)
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &invalid) || errors.As(err, &hostname) ||
+		errors.As(err, &op) && op.Op == "remote error"
 }
 
 // isServerError reports whether PostgreSQL answered a statement with an error, which

@@ -2,6 +2,7 @@ package collector
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -182,6 +183,10 @@ var scenarioRules = []approx{
 	// The collectors' own reads: none, one or (on the second scrape) two of each so far.
 	{name: "pg_liveness_statement_calls_total", lo: 0, hi: 2, labels: []string{"statement", "instances"}},
 	{name: "pg_liveness_statement_calls_total", lo: 0, hi: 2, labels: []string{"statement", "leases"}},
+	// The database's identity, read once after the first scrape's answer.
+	{name: "pg_liveness_statement_calls_total", lo: 0, hi: 1, labels: []string{"statement", "database_identity"}},
+	{name: "pg_liveness_statement_rows_total", lo: 0, hi: 1, labels: []string{"statement", "database_identity"}},
+	{name: "pg_liveness_statement_seconds_total", lo: 0, hi: 5, labels: []string{"statement", "database_identity"}},
 	{name: "pg_liveness_statement_calls_total", lo: 0, hi: 2, labels: []string{"statement", "advisory_locks"}},
 	{name: "pg_liveness_statement_rows_total", lo: 0, hi: 2 * 13, labels: []string{"statement", "instances"}},
 	{name: "pg_liveness_statement_rows_total", lo: 0, hi: 2 * 3, labels: []string{"statement", "leases"}},
@@ -205,6 +210,31 @@ func scenarioConfig() Config {
 	return cfg
 }
 
+// anonymizeIdentity checks pg_liveness_database_info's labels (the server's system
+// identifier and the database's oid, the database's name) and replaces them with the
+// placeholders of testdata/scenario.prom, SYSID:OID and DATNAME.
+func anonymizeIdentity(t *testing.T, mfs map[string]*dto.MetricFamily, datname string) {
+	t.Helper()
+	mf := mfs["pg_liveness_database_info"]
+	if mf == nil || len(mf.Metric) != 1 {
+		t.Fatalf("want one pg_liveness_database_info, got %v", mf)
+	}
+	for _, l := range mf.Metric[0].Label {
+		switch l.GetName() {
+		case "database_id":
+			if !regexp.MustCompile(`^[1-9][0-9]*:[1-9][0-9]*$`).MatchString(l.GetValue()) {
+				t.Errorf("database_id %q is not SYSID:OID", l.GetValue())
+			}
+			l.Value = new("SYSID:OID")
+		case "datname":
+			if l.GetValue() != datname {
+				t.Errorf("datname %q, want %q", l.GetValue(), datname)
+			}
+			l.Value = new("DATNAME")
+		}
+	}
+}
+
 func TestScenario(t *testing.T) {
 	db := newScenario(t)
 	// One connection: everything must work with --db.max-conns=1, and the exporter's
@@ -217,6 +247,7 @@ func TestScenario(t *testing.T) {
 	// scenarioRules).
 	for i := range 2 {
 		got := scrapeFamilies(t, e)
+		anonymizeIdentity(t, got, db.Name)
 		compareExposition(t, got, readTestdata(t, "scenario.prom"), scenarioRules...)
 		if t.Failed() {
 			t.Fatalf("scrape %d differs", i+1)
@@ -302,7 +333,10 @@ pg_liveness_lease_row_anomalies{kind="null_value"} 0
 pg_liveness_database_down_reason{reason="auth"} 0
 pg_liveness_database_down_reason{reason="connection"} 0
 pg_liveness_database_down_reason{reason="timeout"} 0
+pg_liveness_database_down_reason{reason="tls"} 0
 pg_liveness_database_down_reason{reason="unavailable"} 0
+# TYPE pg_liveness_database_info gauge
+pg_liveness_database_info{database_id="SYSID:OID",datname="DATNAME"} 1
 # TYPE pg_liveness_scrape_collector_duration_seconds gauge
 pg_liveness_scrape_collector_duration_seconds{collector="leases"} 0
 # TYPE pg_liveness_scrape_collector_success gauge
@@ -315,7 +349,9 @@ pg_liveness_up 1
 			cfg := Config{Leases: LeasesConfig{Enabled: true, Table: table, MaxSeries: 10},
 				ScrapeDefaultTimeout: 10 * time.Second}
 			e := newExporter(t, cfg, exporterPool(t, db.DSN, 1, nil), nil, nil)
-			compareExposition(t, scrapeFamilies(t, e), want,
+			got := scrapeFamilies(t, e)
+			anonymizeIdentity(t, got, db.Name)
+			compareExposition(t, got, want,
 				approx{name: "pg_liveness_scrape_collector_duration_seconds", lo: 0, hi: 10},
 				approx{name: "pg_liveness_lease_expires_in_seconds", lo: -60, hi: 0},
 				approx{name: "pg_liveness_lease_held_for_seconds", lo: 0, hi: 60})

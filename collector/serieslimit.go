@@ -13,8 +13,8 @@ import (
 // SeriesLimit bounds the series that the labelled exporters of one answer (the databases
 // discovery found) hold together. The exporters are taken in the order of their label's
 // value and kept whole while their series fit under Max; from the first that does not,
-// each keeps only its own gauges (pg_liveness_up, pg_liveness_database_down_reason and
-// the scrape_collector gauges), so that an answer never holds part of a database and
+// each keeps only its own gauges (pg_liveness_up, pg_liveness_database_down_reason,
+// pg_liveness_database_info and the scrape_collector gauges), so that an answer never holds part of a database and
 // the databases kept do not change with the size of those after them. Exporters without
 // a label (the exporter's own database) are neither counted nor dropped.
 type SeriesLimit struct {

@@ -46,8 +46,16 @@ func strictErr(err error) error {
 //     lands in an untyped bag, so every target must decode into prometheus.Dataquery;
 //   - the SDK reads a panel's fieldConfig with plain encoding/json, which ignores unknown
 //     fields, so it is decoded again with dashboard.FieldConfigSource.UnmarshalJSONStrict.
+//
+// grafana.com's import header (__inputs, __requires) is no field of the dashboard's model:
+// Grafana reads it on import and drops it, and so does this check, after checking that it
+// is a list of objects each.
 func decodeDashboardStrict(b []byte) (*dashboard.Dashboard, error) {
 	registerGrafanaPlugins()
+	b, err := withoutImportHeader(b)
+	if err != nil {
+		return nil, err
+	}
 	var d dashboard.Dashboard
 	if err := strictErr(d.UnmarshalJSONStrict(b)); err != nil {
 		return nil, err
@@ -63,6 +71,23 @@ func decodeDashboardStrict(b []byte) (*dashboard.Dashboard, error) {
 		errs = append(errs, checkPanel("panels["+strconv.Itoa(i)+"]", p)...)
 	}
 	return &d, errors.Join(errs...)
+}
+
+// withoutImportHeader returns the dashboard without __inputs and __requires, which must
+// be there (grafana.com imports a dashboard by them) as lists of objects.
+func withoutImportHeader(b []byte) ([]byte, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(b, &top); err != nil {
+		return nil, err
+	}
+	for _, k := range []string{"__inputs", "__requires"} {
+		var list []map[string]any
+		if err := json.Unmarshal(top[k], &list); err != nil || len(list) == 0 {
+			return nil, fmt.Errorf("%s: want a list of objects, for grafana.com's import (%v)", k, err)
+		}
+		delete(top, k)
+	}
+	return json.Marshal(top)
 }
 
 func checkPanel(path string, raw json.RawMessage) []error {
@@ -171,6 +196,8 @@ func TestDashboardSchemaCheckRejectsMistakes(t *testing.T) {
 		want   string
 	}{
 		{"unknown dashboard field", func(d map[string]any) { d["refreshInterval"] = "30s" }, "refreshInterval"},
+		{"no import inputs", func(d map[string]any) { delete(d, "__inputs") }, "__inputs"},
+		{"import requirements not a list", func(d map[string]any) { d["__requires"] = "grafana" }, "__requires"},
 		{"wrong type", func(d map[string]any) { d["title"] = 1 }, "title"},
 		{"missing required field", func(d map[string]any) { delete(d, "schemaVersion") }, "schemaVersion"},
 		{"unknown panel field", func(d map[string]any) { firstPanel(d)["descripton"] = "x" }, "descripton"},

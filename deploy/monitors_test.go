@@ -321,7 +321,8 @@ func scrape(t *testing.T, target labels.Labels, sc scrapeConfig, exposition stri
 
 // scenario returns the exporter's real exposition, split as the shapes serve it: the
 // observer's (and a /probe answer's) every family but the agent's; an agent's (the
-// sidecars run without the fleet-wide collectors) the agent's and the exporter's own.
+// sidecars run without the fleet-wide collectors) the agent's and its database's
+// identity, which every exporter exports.
 func scenario(t *testing.T) (observer, agent string) {
 	t.Helper()
 	b, err := os.ReadFile("../collector/testdata/scenario.prom")
@@ -334,9 +335,13 @@ func scenario(t *testing.T) (observer, agent string) {
 		if f := strings.Fields(line); len(f) >= 3 && f[0] == "#" {
 			name = f[2]
 		}
-		if strings.HasPrefix(name, "pg_liveness_agent_") {
+		switch {
+		case strings.HasPrefix(name, "pg_liveness_agent_"):
 			a.WriteString(line)
-		} else {
+		case strings.HasPrefix(name, "pg_liveness_database_info"):
+			a.WriteString(line)
+			o.WriteString(line)
+		default:
 			o.WriteString(line)
 		}
 	}
@@ -689,10 +694,15 @@ func inNamespace(r *rendered, ns string) *rendered {
 }
 
 // PgLivenessLeaseTwoLeaders fires on a real double leader in every shipped install shape
-// that has agents (two agents hold the reaper's lease, or one leads under an epoch the
-// lease row no longer has), and two deployments of a shape (staging and prod), each with
-// its one leader of the same lease, never meet.
+// that has agents (two agents hold the reaper's lease under two epochs, or one leads
+// under an epoch the lease row no longer has), and two deployments of a shape (staging
+// and prod, each on its own database), each with its one leader of the same lease, never
+// meet: every exporter of a deployment exports its database's identity.
 func TestTwoLeadersInEveryShape(t *testing.T) {
+	// databaseID is the identity of env's database, as pg_liveness_database_info gives it.
+	databaseID := func(env string) string {
+		return map[string]string{"staging": "6961000000000000002:16384", "prod": "6961000000000000001:16384"}[env]
+	}
 	observer, agent := scenario(t)
 	example := buildExample(t)
 	helm := func(t *testing.T, dir, release, ns, values string) *rendered {
@@ -764,20 +774,28 @@ func TestTwoLeadersInEveryShape(t *testing.T) {
 				map[string]string{"namespace": env}
 		}},
 	}
-	// samples scrapes an install: the agents (the first only, when one leads) serve the
-	// scenario's agent families (the reaper's lease, epoch 7), the fleet's targets the
-	// scenario with the reaper's lease row at rowEpoch.
-	samples := func(t *testing.T, targets []scraped, agents, rowEpoch int) []sample {
+	// samples scrapes an install of env (its database's identity): the agents (the first
+	// only, when one leads) serve the scenario's agent families (the reaper's lease, epoch
+	// 7; a second leader still believes the epoch before), the fleet's targets the scenario
+	// with the reaper's lease row at rowEpoch.
+	samples := func(t *testing.T, env string, targets []scraped, agents, rowEpoch int) []sample {
 		t.Helper()
+		ofEnv := func(exposition string) string {
+			return strings.NewReplacer(`database_id="SYSID:OID"`, `database_id="`+databaseID(env)+`"`, `datname="DATNAME"`, `datname="app"`).Replace(exposition)
+		}
 		var out []sample
 		served := 0
 		for _, tg := range targets {
 			switch {
 			case tg.agent && served < agents:
 				served++
-				out = append(out, scrape(t, tg.labels, tg.sc, agent)...)
+				a := agent
+				if served > 1 {
+					a = strings.Replace(a, `pg_liveness_agent_lease_epoch{lease="pg_liveness_reaper"} 7`, `pg_liveness_agent_lease_epoch{lease="pg_liveness_reaper"} 6`, 1)
+				}
+				out = append(out, scrape(t, tg.labels, tg.sc, ofEnv(a))...)
 			case !tg.agent:
-				out = append(out, scrape(t, tg.labels, tg.sc, withLeaseRow(t, observer, rowEpoch))...)
+				out = append(out, scrape(t, tg.labels, tg.sc, ofEnv(withLeaseRow(t, observer, rowEpoch)))...)
 			}
 		}
 		if served != agents {
@@ -785,23 +803,23 @@ func TestTwoLeadersInEveryShape(t *testing.T) {
 		}
 		return out
 	}
-	fires := func(scope map[string]string) []map[string]string {
-		return []map[string]string{without(labels.FromMap(scope), nil, map[string]string{"lease": "pg_liveness_reaper", "severity": "critical"})}
+	fires := func(env string) []map[string]string {
+		return []map[string]string{{"database_id": databaseID(env), "datname": "app", "lease": "pg_liveness_reaper", "severity": "critical"}}
 	}
 	for _, s := range shapes {
 		t.Run(s.name, func(t *testing.T) {
 			t.Run("two leaders", func(t *testing.T) {
-				r, scope := s.install(t, "prod")
-				runRules(t, samples(t, installTargets(t, r, 1), 2, 7), nil, alertCheck{"PgLivenessLeaseTwoLeaders", fires(scope)})
+				r, _ := s.install(t, "prod")
+				runRules(t, samples(t, "prod", installTargets(t, r, 1), 2, 7), nil, alertCheck{"PgLivenessLeaseTwoLeaders", fires("prod")})
 			})
 			t.Run("a stale leader", func(t *testing.T) {
-				r, scope := s.install(t, "prod")
-				runRules(t, samples(t, installTargets(t, r, 1), 1, 8), nil, alertCheck{"PgLivenessLeaseTwoLeaders", fires(scope)})
+				r, _ := s.install(t, "prod")
+				runRules(t, samples(t, "prod", installTargets(t, r, 1), 1, 8), nil, alertCheck{"PgLivenessLeaseTwoLeaders", fires("prod")})
 			})
 			t.Run("staging and prod, one leader each", func(t *testing.T) {
 				staging, _ := s.install(t, "staging")
 				prod, _ := s.install(t, "prod")
-				all := append(samples(t, installTargets(t, staging, 1), 1, 7), samples(t, installTargets(t, prod, 2), 1, 7)...)
+				all := append(samples(t, "staging", installTargets(t, staging, 1), 1, 7), samples(t, "prod", installTargets(t, prod, 2), 1, 7)...)
 				runRules(t, all, nil, alertCheck{alert: "PgLivenessLeaseTwoLeaders"})
 			})
 		})

@@ -46,6 +46,7 @@ want prometheus run,test have_cmd prometheus # tools/alerts, tools/faults; make 
 want prometheus-alertmanager test have_cmd prometheus-alertmanager # tools/alerts (end to end)
 want systemd test have_cmd systemd-analyze # deploy/ (the units)
 want ca-certificates test have_glob /etc/ssl/certs/ca-certificates.crt # deploy/ (make image puts them in the image)
+want shellcheck test have_cmd shellcheck # deploy/ (actionlint checks the release workflow's scripts with it)
 want make test have_cmd make
 want iproute2 test have_cmd ip # tools/faults (network namespaces)
 want chromium test have_cmd chromium # tools/statuspage

@@ -15,6 +15,7 @@ import (
 	"io"
 	"io/fs"
 	"maps"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -77,6 +78,9 @@ type Config struct {
 // error names its flag.
 func Parse(args []string, stderr io.Writer) (*Config, error) {
 	app, c := NewApp(stderr)
+	if err := postgresExporterEnv(app, os.Environ()); err != nil {
+		return nil, err
+	}
 	if _, err := app.Parse(args); err != nil {
 		return nil, nameFlagInError(err, args)
 	}
@@ -125,6 +129,58 @@ func addEnvars(app *kingpin.Application) {
 		}
 		clause.Envar(envarName(f.Name))
 	}
+}
+
+// postgresExporterPrefix starts postgres_exporter's variables (PG_EXPORTER_WEB_LISTEN_ADDRESS,
+// …), which a user moving from it may still have set.
+const postgresExporterPrefix = "PG_EXPORTER_"
+
+// postgresExporterVars are postgres_exporter's variables (its README and main.go): the flag
+// of ours each one means, or, where none means the same, what to do instead. A
+// PG_EXPORTER_ variable that is neither is refused too: none is ever silently ignored.
+var postgresExporterVars = map[string]struct{ flag, instead string }{
+	"PG_EXPORTER_WEB_LISTEN_ADDRESS": {flag: "web.listen-address"},
+	"PG_EXPORTER_WEB_TELEMETRY_PATH": {flag: "web.telemetry-path"},
+	"PG_EXPORTER_DISABLE_DEFAULT_METRICS": {instead: "postgres_exporter's default metrics are not this exporter's; " +
+		"choose this exporter's collectors with --[no-]collector.<name>"},
+	"PG_EXPORTER_DISABLE_SETTINGS_METRICS": {instead: "this exporter exports no pg_settings; choose its collectors with --[no-]collector.<name>"},
+	"PG_EXPORTER_AUTO_DISCOVER_DATABASES":  {instead: "discover a server's databases with a discover entry in --config.file"},
+	"PG_EXPORTER_EXCLUDE_DATABASES":        {instead: "discover a server's databases with a discover entry in --config.file"},
+	"PG_EXPORTER_INCLUDE_DATABASES":        {instead: "discover a server's databases with a discover entry in --config.file"},
+	"PG_EXPORTER_EXTEND_QUERY_PATH":        {instead: "this exporter runs no custom queries"},
+	"PG_EXPORTER_CONSTANT_LABELS":          {instead: "add constant labels where Prometheus scrapes (relabel_configs, or a monitor's relabelings)"},
+	"PG_EXPORTER_METRIC_PREFIX":            {instead: "this exporter's metrics are named pg_liveness_*"},
+}
+
+// postgresExporterEnv reads postgres_exporter's PG_EXPORTER_* variables in environ: one
+// that means a flag of ours sets it as the flag's own variable would (the command line
+// still wins), unless that variable is set too (an error, as DATA_SOURCE_NAME and
+// DATA_SOURCE_URI together are); any other is an error that names it and says what to
+// use instead.
+func postgresExporterEnv(app *kingpin.Application, environ []string) error {
+	set := map[string]bool{}
+	var names []string
+	for _, kv := range environ {
+		name, value, _ := strings.Cut(kv, "=")
+		set[name] = value != ""
+		if strings.HasPrefix(name, postgresExporterPrefix) && value != "" {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		v, ok := postgresExporterVars[name]
+		switch {
+		case !ok:
+			return fmt.Errorf("%s is postgres_exporter's variable, not this exporter's: set the flags' own variables (%s_*), or unset it", name, envarPrefix)
+		case v.flag == "":
+			return fmt.Errorf("%s (postgres_exporter's) has no counterpart here: %s; unset it", name, v.instead)
+		case set[envarName(v.flag)]:
+			return fmt.Errorf("%s and %s (postgres_exporter's, for --%s) are both set; use one", envarName(v.flag), name, v.flag)
+		}
+		app.GetFlag(v.flag).Envar(name)
+	}
+	return nil
 }
 
 // envarName is the environment variable of the flag --name.
@@ -251,6 +307,9 @@ func addCollectorFlags(app *kingpin.Application, c *collector.Config) {
 	app.Flag("scrape.default-timeout",
 		"Time allowed to collect when the scraper sends no X-Prometheus-Scrape-Timeout-Seconds.").
 		Default(c.ScrapeDefaultTimeout.String()).DurationVar(&c.ScrapeDefaultTimeout)
+	app.Flag("web.openmetrics-created-samples",
+		"Add each counter's _created sample, where its start is known, to the OpenMetrics answer (for a Prometheus that ingests created timestamps).").
+		Default(strconv.FormatBool(c.OpenMetricsCreated)).BoolVar(&c.OpenMetricsCreated)
 }
 
 // addProbeFlags declares --config.file, --probe.*, the targets' pools' bounds, and
@@ -407,6 +466,7 @@ var fieldFlags = map[string]string{
 	// collector.Config
 	"Config.ScrapeTimeoutOffset":           "--scrape.timeout-offset",
 	"Config.ScrapeDefaultTimeout":          "--scrape.default-timeout",
+	"Config.OpenMetricsCreated":            "--web.openmetrics-created-samples",
 	"Config.Instances.Enabled":             "--collector.instances",
 	"Config.Instances.MaxSeries":           "--collector.instances.max-series",
 	"Config.Instances.MaxServices":         "--collector.instances.max-services",

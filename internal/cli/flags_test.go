@@ -183,6 +183,57 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	}
 }
 
+// postgres_exporter's PG_EXPORTER_* variables: the two that mean a flag of ours set it
+// (the command line still wins), and every other one is refused by name with what to use
+// instead; none is silently ignored.
+func TestPostgresExporterVariables(t *testing.T) {
+	t.Run("honoured", func(t *testing.T) {
+		t.Setenv("PG_EXPORTER_WEB_LISTEN_ADDRESS", "127.0.0.1:9187")
+		t.Setenv("PG_EXPORTER_WEB_TELEMETRY_PATH", "/pg-metrics")
+		c, err := Parse(nil, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(*c.Web.WebListenAddresses, []string{"127.0.0.1:9187"}) || c.TelemetryPath != "/pg-metrics" {
+			t.Errorf("listen %v, telemetry path %q; want postgres_exporter's variables' values", *c.Web.WebListenAddresses, c.TelemetryPath)
+		}
+		c, err = Parse([]string{"--web.telemetry-path=/flag"}, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.TelemetryPath != "/flag" {
+			t.Errorf("--web.telemetry-path=/flag and PG_EXPORTER_WEB_TELEMETRY_PATH give %q; the command line must win", c.TelemetryPath)
+		}
+	})
+	for _, c := range []struct{ name, value, want string }{
+		{"PG_EXPORTER_DISABLE_DEFAULT_METRICS", "true", "PG_EXPORTER_DISABLE_DEFAULT_METRICS (postgres_exporter's) has no counterpart here: postgres_exporter's default metrics are not this exporter's; choose this exporter's collectors with --[no-]collector.<name>; unset it"},
+		{"PG_EXPORTER_DISABLE_SETTINGS_METRICS", "true", "PG_EXPORTER_DISABLE_SETTINGS_METRICS (postgres_exporter's) has no counterpart here"},
+		{"PG_EXPORTER_AUTO_DISCOVER_DATABASES", "true", "PG_EXPORTER_AUTO_DISCOVER_DATABASES (postgres_exporter's) has no counterpart here: discover a server's databases with a discover entry in --config.file"},
+		{"PG_EXPORTER_EXCLUDE_DATABASES", "template0", "discover entry in --config.file"},
+		{"PG_EXPORTER_INCLUDE_DATABASES", "app", "discover entry in --config.file"},
+		{"PG_EXPORTER_EXTEND_QUERY_PATH", "/q.yml", "runs no custom queries"},
+		{"PG_EXPORTER_CONSTANT_LABELS", "env=prod", "relabel_configs"},
+		{"PG_EXPORTER_METRIC_PREFIX", "pg", "named pg_liveness_*"},
+		{"PG_EXPORTER_WEB_SOMETHING_NEW", "x", "PG_EXPORTER_WEB_SOMETHING_NEW is postgres_exporter's variable, not this exporter's: set the flags' own variables (PG_LIVENESS_EXPORTER_*), or unset it"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv(c.name, c.value)
+			_, err := Parse(nil, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s=%s: %v; want an error saying %q", c.name, c.value, err, c.want)
+			}
+		})
+	}
+	t.Run("both", func(t *testing.T) {
+		t.Setenv("PG_EXPORTER_WEB_TELEMETRY_PATH", "/a")
+		t.Setenv("PG_LIVENESS_EXPORTER_WEB_TELEMETRY_PATH", "/b")
+		_, err := Parse(nil, io.Discard)
+		if want := "PG_LIVENESS_EXPORTER_WEB_TELEMETRY_PATH and PG_EXPORTER_WEB_TELEMETRY_PATH (postgres_exporter's, for --web.telemetry-path) are both set; use one"; err == nil || err.Error() != want {
+			t.Errorf("both variables: %v; want %q", err, want)
+		}
+	})
+}
+
 // The alive lock's DSN comes from its own file when one is given, and is the main DSN
 // otherwise; the pool keeps the main DSN either way.
 func TestDirectDSNFromItsFile(t *testing.T) {

@@ -161,7 +161,7 @@ func (d *Databases) Listed() (found []targets.Listed, maxSeries int) {
 // discoverReasons are pg_liveness_exporter_discover_entry_down_reason's reasons: the
 // database's down reasons, and permission (the role may not read pg_database) and error
 // (another error of the statement; the log says which).
-var discoverReasons = []string{"auth", "connection", "error", "permission", "timeout", "unavailable"}
+var discoverReasons = []string{"auth", "connection", "error", "permission", "timeout", "tls", "unavailable"}
 
 // discoverReason is why a discover entry's listing of pg_database failed.
 func discoverReason(err error) string {
@@ -204,7 +204,7 @@ func newDiscoverMetrics(d *Databases) *discoverMetrics {
 			"1 when the discover entry's last listing of its server's databases (pg_database, at start and every interval) succeeded, "+
 				"0 when it failed: the databases found before stay as they were.", []string{"entry"}, nil),
 		entryDown: prometheus.NewDesc(name("entry_down_reason"),
-			"1 for why the discover entry's last listing failed: auth, connection, timeout, unavailable (as pg_liveness_database_down_reason), "+
+			"1 for why the discover entry's last listing failed: auth, connection, timeout, tls, unavailable (as pg_liveness_database_down_reason), "+
 				"permission (the role may not read pg_database), error (another error; the log says which). All 0 while it succeeds.",
 			[]string{"entry", "reason"}, nil)}
 }

@@ -223,19 +223,19 @@ func sortedParts(builders []*Builder) []part {
 
 // WriteOpenMetrics writes the samples of the builders as Write does, in the OpenMetrics
 // text format instead (1.0.0): a counter family is named without its _total (its
-// samples keep it), followed, where its creation time is known (CreatedAt), by a
-// _created sample per label set. The caller ends the exposition with "# EOF" once
-// everything is written.
-func WriteOpenMetrics(w io.Writer, builders ...*Builder) error {
+// samples keep it), followed, when created is true and its creation time is known
+// (CreatedAt), by a _created sample per label set. The caller ends the exposition with
+// "# EOF" once everything is written.
+func WriteOpenMetrics(w io.Writer, created bool, builders ...*Builder) error {
 	parts := sortedParts(builders)
-	var created []byte // scratch for _created lines
+	var line2 []byte // scratch for _created lines
 	for i, p := range parts {
 		if i == 0 || parts[i-1].f.name != p.f.name {
 			if _, err := w.Write(p.f.omHeader); err != nil {
 				return err
 			}
 		}
-		if p.f.typ != Counter || p.f.created.IsZero() {
+		if !created || p.f.typ != Counter || p.f.created.IsZero() {
 			if _, err := w.Write(p.buf); err != nil {
 				return err
 			}
@@ -247,14 +247,14 @@ func WriteOpenMetrics(w io.Writer, builders ...*Builder) error {
 			// name_total{labels} value: the labels are what follows the name, up to the
 			// last space.
 			rest := line[len(p.f.name):bytes.LastIndexByte(line, ' ')]
-			created = append(created[:0], line...)
-			created = append(created, base...)
-			created = append(created, "_created"...)
-			created = append(created, rest...)
-			created = append(created, ' ')
-			created = append(created, ts...)
-			created = append(created, '\n')
-			if _, err := w.Write(created); err != nil {
+			line2 = append(line2[:0], line...)
+			line2 = append(line2, base...)
+			line2 = append(line2, "_created"...)
+			line2 = append(line2, rest...)
+			line2 = append(line2, ' ')
+			line2 = append(line2, ts...)
+			line2 = append(line2, '\n')
+			if _, err := w.Write(line2); err != nil {
 				return err
 			}
 		}

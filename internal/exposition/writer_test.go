@@ -186,7 +186,9 @@ func TestSetLabelAddsALabelToEverySample(t *testing.T) {
 // WriteOpenMetrics writes what client_golang writes in OpenMetrics for the same
 // metrics: a counter's family named without _total, its _created sample after each of
 // its samples when its creation time is known, OpenMetrics' escaping of help; a counter
-// without a creation time has no _created.
+// without a creation time has no _created. Without created (the default, as
+// client_golang's promhttp), no _created at all, as client_golang writes without
+// WithCreatedLines.
 func TestWriteOpenMetricsMatchesClientGolang(t *testing.T) {
 	created := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 	beats := NewFamily("agent_beats_total", "Beats with \"quotes\", a \\ and\na newline.", Counter, "cadence").CreatedAt(created)
@@ -212,22 +214,29 @@ func TestWriteOpenMetricsMatchesClientGolang(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var want bytes.Buffer
-	for _, mf := range mfs {
-		if _, err := expfmt.MetricFamilyToOpenMetrics(&want, mf, expfmt.WithCreatedLines()); err != nil {
+	for _, created := range []bool{true, false} {
+		var want bytes.Buffer
+		for _, mf := range mfs {
+			var opts []expfmt.EncoderOption
+			if created {
+				opts = append(opts, expfmt.WithCreatedLines())
+			}
+			if _, err := expfmt.MetricFamilyToOpenMetrics(&want, mf, opts...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got bytes.Buffer
+		if err := WriteOpenMetrics(&got, created, &b); err != nil {
 			t.Fatal(err)
 		}
-	}
-	var got bytes.Buffer
-	if err := WriteOpenMetrics(&got, &b); err != nil {
-		t.Fatal(err)
-	}
-	// client_golang writes 7.0 for 7 in OpenMetrics; both are the number 7.
-	if g, w := sortedSamples(numbers(t, got.String())), sortedSamples(numbers(t, want.String())); g != w {
-		t.Errorf("written:\n%s\nclient_golang:\n%s", got.String(), want.String())
-	}
-	if !strings.Contains(got.String(), "agent_beats_total{cadence=\"fast\"} 3\nagent_beats_created{cadence=\"fast\"} 1.772600767e+09\n") {
-		t.Errorf("a sample's _created does not follow it:\n%s", got.String())
+		// client_golang writes 7.0 for 7 in OpenMetrics; both are the number 7.
+		if g, w := sortedSamples(numbers(t, got.String())), sortedSamples(numbers(t, want.String())); g != w {
+			t.Errorf("created %v, written:\n%s\nclient_golang:\n%s", created, got.String(), want.String())
+		}
+		const line = "agent_beats_total{cadence=\"fast\"} 3\nagent_beats_created{cadence=\"fast\"} 1.772600767e+09\n"
+		if strings.Contains(got.String(), line) != created || strings.Contains(got.String(), "_created") != created {
+			t.Errorf("created %v: _created lines wrong:\n%s", created, got.String())
+		}
 	}
 }
 
@@ -253,7 +262,7 @@ func BenchmarkWrite(b *testing.B) {
 	b.Run("openmetrics", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if err := WriteOpenMetrics(io.Discard, &bld); err != nil {
+			if err := WriteOpenMetrics(io.Discard, true, &bld); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -6,13 +6,21 @@
 // with no writer blocks in open, and then ignores SIGTERM), or read without bound
 // (/dev/zero, /dev/urandom). Read opens without blocking and asks the opened file, not
 // the path, what it is: a FIFO swapped in between a stat and the open cannot slip through.
+//
+// A secret's file (ReadSecret) must also be its owner's alone, as libpq wants of a
+// private key: owned by root or by the process's user, writable by nobody else. The one
+// exception is the mode Kubernetes gives a Secret's files unless told otherwise, 0644
+// owned by root: it is accepted, with a warning (SetLogger) each time it is read, at start
+// and on each reload.
 package regularfile
 
 import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
+	"sync"
 	"syscall"
 )
 
@@ -24,10 +32,12 @@ func Read(path string, limit int64) ([]byte, error) {
 }
 
 // ReadSecret is Read for a file that holds a password or a DSN: it is refused, as libpq
-// refuses a private key file, when other users may read or write it, or when its group
-// may and root does not own it. A file of its owner alone (0600, 0400) is taken, and so
-// is a root-owned file its group may read (0640, 0440: a Kubernetes Secret mounted for
-// the pod's fsGroup, a systemd credential).
+// refuses a private key file, when its group or other users may write it, when another
+// user than root or the process's own owns it, or when other users (or its group) may
+// read it and root does not own it. A file of its owner alone (0600, 0400) is taken, and
+// so is a root-owned file its group may read (0640, 0440: a Kubernetes Secret mounted
+// for the pod's fsGroup, a systemd credential). A root-owned file every user may read
+// (0644, a Kubernetes Secret's default mount) is taken with a warning.
 func ReadSecret(path string, limit int64) ([]byte, error) {
 	return read(path, limit, true)
 }
@@ -90,21 +100,72 @@ func kind(m fs.FileMode) string {
 	return "of type " + m.Type().String()
 }
 
-// private refuses a secret's file that others may read or write (see ReadSecret). The
-// mode and owner are those of the opened file.
+// private refuses a secret's file that others may write, that a user other than root or
+// the process's own owns, or that others may read and root does not own (see ReadSecret);
+// it warns of a root-owned file every user may read. The mode and owner are those of the
+// opened file.
 func private(path string, info fs.FileInfo) error {
 	perm := info.Mode().Perm()
 	owner := -1
 	if st, ok := info.Sys().(*syscall.Stat_t); ok {
 		owner = int(st.Uid)
 	}
-	switch {
-	case perm&0o007 != 0:
-		return fmt.Errorf("%s is open to every user (mode %#o); it holds a password: chmod o-rwx it (0600, or 0640 owned by root for a group)", path, perm)
-	case perm&0o030 != 0:
-		return fmt.Errorf("%s is writable by its group (mode %#o); it holds a password: chmod g-wx it (0600, or 0640 owned by root)", path, perm)
+	switch self := os.Geteuid(); {
+	case perm&0o002 != 0:
+		return fmt.Errorf("%s is writable by every user (mode %#o); it holds a password: chmod go-w it (0600, or 0640 owned by root for a group)", path, perm)
+	case perm&0o020 != 0:
+		return fmt.Errorf("%s is writable by its group (mode %#o); it holds a password: chmod g-w it (0600, or 0640 owned by root)", path, perm)
+	case owner != 0 && owner != self:
+		return fmt.Errorf("%s is owned by user %d, neither root nor this process's user %d; it holds a password: chown it to one of them", path, owner, self)
+	case perm&0o004 != 0 && owner != 0:
+		return fmt.Errorf("%s is open to every user (mode %#o) and not owned by root; it holds a password: chmod o-rwx it (0600, or 0640 owned by root for a group)", path, perm)
 	case perm&0o040 != 0 && owner != 0:
 		return fmt.Errorf("%s is readable by its group (mode %#o) and not owned by root; it holds a password: chmod 0600 it, or give it to root with mode 0640 for the group", path, perm)
+	case perm&0o004 != 0:
+		warn(path, perm)
 	}
 	return nil
+}
+
+// warnings is where ReadSecret says that it took a file every user may read: the logger
+// SetLogger gave, or, until then, a few lines kept for it (the DATA_SOURCE_* files are
+// read before the flags that make the logger are parsed).
+var warnings struct {
+	sync.Mutex
+	logger  *slog.Logger
+	pending [][2]string // path, mode
+}
+
+// maxPending bounds the warnings kept before SetLogger.
+const maxPending = 16
+
+// SetLogger sends ReadSecret's warnings to logger from now on, and those of the files
+// read before, once.
+func SetLogger(logger *slog.Logger) {
+	warnings.Lock()
+	defer warnings.Unlock()
+	warnings.logger = logger
+	for _, p := range warnings.pending {
+		logWarning(logger, p[0], p[1])
+	}
+	warnings.pending = nil
+}
+
+func warn(path string, perm fs.FileMode) {
+	mode := fmt.Sprintf("%#o", perm)
+	warnings.Lock()
+	defer warnings.Unlock()
+	if warnings.logger == nil {
+		if len(warnings.pending) < maxPending {
+			warnings.pending = append(warnings.pending, [2]string{path, mode})
+		}
+		return
+	}
+	logWarning(warnings.logger, path, mode)
+}
+
+func logWarning(logger *slog.Logger, path, mode string) {
+	logger.Warn("a file that holds a password is readable by every user of this machine; accepted because root owns it, "+
+		"as Kubernetes mounts a Secret unless told otherwise: give the Secret's volume defaultMode 0440 (with the pod's fsGroup) "+
+		"or the file mode 0600", "file", path, "mode", mode)
 }

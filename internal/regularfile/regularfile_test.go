@@ -1,6 +1,9 @@
 package regularfile
 
 import (
+	"bytes"
+	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -68,27 +71,41 @@ func TestReadRefusesOtherFiles(t *testing.T) {
 	}
 }
 
-// A secret's file is refused when other users may read or write it, and when its group
-// may and root does not own it; its owner's own file is taken, and so is a root-owned file
-// its group reads (a Kubernetes Secret mounted for the pod's fsGroup). Read itself does
-// not look at the mode. The tests run as root, so they can give a file away.
-func TestReadSecretRefusesFilesOthersMayRead(t *testing.T) {
+// A secret's file is refused when its group or other users may write it, when a user
+// other than root or the process's own owns it, and when others may read it and root does
+// not own it; its owner's own file is taken, and so is a root-owned file its group reads
+// (a Kubernetes Secret mounted for the pod's fsGroup), and, with one warning per read, a
+// root-owned file every user may read (a Secret's default mount, 0644). Read itself does
+// not look at the mode. The tests run as root, so they can give a file away, and every
+// other user is another user.
+func TestReadSecretRefusesFilesOthersMayWrite(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("run as root: the test gives files to other users (sudo go test ./internal/regularfile/)")
+	}
+	var logs bytes.Buffer
+	SetLogger(slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(func() { SetLogger(nil) })
 	dir := t.TempDir()
 	for _, c := range []struct {
 		name string
 		mode os.FileMode
 		uid  int
 		want string // "" when taken
+		warn bool   // taken with a warning
 	}{
-		{"owner only", 0o600, 0, ""},
-		{"owner read only", 0o400, 65534, ""},
-		{"root's, for its group", 0o440, 0, ""},
-		{"root's, group 0640", 0o640, 0, ""},
-		{"world-readable", 0o644, 0, "is open to every user (mode 0644)"},
-		{"world-writable", 0o666, 0, "is open to every user (mode 0666)"},
-		{"other may read only", 0o604, 0, "is open to every user (mode 0604)"},
-		{"group may write", 0o660, 0, "is writable by its group (mode 0660)"},
-		{"group-readable, not root's", 0o640, 65534, "is readable by its group (mode 0640) and not owned by root"},
+		{"owner only", 0o600, 0, "", false},
+		{"owner read only", 0o400, 0, "", false},
+		{"root's, for its group", 0o440, 0, "", false},
+		{"root's, group 0640", 0o640, 0, "", false},
+		{"root's, a Secret's default mount", 0o644, 0, "", true},
+		{"root's, others may read only", 0o604, 0, "", true},
+		{"root's, read-only for all", 0o444, 0, "", true},
+		{"world-writable", 0o666, 0, "is writable by every user (mode 0666)", false},
+		{"others may write only", 0o602, 0, "is writable by every user (mode 0602)", false},
+		{"group may write", 0o660, 0, "is writable by its group (mode 0660)", false},
+		{"another user's, owner only", 0o600, 65534, "is owned by user 65534, neither root nor this process's user 0", false},
+		{"another user's, world-readable", 0o644, 65534, "is owned by user 65534", false},
+		{"another user's, group-readable", 0o640, 65534, "is owned by user 65534", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			file := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-"))
@@ -106,6 +123,7 @@ func TestReadSecretRefusesFilesOthersMayRead(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, p := range []string{file, link} {
+				logs.Reset()
 				b, err := ReadSecret(p, 64)
 				switch {
 				case c.want == "" && (err != nil || string(b) != "pw\n"):
@@ -113,10 +131,41 @@ func TestReadSecretRefusesFilesOthersMayRead(t *testing.T) {
 				case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), p)):
 					t.Errorf("ReadSecret(%s): %v; want an error naming it that says %q", p, err, c.want)
 				}
+				warned := strings.Count(logs.String(), "level=WARN")
+				wantMode := fmt.Sprintf("mode=%#o", c.mode)
+				switch {
+				case c.warn && (warned != 1 || !strings.Contains(logs.String(), "file="+p) || !strings.Contains(logs.String(), wantMode)):
+					t.Errorf("ReadSecret(%s) logged %d warnings, want one naming the file and %s:\n%s", p, warned, wantMode, logs.String())
+				case !c.warn && warned != 0:
+					t.Errorf("ReadSecret(%s) warned:\n%s", p, logs.String())
+				}
 			}
 			if _, err := Read(file, 64); err != nil {
 				t.Errorf("Read, which reads no secret, refused mode %#o: %v", c.mode, err)
 			}
 		})
+	}
+}
+
+// The warnings of the files read before the logger exists (the DATA_SOURCE_* files are
+// read before the flags) are logged once it is set, once each.
+func TestReadSecretWarningsWaitForTheLogger(t *testing.T) {
+	SetLogger(nil)
+	t.Cleanup(func() { SetLogger(nil) })
+	file := filepath.Join(t.TempDir(), "dsn")
+	if err := os.WriteFile(file, []byte("pw\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(file, 0o644); err != nil { // whatever the umask
+		t.Fatal(err)
+	}
+	if _, err := ReadSecret(file, 64); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	SetLogger(slog.New(slog.NewTextHandler(&logs, nil)))
+	SetLogger(slog.New(slog.NewTextHandler(&logs, nil))) // a second logger gets nothing old
+	if n := strings.Count(logs.String(), "level=WARN"); n != 1 || !strings.Contains(logs.String(), "file="+file) {
+		t.Errorf("%d warnings once the logger is set, want one naming %s:\n%s", n, file, logs.String())
 	}
 }

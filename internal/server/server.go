@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"time"
 
@@ -77,10 +78,60 @@ func CloseAll(ls []net.Listener) {
 // Registry is the process's own metrics (Go, process, build info) and extra.
 func Registry(extra ...prometheus.Collector) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	reg.MustRegister(newGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		versioncollector.NewCollector(Name))
 	reg.MustRegister(extra...)
 	return reg
+}
+
+// clashingGoMetric is the Go collector's counter whose OpenMetrics family name (a
+// counter's family drops _total) is go_memstats_alloc_bytes, the name of its gauge of
+// the bytes in use: two families of one name, which OpenMetrics forbids and its parsers
+// refuse (client_golang issue 829, open since 2020).
+const clashingGoMetric = "go_memstats_alloc_bytes_total"
+
+// goCollector is client_golang's Go collector without clashingGoMetric, plus the same
+// count under the name the runtime/metrics collector gives it, go_gc_heap_allocs_bytes_total
+// (/gc/heap/allocs:bytes), whose family name clashes with nothing: the way out the
+// client_golang maintainers propose for 829, taken for this one metric, so that every
+// other go_memstats_* series stays as dashboards know it.
+type goCollector struct {
+	prometheus.Collector
+	dropped *prometheus.Desc
+}
+
+func newGoCollector() prometheus.Collector {
+	inner := collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/allocs:bytes$`)}))
+	c := &goCollector{Collector: inner}
+	ch := make(chan *prometheus.Desc)
+	go func() { inner.Describe(ch); close(ch) }()
+	for d := range ch {
+		if strings.Contains(d.String(), `fqName: "`+clashingGoMetric+`"`) {
+			c.dropped = d
+		}
+	}
+	return c
+}
+
+func (c *goCollector) Describe(ch chan<- *prometheus.Desc) {
+	inner := make(chan *prometheus.Desc)
+	go func() { c.Collector.Describe(inner); close(inner) }()
+	for d := range inner {
+		if d != c.dropped {
+			ch <- d
+		}
+	}
+}
+
+func (c *goCollector) Collect(ch chan<- prometheus.Metric) {
+	inner := make(chan prometheus.Metric)
+	go func() { c.Collector.Collect(inner); close(inner) }()
+	for m := range inner {
+		if m.Desc() != c.dropped {
+			ch <- m
+		}
+	}
 }
 
 // Landing serves the landing page on / with links, unless metrics (the telemetry path)

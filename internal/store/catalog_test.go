@@ -36,7 +36,7 @@ func rendered(t *testing.T) map[string][]Query {
 		LeaseFenceStrict, LeaseFenceCommit, SchemaState, SchemaMigrations, SchemaVersion,
 		MigrateLock, MigrateSchema, MigrateBookkeeping, MigrateApplied, MigrateSearchPath, MigrateRecord,
 		StatStatementsSchema, StatStatements, StatStatementsTexts,
-		DiscoverDatabases, DiscoverSource, ServerAdvisoryLocks} {
+		DiscoverDatabases, DiscoverSource, ServerAdvisoryLocks, DatabaseIdentity} {
 		out[st.Name()] = append(out[st.Name()], st.In("liveness"))
 	}
 	for _, src := range sources(t) {

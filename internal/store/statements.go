@@ -110,6 +110,9 @@ var (
 	// without reading pg_locks again (see also InstancesOfLocks).
 	ServerAdvisoryLocks     = Statement{"server_advisory_locks"}
 	AdvisoryLocksOfSnapshot = SourceStatement{"advisory_locks_of_snapshot"}
+
+	// The identity of an exporter's database (package collector), untagged.
+	DatabaseIdentity = Statement{"database_identity"}
 )
 
 // InstancesOfLocks renders the instances statement for src with the verdict of given
@@ -150,7 +153,7 @@ var handles = []string{
 	MigrateLock.name, MigrateSchema.name, MigrateBookkeeping.name, MigrateApplied.name, MigrateSearchPath.name, MigrateRecord.name,
 	StatStatementsSchema.name, StatStatements.name, StatStatementsTexts.name,
 	ReadInstances.name, ReadFleet.name, Instances.name, AdvisoryLocks.name,
-	ServerAdvisoryLocks.name, AdvisoryLocksOfSnapshot.name,
+	ServerAdvisoryLocks.name, AdvisoryLocksOfSnapshot.name, DatabaseIdentity.name,
 	leasesStatement, whizbangTable,
 }
 

@@ -20,7 +20,7 @@ func files(t *testing.T) string {
 	write(t, dir, "orders.dsn", "host=db2 port=5433 user=obs password=dsnsecret dbname=orders sslmode=disable\n")
 	write(t, dir, "base.dsn", "user=obs password=basesecret sslmode=require\n")
 	write(t, dir, "url.dsn", "postgres://obs:urlsecret@db/x\n")
-	if err := os.Chmod(write(t, dir, "open.pw", secret+"\n"), 0o644); err != nil {
+	if err := os.Chmod(write(t, dir, "open.pw", secret+"\n"), 0o646); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chmod(write(t, dir, "open.dsn", "host=db2 password=dsnsecret\n"), 0o666); err != nil {
@@ -114,8 +114,8 @@ func TestLoadRefusesBadInputNamingTheField(t *testing.T) {
 		{"unreadable dsn file", "targets:\n  o: {dsn_file: DIR/missing.dsn}\n", "targets.o.dsn_file: open"},
 		{"unreadable password file", "credentials:\n  c: {user: u, password_file: DIR/nope}\ntargets:\n  o: {host: h, database: d, credentials: c}\n", "credentials.c.password_file: open"},
 		{"password file of two lines", "credentials:\n  c: {user: u, password_file: DIR/two-lines}\ntargets:\n  o: {host: h, database: d, credentials: c}\n", "credentials.c.password_file: " + dir + "/two-lines holds more than one line"},
-		{"world-readable password file", "credentials:\n  c: {user: u, password_file: DIR/open.pw}\ntargets:\n  o: {host: h, database: d, credentials: c}\n", "credentials.c.password_file: " + dir + "/open.pw is open to every user (mode 0644)"},
-		{"world-writable dsn file", "targets:\n  o: {dsn_file: DIR/open.dsn}\n", "targets.o.dsn_file: " + dir + "/open.dsn is open to every user (mode 0666)"},
+		{"world-writable password file", "credentials:\n  c: {user: u, password_file: DIR/open.pw}\ntargets:\n  o: {host: h, database: d, credentials: c}\n", "credentials.c.password_file: " + dir + "/open.pw is writable by every user (mode 0646)"},
+		{"world-writable dsn file", "targets:\n  o: {dsn_file: DIR/open.dsn}\n", "targets.o.dsn_file: " + dir + "/open.dsn is writable by every user (mode 0666)"},
 		{"user and dsn_file", "credentials:\n  c: {user: u, dsn_file: DIR/base.dsn}\ntargets:\n  o: {host: h, database: d, credentials: c}\n", "credentials.c: give either dsn_file or user"},
 		{"credentials URL", "credentials:\n  c: {dsn_file: DIR/url.dsn}\ntargets:\n  o: {host: h, database: d, credentials: c}\n", "credentials.c.dsn_file: holds a URL"},
 	}

@@ -146,13 +146,14 @@ func wantSteps(c comparison, unit string) (base string, step float64, color stri
 	return "", 0, "", fmt.Errorf("no threshold steps show the bound %s %v on a panel of unit %q", c.op, c.value, unit)
 }
 
-// stripFilters returns the expression as text without the dashboards' job, instance and database
-// matchers, so that it can be compared with a rule's.
+// stripFilters returns the expression as text without the dashboards' cluster, namespace,
+// job, instance and database matchers, so that it can be compared with a rule's.
 func stripFilters(e parser.Expr) string {
 	parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
 		if vs, ok := n.(*parser.VectorSelector); ok {
 			vs.LabelMatchers = slices.DeleteFunc(vs.LabelMatchers, func(m *labels.Matcher) bool {
-				return m.Type == labels.MatchRegexp && (m.Name == "job" && m.Value == "$job" || m.Name == "instance" && m.Value == "$instance" || m.Name == "database" && m.Value == "$database")
+				return m.Type == labels.MatchRegexp && m.Value == "$"+m.Name &&
+					slices.Contains([]string{"cluster", "namespace", "job", "instance", "database"}, m.Name)
 			})
 		}
 		return nil

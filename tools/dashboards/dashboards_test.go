@@ -3,6 +3,7 @@ package dashboards
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -105,10 +106,27 @@ type panel struct {
 	Panels  []panel  `json:"panels"` // a collapsed row's panels
 }
 
+// importInput and importRequire are grafana.com's import header: what the dashboard asks
+// for when it is imported (a data source), and what it needs (Grafana, the data source's
+// plugin, its panels' plugins).
+type importInput struct {
+	Name     string `json:"name"`
+	Type     string `json:"type"`
+	PluginID string `json:"pluginId"`
+}
+
+type importRequire struct {
+	Type string `json:"type"`
+	ID   string `json:"id"`
+	Name string `json:"name"`
+}
+
 type dashboard struct {
-	UID           string `json:"uid"`
-	Title         string `json:"title"`
-	SchemaVersion int    `json:"schemaVersion"`
+	Inputs        []importInput   `json:"__inputs"`
+	Requires      []importRequire `json:"__requires"`
+	UID           string          `json:"uid"`
+	Title         string          `json:"title"`
+	SchemaVersion int             `json:"schemaVersion"`
 	Templating    struct {
 		List []variable `json:"list"`
 	} `json:"templating"`
@@ -173,19 +191,24 @@ func parseExpr(expr string) (parser.Expr, error) {
 	return promql.ParseExpr(strings.ReplaceAll(expr, "$__rate_interval", rateIntervalStandIn))
 }
 
-// filtered reports whether a selector filters by the job, instance and database
-// variables; an agent's metric (pg_liveness_agent_*) by the database only. The agents
-// are scraped by a job of their own (pg_liveness_agent) beside the observer's or the
-// probes' (pg_liveness_probe), so a job or instance filter would empty every agent
-// panel of a dashboard showing the probe job; their database label
-// (docs/many-databases.md: scrape agents with their database's) is what ties them to the
-// fleet shown.
+// filtered reports whether a selector filters by the cluster, namespace, job, instance
+// and database variables; an agent's metric (pg_liveness_agent_*) by the cluster,
+// namespace and database only. The cluster and namespace variables are kube-prometheus'
+// (a Prometheus or a global ruler of several clusters; their All matches an empty label
+// too, so a Prometheus outside Kubernetes needs neither). The agents are scraped by a job
+// of their own (pg_liveness_agent) beside the observer's or the probes'
+// (pg_liveness_probe), so a job or instance filter would empty every agent panel of a
+// dashboard showing the probe job; their database label (docs/many-databases.md: scrape
+// agents with their database's) is what ties them to the fleet shown. The database's
+// identity (pg_liveness_database_info) is every process's, the agents' included, and is
+// filtered as theirs.
 func filtered(s promql.Selector) bool {
-	db := s.Has("database", labels.MatchRegexp, "$database")
-	if strings.HasPrefix(s.Name, "pg_liveness_agent_") {
-		return db && !slices.ContainsFunc(s.Matchers, func(m *labels.Matcher) bool { return m.Name == "job" || m.Name == "instance" })
+	where := s.Has("cluster", labels.MatchRegexp, "$cluster") && s.Has("namespace", labels.MatchRegexp, "$namespace") &&
+		s.Has("database", labels.MatchRegexp, "$database")
+	if strings.HasPrefix(s.Name, "pg_liveness_agent_") || s.Name == "pg_liveness_database_info" {
+		return where && !slices.ContainsFunc(s.Matchers, func(m *labels.Matcher) bool { return m.Name == "job" || m.Name == "instance" })
 	}
-	return s.Has("job", labels.MatchRegexp, "$job") && s.Has("instance", labels.MatchRegexp, "$instance") && db
+	return where && s.Has("job", labels.MatchRegexp, "$job") && s.Has("instance", labels.MatchRegexp, "$instance")
 }
 
 // checkExpr returns what is wrong with one panel query.
@@ -204,7 +227,7 @@ func checkExpr(expr string, allowed map[string]bool, vars []string) []string {
 			errs = append(errs, fmt.Sprintf("selector %s%v: metric %s is not exported (not in %s)", s.Name, s.Matchers, s.Name, testutil.ScenarioExposition))
 		}
 		if !filtered(s) {
-			errs = append(errs, fmt.Sprintf(`selector %s%v lacks job=~"$job",instance=~"$instance",database=~"$database"`, s.Name, s.Matchers))
+			errs = append(errs, fmt.Sprintf(`selector %s%v lacks cluster=~"$cluster",namespace=~"$namespace",job=~"$job",instance=~"$instance",database=~"$database"`, s.Name, s.Matchers))
 		}
 	}
 	for _, c := range promql.CounterCalls(e) {
@@ -227,29 +250,35 @@ func checkExpr(expr string, allowed map[string]bool, vars []string) []string {
 
 func TestCheckExpr(t *testing.T) {
 	allowed := map[string]bool{"a_total": true, "g": true, "pg_liveness_agent_x": true}
-	vars := []string{"job", "instance", "database", "service"}
-	const f = `job=~"$job",instance=~"$instance",database=~"$database"`
+	vars := []string{"cluster", "namespace", "job", "instance", "database", "service"}
+	const cn = `cluster=~"$cluster",namespace=~"$namespace"`
+	const f = cn + `,job=~"$job",instance=~"$instance",database=~"$database"`
 	for _, tc := range []struct {
 		expr string
 		bad  bool
 	}{
 		{`sum by (x) (rate(a_total{` + f + `}[$__rate_interval])) / on (job) group_left g{` + f + `,service=~"$service"}`, false},
 		{`max by (l) (changes(g{` + f + `}[5m])) > 0 and g{` + f + `}`, false},
-		{`g{job=~"$job"}`, true},                                    // no instance filter
-		{`g{job=~"$job",instance=~"$instance"}`, true},              // no database filter
-		{`g{` + f + `} / g`, true},                                  // unfiltered selector
-		{`{` + f + `} or {job="x"}`, true},                          // nameless selector without filters
-		{`rate(a_total{` + f + `}[5m])`, true},                      // fixed range
-		{`rate(g{` + f + `}[$__rate_interval])`, true},              // rate of a gauge
-		{`increase((a_total{` + f + `})[$__rate_interval:])`, true}, // not a plain selector
-		{`unknown_metric{` + f + `}`, true},                         // not exported
-		{`g{` + f + `,lease=~"$lease"}`, true},                      // unknown variable
-		{`g{` + f + `,x="a\"}b"} + g{` + f + `}`, false},            // braces inside strings
-		{`sum without (instance) (g{` + f + `})`, false},            // label lists
-		{`g{` + f + `} +`, true},                                    // does not parse
-		{`count by (job) (g{` + f + `}) + count{` + f + `}`, true},  // "count" metric not exported
-		{`pg_liveness_agent_x{database=~"$database"}`, false},       // an agent's metric, by database
-		{`pg_liveness_agent_x{` + f + `}`, true},                    // an agent's metric by job: empty for the probe job
+		{`g{job=~"$job"}`, true},                                                                     // no instance filter
+		{`g{job=~"$job",instance=~"$instance"}`, true},                                               // no database filter
+		{`g{` + f + `} / g`, true},                                                                   // unfiltered selector
+		{`{` + f + `} or {job="x"}`, true},                                                           // nameless selector without filters
+		{`rate(a_total{` + f + `}[5m])`, true},                                                       // fixed range
+		{`rate(g{` + f + `}[$__rate_interval])`, true},                                               // rate of a gauge
+		{`increase((a_total{` + f + `})[$__rate_interval:])`, true},                                  // not a plain selector
+		{`unknown_metric{` + f + `}`, true},                                                          // not exported
+		{`g{` + f + `,lease=~"$lease"}`, true},                                                       // unknown variable
+		{`g{` + f + `,x="a\"}b"} + g{` + f + `}`, false},                                             // braces inside strings
+		{`sum without (instance) (g{` + f + `})`, false},                                             // label lists
+		{`g{` + f + `} +`, true},                                                                     // does not parse
+		{`count by (job) (g{` + f + `}) + count{` + f + `}`, true},                                   // "count" metric not exported
+		{`pg_liveness_agent_x{` + cn + `,database=~"$database"}`, false},                             // an agent's metric, by database
+		{`pg_liveness_agent_x{` + f + `}`, true},                                                     // an agent's metric by job: empty for the probe job
+		{`pg_liveness_agent_x{database=~"$database"}`, true},                                         // an agent's metric without cluster and namespace
+		{`g{job=~"$job",instance=~"$instance",database=~"$database"}`, true},                         // no cluster, no namespace
+		{`g{cluster=~"$cluster",job=~"$job",instance=~"$instance",database=~"$database"}`, true},     // no namespace
+		{`g{namespace=~"$namespace",job=~"$job",instance=~"$instance",database=~"$database"}`, true}, // no cluster
+		{`g{` + f + `} / on (job) g{job=~"$job",instance=~"$instance",database=~"$database"}`, true}, // one selector without
 	} {
 		if errs := checkExpr(tc.expr, allowed, vars); (len(errs) > 0) != tc.bad {
 			t.Errorf("checkExpr(%s): %q, want bad=%v", tc.expr, errs, tc.bad)
@@ -278,6 +307,28 @@ func TestDashboardConventions(t *testing.T) {
 			t.Errorf("%s: schemaVersion %d, want at least %d", file, d.SchemaVersion, minSchemaVersion)
 		}
 
+		// grafana.com's import header: one Prometheus data source to pick, and what the
+		// dashboard needs, Grafana, Prometheus and each panel type it uses, nothing more.
+		if len(d.Inputs) != 1 || d.Inputs[0].Type != "datasource" || d.Inputs[0].PluginID != "prometheus" || !strings.HasPrefix(d.Inputs[0].Name, "DS_") {
+			t.Errorf("%s: __inputs %+v, want one input of type datasource, pluginId prometheus, named DS_…", file, d.Inputs)
+		}
+		wantRequires := map[string]bool{"grafana/grafana": true, "datasource/prometheus": true}
+		for _, p := range allPanels(d.Panels) {
+			if p.Type != "row" {
+				wantRequires["panel/"+p.Type] = true
+			}
+		}
+		gotRequires := map[string]bool{}
+		for _, r := range d.Requires {
+			gotRequires[r.Type+"/"+r.ID] = true
+			if r.Name == "" {
+				t.Errorf("%s: __requires %s/%s has no name", file, r.Type, r.ID)
+			}
+		}
+		if !maps.Equal(gotRequires, wantRequires) {
+			t.Errorf("%s: __requires %v, want %v", file, slices.Sorted(maps.Keys(gotRequires)), slices.Sorted(maps.Keys(wantRequires)))
+		}
+
 		// Variables.
 		var names []string
 		byName := map[string]variable{}
@@ -288,10 +339,13 @@ func TestDashboardConventions(t *testing.T) {
 		if ds, ok := byName["datasource"]; !ok || ds.Type != "datasource" || ds.queryText() != "prometheus" {
 			t.Errorf("%s: want a variable datasource of type datasource and query prometheus", file)
 		}
-		for _, name := range []string{"job", "instance", "database"} {
+		for _, name := range []string{"cluster", "namespace", "job", "instance", "database"} {
 			if _, ok := byName[name]; !ok {
 				t.Errorf("%s: variable %s is missing", file, name)
 			}
+		}
+		if i := slices.Index(names, "cluster"); i != 1 || len(names) < 3 || names[2] != "namespace" {
+			t.Errorf("%s: variables %v: want cluster and namespace right after datasource, as kube-prometheus' dashboards have them", file, names)
 		}
 		for _, v := range d.Templating.List {
 			if v.Type != "query" {
@@ -301,9 +355,10 @@ func TestDashboardConventions(t *testing.T) {
 				t.Errorf("%s: variable %s must use the datasource variable", file, v.Name)
 			}
 			// All databases must match the series without a database label too: those of
-			// an exporter that watches one database (--db.dsn).
+			// an exporter that watches one database (--db.dsn); all clusters and
+			// namespaces those of a Prometheus that does not label them.
 			allValue := ".+"
-			if v.Name == "database" {
+			if v.Name == "database" || v.Name == "cluster" || v.Name == "namespace" {
 				allValue = ".*"
 			}
 			if !v.IncludeAll || v.AllValue != allValue {
@@ -331,10 +386,23 @@ func TestDashboardConventions(t *testing.T) {
 			job := sels[0].Has("job", labels.MatchRegexp, "$job")
 			inst := sels[0].Has("instance", labels.MatchRegexp, "$instance")
 			dbf := sels[0].Has("database", labels.MatchRegexp, "$database")
+			cl := sels[0].Has("cluster", labels.MatchRegexp, "$cluster")
+			ns := sels[0].Has("namespace", labels.MatchRegexp, "$namespace")
+			if v.Name != "cluster" && (!cl || v.Name != "namespace" && !ns) {
+				t.Errorf("%s: variable %s: %q must filter by cluster and namespace (namespace by cluster)", file, v.Name, q)
+			}
 			switch v.Name {
-			case "job":
+			case "cluster":
 				if sels[0].Name != "pg_liveness_up" || len(sels[0].Matchers) != 0 {
-					t.Errorf("%s: variable job: want label_values(pg_liveness_up, job), got %q", file, q)
+					t.Errorf("%s: variable cluster: want label_values(pg_liveness_up, cluster), got %q", file, q)
+				}
+			case "namespace":
+				if sels[0].Name != "pg_liveness_up" || len(sels[0].Matchers) != 1 {
+					t.Errorf("%s: variable namespace: want label_values(pg_liveness_up{cluster=~\"$cluster\"}, namespace), got %q", file, q)
+				}
+			case "job":
+				if sels[0].Name != "pg_liveness_up" || len(sels[0].Matchers) != 2 {
+					t.Errorf("%s: variable job: want label_values(pg_liveness_up{cluster=~\"$cluster\",namespace=~\"$namespace\"}, job), got %q", file, q)
 				}
 			case "instance":
 				if sels[0].Name != "pg_liveness_up" || !job || inst {

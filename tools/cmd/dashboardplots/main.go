@@ -154,9 +154,12 @@ func combined(p panel, rateInterval time.Duration) string {
 	var parts []string
 	for _, t := range p.Targets {
 		expr := strings.ReplaceAll(t.Expr, "$__rate_interval", promDuration(rateInterval))
-		// "All" databases is ".*": it matches the series of an exporter that watches one
-		// database, which have no database label.
-		expr = strings.ReplaceAll(expr, `"$database"`, `".*"`)
+		// "All" databases, clusters and namespaces is ".*": it matches the series of an
+		// exporter that watches one database, which have no database label, and those of
+		// a Prometheus that labels no cluster or namespace (make run's).
+		for _, v := range []string{"database", "cluster", "namespace"} {
+			expr = strings.ReplaceAll(expr, `"$`+v+`"`, `".*"`)
+		}
 		expr = variableRE.ReplaceAllString(expr, ".+")
 		if len(p.Targets) == 1 {
 			return expr

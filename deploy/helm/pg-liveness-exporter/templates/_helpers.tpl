@@ -127,12 +127,24 @@ imagePullPolicy: {{ .image.pullPolicy }}
 {{- end }}
 
 {{- /* The container's probes, from values with livenessProbe and readinessProbe (the
-observer's or the agent's). */}}
+observer's, the agent's or the node agent's). */}}
 {{- define "pg-liveness-exporter.probes" -}}
 livenessProbe:
-  {{- toYaml .livenessProbe | nindent 2 }}
+  {{- include "pg-liveness-exporter.probe" .livenessProbe | nindent 2 }}
 readinessProbe:
-  {{- toYaml .readinessProbe | nindent 2 }}
+  {{- include "pg-liveness-exporter.probe" .readinessProbe | nindent 2 }}
+{{- end }}
+
+{{- /* One probe from its values. Helm merges a user's probe into the default one key by
+key, so a user's tcpSocket, exec or grpc would come with the default httpGet, and the API
+server refuses a probe with two handlers ("may not specify more than 1 handler type"):
+the user's handler replaces the default httpGet. */}}
+{{- define "pg-liveness-exporter.probe" -}}
+{{- $p := deepCopy . }}
+{{- if or $p.tcpSocket $p.exec $p.grpc }}
+{{- $_ := unset $p "httpGet" }}
+{{- end }}
+{{- toYaml $p }}
 {{- end }}
 
 {{- /* A monitor endpoint's scrape settings beyond the chart's relabelings: takes the
