@@ -113,15 +113,32 @@ func (sc *scenario) check(name string, median, worst time.Duration, enforce bool
 	med, medOK := q.Median()
 	w, wOK := q.Worst()
 	q.Met = (median == 0 || (medOK && med < median)) && (worst == 0 || (wOK && w < worst))
-	if !q.Met {
-		report := sc.t.Errorf
-		if !enforce {
-			report = sc.t.Logf
-		}
-		report("%s: want %s; measured median %s, worst %s over %d trials (%d missed within %s)",
-			name, text, show(med, medOK), show(w, wOK), len(q.Values)+q.Missed, q.Missed, q.Window)
+	if q.Met {
+		return
 	}
+	report := sc.t.Errorf
+	if !enforce {
+		report = sc.t.Logf
+	}
+	// A run that writes no report (make test's, one trial beside the suite's other jobs)
+	// holds the times to the bound with a loaded machine's allowance: the documented
+	// bounds are make faults', measured on a quiet machine. What it counts (false-dead
+	// verdicts, two holders, stale writes) has no allowance.
+	if *reportFlag == "" {
+		a := time.Duration(loadAllowance)
+		if (median == 0 || (medOK && med < a*median)) && (worst == 0 || (wOK && w < a*worst)) {
+			sc.t.Logf("%s: want %s (make faults); measured median %s, worst %s, within this run's allowance (%dx) for a loaded machine",
+				name, text, show(med, medOK), show(w, wOK), loadAllowance)
+			return
+		}
+		text += fmt.Sprintf(", or %dx that beside make test's other jobs", loadAllowance)
+	}
+	report("%s: want %s; measured median %s, worst %s over %d trials (%d missed within %s)",
+		name, text, show(med, medOK), show(w, wOK), len(q.Values)+q.Missed, q.Missed, q.Window)
 }
+
+// loadAllowance is the factor on a time bound in a run that writes no report.
+const loadAllowance = 2
 
 func show(d time.Duration, ok bool) string {
 	if !ok {
