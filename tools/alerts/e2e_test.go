@@ -75,8 +75,11 @@ func TestEndToEnd(t *testing.T) {
 
 	observerAddr, victimAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	env := []string{"DATA_SOURCE_NAME=" + db.DSN} // keeps the password off the process list
+	// The observer is its node's agent too (--node-agent.socket; its own agent attaches to
+	// it): the node agent's families, which rules and panels use.
 	observer := proctest.Start(t, "observer", proctest.Options{Env: env}, exporter, append([]string{
-		"--web.listen-address=" + observerAddr, "--agent.service-name=e2e-observer"}, e2eAgentFlags...)...)
+		"--web.listen-address=" + observerAddr, "--agent.service-name=e2e-observer",
+		"--node-agent.socket=" + filepath.Join(t.TempDir(), "agent.sock")}, e2eAgentFlags...)...)
 	victim := proctest.Start(t, "victim", proctest.Options{Env: env}, exporter, append([]string{
 		"--web.listen-address=" + victimAddr, "--agent.service-name=e2e-victim", "--no-agent.reaper"}, e2eAgentFlags...)...)
 	// A third exporter of many databases (--config.file, one target it is never asked to
