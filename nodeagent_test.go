@@ -68,16 +68,23 @@ func TestNodeAgentServesThroughAnAcceptErrorBurst(t *testing.T) {
 		t.Fatalf("an attach after the burst: %+v, %v; want its lock held", st, err)
 	}
 	p.checkRunning(t, "the end of the test")
-	errorLines := 0
+	// Once per burst of failures at error level (a loaded machine may split the burst in
+	// two), each ended by one line, and far fewer lines than failures.
+	errorLines, againLines := 0, 0
 	for l := range strings.Lines(p.Logs()) {
 		if strings.Contains(l, "level=ERROR") && strings.Contains(l, "accepting a process's connection failed") {
 			errorLines++
 		}
+		if strings.Contains(l, "accepting connections again") {
+			againLines++
+		}
 	}
-	if errorLines != 1 {
-		t.Errorf("the accept failures logged %d times at error level; want once, when they began (the rest at debug)", errorLines)
+	failures := metricValue(t, p.scrape(t), "pg_liveness_node_agent_accept_errors_total")
+	if errorLines == 0 || errorLines > 3 || float64(errorLines) >= failures {
+		t.Errorf("%v accept failures logged %d times at error level; want once when a burst began (the rest at debug)",
+			failures, errorLines)
 	}
-	if !strings.Contains(p.Logs(), "accepting connections again") {
-		t.Error("no line saying the node agent accepts connections again")
+	if againLines != errorLines {
+		t.Errorf("%d lines saying the node agent accepts connections again, for %d bursts", againLines, errorLines)
 	}
 }

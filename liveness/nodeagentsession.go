@@ -79,13 +79,13 @@ func (n *NodeAgent) serveWhileDown(s *nodeSession) {
 			}
 		case r.msg.Op == nodeOpProve:
 			if !c.attached.Load() {
-				n.protocolError(c, errors.New("a proof asked before attaching"))
+				n.protocolError(c, fmt.Errorf("%w: a proof asked before attaching", errNotProtocol))
 			}
 			c.send(nodeMessage{Op: nodeOpProof, Seq: r.msg.Seq})
 		case r.msg.Op == nodeOpMembers:
 			c.wantMembers.Store(r.msg.Want)
 		default:
-			n.protocolError(c, fmt.Errorf("unknown op %q", r.msg.Op))
+			n.protocolError(c, fmt.Errorf("%w: unknown op %q", errNotProtocol, r.msg.Op))
 		}
 	}
 	n.saveBindings()
@@ -183,7 +183,7 @@ func (n *NodeAgent) serve(ctx context.Context, s *nodeSession) bool {
 			// Nothing of this connection's is held (not attached, a duplicate, a stranger
 			// on its key): the answer needs no verification, and costs the database nothing.
 			if !c.attached.Load() {
-				n.protocolError(c, errors.New("a proof asked before attaching"))
+				n.protocolError(c, fmt.Errorf("%w: a proof asked before attaching", errNotProtocol))
 			}
 			c.send(nodeMessage{Op: nodeOpProof, Seq: r.msg.Seq, Claim: c.claim})
 		case r.msg.Op == nodeOpProve:
@@ -191,7 +191,7 @@ func (n *NodeAgent) serve(ctx context.Context, s *nodeSession) bool {
 		case r.msg.Op == nodeOpMembers:
 			c.wantMembers.Store(r.msg.Want)
 		default:
-			n.protocolError(c, fmt.Errorf("unknown op %q", r.msg.Op))
+			n.protocolError(c, fmt.Errorf("%w: unknown op %q", errNotProtocol, r.msg.Op))
 		}
 	}
 	if !n.syncMembers(ctx, s) {
