@@ -17,7 +17,9 @@ import (
 func serveMetrics(addr string, in *instance, logger *slog.Logger) (stop func(), err error) {
 	cfg := collector.DefaultConfig()
 	cfg.Instances.Enabled, cfg.Leases.Enabled, cfg.AdvisoryLocks.Enabled, cfg.Statements.Enabled = false, false, false, false
-	exp, err := collector.New(cfg, nil, in, logger.With("component", "metrics"))
+	// The pool only for the database's identity (pg_liveness_database_info), which the
+	// two-leaders alert meets this agent's lease beliefs by: no collector reads through it.
+	exp, err := collector.New(cfg, in.pool, in, logger.With("component", "metrics"))
 	if err != nil {
 		return nil, err
 	}
