@@ -71,8 +71,8 @@ MAJOR_SKIP    := ^(TestPrimaryFailover|TestDiscoveryScrapesManyDatabasesWithinTh
 MAJOR_FAULTS  := ^(TestCrash|TestRestartFast|TestRestartImmediate|TestTerminateBackend)$$
 
 # make test's jobs run side by side, JOBS at a time (scripts/test.sh): most of the suite
-# waits on timers and servers rather than computes.
-JOBS ?= 3
+# waits on timers and servers rather than computes: four at a time keep the two cores busy.
+JOBS ?= 4
 TEST_ENV = GO='$(GO)' TEST_FLAGS='$(TEST_FLAGS)' JOBS='$(JOBS)' PG_MAJORS='$(PG_MAJORS)' DB_PKGS='$(DB_PKGS)' \
 	TOOLS_DB_PKGS='$(TOOLS_DB_PKGS)' MAJOR_FAULTS='$(MAJOR_FAULTS)' MAJOR_SKIP='$(MAJOR_SKIP)'
 

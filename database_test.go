@@ -85,6 +85,7 @@ func TestWrongPasswordBacksOff(t *testing.T) {
 // and an agent running with exactly those grants get every collector and the whole agent
 // working.
 func TestLeastPrivileges(t *testing.T) {
+	t.Parallel()
 	srv, db := ownServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -296,6 +297,7 @@ func TestOlderBinaryAgainstNewerSchema(t *testing.T) {
 // collectors. (Its migrations need 14, so the agent does not join, and the instances and
 // statements collectors fail, which their success metrics report.)
 func TestUnsupportedMajorIsOneLineAndServes(t *testing.T) {
+	t.Parallel()
 	_, db := ownServer(t, pgtest.WithMajor(13))
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN})

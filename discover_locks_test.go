@@ -130,6 +130,7 @@ func statementCalls(t *testing.T, s *pgtest.Server, admin *pgtest.DB) (calls map
 }
 
 func TestDiscoveryReadsPgLocksOncePerScrapeAndServer(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewServer(t)
 	dbs := []*pgtest.DB{lockedDB(t, s, migrations.Latest()), lockedDB(t, s, migrations.Latest()), lockedDB(t, s, store.VerdictOfLocksMigration-1)}
 	admin := pgtest.NewDBOn(t, s) // no schema: not discovered

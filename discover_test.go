@@ -211,6 +211,7 @@ func TestDiscoveryWatchesEveryDatabaseWithTheSchema(t *testing.T) {
 // server answering is not the database answering. A database beside them stays up, and
 // the two that still exist stay listed, down, through the re-checks.
 func TestDiscoveredDatabaseThatRefusesConnectionsIsDown(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewServer(t)
 	const pw = "watcher-pw"
 	ctx := context.Background()
@@ -320,6 +321,7 @@ func TestDiscoveredDatabaseThatRefusesConnectionsIsDown(t *testing.T) {
 // when it begins, not at every re-check; once the role may read it again, the entry is
 // up, its databases found, and one line says so.
 func TestDiscoverEntryThatMayNotListDatabasesSaysSo(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewServer(t)
 	const pw = "lister-pw"
 	ctx := context.Background()

@@ -303,6 +303,7 @@ func withMode(t *testing.T, path string, mode os.FileMode, uid int) string {
 // encode) reaches the database; and what postgres_exporter would silently choose between
 // or ignore is refused at start with exit 2, naming the variables.
 func TestPostgresExporterVariables(t *testing.T) {
+	t.Parallel()
 	srv, db := ownServer(t)
 	const pw = "p@ss:w/rd%1"
 	newRole(t, srv, db, "pe_user", strings.ReplaceAll(pw, "'", "''"), "SUPERUSER")

@@ -300,6 +300,7 @@ func TestLoggerRemovesPasswords(t *testing.T) {
 // `make build` stamps the version from git into pg_liveness_exporter_build_info; a plain
 // `go build` leaves version and branch empty.
 func TestMakeBuildStampsVersion(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("make"); err != nil {
 		t.Fatal("make is not installed: apt-get install make")
 	}

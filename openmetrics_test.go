@@ -47,6 +47,7 @@ func scrapeAs(t *testing.T, p *exporterProc, path, accept string) (string, strin
 // family once, so two families of one name (client_golang's go_memstats_alloc_bytes
 // gauge beside its go_memstats_alloc_bytes_total counter, issue 829) fail it.
 func TestOpenMetricsOnRequest(t *testing.T) {
+	t.Parallel()
 	db := pgtest.NewDB(t)
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN})

@@ -248,6 +248,7 @@ func metricValue(t *testing.T, body, name string) float64 {
 }
 
 func TestProbeConfigurationErrorsAndReload(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	pw := writeFile(t, dir, "pw", "hunter2secret\n")
 	for name, c := range map[string]struct {
@@ -351,6 +352,7 @@ func mustRead(t *testing.T, path string) string {
 // With a DSN as well, the exporter serves its own database on /metrics and /status as
 // before, and the targets beside it; the landing page and /targets link them.
 func TestProbeBesideTheMainDatabase(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.SharedServer(t)
 	main := testdb.Migrated(t)
 	other := testTarget{"other", srv, pgtest.NewDB(t)}
@@ -386,6 +388,7 @@ func TestProbeBesideTheMainDatabase(t *testing.T) {
 // connecting: the exporter ends them, answers them, and exits within the 5 s that the
 // deploy tests and an HTTP server's shutdown allow, not at their 30 s deadline or after it.
 func TestSIGTERMDuringProbesOfAFrozenServerExitsAtOnce(t *testing.T) {
+	t.Parallel()
 	s := pgtest.NewServer(t)
 	ts := []testTarget{{"before", s, pgtest.NewDBOn(t, s)}, {"after", s, pgtest.NewDBOn(t, s)}}
 	for _, tg := range ts {

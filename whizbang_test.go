@@ -21,6 +21,7 @@ import (
 // our states, matches its alive locks, flags keys two instances share, and writes
 // nothing.
 func TestWhizbangSource(t *testing.T) {
+	t.Parallel()
 	_, db := ownServer(t)
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 	f := whizbangtest.NewFixture(t, db)

@@ -31,6 +31,7 @@ func isAlive(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) (alive, row bool) {
 }
 
 func TestAgentValidateNamesFields(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 2)
 	for _, tc := range []struct {
 		mutate func(*liveness.AgentConfig)
@@ -82,6 +83,7 @@ func TestAgentValidateNamesFields(t *testing.T) {
 // The agent participates, reaps others, and on shutdown leaves nothing that makes it
 // look alive.
 func TestAgentParticipatesAndShutsDownCleanly(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 2)
 	cfg := agentConfig(db, pool)
 	agent := newAgent(t, cfg)
@@ -303,6 +305,7 @@ func TestAgentShutdownGivesEachStepItsBudget(t *testing.T) {
 // even after its agent has stopped and is dead by the verdict: the lease is left to
 // expire, never released early, and Elect says so.
 func TestAgentLeavesAnOverrunningJobsLeaseToExpire(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	cfg := agentConfig(db, pool)
 	cfg.Reaper = false
@@ -506,6 +509,7 @@ func TestAgentNeedsTheSchema(t *testing.T) {
 // through PgBouncer needs no direct DSN, holds no lock, and is heartbeat_only by the one
 // verdict; it still campaigns, and leaves at once on shutdown.
 func TestAgentHeartbeatTableOnly(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 3)
 	cfg := agentConfig(db, pool)
 	cfg.Mode, cfg.DirectDSN, cfg.Reaper = liveness.ModeHeartbeatTableOnly, "", false

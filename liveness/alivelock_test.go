@@ -25,6 +25,7 @@ import (
 // Held turns false, the heartbeat beats at once instead of after its slow 60s, and the
 // lock is claimed again on a new connection.
 func TestAliveLockTerminatedBackend(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 90*time.Second)
 	db, pool := testdb.MigratedPool(t, 4)
 	id := uuid.New()
@@ -79,6 +80,7 @@ func TestAliveLockTerminatedBackend(t *testing.T) {
 // claim is false, logged once, its heartbeat stays fast, and it takes the lock over once
 // the first one is gone.
 func TestAliveLockDuplicateInstance(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	id := uuid.New()
 	first, stopFirst := startAliveLockStoppable(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc"})
@@ -116,6 +118,7 @@ func TestAliveLockDuplicateInstance(t *testing.T) {
 // TestAliveLockMissingFunction: before the migrations, the claim fails with an error
 // that is logged once and is not fatal; the claim succeeds once the objects exist.
 func TestAliveLockMissingFunction(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 90*time.Second)
 	db, pool := testdb.MigratedPool(t, 4)
 	db.Exec(t, `CREATE SCHEMA not_migrated_yet`) // the schema exists, its functions do not
@@ -136,6 +139,7 @@ func TestAliveLockMissingFunction(t *testing.T) {
 // startup parameters chose, over TCP and against database defaults that say otherwise;
 // and, on Linux, the client socket's keepalive options.
 func TestAliveLockKeepaliveSettings(t *testing.T) {
+	t.Parallel()
 	db, _ := testdb.MigratedPool(t, 4)
 	db.Exec(t, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+` SET idle_session_timeout = '1h'`)
 	db.Exec(t, `ALTER DATABASE `+pgx.Identifier{db.Name}.Sanitize()+` SET tcp_keepalives_idle = 100`)
@@ -341,6 +345,7 @@ func TestAliveLockRecoversFastEveryTime(t *testing.T) {
 // on the database's host) holds the lock. The TCP options the session sets on its socket
 // (the user timeout) do not apply there, and setting them made every connection fail.
 func TestAliveLockOverAUnixSocket(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	db, pool := testdb.MigratedPool(t, 4)
 	if db.Server == nil {

@@ -180,6 +180,7 @@ func TestElectorConfigErrorsNameTheField(t *testing.T) {
 // context.Canceled, even when the job returned its cancelled context's error; so the
 // common `!errors.Is(err, context.Canceled)` filter never hides a lost lease.
 func TestLostLeaseIsNotACancellation(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 3)
 	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Schema: liveness.DefaultSchema})
 	if err != nil {
@@ -203,6 +204,7 @@ func TestLostLeaseIsNotACancellation(t *testing.T) {
 
 // TestAgentRecordsMetadata: what the Agent is given ends up in its row.
 func TestAgentRecordsMetadata(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 3)
 	cfg := agentConfig(db, pool)
 	cfg.Reaper = false
@@ -443,6 +445,7 @@ func (l *leaderSeen) all() []liveness.Leader {
 // through OnNewLeader too, before its job starts, and when its job returns on its own
 // it reports no leader (the gap it has seen) before it leads again under a new epoch.
 func TestOnNewLeaderReportsItselfAndTheGap(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 3)
 	cfg := agentConfig(db, pool)
 	cfg.Reaper = false

@@ -194,6 +194,7 @@ func (s *syncBuffer) String() string {
 // is refused without being sent; each refusal is counted, and the first is logged once at
 // warning level.
 func TestLeaseExecRefusesOnceTheLeaseIsNotHeld(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 2)
 	db.Exec(t, fencedWrites)
 	var logs syncBuffer
@@ -251,6 +252,7 @@ func TestLeaseExecRefusesOnceTheLeaseIsNotHeld(t *testing.T) {
 // or rolls them back, and gives its connection back either way (a pool of one serves
 // every step); a failed transaction's Commit says it rolled back.
 func TestLeaseBeginTxCommitsAndRollsBack(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 1)
 	db.Exec(t, fencedWrites)
 	l := newTestLeases(t, pool)
@@ -395,6 +397,7 @@ func TestFencedWritesOfAHealthyLeaderWaitingASecondAreNotRefused(t *testing.T) {
 // statement is one multi-statement query there, and a refused fence still keeps the
 // statement after it from running.
 func TestFencedWritesInEveryQueryExecMode(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 2)
 	db.Exec(t, fencedWrites)
 	ctx := testutil.Context(t, time.Minute)

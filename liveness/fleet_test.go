@@ -70,6 +70,7 @@ func fleetFixture(t *testing.T, ctx context.Context, pool *pgxpool.Pool, dsn str
 }
 
 func TestReaderFleet(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

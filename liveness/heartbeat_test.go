@@ -127,6 +127,7 @@ func startOnFakeClock(t *testing.T, cfg heartbeatConfig) (*heartbeatWorker, *fak
 // TestHeartbeatCadence drives the worker with a fake clock against a real database and
 // checks the wait it chooses after each beat: the cadence is resolved on every tick.
 func TestHeartbeatCadence(t *testing.T) {
+	t.Parallel()
 	_, pool := testdb.MigratedPool(t, 4)
 	const fast, slow = DefaultHeartbeatInterval, DefaultHeartbeatSlowInterval
 
@@ -193,6 +194,7 @@ func ptr[T any](v T) *T { return &v }
 // holds_alive_lock = false), and a claim trigger one too (recording true, so that
 // observers may trust the lock from then on).
 func TestHeartbeatBeatsAtOnceOnLockChange(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 90*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	lock := newNotifyingLock(true)
@@ -259,6 +261,7 @@ func retriesUntilRepaired(t *testing.T, db *pgtest.DB, clk *fakeClock, waits []t
 // every proofRetry, not after the ordinary back-off, because observers call the instance
 // dead once its lock grace runs out.
 func TestHeartbeatProofRetriesFast(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	lock := newNotifyingLock(true)
 	cfg := testHeartbeatConfig(pool, lock)
@@ -281,6 +284,7 @@ func TestHeartbeatProofRetriesFast(t *testing.T) {
 // and checks that retries come well before a full interval, backing off to a cap below
 // the fast interval, and that the cadence resumes once the table is back.
 func TestHeartbeatRetriesFailedBeat(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	breakBeats(t, db)
 	lock := &fakeLock{}
@@ -302,6 +306,7 @@ func TestHeartbeatRetriesFailedBeat(t *testing.T) {
 // beats, last_heartbeat_at from the database clock (the worker's own clock says 2000),
 // and Remove deleting the row.
 func TestHeartbeatRow(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 90*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	cfg := testHeartbeatConfig(pool, nil)

@@ -483,6 +483,7 @@ func TestLeaseLostIsReportedAndCancels(t *testing.T) {
 }
 
 func TestLeaseEpochStrictlyIncreases(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
@@ -520,6 +521,7 @@ func TestLeaseEpochStrictlyIncreases(t *testing.T) {
 // Refused attempts draw no epoch, so an epoch change means a new acquisition: that is
 // what pg_liveness_lease_epoch and the flapping alert rely on.
 func TestLeaseRefusedAttemptsDrawNoEpoch(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	a, b := newTestLeases(t, pool), newTestLeases(t, pool)
@@ -541,6 +543,7 @@ func TestLeaseRefusedAttemptsDrawNoEpoch(t *testing.T) {
 // lease_is_held(name, epoch) is how a job fences its own writes; a write carrying an old
 // epoch must be rejected once someone else holds the lease.
 func TestLeaseIsHeldFencesOldEpoch(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	db, pool := testdb.MigratedPool(t, 4)
 	db.Exec(t, `CREATE TABLE fenced (id int PRIMARY KEY, writes int NOT NULL); INSERT INTO fenced VALUES (1, 0)`)
@@ -692,6 +695,7 @@ func TestLeaseRun(t *testing.T) {
 }
 
 func TestLeaseFieldsAndStats(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 4)
 	l := newTestLeases(t, pool)
@@ -735,6 +739,7 @@ func TestLeaseFieldsAndStats(t *testing.T) {
 }
 
 func TestLeaseConfigErrorsNameTheField(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	_, pool := testdb.MigratedPool(t, 1)
 	if _, err := liveness.NewLeases(liveness.LeasesConfig{}); err == nil || !strings.Contains(err.Error(), "Pool") {
@@ -769,6 +774,7 @@ func TestLeaseConfigErrorsNameTheField(t *testing.T) {
 
 // A schema name needing quotes, even a single quote, reaches every statement safely.
 func TestLeaseCustomSchema(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	db := pgtest.NewDB(t)
 	pool := db.Pool(t, 2)

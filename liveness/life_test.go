@@ -33,6 +33,7 @@ func gateUnderTest(t *testing.T) (*lifeMonitor, *aliveLock, *heartbeatWorker) {
 // a process unscheduled, a timer late), and a proof that comes later does not revive it;
 // its lease's Over is closed by the first question that finds it so.
 func TestLeadershipEndsAtItsDeadlineUnseenAndStaysOver(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 30*time.Second)
 	m, lock, hb := gateUnderTest(t)
 	server := time.Date(2026, time.December, 1, 12, 0, 0, 0, time.UTC)
@@ -73,6 +74,7 @@ func TestLeadershipEndsAtItsDeadlineUnseenAndStaysOver(t *testing.T) {
 // deadline carried over to the server's clock by the latest statement that returned it
 // (S − round trip + (T − sent)): the beat's stamp, or a later proof of the lock.
 func TestLeadershipFenceDeadlineOnTheServersClock(t *testing.T) {
+	t.Parallel()
 	m, lock, hb := gateUnderTest(t)
 	server := time.Date(2026, time.December, 1, 12, 0, 0, 0, time.UTC)
 	now := time.Now()
@@ -110,6 +112,7 @@ func TestLeadershipFenceDeadlineOnTheServersClock(t *testing.T) {
 // before it was sent; a proof of a later claim (the lock was lost and claimed again in
 // between) or none within the lock grace refuses it.
 func TestLifeGateLeadWaitsForAProofOfTheSameClaim(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 30*time.Second)
 	m, lock, hb := gateUnderTest(t)
 	hb.lastSent, hb.lastHolds = time.Now(), true

@@ -245,6 +245,7 @@ func TestNodeAgentDeathKillsNoneOfItsProcesses(t *testing.T) {
 // A process whose pool reaches another database is refused: a lock held in the node
 // agent's database would count for nobody while the process believed it held.
 func TestNodeAgentRefusesAnotherDatabase(t *testing.T) {
+	t.Parallel()
 	db, _ := testdb.MigratedPool(t, 2)
 	socket := filepath.Join(t.TempDir(), "agent.sock")
 	node, _ := startNodeAgent(t, db, socket)

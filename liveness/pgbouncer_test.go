@@ -84,6 +84,7 @@ func TestAliveLockBehindPgBouncer(t *testing.T) {
 // asked) still gets its watcher's dead:<id>. Its ids were sent as a []uuid.UUID, which
 // pgx cannot encode as text for a parameter of unknown type: every notification failed.
 func TestWatcherNotifiesDeadThroughPgBouncer(t *testing.T) {
+	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	db, direct := testdb.MigratedPool(t, 4)
 	bouncer := pgtest.NewPgBouncer(t, db.DSN)

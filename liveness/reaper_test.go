@@ -13,6 +13,7 @@ import (
 )
 
 func TestReaperRespectsLocksAndItsLease(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	leases, err := NewLeases(LeasesConfig{Pool: pool})
 	if err != nil {
@@ -72,6 +73,7 @@ func TestReaperRespectsLocksAndItsLease(t *testing.T) {
 }
 
 func TestReaperConfigErrors(t *testing.T) {
+	t.Parallel()
 	_, pool := testdb.MigratedPool(t, 4)
 	leases, _ := NewLeases(LeasesConfig{Pool: pool})
 	base := reaperConfig{Pool: pool, Leases: leases, Interval: time.Second, LeaseTTL: time.Minute,

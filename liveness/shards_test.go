@@ -202,6 +202,7 @@ func TestShardsRenewAllLeasesInOneStatement(t *testing.T) {
 // calls it alive, lock_only) but its heartbeat stopped. Without the option it is in the
 // set.
 func TestWatchAliveDropsInstancesThatStoppedBeating(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	ctx := testutil.Context(t, time.Minute)
 	a := newAgent(t, defaultAgentConfig(db, pool, "watching"))
@@ -246,6 +247,7 @@ func TestWatchAliveDropsInstancesThatStoppedBeating(t *testing.T) {
 // fenced Exec of nothing are each a clear error naming what is wrong: no panic, no silent
 // no-op, no set that owns nothing.
 func TestShardsAndFencedWritesRefuseBadInput(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 2)
 	agent := newAgent(t, liveness.AgentConfig{Pool: pool, DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc"})
 	ctx := testutil.Context(t, 30*time.Second)

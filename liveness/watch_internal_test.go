@@ -64,6 +64,7 @@ func TestWatchAliveTellsAFailingReadOnce(t *testing.T) {
 // would otherwise wait). PostgreSQL signals every listener of a channel for each
 // notification, so an agent that nothing of which waits for membership must not listen.
 func TestMembershipIsListenedToOnlyWhileWanted(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	a, err := NewAgent(AgentConfig{Pool: pool, DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc",
 		DisableWatcher: true})

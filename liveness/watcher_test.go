@@ -164,6 +164,7 @@ func TestCrashIsDeadForTheFirstLookAfterSilence(t *testing.T) {
 // either when nothing vanished. pg_stat_xact_user_tables counts the rows the tick's
 // transaction wrote, SECURITY DEFINER functions included.
 func TestWatchTickWritesNothingWhenNothingChanges(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 2)
 	ctx := testutil.Context(t, 30*time.Second)
 	alive := startCrashable(t, ctx, db, "alive")
@@ -234,6 +235,7 @@ func TestWatchTickWritesNothingWhenNothingChanges(t *testing.T) {
 // A follower is woken by the notification of a release: with a RetryPeriod of 30 s it
 // still takes the lease within a few seconds of the leader's return.
 func TestFollowerIsWokenWhenTheLeaseIsReleased(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 8)
 	ctx := testutil.Context(t, time.Minute)
 	const retry = 30 * time.Second
@@ -417,6 +419,7 @@ func TestWatchAliveReportsEveryChange(t *testing.T) {
 // try of the free watcher lease is not put off by its own other campaign's try (a
 // follower's retry, 2.5 to 5 s later, would be).
 func TestTwoAgentsRunOneWatcherEach(t *testing.T) {
+	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 8)
 	ctx := testutil.Context(t, time.Minute)
 	first := newAgent(t, defaultAgentConfig(db, pool, "first"))

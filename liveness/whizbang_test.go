@@ -18,6 +18,7 @@ import (
 // A Reader on a Whizbang database reads Whizbang's instances by the one rule, as a role
 // that may only SELECT from Whizbang's table, in read-only sessions.
 func TestReaderOnWhizbang(t *testing.T) {
+	t.Parallel()
 	f := whizbangtest.NewFixture(t, pgtest.NewDB(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -16,7 +16,7 @@
 # then a table of each package's seconds on each major, the slowest first, and each
 # job's. Every job runs even when one fails; the exit status is 1 if any failed.
 #
-# Environment (the Makefile passes its variables): GO, TEST_FLAGS, JOBS (default 3),
+# Environment (the Makefile passes its variables): GO, TEST_FLAGS, JOBS (default 4),
 # PG_MAJORS, DB_PKGS and TOOLS_DB_PKGS (the database-facing packages of the root and the
 # tools module), MAJOR_FAULTS (the fault scenarios run on PG_MAJORS) and MAJOR_SKIP (the
 # tests no major but 15 runs).
@@ -26,7 +26,7 @@ cd "$(dirname "$0")/.."
 what=${1:-all}
 GO=${GO:-go}
 TEST_FLAGS=${TEST_FLAGS:--race -count=1 -timeout 30m}
-JOBS=${JOBS:-3}
+JOBS=${JOBS:-4}
 : "${PG_MAJORS:?}" "${DB_PKGS:?}" "${TOOLS_DB_PKGS:?}" "${MAJOR_FAULTS:?}" "${MAJOR_SKIP:?}"
 
 logs=$(mktemp -d "${TMPDIR:-/tmp}/pg_liveness_test.XXXXXX")
@@ -37,6 +37,18 @@ trap 'rm -rf "$logs"' EXIT
 # "alone" for a job that runs with nothing beside it.
 names=() dirs=() majors=() flags=() pkgs=() alone=()
 job() { names+=("$1") dirs+=("$2") majors+=("$3") flags+=("$4") pkgs+=("$5") alone+=("${6:-}"); }
+
+# flags_of DIR: TEST_FLAGS for the module in DIR. deploy/ runs without the race detector:
+# its tests render manifests and build images, with no concurrency of ours to race, and
+# its dependencies (Helm, the Kubernetes API server's validation) take minutes longer to
+# build with it.
+flags_of() {
+	if [[ $1 == deploy ]]; then
+		echo "${TEST_FLAGS//-race/}"
+	else
+		echo "$TEST_FLAGS"
+	fi
+}
 
 # tested DIR EXCLUDE...: the packages with tests of the module in DIR, as ./paths, but
 # those named.
@@ -97,7 +109,7 @@ run_job() {
 	local i=$1 t0 rc
 	t0=$(date +%s)
 	# shellcheck disable=SC2086 # TEST_FLAGS, the flags and the packages are lists
-	(cd "${dirs[$i]}" && PG_LIVENESS_TEST_PG_MAJOR=${majors[$i]} $GO test $TEST_FLAGS ${flags[$i]} ${pkgs[$i]}) >"$logs/$i.log" 2>&1
+	(cd "${dirs[$i]}" && PG_LIVENESS_TEST_PG_MAJOR=${majors[$i]} $GO test $(flags_of "${dirs[$i]}") ${flags[$i]} ${pkgs[$i]}) >"$logs/$i.log" 2>&1
 	rc=$?
 	echo "$(($(date +%s) - t0))" >"$logs/$i.secs"
 	return $rc
@@ -130,7 +142,7 @@ reap() {
 echo "== building the tests of the three modules"
 for d in . deploy tools; do
 	# shellcheck disable=SC2086
-	if ! out=$(cd "$d" && $GO test $TEST_FLAGS -exec true ./... 2>&1 && $GO build ./...); then
+	if ! out=$(cd "$d" && $GO test $(flags_of "$d") -exec true ./... 2>&1 && $GO build ./...); then
 		echo "$out"
 		failed+=("the build of $d")
 	fi
