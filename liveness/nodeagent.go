@@ -103,11 +103,13 @@ const (
 	nodeTCPKeepIdle     = 5 * time.Second
 	nodeTCPKeepInterval = time.Second
 	nodeTCPKeepCount    = 5
-	// nodeTCPAttachTimeout is how long a TCP connection may take to send its attach.
-	nodeTCPAttachTimeout = 10 * time.Second
 	// nodeTokenMin is the shortest token the node agent takes.
 	nodeTokenMin = 16
 )
+
+// nodeTCPAttachTimeout is how long a TCP connection may take to send its attach (a
+// variable for the test of it).
+var nodeTCPAttachTimeout = 10 * time.Second
 
 // nodeTCPKeepalive is the keepalive of TCP connections to and from node agents.
 var nodeTCPKeepalive = net.KeepAliveConfig{Enable: true, Idle: nodeTCPKeepIdle, Interval: nodeTCPKeepInterval,

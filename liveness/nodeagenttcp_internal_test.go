@@ -82,3 +82,39 @@ func TestNodeAgentTCPConnectionsNoticeAVanishedPeer(t *testing.T) {
 		t.Errorf("NodeAgentTCPDeadPeer is %s; the documentation says 10 s", NodeAgentTCPDeadPeer)
 	}
 }
+
+// A TCP connection that sends no attach within nodeTCPAttachTimeout is told why, closed
+// and counted: a connection that never authenticates holds nothing for long.
+func TestNodeAgentTCPClosesAConnectionThatNeverAttaches(t *testing.T) {
+	defer func(d time.Duration) { nodeTCPAttachTimeout = d }(nodeTCPAttachTimeout)
+	nodeTCPAttachTimeout = 300 * time.Millisecond
+	n, err := NewNodeAgent(NodeAgentConfig{DirectDSN: "host=127.0.0.1 port=1 user=nobody dbname=none", ListenAddress: "127.0.0.1:0",
+		Token: strings.Repeat("t", nodeTokenMin), ClaimsFile: filepath.Join(t.TempDir(), "claims")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runUntilCleanup(t, n.Run)
+	defer stop()
+	testutil.Eventually(t, 10*time.Second, "the node agent listening", func() bool { return n.Snapshot().ListenAddress != "" })
+	c, err := net.Dial("tcp", n.Snapshot().ListenAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	began := time.Now()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	dec := newNodeDecoder(c, DefaultNodeAgentMaxMessageBytes)
+	m, err := dec.next()
+	if err != nil || m.Op != nodeOpError || !strings.Contains(m.Error, "no attach within") {
+		t.Fatalf("a connection silent past the attach timeout got %+v, %v; want an error saying so", m, err)
+	}
+	if _, err := dec.next(); err == nil {
+		t.Error("the connection stays open after the error")
+	}
+	if took := time.Since(began); took > 5*time.Second {
+		t.Errorf("closed %s after connecting; want about the timeout, 300 ms", took)
+	}
+	if u := n.Snapshot().Unauthenticated; u != 1 {
+		t.Errorf("%d connections counted unauthenticated; want 1", u)
+	}
+}
