@@ -133,8 +133,9 @@ func tuneNodeTCP(conn net.Conn) {
 // NodeAgent holds the alive locks of every process of its node on one direct session,
 // and listens to the schema's channels once for them: the database serves one liveness
 // backend, and one listener, per node instead of per process. A process attaches over
-// the node agent's local socket (AgentConfig.NodeAgentSocket), one connection per
-// instance, and the connection is the lock: when it closes (the process exited, was
+// the node agent's local socket, or its TCP listener with its token
+// (AgentConfig.NodeAgentSocket), one connection per instance, and the connection is the
+// lock: when it closes (the process exited, was
 // killed, or its kernel closed its files) the node agent lets the lock go, and the fleet
 // sees it vanish as it would have seen the process's own session end. A process proves
 // its lock by asking: each proof is a verification of the node agent's session sent after
