@@ -88,3 +88,86 @@ func TestNodeAgentServesThroughAnAcceptErrorBurst(t *testing.T) {
 		t.Errorf("%d lines saying the node agent accepts connections again, for %d bursts", againLines, errorLines)
 	}
 }
+
+// The exporter as a node agent on TCP only (--node-agent.listen-address, as in
+// Kubernetes): its own agent attaches over TCP with the token, and so does a process;
+// neither the token nor the process's secret appears in its output.
+func TestNodeAgentOverTCP(t *testing.T) {
+	t.Parallel()
+	db := testdb.Migrated(t)
+	dir := t.TempDir()
+	const token = "a-token-for-the-node-agent-of-this-test"
+	tokenFile := writeFile(t, dir, "token", token+"\n")
+	addr := testutil.FreeAddr(t)
+	p := startExporter(t, []string{"DATA_SOURCE_NAME=" + db.DSN}, "--node-agent.listen-address="+addr,
+		"--node-agent.token-file="+tokenFile, "--node-agent.claims-file="+filepath.Join(dir, "claims"))
+	p.waitFor(t, `(?m)^pg_liveness_node_agent_locks_held 1$`, 30*time.Second) // its own agent's
+
+	var database string
+	if err := db.Conn(t).QueryRow(testutil.Context(t, 10*time.Second), `SELECT current_database()`).Scan(&database); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const secret = "the-secret-of-this-process-0123"
+	b, _ := json.Marshal(map[string]any{"op": "attach", "instance": uuid.New(), "schema": "liveness", "database": database,
+		"token": token, "secret": secret})
+	if _, err := c.Write(append(b, '\n')); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	var st struct {
+		Op   string `json:"op"`
+		Held bool   `json:"held"`
+	}
+	if err := json.NewDecoder(c).Decode(&st); err != nil || st.Op != "state" || !st.Held {
+		t.Fatalf("an attach over TCP: %+v, %v; want its lock held", st, err)
+	}
+	p.waitFor(t, `(?m)^pg_liveness_node_agent_locks_held 2$`, 30*time.Second)
+	p.checkRunning(t, "the end of the test")
+	if out := p.Logs(); strings.Contains(out, token) || strings.Contains(out, secret) {
+		t.Errorf("the exporter's output holds the token or a process's secret:\n%s", out)
+	}
+}
+
+// Bad TCP settings of the node agent are configuration errors: exit 2, one line naming
+// the flag, never the token.
+func TestNodeAgentTCPFlagsExitTwo(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	const token = "hunter2-is-not-a-token-but-long-enough"
+	good := writeFile(t, dir, "token", token)
+	short := writeFile(t, dir, "short", "hunter2\n")
+	open := writeFile(t, dir, "open", token)
+	if err := os.Chmod(open, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	claims := "--node-agent.claims-file=" + filepath.Join(dir, "claims")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no port", []string{"--node-agent.listen-address=127.0.0.1", "--node-agent.token-file=" + good, claims}, "--node-agent.listen-address"},
+		{"no token file", []string{"--node-agent.listen-address=127.0.0.1:9817", claims}, "--node-agent.token-file must be set with --node-agent.listen-address"},
+		{"a token file without a listener", []string{"--node-agent.socket=" + filepath.Join(dir, "s.sock"), "--node-agent.token-file=" + good}, "--node-agent.token-file is used only with --node-agent.listen-address"},
+		{"a missing token file", []string{"--node-agent.listen-address=127.0.0.1:9817", "--node-agent.token-file=" + filepath.Join(dir, "none"), claims}, "--node-agent.token-file: "},
+		{"a token file every user may write", []string{"--node-agent.listen-address=127.0.0.1:9817", "--node-agent.token-file=" + open, claims}, "--node-agent.token-file: " + open + " is writable by every user"},
+		{"a short token", []string{"--node-agent.listen-address=127.0.0.1:9817", "--node-agent.token-file=" + short, claims}, "--node-agent.token-file: " + short + " holds 7 bytes"},
+		{"no claims file", []string{"--node-agent.listen-address=127.0.0.1:9817", "--node-agent.token-file=" + good}, "--node-agent.claims-file must be set without"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out := runToExit(t, nil, append([]string{"--db.dsn=host=x"}, tc.args...)...)
+			if code != exitConfig {
+				t.Fatalf("exit code %d, want %d; output:\n%s", code, exitConfig, out)
+			}
+			checkOneLine(t, out, tc.want)
+			if strings.Contains(out, token) || strings.Contains(out, "hunter2") {
+				t.Errorf("output repeats the token:\n%s", out)
+			}
+		})
+	}
+}

@@ -6,6 +6,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 
@@ -36,7 +37,7 @@ type wired struct {
 	source    *store.Source
 	pool      *pgxpool.Pool        // nil with --config.file and no DSN: /probe only
 	agent     *liveness.Agent      // nil with --no-agent
-	nodeAgent *liveness.NodeAgent  // nil without --node-agent.socket
+	nodeAgent *liveness.NodeAgent  // nil without --node-agent.socket or --node-agent.listen-address
 	targets   *targets.Pools       // nil without --config.file
 	discover  *discovery.Databases // nil without --config.file
 	mux       *http.ServeMux
@@ -120,7 +121,10 @@ func wire(c *cli.Config, envDSN string, logger *slog.Logger) (_ *wired, err erro
 		}
 	}()
 	w.database = dsn.Describe(c.Pool.DSN)
-	if c.NodeAgent.Socket != "" {
+	if err := c.ReadNodeAgentToken(); err != nil {
+		return nil, err
+	}
+	if c.NodeAgent.Socket != "" || c.NodeAgent.ListenAddress != "" {
 		// The node's processes attach to it, and so does the exporter's own agent: one
 		// liveness session for the node.
 		n := c.NodeAgent
@@ -131,6 +135,9 @@ func wire(c *cli.Config, envDSN string, logger *slog.Logger) (_ *wired, err erro
 			return nil, err
 		}
 		c.Agent.NodeAgentSocket = n.Socket
+		if n.Socket == "" { // over TCP, on this host
+			c.Agent.NodeAgentSocket, c.Agent.NodeAgentToken = "tcp://"+localAddress(n.ListenAddress), n.Token
+		}
 		c.Collectors.NodeAgent.Source = w.nodeAgent
 	}
 	var agent collector.AgentSource // a nil interface without an agent, never a nil *Agent
@@ -146,6 +153,22 @@ func wire(c *cli.Config, envDSN string, logger *slog.Logger) (_ *wired, err erro
 	}
 	w.mux, err = routes(c, w, agent, logger)
 	return w, err
+}
+
+// localAddress is where this host reaches a TCP listener of addr: its own host, or the
+// loopback address when addr listens on every address.
+func localAddress(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr // NewNodeAgent has refused it
+	}
+	switch ip := net.ParseIP(host); {
+	case host == "" || ip != nil && ip.IsUnspecified() && ip.To4() != nil:
+		host = "127.0.0.1"
+	case ip != nil && ip.IsUnspecified():
+		host = "::1"
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // loadTargets reads --config.file and opens (without connecting) the targets' pools.

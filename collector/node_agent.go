@@ -14,7 +14,7 @@ type NodeAgentSource interface {
 }
 
 // NodeAgentConfig configures the node agent collector. It only runs when Source is set
-// (the binary runs with --node-agent.socket).
+// (the binary runs with --node-agent.socket or --node-agent.listen-address).
 type NodeAgentConfig struct {
 	Enabled bool
 	// Source is the node agent. Not a flag: the binary sets it.
@@ -32,6 +32,7 @@ type nodeAgentCollector struct {
 	attached, locks, up, listening             *exposition.Family
 	proofs, asked, reconnects, claims, refused *exposition.Family
 	acceptErrors, protocolErrors, impostors    *exposition.Family
+	unauthenticated                            *exposition.Family
 }
 
 func newNodeAgentCollector(d deps) (collector, error) {
@@ -59,6 +60,9 @@ func newNodeAgentCollector(d deps) (collector, error) {
 			"do not parse or are too long (their connection closed), unknown ops, proofs asked before attaching."),
 		impostors: count("impostors_refused_total", "Attaches refused because they named an instance another process "+
 			"claimed: one that still runs, or one that ended and is not dead yet by the verdict."),
+		unauthenticated: count("unauthenticated_total", "TCP connections (--node-agent.listen-address) closed before "+
+			"attaching: their first line was not an attach with the node agent's token and a process secret, or none came "+
+			"within 10 s."),
 	}, nil
 }
 
@@ -76,5 +80,6 @@ func (c *nodeAgentCollector) Update(_ context.Context, out *exposition.Builder) 
 	out.Add(c.acceptErrors, float64(s.AcceptErrors))
 	out.Add(c.protocolErrors, float64(s.ProtocolErrors))
 	out.Add(c.impostors, float64(s.Impostors))
+	out.Add(c.unauthenticated, float64(s.Unauthenticated))
 	return nil
 }

@@ -207,7 +207,7 @@ func scenarioConfig() Config {
 	cfg.Source = mustSource(store.SourceConfig{Schema: scenarioSchema})
 	cfg.NodeAgent.Source = fixedNodeAgent{Socket: "/run/pg-liveness/agent.sock", SessionUp: true, Listening: true,
 		Attached: 3, LocksHeld: 3, Claims: 4, Proofs: 120, ProveAsked: 96, Reconnects: 1, Refused: 2, AcceptErrors: 0,
-		ProtocolErrors: 5, Impostors: 1}
+		ProtocolErrors: 5, Impostors: 1, Unauthenticated: 2}
 	cfg.Status = fixedStatus{SchemaRead: true, SchemaVersion: 5, SchemaCompatibleFrom: 2, BinaryVersion: 4,
 		SchemaCompatible: true, AgentStarted: true}
 	return cfg

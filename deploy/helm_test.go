@@ -513,7 +513,7 @@ observer:
   extraArgs: [--web.config.file=/etc/pg-liveness-web/web.yml]
   extraVolumes: [{name: web, secret: {secretName: pg-liveness-web, defaultMode: 0440}}]
   extraVolumeMounts: [{name: web, mountPath: /etc/pg-liveness-web, readOnly: true}]
-  extraContainers: [{name: log-shipper, image: "registry.example.com/shipper:1"}]
+  extraContainers: [{name: log-shipper, image: "registry.example.com/shipper:1", securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}}]
   livenessProbe: {tcpSocket: {port: metrics}, periodSeconds: 10, failureThreshold: 6}
   readinessProbe: {tcpSocket: {port: metrics}, periodSeconds: 10}
   podDisruptionBudget: {enabled: true, maxUnavailable: 100%}
@@ -634,13 +634,15 @@ multiTarget:
 		name:   "node-agent shape, as the overlay",
 		values: `nodeAgent: {enabled: true}`,
 		check: func(t *testing.T, r *helmRelease) {
-			wantCounts(t, r, 1, 1, 2, 0, 1, dashboards, 0, 1)
+			wantCounts(t, r, 1, 2, 2, 0, 1, dashboards, 0, 1)
 			checkObserver(t, byComponent(t, r.deployments, "observer"), defaultDSNSecret)
-			socket := checkNodeAgent(t, r.daemonSets[0], defaultDSNSecret)
+			at := nodeAgentService(t, r.rendered)
 			checkMonitorJobs(t, r.rendered)
 			sameAsKustomize(t, render(t, "kubernetes/overlays/node-agent"), r.rendered)
-			if want := "listen on\n" + socket.hostDir + "/" + socket.file; !strings.Contains(r.notes, want) {
-				t.Errorf("NOTES do not say where the node agents listen (%q):\n%s", want, r.notes)
+			for _, want := range []string{at.address, "create secret generic " + at.tokenSecret + " --from-file=" + at.key + "=./token"} {
+				if !strings.Contains(r.notes, want) {
+					t.Errorf("NOTES do not say %q:\n%s", want, r.notes)
+				}
 			}
 		},
 	}, {
@@ -650,12 +652,11 @@ commonLabels: {team: platform}
 observer: {enabled: false}
 nodeAgent:
   enabled: true
-  socketDirectory: /var/run/liveness
-  hostPathType: Directory
-  socketMode: "0770"
+  port: 9818
+  token: {existingSecret: orders-node-agent-token, key: node-token}
   serviceName: orders-node-agent
-  podSecurityContext: {runAsUser: 65532, runAsNonRoot: true, runAsGroup: 10001}
-  securityContext: {runAsNonRoot: true}
+  podSecurityContext: {runAsUser: 10001, runAsGroup: 10001}
+  securityContext: {runAsUser: 10001}
   resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {cpu: "1", memory: 256Mi}}
   extraArgs: [--log.level=debug, --db.direct-dsn-file=/etc/pg-liveness-direct/dsn]
   extraEnv: [{name: GOMEMLIMIT, value: 100MiB}]
@@ -674,25 +675,23 @@ nodeAgent:
   podMonitor:
 ` + monitorSettings,
 		check: func(t *testing.T, r *helmRelease) {
-			wantCounts(t, r, 0, 0, 1, 0, 1, dashboards, 0, 1)
+			wantCounts(t, r, 0, 1, 1, 0, 1, dashboards, 0, 1)
 			d := r.daemonSets[0]
-			socket := checkNodeAgent(t, d, defaultDSNSecret)
+			at := nodeAgentService(t, r.rendered)
 			checkMonitorJobs(t, r.rendered)
-			wantEqual(t, "socket", socket, nodeAgentSocket{"/var/run/liveness", "agent.sock", 10001})
+			wantEqual(t, "where processes attach", at, nodeAgentEndpoint{"tcp://pg-liveness-exporter-node-agent.pg-liveness.svc:9818",
+				"orders-node-agent-token", "node-token"})
 			pod := d.Spec.Template.Spec
 			c := containerNamed(t, pod, "pg-liveness-exporter")
-			if v := pod.Volumes[1].HostPath; v == nil || v.Type == nil || *v.Type != corev1.HostPathDirectory {
-				t.Errorf("the socket's volume: %+v, want hostPath type Directory", pod.Volumes[1])
-			}
-			for _, flag := range []string{"--node-agent.socket-mode=0770", "--agent.service-name=orders-node-agent"} {
+			for _, flag := range []string{"--node-agent.listen-address=:9818", "--agent.service-name=orders-node-agent"} {
 				if !slices.Contains(c.Args, flag) {
 					t.Errorf("args %q lack %s", c.Args, flag)
 				}
 			}
-			if sc := pod.SecurityContext; *sc.RunAsUser != 65532 || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || *sc.FSGroup != 65532 || sc.SeccompProfile == nil {
+			if sc := pod.SecurityContext; *sc.RunAsUser != 10001 || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || *sc.FSGroup != 65532 || sc.SeccompProfile == nil {
 				t.Errorf("nodeAgent.podSecurityContext not merged into its defaults: %+v", sc)
 			}
-			if sc := c.SecurityContext; sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || !*sc.ReadOnlyRootFilesystem {
+			if sc := c.SecurityContext; sc.RunAsUser == nil || *sc.RunAsUser != 10001 || !*sc.ReadOnlyRootFilesystem {
 				t.Errorf("nodeAgent.securityContext not merged into its defaults: %+v", sc)
 			}
 			wantEqual(t, "resources", c.Resources, corev1.ResourceRequirements{
@@ -701,8 +700,8 @@ nodeAgent:
 			})
 			wantEqual(t, "args", c.Args[len(c.Args)-2:], []string{"--log.level=debug", "--db.direct-dsn-file=/etc/pg-liveness-direct/dsn"})
 			wantEqual(t, "env", c.Env[1:], []corev1.EnvVar{{Name: "GOMEMLIMIT", Value: "100MiB"}})
-			wantEqual(t, "extra volume", pod.Volumes[2:], []corev1.Volume{{Name: "direct-dsn", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "orders-direct-dsn", DefaultMode: new(int32(0o440))}}}})
-			wantEqual(t, "extra mount", c.VolumeMounts[2:], []corev1.VolumeMount{{Name: "direct-dsn", MountPath: "/etc/pg-liveness-direct", ReadOnly: true}})
+			wantEqual(t, "extra volume", pod.Volumes[3:], []corev1.Volume{{Name: "direct-dsn", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "orders-direct-dsn", DefaultMode: new(int32(0o440))}}}})
+			wantEqual(t, "extra mount", c.VolumeMounts[3:], []corev1.VolumeMount{{Name: "direct-dsn", MountPath: "/etc/pg-liveness-direct", ReadOnly: true}})
 			if c.LivenessProbe.TCPSocket == nil || c.LivenessProbe.PeriodSeconds != 20 || c.ReadinessProbe.TCPSocket == nil {
 				t.Errorf("probes from values: %+v %+v", c.LivenessProbe, c.ReadinessProbe)
 			}
@@ -726,8 +725,8 @@ nodeAgent:
 			pm := r.podMonitors[0]
 			ep := pm.Spec.PodMetricsEndpoints[0]
 			checkMonitor(t, "nodeAgent.podMonitor", pm.Labels, ep.Interval, ep.ScrapeTimeout, ep.RelabelConfigs, ep.MetricRelabelConfigs, ep)
-			if !strings.Contains(r.notes, "the socket's group 10001") {
-				t.Errorf("NOTES do not name the socket's group:\n%s", r.notes)
+			if !strings.Contains(r.notes, "--from-file=node-token=./token") {
+				t.Errorf("NOTES do not say how to create the token's Secret:\n%s", r.notes)
 			}
 		},
 	}, {
@@ -753,12 +752,11 @@ nodeAgent:
 					t.Errorf("the Service selects %s=%s, which the node agents' pods lack (%v)", k, v, ds.Spec.Template.Labels)
 				}
 			}
-			if svc.Spec.ClusterIP != corev1.ClusterIPNone {
-				t.Errorf("the node agents' Service has clusterIP %q, want a headless Service", svc.Spec.ClusterIP)
-			}
+			nodeAgentService(t, r.rendered)
 			ep := sm.Spec.Endpoints[0]
-			if ep.Port != svc.Spec.Ports[0].Name || svc.Spec.Ports[0].TargetPort.String() != ds.Spec.Template.Spec.Containers[0].Ports[0].Name {
-				t.Errorf("the ServiceMonitor scrapes port %q, the Service's is %q targeting %s", ep.Port, svc.Spec.Ports[0].Name, svc.Spec.Ports[0].TargetPort.String())
+			metrics := slices.IndexFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == ep.Port })
+			if metrics < 0 || svc.Spec.Ports[metrics].TargetPort.String() != ds.Spec.Template.Spec.Containers[0].Ports[0].Name {
+				t.Errorf("the ServiceMonitor scrapes port %q, which the Service %+v does not target at the pods' metrics port", ep.Port, svc.Spec.Ports)
 			}
 			checkMonitor(t, "nodeAgent.serviceMonitor", sm.Labels, ep.Interval, ep.ScrapeTimeout, slices.Delete(slices.Clone(ep.RelabelConfigs), 1, 2), ep.MetricRelabelConfigs, ep)
 		},
@@ -772,7 +770,7 @@ dashboards: {enabled: false}
 nodeAgent: {enabled: true, podMonitor: {enabled: false}}
 `,
 		check: func(t *testing.T, r *helmRelease) {
-			wantCounts(t, r, 0, 0, 0, 0, 0, 0, 0, 1)
+			wantCounts(t, r, 0, 1, 0, 0, 0, 0, 0, 1)
 			if !strings.Contains(r.notes, `with job="pg_liveness_node_agent"`) {
 				t.Errorf("NOTES do not say that nothing scrapes the node agents:\n%s", r.notes)
 			}
@@ -901,8 +899,11 @@ func sameAsKustomize(t *testing.T, k *rendered, h *rendered) {
 		ks.Selector, hs.Selector, ks.Template.Labels, hs.Template.Labels = nil, nil, nil, nil
 		wantEqual(t, "DaemonSet "+kd.Name+" spec, kustomize (-) and the chart (+)", *hs, *ks)
 	}
-	for i, ks := range k.services {
-		hs := h.services[i]
+	for _, ks := range k.services {
+		hs, ok := counterpart(t, h.services, ks)
+		if !ok {
+			continue
+		}
 		match("Service "+ks.Name+" selector", ks.Spec.Selector, hs.Spec.Selector)
 		kspec, hspec := ks.Spec.DeepCopy(), hs.Spec.DeepCopy()
 		kspec.Selector, hspec.Selector = nil, nil
@@ -974,14 +975,13 @@ multiTarget: {enabled: true, probe: {targets: [orders]}}`, "multiTarget.enabled 
 		{"two monitors of the node agents", false, `nodeAgent: {enabled: true, serviceMonitor: {enabled: true}}`, "nodeAgent.podMonitor.enabled and nodeAgent.serviceMonitor.enabled: enable one"},
 		{"a DSN in the node agent's arguments", false, `nodeAgent: {enabled: true, extraArgs: ["--db.direct-dsn=postgres://u:` + secret + `@db/app"]}`, "nodeAgent.extraArgs: --db.direct-dsn would put a DSN in the process list"},
 		{"a password in the node agent's environment", false, `nodeAgent: {enabled: true, extraEnv: [{name: PGPASSWORD, value: ` + secret + `}]}`, "nodeAgent.extraEnv: PGPASSWORD would put a DSN or password in the environment"},
-		{"the socket in the node agent's arguments", false, `nodeAgent: {enabled: true, extraArgs: ["--node-agent.socket=/tmp/x.sock"]}`, "nodeAgent.extraArgs: --node-agent.socket is set by the chart"},
+		{"the listen address in the node agent's arguments", false, `nodeAgent: {enabled: true, extraArgs: ["--node-agent.listen-address=:9000"]}`, "nodeAgent.extraArgs: --node-agent.listen-address is set by the chart"},
+		{"the token file in the node agent's arguments", false, `nodeAgent: {enabled: true, extraArgs: ["--node-agent.token-file=/x"]}`, "nodeAgent.extraArgs: --node-agent.token-file is set by the chart"},
 		{"a variable the chart sets, node agent", false, `nodeAgent: {enabled: true, extraEnv: [{name: POD_UID, value: x}]}`, "nodeAgent.extraEnv: POD_UID is set by the chart"},
-		{"a socket every user may connect to", false, `nodeAgent: {enabled: true, socketMode: "0666"}`, "nodeAgent.socketMode: 0666 lets every user of the node connect"},
-		{"a socket mode that is not octal", false, `nodeAgent: {enabled: true, socketMode: "0860"}`, "socketMode"},
-		{"the socket's group is root's", false, `nodeAgent: {enabled: true, podSecurityContext: {runAsGroup: 0}}`, "nodeAgent.podSecurityContext.runAsGroup: set it, and not to 0"},
-		{"no group for the socket", false, `nodeAgent: {enabled: true, podSecurityContext: {runAsGroup: null}}`, "nodeAgent.podSecurityContext.runAsGroup: set it"},
-		{"a relative socket directory", false, `nodeAgent: {enabled: true, socketDirectory: run/pg-liveness}`, "socketDirectory"},
-		{"a hostPath type that creates no directory", false, `nodeAgent: {enabled: true, hostPathType: Socket}`, "hostPathType"},
+		{"the node agents on the metrics port", false, `nodeAgent: {enabled: true, port: 9816}`, "nodeAgent.port: 9816 is the metrics port"},
+		{"a port that is none", false, `nodeAgent: {enabled: true, port: 70000}`, "port"},
+		{"no Secret for the token", false, `nodeAgent: {enabled: true, token: {existingSecret: ""}}`, "existingSecret"},
+		{"the old socket's directory", false, `nodeAgent: {enabled: true, socketDirectory: /run/pg-liveness}`, "socketDirectory"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cc := chartCase{name: c.name, sidecar: c.sidecar, values: c.values}

@@ -2,7 +2,9 @@ package deploy
 
 import (
 	"bytes"
+	stdcmp "cmp"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -130,10 +132,10 @@ func TestKustomizationsRenderStrictlyIntoOfficialTypes(t *testing.T) {
 			case strings.HasSuffix(dir, "node-agent"):
 				wantDaemonSets = 1
 			}
-			wantPodMonitors := wantDeployments + wantDaemonSets
-			if len(r.deployments) != wantDeployments || len(r.daemonSets) != wantDaemonSets || len(r.services) != 1 || len(r.promRules) != 1 || len(r.podMonitors) != wantPodMonitors {
-				t.Errorf("got %d Deployments, %d DaemonSets, %d Services, %d PodMonitors, %d PrometheusRules; want %d, %d, 1, %d, 1",
-					len(r.deployments), len(r.daemonSets), len(r.services), len(r.podMonitors), len(r.promRules), wantDeployments, wantDaemonSets, wantPodMonitors)
+			wantPodMonitors, wantServices := wantDeployments+wantDaemonSets, 1+wantDaemonSets // the node agents' own
+			if len(r.deployments) != wantDeployments || len(r.daemonSets) != wantDaemonSets || len(r.services) != wantServices || len(r.promRules) != 1 || len(r.podMonitors) != wantPodMonitors {
+				t.Errorf("got %d Deployments, %d DaemonSets, %d Services, %d PodMonitors, %d PrometheusRules; want %d, %d, %d, %d, 1",
+					len(r.deployments), len(r.daemonSets), len(r.services), len(r.podMonitors), len(r.promRules), wantDeployments, wantDaemonSets, wantServices, wantPodMonitors)
 			}
 			var labelled int
 			for _, c := range r.configMaps {
@@ -343,8 +345,24 @@ func checkExporterContainer(t *testing.T, w workload, dsn dsnSecret) *corev1.Con
 		t.Errorf("%s: memory request %s is below the 29 MiB peak measured in docs/performance.md", name, mem.String())
 	}
 
-	if len(c.Ports) != 1 || c.Ports[0].ContainerPort != 9816 {
-		t.Fatalf("%s: want one container port 9816, got %+v", name, c.Ports)
+	if len(c.Ports) == 0 || c.Ports[0].ContainerPort != 9816 {
+		t.Fatalf("%s: want container port 9816 first, got %+v", name, c.Ports)
+	}
+	for _, p := range c.Ports {
+		if p.HostPort != 0 {
+			t.Errorf("%s: port %s is a host port", name, p.Name)
+		}
+		if p.ContainerPort != 9816 && (w.kind != "DaemonSet" || p.Name != "attach") {
+			t.Errorf("%s: port %+v: only the node agent has another, attach", name, p)
+		}
+	}
+	if pod.HostNetwork || pod.HostPID || pod.HostIPC {
+		t.Errorf("%s: the pod shares the host's namespaces", name)
+	}
+	for _, v := range pod.Volumes {
+		if v.HostPath != nil {
+			t.Errorf("%s: volume %s is a host path", name, v.Name)
+		}
 	}
 	// The landing page, which answers without the database; or, where basic auth makes it
 	// answer 401, the port.
@@ -507,76 +525,86 @@ func checkAgentArgs(t *testing.T, w workload, c *corev1.Container, manifest stri
 }
 
 // The node agents: one per node, the exporter holding the alive locks of the node's
-// processes on a socket in a host directory that the node's pods mount.
+// processes, which reach it over TCP through a node-local Service, with a token, all under
+// the restricted Pod Security Standard.
 func TestNodeAgentDaemonSet(t *testing.T) {
 	r := render(t, "kubernetes/overlays/node-agent")
 	if len(r.daemonSets) != 1 {
 		t.Fatalf("%d DaemonSets, want 1", len(r.daemonSets))
 	}
 	checkNodeAgent(t, r.daemonSets[0], defaultDSNSecret)
+	nodeAgentService(t, r)
 	checkMonitorJobs(t, r)
-	if ns := r.namespaces[0]; ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
-		t.Errorf("namespace %s: labels %v; the baseline Pod Security Standard refuses a hostPath volume", ns.Name, ns.Labels)
+	if ns := r.namespaces[0]; ns.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
+		t.Errorf("namespace %s: labels %v; want the restricted Pod Security Standard enforced", ns.Name, ns.Labels)
 	}
 }
 
-// nodeAgentSocket is where a node agent listens: the host's directory, shared with the
-// node's pods, the socket's file name in it, and the group that may connect.
-type nodeAgentSocket struct {
-	hostDir, file string
-	group         int64
+// nodeAgentEndpoint is where a node's processes attach to its node agent: the Service's
+// address (tcp://name.namespace.svc:port) and the Secret and key of the token.
+type nodeAgentEndpoint struct {
+	address          string
+	tokenSecret, key string
 }
 
-// checkNodeAgent checks a node agent's DaemonSet and returns where its socket is.
-func checkNodeAgent(t *testing.T, d *appsv1.DaemonSet, dsn dsnSecret) nodeAgentSocket {
+// checkNodeAgent checks a node agent's DaemonSet: the exporter as an agent, on TCP with
+// a token from a Secret and its claims in an emptyDir, a user other than root; it returns
+// the container's attach port and the token's Secret and key.
+func checkNodeAgent(t *testing.T, d *appsv1.DaemonSet, dsn dsnSecret) (port int32, tokenSecret, tokenKey string) {
 	t.Helper()
 	w := ofDaemonSet(d)
 	c := checkExporterContainer(t, w, dsn)
+	checkNonRoot(t, w, c)
 	checkAgentArgs(t, w, c, "kubernetes/components/node-agent/node-agent-daemonset.yaml")
 	pod := w.template.Spec
 
-	// The socket, in a host directory that the container mounts writable.
-	socket, ok := flagValue(c.Args, "node-agent.socket")
-	if !ok || !filepath.IsAbs(socket) {
-		t.Fatalf("%s: --node-agent.socket=%q, want an absolute path", d.Name, socket)
+	if v, ok := flagValue(c.Args, "node-agent.socket"); ok {
+		t.Errorf("%s: --node-agent.socket=%s: in Kubernetes processes attach over TCP, not through a host path", d.Name, v)
 	}
-	var out nodeAgentSocket
-	for _, m := range c.VolumeMounts {
-		if filepath.Clean(m.MountPath) != filepath.Dir(socket) {
-			continue
+	listen, ok := flagValue(c.Args, "node-agent.listen-address")
+	_, p, err := net.SplitHostPort(listen)
+	if !ok || err != nil {
+		t.Fatalf("%s: --node-agent.listen-address=%q, want :PORT", d.Name, listen)
+	}
+	for _, cp := range c.Ports {
+		if cp.Name == "attach" && strconv.Itoa(int(cp.ContainerPort)) == p {
+			port = cp.ContainerPort
 		}
-		if m.ReadOnly {
-			t.Errorf("%s: the socket's directory %s is mounted read-only", d.Name, m.MountPath)
+	}
+	if port == 0 {
+		t.Fatalf("%s: no container port named attach is --node-agent.listen-address's %s: %+v", d.Name, p, c.Ports)
+	}
+	// volumeOf is the volume mounted at the directory of the file the flag names.
+	volumeOf := func(flag string) (corev1.Volume, corev1.VolumeMount, string) {
+		t.Helper()
+		file, ok := flagValue(c.Args, flag)
+		if !ok {
+			t.Fatalf("%s: no --%s", d.Name, flag)
 		}
-		for _, v := range pod.Volumes {
-			if v.Name != m.Name {
+		for _, m := range c.VolumeMounts {
+			if filepath.Clean(m.MountPath) != filepath.Dir(file) {
 				continue
 			}
-			if v.HostPath == nil || v.HostPath.Type == nil ||
-				!slices.Contains([]corev1.HostPathType{corev1.HostPathDirectoryOrCreate, corev1.HostPathDirectory}, *v.HostPath.Type) {
-				t.Fatalf("%s: the socket's directory is not a host directory the node's pods can mount: %+v", d.Name, v.VolumeSource)
+			for _, v := range pod.Volumes {
+				if v.Name == m.Name {
+					return v, m, filepath.Base(file)
+				}
 			}
-			out.hostDir, out.file = v.HostPath.Path, filepath.Base(socket)
 		}
+		t.Fatalf("%s: --%s=%s is on no mounted volume", d.Name, flag, file)
+		return corev1.Volume{}, corev1.VolumeMount{}, ""
 	}
-	if out.hostDir == "" {
-		t.Fatalf("%s: the directory of %s is not a mounted volume", d.Name, socket)
+	tv, tm, file := volumeOf("node-agent.token-file")
+	if s := tv.Secret; s == nil || len(s.Items) != 1 || s.Items[0].Path != file || !tm.ReadOnly {
+		t.Fatalf("%s: the token is not one key of a Secret, mounted read-only: %+v", d.Name, tv.VolumeSource)
 	}
-	// Whoever may connect may hold and let go any instance's lock: not every user.
-	mode := "0660" // the flag's default
-	if v, ok := flagValue(c.Args, "node-agent.socket-mode"); ok {
-		mode = v
+	if m := tv.Secret.DefaultMode; m == nil || *m&0o007 != 0 {
+		t.Errorf("%s: the token file must not be world-readable (defaultMode %s)", d.Name, fmtMode(m))
 	}
-	if m, err := strconv.ParseUint(mode, 8, 32); err != nil || m&0o007 != 0 || m&0o060 != 0o060 {
-		t.Errorf("%s: --node-agent.socket-mode=%s: want the socket's group to connect, other users not", d.Name, mode)
+	if cv, cm, _ := volumeOf("node-agent.claims-file"); cv.EmptyDir == nil || cm.ReadOnly {
+		t.Errorf("%s: the claims are not in a writable emptyDir: %+v", d.Name, cv.VolumeSource)
 	}
-	// The socket's group is the process's: not root's, so that pods need no root group.
-	psc := pod.SecurityContext
-	if psc == nil || psc.RunAsGroup == nil || *psc.RunAsGroup == 0 {
-		t.Fatalf("%s: the pod's runAsGroup (the socket's group) must be set and not 0", d.Name)
-	}
-	out.group = *psc.RunAsGroup
-	// Two node agents on a node would contend for the socket: an update replaces them.
+	// Two node agents on a node would split its processes: an update replaces them.
 	if ru := d.Spec.UpdateStrategy.RollingUpdate; d.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType ||
 		ru == nil || ru.MaxSurge == nil || ru.MaxSurge.IntValue() != 0 || ru.MaxUnavailable == nil {
 		t.Errorf("%s: updateStrategy %+v, want RollingUpdate with maxSurge 0", d.Name, d.Spec.UpdateStrategy)
@@ -584,7 +612,41 @@ func checkNodeAgent(t *testing.T, d *appsv1.DaemonSet, dsn dsnSecret) nodeAgentS
 	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
 		t.Errorf("%s: the pod mounts a service-account token", d.Name)
 	}
-	return out
+	return port, tv.Secret.SecretName, tv.Secret.Items[0].Key
+}
+
+// nodeAgentService checks the node agents' Service of r: node-local
+// (internalTrafficPolicy: Local), selecting the DaemonSet's pods, its attach port the
+// pods'; it returns where a process attaches, with the token's Secret and key.
+func nodeAgentService(t *testing.T, r *rendered) nodeAgentEndpoint {
+	t.Helper()
+	if len(r.daemonSets) != 1 {
+		t.Fatalf("%d DaemonSets, want 1", len(r.daemonSets))
+	}
+	ds := r.daemonSets[0]
+	port, secret, key := checkNodeAgent(t, ds, defaultDSNSecret)
+	svc := byComponent(t, r.services, "node-agent")
+	if p := svc.Spec.InternalTrafficPolicy; p == nil || *p != corev1.ServiceInternalTrafficPolicyLocal {
+		t.Errorf("Service %s: internalTrafficPolicy %v; want Local, so that a process reaches its own node's agent", svc.Name, p)
+	}
+	if svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		t.Errorf("Service %s is headless: its name would resolve to every node's agent, not through kube-proxy to the local one", svc.Name)
+	}
+	for k, v := range svc.Spec.Selector {
+		if ds.Spec.Template.Labels[k] != v {
+			t.Errorf("Service %s selects %s=%s, which the node agents' pods lack (%v)", svc.Name, k, v, ds.Spec.Template.Labels)
+		}
+	}
+	var addr string
+	for _, sp := range svc.Spec.Ports {
+		if sp.Name == "attach" && sp.TargetPort.String() == "attach" {
+			addr = fmt.Sprintf("tcp://%s.%s.svc:%d", svc.Name, stdcmp.Or(svc.Namespace, "pg-liveness"), sp.Port)
+		}
+	}
+	if addr == "" || port == 0 {
+		t.Fatalf("Service %s has no port attach targeting the pods' attach port: %+v", svc.Name, svc.Spec.Ports)
+	}
+	return nodeAgentEndpoint{address: addr, tokenSecret: secret, key: key}
 }
 
 // Each PodMonitor names its job so that PgLivenessExporterDown's selector finds it.
@@ -662,23 +724,28 @@ func fmtMode(m *int32) string {
 // that attaches to its node's agent.
 const podSnippetMarker = "# A pod of your service that attaches to its node's agent:"
 
-// The pod the deployment guide and the chart's README show reaches the node agent the manifests deploy: it mounts the
-// node agent's host directory, has the socket's group, and names the socket's path in
-// its container as the one its service gives to liveness.AgentConfig.NodeAgentSocket.
+// The pod the deployment guide and the chart's README show reaches the node agents the
+// kustomize overlay and the chart (with its defaults) deploy: it names their Service's
+// address and mounts their token's Secret, naming the token's file, in the container
+// that gives both to liveness.AgentConfig.
 func TestDocsShowHowAPodAttaches(t *testing.T) {
-	r := render(t, "kubernetes/overlays/node-agent")
-	if len(r.daemonSets) != 1 {
-		t.Fatalf("%d DaemonSets, want 1", len(r.daemonSets))
+	kust := nodeAgentService(t, render(t, "kubernetes/overlays/node-agent"))
+	c := chartCase{name: "node agent", values: `nodeAgent: {enabled: true}`}
+	h, err := c.render(t, buildExample(t), c.chartValues(t))
+	if err != nil {
+		t.Fatal(err)
 	}
-	socket := checkNodeAgent(t, r.daemonSets[0], defaultDSNSecret)
+	chart := nodeAgentService(t, h.rendered)
+	if kust != chart {
+		t.Errorf("kustomize's node agents are at %+v, the chart's (its defaults) at %+v: one example pod cannot serve both", kust, chart)
+	}
 	for _, readme := range []string{"../docs/deployment.md", filepath.Join(chartDir, "README.md")} {
 		t.Run(readme, func(t *testing.T) {
 			b, err := os.ReadFile(readme)
 			if err != nil {
 				t.Fatal(err)
 			}
-			pod := readmePodSnippet(t, string(b))
-			checkAttachingPod(t, pod, socket)
+			checkAttachingPod(t, readmePodSnippet(t, string(b)), kust)
 		})
 	}
 }
@@ -708,38 +775,132 @@ func readmePodSnippet(t *testing.T, md string) corev1.PodTemplateSpec {
 	return pod
 }
 
-func checkAttachingPod(t *testing.T, pod corev1.PodTemplateSpec, socket nodeAgentSocket) {
+// checkAttachingPod checks that a container of pod names the node agents' address in a
+// variable, mounts the token's Secret read-only, and names the token's file in another.
+func checkAttachingPod(t *testing.T, pod corev1.PodTemplateSpec, at nodeAgentEndpoint) {
 	t.Helper()
 	spec := pod.Spec
 	var volume string
 	for _, v := range spec.Volumes {
-		if v.HostPath != nil && filepath.Clean(v.HostPath.Path) == filepath.Clean(socket.hostDir) {
+		if v.Secret != nil && v.Secret.SecretName == at.tokenSecret {
 			volume = v.Name
+			if m := v.Secret.DefaultMode; m == nil || *m&0o007 != 0 {
+				t.Errorf("the token's volume %s is world-readable (defaultMode %s)", v.Name, fmtMode(m))
+			}
+			for _, it := range v.Secret.Items {
+				if it.Key != at.key {
+					t.Errorf("the token's volume %s maps key %s, not the token's %s", v.Name, it.Key, at.key)
+				}
+			}
 		}
 	}
 	if volume == "" {
-		t.Fatalf("no volume of the host directory %s: %+v", socket.hostDir, spec.Volumes)
+		t.Fatalf("no volume of the token's Secret %s: %+v", at.tokenSecret, spec.Volumes)
 	}
 	attached := false
 	for _, c := range spec.Containers {
+		values := map[string]bool{}
+		for _, e := range c.Env {
+			values[e.Value] = true
+		}
 		for _, m := range c.VolumeMounts {
 			if m.Name != volume {
 				continue
 			}
-			path := filepath.Join(m.MountPath, socket.file)
-			for _, e := range c.Env {
-				attached = attached || e.Value == path
+			if !m.ReadOnly {
+				t.Errorf("container %s mounts the token writable", c.Name)
 			}
-			if !attached {
-				t.Errorf("container %s mounts the socket's directory at %s, but no variable names %s", c.Name, m.MountPath, path)
+			if !values[at.address] || !values[filepath.Join(m.MountPath, at.key)] {
+				t.Errorf("container %s mounts the token at %s, but its variables do not name both %s and %s: %+v", c.Name,
+					m.MountPath, at.address, filepath.Join(m.MountPath, at.key), c.Env)
+				continue
 			}
+			attached = true
 		}
 	}
 	if !attached {
-		t.Errorf("no container mounts the volume %s and names the socket in it", volume)
+		t.Errorf("no container mounts the token and names the node agents' address %s", at.address)
 	}
-	sc := spec.SecurityContext
-	if sc == nil || (sc.FSGroup == nil || *sc.FSGroup != socket.group) && !slices.Contains(sc.SupplementalGroups, socket.group) {
-		t.Errorf("the pod's securityContext %+v lacks the socket's group %d (fsGroup or supplementalGroups)", sc, socket.group)
+}
+
+// docs/deployment.md deploys the node agent under restricted step by step, and each step
+// is what the tested files do: the namespace it applies is the overlay's, enforcing
+// restricted; the Secrets it creates are the ones the node agents read, the token's in
+// the node agents' namespace and in the attaching pods'; the overlay and the Helm
+// release it installs put the node agents at the address the example pod names.
+func TestDocsDeployTheNodeAgentUnderRestricted(t *testing.T) {
+	b, err := os.ReadFile("../docs/deployment.md")
+	if err != nil {
+		t.Fatal(err)
 	}
+	_, section, ok := strings.Cut(string(b), "\n## Node agent\n")
+	if !ok {
+		t.Fatal("docs/deployment.md has no ## Node agent section")
+	}
+	section, _, _ = strings.Cut(section, "\n- **systemd**")
+	var commands []string
+	for line := range strings.Lines(section) {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "kubectl ") || strings.HasPrefix(line, "helm ") {
+			commands = append(commands, line)
+		}
+	}
+	find := func(re string) [][]string {
+		t.Helper()
+		var out [][]string
+		for _, c := range commands {
+			if m := regexp.MustCompile(re).FindStringSubmatch(c); m != nil {
+				out = append(out, m)
+			}
+		}
+		if len(out) == 0 {
+			t.Fatalf("the node agent's steps have no command like %s: %q", re, commands)
+		}
+		return out
+	}
+
+	overlay := find(`^kubectl apply -k deploy/(kubernetes/overlays/\S+)$`)[0][1]
+	if !slices.Contains(kustomizations, overlay) {
+		t.Fatalf("the steps apply %s, which no test renders", overlay)
+	}
+	r := render(t, overlay)
+	at := nodeAgentService(t, r)
+	ns := r.namespaces[0]
+	nsFile := find(`^kubectl apply -f deploy/(\S+)$`)[0][1]
+	if filepath.Dir(nsFile) != overlay {
+		t.Errorf("the steps apply %s, not the namespace of %s", nsFile, overlay)
+	}
+	if ns.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
+		t.Errorf("the namespace %s does not enforce restricted: %v", ns.Name, ns.Labels)
+	}
+	secrets := map[string]bool{} // namespace/name/key
+	for _, m := range find(`^kubectl -n (\S+) create secret generic (\S+) --from-file=([^=]+)=`) {
+		secrets[m[1]+"/"+m[2]+"/"+m[3]] = true
+	}
+	for _, want := range []string{ns.Name + "/" + defaultDSNSecret.name + "/" + defaultDSNSecret.key,
+		ns.Name + "/" + at.tokenSecret + "/" + at.key} {
+		if !secrets[want] {
+			t.Errorf("the steps create no Secret %s (namespace/name/key): %v", want, secrets)
+		}
+	}
+	labelled := find(`^kubectl label namespace (\S+) pod-security\.kubernetes\.io/enforce=restricted$`)[0][1]
+	if !secrets[labelled+"/"+at.tokenSecret+"/"+at.key] {
+		t.Errorf("the steps label %s for the attaching pods but create no token's Secret there: %v", labelled, secrets)
+	}
+	install := find(`^helm install (\S+) deploy/(\S+) -n (\S+) --set nodeAgent\.enabled=true$`)[0]
+	if install[2] != chartDir {
+		t.Fatalf("the steps install %s, not the chart %s", install[2], chartDir)
+	}
+	h, err := helmTemplate(chartDir, install[1], install[3], map[string]any{"nodeAgent": map[string]any{"enabled": true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if chart := nodeAgentService(t, h.rendered); chart != at {
+		t.Errorf("the steps' Helm release puts the node agents at %+v, the overlay at %+v", chart, at)
+	}
+	b, err = os.ReadFile("../docs/deployment.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkAttachingPod(t, readmePodSnippet(t, string(b)), at)
 }

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,21 +30,28 @@ type AgentConfig struct {
 	// DirectDSN reaches PostgreSQL itself, never a pooler in transaction mode: the alive
 	// lock's own connection. Unused in ModeHeartbeatTableOnly, and with NodeAgentSocket.
 	DirectDSN string
-	// NodeAgentSocket, when set, is the local socket of the node agent of this host (the
-	// pg_liveness_exporter binary run with --node-agent.socket, or a NodeAgent): the
-	// alive lock is held on the node agent's one session for every process of the node,
-	// instead of on a session of this process's own, and the schema's events arrive
-	// through it. The lock is let go when this process's connection to the node agent
-	// closes, however the process ends. While the node agent cannot be reached (it
-	// restarts, say) the instance is judged by its heartbeat and leads nothing, and it
-	// attaches again as soon as the node agent answers. Unused in ModeHeartbeatTableOnly.
+	// NodeAgentSocket, when set, is where the node agent of this host listens (the
+	// pg_liveness_exporter binary run with --node-agent.socket or
+	// --node-agent.listen-address, or a NodeAgent): the path of its unix socket, or
+	// "tcp://host:port" for its TCP listener, with NodeAgentToken (in Kubernetes, a
+	// Service with internalTrafficPolicy Local in front of the node agents). The alive
+	// lock is held on the node agent's one session for every process of the node, instead
+	// of on a session of this process's own, and the schema's events arrive through it.
+	// The lock is let go when this process's connection to the node agent closes, however
+	// the process ends. While the node agent cannot be reached (it restarts, say) the
+	// instance is judged by its heartbeat and leads nothing, and it attaches again as
+	// soon as the node agent answers. Unused in ModeHeartbeatTableOnly.
 	NodeAgentSocket string
-	Schema          string // DefaultSchema if empty
-	InstanceID      uuid.UUID
-	ServiceName     string
-	HostName        string // os.Hostname() if empty
-	ProcessID       int    // os.Getpid() if zero
-	Mode            Mode   // ModeAdvisoryLockWhenAvailable if empty
+	// NodeAgentToken is the node agent's token (NodeAgentConfig.Token, the file of
+	// --node-agent.token-file), which a process presents to attach over TCP; unused with
+	// a unix socket. Never logged.
+	NodeAgentToken string
+	Schema         string // DefaultSchema if empty
+	InstanceID     uuid.UUID
+	ServiceName    string
+	HostName       string // os.Hostname() if empty
+	ProcessID      int    // os.Getpid() if zero
+	Mode           Mode   // ModeAdvisoryLockWhenAvailable if empty
 
 	// Timing is recorded in the instance's row, and the fleet judges the instance by it.
 	Timing Timing
@@ -242,6 +251,9 @@ func (c AgentConfig) Validate() error {
 		if strings.TrimSpace(c.NodeAgentSocket) != c.NodeAgentSocket {
 			return bad("NodeAgentSocket", "(%q) must not begin or end with spaces", c.NodeAgentSocket)
 		}
+		if err := c.checkNodeAgentTCP(); err != nil {
+			return err
+		}
 		if err := c.aliveLockConfig().validateTiming(); err != nil {
 			return asAgentError(err)
 		}
@@ -253,10 +265,37 @@ func (c AgentConfig) Validate() error {
 	return nil
 }
 
+// checkNodeAgentTCP checks a NodeAgentSocket of the form tcp://host:port, and its token.
+func (c AgentConfig) checkNodeAgentTCP() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: "AgentConfig." + field, Reason: fmt.Sprintf(format, args...)}
+	}
+	addr, ok := strings.CutPrefix(c.NodeAgentSocket, nodeAgentTCPScheme)
+	if !ok {
+		if scheme, _, found := strings.Cut(c.NodeAgentSocket, "://"); found {
+			return bad("NodeAgentSocket", "(%q): %s:// is not a node agent's; give a unix socket's path or tcp://host:port",
+				c.NodeAgentSocket, scheme)
+		}
+		return nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if p, perr := strconv.ParseUint(port, 10, 16); err != nil || host == "" || perr != nil || p == 0 {
+		return bad("NodeAgentSocket", "(%q) is not tcp://host:port with a port number", c.NodeAgentSocket)
+	}
+	switch {
+	case c.NodeAgentToken == "":
+		return bad("NodeAgentToken", "must be set with a NodeAgentSocket of tcp://: the node agent takes no attach over "+
+			"TCP without its token")
+	case len(c.NodeAgentToken) < nodeTokenMin:
+		return bad("NodeAgentToken", "must be at least %d bytes, as the node agent's is", nodeTokenMin)
+	}
+	return nil
+}
+
 // nodeLockConfig is the lock's configuration through a node agent.
 func (c AgentConfig) nodeLockConfig(ev *events) nodeLockConfig {
 	lc := c.aliveLockConfig()
-	return nodeLockConfig{Socket: c.NodeAgentSocket, InstanceID: c.InstanceID, Schema: c.Schema, Pool: c.Pool,
+	return nodeLockConfig{Socket: c.NodeAgentSocket, Token: c.NodeAgentToken, InstanceID: c.InstanceID, Schema: c.Schema, Pool: c.Pool,
 		LeaderVerifyInterval: lc.LeaderVerifyInterval, Events: ev, Logger: lc.Logger}
 }
 

@@ -276,6 +276,20 @@
 // attach again within a fraction of a second of its return: they dial its socket every
 // 100 ms while nobody answers.
 //
+// Where no unix socket can be shared (Kubernetes under the restricted Pod Security
+// Standard, which forbids host paths) the node agent listens on TCP too
+// (NodeAgentConfig.ListenAddress, behind a Service with internalTrafficPolicy Local), and
+// a process attaches with NodeAgentSocket "tcp://host:port" and NodeAgentToken: the node
+// agent takes no attach without its token (compared in constant time, never logged). An
+// instance is the process that claimed it: on the socket by its peer credentials (uid,
+// pid and start time), and on any transport by the random secret the process drew at its
+// start and presents on every attach, of which the node agent keeps only a hash. Another
+// process that names the instance is refused while its claimant runs (over TCP: while a
+// connection that presented its secret is attached) and, after that, until the fleet
+// has called the instance dead. A killed process's TCP connection closes as promptly as
+// its socket (its kernel sends FIN or RST); one whose peer vanished without closing is
+// dropped within NodeAgentTCPDeadPeer.
+//
 // # Leases without an alive lock
 //
 // Leases, the field report's design, takes and keeps leases alone: TryAcquire (an

@@ -1,17 +1,22 @@
-// The node agent's server: its configuration, the unix socket processes attach on, the
-// queue of their requests for the session, and the notifications it hands on to them.
+// The node agent's server: its configuration, the unix socket and the TCP listener
+// processes attach on, the queue of their requests for the session, and the
+// notifications it hands on to them.
 
 package liveness
 
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +24,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"golang.org/x/sys/unix"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
@@ -33,14 +39,32 @@ type NodeAgentConfig struct {
 	Schema    string // DefaultSchema if empty
 	// Socket is the path of the unix socket processes attach on
 	// (AgentConfig.NodeAgentSocket). A socket left there by a previous run is replaced;
-	// any other file there is an error.
+	// any other file there is an error. Socket, ListenAddress or both must be set.
 	Socket string
 	// SocketMode is the socket file's permissions, 0660 if zero: whoever may connect to
 	// it may attach processes. An instance belongs to the process that claimed it (its
-	// uid, pid and start time, from the socket's peer credentials, kept beside the socket
-	// in <Socket>.claims across restarts): no other process may claim, hold or let go of
-	// it until its claimant has ended and the fleet has called it dead.
+	// uid, pid and start time, from the socket's peer credentials, kept in ClaimsFile
+	// across restarts): no other process may claim, hold or let go of it until its
+	// claimant has ended and the fleet has called it dead.
 	SocketMode fs.FileMode
+	// ListenAddress, when set, is a TCP address ("host:port") processes attach on too
+	// (AgentConfig.NodeAgentSocket "tcp://host:port"), where no unix socket can be shared:
+	// in Kubernetes, behind a Service with internalTrafficPolicy Local. Only a process
+	// that presents Token attaches, and an instance is bound to the secret its claimant
+	// drew at its start (it presents it on every attach; ClaimsFile keeps its hash): over
+	// TCP the node agent cannot see a process end, so a claimant has ended when no
+	// connection that presented its secret is attached, and another process may claim its
+	// instance once the fleet has called it dead too. Accepted connections carry TCP
+	// keepalive and a user timeout: a peer that vanished without closing (its node lost)
+	// is dropped within NodeAgentTCPDeadPeer.
+	ListenAddress string
+	// Token is what a process must present to attach over TCP (AgentConfig.NodeAgentToken);
+	// required with ListenAddress, at least 16 bytes. It is compared in constant time,
+	// never logged, and never sent back.
+	Token string
+	// ClaimsFile keeps the instances' claimants across restarts of the node agent;
+	// <Socket>.claims if empty, and it must be set without Socket.
+	ClaimsFile string
 	// ServiceName names the session: application_name "<ServiceName>:node-agent".
 	ServiceName string
 
@@ -68,11 +92,50 @@ const (
 	DefaultNodeAgentMaxMessageBytes = 16 << 10 // an event's id is a lease name, under 8000 bytes
 )
 
+// NodeAgentTCPDeadPeer bounds how long a TCP connection to or from a node agent stays open
+// after its peer vanished without closing it (its node or its network lost): keepalive
+// probes after 5 s of silence, every second, five of them, and a user timeout of as
+// much for data sent and not acknowledged. A process that is killed, however, closes its
+// connection at once: its kernel sends FIN or RST.
+const NodeAgentTCPDeadPeer = nodeTCPKeepIdle + nodeTCPKeepCount*nodeTCPKeepInterval
+
+const (
+	nodeTCPKeepIdle     = 5 * time.Second
+	nodeTCPKeepInterval = time.Second
+	nodeTCPKeepCount    = 5
+	// nodeTokenMin is the shortest token the node agent takes.
+	nodeTokenMin = 16
+)
+
+// nodeTCPAttachTimeout is how long a TCP connection may take to send its attach (a
+// variable for the test of it).
+var nodeTCPAttachTimeout = 10 * time.Second
+
+// nodeTCPKeepalive is the keepalive of TCP connections to and from node agents.
+var nodeTCPKeepalive = net.KeepAliveConfig{Enable: true, Idle: nodeTCPKeepIdle, Interval: nodeTCPKeepInterval,
+	Count: nodeTCPKeepCount}
+
+// tuneNodeTCP sets the user timeout of a TCP connection to or from a node agent (its
+// keepalive is the dialer's or the listener's): data unacknowledged for
+// NodeAgentTCPDeadPeer ends the connection.
+func tuneNodeTCP(conn net.Conn) {
+	tc, ok := conn.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	if raw, err := tc.SyscallConn(); err == nil {
+		_ = raw.Control(func(fd uintptr) {
+			_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(NodeAgentTCPDeadPeer.Milliseconds()))
+		})
+	}
+}
+
 // NodeAgent holds the alive locks of every process of its node on one direct session,
 // and listens to the schema's channels once for them: the database serves one liveness
 // backend, and one listener, per node instead of per process. A process attaches over
-// the node agent's local socket (AgentConfig.NodeAgentSocket), one connection per
-// instance, and the connection is the lock: when it closes (the process exited, was
+// the node agent's local socket, or its TCP listener with its token
+// (AgentConfig.NodeAgentSocket), one connection per instance, and the connection is the
+// lock: when it closes (the process exited, was
 // killed, or its kernel closed its files) the node agent lets the lock go, and the fleet
 // sees it vanish as it would have seen the process's own session end. A process proves
 // its lock by asking: each proof is a verification of the node agent's session sent after
@@ -95,6 +158,11 @@ type NodeAgent struct {
 	// socket; owned by the session goroutine once Run has loaded them.
 	bindings  *claimBindings
 	impostors atomic.Uint64 // attaches refused: another process's instance
+
+	claimsFile      string
+	tokenHash       [sha256.Size]byte // of cfg.Token
+	listenAddr      atomic.Pointer[string]
+	unauthenticated atomic.Uint64 // TCP connections refused: no attach, or a wrong token
 
 	// The requests of the clients' readers, for the session goroutine, and the doorbell
 	// that ends its wait.
@@ -128,17 +196,20 @@ type NodeAgent struct {
 
 // NodeAgentSnapshot is a point-in-time view of a NodeAgent, for exporters.
 type NodeAgentSnapshot struct {
-	Socket     string
-	SessionUp  bool  // its session to the database is up
-	Listening  bool  // that session listens to the schema's channels
-	BackendPID int64 // of that session; 0 while down
-	Attached   int   // processes attached
-	LocksHeld  int   // alive locks its session holds for them
-	Claims     uint64
-	Proofs     uint64 // verifications of its session sent
-	ProveAsked uint64 // proofs the processes asked for and got
-	Reconnects uint64 // sessions opened after the first
-	Refused    uint64 // attaches refused (another schema or database) and connections past MaxConnections
+	Socket string
+	// ListenAddress is the TCP address the node agent listens on (its port chosen, when
+	// NodeAgentConfig.ListenAddress named port 0); empty until it listens, and without one.
+	ListenAddress string
+	SessionUp     bool  // its session to the database is up
+	Listening     bool  // that session listens to the schema's channels
+	BackendPID    int64 // of that session; 0 while down
+	Attached      int   // processes attached
+	LocksHeld     int   // alive locks its session holds for them
+	Claims        uint64
+	Proofs        uint64 // verifications of its session sent
+	ProveAsked    uint64 // proofs the processes asked for and got
+	Reconnects    uint64 // sessions opened after the first
+	Refused       uint64 // attaches refused (another schema or database) and connections past MaxConnections
 	// AcceptErrors counts the accepts of the socket that failed (out of file
 	// descriptors, say): each is retried, with back-off, and the node agent serves on.
 	AcceptErrors uint64
@@ -149,6 +220,10 @@ type NodeAgentSnapshot struct {
 	// Impostors counts attaches refused because they named an instance another process
 	// claimed: one that still runs, or one that ended and is not dead yet by the verdict.
 	Impostors uint64
+	// Unauthenticated counts TCP connections closed before attaching: their first line
+	// was not an attach with the node agent's token and a process secret, or none came
+	// within 10 s.
+	Unauthenticated uint64
 }
 
 // NewNodeAgent checks the configuration; nothing connects or listens until Run.
@@ -157,8 +232,28 @@ func NewNodeAgent(cfg NodeAgentConfig) (*NodeAgent, error) {
 	cfg.Schema = cmp.Or(cfg.Schema, DefaultSchema)
 	cfg.ServiceName = cmp.Or(cfg.ServiceName, "pg_liveness_node_agent")
 	cfg.SocketMode = cmp.Or(cfg.SocketMode, 0o660)
-	if cfg.Socket == "" {
-		return nil, &ConfigError{Field: "NodeAgentConfig.Socket", Reason: "must be set"}
+	if cfg.Socket == "" && cfg.ListenAddress == "" {
+		return nil, &ConfigError{Field: "NodeAgentConfig.Socket", Reason: "or NodeAgentConfig.ListenAddress must be set"}
+	}
+	if err := checkListenAddress(cfg.ListenAddress); err != nil {
+		return nil, err
+	}
+	if cfg.ListenAddress != "" && len(cfg.Token) < nodeTokenMin {
+		reason := fmt.Sprintf("must be at least %d bytes with NodeAgentConfig.ListenAddress: it is all that keeps whoever "+
+			"reaches the TCP listener from attaching processes", nodeTokenMin)
+		if cfg.Token == "" {
+			reason = "must be set with NodeAgentConfig.ListenAddress: it is all that keeps whoever reaches the TCP " +
+				"listener from attaching processes"
+		}
+		return nil, &ConfigError{Field: "NodeAgentConfig.Token", Reason: reason}
+	}
+	claims := cfg.ClaimsFile
+	if claims == "" {
+		if cfg.Socket == "" {
+			return nil, &ConfigError{Field: "NodeAgentConfig.ClaimsFile", Reason: "must be set without " +
+				"NodeAgentConfig.Socket: it keeps which process claimed each instance across restarts of the node agent"}
+		}
+		claims = cfg.Socket + ".claims"
 	}
 	if cfg.MaxConnections < 0 {
 		return nil, &ConfigError{Field: "NodeAgentConfig.MaxConnections", Reason: fmt.Sprintf("(%d) must not be negative", cfg.MaxConnections)}
@@ -185,8 +280,8 @@ func NewNodeAgent(cfg NodeAgentConfig) (*NodeAgent, error) {
 		holderSQL: store.AliveLockHolder.In(cfg.Schema).SQL, releaseSQL: store.AliveLockRelease.In(cfg.Schema).SQL,
 		databaseSQL: store.LockDatabase.In(cfg.Schema).SQL, listenSQL: store.EventsListen.In(cfg.Schema).SQL,
 		membersSQL: store.MembersListen.In(cfg.Schema).SQL, unmembersSQL: store.MembersUnlisten.In(cfg.Schema).SQL,
-		deadSQL:  store.NodeAgentDeadInstances.In(cfg.Schema).SQL,
-		clients:  map[*nodeClient]struct{}{},
+		deadSQL: store.NodeAgentDeadInstances.In(cfg.Schema).SQL,
+		clients: map[*nodeClient]struct{}{}, claimsFile: claims, tokenHash: sha256.Sum256([]byte(cfg.Token)),
 		maxConns: cmp.Or(cfg.MaxConnections, DefaultNodeAgentMaxConnections), maxMessage: cmp.Or(cfg.MaxMessageBytes, DefaultNodeAgentMaxMessageBytes)}
 	connCfg.OnNotification = func(_ *pgconn.PgConn, note *pgconn.Notification) {
 		if e, ok := parseEvent(note.Payload); ok {
@@ -194,6 +289,24 @@ func NewNodeAgent(cfg NodeAgentConfig) (*NodeAgent, error) {
 		}
 	}
 	return n, nil
+}
+
+// checkListenAddress refuses a TCP address that is not "host:port" with a port number.
+func checkListenAddress(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	bad := func(why string) error {
+		return &ConfigError{Field: "NodeAgentConfig.ListenAddress", Reason: fmt.Sprintf("(%q) %s", addr, why)}
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return bad("is not host:port (\":9817\", \"0.0.0.0:9817\", \"[::]:9817\")")
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || port == "" || strconv.FormatUint(p, 10) != port {
+		return bad("names no port number")
+	}
+	return nil
 }
 
 // nodeAgentFields maps the session's config fields to NodeAgentConfig's.
@@ -209,37 +322,63 @@ var nodeAgentFields = map[string]string{
 
 // Snapshot reports the node agent's state. It never blocks on the database.
 func (n *NodeAgent) Snapshot() NodeAgentSnapshot {
-	return NodeAgentSnapshot{Socket: n.cfg.Socket, SessionUp: n.sessionUp.Load(), Listening: n.listening.Load(),
+	var listenAddr string
+	if a := n.listenAddr.Load(); a != nil {
+		listenAddr = *a
+	}
+	return NodeAgentSnapshot{Socket: n.cfg.Socket, ListenAddress: listenAddr, Unauthenticated: n.unauthenticated.Load(),
+		SessionUp: n.sessionUp.Load(), Listening: n.listening.Load(),
 		BackendPID: n.backendPID.Load(), Attached: int(n.attached.Load()), LocksHeld: int(n.locksHeld.Load()),
 		Claims: n.claims.Load(), Proofs: n.proofs.Load(), ProveAsked: n.proveAsked.Load(),
 		Reconnects: n.reconnects.Load(), Refused: n.refused.Load(), AcceptErrors: n.acceptErrors.Load(),
 		ProtocolErrors: n.protocolErrors.Load(), Impostors: n.impostors.Load()}
 }
 
-// Run listens on the socket and holds the session until ctx ends; then it closes the
-// socket and every process's connection, and the session, which lets every lock go.
-// It returns an error only when the socket cannot be listened on.
+// Run listens on the socket and the TCP address and holds the session until ctx ends;
+// then it closes them and every process's connection, and the session, which lets every
+// lock go. It returns an error only when it cannot listen.
 func (n *NodeAgent) Run(ctx context.Context) error {
 	if !n.running.CompareAndSwap(false, true) {
 		return errors.New("liveness: node agent: Run is already running")
 	}
 	defer n.running.Store(false)
-	bindings, err := loadBindings(bindingsPath(n.cfg.Socket))
+	bindings, err := loadBindings(n.claimsFile)
 	if err != nil {
 		return err
 	}
 	n.bindings = bindings
-	ln, err := n.listen()
-	if err != nil {
-		return err
+	var listeners []net.Listener
+	if n.cfg.Socket != "" {
+		ln, err := n.listen()
+		if err != nil {
+			return err
+		}
+		listeners = append(listeners, ln)
+		defer os.Remove(n.cfg.Socket)
 	}
-	n.log.Info("node agent listening", "socket", n.cfg.Socket)
+	if n.cfg.ListenAddress != "" {
+		lc := net.ListenConfig{KeepAliveConfig: nodeTCPKeepalive}
+		ln, err := lc.Listen(ctx, "tcp", n.cfg.ListenAddress)
+		if err != nil {
+			for _, l := range listeners {
+				_ = l.Close()
+			}
+			return fmt.Errorf("liveness: node agent: listen on %s: %w", n.cfg.ListenAddress, err)
+		}
+		listeners = append(listeners, ln)
+		addr := ln.Addr().String()
+		n.listenAddr.Store(&addr)
+		defer n.listenAddr.Store(nil)
+	}
+	n.log.Info("node agent listening", "socket", n.cfg.Socket, "listen_address", n.Snapshot().ListenAddress)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	context.AfterFunc(runCtx, func() { _ = ln.Close() })
-	wg.Go(func() { n.accept(runCtx, ln, &wg) })
+	for _, ln := range listeners {
+		context.AfterFunc(runCtx, func() { _ = ln.Close() })
+		wg.Go(func() { n.accept(runCtx, ln, &wg) })
+	}
 	n.hold(runCtx)
 	stop()
 	n.mu.Lock()
@@ -247,7 +386,6 @@ func (n *NodeAgent) Run(ctx context.Context) error {
 		c.close()
 	}
 	n.mu.Unlock()
-	_ = os.Remove(n.cfg.Socket)
 	return nil
 }
 
@@ -314,15 +452,44 @@ func (n *NodeAgent) accept(ctx context.Context, ln net.Listener, wg *sync.WaitGr
 			continue
 		}
 		n.connections.Add(1)
+		tuneNodeTCP(conn)
 		c := newNodeClient(conn, n.maxMessage)
 		n.mu.Lock()
 		n.clients[c] = struct{}{}
 		n.mu.Unlock()
 		wg.Go(func() { c.write(ctx) })
 		wg.Go(func() {
-			err := c.read(func(m nodeMessage) { n.request(nodeRequest{client: c, msg: m}) })
-			if errors.Is(err, errNotProtocol) {
+			authenticated, refused := !c.tcp, false
+			if !authenticated {
+				_ = conn.SetReadDeadline(time.Now().Add(nodeTCPAttachTimeout))
+			}
+			err := c.read(func(m nodeMessage) bool {
+				if !authenticated {
+					if authenticated = n.authenticate(c, &m); !authenticated {
+						refused = true
+						return false
+					}
+					_ = conn.SetReadDeadline(time.Time{})
+				} else if m.Op == nodeOpAttach && m.Secret != "" && c.secret == "" {
+					c.secret = secretHash(m.Secret)
+				}
+				m.Token, m.Secret = "", ""
+				n.request(nodeRequest{client: c, msg: m})
+				return true
+			})
+			switch {
+			case errors.Is(err, errNotProtocol):
 				n.protocolError(c, err)
+			case !authenticated && errors.Is(err, os.ErrDeadlineExceeded):
+				n.refuseUnauthenticated(c, fmt.Sprintf("no attach within %s of connecting", nodeTCPAttachTimeout))
+				refused = true
+			}
+			if refused {
+				// Refused: the writer closes the connection once it has said why.
+				select {
+				case <-c.done:
+				case <-time.After(time.Second):
+				}
 			}
 			n.mu.Lock()
 			delete(n.clients, c)
@@ -332,6 +499,48 @@ func (n *NodeAgent) accept(ctx context.Context, ln net.Listener, wg *sync.WaitGr
 			n.request(nodeRequest{client: c, gone: true})
 		})
 	}
+}
+
+// authenticate takes the first line of a TCP connection: it must be an attach with the
+// node agent's token (compared in constant time) and a process secret. It reports
+// whether it was; if not, the process is told why, the connection closed and counted.
+func (n *NodeAgent) authenticate(c *nodeClient, m *nodeMessage) bool {
+	given := sha256.Sum256([]byte(m.Token))
+	var reason string
+	switch {
+	case m.Op != nodeOpAttach:
+		reason = fmt.Sprintf("the first line over TCP must be an attach with the node agent's token, not %q", m.Op)
+	case m.Token == "":
+		reason = "the attach carries no token: over TCP a process attaches with the node agent's token " +
+			"(AgentConfig.NodeAgentToken)"
+	case subtle.ConstantTimeCompare(given[:], n.tokenHash[:]) != 1:
+		reason = "the attach's token is not the node agent's (AgentConfig.NodeAgentToken, --node-agent.token-file)"
+	case len(m.Secret) < nodeTokenMin:
+		reason = "the attach carries no process secret: over TCP an instance is bound to the secret of the process " +
+			"that claimed it"
+	}
+	m.Token = ""
+	if reason != "" {
+		n.refuseUnauthenticated(c, reason)
+		return false
+	}
+	c.secret = secretHash(m.Secret)
+	return true
+}
+
+// secretHash is what the node agent keeps of a process's secret.
+func secretHash(secret string) string {
+	h := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(h[:])
+}
+
+// refuseUnauthenticated tells a TCP connection why it may not attach, closes it once
+// told, and counts and logs it (rarely). Neither the token nor the secret is logged.
+func (n *NodeAgent) refuseUnauthenticated(c *nodeClient, reason string) {
+	n.unauthenticated.Add(1)
+	n.refusedLog.warn(n.log, "node agent: TCP connection refused: not authenticated", "peer", c.peer, "reason", reason)
+	c.send(nodeMessage{Op: nodeOpError, Error: reason})
+	c.closeAfterSend()
 }
 
 // protocolError counts and logs (rarely) what a process sent that is not the protocol.

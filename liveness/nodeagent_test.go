@@ -360,12 +360,27 @@ func TestNodeAgentCountsWhatIsNotItsProtocol(t *testing.T) {
 func TestNodeAgentLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce(t *testing.T) {
 	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
-	ctx := testutil.Context(t, 3*time.Minute)
 	socket := filepath.Join(t.TempDir(), "agent.sock")
 	_, stop := startNodeAgent(t, db, socket)
-	agent := newAgent(t, liveness.AgentConfig{Pool: pool, NodeAgentSocket: socket, InstanceID: uuid.New(), ServiceName: "attached"})
-	runAgent(t, agent)
+	start := func(listening *time.Time) func() {
+		_, stop := startNodeAgentAt(t, db, socket, listening)
+		return stop
+	}
+	leadersStepDownAndAttachAgain(t, liveness.AgentConfig{Pool: pool, NodeAgentSocket: socket, InstanceID: uuid.New(),
+		ServiceName: "attached"}, stop, start, []time.Duration{time.Second, 5 * time.Second, time.Second, 2 * time.Second, 3 * time.Second})
+}
 
+// leadersStepDownAndAttachAgain runs an agent of cfg, attached to a node agent that runs
+// (stop stops it), and leading; for each of aways, it stops the node agent, checks that
+// the agent stops leading, LostNotAlive, within 2 s, and starts the node agent again
+// (start, which notes when it listens) after that long away; then that the lock is held
+// again within half a second of the node agent's return.
+func leadersStepDownAndAttachAgain(t *testing.T, cfg liveness.AgentConfig, stop func(), start func(*time.Time) func(),
+	aways []time.Duration) {
+	t.Helper()
+	ctx := testutil.Context(t, 3*time.Minute)
+	agent := newAgent(t, cfg)
+	runAgent(t, agent)
 	type stint struct {
 		began, ended time.Time
 		reason       error
@@ -400,7 +415,7 @@ func TestNodeAgentLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce(t *testing.T)
 		})
 	}
 	var worst time.Duration
-	for trial, away := range []time.Duration{time.Second, 5 * time.Second, time.Second, 2 * time.Second, 3 * time.Second} {
+	for trial, away := range aways {
 		leading()
 		gone := time.Now()
 		stop()
@@ -420,7 +435,7 @@ func TestNodeAgentLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce(t *testing.T)
 		}
 		time.Sleep(time.Until(gone.Add(away)))
 		var back time.Time
-		_, stop = startNodeAgentAt(t, db, socket, &back)
+		stop = start(&back)
 		testutil.Eventually(t, 10*time.Second, "the lock held through the node agent again", func() bool {
 			return agent.Snapshot().AliveLock.Held
 		})
@@ -471,10 +486,16 @@ type attachAnswer struct {
 	Error string `json:"error"`
 }
 
-func attachProcess(t *testing.T, socket string, id uuid.UUID, database string) *attachedProcess {
+// attachProcess starts a process attached to the node agent at where (a socket's path, or
+// tcp://host:port with a token).
+func attachProcess(t *testing.T, where string, id uuid.UUID, database string, token ...string) *attachedProcess {
 	t.Helper()
 	p := &attachedProcess{cmd: exec.Command(os.Args[0])}
-	p.cmd.Env = append(os.Environ(), rawAttachEnv+"="+socket+","+id.String()+","+database)
+	spec := where + "," + id.String() + "," + database
+	for _, tok := range token {
+		spec += "," + tok
+	}
+	p.cmd.Env = append(os.Environ(), rawAttachEnv+"="+spec)
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -563,7 +584,7 @@ func TestNodeAgentGivesAnInstanceToNoOtherProcess(t *testing.T) {
 	// owner attaches again as its own.
 	stop()
 	first := attachProcess(t, socket, id, database) // dials until the node agent listens
-	node, stop = startNodeAgent(t, db, socket)
+	startNodeAgent(t, db, socket)                   // stopped at the test's end
 	if a := first.next(t); a.Op != "error" || !strings.Contains(a.Error, "which still runs") {
 		t.Fatalf("another process's attach first after the node agent's restart: %+v; want refused", a)
 	}

@@ -15,10 +15,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// peerOf names a process's connection by its credentials (SO_PEERCRED), for the logs.
+// peerOf names a process's connection by its credentials (SO_PEERCRED) on the unix
+// socket, by its address over TCP, for the logs.
 func peerOf(conn net.Conn) string {
 	c, ok := conn.(*net.UnixConn)
 	if !ok {
+		if a := conn.RemoteAddr(); a != nil {
+			return "tcp " + a.String()
+		}
 		return ""
 	}
 	raw, err := c.SyscallConn()
@@ -47,7 +51,12 @@ type nodeClient struct {
 	sentLast    chan struct{} // closed by closeAfterSend: close once control is drained
 
 	maxMessage int      // the longest line read
-	cred       peerCred // the process on the other end; its zero value when unknown
+	cred       peerCred // the process on the other end, when hasCred (the unix socket)
+	hasCred    bool
+	tcp        bool // attached over TCP: its first line must be an authenticated attach
+	// secret is the hex SHA-256 of the process's secret, set by the reader before it
+	// hands on the attach (empty when it sent none).
+	secret string
 
 	// Owned by the session goroutine.
 	instance            uuid.UUID
@@ -62,10 +71,19 @@ type nodeClient struct {
 const nodeClientQueue = 64
 
 func newNodeClient(conn net.Conn, maxMessage int) *nodeClient {
-	cred, _ := credOf(conn)
+	cred, hasCred := credOf(conn)
+	_, tcp := conn.(*net.TCPConn)
 	return &nodeClient{conn: conn, control: make(chan nodeMessage, nodeClientQueue),
 		events: make(chan nodeMessage, nodeClientQueue), done: make(chan struct{}), sentLast: make(chan struct{}),
-		peer: peerOf(conn), maxMessage: maxMessage, cred: cred}
+		peer: peerOf(conn), maxMessage: maxMessage, cred: cred, hasCred: hasCred, tcp: tcp}
+}
+
+// who names the process for the impostor's log line: its credentials, or its address.
+func (c *nodeClient) who() string {
+	if c.hasCred {
+		return c.cred.String()
+	}
+	return c.peer
 }
 
 // send queues a control message; a process that does not read them is dropped (its
@@ -103,16 +121,19 @@ func (c *nodeClient) closeAfterSend() {
 	}
 }
 
-// read hands each message to handle until the connection ends, and returns why it ended:
-// an error that is errNotProtocol when the process sent something else.
-func (c *nodeClient) read(handle func(nodeMessage)) error {
+// read hands each message to handle until the connection ends or handle returns false,
+// and returns why it ended: an error that is errNotProtocol when the process sent
+// something else, nil when handle ended it.
+func (c *nodeClient) read(handle func(nodeMessage) bool) error {
 	d := newNodeDecoder(c.conn, c.maxMessage)
 	for {
 		m, err := d.next()
 		if err != nil {
 			return err
 		}
-		handle(m)
+		if !handle(m) {
+			return nil
+		}
 	}
 }
 

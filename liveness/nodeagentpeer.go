@@ -101,11 +101,69 @@ func (p peerCred) String() string {
 	return fmt.Sprintf("pid %d uid %d", p.PID, p.UID)
 }
 
-// claimBinding is an instance's claimant, as the node agent keeps it.
+// claimBinding is an instance's claimant, as the node agent keeps it: the peer's
+// credentials when it attached on the unix socket, and the hash of the secret it presented
+// (always over TCP, which has no peer credentials; over the socket too when the process
+// sends one, as the library's does).
 type claimBinding struct {
 	Instance uuid.UUID `json:"instance"`
-	Peer     peerCred  `json:"peer"`
+	Peer     *peerCred `json:"peer,omitempty"`
+	Secret   string    `json:"secret_sha256,omitempty"`
 	Since    time.Time `json:"since"`
+}
+
+// heldBy reports whether c is the process that made the claim: every credential that both
+// the claim and c have is the same, and they have one at least in common.
+func (b claimBinding) heldBy(c *nodeClient) bool {
+	shared := false
+	if b.Peer != nil && c.hasCred {
+		if !b.Peer.same(c.cred) {
+			return false
+		}
+		shared = true
+	}
+	if b.Secret != "" && c.secret != "" {
+		if b.Secret != c.secret {
+			return false
+		}
+		shared = true
+	}
+	return shared
+}
+
+// running reports whether the claimant still runs: a process whose pid and start time
+// are known, by /proc; otherwise one known by its secret while a connection that
+// presented that secret is attached (attached holds their hashes: over TCP the node agent
+// cannot see a process end, only its connections close); otherwise it cannot be told,
+// and counts as running.
+func (b claimBinding) running(attached map[string]bool) bool {
+	switch {
+	case b.Peer != nil && b.Peer.known():
+		return b.Peer.running()
+	case b.Secret != "":
+		return attached[b.Secret]
+	}
+	return true
+}
+
+// who names the claimant for messages and logs: its credentials, or a prefix of its
+// secret's hash (which tells nothing of the secret).
+func (b claimBinding) who() string {
+	switch {
+	case b.Peer != nil:
+		return b.Peer.String()
+	case len(b.Secret) >= 12:
+		return "a process over TCP, secret sha256 " + b.Secret[:12] + "…"
+	}
+	return "a process of unknown credentials"
+}
+
+// runs says how the claimant is seen to run, for the impostor's message.
+func (b claimBinding) runs() string {
+	if b.Peer == nil || !b.Peer.known() && b.Secret != "" {
+		return "which is attached"
+	}
+	return "which still runs"
 }
 
 // claimBindings are the node agent's instances and the processes that claimed them,
@@ -117,9 +175,6 @@ type claimBindings struct {
 	byID  map[uuid.UUID]claimBinding
 	dirty bool
 }
-
-// bindingsPath is where a node agent on socket keeps its bindings.
-func bindingsPath(socket string) string { return socket + ".claims" }
 
 // loadBindings reads path; a missing file is none, a file that does not parse is an error.
 func loadBindings(path string) (*claimBindings, error) {
@@ -183,8 +238,14 @@ func cmpErr(errs ...error) error {
 	return nil
 }
 
-func (b *claimBindings) bind(id uuid.UUID, p peerCred) {
-	b.byID[id] = claimBinding{Instance: id, Peer: p, Since: time.Now()}
+// bind makes c the claimant of id.
+func (b *claimBindings) bind(id uuid.UUID, c *nodeClient) {
+	cb := claimBinding{Instance: id, Secret: c.secret, Since: time.Now()}
+	if c.hasCred {
+		cred := c.cred
+		cb.Peer = &cred
+	}
+	b.byID[id] = cb
 	b.dirty = true
 }
 
@@ -195,11 +256,11 @@ func (b *claimBindings) forget(id uuid.UUID) {
 	}
 }
 
-// ended lists the instances whose claimant no longer runs.
-func (b *claimBindings) ended() []uuid.UUID {
+// ended lists the instances whose claimant no longer runs (claimBinding.running).
+func (b *claimBindings) ended(attached map[string]bool) []uuid.UUID {
 	var out []uuid.UUID
 	for id, c := range b.byID {
-		if !c.Peer.running() {
+		if !c.running(attached) {
 			out = append(out, id)
 		}
 	}

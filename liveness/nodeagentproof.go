@@ -30,33 +30,33 @@ func (n *NodeAgent) attach(ctx context.Context, s *nodeSession, c *nodeClient, m
 		return n.refuse(c, m.Instance, n.otherDatabase(s, m.Database))
 	}
 	if b, ok := n.bindings.byID[m.Instance]; !ok {
-		n.bindings.bind(m.Instance, c.cred)
-	} else if !b.Peer.same(c.cred) {
+		n.bindings.bind(m.Instance, c)
+	} else if !b.heldBy(c) {
 		switch {
-		case b.Peer.running():
+		case b.running(attachedSecrets(s)):
 			return n.refuseImpostor(c, m.Instance, fmt.Sprintf("instance %s belongs to the process that claimed it (%s), "+
-				"which still runs: use an instance id of this process's own", m.Instance, b.Peer))
+				"%s: use an instance id of this process's own", m.Instance, b.who(), b.runs()))
 		case !live:
 			return n.refuseImpostor(c, m.Instance, fmt.Sprintf("instance %s was claimed by a process that has ended (%s), "+
 				"and the node agent cannot ask the database yet whether the fleet has called it dead: attach again",
-				m.Instance, b.Peer))
+				m.Instance, b.who()))
 		}
 		dead, err := n.deadInstances(ctx, s, []uuid.UUID{m.Instance})
 		if err != nil {
 			n.log.Warn("node agent: cannot ask whether an instance is dead", "instance_id", m.Instance, "error", err)
 			return n.refuseImpostor(c, m.Instance, fmt.Sprintf("instance %s was claimed by a process that has ended (%s), "+
 				"and the node agent could not ask the database whether the fleet has called it dead: attach again",
-				m.Instance, b.Peer))
+				m.Instance, b.who()))
 		}
 		if len(dead) == 0 {
 			return n.refuseImpostor(c, m.Instance, fmt.Sprintf("instance %s was claimed by a process that has ended (%s) "+
 				"and is not dead yet by the fleet's verdict: attach again once it is (its lock grace after its lock went, or "+
-				"its stale threshold without one), or use a new instance id", m.Instance, b.Peer))
+				"its stale threshold without one), or use a new instance id", m.Instance, b.who()))
 		}
 		// Its claimant ended and the fleet called it dead: the id may begin a new life.
 		n.log.Info("node agent: instance claimed afresh: the process that claimed it ended and the fleet called it dead",
-			"instance_id", m.Instance, "previous", b.Peer.String(), "peer", c.cred.String())
-		n.bindings.bind(m.Instance, c.cred)
+			"instance_id", m.Instance, "previous", b.who(), "peer", c.who())
+		n.bindings.bind(m.Instance, c)
 	}
 	c.instance, c.database = m.Instance, m.Database
 	c.attached.Store(true)
@@ -80,7 +80,7 @@ func (n *NodeAgent) refuse(c *nodeClient, instance uuid.UUID, reason string) boo
 func (n *NodeAgent) refuseImpostor(c *nodeClient, instance uuid.UUID, reason string) bool {
 	n.impostors.Add(1)
 	n.refusedLog.warn(n.log, "node agent: attach refused: another process's instance", "instance_id", instance,
-		"peer", c.cred.String(), "reason", reason)
+		"peer", c.who(), "reason", reason)
 	c.send(nodeMessage{Op: nodeOpError, Error: reason})
 	c.closeAfterSend()
 	return false
@@ -106,7 +106,7 @@ func (n *NodeAgent) deadInstances(ctx context.Context, s *nodeSession, ids []uui
 // they changed. It returns false when the session must be dropped.
 func (n *NodeAgent) pruneBindings(ctx context.Context, s *nodeSession) bool {
 	s.lastPrune = time.Now()
-	if ended := n.bindings.ended(); len(ended) > 0 {
+	if ended := n.bindings.ended(attachedSecrets(s)); len(ended) > 0 {
 		dead, err := n.deadInstances(ctx, s, ended)
 		if err != nil {
 			return n.failed(ctx, s, "dead_instances", err)
@@ -119,6 +119,18 @@ func (n *NodeAgent) pruneBindings(ctx context.Context, s *nodeSession) bool {
 	}
 	n.saveBindings()
 	return true
+}
+
+// attachedSecrets are the hashes of the secrets of the processes attached now: their
+// claims' claimants run (claimBinding.running).
+func attachedSecrets(s *nodeSession) map[string]bool {
+	out := map[string]bool{}
+	for c := range s.clients {
+		if c.secret != "" {
+			out[c.secret] = true
+		}
+	}
+	return out
 }
 
 // saveBindings writes the bindings if they changed; a failure is logged once while it

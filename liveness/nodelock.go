@@ -1,10 +1,13 @@
 package liveness
 
 import (
+	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"log/slog"
 	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -17,7 +20,10 @@ import (
 
 // nodeLockConfig configures a nodeLock.
 type nodeLockConfig struct {
-	Socket     string // the node agent's (AgentConfig.NodeAgentSocket)
+	// Socket is where the node agent listens (AgentConfig.NodeAgentSocket): a unix
+	// socket's path, or "tcp://host:port" with Token.
+	Socket     string
+	Token      string
 	InstanceID uuid.UUID
 	Schema     string
 	// Pool tells which database the process's statements reach: the node agent holds
@@ -44,6 +50,11 @@ type nodeLock struct {
 	leaderEvery time.Duration
 	wakeCh      chan struct{}
 
+	// network and address are the node agent's (Socket); secret is this process's own,
+	// drawn when the lock was made and presented on every attach: the node agent binds
+	// the instance to it.
+	network, address, secret string
+
 	running       atomic.Bool
 	connectedOnce bool
 	dialFailed    bool   // the last dial of the socket failed: nobody listens there
@@ -53,7 +64,11 @@ type nodeLock struct {
 
 func newNodeLock(cfg nodeLockConfig) *nodeLock {
 	n := &nodeLock{cfg: cfg, dbSQL: store.LockDatabase.In(cfg.Schema).SQL, log: logging.Wrap(cfg.Logger),
-		leaderEvery: cfg.LeaderVerifyInterval, wakeCh: make(chan struct{}, 1)}
+		leaderEvery: cfg.LeaderVerifyInterval, wakeCh: make(chan struct{}, 1), network: "unix", address: cfg.Socket,
+		secret: rand.Text()}
+	if addr, ok := strings.CutPrefix(cfg.Socket, nodeAgentTCPScheme); ok {
+		n.network, n.address = "tcp", addr
+	}
 	if n.leaderEvery <= 0 {
 		n.leaderEvery = leaderVerifyInterval(DefaultLockGrace)
 	}
@@ -129,18 +144,55 @@ func (n *nodeLock) Run(ctx context.Context) error {
 // that nobody answered.
 const nodeAgentRedialEvery = 100 * time.Millisecond
 
+// nodeAgentTCPScheme starts AgentConfig.NodeAgentSocket for a node agent's TCP listener.
+const nodeAgentTCPScheme = "tcp://"
+
+// nodeAgentTCPConnect bounds one TCP connect to a node agent, after its name resolved: a
+// Service whose node has no node agent now may drop the connection's first packet rather
+// than refuse it, and the dial is tried again 100 ms later.
+const nodeAgentTCPConnect = 250 * time.Millisecond
+
+// dial connects to the node agent: its unix socket, or its TCP address, each of the
+// name's addresses in turn, with keepalive and a user timeout (NodeAgentTCPDeadPeer).
+func (n *nodeLock) dial(ctx context.Context) (net.Conn, error) {
+	if n.network == "unix" {
+		d := net.Dialer{Timeout: aliveLockConnectTimeout}
+		return d.DialContext(ctx, "unix", n.address)
+	}
+	host, port, err := net.SplitHostPort(n.address)
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, aliveLockConnectTimeout)
+	addrs, err := net.DefaultResolver.LookupHost(rctx, host)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	d := net.Dialer{Timeout: nodeAgentTCPConnect, KeepAliveConfig: nodeTCPKeepalive}
+	var first error
+	for _, a := range addrs {
+		conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(a, port))
+		if err == nil {
+			tuneNodeTCP(conn)
+			return conn, nil
+		}
+		first = cmp.Or(first, err)
+	}
+	return nil, first
+}
+
 // session runs one connection to the node agent; it reports whether the lock was held
 // at some point.
 func (n *nodeLock) session(ctx context.Context) (held bool) {
-	d := net.Dialer{Timeout: aliveLockConnectTimeout}
-	conn, err := d.DialContext(ctx, "unix", n.cfg.Socket)
+	conn, err := n.dial(ctx)
 	n.dialFailed = err != nil
 	if err != nil {
 		n.settledOnce()
 		if ctx.Err() == nil {
 			n.condition.Log(n.log, slog.LevelWarn, "connect",
 				"cannot reach the node agent; retrying, the heartbeat goes on at the fast cadence",
-				"socket", n.cfg.Socket, "error", err)
+				"node_agent", n.cfg.Socket, "error", err)
 		}
 		return false
 	}
@@ -185,7 +237,12 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 		return true
 	}
 	attachSent := time.Now()
-	if !send(nodeMessage{Op: nodeOpAttach, Instance: n.cfg.InstanceID, Schema: n.cfg.Schema, Database: n.database}) {
+	attach := nodeMessage{Op: nodeOpAttach, Instance: n.cfg.InstanceID, Schema: n.cfg.Schema, Database: n.database,
+		Secret: n.secret}
+	if n.network == "tcp" {
+		attach.Token = n.cfg.Token
+	}
+	if !send(attach) {
 		return false
 	}
 	var (
@@ -261,7 +318,7 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 					n.setHeld(true)
 					held = true
 					n.condition.Log(n.log, slog.LevelInfo, "held", "alive lock held through the node agent",
-						"socket", n.cfg.Socket, "backend_pid", m.PID)
+						"node_agent", n.cfg.Socket, "backend_pid", m.PID)
 					if answered && !prove() { // claimed again by the node agent: prove it from here
 						return held
 					}
@@ -304,7 +361,7 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 			case nodeOpError:
 				n.settledOnce()
 				n.condition.Log(n.log, slog.LevelError, "refused:"+m.Error, "the node agent refused to hold this instance's lock",
-					"socket", n.cfg.Socket, "reason", m.Error)
+					"node_agent", n.cfg.Socket, "reason", m.Error)
 				return held
 			}
 		}

@@ -11,13 +11,17 @@ import (
 	"github.com/google/uuid"
 )
 
-// The node agent's protocol, on its local (unix) socket: one JSON object per line, each
-// way. A process attaches one instance per connection, and the connection is the lock:
-// when it closes, however the process ended, the node agent lets the lock go.
+// The node agent's protocol, on its local (unix) socket or its TCP listener: one JSON
+// object per line, each way. A process attaches one instance per connection, and the
+// connection is the lock: when it closes, however the process ended, the node agent lets
+// the lock go.
 //
 // From the process:
 //
-//	{"op":"attach","instance":"<uuid>","schema":"liveness","database":"app"}
+//	{"op":"attach","instance":"<uuid>","schema":"liveness","database":"app","secret":"<hex>","token":"..."}
+//	                                the secret is the process's own (drawn at its start);
+//	                                the token, the node agent's, over TCP only, where the
+//	                                attach must be the connection's first line
 //	{"op":"prove","seq":N}          a proof of the lock, sent after this request arrived
 //	{"op":"members","want":true}    forward the members channel's events, or stop
 //
@@ -45,6 +49,12 @@ type nodeMessage struct {
 	Instance uuid.UUID `json:"instance,omitzero"`
 	Schema   string    `json:"schema,omitempty"`
 	Database string    `json:"database,omitempty"`
+	// Secret is the process's own: random, drawn when it started, the same on every
+	// attach of the process; the node agent binds the instance to it (it keeps only its
+	// hash). Token is the node agent's (NodeAgentConfig.Token), over TCP: the node agent
+	// drops it as soon as it has compared it, and never logs either.
+	Secret string `json:"secret,omitempty"`
+	Token  string `json:"token,omitempty"`
 
 	// prove, proof
 	Seq uint64 `json:"seq,omitempty"`

@@ -10,7 +10,9 @@
 //
 // DATABASE_URL is the pool's DSN (it may go through PgBouncer); DIRECT_DATABASE_URL, when
 // set, is the alive lock's, which must reach PostgreSQL itself; NODE_AGENT_SOCKET, when
-// set, holds the lock through the node's agent instead. The program imports nothing
+// set, holds the lock through the node's agent instead: its unix socket's path, or
+// tcp://host:port with the token in the file NODE_AGENT_TOKEN_FILE (in Kubernetes, a
+// Secret's). The program imports nothing
 // internal to this repository, so it can be copied as it is.
 package main
 
@@ -23,6 +25,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -37,6 +40,7 @@ import (
 
 type config struct {
 	dsn, directDSN, nodeAgent string
+	nodeAgentToken            string
 	name                      string
 	shards                    int
 	every                     time.Duration
@@ -56,6 +60,14 @@ func main() {
 	if c.dsn == "" {
 		log.Error("DATABASE_URL is not set")
 		os.Exit(2)
+	}
+	if f := os.Getenv("NODE_AGENT_TOKEN_FILE"); f != "" {
+		token, err := os.ReadFile(f)
+		if err != nil {
+			log.Error("NODE_AGENT_TOKEN_FILE", "err", err)
+			os.Exit(2)
+		}
+		c.nodeAgentToken = strings.TrimSpace(string(token))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -79,7 +91,8 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		return err
 	}
 	agent, err := liveness.NewAgent(liveness.AgentConfig{
-		Pool: pool, DirectDSN: c.directDSN, NodeAgentSocket: c.nodeAgent, InstanceID: uuid.New(),
+		Pool: pool, DirectDSN: c.directDSN, NodeAgentSocket: c.nodeAgent, NodeAgentToken: c.nodeAgentToken,
+		InstanceID:  uuid.New(),
 		ServiceName: "order-shards", Metadata: map[string]any{"name": c.name}, Logger: log,
 	})
 	if err != nil {

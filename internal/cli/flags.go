@@ -36,6 +36,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/discovery"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/regularfile"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/server"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/targets"
@@ -62,11 +63,14 @@ type Config struct {
 	Pool            database.PoolConfig
 	ApplyMigrations bool
 
-	AgentOn    bool // --agent: take part as an instance; --no-agent only observes
-	Agent      liveness.AgentConfig
-	NodeAgent  liveness.NodeAgentConfig // --node-agent.*: serve the node's processes
-	Source     store.SourceConfig
-	Collectors collector.Config
+	AgentOn   bool // --agent: take part as an instance; --no-agent only observes
+	Agent     liveness.AgentConfig
+	NodeAgent liveness.NodeAgentConfig // --node-agent.*: serve the node's processes
+	// NodeAgentTokenFile holds the node agent's token (--node-agent.token-file), read
+	// into NodeAgent.Token by ReadNodeAgentToken.
+	NodeAgentTokenFile string
+	Source             store.SourceConfig
+	Collectors         collector.Config
 
 	ConfigFile string          // --config.file: the /probe targets and the discover entries
 	Probe      targets.Options // their pools' bounds
@@ -232,6 +236,16 @@ func addAgentFlags(app *kingpin.Application, c *Config) {
 	app.Flag("node-agent.socket", "Also be this node's agent: hold the alive locks of the node's processes "+
 		"(liveness.AgentConfig.NodeAgentSocket) on one direct session, and listen to the schema's channels once for them, "+
 		"on this unix socket. The exporter's own agent attaches to it too.").StringVar(&c.NodeAgent.Socket)
+	app.Flag("node-agent.listen-address", "Also, or instead of --node-agent.socket, take the node's processes on this TCP "+
+		"address (host:port; AgentConfig.NodeAgentSocket tcp://host:port), where no socket can be shared: in Kubernetes, "+
+		"behind a Service with internalTrafficPolicy Local. Needs --node-agent.token-file, and --node-agent.claims-file "+
+		"without a socket.").StringVar(&c.NodeAgent.ListenAddress)
+	app.Flag("node-agent.token-file", "File holding the token a process presents to attach over TCP "+
+		"(AgentConfig.NodeAgentToken), at least 16 bytes; leading and trailing white space is ignored. Read once, at start; "+
+		"never logged.").PlaceHolder("FILE").StringVar(&c.NodeAgentTokenFile)
+	app.Flag("node-agent.claims-file", "Where the node agent keeps which process claimed each instance, across its "+
+		"restarts. Default: the socket's path followed by .claims; required without --node-agent.socket.").
+		PlaceHolder("FILE").StringVar(&c.NodeAgent.ClaimsFile)
 	app.Flag("node-agent.socket-mode", "Permissions of the node agent's socket (octal): whoever may connect may attach "+
 		"processes; an instance belongs to the process that claimed it.").Default("0660").SetValue(fileModeValue{&c.NodeAgent.SocketMode})
 	app.Flag("node-agent.max-connections", "The most processes' connections the node agent keeps open at once (one per "+
@@ -481,6 +495,13 @@ var fieldFlags = map[string]string{
 	"Config.Agent.Enabled":                 "--collector.agent",
 	"Config.NodeAgent.Enabled":             "--collector.node_agent",
 
+	"NodeAgentConfig.Socket":          "--node-agent.socket",
+	"NodeAgentConfig.SocketMode":      "--node-agent.socket-mode",
+	"NodeAgentConfig.ListenAddress":   "--node-agent.listen-address",
+	"NodeAgentConfig.ClaimsFile":      "--node-agent.claims-file",
+	"NodeAgentConfig.MaxConnections":  "--node-agent.max-connections",
+	"NodeAgentConfig.MaxMessageBytes": "--node-agent.max-message-bytes",
+
 	// targets.Options
 	"Options.MaxConns":          "--probe.max-conns",
 	"Options.MaxConnsPerTarget": "--probe.max-conns-per-target",
@@ -606,6 +627,41 @@ func (c *Config) ResolveDSNs(envDSN string) error {
 	}
 	return nil
 }
+
+// nodeAgentTokenMax bounds the token file's size.
+const nodeAgentTokenMax = 4 << 10
+
+// ReadNodeAgentToken reads --node-agent.token-file into the node agent's Token, as a
+// secret's file (regularfile.ReadSecret: its owner's alone, or a Kubernetes Secret's
+// mount), without its leading and trailing white space. The token is needed with
+// --node-agent.listen-address and used nowhere else. Errors name the flag and the file,
+// never the token.
+func (c *Config) ReadNodeAgentToken() error {
+	path := c.NodeAgentTokenFile
+	switch {
+	case path == "" && c.NodeAgent.ListenAddress != "":
+		return errors.New("--node-agent.token-file must be set with --node-agent.listen-address: it is all that keeps " +
+			"whoever reaches that address from attaching processes")
+	case path == "":
+		return nil
+	case c.NodeAgent.ListenAddress == "":
+		return errors.New("--node-agent.token-file is used only with --node-agent.listen-address")
+	}
+	b, err := regularfile.ReadSecret(path, nodeAgentTokenMax)
+	if err != nil {
+		return fmt.Errorf("--node-agent.token-file: %w", err)
+	}
+	token := strings.TrimSpace(string(b))
+	if len(token) < minNodeAgentToken {
+		return fmt.Errorf("--node-agent.token-file: %s holds %d bytes; the token must be at least %d (head -c 32 "+
+			"/dev/urandom | base64 makes one)", path, len(token), minNodeAgentToken)
+	}
+	c.NodeAgent.Token = token
+	return nil
+}
+
+// minNodeAgentToken is the shortest token the node agent takes (NodeAgentConfig.Token).
+const minNodeAgentToken = 16
 
 // validateLabel refuses a value that ends up as a label value and in the database as
 // text: it must be non-empty, valid UTF-8 and free of control characters.

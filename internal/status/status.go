@@ -260,15 +260,17 @@ type ShardSetView struct {
 	Lost     uint64 `json:"lost"`
 }
 
-// NodeAgentView is the node agent this exporter runs (--node-agent.socket).
+// NodeAgentView is the node agent this exporter runs (--node-agent.socket,
+// --node-agent.listen-address).
 type NodeAgentView struct {
-	Socket     string `json:"socket"`
-	SessionUp  bool   `json:"session_up"`
-	Listening  bool   `json:"listening"`
-	Attached   int    `json:"attached_processes"`
-	LocksHeld  int    `json:"locks_held"`
-	Reconnects uint64 `json:"session_reconnects"`
-	Refused    uint64 `json:"attaches_refused"`
+	Socket        string `json:"socket"`
+	ListenAddress string `json:"listen_address"`
+	SessionUp     bool   `json:"session_up"`
+	Listening     bool   `json:"listening"`
+	Attached      int    `json:"attached_processes"`
+	LocksHeld     int    `json:"locks_held"`
+	Reconnects    uint64 `json:"session_reconnects"`
+	Refused       uint64 `json:"attaches_refused"`
 }
 
 // AgentLeaseView is one lease the agent uses.
@@ -501,7 +503,7 @@ func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
 	}
 	if h.cfg.NodeAgent != nil {
 		n := h.cfg.NodeAgent.Snapshot()
-		p.NodeAgent = &NodeAgentView{Socket: n.Socket, SessionUp: n.SessionUp, Listening: n.Listening,
+		p.NodeAgent = &NodeAgentView{Socket: n.Socket, ListenAddress: n.ListenAddress, SessionUp: n.SessionUp, Listening: n.Listening,
 			Attached: n.Attached, LocksHeld: n.LocksHeld, Reconnects: n.Reconnects, Refused: n.Refused}
 	}
 	if h.cfg.Agent != nil {

@@ -633,7 +633,8 @@ func TestPageShowsShardsAndTheNodeAgent(t *testing.T) {
 	h, err := status.New(status.Config{DB: pool,
 		Agent: fixedAgent{InstanceID: uuid.New(), ServiceName: "svc", Mode: liveness.ModeAdvisoryLockWhenAvailable,
 			Shards: []liveness.ShardSetStats{{Set: "orders", Members: 4, Shards: 64, Owned: 16, Acquired: 20, Released: 4}}},
-		NodeAgent: fixedNodeAgent{Socket: "/run/pg-liveness/agent.sock", SessionUp: true, Listening: true, Attached: 12, LocksHeld: 11}})
+		NodeAgent: fixedNodeAgent{Socket: "/run/pg-liveness/agent.sock", ListenAddress: "[::]:9817", SessionUp: true, Listening: true,
+			Attached: 12, LocksHeld: 11}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -642,14 +643,16 @@ func TestPageShowsShardsAndTheNodeAgent(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &p); err != nil {
 		t.Fatal(err)
 	}
-	if p.NodeAgent == nil || p.NodeAgent.Attached != 12 || p.NodeAgent.LocksHeld != 11 || !p.NodeAgent.SessionUp {
+	if p.NodeAgent == nil || p.NodeAgent.Attached != 12 || p.NodeAgent.LocksHeld != 11 || !p.NodeAgent.SessionUp ||
+		p.NodeAgent.ListenAddress != "[::]:9817" {
 		t.Errorf("node agent in the JSON: %+v", p.NodeAgent)
 	}
 	if p.Agent == nil || len(p.Agent.Shards) != 1 || p.Agent.Shards[0].Owned != 16 || p.Agent.Shards[0].Members != 4 {
 		t.Errorf("shard sets in the JSON: %+v", p.Agent)
 	}
 	_, page := get(t, h, "/status")
-	for _, want := range []string{`id="node-agent-attached">12, 11 alive locks held`, `: owns 16 of 64, 4 members`} {
+	for _, want := range []string{`id="node-agent-attached">12, 11 alive locks held`, `: owns 16 of 64, 4 members`,
+		`id="node-agent-tcp"><code>[::]:9817</code>`} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the page does not show %q", want)
 		}

@@ -62,10 +62,10 @@ app.kubernetes.io/component: node-agent
 {{- printf "%s-node-agent" (include "pg-liveness-exporter.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{- /* Where the node agent listens, in its container and on the node. Takes the chart's
-values. */}}
-{{- define "pg-liveness-exporter.nodeAgent.socket" -}}
-{{- printf "%s/agent.sock" (trimSuffix "/" .nodeAgent.socketDirectory) }}
+{{- /* Where a process of the release's namespace attaches to its node's agent
+(liveness.AgentConfig.NodeAgentSocket). Takes the root context. */}}
+{{- define "pg-liveness-exporter.nodeAgent.address" -}}
+{{- printf "tcp://%s.%s.svc:%v" (include "pg-liveness-exporter.nodeAgent.fullname" .) (include "pg-liveness-exporter.namespace" .) .Values.nodeAgent.port }}
 {{- end }}
 
 {{- define "pg-liveness-exporter.observer.serviceAccountName" -}}
