@@ -90,8 +90,13 @@ func (le *Lease) Release(ctx context.Context) error {
 	le.releaseOnce.Do(func() {
 		le.end(ErrLeaseReleased)
 		<-le.renewerDone
-		le.releaseErr = le.deleteRow(ctx)
+		err := le.deleteRow(ctx)
+		le.mu.Lock()
+		le.releaseErr = err
+		le.mu.Unlock()
 	})
+	le.mu.Lock()
+	defer le.mu.Unlock()
 	return le.releaseErr
 }
 
@@ -286,8 +291,12 @@ func (le *Lease) endLocked(cause error) {
 	}
 	le.ended = true
 	le.window.Stop()
-	if le.life != nil {
+	if le.life != nil && (le.lifeShares == nil || le.lifeShares.Add(-1) == 0) {
 		defer le.life.stop() // after the cancel: the job's context ends first
+	}
+	if le.inBatch {
+		le.group.remove(le)
+		close(le.renewerDone)
 	}
 	var lost *LeaseLostError
 	if le.ctx.Err() != nil || !errors.As(cause, &lost) {
@@ -300,7 +309,13 @@ func (le *Lease) endLocked(cause error) {
 		if lost.Err != nil {
 			attrs = append(attrs, "err", lost.Err)
 		}
-		le.leases.log.Warn("lease lost; cancelling its context", attrs...)
+		switch {
+		case le.group != nil:
+			// A shard set's: its member says it once for all the leases it lost together.
+			le.leases.log.Debug("lease lost; cancelling its context", attrs...)
+		default:
+			le.leases.log.Warn("lease lost; cancelling its context", attrs...)
+		}
 	}
 	le.cancel(cause) // no-op when the parent already cancelled it
 }

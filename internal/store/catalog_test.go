@@ -31,7 +31,8 @@ func rendered(t *testing.T) map[string][]Query {
 	out := map[string][]Query{}
 	for _, st := range []Statement{AliveLockClaim, AliveLockVerify, AliveLockHolder, AliveLockRelease, LockDatabase, Heartbeat, HeartbeatDelete, Cleanup,
 		WatchAliveLocks, NotifyDeadInstances, WatchFresh, EventsListen, MembersListen, MembersUnlisten,
-		LeaseAcquire, LeaseRenew, LeaseRenewMany, ShardMembers, LeaseRelease, LeaseAbandon, LeaseDetach, LeaseLeader, LeaseFence,
+		LeaseAcquire, LeaseRenew, LeaseRenewMany, LeaseAcquireMany, LeaseAbandonMany, LeaseReleaseMany, LeaseDetachMany,
+		ShardMembers, ShardFree, LeaseRelease, LeaseAbandon, LeaseDetach, LeaseLeader, LeaseFence,
 		LeaseFenceStrict, LeaseFenceCommit, SchemaState, SchemaMigrations, SchemaVersion,
 		MigrateLock, MigrateSchema, MigrateBookkeeping, MigrateApplied, MigrateSearchPath, MigrateRecord,
 		StatStatementsSchema, StatStatements, StatStatementsTexts,
