@@ -304,12 +304,15 @@ func (le *Lease) endLocked(cause error) {
 	}
 	// Count and log first: whoever wakes on Done must see the loss.
 	le.leases.noteEnded(le.statName(), le.Epoch, lost)
+	var outlived *txOutlivedError
 	if lost != nil {
 		attrs := []any{"lease", le.Name, "epoch", le.Epoch, "reason", string(lost.Reason)}
 		if lost.Err != nil {
 			attrs = append(attrs, "err", lost.Err)
 		}
 		switch {
+		case errors.As(lost.Err, &outlived):
+			// The fenced transaction's watch has said why, in its own line.
 		case le.group != nil:
 			// A shard set's: its member says it once for all the leases it lost together.
 			le.leases.log.Debug("lease lost; cancelling its context", attrs...)
