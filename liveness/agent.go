@@ -74,7 +74,11 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		}
 		a.lock, lock = al, al
 	}
-	hb, err := newHeartbeatWorker(cfg.heartbeatConfig(lock))
+	hc := cfg.heartbeatConfig(lock)
+	if al, ok := a.lock.(*aliveLock); ok {
+		hc.recovered = al.answered // a restarted server: claim the lock again at once
+	}
+	hb, err := newHeartbeatWorker(hc)
 	if err != nil {
 		return nil, err
 	}
