@@ -5,7 +5,9 @@ package liveness
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -131,9 +133,16 @@ func (l *Leases) abandonMany(ctx context.Context, names, holders []string) {
 	_, _ = l.pool.Exec(dctx, l.stmts.abandonMany, names, holders)
 }
 
-// releaseMany is Release for many leases, in one statement: each lease ends, and its row
-// goes if it still belongs to its acquisition. A lease released before is left out. No
-// other Release of these leases may run meanwhile.
+// manyBatch is the most leases one statement releases or leaves to expire: the server
+// spends a fraction of a millisecond on each (its lease function, and the notification
+// of a release), so that a statement for many thousands would outlast its deadline and
+// give back nothing at all.
+const manyBatch = 5_000
+
+// releaseMany is Release for many leases, in one statement for up to manyBatch of them,
+// each within runReleaseTimeout: each lease ends, and its row goes if it still belongs to
+// its acquisition. A lease
+// released before is left out. No other Release of these leases may run meanwhile.
 func (l *Leases) releaseMany(ctx context.Context, les []*Lease) error {
 	mine := make([]*Lease, 0, len(les))
 	for _, le := range les {
@@ -154,20 +163,26 @@ func (l *Leases) releaseMany(ctx context.Context, les []*Lease) error {
 	return err
 }
 
-// deleteRows sends the release statement of many leases at once: each row goes if it
-// still belongs to its acquisition. It may be sent again after a failure.
+// deleteRows sends the release statement of many leases, one for each manyBatch, each
+// within runReleaseTimeout: each row goes if it still belongs to its acquisition. It may
+// be sent again after a failure.
 func (l *Leases) deleteRows(ctx context.Context, les []*Lease) error {
-	if len(les) == 0 {
-		return nil
+	var errs []error
+	for batch := range slices.Chunk(les, manyBatch) {
+		names, holders, epochs := leaseKeys(batch)
+		bctx, cancel := context.WithTimeout(ctx, runReleaseTimeout)
+		_, err := l.pool.Exec(bctx, l.stmts.releaseMany, names, holders, epochs)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("liveness: release %d leases (%q, ...): %w", len(batch), batch[0].Name,
+				logging.RedactError(err)))
+		}
 	}
-	names, holders, epochs := leaseKeys(les)
-	if _, err := l.pool.Exec(ctx, l.stmts.releaseMany, names, holders, epochs); err != nil {
-		return fmt.Errorf("liveness: release %d leases (%q, ...): %w", len(les), les[0].Name, logging.RedactError(err))
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
-// leaveManyToExpire is leaveToExpire for many leases, in one statement.
+// leaveManyToExpire is leaveToExpire for many leases, in one statement for up to
+// manyBatch of them, each within runReleaseTimeout.
 func (l *Leases) leaveManyToExpire(ctx context.Context, les []*Lease) error {
 	for _, le := range les {
 		le.end(errLeftToExpire)
@@ -175,14 +190,21 @@ func (l *Leases) leaveManyToExpire(ctx context.Context, les []*Lease) error {
 	for _, le := range les {
 		<-le.renewerDone
 	}
-	if l.id == nil || len(les) == 0 {
+	if l.id == nil {
 		return nil
 	}
-	names, holders, epochs := leaseKeys(les)
-	if _, err := l.pool.Exec(ctx, l.stmts.detachMany, names, holders, epochs); err != nil {
-		return fmt.Errorf("liveness: leave %d leases (%q, ...) to expire: %w", len(les), les[0].Name, logging.RedactError(err))
+	var errs []error
+	for batch := range slices.Chunk(les, manyBatch) {
+		names, holders, epochs := leaseKeys(batch)
+		bctx, cancel := context.WithTimeout(ctx, runReleaseTimeout)
+		_, err := l.pool.Exec(bctx, l.stmts.detachMany, names, holders, epochs)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("liveness: leave %d leases (%q, ...) to expire: %w", len(batch), batch[0].Name,
+				logging.RedactError(err)))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func leaseKeys(les []*Lease) (names, holders []string, epochs []int64) {

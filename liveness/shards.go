@@ -279,8 +279,10 @@ const (
 	shardJoinRetry = 100 * time.Millisecond
 	// shardReleaseRetry is how often a release that failed is sent again.
 	shardReleaseRetry = 200 * time.Millisecond
-	// shardTakeBatch is the most shards taken in one statement.
-	shardTakeBatch = 10_000
+	// shardTakeBatch is the most shards taken in one statement (and one proof of the
+	// alive lock): the server spends up to a few milliseconds on each, and a batch must be
+	// answered well within the leases' trust window.
+	shardTakeBatch = 1_000
 	// A member that stops gathers the callbacks that return together, so that it releases
 	// their leases in one statement: until none has returned for shardGatherQuiet, at
 	// most shardGatherMax after the first.
@@ -702,9 +704,7 @@ func (s *shardSet) letGo(names []string, withMember bool) (cameBack bool) {
 	if len(les) == 0 {
 		return false
 	}
-	rctx, cancel := context.WithTimeout(context.Background(), runReleaseTimeout)
-	err := s.agent.leases.releaseMany(rctx, les) // a lost lease deletes nothing
-	cancel()
+	err := s.agent.leases.releaseMany(context.Background(), les) // a lost lease deletes nothing
 	if err != nil {
 		s.keepReleasing(les, err)
 	}
@@ -781,9 +781,7 @@ func (s *shardSet) retryReleases(ctx context.Context) {
 	for i, u := range s.unreleased {
 		les[i] = u.lease
 	}
-	rctx, cancel := context.WithTimeout(ctx, shardReleaseRetry)
-	err := s.agent.leases.deleteRows(rctx, les)
-	cancel()
+	err := s.agent.leases.deleteRows(ctx, les)
 	if err != nil && len(les) > 0 {
 		s.releasing.Log(s.log, slog.LevelInfo, "failed", "shards: release failed; sending it again until it lands or "+
 			"the leases expire", "set", s.cfg.Set, "leases", len(les), "err", err)
@@ -821,11 +819,9 @@ func (s *shardSet) releaseMember() {
 	if s.member == nil {
 		return
 	}
-	rctx, cancel := context.WithTimeout(context.Background(), runReleaseTimeout)
-	if err := s.agent.leases.releaseMany(rctx, []*Lease{s.member}); err != nil {
+	if err := s.agent.leases.releaseMany(context.Background(), []*Lease{s.member}); err != nil {
 		s.keepReleasing([]*Lease{s.member}, err)
 	}
-	cancel()
 	s.agent.leading.leave()
 	s.member = nil
 }
@@ -851,14 +847,13 @@ func (s *shardSet) leave(ctx context.Context) {
 	windDown := s.agent.cfg.JobWindDown
 	deadline := time.NewTimer(windDown)
 	defer deadline.Stop()
-	released, statements := 0, 0
+	released := 0
 	var stragglers []string
 	for len(s.owned) > 0 && stragglers == nil {
 		select {
 		case name := <-s.ended:
 			names := s.gather(name)
 			released += len(names)
-			statements++
 			s.letGo(names, true)
 		case <-deadline.C:
 			les := make([]*Lease, 0, len(s.owned))
@@ -866,9 +861,7 @@ func (s *shardSet) leave(ctx context.Context) {
 				stragglers = append(stragglers, name)
 				les = append(les, o.lease)
 			}
-			rctx, cancel := context.WithTimeout(context.Background(), runReleaseTimeout)
-			err := s.agent.leases.leaveManyToExpire(rctx, les)
-			cancel()
+			err := s.agent.leases.leaveManyToExpire(context.Background(), les)
 			s.agent.leading.leaveN(len(les))
 			clear(s.owned)
 			s.stats.owned.Store(0)
@@ -885,7 +878,7 @@ func (s *shardSet) leave(ctx context.Context) {
 	s.stats.members.Store(0)
 	if stragglers == nil && released > 0 {
 		s.log.Info("shards: left the set; every shard released", "set", s.cfg.Set, "released", released,
-			"statements", statements, "took", time.Since(began).Round(time.Millisecond))
+			"took", time.Since(began).Round(time.Millisecond))
 	}
 }
 
