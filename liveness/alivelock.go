@@ -278,6 +278,15 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 		log:               logging.Wrap(cfg.Logger),
 		serverBack:        make(chan struct{}, 1),
 	}
+	if given, err := pgx.ParseConfig(cfg.DSN); err == nil {
+		if name, ours := given.RuntimeParams["application_name"], connCfg.RuntimeParams["application_name"]; name != "" && name != ours {
+			// The exporter's metrics label the alive locks by it, and a label value must
+			// stay bounded: the service and the role, never an instance.
+			a.log.Info("the alive lock's session is named by the library, not by the direct DSN's application_name: "+
+				"it names the service and the role, a bounded label of the exporter's metrics",
+				"application_name", ours, "dsn_application_name", name)
+		}
+	}
 	if a.events != nil {
 		// Called by pgconn whenever a notification arrives, while waiting or during a
 		// statement.
