@@ -157,8 +157,7 @@ func (h *events) subscribeIDs(match func(event) bool) (wake <-chan struct{}, tak
 	if h == nil {
 		return nil, func() ([]string, bool) { return nil, false }, func() {}
 	}
-	s := h.addSub(match, false)
-	s.ids = map[string]struct{}{}
+	s := h.addSub(&eventSub{match: match, ids: map[string]struct{}{}})
 	return s.wake, func() ([]string, bool) {
 			h.mu.Lock()
 			defer h.mu.Unlock()
@@ -181,7 +180,7 @@ func (h *events) add(match func(event) bool, resync bool) (<-chan struct{}, func
 	if h == nil {
 		return nil, func() {}
 	}
-	s := h.addSub(match, resync)
+	s := h.addSub(&eventSub{match: match, resync: resync})
 	return s.wake, func() {
 		h.mu.Lock()
 		defer h.mu.Unlock()
@@ -189,8 +188,9 @@ func (h *events) add(match func(event) bool, resync bool) (<-chan struct{}, func
 	}
 }
 
-func (h *events) addSub(match func(event) bool, resync bool) *eventSub {
-	s := &eventSub{match: match, resync: resync, wake: make(chan struct{}, 1)}
+// addSub registers s, all of whose fields but wake are set.
+func (h *events) addSub(s *eventSub) *eventSub {
+	s.wake = make(chan struct{}, 1)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.subs == nil {

@@ -298,15 +298,16 @@ func (l *Leases) acquireIn(ctx, parent context.Context, name string, ttl time.Du
 		}
 	}
 
-	le := l.newLease(parent, name, holder, epoch, *taken, *expiresAt, trustUntil, fenceAt, ttl, margin, life, group)
+	le := l.newLease(parent, name, holder, epoch, *taken, *expiresAt, trustUntil, fenceAt, ttl, margin, life, nil, group)
 	go le.renewLoop()
 	return le, nil
 }
 
 // newLease is a lease just taken, its trust window running and its group (if any)
-// renewing it; whoever calls it starts renewLoop, or ends it with its batch (acquireMany).
+// renewing it; whoever calls it starts renewLoop, or, for a lease of a batch (shares of
+// its leadership not nil: acquireMany), ends it with its batch.
 func (l *Leases) newLease(parent context.Context, name, holder string, epoch int64, taken, expiresAt, trustUntil,
-	fenceAt time.Time, ttl, margin time.Duration, life *leadership, group *leaseGroup) *Lease {
+	fenceAt time.Time, ttl, margin time.Duration, life *leadership, shares *atomic.Int64, group *leaseGroup) *Lease {
 	lctx, lcancel := context.WithCancelCause(parent)
 	le := &Lease{
 		Name: name, Holder: holder, Epoch: epoch, TakenAt: taken,
@@ -314,7 +315,7 @@ func (l *Leases) newLease(parent context.Context, name, holder string, epoch int
 		ctx: lctx, cancel: lcancel,
 		renewerDone: make(chan struct{}),
 		expiresAt:   expiresAt, trustUntil: trustUntil, fenceUntil: fenceAt,
-		life: life, group: group,
+		life: life, lifeShares: shares, group: group, inBatch: shares != nil,
 	}
 	l.noteAcquired(le.statName(), epoch)
 	le.mu.Lock()

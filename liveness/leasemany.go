@@ -100,17 +100,12 @@ func (l *Leases) acquireMany(ctx context.Context, names []string, group *leaseGr
 			return nil, errNotAlive
 		}
 	}
-	var shares *atomic.Int64
-	if life != nil {
-		shares = new(atomic.Int64)
-		shares.Store(int64(len(got)))
-	}
+	shares := new(atomic.Int64) // a batch's leases have no renewLoop, with or without life
+	shares.Store(int64(len(got)))
 	out := make([]*Lease, len(got))
 	for i, r := range got {
-		le := l.newLease(context.Background(), r.name, holderOf[r.name], r.epoch, r.takenAt, r.expires, trustUntil,
-			fenceUntil(r.expires, roundTrip, margin), ttl, margin, life, group)
-		le.lifeShares, le.inBatch = shares, true
-		out[i] = le
+		out[i] = l.newLease(context.Background(), r.name, holderOf[r.name], r.epoch, r.takenAt, r.expires, trustUntil,
+			fenceUntil(r.expires, roundTrip, margin), ttl, margin, life, shares, group)
 	}
 	if life != nil {
 		// One watch for the batch: when the leadership is over, so is every lease of it.

@@ -291,7 +291,7 @@ func (le *Lease) endLocked(cause error) {
 	}
 	le.ended = true
 	le.window.Stop()
-	if le.life != nil && (le.lifeShares == nil || le.lifeShares.Add(-1) == 0) {
+	if last := le.lifeShares == nil || le.lifeShares.Add(-1) == 0; le.life != nil && last {
 		defer le.life.stop() // after the cancel: the job's context ends first
 	}
 	if le.inBatch {
