@@ -42,7 +42,12 @@ const (
 const fenceEndTimeout = 5 * time.Second
 
 // FencedError is a write fenced under a lease (Lease.Exec, Lease.BeginTx, Lease.BeginFunc
-// and their Leadership forms) that was refused: nothing of it committed.
+// and their Leadership forms) that was refused: nothing of it committed. Refused by the
+// fence (the lease not held, a fence or a COMMIT past its deadline), or ended by the
+// server or the library before its COMMIT could count: a transaction that idled past
+// its limit (the server ends its session, SQLSTATE 25P03, and a COMMIT sent then, or not
+// sent because the connection is closed, is refused), or one open past its bound, the
+// lease's TTL.
 type FencedError struct {
 	Lease string
 	Epoch int64
@@ -100,6 +105,17 @@ func (e *FencedError) Unwrap() error { return e.Err }
 // that is past the moment this process would stop trusting the lease, by FenceDeadline's
 // rule (half to three quarters of the lock grace ahead for a healthy leader of an Agent).
 //
+// A fenced transaction (Exec's, BeginTx's, BeginFunc's) lasts at most the lease's TTL
+// from its start: it holds the lease row FOR KEY SHARE, so that any takeover waits for
+// it, and one that never ended would hold every other holder back. Shorter, it costs no
+// lease, its own included (renewals do not wait for the fence). Past the TTL, its running
+// statement is cancelled on the server, its lease ends (a *LeaseLostError, LostExpired,
+// whose Err names the transaction's age and the bound), with one warning line, and the
+// write is a *FencedError; other leases are not touched. It may also idle between its
+// statements at most the TTL: the server then ends its session, and its COMMIT is a
+// *FencedError. A job whose write may take longer needs a longer TTL, or to split the
+// write.
+//
 // sql must be a single statement without transaction control. db must be a pool on the
 // leases' database and schema.
 func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ...any) (pgconn.CommandTag, error) {
@@ -153,7 +169,9 @@ func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ..
 // before the lease's deadline as of when Commit is called. Errors are as Exec's: a
 // *FencedError when the fence or the COMMIT is refused. The connection goes back to db
 // at Commit or Rollback: call one of them. The fence holds the lease row FOR KEY SHARE
-// until the transaction ends: a takeover waits for it, this lease's renewals do not.
+// until the transaction ends: a takeover waits for it, this lease's renewals do not. The
+// transaction lasts at most the lease's TTL from BeginTx, as Exec's: past it, its
+// statement is cancelled, the lease ends, and Commit is a *FencedError.
 //
 // The returned transaction's Commit is the only COMMIT that carries a fresh deadline:
 // do not commit it with SQL of your own.
@@ -185,7 +203,8 @@ func (le *Lease) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptio
 
 // BeginFunc runs fn in a transaction of BeginTx and commits it when fn returns nil, or
 // rolls it back. The error is fn's, or BeginTx's or Commit's (a *FencedError when the
-// write was refused).
+// write was refused, and when fn's error came from the transaction's statement cancelled
+// past its bound, the lease's TTL: see Exec).
 func (le *Lease) BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) error {
 	tx, err := le.BeginTx(ctx, db, pgx.TxOptions{})
 	if err != nil {
@@ -205,7 +224,9 @@ func (le *Lease) BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx
 	return tx.Commit(ctx)
 }
 
-// Exec is Lease.Exec under the leadership's lease.
+// Exec is Lease.Exec under the leadership's lease: its transaction lasts at most the
+// lease's TTL (ElectorConfig.TTL, ShardsConfig.TTL), past which it is cancelled and the
+// lease ends.
 func (l Leadership) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ...any) (pgconn.CommandTag, error) {
 	if l.lease == nil {
 		return pgconn.CommandTag{}, errNoCampaign(l)
@@ -213,7 +234,8 @@ func (l Leadership) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args
 	return l.lease.Exec(ctx, db, sql, args...)
 }
 
-// BeginTx is Lease.BeginTx under the leadership's lease.
+// BeginTx is Lease.BeginTx under the leadership's lease: the transaction lasts at most
+// the lease's TTL (see Lease.Exec).
 func (l Leadership) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptions) (pgx.Tx, error) {
 	if l.lease == nil {
 		return nil, errNoCampaign(l)
@@ -221,7 +243,8 @@ func (l Leadership) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOp
 	return l.lease.BeginTx(ctx, db, opts)
 }
 
-// BeginFunc is Lease.BeginFunc under the leadership's lease.
+// BeginFunc is Lease.BeginFunc under the leadership's lease: the transaction lasts at
+// most the lease's TTL (see Lease.Exec).
 func (l Leadership) BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) error {
 	if l.lease == nil {
 		return errNoCampaign(l)

@@ -39,7 +39,9 @@ var errLeftToExpire = errors.New("liveness: lease left to expire")
 //     error. A failed renewal is retried every ttl/16 until the window runs out.
 //   - LostExpired: the trust window ran out with no failed attempt to blame: a renewal
 //     was still unanswered (a hung network, a stalled server) or none could be sent in
-//     time (a paused process).
+//     time (a paused process). Or a fenced transaction under the lease (Exec, BeginTx,
+//     BeginFunc) was open past its bound, the lease's ttl: Err says how long, and its
+//     statement was cancelled.
 //   - LostNotAlive: the holder is an Agent's instance that could no longer prove life;
 //     it stepped down before the fleet could call it dead and take the lease.
 type LeaseLostError struct {

@@ -57,8 +57,9 @@ type ShardsConfig struct {
 	// belongs to another), when Shards' context ends or the Agent stops (then the lease
 	// stays renewed while the callback winds down, for at most AgentConfig.JobWindDown),
 	// or when the lease is lost (a *LeaseLostError: stop at once). Returning on its own
-	// gives the shard up: it is released, and may come back. Fence the shard's writes with
-	// shard.Exec or shard.BeginFunc.
+	// gives the shard up: it is released, and comes back (it is tried again within a
+	// twentieth of a second). Fence the shard's writes with shard.Exec or
+	// shard.BeginFunc; a fenced transaction lasts at most TTL (see Lease.Exec).
 	OnStartedOwning func(ctx context.Context, shard Shard)
 	// OnStoppedOwning runs after OnStartedOwning has returned and the lease was let go,
 	// with the reason, as ElectorConfig.OnStoppedLeading's. Optional.
@@ -68,6 +69,12 @@ type ShardsConfig struct {
 // Shard is one shard this process owns: its name, and the leadership of its lease (its
 // epoch and the fence for the shard's writes).
 type Shard struct {
+	// Name is one of ShardsConfig.Names or, with ShardsConfig.Count, the shard's number
+	// in decimal without leading zeros, "0" to "<Count-1>". It is a string: in SQL pass
+	// it as an argument and compare it with a column of the shard's type, text (WHERE
+	// shard = $1) or a number (WHERE shard = $1::integer: pgx sends the string, the
+	// server reads the number; or strconv.Atoi in Go), never the column's text with it
+	// (WHERE shard::text = $1 uses no index on shard).
 	Name string
 	Leadership
 }
@@ -154,11 +161,26 @@ func (c ShardsConfig) validate() error {
 // long pause) once their leases expire, whatever its membership says, since its member
 // lease expires with them.
 //
+// How soon, at the defaults: a member joins as soon as its agent can prove life (its
+// lock claimed and its first beat landed), so a new process owns its share a few tenths
+// of a second after it starts, and after a server restart a few tenths of a second after
+// the server is back (a member whose lock the restart freed joins again once it has
+// claimed it, which its first beat to get through triggers). A shard that moves between
+// live members is unowned from the old callback's return until the new owner's start:
+// the release, its notification and one take, tens of milliseconds, whatever the burst
+// of changes (the reads of the members and the tries that notifications ask for are
+// paced, never waited for). A crashed member's shards move about 1.2 s after its
+// process died (the lock grace, and the watcher's tick that stamps the vanishing).
+//
 // Whatever the number of shards, a member's leases are renewed in one statement every
-// TTL/4, and owning shards costs what leading costs (the alive lock proved every quarter
-// of the lock grace); the members are read (one statement, O(members)) when they change
-// and every PollPeriod. It returns nil when ctx ends or the agent stops, once every
-// callback has returned and its lease was let go; a *ConfigError for a bad cfg.
+// TTL/4, taken 1,000 a statement and released 5,000 a statement (its shards released
+// together when their callbacks return together: a stop), and owning shards costs what
+// leading costs (the alive lock proved every quarter of the lock grace); the members are
+// read (one statement, O(members)) when they change and every PollPeriod. A failed join
+// is logged once while the failure lasts; a release that fails (the server down) is sent
+// again every 0.2 s until it lands or the lease expires. It returns nil when ctx ends or
+// the agent stops, once every callback has returned and its lease was let go, with one
+// line saying how the stop went; a *ConfigError for a bad cfg.
 func (a *Agent) Shards(ctx context.Context, cfg ShardsConfig) error {
 	if err := cfg.validate(); err != nil {
 		return err
