@@ -378,8 +378,9 @@ func TestShardsOwnedAgainSoonAfterAServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Down longer than a leader's trust outlives its last proof (three quarters of the lock
-	// grace), so that every lease is lost: a shorter restart costs nobody anything.
-	time.Sleep(time.Second)
+	// grace), so that every lease is lost (a shorter restart costs nobody anything), and
+	// long enough that the lock's reconnect backoff has grown past a second.
+	time.Sleep(3 * time.Second)
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
