@@ -296,6 +296,8 @@ const (
 	// for a burst of eight, then twenty a second. A member that waits for none of the
 	// shards notified free sends nothing.
 	shardTryBurst, shardTryEvery = 8, 50 * time.Millisecond
+	// shardReadRetry is how soon a read of the members that failed is sent again.
+	shardReadRetry = 250 * time.Millisecond
 	// shardJoinRetry is how soon a join refused for a reason nothing notifies (its own
 	// member lease from before not released yet, no proof of life in time) is tried again.
 	shardJoinRetry = 100 * time.Millisecond
@@ -398,13 +400,13 @@ func (s *shardSet) run(ctx context.Context) error {
 			case read && !reads.at(now).After(now):
 				read, try = false, false
 				reads.spend(now)
+				period := min(max(s.cfg.PollPeriod, time.Duration(s.stats.members.Load())*shardPollSpacing), maxShardPollPeriod)
 				if members, ok := s.readMembers(ctx); ok {
 					s.rebalance(ctx, members)
+					pollAt = time.Now().Add(period/2 + rand.N(period/2+1))
 				} else {
-					read = true // again after the spacing
+					pollAt = time.Now().Add(min(shardReadRetry, period)) // the server may be down: not ten a second
 				}
-				period := min(max(s.cfg.PollPeriod, time.Duration(s.stats.members.Load())*shardPollSpacing), maxShardPollPeriod)
-				pollAt = time.Now().Add(period/2 + rand.N(period/2+1))
 			case try && !tries.at(now).After(now):
 				try = false
 				tries.spend(now)
