@@ -74,7 +74,11 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		}
 		a.lock, lock = al, al
 	}
-	hb, err := newHeartbeatWorker(cfg.heartbeatConfig(lock))
+	hc := cfg.heartbeatConfig(lock)
+	if al, ok := a.lock.(*aliveLock); ok {
+		hc.recovered = al.answered // a restarted server: claim the lock again at once
+	}
+	hb, err := newHeartbeatWorker(hc)
 	if err != nil {
 		return nil, err
 	}
@@ -167,20 +171,29 @@ func newLeaderships() *leaderships {
 	return &leaderships{stopping: ctx, stop: cancel, idle: make(chan struct{})}
 }
 
-func (l *leaderships) enter() bool {
+func (l *leaderships) enter() bool { return l.enterN(1) }
+
+func (l *leaderships) leave() { l.leaveN(1) }
+
+// enterN counts n leases taken (or being taken) at once: a shard set's batch.
+func (l *leaderships) enterN(n int) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.stopped {
 		return false
 	}
-	l.held++
+	l.held += n
 	return true
 }
 
-func (l *leaderships) leave() {
+// leaveN counts n leases let go.
+func (l *leaderships) leaveN(n int) {
+	if n == 0 {
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.held--; l.held == 0 && l.stopped {
+	if l.held -= n; l.held == 0 && l.stopped {
 		close(l.idle)
 	}
 }

@@ -111,6 +111,9 @@ type aliveLock struct {
 	log               *slog.Logger
 
 	running atomic.Bool
+	// serverBack cuts the pause before the next connection short: the database answers
+	// again (the heartbeat got through), so the lock need not wait out its backoff.
+	serverBack chan struct{}
 	lockState
 	// wakeWait ends the holding state's wait, so that a proof wanted now is not made to
 	// wait for the verification interval; woken says one was wanted while no wait ran.
@@ -273,6 +276,16 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 		unmembersSQL:      store.MembersUnlisten.In(cfg.Schema).SQL,
 		events:            cfg.Events,
 		log:               logging.Wrap(cfg.Logger),
+		serverBack:        make(chan struct{}, 1),
+	}
+	if given, err := pgx.ParseConfig(cfg.DSN); err == nil {
+		if name, ours := given.RuntimeParams["application_name"], connCfg.RuntimeParams["application_name"]; name != "" && name != ours {
+			// The exporter's metrics label the alive locks by it, and a label value must
+			// stay bounded: the service and the role, never an instance.
+			a.log.Info("the alive lock's session is named by the library, not by the direct DSN's application_name: "+
+				"it names the service and the role, a bounded label of the exporter's metrics",
+				"application_name", ours, "dsn_application_name", name)
+		}
 	}
 	if a.events != nil {
 		// Called by pgconn whenever a notification arrives, while waiting or during a

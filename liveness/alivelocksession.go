@@ -25,6 +25,10 @@ func (a *aliveLock) Run(ctx context.Context) error {
 	defer a.running.Store(false)
 	attempt := 0
 	for {
+		select {
+		case <-a.serverBack: // from before this session: not news
+		default:
+		}
 		began := time.Now()
 		held := a.session(ctx)
 		if ctx.Err() != nil {
@@ -41,7 +45,21 @@ func (a *aliveLock) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(backoff(attempt)):
+		case <-a.serverBack:
 		}
+	}
+}
+
+// answered tells the session that the database answers again (a beat got through after
+// failures): a lock lost with a restart is claimed again at once, not after the rest of
+// a backoff that grew while the server was down. Safe from any goroutine.
+func (a *aliveLock) answered() {
+	if a.Held() {
+		return
+	}
+	select {
+	case a.serverBack <- struct{}{}:
+	default:
 	}
 }
 

@@ -219,8 +219,13 @@
 // lease yet, a write fenced under its epoch is still accepted; it lands before any other
 // holder's. A fenced transaction may idle between its statements at most the lease's
 // TTL, after which the server ends its session (the fence sets
-// idle_in_transaction_session_timeout for the transaction): a holder that hangs with one
-// open would otherwise hold back every takeover until it resumes. A write whose context
+// idle_in_transaction_session_timeout for the transaction), and its COMMIT is a
+// *FencedError: a holder that hangs with one open would otherwise hold back every
+// takeover until it resumes. Exec's, BeginTx's and BeginFunc's transactions also last at
+// most the TTL from their start: past it, the library cancels the running statement and
+// ends that lease alone (LostExpired, with one log line naming the transaction's age and
+// the bound), so that no takeover waits on a statement that never ends; a shorter one
+// costs no lease, since renewals do not wait for the fence. A write whose context
 // was cancelled may still have committed, as any COMMIT whose answer was lost: it landed
 // before any other holder's. Leadership.Fence (or Lease.Fence) fences a pgx.Tx of the caller's own.
 //
@@ -254,11 +259,14 @@
 // shard in members. A shard's callback gets the shard's Leadership: fence its writes
 // with shard.Exec or shard.BeginFunc. A shard's lease is released only once its callback
 // has returned, so a shard that moves between live members (a join, a graceful stop) has
-// its new owner start after the old one's callback returned; a crashed owner's shards
-// move once it is dead by the verdict, and a hung one's once their leases expire (at
-// most TTL after its last renewal), since its member lease expires with them whatever
-// the verdict says of the instance. Every lease of a member is renewed in one statement
-// every TTL/4, however many shards it owns.
+// its new owner start after the old one's callback returned, tens of milliseconds later
+// (the release, its notification and one take); a crashed owner's shards move once it is
+// dead by the verdict (about 1.2 s after it died), and a hung one's once their leases
+// expire (at most TTL after its last renewal), since its member lease expires with them
+// whatever the verdict says of the instance. A member joins as soon as its agent can
+// prove life, so a new process owns its share a few tenths of a second after its start.
+// Every lease of a member is renewed in one statement every TTL/4, however many shards it
+// owns; its shards are taken 1,000 and released 5,000 a statement.
 //
 // # One session per node
 //

@@ -123,7 +123,15 @@ type eventSub struct {
 	match  func(event) bool
 	resync bool // woken by eventResync too
 	wake   chan struct{}
+	// ids gathers the ids of the events matched since the last take (subscribeIDs); at
+	// most maxPendingIDs, past which overflow says that some were left out.
+	ids      map[string]struct{}
+	overflow bool
 }
+
+// maxPendingIDs bounds what a subscription of subscribeIDs gathers between two takes:
+// a flood of payloads costs it no more memory than that.
+const maxPendingIDs = 4096
 
 // subscribe returns a channel that receives a wake-up after each event match accepts
 // (and after every eventResync), and the function that ends the subscription.
@@ -140,22 +148,56 @@ func (h *events) subscribeNews(match func(event) bool) (<-chan struct{}, func())
 	return h.add(match, false)
 }
 
+// subscribeIDs is subscribeNews for a waiter that acts on the ids the events name (a
+// shard set's member tries the very shards whose leases were freed, not all it waits
+// for): take returns the ids gathered since the last take, and all is true when some
+// were left out (more than maxPendingIDs came meanwhile), so that the waiter acts as if
+// every id it waits for had come. take on a nil *events returns nothing.
+func (h *events) subscribeIDs(match func(event) bool) (wake <-chan struct{}, take func() (ids []string, all bool), unsubscribe func()) {
+	if h == nil {
+		return nil, func() ([]string, bool) { return nil, false }, func() {}
+	}
+	s := h.addSub(&eventSub{match: match, ids: map[string]struct{}{}})
+	return s.wake, func() ([]string, bool) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			ids := make([]string, 0, len(s.ids))
+			for id := range s.ids {
+				ids = append(ids, id)
+			}
+			all := s.overflow
+			clear(s.ids)
+			s.overflow = false
+			return ids, all
+		}, func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			delete(h.subs, s)
+		}
+}
+
 func (h *events) add(match func(event) bool, resync bool) (<-chan struct{}, func()) {
 	if h == nil {
 		return nil, func() {}
 	}
-	s := &eventSub{match: match, resync: resync, wake: make(chan struct{}, 1)}
+	s := h.addSub(&eventSub{match: match, resync: resync})
+	return s.wake, func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		delete(h.subs, s)
+	}
+}
+
+// addSub registers s, all of whose fields but wake are set.
+func (h *events) addSub(s *eventSub) *eventSub {
+	s.wake = make(chan struct{}, 1)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.subs == nil {
 		h.subs = map[*eventSub]struct{}{}
 	}
 	h.subs[s] = struct{}{}
-	return s.wake, func() {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		delete(h.subs, s)
-	}
+	return s
 }
 
 // publish wakes every subscriber the event concerns. It never blocks.
@@ -167,6 +209,13 @@ func (h *events) publish(e event) {
 	defer h.mu.Unlock()
 	for s := range h.subs {
 		if e.Kind == eventResync && s.resync || e.Kind != eventResync && s.match(e) {
+			if s.ids != nil && e.Kind != eventResync {
+				if _, ok := s.ids[e.ID]; !ok && len(s.ids) >= maxPendingIDs {
+					s.overflow = true
+				} else {
+					s.ids[e.ID] = struct{}{}
+				}
+			}
 			select {
 			case s.wake <- struct{}{}:
 			default: // a wake-up is pending already

@@ -44,3 +44,40 @@ func TestResyncWakesOnlyTheWaitersThatReadAgain(t *testing.T) {
 		}
 	}
 }
+
+// A waiter by ids (a shard set member, which tries the very shards notified free) gets the
+// ids of the events it matched since it last took them, each once, and no resync; at most
+// maxPendingIDs of them, past which take says that some were left out, so that a flood
+// costs no more memory than that and the waiter acts on every id it waits for.
+func TestSubscribeIDsGathersTheIDsUpToABound(t *testing.T) {
+	var h events
+	wake, take, unsubscribe := h.subscribeIDs(func(ev event) bool { return ev.Kind == eventFree })
+	defer unsubscribe()
+	for _, ev := range []event{{eventFree, "s/1"}, {eventTaken, "s/2"}, {eventFree, "s/3"}, {eventFree, "s/1"}, {Kind: eventResync}} {
+		h.publish(ev)
+	}
+	select {
+	case <-wake:
+	default:
+		t.Fatal("free:s/1 did not wake the waiter")
+	}
+	ids, all := take()
+	if len(ids) != 2 || all || !(ids[0] == "s/1" && ids[1] == "s/3" || ids[0] == "s/3" && ids[1] == "s/1") {
+		t.Errorf("take = %v, %v; want s/1 and s/3, none left out", ids, all)
+	}
+	for i := range maxPendingIDs + 10 {
+		h.publish(event{Kind: eventFree, ID: "s/" + string(rune('a'+i%26)) + string(rune(i))})
+	}
+	if ids, all := take(); len(ids) != maxPendingIDs || !all {
+		t.Errorf("after a flood, take gave %d ids, left out %v; want %d and true", len(ids), all, maxPendingIDs)
+	}
+	if ids, all := take(); len(ids) != 0 || all {
+		t.Errorf("a second take = %d ids, %v; want none", len(ids), all)
+	}
+	var nilEvents *events
+	if _, take, _ := nilEvents.subscribeIDs(func(event) bool { return true }); take != nil {
+		if ids, all := take(); ids != nil || all {
+			t.Errorf("take of a nil *events = %v, %v", ids, all)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
@@ -41,7 +42,12 @@ const (
 const fenceEndTimeout = 5 * time.Second
 
 // FencedError is a write fenced under a lease (Lease.Exec, Lease.BeginTx, Lease.BeginFunc
-// and their Leadership forms) that was refused: nothing of it committed.
+// and their Leadership forms) that was refused: nothing of it committed. Refused by the
+// fence (the lease not held, a fence or a COMMIT past its deadline), or ended by the
+// server or the library before its COMMIT could count: a transaction that idled past
+// its limit (the server ends its session, SQLSTATE 25P03, and a COMMIT sent then, or not
+// sent because the connection is closed, is refused), or one open past its bound, the
+// lease's TTL.
 type FencedError struct {
 	Lease string
 	Epoch int64
@@ -99,6 +105,17 @@ func (e *FencedError) Unwrap() error { return e.Err }
 // that is past the moment this process would stop trusting the lease, by FenceDeadline's
 // rule (half to three quarters of the lock grace ahead for a healthy leader of an Agent).
 //
+// A fenced transaction (Exec's, BeginTx's, BeginFunc's) lasts at most the lease's TTL
+// from its start: it holds the lease row FOR KEY SHARE, so that any takeover waits for
+// it, and one that never ended would hold every other holder back. Shorter, it costs no
+// lease, its own included (renewals do not wait for the fence). Past the TTL, its running
+// statement is cancelled on the server, its lease ends (a *LeaseLostError, LostExpired,
+// whose Err names the transaction's age and the bound), with one warning line, and the
+// write is a *FencedError; other leases are not touched. It may also idle between its
+// statements at most the TTL: the server then ends its session, and its COMMIT is a
+// *FencedError. A job whose write may take longer needs a longer TTL, or to split the
+// write.
+//
 // sql must be a single statement without transaction control. db must be a pool on the
 // leases' database and schema.
 func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ...any) (pgconn.CommandTag, error) {
@@ -114,6 +131,9 @@ func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ..
 		return pgconn.CommandTag{}, fmt.Errorf("liveness: fenced write under lease %q: %w", le.Name, logging.RedactError(err))
 	}
 	defer conn.Release()
+	// Ended before the release: a connection it cancelled a statement on is closed.
+	w := le.watchTx(conn.Conn().PgConn(), time.Now())
+	defer w.end(conn)
 	deadline, _ := le.fenceDeadline() // after the wait for the connection: it does not count
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
@@ -133,9 +153,12 @@ func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ..
 	}
 	if err != nil {
 		endTx(ctx, conn.Conn())
+		if w.fired() { // no COMMIT was sent: nothing committed
+			return pgconn.CommandTag{}, le.refused(false, err)
+		}
 		return pgconn.CommandTag{}, le.fenceFailed(err)
 	}
-	if err := le.commit(ctx, conn.Conn()); err != nil {
+	if err := le.commit(ctx, conn.Conn(), w); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	return tag, nil
@@ -146,7 +169,9 @@ func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ..
 // before the lease's deadline as of when Commit is called. Errors are as Exec's: a
 // *FencedError when the fence or the COMMIT is refused. The connection goes back to db
 // at Commit or Rollback: call one of them. The fence holds the lease row FOR KEY SHARE
-// until the transaction ends: a takeover waits for it, this lease's renewals do not.
+// until the transaction ends: a takeover waits for it, this lease's renewals do not. The
+// transaction lasts at most the lease's TTL from BeginTx, as Exec's: past it, its
+// statement is cancelled, the lease ends, and Commit is a *FencedError.
 //
 // The returned transaction's Commit is the only COMMIT that carries a fresh deadline:
 // do not commit it with SQL of your own.
@@ -158,8 +183,10 @@ func (le *Lease) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptio
 	if err != nil {
 		return nil, fmt.Errorf("liveness: fenced transaction under lease %q: %w", le.Name, logging.RedactError(err))
 	}
+	w := le.watchTx(conn.Conn().PgConn(), time.Now())
 	tx, err := conn.BeginTx(ctx, opts)
 	if err != nil {
+		w.end(conn)
 		conn.Release()
 		return nil, fmt.Errorf("liveness: fenced transaction under lease %q: %w", le.Name, logging.RedactError(err))
 	}
@@ -167,15 +194,17 @@ func (le *Lease) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptio
 	var held bool
 	if err := tx.QueryRow(ctx, le.leases.stmts.fenceStrict, le.Name, le.Holder, le.Epoch, deadline, le.idleLimit()).Scan(&held); err != nil {
 		endTx(ctx, conn.Conn())
+		w.end(conn)
 		conn.Release()
 		return nil, le.fenceFailed(err)
 	}
-	return &fencedTx{Tx: tx, lease: le, conn: conn}, nil
+	return &fencedTx{Tx: tx, lease: le, conn: conn, watch: w}, nil
 }
 
 // BeginFunc runs fn in a transaction of BeginTx and commits it when fn returns nil, or
 // rolls it back. The error is fn's, or BeginTx's or Commit's (a *FencedError when the
-// write was refused).
+// write was refused, and when fn's error came from the transaction's statement cancelled
+// past its bound, the lease's TTL: see Exec).
 func (le *Lease) BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) error {
 	tx, err := le.BeginTx(ctx, db, pgx.TxOptions{})
 	if err != nil {
@@ -187,12 +216,17 @@ func (le *Lease) BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx
 		_ = tx.Rollback(rctx)
 	}()
 	if err := fn(tx); err != nil {
+		if tx.(*fencedTx).watch.fired() {
+			return le.refused(false, err) // cancelled past its bound: nothing committed
+		}
 		return err
 	}
 	return tx.Commit(ctx)
 }
 
-// Exec is Lease.Exec under the leadership's lease.
+// Exec is Lease.Exec under the leadership's lease: its transaction lasts at most the
+// lease's TTL (ElectorConfig.TTL, ShardsConfig.TTL), past which it is cancelled and the
+// lease ends.
 func (l Leadership) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ...any) (pgconn.CommandTag, error) {
 	if l.lease == nil {
 		return pgconn.CommandTag{}, errNoCampaign(l)
@@ -200,7 +234,8 @@ func (l Leadership) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args
 	return l.lease.Exec(ctx, db, sql, args...)
 }
 
-// BeginTx is Lease.BeginTx under the leadership's lease.
+// BeginTx is Lease.BeginTx under the leadership's lease: the transaction lasts at most
+// the lease's TTL (see Lease.Exec).
 func (l Leadership) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptions) (pgx.Tx, error) {
 	if l.lease == nil {
 		return nil, errNoCampaign(l)
@@ -208,7 +243,8 @@ func (l Leadership) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOp
 	return l.lease.BeginTx(ctx, db, opts)
 }
 
-// BeginFunc is Lease.BeginFunc under the leadership's lease.
+// BeginFunc is Lease.BeginFunc under the leadership's lease: the transaction lasts at
+// most the lease's TTL (see Lease.Exec).
 func (l Leadership) BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) error {
 	if l.lease == nil {
 		return errNoCampaign(l)
@@ -226,6 +262,7 @@ type fencedTx struct {
 	pgx.Tx
 	lease *Lease
 	conn  *pgxpool.Conn
+	watch *txWatch
 	done  bool
 }
 
@@ -235,7 +272,8 @@ func (t *fencedTx) Commit(ctx context.Context) error {
 	}
 	t.done = true
 	defer t.conn.Release()
-	return t.lease.commit(ctx, t.conn.Conn())
+	defer t.watch.end(t.conn)
+	return t.lease.commit(ctx, t.conn.Conn(), t.watch)
 }
 
 func (t *fencedTx) Rollback(ctx context.Context) error {
@@ -244,13 +282,14 @@ func (t *fencedTx) Rollback(ctx context.Context) error {
 	}
 	t.done = true
 	defer t.conn.Release()
+	defer t.watch.end(t.conn)
 	return t.Tx.Rollback(ctx)
 }
 
 // commit sends the COMMIT of a fenced transaction on conn, with the deadline as of now
 // in the same simple query: the check at commit (migration 0009) holds it to that one.
 // A lease that has ended sends the zero time, which refuses it.
-func (le *Lease) commit(ctx context.Context, conn *pgx.Conn) error {
+func (le *Lease) commit(ctx context.Context, conn *pgx.Conn, w *txWatch) error {
 	sql := "COMMIT" // a failed transaction's COMMIT rolls it back, and nothing may run before it
 	if conn.PgConn().TxStatus() != 'E' {
 		deadline, _ := le.fenceDeadline()
@@ -262,12 +301,121 @@ func (le *Lease) commit(ctx context.Context, conn *pgx.Conn) error {
 	tag, err := conn.Exec(ctx, sql)
 	if err != nil {
 		endTx(ctx, conn)
+		var pg *pgconn.PgError
+		switch {
+		case errors.As(err, &pg) && pg.Code == sqlStateIdleInTxTimeout:
+			// The server ended the session: the transaction idled past the fence's limit
+			// (the lease's ttl), and was rolled back.
+			return le.refused(true, err)
+		case errors.As(err, &pg) && pg.Code == sqlStateQueryCanceled && w.fired():
+			// The transaction outlived its bound and its watch cancelled it: rolled back.
+			return le.refused(true, err)
+		case pgconn.SafeToRetry(err) && ctx.Err() == nil && conn.IsClosed():
+			// The COMMIT was not sent, on a connection that is closed (the server ended
+			// the session past the idle limit, and a statement before it read so):
+			// nothing committed.
+			return le.refused(true, err)
+		}
 		return le.fenceFailed(err)
 	}
 	if tag.String() == "ROLLBACK" { // the transaction had failed before its COMMIT
+		if w.fired() {
+			return le.refused(true, pgx.ErrTxCommitRollback)
+		}
 		return pgx.ErrTxCommitRollback
 	}
 	return nil
+}
+
+// SQLSTATEs the server ends a fenced transaction with, of which nothing committed:
+// idle_in_transaction_session_timeout (the fence's idle limit), and a statement the
+// transaction's watch cancelled (txWatch).
+const (
+	sqlStateIdleInTxTimeout = "25P03"
+	sqlStateQueryCanceled   = "57014"
+)
+
+// txOutlivedError is why a lease ended whose fenced transaction stayed open past its
+// bound, the lease's ttl (LeaseLostError.Err, with LostExpired).
+type txOutlivedError struct {
+	age, bound time.Duration
+}
+
+func (e *txOutlivedError) Error() string {
+	return fmt.Sprintf("a fenced transaction under it was open %s, past its bound (the lease's TTL, %s): its statement "+
+		"was cancelled", e.age.Round(time.Millisecond), e.bound)
+}
+
+// txWatch bounds one fenced transaction (of Exec, BeginTx or BeginFunc) to its lease's
+// ttl from its start: the transaction holds the lease row FOR KEY SHARE, so that a
+// takeover waits for it, and one that never ended (a statement stuck on a lock, a hung
+// holder's job) would hold back every other holder forever. Past the bound its running
+// statement is cancelled on the server (a cancel request: ending the job's context only
+// closes this end of the connection, and the server would run the statement on), then
+// the lease ends (LostExpired, with a *txOutlivedError), with one log line; its COMMIT is
+// refused. A shorter transaction costs the lease nothing: its renewals do not wait for
+// the fence.
+type txWatch struct {
+	timer *time.Timer
+	done  chan struct{} // closed once a firing has finished
+
+	mu              sync.Mutex
+	stopped, firing bool
+}
+
+// watchTx starts the watch of a fenced transaction on conn that began at began.
+func (le *Lease) watchTx(conn *pgconn.PgConn, began time.Time) *txWatch {
+	w := &txWatch{done: make(chan struct{})}
+	w.timer = time.AfterFunc(le.ttl-time.Since(began), func() {
+		w.mu.Lock()
+		if w.stopped {
+			w.mu.Unlock()
+			return
+		}
+		w.firing = true
+		w.mu.Unlock()
+		defer close(w.done)
+		age := time.Since(began)
+		cctx, cancel := context.WithTimeout(context.Background(), fenceEndTimeout)
+		err := conn.CancelRequest(cctx)
+		cancel()
+		attrs := []any{"lease", le.Name, "epoch", le.Epoch, "age", age.Round(time.Millisecond), "bound", le.ttl}
+		if err != nil {
+			attrs = append(attrs, "cancel_err", logging.RedactError(err))
+		}
+		le.leases.log.Warn("fenced transaction open past its bound, the lease's TTL: its statement is cancelled and "+
+			"the lease ends, so that no takeover waits for it any longer", attrs...)
+		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostExpired, Err: &txOutlivedError{age: age, bound: le.ttl}})
+	})
+	return w
+}
+
+// fired reports whether the watch cancelled the transaction, waiting for it to be done.
+func (w *txWatch) fired() bool {
+	w.mu.Lock()
+	firing := w.firing
+	w.mu.Unlock()
+	if firing {
+		<-w.done
+	}
+	return firing
+}
+
+// end stops the watch once the transaction is over. When it fired, conn is closed rather
+// than given back to its pool: the cancel request may still reach the server and cancel
+// whatever the connection would run next.
+func (w *txWatch) end(conn *pgxpool.Conn) {
+	w.mu.Lock()
+	w.stopped = true
+	w.mu.Unlock()
+	w.timer.Stop()
+	if w.fired() {
+		cctx, cancel := context.WithTimeout(context.Background(), fenceEndTimeout)
+		defer cancel()
+		if c := conn.Hijack(); c != nil {
+			_ = c.Close(cctx)
+		}
+	}
 }
 
 // commitDeadline is pg_liveness.commit_deadline's value for deadline:
@@ -313,19 +461,23 @@ func (le *Lease) fenceFailed(err error) error {
 
 // refused counts a refused write and returns its error.
 func (le *Lease) refused(atCommit bool, err error) error {
-	fe := &FencedError{Lease: le.Name, Epoch: le.Epoch, Held: le.Err() == nil, AtCommit: atCommit, Err: logging.RedactError(err)}
-	le.leases.noteRefused(le.statName(), fe)
+	cause := le.Err()
+	fe := &FencedError{Lease: le.Name, Epoch: le.Epoch, Held: cause == nil, AtCommit: atCommit, Err: logging.RedactError(err)}
+	var outlived *txOutlivedError
+	le.leases.noteRefused(le.statName(), fe, errors.As(cause, &outlived)) // its watch has said why
 	return fe
 }
 
 // noteRefused counts a refused write, and logs the first one of each lease name at
-// warning level: a healthy leader should see none, so the first says that writes are
-// being dropped (by the lease's end, or by a network slower than the deadline allows).
-func (l *Leases) noteRefused(statName string, fe *FencedError) {
+// warning level (but one whose cause a line has told already): a healthy leader should
+// see none, so the first says that writes are being dropped (by the lease's end, or by a
+// network slower than the deadline allows).
+func (l *Leases) noteRefused(statName string, fe *FencedError, told bool) {
 	l.mu.Lock()
 	c := l.counts(statName)
 	c.refused++
-	first := c.refused == 1
+	first := !c.refusalTold && !told
+	c.refusalTold = c.refusalTold || first
 	l.mu.Unlock()
 	if first {
 		l.log.Warn("fenced write refused (logged once per lease; see the lease's refused count)",

@@ -95,6 +95,9 @@ type heartbeatConfig struct {
 	Lock lockSource
 
 	Metadata map[string]any // stored in the row's metadata column; must marshal to JSON
+	// recovered, when set, is called when a beat gets through after failures: the Agent's
+	// lock session then reconnects at once.
+	recovered func()
 	// Logger receives the worker's lines, passwords removed; nil discards. The worker
 	// adds no key of its own: an owner adds what names it (the Agent adds part=heartbeat).
 	Logger *slog.Logger
@@ -139,6 +142,7 @@ type heartbeatWorker struct {
 	dup        duplicateSource // nil without a lock source that reports duplicates
 	clock      clock
 	log        *slog.Logger
+	recovered  func() // heartbeatConfig.recovered
 
 	fast, slow   time.Duration
 	timing       [5]*float64   // what the row records: interval, slow, stale, dead, grace in seconds
@@ -190,6 +194,7 @@ func newHeartbeatWorker(cfg heartbeatConfig) (*heartbeatWorker, error) {
 		lock:         cfg.Lock,
 		clock:        cfg.clock,
 		log:          logging.Wrap(cfg.Logger),
+		recovered:    cfg.recovered,
 		fast:         t.HeartbeatInterval,
 		slow:         t.HeartbeatSlowInterval,
 		watchdog:     t.StaleThreshold - t.HeartbeatInterval,
@@ -307,7 +312,9 @@ func (h *heartbeatWorker) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		failing.Clear(h.log, "heartbeat recovered", "failures", failures)
+		if failing.Clear(h.log, "heartbeat recovered", "failures", failures) && h.recovered != nil {
+			h.recovered()
+		}
 		failures = 0
 		if inserted && h.Stats().Beats > 0 {
 			h.log.Warn("instance row was gone: it was removed as dead while this process was not beating " +

@@ -153,7 +153,13 @@ type Lease struct {
 	window      *time.Timer // cancels the lease when the trust window runs out
 	renewerDone chan struct{}
 	life        *leadership // the instance's trust as this lease's leader; nil without an Agent
-	group       *leaseGroup // renews it with others in one statement; nil: renewLoop does
+	// lifeShares counts the leases of one batch (acquireMany) that follow life and have
+	// not ended: the last to end stops it. nil: this lease alone follows it.
+	lifeShares *atomic.Int64
+	group      *leaseGroup // renews it with others in one statement; nil: renewLoop does
+	// inBatch: taken by acquireMany, it has no renewLoop: its group renews it, its
+	// batch's watch ends it with life, and it leaves its group when it ends.
+	inBatch bool
 
 	mu         sync.Mutex
 	expiresAt  time.Time // database time
@@ -165,7 +171,7 @@ type Lease struct {
 	ended      bool
 
 	releaseOnce sync.Once
-	releaseErr  error
+	releaseErr  error // guarded by mu
 }
 
 // holderID returns hostname:pid:64 random bits, with ':' and '%' in the host name
@@ -292,14 +298,24 @@ func (l *Leases) acquireIn(ctx, parent context.Context, name string, ttl time.Du
 		}
 	}
 
+	le := l.newLease(parent, name, holder, epoch, *taken, *expiresAt, trustUntil, fenceAt, ttl, margin, life, nil, group)
+	go le.renewLoop()
+	return le, nil
+}
+
+// newLease is a lease just taken, its trust window running and its group (if any)
+// renewing it; whoever calls it starts renewLoop, or, for a lease of a batch (shares of
+// its leadership not nil: acquireMany), ends it with its batch.
+func (l *Leases) newLease(parent context.Context, name, holder string, epoch int64, taken, expiresAt, trustUntil,
+	fenceAt time.Time, ttl, margin time.Duration, life *leadership, shares *atomic.Int64, group *leaseGroup) *Lease {
 	lctx, lcancel := context.WithCancelCause(parent)
 	le := &Lease{
-		Name: name, Holder: holder, Epoch: epoch, TakenAt: *taken,
+		Name: name, Holder: holder, Epoch: epoch, TakenAt: taken,
 		leases: l, ttl: ttl, margin: margin,
 		ctx: lctx, cancel: lcancel,
 		renewerDone: make(chan struct{}),
-		expiresAt:   *expiresAt, trustUntil: trustUntil, fenceUntil: fenceAt,
-		life: life, group: group,
+		expiresAt:   expiresAt, trustUntil: trustUntil, fenceUntil: fenceAt,
+		life: life, lifeShares: shares, group: group, inBatch: shares != nil,
 	}
 	l.noteAcquired(le.statName(), epoch)
 	le.mu.Lock()
@@ -308,8 +324,7 @@ func (l *Leases) acquireIn(ctx, parent context.Context, name string, ttl time.Du
 	if group != nil {
 		group.add(le)
 	}
-	go le.renewLoop()
-	return le, nil
+	return le
 }
 
 // leaseHeldError is a refused acquisition: errors.Is ErrLeaseHeld, and says whether a
@@ -397,7 +412,8 @@ func (l *Leases) Run(ctx context.Context, name string, ttl time.Duration, fn fun
 // schema, once, when the Leases are built.
 type leaseStatements struct {
 	acquire, renew, release, abandon, leader, fence, detach string
-	renewMany, shardMembers                                 string
+	// A shard set member's: many leases at once.
+	renewMany, acquireMany, abandonMany, releaseMany, detachMany, shardMembers, shardFree string
 	// fenceStrict is Exec's and BeginTx's fence; fenceCommit[0] + the deadline literal +
 	// fenceCommit[1] + "; COMMIT" is their COMMIT (lease_fence_commit, its $1 inlined).
 	fenceStrict string
@@ -415,7 +431,12 @@ func newLeaseStatements(schema string) leaseStatements {
 		detach:  store.LeaseDetach.In(schema).SQL,
 
 		renewMany:    store.LeaseRenewMany.In(schema).SQL,
+		acquireMany:  store.LeaseAcquireMany.In(schema).SQL,
+		abandonMany:  store.LeaseAbandonMany.In(schema).SQL,
+		releaseMany:  store.LeaseReleaseMany.In(schema).SQL,
+		detachMany:   store.LeaseDetachMany.In(schema).SQL,
 		shardMembers: store.ShardMembers.In(schema).SQL,
+		shardFree:    store.ShardFree.In(schema).SQL,
 
 		fenceStrict: store.LeaseFenceStrict.In(schema).SQL,
 		fenceCommit: splitParam(store.LeaseFenceCommit.In(schema).SQL),

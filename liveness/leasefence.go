@@ -46,7 +46,7 @@ import (
 // the takeover waits for the fenced transaction.
 func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
 	if cause := le.Err(); cause != nil {
-		le.leases.noteRefused(le.statName(), &FencedError{Lease: le.Name, Epoch: le.Epoch, Err: cause})
+		le.leases.noteRefused(le.statName(), &FencedError{Lease: le.Name, Epoch: le.Epoch, Err: cause}, false)
 		return le.notHeld(cause)
 	}
 	deadline, late := le.fenceDeadline()
@@ -63,7 +63,7 @@ func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
 		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: late})
 	}
 	if cause := le.Err(); cause != nil { // it ended, here or while the statement ran
-		le.leases.noteRefused(le.statName(), &FencedError{Lease: le.Name, Epoch: le.Epoch, Err: cause})
+		le.leases.noteRefused(le.statName(), &FencedError{Lease: le.Name, Epoch: le.Epoch, Err: cause}, false)
 		return le.notHeld(cause)
 	}
 	return nil

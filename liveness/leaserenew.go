@@ -39,7 +39,9 @@ var errLeftToExpire = errors.New("liveness: lease left to expire")
 //     error. A failed renewal is retried every ttl/16 until the window runs out.
 //   - LostExpired: the trust window ran out with no failed attempt to blame: a renewal
 //     was still unanswered (a hung network, a stalled server) or none could be sent in
-//     time (a paused process).
+//     time (a paused process). Or a fenced transaction under the lease (Exec, BeginTx,
+//     BeginFunc) was open past its bound, the lease's ttl: Err says how long, and its
+//     statement was cancelled.
 //   - LostNotAlive: the holder is an Agent's instance that could no longer prove life;
 //     it stepped down before the fleet could call it dead and take the lease.
 type LeaseLostError struct {
@@ -90,8 +92,13 @@ func (le *Lease) Release(ctx context.Context) error {
 	le.releaseOnce.Do(func() {
 		le.end(ErrLeaseReleased)
 		<-le.renewerDone
-		le.releaseErr = le.deleteRow(ctx)
+		err := le.deleteRow(ctx)
+		le.mu.Lock()
+		le.releaseErr = err
+		le.mu.Unlock()
 	})
+	le.mu.Lock()
+	defer le.mu.Unlock()
 	return le.releaseErr
 }
 
@@ -286,8 +293,12 @@ func (le *Lease) endLocked(cause error) {
 	}
 	le.ended = true
 	le.window.Stop()
-	if le.life != nil {
+	if last := le.lifeShares == nil || le.lifeShares.Add(-1) == 0; le.life != nil && last {
 		defer le.life.stop() // after the cancel: the job's context ends first
+	}
+	if le.inBatch {
+		le.group.remove(le)
+		close(le.renewerDone)
 	}
 	var lost *LeaseLostError
 	if le.ctx.Err() != nil || !errors.As(cause, &lost) {
@@ -295,12 +306,21 @@ func (le *Lease) endLocked(cause error) {
 	}
 	// Count and log first: whoever wakes on Done must see the loss.
 	le.leases.noteEnded(le.statName(), le.Epoch, lost)
+	var outlived *txOutlivedError
 	if lost != nil {
 		attrs := []any{"lease", le.Name, "epoch", le.Epoch, "reason", string(lost.Reason)}
 		if lost.Err != nil {
 			attrs = append(attrs, "err", lost.Err)
 		}
-		le.leases.log.Warn("lease lost; cancelling its context", attrs...)
+		switch {
+		case errors.As(lost.Err, &outlived):
+			// The fenced transaction's watch has said why, in its own line.
+		case le.group != nil:
+			// A shard set's: its member says it once for all the leases it lost together.
+			le.leases.log.Debug("lease lost; cancelling its context", attrs...)
+		default:
+			le.leases.log.Warn("lease lost; cancelling its context", attrs...)
+		}
 	}
 	le.cancel(cause) // no-op when the parent already cancelled it
 }

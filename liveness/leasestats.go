@@ -10,6 +10,8 @@ type leaseCounts struct {
 	epochs  map[int64]int // epochs held now, with how many acquisitions hold each
 	lost    map[LostReason]uint64
 	refused uint64 // fenced writes refused (noteRefused)
+	// refusalTold: the first refusal has been logged.
+	refusalTold bool
 }
 
 // statName is the name the lease counts under in Leases.Stats: its own, or for a lease a

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
 // DefaultShardsPollPeriod is how often Agent.Shards reads its set's members without a
@@ -54,8 +57,9 @@ type ShardsConfig struct {
 	// belongs to another), when Shards' context ends or the Agent stops (then the lease
 	// stays renewed while the callback winds down, for at most AgentConfig.JobWindDown),
 	// or when the lease is lost (a *LeaseLostError: stop at once). Returning on its own
-	// gives the shard up: it is released, and may come back. Fence the shard's writes with
-	// shard.Exec or shard.BeginFunc.
+	// gives the shard up: it is released, and comes back (it is tried again within a
+	// twentieth of a second). Fence the shard's writes with shard.Exec or
+	// shard.BeginFunc; a fenced transaction lasts at most TTL (see Lease.Exec).
 	OnStartedOwning func(ctx context.Context, shard Shard)
 	// OnStoppedOwning runs after OnStartedOwning has returned and the lease was let go,
 	// with the reason, as ElectorConfig.OnStoppedLeading's. Optional.
@@ -65,6 +69,12 @@ type ShardsConfig struct {
 // Shard is one shard this process owns: its name, and the leadership of its lease (its
 // epoch and the fence for the shard's writes).
 type Shard struct {
+	// Name is one of ShardsConfig.Names or, with ShardsConfig.Count, the shard's number
+	// in decimal without leading zeros, "0" to "<Count-1>". It is a string: in SQL pass
+	// it as an argument and compare it with a column of the shard's type, text (WHERE
+	// shard = $1) or a number (WHERE shard = $1::integer: pgx sends the string, the
+	// server reads the number; or strconv.Atoi in Go), never the column's text with it
+	// (WHERE shard::text = $1 uses no index on shard).
 	Name string
 	Leadership
 }
@@ -151,11 +161,26 @@ func (c ShardsConfig) validate() error {
 // long pause) once their leases expire, whatever its membership says, since its member
 // lease expires with them.
 //
+// How soon, at the defaults: a member joins as soon as its agent can prove life (its
+// lock claimed and its first beat landed), so a new process owns its share a few tenths
+// of a second after it starts, and after a server restart a few tenths of a second after
+// the server is back (a member whose lock the restart freed joins again once it has
+// claimed it, which its first beat to get through triggers). A shard that moves between
+// live members is unowned from the old callback's return until the new owner's start:
+// the release, its notification and one take, tens of milliseconds, whatever the burst
+// of changes (the reads of the members and the tries that notifications ask for are
+// paced, never waited for). A crashed member's shards move about 1.2 s after its
+// process died (the lock grace, and the watcher's tick that stamps the vanishing).
+//
 // Whatever the number of shards, a member's leases are renewed in one statement every
-// TTL/4, and owning shards costs what leading costs (the alive lock proved every quarter
-// of the lock grace); the members are read (one statement, O(members)) when they change
-// and every PollPeriod. It returns nil when ctx ends or the agent stops, once every
-// callback has returned and its lease was let go; a *ConfigError for a bad cfg.
+// TTL/4, taken 1,000 a statement and released 5,000 a statement (its shards released
+// together when their callbacks return together: a stop), and owning shards costs what
+// leading costs (the alive lock proved every quarter of the lock grace); the members are
+// read (one statement, O(members)) when they change and every PollPeriod. A failed join
+// is logged once while the failure lasts; a release that fails (the server down) is sent
+// again every 0.2 s until it lands or the lease expires. It returns nil when ctx ends or
+// the agent stops, once every callback has returned and its lease was let go, with one
+// line saying how the stop went; a *ConfigError for a bad cfg.
 func (a *Agent) Shards(ctx context.Context, cfg ShardsConfig) error {
 	if err := cfg.validate(); err != nil {
 		return err
@@ -173,7 +198,7 @@ func (a *Agent) Shards(ctx context.Context, cfg ShardsConfig) error {
 	defer cancel(nil)
 	stop := context.AfterFunc(a.leading.stopping, func() { cancel(context.Cause(a.leading.stopping)) })
 	defer stop()
-	s := &shardSet{agent: a, cfg: cfg, names: names, owned: map[string]*ownedShard{},
+	s := &shardSet{agent: a, cfg: cfg, names: names, owned: map[string]*ownedShard{}, due: map[string]bool{}, log: a.leases.log,
 		group: newLeaseGroup(a.leases, cfg.TTL, cfg.Set+"/*"), stats: a.shardStats(cfg.Set, len(names))}
 	defer a.dropShardStats(cfg.Set, s.stats)
 	return s.run(setCtx)
@@ -181,14 +206,41 @@ func (a *Agent) Shards(ctx context.Context, cfg ShardsConfig) error {
 
 // shardSet is one call of Agent.Shards; its state is owned by run's goroutine.
 type shardSet struct {
-	agent  *Agent
-	cfg    ShardsConfig
-	names  []string
-	group  *leaseGroup
+	agent *Agent
+	cfg   ShardsConfig
+	names []string
+	group *leaseGroup
+	log   *slog.Logger
+	stats *shardSetCounts
+	ended chan string // a shard whose callback returned
+
 	member *Lease
+	// members are the set's live members as last read while a member, mine the shards
+	// rendezvous hashing gives this one among them, and wanted those of mine it does not
+	// own yet (held by another, or freed and not taken yet).
+	members []uuid.UUID
+	mine    map[string]bool
+	wanted  map[string]bool
+	// due are the wanted shards to try at the next try: those notified free, or of its
+	// own that came back; all of wanted when dueAll (a flood left some out).
+	due    map[string]bool
+	dueAll bool
 	owned  map[string]*ownedShard
-	stats  *shardSetCounts
-	ended  chan string // a shard whose callback returned
+	// unreleased are leases whose release failed (the server restarting, out of reach):
+	// sent again every shardReleaseRetry until it succeeds or they have expired, since
+	// nobody may take a lease whose holder is alive, which this instance is again as soon
+	// as the server answers.
+	unreleased []unreleasedLease
+	releaseAt  time.Time // the next try of unreleased
+
+	joining, taking, releasing logging.Repeats
+	joinFailures               int
+}
+
+// unreleasedLease is a lease whose release failed, until its row has surely expired.
+type unreleasedLease struct {
+	lease   *Lease
+	expires time.Time
 }
 
 // ownedShard is a shard this process holds the lease of.
@@ -196,8 +248,71 @@ type ownedShard struct {
 	lease  *Lease
 	cancel context.CancelCauseFunc
 	done   chan struct{} // closed when the callback has returned
-	moving bool          // its callback was asked to stop: the shard belongs to another member now
+	// stopping: its callback was asked to stop; moving: because the shard belongs to
+	// another member now.
+	stopping, moving bool
 }
+
+// shardPacer spaces what notifications ask a member for (reads of the members, tries of
+// the shards it waits for): a token bucket of burst tokens that refills at one per
+// every. A burst of real changes (members joining at once, a member's shards released
+// in a few statements) is acted on at once; a flood of payloads costs one statement per
+// every. Owned by one goroutine.
+type shardPacer struct {
+	burst  float64
+	every  time.Duration
+	tokens float64
+	last   time.Time
+}
+
+// at is when the next action may run: now, while a token is left.
+func (p *shardPacer) at(now time.Time) time.Time {
+	t := p.refill(now)
+	if t >= 1 {
+		return now
+	}
+	return now.Add(time.Duration((1 - t) * float64(p.every)))
+}
+
+// spend takes a token for an action that runs now.
+func (p *shardPacer) spend(now time.Time) {
+	p.tokens = max(p.refill(now)-1, 0)
+	p.last = now
+}
+
+func (p *shardPacer) refill(now time.Time) float64 {
+	if p.last.IsZero() {
+		return p.burst
+	}
+	return min(p.burst, p.tokens+float64(now.Sub(p.last))/float64(p.every))
+}
+
+const (
+	// The pace of reads of the members that notifications ask for: at once for a burst of
+	// eight, then ten a second under a flood.
+	shardReadBurst, shardReadEvery = 8, 100 * time.Millisecond
+	// The pace of tries for the shards a member waits for (its own, still held by a member
+	// that is giving them up), which notifications that they are free ask for: at once
+	// for a burst of eight, then twenty a second. A member that waits for none of the
+	// shards notified free sends nothing.
+	shardTryBurst, shardTryEvery = 8, 50 * time.Millisecond
+	// shardReadRetry is how soon a read of the members that failed is sent again.
+	shardReadRetry = 250 * time.Millisecond
+	// shardJoinRetry is how soon a join refused for a reason nothing notifies (its own
+	// member lease from before not released yet, no proof of life in time) is tried again.
+	shardJoinRetry = 100 * time.Millisecond
+	// shardReleaseRetry is how often a release that failed is sent again.
+	shardReleaseRetry = 200 * time.Millisecond
+	// shardTakeBatch is the most shards taken in one statement (and one proof of the
+	// alive lock): the server spends up to a few milliseconds on each, and a batch must be
+	// answered well within the leases' trust window.
+	shardTakeBatch = 1_000
+	// A member that stops gathers the callbacks that return together, so that it releases
+	// their leases in one statement: until none has returned for shardGatherQuiet, at
+	// most shardGatherMax after the first.
+	shardGatherQuiet = 20 * time.Millisecond
+	shardGatherMax   = 250 * time.Millisecond
+)
 
 // shardSetCounts are a set's counts, read by Snapshot.
 type shardSetCounts struct {
@@ -235,11 +350,18 @@ func (a *Agent) shardSnapshot() []ShardSetStats {
 }
 
 func (s *shardSet) run(ctx context.Context) error {
-	prefix := s.cfg.Set + "/"
-	wake, unsubscribe := s.agent.events.subscribe(func(ev event) bool {
-		return (ev.Kind == eventFree || ev.Kind == eventTaken) && strings.HasPrefix(ev.ID, prefix)
+	prefix, memberPrefix := s.cfg.Set+"/", s.cfg.Set+"/member/"
+	// A member lease taken (a join) or free (a departure, a death), or this process's
+	// watcher calling holders dead while its session does not listen: read the members.
+	membership, unsubscribeMembership := s.agent.events.subscribe(func(ev event) bool {
+		return ev.Kind == eventDeadHere || (ev.Kind == eventFree || ev.Kind == eventTaken) && strings.HasPrefix(ev.ID, memberPrefix)
 	})
-	defer unsubscribe()
+	defer unsubscribeMembership()
+	// A shard free: if it is one this member waits for, try it.
+	freed, takeFreed, unsubscribeFreed := s.agent.events.subscribeIDs(func(ev event) bool {
+		return ev.Kind == eventFree && strings.HasPrefix(ev.ID, prefix) && !strings.HasPrefix(ev.ID, memberPrefix)
+	})
+	defer unsubscribeFreed()
 	s.ended = make(chan string, len(s.names)+1)
 	var renewing sync.WaitGroup
 	groupCtx, stopGroup := context.WithCancel(context.WithoutCancel(ctx))
@@ -249,61 +371,157 @@ func (s *shardSet) run(ctx context.Context) error {
 		stopGroup()
 		renewing.Wait()
 	}()
-	poll := time.NewTimer(0)
-	defer poll.Stop()
-	var limit wakeLimiter
+
+	var (
+		read        bool      // the members are to be read (at once after a join)
+		try         bool      // a try for the wanted shards is due
+		pollAt      time.Time // the next read without a notification
+		joinAt      time.Time // a refused join's next try
+		lifeChanged <-chan struct{}
+		reads       = shardPacer{burst: shardReadBurst, every: shardReadEvery}
+		tries       = shardPacer{burst: shardTryBurst, every: shardTryEvery}
+	)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
 	for ctx.Err() == nil {
-		s.reap()
-		if s.member == nil || s.member.ctx.Err() != nil {
-			s.dropAll(ctx) // not a member: no shard may stay
-			s.join(ctx)
+		now := time.Now()
+		if len(s.unreleased) > 0 && !now.Before(s.releaseAt) {
+			s.retryReleases(ctx)
 		}
-		if s.member != nil && s.member.ctx.Err() == nil {
-			if members, ok := s.readMembers(ctx); ok {
-				s.rebalance(ctx, members)
+		if s.member != nil && s.member.ctx.Err() != nil {
+			s.giveUp() // no member: no shard may stay
+		}
+		if s.member == nil && lifeChanged == nil && !now.Before(joinAt) {
+			lifeChanged, joinAt = s.join(ctx)
+			read = s.member != nil
+		}
+		if s.member != nil {
+			switch {
+			case read && !reads.at(now).After(now):
+				read, try = false, false
+				reads.spend(now)
+				period := min(max(s.cfg.PollPeriod, time.Duration(s.stats.members.Load())*shardPollSpacing), maxShardPollPeriod)
+				if members, ok := s.readMembers(ctx); ok {
+					s.rebalance(ctx, members)
+					pollAt = time.Now().Add(period/2 + rand.N(period/2+1))
+				} else {
+					pollAt = time.Now().Add(min(shardReadRetry, period)) // the server may be down: not ten a second
+				}
+			case try && !tries.at(now).After(now):
+				try = false
+				tries.spend(now)
+				s.takeWanted(ctx, s.dueAll)
 			}
 		}
-		// A large set's members poll rarer: about ten reads a second for the set.
-		period := min(max(s.cfg.PollPeriod, time.Duration(s.stats.members.Load())*shardPollSpacing), maxShardPollPeriod)
-		poll.Reset(period/2 + rand.N(period/2+1))
+
+		// Wait for the next thing to do.
+		next := now.Add(time.Hour)
+		if s.member != nil {
+			next = earliest(next, pollAt)
+			if read {
+				next = earliest(next, reads.at(now))
+			}
+			if try {
+				next = earliest(next, tries.at(now))
+			}
+		} else if lifeChanged == nil {
+			next = earliest(next, joinAt)
+		}
+		if len(s.unreleased) > 0 {
+			next = earliest(next, s.releaseAt)
+		}
+		timer.Reset(max(time.Until(next), 0))
 		var memberLost <-chan struct{}
 		if s.member != nil {
 			memberLost = s.member.ctx.Done()
 		}
 		select {
 		case <-ctx.Done():
-		case <-poll.C:
-		case <-memberLost:
-		case name := <-s.ended:
-			s.reapOne(name)
-		case <-wake:
-			// Notifications are hints: a flood of them costs one read per wakeHoldoff.
-			select {
-			case <-ctx.Done():
-			case <-time.After(limit.delay(time.Now())):
+		case <-timer.C:
+			if s.member != nil && !time.Now().Before(pollAt) {
+				read = true
 			}
+		case <-memberLost:
+		case <-lifeChanged:
+			lifeChanged, joinAt = nil, time.Time{}
+		case name := <-s.ended:
+			if s.reap(name) {
+				try = true // a shard of its own came back: take it again
+			}
+		case <-membership:
+			read = true
+			if s.member == nil {
+				joinAt = time.Time{} // its own member lease from before may be gone now
+			}
+		case <-freed:
+			ids, all := takeFreed()
+			s.dueAll = s.dueAll || all
+			for _, id := range ids {
+				if name := strings.TrimPrefix(id, prefix); s.wanted[name] {
+					s.due[name] = true
+				}
+			}
+			try = try || len(s.due) > 0 || s.dueAll && len(s.wanted) > 0
 		}
 	}
 	return nil
 }
 
-// join takes the set's member lease, or leaves s.member nil (tried again at the next
-// turn of the loop).
-func (s *shardSet) join(ctx context.Context) {
+// join takes the set's member lease, or leaves s.member nil and says when to try again:
+// once lifeChanged is closed (this instance cannot prove life yet: an agent that has
+// just started, or whose server has just come back and its lock not claimed again), or
+// at retryAt. A join that fails is
+// logged (once while the same failure lasts), and so is the first that succeeds after.
+func (s *shardSet) join(ctx context.Context) (lifeChanged <-chan struct{}, retryAt time.Time) {
+	if life := s.agent.leases.life; life != nil && !life.Alive() {
+		ch := life.Changed()
+		if !life.Alive() {
+			return ch, time.Time{}
+		}
+	}
+	if lock := s.agent.lock; lock != nil && lock.claimCount() > 0 {
+		// A lock held before and lost (a restarted server): a member lease would be given
+		// back at once for want of a proof, until it is claimed again.
+		ch := lock.Changed()
+		if !lock.Held() {
+			return ch, time.Time{}
+		}
+	}
 	if !s.agent.leading.enter() {
-		return
+		return nil, time.Now().Add(time.Hour) // the agent stops: so does ctx
 	}
 	name := s.cfg.Set + "/member/" + s.agent.cfg.InstanceID.String()
 	le, err := s.agent.leases.acquireIn(ctx, context.WithoutCancel(ctx), name, s.cfg.TTL, s.group)
-	if err != nil {
-		s.agent.leading.leave()
-		s.member = nil
-		if ctx.Err() == nil && !errors.Is(err, ErrLeaseHeld) && !errors.Is(err, errNotAlive) {
-			s.agent.leases.log.Debug("shards: cannot take the member lease; retrying", "set", s.cfg.Set, "err", err)
-		}
-		return
+	if err == nil {
+		s.member, s.joinFailures = le, 0
+		s.joining.Clear(s.log, "shards: joined the set", "set", s.cfg.Set)
+		s.log.Debug("shards: joined the set", "set", s.cfg.Set, "epoch", le.Epoch)
+		return nil, time.Time{}
 	}
-	s.member = le
+	s.agent.leading.leave()
+	if ctx.Err() != nil {
+		return nil, time.Time{}
+	}
+	var held *leaseHeldError
+	switch {
+	case errors.As(err, &held):
+		// Its own member lease from before, whose release is being sent again, or the
+		// fleet does not see this instance alive yet: nothing notifies the end of either.
+		s.joining.Log(s.log, slog.LevelInfo, "held", "shards: cannot join the set yet: its member lease is held "+
+			"(this instance's own from before, until its release lands, or the fleet does not see this instance "+
+			"alive yet); retrying", "set", s.cfg.Set, "retry", shardJoinRetry)
+		return nil, time.Now().Add(shardJoinRetry)
+	case errors.Is(err, errNotAlive):
+		s.joining.Log(s.log, slog.LevelInfo, "not_alive", "shards: cannot join the set yet: this instance could "+
+			"not prove life in time for its member lease; retrying", "set", s.cfg.Set, "retry", shardJoinRetry)
+		return nil, time.Now().Add(shardJoinRetry)
+	}
+	// The server refuses, or does not answer: fewer tries, not more.
+	s.joinFailures = min(s.joinFailures+1, 10)
+	retry := min(shardJoinRetry<<s.joinFailures, s.cfg.PollPeriod)
+	s.joining.Log(s.log, slog.LevelWarn, "error", "shards: cannot join the set: taking its member lease failed; "+
+		"retrying", "set", s.cfg.Set, "retry", retry, "err", err)
+	return nil, time.Now().Add(retry)
 }
 
 // readMembers reads the set's live members, sorted.
@@ -313,16 +531,13 @@ func (s *shardSet) readMembers(ctx context.Context) ([]uuid.UUID, bool) {
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.TTL/4)
 	defer cancel()
 	rows, err := s.agent.leases.pool.Query(qctx, s.agent.leases.stmts.shardMembers, low, high)
-	if err != nil {
-		if ctx.Err() == nil {
-			s.agent.leases.log.Debug("shards: cannot read the members", "set", s.cfg.Set, "err", err)
-		}
-		return nil, false
+	var members []uuid.UUID
+	if err == nil {
+		members, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	}
-	members, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	if err != nil {
 		if ctx.Err() == nil {
-			s.agent.leases.log.Debug("shards: cannot read the members", "set", s.cfg.Set, "err", err)
+			s.log.Debug("shards: cannot read the members", "set", s.cfg.Set, "err", err)
 		}
 		return nil, false
 	}
@@ -334,30 +549,29 @@ func (s *shardSet) readMembers(ctx context.Context) ([]uuid.UUID, bool) {
 // rebalance gives up the shards that belong to another member now, and takes those that
 // belong to this one and are free. A member not (yet) among the live members owns none.
 func (s *shardSet) rebalance(ctx context.Context, members []uuid.UUID) {
-	me := s.agent.cfg.InstanceID
-	mine := map[string]bool{}
-	if slices.Contains(members, me) {
-		for _, name := range s.names {
-			if shardOwner(s.cfg.Set, name, members) == me {
-				mine[name] = true
+	if s.mine == nil || !slices.Equal(members, s.members) {
+		s.members, s.mine = members, map[string]bool{}
+		if me := s.agent.cfg.InstanceID; slices.Contains(members, me) {
+			for _, name := range s.names {
+				if shardOwner(s.cfg.Set, name, members) == me {
+					s.mine[name] = true
+				}
 			}
 		}
 	}
 	for name, o := range s.owned {
-		if !mine[name] && !o.moving {
-			o.moving = true
+		if !s.mine[name] && !o.stopping {
+			o.stopping, o.moving = true, true
 			o.cancel(errShardMoved)
 		}
 	}
-	for _, name := range s.names {
-		if !mine[name] || s.owned[name] != nil || ctx.Err() != nil {
-			continue
+	s.wanted = map[string]bool{}
+	for name := range s.mine {
+		if s.owned[name] == nil {
+			s.wanted[name] = true
 		}
-		if s.member.ctx.Err() != nil {
-			return
-		}
-		s.take(ctx, name)
 	}
+	s.takeWanted(ctx, true)
 }
 
 // errShardMoved cancels a shard's callback: the shard belongs to another member now.
@@ -394,27 +608,77 @@ func mix64(x uint64) uint64 {
 	return x
 }
 
-// take tries the shard's lease and, once it holds it, starts its callback.
-func (s *shardSet) take(ctx context.Context, name string) {
-	if !s.agent.leading.enter() {
-		return
-	}
-	le, err := s.agent.leases.acquireIn(ctx, context.WithoutCancel(ctx), s.cfg.Set+"/"+name, s.cfg.TTL, s.group)
-	if err != nil {
-		s.agent.leading.leave()
-		if ctx.Err() == nil && !errors.Is(err, ErrLeaseHeld) && !errors.Is(err, errNotAlive) {
-			s.agent.leases.log.Debug("shards: cannot take a shard; retrying", "set", s.cfg.Set, "shard", name, "err", err)
+// takeWanted tries the leases of the wanted shards (all of them, or only those due),
+// shardTakeBatch in one statement, and starts the callback of each taken. A try takes the
+// row lock of each lease it tries until its statement ends, and a release of the other
+// member waits for it: trying only the shards notified free keeps a handover from
+// waiting for tries of the shards still held.
+func (s *shardSet) takeWanted(ctx context.Context, all bool) {
+	names := make([]string, 0, len(s.due))
+	for name := range s.wanted {
+		if all || s.due[name] {
+			names = append(names, s.cfg.Set+"/"+name)
 		}
+	}
+	clear(s.due)
+	s.dueAll = false
+	if all && len(names) > 0 {
+		names = s.free(ctx, names)
+	}
+	if len(names) == 0 {
 		return
 	}
+	slices.Sort(names)
+	for batch := range slices.Chunk(names, shardTakeBatch) {
+		if ctx.Err() != nil || s.member == nil || s.member.ctx.Err() != nil || !s.agent.leading.enterN(len(batch)) {
+			return
+		}
+		les, err := s.agent.leases.acquireMany(ctx, batch, s.group)
+		s.agent.leading.leaveN(len(batch) - len(les))
+		if err != nil {
+			if ctx.Err() == nil && !errors.Is(err, errNotAlive) {
+				s.taking.Log(s.log, slog.LevelWarn, "error", "shards: cannot take shards; retrying at the next read of "+
+					"the members", "set", s.cfg.Set, "err", err)
+			}
+			return
+		}
+		s.taking.Clear(s.log, "shards: taking shards again", "set", s.cfg.Set)
+		for _, le := range les {
+			s.start(strings.TrimPrefix(le.Name, s.cfg.Set+"/"), le)
+		}
+	}
+}
+
+// free is those of names (lease names of the set's shards) that are free now, or all of
+// them when that cannot be read.
+func (s *shardSet) free(ctx context.Context, names []string) []string {
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.TTL/4)
+	defer cancel()
+	rows, err := s.agent.leases.pool.Query(qctx, s.agent.leases.stmts.shardFree, names)
+	var free []string
+	if err == nil {
+		free, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Debug("shards: cannot read which shards are free; trying them all", "set", s.cfg.Set, "err", err)
+		}
+		return names
+	}
+	return free
+}
+
+// start runs the callback of a shard whose lease it has just taken.
+func (s *shardSet) start(name string, le *Lease) {
 	job, cancel := context.WithCancelCause(le.ctx)
 	o := &ownedShard{lease: le, cancel: cancel, done: make(chan struct{})}
 	s.owned[name] = o
+	delete(s.wanted, name)
 	s.stats.acquired.Add(1)
 	s.stats.owned.Store(int64(len(s.owned)))
 	self := Shard{Name: name, Leadership: Leadership{Leader: Leader{Lease: le.Name, InstanceID: s.agent.cfg.InstanceID,
 		Host: s.agent.leases.host, Epoch: le.Epoch, TakenAt: le.TakenAt, ExpiresAt: le.ExpiresAt()}, lease: le}}
-	s.agent.leases.log.Debug("shards: owning", "set", s.cfg.Set, "shard", name, "epoch", le.Epoch)
+	s.log.Debug("shards: owning", "set", s.cfg.Set, "shard", name, "epoch", le.Epoch)
 	go func() {
 		defer func() { s.ended <- name }()
 		defer close(o.done)
@@ -423,116 +687,243 @@ func (s *shardSet) take(ctx context.Context, name string) {
 	}()
 }
 
-// reap lets go of the shards whose callbacks have returned.
-func (s *shardSet) reap() {
-	for {
+// reap lets go of the shard whose callback has just returned, and of every other whose
+// callback has returned by now, in one statement. It reports whether one of them is
+// this member's still (its callback returned on its own, or its lease was lost): it
+// may be taken again.
+func (s *shardSet) reap(first string) (cameBack bool) {
+	names := []string{first}
+	for more := true; more; {
 		select {
 		case name := <-s.ended:
-			s.reapOne(name)
+			names = append(names, name)
 		default:
-			return
+			more = false
 		}
 	}
+	return s.letGo(names, false)
 }
 
-// reapOne lets go of a shard whose callback has returned.
-func (s *shardSet) reapOne(name string) {
-	if o := s.owned[name]; o != nil {
-		<-o.done // closed before its name is sent
-		s.letGo(name, o)
+// letGo releases the shards names, whose callbacks have returned, in one statement (with
+// the member lease too when withMember), and reports why each stopped (OnStoppedOwning).
+// The leases lost among them are told in one line.
+func (s *shardSet) letGo(names []string, withMember bool) (cameBack bool) {
+	type gone struct {
+		name   string
+		o      *ownedShard
+		reason error
 	}
-}
-
-// letGo releases a shard whose callback has returned, and reports why it stopped.
-func (s *shardSet) letGo(name string, o *ownedShard) {
-	reason := o.lease.Err()
-	switch {
-	case errors.Is(reason, ErrLeaseLost):
-		s.stats.lost.Add(1)
-	case o.moving:
-		reason = errShardMoved
-		s.stats.released.Add(1)
-	default:
-		reason = ErrLeaseReleased
-		s.stats.released.Add(1)
-	}
-	rctx, cancel := context.WithTimeout(context.Background(), runReleaseTimeout)
-	_ = o.lease.Release(rctx) // a lost lease deletes nothing; a failed release expires
-	cancel()
-	s.agent.leading.leave()
-	delete(s.owned, name)
-	s.stats.owned.Store(int64(len(s.owned)))
-	if s.cfg.OnStoppedOwning != nil {
-		s.cfg.OnStoppedOwning(name, reason)
-	}
-}
-
-// dropAll stops every callback and lets go of every shard, and of the member lease: this
-// process is no member (its member lease was lost).
-func (s *shardSet) dropAll(ctx context.Context) {
-	cause := context.Cause(ctx)
-	if cause == nil {
-		cause = &LeaseLostError{Name: s.cfg.Set + "/member/" + s.agent.cfg.InstanceID.String(), Reason: LostTaken}
-		if s.member != nil {
-			if err := s.member.Err(); err != nil {
-				cause = err
-			}
+	done := make([]gone, 0, len(names))
+	les := make([]*Lease, 0, len(names))
+	for _, name := range names {
+		if o := s.owned[name]; o != nil {
+			done = append(done, gone{name: name, o: o, reason: o.lease.Err()}) // before the release ends it
+			les = append(les, o.lease)
 		}
 	}
-	for _, o := range s.owned {
-		o.cancel(cause)
+	withMember = withMember && s.member != nil
+	if withMember {
+		les = append(les, s.member)
 	}
-	s.waitAll(s.agent.cfg.JobWindDown)
-	if s.member != nil {
-		rctx, cancel := context.WithTimeout(context.Background(), runReleaseTimeout)
-		_ = s.member.Release(rctx)
-		cancel()
+	if len(les) == 0 {
+		return false
+	}
+	err := s.agent.leases.releaseMany(context.Background(), les) // a lost lease deletes nothing
+	if err != nil {
+		s.keepReleasing(les, err)
+	}
+	if withMember {
 		s.agent.leading.leave()
 		s.member = nil
 	}
+	s.agent.leading.leaveN(len(done))
+	var lost []string
+	reasons := map[LostReason]int{}
+	for i := range done {
+		g := &done[i]
+		delete(s.owned, g.name)
+		var ll *LeaseLostError
+		var outlived *txOutlivedError
+		switch {
+		case errors.As(g.reason, &ll):
+			s.stats.lost.Add(1)
+			if !errors.As(ll.Err, &outlived) { // a fenced transaction past its bound: said already
+				lost = append(lost, g.name)
+				reasons[ll.Reason]++
+			}
+		case g.o.moving:
+			g.reason = errShardMoved
+			s.stats.released.Add(1)
+		default:
+			g.reason = ErrLeaseReleased
+			s.stats.released.Add(1)
+		}
+		if s.mine[g.name] && s.member != nil && !g.o.moving {
+			s.wanted[g.name], s.due[g.name], cameBack = true, true, true
+		}
+	}
+	s.stats.owned.Store(int64(len(s.owned)))
+	if len(lost) > 0 {
+		s.log.Warn("shards: leases lost; their callbacks have returned", "set", s.cfg.Set, "count", len(lost),
+			"reasons", fmt.Sprint(reasons), "shards", sample(lost))
+	}
+	if s.cfg.OnStoppedOwning != nil {
+		for _, g := range done {
+			s.cfg.OnStoppedOwning(g.name, g.reason)
+		}
+	}
+	return cameBack
 }
 
-// waitAll waits, at most windDown, for every callback to return and lets go of its
-// shard; a callback still running then has its lease left to expire.
-func (s *shardSet) waitAll(windDown time.Duration) {
+// sample is at most ten of names, for a log line.
+func sample(names []string) string {
+	if len(names) <= 10 {
+		return strings.Join(names, ",")
+	}
+	return strings.Join(names[:10], ",") + fmt.Sprintf(",... (%d more)", len(names)-10)
+}
+
+// keepReleasing sends the release of les again until it succeeds or their rows have
+// expired: a lease lost while the server did not answer (a restart, a failover) is one
+// whose release failed, and its row would otherwise keep its shard, or this member's
+// next join, from anyone until it expired.
+func (s *shardSet) keepReleasing(les []*Lease, err error) {
+	expires := time.Now().Add(s.cfg.TTL)
+	for _, le := range les {
+		s.unreleased = append(s.unreleased, unreleasedLease{lease: le, expires: expires})
+	}
+	s.releaseAt = time.Now().Add(shardReleaseRetry)
+	s.releasing.Log(s.log, slog.LevelInfo, "failed", "shards: release failed; sending it again until it lands or "+
+		"the leases expire", "set", s.cfg.Set, "leases", len(s.unreleased), "err", err)
+}
+
+// retryReleases sends the failed releases again, in one statement.
+func (s *shardSet) retryReleases(ctx context.Context) {
+	now := time.Now()
+	s.unreleased = slices.DeleteFunc(s.unreleased, func(u unreleasedLease) bool { return !now.Before(u.expires) })
+	les := make([]*Lease, len(s.unreleased))
+	for i, u := range s.unreleased {
+		les[i] = u.lease
+	}
+	err := s.agent.leases.deleteRows(ctx, les)
+	if err != nil && len(les) > 0 {
+		s.releasing.Log(s.log, slog.LevelInfo, "failed", "shards: release failed; sending it again until it lands or "+
+			"the leases expire", "set", s.cfg.Set, "leases", len(les), "err", err)
+		s.releaseAt = time.Now().Add(shardReleaseRetry)
+		return
+	}
+	s.unreleased = nil
+	s.releasing.Clear(s.log, "shards: released after all", "set", s.cfg.Set, "leases", len(les))
+}
+
+// giveUp ends this process's membership, whose member lease was lost: every callback is
+// cancelled with the loss (their shards are let go as they return), the member lease is
+// released, and the member joins again as soon as it can.
+func (s *shardSet) giveUp() {
+	cause := s.member.Err()
+	stopping := 0
+	for _, o := range s.owned {
+		if !o.stopping {
+			o.stopping = true
+			o.cancel(cause)
+			stopping++
+		}
+	}
+	s.log.Warn("shards: this instance is no member of the set any more: its member lease was lost; its shards' "+
+		"callbacks are cancelled, and it joins again as soon as it can", "set", s.cfg.Set, "stopping", stopping, "err", cause)
+	s.releaseMember()
+	s.members, s.mine, s.wanted = nil, nil, nil
+	clear(s.due)
+	s.dueAll = false
+	s.stats.members.Store(0)
+}
+
+// releaseMember releases the member lease (sent again later if that fails).
+func (s *shardSet) releaseMember() {
+	if s.member == nil {
+		return
+	}
+	if err := s.agent.leases.releaseMany(context.Background(), []*Lease{s.member}); err != nil {
+		s.keepReleasing([]*Lease{s.member}, err)
+	}
+	s.agent.leading.leave()
+	s.member = nil
+}
+
+// leave ends the set's part when ctx has ended: every callback is cancelled, and the
+// shards are released as their callbacks return (their leases renewed meanwhile, for at
+// most JobWindDown), in one statement for the callbacks that return together; the member
+// lease goes with the first of them, so that the others see the departure and find those
+// shards free at once, and take each later one as soon as it is released. One line says
+// how it went.
+func (s *shardSet) leave(ctx context.Context) {
+	began := time.Now()
+	if len(s.owned) == 0 {
+		s.releaseMember()
+	}
+	cause := context.Cause(ctx)
+	for _, o := range s.owned {
+		if !o.stopping {
+			o.stopping = true
+			o.cancel(cause)
+		}
+	}
+	windDown := s.agent.cfg.JobWindDown
 	deadline := time.NewTimer(windDown)
 	defer deadline.Stop()
-	for len(s.owned) > 0 {
+	released := 0
+	var stragglers []string
+	for len(s.owned) > 0 && stragglers == nil {
 		select {
 		case name := <-s.ended:
-			if o := s.owned[name]; o != nil {
-				s.letGo(name, o)
-			}
+			names := s.gather(name)
+			released += len(names)
+			s.letGo(names, true)
 		case <-deadline.C:
+			les := make([]*Lease, 0, len(s.owned))
 			for name, o := range s.owned {
-				rctx, cancel := context.WithTimeout(context.Background(), runReleaseTimeout)
-				err := o.lease.leaveToExpire(rctx)
-				cancel()
-				s.agent.leading.leave()
-				s.agent.leases.log.Error("a shard's callback did not return within its wind-down: its lease is left to "+
-					"expire, and another member may own the shard then while this callback still runs",
-					"set", s.cfg.Set, "shard", name, "wind_down", windDown, "err", err)
-				delete(s.owned, name)
+				stragglers = append(stragglers, name)
+				les = append(les, o.lease)
 			}
+			err := s.agent.leases.leaveManyToExpire(context.Background(), les)
+			s.agent.leading.leaveN(len(les))
+			clear(s.owned)
 			s.stats.owned.Store(0)
-			return
+			slices.Sort(stragglers)
+			s.log.Error("shards: callbacks did not return within their wind-down: their leases are left to expire, "+
+				"and another member may own those shards then while these callbacks still run", "set", s.cfg.Set,
+				"count", len(stragglers), "wind_down", windDown, "shards", sample(stragglers), "released", released, "err", err)
 		}
+	}
+	s.releaseMember() // when the wind-down ran out before any callback returned
+	if len(s.unreleased) > 0 {
+		s.retryReleases(context.Background()) // once more: the instance's end frees them otherwise
+	}
+	s.stats.members.Store(0)
+	if stragglers == nil && released > 0 {
+		s.log.Info("shards: left the set; every shard released", "set", s.cfg.Set, "released", released,
+			"took", time.Since(began).Round(time.Millisecond))
 	}
 }
 
-// leave ends the set's part: every callback returns (the leases renewed meanwhile, for at
-// most JobWindDown), the shards are released, and then the member lease.
-func (s *shardSet) leave(ctx context.Context) {
-	for _, o := range s.owned {
-		o.cancel(context.Cause(ctx))
+// gather is first and the names of the other callbacks that return with it: until none
+// has for shardGatherQuiet, at most shardGatherMax, or every owned shard's has.
+func (s *shardSet) gather(first string) []string {
+	names := []string{first}
+	limit := time.NewTimer(shardGatherMax)
+	defer limit.Stop()
+	quiet := time.NewTimer(shardGatherQuiet)
+	defer quiet.Stop()
+	for len(names) < len(s.owned) {
+		select {
+		case name := <-s.ended:
+			names = append(names, name)
+			quiet.Reset(shardGatherQuiet)
+		case <-quiet.C:
+			return names
+		case <-limit.C:
+			return names
+		}
 	}
-	s.waitAll(s.agent.cfg.JobWindDown)
-	if s.member != nil {
-		rctx, cancel := context.WithTimeout(context.Background(), runReleaseTimeout)
-		_ = s.member.Release(rctx)
-		cancel()
-		s.agent.leading.leave()
-		s.member = nil
-	}
-	s.stats.members.Store(0)
+	return names
 }

@@ -241,6 +241,26 @@ func TestWatchAliveDropsInstancesThatStoppedBeating(t *testing.T) {
 	}
 }
 
+// WatchMaxHeartbeatAge must be above the slow heartbeat interval, at which a healthy
+// instance that holds its lock beats: below it, such an instance left the set for most of
+// every interval (at 15 s, two healthy instances saw an empty set 45 s of every minute).
+// WatchAlive refuses such a bound with a *ConfigError naming the option.
+func TestWatchMaxHeartbeatAgeMustBeAboveTheSlowInterval(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 2)
+	ctx := testutil.Context(t, 30*time.Second)
+	a := newAgent(t, defaultAgentConfig(db, pool, "watching"))
+	for _, d := range []time.Duration{15 * time.Second, liveness.DefaultHeartbeatSlowInterval, -time.Second} {
+		err := a.WatchAlive(ctx, "", func([]liveness.InstanceStatus) {}, liveness.WatchMaxHeartbeatAge(d))
+		var ce *liveness.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "WatchMaxHeartbeatAge" {
+			t.Errorf("WatchAlive with WatchMaxHeartbeatAge(%s): %v; want a *ConfigError naming WatchMaxHeartbeatAge", d, err)
+		}
+		if d > 0 && (err == nil || !strings.Contains(err.Error(), "HeartbeatSlowInterval, 1m0s")) {
+			t.Errorf("WatchAlive with WatchMaxHeartbeatAge(%s): %v; want it to name the slow interval", d, err)
+		}
+	}
+}
+
 // TestShardsAndFencedWritesRefuseBadInput: names that would meet another set's leases
 // (a / in the set's name made "jobs/member" count as members of "jobs"), or that
 // PostgreSQL cannot store as given (NUL, invalid UTF-8), counts past MaxShards, and a

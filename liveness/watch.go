@@ -50,8 +50,15 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if o.maxAge < 0 {
+	switch slow := a.cfg.Timing.HeartbeatSlowInterval; {
+	case o.maxAge < 0:
 		return &ConfigError{Field: "WatchMaxHeartbeatAge", Reason: fmt.Sprintf("(%s) must not be negative", o.maxAge)}
+	case o.maxAge > 0 && o.maxAge <= slow:
+		// A healthy instance that holds its lock beats every slow interval: its heartbeat
+		// is that old just before each beat, and it would be left out of the set then.
+		return &ConfigError{Field: "WatchMaxHeartbeatAge", Reason: fmt.Sprintf("(%s) must be above the slow heartbeat "+
+			"interval (AgentConfig.Timing.HeartbeatSlowInterval, %s), at which a healthy instance holding its lock "+
+			"beats; give it a margin, such as %s", o.maxAge, slow, slow+slow/2)}
 	}
 	r, err := NewReader(ReaderConfig{DB: a.cfg.Pool, Schema: a.cfg.Schema})
 	if err != nil {
@@ -123,10 +130,17 @@ type watchOptions struct {
 
 // WatchMaxHeartbeatAge leaves out of the alive set the instances whose last heartbeat is
 // older than d: a process that hangs (SIGSTOP, a long pause, a frozen VM) keeps its alive
-// lock and stays alive by the verdict, but stops beating. Choose d above the service's
-// slow heartbeat interval (Timing.HeartbeatSlowInterval, 60 s by default, at which a
-// healthy lock holder beats) with a margin: a hung instance then leaves the set about d
-// after its last beat. Zero keeps every instance the verdict calls alive.
+// lock and stays alive by the verdict, but stops beating. d must be above the slow
+// heartbeat interval (Timing.HeartbeatSlowInterval, 60 s by default), at which a healthy
+// instance that holds its lock beats, with a margin (90 s at the defaults): a healthy
+// instance's heartbeat is that old just before each beat, and a bound below it would
+// leave every such instance out of the set for part of each interval (at 15 s, most of
+// every minute). WatchAlive refuses a d that is not above this agent's
+// HeartbeatSlowInterval with a *ConfigError naming WatchMaxHeartbeatAge; the watched
+// service's instances must not beat slower either. A hung instance then leaves the set
+// about d after its last beat, so never within a lease's TTL at the defaults: a hung
+// shard owner's shards move when their leases expire, which Agent.Shards sees to without
+// this option. Zero keeps every instance the verdict calls alive.
 func WatchMaxHeartbeatAge(d time.Duration) WatchOption {
 	return func(o *watchOptions) { o.maxAge = d }
 }

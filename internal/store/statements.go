@@ -70,9 +70,15 @@ var (
 	LeaseDetach  = Statement{"lease_detach"}
 	LeaseLeader  = Statement{"lease_leader"}
 	LeaseFence   = Statement{"lease_fence"}
-	// A shard set's (Agent.Shards): its leases renewed in one statement, and its members.
-	LeaseRenewMany = Statement{"lease_renew_many"}
-	ShardMembers   = Statement{"shard_members"}
+	// A shard set's (Agent.Shards): its leases renewed, taken, released and left to expire
+	// many at a time, one statement each, and its members.
+	LeaseRenewMany   = Statement{"lease_renew_many"}
+	LeaseAcquireMany = Statement{"lease_acquire_many"}
+	LeaseAbandonMany = Statement{"lease_abandon_many"}
+	LeaseReleaseMany = Statement{"lease_release_many"}
+	LeaseDetachMany  = Statement{"lease_detach_many"}
+	ShardMembers     = Statement{"shard_members"}
+	ShardFree        = Statement{"shard_free"}
 	// Lease.Exec's and Lease.BeginTx's fence, which fails rather than answers, and what
 	// their COMMIT carries (the deadline as of then), sent in one simple query with it.
 	LeaseFenceStrict = Statement{"lease_fence_strict"}
@@ -147,7 +153,8 @@ var handles = []string{
 	AliveLockClaim.name, AliveLockVerify.name, AliveLockHolder.name, AliveLockRelease.name, LockDatabase.name,
 	NodeAgentDeadInstances.name, Heartbeat.name, HeartbeatDelete.name, Cleanup.name,
 	WatchAliveLocks.name, NotifyDeadInstances.name, WatchFresh.name, EventsListen.name, MembersListen.name, MembersUnlisten.name,
-	LeaseAcquire.name, LeaseRenew.name, LeaseRenewMany.name, ShardMembers.name, LeaseRelease.name, LeaseAbandon.name, LeaseDetach.name, LeaseLeader.name, LeaseFence.name,
+	LeaseAcquire.name, LeaseRenew.name, LeaseRenewMany.name, LeaseAcquireMany.name, LeaseAbandonMany.name,
+	LeaseReleaseMany.name, LeaseDetachMany.name, ShardMembers.name, ShardFree.name, LeaseRelease.name, LeaseAbandon.name, LeaseDetach.name, LeaseLeader.name, LeaseFence.name,
 	LeaseFenceStrict.name, LeaseFenceCommit.name,
 	SchemaState.name, SchemaMigrations.name, SchemaVersion.name,
 	MigrateLock.name, MigrateSchema.name, MigrateBookkeeping.name, MigrateApplied.name, MigrateSearchPath.name, MigrateRecord.name,

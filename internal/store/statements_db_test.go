@@ -180,6 +180,20 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	if _, err := pool.Exec(ctx, store.LeaseRenewMany.In(liveness.DefaultSchema).SQL, []string{"set/0"}, []string{"h"}, []int64{1}, 15.0); err != nil {
 		t.Fatalf("lease_renew_many: %v", err)
 	}
+	for _, st := range []struct {
+		s    store.Statement
+		args []any
+	}{
+		{store.LeaseAcquireMany, []any{[]string{"set/0"}, []string{"h"}, 15.0, nil, "host"}},
+		{store.LeaseAbandonMany, []any{[]string{"set/0"}, []string{"h"}}},
+		{store.LeaseReleaseMany, []any{[]string{"set/1"}, []string{"h"}, []int64{1}}},
+		{store.LeaseDetachMany, []any{[]string{"set/1"}, []string{"h"}, []int64{1}}},
+		{store.ShardFree, []any{[]string{"set/0", "set/1"}}},
+	} {
+		if _, err := pool.Exec(ctx, st.s.In(liveness.DefaultSchema).SQL, st.args...); err != nil {
+			t.Fatalf("%s: %v", st.s.Name(), err)
+		}
+	}
 	if _, err := pool.Exec(ctx, store.ShardMembers.In(liveness.DefaultSchema).SQL, "set/member/", "set/member0"); err != nil {
 		t.Fatalf("shard_members: %v", err)
 	}

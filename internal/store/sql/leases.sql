@@ -109,6 +109,55 @@ SELECT pg_catalog.set_config('pg_liveness.commit_deadline', $1, true)
 -- their new expiry; a lease missing from the answer is lost.
 SELECT r.name, r.expires_at FROM {schema}.lease_extend_many($1::text[], $2::text[], $3::bigint[], $4::float8) AS r
 
+-- name: lease_acquire_many tag=lease_acquire
+-- Takes many leases for one holder instance at once (a shard set member's share), each
+-- as lease_acquire takes one, with a holder token of its own: one statement however many
+-- shards a member comes to own. $1 names, $2 holders (arrays of one length), $3 ttl in
+-- seconds, $4 the holder's instance id, $5 its host. Returns the leases taken, with
+-- their epoch, taken_at and expires_at; a name missing from the answer is held.
+SELECT t.name, r.epoch, r.taken_at, r.expires_at
+  FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[])) AS t(name, holder)
+ CROSS JOIN LATERAL {schema}.lease_take(t.name, t.holder, $3::float8, $4::uuid, $5::text) AS r
+ WHERE r.epoch IS NOT NULL
+
+-- name: shard_free tag=shard_members
+-- Which of the shards a member waits for are free now (no unexpired row, or one whose
+-- holder instance is dead by the one verdict), read without a row lock: a member tries to
+-- take only those, so that its tries never hold the row of a shard another member is
+-- about to release (a try locks each row it tries until its statement ends). The verdict
+-- is asked once per holder, not per shard. $1 lease names. Returns the free ones.
+SELECT w.name
+  FROM pg_catalog.unnest($1::text[]) AS w(name)
+  LEFT JOIN {schema}.leases l ON l.name = w.name AND l.expires_at >= pg_catalog.now()
+ WHERE l.name IS NULL
+    OR l.holder_instance_id IS NOT NULL AND l.holder_instance_id <> ALL (
+           SELECT h.id
+             FROM (SELECT DISTINCT k.holder_instance_id AS id FROM {schema}.leases k
+                    WHERE k.name = ANY ($1::text[]) AND k.holder_instance_id IS NOT NULL) h
+            WHERE {schema}.is_instance_alive(h.id))
+
+-- name: lease_abandon_many tag=lease_release
+-- lease_abandon for many acquisitions at once, whose answer was lost: $1 names, $2
+-- holders (arrays of one length). Returns how many rows went.
+SELECT coalesce(pg_catalog.sum({schema}.lease_abandon(t.name, t.holder)), 0)::bigint
+  FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[])) AS t(name, holder)
+
+-- name: lease_release_many tag=lease_release
+-- lease_release for many acquisitions at once (the shards a member gives up together, all
+-- of them when it stops): each row goes only if it still belongs to its acquisition. $1
+-- names, $2 holders, $3 epochs (arrays of one length). Returns how many rows went.
+SELECT coalesce(pg_catalog.sum({schema}.lease_let_go(t.name, t.holder, t.epoch)), 0)::bigint
+  FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::bigint[]))
+       AS t(name, holder, epoch)
+
+-- name: lease_detach_many tag=lease_release
+-- lease_detach for many acquisitions at once (the shards whose callbacks outlived their
+-- wind-down): each is left to expire. $1 names, $2 holders, $3 epochs (arrays of one
+-- length). Returns how many rows were left.
+SELECT coalesce(pg_catalog.sum({schema}.lease_detach(t.name, t.holder, t.epoch)), 0)::bigint
+  FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::bigint[]))
+       AS t(name, holder, epoch)
+
 -- name: shard_members
 -- A shard set's live members (Agent.Shards): the instances holding an unexpired member
 -- lease of the set, "<set>/member/<id>", whose holder is alive by the one verdict. $1 and

@@ -1,0 +1,211 @@
+// Many leases of one group at once: a shard set member's shards taken, released and left
+// to expire in one statement each, however many there are.
+
+package liveness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+)
+
+// acquireMany takes, in one statement, those of names that are free, each with a holder
+// token of its own, as acquire takes one: group (whose ttl they get) renews them, and
+// they are trusted, as one lease is, only once the alive lock has been proved held by a
+// proof sent after the statement was answered: one proof for the whole batch, whose
+// leases then follow one leadership. It returns the leases taken; a name it leaves out
+// is held by another. A lease of the batch ends when it is released, lost (a renewal
+// that misses it, its window, a fence) or when the leadership ends (all of them then).
+func (l *Leases) acquireMany(ctx context.Context, names []string, group *leaseGroup) ([]*Lease, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	ttl := group.ttl
+	margin, err := l.marginFor(names[0], ttl)
+	if err != nil {
+		return nil, err
+	}
+	holders := make([]string, len(names))
+	for i := range holders {
+		if holders[i], err = l.holderID(); err != nil {
+			return nil, err
+		}
+	}
+	if l.life != nil && !l.life.Alive() {
+		return nil, errNotAlive
+	}
+	var mark holdMark
+	if l.life != nil {
+		mark = l.life.hold()
+	}
+	start := time.Now()
+	trustUntil := start.Add(ttl - margin)
+	actx, cancel := context.WithDeadline(ctx, trustUntil)
+	defer cancel()
+	type taken struct {
+		name             string
+		epoch            int64
+		takenAt, expires time.Time
+	}
+	var got []taken
+	err = l.sendAcquire(actx, trustUntil, func(ctx context.Context, conn *pgxpool.Conn) error {
+		got = got[:0]
+		rows, err := conn.Query(ctx, l.stmts.acquireMany, names, holders, ttl.Seconds(), l.id, l.host)
+		if err != nil {
+			return err
+		}
+		var r taken
+		_, err = pgx.ForEachRow(rows, []any{&r.name, &r.epoch, &r.takenAt, &r.expires}, func() error {
+			got = append(got, r)
+			return nil
+		})
+		return err
+	})
+	roundTrip := time.Since(start)
+	if err != nil || actx.Err() != nil {
+		if actx.Err() != nil {
+			// Taken as the caller gave up, or the answer was lost with the statement
+			// perhaps committed: give back whatever this batch may hold at once.
+			l.abandonMany(ctx, names, holders)
+		}
+		if err == nil {
+			err = context.Cause(actx)
+		}
+		return nil, fmt.Errorf("liveness: acquire %d leases (%q, ...): %w", len(names), names[0], logging.RedactError(err))
+	}
+	if len(got) == 0 {
+		return nil, nil
+	}
+	holderOf := make(map[string]string, len(names))
+	for i, n := range names {
+		holderOf[n] = holders[i]
+	}
+	var life *leadership
+	if l.life != nil {
+		if life, err = l.life.lead(actx, mark, time.Now()); err != nil {
+			gave, tokens := make([]string, len(got)), make([]string, len(got))
+			for i, r := range got {
+				gave[i], tokens[i] = r.name, holderOf[r.name]
+			}
+			l.abandonMany(ctx, gave, tokens)
+			l.log.Debug("leases given back: the alive lock was not proved held in time", "leases", len(got), "err", err)
+			return nil, errNotAlive
+		}
+	}
+	shares := new(atomic.Int64) // a batch's leases have no renewLoop, with or without life
+	shares.Store(int64(len(got)))
+	out := make([]*Lease, len(got))
+	for i, r := range got {
+		out[i] = l.newLease(context.Background(), r.name, holderOf[r.name], r.epoch, r.takenAt, r.expires, trustUntil,
+			fenceUntil(r.expires, roundTrip, margin), ttl, margin, life, shares, group)
+	}
+	if life != nil {
+		// One watch for the batch: when the leadership is over, so is every lease of it.
+		// It ends too once the last lease has (which stops the leadership).
+		go func() {
+			<-life.Over()
+			for _, le := range out {
+				le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostNotAlive})
+			}
+		}()
+	}
+	return out, nil
+}
+
+// abandonMany deletes what acquisitions whose answer was lost may hold (names and their
+// holders), with its own short deadline.
+func (l *Leases) abandonMany(ctx context.Context, names, holders []string) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
+	defer cancel()
+	_, _ = l.pool.Exec(dctx, l.stmts.abandonMany, names, holders)
+}
+
+// manyBatch is the most leases one statement releases or leaves to expire: the server
+// spends a fraction of a millisecond on each (its lease function, and the notification
+// of a release), so that a statement for many thousands would outlast its deadline and
+// give back nothing at all.
+const manyBatch = 5_000
+
+// releaseMany is Release for many leases, in one statement for up to manyBatch of them,
+// each within runReleaseTimeout: each lease ends, and its row goes if it still belongs to
+// its acquisition. A lease
+// released before is left out. No other Release of these leases may run meanwhile.
+func (l *Leases) releaseMany(ctx context.Context, les []*Lease) error {
+	mine := make([]*Lease, 0, len(les))
+	for _, le := range les {
+		le.releaseOnce.Do(func() { mine = append(mine, le) })
+	}
+	for _, le := range mine {
+		le.end(ErrLeaseReleased)
+	}
+	for _, le := range mine {
+		<-le.renewerDone
+	}
+	err := l.deleteRows(ctx, mine)
+	for _, le := range mine {
+		le.mu.Lock()
+		le.releaseErr = err
+		le.mu.Unlock()
+	}
+	return err
+}
+
+// deleteRows sends the release statement of many leases, one for each manyBatch, each
+// within runReleaseTimeout: each row goes if it still belongs to its acquisition. It may
+// be sent again after a failure.
+func (l *Leases) deleteRows(ctx context.Context, les []*Lease) error {
+	var errs []error
+	for batch := range slices.Chunk(les, manyBatch) {
+		names, holders, epochs := leaseKeys(batch)
+		bctx, cancel := context.WithTimeout(ctx, runReleaseTimeout)
+		_, err := l.pool.Exec(bctx, l.stmts.releaseMany, names, holders, epochs)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("liveness: release %d leases (%q, ...): %w", len(batch), batch[0].Name,
+				logging.RedactError(err)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// leaveManyToExpire is leaveToExpire for many leases, in one statement for up to
+// manyBatch of them, each within runReleaseTimeout.
+func (l *Leases) leaveManyToExpire(ctx context.Context, les []*Lease) error {
+	for _, le := range les {
+		le.end(errLeftToExpire)
+	}
+	for _, le := range les {
+		<-le.renewerDone
+	}
+	if l.id == nil {
+		return nil
+	}
+	var errs []error
+	for batch := range slices.Chunk(les, manyBatch) {
+		names, holders, epochs := leaseKeys(batch)
+		bctx, cancel := context.WithTimeout(ctx, runReleaseTimeout)
+		_, err := l.pool.Exec(bctx, l.stmts.detachMany, names, holders, epochs)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("liveness: leave %d leases (%q, ...) to expire: %w", len(batch), batch[0].Name,
+				logging.RedactError(err)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func leaseKeys(les []*Lease) (names, holders []string, epochs []int64) {
+	names, holders, epochs = make([]string, len(les)), make([]string, len(les)), make([]int64, len(les))
+	for i, le := range les {
+		names[i], holders[i], epochs[i] = le.Name, le.Holder, le.Epoch
+	}
+	return names, holders, epochs
+}
