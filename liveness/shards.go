@@ -91,8 +91,11 @@ type ShardSetStats struct {
 }
 
 // MaxShards is the most shards a set may have (ShardsConfig.Count, or Names): each is a
-// lease row, renewed in one statement with the member's others, and a callback.
-const MaxShards = 100_000
+// lease row, renewed in one statement with the member's others, and a callback. At
+// 100,000 a member's renewal outlasts its attempt window and the watcher's scan of the
+// leases its tick's deadline, on today's schema; at 5,000 a member stops, releasing
+// every lease, in about a second.
+const MaxShards = 10_000
 
 // badName says what is wrong with a set's or a shard's name, or "": it must be text
 // PostgreSQL stores as it is given (valid UTF-8 without NUL), and hold no /, which
