@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GO=${GO:-go}
-TEST_FLAGS=${TEST_FLAGS:--race -count=1 -timeout 30m}
+TEST_FLAGS=${TEST_FLAGS:--race -vet=off -count=1 -timeout 30m}
 hogs=${STRESS_HOGS:-2}
 
 pids=()

@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.."
 
 what=${1:-all}
 GO=${GO:-go}
-TEST_FLAGS=${TEST_FLAGS:--race -count=1 -timeout 30m}
+TEST_FLAGS=${TEST_FLAGS:--race -vet=off -count=1 -timeout 30m}
 JOBS=${JOBS:-4}
 : "${PG_MAJORS:?}" "${DB_PKGS:?}" "${TOOLS_DB_PKGS:?}" "${MAJOR_FAULTS:?}" "${MAJOR_SKIP:?}"
 
