@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Every error this package writes starts with "liveness: ", then says the part or the
@@ -98,6 +99,11 @@ func TestErrorsStartWithLiveness(t *testing.T) {
 		"FencedError":    &FencedError{Lease: "jobs", Epoch: 1},
 		"leaseHeldError": &leaseHeldError{},
 	}
+	// Causes that only ever travel inside a LeaseLostError (its Err): the wrapper says
+	// "liveness: ", so they must not say it again.
+	causes := map[string]error{
+		"txOutlivedError": &txOutlivedError{age: time.Second, bound: time.Second},
+	}
 	var found []string
 	for _, f := range parsed {
 		for _, d := range f.Decls {
@@ -118,6 +124,16 @@ func TestErrorsStartWithLiveness(t *testing.T) {
 		want = append(want, name)
 		if !strings.HasPrefix(e.Error(), "liveness: ") {
 			t.Errorf("%s's Error() = %q, want it to start with \"liveness: \"", name, e.Error())
+		}
+	}
+	for name, e := range causes {
+		want = append(want, name)
+		if strings.HasPrefix(e.Error(), "liveness: ") {
+			t.Errorf("%s's Error() = %q: it is wrapped by LeaseLostError, which already starts with \"liveness: \"", name, e.Error())
+		}
+		wrapped := (&LeaseLostError{Name: "jobs", Epoch: 1, Reason: LostExpired, Err: e}).Error()
+		if strings.Count(wrapped, "liveness: ") != 1 {
+			t.Errorf("a LeaseLostError wrapping %s reads %q", name, wrapped)
 		}
 	}
 	slices.Sort(want)
