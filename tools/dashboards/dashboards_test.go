@@ -192,8 +192,9 @@ func parseExpr(expr string) (parser.Expr, error) {
 }
 
 // filtered reports whether a selector filters by the cluster, namespace, job, instance
-// and database variables; an agent's metric (pg_liveness_agent_*) by the cluster,
-// namespace and database only. The cluster and namespace variables are kube-prometheus'
+// and database variables; an agent's metric (pg_liveness_agent_*, and the node agent's,
+// pg_liveness_node_agent_*, which an agent's process serves) by the cluster, namespace
+// and database only. The cluster and namespace variables are kube-prometheus'
 // (a Prometheus or a global ruler of several clusters; their All matches an empty label
 // too, so a Prometheus outside Kubernetes needs neither). The agents are scraped by a job
 // of their own (pg_liveness_agent) beside the observer's or the probes'
@@ -205,7 +206,8 @@ func parseExpr(expr string) (parser.Expr, error) {
 func filtered(s promql.Selector) bool {
 	where := s.Has("cluster", labels.MatchRegexp, "$cluster") && s.Has("namespace", labels.MatchRegexp, "$namespace") &&
 		s.Has("database", labels.MatchRegexp, "$database")
-	if strings.HasPrefix(s.Name, "pg_liveness_agent_") || s.Name == "pg_liveness_database_info" {
+	if strings.HasPrefix(s.Name, "pg_liveness_agent_") || strings.HasPrefix(s.Name, "pg_liveness_node_agent_") ||
+		s.Name == "pg_liveness_database_info" {
 		return where && !slices.ContainsFunc(s.Matchers, func(m *labels.Matcher) bool { return m.Name == "job" || m.Name == "instance" })
 	}
 	return where && s.Has("job", labels.MatchRegexp, "$job") && s.Has("instance", labels.MatchRegexp, "$instance")
