@@ -171,8 +171,9 @@ func (l SQLLoop) Run(ctx context.Context) {
 			_ = conn.Close(context.Background())
 		}
 	}()
+	// A read cut short because the loop itself is ending missed nothing.
 	missed := func(err error) {
-		if l.Missed != nil {
+		if l.Missed != nil && ctx.Err() == nil {
 			l.Missed(err)
 		}
 	}
