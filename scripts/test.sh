@@ -27,7 +27,7 @@ what=${1:-all}
 GO=${GO:-go}
 TEST_FLAGS=${TEST_FLAGS:--race -vet=off -count=1 -timeout 30m}
 JOBS=${JOBS:-4}
-: "${PG_MAJORS:?}" "${DB_PKGS:?}" "${TOOLS_DB_PKGS:?}" "${MAJOR_FAULTS:?}" "${MAJOR_SKIP:?}"
+: "${PG_MAJORS:?}" "${PG_MAJORS_LIBRARY?}" "${DB_PKGS:?}" "${TOOLS_DB_PKGS:?}" "${MAJOR_FAULTS:?}" "${MAJOR_SKIP:?}"
 
 # Every name in MAJOR_SKIP is a test of ours: a renamed test would otherwise run on every
 # major unnoticed.
@@ -56,7 +56,7 @@ trap 'rm -rf "$logs" ${shm:+"$shm"}' EXIT
 
 # The jobs, in the order they start: the longest first, so that the short ones fill in at
 # the end. Fields: name, module folder, major ("" is Debian's 15), flags, packages, and
-# "alone" for a job that runs with nothing beside it.
+# "alone" for a job that runs with nothing beside it but "beside" jobs (niced).
 names=() dirs=() majors=() flags=() pkgs=() alone=()
 job() { names+=("$1") dirs+=("$2") majors+=("$3") flags+=("$4") pkgs+=("$5") alone+=("${6:-}"); }
 
@@ -96,8 +96,16 @@ done
 
 if [[ $what == all ]]; then
 	job soak tools "" "" ./soak/ alone
+	# deploy/ renders manifests and builds images: nothing in it waits on a clock, so it
+	# runs beside the soak, which mostly waits, at the lowest priority (nice 19), where it
+	# takes only the CPU the soak leaves; it builds its tests itself.
+	job deploy deploy "" "" ./... beside
 fi
-for m in $([[ $what == all ]] && echo 15) $PG_MAJORS; do
+# The binary's and the library's packages: on 15, and on PG_MAJORS_LIBRARY of the other
+# majors (make test-majors: on each of PG_MAJORS).
+library_majors=$PG_MAJORS_LIBRARY
+[[ $what == majors ]] && library_majors=$PG_MAJORS
+for m in $([[ $what == all ]] && echo 15) $library_majors; do
 	mm=$m
 	[[ $m == 15 ]] && mm=""
 	job "root package" . "$mm" "$([[ -n $mm ]] && echo "-skip $MAJOR_SKIP")" .
@@ -107,7 +115,6 @@ if [[ $what == all ]]; then
 	job "tools: fault suite" tools "" "" ./faults/
 	job "root: other packages" . "" "" "$(tested . . ./liveness)"
 	job "tools: other packages" tools "" "" "$(tested tools ./soak ./faults)"
-	job deploy deploy "" "" ./...
 	# Every benchmark of the library and the collectors once, at a small scale (-short):
 	# their numbers mean nothing here, but their checks run, so that a benchmark behind the
 	# docs' numbers cannot break unseen (one did: BenchmarkWatcherTick).
@@ -130,8 +137,11 @@ major_of() { echo "${majors[$1]:-15}"; }
 run_job() {
 	local i=$1 t0 rc
 	t0=$(date +%s)
+	local nice=()
+	[[ ${alone[$i]} == beside ]] && nice=(nice -n 19)
 	# shellcheck disable=SC2086 # TEST_FLAGS, the flags and the packages are lists
-	(cd "${dirs[$i]}" && PG_LIVENESS_TEST_PG_MAJOR=${majors[$i]} $GO test $(flags_of "${dirs[$i]}") ${flags[$i]} ${pkgs[$i]}) >"$logs/$i.log" 2>&1
+	(cd "${dirs[$i]}" && if [[ ${dirs[$i]} == deploy ]]; then "${nice[@]}" $GO build ./... || exit; fi &&
+		PG_LIVENESS_TEST_PG_MAJOR=${majors[$i]} "${nice[@]}" $GO test $(flags_of "${dirs[$i]}") ${flags[$i]} ${pkgs[$i]}) >"$logs/$i.log" 2>&1
 	rc=$?
 	echo "$(($(date +%s) - t0))" >"$logs/$i.secs"
 	return $rc
@@ -143,7 +153,7 @@ launch() {
 	pid_job[$!]=$i
 	running=$((running + 1))
 	[[ ${alone[$i]} == alone ]] && alone_running=1
-	echo "== $(elapsed) s: start ${names[$i]}, PostgreSQL $(major_of "$i")$([[ ${alone[$i]} == alone ]] && echo ", alone")"
+	echo "== $(elapsed) s: start ${names[$i]}, PostgreSQL $(major_of "$i")$([[ ${alone[$i]} == alone ]] && echo ", alone")$([[ ${alone[$i]} == beside ]] && echo ", nice 19")"
 }
 
 reap() {
@@ -160,9 +170,10 @@ reap() {
 }
 
 # Compiled once before the jobs start, so that they do not compile the same packages side
-# by side; -exec true runs no test.
-echo "== building the tests of the three modules"
-for d in . deploy tools; do
+# by side; -exec true runs no test. deploy/ shares no package with the others' race
+# builds: its job builds it, beside the soak.
+echo "== building the tests of the root and tools modules"
+for d in . tools; do
 	# shellcheck disable=SC2086
 	if ! out=$(cd "$d" && $GO test $(flags_of "$d") -exec true ./... 2>&1 && $GO build ./...); then
 		echo "$out"
@@ -179,7 +190,7 @@ while ((next < ${#names[@]} || running > 0)); do
 				next=$((next + 1))
 				continue
 			fi
-		elif ((running < JOBS && alone_running == 0)); then
+		elif ((running < JOBS && (alone_running == 0 || ${#alone[$next]} > 0))); then
 			launch "$next"
 			next=$((next + 1))
 			continue

@@ -82,7 +82,17 @@ func TestPgBouncerDirectDSN(t *testing.T) {
 		if !ok {
 			t.Errorf("no log line naming transaction pooling")
 		}
-		tw := time.Now()
+		// The window opens once the agent has joined (its row written): before that, every
+		// consumer rightly reads it as not alive, as any process not yet started.
+		var joined time.Duration
+		if !testutil.Poll(30*time.Second, func() bool {
+			var ok bool
+			joined, ok = s.firstSQL(t0, func(smp sqlSample) bool { return smp.Inst[a.ids[0]].Row })
+			return ok
+		}) {
+			t.Fatalf("the agent's row was never written through the pool")
+		}
+		tw := t0.Add(joined)
 		testutil.Never(t, watch, "the alive lock granted through PgBouncer", func() bool {
 			_, granted := s.firstSQL(t0, func(smp sqlSample) bool { return smp.Inst[a.ids[0]].Locked })
 			return granted
