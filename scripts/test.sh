@@ -98,7 +98,8 @@ if [[ $what == all ]]; then
 	job soak tools "" "" ./soak/ alone
 	# deploy/ renders manifests and builds images: nothing in it waits on a clock, so it
 	# runs beside the soak, which mostly waits, at the lowest priority (nice 19), where it
-	# takes only the CPU the soak leaves; it builds its tests itself.
+	# takes only the CPU the soak leaves, and at the others' once the soak ends; it builds
+	# its tests itself.
 	job deploy deploy "" "" ./... beside
 fi
 # The binary's and the library's packages: on 15, and on PG_MAJORS_LIBRARY of the other
@@ -156,6 +157,15 @@ launch() {
 	echo "== $(elapsed) s: start ${names[$i]}, PostgreSQL $(major_of "$i")$([[ ${alone[$i]} == alone ]] && echo ", alone")$([[ ${alone[$i]} == beside ]] && echo ", nice 19")"
 }
 
+# renice_tree PID: PID and its descendants to nice 0.
+renice_tree() {
+	local child
+	renice -n 0 -p "$1" >/dev/null 2>&1 || return 0
+	for child in $(pgrep -P "$1"); do
+		renice_tree "$child"
+	done
+}
+
 reap() {
 	local pid rc i
 	wait -n -p pid
@@ -163,7 +173,15 @@ reap() {
 	i=${pid_job[$pid]}
 	unset "pid_job[$pid]"
 	running=$((running - 1))
-	[[ ${alone[$i]} == alone ]] && alone_running=0
+	if [[ ${alone[$i]} == alone ]]; then
+		alone_running=0
+		# The jobs beside it get their share from now on: their processes, and those they
+		# start, at the priority of the others (as root; otherwise they stay at nice 19,
+		# and take the CPU the others leave).
+		for pid in "${!pid_job[@]}"; do
+			[[ ${alone[${pid_job[$pid]}]} == beside ]] && renice_tree "$pid"
+		done
+	fi
 	echo "== $(elapsed) s: end ${names[$i]}, PostgreSQL $(major_of "$i"): $(cat "$logs/$i.secs") s, $([[ $rc == 0 ]] && echo ok || echo FAILED)"
 	sed 's/^/    /' "$logs/$i.log"
 	[[ $rc == 0 ]] || failed+=("${names[$i]} on $(major_of "$i")")
