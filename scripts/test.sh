@@ -103,27 +103,37 @@ if [[ $what == all ]]; then
 	job deploy deploy "" "" ./... beside
 fi
 # The binary's and the library's packages: on 15, and on PG_MAJORS_LIBRARY of the other
-# majors (make test-majors: on each of PG_MAJORS).
-library_majors=$PG_MAJORS_LIBRARY
-[[ $what == majors ]] && library_majors=$PG_MAJORS
-for m in $([[ $what == all ]] && echo 15) $library_majors; do
-	mm=$m
+# majors (make test-majors: on each of PG_MAJORS). On 15 the fault suite and the root
+# module's other packages, among the longest, start with them.
+library() {
+	local m=$1 mm=$1
 	[[ $m == 15 ]] && mm=""
 	job "root package" . "$mm" "$([[ -n $mm ]] && echo "-skip $MAJOR_SKIP")" .
 	job liveness . "$mm" "$([[ -n $mm ]] && echo "-skip $MAJOR_SKIP")" ./liveness
-done
+}
+library_majors=$PG_MAJORS_LIBRARY
+[[ $what == majors ]] && library_majors=$PG_MAJORS
 if [[ $what == all ]]; then
 	job "tools: fault suite" tools "" "" ./faults/
+	library 15
 	job "root: other packages" . "" "" "$(tested . . ./liveness)"
+fi
+for m in $library_majors; do
+	library "$m"
+done
+if [[ $what == all ]]; then
 	job "tools: other packages" tools "" "" "$(tested tools ./soak ./faults)"
 	# Every benchmark of the library and the collectors once, at a small scale (-short):
 	# their numbers mean nothing here, but their checks run, so that a benchmark behind the
 	# docs' numbers cannot break unseen (one did: BenchmarkWatcherTick).
 	job "benchmarks, small, once" . "" "-short -run ^$ -bench . -benchtime=1x" "./liveness ./collector"
 fi
+# The majors' database-facing jobs, the longest first.
+for m in $PG_MAJORS; do
+	job "root: database-facing" . "$m" "-skip $MAJOR_SKIP" "${root_db_rest[*]}"
+done
 for m in $PG_MAJORS; do
 	job "tools: faults (server-facing)" tools "$m" "-run $MAJOR_FAULTS" ./faults/
-	job "root: database-facing" . "$m" "-skip $MAJOR_SKIP" "${root_db_rest[*]}"
 	job "tools: database-facing" tools "$m" "-skip $MAJOR_SKIP" "${tools_db_rest[*]}"
 done
 
