@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -333,7 +334,7 @@ func TestFencedWritesOfAHealthyLeaderWaitingASecondAreNotRefused(t *testing.T) {
 	runAgent(t, agent)
 	writes := pgtest.Pool(t, db.DSN, 1)
 	ctx := testutil.Context(t, time.Minute)
-	self, _ := lead(t, ctx, agent, "job")
+	self, told := lead(t, ctx, agent, "job")
 	const wait = 1200 * time.Millisecond
 
 	// busy holds the pool's only connection for wait, from once it returns.
@@ -355,39 +356,69 @@ func TestFencedWritesOfAHealthyLeaderWaitingASecondAreNotRefused(t *testing.T) {
 		t.Fatalf("the hand-written fence after a %s wait for a connection: %d rows, %v; want refused (the deadline is "+
 			"no more than 750ms ahead), or this test shows nothing", wait, tag.RowsAffected(), err)
 	}
-	wg = busy()
-	tag, err = self.Exec(ctx, writes, insertWrite, self.Epoch, "exec")
-	wg.Wait()
-	if err != nil || tag.RowsAffected() != 1 {
-		t.Fatalf("Exec after a %s wait for a connection: %d rows, %v", wait, tag.RowsAffected(), err)
-	}
 
-	// A row lock held for wait by another transaction.
-	locker, err := direct.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
+	// The writes that must commit, each under a leadership that stays healthy through
+	// them. On a loaded machine the leader's own gate may end a leadership meanwhile
+	// (LostNotAlive: it could not prove life in time), which says nothing of the horizon
+	// tested here; the writes then run again under a new one, at most three times. Any
+	// other refusal fails.
+	counted := 0
+	writesCommit := func(self liveness.Leadership) error {
+		wg := busy()
+		tag, err := self.Exec(ctx, writes, insertWrite, self.Epoch, "exec")
+		wg.Wait()
+		if err != nil || tag.RowsAffected() != 1 {
+			return fmt.Errorf("Exec after a %s wait for a connection: %d rows, %w", wait, tag.RowsAffected(), err)
+		}
+
+		// A row lock held for wait by another transaction.
+		locker, err := direct.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := locker.Exec(ctx, `SELECT * FROM counters WHERE id = 1 FOR UPDATE`); err != nil {
+			t.Fatal(err)
+		}
+		time.AfterFunc(wait, func() { _ = locker.Rollback(context.Background()) })
+		start := time.Now()
+		tag, err = self.Exec(ctx, writes, `UPDATE counters SET n = n + 1 WHERE id = 1`)
+		if err != nil || tag.RowsAffected() != 1 {
+			return fmt.Errorf("Exec waiting for a row lock: %d rows, %w", tag.RowsAffected(), err)
+		}
+		counted++
+		if waited := time.Since(start); waited < wait {
+			t.Fatalf("the update took %s, so it did not wait for the row lock (%s)", waited, wait)
+		}
+		if err := self.BeginFunc(ctx, writes, func(tx pgx.Tx) error {
+			time.Sleep(wait) // a slow transaction: its statements' time does not count either
+			_, err := tx.Exec(ctx, `UPDATE counters SET n = n + 1 WHERE id = 1`)
+			return err
+		}); err != nil {
+			return fmt.Errorf("BeginFunc of a %s transaction: %w", wait, err)
+		}
+		counted++
+		return nil
 	}
-	if _, err := locker.Exec(ctx, `SELECT * FROM counters WHERE id = 1 FOR UPDATE`); err != nil {
-		t.Fatal(err)
+	for attempt := 1; ; attempt++ {
+		err := writesCommit(self)
+		if err == nil {
+			break
+		}
+		// Why the leadership ended, as the elector told it.
+		var reason error
+		select {
+		case reason = <-told:
+		case <-time.After(5 * time.Second):
+		}
+		var lost *liveness.LeaseLostError
+		if attempt == 3 || !errors.Is(err, liveness.ErrLeaseLost) || !errors.As(reason, &lost) || lost.Reason != liveness.LostNotAlive {
+			t.Fatalf("%v (the leadership ended: %v)", err, reason)
+		}
+		t.Logf("attempt %d: the leader's gate ended its leadership (%v); again under a new lease", attempt, err)
+		self, told = lead(t, ctx, agent, fmt.Sprintf("job-%d", attempt+1))
 	}
-	time.AfterFunc(wait, func() { _ = locker.Rollback(context.Background()) })
-	start := time.Now()
-	tag, err = self.Exec(ctx, writes, `UPDATE counters SET n = n + 1 WHERE id = 1`)
-	if err != nil || tag.RowsAffected() != 1 {
-		t.Fatalf("Exec waiting for a row lock: %d rows, %v", tag.RowsAffected(), err)
-	}
-	if waited := time.Since(start); waited < wait {
-		t.Fatalf("the update took %s, so it did not wait for the row lock (%s)", waited, wait)
-	}
-	if err := self.BeginFunc(ctx, writes, func(tx pgx.Tx) error {
-		time.Sleep(wait) // a slow transaction: its statements' time does not count either
-		_, err := tx.Exec(ctx, `UPDATE counters SET n = n + 1 WHERE id = 1`)
-		return err
-	}); err != nil {
-		t.Fatalf("BeginFunc of a %s transaction: %v", wait, err)
-	}
-	if n := db.QueryInt(t, `SELECT n FROM counters WHERE id = 1`); n != 2 {
-		t.Fatalf("counter %d, want 2", n)
+	if n := db.QueryInt(t, `SELECT n FROM counters WHERE id = 1`); n != counted {
+		t.Fatalf("counter %d, want %d (one per update that committed)", n, counted)
 	}
 }
 

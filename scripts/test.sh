@@ -148,11 +148,12 @@ major_of() { echo "${majors[$1]:-15}"; }
 run_job() {
 	local i=$1 t0 rc
 	t0=$(date +%s)
-	local nice=()
-	[[ ${alone[$i]} == beside ]] && nice=(nice -n 19)
+	# A job beside the alone one runs at nice 19, this shell and what it starts; renice_tree
+	# gives them the others' priority when the alone job ends.
+	[[ ${alone[$i]} == beside ]] && renice -n 19 -p "$BASHPID" >/dev/null
 	# shellcheck disable=SC2086 # TEST_FLAGS, the flags and the packages are lists
-	(cd "${dirs[$i]}" && if [[ ${dirs[$i]} == deploy ]]; then "${nice[@]}" $GO build ./... || exit; fi &&
-		PG_LIVENESS_TEST_PG_MAJOR=${majors[$i]} "${nice[@]}" $GO test $(flags_of "${dirs[$i]}") ${flags[$i]} ${pkgs[$i]}) >"$logs/$i.log" 2>&1
+	(cd "${dirs[$i]}" && if [[ ${dirs[$i]} == deploy ]]; then $GO build ./... || exit; fi &&
+		PG_LIVENESS_TEST_PG_MAJOR=${majors[$i]} $GO test $(flags_of "${dirs[$i]}") ${flags[$i]} ${pkgs[$i]}) >"$logs/$i.log" 2>&1
 	rc=$?
 	echo "$(($(date +%s) - t0))" >"$logs/$i.secs"
 	return $rc

@@ -82,17 +82,19 @@ func TestPgBouncerDirectDSN(t *testing.T) {
 		if !ok {
 			t.Errorf("no log line naming transaction pooling")
 		}
-		// The window opens once the agent has joined (its row written): before that, every
-		// consumer rightly reads it as not alive, as any process not yet started.
-		var joined time.Duration
+		// The window opens once the agent has joined (its row written, and the observer
+		// lists its service): before that, every consumer rightly reads it as not alive,
+		// as any process not yet started.
+		var joined, listed time.Duration
 		if !testutil.Poll(30*time.Second, func() bool {
-			var ok bool
-			joined, ok = s.firstSQL(t0, func(smp sqlSample) bool { return smp.Inst[a.ids[0]].Row })
-			return ok
+			var rowOK, listedOK bool
+			joined, rowOK = s.firstSQL(t0, func(smp sqlSample) bool { return smp.Inst[a.ids[0]].Row })
+			listed, listedOK = s.firstExp(t0, func(smp expSample) bool { return smp.States[a.services[0]] != "" })
+			return rowOK && listedOK
 		}) {
-			t.Fatalf("the agent's row was never written through the pool")
+			t.Fatalf("the agent's row was never written through the pool, or the observer never listed it")
 		}
-		tw := t0.Add(joined)
+		tw := t0.Add(max(joined, listed))
 		testutil.Never(t, watch, "the alive lock granted through PgBouncer", func() bool {
 			_, granted := s.firstSQL(t0, func(smp sqlSample) bool { return smp.Inst[a.ids[0]].Locked })
 			return granted
