@@ -168,10 +168,13 @@ launch() {
 	echo "== $(elapsed) s: start ${names[$i]}, PostgreSQL $(major_of "$i")$([[ ${alone[$i]} == alone ]] && echo ", alone")$([[ ${alone[$i]} == beside ]] && echo ", nice 19")"
 }
 
-# renice_tree PID: PID and its descendants to nice 0.
+# renice_tree PID: PID and its descendants to nice 0, every thread of each (a nice value
+# is a thread's: a Go program starts its children from any of its threads).
 renice_tree() {
-	local child
-	renice -n 0 -p "$1" >/dev/null 2>&1 || return 0
+	local child task
+	for task in /proc/"$1"/task/*; do
+		renice -n 0 -p "${task##*/}" >/dev/null 2>&1 || return 0
+	done
 	for child in $(pgrep -P "$1"); do
 		renice_tree "$child"
 	done
