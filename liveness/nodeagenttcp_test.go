@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -306,6 +308,23 @@ func TestNodeAgentOverTCPTakesOnlyAuthenticatedAttaches(t *testing.T) {
 	}
 }
 
+// portNoOneElseTakes is a free 127.0.0.1 address whose port is below both FreePort's
+// range (from 20000) and the kernel's ephemeral ports, so that no other test's server,
+// proxy or exporter, nor a listener on port 0, can take it while the node agent that
+// listens on it is away (a server of another test did, from FreePort's range).
+func portNoOneElseTakes(t *testing.T) string {
+	t.Helper()
+	for range 100 {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(10000+rand.IntN(10000)))
+		if l, err := net.Listen("tcp", addr); err == nil {
+			_ = l.Close()
+			return addr
+		}
+	}
+	t.Fatal("no free port between 10000 and 19999 on 127.0.0.1")
+	return ""
+}
+
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
@@ -318,7 +337,7 @@ func isTimeout(err error) bool {
 func TestNodeAgentOverTCPLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce(t *testing.T) {
 	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
-	addr, claims := testutil.FreeAddr(t), filepath.Join(t.TempDir(), "claims")
+	addr, claims := portNoOneElseTakes(t), filepath.Join(t.TempDir(), "claims")
 	start := func(listening *time.Time) func() { return startNodeAgentTCP(t, db, addr, claims, listening).stop }
 	stop := start(nil)
 	cfg := liveness.AgentConfig{Pool: pool, NodeAgentSocket: "tcp://" + addr, NodeAgentToken: testToken,
