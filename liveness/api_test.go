@@ -38,7 +38,11 @@ func TestAPINamesNoOtherPackage(t *testing.T) {
 	}
 	list, err := exec.CommandContext(ctx, "go", "list", "-f", "{{.ImportPath}} {{.Name}}", module+"/...").Output()
 	if err != nil {
-		t.Fatalf("go list: %v", err)
+		var stderr []byte
+		if exit, ok := err.(*exec.ExitError); ok {
+			stderr = exit.Stderr
+		}
+		t.Fatalf("go list: %v\n%s", err, stderr)
 	}
 	var names []string
 	for line := range strings.Lines(string(list)) {
