@@ -17,6 +17,9 @@ func at(sec float64) int64 { return base.Add(time.Duration(sec * float64(time.Se
 // answered (0: none), sent 10 ms before that.
 func sample(sec float64, src, key string, alive bool, after float64) Event {
 	e := Event{T: at(sec), From: at(sec - 0.01), Kind: EvVerdict, Source: src, Alive: alive}
+	if src == SrcSQL {
+		e.Note = map[bool]string{true: "alive", false: "stale"}[alive]
+	}
 	if src == SrcExporter {
 		e.Proc = key
 	} else {
@@ -25,6 +28,11 @@ func sample(sec float64, src, key string, alive bool, after float64) Event {
 	if after > 0 {
 		e.Prev, e.PrevFrom = at(after), at(after-0.01)
 	}
+	return e
+}
+
+func withNote(e Event, note string) Event {
+	e.Note = note
 	return e
 }
 
@@ -301,6 +309,13 @@ func TestCheckEachFailsOnADoctoredHistory(t *testing.T) {
 				sample(103.03, SrcSQL, "i2", true, 99.9), // the first sample after the heal
 				sample(103.5, SrcSQL, "i2", false, 103.48), sample(104, SrcSQL, "i2", true, 103.98))
 		}},
+		{"is_instance_alive false after a heal, once a heartbeat_only sample proved life (a lock_lost one before it did not)", []string{CheckNoFalseDead}, func(ev []Event) []Event {
+			lockLost, beat := sample(103.03, SrcSQL, "i2", true, 99.9), sample(103.2, SrcSQL, "i2", true, 103.18)
+			lockLost.Note, beat.Note = "lock_lost", "heartbeat_only"
+			return append(ev, Event{T: at(100), Kind: EvFault, Fault: FaultRestartFast, FaultID: 3, Targets: []string{AllProcs}},
+				Event{T: at(103), Kind: EvHeal, Fault: FaultRestartFast, FaultID: 3, Targets: []string{AllProcs}},
+				lockLost, beat, sample(103.5, SrcSQL, "i2", false, 103.48), sample(104, SrcSQL, "i2", true, 103.98))
+		}},
 		{"the Reader calls a live process not alive", []string{CheckNoFalseDead}, func(ev []Event) []Event {
 			return append(ev, sample(100, SrcReader, "i3", false, 99.9), sample(101, SrcReader, "i3", true, 100.5))
 		}},
@@ -412,7 +427,11 @@ func TestCheckFaultsExcuseOnlyWhatTheyProve(t *testing.T) {
 	ev := append(stoppedHolder(cleanHistory(), 29.5),
 		sample(40.03, SrcSQL, "i1", true, 19.9), // i1's proof of life after SIGCONT
 		Event{T: at(100), Kind: EvFault, Fault: FaultRestartFast, FaultID: 3, Targets: []string{AllProcs}},
-		sample(103.03, SrcSQL, "i4", true, 99.9),
+		// i4 is alive after the heal only by the rule's grace (its lock vanished in the
+		// restart), then dead until its beat lands: it proved nothing before that beat.
+		withNote(sample(103.03, SrcSQL, "i4", true, 99.9), "lock_lost"),
+		sample(104.03, SrcSQL, "i4", false, 104.01),
+		withNote(sample(104.4, SrcSQL, "i4", true, 104.38), "heartbeat_only"),
 		sample(101, SrcSQL, "i2", false, 99.9),
 		Event{T: at(103), Kind: EvHeal, Fault: FaultRestartFast, FaultID: 3, Targets: []string{AllProcs}},
 		sample(103.03, SrcSQL, "i2", false, 100.98), // the first after the heal: still dead

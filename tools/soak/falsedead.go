@@ -8,9 +8,9 @@ import (
 )
 
 // The false-dead check. An instance is live and connected by evidence, not by a fixed
-// time after a fault: from the answer of the first SQL sample that said it alive among
-// those sent after it started, or after the heal of the last fault that disturbed its
-// process (the samplers record each instance's verdict afresh after every heal), until
+// time after a fault: from the answer of the first SQL sample that found the process's
+// own evidence (provesLife) among those sent after it started, or after the heal of the
+// last fault that disturbed its process (the samplers record each instance's verdict afresh after every heal), until
 // the next such fault or its end. Within such a span, any source that calls it dead is a
 // violation: nothing but a bug (of the library, of the verdict's rule, of a reader of it)
 // can take a proven instance's life away while nothing disturbs it.
@@ -19,6 +19,17 @@ import (
 // its lock's session ended or frozen) and the database's faults. A node agent's fault does
 // not disturb the processes attached to it: they must prove life by their heartbeats
 // (liveness/doc.go, "One session per node"), and are judged throughout.
+
+// provesLife reports whether a verdict's state stands on the process's own evidence: its
+// lock held with a fresh beat (alive), or a fresh beat of a row that claims no lock
+// (heartbeat_only). The other states that say alive do not show that the process reaches
+// the database: lock_lost is the rule's benefit of the doubt (the lock is gone and the
+// grace has not run out, or the absence could not be stamped while the database was
+// read-only), lock_only and zombie stand on a lock that a session the process gave up
+// may hold until the server learns of it.
+func provesLife(e Event) bool {
+	return e.Alive && (e.Note == "alive" || e.Note == "heartbeat_only")
+}
 
 // window is a stretch between disturbances of an instance: from its start or a heal, to
 // the next disturbance or its end; proof is the sample that proved it live, if any.
@@ -66,7 +77,7 @@ func (m *model) windows(l *life) []window {
 	for i := range out {
 		w := &out[i]
 		for j := sort.Search(len(evs), func(j int) bool { return evs[j].T > w.from }); j < len(evs) && evs[j].T <= w.next; j++ {
-			if evs[j].From >= w.from && evs[j].Alive {
+			if evs[j].From >= w.from && provesLife(evs[j]) {
 				w.proof = &evs[j]
 				break
 			}
@@ -129,7 +140,7 @@ func (m *model) provenIn(d dip, live span, source string) bool {
 }
 
 func (m *model) checkNoFalseDead() Result {
-	r := Result{Name: CheckNoFalseDead, Bound: "live and connected: from the first SQL sample sent after its start, or after the heal of the last fault that disturbed its process, that said it alive, to the next such fault"}
+	r := Result{Name: CheckNoFalseDead, Bound: "live and connected: from the first SQL sample sent after its start, or after the heal of the last fault that disturbed its process, that found its own evidence (state alive or heartbeat_only), to the next such fault"}
 	var judged time.Duration
 	var proofs []time.Duration
 	live := map[string][]span{} // inst → live spans

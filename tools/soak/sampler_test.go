@@ -122,7 +122,9 @@ func sampleSQL(ctx context.Context, dsn, schema string, stale time.Duration, ids
 			g.answered(smp.At)
 			for u, v := range smp.Inst {
 				id := u.String()
-				c.see("sql/"+id, strconv.FormatBool(v.Alive), smp.From, smp.At, Event{Kind: EvVerdict, Source: SrcSQL, Inst: id, Alive: v.Alive, Note: v.State})
+				// Every change of state, not only of alive: the false-dead check takes a proof
+				// of life only from a state that stands on the process's own evidence.
+				c.see("sql/"+id, strconv.FormatBool(v.Alive)+"/"+v.State, smp.From, smp.At, Event{Kind: EvVerdict, Source: SrcSQL, Inst: id, Alive: v.Alive, Note: v.State})
 				c.see("lock/"+id, strconv.FormatBool(v.Locked), smp.From, smp.At, Event{Kind: EvVerdict, Source: SrcLock, Inst: id, Alive: v.Locked})
 			}
 			for name, l := range smp.Leases {
