@@ -30,6 +30,13 @@ const (
 	DefaultMaxConns       = 2
 	MaxMaxConns           = 1000
 	DefaultConnectTimeout = 5 * time.Second
+	// TCPHandshakeTimeout bounds a new connection's TCP handshake, within its
+	// ConnectTimeout. A SYN sent while the network is cut is sent again by the kernel only
+	// 1 s, then 3 s after it, so a pool whose dials began during an outage would keep its
+	// callers waiting for seconds after the network healed (an agent's heartbeat among
+	// them, which must prove life within a lock grace of that heal); a handshake that gave
+	// up is dialled afresh by the next caller.
+	TCPHandshakeTimeout = 500 * time.Millisecond
 )
 
 // PoolConfig is what the pool needs. NewPool refuses it with a *store.ConfigError that
@@ -126,8 +133,9 @@ func NewSwitchablePool(cfg PoolConfig) (*pgxpool.Pool, *DSNSwitch, error) {
 	case pgx.QueryExecModeCacheDescribe:
 		pc.ConnConfig.StatementCacheCapacity = 0
 	}
-	// Keep the client side of pool connections from hanging on a dead peer.
-	dial := (&net.Dialer{KeepAlive: 15 * time.Second, Timeout: pc.ConnConfig.ConnectTimeout}).DialContext
+	// Keep the client side of pool connections from hanging on a dead peer, and a new
+	// connection's TCP handshake from waiting on the kernel's retransmissions.
+	dial := (&net.Dialer{KeepAlive: 15 * time.Second, Timeout: min(pc.ConnConfig.ConnectTimeout, TCPHandshakeTimeout)}).DialContext
 	pc.ConnConfig.DialFunc = dial
 	if cfg.MaxConnIdleTime > 0 {
 		pc.MaxConnIdleTime, pc.HealthCheckPeriod = cfg.MaxConnIdleTime, max(cfg.MaxConnIdleTime/2, 100*time.Millisecond)

@@ -54,6 +54,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"os"
 	"os/signal"
 	"sync"
@@ -242,6 +243,9 @@ func newInstance(ctx context.Context, c config, service string, logger *slog.Log
 		return nil, fmt.Errorf("--dsn: %w", err)
 	}
 	pcfg.MaxConns = int32(c.maxConns)
+	// As docs/library.md advises: a short TCP handshake, so that after a cut heals the
+	// next beat dials afresh instead of waiting for a lost SYN's retransmission.
+	pcfg.ConnConfig.DialFunc = (&net.Dialer{Timeout: 500 * time.Millisecond, KeepAlive: 15 * time.Second}).DialContext
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, err
