@@ -173,7 +173,7 @@ launch() {
 renice_tree() {
 	local child task
 	for task in /proc/"$1"/task/*; do
-		renice -n 0 -p "${task##*/}" >/dev/null 2>&1 || return 0
+		renice -n 0 -p "${task##*/}" >/dev/null 2>&1 || continue # a thread that ended meanwhile; the others and the children still
 	done
 	for child in $(pgrep -P "$1"); do
 		renice_tree "$child"
