@@ -151,8 +151,8 @@ type NodeAgent struct {
 	log               *slog.Logger
 	verifyEvery       time.Duration
 
-	claimSQL, verifySQL, holderSQL, releaseSQL, databaseSQL   string
-	listenSQL, membersSQL, unmembersSQL, deadSQL, claimingSQL string
+	claimSQL, verifySQL, holderSQL, releaseSQL, databaseSQL string
+	listenSQL, membersSQL, unmembersSQL, deadSQL            string
 
 	// bindings are the instances and the processes that claimed them, kept beside the
 	// socket; owned by the session goroutine once Run has loaded them.
@@ -280,7 +280,7 @@ func NewNodeAgent(cfg NodeAgentConfig) (*NodeAgent, error) {
 		holderSQL: store.AliveLockHolder.In(cfg.Schema).SQL, releaseSQL: store.AliveLockRelease.In(cfg.Schema).SQL,
 		databaseSQL: store.LockDatabase.In(cfg.Schema).SQL, listenSQL: store.EventsListen.In(cfg.Schema).SQL,
 		membersSQL: store.MembersListen.In(cfg.Schema).SQL, unmembersSQL: store.MembersUnlisten.In(cfg.Schema).SQL,
-		deadSQL: store.NodeAgentDeadInstances.In(cfg.Schema).SQL, claimingSQL: store.NodeAgentRowsClaimingLocks.In(cfg.Schema).SQL,
+		deadSQL: store.NodeAgentDeadInstances.In(cfg.Schema).SQL,
 		clients: map[*nodeClient]struct{}{}, claimsFile: claims, tokenHash: sha256.Sum256([]byte(cfg.Token)),
 		maxConns: cmp.Or(cfg.MaxConnections, DefaultNodeAgentMaxConnections), maxMessage: cmp.Or(cfg.MaxMessageBytes, DefaultNodeAgentMaxMessageBytes)}
 	connCfg.OnNotification = func(_ *pgconn.PgConn, note *pgconn.Notification) {
@@ -335,10 +335,8 @@ func (n *NodeAgent) Snapshot() NodeAgentSnapshot {
 }
 
 // Run listens on the socket and the TCP address and holds the session until ctx ends;
-// then it closes them and every process's connection, waits (at most 2 s) until the
-// processes' rows no longer claim their locks, since each beats at once when its
-// connection closes, and ends the session, which lets every lock go. It returns an error
-// only when it cannot listen.
+// then it closes them and every process's connection, and the session, which lets every
+// lock go. It returns an error only when it cannot listen.
 func (n *NodeAgent) Run(ctx context.Context) error {
 	if !n.running.CompareAndSwap(false, true) {
 		return errors.New("liveness: node agent: Run is already running")
