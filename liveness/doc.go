@@ -282,7 +282,9 @@
 // by their heartbeats (heartbeat_only), lead nothing (a leader's trust runs out three
 // quarters of the lock grace after its last proof, as with a session of its own), and
 // attach again within a fraction of a second of its return: they dial its socket every
-// 100 ms while nobody answers.
+// 100 ms while nobody answers. A node agent that stops (SIGTERM) closes their connections
+// first and keeps the locks until their rows no longer claim them (at most 2 s): the
+// locks go only once the processes have proved life by their heartbeats.
 //
 // Where no unix socket can be shared (Kubernetes under the restricted Pod Security
 // Standard, which forbids host paths) the node agent listens on TCP too

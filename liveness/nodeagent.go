@@ -151,8 +151,8 @@ type NodeAgent struct {
 	log               *slog.Logger
 	verifyEvery       time.Duration
 
-	claimSQL, verifySQL, holderSQL, releaseSQL, databaseSQL string
-	listenSQL, membersSQL, unmembersSQL, deadSQL            string
+	claimSQL, verifySQL, holderSQL, releaseSQL, databaseSQL   string
+	listenSQL, membersSQL, unmembersSQL, deadSQL, claimingSQL string
 
 	// bindings are the instances and the processes that claimed them, kept beside the
 	// socket; owned by the session goroutine once Run has loaded them.
@@ -280,7 +280,7 @@ func NewNodeAgent(cfg NodeAgentConfig) (*NodeAgent, error) {
 		holderSQL: store.AliveLockHolder.In(cfg.Schema).SQL, releaseSQL: store.AliveLockRelease.In(cfg.Schema).SQL,
 		databaseSQL: store.LockDatabase.In(cfg.Schema).SQL, listenSQL: store.EventsListen.In(cfg.Schema).SQL,
 		membersSQL: store.MembersListen.In(cfg.Schema).SQL, unmembersSQL: store.MembersUnlisten.In(cfg.Schema).SQL,
-		deadSQL: store.NodeAgentDeadInstances.In(cfg.Schema).SQL,
+		deadSQL: store.NodeAgentDeadInstances.In(cfg.Schema).SQL, claimingSQL: store.NodeAgentRowsClaimingLocks.In(cfg.Schema).SQL,
 		clients: map[*nodeClient]struct{}{}, claimsFile: claims, tokenHash: sha256.Sum256([]byte(cfg.Token)),
 		maxConns: cmp.Or(cfg.MaxConnections, DefaultNodeAgentMaxConnections), maxMessage: cmp.Or(cfg.MaxMessageBytes, DefaultNodeAgentMaxMessageBytes)}
 	connCfg.OnNotification = func(_ *pgconn.PgConn, note *pgconn.Notification) {
@@ -335,8 +335,10 @@ func (n *NodeAgent) Snapshot() NodeAgentSnapshot {
 }
 
 // Run listens on the socket and the TCP address and holds the session until ctx ends;
-// then it closes them and every process's connection, and the session, which lets every
-// lock go. It returns an error only when it cannot listen.
+// then it closes them and every process's connection, waits (at most 2 s) until the
+// processes' rows no longer claim their locks, since each beats at once when its
+// connection closes, and ends the session, which lets every lock go. It returns an error
+// only when it cannot listen.
 func (n *NodeAgent) Run(ctx context.Context) error {
 	if !n.running.CompareAndSwap(false, true) {
 		return errors.New("liveness: node agent: Run is already running")
@@ -348,13 +350,17 @@ func (n *NodeAgent) Run(ctx context.Context) error {
 	}
 	n.bindings = bindings
 	var listeners []net.Listener
+	var socketFile os.FileInfo // the socket this run created, to remove only that one
 	if n.cfg.Socket != "" {
 		ln, err := n.listen()
 		if err != nil {
 			return err
 		}
+		if socketFile, err = os.Lstat(n.cfg.Socket); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("liveness: node agent: %w", err)
+		}
 		listeners = append(listeners, ln)
-		defer os.Remove(n.cfg.Socket)
 	}
 	if n.cfg.ListenAddress != "" {
 		lc := net.ListenConfig{KeepAliveConfig: nodeTCPKeepalive}
@@ -376,7 +382,12 @@ func (n *NodeAgent) Run(ctx context.Context) error {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	for _, ln := range listeners {
-		context.AfterFunc(runCtx, func() { _ = ln.Close() })
+		context.AfterFunc(runCtx, func() {
+			if _, unix := ln.(*net.UnixListener); unix {
+				n.removeSocket(socketFile)
+			}
+			_ = ln.Close()
+		})
 		wg.Go(func() { n.accept(runCtx, ln, &wg) })
 	}
 	n.hold(runCtx)
@@ -387,6 +398,16 @@ func (n *NodeAgent) Run(ctx context.Context) error {
 	}
 	n.mu.Unlock()
 	return nil
+}
+
+// removeSocket removes the socket file when the node agent stops, while it still accepts:
+// a successor that finds the file then finds it answering and does not take it, and one
+// that finds none creates its own, which a later removal (after the hand-over, which can
+// take seconds) would take away from under it. Only the file this run created goes.
+func (n *NodeAgent) removeSocket(created os.FileInfo) {
+	if fi, err := os.Lstat(n.cfg.Socket); err == nil && os.SameFile(fi, created) {
+		_ = os.Remove(n.cfg.Socket)
+	}
 }
 
 // listen creates the socket, replacing one a previous run left, never another file.
@@ -407,7 +428,7 @@ func (n *NodeAgent) listen() (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("liveness: node agent: listen on %s: %w", n.cfg.Socket, err)
 	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(false) // removed once the session let go, in Run
+	ln.(*net.UnixListener).SetUnlinkOnClose(false) // removed before it closes, by removeSocket
 	if err := os.Chmod(n.cfg.Socket, n.cfg.SocketMode); err != nil {
 		_ = ln.Close()
 		return nil, fmt.Errorf("liveness: node agent: chmod %s: %w", n.cfg.Socket, err)

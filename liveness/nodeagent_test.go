@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -218,6 +219,12 @@ func TestNodeAgentDeathKillsNoneOfItsProcesses(t *testing.T) {
 		return dead
 	}
 	stopNode()
+	// A graceful stop (SIGTERM, a rolling update) hands over: the locks went only once
+	// every process's row had stopped claiming its lock, so no observer ever saw a lock
+	// vanish from under a row that claimed it.
+	if n := db.QueryInt(t, `SELECT count(*) FROM liveness.instances WHERE instance_id = ANY($1) AND holds_alive_lock`, ids); n != 0 {
+		t.Errorf("%d rows still claimed their locks when the stopped node agent's session had ended", n)
+	}
 	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		if dead := falseDead(); len(dead) > 0 {
 			t.Fatalf("attached processes called dead after the node agent died: %v", dead)
@@ -240,6 +247,74 @@ func TestNodeAgentDeathKillsNoneOfItsProcesses(t *testing.T) {
 	if dead := falseDead(); len(dead) > 0 {
 		t.Fatalf("attached processes dead after the node agent came back: %v", dead)
 	}
+}
+
+// A node agent that stops keeps its session, and the locks, until the rows of the
+// processes it held them for stop claiming them, and no longer than its bound: a raw
+// process that never beats keeps it only that long.
+func TestNodeAgentStopWaitsForItsProcessesRows(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.MigratedPool(t, 2)
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	locked := func(id uuid.UUID) bool {
+		return db.QueryInt(t, `SELECT count(*) FROM liveness.instance_alive_locks WHERE instance_id = $1`, id) == 1
+	}
+	stopWhileClaiming := func(id uuid.UUID) (stopped chan struct{}, began time.Time) {
+		db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, holds_alive_lock) VALUES ($1, 'raw', true)`, id)
+		node, stopNode := startNodeAgent(t, db, socket)
+		rawAttach(t, socket, id, db.Name)
+		testutil.Eventually(t, 10*time.Second, "the raw process's lock held", func() bool { return node.Snapshot().LocksHeld == 1 && locked(id) })
+		stopped, began = make(chan struct{}), time.Now()
+		go func() { stopNode(); close(stopped) }()
+		return stopped, began
+	}
+
+	answering := uuid.New()
+	stopped, _ := stopWhileClaiming(answering)
+	select {
+	case <-stopped:
+		t.Fatal("the node agent stopped while a row still claimed the lock it held")
+	case <-time.After(500 * time.Millisecond):
+	}
+	if !locked(answering) {
+		t.Fatal("the lock went while its row still claimed it")
+	}
+	db.Exec(t, `UPDATE liveness.instances SET holds_alive_lock = false WHERE instance_id = $1`, answering)
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the node agent did not stop once the row no longer claimed its lock")
+	}
+	if locked(answering) {
+		t.Error("the lock outlived the stopped node agent")
+	}
+
+	silent := uuid.New()
+	stopped, began := stopWhileClaiming(silent)
+	// A successor starts on the socket while the stopping node agent hands over (a
+	// restart that does not wait): the stopping one removed its socket as it stopped
+	// accepting, and does not take the successor's away when it ends.
+	testutil.Eventually(t, 10*time.Second, "the stopping node agent's socket removed", func() bool {
+		_, err := os.Lstat(socket)
+		return errors.Is(err, fs.ErrNotExist)
+	})
+	startNodeAgent(t, db, socket)
+	select {
+	case <-stopped:
+	case <-time.After(15 * time.Second):
+		t.Fatal("a process that never beats held the node agent's stop past its bound")
+	}
+	if took := time.Since(began); took < 2*time.Second {
+		t.Errorf("the node agent stopped %v after the stop began, with a row still claiming its lock; want it to wait its bound (2s)", took)
+	}
+	if locked(silent) {
+		t.Error("the lock outlived the stopped node agent")
+	}
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatalf("the successor's socket after the stopped node agent ended: %v", err)
+	}
+	_ = c.Close()
 }
 
 // A process whose pool reaches another database is refused: a lock held in the node

@@ -110,13 +110,20 @@ func (n *NodeAgent) session(ctx context.Context, s *nodeSession, connectedOnce *
 	*connectedOnce = true
 	s.conn = conn
 	defer func() {
-		n.sessionUp.Store(false)
-		n.listening.Store(false)
-		n.backendPID.Store(0)
+		var held []string
 		for c := range s.clients {
+			if c.held && s.byInstance[c.instance] == c {
+				held = append(held, c.instance.String())
+			}
 			c.held, c.duplicate, c.stranger = false, false, false
 			c.send(nodeMessage{Op: nodeOpState})
 		}
+		if ctx.Err() != nil && !conn.IsClosed() {
+			n.handOver(conn, held)
+		}
+		n.sessionUp.Store(false)
+		n.listening.Store(false)
+		n.backendPID.Store(0)
 		n.locksHeld.Store(0)
 		s.members = false
 		closeCtx, cancel := context.WithTimeout(context.Background(), aliveLockCloseTimeout)
@@ -328,6 +335,51 @@ func (n *NodeAgent) wait(ctx context.Context, s *nodeSession) bool {
 		}
 	}
 	return true
+}
+
+// handOverWait bounds how long a stopping node agent keeps its session, and with it the
+// locks of its processes, waiting for their rows to stop claiming them.
+const handOverWait = 2 * time.Second
+
+// handOverPoll is how often a stopping node agent reads those rows.
+const handOverPoll = 10 * time.Millisecond
+
+// handOver runs when the node agent stops (a rolling update sends SIGTERM) with the locks
+// of ids held: their processes' connections have closed, so each process knows its lock
+// is going and beats at once, recording that it holds none. The session, and the locks,
+// stay until no row of ids claims its lock any more, for at most handOverWait: a lock
+// that vanished from under a row claiming it would leave the process a lock grace to prove
+// life from wherever it is, while a lock that stays until the row stops claiming it leaves
+// no moment in which an observer may call the process dead.
+func (n *NodeAgent) handOver(conn *pgx.Conn, ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), handOverWait)
+	defer cancel()
+	began := time.Now()
+	for {
+		var claiming int
+		err := conn.QueryRow(ctx, n.claimingSQL, ids).Scan(&claiming)
+		switch {
+		case err == nil && claiming == 0:
+			n.log.Info("node agent stopping: every attached process proved life by its heartbeat; letting the locks go",
+				"processes", len(ids), "waited", time.Since(began).Round(time.Millisecond))
+			return
+		case err != nil && ctx.Err() == nil:
+			n.log.Warn("node agent stopping: cannot read whether its processes proved life; letting the locks go",
+				"processes", len(ids), "error", err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			n.log.Warn("node agent stopping: some attached processes did not prove life by their heartbeats in time; "+
+				"letting the locks go (each has its lock grace to beat)", "processes", len(ids), "still_claiming", claiming,
+				"waited", handOverWait)
+			return
+		case <-time.After(handOverPoll):
+		}
+	}
 }
 
 func mapKeys[K comparable, V any](m map[K]V) []K {

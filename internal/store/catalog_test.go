@@ -30,7 +30,7 @@ func rendered(t *testing.T) map[string][]Query {
 	t.Helper()
 	out := map[string][]Query{}
 	for _, st := range []Statement{AliveLockClaim, AliveLockVerify, AliveLockHolder, AliveLockRelease, LockDatabase, NodeAgentDeadInstances,
-		Heartbeat, HeartbeatDelete, Cleanup,
+		NodeAgentRowsClaimingLocks, Heartbeat, HeartbeatDelete, Cleanup,
 		WatchAliveLocks, NotifyDeadInstances, WatchFresh, EventsListen, MembersListen, MembersUnlisten,
 		LeaseAcquire, LeaseRenew, LeaseRenewMany, LeaseAcquireMany, LeaseAbandonMany, LeaseReleaseMany, LeaseDetachMany,
 		ShardMembers, ShardFree, LeaseRelease, LeaseAbandon, LeaseDetach, LeaseLeader, LeaseFence,

@@ -47,12 +47,13 @@ var (
 	AliveLockVerify = Statement{"alive_lock_verify"}
 	AliveLockHolder = Statement{"alive_lock_holder"}
 	// The node agent's: letting one instance's lock go, and which database a session is on.
-	AliveLockRelease       = Statement{"alive_lock_release"}
-	LockDatabase           = Statement{"lock_database"}
-	NodeAgentDeadInstances = Statement{"node_agent_dead_instances"}
-	Heartbeat              = Statement{"heartbeat"}
-	HeartbeatDelete        = Statement{"heartbeat_delete"}
-	Cleanup                = Statement{"cleanup"}
+	AliveLockRelease           = Statement{"alive_lock_release"}
+	LockDatabase               = Statement{"lock_database"}
+	NodeAgentDeadInstances     = Statement{"node_agent_dead_instances"}
+	NodeAgentRowsClaimingLocks = Statement{"node_agent_rows_claiming_locks"}
+	Heartbeat                  = Statement{"heartbeat"}
+	HeartbeatDelete            = Statement{"heartbeat_delete"}
+	Cleanup                    = Statement{"cleanup"}
 
 	// The watcher (package liveness) and the events the alive lock's session listens to.
 	WatchAliveLocks     = Statement{"watch_alive_locks"}
@@ -151,7 +152,7 @@ const VerdictOfLocksMigration = 12
 // each one is in sql/ and that sql/ has no statement without one.
 var handles = []string{
 	AliveLockClaim.name, AliveLockVerify.name, AliveLockHolder.name, AliveLockRelease.name, LockDatabase.name,
-	NodeAgentDeadInstances.name, Heartbeat.name, HeartbeatDelete.name, Cleanup.name,
+	NodeAgentDeadInstances.name, NodeAgentRowsClaimingLocks.name, Heartbeat.name, HeartbeatDelete.name, Cleanup.name,
 	WatchAliveLocks.name, NotifyDeadInstances.name, WatchFresh.name, EventsListen.name, MembersListen.name, MembersUnlisten.name,
 	LeaseAcquire.name, LeaseRenew.name, LeaseRenewMany.name, LeaseAcquireMany.name, LeaseAbandonMany.name,
 	LeaseReleaseMany.name, LeaseDetachMany.name, ShardMembers.name, ShardFree.name, LeaseRelease.name, LeaseAbandon.name, LeaseDetach.name, LeaseLeader.name, LeaseFence.name,

@@ -176,6 +176,12 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	if err := pool.QueryRow(ctx, store.NodeAgentDeadInstances.In(liveness.DefaultSchema).SQL, []string{unknown.String()}).Scan(&dead); err != nil || dead != unknown {
 		t.Fatalf("node_agent_dead_instances of an unknown instance: %v, %v; want it", dead, err)
 	}
+	// How many of some instances' rows claim their locks: the running agents' rows do.
+	var claiming int
+	if err := pool.QueryRow(ctx, store.NodeAgentRowsClaimingLocks.In(liveness.DefaultSchema).SQL,
+		[]string{agents[0].Snapshot().InstanceID.String(), unknown.String()}).Scan(&claiming); err != nil || claiming != 1 {
+		t.Fatalf("node_agent_rows_claiming_locks of a running agent and an unknown instance: %d, %v; want 1", claiming, err)
+	}
 	// A shard set's: renewing many leases at once (none here), and reading its members.
 	if _, err := pool.Exec(ctx, store.LeaseRenewMany.In(liveness.DefaultSchema).SQL, []string{"set/0"}, []string{"h"}, []int64{1}, 15.0); err != nil {
 		t.Fatalf("lease_renew_many: %v", err)

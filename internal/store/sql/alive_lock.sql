@@ -57,3 +57,11 @@ SELECT pg_catalog.current_database()
 -- instances whose claimant process has ended, before it lets another process claim one
 -- (a new life of the id, never the old one's) and before it forgets one. $1 instance ids.
 SELECT d.id FROM pg_catalog.unnest($1::text[]::uuid[]) AS d(id) WHERE NOT {schema}.is_instance_alive(d.id)
+
+-- name: node_agent_rows_claiming_locks
+-- How many of the given instances' rows still record that they hold their alive lock: a
+-- node agent that stops waits, boundedly, until none does before its session ends, so
+-- that each process has proved life by its heartbeat while its lock still stood, and no
+-- observer sees a held lock vanish from under a row that claims it. $1 instance ids.
+SELECT pg_catalog.count(*) FROM {schema}.instances i
+ WHERE i.instance_id = ANY ($1::text[]::uuid[]) AND i.holds_alive_lock
