@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -62,13 +63,13 @@ func (l *leadership) snapshot() ([]span, []error) {
 // startAgent runs an agent whose every connection (pool and alive lock) goes through a
 // proxy that the test can cut, like a process that dies: the server ends its sessions at
 // once and it can reach nothing any more. It returns the agent and the proxy.
-func startCuttableAgent(t *testing.T, db *pgtest.DB, service string) (*liveness.Agent, *freezingProxy) {
+func startCuttableAgent(t *testing.T, db *pgtest.DB, service string) (*liveness.Agent, *netfault.Proxy) {
 	t.Helper()
-	proxy := newFreezingProxy(t, db.DSN, 0)
-	t.Cleanup(proxy.close)
-	pool := pgtest.Pool(t, proxy.dsn(), 3)
+	proxy := netfault.NewProxy(t, db.DSN, 0)
+	t.Cleanup(proxy.Close)
+	pool := pgtest.Pool(t, proxy.DSN(), 3)
 	cfg := agentConfig(db, pool)
-	cfg.DirectDSN = proxy.dsn()
+	cfg.DirectDSN = proxy.DSN()
 	cfg.ServiceName = service
 	cfg.Reaper = false
 	cfg.Timing = liveness.Timing{HeartbeatInterval: time.Second, HeartbeatSlowInterval: 2 * time.Second,
@@ -115,7 +116,7 @@ func TestElectorTakesOverFromADeadLeaderBeforeTheTTL(t *testing.T) {
 	}
 
 	cutAt := time.Now()
-	cut.close() // a1's process "dies": its sessions end, it reaches nothing
+	cut.Close() // a1's process "dies": its sessions end, it reaches nothing
 	testutil.Eventually(t, 15*time.Second, "a2 leads", func() bool { s, _ := l2.snapshot(); return len(s) == 1 })
 	s1, stops1 := l1.snapshot()
 	s2, _ := l2.snapshot()
@@ -224,9 +225,9 @@ func TestAgentRecordsMetadata(t *testing.T) {
 func TestAcquireWhoseAnswerIsLostLeavesNoRow(t *testing.T) {
 	t.Parallel()
 	db, direct := testdb.MigratedPool(t, 2)
-	proxy := newFreezingProxy(t, db.DSN, 700*time.Millisecond) // every answer 0.7 s late
-	t.Cleanup(proxy.close)
-	pool := pgtest.Pool(t, proxy.dsn(), 1)
+	proxy := netfault.NewProxy(t, db.DSN, 700*time.Millisecond) // every answer 0.7 s late
+	t.Cleanup(proxy.Close)
+	pool := pgtest.Pool(t, proxy.DSN(), 1)
 	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Schema: liveness.DefaultSchema})
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -86,9 +87,9 @@ func TestFencedCommitHeldBackPastTheStepDownIsRefused(t *testing.T) {
 	db, direct := testdb.MigratedPool(t, 2)
 	db.Exec(t, fencedWrites)
 	agent, agentNet := startCuttableAgent(t, db, "fenced-commit")
-	writesNet := newFreezingProxy(t, db.DSN, 0)
-	t.Cleanup(writesNet.close)
-	writes := pgtest.Pool(t, writesNet.dsn(), 3)
+	writesNet := netfault.NewProxy(t, db.DSN, 0)
+	t.Cleanup(writesNet.Close)
+	writes := pgtest.Pool(t, writesNet.DSN(), 3)
 	ctx := testutil.Context(t, time.Minute)
 	self, told := lead(t, ctx, agent, "job")
 
@@ -127,8 +128,8 @@ func TestFencedCommitHeldBackPastTheStepDownIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	agentNet.freeze()
-	writesNet.freeze()
+	agentNet.Freeze()
+	writesNet.Freeze()
 	var commits [3]error
 	var wg sync.WaitGroup
 	for i, tx := range []pgx.Tx{tx, fenced, old} {
@@ -144,9 +145,9 @@ func TestFencedCommitHeldBackPastTheStepDownIsRefused(t *testing.T) {
 	if !errors.As(reason, &lost) || lost.Reason != liveness.LostNotAlive {
 		t.Fatalf("the leader stopped because %v; want %s", reason, liveness.LostNotAlive)
 	}
-	writesNet.thaw() // the COMMITs arrive; the agent's network stays cut, so nothing races them
+	writesNet.Thaw() // the COMMITs arrive; the agent's network stays cut, so nothing races them
 	wg.Wait()
-	agentNet.thaw()
+	agentNet.Thaw()
 
 	if commits[2] != nil {
 		t.Fatalf("the old fence's COMMIT failed (%v): this test reproduced no COMMIT landing after its writer was told", commits[2])

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -37,7 +38,7 @@ const (
 // sendHeldBack takes two connections of writes (whose proxy is not frozen yet), then
 // freezes every proxy in freeze and sends both inserts, with deadline from the holder.
 func sendHeldBack(t *testing.T, ctx context.Context, writes *pgxpool.Pool, epoch int64, deadline func() time.Time,
-	freeze ...*freezingProxy) *heldBackWrites {
+	freeze ...*netfault.Proxy) *heldBackWrites {
 	t.Helper()
 	var conns [2]*pgxpool.Conn
 	for i := range conns {
@@ -49,7 +50,7 @@ func sendHeldBack(t *testing.T, ctx context.Context, writes *pgxpool.Pool, epoch
 	}
 	d := deadline() // as a job takes it for each write, just before sending
 	for _, p := range freeze {
-		p.freeze()
+		p.Freeze()
 	}
 	h := &heldBackWrites{}
 	h.wg.Go(func() {
@@ -94,9 +95,9 @@ func TestFenceDeadlineRefusesALeadersWriteHeldBackPastItsStepDown(t *testing.T) 
 	db, direct := testdb.MigratedPool(t, 2)
 	db.Exec(t, fencedLedger)
 	agent, agentNet := startCuttableAgent(t, db, "fence-deadline")
-	writesNet := newFreezingProxy(t, db.DSN, 0)
-	t.Cleanup(writesNet.close)
-	writes := pgtest.Pool(t, writesNet.dsn(), 2)
+	writesNet := netfault.NewProxy(t, db.DSN, 0)
+	t.Cleanup(writesNet.Close)
+	writes := pgtest.Pool(t, writesNet.DSN(), 2)
 
 	ctx := testutil.Context(t, time.Minute)
 	self, told := lead(t, ctx, agent, "job")
@@ -119,13 +120,13 @@ func TestFenceDeadlineRefusesALeadersWriteHeldBackPastItsStepDown(t *testing.T) 
 	if deadline := self.FenceDeadline(); !deadline.IsZero() {
 		t.Fatalf("FenceDeadline after the step-down = %s; want the zero time", deadline)
 	}
-	writesNet.thaw() // the writes' network heals; the agent's stays cut, so nothing races them
+	writesNet.Thaw() // the writes' network heals; the agent's stays cut, so nothing races them
 	held.check(t)
 	// A write sent now, with the deadline of a lease that has ended, is refused as well.
 	if tag, err := writes.Exec(ctx, guardedInsert, self.Epoch, self.FenceDeadline()); err != nil || tag.RowsAffected() != 0 {
 		t.Fatalf("a fenced insert after the step-down: %d rows, %v; want refused", tag.RowsAffected(), err)
 	}
-	agentNet.thaw()
+	agentNet.Thaw()
 
 	var rows int
 	if err := direct.QueryRow(ctx, `SELECT count(*) FROM ledger WHERE guarded`).Scan(&rows); err != nil || rows != 1 {
@@ -141,12 +142,12 @@ func TestFenceDeadlineRefusesAWriteHeldBackPastTheTrustWindow(t *testing.T) {
 	t.Parallel()
 	db := testdb.Migrated(t)
 	db.Exec(t, fencedLedger)
-	leaseNet := newFreezingProxy(t, db.DSN, 0)
-	t.Cleanup(leaseNet.close)
-	writesNet := newFreezingProxy(t, db.DSN, 0)
-	t.Cleanup(writesNet.close)
-	pool := pgtest.Pool(t, leaseNet.dsn(), 2)
-	writes := pgtest.Pool(t, writesNet.dsn(), 2)
+	leaseNet := netfault.NewProxy(t, db.DSN, 0)
+	t.Cleanup(leaseNet.Close)
+	writesNet := netfault.NewProxy(t, db.DSN, 0)
+	t.Cleanup(writesNet.Close)
+	pool := pgtest.Pool(t, leaseNet.DSN(), 2)
+	writes := pgtest.Pool(t, writesNet.DSN(), 2)
 	// The window closes 3.5 s after a renewal is sent; the row expires 2.5 s later.
 	const ttl, margin = 6 * time.Second, 2500 * time.Millisecond
 	l, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Margin: margin})
@@ -173,9 +174,9 @@ func TestFenceDeadlineRefusesAWriteHeldBackPastTheTrustWindow(t *testing.T) {
 	if reason := waitLost(t, le); reason != liveness.LostExpired {
 		t.Fatalf("lost reason %q, want %q", reason, liveness.LostExpired)
 	}
-	writesNet.thaw()
+	writesNet.Thaw()
 	held.check(t)
-	leaseNet.thaw()
+	leaseNet.Thaw()
 	if err := le.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

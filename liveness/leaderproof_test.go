@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -36,10 +37,10 @@ func TestCutOffLeaderStepsDownBeforeServerRestartFreesItsLock(t *testing.T) {
 	config := func(service, dsn string) liveness.AgentConfig {
 		return liveness.AgentConfig{Pool: pgtest.Pool(t, dsn, 4), DirectDSN: dsn, InstanceID: uuid.New(), ServiceName: service}
 	}
-	proxy := newFreezingProxy(t, db.DSN, 0)
-	holder := newAgent(t, config("holder", proxy.dsn()))
+	proxy := netfault.NewProxy(t, db.DSN, 0)
+	holder := newAgent(t, config("holder", proxy.DSN()))
 	runAgent(t, holder)
-	t.Cleanup(proxy.close) // first, so that the holder's statements fail instead of hanging
+	t.Cleanup(proxy.Close) // first, so that the holder's statements fail instead of hanging
 	competitorCfg := config("competitor", db.DSN)
 	competitorPool := competitorCfg.Pool
 	competitor := newAgent(t, competitorCfg)
@@ -114,7 +115,7 @@ func TestCutOffLeaderStepsDownBeforeServerRestartFreesItsLock(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, "the holder's lease renewed", func() bool { return expiresAt().After(firstExpiry) })
 
 	frozen := time.Now()
-	proxy.freeze()
+	proxy.Freeze()
 	if err := srv.StopMode("fast"); err != nil {
 		t.Fatal(err)
 	}
@@ -169,17 +170,17 @@ func TestLeaseNotTrustedOnAnOldLockProof(t *testing.T) {
 	t.Parallel()
 	db, direct := testdb.MigratedPool(t, 2)
 	ctx := testutil.Context(t, 2*time.Minute)
-	proxy := newFreezingProxy(t, db.DSN, 0)
-	holderCfg := liveness.AgentConfig{Pool: pgtest.Pool(t, db.DSN, 4), DirectDSN: proxy.dsn(), InstanceID: uuid.New(),
+	proxy := netfault.NewProxy(t, db.DSN, 0)
+	holderCfg := liveness.AgentConfig{Pool: pgtest.Pool(t, db.DSN, 4), DirectDSN: proxy.DSN(), InstanceID: uuid.New(),
 		ServiceName: "holder", DisableWatcher: true}
 	holder := newAgent(t, holderCfg)
 	runAgent(t, holder)
-	t.Cleanup(proxy.close)
+	t.Cleanup(proxy.Close)
 	competitor := newAgent(t, liveness.AgentConfig{Pool: pgtest.Pool(t, db.DSN, 4), DirectDSN: db.DSN, InstanceID: uuid.New(),
 		ServiceName: "competitor"})
 	runAgent(t, competitor)
 
-	proxy.freeze()
+	proxy.Freeze()
 	var terminated int
 	if err := direct.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
 	                                 WHERE application_name = 'holder:alive-lock' AND datname = current_database()`).Scan(&terminated); err != nil || terminated != 1 {
@@ -244,11 +245,11 @@ func TestCutOffLeaderStepsDownDuringARenewal(t *testing.T) {
 	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
 	ctx := testutil.Context(t, 2*time.Minute)
-	proxy := newFreezingProxy(t, db.DSN, 0)
-	holder := newAgent(t, liveness.AgentConfig{Pool: pgtest.Pool(t, proxy.dsn(), 4), DirectDSN: proxy.dsn(),
+	proxy := netfault.NewProxy(t, db.DSN, 0)
+	holder := newAgent(t, liveness.AgentConfig{Pool: pgtest.Pool(t, proxy.DSN(), 4), DirectDSN: proxy.DSN(),
 		InstanceID: uuid.New(), ServiceName: "holder"})
 	runAgent(t, holder)
-	t.Cleanup(proxy.close) // first, so that the holder's statements fail instead of hanging
+	t.Cleanup(proxy.Close) // first, so that the holder's statements fail instead of hanging
 
 	var mu sync.Mutex
 	var ended time.Time
@@ -293,7 +294,7 @@ func TestCutOffLeaderStepsDownDuringARenewal(t *testing.T) {
 	})
 	time.Sleep(time.Until(renewed.Add(ttl/4 - 250*time.Millisecond)))
 	frozen := time.Now()
-	proxy.freeze()
+	proxy.Freeze()
 	testutil.Eventually(t, 20*time.Second, "the holder's job ended", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -435,14 +436,14 @@ func leaderLossNoticedLate(t *testing.T, grace time.Duration, late float64) {
 	ctx := testutil.Context(t, 2*time.Minute)
 	admin := pgtest.Pool(t, db.DSN, 2)
 	timing := liveness.Timing{LockGrace: grace}
-	lockLink, poolLink := newFreezingProxy(t, db.DSN, 0), newFreezingProxy(t, db.DSN, 0)
-	lockLink.holdCloses = true
-	leaderCfg := liveness.AgentConfig{Pool: pgtest.Pool(t, poolLink.dsn(), 4), DirectDSN: lockLink.dsn(),
+	lockLink, poolLink := netfault.NewProxy(t, db.DSN, 0), netfault.NewProxy(t, db.DSN, 0)
+	lockLink.HoldCloses = true
+	leaderCfg := liveness.AgentConfig{Pool: pgtest.Pool(t, poolLink.DSN(), 4), DirectDSN: lockLink.DSN(),
 		InstanceID: uuid.New(), ServiceName: "leader", Timing: timing}
 	leader := newAgent(t, leaderCfg)
 	runAgent(t, leader)
-	t.Cleanup(lockLink.close) // first, so that the leader's statements fail instead of hanging
-	t.Cleanup(poolLink.close)
+	t.Cleanup(lockLink.Close) // first, so that the leader's statements fail instead of hanging
+	t.Cleanup(poolLink.Close)
 	competitor := newAgent(t, liveness.AgentConfig{Pool: pgtest.Pool(t, db.DSN, 4), DirectDSN: db.DSN,
 		InstanceID: uuid.New(), ServiceName: "competitor", Timing: timing})
 	runAgent(t, competitor)
@@ -535,23 +536,23 @@ func leaderLossNoticedLate(t *testing.T, grace time.Duration, late float64) {
 	// (a leader that does claim it again before its deadline is never dead by the rule,
 	// and rightly leads on). Its pool's link stays frozen until then too, so that no beat
 	// proves its life after the loss: the fleet calls it dead one grace after the stamp.
-	lockLink.refuseNewUntil(q.Add(3 * grace))
-	lockLink.freeze()
-	poolLink.freeze()
+	lockLink.RefuseNewUntil(q.Add(3 * grace))
+	lockLink.Freeze()
+	poolLink.Freeze()
 	time.Sleep(time.Until(q.Add(60 * time.Millisecond)))
 	var ended bool
 	if err := conn.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, lockPID).Scan(&ended); err != nil || !ended {
 		t.Fatalf("pg_terminate_backend(%d): %v, %v", lockPID, ended, err)
 	}
 	time.Sleep(time.Until(q.Add(time.Duration(late * float64(grace)))))
-	lockLink.thaw()
+	lockLink.Thaw()
 
 	select {
 	case <-takes:
 	case <-time.After(60 * time.Second):
 		t.Fatal("the competitor does not take over within 60 s")
 	}
-	poolLink.thaw()
+	poolLink.Thaw()
 	select {
 	case <-stopped: // once its release has gone through the thawed pool, or failed
 	case <-time.After(30 * time.Second):

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -874,16 +875,16 @@ func TestLeaseNetworkHangExpires(t *testing.T) {
 	t.Parallel()
 	ctx := testutil.Context(t, 60*time.Second)
 	db := testdb.Migrated(t)
-	proxy := newFreezingProxy(t, db.DSN, 0)
-	pool := pgtest.Pool(t, proxy.dsn(), 2)
-	t.Cleanup(proxy.close) // before the pool closes: cleanups run last-in first-out
+	proxy := netfault.NewProxy(t, db.DSN, 0)
+	pool := pgtest.Pool(t, proxy.DSN(), 2)
+	t.Cleanup(proxy.Close) // before the pool closes: cleanups run last-in first-out
 	l := newTestLeases(t, pool)
 	const ttl = time.Second
 
 	le := mustAcquire(t, ctx, l, "job", ttl)
 	waitRenewed(t, le, 3*time.Second)
 	frozen := time.Now()
-	proxy.freeze()
+	proxy.Freeze()
 	reason := waitLost(t, le)
 	took := time.Since(frozen)
 	if reason != liveness.LostExpired {
@@ -922,9 +923,9 @@ func TestLeaseTrustWindowEndsBeforeDatabaseExpiry(t *testing.T) {
 		margin = 100 * time.Millisecond
 		delay  = 300 * time.Millisecond
 	)
-	proxy := newFreezingProxy(t, db.DSN, delay)
-	pool := pgtest.Pool(t, proxy.dsn(), 1)
-	t.Cleanup(proxy.close)
+	proxy := netfault.NewProxy(t, db.DSN, delay)
+	pool := pgtest.Pool(t, proxy.DSN(), 1)
+	t.Cleanup(proxy.Close)
 	if err := pool.Ping(ctx); err != nil { // connect (several slow round trips) up front
 		t.Fatal(err)
 	}
@@ -935,7 +936,7 @@ func TestLeaseTrustWindowEndsBeforeDatabaseExpiry(t *testing.T) {
 
 	le := mustAcquire(t, ctx, l, "job", ttl)
 	waitRenewed(t, le, 5*time.Second)
-	proxy.freeze()
+	proxy.Freeze()
 	if reason := waitLost(t, le); reason != liveness.LostExpired {
 		t.Fatalf("lost reason %q, want %q", reason, liveness.LostExpired)
 	}

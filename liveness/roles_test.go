@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -68,12 +69,12 @@ func TestObserversCannotBendALease(t *testing.T) {
 	observer := "observer_" + db.Name
 	grantObserver(t, db, observer)
 
-	proxy := newFreezingProxy(t, db.DSN, 0)
-	holderCfg := liveness.AgentConfig{Pool: pgtest.Pool(t, proxy.dsn(), 4), DirectDSN: proxy.dsn(), InstanceID: uuid.New(),
+	proxy := netfault.NewProxy(t, db.DSN, 0)
+	holderCfg := liveness.AgentConfig{Pool: pgtest.Pool(t, proxy.DSN(), 4), DirectDSN: proxy.DSN(), InstanceID: uuid.New(),
 		ServiceName: "holder"}
 	holder := newAgent(t, holderCfg)
 	runAgent(t, holder)
-	t.Cleanup(proxy.close)
+	t.Cleanup(proxy.Close)
 	competitor := newAgent(t, liveness.AgentConfig{Pool: pgtest.Pool(t, db.DSN, 4), DirectDSN: db.DSN, InstanceID: uuid.New(),
 		ServiceName: "competitor"})
 	runAgent(t, competitor)
@@ -222,7 +223,7 @@ func TestObserversCannotBendALease(t *testing.T) {
 	if err := admin.QueryRow(ctx, `SELECT lock_pid FROM liveness.instances WHERE instance_id = $1`, holderCfg.InstanceID).Scan(&lockPID); err != nil {
 		t.Fatal(err)
 	}
-	proxy.freeze()
+	proxy.Freeze()
 	crashed := time.Now()
 	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, lockPID); err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -334,16 +335,16 @@ func TestShardsOfACrashedOwnerMoveSoon(t *testing.T) {
 	const shards = 64
 	cfg := liveness.AgentConfig{Pool: pool, DirectDSN: db.DSN}
 	members := []*timedMember{startTimedMember(t, cfg, "crash", shards, tl), startTimedMember(t, cfg, "crash", shards, tl)}
-	proxy := newFreezingProxy(t, db.DSN, 0)
-	t.Cleanup(proxy.close)
-	crashing := startTimedMember(t, liveness.AgentConfig{Pool: pgtest.Pool(t, proxy.dsn(), 4), DirectDSN: proxy.dsn()},
+	proxy := netfault.NewProxy(t, db.DSN, 0)
+	t.Cleanup(proxy.Close)
+	crashing := startTimedMember(t, liveness.AgentConfig{Pool: pgtest.Pool(t, proxy.DSN(), 4), DirectDSN: proxy.DSN()},
 		"crash", shards, tl)
 	settle(t, tl, shards, append(members, crashing), time.Minute)
 	_, by, _ := tl.owned()
 
 	crashing.crashed.Store(true)
 	crashed := time.Now()
-	proxy.close()
+	proxy.Close()
 	moved := ownedOnlyBy(t, tl, shards, crashed, false, time.Minute, "the crashed member's shards owned by the others",
 		members[0].id, members[1].id)
 	tl.checkNoOverlap(t)
