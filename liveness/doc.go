@@ -323,7 +323,12 @@
 //     and at the fast interval otherwise; the cadence is chosen again after every beat.
 //     Losing the lock triggers a beat at once. Whatever the cadence, a watchdog starts the
 //     next beat within the stale threshold minus one fast interval of the previous one.
-//     A failed beat is retried after a fraction of the fast interval.
+//     A failed beat is retried after a fraction of the fast interval; one that proves
+//     life after the lock was lost has a third of the lock grace per attempt and is
+//     retried at once after a timeout, every 250 ms after another failure.
+//   - A beat carries its deadline by the server's clock (timed from the last reading of
+//     it, less that reading's round trip); one that reaches the row later writes nothing,
+//     so a beat given up on never lands after a newer one.
 //   - Every statement carries a deadline below the interval it serves, and a
 //     /* pg_liveness:<name> */ tag right after its first keyword (where PostgreSQL 14 to
 //     18 all keep it in pg_stat_statements' text), so that the exporter can count it.

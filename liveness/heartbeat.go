@@ -37,7 +37,14 @@ const (
 	// proofRetry is the retry period of a beat that proves life after the alive lock was
 	// lost: observers call the instance dead once its lock grace has run out.
 	proofRetry = 250 * time.Millisecond
+	// proofMinTimeout is the least deadline of a beat that proves life, which is otherwise
+	// a third of the lock grace.
+	proofMinTimeout = 100 * time.Millisecond
 )
+
+// errBeatPastDeadline is a beat that reached the server after its deadline and wrote
+// nothing.
+var errBeatPastDeadline = errors.New("liveness: heartbeat: the beat reached the server after its deadline and wrote nothing")
 
 // lockSource tells the heartbeat whether the alive lock is held and verified. An
 // *AliveLock is one. If the source also has a Changed() <-chan struct{} method, as
@@ -148,6 +155,7 @@ type heartbeatWorker struct {
 	timing       [5]*float64   // what the row records: interval, slow, stale, dead, grace in seconds
 	watchdog     time.Duration // the longest wait between the starts of two beats
 	stmtTimeout  time.Duration
+	proofTimeout time.Duration // a beat's deadline while it proves life (the lock is gone)
 	firstRetry   time.Duration
 	maxRetryWait time.Duration
 
@@ -162,6 +170,9 @@ type heartbeatWorker struct {
 
 	// Owned by the Run goroutine.
 	rowHoldsLock bool // what the last successful beat recorded as holds_alive_lock
+	// The last reading of the server's clock by a beat, landed or not: when it was sent,
+	// the reading and its round trip. Each beat's deadline on the server is timed from it.
+	serverClock lifegate.Anchor
 }
 
 // newHeartbeatWorker validates cfg and prepares the worker. It does not touch the
@@ -199,6 +210,7 @@ func newHeartbeatWorker(cfg heartbeatConfig) (*heartbeatWorker, error) {
 		slow:         t.HeartbeatSlowInterval,
 		watchdog:     t.StaleThreshold - t.HeartbeatInterval,
 		stmtTimeout:  beatTimeout(t.HeartbeatInterval),
+		proofTimeout: min(beatTimeout(t.HeartbeatInterval), max(t.LockGrace/3, proofMinTimeout)),
 		firstRetry:   min(t.HeartbeatInterval/4, heartbeatMaxFirstRetry),
 		maxRetryWait: t.HeartbeatInterval / 2,
 	}
@@ -293,16 +305,27 @@ func (h *heartbeatWorker) Run(ctx context.Context) error {
 			h.setDuplicate(false)
 		}
 		holds, lockPID := h.lockState()
+		proving := h.rowHoldsLock && !holds
+		timeout := h.stmtTimeout
+		if proving {
+			// The grace is short: an attempt stuck on a connection that a network cut left
+			// behind gives way to the next, which takes another connection or dials afresh.
+			// The deadline on the server keeps it from landing later.
+			timeout = h.proofTimeout
+		}
 		sent := time.Now() // the row's time is later: the server sets it
-		at, inserted, err := h.beat(ctx, holds, lockPID)
+		at, inserted, err := h.beat(ctx, holds, lockPID, sent, timeout)
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err != nil {
 			failures++
 			retry := min(h.firstRetry<<min(failures-1, 16), h.maxRetryWait)
-			if h.rowHoldsLock && !holds {
-				retry = min(retry, proofRetry) // proving life: the grace is short
+			if proving {
+				retry = min(retry, proofRetry)
+				if errors.Is(err, context.DeadlineExceeded) {
+					retry = 0 // the attempt's own deadline was the wait
+				}
 			}
 			h.failed()
 			failing.Log(h.log, slog.LevelWarn, "failed", "heartbeat failed; retrying",
@@ -356,16 +379,37 @@ func (h *heartbeatWorker) wait(ctx context.Context, d time.Duration, changed <-c
 	}
 }
 
-// beat is not cut short when Run's context ends: a cancelled statement can still commit
-// on the server after Run has returned, and an upsert landing after Remove's DELETE would
-// bring the row back. It is bounded by the statement timeout instead.
-func (h *heartbeatWorker) beat(ctx context.Context, holdsLock bool, lockPID *int64) (at time.Time, inserted bool, err error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.stmtTimeout)
+// beat upserts the row; it gives up after timeout from sent. It is not cut short when
+// Run's context ends: a cancelled statement can still commit on the server after Run has
+// returned, and an upsert landing after Remove's DELETE would bring the row back.
+//
+// The statement carries its deadline by the server's clock, so that a beat given up on
+// never lands later than the next one is sent: the server's clock at the moment this
+// process gives up is at least the last reading plus the time since it was sent, less its
+// round trip (less a drift of 1 ms a second between the two clocks). Before the first
+// reading there is no deadline.
+func (h *heartbeatWorker) beat(ctx context.Context, holdsLock bool, lockPID *int64, sent time.Time, timeout time.Duration) (at time.Time, inserted bool, err error) {
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), sent.Add(timeout))
 	defer cancel()
+	var deadline *time.Time
+	if c := h.serverClock; !c.Sent.IsZero() {
+		since := sent.Sub(c.Sent)
+		d := c.Server.Add(since + timeout - c.RoundTrip - since/1000)
+		deadline = &d
+	}
 	t := h.timing
+	var landed *time.Time
+	var server time.Time
 	err = h.pool.QueryRow(ctx, h.upsertSQL, h.instanceID, h.service, h.host, h.pid, string(h.mode),
-		h.metadata, holdsLock, t[0], t[1], t[2], t[3], t[4], lockPID).Scan(&at, &inserted)
-	return at, inserted, err
+		h.metadata, holdsLock, t[0], t[1], t[2], t[3], t[4], lockPID, deadline).Scan(&landed, &inserted, &server)
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	h.serverClock = lifegate.Anchor{Sent: sent, Server: server, RoundTrip: time.Since(sent)}
+	if landed == nil {
+		return time.Time{}, false, errBeatPastDeadline
+	}
+	return *landed, inserted, nil
 }
 
 // lockState is whether the lock is held and, when the source tells, by which backend

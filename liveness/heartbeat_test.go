@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -464,5 +465,85 @@ func TestTimingCheck(t *testing.T) {
 	}
 	if _, err := newHeartbeatWorker(heartbeatConfig{InstanceID: uuid.New(), ServiceName: "svc"}); err == nil || !strings.Contains(err.Error(), "Pool") {
 		t.Fatalf("newHeartbeatWorker without a pool = %v, want an error naming Pool", err)
+	}
+}
+
+// TestHeartbeatBeatGivenUpOnNeverLandsLater: a beat the worker gave up on (its answer
+// did not come within its deadline) carries that deadline to the server, and writes
+// nothing if it gets there later, so that it cannot put back what a newer beat corrected.
+// Here the link is cut (new connections refused, so that pgx's cancel request is lost
+// too) while a beat that records the lock as held is on its way; the worker gives it up,
+// and the cut heals, delivering it to the server after its deadline. It must not write:
+// a row that claims a lock the process may no longer hold makes it dead a grace later.
+func TestHeartbeatBeatGivenUpOnNeverLandsLater(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.MigratedPool(t, 2)
+	link := netfault.NewProxy(t, db.DSN, 0)
+	t.Cleanup(link.Close)
+	pool := pgtest.Pool(t, link.DSN(), 1)
+	lock := newNotifyingLock(false)
+	cfg := testHeartbeatConfig(pool, lock)
+	cfg.Timing = Timing{HeartbeatInterval: time.Second} // a beat's deadline: 500 ms
+	h, clk, _ := startOnFakeClock(t, cfg)
+	clk.next(t) // the first beat landed: the worker knows the server's clock
+	rowHolds := func() bool {
+		return db.QueryInt(t, `SELECT holds_alive_lock::int FROM liveness.instances WHERE instance_id = $1`, cfg.InstanceID) == 1
+	}
+	if rowHolds() {
+		t.Fatal("the first beat, without the lock, recorded it held")
+	}
+	link.Freeze()
+	link.RefuseNewUntil(time.Now().Add(time.Hour))
+	lock.set(true) // the claim's beat is held by the cut link
+	testutil.Eventually(t, 10*time.Second, "the worker giving the beat up", func() bool { return h.Stats().Failures >= 1 })
+	link.Thaw() // the held beat reaches the server, after its deadline
+	// The session that carried it reads it, runs it, and then the close that followed it.
+	testutil.Eventually(t, 10*time.Second, "the held beat delivered and its session ended", func() bool {
+		return db.QueryInt(t, `SELECT count(*) FROM pg_stat_activity
+		                        WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE '%pg_liveness:heartbeat%'`) == 0
+	})
+	if rowHolds() {
+		t.Fatal("a beat the worker had given up on landed after its deadline")
+	}
+}
+
+// TestHeartbeatProofGivesUpAStuckConnection: a beat that proves life (the lock is gone,
+// the row still claims it) has a third of the lock grace, not the ordinary beat's
+// deadline, and the next attempt follows at once: after a network cut heals, a pooled
+// connection from before it can stay stuck in the kernel's retransmission back-off for
+// seconds, while a new one gets through. Observers call the process dead a grace after
+// its lock vanished; the proof must not wait out a stuck connection.
+func TestHeartbeatProofGivesUpAStuckConnection(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.MigratedPool(t, 2)
+	link := netfault.NewProxy(t, db.DSN, 0)
+	t.Cleanup(link.Close)
+	pool := pgtest.Pool(t, link.DSN(), 2)
+	t.Cleanup(link.Thaw) // before the pool closes, so that the stuck connection's close goes through
+	lock := newNotifyingLock(true)
+	cfg := testHeartbeatConfig(pool, lock) // the defaults: a beat's deadline 10 s, the grace 1 s
+	h, clk, _ := startOnFakeClock(t, cfg)
+	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
+		t.Fatalf("held: the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
+	}
+	link.FreezeEstablished() // the pool's connection is stuck; a new one gets through
+	began := time.Now()
+	lock.set(false)
+	if got := clk.next(t); got != 0 {
+		t.Fatalf("after the proof's attempt on the stuck connection the worker waits %s; want 0 (its deadline was the wait)", got)
+	}
+	if got := clk.next(t); got != DefaultHeartbeatInterval {
+		t.Fatalf("after the proof the worker waits %s; want the fast %s (the proof landed)", got, DefaultHeartbeatInterval)
+	}
+	took := time.Since(began)
+	t.Logf("the proof landed %s after the loss, one attempt given up", took.Round(time.Millisecond))
+	if took > 5*time.Second {
+		t.Errorf("the proof landed %s after the loss; want well within the ordinary beat's deadline (10 s)", took)
+	}
+	if s := h.Stats(); s.Failures != 1 || s.Beats != 2 {
+		t.Errorf("Stats = %+v; want 1 failure (the stuck attempt) and 2 beats", s)
+	}
+	if db.QueryInt(t, `SELECT holds_alive_lock::int FROM liveness.instances WHERE instance_id = $1`, cfg.InstanceID) != 0 {
+		t.Error("the row still claims the lock after the proof")
 	}
 }

@@ -18,17 +18,27 @@
 -- committed (it waited for the row, or its message was held back) keeps the newer time, so
 -- the row is never older than the last beat this process saw acknowledged, which its
 -- leaders count on (internal/lifegate).
+-- $14 is the beat's deadline by the server's clock (NULL: none): a beat the process gave
+-- up on never lands after it, so that it cannot overwrite a newer beat's word. Without it,
+-- a beat that recorded the lock as held, abandoned on a slow link, could land after the
+-- beat that recorded its loss, and the row would claim a lock that is gone. The deadline is
+-- checked after the row is locked: a beat that passed it commits before any later beat
+-- can write the row.
 -- Returns the row's time (this beat's, or a newer one that committed while it ran: either
--- way a reading of the server's clock taken while it ran) and whether the row had to be
--- inserted, which after the first beat means that it was removed as dead in between.
+-- way a reading of the server's clock taken while it ran; NULL when the beat was past its
+-- deadline and wrote nothing), whether the row had to be inserted, which after the first
+-- beat means that it was removed as dead in between, and the server's clock (now()), from
+-- which the process times its next deadline whether or not this beat landed.
+WITH beat AS (
 INSERT INTO {schema}.instances AS i
        (instance_id, service_name, host_name, process_id, started_at, last_heartbeat_at, liveness_mode, metadata,
         holds_alive_lock, heartbeat_interval, heartbeat_slow_interval, stale_threshold, definitive_dead_cutoff, lock_grace,
         lock_pid)
-VALUES ($1::uuid, $2::text, $3::text, $4::integer, now(), now(), $5::text, $6::jsonb,
-        $7::boolean, make_interval(secs => $8::float8), make_interval(secs => $9::float8),
-        make_interval(secs => $10::float8), make_interval(secs => $11::float8), make_interval(secs => $12::float8),
-        $13::integer)
+SELECT $1::uuid, $2::text, $3::text, $4::integer, now(), now(), $5::text, $6::jsonb,
+       $7::boolean, make_interval(secs => $8::float8), make_interval(secs => $9::float8),
+       make_interval(secs => $10::float8), make_interval(secs => $11::float8), make_interval(secs => $12::float8),
+       $13::integer
+ WHERE $14::timestamptz IS NULL OR pg_catalog.clock_timestamp() <= $14::timestamptz
 ON CONFLICT (instance_id) DO UPDATE
    SET service_name = excluded.service_name,
        host_name = excluded.host_name,
@@ -44,7 +54,11 @@ ON CONFLICT (instance_id) DO UPDATE
        lock_grace = excluded.lock_grace,
        lock_pid = CASE WHEN excluded.holds_alive_lock AND coalesce(i.lock_pid, 0) = 0 THEN excluded.lock_pid
                        ELSE coalesce(i.lock_pid, 0) END
-RETURNING i.last_heartbeat_at, i.xmax = 0
+ WHERE $14::timestamptz IS NULL OR pg_catalog.clock_timestamp() <= $14::timestamptz
+RETURNING i.last_heartbeat_at, i.xmax = 0 AS inserted
+)
+SELECT b.last_heartbeat_at, coalesce(b.inserted, false), now()
+  FROM (SELECT) AS one LEFT JOIN beat b ON true
 
 -- name: heartbeat_delete
 -- Removes the instance row on graceful shutdown, so that other instances see it gone at
