@@ -218,6 +218,12 @@ func TestNodeAgentDeathKillsNoneOfItsProcesses(t *testing.T) {
 		}
 		return dead
 	}
+	// Each process has beaten its claim: a claim's beat still in flight when the node
+	// agent stops can land after the hand-over (the process's next beat, sent at once,
+	// corrects it), which the check below would count.
+	testutil.Eventually(t, 10*time.Second, "every attached process's row claiming its lock", func() bool {
+		return db.QueryInt(t, `SELECT count(*) FROM liveness.instances WHERE instance_id = ANY($1) AND holds_alive_lock`, ids) == len(ids)
+	})
 	stopNode()
 	// A graceful stop (SIGTERM, a rolling update) hands over: the locks went only once
 	// every process's row had stopped claiming its lock, so no observer ever saw a lock

@@ -350,7 +350,9 @@ const handOverPoll = 10 * time.Millisecond
 // stay until no row of ids claims its lock any more, for at most handOverWait: a lock
 // that vanished from under a row claiming it would leave the process a lock grace to prove
 // life from wherever it is, while a lock that stays until the row stops claiming it leaves
-// no moment in which an observer may call the process dead.
+// no moment in which an observer may call the process dead. A beat its process sent
+// before it learned of the loss (a claim's, just after attaching) can still land after the
+// rows stopped claiming; the process's next beat, sent at once, corrects the row.
 func (n *NodeAgent) handOver(conn *pgx.Conn, ids []string) {
 	if len(ids) == 0 {
 		return
