@@ -241,9 +241,13 @@
 // check: SET CONSTRAINTS that would run it early refuses the transaction (SQLSTATE
 // LVF04), so does PREPARE TRANSACTION (LVF05), and the fresh deadline a COMMIT carries is
 // signed with a key only the holder's token gives. Exec, BeginTx and BeginFunc take their
-// connection before reading the deadline and send it again, as of then, with their
-// COMMIT, so a healthy leader's write may wait for a connection or a row lock as long as
-// it needs; only the fence's and the COMMIT's own way to the server count against the
+// connection before reading the deadline. Exec is one round trip: the fence and the
+// statement in one pipeline, one implicit transaction whose COMMIT leaves with the fence,
+// so its statement's own time counts against the deadline; one that runs past it is
+// rolled back at its COMMIT and, while the lease is held, run once more as BeginTx runs
+// it. BeginTx's COMMIT carries the deadline as of when it is sent (when it moved since
+// the fence), so a healthy leader's transaction may wait for a row lock as long as it
+// needs; only the fence's and the COMMIT's own way to the server count against the
 // deadline, which is half to three quarters of the lock grace ahead (Lease.FenceDeadline
 // says why). Refusals are counted per lease (LeaseStats.FencedRefused), and the first of
 // each lease is logged at warning level.

@@ -89,21 +89,30 @@ func (e *FencedError) Is(target error) bool {
 
 func (e *FencedError) Unwrap() error { return e.Err }
 
-// Exec runs sql with args as one fenced transaction under this lease: the fence and the
-// statement go in one round trip, the COMMIT in a second. It returns the statement's
-// command tag, or a *FencedError (errors.Is ErrFenced) when the write was refused: the
-// lease is not held under Epoch, or the fence or the COMMIT reached the server past the
-// lease's deadline (FenceDeadline). A refused write never commits, so a write is either
-// counted under this epoch, committed before any later holder's first, or an error. An
-// error that is not a *FencedError after the statement ran (the connection lost during
-// the COMMIT, say) leaves the outcome unknown, as for any COMMIT.
+// Exec runs sql with args as one fenced transaction under this lease, in one round trip:
+// the fence and the statement go in one pipeline, without BEGIN or COMMIT, and run as
+// one implicit transaction that commits at the pipeline's end. It returns the
+// statement's command tag, or a *FencedError (errors.Is ErrFenced) when the write was
+// refused: the lease is not held under Epoch, or the write reached the server, or
+// committed, past the lease's deadline (FenceDeadline) as of when it was sent. A refused
+// write never commits, so a write is either counted under this epoch, committed before
+// any later holder's first, or an error. An error that is not a *FencedError after the
+// statement ran (the connection lost as it committed, say) leaves the outcome unknown,
+// as for any COMMIT.
 //
 // The connection is taken from db first and the deadline read after, so a wait for a
-// connection never counts against it; the COMMIT carries the deadline as of when it is
-// sent, so neither does the time the statement took (a row lock's wait, a slow plan).
-// Only the time the COMMIT itself takes to reach the server does: it is refused when
-// that is past the moment this process would stop trusting the lease, by FenceDeadline's
-// rule (half to three quarters of the lock grace ahead for a healthy leader of an Agent).
+// connection never counts against it. The time the statement takes does: its COMMIT
+// leaves with it, so the check at commit holds it to the deadline as of the send. A
+// statement that outlasts that (a row lock's wait, a slow plan), for a lease still held,
+// is rolled back and run once more as a transaction whose COMMIT is sent on its own with
+// the deadline as of then (two round trips, and the statement's work twice): a healthy
+// leader's slow write lands. Only the time that COMMIT takes to reach the server counts
+// then: it is refused when that is past the moment this process would stop trusting the
+// lease, by FenceDeadline's rule (half to three quarters of the lock grace ahead for a
+// healthy leader of an Agent).
+//
+// One round trip once the statements are prepared on the connection: pgx's default
+// statement cache prepares a new statement in a round trip of its own, once.
 //
 // A fenced transaction (Exec's, BeginTx's, BeginFunc's) lasts at most the lease's TTL
 // from its start: it holds the lease row FOR KEY SHARE, so that any takeover waits for
@@ -116,8 +125,9 @@ func (e *FencedError) Unwrap() error { return e.Err }
 // *FencedError. A job whose write may take longer needs a longer TTL, or to split the
 // write.
 //
-// sql must be a single statement without transaction control. db must be a pool on the
-// leases' database and schema.
+// sql must be a single statement without transaction control (one that leaves a
+// transaction open is rolled back, with an error). db must be a pool on the leases'
+// database and schema.
 func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ...any) (pgconn.CommandTag, error) {
 	if blankSQL(sql) {
 		return pgconn.CommandTag{}, fmt.Errorf("liveness: fenced write under lease %q: the statement is empty "+
@@ -134,14 +144,66 @@ func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ..
 	// Ended before the release: a connection it cancelled a statement on is closed.
 	w := le.watchTx(conn.Conn().PgConn(), time.Now())
 	defer w.end(conn)
+	tag, err, slow := le.execPipelined(ctx, conn.Conn(), w, sql, args)
+	if slow {
+		return le.execInTransaction(ctx, conn.Conn(), w, sql, args)
+	}
+	return tag, err
+}
+
+// execPipelined is Exec's one round trip: lease_fence_exec and sql in one pipeline, one
+// implicit transaction. slow reports a write rolled back at its commit for coming past
+// the deadline that left with it, while the lease is still held: Exec's cue to try once
+// more with a fresh deadline at COMMIT (execInTransaction); err is then not counted as a
+// refusal.
+func (le *Lease) execPipelined(ctx context.Context, conn *pgx.Conn, w *txWatch, sql string, args []any) (tag pgconn.CommandTag, err error, slow bool) {
 	deadline, _ := le.fenceDeadline() // after the wait for the connection: it does not count
+	b := &pgx.Batch{}
+	b.Queue(le.leases.stmts.fenceExec, le.Name, le.Holder, le.Epoch, deadline.Truncate(time.Microsecond))
+	b.Queue(sql, args...)
+	br := conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	ran := false
+	if err == nil {
+		tag, err = br.Exec()
+		ran = err == nil
+	}
+	if cerr := br.Close(); err == nil { // Close repeats the first error; a refused commit comes here
+		err = cerr
+	}
+	if err == nil && conn.PgConn().TxStatus() != 'I' {
+		// sql opened a transaction block of its own (BEGIN): nothing of it is committed.
+		endTx(ctx, conn)
+		return pgconn.CommandTag{}, fmt.Errorf("liveness: fenced write under lease %q: the statement left a transaction "+
+			"open (transaction control is not allowed in Exec; use BeginTx): rolled back", le.Name), false
+	}
+	if err == nil {
+		return tag, nil, false
+	}
+	endTx(ctx, conn)
+	if w.fired() { // cancelled past its bound: nothing committed
+		return pgconn.CommandTag{}, le.refused(false, err), false
+	}
+	var pg *pgconn.PgError
+	if ran && errors.As(err, &pg) && pg.Code == SQLStateCommitLate && le.Err() == nil {
+		return pgconn.CommandTag{}, err, true
+	}
+	return pgconn.CommandTag{}, le.fenceFailed(err), false
+}
+
+// execInTransaction is Exec's second try, for a statement slower than its deadline's
+// margin: BEGIN, the fence and sql in one round trip, the COMMIT with the deadline as of
+// then in a second.
+func (le *Lease) execInTransaction(ctx context.Context, conn *pgx.Conn, w *txWatch, sql string, args []any) (pgconn.CommandTag, error) {
+	deadline, _ := le.fenceDeadline()
+	deadline = deadline.Truncate(time.Microsecond) // as the server keeps it
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(le.leases.stmts.fenceStrict, le.Name, le.Holder, le.Epoch, deadline, le.idleLimit())
 	b.Queue(sql, args...)
 	br := conn.SendBatch(ctx, b)
 	var tag pgconn.CommandTag
-	_, err = br.Exec()
+	_, err := br.Exec()
 	if err == nil {
 		_, err = br.Exec()
 	}
@@ -152,13 +214,13 @@ func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ..
 		err = cerr
 	}
 	if err != nil {
-		endTx(ctx, conn.Conn())
+		endTx(ctx, conn)
 		if w.fired() { // no COMMIT was sent: nothing committed
 			return pgconn.CommandTag{}, le.refused(false, err)
 		}
 		return pgconn.CommandTag{}, le.fenceFailed(err)
 	}
-	if err := le.commit(ctx, conn.Conn(), w); err != nil {
+	if err := le.commit(ctx, conn, w, deadline); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	return tag, nil
@@ -191,6 +253,7 @@ func (le *Lease) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptio
 		return nil, fmt.Errorf("liveness: fenced transaction under lease %q: %w", le.Name, logging.RedactError(err))
 	}
 	deadline, _ := le.fenceDeadline()
+	deadline = deadline.Truncate(time.Microsecond) // as the server keeps it
 	var held bool
 	if err := tx.QueryRow(ctx, le.leases.stmts.fenceStrict, le.Name, le.Holder, le.Epoch, deadline, le.idleLimit()).Scan(&held); err != nil {
 		endTx(ctx, conn.Conn())
@@ -198,7 +261,7 @@ func (le *Lease) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptio
 		conn.Release()
 		return nil, le.fenceFailed(err)
 	}
-	return &fencedTx{Tx: tx, lease: le, conn: conn, watch: w}, nil
+	return &fencedTx{Tx: tx, lease: le, conn: conn, watch: w, fenced: deadline}, nil
 }
 
 // BeginFunc runs fn in a transaction of BeginTx and commits it when fn returns nil, or
@@ -263,7 +326,9 @@ type fencedTx struct {
 	lease *Lease
 	conn  *pgxpool.Conn
 	watch *txWatch
-	done  bool
+	// fenced is the deadline its fence queued the check at commit with.
+	fenced time.Time
+	done   bool
 }
 
 func (t *fencedTx) Commit(ctx context.Context) error {
@@ -273,7 +338,7 @@ func (t *fencedTx) Commit(ctx context.Context) error {
 	t.done = true
 	defer t.conn.Release()
 	defer t.watch.end(t.conn)
-	return t.lease.commit(ctx, t.conn.Conn(), t.watch)
+	return t.lease.commit(ctx, t.conn.Conn(), t.watch, t.fenced)
 }
 
 func (t *fencedTx) Rollback(ctx context.Context) error {
@@ -288,11 +353,13 @@ func (t *fencedTx) Rollback(ctx context.Context) error {
 
 // commit sends the COMMIT of a fenced transaction on conn, with the deadline as of now
 // in the same simple query: the check at commit (migration 0009) holds it to that one.
-// A lease that has ended sends the zero time, which refuses it.
-func (le *Lease) commit(ctx context.Context, conn *pgx.Conn, w *txWatch) error {
+// A lease that has ended sends the zero time, which refuses it. When the deadline is
+// still fenced, the one the fence queued the check with, the COMMIT goes alone: the
+// check holds it to that very deadline, and the transaction costs one statement less.
+func (le *Lease) commit(ctx context.Context, conn *pgx.Conn, w *txWatch, fenced time.Time) error {
 	sql := "COMMIT" // a failed transaction's COMMIT rolls it back, and nothing may run before it
-	if conn.PgConn().TxStatus() != 'E' {
-		deadline, _ := le.fenceDeadline()
+	if deadline, _ := le.fenceDeadline(); conn.PgConn().TxStatus() != 'E' &&
+		(deadline.IsZero() || !deadline.Truncate(time.Microsecond).Equal(fenced)) {
 		q := le.leases.stmts.fenceCommit
 		// Digits, colons, a minus sign and hex only: nothing to quote.
 		lit := "'" + le.commitDeadline(deadline) + "'"

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -372,7 +374,9 @@ func TestFencedWritesOfAHealthyLeaderWaitingASecondAreNotRefused(t *testing.T) {
 			return fmt.Errorf("Exec after a %s wait for a connection: %d rows, %w", wait, tag.RowsAffected(), err)
 		}
 
-		// A row lock held for wait by another transaction.
+		// A row lock held for wait by another transaction: past the deadline Exec's
+		// pipeline was sent with, so its COMMIT is refused and Exec runs it once more with
+		// a COMMIT of its own (without that second try this fails).
 		locker, err := direct.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -463,5 +467,106 @@ func TestFencedWritesInEveryQueryExecMode(t *testing.T) {
 				t.Fatalf("the pool after the refusal: %v, %v", tag, err)
 			}
 		})
+	}
+}
+
+// sentMessages records what a connection sends, one entry per write to the socket: pgx
+// writes a pipeline (a batch and its Sync) in one, so each entry is a round trip.
+type sentMessages struct {
+	net.Conn
+	mu    sync.Mutex
+	sends []string
+}
+
+func (c *sentMessages) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	c.sends = append(c.sends, string(p))
+	c.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+// since returns the writes after the first n.
+func (c *sentMessages) since(n int) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.sends[n:])
+}
+
+// TestLeaseExecIsOneRoundTrip: Exec sends its fence and its write in one pipeline, with
+// no BEGIN or COMMIT; a short BeginTx transaction, whose deadline did not move, commits
+// with a bare COMMIT (its fence's check holds it to that deadline), and one whose
+// deadline moved sends the deadline with its COMMIT.
+func TestLeaseExecIsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	db, pool := testdb.MigratedPool(t, 1)
+	db.Exec(t, fencedWrites)
+	l := newTestLeases(t, pool)
+	cfg, err := pgxpool.ParseConfig(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	var sent *sentMessages
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		sent = &sentMessages{Conn: c}
+		return sent, nil
+	}
+	ctx := testutil.Context(t, time.Minute)
+	writes, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(writes.Close)
+	le := mustAcquire(t, ctx, l, "job", 8*time.Second)
+	exec := func() []string {
+		t.Helper()
+		if err := writes.Ping(ctx); err != nil { // the connection, dialled
+			t.Fatal(err)
+		}
+		before := len(sent.since(0))
+		if tag, err := le.Exec(ctx, writes, insertWrite, le.Epoch, "exec"); err != nil || tag.RowsAffected() != 1 {
+			t.Fatalf("Exec: %d rows, %v", tag.RowsAffected(), err)
+		}
+		return sent.since(before)
+	}
+	exec() // prepares the statements on the connection: a round trip of its own, once
+	got := exec()
+	if len(got) != 1 {
+		t.Fatalf("Exec took %d round trips, want 1: %q", len(got), got)
+	}
+
+	commitOf := func(tx func(tx pgx.Tx) error) string {
+		t.Helper()
+		before := len(sent.since(0))
+		if err := le.BeginFunc(ctx, writes, tx); err != nil {
+			t.Fatalf("BeginFunc: %v", err)
+		}
+		all := sent.since(before)
+		return all[len(all)-1]
+	}
+	insert := func(tx pgx.Tx) error { _, err := tx.Exec(ctx, insertWrite, le.Epoch, "tx"); return err }
+	if c := commitOf(insert); c != commitOf(insert) || !strings.Contains(c, "COMMIT") || strings.Contains(c, "commit_deadline") {
+		t.Fatalf("a short transaction's COMMIT sent %q; want a bare COMMIT", c)
+	}
+	renewed := le.FenceDeadline()
+	c := commitOf(func(tx pgx.Tx) error {
+		// Until a renewal moves the deadline on (every quarter of the TTL, here 2 s).
+		for le.FenceDeadline().Equal(renewed) {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		return insert(tx)
+	})
+	if !strings.Contains(c, "commit_deadline") || !strings.Contains(c, "COMMIT") {
+		t.Fatalf("the COMMIT of a transaction whose deadline moved sent %q; want the new deadline with it", c)
+	}
+	if n := countWrites(t, ctx, pool, "exec") + countWrites(t, ctx, pool, "tx"); n != 5 {
+		t.Fatalf("%d writes committed, want 5", n)
 	}
 }

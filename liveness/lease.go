@@ -414,10 +414,12 @@ type leaseStatements struct {
 	acquire, renew, release, abandon, leader, fence, detach string
 	// A shard set member's: many leases at once.
 	renewMany, acquireMany, abandonMany, releaseMany, detachMany, shardMembers, shardFree string
-	// fenceStrict is Exec's and BeginTx's fence; fenceCommit[0] + the deadline literal +
-	// fenceCommit[1] + "; COMMIT" is their COMMIT (lease_fence_commit, its $1 inlined).
+	// fenceStrict is BeginTx's fence; fenceCommit[0] + the deadline literal +
+	// fenceCommit[1] + "; COMMIT" is its COMMIT (lease_fence_commit, its $1 inlined);
+	// fenceExec is Exec's, in one pipeline with its write.
 	fenceStrict string
 	fenceCommit [2]string
+	fenceExec   string
 }
 
 func newLeaseStatements(schema string) leaseStatements {
@@ -440,5 +442,6 @@ func newLeaseStatements(schema string) leaseStatements {
 
 		fenceStrict: store.LeaseFenceStrict.In(schema).SQL,
 		fenceCommit: splitParam(store.LeaseFenceCommit.In(schema).SQL),
+		fenceExec:   store.LeaseFenceExec.In(schema).SQL,
 	}
 }

@@ -394,3 +394,69 @@ func isCode(err error, code string) bool {
 	var pg *pgconn.PgError
 	return errors.As(err, &pg) && pg.Code == code
 }
+
+// TestAFenceCallersSearchPathReachesNothingInside: the fence functions and the check at
+// COMMIT run with their owner's rights and, from migration 0018, without a SET
+// search_path clause, so every name inside them carries its schema. A writer role puts a
+// schema of its own first in its search_path, with operators there that would run as
+// whoever calls them (and say so), and fences a held lease both ways (fence_exec in one
+// implicit transaction; fence, then a COMMIT carrying a commit deadline, which the check
+// verifies with more operators): none of its operators runs.
+func TestAFenceCallersSearchPathReachesNothingInside(t *testing.T) {
+	t.Parallel()
+	db, pool := testdb.MigratedPool(t, 2)
+	writer := "hijacker_" + db.Name
+	db.Exec(t, fmt.Sprintf(`CREATE ROLE %[2]s LOGIN PASSWORD 'role-pw';
+		GRANT CONNECT ON DATABASE %[1]s TO %[2]s;
+		GRANT USAGE ON SCHEMA liveness TO %[2]s;
+		CREATE SCHEMA mine AUTHORIZATION %[2]s`, pgx.Identifier{db.Name}.Sanitize(), writer))
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), fmt.Sprintf(`DROP SCHEMA mine CASCADE; DROP OWNED BY %[1]s; DROP ROLE %[1]s`, writer))
+	})
+	ctx := testutil.Context(t, time.Minute)
+	conn := roleConn(t, db, writer)
+	var traps []string
+	for _, op := range []struct{ name, left, right, result string }{
+		{"=", "text", "text", "boolean"}, {"=", "bigint", "bigint", "boolean"}, {"=", "bigint", "integer", "boolean"},
+		{"=", "tid", "tid", "boolean"}, {"<>", "text", "text", "boolean"}, {"~*", "text", "text", "boolean"},
+		{">=", "timestamptz", "timestamptz", "boolean"}, {"<", "timestamptz", "timestamptz", "boolean"},
+		{"||", "text", "text", "text"},
+	} {
+		fn := fmt.Sprintf("trap_%d", len(traps))
+		traps = append(traps, fmt.Sprintf(`CREATE FUNCTION mine.%[1]s(%[2]s, %[3]s) RETURNS %[4]s LANGUAGE plpgsql AS $$
+			BEGIN RAISE EXCEPTION 'the caller''s operator %[5]s ran, as %%', current_user; END $$;
+			CREATE OPERATOR mine.%[5]s (LEFTARG = %[2]s, RIGHTARG = %[3]s, FUNCTION = mine.%[1]s)`,
+			fn, op.left, op.right, op.result, op.name))
+	}
+	for _, sql := range append(traps, `SET search_path = mine, pg_catalog`) {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	// The traps work: an unqualified comparison runs the caller's operator.
+	if _, err := conn.Exec(ctx, `SELECT 'a'::text = 'b'::text`); err == nil || !strings.Contains(err.Error(), "operator = ran") {
+		t.Fatalf("the caller's own = on text: %v; want its trap, or this test shows nothing", err)
+	}
+
+	le := mustAcquire(t, ctx, newTestLeases(t, pool), "job", time.Minute)
+	deadline := le.FenceDeadline()
+	if _, err := conn.Exec(ctx, `SELECT liveness.fence_exec($1, $2, $3, $4)`, le.Name, le.Holder, le.Epoch, deadline); err != nil {
+		t.Fatalf("fence_exec (and the check at its commit) under the caller's search_path: %v", err)
+	}
+	for _, sql := range []string{`BEGIN`, `SELECT held FROM liveness.fence($1, $2, $3, $4)`,
+		`SELECT pg_catalog.set_config('pg_liveness.commit_deadline', $1 || ':1:not-signed', true)`, `COMMIT`} {
+		var args []any
+		switch {
+		case strings.Contains(sql, "fence("):
+			args = []any{le.Name, le.Holder, le.Epoch, deadline}
+		case strings.Contains(sql, "commit_deadline"):
+			sql = strings.Replace(sql, "$1 ||", "$1::pg_catalog.text OPERATOR(pg_catalog.||)", 1)
+			args = []any{fmt.Sprint(le.Epoch)}
+		}
+		if _, err := conn.Exec(ctx, sql, args...); err != nil {
+			_, _ = conn.Exec(context.Background(), `ROLLBACK`)
+			t.Fatalf("%s under the caller's search_path: %v", sql, err)
+		}
+	}
+
+}

@@ -34,7 +34,7 @@ func rendered(t *testing.T) map[string][]Query {
 		WatchAliveLocks, NotifyDeadInstances, WatchFresh, EventsListen, MembersListen, MembersUnlisten,
 		LeaseAcquire, LeaseRenew, LeaseRenewMany, LeaseAcquireMany, LeaseAbandonMany, LeaseReleaseMany, LeaseDetachMany,
 		ShardMembers, ShardFree, LeaseRelease, LeaseAbandon, LeaseDetach, LeaseLeader, LeaseFence,
-		LeaseFenceStrict, LeaseFenceCommit, SchemaState, SchemaMigrations, SchemaVersion,
+		LeaseFenceStrict, LeaseFenceCommit, LeaseFenceExec, SchemaState, SchemaMigrations, SchemaVersion,
 		MigrateLock, MigrateSchema, MigrateBookkeeping, MigrateApplied, MigrateSearchPath, MigrateRecord,
 		StatStatementsSchema, StatStatements, StatStatementsTexts,
 		DiscoverDatabases, DiscoverSource, ServerAdvisoryLocks, DatabaseIdentity} {

@@ -1,4 +1,4 @@
--- The schema as it stands after the last migration, 0017_fence_of_the_holder: every table, sequence,
+-- The schema as it stands after the last migration, 0018_fence_in_one_round_trip: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (internal/store/schema/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
@@ -267,17 +267,18 @@ CREATE OR REPLACE FUNCTION liveness.fence(p_name text, p_holder text, p_epoch bi
  RETURNS TABLE(held boolean, in_time boolean)
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
-    v_row tid;
+    v_row pg_catalog.tid;
 BEGIN
-    PERFORM 1 FROM leases l
-      WHERE l.name = p_name AND l.holder = lease_token(p_holder) AND l.epoch = p_epoch
-        AND l.expires_at >= pg_catalog.clock_timestamp()
+    PERFORM 1 FROM liveness.leases l
+      WHERE l.name OPERATOR(pg_catalog.=) p_name
+        AND l.holder OPERATOR(pg_catalog.=) liveness.lease_token(p_holder)
+        AND l.epoch OPERATOR(pg_catalog.=) p_epoch
+        AND l.expires_at OPERATOR(pg_catalog.>=) pg_catalog.clock_timestamp()
         FOR KEY SHARE;
     held := FOUND;
-    in_time := pg_catalog.clock_timestamp() < p_deadline;
+    in_time := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.<) p_deadline;
     IF p_raise AND NOT held THEN
         RAISE EXCEPTION 'liveness: lease % is not held under epoch %', p_name, p_epoch USING ERRCODE = 'LVF01';
     END IF;
@@ -285,12 +286,11 @@ BEGIN
         RAISE EXCEPTION 'liveness: fence of lease % (epoch %) came past its deadline %', p_name, p_epoch, p_deadline
               USING ERRCODE = 'LVF02';
     END IF;
-    INSERT INTO fence_checks (lease_name, epoch, deadline, commit_key)
+    INSERT INTO liveness.fence_checks (lease_name, epoch, deadline, commit_key)
          VALUES (p_name, p_epoch, CASE WHEN held THEN coalesce(p_deadline, '-infinity') ELSE '-infinity' END,
-                 fence_commit_key(p_holder))
+                 liveness.fence_commit_key(p_holder))
       RETURNING ctid INTO v_row;
-    -- The check stays queued; the row has done its part.
-    DELETE FROM fence_checks f WHERE f.ctid = v_row;
+    DELETE FROM liveness.fence_checks f WHERE f.ctid OPERATOR(pg_catalog.=) v_row;
     RETURN NEXT;
 END
 $function$
@@ -300,39 +300,45 @@ CREATE OR REPLACE FUNCTION liveness.fence_check_at_commit()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
-    v_set      text;
-    v_deadline timestamptz := NEW.deadline;
-    v_row      tid;
+    v_set      pg_catalog.text;
+    v_deadline pg_catalog.timestamptz := NEW.deadline;
+    v_row      pg_catalog.tid;
 BEGIN
-    IF NEW.epoch = -1 THEN
+    IF NEW.epoch OPERATOR(pg_catalog.=) (-1) THEN
         PERFORM pg_catalog.set_config('pg_liveness.fence_probe', 'fired', true);
         RETURN NULL;
     END IF;
     PERFORM pg_catalog.set_config('pg_liveness.fence_probe', '', true);
-    INSERT INTO fence_checks (lease_name, epoch, deadline) VALUES (NEW.lease_name, -1, '-infinity')
+    INSERT INTO liveness.fence_checks (lease_name, epoch, deadline) VALUES (NEW.lease_name, -1, '-infinity')
       RETURNING ctid INTO v_row;
-    DELETE FROM fence_checks f WHERE f.ctid = v_row;
-    IF pg_catalog.current_setting('pg_liveness.fence_probe') = 'fired' THEN
+    DELETE FROM liveness.fence_checks f WHERE f.ctid OPERATOR(pg_catalog.=) v_row;
+    IF pg_catalog.current_setting('pg_liveness.fence_probe') OPERATOR(pg_catalog.=) 'fired' THEN
         RAISE EXCEPTION 'liveness: fenced transaction of lease % (epoch %) refused: its check at COMMIT was made to run early '
                         '(SET CONSTRAINTS ... IMMEDIATE); name your own constraints in SET CONSTRAINTS instead of ALL',
                         NEW.lease_name, NEW.epoch
               USING ERRCODE = 'LVF04';
     END IF;
-    IF pg_catalog.current_query() ~* '\mprepare\s+transaction\M' THEN
+    IF pg_catalog.current_query() OPERATOR(pg_catalog.~*) '\mprepare\s+transaction\M' THEN
         RAISE EXCEPTION 'liveness: fenced transaction of lease % (epoch %) refused: it cannot be prepared for two-phase '
                         'commit, whose COMMIT PREPARED would not be checked', NEW.lease_name, NEW.epoch
               USING ERRCODE = 'LVF05';
     END IF;
     v_set := pg_catalog.current_setting('pg_liveness.commit_deadline', true);
-    IF v_set IS NOT NULL AND pg_catalog.split_part(v_set, ':', 1) = NEW.epoch::text
-       AND pg_catalog.split_part(v_set, ':', 3) = pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
-               NEW.commit_key || ':' || NEW.epoch::text || ':' || pg_catalog.split_part(v_set, ':', 2), 'UTF8')), 'hex') THEN
-        v_deadline := timestamptz 'epoch' + pg_catalog.split_part(v_set, ':', 2)::bigint * interval '1 microsecond';
+    -- Nested, not one AND: SQL does not stop at the first false (or null) operand, and the
+    -- hash is for a deadline that was set.
+    IF v_set OPERATOR(pg_catalog.<>) '' THEN
+        IF pg_catalog.split_part(v_set, ':', 1) OPERATOR(pg_catalog.=) NEW.epoch::pg_catalog.text
+           AND pg_catalog.split_part(v_set, ':', 3) OPERATOR(pg_catalog.=) pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+                   NEW.commit_key OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) NEW.epoch::pg_catalog.text
+                   OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) pg_catalog.split_part(v_set, ':', 2), 'UTF8')), 'hex') THEN
+            -- OPERATOR() forms share one precedence: the parentheses say which comes first.
+            v_deadline := 'epoch'::pg_catalog.timestamptz OPERATOR(pg_catalog.+)
+                          (pg_catalog.split_part(v_set, ':', 2)::pg_catalog.int8 OPERATOR(pg_catalog.*) '1 microsecond'::pg_catalog.interval);
+        END IF;
     END IF;
-    IF pg_catalog.clock_timestamp() >= v_deadline THEN
+    IF pg_catalog.clock_timestamp() OPERATOR(pg_catalog.>=) v_deadline THEN
         RAISE EXCEPTION 'liveness: fenced transaction of lease % (epoch %) refused at commit: past its fence deadline %',
                         NEW.lease_name, NEW.epoch, v_deadline
               USING ERRCODE = 'LVF03';
@@ -345,8 +351,38 @@ $function$
 CREATE OR REPLACE FUNCTION liveness.fence_commit_key(p_holder text)
  RETURNS text
  LANGUAGE sql
- IMMUTABLE PARALLEL SAFE STRICT
-AS $function$ SELECT pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to('pg_liveness.commit:' || p_holder, 'UTF8')), 'hex') $function$
+ STABLE PARALLEL SAFE STRICT
+AS $function$ SELECT pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to('pg_liveness.commit:' OPERATOR(pg_catalog.||) p_holder,
+                                                                        'UTF8')), 'hex') $function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.fence_exec(p_name text, p_holder text, p_epoch bigint, p_deadline timestamp with time zone)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_row pg_catalog.tid;
+BEGIN
+    PERFORM 1 FROM liveness.leases l
+      WHERE l.name OPERATOR(pg_catalog.=) p_name
+        AND l.holder OPERATOR(pg_catalog.=) liveness.lease_token(p_holder)
+        AND l.epoch OPERATOR(pg_catalog.=) p_epoch
+        AND l.expires_at OPERATOR(pg_catalog.>=) pg_catalog.clock_timestamp()
+        FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'liveness: lease % is not held under epoch %', p_name, p_epoch USING ERRCODE = 'LVF01';
+    END IF;
+    IF NOT coalesce(pg_catalog.clock_timestamp() OPERATOR(pg_catalog.<) p_deadline, false) THEN
+        RAISE EXCEPTION 'liveness: fence of lease % (epoch %) came past its deadline %', p_name, p_epoch, p_deadline
+              USING ERRCODE = 'LVF02';
+    END IF;
+    INSERT INTO liveness.fence_checks (lease_name, epoch, deadline) VALUES (p_name, p_epoch, p_deadline)
+      RETURNING ctid INTO v_row;
+    -- The check stays queued; the row has done its part.
+    DELETE FROM liveness.fence_checks f WHERE f.ctid OPERATOR(pg_catalog.=) v_row;
+END
+$function$
 ;
 
 CREATE OR REPLACE FUNCTION liveness.instance_lock_key(p_instance_id uuid)
@@ -654,7 +690,7 @@ $function$
 CREATE OR REPLACE FUNCTION liveness.lease_token(p_holder text)
  RETURNS text
  LANGUAGE sql
- IMMUTABLE PARALLEL SAFE STRICT
+ STABLE PARALLEL SAFE STRICT
 AS $function$ SELECT pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(p_holder, 'UTF8')), 'hex') $function$
 ;
 

@@ -80,10 +80,12 @@ var (
 	LeaseDetachMany  = Statement{"lease_detach_many"}
 	ShardMembers     = Statement{"shard_members"}
 	ShardFree        = Statement{"shard_free"}
-	// Lease.Exec's and Lease.BeginTx's fence, which fails rather than answers, and what
-	// their COMMIT carries (the deadline as of then), sent in one simple query with it.
+	// Lease.BeginTx's fence, which fails rather than answers, and what its COMMIT
+	// carries (the deadline as of then), sent in one simple query with it; Lease.Exec's
+	// fence, sent in one pipeline with its write.
 	LeaseFenceStrict = Statement{"lease_fence_strict"}
 	LeaseFenceCommit = Statement{"lease_fence_commit"}
+	LeaseFenceExec   = Statement{"lease_fence_exec"}
 
 	// Where a schema stands (package migrations, and an Agent before it runs).
 	SchemaState      = Statement{"schema_state"}
@@ -156,7 +158,7 @@ var handles = []string{
 	WatchAliveLocks.name, NotifyDeadInstances.name, WatchFresh.name, EventsListen.name, MembersListen.name, MembersUnlisten.name,
 	LeaseAcquire.name, LeaseRenew.name, LeaseRenewMany.name, LeaseAcquireMany.name, LeaseAbandonMany.name,
 	LeaseReleaseMany.name, LeaseDetachMany.name, ShardMembers.name, ShardFree.name, LeaseRelease.name, LeaseAbandon.name, LeaseDetach.name, LeaseLeader.name, LeaseFence.name,
-	LeaseFenceStrict.name, LeaseFenceCommit.name,
+	LeaseFenceStrict.name, LeaseFenceCommit.name, LeaseFenceExec.name,
 	SchemaState.name, SchemaMigrations.name, SchemaVersion.name,
 	MigrateLock.name, MigrateSchema.name, MigrateBookkeeping.name, MigrateApplied.name, MigrateSearchPath.name, MigrateRecord.name,
 	StatStatementsSchema.name, StatStatements.name, StatStatementsTexts.name,

@@ -81,7 +81,7 @@ SELECT f.held, f.in_time
        pg_catalog.set_config('idle_in_transaction_session_timeout', $5::text, true) AS idle
 
 -- name: lease_fence_strict tag=lease_fence
--- The fence of Lease.Exec and Lease.BeginTx: the same, but a refusal is an error, so that
+-- The fence of Lease.BeginTx (and of Lease.Exec's second try, see fenced.go): the same, but a refusal is an error, so that
 -- the writes sent after it in the same pipeline never run: SQLSTATE LVF01 when the lease
 -- is not held under the epoch, LVF02 when the fence came past its deadline.
 -- $1 name, $2 holder, $3 epoch, $4 the fence deadline, $5 the idle limit (as lease_fence's).
@@ -89,8 +89,18 @@ SELECT f.held
   FROM {schema}.fence($1, $2, $3, $4, true) f,
        pg_catalog.set_config('idle_in_transaction_session_timeout', $5::text, true) AS idle
 
+-- name: lease_fence_exec tag=lease_fence
+-- The fence of Lease.Exec, sent in one pipeline with the write it guards and no BEGIN or
+-- COMMIT: the two run as one implicit transaction, committed at the pipeline's Sync, so
+-- the write takes one round trip and its COMMIT leaves with the fence (whose deadline is
+-- then the COMMIT's). Refuses as lease_fence_strict does (LVF01, LVF02) and queues the
+-- same check at commit (migration 0018). $1 name, $2 holder, $3 epoch, $4 the fence
+-- deadline.
+SELECT {schema}.fence_exec($1, $2, $3, $4)
+
 -- name: lease_fence_commit tag=lease_fence
--- Sent with the COMMIT of a transaction of Lease.Exec or Lease.BeginTx, in one simple
+-- Sent with the COMMIT of a transaction of Lease.BeginTx (when its deadline moved since
+-- its fence) or of Lease.Exec's second try, in one simple
 -- query ("...; COMMIT"), with the deadline read just before it: the check at commit then
 -- holds the COMMIT to the deadline as of when it was sent, so that the time the
 -- transaction's own statements took (a row lock's wait, say) does not count. Transaction
