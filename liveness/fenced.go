@@ -146,6 +146,8 @@ func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ..
 	defer w.end(conn)
 	tag, err, slow := le.execPipelined(ctx, conn.Conn(), w, sql, args)
 	if slow {
+		le.leases.log.Debug("fenced write outlasted the deadline it was sent with: rolled back, and run once more with a "+
+			"COMMIT of its own", "lease", le.Name, "epoch", le.Epoch, "err", logging.RedactError(err))
 		return le.execInTransaction(ctx, conn.Conn(), w, sql, args)
 	}
 	return tag, err

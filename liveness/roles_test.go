@@ -396,8 +396,9 @@ func isCode(err error, code string) bool {
 }
 
 // TestAFenceCallersSearchPathReachesNothingInside: the fence functions and the check at
-// COMMIT run with their owner's rights and, from migration 0018, without a SET
-// search_path clause, so every name inside them carries its schema. A writer role puts a
+// COMMIT (migration 0018), lease_let_go and the leases' notification triggers (0019) run
+// with their owner's rights and without a SET search_path clause, so every name inside
+// them carries its schema. A writer role puts a
 // schema of its own first in its search_path, with operators there that would run as
 // whoever calls them (and say so), and fences a held lease both ways (fence_exec in one
 // implicit transaction; fence, then a COMMIT carrying a commit deadline, which the check
@@ -459,4 +460,16 @@ func TestAFenceCallersSearchPathReachesNothingInside(t *testing.T) {
 		}
 	}
 
+	// The lease writes and their notification triggers (migration 0019), for a role that
+	// may write the table as the owner's functions do.
+	db.Exec(t, fmt.Sprintf(`GRANT EXECUTE ON FUNCTION liveness.lease_let_go(text, text, bigint) TO %[1]s;
+		GRANT INSERT ON liveness.leases TO %[1]s; GRANT USAGE ON SEQUENCE liveness.lease_epoch_seq TO %[1]s`, writer))
+	if _, err := conn.Exec(ctx, `INSERT INTO liveness.leases (name, holder, expires_at)
+		VALUES ('inserted', 'not-a-token', pg_catalog.now())`); err != nil {
+		t.Fatalf("an insert into leases (its trigger notifies taken:) under the caller's search_path: %v", err)
+	}
+	var gone int64
+	if err := conn.QueryRow(ctx, `SELECT liveness.lease_let_go($1, $2, $3)`, le.Name, le.Holder, le.Epoch).Scan(&gone); err != nil || gone != 1 {
+		t.Fatalf("lease_let_go (and its trigger, which notifies free:) under the caller's search_path: %d rows, %v", gone, err)
+	}
 }

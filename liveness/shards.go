@@ -93,8 +93,8 @@ type ShardSetStats struct {
 // MaxShards is the most shards a set may have (ShardsConfig.Count, or Names): each is a
 // lease row, renewed in one statement with the member's others, and a callback. At
 // 100,000 a member's renewal outlasts its attempt window and the watcher's scan of the
-// leases its tick's deadline, on today's schema; at 5,000 a member stops, releasing
-// every lease, in about a second.
+// leases its tick's deadline, on today's schema. At 10,000 a member stops, releasing
+// every lease, in 0.4-0.65 s on a 2-core machine (1.1-1.6 s before migration 0019).
 const MaxShards = 10_000
 
 // badName says what is wrong with a set's or a shard's name, or "": it must be text

@@ -1,4 +1,4 @@
--- The schema as it stands after the last migration, 0018_fence_in_one_round_trip: every table, sequence,
+-- The schema as it stands after the last migration, 0019_lease_events_without_a_set_clause: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (internal/store/schema/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
@@ -654,10 +654,12 @@ CREATE OR REPLACE FUNCTION liveness.lease_let_go(p_name text, p_holder text, p_e
  RETURNS bigint
  LANGUAGE sql
  SECURITY DEFINER
- SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
-    WITH gone AS (DELETE FROM leases WHERE name = p_name AND holder = lease_token(p_holder) AND epoch = p_epoch RETURNING 1)
-    SELECT count(*) FROM gone
+    WITH gone AS (DELETE FROM liveness.leases l
+                   WHERE l.name OPERATOR(pg_catalog.=) p_name AND l.holder OPERATOR(pg_catalog.=) liveness.lease_token(p_holder)
+                     AND l.epoch OPERATOR(pg_catalog.=) p_epoch
+                  RETURNING 1)
+    SELECT pg_catalog.count(*) FROM gone
 $function$
 ;
 
@@ -790,11 +792,12 @@ CREATE OR REPLACE FUNCTION liveness.notify_lease_free()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
+DECLARE
+    v_payload pg_catalog.text := 'free:' OPERATOR(pg_catalog.||) OLD.name;
 BEGIN
-    IF event_fits('free:' || OLD.name) THEN
-        PERFORM pg_catalog.pg_notify(events_channel(), 'free:' || OLD.name);
+    IF pg_catalog.octet_length(v_payload) OPERATOR(pg_catalog.<) 8000 THEN
+        PERFORM pg_catalog.pg_notify((SELECT c.events FROM liveness.event_channels c), v_payload);
     END IF;
     RETURN NULL;
 END
@@ -805,11 +808,12 @@ CREATE OR REPLACE FUNCTION liveness.notify_lease_taken()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
- SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
+DECLARE
+    v_payload pg_catalog.text := 'taken:' OPERATOR(pg_catalog.||) NEW.name;
 BEGIN
-    IF event_fits('taken:' || NEW.name) THEN
-        PERFORM pg_catalog.pg_notify(events_channel(), 'taken:' || NEW.name);
+    IF pg_catalog.octet_length(v_payload) OPERATOR(pg_catalog.<) 8000 THEN
+        PERFORM pg_catalog.pg_notify((SELECT c.events FROM liveness.event_channels c), v_payload);
     END IF;
     RETURN NULL;
 END
