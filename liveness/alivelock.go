@@ -52,6 +52,15 @@ const (
 	reconnectBackoffMax       = 10 * time.Second
 	// reclaimEvery is how often a lock that is not held is claimed again.
 	reclaimEvery = time.Second
+	// reclaimFast is how often it is claimed again while a session that claimed it for
+	// this instance holds it (this process's previous session, not ended yet, or a
+	// duplicate), for reclaimFastFor after the first refusal. After a network cut heals,
+	// the previous session ends when its FIN reaches the server; the watcher stamps the
+	// lock vanished then, and the new claim and the beat that records it must land within
+	// the lock grace, or this live process is called dead. At reclaimEvery, the same 1 s
+	// as the grace, they could not (a soak's false-dead after a 30 s cut).
+	reclaimFast    = 50 * time.Millisecond
+	reclaimFastFor = time.Minute
 )
 
 // aliveLockConfig configures an AliveLock. Zero keepalive and verify settings take the

@@ -129,9 +129,11 @@ func (a *aliveLock) session(ctx context.Context) (held bool) {
 // runClaimingState claims the lock until it is held, and returns true then. While another
 // session holds it (a duplicate, or this instance's previous backend that has not exited
 // yet) or the server refuses the claim, it claims again every reclaimEvery (or
-// verifyEvery, when shorter). It returns false when the connection must be dropped.
+// verifyEvery, when shorter); every reclaimFast for reclaimFastFor while the holder is a
+// session that claimed it for this instance. It returns false when the connection must
+// be dropped.
 func (a *aliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
-	var askedHolder time.Time
+	var askedHolder, refused time.Time
 	for {
 		ans, backendPID := a.ask(ctx, conn, a.claimSQL, a.instanceID, int64(conn.PgConn().PID()))
 		switch ans {
@@ -147,6 +149,9 @@ func (a *aliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
 			a.settledOnce()
 			return true
 		case answerNotHeld:
+			if refused.IsZero() {
+				refused = time.Now()
+			}
 			// Whose session holds the key decides what this is: a pg_locks read, so asked
 			// at the first refusal and then rarely.
 			if askedHolder.IsZero() || time.Since(askedHolder) >= holderAskEvery {
@@ -159,7 +164,11 @@ func (a *aliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
 			}
 			a.settledOnce()
 		}
-		if !a.wait(ctx, conn, min(a.verifyEvery, reclaimEvery)) {
+		every := min(a.verifyEvery, reclaimEvery)
+		if a.Duplicate() && time.Since(refused) < reclaimFastFor {
+			every = min(every, reclaimFast)
+		}
+		if !a.wait(ctx, conn, every) {
 			return false
 		}
 	}
