@@ -237,11 +237,11 @@ func (e *Exporter) Enabled() []string {
 }
 
 // Handler serves one scrape per request: it runs the enabled collectors concurrently
-// under the request's deadline and answers in the text format (or in OpenMetrics, when
-// the scraper prefers it, as promhttp negotiates) with their metrics plus
-// extra's (the caller's Go, process and build-info registry; may be nil), gzipped when
-// the scraper accepts it. The collectors' samples are written straight from the buffers
-// they were added to, which are reused by later scrapes.
+// under the request's deadline and answers in the text format (or in OpenMetrics or the
+// protobuf format, when the scraper prefers it, as promhttp negotiates) with their
+// metrics plus extra's (the caller's Go, process and build-info registry; may be nil),
+// gzipped when the scraper accepts it. The collectors' samples are written straight from
+// the buffers they were added to, which are reused by later scrapes.
 func (e *Exporter) Handler(extra prometheus.Gatherer) http.Handler {
 	return HandlerOf(e.cfg, extra, func() []*Exporter { return []*Exporter{e} }, e.logger)
 }
@@ -292,12 +292,8 @@ func handlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter, l
 			}
 		}
 		h := w.Header()
-		openMetrics := negotiateOpenMetrics(r.Header)
-		if openMetrics != "" {
-			h.Set("Content-Type", openMetrics)
-		} else {
-			h.Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
-		}
+		format, contentType := negotiate(r.Header)
+		h.Set("Content-Type", string(contentType))
 		var out io.Writer = w
 		if acceptsGzip(r.Header) {
 			h.Set("Content-Encoding", "gzip")
@@ -307,9 +303,12 @@ func handlerOf(cfg Config, extra prometheus.Gatherer, list func() []*Exporter, l
 			out = gz
 		}
 		var err error
-		if openMetrics != "" {
+		switch format {
+		case expfmt.TypeProtoDelim:
+			err = exposition.WriteProto(out, fams, builders...)
+		case expfmt.TypeOpenMetrics:
 			err = writeOpenMetrics(out, builders, fams, cfg.OpenMetricsCreated)
-		} else {
+		default:
 			err = exposition.Write(out, builders...)
 			for _, mf := range fams {
 				if err != nil {
@@ -376,22 +375,32 @@ func putGzip(gz *gzip.Writer) {
 	}
 }
 
-// negotiateOpenMetrics returns the Content-Type of the OpenMetrics answer when the
-// scraper's Accept header prefers OpenMetrics to the text format, as client_golang's
-// promhttp negotiates with EnableOpenMetrics; "" for the text format. An Accept header
-// that does not mention OpenMetrics is not parsed: the text path costs what it did.
-func negotiateOpenMetrics(h http.Header) string {
-	if !strings.Contains(h.Get("Accept"), expfmt.OpenMetricsType) {
-		return ""
+// offered are the formats the handler writes, in promhttp's order of preference (with
+// EnableOpenMetrics) for an Accept clause that several match.
+var offered = []expfmt.Format{expfmt.FmtOpenMetrics_1_0_0, expfmt.FmtOpenMetrics_0_0_1, expfmt.FmtProtoDelim, expfmt.FmtText}
+
+// negotiate returns the format of the answer and its Content-Type: OpenMetrics, or the
+// delimited protobuf format (which Prometheus asks for first when it ingests native
+// histograms), when the scraper's Accept header prefers it to the text format, as
+// client_golang's promhttp negotiates with EnableOpenMetrics; the text format otherwise.
+// An Accept header that mentions neither is not parsed: the text path costs what it did.
+func negotiate(h http.Header) (expfmt.FormatType, expfmt.Format) {
+	accept := h.Get("Accept")
+	if !strings.Contains(accept, expfmt.OpenMetricsType) && !strings.Contains(accept, expfmt.ProtoType) {
+		return expfmt.TypeTextPlain, expfmt.FmtText
 	}
-	f := expfmt.NegotiateAccept(h, expfmt.FmtOpenMetrics_1_0_0, expfmt.FmtOpenMetrics_0_0_1, expfmt.NewFormat(expfmt.TypeTextPlain))
-	if f.FormatType() != expfmt.TypeOpenMetrics {
-		return ""
+	f := expfmt.NegotiateAccept(h, offered...)
+	switch t := f.FormatType(); {
+	case t == expfmt.TypeProtoDelim:
+		// Without the escaping NegotiateAccept appends: every name is a legacy one.
+		return t, expfmt.FmtProtoDelim
+	case t != expfmt.TypeOpenMetrics:
+		return expfmt.TypeTextPlain, expfmt.FmtText
+	case strings.Contains(string(f), "version="+expfmt.OpenMetricsVersion_0_0_1):
+		return t, expfmt.FmtOpenMetrics_0_0_1
+	default:
+		return t, expfmt.FmtOpenMetrics_1_0_0
 	}
-	if strings.Contains(string(f), "version="+expfmt.OpenMetricsVersion_0_0_1) {
-		return string(expfmt.FmtOpenMetrics_0_0_1)
-	}
-	return string(expfmt.FmtOpenMetrics_1_0_0)
 }
 
 // writeOpenMetrics writes the collectors' samples and the registry's families (with

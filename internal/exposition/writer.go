@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Type is a metric family's type as the text format writes it.
@@ -17,6 +19,10 @@ type Type string
 const (
 	Gauge   Type = "gauge"
 	Counter Type = "counter"
+	// Histogram families are added with AddHistogram: the text formats get their classic
+	// buckets, _sum and _count; the protobuf format (when a scraper asks for native
+	// histograms) the whole histogram, native buckets included.
+	Histogram Type = "histogram"
 )
 
 // Family is a metric family: its name, type, help and label names, with its "# HELP" and
@@ -24,6 +30,7 @@ const (
 // client_golang writes them, whatever the order in which Add takes their values.
 type Family struct {
 	name   string
+	help   string // for the protobuf format
 	typ    Type
 	labels []string // in the order Add takes values
 	order  []int    // indexes into labels, by label name
@@ -38,7 +45,7 @@ type Family struct {
 // NewFamily describes a family. name and labels must be valid Prometheus names (they are
 // constants of the program); help may hold any text.
 func NewFamily(name, help string, typ Type, labels ...string) *Family {
-	f := &Family{name: name, typ: typ, labels: labels, order: make([]int, len(labels))}
+	f := &Family{name: name, help: help, typ: typ, labels: labels, order: make([]int, len(labels))}
 	for i := range f.order {
 		f.order[i] = i
 	}
@@ -82,9 +89,11 @@ func (f *Family) Name() string { return f.name }
 // added. A Builder is reused from scrape to scrape with Reset, keeping its buffers; it
 // is not safe for concurrent use.
 type Builder struct {
-	fams   []samples
-	last   int    // index of the family added to last: samples come in runs of one family
-	prefix []byte // a label pair written first in every sample, with its comma; see SetLabel
+	fams       []samples
+	hists      []HistogramSample // the histograms added, for the protobuf format
+	last       int               // index of the family added to last: samples come in runs of one family
+	prefix     []byte            // a label pair written first in every sample, with its comma; see SetLabel
+	prefixPair [2]string         // the same pair, for histograms
 }
 
 // SetLabel makes every sample added from now on carry name="value" as its first label
@@ -92,6 +101,7 @@ type Builder struct {
 // outlives Reset. name must be a valid label name that no family of the builder has.
 func (b *Builder) SetLabel(name, value string) {
 	b.prefix = b.prefix[:0]
+	b.prefixPair = [2]string{name, value}
 	if name == "" {
 		return
 	}
@@ -111,6 +121,94 @@ func (b *Builder) Reset() {
 	for i := range b.fams {
 		b.fams[i].buf = b.fams[i].buf[:0]
 	}
+	clear(b.hists)
+	b.hists = b.hists[:0]
+}
+
+// HistogramSample is one histogram as AddHistogram took it: its family, its label pairs
+// (the builder's SetLabel pair first, then the family's sorted by name) and the
+// histogram, classic buckets and native ones.
+type HistogramSample struct {
+	Family *Family
+	Labels [][2]string
+	H      *dto.Histogram
+}
+
+// Histograms are the histograms added since the last Reset, in the order they were added.
+func (b *Builder) Histograms() []HistogramSample { return b.hists }
+
+// AddHistogram appends one histogram of f (a Histogram family) with the label values in
+// the order of f's labels: in the text formats its classic buckets (cumulative, with the
+// +Inf bucket written when h lacks it), _sum and _count. h is kept as given, for the
+// protobuf format: the caller must not change it until Reset.
+func (b *Builder) AddHistogram(f *Family, h *dto.Histogram, values ...string) {
+	if f.typ != Histogram {
+		panic("exposition: " + f.name + " is not a histogram family")
+	}
+	if len(values) != len(f.labels) {
+		panic("exposition: " + f.name + ": " + strconv.Itoa(len(values)) + " label values for " +
+			strconv.Itoa(len(f.labels)) + " labels")
+	}
+	hs := HistogramSample{Family: f, H: h}
+	if len(b.prefix) > 0 {
+		hs.Labels = append(hs.Labels, b.prefixPair)
+	}
+	for _, i := range f.order {
+		hs.Labels = append(hs.Labels, [2]string{f.labels[i], values[i]})
+	}
+	b.hists = append(b.hists, hs)
+
+	s := b.buffer(f)
+	line := func(buf []byte, suffix string, le string, v float64) []byte {
+		buf = append(buf, f.name...)
+		buf = append(buf, suffix...)
+		if len(hs.Labels) > 0 || le != "" {
+			buf = append(buf, '{')
+			for n, p := range hs.Labels {
+				if n > 0 {
+					buf = append(buf, ',')
+				}
+				buf = append(buf, p[0]...)
+				buf = append(buf, '=', '"')
+				buf = appendEscaped(buf, p[1], true)
+				buf = append(buf, '"')
+			}
+			if le != "" {
+				if len(hs.Labels) > 0 {
+					buf = append(buf, ',')
+				}
+				buf = append(buf, `le="`...)
+				buf = append(buf, le...)
+				buf = append(buf, '"')
+			}
+			buf = append(buf, '}')
+		}
+		buf = append(buf, ' ')
+		buf = AppendFloat(buf, v)
+		return append(buf, '\n')
+	}
+	buf := s.buf
+	inf := false
+	for _, bk := range h.GetBucket() {
+		ub := bk.GetUpperBound()
+		inf = inf || math.IsInf(ub, +1)
+		buf = line(buf, "_bucket", string(AppendFloat(nil, ub)), count(bk.GetCumulativeCountFloat(), bk.GetCumulativeCount()))
+	}
+	n := count(h.GetSampleCountFloat(), h.GetSampleCount())
+	if !inf {
+		buf = line(buf, "_bucket", "+Inf", n)
+	}
+	buf = line(buf, "_sum", "", h.GetSampleSum())
+	s.buf = line(buf, "_count", "", n)
+}
+
+// count is a histogram's count: a float histogram's float one when set (its integer one
+// is then 0), as client_golang's text writer reads it.
+func count(f float64, n uint64) float64 {
+	if f != 0 {
+		return f
+	}
+	return float64(n)
 }
 
 // Add appends one sample of f with the label values in the order of f's labels. The
