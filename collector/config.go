@@ -38,6 +38,7 @@ type Config struct {
 	// Each collector's settings, defined in its file and listed in the registry.
 	Instances     InstancesConfig
 	Leases        LeasesConfig
+	History       HistoryConfig
 	AdvisoryLocks AdvisoryLocksConfig
 	Statements    StatementsConfig
 	Agent         AgentConfig
@@ -75,6 +76,9 @@ func (c *Config) validate() error {
 	}
 	if !c.Source.HasLeases() && c.Leases.Table == "" {
 		c.Leases.Enabled = false // a Whizbang database has no leases table of ours
+	}
+	if !c.Source.HasLeases() {
+		c.History.Enabled = false // nor a history
 	}
 	for _, r := range registry {
 		if s := r.settings(c); *s.enabled() {

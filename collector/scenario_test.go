@@ -194,6 +194,17 @@ var scenarioRules = []approx{
 	{name: "pg_liveness_statement_seconds_total", lo: 0, hi: 5, labels: []string{"statement", "instances"}},
 	{name: "pg_liveness_statement_seconds_total", lo: 0, hi: 5, labels: []string{"statement", "leases"}},
 	{name: "pg_liveness_statement_seconds_total", lo: 0, hi: 5, labels: []string{"statement", "advisory_locks"}},
+	// The history collector's reads: its start (the newest id), then each scrape's rows
+	// since and leases nobody leads; the rows it saw: the one newest id, and the lease
+	// that expired.
+	{name: "pg_liveness_statement_calls_total", lo: 0, hi: 5, labels: []string{"statement", "history_read"}},
+	{name: "pg_liveness_statement_rows_total", lo: 0, hi: 5, labels: []string{"statement", "history_read"}},
+	{name: "pg_liveness_statement_seconds_total", lo: 0, hi: 5, labels: []string{"statement", "history_read"}},
+	// The instances collector stamps the lock that vanished while the history collector
+	// starts: the stamp's row is counted when it lands after the start.
+	{name: "pg_liveness_history_events_total", lo: 0, hi: 1, labels: []string{"kind", "lock_vanished"}},
+	// The lease expired a minute before the scenario's scrape.
+	{name: "pg_liveness_lease_leaderless_for_seconds", lo: 0, hi: 60},
 }
 
 // fixedStatus stands in for the binary's start-up step: a schema migrated by a newer

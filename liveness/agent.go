@@ -107,6 +107,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 			LeaseTTL:             cfg.ReaperLeaseTTL,
 			StaleThreshold:       t.StaleThreshold,
 			DefinitiveDeadCutoff: t.DefinitiveDeadCutoff,
+			HistoryRetention:     cfg.HistoryRetention,
 			Logger:               cfg.Logger.With("part", "reaper"),
 			gate:                 a.leading,
 			windDown:             cfg.JobWindDown,

@@ -77,6 +77,10 @@ type AgentConfig struct {
 	Reaper         bool
 	ReaperInterval time.Duration
 	ReaperLeaseTTL time.Duration
+	// HistoryRetention is how long the schema's history of leaderships and deaths
+	// (migration 0020) keeps a row: the reaper deletes older ones, a bounded batch per
+	// round. DefaultHistoryRetention if zero.
+	HistoryRetention time.Duration
 
 	// DisableWatcher keeps this agent out of the watchers' campaigns (WatcherLeases). By
 	// default every agent takes part, and two of them, in two processes, record the
@@ -112,6 +116,9 @@ type AgentConfig struct {
 const (
 	DefaultReaperInterval = 30 * time.Second
 	DefaultReaperLeaseTTL = 2 * time.Minute
+	// DefaultHistoryRetention: a week, so that Monday's look reaches the weekend's
+	// incidents.
+	DefaultHistoryRetention = 7 * 24 * time.Hour
 	// DefaultJobWindDown: a job that needs longer to stop sets its own, and its
 	// process's grace before SIGKILL with it (AgentConfig.ShutdownBudget).
 	DefaultJobWindDown     = 10 * time.Second
@@ -164,6 +171,7 @@ func (c AgentConfig) withDefaults() AgentConfig {
 	c.Timing = timingWithDefaults(c.Timing)
 	c.ReaperInterval = cmp.Or(c.ReaperInterval, DefaultReaperInterval)
 	c.ReaperLeaseTTL = cmp.Or(c.ReaperLeaseTTL, DefaultReaperLeaseTTL)
+	c.HistoryRetention = cmp.Or(c.HistoryRetention, DefaultHistoryRetention)
 	c.JobWindDown = cmp.Or(c.JobWindDown, DefaultJobWindDown)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.DuplicateTimeout = cmp.Or(c.DuplicateTimeout, DefaultDuplicateTimeout)
@@ -236,6 +244,9 @@ func (c AgentConfig) Validate() error {
 		}
 		if c.ReaperLeaseTTL < time.Second {
 			return bad("ReaperLeaseTTL", "(%s) must be at least 1s: it is renewed every ttl/4", c.ReaperLeaseTTL)
+		}
+		if c.HistoryRetention < time.Minute {
+			return bad("HistoryRetention", "(%s) must be at least 1m", c.HistoryRetention)
 		}
 	}
 	for _, f := range []struct {

@@ -106,10 +106,20 @@ func (le *Lease) Release(ctx context.Context) error {
 // acquisition (name, holder and epoch). It may be sent again after a failure; once a
 // newer acquisition holds the row, it deletes nothing.
 func (le *Lease) deleteRow(ctx context.Context) error {
-	if _, err := le.leases.pool.Exec(ctx, le.leases.stmts.release, le.Name, le.Holder, le.Epoch); err != nil {
+	if _, err := le.leases.pool.Exec(ctx, le.leases.stmts.release, le.Name, le.Holder, le.Epoch, le.endReason()); err != nil {
 		return fmt.Errorf("liveness: release lease %q: %w", le.Name, logging.RedactError(err))
 	}
 	return nil
+}
+
+// endReason is what the history records of a release: the LostReason of a lease this
+// process lost before it let it go (a stepped-down leader's), "" for a plain release.
+func (le *Lease) endReason() string {
+	var lost *LeaseLostError
+	if errors.As(context.Cause(le.ctx), &lost) {
+		return string(lost.Reason)
+	}
+	return ""
 }
 
 // leaveToExpire stops the renewals without deleting the row, so that the lease is free

@@ -3,6 +3,7 @@ package liveness
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
@@ -32,7 +34,10 @@ type reaperConfig struct {
 	LeaseTTL             time.Duration // of the reaper's lease, renewed every LeaseTTL/4
 	StaleThreshold       time.Duration // rows older than this go unless their lock is held
 	DefinitiveDeadCutoff time.Duration // rows older than this go even with the lock held
-	Logger               *slog.Logger  // passwords removed; nil discards
+	// HistoryRetention: history rows older than this go, historyPruneBatch a round;
+	// DefaultHistoryRetention if zero.
+	HistoryRetention time.Duration
+	Logger           *slog.Logger // passwords removed; nil discards
 
 	// The Agent's: its campaign ends when the Agent stops, which waits for it to let go
 	// of its lease. Zero values are a campaign of its own (tests).
@@ -44,11 +49,24 @@ type reaperConfig struct {
 	whileLeading func(ctx context.Context)
 }
 
-// reaper runs cleanup_stale_instances periodically as a lease-protected singleton.
+// historyPruneBatch bounds the history rows one reaper round deletes: a few
+// milliseconds of work, and 28 million rows a day at the default interval, far more than
+// a fleet writes, so that a backlog (a retention shortened, rows loaded by hand) drains
+// in bounded steps.
+const historyPruneBatch = 10000
+
+// reaper runs cleanup_stale_instances periodically as a lease-protected singleton, and
+// prunes the history.
 type reaper struct {
-	cfg    reaperConfig
-	sql    string
-	reaped atomic.Uint64
+	cfg      reaperConfig
+	sql      string
+	pruneSQL string
+	reaped   atomic.Uint64
+	pruned   atomic.Uint64
+	// noHistory is set once the schema turned out to predate the history (migration
+	// 0020): the rounds stop trying to prune it.
+	noHistory atomic.Bool
+	ahead     logging.Repeats // rows dated ahead of the server's clock, logged when first seen
 }
 
 // newReaper checks the configuration; errors are *ConfigError naming the field.
@@ -74,7 +92,11 @@ func newReaper(cfg reaperConfig) (*reaper, error) {
 		cfg.gate = openGate{}
 	}
 	cfg.windDown = cmp.Or(cfg.windDown, DefaultJobWindDown)
-	return &reaper{cfg: cfg, sql: store.Cleanup.In(cfg.Schema).SQL}, nil
+	cfg.HistoryRetention = cmp.Or(cfg.HistoryRetention, DefaultHistoryRetention)
+	if cfg.HistoryRetention < time.Minute {
+		return nil, &ConfigError{Field: "reaperConfig.HistoryRetention", Reason: fmt.Sprintf("(%s) must be at least 1m", cfg.HistoryRetention)}
+	}
+	return &reaper{cfg: cfg, sql: store.Cleanup.In(cfg.Schema).SQL, pruneSQL: store.HistoryPrune.In(cfg.Schema).SQL}, nil
 }
 
 // Reaped counts the instances this reaper deleted.
@@ -134,7 +156,37 @@ func (r *reaper) reap(ctx context.Context) ([]uuid.UUID, error) {
 		// A backlog can be thousands of rows; a log line names a few.
 		r.cfg.Logger.Info("reaped stale instances", "count", len(ids), "instance_ids", ids[:min(len(ids), maxLoggedIDs)])
 	}
-	return ids, nil
+	return ids, r.pruneHistory(ctx)
+}
+
+// pruneHistory deletes one batch of the history's rows past the retention. A schema
+// that predates the history has none to prune: said once at debug, and not asked again.
+func (r *reaper) pruneHistory(ctx context.Context) error {
+	if r.noHistory.Load() {
+		return nil
+	}
+	var pruned, ahead int64
+	err := r.cfg.Pool.QueryRow(ctx, r.pruneSQL, r.cfg.HistoryRetention.Seconds(), historyPruneBatch).Scan(&pruned, &ahead)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && (pgErr.Code == "42883" || pgErr.Code == "42P01") {
+		// undefined_function, undefined_table
+		r.noHistory.Store(true)
+		r.cfg.Logger.Debug("the schema has no history to prune (it predates migration 0020)")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("prune the history: %w", err)
+	}
+	r.pruned.Add(uint64(pruned))
+	if ahead > 0 {
+		r.ahead.Log(r.cfg.Logger, slog.LevelWarn, "ahead", "deleted history rows dated more than a day ahead of the database's clock: "+
+			"a clock that jumped back, or rows written by hand", "count", ahead)
+	} else {
+		r.ahead.Clear(r.cfg.Logger, "no more history rows dated ahead of the database's clock")
+	}
+	if pruned == historyPruneBatch {
+		r.cfg.Logger.Debug("pruned a full batch of history; the next round goes on", "count", pruned)
+	}
+	return nil
 }
 
 // RunOnce runs one round under the lease and returns the deleted ids; none when another

@@ -70,6 +70,50 @@ func TestReaperRespectsLocksAndItsLease(t *testing.T) {
 	if reaper.Reaped() != 2 {
 		t.Fatalf("Reaped() = %d, want 2", reaper.Reaped())
 	}
+	// The round prunes the history past its retention (the default, a week), and keeps
+	// the rest: the reaps it just recorded among them.
+	db.Exec(t, `INSERT INTO liveness.history (at, kind, lease_name) SELECT now() - interval '8 days', 'acquired', 'old' FROM generate_series(1, 3)`)
+	if _, err := reaper.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := db.QueryInt(t, `SELECT count(*) FROM liveness.history WHERE lease_name = 'old'`); n != 0 || reaper.pruned.Load() != 3 {
+		t.Fatalf("%d history rows past the retention left, %d pruned; want none left, 3 pruned", n, reaper.pruned.Load())
+	}
+	if n := db.QueryInt(t, `SELECT count(*) FROM liveness.history WHERE kind = 'reaped'`); n != 2 {
+		t.Fatalf("%d reaps in the history; want the 2 reaped instances'", n)
+	}
+}
+
+// A release says how the leadership ended: a plain one released, one after a loss
+// stepped down with its LostReason.
+func TestReleaseRecordsWhyTheLeadershipEnded(t *testing.T) {
+	t.Parallel()
+	_, pool := testdb.MigratedPool(t, 4)
+	leases, err := NewLeases(LeasesConfig{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, lost := range []LostReason{"", LostError, LostNotAlive} {
+		le, err := leases.TryAcquire(ctx, "job-"+string(lost), time.Minute)
+		if err != nil || le == nil {
+			t.Fatalf("TryAcquire: %v, %v", le, err)
+		}
+		if lost != "" {
+			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lost})
+		}
+		if err := le.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var how, reason string
+		if err := pool.QueryRow(ctx, `SELECT how, coalesce(reason, '') FROM liveness.history WHERE kind = 'ended' AND epoch = $1`, le.Epoch).Scan(&how, &reason); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]string{true: "released", false: "stepped_down"}[lost == ""]; how != want || reason != string(lost) {
+			t.Errorf("lost %q: the history says %s (%q); want %s (%q)", lost, how, reason, want, lost)
+		}
+	}
 }
 
 func TestReaperConfigErrors(t *testing.T) {
@@ -88,6 +132,7 @@ func TestReaperConfigErrors(t *testing.T) {
 		"reaperConfig.LeaseTTL":             func(c *reaperConfig) { c.LeaseTTL = 3 * time.Nanosecond },
 		"reaperConfig.DefinitiveDeadCutoff": func(c *reaperConfig) { c.DefinitiveDeadCutoff = c.StaleThreshold },
 		"reaperConfig.StaleThreshold":       func(c *reaperConfig) { c.StaleThreshold = 0 },
+		"reaperConfig.HistoryRetention":     func(c *reaperConfig) { c.HistoryRetention = time.Second },
 	} {
 		cfg := base
 		mutate(&cfg)

@@ -470,6 +470,27 @@ func TestAFenceCallersSearchPathReachesNothingInside(t *testing.T) {
 	}
 	var gone int64
 	if err := conn.QueryRow(ctx, `SELECT liveness.lease_let_go($1, $2, $3)`, le.Name, le.Holder, le.Epoch).Scan(&gone); err != nil || gone != 1 {
-		t.Fatalf("lease_let_go (and its trigger, which notifies free:) under the caller's search_path: %d rows, %v", gone, err)
+		t.Fatalf("lease_let_go (and its trigger, which notifies free: and records the end) under the caller's search_path: %d rows, %v", gone, err)
+	}
+	// The history's writes in those triggers (migration 0020): a release that says why,
+	// and the takeovers of an expired lease and of a dead holder's.
+	le = mustAcquire(t, ctx, newTestLeases(t, pool), "job", time.Minute)
+	if err := conn.QueryRow(ctx, `SELECT liveness.lease_let_go($1, $2, $3) FROM pg_catalog.set_config('pg_liveness.end_reason', 'not_alive', true)`,
+		le.Name, le.Holder, le.Epoch).Scan(&gone); err != nil || gone != 1 {
+		t.Fatalf("a release that says why under the caller's search_path: %d rows, %v", gone, err)
+	}
+	dead := uuid.New()
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, last_heartbeat_at) VALUES ($1, 'svc', now() - interval '1 hour')`, dead)
+	db.Exec(t, `INSERT INTO liveness.leases (name, holder, holder_instance_id, expires_at) VALUES ('dead-holder', 'x', $1, now() + interval '1 hour')`, dead)
+	db.Exec(t, fmt.Sprintf(`GRANT SELECT, UPDATE ON liveness.leases TO %[1]s`, writer))
+	for _, name := range []string{"inserted", "dead-holder"} {
+		if _, err := conn.Exec(ctx, `UPDATE liveness.leases SET epoch = pg_catalog.nextval('liveness.lease_epoch_seq'), taken_at = pg_catalog.now()
+			WHERE name OPERATOR(pg_catalog.=) $1`, name); err != nil {
+			t.Fatalf("a takeover of lease %s (its trigger records the end and the acquisition) under the caller's search_path: %v", name, err)
+		}
+	}
+	var recorded int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM liveness.history WHERE kind = 'ended' AND (reason = 'not_alive' OR how IN ('expired', 'holder_dead'))`).Scan(&recorded); err != nil || recorded != 3 {
+		t.Fatalf("%d ends recorded (%v); want the release that said why and the two takeovers", recorded, err)
 	}
 }

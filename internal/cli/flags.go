@@ -257,6 +257,8 @@ func addAgentFlags(app *kingpin.Application, c *Config) {
 	app.Flag("agent.reaper", "Run cleanup_stale_instances as a lease-protected singleton.").Default("true").BoolVar(&a.Reaper)
 	duration("agent.reaper-interval", "How often the reaper runs.", liveness.DefaultReaperInterval, &a.ReaperInterval)
 	duration("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.", liveness.DefaultReaperLeaseTTL, &a.ReaperLeaseTTL)
+	duration("agent.history-retention", "How long the schema's history of leaderships and deaths keeps a row; the reaper deletes older ones.",
+		liveness.DefaultHistoryRetention, &a.HistoryRetention)
 	duration("agent.duplicate-timeout", "How long the agent waits, writing nothing, while another process holds its instance id's alive lock, before it exits non-zero.",
 		liveness.DefaultDuplicateTimeout, &a.DuplicateTimeout)
 }
@@ -308,6 +310,12 @@ func addCollectorFlags(app *kingpin.Application, c *collector.Config) {
 		PlaceHolder("TABLE").StringVar(&c.Leases.Table)
 	limit("collector.leases.max-series",
 		`Most leases exported one by one, the most urgent first; the rest are exported together under the lease label other.`, &c.Leases.MaxSeries)
+	app.Flag("collector.history.leaderless-objective",
+		"How long a lease may go without a leader before pg_liveness_lease_leaderless_objective_seconds calls it late (the PgLivenessLeaseLeaderless alert), for a lease no --collector.history.lease-objective names.").
+		Default(c.History.LeaderlessObjective.String()).DurationVar(&c.History.LeaderlessObjective)
+	app.Flag("collector.history.lease-objective",
+		"A lease's own leaderless objective, as NAME=DURATION. Repeatable.").
+		PlaceHolder("NAME=DURATION").StringsVar(&c.History.Objectives)
 	limit("collector.advisory_locks.max-applications",
 		`Most application_name label values to export; the rest are folded into "other".`, &c.AdvisoryLocks.MaxApplications)
 	app.Flag("collector.statements.pattern",
@@ -459,6 +467,7 @@ var fieldFlags = map[string]string{
 	"AgentConfig.Reaper":                       "--agent.reaper",
 	"AgentConfig.ReaperInterval":               "--agent.reaper-interval",
 	"AgentConfig.ReaperLeaseTTL":               "--agent.reaper-lease-ttl",
+	"AgentConfig.HistoryRetention":             "--agent.history-retention",
 	"AgentConfig.DuplicateTimeout":             "--agent.duplicate-timeout",
 
 	"SourceConfig.Kind":                                  "--source",
@@ -487,6 +496,9 @@ var fieldFlags = map[string]string{
 	"Config.Leases.Enabled":                "--collector.leases",
 	"Config.Leases.Table":                  "--collector.leases.table",
 	"Config.Leases.MaxSeries":              "--collector.leases.max-series",
+	"Config.History.Enabled":               "--collector.history",
+	"Config.History.LeaderlessObjective":   "--collector.history.leaderless-objective",
+	"Config.History.Objectives":            "--collector.history.lease-objective",
 	"Config.AdvisoryLocks.Enabled":         "--collector.advisory_locks",
 	"Config.AdvisoryLocks.MaxApplications": "--collector.advisory_locks.max-applications",
 	"Config.Statements.Enabled":            "--collector.statements",

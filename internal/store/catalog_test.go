@@ -37,7 +37,8 @@ func rendered(t *testing.T) map[string][]Query {
 		LeaseFenceStrict, LeaseFenceCommit, LeaseFenceExec, SchemaState, SchemaMigrations, SchemaVersion,
 		MigrateLock, MigrateSchema, MigrateBookkeeping, MigrateApplied, MigrateSearchPath, MigrateRecord,
 		StatStatementsSchema, StatStatements, StatStatementsTexts,
-		DiscoverDatabases, DiscoverSource, ServerAdvisoryLocks, DatabaseIdentity} {
+		DiscoverDatabases, DiscoverSource, ServerAdvisoryLocks, DatabaseIdentity,
+		HistorySince, HistoryLastID, HistoryRecent, LeaseLeaderless, HistoryPrune} {
 		out[st.Name()] = append(out[st.Name()], st.In("liveness"))
 	}
 	for _, src := range sources(t) {

@@ -50,6 +50,33 @@ type LeasesRow struct {
 	Shape            []string      `db:"shape"` // the table's optional columns, and LeasesUniqueName
 }
 
+// HistoryRow is one row of the history (migration 0020) as history_since and
+// history_recent read it, with Now, the server's clock when it read.
+// LeaseName, Epoch, Host, Service, How and Reason are empty or zero where the row has none.
+type HistoryRow struct {
+	ID         int64              `db:"id"`
+	At         time.Time          `db:"at"`
+	Kind       string             `db:"kind"`
+	LeaseName  string             `db:"lease_name"`
+	Epoch      int64              `db:"epoch"`
+	InstanceID *uuid.UUID         `db:"instance_id"`
+	Host       string             `db:"host"`
+	Service    string             `db:"service"`
+	How        string             `db:"how"`
+	Reason     string             `db:"reason"`
+	Since      pgtype.Timestamptz `db:"since"`
+	DeadAt     pgtype.Timestamptz `db:"dead_at"`
+	Now        time.Time          `db:"now"`
+}
+
+// LeaderlessRow is one row of lease_leaderless: a lease whose row no live holder holds,
+// for how many seconds, and After: "expired" or "holder_dead".
+type LeaderlessRow struct {
+	Name          string  `db:"name"`
+	LeaderlessFor float64 `db:"leaderless_for"`
+	After         string  `db:"after"`
+}
+
 // AdvisoryLocksRow is one row of the advisory-locks statement.
 type AdvisoryLocksRow struct {
 	// Kind is "backends" or "locks".

@@ -1,4 +1,4 @@
--- The schema as it stands after the last migration, 0019_lease_events_without_a_set_clause: every table, sequence,
+-- The schema as it stands after the last migration, 0020_history: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (internal/store/schema/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
@@ -8,6 +8,8 @@
 CREATE SCHEMA liveness;
 
 -- Sequences
+
+CREATE SEQUENCE liveness.history_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
 
 CREATE SEQUENCE liveness.lease_epoch_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
 ALTER SEQUENCE liveness.lease_epoch_seq OWNED BY liveness.leases.epoch;
@@ -46,6 +48,26 @@ CREATE TABLE liveness.fence_checks (
     commit_key text,
     CONSTRAINT fence_checks_at_commit TRIGGER DEFERRABLE INITIALLY DEFERRED
 );
+
+CREATE TABLE liveness.history (
+    id bigint NOT NULL,
+    at timestamp with time zone NOT NULL,
+    kind text NOT NULL,
+    lease_name text,
+    epoch bigint,
+    instance_id uuid,
+    host text,
+    service text,
+    how text,
+    reason text,
+    since timestamp with time zone,
+    dead_at timestamp with time zone,
+    CONSTRAINT history_kind_check CHECK ((kind = ANY (ARRAY['acquired'::text, 'ended'::text, 'joined'::text, 'left'::text, 'reaped'::text, 'lock_vanished'::text, 'lock_back'::text, 'dead'::text]))),
+    CONSTRAINT history_pkey PRIMARY KEY (id)
+);
+CREATE INDEX history_instance_idx ON liveness.history USING btree (instance_id, at) WHERE (instance_id IS NOT NULL);
+CREATE INDEX history_lease_idx ON liveness.history USING btree (lease_name, at) WHERE (lease_name IS NOT NULL);
+CREATE UNIQUE INDEX history_one_death_idx ON liveness.history USING btree (instance_id, since) WHERE (kind = 'dead'::text);
 
 CREATE TABLE liveness.instances (
     instance_id uuid NOT NULL,
@@ -385,6 +407,76 @@ END
 $function$
 ;
 
+CREATE OR REPLACE FUNCTION liveness.history_death_of(p_instance_id uuid)
+ RETURNS TABLE(last_alive_at timestamp with time zone, dead_at timestamp with time zone, how text, host text, service text)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT d.last_alive_at, d.dead_at, d.how, i.host_name, i.service_name
+      FROM instances i
+      LEFT JOIN alive_lock_absences a
+             ON a.instance_id = i.instance_id AND a.server_started_at = pg_catalog.pg_postmaster_start_time()
+            AND a.lock_pid IS NOT DISTINCT FROM i.lock_pid
+     CROSS JOIN LATERAL history_death_times(i.holds_alive_lock,
+                            EXISTS (SELECT 1 FROM instance_alive_locks k WHERE k.instance_id = i.instance_id),
+                            i.last_heartbeat_at, a.missing_since, i.lock_grace, i.stale_threshold,
+                            i.definitive_dead_cutoff) d
+     WHERE i.instance_id = p_instance_id
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.history_death_times(p_holds_alive_lock boolean, p_locked boolean, p_last_heartbeat_at timestamp with time zone, p_missing_since timestamp with time zone, p_grace interval, p_stale interval, p_dead interval)
+ RETURNS TABLE(last_alive_at timestamp with time zone, dead_at timestamp with time zone, how text)
+ LANGUAGE sql
+ IMMUTABLE
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT CASE WHEN k.by_lock THEN p_missing_since ELSE p_last_heartbeat_at END,
+           CASE WHEN k.by_lock THEN k.lock_dead
+                WHEN k.zombie THEN p_last_heartbeat_at + coalesce(p_dead, interval '5 minutes')
+                ELSE k.stale_dead END,
+           CASE WHEN k.by_lock THEN 'lock_lost' WHEN k.zombie THEN 'zombie' ELSE 'heartbeat_stale' END
+      FROM (SELECT d.lock_dead, d.stale_dead, coalesce(d.lock_dead <= d.stale_dead, false) AS by_lock,
+                   d.lock_dead IS NULL AND p_holds_alive_lock AND p_locked AS zombie
+              FROM (SELECT CASE WHEN p_holds_alive_lock THEN p_missing_since + coalesce(p_grace, interval '1 second') END
+                               AS lock_dead,
+                           p_last_heartbeat_at + coalesce(p_stale, interval '90 seconds') AS stale_dead) d) k
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.history_note_dead(p_instance_id uuid)
+ RETURNS boolean
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    WITH noted AS (
+        INSERT INTO history (at, kind, instance_id, host, service, how, since, dead_at)
+        SELECT least(d.dead_at, pg_catalog.clock_timestamp()), 'dead', p_instance_id, d.host, d.service, d.how, d.last_alive_at,
+               least(d.dead_at, pg_catalog.clock_timestamp())
+          FROM history_death_of(p_instance_id) d
+        ON CONFLICT (instance_id, since) WHERE kind = 'dead' DO NOTHING
+        RETURNING 1)
+    SELECT EXISTS (SELECT 1 FROM noted)
+$function$
+;
+
+CREATE OR REPLACE FUNCTION liveness.history_prune(p_keep interval, p_batch integer)
+ RETURNS TABLE(pruned bigint, ahead bigint)
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    WITH oldest AS (SELECT h.id FROM history h ORDER BY h.id LIMIT greatest(p_batch, 1)),
+    gone AS (DELETE FROM history h USING oldest o
+              WHERE h.id = o.id
+                AND (h.at < pg_catalog.now() - p_keep OR h.at > pg_catalog.now() + interval '1 day')
+             RETURNING h.at > pg_catalog.now() AS ahead)
+    SELECT count(*), count(*) FILTER (WHERE g.ahead) FROM gone g
+$function$
+;
+
 CREATE OR REPLACE FUNCTION liveness.instance_lock_key(p_instance_id uuid)
  RETURNS bigint
  LANGUAGE sql
@@ -624,6 +716,23 @@ AS $function$
 $function$
 ;
 
+CREATE OR REPLACE FUNCTION liveness.lease_holder_at(p_name text, p_at timestamp with time zone)
+ RETURNS TABLE(epoch bigint, holder_instance_id uuid, holder_host text, acquired_at timestamp with time zone, how text, ended_at timestamp with time zone, ended_how text)
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT a.epoch, a.instance_id, a.host, a.at, a.how, e.at, e.how
+      FROM (SELECT h.epoch, h.instance_id, h.host, h.at, h.how FROM history h
+             WHERE h.lease_name = p_name AND h.kind = 'acquired' AND h.at <= p_at
+             ORDER BY h.at DESC, h.id DESC LIMIT 1) a
+      LEFT JOIN LATERAL (SELECT h.at, h.how FROM history h
+                          WHERE h.lease_name = p_name AND h.kind = 'ended' AND h.epoch = a.epoch
+                          ORDER BY h.id LIMIT 1) e ON true
+     WHERE e.at IS NULL OR e.at > p_at
+$function$
+;
+
 CREATE OR REPLACE FUNCTION liveness.lease_is_free(p_name text)
  RETURNS boolean
  LANGUAGE sql
@@ -760,6 +869,7 @@ BEGIN
         IF coalesce((SELECT s.alive FROM instance_state_verdicts(p_instance_id => v_id) s), false) THEN
             CONTINUE;
         END IF;
+        PERFORM history_note_dead(v_id);
         PERFORM pg_catalog.pg_notify(v_members, 'dead:' || v_id::text);
         FOR v_lease IN SELECT l.name FROM leases l
                         WHERE l.holder_instance_id = v_id AND l.expires_at >= pg_catalog.now() AND event_fits('free:' || l.name) LOOP
@@ -777,11 +887,37 @@ CREATE OR REPLACE FUNCTION liveness.notify_instance_event()
  SECURITY DEFINER
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
+DECLARE
+    v_missing timestamptz;
+    v_dead    timestamptz;
+    v_last    timestamptz;
+    v_how     text;
 BEGIN
     IF TG_OP = 'DELETE' THEN
         PERFORM pg_catalog.pg_notify(members_channel(), 'left:' || OLD.instance_id::text);
+        SELECT a.missing_since INTO v_missing FROM alive_lock_absences a
+         WHERE a.instance_id = OLD.instance_id AND a.server_started_at = pg_catalog.pg_postmaster_start_time()
+           AND a.lock_pid IS NOT DISTINCT FROM OLD.lock_pid;
+        SELECT d.last_alive_at, d.dead_at, d.how INTO v_last, v_dead, v_how
+          FROM history_death_times(OLD.holds_alive_lock,
+                   EXISTS (SELECT 1 FROM bigint_advisory_locks l
+                            WHERE l.granted AND l.classid = OLD.lock_classid AND l.objid = OLD.lock_objid
+                              AND (OLD.lock_pid IS NULL OR l.pid = OLD.lock_pid)),
+                   OLD.last_heartbeat_at, v_missing, OLD.lock_grace, OLD.stale_threshold, OLD.definitive_dead_cutoff) d;
+        IF v_dead <= pg_catalog.now() THEN
+            INSERT INTO history (at, kind, instance_id, host, service, how, since, dead_at)
+            VALUES (v_dead, 'dead', OLD.instance_id, OLD.host_name, OLD.service_name, v_how, v_last, v_dead)
+            ON CONFLICT (instance_id, since) WHERE kind = 'dead' DO NOTHING;
+            INSERT INTO history (at, kind, instance_id, host, service, since)
+            VALUES (pg_catalog.clock_timestamp(), 'reaped', OLD.instance_id, OLD.host_name, OLD.service_name, v_last);
+        ELSE
+            INSERT INTO history (at, kind, instance_id, host, service, since)
+            VALUES (pg_catalog.clock_timestamp(), 'left', OLD.instance_id, OLD.host_name, OLD.service_name, OLD.started_at);
+        END IF;
     ELSE
         PERFORM pg_catalog.pg_notify(members_channel(), 'joined:' || NEW.instance_id::text);
+        INSERT INTO history (at, kind, instance_id, host, service)
+        VALUES (pg_catalog.clock_timestamp(), 'joined', NEW.instance_id, NEW.host_name, NEW.service_name);
     END IF;
     RETURN NULL;
 END
@@ -795,10 +931,17 @@ CREATE OR REPLACE FUNCTION liveness.notify_lease_free()
 AS $function$
 DECLARE
     v_payload pg_catalog.text := 'free:' OPERATOR(pg_catalog.||) OLD.name;
+    v_reason  pg_catalog.text := pg_catalog.current_setting('pg_liveness.end_reason', true);
 BEGIN
     IF pg_catalog.octet_length(v_payload) OPERATOR(pg_catalog.<) 8000 THEN
         PERFORM pg_catalog.pg_notify((SELECT c.events FROM liveness.event_channels c), v_payload);
     END IF;
+    IF v_reason OPERATOR(pg_catalog.=) '' THEN
+        v_reason := NULL;
+    END IF;
+    INSERT INTO liveness.history (at, kind, lease_name, epoch, instance_id, host, how, reason, since)
+    VALUES (pg_catalog.clock_timestamp(), 'ended', OLD.name, OLD.epoch, OLD.holder_instance_id, OLD.holder_host,
+            CASE WHEN v_reason IS NULL THEN 'released' ELSE 'stepped_down' END, pg_catalog.left(v_reason, 64), OLD.taken_at);
     RETURN NULL;
 END
 $function$
@@ -811,10 +954,35 @@ CREATE OR REPLACE FUNCTION liveness.notify_lease_taken()
 AS $function$
 DECLARE
     v_payload pg_catalog.text := 'taken:' OPERATOR(pg_catalog.||) NEW.name;
+    v_how     pg_catalog.text;
+    v_since   pg_catalog.timestamptz;
+    v_dead    pg_catalog.timestamptz;
 BEGIN
     IF pg_catalog.octet_length(v_payload) OPERATOR(pg_catalog.<) 8000 THEN
         PERFORM pg_catalog.pg_notify((SELECT c.events FROM liveness.event_channels c), v_payload);
     END IF;
+    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
+        IF OLD.expires_at OPERATOR(pg_catalog.<) NEW.taken_at OR OLD.holder_instance_id IS NULL THEN
+            v_how := 'expired';
+            v_since := OLD.expires_at;
+        ELSE
+            v_how := 'holder_dead';
+            PERFORM liveness.history_note_dead(OLD.holder_instance_id);
+            SELECT h.since, h.dead_at INTO v_since, v_dead FROM liveness.history h
+             WHERE h.instance_id OPERATOR(pg_catalog.=) OLD.holder_instance_id AND h.kind OPERATOR(pg_catalog.=) 'dead'
+             ORDER BY h.id DESC LIMIT 1;
+        END IF;
+        INSERT INTO liveness.history (at, kind, lease_name, epoch, instance_id, host, how, since, dead_at)
+        VALUES (least(coalesce(v_since, NEW.taken_at), NEW.taken_at), 'ended', OLD.name, OLD.epoch,
+                OLD.holder_instance_id, OLD.holder_host, v_how, OLD.taken_at, v_dead);
+    ELSE
+        SELECT h.at INTO v_since FROM liveness.history h
+         WHERE h.lease_name OPERATOR(pg_catalog.=) NEW.name AND h.kind OPERATOR(pg_catalog.=) 'ended'
+         ORDER BY h.at DESC LIMIT 1;
+        v_how := CASE WHEN v_since IS NULL THEN 'free' ELSE 'released' END;
+    END IF;
+    INSERT INTO liveness.history (at, kind, lease_name, epoch, instance_id, host, how, since, dead_at)
+    VALUES (pg_catalog.clock_timestamp(), 'acquired', NEW.name, NEW.epoch, NEW.holder_instance_id, NEW.holder_host, v_how, v_since, v_dead);
     RETURN NULL;
 END
 $function$
@@ -859,11 +1027,21 @@ BEGIN
         ON CONFLICT ON CONSTRAINT alive_lock_absences_pkey DO UPDATE
            SET missing_since = excluded.missing_since, server_started_at = excluded.server_started_at,
                lock_pid = excluded.lock_pid
+        RETURNING a.instance_id),
+    stamped_noted AS (
+        INSERT INTO history (at, kind, instance_id)
+        SELECT v_now, 'lock_vanished', s.instance_id FROM stamped s
         RETURNING 1),
     cleared AS (
         DELETE FROM alive_lock_absences a
          WHERE (p_instance_id IS NULL OR a.instance_id = p_instance_id)
            AND NOT EXISTS (SELECT 1 FROM missing m WHERE m.instance_id = a.instance_id)
+        RETURNING a.instance_id, a.missing_since, a.server_started_at),
+    cleared_noted AS (
+        INSERT INTO history (at, kind, instance_id, host, service, since)
+        SELECT v_now, 'lock_back', c.instance_id, i.host_name, i.service_name, c.missing_since
+          FROM cleared c JOIN instances i ON i.instance_id = c.instance_id AND i.holds_alive_lock
+         WHERE c.server_started_at = v_started
         RETURNING 1)
     SELECT count(*) INTO v_missing FROM missing;
     RETURN v_missing;

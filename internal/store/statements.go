@@ -120,6 +120,14 @@ var (
 	ServerAdvisoryLocks     = Statement{"server_advisory_locks"}
 	AdvisoryLocksOfSnapshot = SourceStatement{"advisory_locks_of_snapshot"}
 
+	// The history of leaderships and deaths (migration 0020): the history collector's and
+	// the status page's reads, and the reaper's pruning.
+	HistorySince    = Statement{"history_since"}
+	HistoryLastID   = Statement{"history_last_id"}
+	HistoryRecent   = Statement{"history_recent"}
+	LeaseLeaderless = Statement{"lease_leaderless"}
+	HistoryPrune    = Statement{"history_prune"}
+
 	// The identity of an exporter's database (package collector), untagged.
 	DatabaseIdentity = Statement{"database_identity"}
 )
@@ -164,6 +172,7 @@ var handles = []string{
 	StatStatementsSchema.name, StatStatements.name, StatStatementsTexts.name,
 	ReadInstances.name, ReadFleet.name, Instances.name, AdvisoryLocks.name,
 	ServerAdvisoryLocks.name, AdvisoryLocksOfSnapshot.name, DatabaseIdentity.name,
+	HistorySince.name, HistoryLastID.name, HistoryRecent.name, LeaseLeaderless.name, HistoryPrune.name,
 	leasesStatement, whizbangTable,
 }
 

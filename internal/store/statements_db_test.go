@@ -321,6 +321,7 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	// exporter: its first scrape counts every classified entry in full.
 	only := collector.DefaultConfig()
 	only.Instances.Enabled, only.Leases.Enabled, only.AdvisoryLocks.Enabled, only.Agent.Enabled = false, false, false, false
+	only.History.Enabled = false
 	got := scrape(t, only, pool, nil)
 	for _, name := range store.Tags() {
 		if got[name] != float64(want[name]) {

@@ -108,6 +108,11 @@ func TestEndToEnd(t *testing.T) {
 		waitFor(t, "Prometheus to see the victim alive", func() bool {
 			return prom.nonEmpty(t, `pg_liveness_instances{service="e2e-victim",state="alive"} == 1`)
 		})
+		// The victim leads a job (a lease naming its instance), which is taken over once
+		// it is dead: the failover history's panels then have a takeover to show.
+		db.Exec(t, `INSERT INTO liveness.leases (name, holder, holder_instance_id, taken_at, expires_at)
+			SELECT 'e2e-victim-job', 'e2e-victim-token', instance_id, now(), now() + interval '1 hour'
+			  FROM liveness.instances WHERE service_name = 'e2e-victim'`)
 		if a := hook.find("firing", "PgLivenessInstancesStale", "e2e-victim"); a != nil {
 			t.Fatalf("PgLivenessInstancesStale fired before the victim was killed: %v", a.Labels)
 		}
@@ -120,6 +125,10 @@ func TestEndToEnd(t *testing.T) {
 			return firing != nil
 		})
 		t.Logf("firing notification %.1fs after the kill", time.Since(killed).Seconds())
+		if n := db.QueryInt(t, `SELECT count(*) FROM liveness.lease_take('e2e-victim-job', 'e2e-heir-token', 3600, NULL, 'e2e-heir') t
+			WHERE t.epoch IS NOT NULL`); n != 1 {
+			t.Fatal("the dead victim's lease could not be taken over")
+		}
 		for k, want := range map[string]string{
 			"severity": "warning", "state": "stale", "job": e2eJob,
 		} {

@@ -236,8 +236,8 @@ func checkExpr(expr string, allowed map[string]bool, vars []string) []string {
 		switch {
 		case c.Metric == "":
 			errs = append(errs, c.Func+" must take one counter selector with a range")
-		case !strings.HasSuffix(c.Metric, "_total"):
-			errs = append(errs, fmt.Sprintf("%s(%s): only *_total counters take rate, irate or increase", c.Func, c.Metric))
+		case !strings.HasSuffix(c.Metric, "_total") && !histogramSample(allowed, c.Metric):
+			errs = append(errs, fmt.Sprintf("%s(%s): only *_total counters and a histogram's samples take rate, irate or increase", c.Func, c.Metric))
 		case c.Range != rateInterval:
 			errs = append(errs, fmt.Sprintf("%s(%s[%s]): use [$__rate_interval]", c.Func, c.Metric, c.Range))
 		}
@@ -470,4 +470,15 @@ func TestDashboardConventions(t *testing.T) {
 			}
 		}
 	}
+}
+
+// histogramSample reports whether name is a histogram's _bucket, _sum or _count among the
+// exposed names (which list a histogram's family and its three sample names).
+func histogramSample(exposed map[string]bool, name string) bool {
+	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+		if base, ok := strings.CutSuffix(name, suffix); ok && exposed[base] && exposed[base+"_bucket"] {
+			return true
+		}
+	}
+	return false
 }

@@ -184,6 +184,7 @@ func TestCrash(t *testing.T) {
 		n, first := s.falseDead(t0, time.Now(), []*agent{heir})
 		sc.addFalseDead(n, first)
 		sc.fence(e.dsn, lease)
+		sc.checkHistoryOfCrash(e.dsn, s, obs.url, lease, victim.services[0], id, heir.ids[0], t0)
 		heir.Stop()
 	}
 	sc.bound("dead for every consumer", crashDeadMedian, crashDeadWorst)

@@ -86,6 +86,7 @@ func TestShards(t *testing.T) {
 		t0, l0 = dbNow(t, e), time.Now()
 		procs[1].Stop() // SIGTERM: its shards go once their callbacks returned
 		moved("SIGTERM of an owner: every shard written again", t0, l0, time.Minute)
+		termAt, termTook := t0, time.Since(l0)
 
 		procs = append(procs, start())
 		t0, l0 = dbNow(t, e), time.Now()
@@ -117,6 +118,25 @@ func TestShards(t *testing.T) {
 		}
 		for i := range shardCount {
 			sc.fence(e.dsn, fmt.Sprintf("%s/%d", set, i))
+		}
+		// The history of every shard has the shape of leaderships one after another, and
+		// the SIGTERM's handovers are in it: the shards its owner let go, each taken
+		// again within what the suite measured (its shards written again).
+		handed := 0
+		for _, a := range sc.checkLeaseHistories(e.dsn, set+"/%") {
+			if a.How != "released" || a.Since == nil || a.Since.Before(termAt) || a.Since.After(termAt.Add(termTook)) {
+				continue
+			}
+			handed++
+			gap := a.At.Sub(*a.Since)
+			if a.At.After(termAt.Add(termTook)) {
+				t.Errorf("history: %s let go at %v and taken at %v; the suite saw every shard written again by %v",
+					a.Lease, *a.Since, a.At, termAt.Add(termTook))
+			}
+			sc.observe("history: a shard let go at SIGTERM → taken", time.Minute, gap, true)
+		}
+		if handed == 0 {
+			t.Errorf("history: no shard let go at the SIGTERM and taken again")
 		}
 	}
 	sc.bound("kill -9 of an owner: every shard written again", 0, 3*time.Second)

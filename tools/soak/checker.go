@@ -23,6 +23,7 @@ const (
 	CheckTwoLeaders        = "no two-leaders alert while fencing works"
 	CheckFlat              = "the observer exporter's resources flat over the run"
 	CheckNoExit            = "no fleet process exited on its own"
+	CheckHistory           = "the schema's history holds every leadership of the run, nothing else, one after another"
 
 	CheckShardOneOwner    = "shards: never two owners inside a shard's callback at once"
 	CheckShardEpochs      = "shards: no accepted write under an epoch older than one already written, nor by two writers under one epoch"
@@ -328,7 +329,7 @@ func Check(events []Event) []Result {
 	m := newModel(events)
 	return []Result{m.checkOneInJob(), m.checkEpochs(), m.checkNoWriteAfterEnd(), m.checkNoWriteAfterLease(),
 		m.checkNoFalseDead(), m.checkCrashDead(), m.checkLeaseTaken(), m.checkSampling(), m.checkConvergence(),
-		m.checkTwoLeaders(), m.checkFlat(), m.checkNoExit(),
+		m.checkTwoLeaders(), m.checkFlat(), m.checkNoExit(), m.checkHistory(),
 		m.checkShardOneOwner(), m.checkShardEpochs(), m.checkShardAfterNext(), m.checkShardAfterLost(), m.checkShardsWritten()}
 }
 

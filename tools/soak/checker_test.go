@@ -99,6 +99,7 @@ func cleanHistory() []Event {
 		ev = append(ev, sample(1, SrcExporter, p, true, 0))
 	}
 	ev = append(ev, shardHistory()...)
+	ev = append(ev, dbHistoryOf(ev)...)
 	for s := 0.0; s <= 200; s += 5 {
 		for _, r := range []struct {
 			name string
@@ -229,16 +230,61 @@ func without(ev []Event, match func(Event) bool) []Event { return slices.DeleteF
 // taking L again under epoch 3 at 43 s; the lease rows are expired's: epoch 1 renewed
 // last at expired-10 s (its ttl), so that it expires at expired.
 func stoppedHolder(ev []Event, expired float64) []Event {
-	ev = without(ev, func(e Event) bool { return e.Kind == EvLeaseRow && e.Lease == "L" })
-	ev = append(ev, leaseRows("L", tenure{1, 1.9, expired - 10, 0, 10}, tenure{9, 29.9, 29.9, 31.05, 10},
-		tenure{3, 42.9, 59.5, 0, 10}, tenure{2, 61.9, 199, 0, 10})...)
+	ev = without(ev, func(e Event) bool { return (e.Kind == EvLeaseRow || e.Kind == EvDBHistory) && e.Lease == "L" })
+	rows := leaseRows("L", tenure{1, 1.9, expired - 10, 0, 10}, tenure{9, 29.9, 29.9, 31.05, 10},
+		tenure{3, 42.9, 59.5, 0, 10}, tenure{2, 61.9, 199, 0, 10})
+	leaders := []Event{Event{T: at(30), Kind: EvJobBegin, Inst: "i2", Lease: "L", Epoch: 9},
+		Event{T: at(43), Kind: EvJobBegin, Inst: "i1", Lease: "L", Epoch: 3},
+		Event{T: at(2), Kind: EvJobBegin, Inst: "i1", Lease: "L", Epoch: 1},
+		Event{T: at(62), Kind: EvJobBegin, Inst: "i2", Lease: "L", Epoch: 2}}
+	ev = append(ev, rows...)
+	ev = append(ev, dbHistoryOf(append(rows, leaders...))...)
 	return append(ev, Event{T: at(20), Kind: EvFault, Fault: FaultStop, FaultID: 2, Targets: []string{"p1"}},
-		Event{T: at(30), Kind: EvJobBegin, Inst: "i2", Lease: "L", Epoch: 9},
+		leaders[0],
 		Event{T: at(31), Kind: EvJobEnd, Inst: "i2", Lease: "L", Epoch: 9},
 		Event{T: at(40), Kind: EvHeal, Fault: FaultStop, FaultID: 2, Targets: []string{"p1"}},
 		Event{T: at(40.2), Kind: EvLost, Inst: "i1", Lease: "L", Epoch: 1},
 		Event{T: at(40.3), Kind: EvJobEnd, Inst: "i1", Lease: "L", Epoch: 1},
-		Event{T: at(43), Kind: EvJobBegin, Inst: "i1", Lease: "L", Epoch: 3})
+		leaders[1])
+}
+
+// dbHistoryOf is the schema's history of the leases that ev's lease rows record, as its
+// triggers would write it: each acquisition and end a microsecond before the soak's
+// record of the same statement, an end by expiry at the row's expiry and one by death
+// just before the takeover, holders from ev's jobs begun and shards owned.
+func dbHistoryOf(ev []Event) []Event {
+	holder := map[string]string{}
+	for _, e := range ev {
+		if e.Kind == EvJobBegin || e.Kind == EvShardOwned {
+			holder[epochKey(e.Lease, e.Epoch)] = e.Inst
+		}
+	}
+	byLease := map[string][]*epochRecord{}
+	for _, rec := range epochRecords(ev) {
+		byLease[rec.lease] = append(byLease[rec.lease], rec)
+	}
+	var out []Event
+	for lease, recs := range byLease {
+		slices.SortFunc(recs, func(a, b *epochRecord) int { return int(a.exps[0].at - b.exps[0].at) })
+		var lastEnd int64
+		for _, rec := range recs {
+			k := epochKey(lease, rec.epoch)
+			out = append(out, Event{T: rec.exps[0].at - 1000, Kind: EvDBHistory, Note: "acquired", Lease: lease, Epoch: rec.epoch,
+				Inst: holder[k], Prev: lastEnd})
+			switch {
+			case rec.released > 0:
+				lastEnd = rec.released - 1000
+				out = append(out, Event{T: lastEnd, Kind: EvDBHistory, Note: "ended", Name: "released", Lease: lease, Epoch: rec.epoch, Inst: holder[k]})
+			case rec.replaced > 0 && rec.final() < rec.replaced:
+				lastEnd = rec.final()
+				out = append(out, Event{T: lastEnd, Kind: EvDBHistory, Note: "ended", Name: "expired", Lease: lease, Epoch: rec.epoch, Inst: holder[k]})
+			case rec.replaced > 0:
+				lastEnd = rec.replaced - 2000
+				out = append(out, Event{T: lastEnd, Kind: EvDBHistory, Note: "ended", Name: "holder_dead", Lease: lease, Epoch: rec.epoch, Inst: holder[k]})
+			}
+		}
+	}
+	return out
 }
 
 // Each check fails on a history doctored to break it, and only that check (or the checks
@@ -250,7 +296,7 @@ func TestCheckEachFailsOnADoctoredHistory(t *testing.T) {
 		want   []string
 		doctor func([]Event) []Event
 	}{
-		{"a second holder enters the job", []string{CheckOneInJob}, func(ev []Event) []Event {
+		{"a second holder enters the job", []string{CheckOneInJob, CheckHistory}, func(ev []Event) []Event {
 			return append(ev, Event{T: at(30), Kind: EvJobBegin, Inst: "i2", Lease: "L", Epoch: 9},
 				Event{T: at(31), Kind: EvJobEnd, Inst: "i2", Lease: "L", Epoch: 9})
 		}},
@@ -264,7 +310,7 @@ func TestCheckEachFailsOnADoctoredHistory(t *testing.T) {
 		{"a stopped holder's row committed after its lease expired", []string{CheckOneInJob, CheckNoWriteAfterLease}, func(ev []Event) []Event {
 			return append(stoppedHolder(ev, 29.5), Event{T: at(29.6), Kind: EvLedger, ID: 21, Inst: "i1", Lease: "L", Epoch: 1})
 		}},
-		{"a stopped holder's overlap without the lease rows", []string{CheckOneInJob}, func(ev []Event) []Event {
+		{"a stopped holder's overlap without the lease rows", []string{CheckOneInJob, CheckHistory}, func(ev []Event) []Event {
 			return without(stoppedHolder(ev, 29.5), func(e Event) bool { return e.Kind == EvLeaseRow && e.Lease == "L" && e.Epoch == 9 })
 		}},
 		{"an older epoch's row after a newer one", []string{CheckEpochsMonotone}, func(ev []Event) []Event {
@@ -287,12 +333,12 @@ func TestCheckEachFailsOnADoctoredHistory(t *testing.T) {
 			})
 			return append(ev, Event{T: at(92), Kind: EvLedger, ID: 35, Inst: "i2", Lease: "L", Epoch: 2})
 		}},
-		{"a row after its lease was released", []string{CheckNoWriteAfterLease}, func(ev []Event) []Event {
+		{"a row after its lease was released", []string{CheckNoWriteAfterLease, CheckHistory}, func(ev []Event) []Event {
 			ev = without(ev, func(e Event) bool { return e.Kind == EvLeaseRow && e.Lease == "L" && e.Epoch == 2 && e.T > at(100) })
 			return append(ev, Event{T: at(100), Kind: EvLeaseRow, Lease: "L", Epoch: 2, Note: "delete", Taken: at(61.9), Exp: at(109)},
 				Event{T: at(101), Kind: EvLedger, ID: 35, Inst: "i2", Lease: "L", Epoch: 2})
 		}},
-		{"a row after its lease was taken under another epoch", []string{CheckNoWriteAfterLease}, func(ev []Event) []Event {
+		{"a row after its lease was taken under another epoch", []string{CheckNoWriteAfterLease, CheckHistory}, func(ev []Event) []Event {
 			ev = without(ev, func(e Event) bool { return e.Kind == EvLeaseRow && e.Lease == "L" && e.Epoch == 2 && e.T > at(100) })
 			return append(ev, Event{T: at(100), Kind: EvLeaseRow, Lease: "L", Epoch: 3, Note: "update", Taken: at(100), Exp: at(110)},
 				Event{T: at(100.5), Kind: EvLedger, ID: 35, Inst: "i2", Lease: "L", Epoch: 2})
@@ -365,11 +411,28 @@ func TestCheckEachFailsOnADoctoredHistory(t *testing.T) {
 		{"an agent exits on its own", []string{CheckNoExit}, func(ev []Event) []Event {
 			return append(ev, Event{T: at(150), Kind: EvExit, Proc: "p3", Inst: "i3", Note: "exit status 1"})
 		}},
-		{"a second owner in a shard's callback", []string{CheckShardOneOwner}, func(ev []Event) []Event {
+		{"a leadership missing from the history", []string{CheckHistory}, func(ev []Event) []Event {
+			return without(ev, func(e Event) bool { return e.Kind == EvDBHistory && e.Lease == "L" && e.Epoch == 2 && e.Note == "acquired" })
+		}},
+		{"a leadership in the history that no lease row had", []string{CheckHistory}, func(ev []Event) []Event {
+			return append(ev, Event{T: at(150), Kind: EvDBHistory, Note: "acquired", Lease: "S/1", Epoch: 7, Inst: "i3"})
+		}},
+		{"two leaderships at once in the history", []string{CheckHistory}, func(ev []Event) []Event {
+			return without(ev, func(e Event) bool { return e.Kind == EvDBHistory && e.Lease == "S/0" && e.Epoch == 103 && e.Note == "ended" })
+		}},
+		{"the history's gap not counted from the end before it", []string{CheckHistory}, func(ev []Event) []Event {
+			return replace(ev, func(e Event) bool { return e.Kind == EvDBHistory && e.Lease == "S/0" && e.Epoch == 104 && e.Note == "acquired" },
+				func(e *Event) { e.Prev -= int64(time.Second) })
+		}},
+		{"a release the history records late", []string{CheckHistory}, func(ev []Event) []Event {
+			return replace(ev, func(e Event) bool { return e.Kind == EvDBHistory && e.Lease == "S/0" && e.Epoch == 103 && e.Note == "ended" },
+				func(e *Event) { e.T += int64(time.Millisecond) })
+		}},
+		{"a second owner in a shard's callback", []string{CheckShardOneOwner, CheckHistory}, func(ev []Event) []Event {
 			return append(ev, Event{T: at(30), Kind: EvShardOwned, Inst: "i2", Lease: "S/0", Epoch: 100},
 				Event{T: at(31), Kind: EvShardReleased, Inst: "i2", Lease: "S/0", Epoch: 100})
 		}},
-		{"a stopped owner stays in its shard's callback after SIGCONT", []string{CheckShardOneOwner}, func(ev []Event) []Event {
+		{"a stopped owner stays in its shard's callback after SIGCONT", []string{CheckShardOneOwner, CheckHistory}, func(ev []Event) []Event {
 			ev = without(ev, func(e Event) bool {
 				return (e.Kind == EvLedger || e.Kind == EvLeaseRow) && e.Lease == "S/0" && e.T > at(20) && e.T < at(60)
 			})

@@ -585,6 +585,29 @@ func readLedger(t *testing.T, cl *cluster, h *History) {
 	if err := rows.Err(); err != nil {
 		t.Fatalf("lease rows: %v", err)
 	}
+	rows, err = conn.Query(ctx, `SELECT at, kind, lease_name, epoch, coalesce(instance_id::text, ''), coalesce(how, ''), since
+		FROM `+schema+`.history
+		WHERE kind IN ('acquired', 'ended') AND (lease_name LIKE 'soak-%' OR lease_name ~ ('^'||$1||'/[0-9]+$')) ORDER BY id`, shardSetName)
+	if err != nil {
+		t.Fatalf("history: %v", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		e := Event{Kind: EvDBHistory}
+		var at time.Time
+		var since *time.Time
+		if err := rows.Scan(&at, &e.Note, &e.Lease, &e.Epoch, &e.Inst, &e.Name, &since); err != nil {
+			t.Fatalf("history: %v", err)
+		}
+		e.T = at.UnixNano()
+		if since != nil {
+			e.Prev = since.UnixNano()
+		}
+		h.Add(e)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("history: %v", err)
+	}
 }
 
 // nemesis applies and heals the schedule's faults.

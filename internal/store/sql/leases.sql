@@ -38,8 +38,12 @@ SELECT e FROM {schema}.lease_extend($1, $2, $3, $4::float8) AS e
 
 -- name: lease_release
 -- Deletes the row only if it still belongs to this acquisition, so a late release never
--- deletes a newer holder's lease. $1 name, $2 holder, $3 epoch.
-SELECT {schema}.lease_let_go($1, $2, $3)
+-- deletes a newer holder's lease. $1 name, $2 holder, $3 epoch, $4 why the holder lets it
+-- go: '' when it simply releases it, or the liveness.LostReason of a leadership it lost.
+-- The history (migration 0020) records the end as stepped_down with that reason; the
+-- setting lasts until the statement's transaction ends, and a schema without the history
+-- ignores it.
+SELECT {schema}.lease_let_go($1, $2, $3) FROM pg_catalog.set_config('pg_liveness.end_reason', $4::text, true)
 
 -- name: lease_abandon tag=lease_release
 -- Deletes the row an acquisition may have inserted when its answer was lost: the holder

@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -20,14 +21,20 @@ import (
 // until it is added on purpose.
 const ScenarioExposition = "collector/testdata/scenario.prom"
 
+// HistoryExposition is the history collector's exposition after real failovers
+// (collector/history_test.go), whose histograms the scenario has no events for: its
+// families count as exposed too.
+const HistoryExposition = "collector/testdata/history.prom"
+
 // binaryMetricPrefix names the families the binary itself registers besides the
 // collectors' (build information, reloads, the targets' connections). The metrics table
 // of docs/metrics.md lists them, and the root module's TestDocsMetricsMatchTheExporter
 // keeps that table equal to what a real run of the binary exposes.
 const binaryMetricPrefix = "pg_liveness_exporter_"
 
-// ExposedMetrics returns the metric family names in ScenarioExposition and the binary's
-// own pg_liveness_exporter_* families from docs/metrics.md's metrics table.
+// ExposedMetrics returns the metric family names in ScenarioExposition and
+// HistoryExposition, and the binary's own pg_liveness_exporter_* families from
+// docs/metrics.md's metrics table.
 func ExposedMetrics(t testing.TB) map[string]bool {
 	t.Helper()
 	root := ModuleRoot(t)
@@ -35,6 +42,11 @@ func ExposedMetrics(t testing.TB) map[string]bool {
 	if err != nil {
 		t.Fatalf("exposed metrics: %v", err)
 	}
+	history, err := exposition.FileMetricNames(filepath.Join(root, HistoryExposition))
+	if err != nil {
+		t.Fatalf("exposed metrics: %v", err)
+	}
+	maps.Copy(names, history)
 	doc, err := os.ReadFile(filepath.Join(root, "docs", "metrics.md"))
 	if err != nil {
 		t.Fatalf("exposed metrics: %v", err)
