@@ -201,7 +201,7 @@ wait_port "$listen" 30 "${pids[-1]}" || { tail -n 5 "$run_dir/exporter.log" >&2;
 log "starting the simulated fleet (log: $run_dir/fleetsim.log)"
 # shellcheck disable=SC2086
 start_child fleetsim "$run_dir/fleetsim.log" "$run_dir/bin/fleetsim" "${fleet_timing[@]}" \
-	--services=checkout,billing --instances=6 --heartbeat-only=2 --hang-after=15s --kill-after=25s \
+	--services=checkout,billing --instances=6 --heartbeat-only=2 --hang-after=15s --kill-after=25s --kill-leader-after=40s \
 	--leases=cleanup,alerts,mail-checks,uptime-runner ${PG_LIVENESS_FLEETSIM_ARGS:-}
 
 prom_url=""
@@ -268,6 +268,11 @@ cat <<EOF
     ~25s  instance 5 dies (its connections are cut): its lock goes at once ("lock_lost"),
           about a second later it is "stale", and the reaper deletes it within 60s
           (pg_liveness_agent_instances_reaped_total goes up).
+    ~40s  the first instance then leading a job is killed: about 1.3s later another holds its
+          lease. The status page's History section draws the gap on that lease's timeline,
+          pg_liveness_lease_leaderless_seconds{after="holder_dead"} and
+          pg_liveness_lease_takeover_seconds count it, and the leases dashboard's Failover
+          history row plots it; SELECT * FROM liveness.history ORDER BY id DESC LIMIT 20 lists it.
   Throughout: the leases cleanup, alerts, mail-checks and uptime-runner change hands:
     pg_liveness_lease_epoch{lease=...} rises on every acquisition, pg_liveness_lease_held,
     pg_liveness_lease_expires_in_seconds. The hung instance cannot release its leases:

@@ -468,7 +468,11 @@ CREATE OR REPLACE FUNCTION liveness.history_prune(p_keep interval, p_batch integ
  SECURITY DEFINER
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
-    WITH oldest AS (SELECT h.id FROM history h ORDER BY h.id LIMIT greatest(p_batch, 1)),
+    WITH first AS (SELECT h.at FROM history h ORDER BY h.id LIMIT 1),
+    oldest AS (SELECT h.id FROM history h
+                WHERE EXISTS (SELECT 1 FROM first f
+                               WHERE f.at < pg_catalog.now() - p_keep OR f.at > pg_catalog.now() + interval '1 day')
+                ORDER BY h.id LIMIT greatest(p_batch, 1)),
     gone AS (DELETE FROM history h USING oldest o
               WHERE h.id = o.id
                 AND (h.at < pg_catalog.now() - p_keep OR h.at > pg_catalog.now() + interval '1 day')

@@ -431,6 +431,32 @@ func (f *Fleet) Kill(i int) error {
 	return nil
 }
 
+// Leader returns a running instance of the fleet that leads one of its leases now, and
+// that lease (the first of Config.Leases that one leads); ok false when none does.
+func (f *Fleet) Leader(ctx context.Context) (index int, lease string, ok bool, err error) {
+	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: f.pool, Schema: f.cfg.Schema,
+		Fallback: liveness.Timing{StaleThreshold: f.cfg.StaleThreshold, DefinitiveDeadCutoff: f.cfg.DefinitiveDeadCutoff}})
+	if err != nil {
+		return 0, "", false, err
+	}
+	infos := f.Instances()
+	for _, name := range f.cfg.Leases {
+		l, err := reader.Leader(ctx, name)
+		if errors.Is(err, liveness.ErrNoLeader) {
+			continue
+		}
+		if err != nil {
+			return 0, "", false, err
+		}
+		for _, in := range infos {
+			if l.InstanceID == in.ID && in.State == Running {
+				return in.Index, name, true, nil
+			}
+		}
+	}
+	return 0, "", false, nil
+}
+
 // Hang simulates a stuck instance whose sessions survive: both of its paths freeze, so
 // nothing it sends reaches the server and its sessions stay open. Observers see its lock
 // held and its heartbeat aging: lock_only once it is stale, zombie after the

@@ -129,13 +129,20 @@ $$;
 -- Deletes history older than p_keep, at most p_batch rows, oldest ids first (so each round
 -- is bounded whatever the table holds), and rows dated more than a day ahead of the
 -- server's clock (a clock that jumped, or rows written by hand): they would otherwise
--- outlive the retention. Returns the rows deleted, and how many of them were dated ahead.
+-- outlive the retention. A round with nothing to delete reads one row, the oldest: ids
+-- follow time, so while the oldest is within the retention so are the others (a row
+-- dated ahead by less than a day holds the pruning back by as much, at most). Returns the
+-- rows deleted, and how many of them were dated ahead.
 CREATE FUNCTION history_prune(p_keep interval, p_batch integer)
     RETURNS TABLE (pruned bigint, ahead bigint)
     LANGUAGE sql VOLATILE SECURITY DEFINER
     SET search_path FROM CURRENT
 AS $$
-    WITH oldest AS (SELECT h.id FROM history h ORDER BY h.id LIMIT greatest(p_batch, 1)),
+    WITH first AS (SELECT h.at FROM history h ORDER BY h.id LIMIT 1),
+    oldest AS (SELECT h.id FROM history h
+                WHERE EXISTS (SELECT 1 FROM first f
+                               WHERE f.at < pg_catalog.now() - p_keep OR f.at > pg_catalog.now() + interval '1 day')
+                ORDER BY h.id LIMIT greatest(p_batch, 1)),
     gone AS (DELETE FROM history h USING oldest o
               WHERE h.id = o.id
                 AND (h.at < pg_catalog.now() - p_keep OR h.at > pg_catalog.now() + interval '1 day')

@@ -37,25 +37,30 @@ SELECT h.id, h.at, h.kind, coalesce(h.lease_name, '') AS lease_name, coalesce(h.
 -- The leases that nobody leads now although their row stands: expired (its holder stopped
 -- renewing, or left it to expire), or held by an instance dead by the verdict. For each,
 -- the seconds since it was last led: since its holder's last sign of life (the lock's
--- vanishing as stamped, or its last heartbeat) when the holder is dead, and that came
+-- vanishing as stamped, or its last heartbeat) when the holder is dead and that came
 -- before the expiry, else since the expiry; and why ('holder_dead' or 'expired'), as the
 -- history will record the end when the next holder takes it. A lease let go is deleted
--- and is not here: its holder said so. One pass over the instances' verdicts, whatever
--- the number of leases.
-WITH dead AS (
-    SELECT s.instance_id FROM {schema}.instance_state_verdicts() s WHERE NOT s.alive
+-- and is not here: its holder said so. The verdict is asked of each distinct holder of an
+-- unexpired lease (is_instance_alive: two index lookups while the watcher ticks) and of
+-- each expired lease's holder: the fleet's leaders, not the fleet.
+WITH holders AS (
+    SELECT DISTINCT l.holder_instance_id AS id FROM {schema}.leases l
+     WHERE l.expires_at >= now() AND l.holder_instance_id IS NOT NULL
 ),
-led AS (
-    SELECT l.name, l.expires_at, d.last_alive_at
+dead AS (
+    SELECT h.id FROM holders h WHERE NOT {schema}.is_instance_alive(h.id)
+),
+candidates AS (
+    SELECT l.name, l.expires_at, l.holder_instance_id,
+           l.expires_at >= now() OR NOT {schema}.is_instance_alive(l.holder_instance_id) AS holder_dead
       FROM {schema}.leases l
-      LEFT JOIN dead ON dead.instance_id = l.holder_instance_id
-      LEFT JOIN LATERAL {schema}.history_death_of(l.holder_instance_id) d ON dead.instance_id IS NOT NULL
-     WHERE l.expires_at < now() OR dead.instance_id IS NOT NULL
+     WHERE l.expires_at < now() OR l.holder_instance_id IN (SELECT d.id FROM dead d)
 )
-SELECT l.name,
-       extract(epoch FROM now() - least(l.expires_at, l.last_alive_at))::float8 AS leaderless_for,
-       CASE WHEN l.last_alive_at < l.expires_at THEN 'holder_dead' ELSE 'expired' END AS after
-  FROM led l
+SELECT c.name,
+       extract(epoch FROM now() - least(c.expires_at, d.last_alive_at))::float8 AS leaderless_for,
+       CASE WHEN d.last_alive_at < c.expires_at THEN 'holder_dead' ELSE 'expired' END AS after
+  FROM candidates c
+  LEFT JOIN LATERAL {schema}.history_death_of(c.holder_instance_id) d ON c.holder_dead
 
 -- name: history_prune tag=cleanup
 -- The reaper's round: deletes history older than $1 seconds, at most $2 rows, and rows

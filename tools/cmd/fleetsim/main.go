@@ -37,6 +37,7 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	var (
 		dsnFlag, services, leases string
 		killAfter, hangAfter      time.Duration
+		killLeaderAfter           time.Duration
 		reportEvery               time.Duration
 		maxConns                  int
 		logCfg                    promslog.Config
@@ -62,6 +63,8 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 	app.Flag("job-pause", "Wait between an instance's attempts at a lease (±50%).").Default(cfg.JobPause.String()).DurationVar(&cfg.JobPause)
 	app.Flag("kill-after", "Kill the last lock-holding instance after this long: its connections are cut (0: never).").Default("30s").DurationVar(&killAfter)
 	app.Flag("hang-after", "Hang the last-but-one lock-holding instance after this long: its connections freeze (0: never).").Default("20s").DurationVar(&hangAfter)
+	app.Flag("kill-leader-after", "Kill an instance that leads one of --leases after this long (the first that leads one from then on): its lease is taken over, and the history shows the gap (0: never).").
+		Default("0s").DurationVar(&killLeaderAfter)
 	app.Flag("report-interval", "How often to log every instance's state as the database sees it (0: never).").Default("10s").DurationVar(&reportEvery)
 	app.Flag("max-conns", "Connections of each instance's pool (its alive lock adds one).").Default(fmt.Sprint(cfg.MaxConns)).IntVar(&maxConns)
 	flag.AddFlags(app, &logCfg)
@@ -121,7 +124,14 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 		}
 		return time.After(d)
 	}
-	kill, hang := timer(killAfter), timer(hangAfter)
+	kill, hang, killLeader := timer(killAfter), timer(hangAfter), timer(killLeaderAfter)
+	var leaderTries <-chan time.Time // once killLeader fired: every second until a leader is found
+	var leaderTicker *time.Ticker
+	defer func() {
+		if leaderTicker != nil {
+			leaderTicker.Stop()
+		}
+	}()
 	var report <-chan time.Time
 	if reportEvery > 0 {
 		t := time.NewTicker(reportEvery)
@@ -144,6 +154,24 @@ func run(ctx context.Context, args []string, envDSN string, stderr io.Writer) in
 			return 0
 		case <-kill:
 			fault("kill", fleet.Kill, killIdx, "killed instance: connections cut, lock released at once, no more heartbeats; lock_lost, then stale about a second later, its leases taken over, then reaped")
+		case <-killLeader:
+			leaderTicker = time.NewTicker(time.Second)
+			leaderTries = leaderTicker.C
+		case <-leaderTries:
+			qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			i, lease, ok, err := fleet.Leader(qctx)
+			cancel()
+			if err != nil {
+				logger.Warn("cannot read the leases' leaders", "err", err)
+				continue
+			}
+			if !ok {
+				continue
+			}
+			leaderTicker.Stop()
+			leaderTries = nil
+			fault("kill", fleet.Kill, i, "killed the leader of "+lease+": connections cut; dead a lock grace later, "+
+				"its lease taken over, the gap on the status page's timeline and in pg_liveness_lease_leaderless_seconds")
 		case <-hang:
 			fault("hang", fleet.Hang, hangIdx, "hung instance: connections frozen, lock still held, no more heartbeats; lock_only after --stale-threshold, zombie after --definitive-dead-cutoff, then reaped; its leases expire and are taken over")
 		case <-report:
