@@ -165,6 +165,9 @@ func table(rs []fleetbench.Result) string {
 	for _, r := range rs {
 		fmt.Fprintf(&b, "\nbusiest statements at %d agents: %s", r.Agents, strings.Join(r.TopStatement, ", "))
 	}
+	for _, r := range rs {
+		fmt.Fprintf(&b, "\nhistory rows written while measured at %d agents: %d", r.Agents, r.HistoryRows)
+	}
 	return b.String()
 }
 

@@ -127,6 +127,10 @@ type Result struct {
 	// watcher tells it once the verdict agrees); CrashToTakeover to the moment another
 	// agent's job for the victim's lease started.
 	CrashToDead, CrashToTakeover time.Duration
+	// HistoryRows is how many rows the schema's history (migration 0020) gained while the
+	// fleet was measured: its steady state writes none (the history is written on a change
+	// of leadership or membership, never by a heartbeat or a renewal).
+	HistoryRows int64
 	// LeaderChanges is how many times the victim's lease's leadership started while the
 	// fleet was measured: 0 in a fleet that can hold its leases.
 	LeaderChanges int64
@@ -249,6 +253,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, err
 	}
 	starts0 := f.starts.Load()
+	var history0, history1 int64
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM liveness.history`).Scan(&history0); err != nil {
+		return res, fmt.Errorf("fleetbench: history: %w", err)
+	}
 	cpu0, _ = serverCPU(cfg.PostmasterPID)
 	start := time.Now()
 	if !wait.Sleep(ctx, cfg.Measure) {
@@ -256,6 +264,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	cpu1, _ = serverCPU(cfg.PostmasterPID)
 	took := time.Since(start).Seconds()
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM liveness.history`).Scan(&history1); err != nil {
+		return res, fmt.Errorf("fleetbench: history: %w", err)
+	}
+	res.HistoryRows = history1 - history0
 	if err := look.measure(); err != nil {
 		return res, err
 	}

@@ -104,6 +104,11 @@ func runSmall(t *testing.T, nodes, processes, nice int) (fleetbench.Config, flee
 	if res.LocksHeld != cfg.Agents {
 		t.Errorf("%d of %d agents hold their alive lock", res.LocksHeld, cfg.Agents)
 	}
+	// A fleet that nothing changes writes no history: a change of leadership writes two
+	// rows (an end and an acquisition), a heartbeat or a renewal none.
+	if res.HistoryRows != 2*res.LeaderChanges {
+		t.Errorf("the history gained %d rows while measured, with %d changes of leadership; want 2 a change, none else", res.HistoryRows, res.LeaderChanges)
+	}
 	if res.CrashToDead > 5*time.Second || res.CrashToTakeover > 5*time.Second {
 		t.Errorf("the victim was dead %s and taken over %s after its crash; want within seconds", res.CrashToDead, res.CrashToTakeover)
 	}
