@@ -264,14 +264,19 @@ func (c *historyCollector) observe(r *store.HistoryRow) {
 	}
 	switch r.Kind {
 	case "acquired":
-		lease := c.leaseLabel(r.LeaseName)
+		if r.LeaseName == "" { // written by hand: the schema's rows always name their lease
+			return
+		}
 		if d, ok := since(r.At, r.Since); ok && r.How != "free" {
-			c.observeIn(c.leaderless, lease, r.How, d)
+			c.observeIn(c.leaderless, c.leaseLabel(r.LeaseName), r.How, d)
 		}
 		if d, ok := since(r.At, r.DeadAt); ok && r.How == "holder_dead" {
-			c.observeIn(c.takeover, lease, "", d)
+			c.observeIn(c.takeover, c.leaseLabel(r.LeaseName), "", d)
 		}
 	case "ended":
+		if r.LeaseName == "" {
+			return
+		}
 		if d, ok := since(r.At, r.Since); ok {
 			c.observeIn(c.leadership, c.leaseLabel(r.LeaseName), r.How, d)
 		}

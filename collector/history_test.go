@@ -287,3 +287,25 @@ func TestHistoryLeaseLabelsAreCapped(t *testing.T) {
 		t.Errorf("lease=other holds %d observations; want the 7 past the cap", h.GetSampleCount())
 	}
 }
+
+// A backlog (rows written by hand, a storm of moves while nobody scraped) is read in
+// bounded steps: at most historyBatch × historyBatches rows a scrape, the rest on the next
+// ones, nothing counted twice or lost; rows with nothing to observe (no lease, no times)
+// are counted and observe nothing.
+func TestHistoryBacklogIsReadInBoundedSteps(t *testing.T) {
+	db, _ := testdb.MigratedPool(t, 2)
+	e := newExporter(t, historyOnly(10), exporterPool(t, db.DSN, 2, nil), nil, nil)
+	scrapeFamilies(t, e)
+	const rows = historyBatch*historyBatches + 12345
+	db.Exec(t, `INSERT INTO liveness.history (at, kind) SELECT now(), 'acquired' FROM generate_series(1, $1)`, rows)
+	var seen []float64
+	for range 3 {
+		seen = append(seen, value(scrapeFamilies(t, e), "pg_liveness_history_events_total", "kind", "acquired"))
+	}
+	if want := []float64{historyBatch * historyBatches, rows, rows}; !slices.Equal(seen, want) {
+		t.Errorf("acquisitions counted after each of three scrapes: %v; want %v (a bounded step, then the rest, then nothing new)", seen, want)
+	}
+	if h := histogramOf(scrapeFamilies(t, e), "pg_liveness_lease_leaderless_seconds"); h != nil {
+		t.Errorf("rows without a lease or times observed a leaderless time: %v", h)
+	}
+}
