@@ -20,7 +20,8 @@ import (
 //     costs one read and one rendering a second.
 //   - One evaluation reads the database at a time, so the page holds at most one pool
 //     connection and a scrape always finds the others (with --db.max-conns=1 it waits at
-//     most for one page's two statements).
+//     most for one page's three statements; the history's, the least urgent, within
+//     historyTimeout).
 //   - One page is rendered at a time, and the page answers at most pagesPerSecond
 //     requests a second (bursts of pageBurst), so that serving it cannot crowd out a
 //     scrape's CPU; at most maxAdmitted requests wait for a turn. Beyond that, or when a

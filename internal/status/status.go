@@ -6,10 +6,12 @@
 // the exporter runs too, rendered for the one source the binary parsed: instance states
 // and lease holders from read_fleet (the one verdict, evaluated once per page, as
 // liveness.Reader.Fleet reads it), advisory-lock holders from the advisory-locks
-// statement the collector sends, and the local agent from its snapshot. It imports no
+// statement the collector sends, what happened over the last day from the history
+// (history_recent: each lease's leaderships and the gaps between them, each instance's
+// life; history.go), and the local agent from its snapshot. It imports no
 // other view: of the liveness package only the agent's snapshot. At the budget's scale (10,000 instances, 1,000 leases)
-// the page aggregates per service and shows one page of instances, problems first, and
-// one page of leases.
+// the page aggregates per service and shows one page of instances, problems first, one
+// page of leases, and a bounded history (MaxHistoryEvents rows).
 //
 // Every value from the database (service, host and lease names, metadata, application
 // names) is made valid UTF-8 and goes through html/template's contextual escaping, and a
@@ -70,8 +72,8 @@ const (
 
 // Config is what the status page reads.
 type Config struct {
-	// DB runs the page's statements: read_fleet (instances and leases) and the
-	// advisory-locks statement.
+	// DB runs the page's statements: read_fleet (instances and leases), the
+	// advisory-locks statement and history_recent.
 	DB store.Querier
 	// Source is where instances are read from and alive locks matched, the one the
 	// collectors read (nil: this project's schema with every default).
@@ -97,11 +99,12 @@ type NodeAgentSource interface {
 
 // Handler serves /status and /status.json (the path's suffix decides).
 type Handler struct {
-	cfg   Config
-	fleet store.Query // read_fleet, for the source
-	locks store.Query // advisory_locks, for the source
-	log   *slog.Logger
-	load  *limiter
+	cfg     Config
+	fleet   store.Query // read_fleet, for the source
+	locks   store.Query // advisory_locks, for the source
+	history store.Query // history_recent, in the source's schema
+	log     *slog.Logger
+	load    *limiter
 }
 
 // New returns the page's handler.
@@ -110,7 +113,8 @@ func New(cfg Config) (*Handler, error) {
 		return nil, errors.New("status: Config.DB must not be nil")
 	}
 	return &Handler{cfg: cfg, fleet: store.ReadFleet.For(cfg.Source), locks: store.AdvisoryLocks.For(cfg.Source),
-		log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), load: newLimiter()}, nil
+		history: store.HistoryRecent.In(cfg.Source.Schema()),
+		log:     cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), load: newLimiter()}, nil
 }
 
 // Page is everything the page shows; /status.json is this, encoded.
@@ -125,6 +129,7 @@ type Page struct {
 	Instances     InstancesView  `json:"instances"`
 	Leases        LeasesView     `json:"leases"`
 	AdvisoryLocks *LocksView     `json:"advisory_locks,omitempty"`
+	History       *HistoryView   `json:"history,omitempty"` // nil when the instances could not be read
 	Agent         *AgentView     `json:"agent,omitempty"`
 	NodeAgent     *NodeAgentView `json:"node_agent,omitempty"`
 }
@@ -287,11 +292,13 @@ type query struct {
 	instance        uuid.UUID
 	page, leasePage int
 	refresh         time.Duration
+	history         time.Duration // the history's window
+	historyPage     int
 }
 
 // params are the parameters the page takes; any other is refused, so that a typo
 // (?servce=x) does not silently show everything.
-var params = []string{"service", "instance", "lease", "page", "lease_page", "refresh"}
+var params = []string{"service", "instance", "lease", "page", "lease_page", "refresh", "history", "history_page"}
 
 // parseQuery reads the raw query string; an error is one line that names the parameter
 // that is wrong. It runs before any statement: a value the database would refuse (a NUL
@@ -299,7 +306,7 @@ var params = []string{"service", "instance", "lease", "page", "lease_page", "ref
 // database outage. url.Values would silently drop a malformed escape (?service=%zz) and
 // show every service instead.
 func parseQuery(raw string) (query, error) {
-	q := query{page: 1, leasePage: 1, refresh: DefaultRefresh}
+	q := query{page: 1, leasePage: 1, refresh: DefaultRefresh, history: DefaultHistoryWindow, historyPage: 1}
 	v := map[string]string{}
 	for raw != "" {
 		var pair string
@@ -350,7 +357,7 @@ func parseQuery(raw string) (query, error) {
 	for _, p := range []struct {
 		name string
 		to   *int
-	}{{"page", &q.page}, {"lease_page", &q.leasePage}} {
+	}{{"page", &q.page}, {"lease_page", &q.leasePage}, {"history_page", &q.historyPage}} {
 		if s := v[p.name]; s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 1 || n > 1_000_000 {
@@ -365,6 +372,14 @@ func parseQuery(raw string) (query, error) {
 			return q, fmt.Errorf("parameter refresh: want seconds from 0 (never) to %d", int(maxRefresh.Seconds()))
 		}
 		q.refresh = time.Duration(n) * time.Second
+	}
+	if s := v["history"]; s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d < minHistoryWindow || d > maxHistoryWindow {
+			return q, fmt.Errorf("parameter history: want a window from %s to %s, like 30m, 6h or 24h",
+				windowText(minHistoryWindow), windowText(maxHistoryWindow))
+		}
+		q.history = d
 	}
 	return q, nil
 }
@@ -493,6 +508,7 @@ func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
 		} else {
 			p.AdvisoryLocks = locks
 		}
+		p.History = h.historySection(ctx, q, p, fail)
 	}
 	if h.cfg.Status != nil {
 		s := h.cfg.Status.Status()
@@ -510,6 +526,35 @@ func (h *Handler) collect(ctx context.Context, q query) (p Page, dbErr bool) {
 		p.Agent = agentView(h.cfg.Agent.Snapshot())
 	}
 	return p, dbErr
+}
+
+// historySection reads the history for q's window; the page goes on without it when it
+// cannot be read, with the error (fail) or a note when there is none to read.
+func (h *Handler) historySection(ctx context.Context, q query, p Page, fail func(string, error)) *HistoryView {
+	if !h.cfg.Source.HasLeases() {
+		return noHistory(q, "the source is a Whizbang table: it keeps no history")
+	}
+	rows, err := h.readHistory(ctx, q.history)
+	switch {
+	case errors.Is(err, errNoHistory):
+		return noHistory(q, "no history: the schema predates migration 0020, which records leaderships and deaths; "+
+			"the exporter applies it on start, unless --no-migrations.apply")
+	case err != nil:
+		fail("cannot read the history", err)
+		return nil
+	}
+	return newHistoryView(rows, q, p.GeneratedAt, p.Leases.Rows)
+}
+
+// windowText is a window as ?history= takes it: 30m, 6h, 168h.
+func windowText(d time.Duration) string {
+	switch {
+	case d%time.Hour == 0:
+		return strconv.Itoa(int(d/time.Hour)) + "h"
+	case d%time.Minute == 0:
+		return strconv.Itoa(int(d/time.Minute)) + "m"
+	}
+	return d.String()
 }
 
 // readFleet sends read_fleet for q.
@@ -731,11 +776,12 @@ func hashOf(s string) string {
 // does not keep its parse tree (about 90 KB) in memory.
 var pageTemplate = sync.OnceValue(func() *template.Template {
 	return template.Must(template.New("page").Funcs(template.FuncMap{
-		"dur":  formatSeconds,
-		"durp": formatSecondsPtr,
-		"ts":   func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
-		"pct":  func(f float64) string { return strconv.Itoa(int(f*100+0.5)) + "%" },
-		"cut":  func(s string) shortened { return shorten(s, maxNameShown) },
+		"dur":    formatSeconds,
+		"durp":   formatSecondsPtr,
+		"ts":     func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+		"pct":    func(f float64) string { return strconv.Itoa(int(f*100+0.5)) + "%" },
+		"window": func(s float64) string { return windowText(time.Duration(s * float64(time.Second))) },
+		"cut":    func(s string) shortened { return shorten(s, maxNameShown) },
 		"meta": func(m json.RawMessage) shortened {
 			if s := string(m); s != "{}" && s != "null" {
 				return shorten(s, maxMetadataShown)

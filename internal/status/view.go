@@ -29,6 +29,8 @@ type view struct {
 	LeasesPrev, LeasesNext       string
 	JSONLink, AllLink            string
 
+	HistoryHTML *historyHTML // nil when there is no history to show
+
 	q      query
 	onPage map[string]bool
 }
@@ -63,6 +65,9 @@ func newView(p Page, q query) view {
 	}
 	if v.LeasesTo < p.Leases.Total {
 		v.LeasesNext = v.link("lease_page", strconv.Itoa(q.leasePage+1))
+	}
+	if p.History != nil && p.History.Available {
+		v.HistoryHTML = newHistoryHTML(p.History, v)
 	}
 	v.JSONLink = "status.json" + v.link()
 	v.AllLink = v.link("service", "", "instance", "", "page", "")
@@ -100,6 +105,12 @@ func (v view) link(kv ...string) string {
 	}
 	if v.q.refresh != DefaultRefresh {
 		set("refresh", strconv.Itoa(int(v.q.refresh/time.Second)))
+	}
+	if v.q.history != DefaultHistoryWindow {
+		set("history", windowText(v.q.history))
+	}
+	if v.q.historyPage > 1 {
+		set("history_page", strconv.Itoa(v.q.historyPage))
 	}
 	for i := 0; i+1 < len(kv); i += 2 {
 		set(kv[i], kv[i+1])
