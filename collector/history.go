@@ -251,7 +251,7 @@ func (c *historyCollector) observe(r *store.HistoryRow) {
 	}
 	c.eventCount[r.Kind]++
 	since := func(t time.Time, from pgtype.Timestamptz) (float64, bool) {
-		if !from.Valid {
+		if !from.Valid || from.InfinityModifier != pgtype.Finite { // the schema refuses infinities; a copy may not
 			return 0, false
 		}
 		d := t.Sub(from.Time).Seconds()

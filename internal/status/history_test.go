@@ -477,9 +477,12 @@ func TestHistoryGarbageIsCountedAndBounded(t *testing.T) {
 		t.Errorf("job beside the garbage: %+v", job)
 	}
 
-	// A million rows in the window, the newest dated ahead of the clock.
+	// A million rows in the window, the newest dated ahead of the clock; the rest 10 µs
+	// apart, so that the newest of them were written after everything above. Read newest
+	// first by time, the 2,000 rows are the 1,000 dated ahead, the one above dated ahead,
+	// and 999 of the flood's.
 	f.exec(`INSERT INTO liveness.history (at, kind, lease_name, epoch, instance_id)
-	        SELECT now() - make_interval(secs => g % 80000), 'acquired', 'flood-' || (g % 5000), g, NULL
+	        SELECT now() - make_interval(secs => (999000 - g) * 0.00001), 'acquired', 'flood-' || (g % 5000), g, NULL
 	          FROM generate_series(1, 999000) g`)
 	f.exec(`INSERT INTO liveness.history (at, kind, instance_id) SELECT now() + interval '1 hour', 'joined', gen_random_uuid()
 	          FROM generate_series(1, 1000)`)
@@ -496,8 +499,8 @@ func TestHistoryGarbageIsCountedAndBounded(t *testing.T) {
 			t.Errorf("%s weighs %d bytes", target, len(body))
 		}
 		if target == "/status" {
-			if !strings.Contains(body, "dated after the read (ahead of the database&#39;s clock): 1000") ||
-				!strings.Contains(body, "only the newest 2000 were read") || !strings.Contains(body, "Leases 1–50 of 1000 taken or let go") ||
+			if !strings.Contains(body, "dated after the read (ahead of the database&#39;s clock): 1001") ||
+				!strings.Contains(body, "only the newest 2000 were read") || !strings.Contains(body, "Leases 1–50 of 999 taken or let go") ||
 				!strings.Contains(body, `<a href="?history_page=2">next →</a>`) || strings.Count(body, `<svg class="tl"`) != status.HistoryLeasesPerPage {
 				t.Errorf("the HTML does not say what it left out:\n%.3000s", body[strings.Index(body, `id="history"`):])
 			}
@@ -509,15 +512,15 @@ func TestHistoryGarbageIsCountedAndBounded(t *testing.T) {
 		}
 		v := p.History
 		if v.EventsTotal != status.MaxHistoryEvents || len(v.Events) != status.HistoryEventsPerPage || !v.Truncated ||
-			len(v.Skipped) != 1 || v.Skipped[0].Count != 1000 || v.LeasesTotal != 1000 || len(v.Leases) != status.HistoryLeasesPerPage ||
+			len(v.Skipped) != 1 || v.Skipped[0].Count != 1001 || v.LeasesTotal != 999 || len(v.Leases) != status.HistoryLeasesPerPage ||
 			len(p.Errors) != 0 {
 			t.Errorf("%d events of %d, truncated %v, skipped %v, %d leases of %d, errors %v; "+
-				"want 2000 read, a page of 500, 1000 ahead skipped, a page of 50 of the 1000 flood leases",
+				"want 2000 read, a page of 500, 1001 ahead skipped (the flood's 1000 and the row above), a page of 50 of the 999 flood leases read",
 				len(v.Events), v.EventsTotal, v.Truncated, v.Skipped, len(v.Leases), v.LeasesTotal, p.Errors)
 		}
 	}
 	// The last page of events, and of leases; beyond, none.
-	for page, want := range map[int][2]int{4: {500, 50}, 20: {0, 50}, 21: {0, 0}} {
+	for page, want := range map[int][2]int{4: {500, 50}, 20: {0, 49}, 21: {0, 0}} {
 		p := readPage(t, newHandler(t, pool), fmt.Sprintf("/status.json?history_page=%d", page))
 		if len(p.History.Events) != want[0] || len(p.History.Leases) != want[1] || p.History.Page != page {
 			t.Errorf("history page %d: %d events, %d leases; want %v", page, len(p.History.Events), len(p.History.Leases), want)

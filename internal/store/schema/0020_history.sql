@@ -41,8 +41,13 @@ CREATE TABLE history (
     how         text,
     reason      text,
     since       timestamptz,
-    dead_at     timestamptz
+    dead_at     timestamptz,
+    -- A time of the history is a moment: infinity would make every duration from it one.
+    CONSTRAINT history_times_finite CHECK (isfinite(at) AND (since IS NULL OR isfinite(since))
+                                          AND (dead_at IS NULL OR isfinite(dead_at)))
 );
+-- The status page reads a window's newest rows, whatever the history holds before it.
+CREATE INDEX history_at_idx ON history (at);
 CREATE INDEX history_lease_idx ON history (lease_name, at) WHERE lease_name IS NOT NULL;
 CREATE INDEX history_instance_idx ON history (instance_id, at) WHERE instance_id IS NOT NULL;
 -- One death per vanishing: the watcher, a takeover and the reaper may each see it.

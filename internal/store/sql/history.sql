@@ -23,14 +23,15 @@ SELECT coalesce(pg_catalog.max(h.id), 0)::bigint AS last_id FROM {schema}.histor
 
 -- name: history_recent tag=history_read
 -- The newest rows of the last $1 seconds, newest first, at most $2 of them, and the
--- server's clock: the status page's timelines. Columns as history_since's.
+-- server's clock: the status page's timelines. Columns as history_since's. An index scan
+-- of history_at_idx from its end: the rows read, not the history, set its cost.
 SELECT h.id, h.at, h.kind, coalesce(h.lease_name, '') AS lease_name, coalesce(h.epoch, 0) AS epoch, h.instance_id,
        coalesce(h.host, '') AS host, coalesce(h.service, '') AS service, coalesce(h.how, '') AS how,
        coalesce(h.reason, '') AS reason, h.since, h.dead_at,
        now() AS now
   FROM {schema}.history h
  WHERE h.at >= now() - make_interval(secs => $1::float8)
- ORDER BY h.id DESC
+ ORDER BY h.at DESC, h.id DESC
  LIMIT $2::integer
 
 -- name: lease_leaderless tag=history_read
