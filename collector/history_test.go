@@ -298,11 +298,15 @@ func TestHistoryBacklogIsReadInBoundedSteps(t *testing.T) {
 	scrapeFamilies(t, e)
 	const rows = historyBatch*historyBatches + 12345
 	db.Exec(t, `INSERT INTO liveness.history (at, kind) SELECT now(), 'acquired' FROM generate_series(1, $1)`, rows)
+	// Rows the schema never writes: an infinite time (not read), an infinite since (no
+	// duration), an unknown kind (not counted).
+	db.Exec(t, `INSERT INTO liveness.history (at, kind, lease_name, how, since) VALUES ('infinity', 'acquired', 'x', 'released', now()),
+		(now(), 'acquired', 'y', 'released', '-infinity'), (now(), 'nonsense', 'z', 'released', now())`)
 	var seen []float64
 	for range 3 {
 		seen = append(seen, value(scrapeFamilies(t, e), "pg_liveness_history_events_total", "kind", "acquired"))
 	}
-	if want := []float64{historyBatch * historyBatches, rows, rows}; !slices.Equal(seen, want) {
+	if want := []float64{historyBatch * historyBatches, rows + 1, rows + 1}; !slices.Equal(seen, want) {
 		t.Errorf("acquisitions counted after each of three scrapes: %v; want %v (a bounded step, then the rest, then nothing new)", seen, want)
 	}
 	if h := histogramOf(scrapeFamilies(t, e), "pg_liveness_lease_leaderless_seconds"); h != nil {

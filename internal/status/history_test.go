@@ -456,6 +456,7 @@ func TestHistoryGarbageIsCountedAndBounded(t *testing.T) {
 		`INSERT INTO liveness.history (at, kind, instance_id) VALUES (now(), 'left', NULL)`,                                                          // no instance
 		`INSERT INTO liveness.history (at, kind, lease_name, epoch, since) VALUES (now() - interval '1 minute', 'acquired', 'job', 99, now())`,       // since after it
 		`INSERT INTO liveness.history (at, kind, lease_name, epoch) VALUES (now() + interval '1 hour', 'acquired', 'job', 98)`,                       // ahead
+		`INSERT INTO liveness.history (at, kind, lease_name, epoch) VALUES ('infinity', 'acquired', 'job', 97)`,                                      // not a moment: not read
 		`INSERT INTO liveness.history (at, kind, lease_name, epoch, how) VALUES (now(), 'acquired', 'job', ` + fmt.Sprint(first.epoch) + `, 'free')`, // again
 	} {
 		f.exec(garbage)

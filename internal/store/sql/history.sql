@@ -6,13 +6,15 @@
 -- name: history_since tag=history_read
 -- The rows after id $1, oldest first, at most $2 of them: the history collector's read of
 -- what happened since its previous scrape. Empty strings and zeros for what a row lacks
--- (lease, epoch, host, service, how, reason); instance_id, since and dead_at may be NULL;
--- then the server's clock.
+-- (lease, epoch, host, service, how, reason); instance_id, since and dead_at may be NULL
+-- (an infinite since or dead_at, which the schema never writes, is NULL; a row whose time
+-- is infinite is not read); then the server's clock.
 SELECT h.id, h.at, h.kind, coalesce(h.lease_name, '') AS lease_name, coalesce(h.epoch, 0) AS epoch, h.instance_id,
        coalesce(h.host, '') AS host, coalesce(h.service, '') AS service, coalesce(h.how, '') AS how,
-       coalesce(h.reason, '') AS reason, h.since, h.dead_at, now() AS now
+       coalesce(h.reason, '') AS reason, CASE WHEN isfinite(h.since) THEN h.since END AS since,
+       CASE WHEN isfinite(h.dead_at) THEN h.dead_at END AS dead_at, now() AS now
   FROM {schema}.history h
- WHERE h.id > $1::bigint
+ WHERE h.id > $1::bigint AND isfinite(h.at)
  ORDER BY h.id
  LIMIT $2::integer
 
@@ -27,10 +29,11 @@ SELECT coalesce(pg_catalog.max(h.id), 0)::bigint AS last_id FROM {schema}.histor
 -- of history_at_idx from its end: the rows read, not the history, set its cost.
 SELECT h.id, h.at, h.kind, coalesce(h.lease_name, '') AS lease_name, coalesce(h.epoch, 0) AS epoch, h.instance_id,
        coalesce(h.host, '') AS host, coalesce(h.service, '') AS service, coalesce(h.how, '') AS how,
-       coalesce(h.reason, '') AS reason, h.since, h.dead_at,
+       coalesce(h.reason, '') AS reason, CASE WHEN isfinite(h.since) THEN h.since END AS since,
+       CASE WHEN isfinite(h.dead_at) THEN h.dead_at END AS dead_at,
        now() AS now
   FROM {schema}.history h
- WHERE h.at >= now() - make_interval(secs => $1::float8)
+ WHERE h.at >= now() - make_interval(secs => $1::float8) AND isfinite(h.at)
  ORDER BY h.at DESC, h.id DESC
  LIMIT $2::integer
 
