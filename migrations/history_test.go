@@ -244,7 +244,7 @@ func TestHistoryPruneIsBounded(t *testing.T) {
 	var total, ahead int64
 	for round := 1; ; round++ {
 		var pruned, a int64
-		if err := pool.QueryRow(ctx, prune, (7 * 24 * time.Hour).Seconds(), 50000).Scan(&pruned, &a); err != nil {
+		if err := pool.QueryRow(ctx, prune, (7*24*time.Hour).Seconds(), 50000).Scan(&pruned, &a); err != nil {
 			t.Fatal(err)
 		}
 		if pruned > 50000 {

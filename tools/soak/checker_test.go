@@ -412,20 +412,28 @@ func TestCheckEachFailsOnADoctoredHistory(t *testing.T) {
 			return append(ev, Event{T: at(150), Kind: EvExit, Proc: "p3", Inst: "i3", Note: "exit status 1"})
 		}},
 		{"a leadership missing from the history", []string{CheckHistory}, func(ev []Event) []Event {
-			return without(ev, func(e Event) bool { return e.Kind == EvDBHistory && e.Lease == "L" && e.Epoch == 2 && e.Note == "acquired" })
+			return without(ev, func(e Event) bool {
+				return e.Kind == EvDBHistory && e.Lease == "L" && e.Epoch == 2 && e.Note == "acquired"
+			})
 		}},
 		{"a leadership in the history that no lease row had", []string{CheckHistory}, func(ev []Event) []Event {
 			return append(ev, Event{T: at(150), Kind: EvDBHistory, Note: "acquired", Lease: "S/1", Epoch: 7, Inst: "i3"})
 		}},
 		{"two leaderships at once in the history", []string{CheckHistory}, func(ev []Event) []Event {
-			return without(ev, func(e Event) bool { return e.Kind == EvDBHistory && e.Lease == "S/0" && e.Epoch == 103 && e.Note == "ended" })
+			return without(ev, func(e Event) bool {
+				return e.Kind == EvDBHistory && e.Lease == "S/0" && e.Epoch == 103 && e.Note == "ended"
+			})
 		}},
 		{"the history's gap not counted from the end before it", []string{CheckHistory}, func(ev []Event) []Event {
-			return replace(ev, func(e Event) bool { return e.Kind == EvDBHistory && e.Lease == "S/0" && e.Epoch == 104 && e.Note == "acquired" },
+			return replace(ev, func(e Event) bool {
+				return e.Kind == EvDBHistory && e.Lease == "S/0" && e.Epoch == 104 && e.Note == "acquired"
+			},
 				func(e *Event) { e.Prev -= int64(time.Second) })
 		}},
 		{"a release the history records late", []string{CheckHistory}, func(ev []Event) []Event {
-			return replace(ev, func(e Event) bool { return e.Kind == EvDBHistory && e.Lease == "S/0" && e.Epoch == 103 && e.Note == "ended" },
+			return replace(ev, func(e Event) bool {
+				return e.Kind == EvDBHistory && e.Lease == "S/0" && e.Epoch == 103 && e.Note == "ended"
+			},
 				func(e *Event) { e.T += int64(time.Millisecond) })
 		}},
 		{"a second owner in a shard's callback", []string{CheckShardOneOwner, CheckHistory}, func(ev []Event) []Event {

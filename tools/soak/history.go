@@ -13,24 +13,24 @@ import (
 
 // Event kinds in a history.
 const (
-	EvFault     = "fault"     // a fault applied: Fault, FaultID, Targets
-	EvHeal      = "heal"      // a fault healed: Fault, FaultID, Targets
-	EvStart     = "start"     // a fleet process is ready with instance Inst (Lease: the lease it competes for; Set: the shard set it takes part in, of Shards shards; Node: the node agent's process it is attached to)
-	EvExit      = "exit"      // a fleet process exited on its own (Note: how)
-	EvJobBegin  = "job_begin" // Inst entered the job of Lease under Epoch
-	EvJobEnd    = "job_end"   // its job returned
-	EvLost      = "lost"      // Inst was told it lost Lease (Epoch)
-	EvRejected  = "rejected"  // a fenced write of Inst was refused
-	EvLedger    = "ledger"    // a ledger row accepted: ID, Lease, Epoch, Inst (writer), T (the server's clock)
+	EvFault     = "fault"      // a fault applied: Fault, FaultID, Targets
+	EvHeal      = "heal"       // a fault healed: Fault, FaultID, Targets
+	EvStart     = "start"      // a fleet process is ready with instance Inst (Lease: the lease it competes for; Set: the shard set it takes part in, of Shards shards; Node: the node agent's process it is attached to)
+	EvExit      = "exit"       // a fleet process exited on its own (Note: how)
+	EvJobBegin  = "job_begin"  // Inst entered the job of Lease under Epoch
+	EvJobEnd    = "job_end"    // its job returned
+	EvLost      = "lost"       // Inst was told it lost Lease (Epoch)
+	EvRejected  = "rejected"   // a fenced write of Inst was refused
+	EvLedger    = "ledger"     // a ledger row accepted: ID, Lease, Epoch, Inst (writer), T (the server's clock)
 	EvDBHistory = "db_history" // a row of the schema's history of a lease (migration 0020): Lease, Epoch, Inst (the holder), Note (acquired, ended), Name (how), T (at), Prev (since: an acquisition's gap began, 0 for none)
-	EvLeaseRow  = "lease_row" // a change of a lease's row, as the database recorded it: Lease, Epoch, Taken, Exp (taken_at, expires_at), Note (insert, update, delete), T (the server's clock)
-	EvVerdict   = "verdict"   // a change of a verdict on Inst (Proc for the exporter) from Source: Alive, Note (the state); the sample sent at From and answered at T; PrevFrom and Prev, the last sample before
-	EvGap       = "gap"       // Source's samples were more than GapLimit apart: none answered between Prev and T
-	EvHolder    = "holder"    // a change of Lease's holder in the leases table: Inst ("" none), Epoch
-	EvAlert     = "alert"     // a change of an alert's state in Prometheus: Name, State ("" inactive)
-	EvResource  = "resource"  // a sample of the observer exporter: Source (goroutines, fds, rss, conns), Value
-	EvRunEnd    = "run_end"   // the run ended
-	EvInterrupt = "interrupt" // the run was interrupted (SIGINT)
+	EvLeaseRow  = "lease_row"  // a change of a lease's row, as the database recorded it: Lease, Epoch, Taken, Exp (taken_at, expires_at), Note (insert, update, delete), T (the server's clock)
+	EvVerdict   = "verdict"    // a change of a verdict on Inst (Proc for the exporter) from Source: Alive, Note (the state); the sample sent at From and answered at T; PrevFrom and Prev, the last sample before
+	EvGap       = "gap"        // Source's samples were more than GapLimit apart: none answered between Prev and T
+	EvHolder    = "holder"     // a change of Lease's holder in the leases table: Inst ("" none), Epoch
+	EvAlert     = "alert"      // a change of an alert's state in Prometheus: Name, State ("" inactive)
+	EvResource  = "resource"   // a sample of the observer exporter: Source (goroutines, fds, rss, conns), Value
+	EvRunEnd    = "run_end"    // the run ended
+	EvInterrupt = "interrupt"  // the run was interrupted (SIGINT)
 )
 
 // Event kinds of a shard set's members. A shard's lease is named "<set>/<shard>"; Inst,
