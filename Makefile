@@ -68,6 +68,9 @@ deps:
 #     SIGTERM during probes of a frozen server;
 #   - the node agent's attach and re-attach, whose statements the other node agent tests
 #     send;
+#   - the history's reads and pruning at their bounds (a million rows of garbage for the
+#     status page, a backlog for the collector, 120,000 rows to prune): the bound is a
+#     LIMIT of the same statements the other history tests send on every major;
 #   - tools/alerts and tools/statuspage (not in TOOLS_DB_PKGS): the rules' and the page's
 #     behaviour depends on the exporter's metrics and state, whose SQL the root module's
 #     tests run on every major.
@@ -97,7 +100,9 @@ MAJOR_SKIP_TESTS := TestPrimaryFailover TestDiscoveryScrapesManyDatabasesWithinT
 	TestCutOffLeaderStepsDownDuringARenewal TestWatchAliveTellsAFailingReadOnce \
 	TestShardsJoinOwnsItsShareSoonAfterProcessStart \
 	TestNodeAgentLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce \
-	TestNodeAgentOverTCPLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce
+	TestNodeAgentOverTCPLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce \
+	TestHistoryGarbageIsCountedAndBounded TestHistoryOfHundredsOfLeases TestHistoryBacklogIsReadInBoundedSteps \
+	TestHistoryPruneIsBounded
 empty :=
 space := $(empty) $(empty)
 MAJOR_SKIP    := ^($(subst $(space),|,$(strip $(MAJOR_SKIP_TESTS))))$$

@@ -102,7 +102,7 @@ func TestLeastPrivileges(t *testing.T) {
 		db.Exec(t, fmt.Sprintf(`GRANT CONNECT ON DATABASE %s TO %s;
 			GRANT USAGE ON SCHEMA liveness TO %[2]s;
 			GRANT SELECT ON liveness.instances, liveness.leases, liveness.schema_migrations,
-			                liveness.instance_alive_locks, liveness.bigint_advisory_locks TO %[2]s;
+			                liveness.instance_alive_locks, liveness.bigint_advisory_locks, liveness.history TO %[2]s;
 			GRANT pg_read_all_stats TO %[2]s`, db.Name, role))
 	}
 	db.Exec(t, `GRANT INSERT, UPDATE, DELETE ON liveness.instances TO liveness_agent;
@@ -111,7 +111,8 @@ func TestLeastPrivileges(t *testing.T) {
 		    liveness.lease_extend_many(text[], text[], bigint[], float8),
 		    liveness.lease_let_go(text, text, bigint), liveness.lease_abandon(text, text),
 		    liveness.lease_detach(text, text, bigint),
-		    liveness.watch_alive_locks(text), liveness.notify_dead_instances(uuid[]) TO liveness_agent`)
+		    liveness.watch_alive_locks(text), liveness.notify_dead_instances(uuid[]),
+		    liveness.history_prune(interval, integer) TO liveness_agent`)
 
 	dsnFor := func(role string) string { return roleDSN(srv, db, role, pw) }
 	// Another role's idle backend sits on an advisory lock: seeing its state needs

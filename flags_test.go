@@ -103,6 +103,8 @@ func TestCollectorAndProbeFieldErrorsNameTheirFlag(t *testing.T) {
 		{"Config.AdvisoryLocks.MaxApplications", main("--collector.advisory_locks.max-applications=0"), "--collector.advisory_locks.max-applications"},
 		{"Config.Statements.Patterns", main("--collector.statements.pattern=bad=("), "--collector.statements.pattern"},
 		{"Config.Statements.CacheSize", main("--collector.statements.cache-size=0"), "--collector.statements.cache-size"},
+		{"Config.History.LeaderlessObjective", main("--collector.history.leaderless-objective=0s"), "--collector.history.leaderless-objective"},
+		{"Config.History.Objectives", main("--collector.history.lease-objective=cleanup"), "--collector.history.lease-objective"},
 		// The same checks on an exporter of --config.file only: its targets' collectors.
 		{"Config.Leases.MaxSeries", probe("--collector.leases.max-series=-1"), "--collector.leases.max-series"},
 		{"Options.MaxConns", probe("--probe.max-conns=1", "--probe.max-conns-per-target=2"), "--probe.max-conns"},

@@ -21,7 +21,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
-var dbCollectors = []string{NameAdvisoryLocks, NameInstances, NameLeases, NameStatements}
+var dbCollectors = []string{NameAdvisoryLocks, NameHistory, NameInstances, NameLeases, NameStatements}
 
 // TestDatabaseDownThenBack: with the server stopped, /metrics still answers 200 at once
 // with up 0 and every database collector failed; once the server is back, up is 1 again
@@ -71,7 +71,9 @@ func TestDatabaseDownThenBack(t *testing.T) {
 func TestScrapeDeadline(t *testing.T) {
 	db := testdb.Migrated(t)
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
-	pool := exporterPool(t, db.DSN, 2, nil)
+	// Three connections: the leases collector and the history's (which reads the leases
+	// too) wait on the lock, each on one; the others share the third.
+	pool := exporterPool(t, db.DSN, 3, nil)
 	e := newExporter(t, DefaultConfig(), pool, nil, nil)
 
 	locker := db.Conn(t)
@@ -88,7 +90,7 @@ func TestScrapeDeadline(t *testing.T) {
 	start := time.Now()
 	done := make(chan *httptest.ResponseRecorder, 1)
 	// A 3s scrape timeout, less the 0.5s offset: the leases query waits out its 2.5s; the
-	// other collectors, sharing the pool's other connection, have all of it, which they
+	// other collectors, sharing the pool's third connection, have all of it, which they
 	// need on a loaded machine (with a 1s timeout, pg_stat_statements missed it under load).
 	go func() { done <- scrapeResponse(t, e, "3") }()
 	var rec *httptest.ResponseRecorder
@@ -110,7 +112,7 @@ func TestScrapeDeadline(t *testing.T) {
 	mfs := parseText(t, rec.Body)
 	for _, c := range dbCollectors {
 		want := 1.0
-		if c == NameLeases {
+		if c == NameLeases || c == NameHistory {
 			want = 0
 		}
 		if got := value(mfs, "pg_liveness_scrape_collector_success", "collector", c); got != want {
@@ -137,6 +139,7 @@ func TestUpWhenServerAnswersWithError(t *testing.T) {
 	db := pgtest.NewDB(t)
 	cfg := DefaultConfig()
 	cfg.Leases.Enabled, cfg.Statements.Enabled, cfg.AdvisoryLocks.Enabled, cfg.Agent.Enabled = false, false, false, false
+	cfg.History.Enabled = false
 	e := newExporter(t, cfg, exporterPool(t, db.DSN, 1, nil), nil, nil)
 	mfs := scrapeFamilies(t, e)
 	if got := value(mfs, "pg_liveness_scrape_collector_success", "collector", NameInstances); got != 0 {
@@ -190,7 +193,7 @@ func TestFailuresLoggedOnce(t *testing.T) {
 	srv, db := stoppableDB(t)
 	logger, logs := logbuf.Logger()
 	cfg := DefaultConfig()
-	cfg.Leases.Enabled, cfg.Statements.Enabled, cfg.AdvisoryLocks.Enabled = false, false, false
+	cfg.Leases.Enabled, cfg.Statements.Enabled, cfg.AdvisoryLocks.Enabled, cfg.History.Enabled = false, false, false, false
 	e := newExporter(t, cfg, exporterPool(t, db.DSN, 1, nil), nil, logger)
 
 	srv.Stop()

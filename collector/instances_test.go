@@ -53,6 +53,7 @@ func TestInstancesSeriesCap(t *testing.T) {
 func instancesOnly(maxServices int) Config {
 	cfg := DefaultConfig()
 	cfg.Leases.Enabled, cfg.AdvisoryLocks.Enabled, cfg.Statements.Enabled, cfg.Agent.Enabled = false, false, false, false
+	cfg.History.Enabled = false
 	cfg.Instances.MaxServices = maxServices
 	return cfg
 }

@@ -39,7 +39,7 @@ func TestOnlyRunsTheNamedCollectors(t *testing.T) {
 			t.Errorf("Only(%s): %v", bad, err)
 		}
 	}
-	if got := strings.Join(e.Enabled(), ","); got != "advisory_locks,instances,leases,statements" {
+	if got := strings.Join(e.Enabled(), ","); got != "advisory_locks,history,instances,leases,statements" {
 		t.Errorf("Only changed the exporter: %s", got)
 	}
 }

@@ -73,7 +73,7 @@ func BenchmarkDiscoveredServerScrape(b *testing.B) {
 	var names []string
 	var own, shared []*Exporter
 	cfg := DefaultConfig()
-	cfg.Leases.Enabled, cfg.Statements.Enabled = false, false
+	cfg.Leases.Enabled, cfg.Statements.Enabled, cfg.History.Enabled = false, false, false
 	key := new(int)
 	for range databases {
 		db := pgtest.NewDBOn(b, srv)

@@ -31,14 +31,14 @@ var registry = []registration{
 		help: "Export leases", build: newLeasesCollector},
 	{name: NameAdvisoryLocks, on: true, db: true, settings: func(c *Config) settings { return &c.AdvisoryLocks },
 		help: "Export advisory locks and the backends that hold or await them", build: newAdvisoryLocksCollector},
-	{name: NameHistory, on: true, db: true, settings: func(c *Config) settings { return &c.History },
-		help: "Export failover times from the schema's history of leaderships and deaths, and the leases nobody leads", build: newHistoryCollector},
 	{name: NameStatements, on: true, db: true, settings: func(c *Config) settings { return &c.Statements },
 		help: "Export call counts of the liveness statements from pg_stat_statements", build: newStatementsCollector},
 	{name: NameAgent, on: true, settings: func(c *Config) settings { return &c.Agent },
 		help: "Export the local agent's state", build: newAgentCollector},
 	{name: NameNodeAgent, on: true, settings: func(c *Config) settings { return &c.NodeAgent },
 		help: "Export the node agent's state (with --node-agent.socket)", build: newNodeAgentCollector},
+	{name: NameHistory, on: true, db: true, settings: func(c *Config) settings { return &c.History },
+		help: "Export failover times from the schema's history of leaderships and deaths, and the leases nobody leads", build: newHistoryCollector},
 }
 
 // registration is one collector as the registry knows it.

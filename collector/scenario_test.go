@@ -197,9 +197,9 @@ var scenarioRules = []approx{
 	// The history collector's reads: its start (the newest id), then each scrape's rows
 	// since and leases nobody leads; the rows it saw: the one newest id, and the lease
 	// that expired.
-	{name: "pg_liveness_statement_calls_total", lo: 0, hi: 5, labels: []string{"statement", "history_read"}},
-	{name: "pg_liveness_statement_rows_total", lo: 0, hi: 5, labels: []string{"statement", "history_read"}},
-	{name: "pg_liveness_statement_seconds_total", lo: 0, hi: 5, labels: []string{"statement", "history_read"}},
+	{name: "pg_liveness_statement_calls_total", lo: 0, hi: 5, labels: []string{"statement", "history_since"}},
+	{name: "pg_liveness_statement_rows_total", lo: 0, hi: 5, labels: []string{"statement", "history_since"}},
+	{name: "pg_liveness_statement_seconds_total", lo: 0, hi: 5, labels: []string{"statement", "history_since"}},
 	// The instances collector stamps the lock that vanished while the history collector
 	// starts: the stamp's row is counted when it lands after the start.
 	{name: "pg_liveness_history_events_total", lo: 0, hi: 1, labels: []string{"kind", "lock_vanished"}},

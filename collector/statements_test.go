@@ -14,6 +14,7 @@ import (
 func statementsOnly() Config {
 	cfg := DefaultConfig()
 	cfg.Instances.Enabled, cfg.Leases.Enabled, cfg.AdvisoryLocks.Enabled, cfg.Agent.Enabled = false, false, false, false
+	cfg.History.Enabled = false
 	return cfg
 }
 

@@ -174,7 +174,7 @@ func (r *reaper) pruneHistory(ctx context.Context) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("prune the history: %w", err)
+		return fmt.Errorf("liveness: prune the history: %w", err)
 	}
 	r.pruned.Add(uint64(pruned))
 	if ahead > 0 {

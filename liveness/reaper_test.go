@@ -72,7 +72,10 @@ func TestReaperRespectsLocksAndItsLease(t *testing.T) {
 	}
 	// The round prunes the history past its retention (the default, a week), and keeps
 	// the rest: the reaps it just recorded among them.
-	db.Exec(t, `INSERT INTO liveness.history (at, kind, lease_name) SELECT now() - interval '8 days', 'acquired', 'old' FROM generate_series(1, 3)`)
+	// Rows written eight days ago come first by id (the pruning counts on ids following
+	// time: it reads the oldest first).
+	db.Exec(t, `INSERT INTO liveness.history (id, at, kind, lease_name) OVERRIDING SYSTEM VALUE
+		SELECT -g, now() - interval '8 days', 'acquired', 'old' FROM generate_series(1, 3) g`)
 	if _, err := reaper.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
