@@ -102,6 +102,10 @@ func TestHistoryTellsTheStoryOfALease(t *testing.T) {
 		return !queryBool(t, pool, `SELECT liveness.is_instance_alive($1)`, b)
 	})
 	e3 := take("job", "a2", 0.2, a)
+	var e3Expiry time.Time
+	if err := pool.QueryRow(ctx, `SELECT expires_at FROM liveness.leases WHERE name = 'job' AND epoch = $1`, e3).Scan(&e3Expiry); err != nil {
+		t.Fatal(err)
+	}
 	// The watcher notifies b dead after the takeover: its death is already recorded.
 	if _, err := pool.Exec(ctx, `SELECT liveness.notify_dead_instances($1)`, []uuid.UUID{b}); err != nil {
 		t.Fatal(err)
@@ -184,15 +188,12 @@ func TestHistoryTellsTheStoryOfALease(t *testing.T) {
 		t.Errorf("the takeover from dead b: since %v dead_at %v; want the vanishing %v and the verdict %v",
 			takeover.Since.Time, takeover.DeadAt.Time, vanished.At, dead.At)
 	}
+	// The expired leadership ends at its row's expiry (its ttl after its transaction began),
+	// and began when the row says it was taken.
 	expired := byKind("ended", 2)
-	var e3Expiry time.Time
-	if err := pool.QueryRow(ctx, `SELECT at FROM liveness.history WHERE kind = 'acquired' AND epoch = $1`, e3).Scan(&e3Expiry); err != nil {
-		t.Fatal(err)
-	}
-	// The row's expiry is its ttl after its transaction began, which the acquisition's
-	// record (the clock when it was written) follows by a little.
-	if d := expired.At.Sub(e3Expiry); d > 200*time.Millisecond || d < 150*time.Millisecond {
-		t.Errorf("the expired leadership ends %v after it was recorded taken; want its ttl, 200ms, or a little less", d)
+	if !expired.At.Equal(e3Expiry) || !expired.Since.Valid || expired.At.Sub(expired.Since.Time) != 200*time.Millisecond {
+		t.Errorf("the expired leadership: since %v, ended %v; want its row's taken_at and expiry %v, 200ms apart",
+			expired.Since.Time, expired.At, e3Expiry)
 	}
 
 	// Who held job when: in each leadership its holder, in the gap nobody.

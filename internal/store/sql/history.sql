@@ -3,7 +3,9 @@
 -- functions and triggers, never by these statements; every time in them is the
 -- database's clock.
 
--- name: history_since tag=history_read
+-- name: history_since
+-- Every read of the history is sent as history_since (pg_liveness_statement_calls_total
+-- counts them together).
 -- The rows after id $1, oldest first, at most $2 of them: the history collector's read of
 -- what happened since its previous scrape. Empty strings and zeros for what a row lacks
 -- (lease, epoch, host, service, how, reason); instance_id, since and dead_at may be NULL
@@ -18,12 +20,12 @@ SELECT h.id, h.at, h.kind, coalesce(h.lease_name, '') AS lease_name, coalesce(h.
  ORDER BY h.id
  LIMIT $2::integer
 
--- name: history_last_id tag=history_read
+-- name: history_last_id tag=history_since
 -- The newest row's id (0 when the history is empty): where a collector that just started
 -- begins, so that it counts what happens from then on, as every counter does.
 SELECT coalesce(pg_catalog.max(h.id), 0)::bigint AS last_id FROM {schema}.history h
 
--- name: history_recent tag=history_read
+-- name: history_recent tag=history_since
 -- The newest rows of the last $1 seconds, newest first, at most $2 of them, and the
 -- server's clock: the status page's timelines. Columns as history_since's. An index scan
 -- of history_at_idx from its end: the rows read, not the history, set its cost.
@@ -37,7 +39,7 @@ SELECT h.id, h.at, h.kind, coalesce(h.lease_name, '') AS lease_name, coalesce(h.
  ORDER BY h.at DESC, h.id DESC
  LIMIT $2::integer
 
--- name: lease_leaderless tag=history_read
+-- name: lease_leaderless tag=history_since
 -- The leases that nobody leads now although their row stands: expired (its holder stopped
 -- renewing, or left it to expire), or held by an instance dead by the verdict. For each,
 -- the seconds since it was last led: since its holder's last sign of life (the lock's
