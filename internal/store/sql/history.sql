@@ -46,21 +46,20 @@ SELECT h.id, h.at, h.kind, coalesce(h.lease_name, '') AS lease_name, coalesce(h.
 -- vanishing as stamped, or its last heartbeat) when the holder is dead and that came
 -- before the expiry, else since the expiry; and why ('holder_dead' or 'expired'), as the
 -- history will record the end when the next holder takes it. A lease let go is deleted
--- and is not here: its holder said so. The verdict is asked of each distinct holder of an
--- unexpired lease (is_instance_alive: two index lookups while the watcher ticks) and of
--- each expired lease's holder: the fleet's leaders, not the fleet.
+-- and is not here: its holder said so. The verdict (instance_state_verdicts, which writes
+-- nothing) is taken of the leases' holders only, in one pass: pg_locks is read once, and
+-- the fleet's other instances are not judged.
 WITH holders AS (
-    SELECT DISTINCT l.holder_instance_id AS id FROM {schema}.leases l
-     WHERE l.expires_at >= now() AND l.holder_instance_id IS NOT NULL
+    SELECT DISTINCT l.holder_instance_id AS id FROM {schema}.leases l WHERE l.holder_instance_id IS NOT NULL
 ),
 dead AS (
-    SELECT h.id FROM holders h WHERE NOT {schema}.is_instance_alive(h.id)
+    SELECT s.instance_id FROM {schema}.instance_state_verdicts() s
+     WHERE NOT s.alive AND s.instance_id IN (SELECT h.id FROM holders h)
 ),
 candidates AS (
-    SELECT l.name, l.expires_at, l.holder_instance_id,
-           l.expires_at >= now() OR NOT {schema}.is_instance_alive(l.holder_instance_id) AS holder_dead
+    SELECT l.name, l.expires_at, l.holder_instance_id, l.holder_instance_id IN (SELECT d.instance_id FROM dead d) AS holder_dead
       FROM {schema}.leases l
-     WHERE l.expires_at < now() OR l.holder_instance_id IN (SELECT d.id FROM dead d)
+     WHERE l.expires_at < now() OR l.holder_instance_id IN (SELECT d.instance_id FROM dead d)
 )
 SELECT c.name,
        extract(epoch FROM now() - least(c.expires_at, d.last_alive_at))::float8 AS leaderless_for,
