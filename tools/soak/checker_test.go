@@ -321,6 +321,10 @@ func TestCheckEachFailsOnADoctoredHistory(t *testing.T) {
 			return append(ev, Event{T: at(50), Kind: EvLost, Inst: "i1", Lease: "L", Epoch: 1},
 				Event{T: at(55), Kind: EvLedger, ID: 25, Inst: "i1", Lease: "L", Epoch: 1})
 		}},
+		{"a row begun after its writer was told", []string{CheckNoWriteAfterEnd}, func(ev []Event) []Event {
+			return append(ev, Event{T: at(50), Kind: EvLost, Inst: "i1", Lease: "L", Epoch: 1},
+				Event{T: at(50.004), From: at(50.001), Kind: EvLedger, ID: 25, Inst: "i1", Lease: "L", Epoch: 1})
+		}},
 		{"a row after its lease expired", []string{CheckNoWriteAfterLease}, func(ev []Event) []Event {
 			ev = without(ev, func(e Event) bool { return e.Kind == EvLeaseRow && e.Lease == "L" && e.Epoch == 2 && e.T > at(90) })
 			return append(ev, Event{T: at(120), Kind: EvLedger, ID: 35, Inst: "i2", Lease: "L", Epoch: 2})
@@ -706,5 +710,17 @@ func TestCheckChangesRecordAfterHealsAndGaps(t *testing.T) {
 		if g.T != w.T || g.From != w.From || g.Prev != w.Prev || g.PrevFrom != w.PrevFrom {
 			t.Errorf("event %d: t %d from %d prev %d prev_from %d; want %+v", i, g.T, g.From, g.Prev, g.PrevFrom, w)
 		}
+	}
+}
+
+// A row that committed after its writer was told it lost the lease, but whose
+// transaction began before (it was sent before), is no violation: it is counted as in
+// flight; one begun after the tell is one.
+func TestCheckNoWriteAfterEndCountsWritesInFlight(t *testing.T) {
+	ev := append(cleanHistory(), Event{T: at(50), Kind: EvLost, Inst: "i1", Lease: "L", Epoch: 1},
+		Event{T: at(50.004), From: at(49.998), Kind: EvLedger, ID: 25, Inst: "i1", Lease: "L", Epoch: 1})
+	r := result(t, ev, CheckNoWriteAfterEnd)
+	if r.Failed() || !strings.Contains(r.Detail, "1 committed after their writer was told, sent before it") {
+		t.Errorf("a write in flight when its writer was told: %v, %q", r.Violations, r.Detail)
 	}
 }

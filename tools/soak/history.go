@@ -21,7 +21,7 @@ const (
 	EvJobEnd    = "job_end"    // its job returned
 	EvLost      = "lost"       // Inst was told it lost Lease (Epoch)
 	EvRejected  = "rejected"   // a fenced write of Inst was refused
-	EvLedger    = "ledger"     // a ledger row accepted: ID, Lease, Epoch, Inst (writer), T (the server's clock)
+	EvLedger    = "ledger"     // a ledger row accepted: ID, Lease, Epoch, Inst (writer), T (the server's clock at its COMMIT), From (when its transaction began, now(); 0 when not recorded)
 	EvDBHistory = "db_history" // a row of the schema's history of a lease (migration 0020): Lease, Epoch, Inst (the holder), Note (acquired, ended), Name (how), T (at), Prev (since: an acquisition's gap began, 0 for none)
 	EvLeaseRow  = "lease_row"  // a change of a lease's row, as the database recorded it: Lease, Epoch, Taken, Exp (taken_at, expires_at), Note (insert, update, delete), T (the server's clock)
 	EvVerdict   = "verdict"    // a change of a verdict on Inst (Proc for the exporter) from Source: Alive, Note (the state); the sample sent at From and answered at T; PrevFrom and Prev, the last sample before

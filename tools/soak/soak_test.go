@@ -503,7 +503,8 @@ func prepare(t *testing.T, dsn string) {
 	// writer was told counts as a write after it.
 	if _, err := conn.Exec(ctx, `CREATE TABLE `+ledgerTable+` (
 		id bigserial PRIMARY KEY, lease text NOT NULL, epoch bigint NOT NULL,
-		writer text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp(), committed_at timestamptz);
+		writer text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp(), committed_at timestamptz,
+		began_at timestamptz NOT NULL DEFAULT now());
 		CREATE FUNCTION ledger_committed() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			UPDATE `+ledgerTable+` SET committed_at = clock_timestamp() WHERE id = NEW.id;
@@ -550,18 +551,18 @@ func readLedger(t *testing.T, cl *cluster, h *History) {
 		t.Fatalf("ledger: %v", err)
 	}
 	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `SELECT id, lease, epoch, writer, committed_at FROM `+ledgerTable+` ORDER BY id`)
+	rows, err := conn.Query(ctx, `SELECT id, lease, epoch, writer, committed_at, began_at FROM `+ledgerTable+` ORDER BY id`)
 	if err != nil {
 		t.Fatalf("ledger: %v", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var e Event
-		var at time.Time
-		if err := rows.Scan(&e.ID, &e.Lease, &e.Epoch, &e.Inst, &at); err != nil {
+		var at, began time.Time
+		if err := rows.Scan(&e.ID, &e.Lease, &e.Epoch, &e.Inst, &at, &began); err != nil {
 			t.Fatalf("ledger: %v", err)
 		}
-		e.Kind, e.T = EvLedger, at.UnixNano()
+		e.Kind, e.T, e.From = EvLedger, at.UnixNano(), began.UnixNano()
 		h.Add(e)
 	}
 	if err := rows.Err(); err != nil {
