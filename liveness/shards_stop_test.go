@@ -60,9 +60,13 @@ func TestShardsStopOfAManyShardMember(t *testing.T) {
 	statements := counter.count("lease_release") - releases
 	t.Logf("%d shards owned %s after the start; the stop took %s, %d release statements, %d leases left",
 		shardsAtStop, owned.Round(time.Millisecond), took.Round(time.Millisecond), statements, left)
-	if want := (shardsAtStop + 1 + 4_999) / 5_000; err != nil || left != 0 || statements != want || running.Load() != 0 {
+	// One statement per 5,000 leases when the callbacks return together; a loaded machine
+	// wakes them over longer than the gathering's windows (20 ms quiet, 250 ms in all), and
+	// each group is a statement of its own: a few, never one a shard (as before).
+	if least := (shardsAtStop + 1 + 4_999) / 5_000; err != nil || left != 0 || statements < least || statements > least+8 ||
+		running.Load() != 0 {
 		t.Errorf("Shards: %v; %d leases left, %d release statements, %d callbacks running; want none left, in %d "+
-			"statements, every callback returned", err, left, statements, running.Load(), want)
+			"statements (a few more under load), every callback returned", err, left, statements, running.Load(), least)
 	}
 	var told []string
 	for _, line := range strings.Split(logs.String(), "\n") {
