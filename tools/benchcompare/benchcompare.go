@@ -670,17 +670,19 @@ func prepare(ctx context.Context, t testing.TB, data benchdata.Data, ourBin, the
 		oursDSN: dsnFor("bench_ours"), theirsDSN: dsnFor("bench_theirs")}
 }
 
-// awayFromThresholds sets heartbeats and expiries at least 4 s away from every
-// threshold, so that nothing changes state while the two exporters scrape at the same
-// time. It runs again right before the values are compared: starting and warming up both
-// exporters may take longer than 4 s on a loaded machine.
+// awayFromThresholds sets heartbeats and expiries at least 30 s away from every
+// threshold (stale at 90 s, dead at 300 s, a lease's expiry), so that nothing changes
+// state while the two exporters scrape at the same time. It runs again right before the
+// values are compared: starting and warming up both exporters may take several seconds on
+// a loaded machine, and a margin of 4 s was once not enough in CI (two instances went
+// stale between ours and theirs). 30 s is the scrapes' own timeout.
 func awayFromThresholds(ctx context.Context, conn *pgx.Conn) error {
 	for _, sql := range []string{
 		`UPDATE liveness.instances SET last_heartbeat_at = now() - make_interval(secs =>
-		     (CASE WHEN (process_id * 7919) % 900 BETWEEN 86 AND 89 OR (process_id * 7919) % 900 BETWEEN 296 AND 299
-		           THEN (process_id * 7919) % 900 - 4 ELSE (process_id * 7919) % 900 END) + 0.5)`,
+		     (CASE WHEN (process_id * 7919) % 900 BETWEEN 60 AND 89 OR (process_id * 7919) % 900 BETWEEN 270 AND 299
+		           THEN (process_id * 7919) % 900 - 30 ELSE (process_id * 7919) % 900 END) + 0.5)`,
 		`UPDATE liveness.leases SET expires_at = now() + make_interval(secs =>
-		     (CASE WHEN abs(substr(name, 5)::int % 240 - 120) < 5 THEN 115 ELSE substr(name, 5)::int % 240 - 120 END) + 0.5)`,
+		     (CASE WHEN abs(substr(name, 5)::int % 240 - 120) < 30 THEN 115 ELSE substr(name, 5)::int % 240 - 120 END) + 0.5)`,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("%.60s: %w", sql, err)
