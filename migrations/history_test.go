@@ -266,3 +266,65 @@ func TestHistoryPruneIsBounded(t *testing.T) {
 		t.Fatalf("%d recent rows left; want the 5 within the retention", n)
 	}
 }
+
+// TestConcurrentStampsRecordOneVanishing: two watchers stamp the same vanished lock at the
+// same time (each read pg_locks before the other committed). The second waits on the
+// first's row and then keeps it: one lock_vanished in the history, and the stamp's time is
+// the first's, not moved later by the second.
+func TestConcurrentStampsRecordOneVanishing(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 4)
+	ctx := testutil.Context(t, 2*time.Minute)
+	id := uuid.New()
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, host_name, holds_alive_lock)
+		VALUES ($1, 'svc', 'host', true)`, id)
+	session := db.Conn(t)
+	if !queryBool(t, session, `SELECT liveness.claim_instance_alive_lock($1)`, id) {
+		t.Fatal("claim failed")
+	}
+	if err := session.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "the lock is gone", func() bool {
+		return !queryBool(t, pool, `SELECT liveness.alive_lock_held($1)`, id)
+	})
+	first, second := db.Conn(t), db.Conn(t)
+	var secondPID uint32
+	if err := second.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&secondPID); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*pgx.Conn{first, second} {
+		if _, err := c.Exec(ctx, `BEGIN`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stamp := `SELECT liveness.stamp_alive_lock_absences($1)`
+	if _, err := first.Exec(ctx, stamp, id); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := second.Exec(ctx, stamp, id)
+		done <- err
+	}()
+	testutil.Eventually(t, 30*time.Second, "the second stamper waits on the first's row", func() bool {
+		return queryBool(t, pool, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock')`, secondPID)
+	})
+	if _, err := first.Exec(ctx, `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.Exec(ctx, `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	var vanishings int
+	var at, missingSince time.Time
+	if err := pool.QueryRow(ctx, `SELECT count(*), max(h.at), (SELECT missing_since FROM liveness.alive_lock_absences WHERE instance_id = $1)
+		FROM liveness.history h WHERE h.kind = 'lock_vanished' AND h.instance_id = $1`, id).Scan(&vanishings, &at, &missingSince); err != nil {
+		t.Fatal(err)
+	}
+	if vanishings != 1 || !at.Equal(missingSince) {
+		t.Fatalf("%d lock_vanished rows, the last at %v, the stamp at %v; want one, at the stamp", vanishings, at, missingSince)
+	}
+}

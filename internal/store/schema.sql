@@ -1028,9 +1028,14 @@ BEGIN
          WHERE NOT EXISTS (SELECT 1 FROM alive_lock_absences k
                             WHERE k.instance_id = m.instance_id AND k.server_started_at = v_started
                               AND k.lock_pid IS NOT DISTINCT FROM m.lock_pid)
+        -- A stamp of an earlier server or lock session is replaced; one of this very lock,
+        -- committed by a concurrent stamper after this one's read, is kept as it is: its
+        -- earlier time stands, and the vanishing is recorded once.
         ON CONFLICT ON CONSTRAINT alive_lock_absences_pkey DO UPDATE
            SET missing_since = excluded.missing_since, server_started_at = excluded.server_started_at,
                lock_pid = excluded.lock_pid
+         WHERE a.server_started_at IS DISTINCT FROM excluded.server_started_at
+            OR a.lock_pid IS DISTINCT FROM excluded.lock_pid
         RETURNING a.instance_id),
     stamped_noted AS (
         INSERT INTO history (at, kind, instance_id)

@@ -296,7 +296,8 @@ END
 $$;
 
 -- As in migration 0017, and each stamp recorded (lock_vanished), and each lock held again
--- while its instance's row stands (lock_back).
+-- while its instance's row stands (lock_back). Unlike 0017, a stamp that a concurrent
+-- stamper wrote for the same lock is no longer moved later by this one.
 CREATE OR REPLACE FUNCTION stamp_alive_lock_absences(p_instance_id uuid DEFAULT NULL) RETURNS integer
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path FROM CURRENT
@@ -331,9 +332,14 @@ BEGIN
          WHERE NOT EXISTS (SELECT 1 FROM alive_lock_absences k
                             WHERE k.instance_id = m.instance_id AND k.server_started_at = v_started
                               AND k.lock_pid IS NOT DISTINCT FROM m.lock_pid)
+        -- A stamp of an earlier server or lock session is replaced; one of this very lock,
+        -- committed by a concurrent stamper after this one's read, is kept as it is: its
+        -- earlier time stands, and the vanishing is recorded once.
         ON CONFLICT ON CONSTRAINT alive_lock_absences_pkey DO UPDATE
            SET missing_since = excluded.missing_since, server_started_at = excluded.server_started_at,
                lock_pid = excluded.lock_pid
+         WHERE a.server_started_at IS DISTINCT FROM excluded.server_started_at
+            OR a.lock_pid IS DISTINCT FROM excluded.lock_pid
         RETURNING a.instance_id),
     stamped_noted AS (
         INSERT INTO history (at, kind, instance_id)
