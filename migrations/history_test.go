@@ -328,3 +328,67 @@ func TestConcurrentStampsRecordOneVanishing(t *testing.T) {
 		t.Fatalf("%d lock_vanished rows, the last at %v, the stamp at %v; want one, at the stamp", vanishings, at, missingSince)
 	}
 }
+
+// TestHistoryLeadershipBegunAfterTheLastSignOfLife: a holder may take a lease after its
+// lock was stamped vanished (still alive by the verdict, within its grace) and then be
+// called dead. The leadership's end is recorded at its beginning, not before it (the soak,
+// seed 1206, saw an end 290 ms before its acquisition), and the takeover's gap counts
+// from that end.
+func TestHistoryLeadershipBegunAfterTheLastSignOfLife(t *testing.T) {
+	db, pool := testdb.MigratedPool(t, 4)
+	ctx := testutil.Context(t, 2*time.Minute)
+	late, heir := uuid.New(), uuid.New()
+	// A grace of 3 s for the late taker: room for its acquisition after the stamp on a
+	// loaded machine.
+	db.Exec(t, `INSERT INTO liveness.instances (instance_id, service_name, host_name, holds_alive_lock, lock_grace)
+		VALUES ($1, 'svc', 'late', true, interval '3 seconds'), ($2, 'svc', 'heir', true, interval '1 second')`, late, heir)
+	sessions := map[uuid.UUID]*pgx.Conn{}
+	for _, id := range []uuid.UUID{late, heir} {
+		sessions[id] = db.Conn(t)
+		if !queryBool(t, sessions[id], `SELECT liveness.claim_instance_alive_lock($1)`, id) {
+			t.Fatal("claim failed")
+		}
+	}
+	if err := sessions[late].Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "the late taker's lock is gone", func() bool {
+		return !queryBool(t, pool, `SELECT liveness.alive_lock_held($1)`, late)
+	})
+	if _, err := pool.Exec(ctx, `SELECT liveness.stamp_alive_lock_absences($1)`, late); err != nil {
+		t.Fatal(err)
+	}
+	take := func(holder string, id uuid.UUID) int64 {
+		t.Helper()
+		var epoch *int64
+		if err := pool.QueryRow(ctx, `SELECT t.epoch FROM liveness.lease_take('job', $1, 60, $2, 'host') t`, holder, id).Scan(&epoch); err != nil {
+			t.Fatal(err)
+		}
+		if epoch == nil {
+			t.Fatalf("%s could not take the lease", holder)
+		}
+		return *epoch
+	}
+	first := take("late-1", late) // after its stamp, within its grace
+	testutil.Eventually(t, 30*time.Second, "the late taker is dead", func() bool {
+		return !queryBool(t, pool, `SELECT liveness.is_instance_alive($1)`, late)
+	})
+	second := take("heir-1", heir)
+
+	var acquired, ended, takeover time.Time
+	var takeoverSince pgtype.Timestamptz
+	if err := pool.QueryRow(ctx, `SELECT
+		(SELECT at FROM liveness.history WHERE lease_name = 'job' AND kind = 'acquired' AND epoch = $1),
+		(SELECT at FROM liveness.history WHERE lease_name = 'job' AND kind = 'ended' AND epoch = $1 AND how = 'holder_dead'),
+		(SELECT at FROM liveness.history WHERE lease_name = 'job' AND kind = 'acquired' AND epoch = $2),
+		(SELECT since FROM liveness.history WHERE lease_name = 'job' AND kind = 'acquired' AND epoch = $2)`,
+		first, second).Scan(&acquired, &ended, &takeover, &takeoverSince); err != nil {
+		t.Fatal(err)
+	}
+	if ended.Before(acquired) || ended.After(takeover) {
+		t.Errorf("epoch %d acquired at %v, ended at %v, taken over at %v; want its end between", first, acquired, ended, takeover)
+	}
+	if !takeoverSince.Valid || !takeoverSince.Time.Equal(ended) {
+		t.Errorf("the takeover's gap counts from %v; want the end %v", takeoverSince.Time, ended)
+	}
+}

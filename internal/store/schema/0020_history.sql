@@ -16,8 +16,9 @@
 --     a dead holder became dead by the rule: at - dead_at is the takeover's own time.
 --   - ended: a leadership's end (how: released; stepped_down, let go after its holder lost
 --     it, reason one of liveness.LostReason; expired; holder_dead, at the holder's last
---     sign of life). since is when it began. An expiry or a death is written when the next
---     holder takes the lease: until then the lease's row says it.
+--     sign of life, or at its acquisition when it took the lease after that). since is when
+--     it began. An expiry or a death is written when the next holder takes the lease: until
+--     then the lease's row says it.
 --   - joined, left (a graceful removal), reaped (a dead instance's row removed).
 --   - lock_vanished (the watcher's stamp), lock_back (its lock held again before the
 --     instance's row went; since: when it had vanished).
@@ -170,6 +171,8 @@ DECLARE
     v_how     pg_catalog.text;
     v_since   pg_catalog.timestamptz;
     v_dead    pg_catalog.timestamptz;
+    v_began   pg_catalog.timestamptz;
+    v_epoch   pg_catalog.int8;
 BEGIN
     IF pg_catalog.octet_length(v_payload) OPERATOR(pg_catalog.<) 8000 THEN
         PERFORM pg_catalog.pg_notify((SELECT c.events FROM %1$s.event_channels c), v_payload);
@@ -185,8 +188,19 @@ BEGIN
              WHERE h.instance_id OPERATOR(pg_catalog.=) OLD.holder_instance_id AND h.kind OPERATOR(pg_catalog.=) 'dead'
              ORDER BY h.id DESC LIMIT 1;
         END IF;
+        -- A leadership ends no earlier than it began: a holder may take a lease after its
+        -- last sign of life by the rule (its lock stamped vanished, within the grace) and
+        -- then be called dead. Its acquisition is the latest of the lease's (this one's
+        -- is written below): one row, read backwards on the lease's index.
+        SELECT h.at, h.epoch INTO v_began, v_epoch FROM %1$s.history h
+         WHERE h.lease_name OPERATOR(pg_catalog.=) OLD.name AND h.kind OPERATOR(pg_catalog.=) 'acquired'
+         ORDER BY h.at DESC LIMIT 1;
+        IF v_epoch IS DISTINCT FROM OLD.epoch THEN
+            v_began := OLD.taken_at;
+        END IF;
+        v_since := greatest(least(coalesce(v_since, NEW.taken_at), NEW.taken_at), v_began);
         INSERT INTO %1$s.history (at, kind, lease_name, epoch, instance_id, host, how, since, dead_at)
-        VALUES (least(coalesce(v_since, NEW.taken_at), NEW.taken_at), 'ended', OLD.name, OLD.epoch,
+        VALUES (v_since, 'ended', OLD.name, OLD.epoch,
                 OLD.holder_instance_id, OLD.holder_host, v_how, OLD.taken_at, v_dead);
     ELSE
         SELECT h.at INTO v_since FROM %1$s.history h
