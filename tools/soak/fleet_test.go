@@ -178,6 +178,7 @@ func (m *member) start() error {
 // onLine turns the faultagent's event lines into the history.
 func (m *member) onLine(line string, ready chan string) {
 	if m.exp {
+		m.h.Log(m.name, line)
 		return
 	}
 	var e struct {
@@ -191,6 +192,7 @@ func (m *member) onLine(line string, ready chan string) {
 		Lost  bool   `json:"lost"`
 	}
 	if json.Unmarshal([]byte(line), &e) != nil || e.Ev == "" {
+		m.h.Log(m.name, line) // its log; its events are in the history
 		return
 	}
 	kind := map[string]string{"acquired": EvJobBegin, "job_end": EvJobEnd, "lost": EvLost, "rejected": EvRejected,

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -97,6 +98,9 @@ func (e Event) At() time.Time { return time.Unix(0, e.T) }
 const MaxHistoryBytes = 256 << 20
 
 // History is the run's record: in memory for the checker, and as JSON lines on disk.
+// Beside it, the fleet processes' own log lines (ProcessLogPath): a violation's cause is
+// often in what the process said at the time, and a process that ran on to the end keeps
+// only its last lines in the test's output.
 type History struct {
 	mu        sync.Mutex
 	events    []Event
@@ -104,9 +108,18 @@ type History struct {
 	f         *os.File
 	written   int64
 	truncated bool
+
+	logW         *bufio.Writer
+	logF         *os.File
+	logWritten   int64
+	logTruncated bool
 }
 
-// NewHistory records into path (created, or truncated); "" keeps the history in memory.
+// ProcessLogPath is where the history at path keeps the processes' log lines.
+func ProcessLogPath(path string) string { return strings.TrimSuffix(path, ".jsonl") + ".log" }
+
+// NewHistory records into path (created, or truncated), and the processes' log lines
+// into ProcessLogPath(path); "" keeps the history in memory and the log lines nowhere.
 func NewHistory(path string) (*History, error) {
 	h := &History{}
 	if path != "" {
@@ -114,9 +127,33 @@ func NewHistory(path string) (*History, error) {
 		if err != nil {
 			return nil, err
 		}
+		lf, err := os.Create(ProcessLogPath(path))
+		if err != nil {
+			_ = f.Close()
+			return nil, err
+		}
 		h.f, h.w = f, bufio.NewWriter(f)
+		h.logF, h.logW = lf, bufio.NewWriter(lf)
 	}
 	return h, nil
+}
+
+// Log records a line a fleet process printed, with the time it was read and the
+// process's name, up to MaxHistoryBytes (then the file says so in its last line).
+func (h *History) Log(proc, line string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.logW == nil || h.logTruncated {
+		return
+	}
+	entry := time.Now().UTC().Format("15:04:05.000000") + " " + proc + " " + line + "\n"
+	if h.logWritten+int64(len(entry)) > MaxHistoryBytes {
+		h.logTruncated = true
+		fmt.Fprintf(h.logW, "the processes' log reached %d bytes; later lines were not written\n", MaxHistoryBytes)
+		return
+	}
+	h.logWritten += int64(len(entry))
+	_, _ = h.logW.WriteString(entry)
 }
 
 // Add records e, stamping it with the time now when it has none.
@@ -160,7 +197,13 @@ func (h *History) Close() error {
 	if cerr := h.f.Close(); err == nil {
 		err = cerr
 	}
-	h.f, h.w = nil, nil
+	if ferr := h.logW.Flush(); err == nil {
+		err = ferr
+	}
+	if cerr := h.logF.Close(); err == nil {
+		err = cerr
+	}
+	h.f, h.w, h.logF, h.logW = nil, nil, nil, nil
 	return err
 }
 

@@ -137,6 +137,7 @@ func TestSoak(t *testing.T) {
 		_ = h.Close()
 		if !keep {
 			_ = os.Remove(histPath)
+			_ = os.Remove(ProcessLogPath(histPath))
 		}
 	}()
 
@@ -403,7 +404,7 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	if keep {
-		t.Logf("history kept: %s (seed %d)", histPath, seed)
+		t.Logf("history kept: %s (seed %d), the processes' log lines in %s", histPath, seed, ProcessLogPath(histPath))
 	}
 }
 
