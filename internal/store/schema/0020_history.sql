@@ -195,7 +195,7 @@ BEGIN
         SELECT h.at, h.epoch INTO v_began, v_epoch FROM %1$s.history h
          WHERE h.lease_name OPERATOR(pg_catalog.=) OLD.name AND h.kind OPERATOR(pg_catalog.=) 'acquired'
          ORDER BY h.at DESC LIMIT 1;
-        IF v_epoch IS DISTINCT FROM OLD.epoch THEN
+        IF v_epoch IS NULL OR v_epoch OPERATOR(pg_catalog.<>) OLD.epoch THEN
             v_began := OLD.taken_at;
         END IF;
         v_since := greatest(least(coalesce(v_since, NEW.taken_at), NEW.taken_at), v_began);
