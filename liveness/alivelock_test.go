@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -342,6 +343,65 @@ func TestAliveLockStaysHeldAcrossVerifications(t *testing.T) {
 	}
 	if pid := lockHolderPID(t, ctx, pool, id); pid == 0 {
 		t.Fatal("no backend holds the lock")
+	}
+}
+
+// TestAliveLockKeepsItsSessionThroughAnUnansweredVerification freezes the link under a
+// verification for longer than the lock can be trusted unanswered (2 s here) but shorter
+// than the statement's timeout, as a network blip does. Held turns false at the trust
+// bound, but the session stays: when the link heals, the answer arrives on it, and the
+// lock was held by the same backend throughout. A session dropped at the trust bound
+// sends its close behind the unanswered statement; the server ends the session when the
+// link heals, the lock vanishes, and the fleet calls a live, connected instance dead
+// until a new session claims it (seen in a soak: 0.2 s dead after a 5 s blip).
+func TestAliveLockKeepsItsSessionThroughAnUnansweredVerification(t *testing.T) {
+	t.Parallel()
+	ctx := testutil.Context(t, 90*time.Second)
+	db, pool := testdb.MigratedPool(t, 4)
+	link := netfault.NewProxy(t, db.DSN, 0)
+	link.HoldCloses = true // a close goes out behind what the frozen link holds, as TCP's does
+	t.Cleanup(link.Close)
+	t.Cleanup(link.Thaw)
+	logs := &logRecorder{}
+	id := uuid.New()
+	// The client gives up one keepalive probe before the server: 1 s idle and 1 s
+	// between probes make 2 s, the longest a statement can go unanswered and the lock
+	// still be trusted; the statement's own timeout is 5 s beyond that.
+	lock := startAliveLock(t, aliveLockConfig{DSN: link.DSN(), InstanceID: id, ServiceName: "svc",
+		KeepaliveIdle: time.Second, KeepaliveInterval: time.Second, KeepaliveCount: 2,
+		VerifyInterval: 100 * time.Millisecond, Logger: slog.New(logs)})
+	testutil.Eventually(t, 10*time.Second, "lock held", lock.Held)
+	holder := lockHolderPID(t, ctx, pool, id)
+	if holder == 0 {
+		t.Fatal("no backend holds the lock")
+	}
+
+	link.Freeze()
+	frozen := time.Now()
+	testutil.Eventually(t, 10*time.Second, "Held false once the verification is unanswered past the trust bound",
+		func() bool { return !lock.Held() })
+	if waited := time.Since(frozen); waited < time.Second {
+		t.Fatalf("Held turned false %s after the freeze; the trust bound is 2 s from the last answer", waited)
+	}
+	// Past the trust bound, well short of the statement's timeout (7 s from its sending).
+	testutil.Never(t, 1500*time.Millisecond, "the lock's holder changed while the link was frozen", func() bool {
+		return lockHolderPID(t, ctx, pool, id) != holder
+	})
+	link.Thaw()
+	testutil.Eventually(t, 10*time.Second, "Held again once the link heals", lock.Held)
+	if !testutil.Never(t, time.Second, "the lock's holder changed after the link healed", func() bool {
+		return lockHolderPID(t, ctx, pool, id) != holder
+	}) {
+		t.Fatalf("logs:\n%s", logs)
+	}
+	if s := lock.Stats(); s.Reconnects != 0 || s.Claims != 1 || s.Losses != 1 {
+		t.Fatalf("Stats = %+v; want the first session kept (no reconnect, 1 claim) and 1 loss of trust\n%s", s, logs)
+	}
+	if pid := lock.HeldPID(); pid != int64(holder) {
+		t.Fatalf("HeldPID = %d, want the backend that held the lock throughout (%d)", pid, holder)
+	}
+	if n, _ := logs.count("unanswered", slog.LevelWarn); n != 1 {
+		t.Fatalf("%v warnings of the unanswered statement; want 1\n%s", n, logs)
 	}
 }
 

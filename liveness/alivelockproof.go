@@ -90,22 +90,41 @@ const (
 func (a *aliveLock) ask(ctx context.Context, conn *pgx.Conn, sql string, args ...any) (answer, int64) {
 	// The server frees the lock of a client it has not heard from for its keepalive
 	// time; the client socket gives up one probe earlier, counted from the last exchange.
-	// A statement sent late in that span must not push this side's giving up past it.
+	// A statement sent late in that span must not push this side's trust past it: at
+	// trustUntil the lock stops counting as held. The session is kept, though, until the
+	// socket or the statement timeout gives up: a blip shorter than that ends in an answer
+	// on the same session. Dropping it at trustUntil would end the session on the server
+	// as soon as the link came back (the close is queued behind the unanswered
+	// statement), and free the lock until a new session claimed it, for long enough that
+	// the fleet called a live, connected instance dead.
 	sent := time.Now()
-	deadline := a.lastExchange.Add(a.clientUserTimeout)
-	if limit := sent.Add(a.statementTimeout()); deadline.After(limit) {
-		deadline = limit
+	trustUntil := a.lastExchange.Add(a.clientUserTimeout)
+	if limit := sent.Add(a.statementTimeout()); trustUntil.After(limit) {
+		trustUntil = limit
 	}
-	if least := sent.Add(time.Second); deadline.Before(least) {
-		deadline = least
+	if least := sent.Add(time.Second); trustUntil.Before(least) {
+		trustUntil = least
 	}
-	qctx, cancel := context.WithDeadline(ctx, deadline)
+	qctx, cancel := context.WithTimeout(ctx, a.statementTimeout())
 	defer cancel()
+	distrusted := make(chan struct{})
+	distrust := time.AfterFunc(time.Until(trustUntil), func() {
+		defer close(distrusted)
+		a.setHeld(false)
+		a.report("unanswered", slog.LevelWarn,
+			"alive lock statement unanswered past the time the lock can be trusted; not trusting it "+
+				"until the session answers", "waited", time.Since(sent).Round(time.Millisecond))
+	})
 	startupPID := int64(conn.PgConn().PID())
 	var backendPID int64
 	var ok *bool // NULL from the claim when this is not our own session
 	var serverClock time.Time
 	err := conn.QueryRow(qctx, sql, args...).Scan(&backendPID, &ok, &serverClock)
+	// The timer's setHeld and report are the owner's, done while it waited on the
+	// statement: it goes on only once they are.
+	if !distrust.Stop() {
+		<-distrusted
+	}
 	if err != nil {
 		a.setHeld(false)
 		if ctx.Err() != nil {

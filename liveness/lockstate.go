@@ -171,7 +171,8 @@ func (a *lockState) lastProof() (lockProof, <-chan struct{}) {
 func (a *lockState) settledOnce() { a.settle.Do(func() { close(a.settled) }) }
 
 // setHeld records a change of Held, counting a loss, and wakes whoever waits on
-// Changed. Only the Run goroutine calls it.
+// Changed. Only the owner calls it: its Run goroutine, or a timer of a statement in
+// flight that the Run goroutine waits for before it goes on.
 func (a *lockState) setHeld(v bool) {
 	if a.held.Load() == v {
 		return
