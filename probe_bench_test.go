@@ -20,8 +20,8 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
-// probeBenchDatabases and probeBenchInstances are the scale: 50 databases of
-// 1,000 instances each, on one server.
+// probeBenchDatabases and probeBenchInstances are the scale the probe is measured at
+// (docs/many-databases.md): 50 databases of 1,000 instances each, on one server.
 const (
 	probeBenchDatabases = 50
 	probeBenchInstances = 1000

@@ -306,7 +306,9 @@
 //
 // # Leases without an alive lock
 //
-// Leases, the field report's design, takes and keeps leases alone: TryAcquire (an
+// Leases takes and keeps leases alone, with no alive lock (a table of leases is what
+// replaced a session advisory lock held on a pool connection for the whole job, which
+// deadlocked a service whose four jobs held its four connections): TryAcquire (an
 // ErrLeaseHeld when another holder has the lease) and Run, which runs one round of a job
 // and releases its lease only once the job has returned, renewing it until then. Such
 // leases name no instance, so another process may take one only once it expires. An

@@ -138,7 +138,7 @@ func ExampleAgent_Elect() {
 }
 
 // ExampleLeases_Run runs one round of a job under a lease, without an Agent: leases
-// without an alive lock, as in the field report's design. Another holder's lease is
+// without an alive lock. Another holder's lease is
 // free only once it expires.
 func ExampleLeases_Run() {
 	withPool(func(ctx context.Context, pool *pgxpool.Pool) error {

@@ -37,9 +37,10 @@ var ErrLeaseHeld = errors.New("liveness: the lease is held by another holder")
 // errNotAlive refuses an acquisition while the holder instance cannot prove life.
 var errNotAlive = errors.New("liveness: this instance cannot prove it is alive")
 
-// LeasesConfig configures Leases: leases without an alive lock, as the field report's
-// design has them. A lease is then free only once it expires; an Agent's campaigns
-// (Agent.Elect) are taken over as soon as their holder is dead.
+// LeasesConfig configures Leases: leases in a table and nothing else, no alive lock (the
+// design that replaced a session advisory lock held on a pool connection). A lease is
+// then free only once it expires; an Agent's campaigns (Agent.Elect) are taken over as
+// soon as their holder is dead.
 type LeasesConfig struct {
 	// Pool runs every lease statement, each on a connection borrowed for that statement
 	// alone; no connection is held while a lease is held.

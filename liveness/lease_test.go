@@ -140,7 +140,7 @@ func statsOf(t *testing.T, l *liveness.Leases, name string) liveness.LeaseStats 
 	return liveness.LeaseStats{}
 }
 
-// The report's own test: four leases held on a pool of ONE connection, their jobs using
+// The deadlock that leases in a table replaced: four leases held on a pool of ONE connection, their jobs using
 // that pool too, and still the readiness probe's write commits within 3 s. A lease that
 // kept its connection (the old TryExclusive) would starve every other statement.
 func TestLeasesHoldNoConnection(t *testing.T) {
@@ -164,7 +164,7 @@ func TestLeasesHoldNoConnection(t *testing.T) {
 	for _, name := range names {
 		go func() {
 			ran, err := leases.Run(ctx, name, ttl, func(ctx context.Context, le *liveness.Lease) error {
-				// Like the report's jobs, the work itself needs a pool connection.
+				// Like the deadlocked service's jobs, the work itself needs a pool connection.
 				var n int
 				if err := pool.QueryRow(ctx, `SELECT count(*) FROM readiness_probe`).Scan(&n); err != nil {
 					return err

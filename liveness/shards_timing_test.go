@@ -192,8 +192,8 @@ func durations(ds []time.Duration) string {
 // A joining instance owns its share of the set soon after its process starts: each trial
 // is a new Agent (and a new pool) started at the trial's t0 with Shards called at once,
 // at the default settings, joining three members of 64 shards; the time is from t0 to
-// the start of the last of the callbacks it owns once the set has settled. The issue's
-// bound is 1.5 s; this test holds every trial to it.
+// the start of the last of the callbacks it owns once the set has settled. The target
+// is 1.5 s; this test holds every trial to it.
 func TestShardsJoinOwnsItsShareSoonAfterProcessStart(t *testing.T) {
 	db, pool := testdb.MigratedPool(t, 16)
 	ctx := testutil.Context(t, 3*time.Minute)
@@ -268,7 +268,7 @@ func gapStats(gaps []shardGap) (longest, median time.Duration) {
 // A shard that moves between live members is unowned only from the old owner's callback's
 // return to the new one's start, however many notifications come at once: three members
 // join two at once (64 shards: dozens of moves, each a free and a taken notification to
-// every member), then two of the five stop at once. The bound is 0.2 s for every
+// every member), then two of the five stop at once. The target is 0.2 s for every
 // move, which the log line compares each phase with; what this test holds the moves to
 // leaves room for a loaded machine, whose statements alone take a tenth of a second at
 // times: the median within 0.5 s, the longest within 1.5 s (a notification that waited
@@ -310,7 +310,7 @@ func TestShardsHandoverGapInABurst(t *testing.T) {
 				over++
 			}
 		}
-		t.Logf("%s: %d shards moved, each unowned for at most %s (median %s); %d moves over the issue's 0.2 s",
+		t.Logf("%s: %d shards moved, each unowned for at most %s (median %s); %d moves over the 0.2 s target",
 			phase.what, len(phase.gaps), longest.Round(time.Millisecond), median.Round(time.Millisecond), over)
 		switch {
 		case len(phase.gaps) == 0:
@@ -326,7 +326,7 @@ func TestShardsHandoverGapInABurst(t *testing.T) {
 // after its lock vanished (the watcher stamps the vanishing within a tick, and notifies
 // the death at once). The crash is the server's view of one: the member's every
 // connection (its pool's and its lock's) goes through a proxy that closes them all at
-// once. The bound is 1.5 s, from the crash to the start of the last of its shards'
+// once. The target is 1.5 s, from the crash to the start of the last of its shards'
 // new owners' callbacks, which the log line compares with; this test allows a loaded
 // machine 2 s.
 func TestShardsOfACrashedOwnerMoveSoon(t *testing.T) {
@@ -349,7 +349,7 @@ func TestShardsOfACrashedOwnerMoveSoon(t *testing.T) {
 		members[0].id, members[1].id)
 	tl.checkNoOverlap(t)
 	took := moved.Sub(crashed)
-	t.Logf("the crashed member's %d shards all moved %s after the crash (the issue's bound: 1.5 s)", by[crashing.id],
+	t.Logf("the crashed member's %d shards all moved %s after the crash (the target: 1.5 s)", by[crashing.id],
 		took.Round(time.Millisecond))
 	if took > 2*time.Second {
 		t.Errorf("the crashed member's shards all moved %s after the crash; want at most 2 s", took)
@@ -360,7 +360,7 @@ func TestShardsOfACrashedOwnerMoveSoon(t *testing.T) {
 // (every member lost its lock with the restart, so every callback was cancelled): the
 // releases that failed while the server was down are sent again every 0.2 s, and each
 // member joins as soon as its agent can prove life again, its lock claimed again as soon
-// as its heartbeat gets through. The bound is 1 s from the server's return, which
+// as its heartbeat gets through. The target is 1 s from the server's return, which
 // the log line compares with; this test allows a loaded machine 2 s.
 func TestShardsOwnedAgainSoonAfterAServerRestart(t *testing.T) {
 	srv := pgtest.NewServer(t)
@@ -389,7 +389,7 @@ func TestShardsOwnedAgainSoonAfterAServerRestart(t *testing.T) {
 	last := ownedOnlyBy(t, tl, shards, stopped, true, time.Minute, "every shard owned again after the restart",
 		members[0].id, members[1].id)
 	tl.checkNoOverlap(t)
-	t.Logf("the server was down %s; every shard owned again %s after it was back (the issue's bound: 1 s)",
+	t.Logf("the server was down %s; every shard owned again %s after it was back (the target: 1 s)",
 		back.Sub(stopped).Round(time.Millisecond), last.Sub(back).Round(time.Millisecond))
 	if last.Sub(back) > 2*time.Second {
 		t.Errorf("every shard owned again %s after the server's return; want at most 2 s", last.Sub(back))

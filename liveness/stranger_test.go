@@ -32,7 +32,8 @@ func strangerSession(t *testing.T, ctx context.Context, db *pgtest.DB) *pgx.Conn
 	return conn
 }
 
-// takeKey tries the instance's key on conn, as the field report's loop did, until it
+// takeKey tries the instance's key on conn, as a hand-written claim loop from before this
+// library does (pg_try_advisory_lock on the key, no claim recorded), until it
 // holds it or ctx ends.
 func takeKey(ctx context.Context, conn *pgx.Conn, id uuid.UUID) error {
 	for {
