@@ -1,10 +1,14 @@
 package faults
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -261,4 +265,117 @@ func TestNetworkBlip(t *testing.T) {
 	sc.note("Verdicts are watched from the cut until the ttl plus 5 s after the link is back. The leader steps " +
 		"down because it cannot prove its alive lock for 750 ms (a lock may vanish unseen while it is cut off); " +
 		"its lease is taken again once the row it could not release has expired.")
+}
+
+// TestNetworkBlipUnderAVerification cuts an agent that leads nothing for 5 s just before
+// its alive lock's next verification (every 30 s at the defaults, timed from the
+// session's last statement as the server saw it), so that the verification is sent into
+// the cut. Such an agent's session is idle for most of its interval, so the verification
+// may go unanswered only briefly before the lock stops counting as held (a second);
+// the session itself must outlast the blip. A session dropped then queues its close
+// behind the unanswered statement: the server ends it as soon as the link heals, the
+// lock vanishes, and the fleet calls a live, connected agent dead until a new session
+// claims it (a soak saw 0.2 s of that). Nothing may call it dead, and the same backend
+// holds its lock before and after.
+func TestNetworkBlipUnderAVerification(t *testing.T) {
+	// Mostly waiting on timers: beside the other waiting scenarios.
+	t.Parallel()
+	const blip, before = 5 * time.Second, 500 * time.Millisecond
+	sc := newScenario(t, 4, "Network blip under a verification (an agent that leads nothing)",
+		"default agent flags")
+	e, ns, nsDSN := netEnv(t)
+	obs := startObserver(t, e.dsn)
+	s := startSampler(t, e.dsn, defaultDuration(t, "agent.stale-threshold"), obs)
+	ctx := testutil.Context(t, 10*time.Minute)
+	admin, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	// Two bystanders, outside the namespace, lead the reaper and the two watchers, so
+	// that the victim leads nothing (a leader verifies its lock several times a second).
+	singletons := append([]string{liveness.ReaperLease}, liveness.WatcherLeases[:]...)
+	heldBy := func(ids []uuid.UUID) int {
+		t.Helper()
+		var n int
+		err := admin.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.leases
+		                             WHERE name = ANY($1) AND holder_instance_id = ANY($2) AND expires_at > now()`,
+			singletons, ids).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var bystanders []uuid.UUID
+	for _, name := range []string{"bystander-a", "bystander-b"} {
+		bystanders = append(bystanders, startAgent(t, e, agentOpts{service: name}).ids...)
+	}
+	testutil.Eventually(t, time.Minute, "the bystanders leading the reaper and both watchers", func() bool {
+		return heldBy(bystanders) == len(singletons)
+	})
+	victim := startAgent(t, e, agentOpts{service: "verify", netns: ns.Name, dsn: nsDSN})
+	s.Watch(victim)
+	// The lock's session: its backend, and when its last statement began (by the server's
+	// clock, which is this host's).
+	lockSession := func() (pid int32, last time.Time) {
+		t.Helper()
+		err := admin.QueryRow(ctx, `SELECT pid, query_start FROM pg_stat_activity
+		                             WHERE application_name = $1 || ':alive-lock'`, victim.services[0]).Scan(&pid, &last)
+		if err != nil {
+			t.Fatalf("the victim's alive-lock session: %v", err)
+		}
+		return pid, last
+	}
+	verifyEvery := liveness.DefaultVerifyInterval // the faultagent has no flag for it
+	kept := 0
+	for range trials() {
+		waitHealthy(t, s, victim, true)
+		if n := heldBy(victim.ids); n != 0 {
+			t.Fatalf("the victim leads %d of the reaper and the watchers; it must lead nothing", n)
+		}
+		pid, last := lockSession()
+		cut := last.Add(verifyEvery - before)
+		if time.Until(cut) < 0 {
+			cut = last.Add(2*verifyEvery - before) // the verification came while we looked
+		}
+		time.Sleep(time.Until(cut))
+		if now, _ := lockSession(); now != pid {
+			t.Fatalf("the lock's session changed before the cut: backend %d, then %d", pid, now)
+		}
+		t0 := time.Now()
+		if err := ns.Cut(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(blip)
+		if err := ns.Heal(); err != nil {
+			t.Fatal(err)
+		}
+		healed := time.Now()
+		unheld := false
+		for _, ev := range victim.Events("lock", t0) {
+			unheld = unheld || (!ev.Held && ev.At.Before(healed))
+		}
+		if !unheld {
+			t.Fatalf("the agent's lock stayed trusted through the cut: its verification was not sent into it "+
+				"(the cut is timed %s before the verification is due)", before)
+		}
+		sc.watchFalseDead(s, t0, 10*time.Second, victim)
+		relock, ok := time.Duration(0), false
+		for _, ev := range victim.Events("lock", healed) {
+			if ev.Held {
+				relock, ok = ev.At.Sub(healed), true
+				break
+			}
+		}
+		sc.observe("lock trusted again, from the heal", 10*time.Second, relock, ok)
+		if now, _ := lockSession(); now != pid {
+			t.Errorf("the lock's session was replaced across the blip: backend %d before, %d after", pid, now)
+		} else {
+			kept++
+		}
+	}
+	sc.bound("lock trusted again, from the heal", 0, 10*time.Second)
+	sc.note("The cut comes %s before the verification is due, so it is sent into the cut; the lock stops "+
+		"counting as held a second after it was sent. The same backend held the lock before and after the blip "+
+		"in %d of %d trials.", before, kept, trials())
 }
