@@ -291,9 +291,10 @@ func TestNodeAgentStopWaitsForItsProcessesRows(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the node agent did not stop once the row no longer claimed its lock")
 	}
-	if locked(answering) {
-		t.Error("the lock outlived the stopped node agent")
-	}
+	// Its session closed; the server's backend exits, and frees the lock, just after.
+	testutil.Eventually(t, 5*time.Second, "the lock gone with the stopped node agent's session", func() bool {
+		return !locked(answering)
+	})
 
 	silent := uuid.New()
 	stopped, began := stopWhileClaiming(silent)
@@ -313,9 +314,9 @@ func TestNodeAgentStopWaitsForItsProcessesRows(t *testing.T) {
 	if took := time.Since(began); took < 2*time.Second {
 		t.Errorf("the node agent stopped %v after the stop began, with a row still claiming its lock; want it to wait its bound (2s)", took)
 	}
-	if locked(silent) {
-		t.Error("the lock outlived the stopped node agent")
-	}
+	testutil.Eventually(t, 5*time.Second, "the lock gone with the stopped node agent's session", func() bool {
+		return !locked(silent)
+	})
 	c, err := net.Dial("unix", socket)
 	if err != nil {
 		t.Fatalf("the successor's socket after the stopped node agent ended: %v", err)
@@ -670,8 +671,16 @@ func TestNodeAgentGivesAnInstanceToNoOtherProcess(t *testing.T) {
 		t.Fatalf("another process's attach first after the node agent's restart: %+v; want refused", a)
 	}
 	first.kill(t)
-	if a := owner.next(t); a.Op != "state" || !a.Held {
-		t.Fatalf("the owner's attach again after the node agent's restart: %+v; want its lock held", a)
+	// The stopping node agent's last word to the owner, a state without the lock, may
+	// or may not have reached it before its connection closed; then its attach again.
+	for i := 0; ; i++ {
+		a := owner.next(t)
+		if a.Op == "state" && a.Held {
+			break
+		}
+		if a.Op != "state" || i > 0 {
+			t.Fatalf("the owner's attach again after the node agent's restart: %+v; want its lock held", a)
+		}
 	}
 
 	// The owner killed: its lock goes; until the fleet calls it dead, nobody else may
