@@ -243,9 +243,14 @@ func (d *Discovery) check(ctx context.Context, srv Server) {
 		if c.err == nil && was {
 			d.checkLog(srv.Name, db).Clear(logger, "a database can be checked again", "database", db)
 		}
-		if len(found) > 0 && found[len(found)-1] == db {
+		switch {
+		case len(found) > 0 && found[len(found)-1] == db:
 			keep[db] = true
-		} else {
+		case db == srv.Maintenance:
+			// Not watched, but every scrape's shared read of the server's pg_locks runs
+			// on its pool: closing it here failed a read in flight ("closed pool") and
+			// sent each database to read pg_locks itself for that scrape.
+		default:
 			d.pools.ForgetDiscovered(srv.Name, db) // no connection kept for a database not watched
 		}
 	}
