@@ -27,7 +27,10 @@ start=$(date +%s)
 rc=0
 # shellcheck disable=SC2086 # TEST_FLAGS is a list
 $GO test $TEST_FLAGS . ./liveness ./internal/lifegate ./collector || rc=1
+# The fault scenarios hold their times to the quiet machine's bounds times an allowance:
+# 2 beside make test's other jobs, 3 here, where the busy processes take both cores. What
+# they count (false deads, two holders, stale writes) has no allowance.
 # shellcheck disable=SC2086
-(cd tools && $GO test $TEST_FLAGS ./faults/) || rc=1
+(cd tools && FAULTS_LOAD_ALLOWANCE=3 $GO test $TEST_FLAGS ./faults/) || rc=1
 echo "== $(($(date +%s) - start)) s beside $hogs busy processes: $([[ $rc == 0 ]] && echo ok || echo FAILED)"
 exit $rc

@@ -3,6 +3,8 @@ package faults
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -137,8 +139,15 @@ func (sc *scenario) check(name string, median, worst time.Duration, enforce bool
 		name, text, show(med, medOK), show(w, wOK), len(q.Values)+q.Missed, q.Missed, q.Window)
 }
 
-// loadAllowance is the factor on a time bound in a run that writes no report.
-const loadAllowance = 2
+// loadAllowance is the factor on a time bound in a run that writes no report: 2, or
+// FAULTS_LOAD_ALLOWANCE (make test-stress runs the suite beside two busy processes that
+// take both cores, and sets 3).
+var loadAllowance = func() int {
+	if n, err := strconv.Atoi(os.Getenv("FAULTS_LOAD_ALLOWANCE")); err == nil && n >= 2 {
+		return n
+	}
+	return 2
+}()
 
 func show(d time.Duration, ok bool) string {
 	if !ok {

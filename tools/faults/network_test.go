@@ -220,10 +220,7 @@ func TestNetworkBlip(t *testing.T) {
 	otherLosses := 0
 	for range trials() {
 		waitHealthy(t, s, victim, true)
-		testutil.Eventually(t, jobLeaseTTL+10*time.Second, "the victim leading before the cut", func() bool {
-			acquired, lost := victim.Events("acquired", time.Time{}), victim.Events("lost", time.Time{})
-			return len(acquired) > 0 && (len(lost) == 0 || lost[len(lost)-1].At.Before(acquired[len(acquired)-1].At))
-		})
+		testutil.Eventually(t, jobLeaseTTL+10*time.Second, "the victim leading before the cut", func() bool { return leads(victim) })
 		t0 := time.Now()
 		if err := ns.Cut(); err != nil {
 			t.Fatal(err)
