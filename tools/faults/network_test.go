@@ -221,15 +221,7 @@ func TestNetworkBlip(t *testing.T) {
 	for range trials() {
 		waitHealthy(t, s, victim, true)
 		testutil.Eventually(t, jobLeaseTTL+10*time.Second, "the victim leading before the cut", func() bool { return leads(victim) })
-		t0 := time.Now()
-		if err := ns.Cut(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(blip)
-		if err := ns.Heal(); err != nil {
-			t.Fatal(err)
-		}
-		healed := time.Now()
+		t0, healed := blipLink(t, ns, blip)
 		testutil.Never(t, jobLeaseTTL+5*time.Second, "the agent called dead after a blip shorter than the ttl", func() bool {
 			n, _ := s.falseDead(t0, time.Now(), []*agent{victim})
 			return n > 0
@@ -339,15 +331,7 @@ func TestNetworkBlipUnderAVerification(t *testing.T) {
 		if now, _ := lockSession(); now != pid {
 			t.Fatalf("the lock's session changed before the cut: backend %d, then %d", pid, now)
 		}
-		t0 := time.Now()
-		if err := ns.Cut(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(blip)
-		if err := ns.Heal(); err != nil {
-			t.Fatal(err)
-		}
-		healed := time.Now()
+		t0, healed := blipLink(t, ns, blip)
 		unheld := false
 		for _, ev := range victim.Events("lock", t0) {
 			unheld = unheld || (!ev.Held && ev.At.Before(healed))
@@ -375,4 +359,19 @@ func TestNetworkBlipUnderAVerification(t *testing.T) {
 	sc.note("The cut comes %s before the verification is due, so it is sent into the cut; the lock stops "+
 		"counting as held a second after it was sent. The same backend held the lock before and after the blip "+
 		"in %d of %d trials.", before, kept, trials())
+}
+
+// blipLink cuts the namespace's link for d and heals it, and returns when it cut and when
+// it healed.
+func blipLink(t *testing.T, ns *netns.Namespace, d time.Duration) (cut, healed time.Time) {
+	t.Helper()
+	cut = time.Now()
+	if err := ns.Cut(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(d)
+	if err := ns.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	return cut, time.Now()
 }
