@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -271,7 +272,7 @@ func TestAgentShutdownGivesEachStepItsBudget(t *testing.T) {
 		t.Fatalf("OnStoppedLeading: reason %v, lease row left %v, Run returned %v; want context.Canceled, "+
 			"the lease released, and Run still running", st.reason, st.leaseRow, st.runDone)
 	}
-	waited := liveness.DefaultShutdownTimeout + time.Second
+	waited := defaults.ShutdownTimeout + time.Second
 	testutil.Eventually(t, 30*time.Second, fmt.Sprintf("the row's deletion waiting for more than %s", waited), func() bool {
 		var n int
 		if err := pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
@@ -367,7 +368,7 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 		StaleThreshold: 10 * time.Second, DefinitiveDeadCutoff: 20 * time.Second}
 	cfg.JobWindDown = 2 * time.Second
 	budget := cfg.ShutdownBudget()
-	if want := 2*time.Second + 5*time.Second + time.Second + liveness.DefaultShutdownTimeout + 5*time.Second; budget != want {
+	if want := 2*time.Second + 5*time.Second + time.Second + defaults.ShutdownTimeout + 5*time.Second; budget != want {
 		t.Fatalf("ShutdownBudget() = %s, want %s", budget, want)
 	}
 	agent := newAgent(t, cfg)
@@ -492,7 +493,7 @@ func TestAgentNeedsTheSchema(t *testing.T) {
 	}) {
 		t.Fatalf("snapshot: %+v", waiting.Snapshot())
 	}
-	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+	if _, err := migrations.Apply(ctx, pool, defaults.Schema); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 20*time.Second, "the waiting agent joins once the migrations are applied", func() bool {

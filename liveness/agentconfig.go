@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
@@ -46,7 +47,7 @@ type AgentConfig struct {
 	// --node-agent.token-file), which a process presents to attach over TCP; unused with
 	// a unix socket. Never logged.
 	NodeAgentToken string
-	Schema         string // DefaultSchema if empty
+	Schema         string // "liveness" if empty
 	InstanceID     uuid.UUID
 	ServiceName    string
 	HostName       string // os.Hostname() if empty
@@ -56,7 +57,7 @@ type AgentConfig struct {
 	// Timing is recorded in the instance's row, and the fleet judges the instance by it.
 	Timing Timing
 	// VerifyInterval is how often the alive lock is verified on its own backend while
-	// the agent holds no lease; DefaultVerifyInterval if zero. While it holds any (a
+	// the agent holds no lease; 30 s if zero. While it holds any (a
 	// campaign's, the reaper's, a watcher's) the lock is verified every quarter of
 	// Timing.LockGrace (or VerifyInterval, if shorter): a leader trusts its lock only
 	// three quarters of the lock grace after the last verification was sent (see "What a
@@ -65,21 +66,23 @@ type AgentConfig struct {
 	// Metadata is stored in the instance row's metadata column; it must marshal to JSON.
 	Metadata map[string]any
 
-	// The alive lock's session: server-side TCP keepalive and user timeout (see the
-	// Default* constants).
+	// The alive lock's session: server-side TCP keepalive and user timeout. Zero takes
+	// 10 s idle, then 3 probes 5 s apart, and a 30 s user timeout: the server then ends
+	// a half-open client's session, and so frees its lock, after about 25-30 s instead of
+	// Linux's two hours.
 	KeepaliveIdle     time.Duration
 	KeepaliveInterval time.Duration
 	KeepaliveCount    int
 	UserTimeout       time.Duration
 
-	// Reaper runs cleanup_stale_instances every ReaperInterval on one agent at a time,
-	// under the lease ReaperLease (ReaperLeaseTTL).
+	// Reaper runs cleanup_stale_instances every ReaperInterval (30 s if zero) on one
+	// agent at a time, under the lease "pg_liveness.reaper" (ReaperLeaseTTL, 2 min if zero).
 	Reaper         bool
 	ReaperInterval time.Duration
 	ReaperLeaseTTL time.Duration
 	// HistoryRetention is how long the schema's history of leaderships and deaths
 	// (migration 0020) keeps a row: the reaper deletes older ones, a bounded batch per
-	// round. DefaultHistoryRetention if zero.
+	// round. 7 days if zero.
 	HistoryRetention time.Duration
 
 	// DisableWatcher keeps this agent out of the watchers' campaigns (WatcherLeases). By
@@ -92,16 +95,16 @@ type AgentConfig struct {
 	// JobWindDown is how long a campaign's OnStartedLeading may take to return after its
 	// context was cancelled because the campaign ended (Elect's context or Run's): its
 	// lease stays renewed meanwhile, and Run keeps the instance alive. Past it the lease
-	// is left to expire. DefaultJobWindDown if zero.
+	// is left to expire. 10 s if zero.
 	JobWindDown time.Duration
 	// ShutdownTimeout bounds the deletion of the instance row on the way out;
-	// DefaultShutdownTimeout if zero.
+	// 5 s if zero.
 	ShutdownTimeout time.Duration
 	// DuplicateTimeout is how long the agent waits, writing nothing, while another session
 	// holds its instance's alive lock, before Run gives up with ErrDuplicateInstance.
 	// A restarted process may find its previous session's lock for up to the keepalive
 	// bound (about 30 s); a second process with the same id finds it for good.
-	// DefaultDuplicateTimeout if zero.
+	// 2 min if zero.
 	DuplicateTimeout time.Duration
 	// WaitForSchema makes Run wait for the migrations to be applied (by another process)
 	// instead of failing at once when the schema is missing or older than this library.
@@ -111,22 +114,6 @@ type AgentConfig struct {
 	// parts' lines carry part=alive_lock, heartbeat, leases or reaper.
 	Logger *slog.Logger
 }
-
-// Defaults of AgentConfig.
-const (
-	DefaultReaperInterval = 30 * time.Second
-	DefaultReaperLeaseTTL = 2 * time.Minute
-	// DefaultHistoryRetention: a week, so that Monday's look reaches the weekend's
-	// incidents.
-	DefaultHistoryRetention = 7 * 24 * time.Hour
-	// DefaultJobWindDown: a job that needs longer to stop sets its own, and its
-	// process's grace before SIGKILL with it (AgentConfig.ShutdownBudget).
-	DefaultJobWindDown     = 10 * time.Second
-	DefaultShutdownTimeout = 5 * time.Second
-	// DefaultDuplicateTimeout is twice the time the server needs, with the default
-	// keepalive settings, to end a half-open session.
-	DefaultDuplicateTimeout = 2 * time.Minute
-)
 
 // shutdownSteps are the deadlines of Run's clean-up, one after the other, once its
 // context ends; ShutdownBudget is their sum, and Run uses these very values.
@@ -166,15 +153,15 @@ func (c AgentConfig) ShutdownBudget() time.Duration { return c.shutdownSteps().t
 // withDefaults fills zero values with the documented defaults. Negative values stay, for
 // Validate to refuse.
 func (c AgentConfig) withDefaults() AgentConfig {
-	c.Schema = cmp.Or(c.Schema, DefaultSchema)
+	c.Schema = cmp.Or(c.Schema, defaults.Schema)
 	c.Mode = cmp.Or(c.Mode, ModeAdvisoryLockWhenAvailable)
 	c.Timing = timingWithDefaults(c.Timing)
-	c.ReaperInterval = cmp.Or(c.ReaperInterval, DefaultReaperInterval)
-	c.ReaperLeaseTTL = cmp.Or(c.ReaperLeaseTTL, DefaultReaperLeaseTTL)
-	c.HistoryRetention = cmp.Or(c.HistoryRetention, DefaultHistoryRetention)
-	c.JobWindDown = cmp.Or(c.JobWindDown, DefaultJobWindDown)
-	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
-	c.DuplicateTimeout = cmp.Or(c.DuplicateTimeout, DefaultDuplicateTimeout)
+	c.ReaperInterval = cmp.Or(c.ReaperInterval, defaults.ReaperInterval)
+	c.ReaperLeaseTTL = cmp.Or(c.ReaperLeaseTTL, defaults.ReaperLeaseTTL)
+	c.HistoryRetention = cmp.Or(c.HistoryRetention, defaults.HistoryRetention)
+	c.JobWindDown = cmp.Or(c.JobWindDown, defaults.JobWindDown)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, defaults.ShutdownTimeout)
+	c.DuplicateTimeout = cmp.Or(c.DuplicateTimeout, defaults.DuplicateTimeout)
 	return c
 }
 
@@ -322,7 +309,7 @@ func (c AgentConfig) aliveLockConfig() aliveLockConfig {
 		UserTimeout:       c.UserTimeout,
 		VerifyInterval:    c.VerifyInterval,
 		// A leader trusts its lock only briefly after each proof (lifeMonitor).
-		LeaderVerifyInterval: min(cmp.Or(c.VerifyInterval, DefaultVerifyInterval), leaderVerifyInterval(c.Timing.LockGrace)),
+		LeaderVerifyInterval: min(cmp.Or(c.VerifyInterval, defaults.VerifyInterval), leaderVerifyInterval(c.Timing.LockGrace)),
 		Logger:               logging.Wrap(c.Logger).With("part", "alive_lock"),
 	}
 }

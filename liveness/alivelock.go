@@ -21,27 +21,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/sys/unix"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
-)
-
-// Defaults of the alive lock's session (AgentConfig.Keepalive*, VerifyInterval). With them the server drops a half-open client's session,
-// and so frees its lock, after about 25–30 s instead of Linux's two hours: 10 s idle, then
-// 3 probes 5 s apart, and unacknowledged data gives up after 30 s (counted from the
-// first notification the server could not deliver, when it sends one: up to a minute).
-//
-// DefaultVerifyInterval is the pace of an agent that leads nothing. Its verification only
-// tells the agent itself, a little sooner, that a silent network took its session: a
-// session that ends is noticed at once on the idle connection, the socket's keepalive
-// gives up within about 25 s, and the fleet's verdict never depends on it. A leader
-// verifies every quarter of its lock grace whatever this is. At 10 s it was the fleet's
-// busiest statement (at 1,000 agents, 100 of 235 statements a second).
-const (
-	DefaultKeepaliveIdle     = 10 * time.Second
-	DefaultKeepaliveInterval = 5 * time.Second
-	DefaultKeepaliveCount    = 3
-	DefaultUserTimeout       = 30 * time.Second
-	DefaultVerifyInterval    = 30 * time.Second
 )
 
 const (
@@ -68,7 +50,7 @@ const (
 type aliveLockConfig struct {
 	// DSN of PostgreSQL itself (--db.direct-dsn), not of a transaction-mode pooler.
 	DSN         string
-	Schema      string // where the migrations put the objects; DefaultSchema if empty
+	Schema      string // where the migrations put the objects; "liveness" if empty
 	InstanceID  uuid.UUID
 	ServiceName string // names the connection: application_name is "<ServiceName>:alive-lock"
 
@@ -171,19 +153,19 @@ func (c aliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
 	if strings.TrimSpace(c.ServiceName) == "" {
 		return nil, 0, aliveLockErr("ServiceName", "must not be empty")
 	}
-	idle, err := wholeSeconds("KeepaliveIdle", c.KeepaliveIdle, DefaultKeepaliveIdle)
+	idle, err := wholeSeconds("KeepaliveIdle", c.KeepaliveIdle, defaults.KeepaliveIdle)
 	if err != nil {
 		return nil, 0, err
 	}
-	interval, err := wholeSeconds("KeepaliveInterval", c.KeepaliveInterval, DefaultKeepaliveInterval)
+	interval, err := wholeSeconds("KeepaliveInterval", c.KeepaliveInterval, defaults.KeepaliveInterval)
 	if err != nil {
 		return nil, 0, err
 	}
-	count, err := orDefault("KeepaliveCount", c.KeepaliveCount, DefaultKeepaliveCount)
+	count, err := orDefault("KeepaliveCount", c.KeepaliveCount, defaults.KeepaliveCount)
 	if err != nil {
 		return nil, 0, err
 	}
-	userTimeout, err := orDefault("UserTimeout", c.UserTimeout, DefaultUserTimeout)
+	userTimeout, err := orDefault("UserTimeout", c.UserTimeout, defaults.UserTimeout)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -308,7 +290,7 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 		a.events.onMembersWantChanged(a.wake)
 	}
 	if a.verifyEvery == 0 {
-		a.verifyEvery = DefaultVerifyInterval
+		a.verifyEvery = defaults.VerifyInterval
 	}
 	a.leaderEvery = cmp.Or(cfg.LeaderVerifyInterval, a.verifyEvery)
 	a.lockState.init()

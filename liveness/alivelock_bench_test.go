@@ -6,10 +6,10 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/latency"
-	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
 // BenchmarkAliveLockVerify measures the verification a leading agent sends every quarter
@@ -25,11 +25,11 @@ func BenchmarkAliveLockVerify(b *testing.B) {
 	var backend int64
 	var claimed *bool
 	var serverClock time.Time
-	if err := conn.QueryRow(ctx, store.AliveLockClaim.In(liveness.DefaultSchema).SQL, id, pid).Scan(&backend, &claimed, &serverClock); err != nil ||
+	if err := conn.QueryRow(ctx, store.AliveLockClaim.In(defaults.Schema).SQL, id, pid).Scan(&backend, &claimed, &serverClock); err != nil ||
 		claimed == nil || !*claimed {
 		b.Fatalf("claim: %v, %v", claimed, err)
 	}
-	verify := store.AliveLockVerify.In(liveness.DefaultSchema).SQL
+	verify := store.AliveLockVerify.In(defaults.Schema).SQL
 	timed := func(sql string, args ...any) time.Duration {
 		t0 := time.Now()
 		var held any
@@ -45,6 +45,6 @@ func BenchmarkAliveLockVerify(b *testing.B) {
 	select1 := func() time.Duration { return timed(`SELECT 1::bigint, true, now()`) }
 	verified := func() time.Duration { return timed(verify, id) }
 	_, mv := latency.SideBySide(b, "select1", select1, "verify", verified)
-	perSecond := float64(time.Second) / float64(liveness.DefaultLockGrace/4)
+	perSecond := float64(time.Second) / float64(defaults.LockGrace/4)
 	b.ReportMetric(perSecond*float64(mv.Microseconds())/1000, "ms-db/s/leader")
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
@@ -38,7 +39,7 @@ func TestAliveLockTerminatedBackend(t *testing.T) {
 	h, _ := startHeartbeat(t, cfg)
 	testutil.Eventually(t, 5*time.Second, "the first beat, at the slow cadence", func() bool {
 		s := h.Stats()
-		return s.Beats == 1 && s.Interval == DefaultHeartbeatSlowInterval
+		return s.Beats == 1 && s.Interval == defaults.HeartbeatSlowInterval
 	})
 	lastBeat := h.Stats().LastBeat
 
@@ -138,7 +139,7 @@ func TestAliveLockClaimedSoonAfterItsPreviousSessionEnds(t *testing.T) {
 	// claim every second took 0.8-1 s here.
 	if took := time.Since(ended); took > 700*time.Millisecond {
 		t.Fatalf("the lock was claimed %s after the previous session ended; want well within the lock grace (%s)",
-			took.Round(time.Millisecond), DefaultLockGrace)
+			took.Round(time.Millisecond), defaults.LockGrace)
 	}
 }
 

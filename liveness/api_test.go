@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
@@ -105,12 +106,12 @@ func TestExamplesImportOnlyTheLibrary(t *testing.T) {
 // The library's documented defaults cannot name the data layer's constants, nor the data
 // layer import the library: the two definitions are held equal here.
 func TestDefaultsAreTheDataLayers(t *testing.T) {
-	if liveness.DefaultSchema != store.DefaultSchema || migrations.DefaultSchema != store.DefaultSchema {
-		t.Errorf("DefaultSchema: liveness %q, migrations %q, the data layer %q", liveness.DefaultSchema, migrations.DefaultSchema, store.DefaultSchema)
+	if defaults.Schema != store.DefaultSchema || migrations.DefaultSchema != store.DefaultSchema {
+		t.Errorf("defaults.Schema: liveness %q, migrations %q, the data layer %q", defaults.Schema, migrations.DefaultSchema, store.DefaultSchema)
 	}
-	if liveness.DefaultStaleThreshold != store.DefaultStaleThreshold || liveness.DefaultDefinitiveDeadCutoff != store.DefaultDefinitiveDeadCutoff {
-		t.Errorf("the fallback: liveness %s and %s, the data layer %s and %s", liveness.DefaultStaleThreshold,
-			liveness.DefaultDefinitiveDeadCutoff, store.DefaultStaleThreshold, store.DefaultDefinitiveDeadCutoff)
+	if defaults.StaleThreshold != store.DefaultStaleThreshold || defaults.DefinitiveDeadCutoff != store.DefaultDefinitiveDeadCutoff {
+		t.Errorf("the fallback: liveness %s and %s, the data layer %s and %s", defaults.StaleThreshold,
+			defaults.DefinitiveDeadCutoff, store.DefaultStaleThreshold, store.DefaultDefinitiveDeadCutoff)
 	}
 }
 

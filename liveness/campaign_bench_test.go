@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/latency"
@@ -53,7 +54,7 @@ func benchmarkLeaseAcquireRefused(b *testing.B, watched bool) {
 			b.Fatalf("instance %s alive = %v, %v; want a live holder and acquirer", id, alive, err)
 		}
 	}
-	acquire := store.LeaseAcquire.In(liveness.DefaultSchema).SQL
+	acquire := store.LeaseAcquire.In(defaults.Schema).SQL
 	const lease = "bench.campaign"
 	// lease_acquire answers one row: the epoch once taken, NULL with the reason when refused.
 	var epoch *int64

@@ -12,13 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-)
 
-// Defaults of ElectorConfig.
-const (
-	DefaultElectorTTL         = 15 * time.Second
-	DefaultElectorRetryPeriod = time.Second
-	DefaultElectorQuietPeriod = time.Minute
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 )
 
 // ElectorConfig configures a campaign for one lease name (Agent.Elect). Zero values take
@@ -26,17 +21,17 @@ const (
 type ElectorConfig struct {
 	// Lease is the name campaigned for; required.
 	Lease string
-	// TTL of the lease, renewed every TTL/4; DefaultElectorTTL if zero. A crashed leader's
+	// TTL of the lease, renewed every TTL/4; 15 s if zero. A crashed leader's
 	// lease does not wait for it: it is free once the leader is dead by the one verdict.
 	TTL time.Duration
 	// RetryPeriod is how often a follower tries to take the lease and reads who leads
 	// while its Agent has no session listening to the schema's events (it is
-	// reconnecting, or runs ModeHeartbeatTableOnly); DefaultElectorRetryPeriod if zero.
+	// reconnecting, or runs ModeHeartbeatTableOnly); 1 s if zero.
 	// It then bounds how long a free lease stays untaken.
 	RetryPeriod time.Duration
 	// QuietPeriod replaces RetryPeriod while the events are listened to and the Agent's
 	// alive lock has been held for 2 s, after a try the database refused because another
-	// live instance leads (DefaultElectorQuietPeriod if zero; never shorter than
+	// live instance leads (1 min if zero; never shorter than
 	// RetryPeriod; in a fleet of more than 300 agents, as the Agent's sentry reads its
 	// size, the fleet's size times 200 ms, at most 30 min, so that the fleet's followers
 	// of a lease poll it about five times a second in all, whatever its size). Everything
@@ -159,9 +154,9 @@ func (l *Leases) elect(ctx context.Context, cfg ElectorConfig, windDown time.Dur
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	cfg.TTL = cmp.Or(cfg.TTL, DefaultElectorTTL)
-	cfg.RetryPeriod = cmp.Or(cfg.RetryPeriod, DefaultElectorRetryPeriod)
-	cfg.QuietPeriod = max(cmp.Or(cfg.QuietPeriod, DefaultElectorQuietPeriod), cfg.RetryPeriod)
+	cfg.TTL = cmp.Or(cfg.TTL, defaults.ElectorTTL)
+	cfg.RetryPeriod = cmp.Or(cfg.RetryPeriod, defaults.ElectorRetryPeriod)
+	cfg.QuietPeriod = max(cmp.Or(cfg.QuietPeriod, defaults.ElectorQuietPeriod), cfg.RetryPeriod)
 	e := &campaign{leases: l, cfg: cfg, windDown: windDown, gate: gate}
 	for {
 		lease := e.follow(ctx)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
@@ -183,7 +184,7 @@ func TestElectorConfigErrorsNameTheField(t *testing.T) {
 func TestLostLeaseIsNotACancellation(t *testing.T) {
 	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 3)
-	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Schema: liveness.DefaultSchema})
+	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Schema: defaults.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +229,7 @@ func TestAcquireWhoseAnswerIsLostLeavesNoRow(t *testing.T) {
 	proxy := netfault.NewProxy(t, db.DSN, 700*time.Millisecond) // every answer 0.7 s late
 	t.Cleanup(proxy.Close)
 	pool := pgtest.Pool(t, proxy.DSN(), 1)
-	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Schema: liveness.DefaultSchema})
+	leases, err := liveness.NewLeases(liveness.LeasesConfig{Pool: pool, Schema: defaults.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}

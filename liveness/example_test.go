@@ -22,7 +22,7 @@ func open(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+	if _, err := migrations.Apply(ctx, pool, migrations.DefaultSchema); err != nil {
 		pool.Close()
 		return nil, err
 	}

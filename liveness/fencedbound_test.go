@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -97,7 +98,7 @@ func TestShardsFencedTransactionShorterThanTheTTLCostsNoLease(t *testing.T) {
 	runAgent(t, agent)
 	db.Exec(t, `CREATE TABLE slow_writes (shard text, at timestamptz)`)
 	wrote := make(chan error, 1)
-	runs := runShards(t, agent, "slow", 8, liveness.DefaultElectorTTL, func(ctx context.Context, s liveness.Shard) {
+	runs := runShards(t, agent, "slow", 8, defaults.ElectorTTL, func(ctx context.Context, s liveness.Shard) {
 		wrote <- s.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `INSERT INTO slow_writes SELECT $1, clock_timestamp() FROM pg_sleep(12)`, s.Name)
 			return err

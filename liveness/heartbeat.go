@@ -89,7 +89,7 @@ func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) 
 // heartbeatConfig configures a heartbeatWorker.
 type heartbeatConfig struct {
 	Pool        *pgxpool.Pool // the service's pool; the worker borrows a connection per beat
-	Schema      string        // DefaultSchema if empty
+	Schema      string        // "liveness" if empty
 	InstanceID  uuid.UUID
 	ServiceName string
 	HostName    string // os.Hostname() if empty

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
@@ -130,7 +131,7 @@ func startOnFakeClock(t *testing.T, cfg heartbeatConfig) (*heartbeatWorker, *fak
 func TestHeartbeatCadence(t *testing.T) {
 	t.Parallel()
 	_, pool := testdb.MigratedPool(t, 4)
-	const fast, slow = DefaultHeartbeatInterval, DefaultHeartbeatSlowInterval
+	const fast, slow = defaults.HeartbeatInterval, defaults.HeartbeatSlowInterval
 
 	cases := []struct {
 		name     string
@@ -211,15 +212,15 @@ func TestHeartbeatBeatsAtOnceOnLockChange(t *testing.T) {
 		return b
 	}
 
-	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
-		t.Fatalf("held: the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
+	if got := clk.next(t); got != defaults.HeartbeatSlowInterval {
+		t.Fatalf("held: the worker waits %s, want the slow %s", got, defaults.HeartbeatSlowInterval)
 	}
 	if !rowHolds() {
 		t.Fatal("holds_alive_lock is false after a beat with the lock held")
 	}
 	lock.set(false) // the clock does not move: only the loss can cause a beat
-	if got := clk.next(t); got != DefaultHeartbeatInterval {
-		t.Fatalf("after the loss the worker waits %s, want the fast %s", got, DefaultHeartbeatInterval)
+	if got := clk.next(t); got != defaults.HeartbeatInterval {
+		t.Fatalf("after the loss the worker waits %s, want the fast %s", got, defaults.HeartbeatInterval)
 	}
 	if s := h.Stats(); s.Beats != 2 {
 		t.Fatalf("Beats = %d after the loss, want 2: the loss must trigger a beat at once", s.Beats)
@@ -228,8 +229,8 @@ func TestHeartbeatBeatsAtOnceOnLockChange(t *testing.T) {
 		t.Fatal("holds_alive_lock is still true after the loss's beat: no proof of life was recorded")
 	}
 	lock.set(true) // again without moving the clock
-	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
-		t.Fatalf("after the claim the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
+	if got := clk.next(t); got != defaults.HeartbeatSlowInterval {
+		t.Fatalf("after the claim the worker waits %s, want the slow %s", got, defaults.HeartbeatSlowInterval)
 	}
 	if s := h.Stats(); s.Beats != 3 || !rowHolds() {
 		t.Fatalf("Beats = %d, holds_alive_lock = %v after the claim; want 3 and true", s.Beats, rowHolds())
@@ -267,14 +268,14 @@ func TestHeartbeatProofRetriesFast(t *testing.T) {
 	lock := newNotifyingLock(true)
 	cfg := testHeartbeatConfig(pool, lock)
 	h, clk, _ := startOnFakeClock(t, cfg)
-	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
-		t.Fatalf("held: the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
+	if got := clk.next(t); got != defaults.HeartbeatSlowInterval {
+		t.Fatalf("held: the worker waits %s, want the slow %s", got, defaults.HeartbeatSlowInterval)
 	}
 	breakBeats(t, db)
 	lock.set(false)
 	retriesUntilRepaired(t, db, clk, []time.Duration{proofRetry, proofRetry, proofRetry})
-	if got := clk.next(t); got != DefaultHeartbeatInterval {
-		t.Fatalf("after the proof landed the worker waits %s, want the fast %s", got, DefaultHeartbeatInterval)
+	if got := clk.next(t); got != defaults.HeartbeatInterval {
+		t.Fatalf("after the proof landed the worker waits %s, want the fast %s", got, defaults.HeartbeatInterval)
 	}
 	if s := h.Stats(); s.Failures != 3 || s.Beats != 2 {
 		t.Fatalf("Stats = %+v, want 3 failures and 2 beats", s)
@@ -295,8 +296,8 @@ func TestHeartbeatRetriesFailedBeat(t *testing.T) {
 
 	// fast 30s: the first retry after min(30s/4, 5s), doubling, capped at 30s/2.
 	retriesUntilRepaired(t, db, clk, []time.Duration{5 * time.Second, 10 * time.Second, 15 * time.Second, 15 * time.Second})
-	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
-		t.Fatalf("after recovering the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
+	if got := clk.next(t); got != defaults.HeartbeatSlowInterval {
+		t.Fatalf("after recovering the worker waits %s, want the slow %s", got, defaults.HeartbeatSlowInterval)
 	}
 	if s := h.Stats(); s.Failures != 4 || s.Beats != 1 {
 		t.Fatalf("Stats = %+v, want 4 failures and 1 beat", s)
@@ -321,7 +322,7 @@ func TestHeartbeatRow(t *testing.T) {
 	}
 	h, clk, stop := startOnFakeClock(t, cfg)
 	clk.next(t)
-	clk.Advance(DefaultHeartbeatInterval)
+	clk.Advance(defaults.HeartbeatInterval)
 	clk.next(t)
 	stop()
 
@@ -403,7 +404,7 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 	t.Logf("heartbeat writes in a simulated hour: %d with the lock held, %d in table-only mode", lockMode, tableOnly)
 	// The first beat at once, then one per slow interval with the lock held and one per
 	// interval without it. The two differ, so a worker that ignores the lock fails.
-	fast, slow := DefaultHeartbeatInterval, DefaultHeartbeatSlowInterval
+	fast, slow := defaults.HeartbeatInterval, defaults.HeartbeatSlowInterval
 	if slow <= fast {
 		t.Fatalf("the default slow interval %s is not longer than the interval %s: this test shows nothing", slow, fast)
 	}
@@ -523,8 +524,8 @@ func TestHeartbeatProofGivesUpAStuckConnection(t *testing.T) {
 	lock := newNotifyingLock(true)
 	cfg := testHeartbeatConfig(pool, lock) // the defaults: a beat's deadline 10 s, the grace 1 s
 	h, clk, _ := startOnFakeClock(t, cfg)
-	if got := clk.next(t); got != DefaultHeartbeatSlowInterval {
-		t.Fatalf("held: the worker waits %s, want the slow %s", got, DefaultHeartbeatSlowInterval)
+	if got := clk.next(t); got != defaults.HeartbeatSlowInterval {
+		t.Fatalf("held: the worker waits %s, want the slow %s", got, defaults.HeartbeatSlowInterval)
 	}
 	link.FreezeEstablished() // the pool's connection is stuck; a new one gets through
 	began := time.Now()
@@ -532,8 +533,8 @@ func TestHeartbeatProofGivesUpAStuckConnection(t *testing.T) {
 	if got := clk.next(t); got != 0 {
 		t.Fatalf("after the proof's attempt on the stuck connection the worker waits %s; want 0 (its deadline was the wait)", got)
 	}
-	if got := clk.next(t); got != DefaultHeartbeatInterval {
-		t.Fatalf("after the proof the worker waits %s; want the fast %s (the proof landed)", got, DefaultHeartbeatInterval)
+	if got := clk.next(t); got != defaults.HeartbeatInterval {
+		t.Fatalf("after the proof the worker waits %s; want the fast %s (the proof landed)", got, defaults.HeartbeatInterval)
 	}
 	took := time.Since(began)
 	t.Logf("the proof landed %s after the loss, one attempt given up", took.Round(time.Millisecond))

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -18,7 +19,7 @@ import (
 
 func agentConfig(db *pgtest.DB, pool *pgxpool.Pool) liveness.AgentConfig {
 	return liveness.AgentConfig{
-		Pool: pool, DirectDSN: db.DSN, Schema: liveness.DefaultSchema,
+		Pool: pool, DirectDSN: db.DSN, Schema: defaults.Schema,
 		InstanceID: uuid.New(), ServiceName: "agent-test", Mode: liveness.ModeAdvisoryLockWhenAvailable,
 		Timing: liveness.Timing{HeartbeatInterval: 200 * time.Millisecond, HeartbeatSlowInterval: 400 * time.Millisecond,
 			StaleThreshold: time.Second, DefinitiveDeadCutoff: 3 * time.Second},

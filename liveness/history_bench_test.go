@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -17,7 +18,7 @@ func withoutHistory(b *testing.B, ctx context.Context, pool *pgxpool.Pool) {
 	b.Helper()
 	for _, m := range migrations.All() {
 		if m.Version == 19 {
-			if _, err := pool.Exec(ctx, "SET search_path = "+DefaultSchema+";\n"+m.SQL+";\nRESET search_path"); err != nil {
+			if _, err := pool.Exec(ctx, "SET search_path = "+defaults.Schema+";\n"+m.SQL+";\nRESET search_path"); err != nil {
 				b.Fatal(err)
 			}
 			return

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
@@ -31,7 +32,7 @@ func TestCutOffLeaderStepsDownBeforeServerRestartFreesItsLock(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.NewServer(t)
 	db := pgtest.NewDBOn(t, srv)
-	testdb.Migrate(t, db.DSN, liveness.DefaultSchema)
+	testdb.Migrate(t, db.DSN, defaults.Schema)
 	ctx := testutil.Context(t, 2*time.Minute)
 
 	config := func(service, dsn string) liveness.AgentConfig {
@@ -278,7 +279,7 @@ func TestCutOffLeaderStepsDownDuringARenewal(t *testing.T) {
 	}
 	// A renewal's time is its expires_at minus the ttl (the server's clock, this host's);
 	// the next comes ttl/4 after it.
-	ttl := liveness.DefaultElectorTTL
+	ttl := defaults.ElectorTTL
 	renewedAt := func() (at time.Time) {
 		if err := pool.QueryRow(ctx, `SELECT expires_at - make_interval(secs => $1) FROM liveness.leases WHERE name = 'job'`,
 			ttl.Seconds()).Scan(&at); err != nil {
@@ -321,7 +322,7 @@ func TestLeaderLeadsAgainSoonAfterADatabaseRestart(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.NewServer(t)
 	db := pgtest.NewDBOn(t, srv)
-	testdb.Migrate(t, db.DSN, liveness.DefaultSchema)
+	testdb.Migrate(t, db.DSN, defaults.Schema)
 	ctx := testutil.Context(t, 2*time.Minute)
 	// The agent's log, debug included, is printed when the test fails: it says whether the
 	// lock, the release or the next campaign was slow.
@@ -421,7 +422,7 @@ func TestLeaderLeadsAgainSoonAfterADatabaseRestart(t *testing.T) {
 // that the leader cannot claim its lock again in time. Default settings but the grace,
 // which is also 4 s (where the old gate overlapped by most of a second).
 func TestLeaderStepsDownWhenItsLockLossIsNoticedLate(t *testing.T) {
-	for _, grace := range []time.Duration{liveness.DefaultLockGrace, 4 * time.Second} {
+	for _, grace := range []time.Duration{defaults.LockGrace, 4 * time.Second} {
 		for _, late := range []float64{0.5, 0.7, 0.74} {
 			t.Run(fmt.Sprintf("grace=%s/notice=%.2fgrace", grace, late), func(t *testing.T) {
 				t.Parallel()

@@ -45,7 +45,7 @@ type LeasesConfig struct {
 	// Pool runs every lease statement, each on a connection borrowed for that statement
 	// alone; no connection is held while a lease is held.
 	Pool *pgxpool.Pool
-	// Schema holds the migrations' objects; empty means DefaultSchema.
+	// Schema holds the migrations' objects; empty means "liveness".
 	Schema string
 	// Margin is taken off the ttl to get the local trust window. It covers clock-rate
 	// differences between this host and the server, and the time a job needs to notice

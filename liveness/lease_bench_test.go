@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
@@ -24,7 +25,7 @@ func benchLeases(b *testing.B, maxConns int32) (context.Context, *pgxpool.Pool, 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	b.Cleanup(cancel)
 	pool := pgtest.NewDB(b).Pool(b, maxConns)
-	if _, err := migrations.Apply(ctx, pool, DefaultSchema); err != nil {
+	if _, err := migrations.Apply(ctx, pool, defaults.Schema); err != nil {
 		b.Fatal(err)
 	}
 	l, err := NewLeases(LeasesConfig{Pool: pool})

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
@@ -835,7 +836,7 @@ func TestLeaseDatabaseGoneMidLease(t *testing.T) {
 	ctx := testutil.Context(t, 60*time.Second)
 	srv := pgtest.NewServer(t)
 	db := pgtest.NewDBOn(t, srv)
-	testdb.Migrate(t, db.DSN, liveness.DefaultSchema)
+	testdb.Migrate(t, db.DSN, defaults.Schema)
 	// 2 s: an acquisition's own deadline is a share of the ttl, and a loaded machine's
 	// first statement on a restarted server (a new connection, a cold cache) outlasted
 	// the share of 1 s.

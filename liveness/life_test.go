@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
@@ -17,13 +18,13 @@ import (
 func gateUnderTest(t *testing.T) (*lifeMonitor, *aliveLock, *heartbeatWorker) {
 	t.Helper()
 	lock, err := newAliveLock(aliveLockConfig{DSN: "host=127.0.0.1 dbname=unused", InstanceID: uuid.New(), ServiceName: "svc",
-		LeaderVerifyInterval: leaderVerifyInterval(DefaultLockGrace)})
+		LeaderVerifyInterval: leaderVerifyInterval(defaults.LockGrace)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	hb := &heartbeatWorker{}
-	m := newLifeMonitor(lock, hb, true, DefaultHeartbeatInterval, DefaultStaleThreshold, DefaultDefinitiveDeadCutoff,
-		DefaultLockGrace)
+	m := newLifeMonitor(lock, hb, true, defaults.HeartbeatInterval, defaults.StaleThreshold, defaults.DefinitiveDeadCutoff,
+		defaults.LockGrace)
 	return m, lock, hb
 }
 
@@ -55,7 +56,7 @@ func TestLeadershipEndsAtItsDeadlineUnseenAndStaysOver(t *testing.T) {
 		t.Fatal("not alive just after a fresh proof")
 	}
 	p, _ := lock.lastProof()
-	time.Sleep(time.Until(p.sent.Add(DefaultLockGrace * 3 / 4)))
+	time.Sleep(time.Until(p.sent.Add(defaults.LockGrace * 3 / 4)))
 	lock.noteProof(time.Now(), lock.claims.Load()) // a proof that comes after the deadline
 	if l.Alive() {
 		t.Fatal("alive after its deadline passed unseen, revived by a later proof")
@@ -157,8 +158,8 @@ func TestLifeGateLeadWaitsForAProofOfTheSameClaim(t *testing.T) {
 	if _, err := m.lead(ctx, mark, began); !errors.Is(err, errNoLockProof) {
 		t.Fatalf("lead without a new proof: %v; want %v", err, errNoLockProof)
 	}
-	if took := time.Since(began); took < DefaultLockGrace || took > 10*DefaultLockGrace {
-		t.Fatalf("lead without a proof gave up after %s; want after the lock grace (%s)", took, DefaultLockGrace)
+	if took := time.Since(began); took < defaults.LockGrace || took > 10*defaults.LockGrace {
+		t.Fatalf("lead without a proof gave up after %s; want after the lock grace (%s)", took, defaults.LockGrace)
 	}
 	if n := lock.leading.Load(); n != 0 {
 		t.Fatalf("leading = %d after refused leaderships, want 0", n)

@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"golang.org/x/sys/unix"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
@@ -36,7 +37,7 @@ type NodeAgentConfig struct {
 	// DirectDSN reaches PostgreSQL itself, never a pooler in transaction mode: the one
 	// session on which the node agent holds the alive locks of the processes attached.
 	DirectDSN string
-	Schema    string // DefaultSchema if empty
+	Schema    string // "liveness" if empty
 	// Socket is the path of the unix socket processes attach on
 	// (AgentConfig.NodeAgentSocket). A socket left there by a previous run is replaced;
 	// any other file there is an error. Socket, ListenAddress or both must be set.
@@ -73,24 +74,18 @@ type NodeAgentConfig struct {
 	KeepaliveCount    int
 	UserTimeout       time.Duration
 	// VerifyInterval is how often the session proves itself while no process asks for a
-	// proof; DefaultVerifyInterval if zero. A dropped session is noticed at once anyway.
+	// proof; 30 s if zero. A dropped session is noticed at once anyway.
 	VerifyInterval time.Duration
 	// MaxConnections bounds the processes' connections open at once (one per attached
-	// instance); DefaultNodeAgentMaxConnections if zero. A connection past it is told why,
+	// instance); 4,096 if zero. A connection past it is told why,
 	// closed, counted (NodeAgentSnapshot.Refused) and logged.
 	MaxConnections int
-	// MaxMessageBytes bounds one line of the protocol; DefaultNodeAgentMaxMessageBytes if
+	// MaxMessageBytes bounds one line of the protocol; 16 KiB if
 	// zero. A longer line is a protocol error: counted, logged, and its connection closed.
 	MaxMessageBytes int
 
 	Logger *slog.Logger // passwords removed; nil discards
 }
-
-// The node agent's limits by default (NodeAgentConfig).
-const (
-	DefaultNodeAgentMaxConnections  = 4096
-	DefaultNodeAgentMaxMessageBytes = 16 << 10 // an event's id is a lease name, under 8000 bytes
-)
 
 // NodeAgentTCPDeadPeer bounds how long a TCP connection to or from a node agent stays open
 // after its peer vanished without closing it (its node or its network lost): keepalive
@@ -229,7 +224,7 @@ type NodeAgentSnapshot struct {
 // NewNodeAgent checks the configuration; nothing connects or listens until Run.
 func NewNodeAgent(cfg NodeAgentConfig) (*NodeAgent, error) {
 	cfg.Logger = logging.Wrap(cfg.Logger)
-	cfg.Schema = cmp.Or(cfg.Schema, DefaultSchema)
+	cfg.Schema = cmp.Or(cfg.Schema, defaults.Schema)
 	cfg.ServiceName = cmp.Or(cfg.ServiceName, "pg_liveness_node_agent")
 	cfg.SocketMode = cmp.Or(cfg.SocketMode, 0o660)
 	if cfg.Socket == "" && cfg.ListenAddress == "" {
@@ -275,14 +270,14 @@ func NewNodeAgent(cfg NodeAgentConfig) (*NodeAgent, error) {
 	}
 	connCfg.RuntimeParams["application_name"] = cfg.ServiceName + ":node-agent"
 	n := &NodeAgent{cfg: cfg, connCfg: connCfg, clientUserTimeout: clientUserTimeout, log: cfg.Logger,
-		verifyEvery: cmp.Or(cfg.VerifyInterval, DefaultVerifyInterval),
+		verifyEvery: cmp.Or(cfg.VerifyInterval, defaults.VerifyInterval),
 		claimSQL:    store.AliveLockClaim.In(cfg.Schema).SQL, verifySQL: store.AliveLockVerify.In(cfg.Schema).SQL,
 		holderSQL: store.AliveLockHolder.In(cfg.Schema).SQL, releaseSQL: store.AliveLockRelease.In(cfg.Schema).SQL,
 		databaseSQL: store.LockDatabase.In(cfg.Schema).SQL, listenSQL: store.EventsListen.In(cfg.Schema).SQL,
 		membersSQL: store.MembersListen.In(cfg.Schema).SQL, unmembersSQL: store.MembersUnlisten.In(cfg.Schema).SQL,
 		deadSQL: store.NodeAgentDeadInstances.In(cfg.Schema).SQL, claimingSQL: store.NodeAgentRowsClaimingLocks.In(cfg.Schema).SQL,
 		clients: map[*nodeClient]struct{}{}, claimsFile: claims, tokenHash: sha256.Sum256([]byte(cfg.Token)),
-		maxConns: cmp.Or(cfg.MaxConnections, DefaultNodeAgentMaxConnections), maxMessage: cmp.Or(cfg.MaxMessageBytes, DefaultNodeAgentMaxMessageBytes)}
+		maxConns: cmp.Or(cfg.MaxConnections, defaults.NodeAgentMaxConnections), maxMessage: cmp.Or(cfg.MaxMessageBytes, defaults.NodeAgentMaxMessageBytes)}
 	connCfg.OnNotification = func(_ *pgconn.PgConn, note *pgconn.Notification) {
 		if e, ok := parseEvent(note.Payload); ok {
 			n.broadcast(e)

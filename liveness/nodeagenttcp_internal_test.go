@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
@@ -103,7 +104,7 @@ func TestNodeAgentTCPClosesAConnectionThatNeverAttaches(t *testing.T) {
 	defer c.Close()
 	began := time.Now()
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	dec := newNodeDecoder(c, DefaultNodeAgentMaxMessageBytes)
+	dec := newNodeDecoder(c, defaults.NodeAgentMaxMessageBytes)
 	m, err := dec.next()
 	if err != nil || m.Op != nodeOpError || !strings.Contains(m.Error, "no attach within") {
 		t.Fatalf("a connection silent past the attach timeout got %+v, %v; want an error saying so", m, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
@@ -70,7 +71,7 @@ func newNodeLock(cfg nodeLockConfig) *nodeLock {
 		n.network, n.address = "tcp", addr
 	}
 	if n.leaderEvery <= 0 {
-		n.leaderEvery = leaderVerifyInterval(DefaultLockGrace)
+		n.leaderEvery = leaderVerifyInterval(defaults.LockGrace)
 	}
 	n.lockState.init()
 	n.lockState.wake = n.wakeNow
@@ -204,7 +205,7 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 	readErr := make(chan error, 1)
 	go func() { // ends when conn is closed, below
 		defer close(msgs)
-		dec := newNodeDecoder(conn, DefaultNodeAgentMaxMessageBytes)
+		dec := newNodeDecoder(conn, defaults.NodeAgentMaxMessageBytes)
 		for {
 			m, err := dec.next()
 			if err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -48,8 +49,8 @@ func TestAliveLockBehindPgBouncer(t *testing.T) {
 			t.Fatalf("backend %d holds the alive lock: a claim leaked onto a pooled server connection", pid)
 		}
 		testutil.Eventually(t, 5*time.Second, "a beat through PgBouncer", func() bool { return h.Stats().Beats >= 1 })
-		if s := h.Stats(); s.Interval != DefaultHeartbeatInterval {
-			t.Fatalf("heartbeat interval %s, want the fast %s", s.Interval, DefaultHeartbeatInterval)
+		if s := h.Stats(); s.Interval != defaults.HeartbeatInterval {
+			t.Fatalf("heartbeat interval %s, want the fast %s", s.Interval, defaults.HeartbeatInterval)
 		}
 		var n int
 		if err := direct.QueryRow(ctx, `SELECT count(*) FROM liveness.instances WHERE instance_id = $1`, id).Scan(&n); err != nil || n != 1 {
@@ -73,8 +74,8 @@ func TestAliveLockBehindPgBouncer(t *testing.T) {
 			t.Fatal("the alive lock is held without a connection")
 		}
 		testutil.Eventually(t, 5*time.Second, "the first beat", func() bool { return h.Stats().Beats >= 1 })
-		if s := h.Stats(); s.Interval != DefaultHeartbeatInterval {
-			t.Fatalf("heartbeat interval %s, want the fast %s", s.Interval, DefaultHeartbeatInterval)
+		if s := h.Stats(); s.Interval != defaults.HeartbeatInterval {
+			t.Fatalf("heartbeat interval %s, want the fast %s", s.Interval, defaults.HeartbeatInterval)
 		}
 	})
 }
@@ -100,7 +101,7 @@ func TestWatcherNotifiesDeadThroughPgBouncer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	w := newWatcher(watcherConfig{Pool: pool, Schema: DefaultSchema})
+	w := newWatcher(watcherConfig{Pool: pool, Schema: defaults.Schema})
 	st := &watchState{due: map[uuid.UUID]time.Time{id: time.Now()}, told: map[uuid.UUID]bool{}}
 	if err := w.notify(ctx, st, []uuid.UUID{id}, time.Now()); err != nil {
 		t.Fatalf("notify through PgBouncer: %v", err)

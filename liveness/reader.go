@@ -47,18 +47,18 @@ type Querier interface {
 }
 
 // ReaderConfig configures a Reader. Its zero value (with DB set) reads this package's
-// schema, DefaultSchema, and judges rows that record no timing by the default stale
+// schema, "liveness", and judges rows that record no timing by the default stale
 // threshold and definitive-dead cutoff.
 type ReaderConfig struct {
 	DB Querier
 
-	// Schema is the schema the migrations were applied to ("" is DefaultSchema).
+	// Schema is the schema the migrations were applied to ("" is "liveness").
 	Schema string
 
 	// Fallback is the timing for rows that record none (rows written by other
 	// software); an Agent's rows are judged by their own. Only its StaleThreshold and
-	// DefinitiveDeadCutoff are used; zero takes DefaultStaleThreshold and
-	// DefaultDefinitiveDeadCutoff.
+	// DefinitiveDeadCutoff are used; zero takes 90 s and
+	// 5 min.
 	Fallback Timing
 
 	// Whizbang, when set, reads a Whizbang database as it is instead of the schema: its

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
@@ -35,7 +36,7 @@ type reaperConfig struct {
 	StaleThreshold       time.Duration // rows older than this go unless their lock is held
 	DefinitiveDeadCutoff time.Duration // rows older than this go even with the lock held
 	// HistoryRetention: history rows older than this go, historyPruneBatch a round;
-	// DefaultHistoryRetention if zero.
+	// 7 days if zero.
 	HistoryRetention time.Duration
 	Logger           *slog.Logger // passwords removed; nil discards
 
@@ -91,8 +92,8 @@ func newReaper(cfg reaperConfig) (*reaper, error) {
 	if cfg.gate == nil {
 		cfg.gate = openGate{}
 	}
-	cfg.windDown = cmp.Or(cfg.windDown, DefaultJobWindDown)
-	cfg.HistoryRetention = cmp.Or(cfg.HistoryRetention, DefaultHistoryRetention)
+	cfg.windDown = cmp.Or(cfg.windDown, defaults.JobWindDown)
+	cfg.HistoryRetention = cmp.Or(cfg.HistoryRetention, defaults.HistoryRetention)
 	if cfg.HistoryRetention < time.Minute {
 		return nil, &ConfigError{Field: "reaperConfig.HistoryRetention", Reason: fmt.Sprintf("(%s) must be at least 1m", cfg.HistoryRetention)}
 	}

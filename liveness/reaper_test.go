@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 )
 
@@ -20,7 +21,7 @@ func TestReaperRespectsLocksAndItsLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	reaper, err := newReaper(reaperConfig{
-		Pool: pool, Leases: leases, Schema: DefaultSchema,
+		Pool: pool, Leases: leases, Schema: defaults.Schema,
 		Interval: time.Second, LeaseTTL: 2 * time.Second,
 		StaleThreshold: 90 * time.Second, DefinitiveDeadCutoff: 5 * time.Minute,
 	})

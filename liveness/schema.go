@@ -1,10 +1,5 @@
 package liveness
 
-import "github.com/pg-liveness/pg_liveness_exporter/migrations"
-
-// DefaultSchema is where the migrations put the liveness objects unless configured.
-const DefaultSchema = migrations.DefaultSchema
-
 // Mode selects the liveness signals an instance relies on.
 type Mode string
 

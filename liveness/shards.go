@@ -19,14 +19,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
-
-// DefaultShardsPollPeriod is how often Agent.Shards reads its set's members without a
-// notification: the fallback for a notification lost while its session did not listen.
-// A set of more than 100 members polls every members times shardPollSpacing instead (at
-// most maxShardPollPeriod), so that the set's reads stay about ten a second.
-const DefaultShardsPollPeriod = 10 * time.Second
 
 const (
 	shardPollSpacing   = 100 * time.Millisecond
@@ -43,11 +38,11 @@ type ShardsConfig struct {
 	Count int
 	Names []string
 	// TTL of every lease of the set, renewed every TTL/4 in one statement for all of them;
-	// DefaultElectorTTL if zero. A hung member's shards move once their leases expire, at
+	// 15 s if zero. A hung member's shards move once their leases expire, at
 	// most TTL after its last renewal; a crashed member's once it is dead by the verdict.
 	TTL time.Duration
 	// PollPeriod is how often the members are read without a notification;
-	// DefaultShardsPollPeriod if zero.
+	// 10 s if zero.
 	PollPeriod time.Duration
 
 	// OnStartedOwning runs, in its own goroutine, each time this process comes to own a
@@ -188,8 +183,8 @@ func (a *Agent) Shards(ctx context.Context, cfg ShardsConfig) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	cfg.TTL = cmp.Or(cfg.TTL, DefaultElectorTTL)
-	cfg.PollPeriod = cmp.Or(cfg.PollPeriod, DefaultShardsPollPeriod)
+	cfg.TTL = cmp.Or(cfg.TTL, defaults.ElectorTTL)
+	cfg.PollPeriod = cmp.Or(cfg.PollPeriod, defaults.ShardsPollPeriod)
 	names := cfg.Names
 	if len(names) == 0 {
 		names = make([]string, cfg.Count)

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -178,15 +179,15 @@ func TestShardsRenewAllLeasesInOneStatement(t *testing.T) {
 		return owned == 64
 	})
 	renewals, perShard := counter.count("lease_renew_many"), 0
-	time.Sleep(liveness.DefaultElectorTTL / 2) // two renewal periods
+	time.Sleep(defaults.ElectorTTL / 2) // two renewal periods
 	renewals = counter.count("lease_renew_many") - renewals
 	for i := range 64 {
 		perShard += counter.count(fmt.Sprintf("lease_renew:many/%d", i))
 	}
-	t.Logf("in %s: %d lease_renew_many, %d single renewals of shards", liveness.DefaultElectorTTL/2, renewals, perShard)
+	t.Logf("in %s: %d lease_renew_many, %d single renewals of shards", defaults.ElectorTTL/2, renewals, perShard)
 	if renewals < 1 || renewals > 3 || perShard != 0 {
 		t.Errorf("in %s a member of 64 shards sent %d lease_renew_many and %d single renewals; want 2 (one a TTL/4) and none",
-			liveness.DefaultElectorTTL/2, renewals, perShard)
+			defaults.ElectorTTL/2, renewals, perShard)
 	}
 	if st := m.agent.Snapshot(); len(st.Shards) != 1 || st.Shards[0].Owned != 64 {
 		t.Errorf("snapshot: %+v", st.Shards)
@@ -249,7 +250,7 @@ func TestWatchMaxHeartbeatAgeMustBeAboveTheSlowInterval(t *testing.T) {
 	db, pool := testdb.MigratedPool(t, 2)
 	ctx := testutil.Context(t, 30*time.Second)
 	a := newAgent(t, defaultAgentConfig(db, pool, "watching"))
-	for _, d := range []time.Duration{15 * time.Second, liveness.DefaultHeartbeatSlowInterval, -time.Second} {
+	for _, d := range []time.Duration{15 * time.Second, defaults.HeartbeatSlowInterval, -time.Second} {
 		err := a.WatchAlive(ctx, "", func([]liveness.InstanceStatus) {}, liveness.WatchMaxHeartbeatAge(d))
 		var ce *liveness.ConfigError
 		if !errors.As(err, &ce) || ce.Field != "WatchMaxHeartbeatAge" {

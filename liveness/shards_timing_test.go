@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
@@ -365,7 +366,7 @@ func TestShardsOfACrashedOwnerMoveSoon(t *testing.T) {
 func TestShardsOwnedAgainSoonAfterAServerRestart(t *testing.T) {
 	srv := pgtest.NewServer(t)
 	db := pgtest.NewDBOn(t, srv)
-	testdb.Migrate(t, db.DSN, liveness.DefaultSchema)
+	testdb.Migrate(t, db.DSN, defaults.Schema)
 	tl := newShardTimeline()
 	const shards = 16
 	var members []*timedMember

@@ -4,49 +4,43 @@ import (
 	"cmp"
 	"fmt"
 	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 )
 
 // Timing is an instance's heartbeat timing. Each instance records its own in its row,
 // and every observer judges it by that (the one verdict), so a fleet may mix settings.
-// In an AgentConfig a zero field takes its Default*; in an InstanceStatus a zero field
+// In an AgentConfig a zero field takes its default (each field says it); in an InstanceStatus a zero field
 // was not recorded (a row written by other software), and a Reader uses its
 // ReaderConfig.Fallback instead. A WhizbangSource carries its services' timing in one,
 // since Whizbang records none.
 type Timing struct {
 	// HeartbeatInterval is the fast cadence: while the alive lock is not held and
-	// verified, and always in heartbeat-table-only mode.
+	// verified, and always in heartbeat-table-only mode. 30 s by default.
 	HeartbeatInterval time.Duration
-	// HeartbeatSlowInterval is the cadence while the alive lock is held and verified.
+	// HeartbeatSlowInterval is the cadence while the alive lock is held and verified; 60 s by
+	// default.
 	HeartbeatSlowInterval time.Duration
-	// StaleThreshold is the heartbeat age past which an instance without its lock is dead.
+	// StaleThreshold is the heartbeat age past which an instance without its lock is dead;
+	// 90 s by default.
 	StaleThreshold time.Duration
 	// DefinitiveDeadCutoff is the heartbeat age past which an instance is dead even with
-	// its lock held (a zombie: a hung process, a half-open session).
+	// its lock held (a zombie: a hung process, a half-open session); 5 min by default.
 	DefinitiveDeadCutoff time.Duration
 	// LockGrace is how long observers wait, after the alive lock vanished, for the
-	// instance to prove life before they call it dead.
+	// instance to prove life before they call it dead; 1 s by default: a live agent notices
+	// the end of its lock's session at once and beats within milliseconds.
 	LockGrace time.Duration
 }
-
-// Defaults of Timing, as the agent's flags have them.
-const (
-	DefaultHeartbeatInterval     = 30 * time.Second
-	DefaultHeartbeatSlowInterval = 60 * time.Second
-	DefaultStaleThreshold        = 90 * time.Second
-	DefaultDefinitiveDeadCutoff  = 5 * time.Minute
-	// DefaultLockGrace: a live agent notices the end of its lock's session at once and
-	// beats within milliseconds.
-	DefaultLockGrace = time.Second
-)
 
 // timingWithDefaults fills zero fields with the defaults; negative ones stay, for
 // checkTiming.
 func timingWithDefaults(t Timing) Timing {
-	t.HeartbeatInterval = cmp.Or(t.HeartbeatInterval, DefaultHeartbeatInterval)
-	t.HeartbeatSlowInterval = cmp.Or(t.HeartbeatSlowInterval, DefaultHeartbeatSlowInterval)
-	t.StaleThreshold = cmp.Or(t.StaleThreshold, DefaultStaleThreshold)
-	t.DefinitiveDeadCutoff = cmp.Or(t.DefinitiveDeadCutoff, DefaultDefinitiveDeadCutoff)
-	t.LockGrace = cmp.Or(t.LockGrace, DefaultLockGrace)
+	t.HeartbeatInterval = cmp.Or(t.HeartbeatInterval, defaults.HeartbeatInterval)
+	t.HeartbeatSlowInterval = cmp.Or(t.HeartbeatSlowInterval, defaults.HeartbeatSlowInterval)
+	t.StaleThreshold = cmp.Or(t.StaleThreshold, defaults.StaleThreshold)
+	t.DefinitiveDeadCutoff = cmp.Or(t.DefinitiveDeadCutoff, defaults.DefinitiveDeadCutoff)
+	t.LockGrace = cmp.Or(t.LockGrace, defaults.LockGrace)
 	return t
 }
 

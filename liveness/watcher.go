@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
@@ -85,7 +86,7 @@ func newWatcher(cfg watcherConfig) *watcher {
 		cfg.gate = openGate{}
 	}
 	if cfg.windDown == 0 {
-		cfg.windDown = DefaultJobWindDown
+		cfg.windDown = defaults.JobWindDown
 	}
 	if cfg.every == 0 {
 		cfg.every = WatchInterval

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -25,7 +26,7 @@ var watcherScale = benchdata.Scale{Instances: 10000, Services: 20, Leases: 1000,
 func BenchmarkWatcherTick(b *testing.B) {
 	data := benchdata.BuildScale(b, watcherScale)
 	ctx, conn := data.Conn(b, 20*time.Minute)
-	tick := store.WatchAliveLocks.In(liveness.DefaultSchema).SQL
+	tick := store.WatchAliveLocks.In(defaults.Schema).SQL
 	var digest string
 	if err := conn.QueryRow(ctx, tick, nil).Scan(&digest, new(any), new(any)); err != nil {
 		b.Fatal(err)

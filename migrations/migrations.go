@@ -46,7 +46,7 @@ import (
 )
 
 // DefaultSchema is the schema the objects live in unless configured otherwise.
-const DefaultSchema = "liveness"
+const DefaultSchema = store.DefaultSchema
 
 // Migration is one embedded SQL file.
 type Migration struct {

@@ -86,7 +86,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		return err
 	}
 	defer pool.Close()
-	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+	if _, err := migrations.Apply(ctx, pool, migrations.DefaultSchema); err != nil {
 		return err
 	}
 	if err := createLedger(ctx, pool); err != nil {

@@ -34,6 +34,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/discovery"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/regularfile"
@@ -201,8 +202,8 @@ func addDatabaseFlags(app *kingpin.Application, c *Config) {
 	app.Flag("db.direct-dsn-file", "File holding the alive lock's DSN (see --db.direct-dsn).").StringVar(&c.DirectDSNFile)
 	app.Flag("db.max-conns", "Maximum connections in the pool for short statements (the alive lock adds one).").
 		Default(strconv.Itoa(database.DefaultMaxConns)).Int32Var(&c.Pool.MaxConns)
-	app.Flag("db.schema", "Schema of the liveness objects.").Default(liveness.DefaultSchema).
-		PlaceHolder(strconv.Quote(liveness.DefaultSchema)). // quoted, as kingpin shows a string's default
+	app.Flag("db.schema", "Schema of the liveness objects.").Default(defaults.Schema).
+		PlaceHolder(strconv.Quote(defaults.Schema)). // quoted, as kingpin shows a string's default
 		SetValue(shared(func(s string) (string, error) { return s, nil }, &c.Agent.Schema, &c.Source.Schema))
 	app.Flag("db.connect-timeout", "Timeout of one connection attempt.").Default(database.DefaultConnectTimeout.String()).
 		SetValue(shared(time.ParseDuration, &c.Pool.ConnectTimeout, &c.Probe.ConnectTimeout))
@@ -222,17 +223,17 @@ func addAgentFlags(app *kingpin.Application, c *Config) {
 	app.Flag("agent.service-name", "Service name recorded in the instances table.").Default(exporterName).StringVar(&a.ServiceName)
 	app.Flag("agent.liveness-mode", "advisory-lock-when-available or heartbeat-table-only.").Default(string(liveness.ModeAdvisoryLockWhenAvailable)).
 		EnumVar((*string)(&a.Mode), string(liveness.ModeAdvisoryLockWhenAvailable), string(liveness.ModeHeartbeatTableOnly))
-	duration("agent.heartbeat-interval", "Fast heartbeat cadence, used while the alive lock is not held.", liveness.DefaultHeartbeatInterval, &t.HeartbeatInterval)
-	duration("agent.heartbeat-slow-interval", "Slow heartbeat cadence, used while the alive lock is held and verified.", liveness.DefaultHeartbeatSlowInterval, &t.HeartbeatSlowInterval)
+	duration("agent.heartbeat-interval", "Fast heartbeat cadence, used while the alive lock is not held.", defaults.HeartbeatInterval, &t.HeartbeatInterval)
+	duration("agent.heartbeat-slow-interval", "Slow heartbeat cadence, used while the alive lock is held and verified.", defaults.HeartbeatSlowInterval, &t.HeartbeatSlowInterval)
 	duration("agent.stale-threshold", "A heartbeat older than this is stale (unless the alive lock is held). Recorded in the agent's instance row; as an observer, used only for rows that record none.",
-		liveness.DefaultStaleThreshold, &t.StaleThreshold, &fallback.StaleThreshold)
+		defaults.StaleThreshold, &t.StaleThreshold, &fallback.StaleThreshold)
 	duration("agent.definitive-dead-cutoff", "A heartbeat older than this is dead even with the alive lock held (half-open sessions, hung processes). Recorded in the agent's instance row; as an observer, used only for rows that record none.",
-		liveness.DefaultDefinitiveDeadCutoff, &t.DefinitiveDeadCutoff, &fallback.DefinitiveDeadCutoff)
-	duration("agent.lock-grace", "How long observers wait for proof of life after this agent's alive lock vanished before they call it dead. Recorded in its instance row.", liveness.DefaultLockGrace, &t.LockGrace)
-	duration("agent.tcp-keepalive-idle", "Server-side tcp_keepalives_idle of the alive lock's session.", liveness.DefaultKeepaliveIdle, &a.KeepaliveIdle)
-	duration("agent.tcp-keepalive-interval", "Server-side tcp_keepalives_interval of the alive lock's session.", liveness.DefaultKeepaliveInterval, &a.KeepaliveInterval)
-	app.Flag("agent.tcp-keepalive-count", "Server-side tcp_keepalives_count of the alive lock's session.").Default(strconv.Itoa(liveness.DefaultKeepaliveCount)).IntVar(&a.KeepaliveCount)
-	duration("agent.tcp-user-timeout", "Server-side tcp_user_timeout of the alive lock's session.", liveness.DefaultUserTimeout, &a.UserTimeout)
+		defaults.DefinitiveDeadCutoff, &t.DefinitiveDeadCutoff, &fallback.DefinitiveDeadCutoff)
+	duration("agent.lock-grace", "How long observers wait for proof of life after this agent's alive lock vanished before they call it dead. Recorded in its instance row.", defaults.LockGrace, &t.LockGrace)
+	duration("agent.tcp-keepalive-idle", "Server-side tcp_keepalives_idle of the alive lock's session.", defaults.KeepaliveIdle, &a.KeepaliveIdle)
+	duration("agent.tcp-keepalive-interval", "Server-side tcp_keepalives_interval of the alive lock's session.", defaults.KeepaliveInterval, &a.KeepaliveInterval)
+	app.Flag("agent.tcp-keepalive-count", "Server-side tcp_keepalives_count of the alive lock's session.").Default(strconv.Itoa(defaults.KeepaliveCount)).IntVar(&a.KeepaliveCount)
+	duration("agent.tcp-user-timeout", "Server-side tcp_user_timeout of the alive lock's session.", defaults.UserTimeout, &a.UserTimeout)
 	app.Flag("node-agent.socket", "Also be this node's agent: hold the alive locks of the node's processes "+
 		"(liveness.AgentConfig.NodeAgentSocket) on one direct session, and listen to the schema's channels once for them, "+
 		"on this unix socket. The exporter's own agent attaches to it too.").StringVar(&c.NodeAgent.Socket)
@@ -250,17 +251,17 @@ func addAgentFlags(app *kingpin.Application, c *Config) {
 		"processes; an instance belongs to the process that claimed it.").Default("0660").SetValue(fileModeValue{&c.NodeAgent.SocketMode})
 	app.Flag("node-agent.max-connections", "The most processes' connections the node agent keeps open at once (one per "+
 		"attached instance); one past it is told why and closed, counted and logged.").
-		Default(strconv.Itoa(liveness.DefaultNodeAgentMaxConnections)).IntVar(&c.NodeAgent.MaxConnections)
+		Default(strconv.Itoa(defaults.NodeAgentMaxConnections)).IntVar(&c.NodeAgent.MaxConnections)
 	app.Flag("node-agent.max-message-bytes", "The longest line of the node agent's protocol a process may send (at least "+
 		"1024); a longer one closes its connection, counted and logged.").
-		Default(strconv.Itoa(liveness.DefaultNodeAgentMaxMessageBytes)).IntVar(&c.NodeAgent.MaxMessageBytes)
+		Default(strconv.Itoa(defaults.NodeAgentMaxMessageBytes)).IntVar(&c.NodeAgent.MaxMessageBytes)
 	app.Flag("agent.reaper", "Run cleanup_stale_instances as a lease-protected singleton.").Default("true").BoolVar(&a.Reaper)
-	duration("agent.reaper-interval", "How often the reaper runs.", liveness.DefaultReaperInterval, &a.ReaperInterval)
-	duration("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.", liveness.DefaultReaperLeaseTTL, &a.ReaperLeaseTTL)
+	duration("agent.reaper-interval", "How often the reaper runs.", defaults.ReaperInterval, &a.ReaperInterval)
+	duration("agent.reaper-lease-ttl", "TTL of the reaper's lease; renewed every ttl/4.", defaults.ReaperLeaseTTL, &a.ReaperLeaseTTL)
 	duration("agent.history-retention", "How long the schema's history of leaderships and deaths keeps a row; the reaper deletes older ones.",
-		liveness.DefaultHistoryRetention, &a.HistoryRetention)
+		defaults.HistoryRetention, &a.HistoryRetention)
 	duration("agent.duplicate-timeout", "How long the agent waits, writing nothing, while another process holds its instance id's alive lock, before it exits non-zero.",
-		liveness.DefaultDuplicateTimeout, &a.DuplicateTimeout)
+		defaults.DuplicateTimeout, &a.DuplicateTimeout)
 }
 
 // addSourceFlags binds --source and --source.whizbang.* to the source's configuration,

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/status"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -421,7 +422,7 @@ func TestHistoryAbsentBeforeMigration0020(t *testing.T) {
 	pool := db.Pool(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := migrations.Set(migrations.All()[:19]).Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+	if _, err := migrations.Set(migrations.All()[:19]).Apply(ctx, pool, defaults.Schema); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO liveness.instances (instance_id, service_name) VALUES (gen_random_uuid(), 'svc')`); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/status"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
@@ -252,7 +253,7 @@ func TestDatabaseDown(t *testing.T) {
 // is still shown.
 func TestInvalidUTF8FromSQLASCII(t *testing.T) {
 	ascii := pgtest.NewSQLASCIIDB(t)
-	testdb.Migrate(t, ascii.DSN, liveness.DefaultSchema)
+	testdb.Migrate(t, ascii.DSN, defaults.Schema)
 	pool := pgtest.Pool(t, ascii.DSN, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 )
 
 // ConfigError is a configuration value the data layer or the exporter's pool refuses.
@@ -23,9 +25,8 @@ type ConfigError struct {
 
 func (e *ConfigError) Error() string { return "liveness: " + e.Field + " " + e.Reason }
 
-// DefaultSchema is where the migrations put the liveness objects unless configured:
-// migrations.DefaultSchema and liveness.DefaultSchema, which their tests hold equal to it.
-const DefaultSchema = "liveness"
+// DefaultSchema is where the migrations put the liveness objects unless configured.
+const DefaultSchema = defaults.Schema
 
 // Timing is an instance's heartbeat timing, as a source's fallback and a Whizbang
 // source's cadence: liveness.Timing, field for field, which converts to it
@@ -49,13 +50,10 @@ type Timing struct {
 	LockGrace time.Duration
 }
 
-// The fallback's defaults: liveness.DefaultStaleThreshold and
-// liveness.DefaultDefinitiveDeadCutoff, which the library's tests hold equal to these
-// (the library cannot name this package in its documented constants, nor this package
-// import the library).
+// The fallback's defaults: the library's.
 const (
-	DefaultStaleThreshold       = 90 * time.Second
-	DefaultDefinitiveDeadCutoff = 5 * time.Minute
+	DefaultStaleThreshold       = defaults.StaleThreshold
+	DefaultDefinitiveDeadCutoff = defaults.DefinitiveDeadCutoff
 )
 
 // MaxIdentifierLength is PostgreSQL's longest identifier in bytes (NAMEDATALEN - 1).

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/pg-liveness/pg_liveness_exporter/collector"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/status"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
@@ -50,7 +51,7 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	defer cancel()
 	pool := db.Pool(t, 4)
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
-	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+	if _, err := migrations.Apply(ctx, pool, defaults.Schema); err != nil {
 		t.Fatal(err)
 	}
 	wb := whizbangtest.NewFixture(t, db)
@@ -149,14 +150,14 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	// (TestCrashBothWatchers in tools/faults runs it for real).
 	var age float64
 	var lockCount *int32
-	if err := pool.QueryRow(ctx, store.WatchFresh.In(liveness.DefaultSchema).SQL).Scan(&age, &lockCount); err != nil {
+	if err := pool.QueryRow(ctx, store.WatchFresh.In(defaults.Schema).SQL).Scan(&age, &lockCount); err != nil {
 		t.Fatal(err)
 	}
 	// alive_lock_holder is sent only after a refused claim (a duplicate, or a stranger on
 	// the key); the test asks about the first agent, whose lock is its own.
 	var holderPID int32
 	var claimed bool
-	if err := pool.QueryRow(ctx, store.AliveLockHolder.In(liveness.DefaultSchema).SQL,
+	if err := pool.QueryRow(ctx, store.AliveLockHolder.In(defaults.Schema).SQL,
 		agents[0].Snapshot().InstanceID.String()).Scan(&holderPID, &claimed); err != nil || !claimed {
 		t.Fatalf("alive_lock_holder of a running agent: pid %d, claimed %v, %v; want its own claim", holderPID, claimed, err)
 	}
@@ -164,26 +165,26 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	// go (here one this session does not hold: false).
 	var database string
 	var released bool
-	if err := pool.QueryRow(ctx, store.LockDatabase.In(liveness.DefaultSchema).SQL).Scan(&database); err != nil || database == "" {
+	if err := pool.QueryRow(ctx, store.LockDatabase.In(defaults.Schema).SQL).Scan(&database); err != nil || database == "" {
 		t.Fatalf("lock_database: %q, %v", database, err)
 	}
-	if err := pool.QueryRow(ctx, store.AliveLockRelease.In(liveness.DefaultSchema).SQL, uuid.New().String()).Scan(&released); err != nil || released {
+	if err := pool.QueryRow(ctx, store.AliveLockRelease.In(defaults.Schema).SQL, uuid.New().String()).Scan(&released); err != nil || released {
 		t.Fatalf("alive_lock_release of a lock the session does not hold: %v, %v; want false", released, err)
 	}
 	// Which of some instances are dead: an unknown one is.
 	unknown := uuid.New()
 	var dead uuid.UUID
-	if err := pool.QueryRow(ctx, store.NodeAgentDeadInstances.In(liveness.DefaultSchema).SQL, []string{unknown.String()}).Scan(&dead); err != nil || dead != unknown {
+	if err := pool.QueryRow(ctx, store.NodeAgentDeadInstances.In(defaults.Schema).SQL, []string{unknown.String()}).Scan(&dead); err != nil || dead != unknown {
 		t.Fatalf("node_agent_dead_instances of an unknown instance: %v, %v; want it", dead, err)
 	}
 	// How many of some instances' rows claim their locks: the running agents' rows do.
 	var claiming int
-	if err := pool.QueryRow(ctx, store.NodeAgentRowsClaimingLocks.In(liveness.DefaultSchema).SQL,
+	if err := pool.QueryRow(ctx, store.NodeAgentRowsClaimingLocks.In(defaults.Schema).SQL,
 		[]string{agents[0].Snapshot().InstanceID.String(), unknown.String()}).Scan(&claiming); err != nil || claiming != 1 {
 		t.Fatalf("node_agent_rows_claiming_locks of a running agent and an unknown instance: %d, %v; want 1", claiming, err)
 	}
 	// A shard set's: renewing many leases at once (none here), and reading its members.
-	if _, err := pool.Exec(ctx, store.LeaseRenewMany.In(liveness.DefaultSchema).SQL, []string{"set/0"}, []string{"h"}, []int64{1}, 15.0); err != nil {
+	if _, err := pool.Exec(ctx, store.LeaseRenewMany.In(defaults.Schema).SQL, []string{"set/0"}, []string{"h"}, []int64{1}, 15.0); err != nil {
 		t.Fatalf("lease_renew_many: %v", err)
 	}
 	for _, st := range []struct {
@@ -196,11 +197,11 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 		{store.LeaseDetachMany, []any{[]string{"set/1"}, []string{"h"}, []int64{1}}},
 		{store.ShardFree, []any{[]string{"set/0", "set/1"}}},
 	} {
-		if _, err := pool.Exec(ctx, st.s.In(liveness.DefaultSchema).SQL, st.args...); err != nil {
+		if _, err := pool.Exec(ctx, st.s.In(defaults.Schema).SQL, st.args...); err != nil {
 			t.Fatalf("%s: %v", st.s.Name(), err)
 		}
 	}
-	if _, err := pool.Exec(ctx, store.ShardMembers.In(liveness.DefaultSchema).SQL, "set/member/", "set/member0"); err != nil {
+	if _, err := pool.Exec(ctx, store.ShardMembers.In(defaults.Schema).SQL, "set/member/", "set/member0"); err != nil {
 		t.Fatalf("shard_members: %v", err)
 	}
 
@@ -237,10 +238,10 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	// (server_advisory_locks), its part judged without pg_locks (the instances statement
 	// of given locks, advisory_locks_of_snapshot: the agents hold alive locks).
 	scrape(t, withServerLocks(cfg, pool, db.Name), pool, agents[0])
-	if _, err := migrations.ReadState(ctx, pool, liveness.DefaultSchema); err != nil {
+	if _, err := migrations.ReadState(ctx, pool, defaults.Schema); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := migrations.Version(ctx, pool, liveness.DefaultSchema); err != nil {
+	if _, err := migrations.Version(ctx, pool, defaults.Schema); err != nil {
 		t.Fatal(err)
 	}
 	// Discovery's reads (package targets), as its round sends them.

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/prometheus/model/textparse"
 
 	"github.com/pg-liveness/pg_liveness_exporter/dashboards"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -338,7 +339,7 @@ func setupE2EDatabase(t *testing.T) *pgtest.DB {
 	db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := migrations.Apply(ctx, db.Conn(t), liveness.DefaultSchema); err != nil {
+	if _, err := migrations.Apply(ctx, db.Conn(t), defaults.Schema); err != nil {
 		t.Fatalf("migrations: %v", err)
 	}
 	db.Exec(t, `INSERT INTO liveness.leases (name, holder, taken_at, expires_at) VALUES

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -315,7 +316,7 @@ func TestNetworkBlipUnderAVerification(t *testing.T) {
 		}
 		return pid, last
 	}
-	verifyEvery := liveness.DefaultVerifyInterval // the faultagent has no flag for it
+	verifyEvery := defaults.VerifyInterval // the faultagent has no flag for it
 	kept := 0
 	for range trials() {
 		waitHealthy(t, s, victim, true)

@@ -40,6 +40,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/wait"
@@ -356,7 +357,7 @@ func prepare(ctx context.Context, admin *pgx.Conn) error {
 		return fmt.Errorf("fleetbench: %w", err)
 	}
 	defer pool.Close()
-	if _, err := migrations.Apply(ctx, pool, liveness.DefaultSchema); err != nil {
+	if _, err := migrations.Apply(ctx, pool, defaults.Schema); err != nil {
 		return fmt.Errorf("fleetbench: migrations: %w", err)
 	}
 	_, err = admin.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements;

@@ -36,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
@@ -54,7 +55,7 @@ type Config struct {
 	// sslmode=verify-full, which checks the host name, does not fit.
 	DSN       string
 	DirectDSN string
-	Schema    string // liveness.DefaultSchema if empty
+	Schema    string // defaults.Schema if empty
 	// ApplyMigrations creates the liveness objects before the fleet starts.
 	ApplyMigrations bool
 
@@ -88,7 +89,7 @@ type Config struct {
 // DefaultConfig is a small fleet with demo timings: states change within a minute.
 func DefaultConfig() Config {
 	return Config{
-		Schema:                liveness.DefaultSchema,
+		Schema:                defaults.Schema,
 		ApplyMigrations:       true,
 		Services:              []string{"checkout", "billing"},
 		Instances:             6,
@@ -115,7 +116,7 @@ func (c *Config) defaults() error {
 		c.DirectDSN = c.DSN
 	}
 	if c.Schema == "" {
-		c.Schema = liveness.DefaultSchema
+		c.Schema = defaults.Schema
 	}
 	if len(c.Services) == 0 {
 		c.Services = []string{"demo"}

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
@@ -24,7 +25,7 @@ const stale = 2 * time.Second
 // 2s, so that "at once" (well under a second) and "after the stale threshold" differ.
 func testConfig(db *pgtest.DB, services ...string) fleetsim.Config {
 	return fleetsim.Config{
-		DSN: db.DSN, Schema: liveness.DefaultSchema, ApplyMigrations: true,
+		DSN: db.DSN, Schema: defaults.Schema, ApplyMigrations: true,
 		Services:          services,
 		HeartbeatInterval: 200 * time.Millisecond, HeartbeatSlowInterval: 500 * time.Millisecond,
 		StaleThreshold: stale, VerifyInterval: 100 * time.Millisecond,

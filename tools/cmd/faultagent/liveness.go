@@ -16,14 +16,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
 // The library's defaults of a campaign, which the lease flags default to, so that the
 // suite measures what a service gets.
 const (
-	defaultLeaseTTL   = liveness.DefaultElectorTTL
-	defaultLeaseRetry = liveness.DefaultElectorRetryPeriod
+	defaultLeaseTTL   = defaults.ElectorTTL
+	defaultLeaseRetry = defaults.ElectorRetryPeriod
 )
 
 // leaseHandle is what a holder knows of the lease it holds.
