@@ -2,15 +2,13 @@ package collector
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
-	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
-
-// lostReasons are zero-filled for every lease so that increase() sees the first loss.
-var lostReasons = []liveness.LostReason{liveness.LostExpired, liveness.LostTaken, liveness.LostError, liveness.LostNotAlive}
 
 // AgentConfig configures the agent collector. It only runs when New gets an agent.
 type AgentConfig struct {
@@ -112,8 +110,9 @@ func (c *agentCollector) Update(_ context.Context, out *exposition.Builder) erro
 		if l.Held {
 			gauge(c.leaseEpoch, float64(l.Epoch), l.Name)
 		}
-		for _, r := range lostReasons {
-			counter(c.leasesLost, l.Lost[r], l.Name, string(r))
+		// Lost has every reason, zero included, so that increase() sees the first loss.
+		for _, r := range slices.Sorted(maps.Keys(l.Lost)) {
+			counter(c.leasesLost, l.Lost[r], l.Name, r)
 		}
 		counter(c.fencedRefused, l.FencedRefused, l.Name)
 	}

@@ -150,21 +150,24 @@ type fixedAgent liveness.AgentSnapshot
 
 func (a fixedAgent) Snapshot() liveness.AgentSnapshot { return liveness.AgentSnapshot(a) }
 
-var testAgent = fixedAgent{
-	InstanceID:  id("ee"),
-	ServiceName: "pg_liveness_exporter",
-	Mode:        liveness.ModeAdvisoryLockWhenAvailable,
-	Timing:      liveness.Timing{HeartbeatInterval: 30 * time.Second, HeartbeatSlowInterval: time.Minute},
-	AliveLock:   liveness.AliveLockStats{Held: true, Claims: 2, Losses: 1, Reconnects: 1},
-	Heartbeat: liveness.HeartbeatStats{Interval: time.Minute, Beats: 42, Failures: 3,
-		LastBeat: time.Unix(1_800_000_000, 500_000_000)},
-	Leases: []liveness.LeaseStats{
-		{Name: "pg_liveness_reaper", Held: true, Epoch: 7, Lost: map[liveness.LostReason]uint64{liveness.LostTaken: 2},
-			FencedRefused: 1},
-	},
-	Reaped: 7,
-	Shards: []liveness.ShardSetStats{{Set: "orders", Members: 4, Shards: 64, Owned: 16, Acquired: 20, Released: 3, Lost: 1}},
-}
+var testAgent = func() fixedAgent {
+	s := liveness.AgentSnapshot{
+		InstanceID:  id("ee"),
+		ServiceName: "pg_liveness_exporter",
+		Mode:        liveness.ModeAdvisoryLockWhenAvailable,
+		Timing:      liveness.Timing{HeartbeatInterval: 30 * time.Second, HeartbeatSlowInterval: time.Minute},
+		Leases: []liveness.LeaseStats{
+			{Name: "pg_liveness_reaper", Held: true, Epoch: 7, Lost: map[string]uint64{"expired": 0, "taken": 2, "error": 0, "not_alive": 0},
+				FencedRefused: 1},
+		},
+		Reaped: 7,
+		Shards: []liveness.ShardSetStats{{Set: "orders", Members: 4, Shards: 64, Owned: 16, Acquired: 20, Released: 3, Lost: 1}},
+	}
+	s.AliveLock.Held, s.AliveLock.Claims, s.AliveLock.Losses, s.AliveLock.Reconnects = true, 2, 1, 1
+	s.Heartbeat.Interval, s.Heartbeat.Beats, s.Heartbeat.Failures = time.Minute, 42, 3
+	s.Heartbeat.LastBeat = time.Unix(1_800_000_000, 500_000_000)
+	return fixedAgent(s)
+}()
 
 // scenarioRules are the bounds of the samples that depend on when the scrape runs.
 var scenarioRules = []approx{

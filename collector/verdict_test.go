@@ -126,8 +126,8 @@ func TestOneVerdict(t *testing.T) {
 			}
 		case err != nil:
 			t.Fatalf("%s: reader: %v", st.name, err)
-		case string(status.State) != st.state || status.Alive() != wantAlive:
-			t.Fatalf("%s: reader says %q (alive %v), want %q", st.name, status.State, status.Alive(), st.state)
+		case string(status.State) != st.state || status.State.Alive() != wantAlive:
+			t.Fatalf("%s: reader says %q (alive %v), want %q", st.name, status.State, status.State.Alive(), st.state)
 		}
 
 		if st.state != "" {

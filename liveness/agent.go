@@ -144,7 +144,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 // outlived JobWindDown; or a *ConfigError. Call it in a goroutine the service owns, and
 // wait for it before the process exits.
 func (a *Agent) Elect(ctx context.Context, cfg ElectorConfig) error {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return err
 	}
 	campaignCtx, cancel := context.WithCancelCause(ctx)

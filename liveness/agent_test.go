@@ -105,7 +105,7 @@ func TestAgentParticipatesAndShutsDownCleanly(t *testing.T) {
 	if s.Reaped < 1 || s.InstanceID != cfg.InstanceID || s.ServiceName != "agent-test" || s.Mode != cfg.Mode {
 		t.Fatalf("snapshot: %+v", s)
 	}
-	if !hasLease(s.Leases, liveness.ReaperLease) {
+	if !hasLease(s.Leases, defaults.ReaperLease) {
 		t.Fatalf("snapshot has no reaper lease stats: %+v", s.Leases)
 	}
 	if alive, row := isAlive(t, pool, cfg.InstanceID); !alive || !row {
@@ -204,7 +204,7 @@ func TestAgentShutdownGivesEachStepItsBudget(t *testing.T) {
 	go func() {
 		electDone <- agent.Elect(context.Background(), liveness.ElectorConfig{Lease: "job", TTL: time.Second,
 			RetryPeriod: 100 * time.Millisecond,
-			OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
+			OnStartedLeading: func(ctx context.Context, self *liveness.Lease) {
 				close(started)
 				<-ctx.Done()
 				// Winding down, the job still holds its lease: its fenced writes count.
@@ -319,7 +319,7 @@ func TestAgentLeavesAnOverrunningJobsLeaseToExpire(t *testing.T) {
 	const ttl = 20 * time.Second
 	go func() {
 		electDone <- agent.Elect(context.Background(), liveness.ElectorConfig{Lease: "stubborn", TTL: ttl,
-			OnStartedLeading: func(context.Context, liveness.Leadership) {
+			OnStartedLeading: func(context.Context, *liveness.Lease) {
 				close(started)
 				<-release // ignores its context
 			},
@@ -377,7 +377,7 @@ func TestAgentShutdownWithinBudgetWhenStatementsHang(t *testing.T) {
 	t.Cleanup(func() { close(release) })
 	go func() {
 		_ = agent.Elect(context.Background(), liveness.ElectorConfig{Lease: "stubborn", TTL: time.Minute,
-			OnStartedLeading: func(context.Context, liveness.Leadership) { close(started); <-release }})
+			OnStartedLeading: func(context.Context, *liveness.Lease) { close(started); <-release }})
 	}()
 	select {
 	case <-started:
@@ -531,14 +531,14 @@ func TestAgentHeartbeatTableOnly(t *testing.T) {
 		  AND l.objid = liveness.lock_key_objid(liveness.instance_lock_key($1))`, cfg.InstanceID).Scan(&locks); err != nil || locks != 0 {
 		t.Fatalf("%d advisory locks on the instance's key (%v); want none", locks, err)
 	}
-	if s := agent.Snapshot(); s.AliveLock != (liveness.AliveLockStats{}) || s.Heartbeat.Interval != cfg.Timing.HeartbeatInterval {
+	if s := agent.Snapshot(); s.AliveLock != (liveness.AgentSnapshot{}).AliveLock || s.Heartbeat.Interval != cfg.Timing.HeartbeatInterval {
 		t.Fatalf("Snapshot = %+v; want no alive lock and the fast cadence %s", s, cfg.Timing.HeartbeatInterval)
 	}
 	led := make(chan struct{})
 	electCtx, endElect := context.WithCancel(ctx)
 	defer endElect()
 	go func() {
-		_ = agent.Elect(electCtx, liveness.ElectorConfig{Lease: "table-only", OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+		_ = agent.Elect(electCtx, liveness.ElectorConfig{Lease: "table-only", OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) {
 			close(led)
 			<-ctx.Done()
 		}})

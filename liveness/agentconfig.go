@@ -85,9 +85,10 @@ type AgentConfig struct {
 	// round. 7 days if zero.
 	HistoryRetention time.Duration
 
-	// DisableWatcher keeps this agent out of the watchers' campaigns (WatcherLeases). By
+	// DisableWatcher keeps this agent out of the watchers' campaigns (the leases
+	// "pg_liveness.watcher.a" and ".b"). By
 	// default every agent takes part, and two of them, in two processes, record the
-	// vanishing of any alive lock within WatchInterval and notify the waiters; without a
+	// vanishing of any alive lock within 250 ms and notify the waiters; without a
 	// watcher the first look records it, and a crash is dead a lock grace after that
 	// look instead of after the crash.
 	DisableWatcher bool

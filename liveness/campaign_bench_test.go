@@ -12,7 +12,6 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/latency"
-	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
 // Follower tries per agent and second at the defaults, while its session listens: each
@@ -116,7 +115,7 @@ func benchmarkLeaseAcquireRefused(b *testing.B, watched bool) {
 			select {
 			case <-ticking.Done():
 				return
-			case <-time.After(liveness.WatchInterval):
+			case <-time.After(defaults.WatchInterval):
 				if err := record(); err != nil && ticking.Err() == nil {
 					b.Error(err)
 					return

@@ -39,9 +39,9 @@
 // # Nobody has to look
 //
 // The grace runs from when the vanished lock was first seen missing, so someone must
-// see it: every Agent campaigns for the two watcher leases (WatcherLeases; at most one
+// see it: every Agent campaigns for the two watcher leases ("pg_liveness.watcher.a" and ".b"; at most one
 // per agent, so that two processes watch and each notices the other's crash), and a
-// watcher reads a digest of the advisory locks every WatchInterval (250 ms), stamping
+// watcher reads a digest of the advisory locks every 250 ms, stamping
 // absences only when it changed: one cheap statement per tick, whatever the fleet's size,
 // and nothing written when nothing changed. A crashed instance is thus dead for the first
 // look after any silence, about its lock grace after PostgreSQL freed its lock. When both
@@ -115,16 +115,16 @@
 //     it; another process may start once it expires, at most TTL after its last
 //     renewal. Elect then returns ErrWindDownExceeded.
 //   - Lost lease. The callback's context is cancelled with a *LeaseLostError. When the
-//     trust window runs out (the database unreachable or not answering: LostExpired,
-//     LostError), the cancel comes TTL less the margin (TTL/10, 1.5 s) after the last
+//     trust window runs out (the database unreachable or not answering: Reason "expired",
+//     "error"), the cancel comes TTL less the margin (TTL/10, 1.5 s) after the last
 //     renewal that succeeded was sent, and the row expires by the database clock no
 //     earlier than TTL after it: the callback has at least the margin before another
 //     process may start (clocks running at the same rate). When a renewal finds the
-//     lease taken (LostTaken), another process may already run: that happens only if
+//     lease taken (Reason "taken"), another process may already run: that happens only if
 //     the row was changed by hand, or this host's clock ran slower than the database's
 //     by more than the margin. The fence below keeps the database right either way.
 //   - Lost life. The instance can no longer count on the fleet seeing it alive
-//     (LostNotAlive), and the callback's context is cancelled before anyone may take the
+//     (Reason "not_alive"), and the callback's context is cancelled before anyone may take the
 //     lease: three quarters of the lock grace (0.75 s) after the last proof that its lock
 //     was held was sent, since the lock may vanish unseen just after that proof (a server
 //     restart, a failover or a terminated backend while the leader is cut off, or its
@@ -204,8 +204,9 @@
 //
 // # Fencing
 //
-// A write that must never come from two leaders is fenced: Leadership.Exec runs one
-// statement, Leadership.BeginTx and BeginFunc a transaction (Lease has the same three).
+// A write that must never come from two leaders is fenced under the leader's *Lease (the
+// one OnStartedLeading gets): Lease.Exec runs one statement, Lease.BeginTx and BeginFunc
+// a transaction.
 // The fence, sent first in the writing transaction, runs the schema's fence, which acts
 // only for the caller that presents the lease's holder token and locks the lease row FOR
 // KEY SHARE: any takeover (and release) waits until the transaction ends, so every write
@@ -223,11 +224,11 @@
 // *FencedError: a holder that hangs with one open would otherwise hold back every
 // takeover until it resumes. Exec's, BeginTx's and BeginFunc's transactions also last at
 // most the TTL from their start: past it, the library cancels the running statement and
-// ends that lease alone (LostExpired, with one log line naming the transaction's age and
+// ends that lease alone (Reason "expired", with one log line naming the transaction's age and
 // the bound), so that no takeover waits on a statement that never ends; a shorter one
 // costs no lease, since renewals do not wait for the fence. A write whose context
 // was cancelled may still have committed, as any COMMIT whose answer was lost: it landed
-// before any other holder's. Leadership.Fence (or Lease.Fence) fences a pgx.Tx of the caller's own.
+// before any other holder's. Lease.Fence fences a pgx.Tx of the caller's own.
 //
 // A fence also carries FenceDeadline: when, on the server's clock, this process stops
 // trusting the lease (the end of its trust window; under an Agent, also the moment its
@@ -260,7 +261,7 @@
 // shard its lease, <set>/<shard>, both in <schema>.leases. Each member reads the set's
 // live members when they change (notified) and every few seconds, and owns the shards
 // that rendezvous hashing gives it among them, so a join or a departure moves about one
-// shard in members. A shard's callback gets the shard's Leadership: fence its writes
+// shard in members. A shard's callback gets the shard's *Lease: fence its writes
 // with shard.Exec or shard.BeginFunc. A shard's lease is released only once its callback
 // has returned, so a shard that moves between live members (a join, a graceful stop) has
 // its new owner start after the old one's callback returned, tens of milliseconds later

@@ -11,8 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 )
 
@@ -54,8 +52,10 @@ type ElectorConfig struct {
 	//     package documentation says how long it has before another process may start.
 	//
 	// Returning on its own steps down: the lease is released and the campaign goes on.
-	// Fence the job's writes with self.Exec or self.BeginFunc.
-	OnStartedLeading func(ctx context.Context, self Leadership)
+	// self is the lease this process leads under (its Epoch, its Context, which ends
+	// with it): fence the job's writes with self.Exec, self.BeginFunc or self.Fence. Its
+	// Release steps down as returning does, and the callback must still return.
+	OnStartedLeading func(ctx context.Context, self *Lease)
 	// OnStoppedLeading runs after OnStartedLeading has returned and the lease was let go,
 	// with the reason: a *LeaseLostError (errors.Is ErrLeaseLost), ErrLeaseReleased (the
 	// callback returned on its own), or the cause of the context that ended the campaign.
@@ -75,38 +75,8 @@ type ElectorConfig struct {
 	slot *campaignSlot
 }
 
-// Leadership is this process's leadership of a lease, given to OnStartedLeading: who it
-// is, and the fence for the job's writes.
-type Leadership struct {
-	Leader
-	lease *Lease
-}
-
-// Fence makes the writes that follow it in tx count only while this leadership holds
-// its lease, and refuses tx's COMMIT past the deadline as of the fence: see Lease.Fence.
-// Exec, BeginTx and BeginFunc fence a transaction of their own, with a
-// fresh deadline at COMMIT. During a wind-down (the campaign ended, the lease still
-// renewed) it still succeeds; after a loss it fails with an error that is errors.Is
-// ErrLeaseLost.
-func (l Leadership) Fence(ctx context.Context, tx pgx.Tx) error {
-	if l.lease == nil {
-		return fmt.Errorf("%w: a Leadership that no campaign gave out holds no lease", ErrLeaseLost)
-	}
-	return l.lease.Fence(ctx, tx)
-}
-
-// FenceDeadline is Lease.FenceDeadline of the leadership's lease: the moment, on the
-// database server's clock, past which its fenced writes must be refused. The zero time
-// (which refuses every write) for a Leadership no campaign gave out.
-func (l Leadership) FenceDeadline() time.Time {
-	if l.lease == nil {
-		return time.Time{}
-	}
-	return l.lease.FenceDeadline()
-}
-
-// Validate checks the configuration; errors are *ConfigError.
-func (c ElectorConfig) Validate() error {
+// validate checks the configuration; errors are *ConfigError.
+func (c ElectorConfig) validate() error {
 	switch {
 	case c.Lease == "":
 		return &ConfigError{Field: "ElectorConfig.Lease", Reason: "must be set"}
@@ -151,7 +121,7 @@ func (openGate) leave()      {}
 // of its lease and OnStoppedLeading has run; ErrWindDownExceeded (wrapped) when the
 // callback outlived windDown; or a *ConfigError.
 func (l *Leases) elect(ctx context.Context, cfg ElectorConfig, windDown time.Duration, gate leadGate) error {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return err
 	}
 	cfg.TTL = cmp.Or(cfg.TTL, defaults.ElectorTTL)

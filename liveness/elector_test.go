@@ -37,7 +37,7 @@ type span struct {
 func (l *leadership) config(lease string, ttl time.Duration) liveness.ElectorConfig {
 	return liveness.ElectorConfig{
 		Lease: lease, TTL: ttl, RetryPeriod: 100 * time.Millisecond,
-		OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
+		OnStartedLeading: func(ctx context.Context, self *liveness.Lease) {
 			l.mu.Lock()
 			i := len(l.spans)
 			l.spans = append(l.spans, span{epoch: self.Epoch, start: time.Now()})
@@ -138,8 +138,8 @@ func TestElectorTakesOverFromADeadLeaderBeforeTheTTL(t *testing.T) {
 		t.Fatalf("a1's OnStoppedLeading reasons %v; want one lost lease", stops1)
 	}
 	var lost *liveness.LeaseLostError
-	if errors.As(stops1[0], &lost) && lost.Reason != liveness.LostNotAlive {
-		t.Fatalf("a1 stopped because %s; want %s (it could not prove life)", lost.Reason, liveness.LostNotAlive)
+	if errors.As(stops1[0], &lost) && lost.Reason != "not_alive" {
+		t.Fatalf("a1 stopped because %s; want %s (it could not prove life)", lost.Reason, "not_alive")
 	}
 	if leader, err := reader.Leader(ctx, "job"); err != nil || leader.InstanceID != a2.Snapshot().InstanceID || leader.Epoch != s2[0].epoch {
 		t.Fatalf("Reader.Leader = %+v, %v; want a2 at epoch %d", leader, err, s2[0].epoch)
@@ -155,9 +155,13 @@ func TestElectorTakesOverFromADeadLeaderBeforeTheTTL(t *testing.T) {
 }
 
 // TestElectorConfigErrorsNameTheField: a library has no flags, so its errors name the
-// configuration field.
+// configuration field. Elect refuses such a configuration before it campaigns, so the
+// agent need not run.
 func TestElectorConfigErrorsNameTheField(t *testing.T) {
-	noop := func(context.Context, liveness.Leadership) {}
+	db, pool := testdb.MigratedPool(t, 2)
+	agent := newAgent(t, defaultAgentConfig(db, pool, "elector-config"))
+	ctx := testutil.Context(t, 10*time.Second)
+	noop := func(context.Context, *liveness.Lease) {}
 	for _, tc := range []struct {
 		cfg   liveness.ElectorConfig
 		field string
@@ -168,12 +172,9 @@ func TestElectorConfigErrorsNameTheField(t *testing.T) {
 		{liveness.ElectorConfig{Lease: "x", OnStartedLeading: noop, RetryPeriod: -1}, "ElectorConfig.RetryPeriod"},
 	} {
 		var ce *liveness.ConfigError
-		if err := tc.cfg.Validate(); !errors.As(err, &ce) || ce.Field != tc.field {
-			t.Errorf("Validate(%+v) = %v; want a *ConfigError for %s", tc.cfg, err, tc.field)
+		if err := agent.Elect(ctx, tc.cfg); !errors.As(err, &ce) || ce.Field != tc.field {
+			t.Errorf("Elect(%+v) = %v; want a *ConfigError for %s", tc.cfg, err, tc.field)
 		}
-	}
-	if err := (liveness.ElectorConfig{Lease: "x", OnStartedLeading: noop}).Validate(); err != nil {
-		t.Errorf("zero values must take the defaults: %v", err)
 	}
 }
 
@@ -269,8 +270,8 @@ type jobRun struct {
 
 // job runs until its context ends, then needs windDown to finish (the work it must not
 // cut short: a payment batch, a mail), and reports its start on started.
-func (l *jobLog) job(who string, windDown time.Duration, started chan<- string) func(context.Context, liveness.Leadership) {
-	return func(ctx context.Context, self liveness.Leadership) {
+func (l *jobLog) job(who string, windDown time.Duration, started chan<- string) func(context.Context, *liveness.Lease) {
+	return func(ctx context.Context, self *liveness.Lease) {
 		l.mu.Lock()
 		i := len(l.runs)
 		l.runs = append(l.runs, jobRun{who: who, epoch: self.Epoch, begin: time.Now()})
@@ -463,7 +464,7 @@ func TestOnNewLeaderReportsItselfAndTheGap(t *testing.T) {
 	go func() {
 		done <- a.Elect(ctx, liveness.ElectorConfig{Lease: "report", RetryPeriod: 100 * time.Millisecond,
 			OnNewLeader: seen.add,
-			OnStartedLeading: func(_ context.Context, self liveness.Leadership) {
+			OnStartedLeading: func(_ context.Context, self *liveness.Lease) {
 				mu.Lock()
 				defer mu.Unlock()
 				// What OnNewLeader said last, before this job started, is this very leadership.
@@ -579,7 +580,7 @@ func TestFollowersWaitForNotificationsNotTheClock(t *testing.T) {
 	defer wg.Wait()
 	defer stop()
 	c1 := liveness.ElectorConfig{Lease: "quiet-job", RetryPeriod: 50 * time.Millisecond,
-		OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+		OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) {
 			select {
 			case <-ctx.Done():
 			case <-stepDown:

@@ -16,15 +16,15 @@ import (
 // the lease is left to expire and lead returns ErrWindDownExceeded. Either way the gate
 // is left once the lease is let go.
 func (e *campaign) lead(ctx context.Context, lease *Lease) error {
-	self := Leadership{Leader: Leader{Lease: lease.Name, InstanceID: e.leases.instanceID(), Host: e.leases.host,
-		Epoch: lease.Epoch, TakenAt: lease.TakenAt, ExpiresAt: lease.ExpiresAt()}, lease: lease}
+	self := Leader{Lease: lease.Name, InstanceID: e.leases.instanceID(), Host: e.leases.host,
+		Epoch: lease.Epoch, TakenAt: lease.TakenAt, ExpiresAt: lease.ExpiresAt()}
 	if ctx.Err() != nil { // the campaign ended as the lease was taken: nothing ran under it
 		_ = e.release(ctx, lease)
 		e.gate.leave()
 		return nil
 	}
 	e.leases.log.Info("started leading", "lease", lease.Name, "epoch", lease.Epoch)
-	e.report(self.Leader)
+	e.report(self)
 	// The job's context ends with the lease (a loss) or with the campaign; the lease's
 	// own context does not end with the campaign, so renewals go on while the job winds
 	// down.
@@ -35,7 +35,7 @@ func (e *campaign) lead(ctx context.Context, lease *Lease) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		e.cfg.OnStartedLeading(job, self)
+		e.cfg.OnStartedLeading(job, lease)
 	}()
 
 	over, windDown := ctx.Done(), (<-chan time.Time)(nil)
@@ -77,7 +77,7 @@ func (e *campaign) lead(ctx context.Context, lease *Lease) error {
 	if !released {
 		e.retryRelease(ctx, lease)
 	}
-	e.observeAfter(ctx, self.Leader)
+	e.observeAfter(ctx, self)
 	// A leader that just stepped down lets the others in before trying again.
 	select {
 	case <-ctx.Done():

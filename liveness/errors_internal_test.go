@@ -95,7 +95,7 @@ func TestErrorsStartWithLiveness(t *testing.T) {
 	// The package's error types say it too.
 	types := map[string]error{
 		"ConfigError":    &ConfigError{Field: "X.Y", Reason: "must be set"},
-		"LeaseLostError": &LeaseLostError{Name: "jobs", Epoch: 1, Reason: LostTaken},
+		"LeaseLostError": &LeaseLostError{Name: "jobs", Epoch: 1, Reason: lostTaken},
 		"FencedError":    &FencedError{Lease: "jobs", Epoch: 1},
 		"leaseHeldError": &leaseHeldError{},
 	}
@@ -131,7 +131,7 @@ func TestErrorsStartWithLiveness(t *testing.T) {
 		if strings.HasPrefix(e.Error(), "liveness: ") {
 			t.Errorf("%s's Error() = %q: it is wrapped by LeaseLostError, which already starts with \"liveness: \"", name, e.Error())
 		}
-		wrapped := (&LeaseLostError{Name: "jobs", Epoch: 1, Reason: LostExpired, Err: e}).Error()
+		wrapped := (&LeaseLostError{Name: "jobs", Epoch: 1, Reason: lostExpired, Err: e}).Error()
 		if strings.Count(wrapped, "liveness: ") != 1 {
 			t.Errorf("a LeaseLostError wrapping %s reads %q", name, wrapped)
 		}

@@ -113,7 +113,7 @@ func ExampleAgent_Elect() {
 		campaign, endCampaign := context.WithCancel(ctx)
 		err = agent.Elect(campaign, liveness.ElectorConfig{
 			Lease: "alert-evaluation",
-			OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
+			OnStartedLeading: func(ctx context.Context, self *liveness.Lease) {
 				// One fenced statement; self.BeginFunc fences a transaction of several.
 				_, err := self.Exec(ctx, pool, `INSERT INTO alert_runs (epoch) VALUES ($1)`, self.Epoch)
 				// A refused write is errors.Is(err, liveness.ErrFenced), never 0 rows.
@@ -177,7 +177,7 @@ func ExampleReader() {
 			return err
 		}
 		st, err := reader.Instance(ctx, gone)
-		fmt.Println(st.State, st.Alive(), err)
+		fmt.Println(st.State, st.State.Alive(), err)
 
 		_, err = reader.Instance(ctx, uuid.New())
 		fmt.Println(errors.Is(err, liveness.ErrInstanceNotFound))
@@ -244,7 +244,7 @@ func ExampleAgent_WatchAlive() {
 
 		sizes := make(chan int, 8)
 		go func() {
-			_ = self.WatchAlive(runCtx, "shards", func(alive []liveness.InstanceStatus) {
+			_ = self.WatchAlive(runCtx, "shards", 0, func(alive []liveness.InstanceStatus) {
 				sizes <- len(alive) // in a service: take the shards that hash to this instance
 			})
 		}()

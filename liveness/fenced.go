@@ -41,8 +41,8 @@ const (
 // caller's context has ended: the connection goes back to its pool only once it has.
 const fenceEndTimeout = 5 * time.Second
 
-// FencedError is a write fenced under a lease (Lease.Exec, Lease.BeginTx, Lease.BeginFunc
-// and their Leadership forms) that was refused: nothing of it committed. Refused by the
+// FencedError is a write fenced under a lease (Lease.Exec, Lease.BeginTx, Lease.BeginFunc)
+// that was refused: nothing of it committed. Refused by the
 // fence (the lease not held, a fence or a COMMIT past its deadline), or ended by the
 // server or the library before its COMMIT could count: a transaction that idled past
 // its limit (the server ends its session, SQLSTATE 25P03, and a COMMIT sent then, or not
@@ -81,13 +81,18 @@ func (e *FencedError) Error() string {
 	return b.String()
 }
 
-// Is makes errors.Is(err, ErrFenced) true, and errors.Is(err, ErrLeaseLost) too when the
-// lease is no longer held.
-func (e *FencedError) Is(target error) bool {
-	return target == ErrFenced || (target == ErrLeaseLost && !e.Held)
+// Unwrap makes errors.Is(err, ErrFenced) true, errors.Is(err, ErrLeaseLost) too when the
+// lease is no longer held, and reaches Err.
+func (e *FencedError) Unwrap() []error {
+	errs := []error{ErrFenced}
+	if !e.Held {
+		errs = append(errs, ErrLeaseLost)
+	}
+	if e.Err != nil {
+		errs = append(errs, e.Err)
+	}
+	return errs
 }
-
-func (e *FencedError) Unwrap() error { return e.Err }
 
 // Exec runs sql with args as one fenced transaction under this lease, in one round trip:
 // the fence and the statement go in one pipeline, without BEGIN or COMMIT, and run as
@@ -118,7 +123,7 @@ func (e *FencedError) Unwrap() error { return e.Err }
 // from its start: it holds the lease row FOR KEY SHARE, so that any takeover waits for
 // it, and one that never ended would hold every other holder back. Shorter, it costs no
 // lease, its own included (renewals do not wait for the fence). Past the TTL, its running
-// statement is cancelled on the server, its lease ends (a *LeaseLostError, LostExpired,
+// statement is cancelled on the server, its lease ends (a *LeaseLostError, Reason "expired",
 // whose Err names the transaction's age and the bound), with one warning line, and the
 // write is a *FencedError; other leases are not touched. It may also idle between its
 // statements at most the TTL: the server then ends its session, and its COMMIT is a
@@ -289,38 +294,6 @@ func (le *Lease) BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx
 	return tx.Commit(ctx)
 }
 
-// Exec is Lease.Exec under the leadership's lease: its transaction lasts at most the
-// lease's TTL (ElectorConfig.TTL, ShardsConfig.TTL), past which it is cancelled and the
-// lease ends.
-func (l Leadership) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ...any) (pgconn.CommandTag, error) {
-	if l.lease == nil {
-		return pgconn.CommandTag{}, errNoCampaign(l)
-	}
-	return l.lease.Exec(ctx, db, sql, args...)
-}
-
-// BeginTx is Lease.BeginTx under the leadership's lease: the transaction lasts at most
-// the lease's TTL (see Lease.Exec).
-func (l Leadership) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptions) (pgx.Tx, error) {
-	if l.lease == nil {
-		return nil, errNoCampaign(l)
-	}
-	return l.lease.BeginTx(ctx, db, opts)
-}
-
-// BeginFunc is Lease.BeginFunc under the leadership's lease: the transaction lasts at
-// most the lease's TTL (see Lease.Exec).
-func (l Leadership) BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) error {
-	if l.lease == nil {
-		return errNoCampaign(l)
-	}
-	return l.lease.BeginFunc(ctx, db, fn)
-}
-
-func errNoCampaign(l Leadership) error {
-	return &FencedError{Lease: l.Lease, Epoch: l.Epoch, Err: errors.New("a Leadership that no campaign gave out holds no lease")}
-}
-
 // fencedTx is BeginTx's transaction: its COMMIT carries the deadline as of when it is
 // sent, and it gives its connection back when it ends.
 type fencedTx struct {
@@ -405,7 +378,7 @@ const (
 )
 
 // txOutlivedError is why a lease ended whose fenced transaction stayed open past its
-// bound, the lease's ttl (LeaseLostError.Err, with LostExpired).
+// bound, the lease's ttl (LeaseLostError.Err, with Reason "expired").
 type txOutlivedError struct {
 	age, bound time.Duration
 }
@@ -421,7 +394,7 @@ func (e *txOutlivedError) Error() string {
 // holder's job) would hold back every other holder forever. Past the bound its running
 // statement is cancelled on the server (a cancel request: ending the job's context only
 // closes this end of the connection, and the server would run the statement on), then
-// the lease ends (LostExpired, with a *txOutlivedError), with one log line; its COMMIT is
+// the lease ends (lostExpired, with a *txOutlivedError), with one log line; its COMMIT is
 // refused. A shorter transaction costs the lease nothing: its renewals do not wait for
 // the fence.
 type txWatch struct {
@@ -454,7 +427,7 @@ func (le *Lease) watchTx(conn *pgconn.PgConn, began time.Time) *txWatch {
 		}
 		le.leases.log.Warn("fenced transaction open past its bound, the lease's TTL: its statement is cancelled and "+
 			"the lease ends, so that no takeover waits for it any longer", attrs...)
-		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostExpired, Err: &txOutlivedError{age: age, bound: le.ttl}})
+		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostExpired, Err: &txOutlivedError{age: age, bound: le.ttl}})
 	})
 	return w
 }
@@ -517,7 +490,7 @@ func (le *Lease) fenceFailed(err error) error {
 	if errors.As(err, &pg) {
 		switch pg.Code {
 		case sqlStateNotHeld:
-			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostTaken})
+			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostTaken})
 			return le.refused(false, err)
 		case sqlStateFenceLate:
 			return le.refused(false, err)

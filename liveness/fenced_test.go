@@ -35,16 +35,16 @@ const (
 
 // lead campaigns for name on agent until the test ends, and returns the leadership once
 // it leads, with a channel that yields the reason it stopped leading.
-func lead(t *testing.T, ctx context.Context, agent *liveness.Agent, name string) (liveness.Leadership, <-chan error) {
+func lead(t *testing.T, ctx context.Context, agent *liveness.Agent, name string) (*liveness.Lease, <-chan error) {
 	t.Helper()
 	campaign, stop := context.WithCancel(ctx)
-	leading := make(chan liveness.Leadership, 1)
+	leading := make(chan *liveness.Lease, 1)
 	told := make(chan error, 1)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { stop(); wg.Wait() })
 	wg.Go(func() {
 		_ = agent.Elect(campaign, liveness.ElectorConfig{Lease: name, TTL: 30 * time.Second,
-			OnStartedLeading: func(lctx context.Context, self liveness.Leadership) {
+			OnStartedLeading: func(lctx context.Context, self *liveness.Lease) {
 				select {
 				case leading <- self:
 				default:
@@ -63,7 +63,7 @@ func lead(t *testing.T, ctx context.Context, agent *liveness.Agent, name string)
 		return self, told
 	case <-time.After(20 * time.Second):
 		t.Fatal("the agent did not lead within 20s")
-		return liveness.Leadership{}, nil
+		return nil, nil
 	}
 }
 
@@ -144,8 +144,8 @@ func TestFencedCommitHeldBackPastTheStepDownIsRefused(t *testing.T) {
 		t.Fatal("the leader did not step down within 20s of the partition")
 	}
 	var lost *liveness.LeaseLostError
-	if !errors.As(reason, &lost) || lost.Reason != liveness.LostNotAlive {
-		t.Fatalf("the leader stopped because %v; want %s", reason, liveness.LostNotAlive)
+	if !errors.As(reason, &lost) || lost.Reason != "not_alive" {
+		t.Fatalf("the leader stopped because %v; want %s", reason, "not_alive")
 	}
 	writesNet.Thaw() // the COMMITs arrive; the agent's network stays cut, so nothing races them
 	wg.Wait()
@@ -225,7 +225,7 @@ func TestLeaseExecRefusesOnceTheLeaseIsNotHeld(t *testing.T) {
 		t.Fatalf("Exec after a takeover: %v; want a *FencedError, lease not held", err)
 	}
 	var lost *liveness.LeaseLostError
-	if !errors.As(le.Err(), &lost) || lost.Reason != liveness.LostTaken {
+	if !errors.As(le.Err(), &lost) || lost.Reason != "taken" {
 		t.Fatalf("the lease after the refused fence: %v; want lost, taken", le.Err())
 	}
 	if _, err := le.Exec(ctx, pool, insertWrite, le.Epoch, "ended"); !errors.Is(err, liveness.ErrFenced) {
@@ -362,11 +362,11 @@ func TestFencedWritesOfAHealthyLeaderWaitingASecondAreNotRefused(t *testing.T) {
 
 	// The writes that must commit, each under a leadership that stays healthy through
 	// them. On a loaded machine the leader's own gate may end a leadership meanwhile
-	// (LostNotAlive: it could not prove life in time), which says nothing of the horizon
+	// (lostNotAlive: it could not prove life in time), which says nothing of the horizon
 	// tested here; the writes then run again under a new one, at most three times. Any
 	// other refusal fails.
 	counted := 0
-	writesCommit := func(self liveness.Leadership) error {
+	writesCommit := func(self *liveness.Lease) error {
 		wg := busy()
 		tag, err := self.Exec(ctx, writes, insertWrite, self.Epoch, "exec")
 		wg.Wait()
@@ -416,7 +416,7 @@ func TestFencedWritesOfAHealthyLeaderWaitingASecondAreNotRefused(t *testing.T) {
 		case <-time.After(5 * time.Second):
 		}
 		var lost *liveness.LeaseLostError
-		if attempt == 3 || !errors.Is(err, liveness.ErrLeaseLost) || !errors.As(reason, &lost) || lost.Reason != liveness.LostNotAlive {
+		if attempt == 3 || !errors.Is(err, liveness.ErrLeaseLost) || !errors.As(reason, &lost) || lost.Reason != "not_alive" {
 			t.Fatalf("%v (the leadership ended: %v)", err, reason)
 		}
 		t.Logf("attempt %d: the leader's gate ended its leadership (%v); again under a new lease", attempt, err)

@@ -128,7 +128,7 @@ func TestShardsFencedTransactionShorterThanTheTTLCostsNoLease(t *testing.T) {
 
 // Past its lease's TTL, a fenced transaction costs its own lease and nothing else: its
 // running statement is cancelled on the server (so that a takeover, which waits for the
-// fenced transaction, is not held back by it), its lease ends (LostExpired) with one log
+// fenced transaction, is not held back by it), its lease ends (lostExpired) with one log
 // line naming the transaction's age and the bound, its write is a *FencedError, and the
 // other shards of the member keep their leases. The member then owns the shard again,
 // under a new epoch: nothing holds its row any more.
@@ -173,7 +173,7 @@ func TestShardsFencedTransactionPastTheTTLEndsItsOwnLeaseOnly(t *testing.T) {
 	testutil.Eventually(t, 10*time.Second, "shard 0 owned again", func() bool { return len(runs.get("0")) == 2 })
 	zero := runs.get("0")
 	var lost *liveness.LeaseLostError
-	if !errors.As(zero[0].stopped, &lost) || lost.Reason != liveness.LostExpired ||
+	if !errors.As(zero[0].stopped, &lost) || lost.Reason != "expired" ||
 		!strings.Contains(lost.Error(), "past its bound") || zero[1].epoch <= zero[0].epoch {
 		t.Errorf("shard 0's callbacks: %+v; want the first stopped by its lost lease (expired, past its bound), "+
 			"the second under a newer epoch", zero)

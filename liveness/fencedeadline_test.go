@@ -86,7 +86,7 @@ func (h *heldBackWrites) check(t *testing.T) {
 
 // TestFenceDeadlineRefusesALeadersWriteHeldBackPastItsStepDown reproduces the soak's
 // violation: a leader sends a fenced write just as a partition begins, steps down
-// (LostNotAlive: it can no longer prove its alive lock) and is told so; once the partition
+// (lostNotAlive: it can no longer prove its alive lock) and is told so; once the partition
 // heals, TCP delivers the write, and the server, which still holds the leader's lock over
 // the half-open session and so still counts the lease held, ran it. The fence deadline,
 // on the server's clock, refuses it.
@@ -114,8 +114,8 @@ func TestFenceDeadlineRefusesALeadersWriteHeldBackPastItsStepDown(t *testing.T) 
 		t.Fatal("the leader did not step down within 20s of the partition")
 	}
 	var lost *liveness.LeaseLostError
-	if !errors.As(reason, &lost) || lost.Reason != liveness.LostNotAlive {
-		t.Fatalf("the leader stopped because %v; want %s", reason, liveness.LostNotAlive)
+	if !errors.As(reason, &lost) || lost.Reason != "not_alive" {
+		t.Fatalf("the leader stopped because %v; want %s", reason, "not_alive")
 	}
 	if deadline := self.FenceDeadline(); !deadline.IsZero() {
 		t.Fatalf("FenceDeadline after the step-down = %s; want the zero time", deadline)
@@ -171,8 +171,8 @@ func TestFenceDeadlineRefusesAWriteHeldBackPastTheTrustWindow(t *testing.T) {
 	}
 
 	held := sendHeldBack(t, ctx, writes, le.Epoch, le.FenceDeadline, leaseNet, writesNet)
-	if reason := waitLost(t, le); reason != liveness.LostExpired {
-		t.Fatalf("lost reason %q, want %q", reason, liveness.LostExpired)
+	if reason := waitLost(t, le); reason != "expired" {
+		t.Fatalf("lost reason %q, want %q", reason, "expired")
 	}
 	writesNet.Thaw()
 	held.check(t)

@@ -161,7 +161,7 @@ type heartbeatWorker struct {
 
 	running   atomic.Bool
 	mu        sync.Mutex
-	stats     HeartbeatStats
+	stats     heartbeatStats
 	lastSent  time.Time // monotonic send time of the last successful beat
 	lastHolds bool      // what that beat recorded as holds_alive_lock
 	// The server's stamp of that beat, and its round trip (lifeMonitor.fenceDeadline).
@@ -252,7 +252,7 @@ func newHeartbeatWorker(cfg heartbeatConfig) (*heartbeatWorker, error) {
 }
 
 // Stats returns the worker's counters and cadence. Safe from any goroutine.
-func (h *heartbeatWorker) Stats() HeartbeatStats {
+func (h *heartbeatWorker) Stats() heartbeatStats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.stats

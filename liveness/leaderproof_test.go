@@ -58,7 +58,7 @@ func TestCutOffLeaderStepsDownBeforeServerRestartFreesItsLock(t *testing.T) {
 	var holderOnce, competitorOnce sync.Once
 	wg.Go(func() {
 		_ = holder.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+			OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) {
 				mu.Lock()
 				holderBegan = time.Now()
 				mu.Unlock()
@@ -90,7 +90,7 @@ func TestCutOffLeaderStepsDownBeforeServerRestartFreesItsLock(t *testing.T) {
 				default:
 				}
 			},
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+			OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) {
 				mu.Lock()
 				if competitorBegan.IsZero() {
 					competitorBegan = time.Now()
@@ -151,8 +151,8 @@ func TestCutOffLeaderStepsDownBeforeServerRestartFreesItsLock(t *testing.T) {
 		t.Fatalf("the holder's OnStoppedLeading reasons %v; want a lost lease first", holderStops)
 	}
 	var lost *liveness.LeaseLostError
-	if errors.As(holderStops[0], &lost) && lost.Reason != liveness.LostNotAlive {
-		t.Fatalf("the holder stopped because %s; want %s (its proof of holding its lock went stale)", lost.Reason, liveness.LostNotAlive)
+	if errors.As(holderStops[0], &lost) && lost.Reason != "not_alive" {
+		t.Fatalf("the holder stopped because %s; want %s (its proof of holding its lock went stale)", lost.Reason, "not_alive")
 	}
 }
 
@@ -198,7 +198,7 @@ func TestLeaseNotTrustedOnAnOldLockProof(t *testing.T) {
 	defer stopElect()
 	wg.Go(func() {
 		_ = holder.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+			OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) {
 				mu.Lock()
 				holderBegan = time.Now()
 				mu.Unlock()
@@ -215,7 +215,7 @@ func TestLeaseNotTrustedOnAnOldLockProof(t *testing.T) {
 	})
 	wg.Go(func() {
 		_ = competitor.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+			OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) {
 				select {
 				case competitorLeads <- time.Now():
 				default:
@@ -262,7 +262,7 @@ func TestCutOffLeaderStepsDownDuringARenewal(t *testing.T) {
 	defer stopElect()
 	wg.Go(func() {
 		_ = holder.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+			OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) {
 				once.Do(func() { close(leads) })
 				<-ctx.Done()
 				mu.Lock()
@@ -350,7 +350,7 @@ func TestLeaderLeadsAgainSoonAfterADatabaseRestart(t *testing.T) {
 	const ttl = time.Minute
 	wg.Go(func() {
 		_ = agent.Elect(electCtx, liveness.ElectorConfig{Lease: "job", TTL: ttl,
-			OnStartedLeading: func(ctx context.Context, l liveness.Leadership) {
+			OnStartedLeading: func(ctx context.Context, l *liveness.Lease) {
 				epochs <- l.Epoch
 				<-ctx.Done()
 			}})
@@ -460,7 +460,7 @@ func leaderLossNoticedLate(t *testing.T, grace time.Duration, late float64) {
 	defer stopElect()
 	wg.Go(func() {
 		_ = leader.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+			OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) {
 				leadsOnce.Do(func() { close(leads) })
 				<-ctx.Done()
 				mu.Lock()
@@ -492,7 +492,7 @@ func leaderLossNoticedLate(t *testing.T, grace time.Duration, late float64) {
 					followOnce.Do(func() { close(following) })
 				}
 			},
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+			OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) {
 				mu.Lock()
 				if competitorBegan.IsZero() {
 					competitorBegan = time.Now()
@@ -573,7 +573,7 @@ func leaderLossNoticedLate(t *testing.T, grace time.Duration, late float64) {
 			endedAt.Sub(q), grace*3/4)
 	}
 	var lost *liveness.LeaseLostError
-	if !errors.As(stop, &lost) || lost.Reason != liveness.LostNotAlive {
-		t.Errorf("the leader stopped because %v; want %s", stop, liveness.LostNotAlive)
+	if !errors.As(stop, &lost) || lost.Reason != "not_alive" {
+		t.Errorf("the leader stopped because %v; want %s", stop, "not_alive")
 	}
 }

@@ -68,7 +68,7 @@ func waitRenewed(t *testing.T, le *liveness.Lease, within time.Duration) {
 }
 
 // waitLost waits up to 5 s for the lease's context and returns its lost reason.
-func waitLost(t *testing.T, le *liveness.Lease) liveness.LostReason {
+func waitLost(t *testing.T, le *liveness.Lease) string {
 	t.Helper()
 	select {
 	case <-le.Context().Done():
@@ -350,7 +350,7 @@ func TestLeaseTakeover(t *testing.T) {
 		<-old.Context().Done()
 		// The renewer notices the parent's end on its own; the check below says if it did not.
 		testutil.Poll(time.Second, func() bool { return !statsOf(t, a, "unrenewed").Held })
-		if s := statsOf(t, a, "unrenewed"); s.Held || s.Lost[liveness.LostExpired]+s.Lost[liveness.LostTaken]+s.Lost[liveness.LostError] != 0 {
+		if s := statsOf(t, a, "unrenewed"); s.Held || s.Lost["expired"]+s.Lost["taken"]+s.Lost["error"] != 0 {
 			t.Fatalf("a lease whose parent context ended: Stats = %+v; want not held, no loss", s)
 		}
 		if errors.Is(old.Err(), liveness.ErrLeaseLost) || !errors.Is(old.Err(), context.Canceled) {
@@ -462,15 +462,15 @@ func TestLeaseLostIsReportedAndCancels(t *testing.T) {
 			name := strings.ReplaceAll(tc.name, " ", "-")
 			le := mustAcquire(t, ctx, l, name, ttl)
 			tc.change(t, name)
-			if reason := waitLost(t, le); reason != liveness.LostTaken {
-				t.Fatalf("lost reason %q, want %q", reason, liveness.LostTaken)
+			if reason := waitLost(t, le); reason != "taken" {
+				t.Fatalf("lost reason %q, want %q", reason, "taken")
 			}
 			var lostErr *liveness.LeaseLostError
 			if !errors.As(le.Err(), &lostErr) || lostErr.Name != name || lostErr.Epoch != le.Epoch {
 				t.Fatalf("Err() = %#v, want a *LeaseLostError for %s/%d", le.Err(), name, le.Epoch)
 			}
 			s := statsOf(t, l, name)
-			if s.Held || s.Lost[liveness.LostTaken] != 1 || s.Lost[liveness.LostExpired] != 0 || s.Lost[liveness.LostError] != 0 {
+			if s.Held || s.Lost["taken"] != 1 || s.Lost["expired"] != 0 || s.Lost["error"] != 0 {
 				t.Fatalf("Stats = %+v, want not held and one loss (taken)", s)
 			}
 			if log := logs.String(); !strings.Contains(log, "level=WARN") || !strings.Contains(log, "reason=taken") {
@@ -643,7 +643,7 @@ func TestLeaseRun(t *testing.T) {
 			}
 		})
 		var lost *liveness.LeaseLostError
-		if !ran || !errors.As(err, &lost) || lost.Reason != liveness.LostTaken {
+		if !ran || !errors.As(err, &lost) || lost.Reason != "taken" {
 			t.Fatalf("Run = %v, %v; want true and a LeaseLostError (taken)", ran, err)
 		}
 		if row, ok := rowOf(t, ctx, pool, "lost"); !ok || row != (leaseRow{storedHolder(taker.Holder), taker.Epoch}) {
@@ -731,7 +731,7 @@ func TestLeaseFieldsAndStats(t *testing.T) {
 		t.Fatalf("second Release: %v", err)
 	}
 	stats := l.Stats()
-	zero := map[liveness.LostReason]uint64{liveness.LostExpired: 0, liveness.LostTaken: 0, liveness.LostError: 0, liveness.LostNotAlive: 0}
+	zero := map[string]uint64{"expired": 0, "taken": 0, "error": 0, "not_alive": 0}
 	if len(stats) != 2 || stats[0].Name != "a" || stats[0].Held || stats[1].Name != "b" || !stats[1].Held {
 		t.Fatalf("Stats() = %+v, want a (released) then b (held)", stats)
 	}
@@ -858,7 +858,7 @@ func TestLeaseDatabaseGoneMidLease(t *testing.T) {
 			if took := time.Since(stopped); took > ttl+2*time.Second {
 				t.Fatalf("lease cancelled %v after the server went away, want within ttl (%v) plus slack", took, ttl)
 			}
-			if reason != liveness.LostError && reason != liveness.LostExpired {
+			if reason != "error" && reason != "expired" {
 				t.Fatalf("lost reason %q, want error or expired", reason)
 			}
 			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -890,8 +890,8 @@ func TestLeaseNetworkHangExpires(t *testing.T) {
 	proxy.Freeze()
 	reason := waitLost(t, le)
 	took := time.Since(frozen)
-	if reason != liveness.LostExpired {
-		t.Fatalf("lost reason %q, want %q", reason, liveness.LostExpired)
+	if reason != "expired" {
+		t.Fatalf("lost reason %q, want %q", reason, "expired")
 	}
 	if took > ttl+time.Second {
 		t.Fatalf("lease cancelled %v after the network hung, want within ttl (%v) plus slack", took, ttl)
@@ -904,7 +904,7 @@ func TestLeaseNetworkHangExpires(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("Release took %v on a hung network", d)
 	}
-	if s := statsOf(t, l, "job"); s.Held || s.Lost[liveness.LostExpired] != 1 {
+	if s := statsOf(t, l, "job"); s.Held || s.Lost["expired"] != 1 {
 		t.Fatalf("Stats = %+v, want one loss (expired)", s)
 	}
 }
@@ -940,8 +940,8 @@ func TestLeaseTrustWindowEndsBeforeDatabaseExpiry(t *testing.T) {
 	le := mustAcquire(t, ctx, l, "job", ttl)
 	waitRenewed(t, le, 5*time.Second)
 	proxy.Freeze()
-	if reason := waitLost(t, le); reason != liveness.LostExpired {
-		t.Fatalf("lost reason %q, want %q", reason, liveness.LostExpired)
+	if reason := waitLost(t, le); reason != "expired" {
+		t.Fatalf("lost reason %q, want %q", reason, "expired")
 	}
 	var left time.Duration
 	if err := direct.QueryRow(ctx, `SELECT expires_at - clock_timestamp() FROM liveness.leases WHERE name = 'job'`).Scan(&left); err != nil {
@@ -1063,7 +1063,7 @@ func TestLeaseFence(t *testing.T) {
 	db.Exec(t, `UPDATE liveness.leases SET epoch = nextval('liveness.lease_epoch_seq') WHERE name = 'job'`)
 	err := write(next)
 	var lost *liveness.LeaseLostError
-	if !errors.As(err, &lost) || lost.Reason != liveness.LostTaken || lost.Epoch != next.Epoch {
+	if !errors.As(err, &lost) || lost.Reason != "taken" || lost.Epoch != next.Epoch {
 		t.Fatalf("fenced write under a changed row = %v; want a *LeaseLostError (taken) for epoch %d", err, next.Epoch)
 	}
 	select {

@@ -56,7 +56,7 @@ func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
 	}
 	switch {
 	case !held:
-		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostTaken})
+		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostTaken})
 	case !inTime:
 		// The fence reached the server after this process stopped trusting the lease, or
 		// just as it does: whatever the row says, the writes must not count.
@@ -106,21 +106,21 @@ func (le *Lease) FenceDeadline() time.Time {
 
 // fenceDeadline is FenceDeadline, with the reason the lease counts as lost once the
 // server's clock passes it.
-func (le *Lease) fenceDeadline() (time.Time, LostReason) {
+func (le *Lease) fenceDeadline() (time.Time, string) {
 	le.mu.Lock()
 	deadline, ended := le.fenceUntil, le.ended
 	le.mu.Unlock()
 	if ended || le.ctx.Err() != nil {
-		return time.Time{}, LostExpired
+		return time.Time{}, lostExpired
 	}
-	reason := LostExpired
+	reason := lostExpired
 	if le.life != nil {
 		d, ok := le.life.fenceDeadline()
 		if !ok {
-			return time.Time{}, LostNotAlive
+			return time.Time{}, lostNotAlive
 		}
 		if d.Before(deadline) {
-			deadline, reason = d, LostNotAlive
+			deadline, reason = d, lostNotAlive
 		}
 	}
 	return deadline, reason

@@ -107,7 +107,7 @@ func (g *leaseGroup) renew(ctx context.Context) bool {
 		if expiresAt, ok := renewed[le.Name]; ok {
 			le.extend(expiresAt, sent)
 		} else {
-			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostTaken})
+			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostTaken})
 		}
 	}
 	return true

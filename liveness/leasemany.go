@@ -113,7 +113,7 @@ func (l *Leases) acquireMany(ctx context.Context, names []string, group *leaseGr
 		go func() {
 			<-life.Over()
 			for _, le := range out {
-				le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostNotAlive})
+				le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostNotAlive})
 			}
 		}()
 	}

@@ -29,25 +29,25 @@ var ErrLeaseReleased = errors.New("liveness: lease released")
 // without deleting its row: the lease is free once it expires.
 var errLeftToExpire = errors.New("liveness: lease left to expire")
 
-// LeaseLostError is the cause of a lost lease's context. Reasons:
+// LeaseLostError is the cause of a lost lease's context. Reason is one of:
 //
-//   - LostTaken: a renewal or a fence reached the database and found the lease no longer
+//   - "taken": a renewal or a fence reached the database and found the lease no longer
 //     held under its epoch. Another holder took the lease over, the row was deleted, or
 //     it had expired by the database clock.
-//   - LostError: the trust window ran out while the most recent renewal attempt had
+//   - "error": the trust window ran out while the most recent renewal attempt had
 //     failed with an error (connection refused, pool closed, SQL error). Err is that
 //     error. A failed renewal is retried every ttl/16 until the window runs out.
-//   - LostExpired: the trust window ran out with no failed attempt to blame: a renewal
+//   - "expired": the trust window ran out with no failed attempt to blame: a renewal
 //     was still unanswered (a hung network, a stalled server) or none could be sent in
 //     time (a paused process). Or a fenced transaction under the lease (Exec, BeginTx,
 //     BeginFunc) was open past its bound, the lease's ttl: Err says how long, and its
 //     statement was cancelled.
-//   - LostNotAlive: the holder is an Agent's instance that could no longer prove life;
+//   - "not_alive": the holder is an Agent's instance that could no longer prove life;
 //     it stepped down before the fleet could call it dead and take the lease.
 type LeaseLostError struct {
 	Name   string
 	Epoch  int64
-	Reason LostReason
+	Reason string
 	Err    error
 }
 
@@ -59,10 +59,13 @@ func (e *LeaseLostError) Error() string {
 	return msg
 }
 
-// Is makes errors.Is(err, ErrLeaseLost) true.
-func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
-
-func (e *LeaseLostError) Unwrap() error { return e.Err }
+// Unwrap makes errors.Is(err, ErrLeaseLost) true, and reaches Err.
+func (e *LeaseLostError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrLeaseLost}
+	}
+	return []error{ErrLeaseLost, e.Err}
+}
 
 // Context is cancelled when the lease is lost, released, or its parent context ends.
 func (le *Lease) Context() context.Context { return le.ctx }
@@ -112,7 +115,7 @@ func (le *Lease) deleteRow(ctx context.Context) error {
 	return nil
 }
 
-// endReason is what the history records of a release: the LostReason of a lease this
+// endReason is what the history records of a release: the string of a lease this
 // process lost before it let it go (a stepped-down leader's), "" for a plain release.
 func (le *Lease) endReason() string {
 	var lost *LeaseLostError
@@ -162,7 +165,7 @@ func (le *Lease) renewLoop() {
 			le.end(nil) // the parent context ended, unless the lease already had
 			return
 		case <-over:
-			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostNotAlive})
+			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostNotAlive})
 			over = nil
 			continue
 		case <-t.C:
@@ -186,7 +189,7 @@ func (le *Lease) endWhenNotAlive(ctx context.Context, life *leadership) (stop fu
 		defer close(done)
 		select {
 		case <-life.Over():
-			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostNotAlive})
+			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostNotAlive})
 		case <-ctx.Done():
 		case <-quit:
 		}
@@ -221,7 +224,7 @@ func (le *Lease) renew() bool {
 		le.extend(expiresAt, sent)
 		return true
 	case errors.Is(err, pgx.ErrNoRows):
-		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostTaken})
+		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostTaken})
 		return false
 	case le.ctx.Err() != nil:
 		return false // released, lost or the parent ended: the loop exits
@@ -281,9 +284,9 @@ func (le *Lease) windowClosed() {
 // windowLostLocked is the loss of a trust window that ran out: expired, or the last
 // attempt's error.
 func (le *Lease) windowLostLocked() *LeaseLostError {
-	lost := &LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: LostExpired}
+	lost := &LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostExpired}
 	if le.lastErr != nil {
-		lost.Reason, lost.Err = LostError, le.lastErr
+		lost.Reason, lost.Err = lostError, le.lastErr
 	}
 	return lost
 }

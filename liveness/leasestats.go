@@ -8,7 +8,7 @@ import "sort"
 type leaseCounts struct {
 	held    int
 	epochs  map[int64]int // epochs held now, with how many acquisitions hold each
-	lost    map[LostReason]uint64
+	lost    map[string]uint64
 	refused uint64 // fenced writes refused (noteRefused)
 	// refusalTold: the first refusal has been logged.
 	refusalTold bool
@@ -26,7 +26,7 @@ func (le *Lease) statName() string {
 func (l *Leases) counts(name string) *leaseCounts {
 	c := l.names[name]
 	if c == nil {
-		c = &leaseCounts{epochs: map[int64]int{}, lost: map[LostReason]uint64{}}
+		c = &leaseCounts{epochs: map[int64]int{}, lost: map[string]uint64{}}
 		l.names[name] = c
 	}
 	return c
@@ -60,7 +60,7 @@ func (l *Leases) Stats() []LeaseStats {
 	defer l.mu.Unlock()
 	out := make([]LeaseStats, 0, len(l.names))
 	for name, c := range l.names {
-		lost := map[LostReason]uint64{LostExpired: 0, LostTaken: 0, LostError: 0, LostNotAlive: 0}
+		lost := map[string]uint64{lostExpired: 0, lostTaken: 0, lostError: 0, lostNotAlive: 0}
 		for r, n := range c.lost {
 			lost[r] = n
 		}

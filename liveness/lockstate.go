@@ -18,7 +18,7 @@ type lockSession interface {
 	Changed() <-chan struct{}
 	Duplicate() bool
 	Settled() <-chan struct{}
-	Stats() AliveLockStats
+	Stats() aliveLockStats
 	lastProof() (lockProof, <-chan struct{})
 	lossNoticed() time.Time
 	lead() (done func())
@@ -108,8 +108,8 @@ func (a *lockState) Settled() <-chan struct{} {
 }
 
 // Stats returns counters for exporters. Safe from any goroutine.
-func (a *lockState) Stats() AliveLockStats {
-	return AliveLockStats{
+func (a *lockState) Stats() aliveLockStats {
+	return aliveLockStats{
 		Duplicate:  a.duplicate.Load(),
 		Stranger:   a.stranger.Load(),
 		Held:       a.held.Load(),

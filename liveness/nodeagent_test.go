@@ -19,6 +19,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
@@ -123,13 +124,13 @@ func TestNodeAgentHoldsItsProcessesLocksOnOneSession(t *testing.T) {
 
 	// Leading through it: a lease is trusted only after a proof sent after the
 	// acquisition, which the node agent's verification gives.
-	led := make(chan liveness.Leadership, 1)
+	led := make(chan *liveness.Lease, 1)
 	campaign, stopCampaign := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stopCampaign()
 	wg.Go(func() {
-		_ = agents[1].Elect(campaign, liveness.ElectorConfig{Lease: "node-job", OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
+		_ = agents[1].Elect(campaign, liveness.ElectorConfig{Lease: "node-job", OnStartedLeading: func(ctx context.Context, self *liveness.Lease) {
 			led <- self
 			<-ctx.Done()
 		}})
@@ -158,7 +159,7 @@ func TestNodeAgentHoldsItsProcessesLocksOnOneSession(t *testing.T) {
 	if _, err := deaths.Exec(ctx, `SELECT liveness.members_listen()`); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * liveness.WatchInterval)
+	time.Sleep(2 * defaults.WatchInterval)
 	killed := time.Now()
 	_ = conn.Close()
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -178,7 +179,7 @@ func TestNodeAgentHoldsItsProcessesLocksOnOneSession(t *testing.T) {
 		t.Errorf("dead %s after its connection closed; want within a few seconds", took)
 	}
 	for _, a := range agents {
-		if st, err := r.Instance(ctx, a.Snapshot().InstanceID); err != nil || !st.Alive() {
+		if st, err := r.Instance(ctx, a.Snapshot().InstanceID); err != nil || !st.State.Alive() {
 			t.Errorf("an attached agent is %v (%v) after another process vanished", st.State, err)
 		}
 	}
@@ -204,7 +205,7 @@ func TestNodeAgentDeathKillsNoneOfItsProcesses(t *testing.T) {
 	// An agent outside the node, as another node's would run: it stands in for the
 	// watchers, which may have been attached, and judges the attached processes.
 	runAgent(t, newAgent(t, defaultAgentConfig(db, db.Pool(t, 4), "other-node")))
-	time.Sleep(2 * liveness.WatchInterval)
+	time.Sleep(2 * defaults.WatchInterval)
 
 	falseDead := func() (dead []uuid.UUID) {
 		for _, id := range ids {
@@ -436,7 +437,7 @@ func TestNodeAgentCountsWhatIsNotItsProtocol(t *testing.T) {
 
 // TestNodeAgentLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce: a process leading through
 // its node agent leads nothing while the node agent is away (its trust runs out three
-// quarters of the grace after its last proof, LostNotAlive), and attaches again, its lock
+// quarters of the grace after its last proof, lostNotAlive), and attaches again, its lock
 // held, within half a second of the node agent's return, whether it was away one second
 // or five. Five trials.
 func TestNodeAgentLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce(t *testing.T) {
@@ -454,7 +455,7 @@ func TestNodeAgentLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce(t *testing.T)
 
 // leadersStepDownAndAttachAgain runs an agent of cfg, attached to a node agent that runs
 // (stop stops it), and leading; for each of aways, it stops the node agent, checks that
-// the agent stops leading, LostNotAlive, within 2 s, and starts the node agent again
+// the agent stops leading, lostNotAlive, within 2 s, and starts the node agent again
 // (start, which notes when it listens) after that long away; then that the lock is held
 // again within half a second of the node agent's return.
 func leadersStepDownAndAttachAgain(t *testing.T, cfg liveness.AgentConfig, stop func(), start func(*time.Time) func(),
@@ -475,7 +476,7 @@ func leadersStepDownAndAttachAgain(t *testing.T, cfg liveness.AgentConfig, stop 
 	var current stint
 	wg.Go(func() {
 		_ = agent.Elect(electCtx, liveness.ElectorConfig{Lease: "job",
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+			OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) {
 				current = stint{began: time.Now()}
 				<-ctx.Done()
 				current.ended = time.Now()
@@ -508,8 +509,8 @@ func leadersStepDownAndAttachAgain(t *testing.T, cfg liveness.AgentConfig, stop 
 			t.Fatalf("trial %d: the process still leads 10 s after its node agent went away", trial)
 		}
 		var lost *liveness.LeaseLostError
-		if !errors.As(s.reason, &lost) || lost.Reason != liveness.LostNotAlive {
-			t.Fatalf("trial %d: stopped leading because %v; want %s", trial, s.reason, liveness.LostNotAlive)
+		if !errors.As(s.reason, &lost) || lost.Reason != "not_alive" {
+			t.Fatalf("trial %d: stopped leading because %v; want %s", trial, s.reason, "not_alive")
 		}
 		if took := s.ended.Sub(gone); took > 2*time.Second {
 			t.Errorf("trial %d: the job ended %s after the node agent went away; want within its trust (0.75 s of its last proof)",

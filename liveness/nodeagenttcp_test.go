@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
@@ -115,7 +116,7 @@ func TestNodeAgentOverTCPLetsAKilledProcessGoAtOnce(t *testing.T) {
 	if _, err := deaths.Exec(ctx, `SELECT liveness.members_listen()`); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * liveness.WatchInterval)
+	time.Sleep(2 * defaults.WatchInterval)
 
 	killed := time.Now()
 	p.kill(t)

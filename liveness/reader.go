@@ -141,9 +141,6 @@ type InstanceStatus struct {
 	Timing        Timing          // as recorded in the row
 }
 
-// Alive reports whether the instance is alive by the one verdict.
-func (s InstanceStatus) Alive() bool { return s.State.Alive() }
-
 // NewReader checks cfg. Errors name the ReaderConfig field.
 func NewReader(cfg ReaderConfig) (*Reader, error) {
 	if cfg.DB == nil {

@@ -23,9 +23,6 @@ import (
 // maxLoggedIDs bounds the ids one log line names.
 const maxLoggedIDs = 10
 
-// ReaperLease is the lease name under which one agent at a time reaps.
-const ReaperLease = "pg_liveness.reaper"
-
 // reaperConfig configures a reaper.
 type reaperConfig struct {
 	Pool                 *pgxpool.Pool
@@ -109,10 +106,10 @@ func (r *reaper) Reaped() uint64 { return r.reaped.Load() }
 // and every Interval (at most every 5 s) while their Agent does not listen.
 func (r *reaper) Run(ctx context.Context) error {
 	return r.cfg.Leases.elect(ctx, ElectorConfig{
-		Lease:       ReaperLease,
+		Lease:       defaults.ReaperLease,
 		TTL:         r.cfg.LeaseTTL,
 		RetryPeriod: min(r.cfg.Interval, 5*time.Second),
-		OnStartedLeading: func(ctx context.Context, _ Leadership) {
+		OnStartedLeading: func(ctx context.Context, _ *Lease) {
 			if r.cfg.whileLeading != nil {
 				var beside sync.WaitGroup
 				defer beside.Wait()
@@ -194,7 +191,7 @@ func (r *reaper) pruneHistory(ctx context.Context) error {
 // agent holds the lease.
 func (r *reaper) RunOnce(ctx context.Context) ([]uuid.UUID, error) {
 	var ids []uuid.UUID
-	_, err := r.cfg.Leases.Run(ctx, ReaperLease, r.cfg.LeaseTTL, func(ctx context.Context, _ *Lease) error {
+	_, err := r.cfg.Leases.Run(ctx, defaults.ReaperLease, r.cfg.LeaseTTL, func(ctx context.Context, _ *Lease) error {
 		var err error
 		ids, err = r.reap(ctx)
 		return err

@@ -46,7 +46,7 @@ func TestReaperRespectsLocksAndItsLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held, err := other.TryAcquire(ctx, ReaperLease, 10*time.Second)
+	held, err := other.TryAcquire(ctx, defaults.ReaperLease, 10*time.Second)
 	if err != nil || held == nil {
 		t.Fatalf("TryAcquire: %v, %v", held, err)
 	}
@@ -89,7 +89,7 @@ func TestReaperRespectsLocksAndItsLease(t *testing.T) {
 }
 
 // A release says how the leadership ended: a plain one released, one after a loss
-// stepped down with its LostReason.
+// stepped down with its string.
 func TestReleaseRecordsWhyTheLeadershipEnded(t *testing.T) {
 	t.Parallel()
 	_, pool := testdb.MigratedPool(t, 4)
@@ -99,7 +99,7 @@ func TestReleaseRecordsWhyTheLeadershipEnded(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, lost := range []LostReason{"", LostError, LostNotAlive} {
+	for _, lost := range []string{"", lostError, lostNotAlive} {
 		le, err := leases.TryAcquire(ctx, "job-"+string(lost), time.Minute)
 		if err != nil || le == nil {
 			t.Fatalf("TryAcquire: %v, %v", le, err)

@@ -87,7 +87,7 @@ func TestObserversCannotBendALease(t *testing.T) {
 	var leadsOnce, takesOnce sync.Once
 	elect := func(a *liveness.Agent, began func()) {
 		wg.Go(func() {
-			_ = a.Elect(electCtx, liveness.ElectorConfig{Lease: "job", OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+			_ = a.Elect(electCtx, liveness.ElectorConfig{Lease: "job", OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) {
 				began()
 				<-ctx.Done()
 			}})

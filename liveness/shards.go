@@ -71,7 +71,9 @@ type Shard struct {
 	// server reads the number; or strconv.Atoi in Go), never the column's text with it
 	// (WHERE shard::text = $1 uses no index on shard).
 	Name string
-	Leadership
+	// Lease is the shard's lease (its Epoch, its Context, which ends with it): fence the
+	// shard's writes with its Exec, BeginFunc or Fence. Its Name is "<set>/<shard>".
+	*Lease
 }
 
 // ShardSetStats is a point-in-time view of one shard set this agent takes part in.
@@ -674,8 +676,7 @@ func (s *shardSet) start(name string, le *Lease) {
 	delete(s.wanted, name)
 	s.stats.acquired.Add(1)
 	s.stats.owned.Store(int64(len(s.owned)))
-	self := Shard{Name: name, Leadership: Leadership{Leader: Leader{Lease: le.Name, InstanceID: s.agent.cfg.InstanceID,
-		Host: s.agent.leases.host, Epoch: le.Epoch, TakenAt: le.TakenAt, ExpiresAt: le.ExpiresAt()}, lease: le}}
+	self := Shard{Name: name, Lease: le}
 	s.log.Debug("shards: owning", "set", s.cfg.Set, "shard", name, "epoch", le.Epoch)
 	go func() {
 		defer func() { s.ended <- name }()
@@ -736,7 +737,7 @@ func (s *shardSet) letGo(names []string, withMember bool) (cameBack bool) {
 	}
 	s.agent.leading.leaveN(len(done))
 	var lost []string
-	reasons := map[LostReason]int{}
+	reasons := map[string]int{}
 	for i := range done {
 		g := &done[i]
 		delete(s.owned, g.name)

@@ -199,8 +199,8 @@ func TestShardsRenewAllLeasesInOneStatement(t *testing.T) {
 	}
 }
 
-// WatchMaxHeartbeatAge leaves out an instance that hangs: its lock is held (the verdict
-// calls it alive, lock_only) but its heartbeat stopped. Without the option it is in the
+// WatchAlive's maxHeartbeatAge leaves out an instance that hangs: its lock is held (the verdict
+// calls it alive, lock_only) but its heartbeat stopped. Without the bound it is in the
 // set.
 func TestWatchAliveDropsInstancesThatStoppedBeating(t *testing.T) {
 	t.Parallel()
@@ -210,12 +210,12 @@ func TestWatchAliveDropsInstancesThatStoppedBeating(t *testing.T) {
 	runAgent(t, a)
 	hung := startCrashable(t, ctx, db, "hung")
 	db.Exec(t, `UPDATE liveness.instances SET last_heartbeat_at = now() - interval '2 minutes' WHERE instance_id = $1`, hung.id)
-	seen := func(opts ...liveness.WatchOption) []uuid.UUID {
+	seen := func(maxHeartbeatAge time.Duration) []uuid.UUID {
 		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		got := make(chan []uuid.UUID, 1)
 		go func() {
-			_ = a.WatchAlive(wctx, "hung", func(alive []liveness.InstanceStatus) {
+			_ = a.WatchAlive(wctx, "hung", maxHeartbeatAge, func(alive []liveness.InstanceStatus) {
 				var ids []uuid.UUID
 				for _, s := range alive {
 					ids = append(ids, s.InstanceID)
@@ -224,7 +224,7 @@ func TestWatchAliveDropsInstancesThatStoppedBeating(t *testing.T) {
 				case got <- ids:
 				default:
 				}
-			}, opts...)
+			})
 		}()
 		select {
 		case ids := <-got:
@@ -234,30 +234,30 @@ func TestWatchAliveDropsInstancesThatStoppedBeating(t *testing.T) {
 			return nil
 		}
 	}
-	if ids := seen(); len(ids) != 1 || ids[0] != hung.id {
-		t.Fatalf("the alive set without the option: %v; want the hung instance (alive by its lock)", ids)
+	if ids := seen(0); len(ids) != 1 || ids[0] != hung.id {
+		t.Fatalf("the alive set without a bound: %v; want the hung instance (alive by its lock)", ids)
 	}
-	if ids := seen(liveness.WatchMaxHeartbeatAge(90 * time.Second)); len(ids) != 0 {
-		t.Fatalf("the alive set with WatchMaxHeartbeatAge(90s): %v; want none (its heartbeat is 2 min old)", ids)
+	if ids := seen(90 * time.Second); len(ids) != 0 {
+		t.Fatalf("the alive set with maxHeartbeatAge 90s: %v; want none (its heartbeat is 2 min old)", ids)
 	}
 }
 
-// WatchMaxHeartbeatAge must be above the slow heartbeat interval, at which a healthy
+// WatchAlive's maxHeartbeatAge must be above the slow heartbeat interval, at which a healthy
 // instance that holds its lock beats: below it, such an instance left the set for most of
 // every interval (at 15 s, two healthy instances saw an empty set 45 s of every minute).
-// WatchAlive refuses such a bound with a *ConfigError naming the option.
-func TestWatchMaxHeartbeatAgeMustBeAboveTheSlowInterval(t *testing.T) {
+// WatchAlive refuses such a bound with a *ConfigError naming the parameter.
+func TestWatchAliveMaxHeartbeatAgeMustBeAboveTheSlowInterval(t *testing.T) {
 	db, pool := testdb.MigratedPool(t, 2)
 	ctx := testutil.Context(t, 30*time.Second)
 	a := newAgent(t, defaultAgentConfig(db, pool, "watching"))
 	for _, d := range []time.Duration{15 * time.Second, defaults.HeartbeatSlowInterval, -time.Second} {
-		err := a.WatchAlive(ctx, "", func([]liveness.InstanceStatus) {}, liveness.WatchMaxHeartbeatAge(d))
+		err := a.WatchAlive(ctx, "", d, func([]liveness.InstanceStatus) {})
 		var ce *liveness.ConfigError
-		if !errors.As(err, &ce) || ce.Field != "WatchMaxHeartbeatAge" {
-			t.Errorf("WatchAlive with WatchMaxHeartbeatAge(%s): %v; want a *ConfigError naming WatchMaxHeartbeatAge", d, err)
+		if !errors.As(err, &ce) || ce.Field != "WatchAlive maxHeartbeatAge" {
+			t.Errorf("WatchAlive with maxHeartbeatAge %s: %v; want a *ConfigError naming WatchAlive maxHeartbeatAge", d, err)
 		}
 		if d > 0 && (err == nil || !strings.Contains(err.Error(), "HeartbeatSlowInterval, 1m0s")) {
-			t.Errorf("WatchAlive with WatchMaxHeartbeatAge(%s): %v; want it to name the slow interval", d, err)
+			t.Errorf("WatchAlive with maxHeartbeatAge %s: %v; want it to name the slow interval", d, err)
 		}
 	}
 }

@@ -6,38 +6,32 @@ import (
 	"github.com/google/uuid"
 )
 
-// AliveLockStats is a point-in-time view of an AliveLock, for exporters.
-type AliveLockStats struct {
-	Duplicate  bool   // the last claim found the lock held by another session of this instance (a duplicate instance id)
-	Stranger   bool   // the last claim found the key held by a session that did not claim it: that lock counts for nobody
-	Held       bool   // claimed and verified on this connection's own backend
-	Claims     uint64 // successful claims
-	Losses     uint64 // times a held lock was lost (connection dropped, backend gone)
-	Reconnects uint64 // direct connections opened after the first
+// aliveLockStats is AgentSnapshot.AliveLock's type, by name for the lock's two kinds
+// (held on the agent's own session or through a node agent). The two declarations must
+// stay alike: Snapshot assigns one to the other, so the build fails if they drift.
+type aliveLockStats struct {
+	Duplicate, Stranger, Held  bool
+	Claims, Losses, Reconnects uint64
 }
 
-// HeartbeatStats is a point-in-time view of a HeartbeatWorker.
-type HeartbeatStats struct {
-	Interval time.Duration // the cadence chosen on the last tick
-	Beats    uint64        // successful heartbeat writes
-	Failures uint64        // failed heartbeat writes
-	LastBeat time.Time     // database time of the last successful write; zero before it
-	// Duplicate is true while the worker writes nothing because another session holds
-	// this instance's alive lock.
-	Duplicate bool
+// heartbeatStats is AgentSnapshot.Heartbeat's type, by name for the heartbeat worker;
+// the same rule holds.
+type heartbeatStats struct {
+	Interval        time.Duration
+	Beats, Failures uint64
+	LastBeat        time.Time
+	Duplicate       bool
 }
 
-// LostReason says why a lease was lost.
-type LostReason string
-
+// Why a lease was lost: LeaseLostError.Reason, and the keys of LeaseStats.Lost.
 const (
-	LostExpired LostReason = "expired" // the local trust window ran out without a renewal
-	LostTaken   LostReason = "taken"   // a renewal found another holder or epoch, or no row
-	LostError   LostReason = "error"   // a renewal failed and the lease could not be confirmed
-	// LostNotAlive: the holder's instance could no longer prove that it is alive (its
+	lostExpired = "expired" // the local trust window ran out without a renewal
+	lostTaken   = "taken"   // a renewal found another holder or epoch, or no row
+	lostError   = "error"   // a renewal failed and the lease could not be confirmed
+	// lostNotAlive: the holder's instance could no longer prove that it is alive (its
 	// alive lock vanished without a heartbeat in time, or its heartbeat aged), so it
 	// stepped down before the fleet could call it dead and take the lease over.
-	LostNotAlive LostReason = "not_alive"
+	lostNotAlive = "not_alive"
 )
 
 // LeaseStats is a point-in-time view of one lease name as used by this process.
@@ -48,7 +42,9 @@ type LeaseStats struct {
 	// several acquisitions); 0 when not held. Compared with the row's epoch, it shows a
 	// process that still believes it leads after someone else took over.
 	Epoch int64
-	Lost  map[LostReason]uint64 // leases lost, by reason
+	// Lost counts the leases lost, by LeaseLostError.Reason: every reason is a key
+	// ("expired", "taken", "error", "not_alive"), zero included.
+	Lost map[string]uint64
 	// FencedRefused counts the writes fenced under this lease that were refused, by
 	// Exec, BeginTx, BeginFunc and Fence: the lease was not held, or the fence or the
 	// COMMIT reached the server past its deadline (FenceDeadline). A COMMIT sent by the
@@ -64,10 +60,29 @@ type AgentSnapshot struct {
 	Mode        Mode
 	// Timing is the configured timing, defaults filled in: Timing.HeartbeatInterval is the
 	// cadence without a verified alive lock, Timing.HeartbeatSlowInterval with one.
-	Timing    Timing
-	AliveLock AliveLockStats // zero in ModeHeartbeatTableOnly: no lock
-	Heartbeat HeartbeatStats
-	Leases    []LeaseStats    // sorted by Name
-	Reaped    uint64          // instances removed by this agent's reaper
-	Shards    []ShardSetStats // the shard sets it takes part in (Agent.Shards), sorted by Set
+	Timing Timing
+	// AliveLock is the alive lock's state; zero in ModeHeartbeatTableOnly: no lock.
+	AliveLock struct {
+		// Duplicate: the last claim found the lock held by another session of this
+		// instance (a duplicate instance id). Stranger: it found the key held by a session
+		// that did not claim it, a lock that counts for nobody. Held: claimed and verified
+		// on this connection's own backend.
+		Duplicate, Stranger, Held bool
+		// Claims counts successful claims, Losses the times a held lock was lost
+		// (connection dropped, backend gone), Reconnects the direct connections opened
+		// after the first.
+		Claims, Losses, Reconnects uint64
+	}
+	// Heartbeat is the heartbeat's state.
+	Heartbeat struct {
+		Interval        time.Duration // the cadence chosen on the last tick
+		Beats, Failures uint64        // heartbeat writes that succeeded, that failed
+		LastBeat        time.Time     // database time of the last successful write; zero before it
+		// Duplicate is true while the heartbeat writes nothing because another session
+		// holds this instance's alive lock.
+		Duplicate bool
+	}
+	Leases []LeaseStats    // sorted by Name
+	Reaped uint64          // instances removed by this agent's reaper
+	Shards []ShardSetStats // the shard sets it takes part in (Agent.Shards), sorted by Set
 }

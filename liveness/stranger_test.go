@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -69,7 +70,7 @@ func TestStrangerOnACrashedInstancesKeyDoesNotKeepItAlive(t *testing.T) {
 	stranger := strangerSession(t, ctx, db)
 	taken := make(chan error, 1)
 	go func() { taken <- takeKey(ctx, stranger, victim.id) }()
-	time.Sleep(2 * liveness.WatchInterval) // the watcher sees the victim's lock held
+	time.Sleep(2 * defaults.WatchInterval) // the watcher sees the victim's lock held
 	crashed := victim.crash(t)
 	if err := <-taken; err != nil {
 		t.Fatalf("the stranger could not take the key: %v", err)
@@ -186,7 +187,7 @@ func TestNotificationFloodCostsAFollowerAtMostATryASecond(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stop()
-	job := func(ctx context.Context, _ liveness.Leadership) { <-ctx.Done() }
+	job := func(ctx context.Context, _ *liveness.Lease) { <-ctx.Done() }
 	wg.Go(func() { _ = lead.Elect(campaigns, liveness.ElectorConfig{Lease: "flooded", OnStartedLeading: job}) })
 	reader, err := liveness.NewReader(liveness.ReaderConfig{DB: pool})
 	if err != nil {

@@ -9,13 +9,9 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
-
-// WatchAlivePoll is how often Agent.WatchAlive reads the set again without a
-// notification: the fallback for what is not notified (an instance gone stale by its
-// heartbeat, a process without a listening session) and for a lost notification.
-const WatchAlivePoll = 5 * time.Second
 
 // watchReadTimeout bounds one read of the set.
 const watchReadTimeout = 5 * time.Second
@@ -29,36 +25,40 @@ const watchReadTimeout = 5 * time.Second
 //
 // The set is read (one Reader.Instances statement) when the agent's listening session is
 // notified that an instance joined, left or died, when that session starts again (a
-// notification may have been lost while it was away), and every WatchAlivePoll whatever
-// happens. A crashed instance leaves the set about its lock grace after its lock vanished
+// notification may have been lost while it was away), and every 5 s whatever happens. A crashed instance leaves the set about its lock grace after its lock vanished
 // (the watcher notifies it); one whose heartbeat went stale, at the next poll. In
 // ModeHeartbeatTableOnly there is no listening session: the set is polled only.
 //
 // It is the Agent's, not the Reader's, because the wake-ups come from the agent's own
 // listening session (the alive lock's connection); a Reader holds no connection.
 //
-// Options: WatchMaxHeartbeatAge drops the instances whose last heartbeat is older than a
-// bound, alive by the verdict or not (a hung process keeps its lock, and the verdict calls
-// it alive until the definitive-dead cutoff), so that membership-based logic moves work
-// away from it too. Agent.Shards needs none of this: its leases move a hung owner's
-// shards once they expire.
-func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []InstanceStatus), opts ...WatchOption) error {
+// maxHeartbeatAge, when not zero, leaves out of the set the instances whose last
+// heartbeat is older than it, alive by the verdict or not: a process that hangs (SIGSTOP,
+// a long pause, a frozen VM) keeps its alive lock and stays alive by the verdict until the
+// definitive-dead cutoff, but stops beating, and membership-based logic may want to move
+// work away from it sooner. It must be above the slow heartbeat interval
+// (Timing.HeartbeatSlowInterval, 60 s by default), at which a healthy instance that holds
+// its lock beats, with a margin (90 s at the defaults): a healthy instance's heartbeat is
+// that old just before each beat, and a bound below it would leave every such instance
+// out of the set for part of each interval (at 15 s, most of every minute). WatchAlive
+// refuses one that is not above this agent's HeartbeatSlowInterval with a *ConfigError
+// naming maxHeartbeatAge; the watched service's instances must not beat slower either. A
+// hung instance then leaves the set about maxHeartbeatAge after its last beat, so never
+// within a lease's TTL at the defaults. Agent.Shards needs none of this: its leases move a
+// hung owner's shards once they expire.
+func (a *Agent) WatchAlive(ctx context.Context, service string, maxHeartbeatAge time.Duration, fn func(alive []InstanceStatus)) error {
 	if fn == nil {
 		return &ConfigError{Field: "WatchAlive fn", Reason: "must not be nil"}
 	}
-	var o watchOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
 	switch slow := a.cfg.Timing.HeartbeatSlowInterval; {
-	case o.maxAge < 0:
-		return &ConfigError{Field: "WatchMaxHeartbeatAge", Reason: fmt.Sprintf("(%s) must not be negative", o.maxAge)}
-	case o.maxAge > 0 && o.maxAge <= slow:
+	case maxHeartbeatAge < 0:
+		return &ConfigError{Field: "WatchAlive maxHeartbeatAge", Reason: fmt.Sprintf("(%s) must not be negative", maxHeartbeatAge)}
+	case maxHeartbeatAge > 0 && maxHeartbeatAge <= slow:
 		// A healthy instance that holds its lock beats every slow interval: its heartbeat
 		// is that old just before each beat, and it would be left out of the set then.
-		return &ConfigError{Field: "WatchMaxHeartbeatAge", Reason: fmt.Sprintf("(%s) must be above the slow heartbeat "+
+		return &ConfigError{Field: "WatchAlive maxHeartbeatAge", Reason: fmt.Sprintf("(%s) must be above the slow heartbeat "+
 			"interval (AgentConfig.Timing.HeartbeatSlowInterval, %s), at which a healthy instance holding its lock "+
-			"beats; give it a margin, such as %s", o.maxAge, slow, slow+slow/2)}
+			"beats; give it a margin, such as %s", maxHeartbeatAge, slow, slow+slow/2)}
 	}
 	r, err := NewReader(ReaderConfig{DB: a.cfg.Pool, Schema: a.cfg.Schema})
 	if err != nil {
@@ -72,7 +72,7 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 		return ev.Kind == eventJoined || ev.Kind == eventLeft || ev.Kind == eventDead
 	})
 	defer unsubscribe()
-	poll := time.NewTicker(WatchAlivePoll)
+	poll := time.NewTicker(defaults.WatchAlivePoll)
 	defer poll.Stop()
 	var last []uuid.UUID
 	first := true
@@ -94,7 +94,7 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 		default:
 			failing.Clear(a.cfg.Logger, "watch: reading the instances again", "service", service)
 			alive := slices.DeleteFunc(all, func(s InstanceStatus) bool {
-				return !s.Alive() || (o.maxAge > 0 && s.HeartbeatAge > o.maxAge)
+				return !s.State.Alive() || (maxHeartbeatAge > 0 && s.HeartbeatAge > maxHeartbeatAge)
 			})
 			ids := make([]uuid.UUID, len(alive))
 			for i, s := range alive {
@@ -119,28 +119,4 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 		case <-poll.C:
 		}
 	}
-}
-
-// WatchOption is an option of Agent.WatchAlive.
-type WatchOption func(*watchOptions)
-
-type watchOptions struct {
-	maxAge time.Duration
-}
-
-// WatchMaxHeartbeatAge leaves out of the alive set the instances whose last heartbeat is
-// older than d: a process that hangs (SIGSTOP, a long pause, a frozen VM) keeps its alive
-// lock and stays alive by the verdict, but stops beating. d must be above the slow
-// heartbeat interval (Timing.HeartbeatSlowInterval, 60 s by default), at which a healthy
-// instance that holds its lock beats, with a margin (90 s at the defaults): a healthy
-// instance's heartbeat is that old just before each beat, and a bound below it would
-// leave every such instance out of the set for part of each interval (at 15 s, most of
-// every minute). WatchAlive refuses a d that is not above this agent's
-// HeartbeatSlowInterval with a *ConfigError naming WatchMaxHeartbeatAge; the watched
-// service's instances must not beat slower either. A hung instance then leaves the set
-// about d after its last beat, so never within a lease's TTL at the defaults: a hung
-// shard owner's shards move when their leases expire, which Agent.Shards sees to without
-// this option. Zero keeps every instance the verdict calls alive.
-func WatchMaxHeartbeatAge(d time.Duration) WatchOption {
-	return func(o *watchOptions) { o.maxAge = d }
 }

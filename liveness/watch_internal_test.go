@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
@@ -30,7 +31,7 @@ func TestWatchAliveTellsAFailingReadOnce(t *testing.T) {
 	calls := make(chan int, 64)
 	watchDone := make(chan error, 1)
 	go func() {
-		watchDone <- a.WatchAlive(wctx, "svc", func(alive []InstanceStatus) { calls <- len(alive) })
+		watchDone <- a.WatchAlive(wctx, "svc", 0, func(alive []InstanceStatus) { calls <- len(alive) })
 	}()
 	defer func() {
 		stopWatch()
@@ -45,12 +46,12 @@ func TestWatchAliveTellsAFailingReadOnce(t *testing.T) {
 	}
 
 	db.Exec(t, `ALTER TABLE liveness.instances RENAME TO instances_away`)
-	logs.toldOnce(t, "watch: cannot read the instances", slog.LevelWarn, 2, 3*WatchAlivePoll)
+	logs.toldOnce(t, "watch: cannot read the instances", slog.LevelWarn, 2, 3*defaults.WatchAlivePoll)
 	if n, _ := logs.count("watch: reading the instances again", slog.LevelInfo); n != 0 {
 		t.Fatalf("told %d times that reads succeed again while they still fail:%s", n, logs)
 	}
 	db.Exec(t, `ALTER TABLE liveness.instances_away RENAME TO instances`)
-	if !testutil.Poll(3*WatchAlivePoll, func() bool {
+	if !testutil.Poll(3*defaults.WatchAlivePoll, func() bool {
 		_, n := logs.count("watch: reading the instances again", slog.LevelInfo)
 		return n == 1
 	}) {
@@ -60,7 +61,7 @@ func TestWatchAliveTellsAFailingReadOnce(t *testing.T) {
 
 // TestMembershipIsListenedToOnlyWhileWanted: an agent's session listens to the members
 // channel (joined:, left:, dead:) only while something in the process waits for
-// membership, here WatchAlive; a join is then told at once (within the WatchAlivePoll it
+// membership, here WatchAlive; a join is then told at once (within the defaults.WatchAlivePoll it
 // would otherwise wait). PostgreSQL signals every listener of a channel for each
 // notification, so an agent that nothing of which waits for membership must not listen.
 func TestMembershipIsListenedToOnlyWhileWanted(t *testing.T) {
@@ -81,7 +82,7 @@ func TestMembershipIsListenedToOnlyWhileWanted(t *testing.T) {
 	sizes := make(chan int, 64)
 	watchDone := make(chan error, 1)
 	go func() {
-		watchDone <- a.WatchAlive(wctx, "svc", func(alive []InstanceStatus) { sizes <- len(alive) })
+		watchDone <- a.WatchAlive(wctx, "svc", 0, func(alive []InstanceStatus) { sizes <- len(alive) })
 	}()
 	testutil.Eventually(t, 10*time.Second, "listening to the members channel while WatchAlive runs", a.lock.(*aliveLock).members.Load)
 	for n := 0; n != 1; {
@@ -102,8 +103,8 @@ func TestMembershipIsListenedToOnlyWhileWanted(t *testing.T) {
 		if n != 2 {
 			t.Fatalf("after the join WatchAlive reported %d alive; want 2", n)
 		}
-	case <-time.After(WatchAlivePoll / 2):
-		t.Fatalf("the join was not told within %s", WatchAlivePoll/2)
+	case <-time.After(defaults.WatchAlivePoll / 2):
+		t.Fatalf("the join was not told within %s", defaults.WatchAlivePoll/2)
 	}
 	stopWatch()
 	if err := <-watchDone; err != nil {

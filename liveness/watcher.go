@@ -21,20 +21,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
-// WatcherLeases are the lease names of the fleet's two watchers. Every Agent campaigns
-// for both (unless AgentConfig.DisableWatcher), and leads at most one of them at a time,
-// so that with two agents or more the two watchers run in different processes: each
-// records the other's crash within a tick, where a single watcher's own crash would be
-// noticed only by its followers' next try.
-var WatcherLeases = [2]string{"pg_liveness.watcher.a", "pg_liveness.watcher.b"}
-
 const (
-	// WatchInterval is how often a watcher reads the digest of the alive locks: a crashed
-	// instance is stamped at most this long after PostgreSQL freed its lock, and is dead
-	// for everyone its lock grace after that. Each tick is one statement that reads
-	// pg_locks and, unless a lock appeared or vanished since the previous tick, nothing
-	// else, and it writes nothing then.
-	WatchInterval = 250 * time.Millisecond
 	// watcherRetryPeriod is how often a watcher's follower tries its lease. Every agent
 	// follows, so the fleet's tries grow with its size: they are rare, and the wake-ups
 	// do the work: a watcher's crash is noticed by the other watcher, which notifies its
@@ -58,11 +45,11 @@ type watcherConfig struct {
 	// their own (tests).
 	gate     leadGate
 	windDown time.Duration
-	every    time.Duration // WatchInterval if zero
+	every    time.Duration // defaults.WatchInterval if zero
 }
 
 // watcher records the vanishing of alive locks when it happens: while it leads one of
-// the WatcherLeases it reads the digest every WatchInterval, stamps absences when the
+// the defaults.WatcherLeases it reads the digest every defaults.WatchInterval, stamps absences when the
 // digest changed, and once an absence's grace has passed notifies dead:<id> (and
 // free:<lease> for the leases the dead instance held) when the verdict agrees.
 type watcher struct {
@@ -89,7 +76,7 @@ func newWatcher(cfg watcherConfig) *watcher {
 		cfg.windDown = defaults.JobWindDown
 	}
 	if cfg.every == 0 {
-		cfg.every = WatchInterval
+		cfg.every = defaults.WatchInterval
 	}
 	return &watcher{cfg: cfg, watchSQL: store.WatchAliveLocks.In(cfg.Schema).SQL,
 		notifySQL: store.NotifyDeadInstances.In(cfg.Schema).SQL, freshSQL: store.WatchFresh.In(cfg.Schema).SQL,
@@ -100,10 +87,10 @@ func newWatcher(cfg watcherConfig) *watcher {
 // together the fleet's sentries ask about once per sentrySpacing, whatever its size: each
 // asks once per its count of peers times sentrySpacing, within [sentryMinPeriod,
 // sentryMaxPeriod], at a random moment of that period so that they do not ask in step.
-// The reaper's leader asks every WatchInterval.
+// The reaper's leader asks every defaults.WatchInterval.
 const (
 	sentrySpacing   = 100 * time.Millisecond
-	sentryMinPeriod = WatchInterval
+	sentryMinPeriod = defaults.WatchInterval
 	sentryMaxPeriod = time.Minute
 	// sentryUnknownFleet is the fleet size a sentry assumes before it has read one, so
 	// that a fleet that starts all at once does not ask at the pace of a small one.
@@ -111,7 +98,7 @@ const (
 	// watchStaleAfter is the age past which no watcher counts as ticking: two ticks
 	// missed. A watcher slowed down by a busy server makes a sentry stand in for a while,
 	// which costs a second reader of pg_locks, never a wrong verdict.
-	watchStaleAfter = 2 * WatchInterval
+	watchStaleAfter = 2 * defaults.WatchInterval
 )
 
 // watchAge reads how long ago a watcher ticked and the lock count it saw then. ok is
@@ -154,7 +141,7 @@ const standInFor = 10 * time.Second
 // notifies their leases free, nor stamps the vanished locks, and their followers wait
 // for notifications: a crash would be dead only at a follower's rare poll. So, unless
 // this process leads a watcher itself, the sentry asks now and then how long ago a
-// watcher ticked (every WatchInterval while this process leads the reaper, else at the
+// watcher ticked (every defaults.WatchInterval while this process leads the reaper, else at the
 // fleet-wide pace of sentryPeriod), and when none did within watchStaleAfter it ticks in
 // their place for standInFor (or until it sees a watcher lease taken): it stamps the
 // vanished locks, the watchers' included, and once their grace has passed notifies the
@@ -163,7 +150,7 @@ const standInFor = 10 * time.Second
 // times a second in all.
 func (w *watcher) sentry(ctx context.Context) {
 	taken, unsubscribe := w.cfg.Events.subscribe(func(ev event) bool {
-		return ev.Kind == eventTaken && slices.Contains(WatcherLeases[:], ev.ID)
+		return ev.Kind == eventTaken && slices.Contains(defaults.WatcherLeases[:], ev.ID)
 	})
 	defer unsubscribe()
 	var (
@@ -226,7 +213,7 @@ func (w *watcher) sentry(ctx context.Context) {
 	}
 }
 
-// sentryWait is the pause before a sentry's next question: every WatchInterval while
+// sentryWait is the pause before a sentry's next question: every defaults.WatchInterval while
 // this process leads the reaper, otherwise a random part of twice sentryPeriod (on
 // average sentryPeriod, never in step with the others).
 func (w *watcher) sentryWait(locks int) time.Duration {
@@ -234,8 +221,8 @@ func (w *watcher) sentryWait(locks int) time.Duration {
 		return w.cfg.every
 	}
 	p := sentryPeriod(locks)
-	if w.cfg.every < WatchInterval { // tests run the watcher faster
-		p = p * w.cfg.every / WatchInterval
+	if w.cfg.every < defaults.WatchInterval { // tests run the watcher faster
+		p = p * w.cfg.every / defaults.WatchInterval
 	}
 	return p/2 + rand.N(p)
 }
@@ -256,12 +243,12 @@ func (w *watcher) reaperLeading(ctx context.Context) {
 func (w *watcher) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { w.sentry(ctx) })
-	errs := make([]error, len(WatcherLeases))
-	for i, name := range WatcherLeases {
+	errs := make([]error, len(defaults.WatcherLeases))
+	for i, name := range defaults.WatcherLeases {
 		wg.Go(func() {
 			errs[i] = w.cfg.Leases.elect(ctx, ElectorConfig{
 				Lease: name, RetryPeriod: watcherRetryPeriod, slot: &w.slot,
-				OnStartedLeading: func(ctx context.Context, _ Leadership) { w.watch(ctx) },
+				OnStartedLeading: func(ctx context.Context, _ *Lease) { w.watch(ctx) },
 			}, w.cfg.windDown, w.cfg.gate)
 		})
 	}

@@ -8,7 +8,6 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/benchdata"
-	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
 // watcherScale is a fleet of 10,000 instances each holding its alive lock (50 backends
@@ -99,7 +98,7 @@ func BenchmarkWatcherTick(b *testing.B) {
 	b.ReportMetric(float64(mc.Microseconds())/1000, "ms-changed")
 	b.ReportMetric(float64(ms)/float64(m1), "same/select1")
 	b.ReportMetric(float64(mc)/float64(m1), "changed/select1")
-	perSecond := 2 * float64(time.Second) / float64(liveness.WatchInterval)
+	perSecond := 2 * float64(time.Second) / float64(defaults.WatchInterval)
 	b.ReportMetric(perSecond, "statements/s/fleet")
 	b.ReportMetric(perSecond*float64(ms.Microseconds())/1000, "ms-db/s/fleet")
 }

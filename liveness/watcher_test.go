@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -67,7 +68,7 @@ func leadUntilStepDown(t *testing.T, ctx context.Context, a *liveness.Agent, lea
 	leading := make(chan struct{}, 1)
 	go func() {
 		_ = a.Elect(ctx, liveness.ElectorConfig{Lease: lease, RetryPeriod: retry,
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+			OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) {
 				leading <- struct{}{}
 				select {
 				case <-step:
@@ -91,7 +92,7 @@ func follow(t *testing.T, ctx context.Context, follower *liveness.Agent, counter
 	took := make(chan time.Time, 1)
 	go func() {
 		_ = follower.Elect(ctx, liveness.ElectorConfig{Lease: lease, RetryPeriod: retry,
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) { took <- time.Now(); <-ctx.Done() }})
+			OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) { took <- time.Now(); <-ctx.Done() }})
 	}()
 	testutil.Eventually(t, 10*time.Second, "the follower's first try of "+lease+" answered", func() bool {
 		return counter.answered("lease_acquire:"+lease) > 0
@@ -107,7 +108,7 @@ func watching(t *testing.T, ctx context.Context, pool *pgxpool.Pool, a *liveness
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 15*time.Second, "the agent leading a watcher", func() bool {
-		for _, name := range liveness.WatcherLeases {
+		for _, name := range defaults.WatcherLeases {
 			if l, err := r.Leader(ctx, name); err == nil && l.InstanceID == a.Snapshot().InstanceID {
 				return true
 			}
@@ -130,7 +131,7 @@ func TestCrashIsDeadForTheFirstLookAfterSilence(t *testing.T) {
 
 	victim := startCrashable(t, ctx, db, "victim")
 	// The watcher's digest changed with the new lock; let it see the fleet as it is.
-	time.Sleep(2 * liveness.WatchInterval)
+	time.Sleep(2 * defaults.WatchInterval)
 	crashed := victim.crash(t)
 	// Nobody looks for 3 s: the agent's heartbeat reads no verdict, and it follows no
 	// campaign but the second watcher's, which waits for its slot.
@@ -153,7 +154,7 @@ func TestCrashIsDeadForTheFirstLookAfterSilence(t *testing.T) {
 	}
 	// Generous: one tick on a loaded machine.
 	if stampedAfter > 2*time.Second {
-		t.Errorf("the absence was stamped %s after the crash; want within a few ticks of %s", stampedAfter, liveness.WatchInterval)
+		t.Errorf("the absence was stamped %s after the crash; want within a few ticks of %s", stampedAfter, defaults.WatchInterval)
 	}
 	t.Logf("stamped %s after the crash", stampedAfter)
 }
@@ -366,7 +367,7 @@ func TestWatchAliveReportsEveryChange(t *testing.T) {
 	wctx, stopWatch := context.WithCancel(ctx)
 	watchDone := make(chan error, 1)
 	go func() {
-		watchDone <- watcher.WatchAlive(wctx, "shard", func(alive []liveness.InstanceStatus) {
+		watchDone <- watcher.WatchAlive(wctx, "shard", 0, func(alive []liveness.InstanceStatus) {
 			ids := make([]uuid.UUID, len(alive))
 			for i, s := range alive {
 				ids[i] = s.InstanceID
@@ -383,8 +384,8 @@ func TestWatchAliveReportsEveryChange(t *testing.T) {
 			if !slices.Equal(got, want) {
 				t.Fatalf("%s: alive set %v, want %v", what, got, want)
 			}
-		case <-time.After(liveness.WatchAlivePoll - time.Second):
-			t.Fatalf("%s: no call within %s (before the slow poll): not woken", what, liveness.WatchAlivePoll-time.Second)
+		case <-time.After(defaults.WatchAlivePoll - time.Second):
+			t.Fatalf("%s: no call within %s (before the slow poll): not woken", what, defaults.WatchAlivePoll-time.Second)
 		}
 	}
 	next("at the start", self)
@@ -434,7 +435,7 @@ func TestTwoAgentsRunOneWatcherEach(t *testing.T) {
 	var holders []uuid.UUID
 	if !testutil.Poll(2*time.Second, func() bool {
 		holders = holders[:0]
-		for _, name := range liveness.WatcherLeases {
+		for _, name := range defaults.WatcherLeases {
 			if l, err := r.Leader(ctx, name); err == nil {
 				holders = append(holders, l.InstanceID)
 			}
@@ -462,7 +463,7 @@ func TestSentryStandsInWhenBothWatchersDie(t *testing.T) {
 	watchers := [2]*crashable{startCrashable(t, ctx, db, "watcher"), startCrashable(t, ctx, db, "watcher")}
 	for i, w := range watchers {
 		db.Exec(t, `INSERT INTO liveness.leases (name, holder, holder_instance_id, expires_at)
-		            VALUES ($1, 'test', $2, now() + interval '1 hour')`, liveness.WatcherLeases[i], w.id)
+		            VALUES ($1, 'test', $2, now() + interval '1 hour')`, defaults.WatcherLeases[i], w.id)
 	}
 	victim := startCrashable(t, ctx, db, "victim")
 	tickCtx, stopTicking := context.WithCancel(ctx)
@@ -471,7 +472,7 @@ func TestSentryStandsInWhenBothWatchersDie(t *testing.T) {
 		defer close(ticking)
 		for tickCtx.Err() == nil {
 			_, _ = pool.Exec(tickCtx, `SELECT * FROM liveness.watch_alive_locks(NULL)`)
-			time.Sleep(liveness.WatchInterval / 2)
+			time.Sleep(defaults.WatchInterval / 2)
 		}
 	}()
 	defer stopTicking()

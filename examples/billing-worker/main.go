@@ -1,7 +1,7 @@
 // Command billing-worker is a small service built on the liveness package the way a
 // service embeds it. Run several instances against one PostgreSQL: each one joins the
 // fleet (liveness.Agent), campaigns for the singleton invoice run (Agent.Elect), fences
-// the run's ledger writes (Leadership.Exec), reads its peers (liveness.Reader), and
+// the run's ledger writes (Lease.Exec), reads its peers (liveness.Reader), and
 // stops on SIGTERM.
 //
 // The invoice run works until its context is cancelled and then needs --wind-down to
@@ -118,7 +118,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	wg.Go(func() {
 		err := agent.Elect(ctx, liveness.ElectorConfig{
 			Lease: invoiceRunLease,
-			OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
+			OnStartedLeading: func(ctx context.Context, self *liveness.Lease) {
 				invoiceRun(ctx, c, pool, self, records, log)
 			},
 			OnStoppedLeading: func(reason error) { log.Info("no longer runs invoices", "reason", reason) },
@@ -144,7 +144,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 // claimed last is still being mailed: that takes --wind-down and cannot stop halfway
 // (the mails go out, outside the database, where no fence can stop them), and then the
 // batch is marked mailed, fenced again. Its records bracket everything it does.
-func invoiceRun(ctx context.Context, c config, pool *pgxpool.Pool, self liveness.Leadership, records *records, log *slog.Logger) {
+func invoiceRun(ctx context.Context, c config, pool *pgxpool.Pool, self *liveness.Lease, records *records, log *slog.Logger) {
 	records.write("begin", self.Epoch)
 	defer records.write("end", self.Epoch)
 	log.Info("invoice run started", "epoch", self.Epoch)
@@ -168,7 +168,7 @@ func invoiceRun(ctx context.Context, c config, pool *pgxpool.Pool, self liveness
 // writeLedger writes one ledger row under the fence and reports whether the run may go
 // on: false once the fence refused, that is once another instance may run. A refusal is
 // recorded: it is what the fence is for, and the example's test counts them.
-func writeLedger(ctx context.Context, c config, pool *pgxpool.Pool, self liveness.Leadership, records *records, log *slog.Logger) bool {
+func writeLedger(ctx context.Context, c config, pool *pgxpool.Pool, self *liveness.Lease, records *records, log *slog.Logger) bool {
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	// Refused at the fence or at COMMIT once this run may have been told it lost its
@@ -222,7 +222,7 @@ func logPeers(ctx context.Context, reader *liveness.Reader, every time.Duration,
 		}
 		alive := 0
 		for _, p := range peers {
-			if p.Alive() {
+			if p.State.Alive() {
 				alive++
 			}
 		}

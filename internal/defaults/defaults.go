@@ -74,3 +74,27 @@ const (
 	NodeAgentMaxConnections  = 4096
 	NodeAgentMaxMessageBytes = 16 << 10 // an event's id is a lease name, under 8000 bytes
 )
+
+// Fixed: no field or flag sets these.
+
+// ReaperLease is the lease name under which one agent at a time reaps.
+const ReaperLease = "pg_liveness.reaper"
+
+// WatcherLeases are the lease names of the fleet's two watchers. Every Agent campaigns
+// for both (unless AgentConfig.DisableWatcher), and leads at most one of them at a time,
+// so that with two agents or more the two watchers run in different processes: each
+// records the other's crash within a tick, where a single watcher's own crash would be
+// noticed only by its followers' next try.
+var WatcherLeases = [2]string{"pg_liveness.watcher.a", "pg_liveness.watcher.b"}
+
+// WatchInterval is how often a watcher reads the digest of the alive locks: a crashed
+// instance is stamped at most this long after PostgreSQL freed its lock, and is dead
+// for everyone its lock grace after that. Each tick is one statement that reads
+// pg_locks and, unless a lock appeared or vanished since the previous tick, nothing
+// else, and it writes nothing then.
+const WatchInterval = 250 * time.Millisecond
+
+// WatchAlivePoll is how often Agent.WatchAlive reads the set again without a
+// notification: the fallback for what is not notified (an instance gone stale by its
+// heartbeat, a process without a listening session) and for a lost notification.
+const WatchAlivePoll = 5 * time.Second

@@ -123,7 +123,7 @@ type LeadershipView struct {
 	// Began is how it began: free, released, expired or holder_dead; "" when it began
 	// before the rows read (From is then its end's record of it).
 	Began string `json:"began"`
-	// Ended is how it ended: released, stepped_down (Reason: a liveness.LostReason),
+	// Ended is how it ended: released, stepped_down (Reason: the LeaseLostError.Reason),
 	// expired or holder_dead; "" while led.
 	Ended  string `json:"ended"`
 	Reason string `json:"reason,omitempty"`

@@ -18,7 +18,6 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/status"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -100,7 +99,7 @@ func (f fleetActions) take(lease, holder string, ttl time.Duration, id uuid.UUID
 
 // letGo lets the lease go, saying why when reason is not "" (the history's stepped_down),
 // as the library's lease_release statement does, and returns when.
-func (f fleetActions) letGo(lease, holder string, epoch int64, reason liveness.LostReason) span {
+func (f fleetActions) letGo(lease, holder string, epoch int64, reason string) span {
 	f.t.Helper()
 	lo := f.clock()
 	var n int64
@@ -146,7 +145,7 @@ func historyFixture(t *testing.T, ctx context.Context, db *pgtest.DB, pool *pgxp
 	h.job[1] = f.take("job", "b", time.Minute, h.b, "node-b")
 	h.released2 = f.letGo("job", "b", h.job[1].epoch, "")
 	h.job[2] = f.take("job", "a", time.Minute, h.a, "node-a")
-	h.stepped3 = f.letGo("job", "a", h.job[2].epoch, liveness.LostNotAlive)
+	h.stepped3 = f.letGo("job", "a", h.job[2].epoch, "not_alive")
 	f.heartbeat(h.b)
 	h.job[3] = f.take("job", "b", time.Minute, h.b, "node-b")
 	h.lastBeatB = f.heartbeat(h.b) // its last sign of life: then it stops
@@ -189,7 +188,7 @@ func historyFixture(t *testing.T, ctx context.Context, db *pgtest.DB, pool *pgxp
 	time.Sleep(time.Until(h.lastBeatB.Add(2*time.Second + 300*time.Millisecond))) // b is stale: dead
 	f.heartbeat(h.a)
 	h.job[4] = f.take("job", "a", time.Minute, h.a, "node-a")
-	h.released5 = f.letGo("job", "a", h.job[4].epoch, liveness.LostExpired)
+	h.released5 = f.letGo("job", "a", h.job[4].epoch, "expired")
 	f.exec(`DELETE FROM liveness.instances WHERE instance_id = $1`, h.b)
 	f.exec(`DELETE FROM liveness.instances WHERE instance_id = $1`, h.a)
 	return h
@@ -278,9 +277,9 @@ func TestHistoryLeadershipsAndGapsAreWhatHappened(t *testing.T) {
 	wants := []want{
 		{h.job[0], h.a, exactly(h.job[0].expiresAt), "free", "expired", ""},
 		{h.job[1], h.b, h.released2, "expired", "released", ""},
-		{h.job[2], h.a, h.stepped3, "released", "stepped_down", string(liveness.LostNotAlive)},
+		{h.job[2], h.a, h.stepped3, "released", "stepped_down", string("not_alive")},
 		{h.job[3], h.b, exactly(h.lastBeatB), "released", "holder_dead", ""},
-		{h.job[4], h.a, h.released5, "holder_dead", "stepped_down", string(liveness.LostExpired)},
+		{h.job[4], h.a, h.released5, "holder_dead", "stepped_down", string("expired")},
 	}
 	if len(job.Leaderships) != len(wants) {
 		t.Fatalf("job: %d leaderships, want %d: %+v", len(job.Leaderships), len(wants), job.Leaderships)

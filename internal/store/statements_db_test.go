@@ -104,7 +104,7 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 		wg.Go(func() {
 			_ = a.Elect(runCtx, liveness.ElectorConfig{
 				Lease: "tagged-job", TTL: 2 * time.Second, RetryPeriod: 100 * time.Millisecond,
-				OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
+				OnStartedLeading: func(ctx context.Context, self *liveness.Lease) {
 					fenceOnce(ctx, t, pool, self) // the leader's fence, in a transaction of its own
 					<-ctx.Done()
 				},
@@ -354,7 +354,7 @@ func withServerLocks(cfg collector.Config, q *pgxpool.Pool, datname string) coll
 
 // fenceOnce runs the leader's fence in a transaction of its own, as a job fences its
 // writes.
-func fenceOnce(ctx context.Context, t *testing.T, pool *pgxpool.Pool, self liveness.Leadership) {
+func fenceOnce(ctx context.Context, t *testing.T, pool *pgxpool.Pool, self *liveness.Lease) {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	tx, err := pool.Begin(qctx)

@@ -27,7 +27,6 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/proctest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
-	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 	"github.com/pg-liveness/pg_liveness_exporter/tools/promql"
 )
@@ -154,7 +153,7 @@ func TestEndToEnd(t *testing.T) {
 
 		// Hand the reaper its lease: it deletes the victim's row, the service disappears
 		// from pg_liveness_instances, and the alert resolves.
-		db.Exec(t, `DELETE FROM liveness.leases WHERE name = $1 AND holder = $2`, liveness.ReaperLease, e2eHolder)
+		db.Exec(t, `DELETE FROM liveness.leases WHERE name = $1 AND holder = $2`, defaults.ReaperLease, e2eHolder)
 		released := time.Now()
 		waitFor(t, "a resolved PgLivenessInstancesStale notification for e2e-victim", func() bool {
 			return hook.find("resolved", "PgLivenessInstancesStale", "e2e-victim") != nil
@@ -253,7 +252,7 @@ func TestEndToEnd(t *testing.T) {
 		// The reaper's lease is released above; release it here as well in case that
 		// subtest stopped early, since the agent lease panels need the observer to hold it
 		// once.
-		db.Exec(t, `DELETE FROM liveness.leases WHERE name = $1 AND holder = $2`, liveness.ReaperLease, e2eHolder)
+		db.Exec(t, `DELETE FROM liveness.leases WHERE name = $1 AND holder = $2`, defaults.ReaperLease, e2eHolder)
 		waitForData(t, prom, "every dashboard query to return data", dashboardQueries(t, nil))
 	})
 }
@@ -346,7 +345,7 @@ func setupE2EDatabase(t *testing.T) *pgtest.DB {
 		($1, $2, now(), now() + interval '1 hour'),
 		('e2e-job', $2, now() - interval '10 seconds', now() + interval '1 hour'),
 		('e2e-expired', 'e2e-host:2:dcba', now() - interval '2 minutes', now() - interval '1 minute')`,
-		liveness.ReaperLease, e2eHolder)
+		defaults.ReaperLease, e2eHolder)
 
 	holder := db.ConnAs(t, "e2e-app")
 	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock(42)`); err != nil {

@@ -14,8 +14,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
-	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
 // jobLeaseTTL is the ttl of the job lease the victims of the network scenarios hold: 10 s,
@@ -194,7 +194,7 @@ func TestCrash(t *testing.T) {
 	sc.note("The row is reaped by the heir's reaper (every --agent.reaper-interval) once it holds the reaper's lease; its time is reported, not bounded.")
 	sc.note("A dead holder's lease is free before its ttl (holder dead by the one verdict). The heir's watcher stamps the vanished lock "+
 		"within a tick (%s) and, once the lock grace has passed, notifies the death and the victim's leases as free: the heir's "+
-		"followers try at once instead of at their next retry (every second for the job, every 5 s for the reaper).", liveness.WatchInterval)
+		"followers try at once instead of at their next retry (every second for the job, every 5 s for the reaper).", defaults.WatchInterval)
 }
 
 // TestCrashNotificationsLost is TestCrash with the heir's listening session (its alive

@@ -13,7 +13,6 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
-	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/netns"
 )
 
@@ -231,7 +230,7 @@ func TestNetworkBlip(t *testing.T) {
 		var down time.Duration
 		stepped := false
 		for _, ev := range victim.Events("lost", t0) {
-			if !stepped && strings.Contains(ev.Cause, string(liveness.LostNotAlive)) {
+			if !stepped && strings.Contains(ev.Cause, string("not_alive")) {
 				down, stepped = ev.At.Sub(t0), true
 				continue
 			}
@@ -284,7 +283,7 @@ func TestNetworkBlipUnderAVerification(t *testing.T) {
 	t.Cleanup(func() { _ = admin.Close(context.Background()) })
 	// Two bystanders, outside the namespace, lead the reaper and the two watchers, so
 	// that the victim leads nothing (a leader verifies its lock several times a second).
-	singletons := append([]string{liveness.ReaperLease}, liveness.WatcherLeases[:]...)
+	singletons := append([]string{defaults.ReaperLease}, defaults.WatcherLeases[:]...)
 	heldBy := func(ids []uuid.UUID) int {
 		t.Helper()
 		var n int

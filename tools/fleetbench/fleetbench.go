@@ -564,7 +564,7 @@ const victimLease = "victim-job"
 // on until its context ends.
 func (ag *agent) campaign(f *fleet, lease string) {
 	ag.jobs.Go(func() {
-		_ = ag.a.Elect(ag.ctx, liveness.ElectorConfig{Lease: lease, OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) {
+		_ = ag.a.Elect(ag.ctx, liveness.ElectorConfig{Lease: lease, OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) {
 			if lease == victimLease {
 				f.started(ag, time.Now())
 				ag.leading.Store(true)

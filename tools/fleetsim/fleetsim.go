@@ -80,7 +80,7 @@ type Config struct {
 	// Job runs while an instance leads a lease (liveness.ElectorConfig.OnStartedLeading).
 	// nil sleeps for JobDuration. It must return when ctx ends (leadership is ending: the
 	// lease was lost, or the instance stops or dies); returning earlier steps down.
-	Job func(ctx context.Context, inst Instance, self liveness.Leadership) error
+	Job func(ctx context.Context, inst Instance, self *liveness.Lease) error
 
 	MaxConns int32 // of each instance's pool, and of the fleet's own; 2 if zero
 	Logger   *slog.Logger
@@ -348,7 +348,7 @@ func (f *Fleet) campaign(ctx context.Context, inst *instance, name string) {
 	}
 	err := inst.agent.Elect(ctx, liveness.ElectorConfig{
 		Lease: name, TTL: f.cfg.LeaseTTL, RetryPeriod: f.cfg.JobPause,
-		OnStartedLeading: func(ctx context.Context, self liveness.Leadership) {
+		OnStartedLeading: func(ctx context.Context, self *liveness.Lease) {
 			if err := f.job(ctx, f.info(inst), self); err != nil && ctx.Err() == nil {
 				log.Warn("job failed", "err", err)
 			}
@@ -359,7 +359,7 @@ func (f *Fleet) campaign(ctx context.Context, inst *instance, name string) {
 	}
 }
 
-func (f *Fleet) job(ctx context.Context, inst Instance, self liveness.Leadership) error {
+func (f *Fleet) job(ctx context.Context, inst Instance, self *liveness.Lease) error {
 	if f.cfg.Job != nil {
 		return f.cfg.Job(ctx, inst, self)
 	}

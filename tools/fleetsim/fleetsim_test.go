@@ -152,13 +152,13 @@ func TestLeasedJobsRunOnOneInstanceAtATime(t *testing.T) {
 	cfg := testConfig(db, "jobs")
 	cfg.Instances, cfg.HeartbeatOnly = 4, 1
 	cfg.Leases = []string{"cleanup", "alerts"}
-	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self liveness.Leadership) error {
-		if _, err := jobs.Exec(ctx, `INSERT INTO job_runs (lease, epoch, instance) VALUES ($1, $2, $3)`, self.Lease, self.Epoch, inst.Index); err != nil {
+	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self *liveness.Lease) error {
+		if _, err := jobs.Exec(ctx, `INSERT INTO job_runs (lease, epoch, instance) VALUES ($1, $2, $3)`, self.Name, self.Epoch, inst.Index); err != nil {
 			return err
 		}
 		time.Sleep(time.Duration(20+rand.IntN(80)) * time.Millisecond)
 		_, err := jobs.Exec(ctx, `UPDATE job_runs SET ended_at = clock_timestamp()
-			WHERE lease = $1 AND epoch = $2`, self.Lease, self.Epoch)
+			WHERE lease = $1 AND epoch = $2`, self.Name, self.Epoch)
 		return err
 	}
 	f := start(t, cfg)
@@ -186,7 +186,7 @@ func TestLeasedJobsRunOnOneInstanceAtATime(t *testing.T) {
 // lead is an instance's start of leadership of a lease.
 type lead struct {
 	index int
-	self  liveness.Leadership
+	self  *liveness.Lease
 }
 
 // startLeaders starts three instances holding their alive locks, campaigning for lease
@@ -199,7 +199,7 @@ func startLeaders(t *testing.T, db *pgtest.DB, service, lease string, ttl time.D
 	cfg.Leases = []string{lease}
 	cfg.LeaseTTL = ttl
 	leads := make(chan lead, 16)
-	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self liveness.Leadership) error {
+	cfg.Job = func(ctx context.Context, inst fleetsim.Instance, self *liveness.Lease) error {
 		leads <- lead{inst.Index, self}
 		<-ctx.Done()
 		return nil
@@ -244,8 +244,8 @@ func TestKilledHolderLeaseIsTakenOverBeforeItExpires(t *testing.T) {
 		t.Fatal("the killed holder's lease row is gone or expired right after the kill; want it left behind")
 	}
 	// Both times are the database's.
-	if next := nextLeader(t, leads, first, 15*time.Second); !next.self.TakenAt.Before(first.self.ExpiresAt) {
-		t.Fatalf("taken over at %s, not before the killed holder's lease expired (%s)", next.self.TakenAt, first.self.ExpiresAt)
+	if next := nextLeader(t, leads, first, 15*time.Second); !next.self.TakenAt.Before(first.self.ExpiresAt()) {
+		t.Fatalf("taken over at %s, not before the killed holder's lease expired (%s)", next.self.TakenAt, first.self.ExpiresAt())
 	}
 }
 

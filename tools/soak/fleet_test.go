@@ -35,7 +35,7 @@ const (
 	exporterAgents    = 4
 	ledgerTable       = "public.fence_log"
 	writeEvery        = 200 * time.Millisecond
-	// txEvery: every third write is a transaction of two inserts (Leadership.BeginFunc),
+	// txEvery: every third write is a transaction of two inserts (Lease.BeginFunc),
 	// fenced at COMMIT; the others are single statements with the hand-written fence.
 	txEvery = 3
 

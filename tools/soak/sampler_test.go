@@ -255,7 +255,7 @@ func sampleReader(ctx context.Context, dsn string, ids func() []string, c *chang
 		g.answered(at)
 		alive := map[uuid.UUID]bool{}
 		for _, st := range all {
-			alive[st.InstanceID] = st.Alive()
+			alive[st.InstanceID] = st.State.Alive()
 		}
 		for _, id := range watched {
 			u, err := uuid.Parse(id)

@@ -34,7 +34,7 @@ type leaseHandle struct {
 	// FenceDeadline is the library's: when, on the server's clock, fenced writes must be
 	// refused.
 	FenceDeadline func() time.Time
-	// BeginFunc is the library's fenced transaction (Leadership.BeginFunc).
+	// BeginFunc is the library's fenced transaction (Lease.BeginFunc).
 	BeginFunc func(context.Context, *pgxpool.Pool, func(pgx.Tx) error) error
 }
 
@@ -115,8 +115,8 @@ func (p *participant) compete(ctx context.Context, name string, ttl, retry time.
 	hold func(procCtx, leaseCtx context.Context, lease leaseHandle) error, acquireFailed func(error)) {
 	if p.agent != nil {
 		err := p.agent.Elect(ctx, liveness.ElectorConfig{Lease: name, TTL: ttl, RetryPeriod: retry,
-			OnStartedLeading: func(lctx context.Context, self liveness.Leadership) {
-				_ = hold(ctx, lctx, leaseHandle{Name: self.Lease, Epoch: self.Epoch, FenceDeadline: self.FenceDeadline,
+			OnStartedLeading: func(lctx context.Context, self *liveness.Lease) {
+				_ = hold(ctx, lctx, leaseHandle{Name: self.Name, Epoch: self.Epoch, FenceDeadline: self.FenceDeadline,
 					BeginFunc: self.BeginFunc})
 			}})
 		if err != nil && ctx.Err() == nil {

@@ -113,7 +113,7 @@ func main() {
 	flag.DurationVar(&c.retry, "lease.retry", defaultLeaseRetry, "pause between attempts to take the lease; the library's default")
 	flag.DurationVar(&c.writeEvery, "lease.write-every", 50*time.Millisecond, "fenced write cadence while holding the lease")
 	flag.IntVar(&c.txEvery, "lease.tx-every", 0, "every n-th fenced write (of the lease, and of each owned shard) is a transaction of "+
-		"two inserts (Leadership.BeginFunc); 0: none")
+		"two inserts (Lease.BeginFunc); 0: none")
 	flag.StringVar(&c.fenceTable, "fence-table", "public.fence_log", "fencing log table (lease, epoch, writer)")
 	flag.StringVar(&c.shardSet, "shards.set", "", "take part in this shard set (Agent.Shards); empty: none. Each owned shard writes "+
 		"to the fencing log every --shards.write-every, fenced by its lease (lease <set>/<shard>)")

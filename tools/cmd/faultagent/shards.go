@@ -23,15 +23,15 @@ func (in *instance) ownShards(ctx context.Context) {
 	every := cmp.Or(in.c.shardWriteEvery, in.c.writeEvery)
 	err := in.parts.agent.Shards(ctx, liveness.ShardsConfig{Set: in.c.shardSet, Count: in.c.shardCount,
 		OnStartedOwning: func(sctx context.Context, shard liveness.Shard) {
-			emit("shard_owned", in.id, "lease", shard.Lease, "epoch", shard.Epoch)
-			defer emit("shard_released", in.id, "lease", shard.Lease, "epoch", shard.Epoch, "cause", causeOf(sctx))
+			emit("shard_owned", in.id, "lease", shard.Lease.Name, "epoch", shard.Epoch)
+			defer emit("shard_released", in.id, "lease", shard.Lease.Name, "epoch", shard.Epoch, "cause", causeOf(sctx))
 			// Told at once, from the cancellation itself rather than when the loop next
 			// looks, and before shard_released.
 			told := make(chan struct{})
 			stopTelling := context.AfterFunc(sctx, func() {
 				defer close(told)
-				emit("shard_cancelled", in.id, "lease", shard.Lease, "epoch", shard.Epoch, "cause", causeOf(sctx),
-					"lost", lostLease(sctx, shard.Lease))
+				emit("shard_cancelled", in.id, "lease", shard.Lease.Name, "epoch", shard.Epoch, "cause", causeOf(sctx),
+					"lost", lostLease(sctx, shard.Lease.Name))
 			})
 			defer func() {
 				if !stopTelling() {
@@ -47,19 +47,19 @@ func (in *instance) ownShards(ctx context.Context) {
 				if tx {
 					err = shard.BeginFunc(wctx, in.pool, func(tx pgx.Tx) error {
 						for range 2 {
-							if _, err := tx.Exec(wctx, in.txInsert, shard.Lease, shard.Epoch, in.id.String()); err != nil {
+							if _, err := tx.Exec(wctx, in.txInsert, shard.Lease.Name, shard.Epoch, in.id.String()); err != nil {
 								return err
 							}
 						}
 						return nil
 					})
 				} else {
-					_, err = shard.Exec(wctx, in.pool, in.txInsert, shard.Lease, shard.Epoch, in.id.String())
+					_, err = shard.Exec(wctx, in.pool, in.txInsert, shard.Lease.Name, shard.Epoch, in.id.String())
 				}
 				cancel()
 				if errors.Is(err, liveness.ErrFenced) {
 					lost := errors.Is(err, liveness.ErrLeaseLost)
-					emit("fence_refused", in.id, "lease", shard.Lease, "epoch", shard.Epoch, "lost", lost, "tx", tx)
+					emit("fence_refused", in.id, "lease", shard.Lease.Name, "epoch", shard.Epoch, "lost", lost, "tx", tx)
 					if lost {
 						return
 					}

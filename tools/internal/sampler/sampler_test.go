@@ -64,7 +64,7 @@ func TestSQLReader(t *testing.T) {
 	wg.Go(func() { _ = a.Run(runCtx) })
 	wg.Go(func() {
 		_ = a.Elect(runCtx, liveness.ElectorConfig{Lease: "sampled-job", TTL: 5 * time.Second, RetryPeriod: 100 * time.Millisecond,
-			OnStartedLeading: func(ctx context.Context, _ liveness.Leadership) { <-ctx.Done() }})
+			OnStartedLeading: func(ctx context.Context, _ *liveness.Lease) { <-ctx.Done() }})
 	})
 	testutil.Eventually(t, 30*time.Second, "the agent's instance alive, locked, with its row, leading sampled-job", func() bool {
 		smp, err = r.Read(ctx, conn, []uuid.UUID{id})
