@@ -11,4 +11,6 @@ type ConfigError struct {
 	Reason string
 }
 
+// Error names the field and says what is wrong with its value, never the value of a
+// secret.
 func (e *ConfigError) Error() string { return "liveness: " + e.Field + " " + e.Reason }

@@ -64,6 +64,8 @@ type FencedError struct {
 	Err error
 }
 
+// Error names the lease, the epoch and why the write was refused, and whether the lease
+// was still held.
 func (e *FencedError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "liveness: write fenced under lease %q (epoch %d) refused", e.Lease, e.Epoch)

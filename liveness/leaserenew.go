@@ -51,6 +51,7 @@ type LeaseLostError struct {
 	Err    error
 }
 
+// Error names the lease, the epoch, the reason and the error behind it, if any.
 func (e *LeaseLostError) Error() string {
 	msg := fmt.Sprintf("liveness: lease %q (epoch %d) lost: %s", e.Name, e.Epoch, e.Reason)
 	if e.Err != nil {
