@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 )
 
 // WatchAlivePoll is how often Agent.WatchAlive reads the set again without a
@@ -68,8 +69,8 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, fn func(alive []
 	defer cancel()
 	stop := context.AfterFunc(a.leading.stopping, cancel)
 	defer stop()
-	wake, unsubscribe := a.events.subscribeMembers(func(ev event) bool {
-		return ev.Kind == eventJoined || ev.Kind == eventLeft || ev.Kind == eventDead
+	wake, unsubscribe := a.events.subscribeMembers(func(ev notify.Event) bool {
+		return ev.Kind == notify.Joined || ev.Kind == notify.Left || ev.Kind == notify.Dead
 	})
 	defer unsubscribe()
 	poll := time.NewTicker(WatchAlivePoll)
