@@ -19,6 +19,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/database"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/discovery"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/probe"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/reload"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/server"
@@ -37,7 +38,7 @@ type wired struct {
 	source    *store.Source
 	pool      *pgxpool.Pool        // nil with --config.file and no DSN: /probe only
 	agent     *liveness.Agent      // nil with --no-agent
-	nodeAgent *liveness.NodeAgent  // nil without --node-agent.socket or --node-agent.listen-address
+	nodeAgent *nodeagent.Server    // nil without --node-agent.socket or --node-agent.listen-address
 	targets   *targets.Pools       // nil without --config.file
 	discover  *discovery.Databases // nil without --config.file
 	mux       *http.ServeMux
@@ -131,7 +132,7 @@ func wire(c *cli.Config, envDSN string, logger *slog.Logger) (_ *wired, err erro
 		n.DirectDSN, n.Schema, n.ServiceName = c.Agent.DirectDSN, c.Agent.Schema, c.Agent.ServiceName
 		n.KeepaliveIdle, n.KeepaliveInterval, n.KeepaliveCount = c.Agent.KeepaliveIdle, c.Agent.KeepaliveInterval, c.Agent.KeepaliveCount
 		n.UserTimeout, n.Logger = c.Agent.UserTimeout, logger.With("component", "node_agent")
-		if w.nodeAgent, err = liveness.NewNodeAgent(n); err != nil {
+		if w.nodeAgent, err = nodeagent.New(n); err != nil {
 			return nil, err
 		}
 		c.Agent.NodeAgentSocket = n.Socket
@@ -160,7 +161,7 @@ func wire(c *cli.Config, envDSN string, logger *slog.Logger) (_ *wired, err erro
 func localAddress(addr string) string {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return addr // NewNodeAgent has refused it
+		return addr // nodeagent.New has refused it
 	}
 	switch ip := net.ParseIP(host); {
 	case host == "" || ip != nil && ip.IsUnspecified() && ip.To4() != nil:
@@ -203,7 +204,7 @@ func routes(c *cli.Config, w *wired, agent collector.AgentSource, logger *slog.L
 			return nil, err
 		}
 		// The status page reads the source the collectors read.
-		var node statuspage.NodeAgentSource // a nil interface without a node agent, never a nil *NodeAgent
+		var node statuspage.NodeAgentSource // a nil interface without a node agent, never a nil *nodeagent.Server
 		if w.nodeAgent != nil {
 			node = w.nodeAgent
 		}

@@ -4,13 +4,13 @@ import (
 	"context"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
-	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent"
 )
 
-// NodeAgentSource is what the node agent collector reads; liveness's NodeAgent
-// implements it.
+// NodeAgentSource is what the node agent collector reads; the node agent's server
+// (nodeagent.Server) implements it.
 type NodeAgentSource interface {
-	Snapshot() liveness.NodeAgentSnapshot
+	Snapshot() nodeagent.Snapshot
 }
 
 // NodeAgentConfig configures the node agent collector. It only runs when Source is set

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pg-liveness/pg_liveness_exporter/liveness"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent"
 )
 
 // testAgentCollector is the agent collector on testAgent, as New builds it.
@@ -77,6 +77,6 @@ func TestRegistry(t *testing.T) {
 }
 
 // fixedNodeAgent is a stand-in for the node agent: its collector only reads the snapshot.
-type fixedNodeAgent liveness.NodeAgentSnapshot
+type fixedNodeAgent nodeagent.Snapshot
 
-func (n fixedNodeAgent) Snapshot() liveness.NodeAgentSnapshot { return liveness.NodeAgentSnapshot(n) }
+func (n fixedNodeAgent) Snapshot() nodeagent.Snapshot { return nodeagent.Snapshot(n) }

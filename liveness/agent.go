@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
@@ -350,7 +351,7 @@ func (a *Agent) schemaReady(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(backoff(attempt)):
+			case <-time.After(alivelock.Backoff(attempt)):
 			}
 			continue
 		}

@@ -17,8 +17,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent/proto"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 // AgentConfig configures an Agent: one instance that takes part in the fleet. Zero values
@@ -33,9 +36,9 @@ type AgentConfig struct {
 	DirectDSN string
 	// NodeAgentSocket, when set, is where the node agent of this host listens (the
 	// pg_liveness_exporter binary run with --node-agent.socket or
-	// --node-agent.listen-address, or a NodeAgent): the path of its unix socket, or
-	// "tcp://host:port" for its TCP listener, with NodeAgentToken (in Kubernetes, a
-	// Service with internalTrafficPolicy Local in front of the node agents). The alive
+	// --node-agent.listen-address): the path of its unix socket, or "tcp://host:port" for
+	// its TCP listener, with NodeAgentToken (in Kubernetes, a Service with
+	// internalTrafficPolicy Local in front of the node agents). The alive
 	// lock is held on the node agent's one session for every process of the node, instead
 	// of on a session of this process's own, and the schema's events arrive through it.
 	// The lock is let go when this process's connection to the node agent closes, however
@@ -43,9 +46,9 @@ type AgentConfig struct {
 	// instance is judged by its heartbeat and leads nothing, and it attaches again as
 	// soon as the node agent answers. Unused in ModeHeartbeatTableOnly.
 	NodeAgentSocket string
-	// NodeAgentToken is the node agent's token (NodeAgentConfig.Token, the file of
-	// --node-agent.token-file), which a process presents to attach over TCP; unused with
-	// a unix socket. Never logged.
+	// NodeAgentToken is the node agent's token (the file of its --node-agent.token-file),
+	// which a process presents to attach over TCP; unused with a unix socket. Never
+	// logged.
 	NodeAgentToken string
 	Schema         string // "liveness" if empty
 	InstanceID     uuid.UUID
@@ -129,7 +132,7 @@ type shutdownSteps struct {
 func (c AgentConfig) shutdownSteps() shutdownSteps {
 	c = c.withDefaults()
 	s := shutdownSteps{windDown: c.JobWindDown, letGo: runReleaseTimeout, beat: beatTimeout(c.Timing.HeartbeatInterval),
-		removeRow: c.ShutdownTimeout, closeLock: aliveLockCloseTimeout}
+		removeRow: c.ShutdownTimeout, closeLock: alivelock.CloseTimeout}
 	if c.Mode == ModeHeartbeatTableOnly {
 		s.closeLock = 0 // no lock, no session
 	}
@@ -169,27 +172,28 @@ func (c AgentConfig) withDefaults() AgentConfig {
 // lockMode reports whether the agent holds an alive lock.
 func (c AgentConfig) lockMode() bool { return c.Mode != ModeHeartbeatTableOnly }
 
-// aliveLockFields names, for each field of the alive lock's configuration, the
+// aliveLockFields names, for each field of the alive lock's session configuration, the
 // AgentConfig field it comes from, so that an Agent's errors name what its caller set.
 var aliveLockFields = map[string]string{
-	"aliveLockConfig.DSN":               "AgentConfig.DirectDSN",
-	"aliveLockConfig.InstanceID":        "AgentConfig.InstanceID",
-	"aliveLockConfig.ServiceName":       "AgentConfig.ServiceName",
-	"aliveLockConfig.KeepaliveIdle":     "AgentConfig.KeepaliveIdle",
-	"aliveLockConfig.KeepaliveInterval": "AgentConfig.KeepaliveInterval",
-	"aliveLockConfig.KeepaliveCount":    "AgentConfig.KeepaliveCount",
-	"aliveLockConfig.UserTimeout":       "AgentConfig.UserTimeout",
-	"aliveLockConfig.VerifyInterval":    "AgentConfig.VerifyInterval",
+	alivelock.Field("DSN"):               "AgentConfig.DirectDSN",
+	alivelock.Field("InstanceID"):        "AgentConfig.InstanceID",
+	alivelock.Field("ServiceName"):       "AgentConfig.ServiceName",
+	alivelock.Field("KeepaliveIdle"):     "AgentConfig.KeepaliveIdle",
+	alivelock.Field("KeepaliveInterval"): "AgentConfig.KeepaliveInterval",
+	alivelock.Field("KeepaliveCount"):    "AgentConfig.KeepaliveCount",
+	alivelock.Field("UserTimeout"):       "AgentConfig.UserTimeout",
+	alivelock.Field("VerifyInterval"):    "AgentConfig.VerifyInterval",
 }
 
-// asAgentError renames the alive lock's *ConfigError to the AgentConfig fields.
+// asAgentError renames the alive lock's session's *store.ConfigError to the AgentConfig
+// fields, as a *ConfigError.
 func asAgentError(err error) error {
-	var ce *ConfigError
-	if !errors.As(err, &ce) {
+	var se *store.ConfigError
+	if !errors.As(err, &se) {
 		return err
 	}
-	out := &ConfigError{Field: ce.Field, Reason: ce.Reason}
-	if f, ok := aliveLockFields[ce.Field]; ok {
+	out := &ConfigError{Field: se.Field, Reason: se.Reason}
+	if f, ok := aliveLockFields[out.Field]; ok {
 		out.Field = f
 	}
 	for from, to := range aliveLockFields {
@@ -253,11 +257,11 @@ func (c AgentConfig) Validate() error {
 		if err := c.checkNodeAgentTCP(); err != nil {
 			return err
 		}
-		if err := c.aliveLockConfig().validateTiming(); err != nil {
+		if err := c.aliveLockConfig().session().ValidateTiming(); err != nil {
 			return asAgentError(err)
 		}
 	case c.lockMode():
-		if err := c.aliveLockConfig().validate(); err != nil {
+		if err := c.aliveLockConfig().session().Validate(); err != nil {
 			return asAgentError(err)
 		}
 	}
@@ -285,8 +289,8 @@ func (c AgentConfig) checkNodeAgentTCP() error {
 	case c.NodeAgentToken == "":
 		return bad("NodeAgentToken", "must be set with a NodeAgentSocket of tcp://: the node agent takes no attach over "+
 			"TCP without its token")
-	case len(c.NodeAgentToken) < nodeTokenMin:
-		return bad("NodeAgentToken", "must be at least %d bytes, as the node agent's is", nodeTokenMin)
+	case len(c.NodeAgentToken) < proto.TokenMin:
+		return bad("NodeAgentToken", "must be at least %d bytes, as the node agent's is", proto.TokenMin)
 	}
 	return nil
 }

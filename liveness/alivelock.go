@@ -1,46 +1,36 @@
-// The alive lock: its configuration, and the settings of its session that make the
-// server free it within seconds of the client going silent.
+// The alive lock: its configuration, and its construction from the settings of its
+// session (alivelock.Config) that make the server free it within seconds of the client
+// going silent.
 
 package liveness
 
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"log/slog"
-	"net"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"golang.org/x/sys/unix"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
 const (
-	aliveLockStatementTimeout = 5 * time.Second
-	aliveLockConnectTimeout   = 10 * time.Second
-	aliveLockCloseTimeout     = 5 * time.Second
-	reconnectBackoffMin       = 250 * time.Millisecond
-	reconnectBackoffMax       = 10 * time.Second
-	// reclaimEvery is how often a lock that is not held is claimed again.
-	reclaimEvery = time.Second
-	// reclaimFast is how often it is claimed again while a session that claimed it for
+	// reclaimFast is how often a lock is claimed again while a session that claimed it for
 	// this instance holds it (this process's previous session, not ended yet, or a
 	// duplicate), for reclaimFastFor after the first refusal. After a network cut heals,
 	// the previous session ends when its FIN reaches the server; the watcher stamps the
 	// lock vanished then, and the new claim and the beat that records it must land within
-	// the lock grace, or this live process is called dead. At reclaimEvery, the same 1 s
-	// as the grace, they could not (a soak's false-dead after a 30 s cut).
+	// the lock grace, or this live process is called dead. At alivelock.ReclaimEvery, the
+	// same 1 s as the grace, they could not (a soak's false-dead after a 30 s cut).
 	reclaimFast    = 50 * time.Millisecond
 	reclaimFastFor = time.Minute
 )
@@ -125,134 +115,24 @@ type aliveLock struct {
 	afterConnect func(ctx context.Context, conn *pgx.Conn)
 }
 
-// validate checks the configuration without connecting. Errors name the field at fault
-// and never contain the password.
-func (c aliveLockConfig) validate() error {
-	_, _, err := c.connConfig()
-	return err
+// session is the configuration of the lock's session: its errors name
+// alivelock.Config's fields, which aliveLockFields maps to AgentConfig's.
+func (c aliveLockConfig) session() alivelock.Config {
+	return alivelock.Config{DSN: c.DSN, InstanceID: c.InstanceID, ServiceName: c.ServiceName,
+		KeepaliveIdle: c.KeepaliveIdle, KeepaliveInterval: c.KeepaliveInterval, KeepaliveCount: c.KeepaliveCount,
+		UserTimeout: c.UserTimeout, VerifyInterval: c.VerifyInterval}
 }
 
-// validateTiming checks what does not concern the connection: the verification
-// interval, for a lock held through a node agent.
-func (c aliveLockConfig) validateTiming() error {
-	if c.VerifyInterval < 0 {
-		return aliveLockErr("VerifyInterval", "(%s) must not be negative", c.VerifyInterval)
-	}
-	return nil
-}
-
-// connConfig validates c and builds the lock connection's configuration. It also returns
-// the client socket's user timeout.
-func (c aliveLockConfig) connConfig() (*pgx.ConnConfig, time.Duration, error) {
-	if strings.TrimSpace(c.DSN) == "" {
-		return nil, 0, aliveLockErr("DSN", "must not be empty")
-	}
-	if c.InstanceID == uuid.Nil {
-		return nil, 0, aliveLockErr("InstanceID", "must not be the nil UUID")
-	}
-	if strings.TrimSpace(c.ServiceName) == "" {
-		return nil, 0, aliveLockErr("ServiceName", "must not be empty")
-	}
-	idle, err := wholeSeconds("KeepaliveIdle", c.KeepaliveIdle, defaults.KeepaliveIdle)
-	if err != nil {
-		return nil, 0, err
-	}
-	interval, err := wholeSeconds("KeepaliveInterval", c.KeepaliveInterval, defaults.KeepaliveInterval)
-	if err != nil {
-		return nil, 0, err
-	}
-	count, err := orDefault("KeepaliveCount", c.KeepaliveCount, defaults.KeepaliveCount)
-	if err != nil {
-		return nil, 0, err
-	}
-	userTimeout, err := orDefault("UserTimeout", c.UserTimeout, defaults.UserTimeout)
-	if err != nil {
-		return nil, 0, err
-	}
-	if userTimeout < time.Millisecond {
-		return nil, 0, aliveLockErr("UserTimeout", "(%s) must be at least 1ms", userTimeout)
-	}
-	if c.VerifyInterval < 0 {
-		return nil, 0, aliveLockErr("VerifyInterval", "(%s) must not be negative", c.VerifyInterval)
-	}
-
-	cfg, err := pgx.ParseConfig(c.DSN)
-	if err != nil {
-		return nil, 0, &ConfigError{Field: "aliveLockConfig.DSN", Reason: logging.RedactError(err).Error()}
-	}
-	rp := cfg.RuntimeParams
-	rp["application_name"] = c.ServiceName + ":alive-lock"
-	rp["tcp_keepalives_idle"] = strconv.Itoa(int(idle / time.Second))
-	rp["tcp_keepalives_interval"] = strconv.Itoa(int(interval / time.Second))
-	rp["tcp_keepalives_count"] = strconv.Itoa(count)
-	rp["tcp_user_timeout"] = strconv.FormatInt(userTimeout.Milliseconds(), 10)
-	rp["idle_session_timeout"] = "0"
-	// No named prepared statements: they would not survive a pooler, and then the
-	// verification could not say what went wrong.
-	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
-	// The client side of the socket gets its own keepalive and user timeout, one probe
-	// short of the server's, so that an agent cut off from the database stops trusting
-	// its lock before the server frees it for someone else.
-	clientCount := max(count-1, 1)
-	clientUserTimeout := min(userTimeout, idle+interval*time.Duration(clientCount))
-	dialer := &net.Dialer{
-		Timeout: cfg.ConnectTimeout,
-		KeepAliveConfig: net.KeepAliveConfig{
-			Enable: true, Idle: idle, Interval: interval, Count: clientCount,
-		},
-		Control: func(network, _ string, rc syscall.RawConn) error {
-			if !strings.HasPrefix(network, "tcp") {
-				// A unix socket (a server on this host) has no network to be cut
-				// off by: the server's end of it closes when the session ends.
-				return nil
-			}
-			var serr error
-			err := rc.Control(func(fd uintptr) {
-				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(clientUserTimeout.Milliseconds()))
-			})
-			return cmp.Or(err, serr)
-		},
-	}
-	cfg.DialFunc = dialer.DialContext
-	return cfg, clientUserTimeout, nil
-}
-
-// statementTimeout bounds one claim or verification. A cut-off network is detected by the
-// socket's keepalive and user timeout, so the deadline lies beyond them: a short network
-// blip delays a verification instead of dropping a lock that the server still grants.
+// statementTimeout bounds one claim or verification (alivelock.StatementTimeoutFor).
 func (a *aliveLock) statementTimeout() time.Duration {
-	return max(aliveLockStatementTimeout, a.clientUserTimeout+aliveLockStatementTimeout)
-}
-
-func aliveLockErr(field, format string, args ...any) error {
-	return &ConfigError{Field: "aliveLockConfig." + field, Reason: fmt.Sprintf(format, args...)}
-}
-
-// orDefault is v, or def when v is zero; a negative v is refused.
-func orDefault[T int | time.Duration](field string, v, def T) (T, error) {
-	switch {
-	case v < 0:
-		return 0, aliveLockErr(field, "(%v) must not be negative", v)
-	case v == 0:
-		return def, nil
-	}
-	return v, nil
-}
-
-// wholeSeconds is orDefault for a setting PostgreSQL takes in whole seconds only.
-func wholeSeconds(field string, d, def time.Duration) (time.Duration, error) {
-	d, err := orDefault(field, d, def)
-	if err == nil && d%time.Second != 0 {
-		return 0, aliveLockErr(field, "(%s) must be a whole number of seconds", d)
-	}
-	return d, err
+	return alivelock.StatementTimeoutFor(a.clientUserTimeout)
 }
 
 // newAliveLock validates cfg and prepares the lock. It does not connect; Run does.
 func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
-	connCfg, clientUserTimeout, err := cfg.connConfig()
+	connCfg, clientUserTimeout, err := cfg.session().ConnConfig()
 	if err != nil {
-		return nil, err // a *ConfigError naming the aliveLockConfig field
+		return nil, err // a *store.ConfigError naming the alivelock.Config field
 	}
 	a := &aliveLock{
 		connCfg:           connCfg,
@@ -282,7 +162,7 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 		// Called by pgconn whenever a notification arrives, while waiting or during a
 		// statement.
 		a.connCfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
-			if e, ok := parseEvent(n.Payload); ok {
+			if e, ok := notify.Parse(n.Payload); ok {
 				a.events.publish(e)
 			}
 		}

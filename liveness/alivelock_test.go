@@ -282,7 +282,7 @@ func clientKeepalive(c net.Conn) (opts [4]int, err error) {
 // password.
 func TestAliveLockConfigErrors(t *testing.T) {
 	good := aliveLockConfig{DSN: "host=127.0.0.1 user=u password=s3cret dbname=d", InstanceID: uuid.New(), ServiceName: "svc"}
-	if err := good.validate(); err != nil {
+	if err := good.session().Validate(); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
@@ -290,20 +290,20 @@ func TestAliveLockConfigErrors(t *testing.T) {
 		edit func(*aliveLockConfig)
 		want string
 	}{
-		{"empty DSN", func(c *aliveLockConfig) { c.DSN = "" }, "aliveLockConfig.DSN must not be empty"},
-		{"malformed DSN", func(c *aliveLockConfig) { c.DSN = "postgres://u:s3cret@host:notaport/db" }, "aliveLockConfig.DSN"},
-		{"nil instance id", func(c *aliveLockConfig) { c.InstanceID = uuid.Nil }, "aliveLockConfig.InstanceID"},
-		{"no service name", func(c *aliveLockConfig) { c.ServiceName = "" }, "aliveLockConfig.ServiceName"},
+		{"empty DSN", func(c *aliveLockConfig) { c.DSN = "" }, "alivelock.Config.DSN must not be empty"},
+		{"malformed DSN", func(c *aliveLockConfig) { c.DSN = "postgres://u:s3cret@host:notaport/db" }, "alivelock.Config.DSN"},
+		{"nil instance id", func(c *aliveLockConfig) { c.InstanceID = uuid.Nil }, "alivelock.Config.InstanceID"},
+		{"no service name", func(c *aliveLockConfig) { c.ServiceName = "" }, "alivelock.Config.ServiceName"},
 		{"fractional idle", func(c *aliveLockConfig) { c.KeepaliveIdle = 1500 * time.Millisecond },
-			"aliveLockConfig.KeepaliveIdle (1.5s) must be a whole number of seconds"},
+			"alivelock.Config.KeepaliveIdle (1.5s) must be a whole number of seconds"},
 		{"negative interval", func(c *aliveLockConfig) { c.KeepaliveInterval = -time.Second },
-			"aliveLockConfig.KeepaliveInterval (-1s) must not be negative"},
+			"alivelock.Config.KeepaliveInterval (-1s) must not be negative"},
 		{"negative count", func(c *aliveLockConfig) { c.KeepaliveCount = -1 },
-			"aliveLockConfig.KeepaliveCount (-1) must not be negative"},
+			"alivelock.Config.KeepaliveCount (-1) must not be negative"},
 		{"negative user timeout", func(c *aliveLockConfig) { c.UserTimeout = -time.Second },
-			"aliveLockConfig.UserTimeout (-1s) must not be negative"},
+			"alivelock.Config.UserTimeout (-1s) must not be negative"},
 		{"sub-millisecond user timeout", func(c *aliveLockConfig) { c.UserTimeout = 500 * time.Microsecond },
-			"aliveLockConfig.UserTimeout (500µs) must be at least 1ms"},
+			"alivelock.Config.UserTimeout (500µs) must be at least 1ms"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

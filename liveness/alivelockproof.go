@@ -13,10 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// holderAskEvery is how often, while claims are refused, the session asks again who
-// holds the key.
-const holderAskEvery = 30 * time.Second
-
 // judgeHolder asks who holds the key a claim found held, and reports it: a session the
 // instance's row records as its claimant is this instance's (a duplicate, or its previous
 // session not yet ended); any other is a stranger's, whose lock counts for nobody and

@@ -7,12 +7,14 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 )
 
 // Run connects, claims, verifies and reconnects (with backoff and jitter) until ctx is
@@ -37,14 +39,14 @@ func (a *aliveLock) Run(ctx context.Context) error {
 		// A session that held the lock, or lasted, resets the backoff: the next loss is a
 		// new incident, to be recovered from at once. A connection that keeps failing or
 		// dropping at once backs off further.
-		if held || time.Since(began) > reconnectBackoffMax {
+		if held || time.Since(began) > alivelock.ReconnectBackoffMax {
 			attempt = 0
 		}
 		attempt++
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(backoff(attempt)):
+		case <-time.After(alivelock.Backoff(attempt)):
 		case <-a.serverBack:
 		}
 	}
@@ -63,22 +65,12 @@ func (a *aliveLock) answered() {
 	}
 }
 
-// backoff doubles from reconnectBackoffMin up to reconnectBackoffMax, with jitter in the
-// upper half so that a fleet does not reconnect in step after a server restart.
-func backoff(attempt int) time.Duration {
-	d := reconnectBackoffMax
-	if attempt < 16 {
-		d = min(reconnectBackoffMin<<(attempt-1), reconnectBackoffMax)
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
 // session runs one connection in two states, as long as the connection lasts: claiming
 // until the lock is held, then holding (verifying) until it is not, and claiming again.
 // Between statements a read on the idle connection notices at once when the server ends
 // the session. It reports whether the lock was held at some point.
 func (a *aliveLock) session(ctx context.Context) (held bool) {
-	cctx, cancel := context.WithTimeout(ctx, aliveLockConnectTimeout)
+	cctx, cancel := context.WithTimeout(ctx, alivelock.ConnectTimeout)
 	conn, err := pgx.ConnectConfig(cctx, a.connCfg)
 	cancel()
 	if err != nil {
@@ -98,7 +90,7 @@ func (a *aliveLock) session(ctx context.Context) (held bool) {
 		} else {
 			a.setHeld(false)
 		}
-		closeCtx, cancel := context.WithTimeout(context.Background(), aliveLockCloseTimeout)
+		closeCtx, cancel := context.WithTimeout(context.Background(), alivelock.CloseTimeout)
 		defer cancel()
 		_ = conn.Close(closeCtx) // ends the session, which releases the lock
 	}()
@@ -128,7 +120,7 @@ func (a *aliveLock) session(ctx context.Context) (held bool) {
 
 // runClaimingState claims the lock until it is held, and returns true then. While another
 // session holds it (a duplicate, or this instance's previous backend that has not exited
-// yet) or the server refuses the claim, it claims again every reclaimEvery (or
+// yet) or the server refuses the claim, it claims again every alivelock.ReclaimEvery (or
 // verifyEvery, when shorter); every reclaimFast for reclaimFastFor while the holder is a
 // session that claimed it for this instance. It returns false when the connection must
 // be dropped.
@@ -154,7 +146,7 @@ func (a *aliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
 			}
 			// Whose session holds the key decides what this is: a pg_locks read, so asked
 			// at the first refusal and then rarely.
-			if askedHolder.IsZero() || time.Since(askedHolder) >= holderAskEvery {
+			if askedHolder.IsZero() || time.Since(askedHolder) >= alivelock.HolderAskEvery {
 				askedHolder = time.Now()
 				if !a.judgeHolder(ctx, conn, backendPID) {
 					return false
@@ -164,7 +156,7 @@ func (a *aliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
 			}
 			a.settledOnce()
 		}
-		every := min(a.verifyEvery, reclaimEvery)
+		every := min(a.verifyEvery, alivelock.ReclaimEvery)
 		if a.Duplicate() && time.Since(refused) < reclaimFastFor {
 			every = min(every, reclaimFast)
 		}
@@ -210,7 +202,7 @@ func (a *aliveLock) runHoldingState(ctx context.Context, conn *pgx.Conn, listeni
 		}
 		// Claim again soon, not at once: the backend that held it may just not have
 		// exited yet.
-		return a.wait(ctx, conn, min(a.verifyEvery, reclaimEvery))
+		return a.wait(ctx, conn, min(a.verifyEvery, alivelock.ReclaimEvery))
 	}
 }
 
@@ -281,7 +273,7 @@ func (a *aliveLock) waitFor(ctx context.Context, conn *pgx.Conn, d time.Duration
 // listened are lost, so they read the state again. A failure is logged and left: the
 // waiters poll.
 func (a *aliveLock) listen(ctx context.Context, conn *pgx.Conn) bool {
-	qctx, cancel := context.WithTimeout(ctx, aliveLockStatementTimeout)
+	qctx, cancel := context.WithTimeout(ctx, alivelock.StatementTimeout)
 	defer cancel()
 	var channel string
 	if err := conn.QueryRow(qctx, a.listenSQL).Scan(&channel); err != nil {
@@ -292,7 +284,7 @@ func (a *aliveLock) listen(ctx context.Context, conn *pgx.Conn) bool {
 	}
 	a.log.Debug("listening to the schema's events", "channel", channel)
 	a.events.setListening(true)
-	a.events.publish(event{Kind: eventResync})
+	a.events.publish(notify.Event{Kind: notify.Resync})
 	return true
 }
 
@@ -309,7 +301,7 @@ func (a *aliveLock) syncMembers(ctx context.Context, conn *pgx.Conn) {
 	if want {
 		sql = a.membersSQL
 	}
-	qctx, cancel := context.WithTimeout(ctx, aliveLockStatementTimeout)
+	qctx, cancel := context.WithTimeout(ctx, alivelock.StatementTimeout)
 	defer cancel()
 	var channel string
 	if err := conn.QueryRow(qctx, sql).Scan(&channel); err != nil {
@@ -318,7 +310,7 @@ func (a *aliveLock) syncMembers(ctx context.Context, conn *pgx.Conn) {
 	}
 	a.members.Store(want)
 	if want {
-		a.events.publish(event{Kind: eventResync})
+		a.events.publish(notify.Event{Kind: notify.Resync})
 	}
 }
 

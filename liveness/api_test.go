@@ -144,3 +144,99 @@ func TestReaderConfigCarriesTheSourceFields(t *testing.T) {
 		t.Errorf("liveness.WhizbangSource has %v, store.Whizbang %v", w, s)
 	}
 }
+
+// The layers, as the imports show them (each package's own, not its tests'): the library
+// does not carry the node agent's server, which is the binary's, nor does the server
+// depend on the library; the internal packages are below the library, except the
+// binary's front ends, which configure and read it; the node agent's protocol is
+// self-contained (both ends speak it), and what the alive lock shares with the node
+// agent does not know the server.
+func TestLayers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "list", "-e", "-f", "{{.ImportPath}}{{range .Imports}} {{.}}{{end}}", module+"/...")
+	cmd.Dir = ".."
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if exit, ok := err.(*exec.ExitError); ok {
+			stderr = exit.Stderr
+		}
+		t.Fatalf("go list: %v\n%s", err, stderr)
+	}
+	imports := map[string][]string{} // this module's packages, by their short path: the module's they import
+	short := func(path string) string { return strings.TrimPrefix(strings.TrimPrefix(path, module), "/") }
+	for line := range strings.Lines(string(out)) {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		var own []string
+		for _, imp := range fields[1:] {
+			if strings.HasPrefix(imp, module+"/") {
+				own = append(own, short(imp))
+			}
+		}
+		imports[short(fields[0])] = own
+	}
+	for _, p := range []string{"liveness", "internal/nodeagent", "internal/nodeagent/proto", "internal/alivelock", "internal/notify"} {
+		if _, ok := imports[p]; !ok {
+			t.Fatalf("go list did not list %s among %d packages", p, len(imports))
+		}
+	}
+	// path is how from comes to import to, through this module's packages ("a → b → c"),
+	// or "" when it does not.
+	path := func(from, to string) string {
+		prev := map[string]string{from: ""}
+		queue := []string{from}
+		for len(queue) > 0 {
+			p := queue[0]
+			queue = queue[1:]
+			for _, next := range imports[p] {
+				if _, seen := prev[next]; seen {
+					continue
+				}
+				prev[next] = p
+				if next == to {
+					chain := []string{to}
+					for at := p; at != ""; at = prev[at] {
+						chain = append([]string{at}, chain...)
+					}
+					return strings.Join(chain, " → ")
+				}
+				queue = append(queue, next)
+			}
+		}
+		return ""
+	}
+	if chain := path("liveness", "internal/nodeagent"); chain != "" {
+		t.Errorf("the library imports the node agent's server, which is the binary's: %s", chain)
+	}
+	// No internal package imports the library, but the binary's command line and status
+	// page, which sit above it: they configure it (AgentConfig) and read it (Reader,
+	// AgentSnapshot). (The binary's parts that use the collectors, which read the library,
+	// are above it too; they do not import it themselves.) The node agent's server and
+	// everything it is built from do not depend on the library at all.
+	frontEnds := []string{"internal/cli", "internal/status"}
+	for p, imps := range imports {
+		if strings.HasPrefix(p, "internal/") && !slices.Contains(frontEnds, p) && slices.Contains(imps, "liveness") {
+			t.Errorf("%s imports liveness; the internal packages are below the library (but %v)", p, frontEnds)
+		}
+	}
+	if chain := path("internal/nodeagent", "liveness"); chain != "" {
+		t.Errorf("the node agent's server depends on the library: %s", chain)
+	}
+	for _, imp := range imports["internal/nodeagent/proto"] {
+		if imp != "internal/defaults" {
+			t.Errorf("internal/nodeagent/proto imports %s; the protocol imports nothing of this module but internal/defaults", imp)
+		}
+	}
+	for _, imp := range imports["internal/notify"] {
+		t.Errorf("internal/notify imports %s; the notifications' encoding imports nothing of this module", imp)
+	}
+	for _, shared := range []string{"internal/alivelock", "internal/notify", "internal/nodeagent/proto"} {
+		if chain := path(shared, "internal/nodeagent"); chain != "" {
+			t.Errorf("%s, which the library shares with the node agent, imports the server: %s", shared, chain)
+		}
+	}
+}

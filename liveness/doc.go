@@ -275,25 +275,25 @@
 //
 // # One session per node
 //
-// With AgentConfig.NodeAgentSocket the alive lock is held not on a direct session of
-// the process's own but on the node agent's (NodeAgent, or the pg_liveness_exporter
-// binary run with --node-agent.socket): one liveness session, and one listener, per
-// node instead of per process. The process's connection to the node agent is the lock:
-// when it closes, however the process ended, the node agent lets the lock go and the
-// fleet sees it vanish as it would have seen a session of the process's own end. A
-// leader's proofs are the node agent's verifications of its session, each sent after the
-// leader asked, so every guarantee of "What a leader guarantees" holds as it does with a
-// session of its own. When the node agent dies its processes notice at once, prove life
-// by their heartbeats (heartbeat_only), lead nothing (a leader's trust runs out three
-// quarters of the lock grace after its last proof, as with a session of its own), and
-// attach again within a fraction of a second of its return: they dial its socket every
-// 100 ms while nobody answers. A node agent that stops (SIGTERM) closes their connections
-// first and keeps the locks until their rows no longer claim them (at most 2 s): the
-// locks go only once the processes have proved life by their heartbeats.
+// With AgentConfig.NodeAgentSocket the alive lock is held not on a direct session of the
+// process's own but on the node agent's (the pg_liveness_exporter binary run with
+// --node-agent.socket): one liveness session, and one listener, per node instead of per
+// process. The process's connection to the node agent is the lock: when it closes,
+// however the process ended, the node agent lets the lock go and the fleet sees it vanish
+// as it would have seen a session of the process's own end. A leader's proofs are the
+// node agent's verifications of its session, each sent after the leader asked, so every
+// guarantee of "What a leader guarantees" holds as it does with a session of its own.
+// When the node agent dies its processes notice at once, prove life by their heartbeats
+// (heartbeat_only), lead nothing (a leader's trust runs out three quarters of the lock
+// grace after its last proof, as with a session of its own), and attach again within a
+// fraction of a second of its return: they dial its socket every 100 ms while nobody
+// answers. A node agent that stops (SIGTERM) closes their connections first and keeps the
+// locks until their rows no longer claim them (at most 2 s): the locks go only once the
+// processes have proved life by their heartbeats.
 //
 // Where no unix socket can be shared (Kubernetes under the restricted Pod Security
 // Standard, which forbids host paths) the node agent listens on TCP too
-// (NodeAgentConfig.ListenAddress, behind a Service with internalTrafficPolicy Local), and
+// (--node-agent.listen-address, behind a Service with internalTrafficPolicy Local), and
 // a process attaches with NodeAgentSocket "tcp://host:port" and NodeAgentToken: the node
 // agent takes no attach without its token (compared in constant time, never logged). An
 // instance is the process that claimed it: on the socket by its peer credentials (uid,
@@ -303,7 +303,8 @@
 // connection that presented its secret is attached) and, after that, until the fleet
 // has called the instance dead. A killed process's TCP connection closes as promptly as
 // its socket (its kernel sends FIN or RST); one whose peer vanished without closing is
-// dropped within NodeAgentTCPDeadPeer.
+// dropped within 10 s, on both ends: TCP keepalive after 5 s of silence, five probes a
+// second apart, and a user timeout of as much.
 //
 // # Leases without an alive lock
 //

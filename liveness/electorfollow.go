@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 )
 
 // follow tries to take the lease, with jitter so that followers do not hit the row in
@@ -22,11 +24,11 @@ import (
 // returns the lease once taken, with the gate entered, or nil when ctx ends.
 func (e *campaign) follow(ctx context.Context) *Lease {
 	lease := e.cfg.Lease
-	freed, unsubscribeFree := e.leases.events.subscribe(func(ev event) bool { return ev.Kind == eventFree && ev.ID == lease })
+	freed, unsubscribeFree := e.leases.events.subscribe(func(ev notify.Event) bool { return ev.Kind == notify.Free && ev.ID == lease })
 	defer unsubscribeFree()
-	taken, unsubscribeTaken := e.leases.events.subscribeNews(func(ev event) bool { return ev.Kind == eventTaken && ev.ID == lease })
+	taken, unsubscribeTaken := e.leases.events.subscribeNews(func(ev notify.Event) bool { return ev.Kind == notify.Taken && ev.ID == lease })
 	defer unsubscribeTaken()
-	deadHere, unsubscribeDeadHere := e.leases.events.subscribeNews(func(ev event) bool { return ev.Kind == eventDeadHere })
+	deadHere, unsubscribeDeadHere := e.leases.events.subscribeNews(func(ev notify.Event) bool { return ev.Kind == notify.DeadHere })
 	defer unsubscribeDeadHere()
 	try, quiet := true, false
 	failures := 0 // tries in a row that failed (not refused): the server is down or overloaded

@@ -17,11 +17,17 @@ import (
 // fmt.Errorf with a literal text that starts so, or fmt.Errorf("%w: ...", errX) that
 // starts with a sentinel of this package (whose own text is checked here too). The one
 // exception is a cause written to sit inside another error of the package, as a
-// FencedError's Err.
+// FencedError's Err. So do the errors of the internal packages its alive lock shares
+// with the node agent, and of the node agent's server, whose errors reach the same logs.
 func TestErrorsStartWithLiveness(t *testing.T) {
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
+	var files []string
+	for _, dir := range []string{".", "../internal/alivelock", "../internal/notify", "../internal/nodeagent",
+		"../internal/nodeagent/proto"} {
+		matched, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		if err != nil || len(matched) == 0 {
+			t.Fatalf("no Go files in %s: %v", dir, err)
+		}
+		files = append(files, matched...)
 	}
 	fset := token.NewFileSet()
 	var parsed []*ast.File
@@ -155,7 +161,12 @@ func isCall(e ast.Expr, pkg, name string) bool {
 	return ok && id.Name == pkg
 }
 
+// isSentinel reports whether e names one of sentinels, as errX or, from another of the
+// packages checked, pkg.ErrX.
 func isSentinel(e ast.Expr, sentinels map[string]bool) bool {
+	if sel, ok := e.(*ast.SelectorExpr); ok {
+		e = sel.Sel
+	}
 	id, ok := e.(*ast.Ident)
 	return ok && sentinels[id.Name]
 }

@@ -1,46 +1,12 @@
 package liveness
 
 import (
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 )
-
-// The schema's events, as the triggers and the watcher notify them, payload
-// "<kind>:<id>": on the channel <schema>_events, and from migration 0010 on, membership
-// (dead, left, joined) on <schema>_members (see subscribeMembers).
-const (
-	eventDead   = "dead"   // dead:<instance id>: dead by the verdict after its lock vanished
-	eventLeft   = "left"   // left:<instance id>: its row was deleted (a graceful stop, the reaper)
-	eventJoined = "joined" // joined:<instance id>: its row was inserted
-	eventFree   = "free"   // free:<lease name>: released, or its holder is dead
-	eventTaken  = "taken"  // taken:<lease name>: it has a new epoch (migration 0010 on)
-	// eventResync is no notification: the listening session (re)started, so anything
-	// may have been missed while it was away; whoever waits reads the state again.
-	eventResync = "resync"
-	// eventDeadHere is no notification either: this process's watcher has just notified
-	// deaths (and the dead holders' leases free) while its own session does not listen.
-	// Its colon keeps it from ever being parsed from a payload (parseEvent cuts the kind
-	// at the first one), so only the watcher can publish it, at most once a tick, and a
-	// follower acts on it at once rather than through its wake-up limiter.
-	eventDeadHere = "dead:here"
-)
-
-// event is one notification of the schema's events channel.
-type event struct {
-	Kind string
-	ID   string // an instance id or a lease name
-}
-
-// parseEvent reads a payload "<kind>:<id>"; ok is false for anything else.
-func parseEvent(payload string) (event, bool) {
-	kind, id, ok := strings.Cut(payload, ":")
-	if !ok || kind == "" {
-		return event{}, false
-	}
-	return event{Kind: kind, ID: id}, true
-}
 
 // events hands the notifications the alive lock's session receives to the waiters of
 // this process (elector followers, the reaper's follower, WatchAlive). A waiter is woken,
@@ -65,7 +31,7 @@ type events struct {
 // exists, the listening session also listens to the members channel (PostgreSQL signals
 // every listener of a channel for each notification, so the fleet's agents do not all
 // listen to every join).
-func (h *events) subscribeMembers(match func(event) bool) (<-chan struct{}, func()) {
+func (h *events) subscribeMembers(match func(notify.Event) bool) (<-chan struct{}, func()) {
 	if h == nil {
 		return nil, func() {}
 	}
@@ -116,12 +82,12 @@ func (h *events) setListening(on bool) {
 	if h == nil || h.listening.Swap(on) == on || on {
 		return // listen publishes its own resync once the LISTEN took effect
 	}
-	h.publish(event{Kind: eventResync})
+	h.publish(notify.Event{Kind: notify.Resync})
 }
 
 type eventSub struct {
-	match  func(event) bool
-	resync bool // woken by eventResync too
+	match  func(notify.Event) bool
+	resync bool // woken by notify.Resync too
 	wake   chan struct{}
 	// ids gathers the ids of the events matched since the last take (subscribeIDs); at
 	// most maxPendingIDs, past which overflow says that some were left out.
@@ -134,17 +100,17 @@ type eventSub struct {
 const maxPendingIDs = 4096
 
 // subscribe returns a channel that receives a wake-up after each event match accepts
-// (and after every eventResync), and the function that ends the subscription.
-func (h *events) subscribe(match func(event) bool) (<-chan struct{}, func()) {
+// (and after every notify.Resync), and the function that ends the subscription.
+func (h *events) subscribe(match func(notify.Event) bool) (<-chan struct{}, func()) {
 	return h.add(match, true)
 }
 
 // subscribeNews is subscribe for a waiter whose wake-up means that the event happened
-// (a lease was taken: stop trying), not that it may have: eventResync does not wake it.
+// (a lease was taken: stop trying), not that it may have: a resync does not wake it.
 // A listening session that drops and comes back again and again publishes a resync each
 // time; a follower that took each one for taken:<lease> gave up every try it was about
 // to make, and never took a lease that was free.
-func (h *events) subscribeNews(match func(event) bool) (<-chan struct{}, func()) {
+func (h *events) subscribeNews(match func(notify.Event) bool) (<-chan struct{}, func()) {
 	return h.add(match, false)
 }
 
@@ -153,7 +119,7 @@ func (h *events) subscribeNews(match func(event) bool) (<-chan struct{}, func())
 // for): take returns the ids gathered since the last take, and all is true when some
 // were left out (more than maxPendingIDs came meanwhile), so that the waiter acts as if
 // every id it waits for had come. take on a nil *events returns nothing.
-func (h *events) subscribeIDs(match func(event) bool) (wake <-chan struct{}, take func() (ids []string, all bool), unsubscribe func()) {
+func (h *events) subscribeIDs(match func(notify.Event) bool) (wake <-chan struct{}, take func() (ids []string, all bool), unsubscribe func()) {
 	if h == nil {
 		return nil, func() ([]string, bool) { return nil, false }, func() {}
 	}
@@ -176,7 +142,7 @@ func (h *events) subscribeIDs(match func(event) bool) (wake <-chan struct{}, tak
 		}
 }
 
-func (h *events) add(match func(event) bool, resync bool) (<-chan struct{}, func()) {
+func (h *events) add(match func(notify.Event) bool, resync bool) (<-chan struct{}, func()) {
 	if h == nil {
 		return nil, func() {}
 	}
@@ -201,15 +167,15 @@ func (h *events) addSub(s *eventSub) *eventSub {
 }
 
 // publish wakes every subscriber the event concerns. It never blocks.
-func (h *events) publish(e event) {
+func (h *events) publish(e notify.Event) {
 	if h == nil {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for s := range h.subs {
-		if e.Kind == eventResync && s.resync || e.Kind != eventResync && s.match(e) {
-			if s.ids != nil && e.Kind != eventResync {
+		if e.Kind == notify.Resync && s.resync || e.Kind != notify.Resync && s.match(e) {
+			if s.ids != nil && e.Kind != notify.Resync {
 				if _, ok := s.ids[e.ID]; !ok && len(s.ids) >= maxPendingIDs {
 					s.overflow = true
 				} else {

@@ -1,6 +1,10 @@
 package liveness
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
+)
 
 // A resync (the listening session dropped or came back) wakes the waiters that re-read
 // on it, not those whose wake-up means that a thing happened: a follower that took each
@@ -8,7 +12,7 @@ import "testing"
 // dead:here can never come from a payload.
 func TestResyncWakesOnlyTheWaitersThatReadAgain(t *testing.T) {
 	var h events
-	isTaken := func(ev event) bool { return ev.Kind == eventTaken && ev.ID == "job" }
+	isTaken := func(ev notify.Event) bool { return ev.Kind == notify.Taken && ev.ID == "job" }
 	reread, unsubscribeReread := h.subscribe(isTaken)
 	defer unsubscribeReread()
 	news, unsubscribeNews := h.subscribeNews(isTaken)
@@ -22,25 +26,25 @@ func TestResyncWakesOnlyTheWaitersThatReadAgain(t *testing.T) {
 		}
 	}
 
-	h.publish(event{Kind: eventResync})
+	h.publish(notify.Event{Kind: notify.Resync})
 	if !woken(reread) {
 		t.Error("a resync did not wake a subscribe waiter")
 	}
 	if woken(news) {
 		t.Error("a resync woke a subscribeNews waiter: it would take it for taken:job")
 	}
-	h.publish(event{Kind: eventTaken, ID: "other"})
+	h.publish(notify.Event{Kind: notify.Taken, ID: "other"})
 	if woken(reread) || woken(news) {
 		t.Error("taken:other woke a waiter for taken:job")
 	}
-	h.publish(event{Kind: eventTaken, ID: "job"})
+	h.publish(notify.Event{Kind: notify.Taken, ID: "job"})
 	if !woken(reread) || !woken(news) {
 		t.Error("taken:job did not wake both waiters")
 	}
 
-	for _, payload := range []string{"dead:here", eventDeadHere + ":x", "dead:here:"} {
-		if ev, ok := parseEvent(payload); ok && ev.Kind == eventDeadHere {
-			t.Errorf("payload %q parsed as the watcher's own %q", payload, eventDeadHere)
+	for _, payload := range []string{"dead:here", notify.DeadHere + ":x", "dead:here:"} {
+		if ev, ok := notify.Parse(payload); ok && ev.Kind == notify.DeadHere {
+			t.Errorf("payload %q parsed as the watcher's own %q", payload, notify.DeadHere)
 		}
 	}
 }
@@ -51,9 +55,9 @@ func TestResyncWakesOnlyTheWaitersThatReadAgain(t *testing.T) {
 // costs no more memory than that and the waiter acts on every id it waits for.
 func TestSubscribeIDsGathersTheIDsUpToABound(t *testing.T) {
 	var h events
-	wake, take, unsubscribe := h.subscribeIDs(func(ev event) bool { return ev.Kind == eventFree })
+	wake, take, unsubscribe := h.subscribeIDs(func(ev notify.Event) bool { return ev.Kind == notify.Free })
 	defer unsubscribe()
-	for _, ev := range []event{{eventFree, "s/1"}, {eventTaken, "s/2"}, {eventFree, "s/3"}, {eventFree, "s/1"}, {Kind: eventResync}} {
+	for _, ev := range []notify.Event{{Kind: notify.Free, ID: "s/1"}, {Kind: notify.Taken, ID: "s/2"}, {Kind: notify.Free, ID: "s/3"}, {Kind: notify.Free, ID: "s/1"}, {Kind: notify.Resync}} {
 		h.publish(ev)
 	}
 	select {
@@ -66,7 +70,7 @@ func TestSubscribeIDsGathersTheIDsUpToABound(t *testing.T) {
 		t.Errorf("take = %v, %v; want s/1 and s/3, none left out", ids, all)
 	}
 	for i := range maxPendingIDs + 10 {
-		h.publish(event{Kind: eventFree, ID: "s/" + string(rune('a'+i%26)) + string(rune(i))})
+		h.publish(notify.Event{Kind: notify.Free, ID: "s/" + string(rune('a'+i%26)) + string(rune(i))})
 	}
 	if ids, all := take(); len(ids) != maxPendingIDs || !all {
 		t.Errorf("after a flood, take gave %d ids, left out %v; want %d and true", len(ids), all, maxPendingIDs)
@@ -75,7 +79,7 @@ func TestSubscribeIDsGathersTheIDsUpToABound(t *testing.T) {
 		t.Errorf("a second take = %d ids, %v; want none", len(ids), all)
 	}
 	var nilEvents *events
-	if _, take, _ := nilEvents.subscribeIDs(func(event) bool { return true }); take != nil {
+	if _, take, _ := nilEvents.subscribeIDs(func(notify.Event) bool { return true }); take != nil {
 		if ids, all := take(); ids != nil || all {
 			t.Errorf("take of a nil *events = %v, %v", ids, all)
 		}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 )
 
 // leaseGroup renews many leases of one holder, with one ttl, in one statement
@@ -77,7 +79,7 @@ func (g *leaseGroup) renew(ctx context.Context) bool {
 	for i, le := range members {
 		names[i], holders[i], epochs[i] = le.Name, le.Holder, le.Epoch
 		le.mu.Lock()
-		until = earliest(until, le.trustUntil)
+		until = alivelock.Earliest(until, le.trustUntil)
 		le.lastErr = nil // an unanswered attempt counts as "expired", not "error"
 		le.mu.Unlock()
 	}

@@ -217,13 +217,6 @@ func (m *lifeMonitor) lead(ctx context.Context, mark holdMark, answered time.Tim
 	return l, nil
 }
 
-func earliest(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}
-
 func (m *lifeMonitor) set(v bool) {
 	if m.alive.Swap(v) == v {
 		return

@@ -14,8 +14,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent/proto"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
@@ -98,7 +101,7 @@ func (n *nodeLock) Run(ctx context.Context) error {
 	}
 	defer n.running.Store(false)
 	for attempt := 1; n.database == ""; attempt++ {
-		qctx, cancel := context.WithTimeout(ctx, aliveLockStatementTimeout)
+		qctx, cancel := context.WithTimeout(ctx, alivelock.StatementTimeout)
 		err := n.cfg.Pool.QueryRow(qctx, n.dbSQL).Scan(&n.database)
 		cancel()
 		if err == nil {
@@ -112,7 +115,7 @@ func (n *nodeLock) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(backoff(attempt)):
+		case <-time.After(alivelock.Backoff(attempt)):
 		}
 	}
 	attempt := 0
@@ -122,11 +125,11 @@ func (n *nodeLock) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if held || time.Since(began) > reconnectBackoffMax {
+		if held || time.Since(began) > alivelock.ReconnectBackoffMax {
 			attempt = 0
 		}
 		attempt++
-		wait := backoff(attempt)
+		wait := alivelock.Backoff(attempt)
 		if n.dialFailed {
 			// Nobody listens on the socket (the node agent restarts): a local dial costs
 			// a system call, so try often, to attach within a fraction of a second of
@@ -154,28 +157,28 @@ const nodeAgentTCPScheme = "tcp://"
 const nodeAgentTCPConnect = 250 * time.Millisecond
 
 // dial connects to the node agent: its unix socket, or its TCP address, each of the
-// name's addresses in turn, with keepalive and a user timeout (NodeAgentTCPDeadPeer).
+// name's addresses in turn, with keepalive and a user timeout (proto.TCPDeadPeer).
 func (n *nodeLock) dial(ctx context.Context) (net.Conn, error) {
 	if n.network == "unix" {
-		d := net.Dialer{Timeout: aliveLockConnectTimeout}
+		d := net.Dialer{Timeout: alivelock.ConnectTimeout}
 		return d.DialContext(ctx, "unix", n.address)
 	}
 	host, port, err := net.SplitHostPort(n.address)
 	if err != nil {
 		return nil, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, aliveLockConnectTimeout)
+	rctx, cancel := context.WithTimeout(ctx, alivelock.ConnectTimeout)
 	addrs, err := net.DefaultResolver.LookupHost(rctx, host)
 	cancel()
 	if err != nil {
 		return nil, err
 	}
-	d := net.Dialer{Timeout: nodeAgentTCPConnect, KeepAliveConfig: nodeTCPKeepalive}
+	d := net.Dialer{Timeout: nodeAgentTCPConnect, KeepAliveConfig: proto.TCPKeepalive}
 	var first error
 	for _, a := range addrs {
 		conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(a, port))
 		if err == nil {
-			tuneNodeTCP(conn)
+			proto.TuneTCP(conn)
 			return conn, nil
 		}
 		first = cmp.Or(first, err)
@@ -201,13 +204,13 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 		n.reconnects.Add(1)
 	}
 	n.connectedOnce = true
-	msgs := make(chan nodeMessage, nodeClientQueue)
+	msgs := make(chan proto.Message, proto.ClientQueue)
 	readErr := make(chan error, 1)
 	go func() { // ends when conn is closed, below
 		defer close(msgs)
-		dec := newNodeDecoder(conn, defaults.NodeAgentMaxMessageBytes)
+		dec := proto.NewDecoder(conn, defaults.NodeAgentMaxMessageBytes)
 		for {
-			m, err := dec.next()
+			m, err := dec.Next()
 			if err != nil {
 				readErr <- err
 				return
@@ -227,9 +230,9 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 		}
 	}()
 
-	send := func(m nodeMessage) bool {
-		_ = conn.SetWriteDeadline(time.Now().Add(aliveLockStatementTimeout))
-		if err := writeNodeMessage(conn, m); err != nil {
+	send := func(m proto.Message) bool {
+		_ = conn.SetWriteDeadline(time.Now().Add(alivelock.StatementTimeout))
+		if err := proto.Write(conn, m); err != nil {
 			if ctx.Err() == nil {
 				n.condition.Log(n.log, slog.LevelWarn, "lost", "node agent connection lost; attaching again", "error", err)
 			}
@@ -238,7 +241,7 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 		return true
 	}
 	attachSent := time.Now()
-	attach := nodeMessage{Op: nodeOpAttach, Instance: n.cfg.InstanceID, Schema: n.cfg.Schema, Database: n.database,
+	attach := proto.Message{Op: proto.OpAttach, Instance: n.cfg.InstanceID, Schema: n.cfg.Schema, Database: n.database,
 		Secret: n.secret}
 	if n.network == "tcp" {
 		attach.Token = n.cfg.Token
@@ -261,7 +264,7 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 		seq++
 		asked[seq] = time.Now()
 		nextProof = time.Now().Add(n.leaderEvery)
-		return send(nodeMessage{Op: nodeOpProve, Seq: seq})
+		return send(proto.Message{Op: proto.OpProve, Seq: seq})
 	}
 	for {
 		if n.leading.Load() > 0 && n.held.Load() {
@@ -278,7 +281,7 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 			}
 		case <-n.wakeCh:
 			if want := n.cfg.Events.MembersWanted(); want != members {
-				if !send(nodeMessage{Op: nodeOpMembers, Want: want}) {
+				if !send(proto.Message{Op: proto.OpMembers, Want: want}) {
 					return held
 				}
 				members = want
@@ -296,12 +299,12 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 				return held
 			}
 			switch m.Op {
-			case nodeOpState:
+			case proto.OpState:
 				if m.Listening != listening {
 					listening = m.Listening
 					n.cfg.Events.setListening(listening)
 					if listening {
-						n.cfg.Events.publish(event{Kind: eventResync})
+						n.cfg.Events.publish(notify.Event{Kind: notify.Resync})
 					}
 				}
 				n.duplicate.Store(m.Duplicate)
@@ -340,12 +343,12 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 				answered = true
 				n.settledOnce()
 				if want := n.cfg.Events.MembersWanted(); want != members {
-					if !send(nodeMessage{Op: nodeOpMembers, Want: want}) {
+					if !send(proto.Message{Op: proto.OpMembers, Want: want}) {
 						return held
 					}
 					members = want
 				}
-			case nodeOpProof:
+			case proto.OpProof:
 				sent, ok := asked[m.Seq]
 				if !ok {
 					continue
@@ -357,9 +360,9 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 				} else if n.held.Load() {
 					n.setHeld(false)
 				}
-			case nodeOpEvent:
-				n.cfg.Events.publish(event{Kind: m.Kind, ID: m.ID})
-			case nodeOpError:
+			case proto.OpEvent:
+				n.cfg.Events.publish(notify.Event{Kind: m.Kind, ID: m.ID})
+			case proto.OpError:
 				n.settledOnce()
 				n.condition.Log(n.log, slog.LevelError, "refused:"+m.Error, "the node agent refused to hold this instance's lock",
 					"node_agent", n.cfg.Socket, "reason", m.Error)

@@ -19,8 +19,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 )
 
 const (
@@ -353,13 +355,13 @@ func (s *shardSet) run(ctx context.Context) error {
 	prefix, memberPrefix := s.cfg.Set+"/", s.cfg.Set+"/member/"
 	// A member lease taken (a join) or free (a departure, a death), or this process's
 	// watcher calling holders dead while its session does not listen: read the members.
-	membership, unsubscribeMembership := s.agent.events.subscribe(func(ev event) bool {
-		return ev.Kind == eventDeadHere || (ev.Kind == eventFree || ev.Kind == eventTaken) && strings.HasPrefix(ev.ID, memberPrefix)
+	membership, unsubscribeMembership := s.agent.events.subscribe(func(ev notify.Event) bool {
+		return ev.Kind == notify.DeadHere || (ev.Kind == notify.Free || ev.Kind == notify.Taken) && strings.HasPrefix(ev.ID, memberPrefix)
 	})
 	defer unsubscribeMembership()
 	// A shard free: if it is one this member waits for, try it.
-	freed, takeFreed, unsubscribeFreed := s.agent.events.subscribeIDs(func(ev event) bool {
-		return ev.Kind == eventFree && strings.HasPrefix(ev.ID, prefix) && !strings.HasPrefix(ev.ID, memberPrefix)
+	freed, takeFreed, unsubscribeFreed := s.agent.events.subscribeIDs(func(ev notify.Event) bool {
+		return ev.Kind == notify.Free && strings.HasPrefix(ev.ID, prefix) && !strings.HasPrefix(ev.ID, memberPrefix)
 	})
 	defer unsubscribeFreed()
 	s.ended = make(chan string, len(s.names)+1)
@@ -417,18 +419,18 @@ func (s *shardSet) run(ctx context.Context) error {
 		// Wait for the next thing to do.
 		next := now.Add(time.Hour)
 		if s.member != nil {
-			next = earliest(next, pollAt)
+			next = alivelock.Earliest(next, pollAt)
 			if read {
-				next = earliest(next, reads.at(now))
+				next = alivelock.Earliest(next, reads.at(now))
 			}
 			if try {
-				next = earliest(next, tries.at(now))
+				next = alivelock.Earliest(next, tries.at(now))
 			}
 		} else if lifeChanged == nil {
-			next = earliest(next, joinAt)
+			next = alivelock.Earliest(next, joinAt)
 		}
 		if len(s.unreleased) > 0 {
-			next = earliest(next, s.releaseAt)
+			next = alivelock.Earliest(next, s.releaseAt)
 		}
 		timer.Reset(max(time.Until(next), 0))
 		var memberLost <-chan struct{}

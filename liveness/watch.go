@@ -11,6 +11,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 )
 
 // watchReadTimeout bounds one read of the set.
@@ -68,8 +69,8 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, maxHeartbeatAge 
 	defer cancel()
 	stop := context.AfterFunc(a.leading.stopping, cancel)
 	defer stop()
-	wake, unsubscribe := a.events.subscribeMembers(func(ev event) bool {
-		return ev.Kind == eventJoined || ev.Kind == eventLeft || ev.Kind == eventDead
+	wake, unsubscribe := a.events.subscribeMembers(func(ev notify.Event) bool {
+		return ev.Kind == notify.Joined || ev.Kind == notify.Left || ev.Kind == notify.Dead
 	})
 	defer unsubscribe()
 	poll := time.NewTicker(defaults.WatchAlivePoll)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
@@ -149,8 +150,8 @@ const standInFor = 10 * time.Second
 // the database one trivial statement per question; the fleet's questions come about ten
 // times a second in all.
 func (w *watcher) sentry(ctx context.Context) {
-	taken, unsubscribe := w.cfg.Events.subscribe(func(ev event) bool {
-		return ev.Kind == eventTaken && slices.Contains(defaults.WatcherLeases[:], ev.ID)
+	taken, unsubscribe := w.cfg.Events.subscribe(func(ev notify.Event) bool {
+		return ev.Kind == notify.Taken && slices.Contains(defaults.WatcherLeases[:], ev.ID)
 	})
 	defer unsubscribe()
 	var (
@@ -267,7 +268,7 @@ func (w *watcher) watch(ctx context.Context) {
 	// A lock that appears and vanishes between two ticks leaves the digest as it was: an
 	// instance that crashes within a tick of its start. Its row's insertion is notified,
 	// so the tick after it stamps whatever the digest says.
-	joined, unsubscribe := w.cfg.Events.subscribeMembers(func(ev event) bool { return ev.Kind == eventJoined })
+	joined, unsubscribe := w.cfg.Events.subscribeMembers(func(ev notify.Event) bool { return ev.Kind == notify.Joined })
 	defer unsubscribe()
 	var failing logging.Repeats
 	for {
@@ -429,7 +430,7 @@ func (w *watcher) notify(ctx context.Context, st *watchState, ids []uuid.UUID, n
 		// (it is reconnecting): they are told here, or they would take the dead holders'
 		// leases only at their next poll.
 		if !w.cfg.Events.Listening() {
-			w.cfg.Events.publish(event{Kind: eventDeadHere})
+			w.cfg.Events.publish(notify.Event{Kind: notify.DeadHere})
 		}
 	}
 	return nil

@@ -1,7 +1,7 @@
 // Package cli is the exporter's command line: every flag of the binary, declared in
 // flags.go and nowhere else, bound to the configuration types of the library
-// (liveness.AgentConfig, liveness.NodeAgentConfig), the data layer's source
-// (store.SourceConfig), the pool (database.PoolConfig), the collectors
+// (liveness.AgentConfig), the node agent's server (nodeagent.Config), the data layer's
+// source (store.SourceConfig), the pool (database.PoolConfig), the collectors
 // (collector.Config) and the targets' pools (targets.Options), with those packages'
 // defaults as their defaults; and fieldFlags, the one table from those types' fields to
 // the flags, which turns every error that names a field into one that names the flag.
@@ -37,6 +37,8 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/discovery"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/dsn"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent/proto"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/regularfile"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/server"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
@@ -66,7 +68,7 @@ type Config struct {
 
 	AgentOn   bool // --agent: take part as an instance; --no-agent only observes
 	Agent     liveness.AgentConfig
-	NodeAgent liveness.NodeAgentConfig // --node-agent.*: serve the node's processes
+	NodeAgent nodeagent.Config // --node-agent.*: serve the node's processes
 	// NodeAgentTokenFile holds the node agent's token (--node-agent.token-file), read
 	// into NodeAgent.Token by ReadNodeAgentToken.
 	NodeAgentTokenFile string
@@ -508,12 +510,12 @@ var fieldFlags = map[string]string{
 	"Config.Agent.Enabled":                 "--collector.agent",
 	"Config.NodeAgent.Enabled":             "--collector.node_agent",
 
-	"NodeAgentConfig.Socket":          "--node-agent.socket",
-	"NodeAgentConfig.SocketMode":      "--node-agent.socket-mode",
-	"NodeAgentConfig.ListenAddress":   "--node-agent.listen-address",
-	"NodeAgentConfig.ClaimsFile":      "--node-agent.claims-file",
-	"NodeAgentConfig.MaxConnections":  "--node-agent.max-connections",
-	"NodeAgentConfig.MaxMessageBytes": "--node-agent.max-message-bytes",
+	"nodeagent.Config.Socket":          "--node-agent.socket",
+	"nodeagent.Config.SocketMode":      "--node-agent.socket-mode",
+	"nodeagent.Config.ListenAddress":   "--node-agent.listen-address",
+	"nodeagent.Config.ClaimsFile":      "--node-agent.claims-file",
+	"nodeagent.Config.MaxConnections":  "--node-agent.max-connections",
+	"nodeagent.Config.MaxMessageBytes": "--node-agent.max-message-bytes",
 
 	// targets.Options
 	"Options.MaxConns":          "--probe.max-conns",
@@ -530,7 +532,7 @@ func flagOf(field string) string { return cmp.Or(fieldFlags[field], field) }
 
 // fieldNames matches every field of fieldFlags as a whole word, the longest first, so
 // that no field is rewritten inside a longer one ("Options.MaxConnsPerTarget") or inside
-// another type's ("NodeAgentConfig.KeepaliveIdle").
+// another type's ("nodeagent.Config.KeepaliveIdle").
 var fieldNames = func() *regexp.Regexp {
 	fields := slices.SortedFunc(maps.Keys(fieldFlags), func(a, b string) int { return cmp.Compare(len(b), len(a)) })
 	for i, f := range fields {
@@ -665,16 +667,13 @@ func (c *Config) ReadNodeAgentToken() error {
 		return fmt.Errorf("--node-agent.token-file: %w", err)
 	}
 	token := strings.TrimSpace(string(b))
-	if len(token) < minNodeAgentToken {
+	if len(token) < proto.TokenMin {
 		return fmt.Errorf("--node-agent.token-file: %s holds %d bytes; the token must be at least %d (head -c 32 "+
-			"/dev/urandom | base64 makes one)", path, len(token), minNodeAgentToken)
+			"/dev/urandom | base64 makes one)", path, len(token), proto.TokenMin)
 	}
 	c.NodeAgent.Token = token
 	return nil
 }
-
-// minNodeAgentToken is the shortest token the node agent takes (NodeAgentConfig.Token).
-const minNodeAgentToken = 16
 
 // validateLabel refuses a value that ends up as a label value and in the database as
 // text: it must be non-empty, valid UTF-8 and free of control characters.

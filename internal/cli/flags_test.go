@@ -43,7 +43,7 @@ func configFields(args ...string) (map[string]any, error) {
 	walk("PoolConfig", reflect.ValueOf(c.Pool))
 	walk("Config", reflect.ValueOf(c.Collectors))
 	walk("Options", reflect.ValueOf(c.Probe))
-	walk("NodeAgentConfig", reflect.ValueOf(c.NodeAgent))
+	walk("nodeagent.Config", reflect.ValueOf(c.NodeAgent))
 	return fields, nil
 }
 

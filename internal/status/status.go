@@ -50,6 +50,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
@@ -94,7 +95,7 @@ type AgentSource interface {
 
 // NodeAgentSource is the node agent, as its collector reads it.
 type NodeAgentSource interface {
-	Snapshot() liveness.NodeAgentSnapshot
+	Snapshot() nodeagent.Snapshot
 }
 
 // Handler serves /status and /status.json (the path's suffix decides).

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/status"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
@@ -629,9 +630,9 @@ type fixedAgent liveness.AgentSnapshot
 
 func (a fixedAgent) Snapshot() liveness.AgentSnapshot { return liveness.AgentSnapshot(a) }
 
-type fixedNodeAgent liveness.NodeAgentSnapshot
+type fixedNodeAgent nodeagent.Snapshot
 
-func (n fixedNodeAgent) Snapshot() liveness.NodeAgentSnapshot { return liveness.NodeAgentSnapshot(n) }
+func (n fixedNodeAgent) Snapshot() nodeagent.Snapshot { return nodeagent.Snapshot(n) }
 
 // The page shows the agent's shard sets and the node agent it runs: the processes
 // attached and the locks held, in both forms.

@@ -41,6 +41,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent"
 	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 	"github.com/pg-liveness/pg_liveness_exporter/tools/internal/wait"
@@ -57,7 +58,7 @@ type Config struct {
 	// PostmasterPID is the server's postmaster, whose process and children's CPU is read.
 	PostmasterPID int
 	Agents        int
-	// Nodes, when above 0, runs that many node agents (liveness.NodeAgent, each on a
+	// Nodes, when above 0, runs that many node agents (nodeagent.Server, each on a
 	// socket of its own) and attaches the agents to them in turn: the alive locks and
 	// the listening are then the node agents' sessions, one per node.
 	Nodes int
@@ -451,9 +452,9 @@ func (f *fleet) startNodes(ctx context.Context, indexes []int) error {
 	}
 	nodeCtx, stop := context.WithCancel(context.Background())
 	f.stopNode = stop
-	var agents []*liveness.NodeAgent
+	var agents []*nodeagent.Server
 	for _, i := range indexes {
-		n, err := liveness.NewNodeAgent(liveness.NodeAgentConfig{DirectDSN: f.cfg.DirectDSN, Socket: f.sockets[i],
+		n, err := nodeagent.New(nodeagent.Config{DirectDSN: f.cfg.DirectDSN, Socket: f.sockets[i],
 			ServiceName: fmt.Sprintf("node-%d", i), Logger: f.cfg.Logger})
 		if err != nil {
 			return err

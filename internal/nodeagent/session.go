@@ -1,7 +1,7 @@
 // The node agent's session to the database: connect, listen, serve the queued requests
 // and wait on the idle session, and reconnect after a drop.
 
-package liveness
+package nodeagent
 
 import (
 	"context"
@@ -14,6 +14,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent/proto"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 )
 
 // nodeSession is what the session goroutine owns.
@@ -36,19 +40,19 @@ const bindingsPruneEvery = 30 * time.Second
 // hold runs sessions until ctx ends: connect, listen, claim what is attached, serve the
 // requests; after a drop, every attached process is told, and the next session claims
 // their locks again.
-func (n *NodeAgent) hold(ctx context.Context) {
+func (n *Server) hold(ctx context.Context) {
 	s := &nodeSession{byInstance: map[uuid.UUID]*nodeClient{}, clients: map[*nodeClient]struct{}{}}
 	attempt, connectedOnce := 0, false
 	for ctx.Err() == nil {
 		began := time.Now()
-		if n.session(ctx, s, &connectedOnce) || time.Since(began) > reconnectBackoffMax {
+		if n.session(ctx, s, &connectedOnce) || time.Since(began) > alivelock.ReconnectBackoffMax {
 			attempt = 0
 		}
 		if ctx.Err() != nil {
 			return
 		}
 		attempt++
-		wait := time.NewTimer(backoff(attempt))
+		wait := time.NewTimer(alivelock.Backoff(attempt))
 		for waiting := true; waiting; {
 			// Requests while down: attaches wait for the next session, departures just go.
 			n.serveWhileDown(s)
@@ -67,25 +71,25 @@ func (n *NodeAgent) hold(ctx context.Context) {
 }
 
 // serveWhileDown answers the requests that came while no session is up.
-func (n *NodeAgent) serveWhileDown(s *nodeSession) {
+func (n *Server) serveWhileDown(s *nodeSession) {
 	for _, r := range n.take() {
 		c := r.client
 		switch {
 		case r.gone:
 			n.forget(s, c)
-		case r.msg.Op == nodeOpAttach:
+		case r.msg.Op == proto.OpAttach:
 			if n.attach(context.Background(), s, c, r.msg, false) {
-				c.send(nodeMessage{Op: nodeOpState})
+				c.send(proto.Message{Op: proto.OpState})
 			}
-		case r.msg.Op == nodeOpProve:
+		case r.msg.Op == proto.OpProve:
 			if !c.attached.Load() {
-				n.protocolError(c, fmt.Errorf("%w: a proof asked before attaching", errNotProtocol))
+				n.protocolError(c, fmt.Errorf("%w: a proof asked before attaching", proto.ErrNotProtocol))
 			}
-			c.send(nodeMessage{Op: nodeOpProof, Seq: r.msg.Seq})
-		case r.msg.Op == nodeOpMembers:
+			c.send(proto.Message{Op: proto.OpProof, Seq: r.msg.Seq})
+		case r.msg.Op == proto.OpMembers:
 			c.wantMembers.Store(r.msg.Want)
 		default:
-			n.protocolError(c, fmt.Errorf("%w: unknown op %q", errNotProtocol, r.msg.Op))
+			n.protocolError(c, fmt.Errorf("%w: unknown op %q", proto.ErrNotProtocol, r.msg.Op))
 		}
 	}
 	n.saveBindings()
@@ -94,8 +98,8 @@ func (n *NodeAgent) serveWhileDown(s *nodeSession) {
 // session runs one connection; it reports whether it held anything. The locks of the
 // attached processes are claimed at its start and let go at its end (the session's end
 // lets every lock go).
-func (n *NodeAgent) session(ctx context.Context, s *nodeSession, connectedOnce *bool) (ok bool) {
-	cctx, cancel := context.WithTimeout(ctx, aliveLockConnectTimeout)
+func (n *Server) session(ctx context.Context, s *nodeSession, connectedOnce *bool) (ok bool) {
+	cctx, cancel := context.WithTimeout(ctx, alivelock.ConnectTimeout)
 	conn, err := pgx.ConnectConfig(cctx, n.connCfg)
 	cancel()
 	if err != nil {
@@ -116,7 +120,7 @@ func (n *NodeAgent) session(ctx context.Context, s *nodeSession, connectedOnce *
 				held = append(held, c.instance.String())
 			}
 			c.held, c.duplicate, c.stranger = false, false, false
-			c.send(nodeMessage{Op: nodeOpState})
+			c.send(proto.Message{Op: proto.OpState})
 		}
 		if ctx.Err() != nil && !conn.IsClosed() {
 			n.handOver(conn, held)
@@ -126,7 +130,7 @@ func (n *NodeAgent) session(ctx context.Context, s *nodeSession, connectedOnce *
 		n.backendPID.Store(0)
 		n.locksHeld.Store(0)
 		s.members = false
-		closeCtx, cancel := context.WithTimeout(context.Background(), aliveLockCloseTimeout)
+		closeCtx, cancel := context.WithTimeout(context.Background(), alivelock.CloseTimeout)
 		defer cancel()
 		_ = conn.Close(closeCtx) // ends the session: every lock goes
 		s.conn = nil
@@ -167,7 +171,7 @@ func (n *NodeAgent) session(ctx context.Context, s *nodeSession, connectedOnce *
 // serve answers the queued requests, then what is due: one verification for every
 // proof asked (each sent after its question arrived), the session's own, and claims
 // again of the locks not held. It returns false when the session must be dropped.
-func (n *NodeAgent) serve(ctx context.Context, s *nodeSession) bool {
+func (n *Server) serve(ctx context.Context, s *nodeSession) bool {
 	var proves []nodeRequest
 	for _, r := range n.take() {
 		c := r.client
@@ -182,23 +186,23 @@ func (n *NodeAgent) serve(ctx context.Context, s *nodeSession) bool {
 				}
 			}
 			n.forget(s, c)
-		case r.msg.Op == nodeOpAttach:
+		case r.msg.Op == proto.OpAttach:
 			if n.attach(ctx, s, c, r.msg, true) && !n.claim(ctx, s, c) {
 				return false
 			}
-		case r.msg.Op == nodeOpProve && !c.held:
+		case r.msg.Op == proto.OpProve && !c.held:
 			// Nothing of this connection's is held (not attached, a duplicate, a stranger
 			// on its key): the answer needs no verification, and costs the database nothing.
 			if !c.attached.Load() {
-				n.protocolError(c, fmt.Errorf("%w: a proof asked before attaching", errNotProtocol))
+				n.protocolError(c, fmt.Errorf("%w: a proof asked before attaching", proto.ErrNotProtocol))
 			}
-			c.send(nodeMessage{Op: nodeOpProof, Seq: r.msg.Seq, Claim: c.claim})
-		case r.msg.Op == nodeOpProve:
+			c.send(proto.Message{Op: proto.OpProof, Seq: r.msg.Seq, Claim: c.claim})
+		case r.msg.Op == proto.OpProve:
 			proves = append(proves, r)
-		case r.msg.Op == nodeOpMembers:
+		case r.msg.Op == proto.OpMembers:
 			c.wantMembers.Store(r.msg.Want)
 		default:
-			n.protocolError(c, fmt.Errorf("%w: unknown op %q", errNotProtocol, r.msg.Op))
+			n.protocolError(c, fmt.Errorf("%w: unknown op %q", proto.ErrNotProtocol, r.msg.Op))
 		}
 	}
 	if !n.syncMembers(ctx, s) {
@@ -211,7 +215,7 @@ func (n *NodeAgent) serve(ctx context.Context, s *nodeSession) bool {
 		}
 		for _, r := range proves {
 			c := r.client
-			r.client.send(nodeMessage{Op: nodeOpProof, Seq: r.msg.Seq, Held: c.held, PID: n.backendPID.Load(),
+			r.client.send(proto.Message{Op: proto.OpProof, Seq: r.msg.Seq, Held: c.held, PID: n.backendPID.Load(),
 				Claim: c.claim, ServerClock: clock})
 		}
 		n.proveAsked.Add(uint64(len(proves)))
@@ -223,7 +227,7 @@ func (n *NodeAgent) serve(ctx context.Context, s *nodeSession) bool {
 	} else {
 		n.saveBindings()
 	}
-	if time.Since(s.lastReclaim) >= reclaimEvery {
+	if time.Since(s.lastReclaim) >= alivelock.ReclaimEvery {
 		s.lastReclaim = time.Now()
 		for c := range s.clients {
 			if !c.held && !n.claim(ctx, s, c) {
@@ -235,7 +239,7 @@ func (n *NodeAgent) serve(ctx context.Context, s *nodeSession) bool {
 }
 
 // syncMembers listens to the members channel while an attached process wants it.
-func (n *NodeAgent) syncMembers(ctx context.Context, s *nodeSession) bool {
+func (n *Server) syncMembers(ctx context.Context, s *nodeSession) bool {
 	want := false
 	for c := range s.clients {
 		if c.wantMembers.Load() {
@@ -257,14 +261,14 @@ func (n *NodeAgent) syncMembers(ctx context.Context, s *nodeSession) bool {
 	s.members = want
 	if want {
 		// What happened before the LISTEN is lost: the processes read again.
-		n.broadcast(event{Kind: eventResync})
+		n.broadcast(notify.Event{Kind: notify.Resync})
 	}
 	return true
 }
 
 // query sends sql on the session with the alive lock's statement deadline.
-func (n *NodeAgent) query(ctx context.Context, s *nodeSession, sql string, args ...any) pgx.Row {
-	qctx, cancel := context.WithTimeout(ctx, max(aliveLockStatementTimeout, n.clientUserTimeout+aliveLockStatementTimeout))
+func (n *Server) query(ctx context.Context, s *nodeSession, sql string, args ...any) pgx.Row {
+	qctx, cancel := context.WithTimeout(ctx, alivelock.StatementTimeoutFor(n.clientUserTimeout))
 	row := s.conn.QueryRow(qctx, sql, args...)
 	return cancelingRow{row, cancel}
 }
@@ -281,7 +285,7 @@ func (r cancelingRow) Scan(dest ...any) error {
 
 // failed logs a statement's failure and says whether the session may go on: a server
 // error (a missing function, say) keeps it, a broken connection does not.
-func (n *NodeAgent) failed(ctx context.Context, s *nodeSession, what string, err error) bool {
+func (n *Server) failed(ctx context.Context, s *nodeSession, what string, err error) bool {
 	if ctx.Err() != nil {
 		return false
 	}
@@ -297,10 +301,10 @@ func (n *NodeAgent) failed(ctx context.Context, s *nodeSession, what string, err
 // wait waits on the idle session until the next verification or claim is due or a
 // request comes; a notification is handed on meanwhile (OnNotification), and a dropped
 // session is noticed at once. It returns false when the session must be dropped.
-func (n *NodeAgent) wait(ctx context.Context, s *nodeSession) bool {
+func (n *Server) wait(ctx context.Context, s *nodeSession) bool {
 	due := s.lastVerify.Add(n.verifyEvery)
 	if slices.ContainsFunc(mapKeys(s.clients), func(c *nodeClient) bool { return !c.held }) {
-		due = earliest(due, s.lastReclaim.Add(reclaimEvery))
+		due = alivelock.Earliest(due, s.lastReclaim.Add(alivelock.ReclaimEvery))
 	}
 	for time.Now().Before(due) {
 		wctx, cancel := context.WithDeadline(ctx, due)
@@ -353,7 +357,7 @@ const handOverPoll = 10 * time.Millisecond
 // no moment in which an observer may call the process dead. A beat its process sent
 // before it learned of the loss (a claim's, just after attaching) can still land after the
 // rows stopped claiming; the process's next beat, sent at once, corrects the row.
-func (n *NodeAgent) handOver(conn *pgx.Conn, ids []string) {
+func (n *Server) handOver(conn *pgx.Conn, ids []string) {
 	if len(ids) == 0 {
 		return
 	}

@@ -1,7 +1,7 @@
 // One attached process's connection, as the node agent sees it: its queues of messages,
 // read and written by goroutines of its own.
 
-package liveness
+package nodeagent
 
 import (
 	"context"
@@ -13,6 +13,9 @@ import (
 
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent/proto"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 )
 
 // peerOf names a process's connection by its credentials (SO_PEERCRED) on the unix
@@ -41,8 +44,8 @@ func peerOf(conn net.Conn) string {
 type nodeClient struct {
 	conn        net.Conn
 	peer        string
-	control     chan nodeMessage // state, proof, error: never dropped (a client that lets them pile up is dropped)
-	events      chan nodeMessage // notifications: dropped when full, then a resync
+	control     chan proto.Message // state, proof, error: never dropped (a client that lets them pile up is dropped)
+	events      chan proto.Message // notifications: dropped when full, then a resync
 	dropped     atomic.Bool
 	attached    atomic.Bool
 	wantMembers atomic.Bool
@@ -67,14 +70,11 @@ type nodeClient struct {
 	askedHolder         time.Time
 }
 
-// nodeClientQueue bounds a client's pending messages of each kind.
-const nodeClientQueue = 64
-
 func newNodeClient(conn net.Conn, maxMessage int) *nodeClient {
 	cred, hasCred := credOf(conn)
 	_, tcp := conn.(*net.TCPConn)
-	return &nodeClient{conn: conn, control: make(chan nodeMessage, nodeClientQueue),
-		events: make(chan nodeMessage, nodeClientQueue), done: make(chan struct{}), sentLast: make(chan struct{}),
+	return &nodeClient{conn: conn, control: make(chan proto.Message, proto.ClientQueue),
+		events: make(chan proto.Message, proto.ClientQueue), done: make(chan struct{}), sentLast: make(chan struct{}),
 		peer: peerOf(conn), maxMessage: maxMessage, cred: cred, hasCred: hasCred, tcp: tcp}
 }
 
@@ -88,7 +88,7 @@ func (c *nodeClient) who() string {
 
 // send queues a control message; a process that does not read them is dropped (its
 // connection closed, which lets its lock go).
-func (c *nodeClient) send(m nodeMessage) {
+func (c *nodeClient) send(m proto.Message) {
 	select {
 	case c.control <- m:
 	default:
@@ -97,7 +97,7 @@ func (c *nodeClient) send(m nodeMessage) {
 }
 
 // event queues a notification, or notes that one was dropped.
-func (c *nodeClient) event(m nodeMessage) {
+func (c *nodeClient) event(m proto.Message) {
 	select {
 	case c.events <- m:
 	default:
@@ -122,12 +122,12 @@ func (c *nodeClient) closeAfterSend() {
 }
 
 // read hands each message to handle until the connection ends or handle returns false,
-// and returns why it ended: an error that is errNotProtocol when the process sent
+// and returns why it ended: an error that is proto.ErrNotProtocol when the process sent
 // something else, nil when handle ended it.
-func (c *nodeClient) read(handle func(nodeMessage) bool) error {
-	d := newNodeDecoder(c.conn, c.maxMessage)
+func (c *nodeClient) read(handle func(proto.Message) bool) error {
+	d := proto.NewDecoder(c.conn, c.maxMessage)
 	for {
-		m, err := d.next()
+		m, err := d.Next()
 		if err != nil {
 			return err
 		}
@@ -142,7 +142,7 @@ func (c *nodeClient) write(ctx context.Context) {
 	for {
 		select {
 		case m := <-c.control:
-			if writeNodeMessage(c.conn, m) != nil {
+			if proto.Write(c.conn, m) != nil {
 				c.close()
 				return
 			}
@@ -156,7 +156,7 @@ func (c *nodeClient) write(ctx context.Context) {
 		case <-c.done:
 			return
 		case m := <-c.control:
-			if writeNodeMessage(c.conn, m) != nil {
+			if proto.Write(c.conn, m) != nil {
 				c.close()
 				return
 			}
@@ -166,12 +166,12 @@ func (c *nodeClient) write(ctx context.Context) {
 				return
 			}
 		case m := <-c.events:
-			if writeNodeMessage(c.conn, m) != nil {
+			if proto.Write(c.conn, m) != nil {
 				c.close()
 				return
 			}
 			if len(c.events) == 0 && c.dropped.Swap(false) {
-				c.event(nodeMessage{Op: nodeOpEvent, Kind: eventResync})
+				c.event(proto.Message{Op: proto.OpEvent, Kind: notify.Resync})
 			}
 		}
 	}

@@ -2,7 +2,7 @@
 // processes attach on, the queue of their requests for the session, and the
 // notifications it hands on to them.
 
-package liveness
+package nodeagent
 
 import (
 	"cmp"
@@ -24,16 +24,18 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"golang.org/x/sys/unix"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent/proto"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
-// NodeAgentConfig configures a NodeAgent. Zero values take the defaults of the alive
-// lock's session (the Default* constants).
-type NodeAgentConfig struct {
+// Config configures a Server. Zero values take the defaults of the alive lock's session
+// (package defaults).
+type Config struct {
 	// DirectDSN reaches PostgreSQL itself, never a pooler in transaction mode: the one
 	// session on which the node agent holds the alive locks of the processes attached.
 	DirectDSN string
@@ -57,7 +59,7 @@ type NodeAgentConfig struct {
 	// connection that presented its secret is attached, and another process may claim its
 	// instance once the fleet has called it dead too. Accepted connections carry TCP
 	// keepalive and a user timeout: a peer that vanished without closing (its node lost)
-	// is dropped within NodeAgentTCPDeadPeer.
+	// is dropped within proto.TCPDeadPeer.
 	ListenAddress string
 	// Token is what a process must present to attach over TCP (AgentConfig.NodeAgentToken);
 	// required with ListenAddress, at least 16 bytes. It is compared in constant time,
@@ -78,7 +80,7 @@ type NodeAgentConfig struct {
 	VerifyInterval time.Duration
 	// MaxConnections bounds the processes' connections open at once (one per attached
 	// instance); 4,096 if zero. A connection past it is told why,
-	// closed, counted (NodeAgentSnapshot.Refused) and logged.
+	// closed, counted (Snapshot.Refused) and logged.
 	MaxConnections int
 	// MaxMessageBytes bounds one line of the protocol; 16 KiB if
 	// zero. A longer line is a protocol error: counted, logged, and its connection closed.
@@ -87,60 +89,25 @@ type NodeAgentConfig struct {
 	Logger *slog.Logger // passwords removed; nil discards
 }
 
-// NodeAgentTCPDeadPeer bounds how long a TCP connection to or from a node agent stays open
-// after its peer vanished without closing it (its node or its network lost): keepalive
-// probes after 5 s of silence, every second, five of them, and a user timeout of as
-// much for data sent and not acknowledged. A process that is killed, however, closes its
-// connection at once: its kernel sends FIN or RST.
-const NodeAgentTCPDeadPeer = nodeTCPKeepIdle + nodeTCPKeepCount*nodeTCPKeepInterval
-
-const (
-	nodeTCPKeepIdle     = 5 * time.Second
-	nodeTCPKeepInterval = time.Second
-	nodeTCPKeepCount    = 5
-	// nodeTokenMin is the shortest token the node agent takes.
-	nodeTokenMin = 16
-)
-
-// nodeTCPAttachTimeout is how long a TCP connection may take to send its attach (a
+// tcpAttachTimeout is how long a TCP connection may take to send its attach (a
 // variable for the test of it).
-var nodeTCPAttachTimeout = 10 * time.Second
+var tcpAttachTimeout = 10 * time.Second
 
-// nodeTCPKeepalive is the keepalive of TCP connections to and from node agents.
-var nodeTCPKeepalive = net.KeepAliveConfig{Enable: true, Idle: nodeTCPKeepIdle, Interval: nodeTCPKeepInterval,
-	Count: nodeTCPKeepCount}
-
-// tuneNodeTCP sets the user timeout of a TCP connection to or from a node agent (its
-// keepalive is the dialer's or the listener's): data unacknowledged for
-// NodeAgentTCPDeadPeer ends the connection.
-func tuneNodeTCP(conn net.Conn) {
-	tc, ok := conn.(*net.TCPConn)
-	if !ok {
-		return
-	}
-	if raw, err := tc.SyscallConn(); err == nil {
-		_ = raw.Control(func(fd uintptr) {
-			_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(NodeAgentTCPDeadPeer.Milliseconds()))
-		})
-	}
-}
-
-// NodeAgent holds the alive locks of every process of its node on one direct session,
-// and listens to the schema's channels once for them: the database serves one liveness
-// backend, and one listener, per node instead of per process. A process attaches over
-// the node agent's local socket, or its TCP listener with its token
-// (AgentConfig.NodeAgentSocket), one connection per instance, and the connection is the
-// lock: when it closes (the process exited, was
-// killed, or its kernel closed its files) the node agent lets the lock go, and the fleet
-// sees it vanish as it would have seen the process's own session end. A process proves
-// its lock by asking: each proof is a verification of the node agent's session sent after
-// the question arrived, so a leader's guarantees are those of a session of its own. When
-// the node agent's session ends (or the node agent dies: the sockets close), every
-// attached process notices at once and proves life by its heartbeat, so none of them is
-// called dead; they attach again, and the node agent claims their locks again, when it
-// is back.
-type NodeAgent struct {
-	cfg               NodeAgentConfig
+// Server is the node agent: it holds the alive locks of every process of its node on one
+// direct session, and listens to the schema's channels once for them: the database
+// serves one liveness backend, and one listener, per node instead of per process. A
+// process attaches over the node agent's local socket, or its TCP listener with its
+// token (AgentConfig.NodeAgentSocket), one connection per instance, and the connection
+// is the lock: when it closes (the process exited, was killed, or its kernel closed its
+// files) the node agent lets the lock go, and the fleet sees it vanish as it would have
+// seen the process's own session end. A process proves its lock by asking: each proof is
+// a verification of the node agent's session sent after the question arrived, so a
+// leader's guarantees are those of a session of its own. When the node agent's session
+// ends (or the node agent dies: the sockets close), every attached process notices at
+// once and proves life by its heartbeat, so none of them is called dead; they attach
+// again, and the node agent claims their locks again, when it is back.
+type Server struct {
+	cfg               Config
 	connCfg           *pgx.ConnConfig
 	clientUserTimeout time.Duration
 	log               *slog.Logger
@@ -189,11 +156,11 @@ type NodeAgent struct {
 	refusedLog           rareLog
 }
 
-// NodeAgentSnapshot is a point-in-time view of a NodeAgent, for exporters.
-type NodeAgentSnapshot struct {
+// Snapshot is a point-in-time view of a Server, for exporters.
+type Snapshot struct {
 	Socket string
 	// ListenAddress is the TCP address the node agent listens on (its port chosen, when
-	// NodeAgentConfig.ListenAddress named port 0); empty until it listens, and without one.
+	// Config.ListenAddress named port 0); empty until it listens, and without one.
 	ListenAddress string
 	SessionUp     bool  // its session to the database is up
 	Listening     bool  // that session listens to the schema's channels
@@ -221,55 +188,55 @@ type NodeAgentSnapshot struct {
 	Unauthenticated uint64
 }
 
-// NewNodeAgent checks the configuration; nothing connects or listens until Run.
-func NewNodeAgent(cfg NodeAgentConfig) (*NodeAgent, error) {
+// New checks the configuration; nothing connects or listens until Run.
+func New(cfg Config) (*Server, error) {
 	cfg.Logger = logging.Wrap(cfg.Logger)
 	cfg.Schema = cmp.Or(cfg.Schema, defaults.Schema)
 	cfg.ServiceName = cmp.Or(cfg.ServiceName, "pg_liveness_node_agent")
 	cfg.SocketMode = cmp.Or(cfg.SocketMode, 0o660)
 	if cfg.Socket == "" && cfg.ListenAddress == "" {
-		return nil, &ConfigError{Field: "NodeAgentConfig.Socket", Reason: "or NodeAgentConfig.ListenAddress must be set"}
+		return nil, &store.ConfigError{Field: "nodeagent.Config.Socket", Reason: "or nodeagent.Config.ListenAddress must be set"}
 	}
 	if err := checkListenAddress(cfg.ListenAddress); err != nil {
 		return nil, err
 	}
-	if cfg.ListenAddress != "" && len(cfg.Token) < nodeTokenMin {
-		reason := fmt.Sprintf("must be at least %d bytes with NodeAgentConfig.ListenAddress: it is all that keeps whoever "+
-			"reaches the TCP listener from attaching processes", nodeTokenMin)
+	if cfg.ListenAddress != "" && len(cfg.Token) < proto.TokenMin {
+		reason := fmt.Sprintf("must be at least %d bytes with nodeagent.Config.ListenAddress: it is all that keeps whoever "+
+			"reaches the TCP listener from attaching processes", proto.TokenMin)
 		if cfg.Token == "" {
-			reason = "must be set with NodeAgentConfig.ListenAddress: it is all that keeps whoever reaches the TCP " +
+			reason = "must be set with nodeagent.Config.ListenAddress: it is all that keeps whoever reaches the TCP " +
 				"listener from attaching processes"
 		}
-		return nil, &ConfigError{Field: "NodeAgentConfig.Token", Reason: reason}
+		return nil, &store.ConfigError{Field: "nodeagent.Config.Token", Reason: reason}
 	}
 	claims := cfg.ClaimsFile
 	if claims == "" {
 		if cfg.Socket == "" {
-			return nil, &ConfigError{Field: "NodeAgentConfig.ClaimsFile", Reason: "must be set without " +
-				"NodeAgentConfig.Socket: it keeps which process claimed each instance across restarts of the node agent"}
+			return nil, &store.ConfigError{Field: "nodeagent.Config.ClaimsFile", Reason: "must be set without " +
+				"nodeagent.Config.Socket: it keeps which process claimed each instance across restarts of the node agent"}
 		}
 		claims = cfg.Socket + ".claims"
 	}
 	if cfg.MaxConnections < 0 {
-		return nil, &ConfigError{Field: "NodeAgentConfig.MaxConnections", Reason: fmt.Sprintf("(%d) must not be negative", cfg.MaxConnections)}
+		return nil, &store.ConfigError{Field: "nodeagent.Config.MaxConnections", Reason: fmt.Sprintf("(%d) must not be negative", cfg.MaxConnections)}
 	}
 	if cfg.MaxMessageBytes != 0 && cfg.MaxMessageBytes < 1024 {
-		return nil, &ConfigError{Field: "NodeAgentConfig.MaxMessageBytes",
+		return nil, &store.ConfigError{Field: "nodeagent.Config.MaxMessageBytes",
 			Reason: fmt.Sprintf("(%d) must be at least 1024: a lease's name may be that long", cfg.MaxMessageBytes)}
 	}
-	lc := aliveLockConfig{DSN: cfg.DirectDSN, Schema: cfg.Schema, InstanceID: uuid.Max, ServiceName: cfg.ServiceName,
+	lc := alivelock.Config{DSN: cfg.DirectDSN, InstanceID: uuid.Max, ServiceName: cfg.ServiceName,
 		KeepaliveIdle: cfg.KeepaliveIdle, KeepaliveInterval: cfg.KeepaliveInterval, KeepaliveCount: cfg.KeepaliveCount,
 		UserTimeout: cfg.UserTimeout, VerifyInterval: cfg.VerifyInterval}
-	connCfg, clientUserTimeout, err := lc.connConfig()
+	connCfg, clientUserTimeout, err := lc.ConnConfig()
 	if err != nil {
-		var ce *ConfigError
+		var ce *store.ConfigError
 		if errors.As(err, &ce) {
 			ce.Field = nodeAgentFields[ce.Field]
 		}
 		return nil, err
 	}
 	connCfg.RuntimeParams["application_name"] = cfg.ServiceName + ":node-agent"
-	n := &NodeAgent{cfg: cfg, connCfg: connCfg, clientUserTimeout: clientUserTimeout, log: cfg.Logger,
+	n := &Server{cfg: cfg, connCfg: connCfg, clientUserTimeout: clientUserTimeout, log: cfg.Logger,
 		verifyEvery: cmp.Or(cfg.VerifyInterval, defaults.VerifyInterval),
 		claimSQL:    store.AliveLockClaim.In(cfg.Schema).SQL, verifySQL: store.AliveLockVerify.In(cfg.Schema).SQL,
 		holderSQL: store.AliveLockHolder.In(cfg.Schema).SQL, releaseSQL: store.AliveLockRelease.In(cfg.Schema).SQL,
@@ -279,7 +246,7 @@ func NewNodeAgent(cfg NodeAgentConfig) (*NodeAgent, error) {
 		clients: map[*nodeClient]struct{}{}, claimsFile: claims, tokenHash: sha256.Sum256([]byte(cfg.Token)),
 		maxConns: cmp.Or(cfg.MaxConnections, defaults.NodeAgentMaxConnections), maxMessage: cmp.Or(cfg.MaxMessageBytes, defaults.NodeAgentMaxMessageBytes)}
 	connCfg.OnNotification = func(_ *pgconn.PgConn, note *pgconn.Notification) {
-		if e, ok := parseEvent(note.Payload); ok {
+		if e, ok := notify.Parse(note.Payload); ok {
 			n.broadcast(e)
 		}
 	}
@@ -292,7 +259,7 @@ func checkListenAddress(addr string) error {
 		return nil
 	}
 	bad := func(why string) error {
-		return &ConfigError{Field: "NodeAgentConfig.ListenAddress", Reason: fmt.Sprintf("(%q) %s", addr, why)}
+		return &store.ConfigError{Field: "nodeagent.Config.ListenAddress", Reason: fmt.Sprintf("(%q) %s", addr, why)}
 	}
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -304,24 +271,24 @@ func checkListenAddress(addr string) error {
 	return nil
 }
 
-// nodeAgentFields maps the session's config fields to NodeAgentConfig's.
+// nodeAgentFields maps the session's config fields (alivelock.Config's) to Config's.
 var nodeAgentFields = map[string]string{
-	"aliveLockConfig.DSN":               "NodeAgentConfig.DirectDSN",
-	"aliveLockConfig.ServiceName":       "NodeAgentConfig.ServiceName",
-	"aliveLockConfig.KeepaliveIdle":     "NodeAgentConfig.KeepaliveIdle",
-	"aliveLockConfig.KeepaliveInterval": "NodeAgentConfig.KeepaliveInterval",
-	"aliveLockConfig.KeepaliveCount":    "NodeAgentConfig.KeepaliveCount",
-	"aliveLockConfig.UserTimeout":       "NodeAgentConfig.UserTimeout",
-	"aliveLockConfig.VerifyInterval":    "NodeAgentConfig.VerifyInterval",
+	alivelock.Field("DSN"):               "nodeagent.Config.DirectDSN",
+	alivelock.Field("ServiceName"):       "nodeagent.Config.ServiceName",
+	alivelock.Field("KeepaliveIdle"):     "nodeagent.Config.KeepaliveIdle",
+	alivelock.Field("KeepaliveInterval"): "nodeagent.Config.KeepaliveInterval",
+	alivelock.Field("KeepaliveCount"):    "nodeagent.Config.KeepaliveCount",
+	alivelock.Field("UserTimeout"):       "nodeagent.Config.UserTimeout",
+	alivelock.Field("VerifyInterval"):    "nodeagent.Config.VerifyInterval",
 }
 
 // Snapshot reports the node agent's state. It never blocks on the database.
-func (n *NodeAgent) Snapshot() NodeAgentSnapshot {
+func (n *Server) Snapshot() Snapshot {
 	var listenAddr string
 	if a := n.listenAddr.Load(); a != nil {
 		listenAddr = *a
 	}
-	return NodeAgentSnapshot{Socket: n.cfg.Socket, ListenAddress: listenAddr, Unauthenticated: n.unauthenticated.Load(),
+	return Snapshot{Socket: n.cfg.Socket, ListenAddress: listenAddr, Unauthenticated: n.unauthenticated.Load(),
 		SessionUp: n.sessionUp.Load(), Listening: n.listening.Load(),
 		BackendPID: n.backendPID.Load(), Attached: int(n.attached.Load()), LocksHeld: int(n.locksHeld.Load()),
 		Claims: n.claims.Load(), Proofs: n.proofs.Load(), ProveAsked: n.proveAsked.Load(),
@@ -334,7 +301,7 @@ func (n *NodeAgent) Snapshot() NodeAgentSnapshot {
 // processes' rows no longer claim their locks, since each beats at once when its
 // connection closes, and ends the session, which lets every lock go. It returns an error
 // only when it cannot listen.
-func (n *NodeAgent) Run(ctx context.Context) error {
+func (n *Server) Run(ctx context.Context) error {
 	if !n.running.CompareAndSwap(false, true) {
 		return errors.New("liveness: node agent: Run is already running")
 	}
@@ -358,7 +325,7 @@ func (n *NodeAgent) Run(ctx context.Context) error {
 		listeners = append(listeners, ln)
 	}
 	if n.cfg.ListenAddress != "" {
-		lc := net.ListenConfig{KeepAliveConfig: nodeTCPKeepalive}
+		lc := net.ListenConfig{KeepAliveConfig: proto.TCPKeepalive}
 		ln, err := lc.Listen(ctx, "tcp", n.cfg.ListenAddress)
 		if err != nil {
 			for _, l := range listeners {
@@ -399,14 +366,14 @@ func (n *NodeAgent) Run(ctx context.Context) error {
 // a successor that finds the file then finds it answering and does not take it, and one
 // that finds none creates its own, which a later removal (after the hand-over, which can
 // take seconds) would take away from under it. Only the file this run created goes.
-func (n *NodeAgent) removeSocket(created os.FileInfo) {
+func (n *Server) removeSocket(created os.FileInfo) {
 	if fi, err := os.Lstat(n.cfg.Socket); err == nil && os.SameFile(fi, created) {
 		_ = os.Remove(n.cfg.Socket)
 	}
 }
 
 // listen creates the socket, replacing one a previous run left, never another file.
-func (n *NodeAgent) listen() (net.Listener, error) {
+func (n *Server) listen() (net.Listener, error) {
 	if fi, err := os.Lstat(n.cfg.Socket); err == nil {
 		if fi.Mode().Type() != fs.ModeSocket {
 			return nil, fmt.Errorf("liveness: node agent: %s exists and is not a socket; not replacing it", n.cfg.Socket)
@@ -435,7 +402,7 @@ func (n *NodeAgent) listen() (net.Listener, error) {
 // writer, owned by wg. A failed accept (out of file descriptors during a burst, say) is
 // retried with back-off, logged once while it lasts and counted: the node agent never
 // stops serving. A connection past MaxConnections is told why and closed.
-func (n *NodeAgent) accept(ctx context.Context, ln net.Listener, wg *sync.WaitGroup) {
+func (n *Server) accept(ctx context.Context, ln net.Listener, wg *sync.WaitGroup) {
 	var pause time.Duration
 	for {
 		conn, err := ln.Accept()
@@ -463,12 +430,12 @@ func (n *NodeAgent) accept(ctx context.Context, ln net.Listener, wg *sync.WaitGr
 			reason := fmt.Sprintf("the node agent has %d connections open, the most it takes (--node-agent.max-connections)", open)
 			n.refusedLog.warn(n.log, "node agent: connection refused", "reason", reason, "peer", peerOf(conn))
 			_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
-			_ = writeNodeMessage(conn, nodeMessage{Op: nodeOpError, Error: reason})
+			_ = proto.Write(conn, proto.Message{Op: proto.OpError, Error: reason})
 			_ = conn.Close()
 			continue
 		}
 		n.connections.Add(1)
-		tuneNodeTCP(conn)
+		proto.TuneTCP(conn)
 		c := newNodeClient(conn, n.maxMessage)
 		n.mu.Lock()
 		n.clients[c] = struct{}{}
@@ -477,16 +444,16 @@ func (n *NodeAgent) accept(ctx context.Context, ln net.Listener, wg *sync.WaitGr
 		wg.Go(func() {
 			authenticated, refused := !c.tcp, false
 			if !authenticated {
-				_ = conn.SetReadDeadline(time.Now().Add(nodeTCPAttachTimeout))
+				_ = conn.SetReadDeadline(time.Now().Add(tcpAttachTimeout))
 			}
-			err := c.read(func(m nodeMessage) bool {
+			err := c.read(func(m proto.Message) bool {
 				if !authenticated {
 					if authenticated = n.authenticate(c, &m); !authenticated {
 						refused = true
 						return false
 					}
 					_ = conn.SetReadDeadline(time.Time{})
-				} else if m.Op == nodeOpAttach && m.Secret != "" && c.secret == "" {
+				} else if m.Op == proto.OpAttach && m.Secret != "" && c.secret == "" {
 					c.secret = secretHash(m.Secret)
 				}
 				m.Token, m.Secret = "", ""
@@ -494,10 +461,10 @@ func (n *NodeAgent) accept(ctx context.Context, ln net.Listener, wg *sync.WaitGr
 				return true
 			})
 			switch {
-			case errors.Is(err, errNotProtocol):
+			case errors.Is(err, proto.ErrNotProtocol):
 				n.protocolError(c, err)
 			case !authenticated && errors.Is(err, os.ErrDeadlineExceeded):
-				n.refuseUnauthenticated(c, fmt.Sprintf("no attach within %s of connecting", nodeTCPAttachTimeout))
+				n.refuseUnauthenticated(c, fmt.Sprintf("no attach within %s of connecting", tcpAttachTimeout))
 				refused = true
 			}
 			if refused {
@@ -520,18 +487,18 @@ func (n *NodeAgent) accept(ctx context.Context, ln net.Listener, wg *sync.WaitGr
 // authenticate takes the first line of a TCP connection: it must be an attach with the
 // node agent's token (compared in constant time) and a process secret. It reports
 // whether it was; if not, the process is told why, the connection closed and counted.
-func (n *NodeAgent) authenticate(c *nodeClient, m *nodeMessage) bool {
+func (n *Server) authenticate(c *nodeClient, m *proto.Message) bool {
 	given := sha256.Sum256([]byte(m.Token))
 	var reason string
 	switch {
-	case m.Op != nodeOpAttach:
+	case m.Op != proto.OpAttach:
 		reason = fmt.Sprintf("the first line over TCP must be an attach with the node agent's token, not %q", m.Op)
 	case m.Token == "":
 		reason = "the attach carries no token: over TCP a process attaches with the node agent's token " +
 			"(AgentConfig.NodeAgentToken)"
 	case subtle.ConstantTimeCompare(given[:], n.tokenHash[:]) != 1:
 		reason = "the attach's token is not the node agent's (AgentConfig.NodeAgentToken, --node-agent.token-file)"
-	case len(m.Secret) < nodeTokenMin:
+	case len(m.Secret) < proto.TokenMin:
 		reason = "the attach carries no process secret: over TCP an instance is bound to the secret of the process " +
 			"that claimed it"
 	}
@@ -552,15 +519,15 @@ func secretHash(secret string) string {
 
 // refuseUnauthenticated tells a TCP connection why it may not attach, closes it once
 // told, and counts and logs it (rarely). Neither the token nor the secret is logged.
-func (n *NodeAgent) refuseUnauthenticated(c *nodeClient, reason string) {
+func (n *Server) refuseUnauthenticated(c *nodeClient, reason string) {
 	n.unauthenticated.Add(1)
 	n.refusedLog.warn(n.log, "node agent: TCP connection refused: not authenticated", "peer", c.peer, "reason", reason)
-	c.send(nodeMessage{Op: nodeOpError, Error: reason})
+	c.send(proto.Message{Op: proto.OpError, Error: reason})
 	c.closeAfterSend()
 }
 
 // protocolError counts and logs (rarely) what a process sent that is not the protocol.
-func (n *NodeAgent) protocolError(c *nodeClient, err error) {
+func (n *Server) protocolError(c *nodeClient, err error) {
 	n.protocolErrors.Add(1)
 	n.protocolLog.warn(n.log, "node agent: a process sent what is not the protocol", "peer", c.peer, "instance_id", c.instance,
 		"err", err)
@@ -595,12 +562,12 @@ func (r *rareLog) warn(l *slog.Logger, msg string, args ...any) {
 // nodeRequest is a process's message, or its connection's end, for the session.
 type nodeRequest struct {
 	client *nodeClient
-	msg    nodeMessage
+	msg    proto.Message
 	gone   bool
 }
 
 // request queues r for the session goroutine and rings the doorbell.
-func (n *NodeAgent) request(r nodeRequest) {
+func (n *Server) request(r nodeRequest) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.queue = append(n.queue, r)
@@ -614,7 +581,7 @@ func (n *NodeAgent) request(r nodeRequest) {
 
 var errRung = errors.New("liveness: node agent: a request came")
 
-func (n *NodeAgent) take() []nodeRequest {
+func (n *Server) take() []nodeRequest {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	q := n.queue
@@ -625,9 +592,9 @@ func (n *NodeAgent) take() []nodeRequest {
 // broadcast hands a notification to the processes it concerns: membership to those that
 // asked for it, lease events to all. It never blocks: a process that does not read gets
 // a resync once it does (its waiters then read the state again).
-func (n *NodeAgent) broadcast(e event) {
-	members := e.Kind == eventJoined || e.Kind == eventLeft || e.Kind == eventDead
-	m := nodeMessage{Op: nodeOpEvent, Kind: e.Kind, ID: e.ID}
+func (n *Server) broadcast(e notify.Event) {
+	members := e.Kind == notify.Joined || e.Kind == notify.Left || e.Kind == notify.Dead
+	m := proto.Message{Op: proto.OpEvent, Kind: e.Kind, ID: e.ID}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for c := range n.clients {
@@ -639,7 +606,7 @@ func (n *NodeAgent) broadcast(e event) {
 
 // doorbell returns a channel closed at the next request (at once if one is queued), and
 // the function that stops listening for it.
-func (n *NodeAgent) doorbell(ctx context.Context) (<-chan struct{}, func()) {
+func (n *Server) doorbell(ctx context.Context) (<-chan struct{}, func()) {
 	wctx, cancel := context.WithCancelCause(ctx)
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -2,7 +2,7 @@
 // its alive lock, forget it once it departs, and verify the session, which proves the
 // locks it holds.
 
-package liveness
+package nodeagent
 
 import (
 	"context"
@@ -13,12 +13,15 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent/proto"
 )
 
 // attach takes an attach request: the process's schema and database must be the node
 // agent's (checked once a session knows the database: live says one is up), and the
 // instance its own (claimBindings). It reports whether the process is now attached.
-func (n *NodeAgent) attach(ctx context.Context, s *nodeSession, c *nodeClient, m nodeMessage, live bool) bool {
+func (n *Server) attach(ctx context.Context, s *nodeSession, c *nodeClient, m proto.Message, live bool) bool {
 	switch {
 	case c.attached.Load():
 		return n.refuse(c, m.Instance, "one instance per connection: already attached")
@@ -67,28 +70,28 @@ func (n *NodeAgent) attach(ctx context.Context, s *nodeSession, c *nodeClient, m
 }
 
 // refuse tells a process why it may not attach, and closes its connection once told.
-func (n *NodeAgent) refuse(c *nodeClient, instance uuid.UUID, reason string) bool {
+func (n *Server) refuse(c *nodeClient, instance uuid.UUID, reason string) bool {
 	n.refused.Add(1)
 	n.log.Warn("node agent: attach refused", "instance_id", instance, "peer", c.peer, "reason", reason)
-	c.send(nodeMessage{Op: nodeOpError, Error: reason})
+	c.send(proto.Message{Op: proto.OpError, Error: reason})
 	c.closeAfterSend()
 	return false
 }
 
 // refuseImpostor refuses an attach that names another process's instance: counted,
 // logged at warning (at most once every few seconds), and the process told why.
-func (n *NodeAgent) refuseImpostor(c *nodeClient, instance uuid.UUID, reason string) bool {
+func (n *Server) refuseImpostor(c *nodeClient, instance uuid.UUID, reason string) bool {
 	n.impostors.Add(1)
 	n.refusedLog.warn(n.log, "node agent: attach refused: another process's instance", "instance_id", instance,
 		"peer", c.who(), "reason", reason)
-	c.send(nodeMessage{Op: nodeOpError, Error: reason})
+	c.send(proto.Message{Op: proto.OpError, Error: reason})
 	c.closeAfterSend()
 	return false
 }
 
 // deadInstances returns those of ids that are dead by the one verdict.
-func (n *NodeAgent) deadInstances(ctx context.Context, s *nodeSession, ids []uuid.UUID) ([]uuid.UUID, error) {
-	qctx, cancel := context.WithTimeout(ctx, max(aliveLockStatementTimeout, n.clientUserTimeout+aliveLockStatementTimeout))
+func (n *Server) deadInstances(ctx context.Context, s *nodeSession, ids []uuid.UUID) ([]uuid.UUID, error) {
+	qctx, cancel := context.WithTimeout(ctx, alivelock.StatementTimeoutFor(n.clientUserTimeout))
 	defer cancel()
 	texts := make([]string, len(ids)) // as text: the session's exec mode sends no types
 	for i, id := range ids {
@@ -104,7 +107,7 @@ func (n *NodeAgent) deadInstances(ctx context.Context, s *nodeSession, ids []uui
 // pruneBindings forgets the instances whose claimant ended and that the fleet has called
 // dead (their ids may begin a new life with any process), and saves the bindings when
 // they changed. It returns false when the session must be dropped.
-func (n *NodeAgent) pruneBindings(ctx context.Context, s *nodeSession) bool {
+func (n *Server) pruneBindings(ctx context.Context, s *nodeSession) bool {
 	s.lastPrune = time.Now()
 	if ended := n.bindings.ended(attachedSecrets(s)); len(ended) > 0 {
 		dead, err := n.deadInstances(ctx, s, ended)
@@ -135,19 +138,19 @@ func attachedSecrets(s *nodeSession) map[string]bool {
 
 // saveBindings writes the bindings if they changed; a failure is logged once while it
 // lasts (they are written again at the next change or prune).
-func (n *NodeAgent) saveBindings() {
+func (n *Server) saveBindings() {
 	if err := n.bindings.save(); err != nil {
 		n.condition.Log(n.log, slog.LevelError, "bindings", "node agent: cannot keep its claims beside its socket: after a "+
 			"restart it could not tell a process's instance from an impostor's", "error", err)
 	}
 }
 
-func (n *NodeAgent) otherDatabase(s *nodeSession, database string) string {
+func (n *Server) otherDatabase(s *nodeSession, database string) string {
 	return fmt.Sprintf("the node agent holds locks in database %q, not %q", s.database, database)
 }
 
 // forget removes a process that departed.
-func (n *NodeAgent) forget(s *nodeSession, c *nodeClient) {
+func (n *Server) forget(s *nodeSession, c *nodeClient) {
 	if _, ok := s.clients[c]; !ok {
 		return
 	}
@@ -166,7 +169,7 @@ func (n *NodeAgent) forget(s *nodeSession, c *nodeClient) {
 // claim claims c's lock on the session and tells c. Another process attached with the
 // same instance id is a duplicate, whose lock this session would otherwise hold twice
 // (session locks stack). It returns false when the session must be dropped.
-func (n *NodeAgent) claim(ctx context.Context, s *nodeSession, c *nodeClient) bool {
+func (n *Server) claim(ctx context.Context, s *nodeSession, c *nodeClient) bool {
 	if c.database != s.database {
 		// Attached while no session knew the database: refused now.
 		n.forget(s, c)
@@ -176,7 +179,7 @@ func (n *NodeAgent) claim(ctx context.Context, s *nodeSession, c *nodeClient) bo
 	if owner := s.byInstance[c.instance]; owner != nil && owner != c {
 		if !c.duplicate {
 			c.duplicate, c.stranger = true, false
-			c.send(nodeMessage{Op: nodeOpState, Duplicate: true, Listening: n.listening.Load()})
+			c.send(proto.Message{Op: proto.OpState, Duplicate: true, Listening: n.listening.Load()})
 		}
 		return true
 	}
@@ -192,12 +195,12 @@ func (n *NodeAgent) claim(ctx context.Context, s *nodeSession, c *nodeClient) bo
 		c.held, c.claim, c.duplicate, c.stranger = true, s.claim, false, false
 		n.claims.Add(1)
 		n.locksHeld.Add(1)
-		c.send(nodeMessage{Op: nodeOpState, Held: true, PID: pid, Claim: c.claim, ServerClock: clock,
+		c.send(proto.Message{Op: proto.OpState, Held: true, PID: pid, Claim: c.claim, ServerClock: clock,
 			Listening: n.listening.Load()})
 		return true
 	}
 	// Held by another session: whose, at the first refusal and then rarely.
-	if c.askedHolder.IsZero() || time.Since(c.askedHolder) >= holderAskEvery {
+	if c.askedHolder.IsZero() || time.Since(c.askedHolder) >= alivelock.HolderAskEvery {
 		c.askedHolder = time.Now()
 		var holderPID int32
 		var claimed bool
@@ -209,14 +212,14 @@ func (n *NodeAgent) claim(ctx context.Context, s *nodeSession, c *nodeClient) bo
 		}
 		c.duplicate, c.stranger = claimed, !claimed
 	}
-	c.send(nodeMessage{Op: nodeOpState, Duplicate: c.duplicate, Stranger: c.stranger, Listening: n.listening.Load()})
+	c.send(proto.Message{Op: proto.OpState, Duplicate: c.duplicate, Stranger: c.stranger, Listening: n.listening.Load()})
 	return true
 }
 
 // verify proves the session (a session-level lock is released only by its own session:
 // while the backend that took the locks answers, it holds them) and returns the server's
 // clock. It returns false when the session must be dropped.
-func (n *NodeAgent) verify(ctx context.Context, s *nodeSession) (time.Time, bool) {
+func (n *Server) verify(ctx context.Context, s *nodeSession) (time.Time, bool) {
 	var pid int64
 	var ok *bool
 	var clock time.Time

@@ -1,7 +1,7 @@
 // Who a process attached to the node agent is, and which instance each process claimed:
 // an instance is the process that claimed it, across the node agent's restarts too.
 
-package liveness
+package nodeagent
 
 import (
 	"bytes"
