@@ -20,6 +20,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
@@ -40,13 +41,13 @@ var ErrDuplicateInstance = errors.New("liveness: another process holds this inst
 // singleton jobs (Elect).
 type Agent struct {
 	cfg       AgentConfig
-	lock      lockSession // nil in ModeHeartbeatTableOnly
+	lock      alivelock.Lock // nil in ModeHeartbeatTableOnly
 	heartbeat *heartbeatWorker
 	leases    *Leases
 	life      *lifeMonitor
-	reaper    *reaper  // nil when disabled
-	watcher   *watcher // nil when disabled
-	events    *events  // the notifications the alive lock's session receives
+	reaper    *reaper     // nil when disabled
+	watcher   *watcher    // nil when disabled
+	events    *notify.Hub // the notifications the alive lock's session receives
 	leading   *leaderships
 
 	shardsMu  sync.Mutex
@@ -60,24 +61,24 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	a := &Agent{cfg: cfg, leading: newLeaderships(), events: &events{}}
-	var lock lockSource // a nil interface, not a nil *aliveLock, without a lock
+	a := &Agent{cfg: cfg, leading: newLeaderships(), events: &notify.Hub{}}
+	var lock lockSource // a nil interface, not a nil *alivelock.Direct, without a lock
 	switch {
 	case cfg.lockMode() && cfg.NodeAgentSocket != "":
-		a.lock = newNodeLock(cfg.nodeLockConfig(a.events))
+		a.lock = alivelock.NewNode(cfg.nodeLockConfig(a.events))
 		lock = a.lock
 	case cfg.lockMode():
 		lc := cfg.aliveLockConfig()
 		lc.Events = a.events
-		al, err := newAliveLock(lc)
+		al, err := alivelock.NewDirect(lc)
 		if err != nil {
 			return nil, asAgentError(err)
 		}
 		a.lock, lock = al, al
 	}
 	hc := cfg.heartbeatConfig(lock)
-	if al, ok := a.lock.(*aliveLock); ok {
-		hc.recovered = al.answered // a restarted server: claim the lock again at once
+	if al, ok := a.lock.(*alivelock.Direct); ok {
+		hc.recovered = al.Answered // a restarted server: claim the lock again at once
 	}
 	hb, err := newHeartbeatWorker(hc)
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent/proto"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
@@ -257,11 +258,11 @@ func (c AgentConfig) Validate() error {
 		if err := c.checkNodeAgentTCP(); err != nil {
 			return err
 		}
-		if err := c.aliveLockConfig().session().ValidateTiming(); err != nil {
+		if err := c.aliveLockConfig().Session().ValidateTiming(); err != nil {
 			return asAgentError(err)
 		}
 	case c.lockMode():
-		if err := c.aliveLockConfig().session().Validate(); err != nil {
+		if err := c.aliveLockConfig().Session().Validate(); err != nil {
 			return asAgentError(err)
 		}
 	}
@@ -273,7 +274,7 @@ func (c AgentConfig) checkNodeAgentTCP() error {
 	bad := func(field, format string, args ...any) error {
 		return &ConfigError{Field: "AgentConfig." + field, Reason: fmt.Sprintf(format, args...)}
 	}
-	addr, ok := strings.CutPrefix(c.NodeAgentSocket, nodeAgentTCPScheme)
+	addr, ok := strings.CutPrefix(c.NodeAgentSocket, alivelock.NodeAgentTCPScheme)
 	if !ok {
 		if scheme, _, found := strings.Cut(c.NodeAgentSocket, "://"); found {
 			return bad("NodeAgentSocket", "(%q): %s:// is not a node agent's; give a unix socket's path or tcp://host:port",
@@ -296,14 +297,14 @@ func (c AgentConfig) checkNodeAgentTCP() error {
 }
 
 // nodeLockConfig is the lock's configuration through a node agent.
-func (c AgentConfig) nodeLockConfig(ev *events) nodeLockConfig {
+func (c AgentConfig) nodeLockConfig(ev *notify.Hub) alivelock.NodeConfig {
 	lc := c.aliveLockConfig()
-	return nodeLockConfig{Socket: c.NodeAgentSocket, Token: c.NodeAgentToken, InstanceID: c.InstanceID, Schema: c.Schema, Pool: c.Pool,
+	return alivelock.NodeConfig{Socket: c.NodeAgentSocket, Token: c.NodeAgentToken, InstanceID: c.InstanceID, Schema: c.Schema, Pool: c.Pool,
 		LeaderVerifyInterval: lc.LeaderVerifyInterval, Events: ev, Logger: lc.Logger}
 }
 
-func (c AgentConfig) aliveLockConfig() aliveLockConfig {
-	return aliveLockConfig{
+func (c AgentConfig) aliveLockConfig() alivelock.DirectConfig {
+	return alivelock.DirectConfig{
 		DSN:               c.DirectDSN,
 		Schema:            c.Schema,
 		InstanceID:        c.InstanceID,

@@ -149,8 +149,10 @@ func TestReaderConfigCarriesTheSourceFields(t *testing.T) {
 // does not carry the node agent's server, which is the binary's, nor does the server
 // depend on the library; the internal packages are below the library, except the
 // binary's front ends, which configure and read it; the node agent's protocol is
-// self-contained (both ends speak it), and what the alive lock shares with the node
-// agent does not know the server.
+// self-contained (both ends speak it); the alive lock, whose state machine the library
+// runs and whose settings the node agent's server shares, knows neither of them; and the
+// notifications (their encoding and the hub that wakes a process's waiters) import
+// nothing of this module.
 func TestLayers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -232,9 +234,14 @@ func TestLayers(t *testing.T) {
 		}
 	}
 	for _, imp := range imports["internal/notify"] {
-		t.Errorf("internal/notify imports %s; the notifications' encoding imports nothing of this module", imp)
+		t.Errorf("internal/notify imports %s; the notifications' encoding and hub import nothing of this module", imp)
 	}
-	for _, shared := range []string{"internal/alivelock", "internal/notify", "internal/nodeagent/proto"} {
+	for _, above := range []string{"liveness", "internal/nodeagent"} {
+		if chain := path("internal/alivelock", above); chain != "" {
+			t.Errorf("internal/alivelock, the alive lock below the library and the server, imports %s: %s", above, chain)
+		}
+	}
+	for _, shared := range []string{"internal/notify", "internal/nodeagent/proto"} {
 		if chain := path(shared, "internal/nodeagent"); chain != "" {
 			t.Errorf("%s, which the library shares with the node agent, imports the server: %s", shared, chain)
 		}

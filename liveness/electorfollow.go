@@ -24,11 +24,11 @@ import (
 // returns the lease once taken, with the gate entered, or nil when ctx ends.
 func (e *campaign) follow(ctx context.Context) *Lease {
 	lease := e.cfg.Lease
-	freed, unsubscribeFree := e.leases.events.subscribe(func(ev notify.Event) bool { return ev.Kind == notify.Free && ev.ID == lease })
+	freed, unsubscribeFree := e.leases.events.Subscribe(func(ev notify.Event) bool { return ev.Kind == notify.Free && ev.ID == lease })
 	defer unsubscribeFree()
-	taken, unsubscribeTaken := e.leases.events.subscribeNews(func(ev notify.Event) bool { return ev.Kind == notify.Taken && ev.ID == lease })
+	taken, unsubscribeTaken := e.leases.events.SubscribeNews(func(ev notify.Event) bool { return ev.Kind == notify.Taken && ev.ID == lease })
 	defer unsubscribeTaken()
-	deadHere, unsubscribeDeadHere := e.leases.events.subscribeNews(func(ev notify.Event) bool { return ev.Kind == notify.DeadHere })
+	deadHere, unsubscribeDeadHere := e.leases.events.SubscribeNews(func(ev notify.Event) bool { return ev.Kind == notify.DeadHere })
 	defer unsubscribeDeadHere()
 	try, quiet := true, false
 	failures := 0 // tries in a row that failed (not refused): the server is down or overloaded
@@ -125,6 +125,36 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 // one try (or look at who leads): a flood of free:<name> or taken:<name> payloads costs
 // each follower one statement per wakeHoldoff after a short burst, not one per payload.
 const wakeHoldoff = time.Second
+
+// wakeLimiter bounds the work notifications cause, whatever their rate: a token bucket
+// of wakeBurst tokens that refills at one per wakeHoldoff. A burst of legitimate changes
+// (a member dies, its leases are freed, a new one joins) is acted on at once; a flood
+// costs one action per wakeHoldoff. Owned by one goroutine.
+type wakeLimiter struct {
+	tokens float64
+	last   time.Time
+}
+
+// wakeBurst is how many wake-ups are acted on at once before the limiter holds off.
+const wakeBurst = 4
+
+// delay takes a token and returns how long to wait before acting: zero while the
+// bucket has one, else until it refills.
+func (l *wakeLimiter) delay(now time.Time) time.Duration {
+	if l.last.IsZero() {
+		l.tokens, l.last = wakeBurst, now
+	}
+	l.tokens = min(wakeBurst, l.tokens+float64(now.Sub(l.last))/float64(wakeHoldoff))
+	l.last = now
+	if l.tokens >= 1 {
+		l.tokens--
+		return 0
+	}
+	wait := time.Duration((1 - l.tokens) * float64(wakeHoldoff))
+	l.tokens = 0
+	l.last = now.Add(wait)
+	return wait
+}
 
 // Followers' quiet polls only cover a notification lost while listening, so a fleet's
 // followers of one lease share a pace: each polls at most once per fleet size times

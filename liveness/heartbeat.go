@@ -47,15 +47,15 @@ const (
 var errBeatPastDeadline = errors.New("liveness: heartbeat: the beat reached the server after its deadline and wrote nothing")
 
 // lockSource tells the heartbeat whether the alive lock is held and verified. An
-// *AliveLock is one. If the source also has a Changed() <-chan struct{} method, as
-// AliveLock does, losing the lock triggers a beat at once.
+// alivelock.Lock is one. If the source also has a Changed() <-chan struct{} method, as
+// an alivelock.Lock does, losing the lock triggers a beat at once.
 type lockSource interface {
 	Held() bool
 }
 
 // lockHolder tells the backend pid of the session that holds the lock (0 while none
 // does), which the heartbeat records: only that session's lock counts for the instance.
-// An *aliveLock is one; a source that is not records none (NULL: any holder counts).
+// An alivelock.Lock is one; a source that is not records none (NULL: any holder counts).
 type lockHolder interface {
 	HeldPID() int64
 }
@@ -65,7 +65,7 @@ type lockNotifier interface {
 }
 
 // duplicateSource says whether another session holds this instance's lock, so that a
-// second process with the same instance id never writes the row. An *AliveLock is one.
+// second process with the same instance id never writes the row. An alivelock.Lock is one.
 type duplicateSource interface {
 	Duplicate() bool
 	Settled() <-chan struct{}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
@@ -90,7 +91,7 @@ type fakeLock struct{ held atomic.Bool }
 
 func (l *fakeLock) Held() bool { return l.held.Load() }
 
-// notifyingLock also notifies changes, as AliveLock does.
+// notifyingLock also notifies changes, as an alivelock.Lock does.
 type notifyingLock struct {
 	fakeLock
 	mu sync.Mutex
@@ -371,7 +372,7 @@ func TestHeartbeatWritesPerHour(t *testing.T) {
 	for _, mode := range []Mode{ModeAdvisoryLockWhenAvailable, ModeHeartbeatTableOnly} {
 		db, pool := testdb.MigratedPool(t, 4)
 		db.Exec(t, `CREATE EXTENSION pg_stat_statements`)
-		lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc"})
+		lock := startAliveLock(t, alivelock.DirectConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc"})
 		testutil.Eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
 
 		cfg := testHeartbeatConfig(pool, lock)

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
@@ -92,7 +93,7 @@ type Leases struct {
 	host   string
 	id     *uuid.UUID // the holder instance, or nil
 	life   lifeGate
-	events *events // the Agent's notifications, which wake its campaigns' followers; nil without
+	events *notify.Hub // the Agent's notifications, which wake its campaigns' followers; nil without
 	// fleet is the fleet's size as the Agent's sentry last read it (0: unknown, or no
 	// Agent): followers poll rarer in a larger fleet (quietPeriod).
 	fleet *atomic.Int64

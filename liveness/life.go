@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/lifegate"
 )
 
@@ -25,7 +26,7 @@ import (
 //     and the clock as of then, so a late timer or a paused goroutine never lets it answer
 //     from an old view; run only ends it on time, so that its job's context is cancelled.
 type lifeMonitor struct {
-	lock      lockSession
+	lock      alivelock.Lock
 	heartbeat *heartbeatWorker
 	lockMode  bool
 	timing    lifegate.Timing
@@ -39,7 +40,7 @@ type lifeMonitor struct {
 	began       chan struct{} // a leadership began: run looks at its deadline
 }
 
-func newLifeMonitor(lock lockSession, hb *heartbeatWorker, lockMode bool, fast, stale, dead, grace time.Duration) *lifeMonitor {
+func newLifeMonitor(lock alivelock.Lock, hb *heartbeatWorker, lockMode bool, fast, stale, dead, grace time.Duration) *lifeMonitor {
 	m := &lifeMonitor{lock: lock, heartbeat: hb, lockMode: lockMode,
 		timing: lifegate.Timing{Grace: grace, Stale: stale, Dead: dead, Margin: fast / 2},
 		poll:   min(max(grace/10, 10*time.Millisecond), 100*time.Millisecond),
@@ -67,8 +68,8 @@ func (m *lifeMonitor) evidence() lifegate.Evidence {
 	ev := lifegate.Evidence{LockMode: m.lockMode}
 	ev.BeatSent, ev.BeatHolds = m.heartbeat.lastProof()
 	if m.lockMode {
-		p, _ := m.lock.lastProof()
-		ev.Proof, ev.Held, ev.LossNoticed = p.sent, m.lock.Held(), m.lock.lossNoticed()
+		p, _ := m.lock.LastProof()
+		ev.Proof, ev.Held, ev.LossNoticed = p.Sent, m.lock.Held(), m.lock.LossNoticed()
 	}
 	return ev
 }
@@ -78,8 +79,8 @@ func (m *lifeMonitor) evidence() lifegate.Evidence {
 func (m *lifeMonitor) anchor() lifegate.Anchor {
 	a := m.heartbeat.lastAnchor()
 	if m.lockMode {
-		if p, _ := m.lock.lastProof(); !p.serverClock.IsZero() {
-			a = lifegate.Later(a, lifegate.Anchor{Sent: p.sent, Server: p.serverClock, RoundTrip: p.roundTrip})
+		if p, _ := m.lock.LastProof(); !p.ServerClock.IsZero() {
+			a = lifegate.Later(a, lifegate.Anchor{Sent: p.Sent, Server: p.ServerClock, RoundTrip: p.RoundTrip})
 		}
 	}
 	return a
@@ -100,7 +101,7 @@ func (m *lifeMonitor) run(ctx context.Context) {
 	for {
 		var proved <-chan struct{}
 		if m.lockMode {
-			_, proved = m.lock.lastProof()
+			_, proved = m.lock.LastProof()
 		}
 		next := m.poll
 		ev := m.evidence()
@@ -141,7 +142,7 @@ func (m *lifeMonitor) steadyFor() time.Duration {
 	if !m.lockMode || m.lock == nil {
 		return 0
 	}
-	since := m.lock.heldSinceNano()
+	since := m.lock.HeldSinceNano()
 	if since == 0 {
 		return 0
 	}
@@ -163,7 +164,7 @@ func (m *lifeMonitor) hold() holdMark {
 	if !m.lockMode {
 		return holdMark{}
 	}
-	claim := m.lock.claimCount() // before Held: a claim counts before it is held
+	claim := m.lock.ClaimCount() // before Held: a claim counts before it is held
 	return holdMark{held: m.lock.Held(), claim: claim}
 }
 
@@ -176,18 +177,18 @@ func (m *lifeMonitor) hold() holdMark {
 func (m *lifeMonitor) lead(ctx context.Context, mark holdMark, answered time.Time) (*leadership, error) {
 	done := func() {}
 	if m.lockMode {
-		done = m.lock.lead()
+		done = m.lock.Lead()
 	}
 	if m.lockMode && mark.held {
 		wctx, cancel := context.WithDeadline(ctx, answered.Add(m.timing.Grace))
 		defer cancel()
 		for {
-			p, proved := m.lock.lastProof()
-			if p.claim > mark.claim {
+			p, proved := m.lock.LastProof()
+			if p.Claim > mark.claim {
 				done()
 				return nil, errNoLockProof // the lock was lost and claimed again meanwhile
 			}
-			if !p.sent.Before(answered) {
+			if !p.Sent.Before(answered) {
 				break
 			}
 			select {

@@ -3,29 +3,91 @@ package liveness
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
-	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
 // gateUnderTest is a lifeMonitor at the default timing over an alive lock that never
 // connects: the test sets what the lock's session and the heartbeat would have seen.
-func gateUnderTest(t *testing.T) (*lifeMonitor, *aliveLock, *heartbeatWorker) {
+func gateUnderTest(t *testing.T) (*lifeMonitor, *handLock, *heartbeatWorker) {
 	t.Helper()
-	lock, err := newAliveLock(aliveLockConfig{DSN: "host=127.0.0.1 dbname=unused", InstanceID: uuid.New(), ServiceName: "svc",
-		LeaderVerifyInterval: leaderVerifyInterval(defaults.LockGrace)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	lock := &handLock{proved: make(chan struct{})}
 	hb := &heartbeatWorker{}
 	m := newLifeMonitor(lock, hb, true, defaults.HeartbeatInterval, defaults.StaleThreshold, defaults.DefinitiveDeadCutoff,
 		defaults.LockGrace)
 	return m, lock, hb
+}
+
+// handLock is an alive lock (alivelock.Lock) whose state the test sets by hand, as its
+// session would: whether it is held, its claims and proofs (a proof carries the server's
+// clock and round trip last set), when its loss was noticed; and it records what a
+// leadership asks of it (Lead): a proof now, and frequent ones while it counts. The life
+// monitor reads no more of a lock; how a real one answers is internal/alivelock's tests'.
+type handLock struct {
+	held    atomic.Bool
+	claims  atomic.Uint64
+	leading atomic.Int32
+
+	proofMu         sync.Mutex
+	proof           alivelock.Proof
+	proved          chan struct{} // closed at the next proof
+	lostAt          time.Time
+	lastServerClock time.Time
+	lastRoundTrip   time.Duration
+
+	wakeMu sync.Mutex
+	woken  bool // a leadership asked for a proof now
+}
+
+func (l *handLock) Run(ctx context.Context) error { <-ctx.Done(); return nil }
+func (l *handLock) Held() bool                    { return l.held.Load() }
+func (l *handLock) HeldPID() int64                { return 0 }
+func (l *handLock) Changed() <-chan struct{}      { return nil }
+func (l *handLock) Duplicate() bool               { return false }
+func (l *handLock) Settled() <-chan struct{}      { return nil }
+func (l *handLock) ClaimCount() uint64            { return l.claims.Load() }
+func (l *handLock) HeldSinceNano() int64          { return 0 }
+func (l *handLock) Stats() alivelock.Stats {
+	return alivelock.Stats{Held: l.held.Load(), Claims: l.claims.Load()}
+}
+
+// change sets Held, as the session does, without counting a loss.
+func (l *handLock) change(v bool) { l.held.Store(v) }
+
+// noteProof records a proof sent at sent by claim, and wakes whoever waits on the next.
+func (l *handLock) noteProof(sent time.Time, claim uint64) {
+	l.proofMu.Lock()
+	defer l.proofMu.Unlock()
+	l.proof = alivelock.Proof{Sent: sent, Claim: claim, ServerClock: l.lastServerClock, RoundTrip: l.lastRoundTrip}
+	close(l.proved)
+	l.proved = make(chan struct{})
+}
+
+func (l *handLock) LastProof() (alivelock.Proof, <-chan struct{}) {
+	l.proofMu.Lock()
+	defer l.proofMu.Unlock()
+	return l.proof, l.proved
+}
+
+func (l *handLock) LossNoticed() time.Time {
+	l.proofMu.Lock()
+	defer l.proofMu.Unlock()
+	return l.lostAt
+}
+
+func (l *handLock) Lead() (done func()) {
+	l.leading.Add(1)
+	l.wakeMu.Lock()
+	l.woken = true
+	l.wakeMu.Unlock()
+	var once sync.Once
+	return func() { once.Do(func() { l.leading.Add(-1) }) }
 }
 
 // TestLeadershipEndsAtItsDeadlineUnseenAndStaysOver: a leadership's trust ends the first
@@ -55,8 +117,8 @@ func TestLeadershipEndsAtItsDeadlineUnseenAndStaysOver(t *testing.T) {
 	if !l.Alive() {
 		t.Fatal("not alive just after a fresh proof")
 	}
-	p, _ := lock.lastProof()
-	time.Sleep(time.Until(p.sent.Add(defaults.LockGrace * 3 / 4)))
+	p, _ := lock.LastProof()
+	time.Sleep(time.Until(p.Sent.Add(defaults.LockGrace * 3 / 4)))
 	lock.noteProof(time.Now(), lock.claims.Load()) // a proof that comes after the deadline
 	if l.Alive() {
 		t.Fatal("alive after its deadline passed unseen, revived by a later proof")
@@ -119,7 +181,7 @@ func TestLifeGateLeadWaitsForAProofOfTheSameClaim(t *testing.T) {
 	hb.lastSent, hb.lastHolds = time.Now(), true
 	lock.change(true)
 	lock.noteProof(time.Now(), lock.claims.Add(1))
-	stop := runUntilCleanup(t, func(ctx context.Context) error { m.run(ctx); return nil })
+	stop := testutil.RunUntilCleanup(t, func(ctx context.Context) error { m.run(ctx); return nil })
 	defer stop()
 	testutil.Eventually(t, 5*time.Second, "alive", m.Alive)
 
@@ -163,57 +225,5 @@ func TestLifeGateLeadWaitsForAProofOfTheSameClaim(t *testing.T) {
 	}
 	if n := lock.leading.Load(); n != 0 {
 		t.Fatalf("leading = %d after refused leaderships, want 0", n)
-	}
-}
-
-// TestAliveLockVerifiesOftenWhileLeading: on a real server, a leadership beginning wakes
-// the lock's session for a verification at once, although its interval is a minute, and
-// then it verifies every LeaderVerifyInterval until the leadership ends.
-func TestAliveLockVerifiesOftenWhileLeading(t *testing.T) {
-	t.Parallel()
-	db := testdb.Migrated(t)
-	lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc",
-		VerifyInterval: time.Minute, LeaderVerifyInterval: 50 * time.Millisecond})
-	testutil.Eventually(t, 10*time.Second, "the alive lock is held", lock.Held)
-	first, proved := lock.lastProof()
-	if first.sent.IsZero() || first.claim != 1 {
-		t.Fatalf("the claim recorded no proof: %+v", first)
-	}
-	testutil.Eventually(t, 5*time.Second, "the session waits for its next verification", func() bool {
-		lock.wakeMu.Lock()
-		defer lock.wakeMu.Unlock()
-		return lock.wakeWait != nil
-	})
-	done := lock.lead()
-	select {
-	case <-proved:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no verification within 5 s of a leadership beginning; the interval is a minute")
-	}
-	if n := proofsWithin(lock, time.Second); n < 5 {
-		t.Fatalf("%d proofs in 1 s while leading; want about 20 (every 50 ms)", n)
-	}
-	if s := lock.Stats(); s.Claims != 1 || !s.Held {
-		t.Fatalf("Stats = %+v; want the one claim, held", s)
-	}
-	done()
-	// At most the verification already waited for lands; then the wait is a minute again.
-	if n := proofsWithin(lock, 1200*time.Millisecond); n > 2 {
-		t.Fatalf("%d proofs in 1.2 s after the leadership ended; want at most 2 (the interval is a minute)", n)
-	}
-}
-
-// proofsWithin counts the lock's proofs during d.
-func proofsWithin(lock *aliveLock, d time.Duration) int {
-	end := time.After(d)
-	n := 0
-	for {
-		_, proved := lock.lastProof()
-		select {
-		case <-proved:
-			n++
-		case <-end:
-			return n
-		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logtest"
 )
 
@@ -34,7 +35,7 @@ func TestLoggersRemovePasswordsAndNameTheirPartOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lock, err := newAliveLock(aliveLockConfig{DSN: dsn, InstanceID: uuid.New(), ServiceName: "svc", Logger: caller})
+	lock, err := alivelock.NewDirect(alivelock.DirectConfig{DSN: dsn, InstanceID: uuid.New(), ServiceName: "svc", Logger: caller})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,11 +59,11 @@ func TestLoggersRemovePasswordsAndNameTheirPartOnce(t *testing.T) {
 		log        *slog.Logger
 	}{
 		{"agent", "", agent.cfg.Logger},
-		{"agent's alive lock", "alive_lock", agent.lock.(*aliveLock).log},
+		{"agent's alive lock", "alive_lock", agent.lock.(*alivelock.Direct).Logger()},
 		{"agent's heartbeat", "heartbeat", agent.heartbeat.log},
 		{"agent's leases", "leases", agent.leases.log},
 		{"agent's reaper", "reaper", agent.reaper.cfg.Logger},
-		{"alive lock", "", lock.log},
+		{"alive lock", "", lock.Logger()},
 		{"heartbeat", "", hb.log},
 		{"leases", "", leases.log},
 		{"reaper", "", reaper.cfg.Logger},

@@ -7,7 +7,9 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
@@ -29,8 +31,8 @@ func TestAliveLockBehindPgBouncer(t *testing.T) {
 		db, direct := testdb.MigratedPool(t, 4)
 		bouncer := pgtest.NewPgBouncer(t, db.DSN, pgtest.WithIgnoreStartupParameters(aliveLockStartupParameters...))
 		id := uuid.New()
-		logs := &logRecorder{}
-		lock := startAliveLock(t, aliveLockConfig{DSN: bouncer.DSN(db.Name), InstanceID: id, ServiceName: "svc",
+		logs := &logbuf.Recorder{}
+		lock := startAliveLock(t, alivelock.DirectConfig{DSN: bouncer.DSN(db.Name), InstanceID: id, ServiceName: "svc",
 			VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
 
 		// The service's pool goes through PgBouncer too, as it would behind one; pgx must
@@ -41,11 +43,11 @@ func TestAliveLockBehindPgBouncer(t *testing.T) {
 		cfg.InstanceID = id
 		h, _ := startHeartbeat(t, cfg)
 
-		logs.toldOnce(t, "PgBouncer in transaction pooling mode", slog.LevelError, 5, 5*time.Second)
+		logs.ToldOnce(t, "PgBouncer in transaction pooling mode", slog.LevelError, 5, 5*time.Second)
 		if s := lock.Stats(); s.Held || s.Claims != 0 {
 			t.Fatalf("alive lock Stats = %+v through PgBouncer, want not held and no claim", s)
 		}
-		if pid := lockHolderPID(t, ctx, direct, id); pid != 0 {
+		if pid := testdb.AliveLockHolder(t, ctx, direct, id); pid != 0 {
 			t.Fatalf("backend %d holds the alive lock: a claim leaked onto a pooled server connection", pid)
 		}
 		testutil.Eventually(t, 5*time.Second, "a beat through PgBouncer", func() bool { return h.Stats().Beats >= 1 })
@@ -63,13 +65,13 @@ func TestAliveLockBehindPgBouncer(t *testing.T) {
 	t.Run("startup parameters refused", func(t *testing.T) {
 		db, pool := testdb.MigratedPool(t, 4)
 		bouncer := pgtest.NewPgBouncer(t, db.DSN)
-		logs := &logRecorder{}
-		lock := startAliveLock(t, aliveLockConfig{DSN: bouncer.DSN(db.Name), InstanceID: uuid.New(), ServiceName: "svc",
+		logs := &logbuf.Recorder{}
+		lock := startAliveLock(t, alivelock.DirectConfig{DSN: bouncer.DSN(db.Name), InstanceID: uuid.New(), ServiceName: "svc",
 			Logger: slog.New(logs)})
 		cfg := testHeartbeatConfig(pool, lock)
 		h, _ := startHeartbeat(t, cfg)
 
-		logs.toldOnce(t, "points at PgBouncer", slog.LevelError, 2, 10*time.Second)
+		logs.ToldOnce(t, "points at PgBouncer", slog.LevelError, 2, 10*time.Second)
 		if lock.Held() {
 			t.Fatal("the alive lock is held without a connection")
 		}

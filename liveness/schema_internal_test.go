@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
@@ -49,7 +50,7 @@ func TestRunWaitsForASlowDatabaseAtStart(t *testing.T) {
 	old := schemaReadTimeout
 	schemaReadTimeout = 100 * time.Millisecond
 	defer func() { schemaReadTimeout = old }()
-	logs := &logRecorder{}
+	logs := &logbuf.Recorder{}
 	a, err := NewAgent(AgentConfig{Pool: pool, InstanceID: uuid.New(), ServiceName: "svc", Mode: ModeHeartbeatTableOnly,
 		Logger: slog.New(logs)})
 	if err != nil {
@@ -64,7 +65,7 @@ func TestRunWaitsForASlowDatabaseAtStart(t *testing.T) {
 		t.Fatalf("Run returned %v while the database had only been slow", err)
 	case <-time.After(time.Second): // ten reads that timed out
 	}
-	logs.toldOnce(t, "cannot read the schema's version in time", slog.LevelWarn, 5, 2*time.Second)
+	logs.ToldOnce(t, "cannot read the schema's version in time", slog.LevelWarn, 5, 2*time.Second)
 	cancel()
 	select {
 	case err := <-done:
@@ -128,7 +129,7 @@ func TestRunAsksAgainWhenTheDatabaseIsUnreachableAtStart(t *testing.T) {
 	}
 	defer pool.Close()
 
-	logs := &logRecorder{}
+	logs := &logbuf.Recorder{}
 	id := uuid.New()
 	a, err := NewAgent(AgentConfig{Pool: pool, InstanceID: id, ServiceName: "svc", Mode: ModeHeartbeatTableOnly,
 		Logger: slog.New(logs)})
@@ -139,7 +140,7 @@ func TestRunAsksAgainWhenTheDatabaseIsUnreachableAtStart(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- a.Run(runCtx) }()
 	defer func() { stop(); <-done }()
-	logs.toldOnce(t, "cannot reach the database", slog.LevelWarn, 3, 10*time.Second)
+	logs.ToldOnce(t, "cannot reach the database", slog.LevelWarn, 3, 10*time.Second)
 	select {
 	case err := <-done:
 		t.Fatalf("Run returned %v while the database could not be reached", err)

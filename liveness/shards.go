@@ -355,12 +355,12 @@ func (s *shardSet) run(ctx context.Context) error {
 	prefix, memberPrefix := s.cfg.Set+"/", s.cfg.Set+"/member/"
 	// A member lease taken (a join) or free (a departure, a death), or this process's
 	// watcher calling holders dead while its session does not listen: read the members.
-	membership, unsubscribeMembership := s.agent.events.subscribe(func(ev notify.Event) bool {
+	membership, unsubscribeMembership := s.agent.events.Subscribe(func(ev notify.Event) bool {
 		return ev.Kind == notify.DeadHere || (ev.Kind == notify.Free || ev.Kind == notify.Taken) && strings.HasPrefix(ev.ID, memberPrefix)
 	})
 	defer unsubscribeMembership()
 	// A shard free: if it is one this member waits for, try it.
-	freed, takeFreed, unsubscribeFreed := s.agent.events.subscribeIDs(func(ev notify.Event) bool {
+	freed, takeFreed, unsubscribeFreed := s.agent.events.SubscribeIDs(func(ev notify.Event) bool {
 		return ev.Kind == notify.Free && strings.HasPrefix(ev.ID, prefix) && !strings.HasPrefix(ev.ID, memberPrefix)
 	})
 	defer unsubscribeFreed()
@@ -481,7 +481,7 @@ func (s *shardSet) join(ctx context.Context) (lifeChanged <-chan struct{}, retry
 			return ch, time.Time{}
 		}
 	}
-	if lock := s.agent.lock; lock != nil && lock.claimCount() > 0 {
+	if lock := s.agent.lock; lock != nil && lock.ClaimCount() > 0 {
 		// A lock held before and lost (a restarted server): a member lease would be given
 		// back at once for want of a proof, until it is claimed again.
 		ch := lock.Changed()

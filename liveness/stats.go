@@ -6,13 +6,10 @@ import (
 	"github.com/google/uuid"
 )
 
-// aliveLockStats is AgentSnapshot.AliveLock's type, by name for the lock's two kinds
-// (held on the agent's own session or through a node agent). The two declarations must
-// stay alike: Snapshot assigns one to the other, so the build fails if they drift.
-type aliveLockStats struct {
-	Duplicate, Stranger, Held  bool
-	Claims, Losses, Reconnects uint64
-}
+// AgentSnapshot.AliveLock is declared as the alive lock's own Stats (internal/alivelock),
+// by name for the lock's two kinds (held on the agent's own session or through a node
+// agent). The two declarations must stay alike: Snapshot assigns one to the other, so the
+// build fails if they drift.
 
 // heartbeatStats is AgentSnapshot.Heartbeat's type, by name for the heartbeat worker;
 // the same rule holds.

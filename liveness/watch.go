@@ -69,7 +69,7 @@ func (a *Agent) WatchAlive(ctx context.Context, service string, maxHeartbeatAge 
 	defer cancel()
 	stop := context.AfterFunc(a.leading.stopping, cancel)
 	defer stop()
-	wake, unsubscribe := a.events.subscribeMembers(func(ev notify.Event) bool {
+	wake, unsubscribe := a.events.SubscribeMembers(func(ev notify.Event) bool {
 		return ev.Kind == notify.Joined || ev.Kind == notify.Left || ev.Kind == notify.Dead
 	})
 	defer unsubscribe()

@@ -8,7 +8,9 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
@@ -19,13 +21,13 @@ import (
 func TestWatchAliveTellsAFailingReadOnce(t *testing.T) {
 	t.Parallel()
 	db, pool := testdb.MigratedPool(t, 4)
-	logs := &logRecorder{}
+	logs := &logbuf.Recorder{}
 	a, err := NewAgent(AgentConfig{Pool: pool, DirectDSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc",
 		Logger: slog.New(logs)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntilCleanup(t, a.Run)
+	testutil.RunUntilCleanup(t, a.Run)
 	ctx := testutil.Context(t, time.Minute)
 	wctx, stopWatch := context.WithCancel(ctx)
 	calls := make(chan int, 64)
@@ -46,13 +48,13 @@ func TestWatchAliveTellsAFailingReadOnce(t *testing.T) {
 	}
 
 	db.Exec(t, `ALTER TABLE liveness.instances RENAME TO instances_away`)
-	logs.toldOnce(t, "watch: cannot read the instances", slog.LevelWarn, 2, 3*defaults.WatchAlivePoll)
-	if n, _ := logs.count("watch: reading the instances again", slog.LevelInfo); n != 0 {
+	logs.ToldOnce(t, "watch: cannot read the instances", slog.LevelWarn, 2, 3*defaults.WatchAlivePoll)
+	if n, _ := logs.Count("watch: reading the instances again", slog.LevelInfo); n != 0 {
 		t.Fatalf("told %d times that reads succeed again while they still fail:%s", n, logs)
 	}
 	db.Exec(t, `ALTER TABLE liveness.instances_away RENAME TO instances`)
 	if !testutil.Poll(3*defaults.WatchAlivePoll, func() bool {
-		_, n := logs.count("watch: reading the instances again", slog.LevelInfo)
+		_, n := logs.Count("watch: reading the instances again", slog.LevelInfo)
 		return n == 1
 	}) {
 		t.Fatalf("not told once at info that reads succeed again:%s", logs)
@@ -72,9 +74,9 @@ func TestMembershipIsListenedToOnlyWhileWanted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntilCleanup(t, a.Run)
+	testutil.RunUntilCleanup(t, a.Run)
 	testutil.Eventually(t, 20*time.Second, "the agent listening to its events", a.events.Listening)
-	if !testutil.Never(t, 500*time.Millisecond, "listening to the members channel with nothing waiting", a.lock.(*aliveLock).members.Load) {
+	if !testutil.Never(t, 500*time.Millisecond, "listening to the members channel with nothing waiting", a.lock.(*alivelock.Direct).Members) {
 		t.FailNow()
 	}
 	ctx := testutil.Context(t, time.Minute)
@@ -84,7 +86,7 @@ func TestMembershipIsListenedToOnlyWhileWanted(t *testing.T) {
 	go func() {
 		watchDone <- a.WatchAlive(wctx, "svc", 0, func(alive []InstanceStatus) { sizes <- len(alive) })
 	}()
-	testutil.Eventually(t, 10*time.Second, "listening to the members channel while WatchAlive runs", a.lock.(*aliveLock).members.Load)
+	testutil.Eventually(t, 10*time.Second, "listening to the members channel while WatchAlive runs", a.lock.(*alivelock.Direct).Members)
 	for n := 0; n != 1; {
 		select {
 		case n = <-sizes:
@@ -110,5 +112,5 @@ func TestMembershipIsListenedToOnlyWhileWanted(t *testing.T) {
 	if err := <-watchDone; err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 10*time.Second, "the members channel let go once WatchAlive ended", func() bool { return !a.lock.(*aliveLock).members.Load() })
+	testutil.Eventually(t, 10*time.Second, "the members channel let go once WatchAlive ended", func() bool { return !a.lock.(*alivelock.Direct).Members() })
 }

@@ -40,7 +40,7 @@ type watcherConfig struct {
 	Logger *slog.Logger // passwords removed; nil discards
 	// Events are the Agent's notifications: an instance that joined makes the next tick
 	// stamp whatever the digest says (see watch). nil without.
-	Events *events
+	Events *notify.Hub
 
 	// The Agent's: the campaigns end when the Agent stops. Zero values are campaigns of
 	// their own (tests).
@@ -150,7 +150,7 @@ const standInFor = 10 * time.Second
 // the database one trivial statement per question; the fleet's questions come about ten
 // times a second in all.
 func (w *watcher) sentry(ctx context.Context) {
-	taken, unsubscribe := w.cfg.Events.subscribe(func(ev notify.Event) bool {
+	taken, unsubscribe := w.cfg.Events.Subscribe(func(ev notify.Event) bool {
 		return ev.Kind == notify.Taken && slices.Contains(defaults.WatcherLeases[:], ev.ID)
 	})
 	defer unsubscribe()
@@ -268,7 +268,7 @@ func (w *watcher) watch(ctx context.Context) {
 	// A lock that appears and vanishes between two ticks leaves the digest as it was: an
 	// instance that crashes within a tick of its start. Its row's insertion is notified,
 	// so the tick after it stamps whatever the digest says.
-	joined, unsubscribe := w.cfg.Events.subscribeMembers(func(ev notify.Event) bool { return ev.Kind == notify.Joined })
+	joined, unsubscribe := w.cfg.Events.SubscribeMembers(func(ev notify.Event) bool { return ev.Kind == notify.Joined })
 	defer unsubscribe()
 	var failing logging.Repeats
 	for {
@@ -430,7 +430,7 @@ func (w *watcher) notify(ctx context.Context, st *watchState, ids []uuid.UUID, n
 		// (it is reconnecting): they are told here, or they would take the dead holders'
 		// leases only at their next poll.
 		if !w.cfg.Events.Listening() {
-			w.cfg.Events.publish(notify.Event{Kind: notify.DeadHere})
+			w.cfg.Events.Publish(notify.Event{Kind: notify.DeadHere})
 		}
 	}
 	return nil

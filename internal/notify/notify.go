@@ -1,10 +1,11 @@
 // Package notify is the encoding of the schema's notifications, payload "<kind>:<id>",
-// as the triggers and the watcher send them: the kinds, and the parse of a payload. The
-// library's alive lock and the node agent's session both receive them; the library's
+// as the triggers and the watcher send them: the kinds, and the parse of a payload; and
+// the Hub through which a process's listening session wakes the waiters they concern.
+// The library's alive lock and the node agent's session both receive them; the library's
 // waiters and the node agent's processes act on them.
 //
-// It only reads and names payloads: it never sends a notification, never talks to
-// PostgreSQL, and imports nothing of this module.
+// It only reads and names payloads and wakes the process's own waiters: it never sends a
+// notification, never talks to PostgreSQL, and imports nothing of this module.
 package notify
 
 import "strings"

@@ -1,9 +1,9 @@
 // Package testdb builds, on pgtest's databases, what the tests of several packages start
 // from: the liveness objects migrated, a SQL_ASCII database (which hands out whatever
 // bytes were stored); and it reads what they check against: every instance's state by the
-// one verdict. A session with an application_name of its own is pgtest's DB.ConnAs, a
-// count on a connection of its own is DB.QueryInt. Only tests import it; it holds no SQL
-// the product sends.
+// one verdict, and the backend that holds an instance's alive lock. A session with an
+// application_name of its own is pgtest's DB.ConnAs, a count on a connection of its own
+// is DB.QueryInt. Only tests import it; it holds no SQL the product sends.
 package testdb
 
 import (
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -88,4 +89,19 @@ func States(t testing.TB, q Querier) map[string]string {
 		t.Fatal(err)
 	}
 	return states
+}
+
+// AliveLockHolder returns the pid of the backend that holds the instance's alive lock in
+// the default schema, or 0.
+func AliveLockHolder(t testing.TB, ctx context.Context, pool *pgxpool.Pool, id uuid.UUID) int {
+	t.Helper()
+	var pid int
+	err := pool.QueryRow(ctx, `SELECT coalesce(max(l.pid), 0) FROM liveness.bigint_advisory_locks l
+	                            WHERE l.granted
+	                              AND l.classid = liveness.lock_key_classid(liveness.instance_lock_key($1))
+	                              AND l.objid = liveness.lock_key_objid(liveness.instance_lock_key($1))`, id).Scan(&pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
 }

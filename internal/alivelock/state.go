@@ -1,4 +1,4 @@
-package liveness
+package alivelock
 
 import (
 	"context"
@@ -7,10 +7,10 @@ import (
 	"time"
 )
 
-// lockSession holds an instance's alive lock: on a direct session of its own
-// (aliveLock), or on the node agent's session, attached over a local socket (nodeLock).
-// The Agent, its heartbeat and its life monitor see only this.
-type lockSession interface {
+// Lock is an instance's alive lock, however it is held: on a direct session of its own
+// (Direct), or on the node agent's session, attached over a local socket (Node). The
+// library's Agent, its heartbeat and its life monitor see only this.
+type Lock interface {
 	// Run holds the lock until ctx ends, then lets it go.
 	Run(ctx context.Context) error
 	Held() bool
@@ -18,20 +18,28 @@ type lockSession interface {
 	Changed() <-chan struct{}
 	Duplicate() bool
 	Settled() <-chan struct{}
-	Stats() aliveLockStats
-	lastProof() (lockProof, <-chan struct{})
-	lossNoticed() time.Time
-	lead() (done func())
-	claimCount() uint64
-	heldSinceNano() int64
-	leaders() int32
+	Stats() Stats
+	LastProof() (Proof, <-chan struct{})
+	LossNoticed() time.Time
+	Lead() (done func())
+	ClaimCount() uint64
+	HeldSinceNano() int64
 }
 
-// lockState is what every way of holding the alive lock shares: whether it is held and by
+// Stats is the library's AgentSnapshot.AliveLock, by name for the lock's two kinds (held
+// on the agent's own session or through a node agent). The two declarations must stay
+// alike: the library's Snapshot assigns one to the other, so its build fails if they
+// drift.
+type Stats struct {
+	Duplicate, Stranger, Held  bool
+	Claims, Losses, Reconnects uint64
+}
+
+// state is what every way of holding the alive lock shares: whether it is held and by
 // which backend, its claims, proofs, losses and leaderships, and who waits for a change.
-// Its owner (aliveLock, nodeLock) runs the session and calls the setters from its Run
+// Its owner (Direct, Node) runs the session and calls the setters from its Run
 // goroutine; the getters are safe from any goroutine.
-type lockState struct {
+type state struct {
 	held      atomic.Bool
 	pid       atomic.Int64 // the backend pid of the session that last claimed the lock
 	duplicate atomic.Bool  // the last claim found the lock held by another session of this instance
@@ -44,12 +52,12 @@ type lockState struct {
 	losses     atomic.Uint64
 	reconnects atomic.Uint64
 
-	// leading counts the leaderships (lead) that want frequent proofs.
+	// leading counts the leaderships (Lead) that want frequent proofs.
 	leading atomic.Int32
 	// proof is the last claim or verification that answered "held"; proved is closed at
 	// the next one.
 	proofMu sync.Mutex
-	proof   lockProof
+	proof   Proof
 	proved  chan struct{}
 	lostAt  time.Time // monotonic: when setHeld last cleared Held
 	// heldSince is when the lock was last found held after not being (UnixNano; 0 while
@@ -59,24 +67,28 @@ type lockState struct {
 	wake func()
 }
 
-func (a *lockState) init() {
+func (a *state) init() {
 	a.proved = make(chan struct{})
 	ch := make(chan struct{})
 	a.changed.Store(&ch)
 	a.settled = make(chan struct{})
 }
 
-func (a *lockState) claimCount() uint64   { return a.claims.Load() }
-func (a *lockState) heldSinceNano() int64 { return a.heldSince.Load() }
-func (a *lockState) leaders() int32       { return a.leading.Load() }
+// ClaimCount counts the claims that took the lock: a new one means that it was lost and
+// claimed again. Safe from any goroutine.
+func (a *state) ClaimCount() uint64 { return a.claims.Load() }
+
+// HeldSinceNano is when the lock was last found held after not being (UnixNano), 0 while
+// it is not held. Safe from any goroutine.
+func (a *state) HeldSinceNano() int64 { return a.heldSince.Load() }
 
 // Held reports whether the lock is claimed and was verified on the holding session's own
-// backend. It never blocks, is safe from any goroutine, and is false on a nil lockState.
-func (a *lockState) Held() bool { return a != nil && a.held.Load() }
+// backend. It never blocks, is safe from any goroutine, and is false on a nil state.
+func (a *state) Held() bool { return a != nil && a.held.Load() }
 
 // HeldPID is the backend pid of the session that holds the lock, and 0 while it is not
 // held: the heartbeat records it, and only that session's lock counts for the instance.
-func (a *lockState) HeldPID() int64 {
+func (a *state) HeldPID() int64 {
 	if a == nil || !a.held.Load() {
 		return 0
 	}
@@ -85,7 +97,7 @@ func (a *lockState) HeldPID() int64 {
 
 // Changed returns a channel that is closed at the next change of Held. Take the channel
 // before reading Held, then wait on it; call Changed again for the change after that.
-func (a *lockState) Changed() <-chan struct{} {
+func (a *state) Changed() <-chan struct{} {
 	if a == nil {
 		return nil
 	}
@@ -95,12 +107,12 @@ func (a *lockState) Changed() <-chan struct{} {
 // Duplicate reports whether the last claim found the lock held by another session: a
 // second process runs with this instance id, or this instance's previous session has
 // not ended yet. Such a process must not write the instance's row.
-func (a *lockState) Duplicate() bool { return a != nil && a.duplicate.Load() }
+func (a *state) Duplicate() bool { return a != nil && a.duplicate.Load() }
 
 // Settled returns a channel that is closed once the first claim has an answer: held,
 // held by another session, or refused (a pooler, a missing function). The heartbeat
 // waits for it, boundedly, so that a duplicate never writes a row.
-func (a *lockState) Settled() <-chan struct{} {
+func (a *state) Settled() <-chan struct{} {
 	if a == nil {
 		return nil
 	}
@@ -108,8 +120,8 @@ func (a *lockState) Settled() <-chan struct{} {
 }
 
 // Stats returns counters for exporters. Safe from any goroutine.
-func (a *lockState) Stats() aliveLockStats {
-	return aliveLockStats{
+func (a *state) Stats() Stats {
+	return Stats{
 		Duplicate:  a.duplicate.Load(),
 		Stranger:   a.stranger.Load(),
 		Held:       a.held.Load(),
@@ -119,10 +131,10 @@ func (a *lockState) Stats() aliveLockStats {
 	}
 }
 
-// lead has the lock proved every leaderEvery, starting now, until the returned function
+// Lead has the lock proved every leaderEvery, starting now, until the returned function
 // (idempotent) is called; leaderships count, so the lock goes back to verifyEvery only
 // once none is left. Safe from any goroutine.
-func (a *lockState) lead() (done func()) {
+func (a *state) Lead() (done func()) {
 	if a == nil {
 		return func() {}
 	}
@@ -134,24 +146,24 @@ func (a *lockState) lead() (done func()) {
 	return func() { once.Do(func() { a.leading.Add(-1) }) }
 }
 
-// lockProof is a claim or a verification that answered "held": the lock was held, on the
-// session's own backend, when the statement ran, which was after sent. The lock may have
-// vanished at any moment since; claim counts the successful claims, so that two proofs
-// with the same claim show that one session held the lock between them.
-type lockProof struct {
-	sent  time.Time // monotonic
-	claim uint64
-	// serverClock is the server's clock while the statement ran, and roundTrip the time
+// Proof is a claim or a verification that answered "held": the lock was held, on the
+// session's own backend, when the statement ran, which was after Sent. The lock may have
+// vanished at any moment since; Claim counts the successful claims, so that two proofs
+// with the same Claim show that one session held the lock between them.
+type Proof struct {
+	Sent  time.Time // monotonic
+	Claim uint64
+	// ServerClock is the server's clock while the statement ran, and RoundTrip the time
 	// from sending it to its answer (zero in tests that make proofs by hand). The server's
-	// clock reads serverClock − roundTrip + d no later than sent + d: that is how a local
-	// deadline becomes one on the server's clock (lifeMonitor.fenceDeadline).
-	serverClock time.Time
-	roundTrip   time.Duration
+	// clock reads ServerClock − RoundTrip + d no later than Sent + d: that is how a local
+	// deadline becomes one on the server's clock (the library's fence deadline).
+	ServerClock time.Time
+	RoundTrip   time.Duration
 }
 
 // recordProof records a proof and wakes whoever waits on the next one. Only the owner's
 // Run goroutine calls it.
-func (a *lockState) recordProof(p lockProof) {
+func (a *state) recordProof(p Proof) {
 	a.proofMu.Lock()
 	defer a.proofMu.Unlock()
 	a.proof = p
@@ -159,21 +171,21 @@ func (a *lockState) recordProof(p lockProof) {
 	a.proved = make(chan struct{})
 }
 
-// lastProof returns the last proof (zero before the first), and a channel closed at the
+// LastProof returns the last proof (zero before the first), and a channel closed at the
 // next one. Safe from any goroutine.
-func (a *lockState) lastProof() (lockProof, <-chan struct{}) {
+func (a *state) LastProof() (Proof, <-chan struct{}) {
 	a.proofMu.Lock()
 	defer a.proofMu.Unlock()
 	return a.proof, a.proved
 }
 
 // settledOnce closes Settled, once: the first claim has an answer.
-func (a *lockState) settledOnce() { a.settle.Do(func() { close(a.settled) }) }
+func (a *state) settledOnce() { a.settle.Do(func() { close(a.settled) }) }
 
 // setHeld records a change of Held, counting a loss, and wakes whoever waits on
 // Changed. Only the owner calls it: its Run goroutine, or a timer of a statement in
 // flight that the Run goroutine waits for before it goes on.
-func (a *lockState) setHeld(v bool) {
+func (a *state) setHeld(v bool) {
 	if a.held.Load() == v {
 		return
 	}
@@ -191,29 +203,29 @@ func (a *lockState) setHeld(v bool) {
 	a.change(v)
 }
 
-// lossNoticed is when the session last noticed that the lock was no longer held (zero
+// LossNoticed is when the session last noticed that the lock was no longer held (zero
 // before the first loss). Safe from any goroutine.
-func (a *lockState) lossNoticed() time.Time {
+func (a *state) LossNoticed() time.Time {
 	a.proofMu.Lock()
 	defer a.proofMu.Unlock()
 	return a.lostAt
 }
 
 // setDuplicate records a change of Duplicate and wakes whoever waits on Changed.
-func (a *lockState) setDuplicate(v bool) {
+func (a *state) setDuplicate(v bool) {
 	if a.duplicate.Swap(v) != v {
 		a.change(a.held.Load())
 	}
 }
 
 // release clears Held on shutdown, which is not a loss.
-func (a *lockState) release() {
+func (a *state) release() {
 	if a.held.Load() {
 		a.change(false)
 	}
 }
 
-func (a *lockState) change(v bool) {
+func (a *state) change(v bool) {
 	a.held.Store(v)
 	next := make(chan struct{})
 	close(*a.changed.Swap(&next))

@@ -1,7 +1,7 @@
 // One claim or verification of the alive lock: what the server answered and on which
 // backend, whose session holds the key when it is not this one's, and the proof recorded.
 
-package liveness
+package alivelock
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // session not yet ended); any other is a stranger's, whose lock counts for nobody and
 // which must not make this process give up as a duplicate would. It returns false when
 // the connection must be dropped.
-func (a *aliveLock) judgeHolder(ctx context.Context, conn *pgx.Conn, backendPID int64) bool {
+func (a *Direct) judgeHolder(ctx context.Context, conn *pgx.Conn, backendPID int64) bool {
 	qctx, cancel := context.WithTimeout(ctx, a.statementTimeout())
 	defer cancel()
 	var holderPID int32
@@ -42,7 +42,7 @@ func (a *aliveLock) judgeHolder(ctx context.Context, conn *pgx.Conn, backendPID 
 
 // reportHolder logs what the last look at the key's holder found (once per condition;
 // repeats at debug level).
-func (a *aliveLock) reportHolder(backendPID int64, holderPID int32) {
+func (a *Direct) reportHolder(backendPID int64, holderPID int32) {
 	if a.stranger.Load() {
 		a.report("stranger", slog.LevelError,
 			"alive lock's key held by a session that did not claim it for this instance (another role's "+
@@ -59,8 +59,8 @@ func (a *aliveLock) reportHolder(backendPID int64, holderPID int32) {
 
 // noteProof records a claim or verification that answered "held", sent at sent, with
 // the server's clock and the round trip of that statement.
-func (a *aliveLock) noteProof(sent time.Time, claim uint64) {
-	a.recordProof(lockProof{sent: sent, claim: claim, serverClock: a.lastServerClock, roundTrip: a.lastRoundTrip})
+func (a *Direct) noteProof(sent time.Time, claim uint64) {
+	a.recordProof(Proof{Sent: sent, Claim: claim, ServerClock: a.lastServerClock, RoundTrip: a.lastRoundTrip})
 }
 
 // answer is what a claim or a verification came to.
@@ -83,7 +83,7 @@ const (
 // ask sends the claim or the verification sql and checks that it ran on the session's
 // own backend. With answerHeld and answerNotHeld it returns that backend's pid; the
 // caller acts on the answer and then settles the first claim.
-func (a *aliveLock) ask(ctx context.Context, conn *pgx.Conn, sql string, args ...any) (answer, int64) {
+func (a *Direct) ask(ctx context.Context, conn *pgx.Conn, sql string, args ...any) (answer, int64) {
 	// The server frees the lock of a client it has not heard from for its keepalive
 	// time; the client socket gives up one probe earlier, counted from the last exchange.
 	// A statement sent late in that span must not push this side's trust past it: at

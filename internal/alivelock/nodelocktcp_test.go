@@ -1,4 +1,4 @@
-package liveness
+package alivelock
 
 import (
 	"context"
@@ -21,7 +21,7 @@ func TestNodeAgentTCPDialNoticesAVanishedPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	lock := newNodeLock(nodeLockConfig{Socket: nodeAgentTCPScheme + ln.Addr().String(), Token: "x"})
+	lock := NewNode(NodeConfig{Socket: NodeAgentTCPScheme + ln.Addr().String(), Token: "x"})
 	dialed, err := lock.dial(context.Background())
 	if err != nil {
 		t.Fatal(err)

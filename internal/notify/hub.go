@@ -1,20 +1,17 @@
-package liveness
+package notify
 
 import (
 	"sync"
 	"sync/atomic"
-	"time"
-
-	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 )
 
-// events hands the notifications the alive lock's session receives to the waiters of
+// Hub hands the notifications the alive lock's session receives to the waiters of
 // this process (elector followers, the reaper's follower, WatchAlive). A waiter is woken,
 // not told what happened: each wake-up channel holds at most one pending wake-up, so a
 // burst of notifications wakes it once and none is ever lost, and the waiter reads the
 // state it waits for from the database. Correctness never depends on it: every waiter
-// polls too. The zero value and a nil *events are usable; a nil one never wakes anyone.
-type events struct {
+// polls too. The zero value and a nil *Hub are usable; a nil one never wakes anyone.
+type Hub struct {
 	mu   sync.Mutex
 	subs map[*eventSub]struct{}
 	// listening is whether a session LISTENs on the channel now: while it does, waiters
@@ -27,15 +24,15 @@ type events struct {
 	membersChanged func()
 }
 
-// subscribeMembers is subscribe for membership events: while any such subscription
+// SubscribeMembers is Subscribe for membership events: while any such subscription
 // exists, the listening session also listens to the members channel (PostgreSQL signals
 // every listener of a channel for each notification, so the fleet's agents do not all
 // listen to every join).
-func (h *events) subscribeMembers(match func(notify.Event) bool) (<-chan struct{}, func()) {
+func (h *Hub) SubscribeMembers(match func(Event) bool) (<-chan struct{}, func()) {
 	if h == nil {
 		return nil, func() {}
 	}
-	wake, unsubscribe := h.subscribe(match)
+	wake, unsubscribe := h.Subscribe(match)
 	if h.members.Add(1) == 1 {
 		h.membersWantChanged()
 	}
@@ -51,9 +48,9 @@ func (h *events) subscribeMembers(match func(notify.Event) bool) (<-chan struct{
 }
 
 // MembersWanted reports whether something waits for membership events.
-func (h *events) MembersWanted() bool { return h != nil && h.members.Load() > 0 }
+func (h *Hub) MembersWanted() bool { return h != nil && h.members.Load() > 0 }
 
-func (h *events) membersWantChanged() {
+func (h *Hub) membersWantChanged() {
 	h.mu.Lock()
 	f := h.membersChanged
 	h.mu.Unlock()
@@ -62,8 +59,8 @@ func (h *events) membersWantChanged() {
 	}
 }
 
-// onMembersWantChanged sets what is called when MembersWanted changes.
-func (h *events) onMembersWantChanged(f func()) {
+// OnMembersWantChanged sets what is called when MembersWanted changes.
+func (h *Hub) OnMembersWantChanged(f func()) {
 	if h == nil {
 		return
 	}
@@ -73,53 +70,53 @@ func (h *events) onMembersWantChanged(f func()) {
 }
 
 // Listening reports whether a session listens on the events channel now (false on a nil
-// *events).
-func (h *events) Listening() bool { return h != nil && h.listening.Load() }
+// *Hub).
+func (h *Hub) Listening() bool { return h != nil && h.listening.Load() }
 
-// setListening records whether the listening session is up. Going down wakes every
+// SetListening records whether the listening session is up. Going down wakes every
 // waiter, so that each goes back to polling at its short period at once.
-func (h *events) setListening(on bool) {
+func (h *Hub) SetListening(on bool) {
 	if h == nil || h.listening.Swap(on) == on || on {
-		return // listen publishes its own resync once the LISTEN took effect
+		return // the session publishes its own resync once the LISTEN took effect
 	}
-	h.publish(notify.Event{Kind: notify.Resync})
+	h.Publish(Event{Kind: Resync})
 }
 
 type eventSub struct {
-	match  func(notify.Event) bool
-	resync bool // woken by notify.Resync too
+	match  func(Event) bool
+	resync bool // woken by Resync too
 	wake   chan struct{}
-	// ids gathers the ids of the events matched since the last take (subscribeIDs); at
+	// ids gathers the ids of the events matched since the last take (SubscribeIDs); at
 	// most maxPendingIDs, past which overflow says that some were left out.
 	ids      map[string]struct{}
 	overflow bool
 }
 
-// maxPendingIDs bounds what a subscription of subscribeIDs gathers between two takes:
+// maxPendingIDs bounds what a subscription of SubscribeIDs gathers between two takes:
 // a flood of payloads costs it no more memory than that.
 const maxPendingIDs = 4096
 
-// subscribe returns a channel that receives a wake-up after each event match accepts
-// (and after every notify.Resync), and the function that ends the subscription.
-func (h *events) subscribe(match func(notify.Event) bool) (<-chan struct{}, func()) {
+// Subscribe returns a channel that receives a wake-up after each event match accepts
+// (and after every Resync), and the function that ends the subscription.
+func (h *Hub) Subscribe(match func(Event) bool) (<-chan struct{}, func()) {
 	return h.add(match, true)
 }
 
-// subscribeNews is subscribe for a waiter whose wake-up means that the event happened
+// SubscribeNews is Subscribe for a waiter whose wake-up means that the event happened
 // (a lease was taken: stop trying), not that it may have: a resync does not wake it.
 // A listening session that drops and comes back again and again publishes a resync each
 // time; a follower that took each one for taken:<lease> gave up every try it was about
 // to make, and never took a lease that was free.
-func (h *events) subscribeNews(match func(notify.Event) bool) (<-chan struct{}, func()) {
+func (h *Hub) SubscribeNews(match func(Event) bool) (<-chan struct{}, func()) {
 	return h.add(match, false)
 }
 
-// subscribeIDs is subscribeNews for a waiter that acts on the ids the events name (a
+// SubscribeIDs is SubscribeNews for a waiter that acts on the ids the events name (a
 // shard set's member tries the very shards whose leases were freed, not all it waits
 // for): take returns the ids gathered since the last take, and all is true when some
 // were left out (more than maxPendingIDs came meanwhile), so that the waiter acts as if
-// every id it waits for had come. take on a nil *events returns nothing.
-func (h *events) subscribeIDs(match func(notify.Event) bool) (wake <-chan struct{}, take func() (ids []string, all bool), unsubscribe func()) {
+// every id it waits for had come. take on a nil *Hub returns nothing.
+func (h *Hub) SubscribeIDs(match func(Event) bool) (wake <-chan struct{}, take func() (ids []string, all bool), unsubscribe func()) {
 	if h == nil {
 		return nil, func() ([]string, bool) { return nil, false }, func() {}
 	}
@@ -142,7 +139,7 @@ func (h *events) subscribeIDs(match func(notify.Event) bool) (wake <-chan struct
 		}
 }
 
-func (h *events) add(match func(notify.Event) bool, resync bool) (<-chan struct{}, func()) {
+func (h *Hub) add(match func(Event) bool, resync bool) (<-chan struct{}, func()) {
 	if h == nil {
 		return nil, func() {}
 	}
@@ -155,7 +152,7 @@ func (h *events) add(match func(notify.Event) bool, resync bool) (<-chan struct{
 }
 
 // addSub registers s, all of whose fields but wake are set.
-func (h *events) addSub(s *eventSub) *eventSub {
+func (h *Hub) addSub(s *eventSub) *eventSub {
 	s.wake = make(chan struct{}, 1)
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -166,16 +163,16 @@ func (h *events) addSub(s *eventSub) *eventSub {
 	return s
 }
 
-// publish wakes every subscriber the event concerns. It never blocks.
-func (h *events) publish(e notify.Event) {
+// Publish wakes every subscriber the event concerns. It never blocks.
+func (h *Hub) Publish(e Event) {
 	if h == nil {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for s := range h.subs {
-		if e.Kind == notify.Resync && s.resync || e.Kind != notify.Resync && s.match(e) {
-			if s.ids != nil && e.Kind != notify.Resync {
+		if e.Kind == Resync && s.resync || e.Kind != Resync && s.match(e) {
+			if s.ids != nil && e.Kind != Resync {
 				if _, ok := s.ids[e.ID]; !ok && len(s.ids) >= maxPendingIDs {
 					s.overflow = true
 				} else {
@@ -188,34 +185,4 @@ func (h *events) publish(e notify.Event) {
 			}
 		}
 	}
-}
-
-// wakeLimiter bounds the work notifications cause, whatever their rate: a token bucket
-// of wakeBurst tokens that refills at one per wakeHoldoff. A burst of legitimate changes
-// (a member dies, its leases are freed, a new one joins) is acted on at once; a flood
-// costs one action per wakeHoldoff. Owned by one goroutine.
-type wakeLimiter struct {
-	tokens float64
-	last   time.Time
-}
-
-// wakeBurst is how many wake-ups are acted on at once before the limiter holds off.
-const wakeBurst = 4
-
-// delay takes a token and returns how long to wait before acting: zero while the
-// bucket has one, else until it refills.
-func (l *wakeLimiter) delay(now time.Time) time.Duration {
-	if l.last.IsZero() {
-		l.tokens, l.last = wakeBurst, now
-	}
-	l.tokens = min(wakeBurst, l.tokens+float64(now.Sub(l.last))/float64(wakeHoldoff))
-	l.last = now
-	if l.tokens >= 1 {
-		l.tokens--
-		return 0
-	}
-	wait := time.Duration((1 - l.tokens) * float64(wakeHoldoff))
-	l.tokens = 0
-	l.last = now.Add(wait)
-	return wait
 }

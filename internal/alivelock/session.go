@@ -1,7 +1,7 @@
 // The alive lock's session: connect, claim until the lock is held, hold it (verify) until
 // it is not, and reconnect with backoff; the waits on the idle connection between them.
 
-package liveness
+package alivelock
 
 import (
 	"context"
@@ -13,14 +13,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 )
 
 // Run connects, claims, verifies and reconnects (with backoff and jitter) until ctx is
 // done; it then closes its connection, which releases the lock, and returns nil. Failures
 // are logged, never returned: the heartbeat carries liveness while the lock is not held.
-func (a *aliveLock) Run(ctx context.Context) error {
+func (a *Direct) Run(ctx context.Context) error {
 	if !a.running.CompareAndSwap(false, true) {
 		return errors.New("liveness: alive lock: Run is already running")
 	}
@@ -39,23 +38,23 @@ func (a *aliveLock) Run(ctx context.Context) error {
 		// A session that held the lock, or lasted, resets the backoff: the next loss is a
 		// new incident, to be recovered from at once. A connection that keeps failing or
 		// dropping at once backs off further.
-		if held || time.Since(began) > alivelock.ReconnectBackoffMax {
+		if held || time.Since(began) > ReconnectBackoffMax {
 			attempt = 0
 		}
 		attempt++
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(alivelock.Backoff(attempt)):
+		case <-time.After(Backoff(attempt)):
 		case <-a.serverBack:
 		}
 	}
 }
 
-// answered tells the session that the database answers again (a beat got through after
+// Answered tells the session that the database answers again (a beat got through after
 // failures): a lock lost with a restart is claimed again at once, not after the rest of
 // a backoff that grew while the server was down. Safe from any goroutine.
-func (a *aliveLock) answered() {
+func (a *Direct) Answered() {
 	if a.Held() {
 		return
 	}
@@ -69,8 +68,8 @@ func (a *aliveLock) answered() {
 // until the lock is held, then holding (verifying) until it is not, and claiming again.
 // Between statements a read on the idle connection notices at once when the server ends
 // the session. It reports whether the lock was held at some point.
-func (a *aliveLock) session(ctx context.Context) (held bool) {
-	cctx, cancel := context.WithTimeout(ctx, alivelock.ConnectTimeout)
+func (a *Direct) session(ctx context.Context) (held bool) {
+	cctx, cancel := context.WithTimeout(ctx, ConnectTimeout)
 	conn, err := pgx.ConnectConfig(cctx, a.connCfg)
 	cancel()
 	if err != nil {
@@ -84,13 +83,13 @@ func (a *aliveLock) session(ctx context.Context) (held bool) {
 	}
 	a.connectedOnce = true
 	defer func() {
-		a.events.setListening(false)
+		a.events.SetListening(false)
 		if ctx.Err() != nil {
 			a.release() // shutting down: not a loss
 		} else {
 			a.setHeld(false)
 		}
-		closeCtx, cancel := context.WithTimeout(context.Background(), alivelock.CloseTimeout)
+		closeCtx, cancel := context.WithTimeout(context.Background(), CloseTimeout)
 		defer cancel()
 		_ = conn.Close(closeCtx) // ends the session, which releases the lock
 	}()
@@ -120,11 +119,11 @@ func (a *aliveLock) session(ctx context.Context) (held bool) {
 
 // runClaimingState claims the lock until it is held, and returns true then. While another
 // session holds it (a duplicate, or this instance's previous backend that has not exited
-// yet) or the server refuses the claim, it claims again every alivelock.ReclaimEvery (or
+// yet) or the server refuses the claim, it claims again every ReclaimEvery (or
 // verifyEvery, when shorter); every reclaimFast for reclaimFastFor while the holder is a
 // session that claimed it for this instance. It returns false when the connection must
 // be dropped.
-func (a *aliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
+func (a *Direct) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
 	var askedHolder, refused time.Time
 	for {
 		ans, backendPID := a.ask(ctx, conn, a.claimSQL, a.instanceID, int64(conn.PgConn().PID()))
@@ -146,7 +145,7 @@ func (a *aliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
 			}
 			// Whose session holds the key decides what this is: a pg_locks read, so asked
 			// at the first refusal and then rarely.
-			if askedHolder.IsZero() || time.Since(askedHolder) >= alivelock.HolderAskEvery {
+			if askedHolder.IsZero() || time.Since(askedHolder) >= HolderAskEvery {
 				askedHolder = time.Now()
 				if !a.judgeHolder(ctx, conn, backendPID) {
 					return false
@@ -156,7 +155,7 @@ func (a *aliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
 			}
 			a.settledOnce()
 		}
-		every := min(a.verifyEvery, alivelock.ReclaimEvery)
+		every := min(a.verifyEvery, ReclaimEvery)
 		if a.Duplicate() && time.Since(refused) < reclaimFastFor {
 			every = min(every, reclaimFast)
 		}
@@ -171,7 +170,7 @@ func (a *aliveLock) runClaimingState(ctx context.Context, conn *pgx.Conn) bool {
 // still held. It returns true once it is not (it vanished, the server refused the
 // verification, or the statements run on another backend), after the pause before the
 // next claim, and false when the connection must be dropped.
-func (a *aliveLock) runHoldingState(ctx context.Context, conn *pgx.Conn, listening bool) bool {
+func (a *Direct) runHoldingState(ctx context.Context, conn *pgx.Conn, listening bool) bool {
 	for {
 		every := a.verifyEvery
 		if a.leading.Load() > 0 {
@@ -202,25 +201,25 @@ func (a *aliveLock) runHoldingState(ctx context.Context, conn *pgx.Conn, listeni
 		}
 		// Claim again soon, not at once: the backend that held it may just not have
 		// exited yet.
-		return a.wait(ctx, conn, min(a.verifyEvery, alivelock.ReclaimEvery))
+		return a.wait(ctx, conn, min(a.verifyEvery, ReclaimEvery))
 	}
 }
 
 // wait waits d on the idle connection, whose read notices at once when the server ends
 // the session. It returns false when ctx ended or the connection was lost (reported).
-func (a *aliveLock) wait(ctx context.Context, conn *pgx.Conn, d time.Duration) bool {
+func (a *Direct) wait(ctx context.Context, conn *pgx.Conn, d time.Duration) bool {
 	return a.waitFor(ctx, conn, d, false)
 }
 
 // waitWakeable is wait, cut short by wake.
-func (a *aliveLock) waitWakeable(ctx context.Context, conn *pgx.Conn, d time.Duration) bool {
+func (a *Direct) waitWakeable(ctx context.Context, conn *pgx.Conn, d time.Duration) bool {
 	return a.waitFor(ctx, conn, d, true)
 }
 
 // errWoken ends a wait that wake cut short.
 var errWoken = errors.New("liveness: alive lock: proof wanted")
 
-func (a *aliveLock) waitFor(ctx context.Context, conn *pgx.Conn, d time.Duration, wakeable bool) bool {
+func (a *Direct) waitFor(ctx context.Context, conn *pgx.Conn, d time.Duration, wakeable bool) bool {
 	deadline := time.Now().Add(d)
 	for {
 		pctx, wake := context.WithCancelCause(ctx)
@@ -272,8 +271,8 @@ func (a *aliveLock) waitFor(ctx context.Context, conn *pgx.Conn, d time.Duration
 // claim just proved it is), and wakes every waiter: notifications sent while no session
 // listened are lost, so they read the state again. A failure is logged and left: the
 // waiters poll.
-func (a *aliveLock) listen(ctx context.Context, conn *pgx.Conn) bool {
-	qctx, cancel := context.WithTimeout(ctx, alivelock.StatementTimeout)
+func (a *Direct) listen(ctx context.Context, conn *pgx.Conn) bool {
+	qctx, cancel := context.WithTimeout(ctx, StatementTimeout)
 	defer cancel()
 	var channel string
 	if err := conn.QueryRow(qctx, a.listenSQL).Scan(&channel); err != nil {
@@ -283,16 +282,16 @@ func (a *aliveLock) listen(ctx context.Context, conn *pgx.Conn) bool {
 		return false
 	}
 	a.log.Debug("listening to the schema's events", "channel", channel)
-	a.events.setListening(true)
-	a.events.publish(notify.Event{Kind: notify.Resync})
+	a.events.SetListening(true)
+	a.events.Publish(notify.Event{Kind: notify.Resync})
 	return true
 }
 
 // syncMembers listens to the members channel while something in the process waits for
-// membership, and stops once nothing does (events.MembersWanted). A LISTEN that takes
+// membership, and stops once nothing does (notify.Hub.MembersWanted). A LISTEN that takes
 // effect wakes the membership waiters, which may have missed events before it. A failure
 // is logged at debug level and tried again at the next verification: the waiters poll.
-func (a *aliveLock) syncMembers(ctx context.Context, conn *pgx.Conn) {
+func (a *Direct) syncMembers(ctx context.Context, conn *pgx.Conn) {
 	want := a.events.MembersWanted()
 	if want == a.members.Load() {
 		return
@@ -301,7 +300,7 @@ func (a *aliveLock) syncMembers(ctx context.Context, conn *pgx.Conn) {
 	if want {
 		sql = a.membersSQL
 	}
-	qctx, cancel := context.WithTimeout(ctx, alivelock.StatementTimeout)
+	qctx, cancel := context.WithTimeout(ctx, StatementTimeout)
 	defer cancel()
 	var channel string
 	if err := conn.QueryRow(qctx, sql).Scan(&channel); err != nil {
@@ -310,14 +309,14 @@ func (a *aliveLock) syncMembers(ctx context.Context, conn *pgx.Conn) {
 	}
 	a.members.Store(want)
 	if want {
-		a.events.publish(notify.Event{Kind: notify.Resync})
+		a.events.Publish(notify.Event{Kind: notify.Resync})
 	}
 }
 
 // wake makes the session verify the lock now, when it holds it: the wait before the next
 // verification ends at once, or, if none runs, the next one does not begin. Safe from
 // any goroutine.
-func (a *aliveLock) wake() {
+func (a *Direct) wake() {
 	if a == nil {
 		return
 	}
@@ -330,7 +329,7 @@ func (a *aliveLock) wake() {
 	a.woken = true
 }
 
-func (a *aliveLock) connectFailed(err error) {
+func (a *Direct) connectFailed(err error) {
 	// The first claim has an answer too: there will be none for now. The heartbeat need
 	// not wait for it.
 	a.settledOnce()
@@ -345,6 +344,6 @@ func (a *aliveLock) connectFailed(err error) {
 }
 
 // report logs once per condition: a repeat of the previous condition goes to debug.
-func (a *aliveLock) report(condition string, level slog.Level, msg string, attrs ...any) {
+func (a *Direct) report(condition string, level slog.Level, msg string, attrs ...any) {
 	a.condition.Log(a.log, level, condition, msg, attrs...)
 }

@@ -1,4 +1,4 @@
-package liveness
+package alivelock
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
@@ -22,99 +23,19 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 
-// TestAliveLockTerminatedBackend ends the lock's session from the server. The verify
-// interval is a minute, so only the read on the idle connection can notice in time:
-// Held turns false, the heartbeat beats at once instead of after its slow 60s, and the
-// lock is claimed again on a new connection.
-func TestAliveLockTerminatedBackend(t *testing.T) {
-	t.Parallel()
-	ctx := testutil.Context(t, 90*time.Second)
-	db, pool := testdb.MigratedPool(t, 4)
-	id := uuid.New()
-	lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc", VerifyInterval: time.Minute})
-	testutil.Eventually(t, 5*time.Second, "the alive lock is held", lock.Held)
-
-	cfg := testHeartbeatConfig(pool, lock)
-	cfg.InstanceID = id
-	h, _ := startHeartbeat(t, cfg)
-	testutil.Eventually(t, 5*time.Second, "the first beat, at the slow cadence", func() bool {
-		s := h.Stats()
-		return s.Beats == 1 && s.Interval == defaults.HeartbeatSlowInterval
-	})
-	lastBeat := h.Stats().LastBeat
-
-	oldPID := lockHolderPID(t, ctx, pool, id)
-	if oldPID == 0 {
-		t.Fatal("no backend holds the alive lock")
-	}
-	changed := lock.Changed()
-	var ok bool
-	if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, oldPID).Scan(&ok); err != nil || !ok {
-		t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
-	}
-	select {
-	case <-changed:
-	case <-time.After(3 * time.Second):
-		t.Fatal("the alive lock did not notice its terminated backend within 3s")
-	}
-	if s := lock.Stats(); s.Losses != 1 {
-		t.Fatalf("Stats = %+v, want 1 loss", s)
-	}
-	testutil.Eventually(t, 3*time.Second, "a beat right after the loss", func() bool { return h.Stats().Beats == 2 })
-	var rowBeat time.Time
-	if err := pool.QueryRow(ctx, `SELECT last_heartbeat_at FROM liveness.instances WHERE instance_id = $1`, id).Scan(&rowBeat); err != nil {
-		t.Fatal(err)
-	}
-	if !rowBeat.After(lastBeat) {
-		t.Fatalf("last_heartbeat_at %s did not move past %s", rowBeat, lastBeat)
-	}
-
-	testutil.Eventually(t, 5*time.Second, "the lock claimed again after reconnecting", lock.Held)
-	if s := lock.Stats(); s.Claims != 2 || s.Reconnects != 1 || s.Losses != 1 || !s.Held {
-		t.Fatalf("Stats = %+v, want 2 claims, 1 reconnect, 1 loss, held", s)
-	}
-	if pid := lockHolderPID(t, ctx, pool, id); pid == 0 || pid == oldPID {
-		t.Fatalf("lock holder pid = %d, want a new backend (the old one was %d)", pid, oldPID)
-	}
+func startAliveLock(t *testing.T, cfg DirectConfig) *Direct {
+	t.Helper()
+	lock, _ := startAliveLockStoppable(t, cfg)
+	return lock
 }
 
-// TestAliveLockDuplicateInstance starts a second lock with the same instance id: its
-// claim is false, logged once, its heartbeat stays fast, and it takes the lock over once
-// the first one is gone.
-func TestAliveLockDuplicateInstance(t *testing.T) {
-	t.Parallel()
-	db, pool := testdb.MigratedPool(t, 4)
-	id := uuid.New()
-	first, stopFirst := startAliveLockStoppable(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc"})
-	testutil.Eventually(t, 5*time.Second, "the first lock is held", first.Held)
-
-	logs := &logRecorder{}
-	second := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc",
-		VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
-	cfg := testHeartbeatConfig(pool, second)
-	cfg.InstanceID = id
-	h, _ := startHeartbeat(t, cfg)
-
-	logs.toldOnce(t, "held by another session", slog.LevelWarn, 5, 5*time.Second)
-	if second.Held() || second.Stats().Claims != 0 || !first.Held() {
-		t.Fatalf("first held %v, second %+v: want only the first to hold", first.Held(), second.Stats())
+func startAliveLockStoppable(t *testing.T, cfg DirectConfig) (*Direct, func()) {
+	t.Helper()
+	lock, err := NewDirect(cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
-	// A duplicate must not write the row that belongs to the lock's holder.
-	testutil.Eventually(t, 5*time.Second, "the duplicate's heartbeat reports it", func() bool { return h.Stats().Duplicate })
-	if s := h.Stats(); s.Beats != 0 || !second.Duplicate() {
-		t.Fatalf("the duplicate's heartbeat %+v, lock Duplicate %v: want no beat while another session holds the lock",
-			s, second.Duplicate())
-	}
-
-	stopFirst()
-	if s := first.Stats(); s.Held || s.Losses != 0 || s.Claims != 1 {
-		t.Fatalf("first Stats after a clean stop = %+v, want not held, 1 claim and no loss", s)
-	}
-	testutil.Eventually(t, 5*time.Second, "the second lock takes over once the first is gone", second.Held)
-	if s := second.Stats(); s.Claims != 1 || s.Duplicate {
-		t.Fatalf("second Stats = %+v, want 1 claim and no longer a duplicate", s)
-	}
-	testutil.Eventually(t, 5*time.Second, "the second instance beats once its lock is held", func() bool { return h.Stats().Beats >= 1 })
+	return lock, testutil.RunUntilCleanup(t, lock.Run)
 }
 
 // TestAliveLockClaimedSoonAfterItsPreviousSessionEnds: a lock refused by a session that
@@ -127,9 +48,9 @@ func TestAliveLockClaimedSoonAfterItsPreviousSessionEnds(t *testing.T) {
 	t.Parallel()
 	db, _ := testdb.MigratedPool(t, 4)
 	id := uuid.New()
-	previous, endPrevious := startAliveLockStoppable(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc"})
+	previous, endPrevious := startAliveLockStoppable(t, DirectConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc"})
 	testutil.Eventually(t, 5*time.Second, "the previous session holds the lock", previous.Held)
-	next := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc"})
+	next := startAliveLock(t, DirectConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc"})
 	testutil.Eventually(t, 5*time.Second, "the next session's claim refused by the previous one", next.Duplicate)
 
 	endPrevious()
@@ -150,10 +71,10 @@ func TestAliveLockMissingFunction(t *testing.T) {
 	ctx := testutil.Context(t, 90*time.Second)
 	db, pool := testdb.MigratedPool(t, 4)
 	db.Exec(t, `CREATE SCHEMA not_migrated_yet`) // the schema exists, its functions do not
-	logs := &logRecorder{}
-	lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, Schema: "not_migrated_yet", InstanceID: uuid.New(),
+	logs := &logbuf.Recorder{}
+	lock := startAliveLock(t, DirectConfig{DSN: db.DSN, Schema: "not_migrated_yet", InstanceID: uuid.New(),
 		ServiceName: "svc", VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
-	logs.toldOnce(t, "alive lock claim failed", slog.LevelError, 5, 5*time.Second)
+	logs.ToldOnce(t, "alive lock claim failed", slog.LevelError, 5, 5*time.Second)
 	if lock.Held() {
 		t.Fatalf("held before the migrations:%s", logs)
 	}
@@ -194,7 +115,7 @@ func TestAliveLockKeepaliveSettings(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			lock, err := newAliveLock(aliveLockConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc",
+			lock, err := NewDirect(DirectConfig{DSN: db.DSN, InstanceID: uuid.New(), ServiceName: "svc",
 				KeepaliveIdle: tc.idle, KeepaliveInterval: tc.interval, KeepaliveCount: tc.count, UserTimeout: tc.timeout})
 			if err != nil {
 				t.Fatal(err)
@@ -220,7 +141,7 @@ func TestAliveLockKeepaliveSettings(t *testing.T) {
 				}
 				s.sock, s.err = clientKeepalive(conn.PgConn().Conn())
 			}
-			runUntilCleanup(t, lock.Run)
+			testutil.RunUntilCleanup(t, lock.Run)
 			var s seen
 			select {
 			case s = <-got:
@@ -281,37 +202,37 @@ func clientKeepalive(c net.Conn) (opts [4]int, err error) {
 // TestAliveLockConfigErrors: bad settings are refused naming the flag, without the
 // password.
 func TestAliveLockConfigErrors(t *testing.T) {
-	good := aliveLockConfig{DSN: "host=127.0.0.1 user=u password=s3cret dbname=d", InstanceID: uuid.New(), ServiceName: "svc"}
-	if err := good.session().Validate(); err != nil {
+	good := DirectConfig{DSN: "host=127.0.0.1 user=u password=s3cret dbname=d", InstanceID: uuid.New(), ServiceName: "svc"}
+	if err := good.Session().Validate(); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
 		name string
-		edit func(*aliveLockConfig)
+		edit func(*DirectConfig)
 		want string
 	}{
-		{"empty DSN", func(c *aliveLockConfig) { c.DSN = "" }, "alivelock.Config.DSN must not be empty"},
-		{"malformed DSN", func(c *aliveLockConfig) { c.DSN = "postgres://u:s3cret@host:notaport/db" }, "alivelock.Config.DSN"},
-		{"nil instance id", func(c *aliveLockConfig) { c.InstanceID = uuid.Nil }, "alivelock.Config.InstanceID"},
-		{"no service name", func(c *aliveLockConfig) { c.ServiceName = "" }, "alivelock.Config.ServiceName"},
-		{"fractional idle", func(c *aliveLockConfig) { c.KeepaliveIdle = 1500 * time.Millisecond },
+		{"empty DSN", func(c *DirectConfig) { c.DSN = "" }, "alivelock.Config.DSN must not be empty"},
+		{"malformed DSN", func(c *DirectConfig) { c.DSN = "postgres://u:s3cret@host:notaport/db" }, "alivelock.Config.DSN"},
+		{"nil instance id", func(c *DirectConfig) { c.InstanceID = uuid.Nil }, "alivelock.Config.InstanceID"},
+		{"no service name", func(c *DirectConfig) { c.ServiceName = "" }, "alivelock.Config.ServiceName"},
+		{"fractional idle", func(c *DirectConfig) { c.KeepaliveIdle = 1500 * time.Millisecond },
 			"alivelock.Config.KeepaliveIdle (1.5s) must be a whole number of seconds"},
-		{"negative interval", func(c *aliveLockConfig) { c.KeepaliveInterval = -time.Second },
+		{"negative interval", func(c *DirectConfig) { c.KeepaliveInterval = -time.Second },
 			"alivelock.Config.KeepaliveInterval (-1s) must not be negative"},
-		{"negative count", func(c *aliveLockConfig) { c.KeepaliveCount = -1 },
+		{"negative count", func(c *DirectConfig) { c.KeepaliveCount = -1 },
 			"alivelock.Config.KeepaliveCount (-1) must not be negative"},
-		{"negative user timeout", func(c *aliveLockConfig) { c.UserTimeout = -time.Second },
+		{"negative user timeout", func(c *DirectConfig) { c.UserTimeout = -time.Second },
 			"alivelock.Config.UserTimeout (-1s) must not be negative"},
-		{"sub-millisecond user timeout", func(c *aliveLockConfig) { c.UserTimeout = 500 * time.Microsecond },
+		{"sub-millisecond user timeout", func(c *DirectConfig) { c.UserTimeout = 500 * time.Microsecond },
 			"alivelock.Config.UserTimeout (500µs) must be at least 1ms"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := good
 			tc.edit(&c)
-			_, err := newAliveLock(c)
+			_, err := NewDirect(c)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("NewAliveLock() = %v, want an error containing %q", err, tc.want)
+				t.Fatalf("NewDirect() = %v, want an error containing %q", err, tc.want)
 			}
 			if strings.Contains(err.Error(), "s3cret") {
 				t.Fatalf("the error shows the password: %v", err)
@@ -327,9 +248,9 @@ func TestAliveLockStaysHeldAcrossVerifications(t *testing.T) {
 	t.Parallel()
 	ctx := testutil.Context(t, 90*time.Second)
 	db, pool := testdb.MigratedPool(t, 4)
-	logs := &logRecorder{}
+	logs := &logbuf.Recorder{}
 	id := uuid.New()
-	lock := startAliveLock(t, aliveLockConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc",
+	lock := startAliveLock(t, DirectConfig{DSN: db.DSN, InstanceID: id, ServiceName: "svc",
 		VerifyInterval: 20 * time.Millisecond, Logger: slog.New(logs)})
 	testutil.Eventually(t, 10*time.Second, "lock held", lock.Held)
 	// About 50 verification ticks.
@@ -339,10 +260,10 @@ func TestAliveLockStaysHeldAcrossVerifications(t *testing.T) {
 	if s := lock.Stats(); s.Claims != 1 || s.Losses != 0 || s.Reconnects != 0 {
 		t.Fatalf("stats after holding quietly: %+v\n%s", s, logs)
 	}
-	if _, warnOrWorse := logs.count("", slog.LevelWarn); warnOrWorse != 0 {
+	if _, warnOrWorse := logs.Count("", slog.LevelWarn); warnOrWorse != 0 {
 		t.Fatalf("%d warnings or errors while holding quietly:\n%s", warnOrWorse, logs)
 	}
-	if pid := lockHolderPID(t, ctx, pool, id); pid == 0 {
+	if pid := testdb.AliveLockHolder(t, ctx, pool, id); pid == 0 {
 		t.Fatal("no backend holds the lock")
 	}
 }
@@ -363,16 +284,16 @@ func TestAliveLockKeepsItsSessionThroughAnUnansweredVerification(t *testing.T) {
 	link.HoldCloses = true // a close goes out behind what the frozen link holds, as TCP's does
 	t.Cleanup(link.Close)
 	t.Cleanup(link.Thaw)
-	logs := &logRecorder{}
+	logs := &logbuf.Recorder{}
 	id := uuid.New()
 	// The client gives up one keepalive probe before the server: 1 s idle and 1 s
 	// between probes make 2 s, the longest a statement can go unanswered and the lock
 	// still be trusted; the statement's own timeout is 5 s beyond that.
-	lock := startAliveLock(t, aliveLockConfig{DSN: link.DSN(), InstanceID: id, ServiceName: "svc",
+	lock := startAliveLock(t, DirectConfig{DSN: link.DSN(), InstanceID: id, ServiceName: "svc",
 		KeepaliveIdle: time.Second, KeepaliveInterval: time.Second, KeepaliveCount: 2,
 		VerifyInterval: 100 * time.Millisecond, Logger: slog.New(logs)})
 	testutil.Eventually(t, 10*time.Second, "lock held", lock.Held)
-	holder := lockHolderPID(t, ctx, pool, id)
+	holder := testdb.AliveLockHolder(t, ctx, pool, id)
 	if holder == 0 {
 		t.Fatal("no backend holds the lock")
 	}
@@ -386,12 +307,12 @@ func TestAliveLockKeepsItsSessionThroughAnUnansweredVerification(t *testing.T) {
 	}
 	// Past the trust bound, well short of the statement's timeout (7 s from its sending).
 	testutil.Never(t, 1500*time.Millisecond, "the lock's holder changed while the link was frozen", func() bool {
-		return lockHolderPID(t, ctx, pool, id) != holder
+		return testdb.AliveLockHolder(t, ctx, pool, id) != holder
 	})
 	link.Thaw()
 	testutil.Eventually(t, 10*time.Second, "Held again once the link heals", lock.Held)
 	if !testutil.Never(t, time.Second, "the lock's holder changed after the link healed", func() bool {
-		return lockHolderPID(t, ctx, pool, id) != holder
+		return testdb.AliveLockHolder(t, ctx, pool, id) != holder
 	}) {
 		t.Fatalf("logs:\n%s", logs)
 	}
@@ -401,7 +322,7 @@ func TestAliveLockKeepsItsSessionThroughAnUnansweredVerification(t *testing.T) {
 	if pid := lock.HeldPID(); pid != int64(holder) {
 		t.Fatalf("HeldPID = %d, want the backend that held the lock throughout (%d)", pid, holder)
 	}
-	if n, _ := logs.count("unanswered", slog.LevelWarn); n != 1 {
+	if n, _ := logs.Count("unanswered", slog.LevelWarn); n != 1 {
 		t.Fatalf("%v warnings of the unanswered statement; want 1\n%s", n, logs)
 	}
 }
@@ -415,10 +336,10 @@ func TestAliveLockRecoversFastEveryTime(t *testing.T) {
 	db, pool := testdb.MigratedPool(t, 4)
 	dsn := db.DSN
 	id := uuid.New()
-	lock := startAliveLock(t, aliveLockConfig{DSN: dsn, InstanceID: id, ServiceName: "svc", VerifyInterval: time.Minute})
+	lock := startAliveLock(t, DirectConfig{DSN: dsn, InstanceID: id, ServiceName: "svc", VerifyInterval: time.Minute})
 	for i := range 6 {
 		testutil.Eventually(t, 3*time.Second, fmt.Sprintf("the alive lock held again (loss %d)", i), lock.Held)
-		pid := lockHolderPID(t, ctx, pool, id)
+		pid := testdb.AliveLockHolder(t, ctx, pool, id)
 		var ok bool
 		if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 5000)`, pid).Scan(&ok); err != nil || !ok {
 			t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
@@ -439,9 +360,9 @@ func TestAliveLockOverAUnixSocket(t *testing.T) {
 		t.Fatal("this test needs the test server's unix socket; unset " + pgtest.EnvDSN)
 	}
 	id := uuid.New()
-	lock := startAliveLock(t, aliveLockConfig{DSN: db.Server.AdminDSN(db.Name), InstanceID: id, ServiceName: "svc"})
+	lock := startAliveLock(t, DirectConfig{DSN: db.Server.AdminDSN(db.Name), InstanceID: id, ServiceName: "svc"})
 	testutil.Eventually(t, 10*time.Second, "lock held over the unix socket", lock.Held)
-	if pid := lockHolderPID(t, ctx, pool, id); pid == 0 {
+	if pid := testdb.AliveLockHolder(t, ctx, pool, id); pid == 0 {
 		t.Fatal("no backend holds the lock")
 	}
 }

@@ -1,8 +1,8 @@
-// The alive lock: its configuration, and its construction from the settings of its
-// session (alivelock.Config) that make the server free it within seconds of the client
-// going silent.
+// The alive lock on a direct session of its own: its configuration, and its construction
+// from the settings of its session (Config) that make the server free it within seconds of
+// the client going silent.
 
-package liveness
+package alivelock
 
 import (
 	"cmp"
@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
@@ -29,15 +28,15 @@ const (
 	// duplicate), for reclaimFastFor after the first refusal. After a network cut heals,
 	// the previous session ends when its FIN reaches the server; the watcher stamps the
 	// lock vanished then, and the new claim and the beat that records it must land within
-	// the lock grace, or this live process is called dead. At alivelock.ReclaimEvery, the
-	// same 1 s as the grace, they could not (a soak's false-dead after a 30 s cut).
+	// the lock grace, or this live process is called dead. At ReclaimEvery, the same 1 s
+	// as the grace, they could not (a soak's false-dead after a 30 s cut).
 	reclaimFast    = 50 * time.Millisecond
 	reclaimFastFor = time.Minute
 )
 
-// aliveLockConfig configures an AliveLock. Zero keepalive and verify settings take the
-// package defaults.
-type aliveLockConfig struct {
+// DirectConfig configures a Direct lock. Zero keepalive and verify settings take the
+// defaults (package defaults).
+type DirectConfig struct {
 	// DSN of PostgreSQL itself (--db.direct-dsn), not of a transaction-mode pooler.
 	DSN         string
 	Schema      string // where the migrations put the objects; "liveness" if empty
@@ -55,7 +54,7 @@ type aliveLockConfig struct {
 	// VerifyInterval is how often the lock is re-verified (or, while not held, re-claimed).
 	// A dropped connection is noticed at once, independently of it.
 	VerifyInterval time.Duration
-	// LeaderVerifyInterval replaces VerifyInterval while the instance leads (lead): a
+	// LeaderVerifyInterval replaces VerifyInterval while the instance leads (Lead): a
 	// leader trusts its lock only briefly after the last proof (the Agent: a quarter of
 	// the lock grace). Zero means VerifyInterval.
 	LeaderVerifyInterval time.Duration
@@ -67,14 +66,14 @@ type aliveLockConfig struct {
 	// Events, when set, receives the schema's notifications: the session LISTENs on the
 	// events channel once it holds the lock (so only on the server's own session, never
 	// on a pooled one).
-	Events *events
+	Events *notify.Hub
 }
 
-// aliveLock holds the instance's session-level advisory lock on a dedicated connection.
+// Direct holds the instance's session-level advisory lock on a dedicated connection.
 // PostgreSQL releases the lock when the session ends, which makes it the fast liveness
 // signal: at once on a clean exit or a crash, and after the keepalive settings on a
-// half-open connection.
-type aliveLock struct {
+// half-open connection. It is a Lock.
+type Direct struct {
 	connCfg     *pgx.ConnConfig
 	instanceID  string
 	verifyEvery time.Duration
@@ -88,14 +87,14 @@ type aliveLock struct {
 	listenSQL         string
 	membersSQL        string // LISTEN on the members channel
 	unmembersSQL      string // UNLISTEN it
-	events            *events
+	events            *notify.Hub
 	log               *slog.Logger
 
 	running atomic.Bool
 	// serverBack cuts the pause before the next connection short: the database answers
 	// again (the heartbeat got through), so the lock need not wait out its backoff.
 	serverBack chan struct{}
-	lockState
+	state
 	// wakeWait ends the holding state's wait, so that a proof wanted now is not made to
 	// wait for the verification interval; woken says one was wanted while no wait ran.
 	wakeMu   sync.Mutex
@@ -106,7 +105,7 @@ type aliveLock struct {
 	connectedOnce bool
 	lastExchange  time.Time   // when the last statement that got an answer was sent
 	members       atomic.Bool // whether the session listens to the members channel
-	// The server's clock in that statement's answer, and its round trip (lockProof).
+	// The server's clock in that statement's answer, and its round trip (Proof).
 	lastServerClock time.Time
 	lastRoundTrip   time.Duration
 	condition       logging.Repeats
@@ -115,26 +114,26 @@ type aliveLock struct {
 	afterConnect func(ctx context.Context, conn *pgx.Conn)
 }
 
-// session is the configuration of the lock's session: its errors name
-// alivelock.Config's fields, which aliveLockFields maps to AgentConfig's.
-func (c aliveLockConfig) session() alivelock.Config {
-	return alivelock.Config{DSN: c.DSN, InstanceID: c.InstanceID, ServiceName: c.ServiceName,
+// Session is the configuration of the lock's session: its errors name Config's fields,
+// which the owner maps to its own config's.
+func (c DirectConfig) Session() Config {
+	return Config{DSN: c.DSN, InstanceID: c.InstanceID, ServiceName: c.ServiceName,
 		KeepaliveIdle: c.KeepaliveIdle, KeepaliveInterval: c.KeepaliveInterval, KeepaliveCount: c.KeepaliveCount,
 		UserTimeout: c.UserTimeout, VerifyInterval: c.VerifyInterval}
 }
 
-// statementTimeout bounds one claim or verification (alivelock.StatementTimeoutFor).
-func (a *aliveLock) statementTimeout() time.Duration {
-	return alivelock.StatementTimeoutFor(a.clientUserTimeout)
+// statementTimeout bounds one claim or verification (StatementTimeoutFor).
+func (a *Direct) statementTimeout() time.Duration {
+	return StatementTimeoutFor(a.clientUserTimeout)
 }
 
-// newAliveLock validates cfg and prepares the lock. It does not connect; Run does.
-func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
-	connCfg, clientUserTimeout, err := cfg.session().ConnConfig()
+// NewDirect validates cfg and prepares the lock. It does not connect; Run does.
+func NewDirect(cfg DirectConfig) (*Direct, error) {
+	connCfg, clientUserTimeout, err := cfg.Session().ConnConfig()
 	if err != nil {
-		return nil, err // a *store.ConfigError naming the alivelock.Config field
+		return nil, err // a *store.ConfigError naming the Config field
 	}
-	a := &aliveLock{
+	a := &Direct{
 		connCfg:           connCfg,
 		instanceID:        cfg.InstanceID.String(),
 		verifyEvery:       cfg.VerifyInterval,
@@ -163,17 +162,26 @@ func newAliveLock(cfg aliveLockConfig) (*aliveLock, error) {
 		// statement.
 		a.connCfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
 			if e, ok := notify.Parse(n.Payload); ok {
-				a.events.publish(e)
+				a.events.Publish(e)
 			}
 		}
 		// Wanting membership or no longer wanting it takes a statement on this session.
-		a.events.onMembersWantChanged(a.wake)
+		a.events.OnMembersWantChanged(a.wake)
 	}
 	if a.verifyEvery == 0 {
 		a.verifyEvery = defaults.VerifyInterval
 	}
 	a.leaderEvery = cmp.Or(cfg.LeaderVerifyInterval, a.verifyEvery)
-	a.lockState.init()
-	a.lockState.wake = a.wake
+	a.state.init()
+	a.state.wake = a.wake
 	return a, nil
 }
+
+// Members reports whether the session listens to the members channel now: only while
+// something in the process waits for membership (notify.Hub.MembersWanted), which the
+// library's tests check.
+func (a *Direct) Members() bool { return a.members.Load() }
+
+// Logger is what the lock writes to: DirectConfig.Logger, passwords removed, which the
+// library's tests check.
+func (a *Direct) Logger() *slog.Logger { return a.log }

@@ -1,4 +1,4 @@
-package liveness
+package alivelock
 
 import (
 	"cmp"
@@ -14,16 +14,16 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/lifegate"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent/proto"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
 )
 
-// nodeLockConfig configures a nodeLock.
-type nodeLockConfig struct {
+// NodeConfig configures a Node lock.
+type NodeConfig struct {
 	// Socket is where the node agent listens (AgentConfig.NodeAgentSocket): a unix
 	// socket's path, or "tcp://host:port" with Token.
 	Socket     string
@@ -33,22 +33,23 @@ type nodeLockConfig struct {
 	// Pool tells which database the process's statements reach: the node agent holds
 	// locks in its own database only.
 	Pool *pgxpool.Pool
-	// LeaderVerifyInterval is how often the lock is proved while the instance leads.
+	// LeaderVerifyInterval is how often the lock is proved while the instance leads; zero
+	// means the leader's interval at the default lock grace (lifegate).
 	LeaderVerifyInterval time.Duration
-	Events               *events
+	Events               *notify.Hub
 	Logger               *slog.Logger
 }
 
-// nodeLock holds the instance's alive lock through the node agent of its node: the node
+// Node holds the instance's alive lock through the node agent of its node: the node
 // agent's session claims it when the process attaches, and lets it go when the process's
-// connection to it closes. It is a lockSession, as aliveLock is: the proofs a leader
-// needs are the node agent's verifications of its session, each sent after this process
-// asked; and the node agent's session's notifications arrive on the same connection.
+// connection to it closes. It is a Lock, as Direct is: the proofs a leader needs are the
+// node agent's verifications of its session, each sent after this process asked; and the
+// node agent's session's notifications arrive on the same connection.
 // Between proofs nothing is sent: the node agent tells when its session drops, and this
 // process notices at once when the node agent's end of the connection closes.
-type nodeLock struct {
-	lockState
-	cfg         nodeLockConfig
+type Node struct {
+	state
+	cfg         NodeConfig
 	dbSQL       string
 	log         *slog.Logger
 	leaderEvery time.Duration
@@ -66,27 +67,28 @@ type nodeLock struct {
 	condition     logging.Repeats
 }
 
-func newNodeLock(cfg nodeLockConfig) *nodeLock {
-	n := &nodeLock{cfg: cfg, dbSQL: store.LockDatabase.In(cfg.Schema).SQL, log: logging.Wrap(cfg.Logger),
+// NewNode prepares the lock. It does not connect; Run does.
+func NewNode(cfg NodeConfig) *Node {
+	n := &Node{cfg: cfg, dbSQL: store.LockDatabase.In(cfg.Schema).SQL, log: logging.Wrap(cfg.Logger),
 		leaderEvery: cfg.LeaderVerifyInterval, wakeCh: make(chan struct{}, 1), network: "unix", address: cfg.Socket,
 		secret: rand.Text()}
-	if addr, ok := strings.CutPrefix(cfg.Socket, nodeAgentTCPScheme); ok {
+	if addr, ok := strings.CutPrefix(cfg.Socket, NodeAgentTCPScheme); ok {
 		n.network, n.address = "tcp", addr
 	}
 	if n.leaderEvery <= 0 {
-		n.leaderEvery = leaderVerifyInterval(defaults.LockGrace)
+		n.leaderEvery = lifegate.Timing{Grace: defaults.LockGrace}.LeaderVerifyInterval()
 	}
-	n.lockState.init()
-	n.lockState.wake = n.wakeNow
+	n.state.init()
+	n.state.wake = n.wakeNow
 	if cfg.Events != nil {
-		cfg.Events.onMembersWantChanged(n.wakeNow)
+		cfg.Events.OnMembersWantChanged(n.wakeNow)
 	}
 	return n
 }
 
 // wakeNow asks the connection for a proof now, and to tell the node agent whether
 // membership events are wanted. Safe from any goroutine.
-func (n *nodeLock) wakeNow() {
+func (n *Node) wakeNow() {
 	select {
 	case n.wakeCh <- struct{}{}:
 	default:
@@ -95,13 +97,13 @@ func (n *nodeLock) wakeNow() {
 
 // Run attaches, and attaches again after the connection ends (with backoff and jitter),
 // until ctx ends; then it closes the connection, which lets the lock go.
-func (n *nodeLock) Run(ctx context.Context) error {
+func (n *Node) Run(ctx context.Context) error {
 	if !n.running.CompareAndSwap(false, true) {
 		return errors.New("liveness: node lock: Run is already running")
 	}
 	defer n.running.Store(false)
 	for attempt := 1; n.database == ""; attempt++ {
-		qctx, cancel := context.WithTimeout(ctx, alivelock.StatementTimeout)
+		qctx, cancel := context.WithTimeout(ctx, StatementTimeout)
 		err := n.cfg.Pool.QueryRow(qctx, n.dbSQL).Scan(&n.database)
 		cancel()
 		if err == nil {
@@ -115,7 +117,7 @@ func (n *nodeLock) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(alivelock.Backoff(attempt)):
+		case <-time.After(Backoff(attempt)):
 		}
 	}
 	attempt := 0
@@ -125,11 +127,11 @@ func (n *nodeLock) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if held || time.Since(began) > alivelock.ReconnectBackoffMax {
+		if held || time.Since(began) > ReconnectBackoffMax {
 			attempt = 0
 		}
 		attempt++
-		wait := alivelock.Backoff(attempt)
+		wait := Backoff(attempt)
 		if n.dialFailed {
 			// Nobody listens on the socket (the node agent restarts): a local dial costs
 			// a system call, so try often, to attach within a fraction of a second of
@@ -148,8 +150,9 @@ func (n *nodeLock) Run(ctx context.Context) error {
 // that nobody answered.
 const nodeAgentRedialEvery = 100 * time.Millisecond
 
-// nodeAgentTCPScheme starts AgentConfig.NodeAgentSocket for a node agent's TCP listener.
-const nodeAgentTCPScheme = "tcp://"
+// NodeAgentTCPScheme starts NodeConfig.Socket (the library's AgentConfig.NodeAgentSocket)
+// for a node agent's TCP listener.
+const NodeAgentTCPScheme = "tcp://"
 
 // nodeAgentTCPConnect bounds one TCP connect to a node agent, after its name resolved: a
 // Service whose node has no node agent now may drop the connection's first packet rather
@@ -158,16 +161,16 @@ const nodeAgentTCPConnect = 250 * time.Millisecond
 
 // dial connects to the node agent: its unix socket, or its TCP address, each of the
 // name's addresses in turn, with keepalive and a user timeout (proto.TCPDeadPeer).
-func (n *nodeLock) dial(ctx context.Context) (net.Conn, error) {
+func (n *Node) dial(ctx context.Context) (net.Conn, error) {
 	if n.network == "unix" {
-		d := net.Dialer{Timeout: alivelock.ConnectTimeout}
+		d := net.Dialer{Timeout: ConnectTimeout}
 		return d.DialContext(ctx, "unix", n.address)
 	}
 	host, port, err := net.SplitHostPort(n.address)
 	if err != nil {
 		return nil, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, alivelock.ConnectTimeout)
+	rctx, cancel := context.WithTimeout(ctx, ConnectTimeout)
 	addrs, err := net.DefaultResolver.LookupHost(rctx, host)
 	cancel()
 	if err != nil {
@@ -188,7 +191,7 @@ func (n *nodeLock) dial(ctx context.Context) (net.Conn, error) {
 
 // session runs one connection to the node agent; it reports whether the lock was held
 // at some point.
-func (n *nodeLock) session(ctx context.Context) (held bool) {
+func (n *Node) session(ctx context.Context) (held bool) {
 	conn, err := n.dial(ctx)
 	n.dialFailed = err != nil
 	if err != nil {
@@ -222,7 +225,7 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 		_ = conn.Close()
 		for range msgs { // drain, so that the reader ends
 		}
-		n.cfg.Events.setListening(false)
+		n.cfg.Events.SetListening(false)
 		if ctx.Err() != nil {
 			n.release()
 		} else {
@@ -231,7 +234,7 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 	}()
 
 	send := func(m proto.Message) bool {
-		_ = conn.SetWriteDeadline(time.Now().Add(alivelock.StatementTimeout))
+		_ = conn.SetWriteDeadline(time.Now().Add(StatementTimeout))
 		if err := proto.Write(conn, m); err != nil {
 			if ctx.Err() == nil {
 				n.condition.Log(n.log, slog.LevelWarn, "lost", "node agent connection lost; attaching again", "error", err)
@@ -302,9 +305,9 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 			case proto.OpState:
 				if m.Listening != listening {
 					listening = m.Listening
-					n.cfg.Events.setListening(listening)
+					n.cfg.Events.SetListening(listening)
 					if listening {
-						n.cfg.Events.publish(notify.Event{Kind: notify.Resync})
+						n.cfg.Events.Publish(notify.Event{Kind: notify.Resync})
 					}
 				}
 				n.duplicate.Store(m.Duplicate)
@@ -316,8 +319,8 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 					n.claims.Add(1)
 					if !answered {
 						// The claim ran after the attach was sent: a proof.
-						n.recordProof(lockProof{sent: attachSent, claim: n.claims.Load(), serverClock: m.ServerClock,
-							roundTrip: time.Since(attachSent)})
+						n.recordProof(Proof{Sent: attachSent, Claim: n.claims.Load(), ServerClock: m.ServerClock,
+							RoundTrip: time.Since(attachSent)})
 					}
 					n.setHeld(true)
 					held = true
@@ -355,13 +358,13 @@ func (n *nodeLock) session(ctx context.Context) (held bool) {
 				}
 				delete(asked, m.Seq)
 				if m.Held && m.Claim == claim && n.held.Load() {
-					n.recordProof(lockProof{sent: sent, claim: n.claims.Load(), serverClock: m.ServerClock,
-						roundTrip: time.Since(sent)})
+					n.recordProof(Proof{Sent: sent, Claim: n.claims.Load(), ServerClock: m.ServerClock,
+						RoundTrip: time.Since(sent)})
 				} else if n.held.Load() {
 					n.setHeld(false)
 				}
 			case proto.OpEvent:
-				n.cfg.Events.publish(notify.Event{Kind: m.Kind, ID: m.ID})
+				n.cfg.Events.Publish(notify.Event{Kind: m.Kind, ID: m.ID})
 			case proto.OpError:
 				n.settledOnce()
 				n.condition.Log(n.log, slog.LevelError, "refused:"+m.Error, "the node agent refused to hold this instance's lock",
