@@ -145,14 +145,24 @@ func TestReaderConfigCarriesTheSourceFields(t *testing.T) {
 	}
 }
 
-// The layers, as the imports show them (each package's own, not its tests'): the library
-// does not carry the node agent's server, which is the binary's, nor does the server
-// depend on the library; the internal packages are below the library, except the
-// binary's front ends, which configure and read it; the node agent's protocol is
-// self-contained (both ends speak it); the alive lock, whose state machine the library
-// runs and whose settings the node agent's server shares, knows neither of them; and the
-// notifications (their encoding and the hub that wakes a process's waiters) import
-// nothing of this module.
+// libraryLayers are the library's packages and what it is built from, bottom up: a
+// package may import, of this module, only packages of a lower layer. The library is the
+// facade users import; the node agent's server sits beside it, built from the same
+// layers, and neither imports the other. The binary's packages (the collectors, the
+// command line, the status page, ...) are above every layer: they may import any of them,
+// and none of them may import one of the binary's.
+var libraryLayers = [][]string{
+	// Leaves: the shared defaults, the pure life gate (evidence and time in, a verdict
+	// out), the notifications and the hub that hands them to a process's waiters, the
+	// node agent's protocol (both ends speak it), and the redacting logger.
+	{"internal/defaults", "internal/lifegate", "internal/notify", "internal/nodeagent/proto", "internal/logging"},
+	{"internal/store"},                   // the data layer: every statement and row
+	{"internal/alivelock", "migrations"}, // the alive lock (own session or node agent); the schema
+	{"liveness", "internal/nodeagent"},   // the facade; the node agent's server, the binary's
+}
+
+// TestLayers: the imports show the layers (each package's own imports, not its tests'):
+// nothing imports a package of its own layer or of one above it.
 func TestLayers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -181,69 +191,23 @@ func TestLayers(t *testing.T) {
 		}
 		imports[short(fields[0])] = own
 	}
-	for _, p := range []string{"liveness", "internal/nodeagent", "internal/nodeagent/proto", "internal/alivelock", "internal/notify"} {
-		if _, ok := imports[p]; !ok {
-			t.Fatalf("go list did not list %s among %d packages", p, len(imports))
-		}
-	}
-	// path is how from comes to import to, through this module's packages ("a → b → c"),
-	// or "" when it does not.
-	path := func(from, to string) string {
-		prev := map[string]string{from: ""}
-		queue := []string{from}
-		for len(queue) > 0 {
-			p := queue[0]
-			queue = queue[1:]
-			for _, next := range imports[p] {
-				if _, seen := prev[next]; seen {
-					continue
-				}
-				prev[next] = p
-				if next == to {
-					chain := []string{to}
-					for at := p; at != ""; at = prev[at] {
-						chain = append([]string{at}, chain...)
-					}
-					return strings.Join(chain, " → ")
-				}
-				queue = append(queue, next)
+	layer := map[string]int{}
+	for i, pkgs := range libraryLayers {
+		for _, p := range pkgs {
+			if _, ok := imports[p]; !ok {
+				t.Fatalf("go list did not list %s among %d packages", p, len(imports))
 			}
-		}
-		return ""
-	}
-	if chain := path("liveness", "internal/nodeagent"); chain != "" {
-		t.Errorf("the library imports the node agent's server, which is the binary's: %s", chain)
-	}
-	// No internal package imports the library, but the binary's command line and status
-	// page, which sit above it: they configure it (AgentConfig) and read it (Reader,
-	// AgentSnapshot). (The binary's parts that use the collectors, which read the library,
-	// are above it too; they do not import it themselves.) The node agent's server and
-	// everything it is built from do not depend on the library at all.
-	frontEnds := []string{"internal/cli", "internal/status"}
-	for p, imps := range imports {
-		if strings.HasPrefix(p, "internal/") && !slices.Contains(frontEnds, p) && slices.Contains(imps, "liveness") {
-			t.Errorf("%s imports liveness; the internal packages are below the library (but %v)", p, frontEnds)
+			layer[p] = i
 		}
 	}
-	if chain := path("internal/nodeagent", "liveness"); chain != "" {
-		t.Errorf("the node agent's server depends on the library: %s", chain)
-	}
-	for _, imp := range imports["internal/nodeagent/proto"] {
-		if imp != "internal/defaults" {
-			t.Errorf("internal/nodeagent/proto imports %s; the protocol imports nothing of this module but internal/defaults", imp)
-		}
-	}
-	for _, imp := range imports["internal/notify"] {
-		t.Errorf("internal/notify imports %s; the notifications' encoding and hub import nothing of this module", imp)
-	}
-	for _, above := range []string{"liveness", "internal/nodeagent"} {
-		if chain := path("internal/alivelock", above); chain != "" {
-			t.Errorf("internal/alivelock, the alive lock below the library and the server, imports %s: %s", above, chain)
-		}
-	}
-	for _, shared := range []string{"internal/notify", "internal/nodeagent/proto"} {
-		if chain := path(shared, "internal/nodeagent"); chain != "" {
-			t.Errorf("%s, which the library shares with the node agent, imports the server: %s", shared, chain)
+	for p, l := range layer {
+		for _, imp := range imports[p] {
+			switch il, ok := layer[imp]; {
+			case !ok:
+				t.Errorf("%s (layer %d) imports %s, which is in no layer below it: the binary's, or new (add it to libraryLayers)", p, l, imp)
+			case il >= l:
+				t.Errorf("%s (layer %d) imports %s (layer %d): an import runs sideways or back up", p, l, imp, il)
+			}
 		}
 	}
 }
