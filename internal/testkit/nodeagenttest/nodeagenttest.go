@@ -129,25 +129,7 @@ func StartTCP(t *testing.T, db *pgtest.DB, addr, claims string, listening *time.
 // returns nil within 10 s of its context ending. It does not wait for anything.
 func RunUntilCleanup(t *testing.T, n *nodeagent.Server) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	done := make(chan error, 1)
-	go func() { done <- n.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run returned %v, want nil", err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Errorf("Run did not return within 10s of its context ending")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return testutil.RunUntilCleanup(t, n.Run)
 }
 
 // RawAttach attaches an instance over the socket as a process would, without an Agent:
