@@ -63,7 +63,7 @@ type ShardsConfig struct {
 	OnStoppedOwning func(shard string, reason error)
 }
 
-// Shard is one shard this process owns: its name, and the leadership of its lease (its
+// Shard is one shard this process owns: its name, and its lease (its
 // epoch and the fence for the shard's writes).
 type Shard struct {
 	// Name is one of ShardsConfig.Names or, with ShardsConfig.Count, the shard's number
