@@ -354,6 +354,24 @@ func TestShardsOfACrashedOwnerMoveSoon(t *testing.T) {
 		took.Round(time.Millisecond))
 	if took > 2*time.Second {
 		t.Errorf("the crashed member's shards all moved %s after the crash; want at most 2 s", took)
+		// What the schema recorded of the crashed instance, for the diagnosis: its death
+		// (when and how), and its member lease's end.
+		rows, err := pool.Query(context.Background(), `SELECT at, kind, coalesce(lease_name, ''), coalesce(how, ''),
+		       coalesce(reason, ''), since FROM liveness.history
+		 WHERE instance_id = $1 AND at > now() - interval '1 minute' AND (lease_name IS NULL OR lease_name LIKE '%/member/%')
+		 ORDER BY at`, crashing.id)
+		if err == nil {
+			for rows.Next() {
+				var at time.Time
+				var since *time.Time
+				var kind, lease, how, reason string
+				if rows.Scan(&at, &kind, &lease, &how, &reason, &since) == nil {
+					t.Logf("history: %s after the crash: %s %s how=%s reason=%s since=%v", at.Sub(crashed).Round(time.Millisecond),
+						kind, lease, how, reason, since)
+				}
+			}
+			rows.Close()
+		}
 	}
 }
 

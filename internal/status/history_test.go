@@ -481,7 +481,11 @@ func TestHistoryGarbageIsCountedAndBounded(t *testing.T) {
 	// A million rows in the window, the newest dated ahead of the clock; the rest 10 µs
 	// apart, so that the newest of them were written after everything above. Read newest
 	// first by time, the 2,000 rows are the 1,000 dated ahead, the one above dated ahead,
-	// and 999 of the flood's.
+	// and 999 of the flood's. The flood's newest 999 span 10 ms up to its statement's
+	// start, so the rows above, dated at theirs, must be older than that: 50 ms passes
+	// first (a quick machine sent the flood within 10 ms of them, and 6 of them took the
+	// place of 6 flood leases).
+	f.exec(`SELECT pg_sleep(0.05)`)
 	f.exec(`INSERT INTO liveness.history (at, kind, lease_name, epoch, instance_id)
 	        SELECT now() - make_interval(secs => (999000 - g) * 0.00001), 'acquired', 'flood-' || (g % 5000), g, NULL
 	          FROM generate_series(1, 999000) g`)
