@@ -132,6 +132,10 @@ func TestAPIStaysSmallAndDocumented(t *testing.T) {
 // a figure; that figure must be the value the library takes, so that neither can change
 // without the other.
 func TestDocumentedDefaultsAreTheDefaults(t *testing.T) {
+	files, err := parsePackage(token.NewFileSet())
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		field string // Type.Field
 		value time.Duration
@@ -157,15 +161,15 @@ func TestDocumentedDefaultsAreTheDefaults(t *testing.T) {
 		{"ShardsConfig.TTL", defaults.ElectorTTL},
 		{"ShardsConfig.PollPeriod", defaults.ShardsPollPeriod},
 	} {
-		doc := fieldDoc(t, c.field)
+		doc := fieldDoc(t, files, c.field)
 		if !slices.Contains(durationFigures(doc), c.value) {
 			t.Errorf("%s's comment gives %v, not the default %s: %q", c.field, durationFigures(doc), c.value, doc)
 		}
 	}
-	if doc := fieldDoc(t, "AgentConfig.KeepaliveCount"); !strings.Contains(doc, strconv.Itoa(defaults.KeepaliveCount)+" probes") {
+	if doc := fieldDoc(t, files, "AgentConfig.KeepaliveCount"); !strings.Contains(doc, strconv.Itoa(defaults.KeepaliveCount)+" probes") {
 		t.Errorf("AgentConfig.KeepaliveCount's comment does not give the default %d probes: %q", defaults.KeepaliveCount, doc)
 	}
-	if doc := fieldDoc(t, "AgentConfig.Schema"); !strings.Contains(doc, strconv.Quote(defaults.Schema)) {
+	if doc := fieldDoc(t, files, "AgentConfig.Schema"); !strings.Contains(doc, strconv.Quote(defaults.Schema)) {
 		t.Errorf("AgentConfig.Schema's comment does not give the default %q: %q", defaults.Schema, doc)
 	}
 }
@@ -189,14 +193,9 @@ func durationFigures(doc string) []time.Duration {
 
 // fieldDoc is the comment of a struct field, or of the group it is declared in (fields
 // declared together under one comment, or on one line, share it).
-func fieldDoc(t *testing.T, typeField string) string {
+func fieldDoc(t *testing.T, files []*ast.File, typeField string) string {
 	t.Helper()
 	typeName, fieldName, _ := strings.Cut(typeField, ".")
-	fset := token.NewFileSet()
-	files, err := parsePackage(fset)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, f := range files {
 		for _, d := range f.Decls {
 			g, ok := d.(*ast.GenDecl)

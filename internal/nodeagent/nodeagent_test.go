@@ -260,20 +260,6 @@ func TestNodeAgentGivesAnInstanceToNoOtherProcess(t *testing.T) {
 	// claim it, and then the id may begin a new life.
 	owner.Kill(t)
 	heir := nodeagenttest.AttachProcess(t, socket, id, database)
-	var refusals int
-	for {
-		a := heir.Next(t)
-		if a.Op == "state" && a.Held {
-			break
-		}
-		if a.Op != "error" || !strings.Contains(a.Error, "not dead yet") {
-			t.Fatalf("another process's attach after the owner's kill: %+v; want refused until the instance is dead", a)
-		}
-		refusals++
-	}
 	// Held only once the fleet called the instance dead: it was refused meanwhile.
-	if refusals == 0 {
-		t.Error("the heir attached at once after the owner's kill: the instance was not dead yet (its lock grace)")
-	}
-	t.Logf("the heir was refused %d times until the instance was dead, then held its lock", refusals)
+	nodeagenttest.AwaitDeathThenHold(t, heir)
 }

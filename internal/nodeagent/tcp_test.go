@@ -75,21 +75,8 @@ func TestNodeAgentOverTCPGivesAnInstanceToNoOtherProcess(t *testing.T) {
 	// The owner killed: until the fleet calls it dead, nobody else may claim it.
 	owner.Kill(t)
 	heir := nodeagenttest.AttachProcess(t, where, id, database, nodeagenttest.Token)
-	var refusals int
-	for {
-		a := heir.Next(t)
-		if a.Op == "state" && a.Held {
-			break
-		}
-		if a.Op != "error" || !strings.Contains(a.Error, "not dead yet") {
-			t.Fatalf("another process's attach after the owner's kill: %+v; want refused until the instance is dead", a)
-		}
-		refusals++
-	}
-	if refusals == 0 {
-		t.Error("the heir attached at once after the owner's kill: the instance was not dead yet (its lock grace)")
-	}
-	t.Logf("the heir was refused %d times until the instance was dead, then held its lock", refusals)
+	// Held only once the fleet called the instance dead: it was refused meanwhile.
+	nodeagenttest.AwaitDeathThenHold(t, heir)
 }
 
 // TestNodeAgentOverTCPTakesOnlyAuthenticatedAttaches: over TCP the first line must be an

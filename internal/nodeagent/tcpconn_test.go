@@ -20,14 +20,7 @@ import (
 // that they are set. The processes' dialed connections: the library's
 // TestNodeAgentTCPDialNoticesAVanishedPeer.)
 func TestNodeAgentTCPConnectionsNoticeAVanishedPeer(t *testing.T) {
-	n, err := nodeagent.New(nodeagent.Config{DirectDSN: "host=127.0.0.1 port=1 user=nobody dbname=none", ListenAddress: "127.0.0.1:0",
-		Token: strings.Repeat("t", proto.TokenMin), ClaimsFile: filepath.Join(t.TempDir(), "claims")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := nodeagenttest.RunUntilCleanup(t, n)
-	defer stop()
-	testutil.Eventually(t, 10*time.Second, "the node agent listening", func() bool { return n.Snapshot().ListenAddress != "" })
+	n := listenWithoutDatabase(t)
 
 	dialed, err := net.Dial("tcp", n.Snapshot().ListenAddress)
 	if err != nil {
@@ -55,14 +48,7 @@ func TestNodeAgentTCPConnectionsNoticeAVanishedPeer(t *testing.T) {
 // and counted: a connection that never authenticates holds nothing for long.
 func TestNodeAgentTCPClosesAConnectionThatNeverAttaches(t *testing.T) {
 	defer nodeagent.SetTCPAttachTimeout(300 * time.Millisecond)()
-	n, err := nodeagent.New(nodeagent.Config{DirectDSN: "host=127.0.0.1 port=1 user=nobody dbname=none", ListenAddress: "127.0.0.1:0",
-		Token: strings.Repeat("t", proto.TokenMin), ClaimsFile: filepath.Join(t.TempDir(), "claims")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := nodeagenttest.RunUntilCleanup(t, n)
-	defer stop()
-	testutil.Eventually(t, 10*time.Second, "the node agent listening", func() bool { return n.Snapshot().ListenAddress != "" })
+	n := listenWithoutDatabase(t)
 	c, err := net.Dial("tcp", n.Snapshot().ListenAddress)
 	if err != nil {
 		t.Fatal(err)
@@ -84,4 +70,19 @@ func TestNodeAgentTCPClosesAConnectionThatNeverAttaches(t *testing.T) {
 	if u := n.Snapshot().Unauthenticated; u != 1 {
 		t.Errorf("%d connections counted unauthenticated; want 1", u)
 	}
+}
+
+// listenWithoutDatabase runs a node agent on TCP whose database cannot be reached, until
+// the test's end, and returns once it listens: its connections' handling needs no
+// session.
+func listenWithoutDatabase(t *testing.T) *nodeagent.Server {
+	t.Helper()
+	n, err := nodeagent.New(nodeagent.Config{DirectDSN: "host=127.0.0.1 port=1 user=nobody dbname=none", ListenAddress: "127.0.0.1:0",
+		Token: strings.Repeat("t", proto.TokenMin), ClaimsFile: filepath.Join(t.TempDir(), "claims")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeagenttest.RunUntilCleanup(t, n)
+	testutil.Eventually(t, 10*time.Second, "the node agent listening", func() bool { return n.Snapshot().ListenAddress != "" })
+	return n
 }

@@ -34,22 +34,7 @@ func Start(t *testing.T, db *pgtest.DB, socket string) (n *nodeagent.Server, sto
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- n.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("node agent: %v", err)
-			}
-			if t.Failed() {
-				t.Logf("the node agent's log:\n%s", logs)
-			}
-		})
-	}
-	t.Cleanup(stop)
+	stop = run(t, n, logs, nil)
 	testutil.Eventually(t, 10*time.Second, "the node agent's session up", func() bool { return n.Snapshot().SessionUp })
 	return n, stop
 }
@@ -62,21 +47,33 @@ func StartAt(t *testing.T, db *pgtest.DB, socket string, listening *time.Time) (
 	if err != nil {
 		t.Fatal(err)
 	}
+	return n, run(t, n, nil, listening)
+}
+
+// run runs n until the returned stop (or the test's end), which fails the test if Run
+// returned an error and prints logs (if any) when the test failed. listening, if not nil,
+// is set to when Run was called.
+func run(t *testing.T, n *nodeagent.Server, logs *logbuf.Buffer, listening *time.Time) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	*listening = time.Now()
+	if listening != nil {
+		*listening = time.Now()
+	}
 	go func() { done <- n.Run(ctx) }()
 	var once sync.Once
-	stop := func() {
+	stop = func() {
 		once.Do(func() {
 			cancel()
 			if err := <-done; err != nil {
 				t.Errorf("node agent: %v", err)
 			}
+			if logs != nil && t.Failed() {
+				t.Logf("the node agent's log:\n%s", logs)
+			}
 		})
 	}
 	t.Cleanup(stop)
-	return n, stop
+	return stop
 }
 
 // TCP is a node agent listening on TCP only, as in Kubernetes.
@@ -99,28 +96,13 @@ func StartTCP(t *testing.T, db *pgtest.DB, addr, claims string, listening *time.
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	if listening != nil {
-		*listening = time.Now()
-	}
-	go func() { done <- n.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("node agent: %v", err)
-			}
-			if t.Failed() {
-				t.Logf("the node agent's log:\n%s", logs)
-			}
-			if strings.Contains(logs.String(), Token) {
-				t.Errorf("the node agent logged its token:\n%s", logs)
-			}
-		})
-	}
-	t.Cleanup(stop)
+	// Registered first, so it runs after the stop's cleanup: the shutdown's lines count.
+	t.Cleanup(func() {
+		if strings.Contains(logs.String(), Token) {
+			t.Errorf("the node agent logged its token:\n%s", logs)
+		}
+	})
+	stop := run(t, n, logs, listening)
 	testutil.Eventually(t, 10*time.Second, "the node agent listening", func() bool { return n.Snapshot().ListenAddress != "" })
 	return &TCP{Server: n, Addr: n.Snapshot().ListenAddress, Logs: logs, Stop: stop}
 }
@@ -167,4 +149,27 @@ func InsertAttachedRow(t *testing.T, db *pgtest.DB, id uuid.UUID, service string
 		SELECT $1, $2, true, pid, make_interval(secs => $3), interval '90 seconds', interval '5 minutes'
 		  FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'node:node-agent'`, id, service,
 		grace.Seconds())
+}
+
+// AwaitDeathThenHold reads heir's answers until it holds its lock, failing on anything
+// but "not dead yet" refusals before that, and fails the test unless there was at least
+// one: an instance whose claimant was killed goes to another process only once the fleet
+// calls it dead (its lock grace).
+func AwaitDeathThenHold(t *testing.T, heir *Process) {
+	t.Helper()
+	var refusals int
+	for {
+		a := heir.Next(t)
+		if a.Op == "state" && a.Held {
+			break
+		}
+		if a.Op != "error" || !strings.Contains(a.Error, "not dead yet") {
+			t.Fatalf("another process's attach after the owner's kill: %+v; want refused until the instance is dead", a)
+		}
+		refusals++
+	}
+	if refusals == 0 {
+		t.Error("the heir attached at once after the owner's kill: the instance was not dead yet (its lock grace)")
+	}
+	t.Logf("the heir was refused %d times until the instance was dead, then held its lock", refusals)
 }
