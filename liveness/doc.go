@@ -41,9 +41,11 @@
 // The grace runs from when the vanished lock was first seen missing, so someone must
 // see it: every Agent campaigns for the two watcher leases ("pg_liveness.watcher.a" and ".b"; at most one
 // per agent, so that two processes watch and each notices the other's crash), and a
-// watcher reads a digest of the advisory locks every 250 ms, stamping
-// absences only when it changed: one cheap statement per tick, whatever the fleet's size,
-// and nothing written when nothing changed. A crashed instance is thus dead for the first
+// watcher reads a digest of the advisory locks held, the locks the instances' rows
+// expect and the stamps every 250 ms, stamping absences only when it changed: one
+// statement per tick, and nothing written when nothing changed. Every lock that
+// vanishes is stamped, even one claimed and lost between two ticks, and each absence is
+// notified once, whichever watcher sees it first. A crashed instance is thus dead for the first
 // look after any silence, about its lock grace after PostgreSQL freed its lock. When both
 // watchers die at once, nobody is left to stamp their locks or to notify their leases
 // free: so every Agent is a sentry, which asks now and then how long ago a watcher

@@ -38,8 +38,8 @@ type watcherConfig struct {
 	Leases *Leases
 	Schema string
 	Logger *slog.Logger // passwords removed; nil discards
-	// Events are the Agent's notifications: an instance that joined makes the next tick
-	// stamp whatever the digest says (see watch). nil without.
+	// Events are the Agent's notifications: a watcher lease taken ends a sentry's stand-in,
+	// and deaths are published here while the session does not listen. nil without.
 	Events *notify.Hub
 
 	// The Agent's: the campaigns end when the Agent stops. Zero values are campaigns of
@@ -265,18 +265,8 @@ func (w *watcher) Run(ctx context.Context) error {
 // watch ticks until ctx ends.
 func (w *watcher) watch(ctx context.Context) {
 	st := watchState{due: map[uuid.UUID]time.Time{}}
-	// A lock that appears and vanishes between two ticks leaves the digest as it was: an
-	// instance that crashes within a tick of its start. Its row's insertion is notified,
-	// so the tick after it stamps whatever the digest says.
-	joined, unsubscribe := w.cfg.Events.SubscribeMembers(func(ev notify.Event) bool { return ev.Kind == notify.Joined })
-	defer unsubscribe()
 	var failing logging.Repeats
 	for {
-		select {
-		case <-joined:
-			st.digest = nil
-		default:
-		}
 		started := time.Now()
 		err := w.tick(ctx, &st)
 		switch {
@@ -298,11 +288,11 @@ func (w *watcher) watch(ctx context.Context) {
 	}
 }
 
-// watchState is what one leadership of a watcher remembers between ticks.
+// watchState is what one leadership of a watcher remembers between ticks. Which absences
+// were notified is the schema's (each stamp once, whoever notifies it), not the watcher's.
 type watchState struct {
 	digest *string                 // the previous tick's; nil: stamp and read everything
-	due    map[uuid.UUID]time.Time // standing absences not yet notified, and when their grace ends
-	told   map[uuid.UUID]bool      // standing absences notified
+	due    map[uuid.UUID]time.Time // standing absences not notified yet, and when to notify them
 }
 
 // nextTick is how long after a tick the next one comes: every, or sooner when a standing
@@ -356,23 +346,12 @@ func (w *watcher) tick(ctx context.Context, st *watchState) error {
 	full = st.digest == nil || *st.digest != digest
 	st.digest = &digest
 	if full {
-		if st.told == nil {
-			st.told = map[uuid.UUID]bool{}
-		}
-		for id := range st.due {
-			if _, ok := standing[id]; !ok {
-				delete(st.due, id) // cleared: the instance proved life, or left
-			}
-		}
-		for id := range st.told {
-			if _, ok := standing[id]; !ok {
-				delete(st.told, id)
-			}
-		}
+		// The digest covers the locks held, the locks the rows expect and the stamps: what
+		// it leaves as it was cannot have changed which absences stand. When it changed,
+		// the standing absences not notified yet are exactly those read now.
+		clear(st.due)
 		for id, deadIn := range standing {
-			if _, ok := st.due[id]; !ok && !st.told[id] {
-				st.due[id] = got.Add(time.Duration(deadIn * float64(time.Second)))
-			}
+			st.due[id] = got.Add(time.Duration(deadIn * float64(time.Second)))
 		}
 	}
 	var ids []uuid.UUID
@@ -387,9 +366,10 @@ func (w *watcher) tick(ctx context.Context, st *watchState) error {
 	return w.notify(qctx, st, ids, got)
 }
 
-// notify tells the waiters about the instances of ids that are dead by the verdict. An
-// instance still alive has proved life (its absence is cleared at the next stamp), or
-// the clocks disagree by a little: it is asked again for a second, then let go.
+// notify tells the waiters about the instances of ids that are dead by the verdict (or
+// were told already, by another watcher). An instance still alive by the verdict at its
+// due time has proved life (its absence is cleared at the next stamp), or the clocks
+// disagree: it is asked again a second later, for as long as its absence stands.
 func (w *watcher) notify(ctx context.Context, st *watchState, ids []uuid.UUID, now time.Time) error {
 	// As text: a pool behind PgBouncer in transaction mode runs in a query mode that
 	// sends parameters in text format without asking the server their types, and pgx
@@ -415,13 +395,11 @@ func (w *watcher) notify(ctx context.Context, st *watchState, ids []uuid.UUID, n
 		return err
 	}
 	for _, id := range ids {
-		switch {
-		case dead[id]:
-			st.told[id] = true
+		if dead[id] {
 			delete(st.due, id)
 			w.notified.Add(1)
-		case now.Sub(st.due[id]) > time.Second:
-			delete(st.due, id)
+		} else {
+			st.due[id] = now.Add(time.Second)
 		}
 	}
 	if len(dead) > 0 {

@@ -1,4 +1,4 @@
--- The schema as it stands after the last migration, 0020_history: every table, sequence,
+-- The schema as it stands after the last migration, 0021_every_vanished_lock_stamped: every table, sequence,
 -- index, view, trigger and function with its body, read back from the catalog of PostgreSQL 15
 -- once every migration is applied. The migrations (internal/store/schema/) are the history,
 -- this is the result; it is ordered by kind for reading, not by dependency for running.
@@ -21,7 +21,15 @@ CREATE TABLE liveness.alive_lock_absences (
     missing_since timestamp with time zone NOT NULL,
     server_started_at timestamp with time zone NOT NULL,
     lock_pid integer,
+    notified_at timestamp with time zone,
     CONSTRAINT alive_lock_absences_pkey PRIMARY KEY (instance_id)
+);
+
+CREATE TABLE liveness.alive_lock_expectations (
+    shard integer NOT NULL,
+    generation bigint NOT NULL DEFAULT 0,
+    CONSTRAINT alive_lock_expectations_pkey PRIMARY KEY (shard),
+    CONSTRAINT alive_lock_expectations_shard_check CHECK (((shard >= 0) AND (shard < 64)))
 );
 
 CREATE TABLE liveness.alive_lock_watch (
@@ -139,6 +147,10 @@ CREATE VIEW liveness.instance_alive_locks AS
 
 CREATE CONSTRAINT TRIGGER fence_checks_at_commit AFTER INSERT ON liveness.fence_checks DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION liveness.fence_check_at_commit();
 
+CREATE TRIGGER instances_expect_lock_insert AFTER INSERT ON liveness.instances FOR EACH ROW WHEN (new.holds_alive_lock) EXECUTE FUNCTION liveness.note_alive_lock_expected();
+
+CREATE TRIGGER instances_expect_lock_update AFTER UPDATE OF holds_alive_lock, lock_pid ON liveness.instances FOR EACH ROW WHEN (new.holds_alive_lock AND (NOT old.holds_alive_lock OR old.lock_pid IS DISTINCT FROM new.lock_pid)) EXECUTE FUNCTION liveness.note_alive_lock_expected();
+
 CREATE TRIGGER instances_notify_joined AFTER INSERT ON liveness.instances FOR EACH ROW EXECUTE FUNCTION liveness.notify_instance_event();
 
 CREATE TRIGGER instances_notify_left AFTER DELETE ON liveness.instances FOR EACH ROW EXECUTE FUNCTION liveness.notify_instance_event();
@@ -150,6 +162,18 @@ CREATE TRIGGER leases_notify_taken_insert AFTER INSERT ON liveness.leases FOR EA
 CREATE TRIGGER leases_notify_taken_update AFTER UPDATE OF epoch ON liveness.leases FOR EACH ROW WHEN (old.epoch IS DISTINCT FROM new.epoch) EXECUTE FUNCTION liveness.notify_lease_taken();
 
 -- Functions
+
+CREATE OR REPLACE FUNCTION liveness.alive_lock_absences_digest()
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT count(*)::text || ':'
+           || coalesce(bit_xor(pg_catalog.hashtextextended(a.instance_id::text || a.missing_since::text, 0)), 0)::text
+      FROM alive_lock_absences a
+$function$
+;
 
 CREATE OR REPLACE FUNCTION liveness.alive_lock_held(p_instance_id uuid)
  RETURNS boolean
@@ -857,6 +881,21 @@ END
 $function$
 ;
 
+CREATE OR REPLACE FUNCTION liveness.note_alive_lock_expected()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    INSERT INTO alive_lock_expectations AS e (shard, generation)
+    VALUES (pg_catalog.uuid_hash(NEW.instance_id) & 63, 1)
+    ON CONFLICT (shard) DO UPDATE SET generation = e.generation + 1;
+    RETURN NULL;
+END
+$function$
+;
+
 CREATE OR REPLACE FUNCTION liveness.notify_dead_instances(p_ids uuid[])
  RETURNS SETOF uuid
  LANGUAGE plpgsql
@@ -864,14 +903,30 @@ CREATE OR REPLACE FUNCTION liveness.notify_dead_instances(p_ids uuid[])
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
-    v_channel text := events_channel();
-    v_members text := members_channel();
-    v_id      uuid;
-    v_lease   text;
+    v_channel  text := events_channel();
+    v_members  text := members_channel();
+    v_started  timestamptz := pg_catalog.pg_postmaster_start_time();
+    v_id       uuid;
+    v_lease    text;
+    v_notified timestamptz;
+    v_stamped  boolean;
 BEGIN
     FOR v_id IN SELECT DISTINCT u FROM pg_catalog.unnest(p_ids) u LOOP
         IF coalesce((SELECT s.alive FROM instance_state_verdicts(p_instance_id => v_id) s), false) THEN
             CONTINUE;
+        END IF;
+        -- The current stamp's row, locked: two watchers that ask at once notify it once.
+        SELECT true, a.notified_at INTO v_stamped, v_notified
+          FROM alive_lock_absences a
+          JOIN instances i ON i.instance_id = a.instance_id AND i.lock_pid IS NOT DISTINCT FROM a.lock_pid
+         WHERE a.instance_id = v_id AND a.server_started_at = v_started
+           FOR UPDATE OF a;
+        IF v_notified IS NOT NULL THEN
+            RETURN NEXT v_id;
+            CONTINUE;
+        END IF;
+        IF v_stamped THEN
+            UPDATE alive_lock_absences a SET notified_at = pg_catalog.clock_timestamp() WHERE a.instance_id = v_id;
         END IF;
         PERFORM history_note_dead(v_id);
         PERFORM pg_catalog.pg_notify(v_members, 'dead:' || v_id::text);
@@ -1041,12 +1096,12 @@ BEGIN
          WHERE NOT EXISTS (SELECT 1 FROM alive_lock_absences k
                             WHERE k.instance_id = m.instance_id AND k.server_started_at = v_started
                               AND k.lock_pid IS NOT DISTINCT FROM m.lock_pid)
-        -- A stamp of an earlier server or lock session is replaced; one of this very lock,
-        -- committed by a concurrent stamper after this one's read, is kept as it is: its
-        -- earlier time stands, and the vanishing is recorded once.
+        -- A stamp of an earlier server or lock session is replaced, unnotified; one of this
+        -- very lock, committed by a concurrent stamper after this one's read, is kept as it
+        -- is: its earlier time stands, and the vanishing is recorded once.
         ON CONFLICT ON CONSTRAINT alive_lock_absences_pkey DO UPDATE
            SET missing_since = excluded.missing_since, server_started_at = excluded.server_started_at,
-               lock_pid = excluded.lock_pid
+               lock_pid = excluded.lock_pid, notified_at = NULL
          WHERE a.server_started_at IS DISTINCT FROM excluded.server_started_at
             OR a.lock_pid IS DISTINCT FROM excluded.lock_pid
         RETURNING a.instance_id),
@@ -1093,24 +1148,28 @@ CREATE OR REPLACE FUNCTION liveness.watch_alive_locks(p_digest text)
  SET search_path TO 'liveness', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
-    v_digest  text;
+    v_head    text;
     v_locks   integer;
     v_started timestamptz := pg_catalog.pg_postmaster_start_time();
     v_now     timestamptz := pg_catalog.clock_timestamp();
     v_since   timestamptz;
+    v_expects text;
 BEGIN
+    -- The generation of the locks the rows expect, read before the locks held: a row
+    -- names a lock session only once that session holds the lock (the claim records it;
+    -- a beat reports it after the claim), so a lock expected by the next reading and not
+    -- by this one was held before the next reading of the locks, and is either in it or
+    -- missing from it: either way the next tick sees what to stamp.
+    SELECT sum(e.generation)::text INTO v_expects FROM alive_lock_expectations e;
     SELECT count(*)::integer, count(*)::text || ':' || coalesce(bit_xor(k.key), 0)::text || ':' || coalesce(sum(k.key), 0)::text
-      INTO v_locks, v_digest
+           || '/' || v_expects
+      INTO v_locks, v_head
       FROM (SELECT ((l.classid::bigint << 32) | l.objid::bigint) # (l.pid::bigint * 2654435761) AS key
               FROM bigint_advisory_locks l
              WHERE l.granted AND l.mode = 'ExclusiveLock') k;
-    SELECT v_digest || '/' || count(*)::text || ':'
-           || coalesce(bit_xor(pg_catalog.hashtextextended(a.instance_id::text || a.missing_since::text, 0)), 0)::text
-      INTO v_digest
-      FROM alive_lock_absences a;
-    digest := v_digest;
-    RETURN NEXT;
+    digest := v_head || '/' || alive_lock_absences_digest();
     IF pg_catalog.pg_is_in_recovery() THEN
+        RETURN NEXT;
         RETURN;
     END IF;
     SELECT w.watched_at INTO v_since FROM alive_lock_watch w;
@@ -1131,16 +1190,19 @@ BEGIN
            SET watched_at = greatest(w.watched_at, excluded.watched_at), server_started_at = excluded.server_started_at,
                lock_count = excluded.lock_count;
     END IF;
-    IF v_digest IS NOT DISTINCT FROM p_digest THEN
+    IF digest IS NOT DISTINCT FROM p_digest THEN
+        RETURN NEXT;
         RETURN;
     END IF;
     PERFORM stamp_alive_lock_absences(NULL::uuid);
+    digest := v_head || '/' || alive_lock_absences_digest();
+    RETURN NEXT;
     RETURN QUERY
-        SELECT v_digest, a.instance_id,
+        SELECT digest, a.instance_id,
                extract(epoch FROM a.missing_since + coalesce(i.lock_grace, interval '1 second') - pg_catalog.now())::float8
-          FROM current_alive_lock_absences() a
-          JOIN instances i ON i.instance_id = a.instance_id
-         WHERE i.holds_alive_lock;
+          FROM alive_lock_absences a
+          JOIN instances i ON i.instance_id = a.instance_id AND i.lock_pid IS NOT DISTINCT FROM a.lock_pid
+         WHERE a.server_started_at = v_started AND a.notified_at IS NULL AND i.holds_alive_lock;
 END
 $function$
 ;

@@ -78,7 +78,8 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 	db.Exec(t, `SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database WHERE datname = current_database()), 0)`)
 
 	// The agents: alive locks, heartbeats, the reaper under its lease, and one elector
-	// each for the same job, so that one leads (acquire, renew) and one follows (leader).
+	// each for the same job, so that one leads (acquire, renew) and one follows (leader);
+	// one of them watches the service's members.
 	var agents []*liveness.Agent
 	var agentPools []*pgxpool.Pool
 	var wg sync.WaitGroup
@@ -112,6 +113,8 @@ func TestEveryStatementIsClassifiedAndCounted(t *testing.T) {
 			})
 		})
 	}
+	// A process that waits for membership listens to the members channel.
+	wg.Go(func() { _ = agents[0].WatchAlive(runCtx, "tagged", 0, func([]liveness.InstanceStatus) {}) })
 	// The crashing instance's session ends once a watcher has seen its lock: the watcher
 	// stamps it and, a grace later, notifies its death.
 	testutil.Eventually(t, 10*time.Second, "a watcher leading", func() bool {

@@ -4,18 +4,20 @@
 -- payloads).
 
 -- name: watch_alive_locks
--- One tick: the digest of the exclusive advisory locks and the absence stamps, and when
--- it differs from the previous tick's, the stamp of every vanished alive lock. From
+-- One tick: the digest of the exclusive advisory locks, the locks the rows expect (from
+-- migration 0021) and the absence stamps, and when it differs from the previous tick's,
+-- the stamp of every vanished alive lock. From
 -- migration 0010 on it also records the tick (while one is recent, refused lease tries
 -- judge holders from their rows and stamps, not pg_locks) and notifies the leases that
 -- expired since the previous one. $1 the previous digest (NULL on the first tick).
--- Returns the digest, then one row per standing absence: the instance and the seconds
--- until its grace ends.
+-- Returns the digest (after a stamp, as the stamp left the stamps), then one row per
+-- standing absence not notified yet: the instance and the seconds until its grace ends.
 SELECT w.digest, w.instance_id, w.dead_in FROM {schema}.watch_alive_locks($1::text) w
 
 -- name: notify_dead_instances
 -- Notifies dead:<id> for the instances of $1 (uuid[]) that are dead by the verdict, and
--- free:<name> for the leases they hold. Returns the ids notified.
+-- free:<name> for the leases they hold, once per absence (migration 0021: a stamp another
+-- watcher notified is not notified again). Returns the ids notified, by this call or before.
 SELECT d.id FROM {schema}.notify_dead_instances($1::uuid[]) AS d(id)
 
 -- name: watch_fresh
