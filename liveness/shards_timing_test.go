@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/logbuf"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/netfault"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testdb"
@@ -125,6 +127,7 @@ func (l *shardTimeline) checkNoOverlap(t *testing.T) {
 type timedMember struct {
 	agent *liveness.Agent
 	id    uuid.UUID
+	logs  *logbuf.Buffer // its agent's log, at debug, for a diagnosis
 	stop  context.CancelFunc // ends Shards and Run
 	done  chan struct{}      // closed once both have returned
 	// crashed: the database no longer hears from it, so its Run's last steps fail.
@@ -139,9 +142,13 @@ func startTimedMember(t *testing.T, cfg liveness.AgentConfig, set string, count 
 		cfg.InstanceID = uuid.New()
 	}
 	cfg.ServiceName = "sharded"
+	var logs *logbuf.Buffer
+	if cfg.Logger == nil {
+		cfg.Logger, logs = logbuf.Logger()
+	}
 	a := newAgent(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &timedMember{agent: a, id: cfg.InstanceID, stop: cancel, done: make(chan struct{})}
+	m := &timedMember{agent: a, id: cfg.InstanceID, logs: logs, stop: cancel, done: make(chan struct{})}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := a.Run(ctx); err != nil && !m.crashed.Load() {
@@ -364,15 +371,31 @@ func TestShardsOfACrashedOwnerMoveSoon(t *testing.T) {
 	crashing.crashed.Store(true)
 	crashed := time.Now()
 	proxy.Close()
+	// What the fleet's watchers see 2.5 s after the crash, while the shards should have
+	// moved and their leases have not expired: logged if they had not moved by then.
+	var early []string
+	diagnosed := make(chan struct{})
+	go func() {
+		defer close(diagnosed)
+		time.Sleep(2500*time.Millisecond - time.Since(crashed))
+		if movedBy(tl, crashing.id) {
+			return
+		}
+		early = crashDiagnosis(pool, crashing.id, members)
+	}()
 	moved := ownedOnlyBy(t, tl, shards, crashed, false, time.Minute, "the crashed member's shards owned by the others",
 		members[0].id, members[1].id)
 	tl.checkNoOverlap(t)
+	<-diagnosed
 	took := moved.Sub(crashed)
 	t.Logf("the crashed member's %d shards all moved %s after the crash (the target: 1.5 s)", by[crashing.id],
 		took.Round(time.Millisecond))
 	if took > 2*time.Second {
 		t.Errorf("the crashed member's shards all moved %s after the crash; want at most 2 s; the watchers at the crash: %v",
 			took, watchers)
+		for _, line := range early {
+			t.Logf("2.5 s after the crash: %s", line)
+		}
 		// What the schema recorded of the crashed instance, for the diagnosis: its death
 		// (when and how), and its member lease's end.
 		rows, err := pool.Query(context.Background(), `SELECT at, kind, coalesce(lease_name, ''), coalesce(how, ''),
@@ -432,4 +455,61 @@ func TestShardsOwnedAgainSoonAfterAServerRestart(t *testing.T) {
 	if last.Sub(back) > 2*time.Second {
 		t.Errorf("every shard owned again %s after the server's return; want at most 2 s", last.Sub(back))
 	}
+}
+
+// movedBy says whether no shard is owned by id any more.
+func movedBy(tl *shardTimeline, id uuid.UUID) bool {
+	_, by, _ := tl.owned()
+	return by[id] == 0
+}
+
+// crashDiagnosis is what the schema and the surviving members say about a crashed
+// member's death: the last watcher tick, its row, its stamp, who holds its lock key, the
+// watcher leases, and the survivors' watcher-related log lines.
+func crashDiagnosis(pool *pgxpool.Pool, id uuid.UUID, survivors []*timedMember) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var out []string
+	for _, q := range []string{
+		`SELECT 'last tick ' || round(extract(epoch FROM clock_timestamp() - watched_at)::numeric, 3) || ' s ago, '
+		        || lock_count || ' locks' FROM liveness.alive_lock_watch WHERE $1::uuid IS NOT NULL`,
+		`SELECT 'row: holds ' || holds_alive_lock || ', lock_pid ' || coalesce(lock_pid::text, 'null') || ', beat '
+		        || round(extract(epoch FROM clock_timestamp() - last_heartbeat_at)::numeric, 3) || ' s ago'
+		   FROM liveness.instances WHERE instance_id = $1`,
+		`SELECT 'stamp: missing since ' || round(extract(epoch FROM clock_timestamp() - missing_since)::numeric, 3)
+		        || ' s ago, lock_pid ' || coalesce(lock_pid::text, 'null') || ', notified ' || (notified_at IS NOT NULL)
+		   FROM liveness.alive_lock_absences WHERE instance_id = $1`,
+		`SELECT 'its lock key held by ' || l.pid || ' (' || coalesce(a.application_name, '?') || ', ' || coalesce(a.state, '?') || ')'
+		   FROM liveness.instances i JOIN liveness.bigint_advisory_locks l
+		     ON l.granted AND l.classid = i.lock_classid AND l.objid = i.lock_objid
+		   LEFT JOIN pg_stat_activity a ON a.pid = l.pid WHERE i.instance_id = $1`,
+		`SELECT 'lease ' || name || ': ' || coalesce(holder_instance_id::text, 'none') || ', expires in '
+		        || round(extract(epoch FROM expires_at - clock_timestamp())::numeric, 3) || ' s'
+		   FROM liveness.leases WHERE name LIKE 'pg_liveness.watcher.%' AND $1::uuid IS NOT NULL ORDER BY name`,
+		`SELECT 'verdict: ' || state FROM liveness.instance_states() WHERE instance_id = $1`,
+	} {
+		rows, err := pool.Query(ctx, q, id)
+		if err != nil {
+			out = append(out, fmt.Sprintf("%.40s…: %v", q, err))
+			continue
+		}
+		for rows.Next() {
+			var line string
+			if rows.Scan(&line) == nil {
+				out = append(out, line)
+			}
+		}
+		rows.Close()
+	}
+	for _, m := range survivors {
+		if m.logs == nil {
+			continue
+		}
+		for _, line := range strings.Split(m.logs.String(), "\n") {
+			if strings.Contains(line, "watch") || strings.Contains(line, "tick") || strings.Contains(line, "dead") {
+				out = append(out, fmt.Sprintf("member %s: %s", m.id.String()[:8], line))
+			}
+		}
+	}
+	return out
 }
