@@ -378,7 +378,7 @@ func TestShardsOfACrashedOwnerMoveSoon(t *testing.T) {
 	go func() {
 		defer close(diagnosed)
 		time.Sleep(2500*time.Millisecond - time.Since(crashed))
-		if movedBy(tl, crashing.id) {
+		if movedFrom(tl, shards, crashing.id) {
 			return
 		}
 		early = crashDiagnosis(pool, crashing.id, members)
@@ -457,10 +457,10 @@ func TestShardsOwnedAgainSoonAfterAServerRestart(t *testing.T) {
 	}
 }
 
-// movedBy says whether no shard is owned by id any more.
-func movedBy(tl *shardTimeline, id uuid.UUID) bool {
-	_, by, _ := tl.owned()
-	return by[id] == 0
+// movedFrom says whether every one of the count shards is owned, none by id.
+func movedFrom(tl *shardTimeline, count int, id uuid.UUID) bool {
+	total, by, _ := tl.owned()
+	return total == count && by[id] == 0
 }
 
 // crashDiagnosis is what the schema and the surviving members say about a crashed
