@@ -350,9 +350,14 @@ func TestShardsOfACrashedOwnerMoveSoon(t *testing.T) {
 	settle(t, tl, shards, append(members, crashing), time.Minute)
 	// A member may own shards before its row records its lock held: the fleet judges it
 	// by its heartbeat alone until then, and its crash moves its shards only at their
-	// leases' expiry. This test is about a member whose lock is held; it waits for that.
-	testutil.Eventually(t, 30*time.Second, "the crashing member alive by its lock", func() bool {
-		return testdb.States(t, pool)[crashing.id.String()] == string(liveness.StateAlive)
+	// leases' expiry. This test is about a member whose lock is held and recorded so; it
+	// waits for both (alive by pg_locks is not enough: the beat that records the claim
+	// may still be on its way, and the crash may cut it).
+	testutil.Eventually(t, 30*time.Second, "the crashing member alive by its lock, its row recording it held", func() bool {
+		var recorded bool
+		err := pool.QueryRow(context.Background(), `SELECT holds_alive_lock FROM liveness.instances WHERE instance_id = $1`,
+			crashing.id).Scan(&recorded)
+		return err == nil && recorded && testdb.States(t, pool)[crashing.id.String()] == string(liveness.StateAlive)
 	})
 	_, by, _ := tl.owned()
 	var watchers []string // who leads the watchers at the crash, for the diagnosis
