@@ -127,7 +127,7 @@ func (l *shardTimeline) checkNoOverlap(t *testing.T) {
 type timedMember struct {
 	agent *liveness.Agent
 	id    uuid.UUID
-	logs  *logbuf.Buffer // its agent's log, at debug, for a diagnosis
+	logs  *logbuf.Buffer     // its agent's log, at debug, for a diagnosis
 	stop  context.CancelFunc // ends Shards and Run
 	done  chan struct{}      // closed once both have returned
 	// crashed: the database no longer hears from it, so its Run's last steps fail.
