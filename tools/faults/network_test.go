@@ -355,6 +355,7 @@ func TestNetworkBlipUnderAVerification(t *testing.T) {
 			kept++
 		}
 	}
+	sc.s.Trials = trials()
 	sc.bound("lock trusted again, from the heal", 0, 10*time.Second)
 	sc.note("The cut comes %s before the verification is due, so it is sent into the cut; the lock stops "+
 		"counting as held a second after it was sent. The same backend held the lock before and after the blip "+
