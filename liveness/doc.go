@@ -139,7 +139,11 @@
 //     as on a return; a release that fails (the server restarting, failing over, out of
 //     reach) is sent again every 0.5 s until it succeeds or the row has expired, so that
 //     the lease is free as soon as the server answers: otherwise nobody could take it
-//     until it expired, since its holder instance is alive again then.
+//     until it expired, since its holder instance is alive again then. So is an
+//     acquisition whose answer was lost (the connection cut while the server went on
+//     with it): the row it may have written is deleted by its holder token, at once or,
+//     when the server is out of reach, before this process's next acquisition of any
+//     lease.
 //   - Crash. The callback dies with the process. Another process may start once the
 //     holder is dead by the verdict: the lock grace after PostgreSQL freed the lock (at
 //     once for a killed process, after the keepalive for a vanished host; the watcher

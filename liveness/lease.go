@@ -100,6 +100,17 @@ type Leases struct {
 
 	mu    sync.Mutex
 	names map[string]*leaseCounts
+	// unanswered are, by lease name, the holder tokens of acquisitions that may hold a
+	// row this process never learned of, until they are deleted or their ttl has passed
+	// (giveBack).
+	unanswered map[string][]unansweredTake
+}
+
+// unansweredTake is an acquisition that may hold a row nobody renews: its answer was
+// lost, or it was taken when nobody wanted it any more, and the abandon has not landed.
+type unansweredTake struct {
+	holder  string
+	expires time.Time
 }
 
 // NewLeases checks cfg and returns a Leases; errors are *ConfigError.
@@ -250,6 +261,7 @@ func (l *Leases) acquireIn(ctx, parent context.Context, name string, ttl time.Du
 		heldByLive       bool
 		heldBy           *uuid.UUID
 	)
+	l.abandonUnanswered(ctx)
 	err = l.sendAcquire(actx, trustUntil, func(ctx context.Context, conn *pgxpool.Conn) error {
 		return conn.QueryRow(ctx, l.stmts.acquire, name, holder, ttl.Seconds(), l.id, l.host).
 			Scan(&epochOrNil, &taken, &expiresAt, &heldByLive, &heldBy)
@@ -270,20 +282,14 @@ func (l *Leases) acquireIn(ctx, parent context.Context, name string, ttl time.Du
 	fenceAt := fenceUntil(*expiresAt, time.Since(start), margin)
 	if err == nil && actx.Err() != nil {
 		// Taken as the caller gave up: give it back at once rather than at its ttl.
-		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
-		_, _ = l.pool.Exec(dctx, l.stmts.abandon, name, holder)
-		dcancel()
+		l.giveBack(ctx, []string{name}, []string{holder}, ttl)
 		return nil, fmt.Errorf("liveness: acquire lease %q: %w", name, context.Cause(actx))
 	}
 	if err != nil {
-		if actx.Err() != nil {
-			// The insert may have committed before its answer was lost (the caller gave
-			// up, or the window ran out): delete what this acquisition may hold, so that
-			// the lease does not wait for its ttl.
-			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
-			_, _ = l.pool.Exec(dctx, l.stmts.abandon, name, holder)
-			dcancel()
-		}
+		// The insert may have committed before its answer was lost (the caller gave up,
+		// the window ran out, the connection was cut, the server is restarting): delete
+		// what this acquisition may hold, so that the lease does not wait for its ttl.
+		l.giveBack(ctx, []string{name}, []string{holder}, ttl)
 		return nil, fmt.Errorf("liveness: acquire lease %q: %w", name, logging.RedactError(err))
 	}
 	var life *leadership
@@ -292,9 +298,7 @@ func (l *Leases) acquireIn(ctx, parent context.Context, name string, ttl time.Du
 		// proved held since before the acquisition ran: the fleet may call this instance
 		// dead one lock grace after its lock vanished, however recently it was renewed.
 		if life, err = l.life.lead(actx, mark, time.Now()); err != nil {
-			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
-			_, _ = l.pool.Exec(dctx, l.stmts.abandon, name, holder)
-			dcancel()
+			l.giveBack(ctx, []string{name}, []string{holder}, ttl)
 			l.log.Debug("lease given back: the alive lock was not proved held in time", "lease", name, "epoch", epoch, "err", err)
 			return nil, errNotAlive
 		}

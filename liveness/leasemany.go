@@ -56,6 +56,7 @@ func (l *Leases) acquireMany(ctx context.Context, names []string, group *leaseGr
 		takenAt, expires time.Time
 	}
 	var got []taken
+	l.abandonUnanswered(ctx)
 	err = l.sendAcquire(actx, trustUntil, func(ctx context.Context, conn *pgxpool.Conn) error {
 		got = got[:0]
 		rows, err := conn.Query(ctx, l.stmts.acquireMany, names, holders, ttl.Seconds(), l.id, l.host)
@@ -71,11 +72,10 @@ func (l *Leases) acquireMany(ctx context.Context, names []string, group *leaseGr
 	})
 	roundTrip := time.Since(start)
 	if err != nil || actx.Err() != nil {
-		if actx.Err() != nil {
-			// Taken as the caller gave up, or the answer was lost with the statement
-			// perhaps committed: give back whatever this batch may hold at once.
-			l.abandonMany(ctx, names, holders)
-		}
+		// Taken as the caller gave up, or the answer was lost with the statement perhaps
+		// committed (the connection cut, the server restarting): give back whatever this
+		// batch may hold at once, or before the next acquisition of its names.
+		l.giveBack(ctx, names, holders, ttl)
 		if err == nil {
 			err = context.Cause(actx)
 		}
@@ -95,7 +95,7 @@ func (l *Leases) acquireMany(ctx context.Context, names []string, group *leaseGr
 			for i, r := range got {
 				gave[i], tokens[i] = r.name, holderOf[r.name]
 			}
-			l.abandonMany(ctx, gave, tokens)
+			l.giveBack(ctx, gave, tokens, ttl)
 			l.log.Debug("leases given back: the alive lock was not proved held in time", "leases", len(got), "err", err)
 			return nil, errNotAlive
 		}
@@ -120,12 +120,69 @@ func (l *Leases) acquireMany(ctx context.Context, names []string, group *leaseGr
 	return out, nil
 }
 
-// abandonMany deletes what acquisitions whose answer was lost may hold (names and their
-// holders), with its own short deadline.
-func (l *Leases) abandonMany(ctx context.Context, names, holders []string) {
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
+// giveBack deletes what acquisitions (names and their holder tokens) may hold that this
+// process will not lead: their answer was lost, with the statement perhaps committed, or
+// they were taken when nobody wanted them any more. What it cannot delete now (the
+// server restarting, out of reach) is deleted before this process's next acquisition of
+// any lease, until their ttl has passed: the holder, alive again as soon as the server
+// answers, would otherwise keep the lease from everyone, itself included, for its ttl.
+// It runs even when ctx has ended (the caller gave up), within runReleaseTimeout.
+func (l *Leases) giveBack(ctx context.Context, names, holders []string, ttl time.Duration) {
+	now := time.Now()
+	l.mu.Lock()
+	if l.unanswered == nil {
+		l.unanswered = map[string][]unansweredTake{}
+	}
+	for i, n := range names {
+		l.unanswered[n] = append(l.unanswered[n], unansweredTake{holder: holders[i], expires: now.Add(ttl)})
+	}
+	l.mu.Unlock()
+	l.abandonUnanswered(context.WithoutCancel(ctx))
+}
+
+// abandonUnanswered deletes, by their holder tokens (so nothing else), the rows that the
+// given-back acquisitions may hold, whatever their names (the lease may be another
+// process's to take now), under ctx and within runReleaseTimeout; those it cannot delete
+// now are kept for this process's next acquisition. With nothing given back, it sends
+// nothing.
+func (l *Leases) abandonUnanswered(ctx context.Context) {
+	var ns, hs []string
+	now := time.Now()
+	l.mu.Lock()
+	for n, takes := range l.unanswered {
+		takes = slices.DeleteFunc(takes, func(u unansweredTake) bool { return !now.Before(u.expires) })
+		for _, u := range takes {
+			ns, hs = append(ns, n), append(hs, u.holder)
+		}
+		if len(takes) == 0 {
+			delete(l.unanswered, n)
+		} else {
+			l.unanswered[n] = takes
+		}
+	}
+	l.mu.Unlock()
+	if len(ns) == 0 {
+		return
+	}
+	dctx, cancel := context.WithTimeout(ctx, runReleaseTimeout)
 	defer cancel()
-	_, _ = l.pool.Exec(dctx, l.stmts.abandonMany, names, holders)
+	var err error
+	if len(ns) == 1 {
+		_, err = l.pool.Exec(dctx, l.stmts.abandon, ns[0], hs[0])
+	} else {
+		_, err = l.pool.Exec(dctx, l.stmts.abandonMany, ns, hs)
+	}
+	if err != nil {
+		return // kept for the next try
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, n := range ns {
+		l.unanswered[n] = slices.DeleteFunc(l.unanswered[n], func(u unansweredTake) bool { return u.holder == hs[i] })
+		if len(l.unanswered[n]) == 0 {
+			delete(l.unanswered, n)
+		}
+	}
 }
 
 // manyBatch is the most leases one statement releases or leaves to expire: the server

@@ -127,6 +127,20 @@ func (p *Proxy) FreezeEstablished() {
 	}
 }
 
+// CutEstablished closes the connections open now, both of their sides, and goes on
+// accepting new ones: the client learns that its session is gone, while the server's
+// backend notices only when it next reads or writes (one waiting for a lock goes on,
+// and commits).
+func (p *Proxy) CutEstablished() {
+	p.mu.Lock()
+	conns := p.conns
+	p.conns = nil
+	p.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
 // Thaw delivers what was held, and relays again.
 func (p *Proxy) Thaw() {
 	p.all.thaw()
