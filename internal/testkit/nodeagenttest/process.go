@@ -122,8 +122,20 @@ func AttachProcess(t *testing.T, where string, id uuid.UUID, database string, to
 	return p
 }
 
-// Next is the process's next answer to an attach.
+// Next is the process's next answer to an attach. The node agent's notifications
+// (op "event": a lease taken or freed anywhere in the fleet) may come before it at any
+// time and are skipped: they answer nothing.
 func (p *Process) Next(t *testing.T) Answer {
+	t.Helper()
+	for {
+		if a := p.next(t); a.Op != "event" {
+			return a
+		}
+	}
+}
+
+// next is the process's next line, whatever it is.
+func (p *Process) next(t *testing.T) Answer {
 	t.Helper()
 	type result struct {
 		line string
