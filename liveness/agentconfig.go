@@ -19,6 +19,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/lease"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/nodeagent/proto"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
@@ -132,7 +133,7 @@ type shutdownSteps struct {
 
 func (c AgentConfig) shutdownSteps() shutdownSteps {
 	c = c.withDefaults()
-	s := shutdownSteps{windDown: c.JobWindDown, letGo: runReleaseTimeout, beat: beatTimeout(c.Timing.HeartbeatInterval),
+	s := shutdownSteps{windDown: c.JobWindDown, letGo: lease.ReleaseTimeout, beat: beatTimeout(c.Timing.HeartbeatInterval),
 		removeRow: c.ShutdownTimeout, closeLock: alivelock.CloseTimeout}
 	if c.Mode == ModeHeartbeatTableOnly {
 		s.closeLock = 0 // no lock, no session

@@ -156,9 +156,12 @@ var libraryLayers = [][]string{
 	// out), the notifications and the hub that hands them to a process's waiters, the
 	// node agent's protocol (both ends speak it), and the redacting logger.
 	{"internal/defaults", "internal/lifegate", "internal/notify", "internal/nodeagent/proto", "internal/logging"},
-	{"internal/store"},                   // the data layer: every statement and row
-	{"internal/alivelock", "migrations"}, // the alive lock (own session or node agent); the schema
-	{"liveness", "internal/nodeagent"},   // the facade; the node agent's server, the binary's
+	{"internal/store"}, // the data layer: every statement and row
+	// The alive lock (on the agent's own session or through a node agent); the leases and
+	// their fence, which hold no connection and know nothing of the alive lock (the facade
+	// hands them its life gate); the schema.
+	{"internal/alivelock", "internal/lease", "migrations"},
+	{"liveness", "internal/nodeagent"}, // the facade; the node agent's server, the binary's
 }
 
 // TestLayers: the imports show the layers (each package's own imports, not its tests'):

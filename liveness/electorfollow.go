@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/lease"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 )
 
@@ -23,10 +24,10 @@ import (
 // the lease, whose taken:<name> sends back to waiting those that have not tried yet. It
 // returns the lease once taken, with the gate entered, or nil when ctx ends.
 func (e *campaign) follow(ctx context.Context) *Lease {
-	lease := e.cfg.Lease
-	freed, unsubscribeFree := e.leases.events.Subscribe(func(ev notify.Event) bool { return ev.Kind == notify.Free && ev.ID == lease })
+	name := e.cfg.Lease
+	freed, unsubscribeFree := e.leases.events.Subscribe(func(ev notify.Event) bool { return ev.Kind == notify.Free && ev.ID == name })
 	defer unsubscribeFree()
-	taken, unsubscribeTaken := e.leases.events.SubscribeNews(func(ev notify.Event) bool { return ev.Kind == notify.Taken && ev.ID == lease })
+	taken, unsubscribeTaken := e.leases.events.SubscribeNews(func(ev notify.Event) bool { return ev.Kind == notify.Taken && ev.ID == name })
 	defer unsubscribeTaken()
 	deadHere, unsubscribeDeadHere := e.leases.events.SubscribeNews(func(ev notify.Event) bool { return ev.Kind == notify.DeadHere })
 	defer unsubscribeDeadHere()
@@ -51,13 +52,13 @@ func (e *campaign) follow(ctx context.Context) *Lease {
 		switch {
 		case !try:
 		case e.cfg.slot == nil || e.cfg.slot.CompareAndSwap(slotFree, slotTrying):
-			var lease *Lease
+			var le *Lease
 			var failed bool
-			if lease, quiet, failed = e.try(ctx); lease != nil {
+			if le, quiet, failed = e.try(ctx); le != nil {
 				if e.cfg.slot != nil {
 					e.cfg.slot.Store(slotLeading)
 				}
-				return lease
+				return le
 			}
 			if e.cfg.slot != nil {
 				e.cfg.slot.Store(slotFree)
@@ -179,8 +180,8 @@ const steadyAfter = 2 * time.Second
 // steady reports whether a refused try means that someone else holds the lease: the
 // Agent's alive lock has been held for steadyAfter.
 func (e *campaign) steady() bool {
-	m, ok := e.leases.life.(interface{ steadyFor() time.Duration })
-	return ok && m.steadyFor() >= steadyAfter
+	m := e.leases.life
+	return m != nil && m.steadyFor() >= steadyAfter
 }
 
 // awaitTurn waits a random part of freeSpread after a wake-up that the lease is free,
@@ -215,25 +216,25 @@ const freeSpread = 250 * time.Millisecond
 // whose release failed; the database does not yet judge this instance alive, its lock
 // just re-claimed) or a failure (a pool's dead connections after a server restart) ends
 // with nothing notified, and the next try comes after RetryPeriod.
-func (e *campaign) try(ctx context.Context) (lease *Lease, quiet, failed bool) {
+func (e *campaign) try(ctx context.Context) (le *Lease, quiet, failed bool) {
 	if !e.gate.enter() {
 		return nil, false, false // the Agent stops: ctx ends with it
 	}
 	// The lease outlives the campaign's context: it is let go only once the job has
 	// returned (lead).
-	lease, err := e.leases.acquire(ctx, context.WithoutCancel(ctx), e.cfg.Lease, e.cfg.TTL)
+	le, err := e.leases.acquire(ctx, context.WithoutCancel(ctx), e.cfg.Lease, e.cfg.TTL)
 	if err == nil {
-		return lease, false, false
+		return le, false, false
 	}
 	e.gate.leave()
 	switch {
-	case errors.Is(err, errNotAlive):
+	case errors.Is(err, lease.ErrNotAlive):
 		e.observe(ctx)
 	case errors.Is(err, ErrLeaseHeld):
 		// The refusal says who holds the lease: only a live holder other than this
 		// instance notifies the end of its hold (free:<name>).
-		var held *leaseHeldError
-		quiet := errors.As(err, &held) && held.live && held.holder != uuid.Nil && held.holder != e.leases.instanceID()
+		var held *lease.HeldError
+		quiet := errors.As(err, &held) && held.Live && held.Holder != uuid.Nil && held.Holder != e.leases.instanceID()
 		e.observe(ctx)
 		return nil, quiet, false
 	case ctx.Err() == nil:

@@ -9,7 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/pg-liveness/pg_liveness_exporter/internal/lease"
 )
 
 // Every error this package writes starts with "liveness: ", then says the part or the
@@ -17,12 +18,13 @@ import (
 // fmt.Errorf with a literal text that starts so, or fmt.Errorf("%w: ...", errX) that
 // starts with a sentinel of this package (whose own text is checked here too). The one
 // exception is a cause written to sit inside another error of the package, as a
-// FencedError's Err. So do the errors of the internal packages its alive lock shares
-// with the node agent, and of the node agent's server, whose errors reach the same logs.
+// FencedError's Err. So do the errors of its leases (internal/lease), of the internal
+// packages its alive lock shares with the node agent, and of the node agent's server,
+// whose errors reach the same logs.
 func TestErrorsStartWithLiveness(t *testing.T) {
 	var files []string
-	for _, dir := range []string{".", "../internal/alivelock", "../internal/notify", "../internal/nodeagent",
-		"../internal/nodeagent/proto"} {
+	for _, dir := range []string{".", "../internal/lease", "../internal/alivelock", "../internal/notify",
+		"../internal/nodeagent", "../internal/nodeagent/proto"} {
 		matched, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil || len(matched) == 0 {
 			t.Fatalf("no Go files in %s: %v", dir, err)
@@ -61,6 +63,15 @@ func TestErrorsStartWithLiveness(t *testing.T) {
 	}
 	if len(sentinels) < 10 || !sentinels["ErrLeaseLost"] {
 		t.Fatalf("found only these sentinels: %v", sentinels)
+	}
+	// internal/lease wraps this package's sentinels, which it holds as the fields of its
+	// Errors (le.leases.errs.Lost): those fields count as sentinels, and hold this
+	// package's.
+	for name, e := range map[string]error{"Held": leaseErrors.Held, "Lost": leaseErrors.Lost, "Released": leaseErrors.Released} {
+		if e != ErrLeaseHeld && e != ErrLeaseLost && e != ErrLeaseReleased {
+			t.Errorf("lease.Errors.%s is %v, not a sentinel of this package", name, e)
+		}
+		sentinels[name] = true
 	}
 
 	checked := 0
@@ -101,14 +112,15 @@ func TestErrorsStartWithLiveness(t *testing.T) {
 	// The package's error types say it too.
 	types := map[string]error{
 		"ConfigError":    &ConfigError{Field: "X.Y", Reason: "must be set"},
-		"LeaseLostError": &LeaseLostError{Name: "jobs", Epoch: 1, Reason: lostTaken},
+		"LeaseLostError": &LeaseLostError{Name: "jobs", Epoch: 1, Reason: lease.ReasonTaken},
 		"FencedError":    &FencedError{Lease: "jobs", Epoch: 1},
-		"leaseHeldError": &leaseHeldError{},
+		"HeldError":      &lease.HeldError{Err: ErrLeaseHeld},
+		"Loss":           &lease.Loss{Name: "jobs", Epoch: 1, Reason: lease.ReasonTaken},
 	}
 	// Causes that only ever travel inside a LeaseLostError (its Err): the wrapper says
 	// "liveness: ", so they must not say it again.
 	causes := map[string]error{
-		"txOutlivedError": &txOutlivedError{age: time.Second, bound: time.Second},
+		"OutlivedError": &lease.OutlivedError{},
 	}
 	var found []string
 	for _, f := range parsed {
@@ -137,7 +149,7 @@ func TestErrorsStartWithLiveness(t *testing.T) {
 		if strings.HasPrefix(e.Error(), "liveness: ") {
 			t.Errorf("%s's Error() = %q: it is wrapped by LeaseLostError, which already starts with \"liveness: \"", name, e.Error())
 		}
-		wrapped := (&LeaseLostError{Name: "jobs", Epoch: 1, Reason: lostExpired, Err: e}).Error()
+		wrapped := (&LeaseLostError{Name: "jobs", Epoch: 1, Reason: lease.ReasonExpired, Err: e}).Error()
 		if strings.Count(wrapped, "liveness: ") != 1 {
 			t.Errorf("a LeaseLostError wrapping %s reads %q", name, wrapped)
 		}

@@ -362,7 +362,7 @@ func TestFencedWritesOfAHealthyLeaderWaitingASecondAreNotRefused(t *testing.T) {
 
 	// The writes that must commit, each under a leadership that stays healthy through
 	// them. On a loaded machine the leader's own gate may end a leadership meanwhile
-	// (lostNotAlive: it could not prove life in time), which says nothing of the horizon
+	// (Reason "not_alive": it could not prove life in time), which says nothing of the horizon
 	// tested here; the writes then run again under a new one, at most three times. Any
 	// other refusal fails.
 	counted := 0

@@ -128,7 +128,7 @@ func TestShardsFencedTransactionShorterThanTheTTLCostsNoLease(t *testing.T) {
 
 // Past its lease's TTL, a fenced transaction costs its own lease and nothing else: its
 // running statement is cancelled on the server (so that a takeover, which waits for the
-// fenced transaction, is not held back by it), its lease ends (lostExpired) with one log
+// fenced transaction, is not held back by it), its lease ends (Reason "expired") with one log
 // line naming the transaction's age and the bound, its write is a *FencedError, and the
 // other shards of the member keep their leases. The member then owns the shard again,
 // under a new epoch: nothing holds its row any more.

@@ -86,7 +86,7 @@ func (h *heldBackWrites) check(t *testing.T) {
 
 // TestFenceDeadlineRefusesALeadersWriteHeldBackPastItsStepDown reproduces the soak's
 // violation: a leader sends a fenced write just as a partition begins, steps down
-// (lostNotAlive: it can no longer prove its alive lock) and is told so; once the partition
+// (Reason "not_alive": it can no longer prove its alive lock) and is told so; once the partition
 // heals, TCP delivers the write, and the server, which still holds the leader's lock over
 // the half-open session and so still counts the lease held, ran it. The fence deadline,
 // on the server's clock, refuses it.

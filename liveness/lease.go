@@ -1,24 +1,24 @@
-// Leases, and taking a lease: the Lease type, TryAcquire and Run, and the statements
-// they send.
+// Leases and a lease, as users hold them: the names, the errors and the guarantees. The
+// mechanism (acquisition, renewal, trust window, fence, fenced transactions, batches) is
+// internal/lease's; these types hand each call to it, and make the errors it reports.
 
 package liveness
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pg-liveness/pg_liveness_exporter/internal/lease"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/store"
@@ -27,16 +27,26 @@ import (
 // MinLeaseTTL is the shortest ttl a lease may have.
 const MinLeaseTTL = 100 * time.Millisecond
 
-// runReleaseTimeout bounds one statement that lets a lease go (a release, an abandoned
-// acquisition's delete, a lease left to expire), which runs even when the caller's
-// context has ended (shutdown), so that other instances can take the lease at once.
-const runReleaseTimeout = 5 * time.Second
-
 // ErrLeaseHeld is returned by Leases.TryAcquire when another holder has the lease.
 var ErrLeaseHeld = errors.New("liveness: the lease is held by another holder")
 
-// errNotAlive refuses an acquisition while the holder instance cannot prove life.
-var errNotAlive = errors.New("liveness: this instance cannot prove it is alive")
+// ErrLeaseLost matches (errors.Is) every *LeaseLostError, and every error of a fence that
+// found its lease not held.
+var ErrLeaseLost = errors.New("liveness: lease lost")
+
+// ErrLeaseReleased is the cause of a lease's context after Release.
+var ErrLeaseReleased = errors.New("liveness: lease released")
+
+// ErrFenced matches (errors.Is) every *FencedError: a fenced write that was refused, of
+// which nothing committed.
+var ErrFenced = errors.New("liveness: fenced write refused")
+
+// SQLStateCommitLate is the SQLSTATE of a COMMIT that the server refused because it
+// came past the deadline of a fence in its transaction (migration 0009's check at
+// commit): what a transaction committed by its own caller after Lease.Fence gets, as a
+// *pgconn.PgError. The transaction is rolled back. Lease.BeginTx's Commit returns a
+// *FencedError instead.
+const SQLStateCommitLate = "LVF03"
 
 // LeasesConfig configures Leases: leases in a table and nothing else, no alive lock (the
 // design that replaced a session advisory lock held on a pool connection). A lease is
@@ -60,21 +70,7 @@ type LeasesConfig struct {
 	// expires; a lease is taken only while that instance is alive by the one verdict, and
 	// ends the moment life says it can no longer prove that.
 	instanceID uuid.UUID
-	life       lifeGate
-}
-
-// lifeGate says whether this instance, leading nothing, can count on the fleet seeing it
-// alive, and gives each lease it takes a leadership that says so for a leader
-// (lifeMonitor).
-type lifeGate interface {
-	Alive() bool
-	Changed() <-chan struct{} // closed at the next change of Alive
-	// hold is taken just before an acquisition is sent, and lead once it has succeeded
-	// (answered at answered): it returns when the lease may be trusted, with the
-	// leadership the lease follows (stop it when the lease ends), or an error when it may
-	// not be trusted.
-	hold() holdMark
-	lead(ctx context.Context, mark holdMark, answered time.Time) (*leadership, error)
+	life       *lifeMonitor
 }
 
 // Leases takes and keeps table leases: singleton jobs held by a row in <schema>.leases,
@@ -86,31 +82,17 @@ type lifeGate interface {
 // so the window closes at least margin before the row expires by the database clock (at
 // equal clock rates): the lease's context is cancelled before anyone else can take it.
 type Leases struct {
-	pool   *pgxpool.Pool
-	stmts  leaseStatements
-	margin time.Duration
-	log    *slog.Logger
-	host   string
-	id     *uuid.UUID // the holder instance, or nil
-	life   lifeGate
-	events *notify.Hub // the Agent's notifications, which wake its campaigns' followers; nil without
+	in    *lease.Leases
+	pool  *pgxpool.Pool
+	stmts campaignStatements
+	log   *slog.Logger
+	life  *lifeMonitor // the Agent's; nil without one
+	// events are the Agent's notifications, which wake its campaigns' followers; nil
+	// without an Agent.
+	events *notify.Hub
 	// fleet is the fleet's size as the Agent's sentry last read it (0: unknown, or no
 	// Agent): followers poll rarer in a larger fleet (quietPeriod).
 	fleet *atomic.Int64
-
-	mu    sync.Mutex
-	names map[string]*leaseCounts
-	// unanswered are, by lease name, the holder tokens of acquisitions that may hold a
-	// row this process never learned of, until they are deleted or their ttl has passed
-	// (giveBack).
-	unanswered map[string][]unansweredTake
-}
-
-// unansweredTake is an acquisition that may hold a row nobody renews: its answer was
-// lost, or it was taken when nobody wanted it any more, and the abandon has not landed.
-type unansweredTake struct {
-	holder  string
-	expires time.Time
 }
 
 // NewLeases checks cfg and returns a Leases; errors are *ConfigError.
@@ -122,24 +104,129 @@ func NewLeases(cfg LeasesConfig) (*Leases, error) {
 		return nil, &ConfigError{Field: "LeasesConfig.Margin", Reason: fmt.Sprintf("(%s) must not be negative", cfg.Margin)}
 	}
 	log := logging.Wrap(cfg.Logger)
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "unknown"
+	lc := lease.Config{Pool: cfg.Pool, Schema: cfg.Schema, Margin: cfg.Margin, Logger: log, Errors: leaseErrors,
+		InstanceID: cfg.instanceID}
+	if cfg.life != nil { // a nil *lifeMonitor in the interface would not be a nil Gate
+		lc.Gate = cfg.life
 	}
-	l := &Leases{
-		pool:   cfg.Pool,
-		stmts:  newLeaseStatements(cfg.Schema),
-		margin: cfg.Margin,
-		log:    log,
-		host:   host,
-		life:   cfg.life,
-		names:  map[string]*leaseCounts{},
+	return &Leases{in: lease.New(lc), pool: cfg.Pool, stmts: newCampaignStatements(cfg.Schema), log: log, life: cfg.life}, nil
+}
+
+// campaignStatements are the statements the campaigns and the shard sets send beside
+// their leases' (internal/store/sql/leases.sql), rendered once for one schema.
+type campaignStatements struct {
+	leader, shardMembers, shardFree string
+}
+
+func newCampaignStatements(schema string) campaignStatements {
+	return campaignStatements{
+		leader:       store.LeaseLeader.In(schema).SQL,
+		shardMembers: store.ShardMembers.In(schema).SQL,
+		shardFree:    store.ShardFree.In(schema).SQL,
 	}
-	if cfg.instanceID != uuid.Nil {
-		id := cfg.instanceID
-		l.id = &id
+}
+
+// acquire takes name under ctx, for a lease that lives under parent, whose end stops its
+// renewals (lease.Leases.Acquire).
+func (l *Leases) acquire(ctx, parent context.Context, name string, ttl time.Duration) (*Lease, error) {
+	in, err := l.in.Acquire(ctx, parent, name, ttl)
+	if err != nil {
+		return nil, err
 	}
-	return l, nil
+	return newLease(in), nil
+}
+
+// acquireIn is acquire for a lease that group renews with its others in one statement.
+func (l *Leases) acquireIn(ctx, parent context.Context, name string, ttl time.Duration, group *lease.Group) (*Lease, error) {
+	in, err := l.in.AcquireIn(ctx, parent, name, ttl, group)
+	if err != nil {
+		return nil, err
+	}
+	return newLease(in), nil
+}
+
+// acquireMany takes those of names that are free in one statement, for group
+// (lease.Leases.AcquireMany).
+func (l *Leases) acquireMany(ctx context.Context, names []string, group *lease.Group) ([]*Lease, error) {
+	in, err := l.in.AcquireMany(ctx, names, group)
+	les := make([]*Lease, len(in))
+	for i, le := range in {
+		les[i] = newLease(le)
+	}
+	return les, err
+}
+
+// releaseMany, deleteRows and leaveManyToExpire are lease.Leases' for many leases at once.
+func (l *Leases) releaseMany(ctx context.Context, les []*Lease) error {
+	return l.in.ReleaseMany(ctx, inner(les))
+}
+func (l *Leases) deleteRows(ctx context.Context, les []*Lease) error {
+	return l.in.DeleteRows(ctx, inner(les))
+}
+func (l *Leases) leaveManyToExpire(ctx context.Context, les []*Lease) error {
+	return l.in.LeaveManyToExpire(ctx, inner(les))
+}
+
+// inner is the leases internal/lease holds of les.
+func inner(les []*Lease) []*lease.Lease {
+	in := make([]*lease.Lease, len(les))
+	for i, le := range les {
+		in[i] = le.in
+	}
+	return in
+}
+
+// instanceID is the holder instance recorded in the leases taken, or uuid.Nil.
+func (l *Leases) instanceID() uuid.UUID { return l.in.InstanceID() }
+
+// fleetSize is the fleet's size as last read, 0 when unknown.
+func (l *Leases) fleetSize() int {
+	if l.fleet == nil {
+		return 0
+	}
+	return int(l.fleet.Load())
+}
+
+// leaseErrors are the errors internal/lease reports through: this package's types.
+var leaseErrors = lease.Errors{
+	Held:      ErrLeaseHeld,
+	Lost:      ErrLeaseLost,
+	Released:  ErrLeaseReleased,
+	LostLease: func(l lease.Loss) error { e := LeaseLostError(l); return &e },
+	Refused:   func(r lease.Refusal) error { e := FencedError(r); return &e },
+}
+
+// TryAcquire takes the lease name for ttl if nobody holds it or its holder let it
+// expire, and returns ErrLeaseHeld when another holder has it. The lease renews itself
+// every ttl/4 until Release, a loss, or the end of ctx, which stops the renewals and
+// leaves the row to expire; call Release in every case.
+func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+	return l.acquire(ctx, ctx, name, ttl)
+}
+
+// Run runs fn under the lease name if it can be taken, and reports whether it ran. When
+// another holder has the lease, Run skips the round: false, nil.
+//
+// fn's context is cancelled when the lease is lost or ctx ends. The lease stays renewed
+// until fn returns, also after ctx has ended, and is released only then, with its own
+// short deadline: nobody else runs under the lease while fn runs, unless the lease is
+// lost (fn's context then says why). A process that dies leaves the lease to expire.
+//
+// The error joins fn's error, the *LeaseLostError if the lease was lost, and any
+// release error.
+func (l *Leases) Run(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, lease *Lease) error) (ran bool, err error) {
+	return l.in.Run(ctx, name, ttl, func(ctx context.Context, in *lease.Lease) error { return fn(ctx, newLease(in)) })
+}
+
+// Stats lists every name this Leases has acquired, sorted by Name. Lost has every reason,
+// zero included.
+func (l *Leases) Stats() []LeaseStats {
+	in := l.in.Stats()
+	out := make([]LeaseStats, len(in))
+	for i, s := range in {
+		out[i] = LeaseStats(s)
+	}
+	return out
 }
 
 // Lease is one acquisition of a named lease. Its context is cancelled when the lease is
@@ -158,296 +245,247 @@ type Lease struct {
 	// TakenAt is the database time of the acquisition.
 	TakenAt time.Time
 
-	leases      *Leases
-	ttl         time.Duration
-	margin      time.Duration
-	ctx         context.Context
-	cancel      context.CancelCauseFunc
-	window      *time.Timer // cancels the lease when the trust window runs out
-	renewerDone chan struct{}
-	life        *leadership // the instance's trust as this lease's leader; nil without an Agent
-	// lifeShares counts the leases of one batch (acquireMany) that follow life and have
-	// not ended: the last to end stops it. nil: this lease alone follows it.
-	lifeShares *atomic.Int64
-	group      *leaseGroup // renews it with others in one statement; nil: renewLoop does
-	// inBatch: taken by acquireMany, it has no renewLoop: its group renews it, its
-	// batch's watch ends it with life, and it leaves its group when it ends.
-	inBatch bool
-
-	mu         sync.Mutex
-	expiresAt  time.Time // database time
-	trustUntil time.Time // monotonic: start of the last successful statement + ttl - margin
-	// fenceUntil is trustUntil on the server's clock: expiresAt less that statement's
-	// round trip and the margin (FenceDeadline).
-	fenceUntil time.Time
-	lastErr    error // the most recent renewal attempt's error; nil once it is sent
-	ended      bool
-
-	releaseOnce sync.Once
-	releaseErr  error // guarded by mu
+	in *lease.Lease
 }
 
-// holderID returns hostname:pid:64 random bits, with ':' and '%' in the host name
-// percent-escaped so that the token always splits into its three parts.
-func (l *Leases) holderID() (string, error) {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("liveness: random holder id: %w", err)
-	}
-	host := strings.NewReplacer("%", "%25", ":", "%3A").Replace(l.host)
-	return fmt.Sprintf("%s:%d:%016x", host, os.Getpid(), binary.BigEndian.Uint64(b[:])), nil
+// newLease is the Lease users hold of in.
+func newLease(in *lease.Lease) *Lease {
+	return &Lease{Name: in.Name, Holder: in.Holder, Epoch: in.Epoch, TakenAt: in.TakenAt, in: in}
 }
 
-// marginFor validates name and ttl and returns the margin for ttl.
-func (l *Leases) marginFor(name string, ttl time.Duration) (time.Duration, error) {
-	if name == "" {
-		return 0, errors.New("liveness: lease name is empty")
-	}
-	if ttl < MinLeaseTTL {
-		return 0, fmt.Errorf("liveness: lease %q: ttl %v is below the minimum %v", name, ttl, MinLeaseTTL)
-	}
-	if l.margin == 0 {
-		return ttl / 10, nil
-	}
-	// Below ttl/2 leaves the window room for the first renewal (at ttl/4) and retries.
-	if l.margin >= ttl/2 {
-		return 0, fmt.Errorf("liveness: lease %q: LeasesConfig.Margin %v must be below half the ttl %v", name, l.margin, ttl)
-	}
-	return l.margin, nil
+// Context is cancelled when the lease is lost, released, or its parent context ends.
+func (le *Lease) Context() context.Context { return le.in.Context() }
+
+// Err is nil while the lease is held. Afterwards it is a *LeaseLostError when the lease
+// was lost, ErrLeaseReleased after Release, or the parent context's cause.
+func (le *Lease) Err() error { return le.in.Err() }
+
+// ExpiresAt is the database time the lease expires at, as of the last successful
+// renewal.
+func (le *Lease) ExpiresAt() time.Time { return le.in.ExpiresAt() }
+
+// Release stops the renewals, waits for the renewer to exit, cancels the lease's context
+// and deletes the row if it still belongs to this acquisition (name, holder and epoch), so
+// a late Release never deletes a newer holder's lease. It is safe to call more than once
+// and after a loss; later calls return the first call's error.
+func (le *Lease) Release(ctx context.Context) error { return le.in.Release(ctx) }
+
+// Fence makes the writes that follow it in tx count only while this lease is held: it
+// runs <schema>.fence in tx, which acts only for this acquisition's holder token and
+// locks the lease row FOR KEY SHARE, keeping any takeover from committing until tx ends
+// (the renewals go on), so every write fenced under this epoch commits before the next
+// holder's first. Call it in the transaction that writes, before the writes, and roll
+// back when it fails.
+//
+// It fails with an error that is errors.Is ErrLeaseLost when the lease is not held: it
+// has ended in this process (lost, released, its context ended), its row no longer has
+// this epoch (taken over, deleted, expired by the database clock), or the fence reached
+// the server after FenceDeadline (held back by the network past the moment this process
+// stopped trusting the lease); the lease is then ended. Any other error is the
+// statement's. tx must be on the leases' database.
+//
+// The deadline is checked when the fence runs, and again at COMMIT (a deferred check the
+// fence queues, migration 0009): a COMMIT that reaches the server past FenceDeadline as
+// of the fence, held back by the network say, fails with SQLSTATE SQLStateCommitLate
+// and rolls tx back, even when Fence's error was ignored. That deadline is fixed when
+// Fence runs, so tx must commit within the horizon FenceDeadline states; BeginTx,
+// BeginFunc and Exec carry a fresh one with their COMMIT instead, take their connection
+// before reading it, and say a refusal with a *FencedError: prefer them. A SET
+// CONSTRAINTS in tx that would run the check early (ALL IMMEDIATE, or naming it) fails
+// with SQLSTATE LVF04 and aborts tx; name your own constraints instead. PREPARE
+// TRANSACTION fails with LVF05.
+//
+// lease_is_held looks only at the row's epoch and expiry, not at the holder's life: while
+// the holder is dead by the verdict but nobody has taken the lease yet, a write fenced
+// under its epoch is still accepted. It still lands before any other holder's, because
+// the takeover waits for the fenced transaction.
+func (le *Lease) Fence(ctx context.Context, tx pgx.Tx) error { return le.in.Fence(ctx, tx) }
+
+// FenceDeadline is the moment, on the database server's clock, past which a write fenced
+// under this lease must be refused: the end of the lease's trust window or, under an
+// Agent, the moment the instance could no longer count on the fleet seeing it alive (three
+// quarters of the lock grace after the alive lock's last proof, while it leads),
+// whichever comes first. Each is carried over from this host's clock to the server's with
+// times the server returned (its clock during the last renewal, proof and beat, less
+// their round trips), so no clock synchronisation is assumed, only that the two clocks
+// run at about the same rate (Margin covers the difference). A write sent before the
+// lease ends but held back by the network (a partition that heals, TCP retransmitting
+// what was in flight) would otherwise be accepted after this process was told it lost
+// the lease, as long as nobody has taken the lease meanwhile.
+//
+// How far ahead it is: for a healthy leader of an Agent, half to three quarters of the
+// lock grace (0.5 to 0.75 s at the default 1 s), less the last proof's round trip. The
+// lock is proved every quarter grace, and the deadline is three quarters after the last
+// proof was sent: the fleet may call the instance dead one grace after its lock vanished
+// unseen, which may happen just after that proof, and the last quarter is the job's time
+// to notice its cancelled context. Without an Agent, the trust window's end: ttl − margin
+// after the last renewal was sent, renewed every ttl/4. It cannot lie further ahead
+// without accepting writes after this process stopped trusting the lease.
+//
+// Only the time a fence or a COMMIT takes to reach the server counts against it when it
+// is read just before each is sent, which Exec, BeginTx and BeginFunc do: they take their
+// connection first, read the deadline for the fence, and read it again for the COMMIT. A
+// deadline read before waiting for a connection, or a transaction's statements that wait
+// for row locks after Fence, spend the horizon: a healthy leader's slow write is refused.
+//
+// Fence, Exec, BeginTx and BeginFunc pass it themselves; hand-written fence SQL is not
+// needed. It moves with every renewal, proof and beat: take it for each write. Once the
+// lease has ended it is the zero time, which refuses every write.
+func (le *Lease) FenceDeadline() time.Time { return le.in.FenceDeadline() }
+
+// Exec runs sql with args as one fenced transaction under this lease, in one round trip:
+// the fence and the statement go in one pipeline, without BEGIN or COMMIT, and run as
+// one implicit transaction that commits at the pipeline's end. It returns the
+// statement's command tag, or a *FencedError (errors.Is ErrFenced) when the write was
+// refused: the lease is not held under Epoch, or the write reached the server, or
+// committed, past the lease's deadline (FenceDeadline) as of when it was sent. A refused
+// write never commits, so a write is either counted under this epoch, committed before
+// any later holder's first, or an error. An error that is not a *FencedError after the
+// statement ran (the connection lost as it committed, say) leaves the outcome unknown,
+// as for any COMMIT.
+//
+// The connection is taken from db first and the deadline read after, so a wait for a
+// connection never counts against it. The time the statement takes does: its COMMIT
+// leaves with it, so the check at commit holds it to the deadline as of the send. A
+// statement that outlasts that (a row lock's wait, a slow plan), for a lease still held,
+// is rolled back and run once more as a transaction whose COMMIT is sent on its own with
+// the deadline as of then (two round trips, and the statement's work twice): a healthy
+// leader's slow write lands. Only the time that COMMIT takes to reach the server counts
+// then: it is refused when that is past the moment this process would stop trusting the
+// lease, by FenceDeadline's rule (half to three quarters of the lock grace ahead for a
+// healthy leader of an Agent).
+//
+// One round trip once the statements are prepared on the connection: pgx's default
+// statement cache prepares a new statement in a round trip of its own, once.
+//
+// A fenced transaction (Exec's, BeginTx's, BeginFunc's) lasts at most the lease's TTL
+// from its start: it holds the lease row FOR KEY SHARE, so that any takeover waits for
+// it, and one that never ended would hold every other holder back. Shorter, it costs no
+// lease, its own included (renewals do not wait for the fence). Past the TTL, its running
+// statement is cancelled on the server, its lease ends (a *LeaseLostError, Reason "expired",
+// whose Err names the transaction's age and the bound), with one warning line, and the
+// write is a *FencedError; other leases are not touched. It may also idle between its
+// statements at most the TTL: the server then ends its session, and its COMMIT is a
+// *FencedError. A job whose write may take longer needs a longer TTL, or to split the
+// write.
+//
+// sql must be a single statement without transaction control (one that leaves a
+// transaction open is rolled back, with an error). db must be a pool on the leases'
+// database and schema.
+func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ...any) (pgconn.CommandTag, error) {
+	return le.in.Exec(ctx, db, sql, args...)
 }
 
-// TryAcquire takes the lease name for ttl if nobody holds it or its holder let it
-// expire, and returns ErrLeaseHeld when another holder has it. The lease renews itself
-// every ttl/4 until Release, a loss, or the end of ctx, which stops the renewals and
-// leaves the row to expire; call Release in every case.
-func (l *Leases) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
-	return l.acquire(ctx, ctx, name, ttl)
+// BeginTx begins a transaction on a connection of its own from db, fenced under this
+// lease: its fence runs first, and its Commit is refused unless it reaches the server
+// before the lease's deadline as of when Commit is called. Errors are as Exec's: a
+// *FencedError when the fence or the COMMIT is refused. The connection goes back to db
+// at Commit or Rollback: call one of them. The fence holds the lease row FOR KEY SHARE
+// until the transaction ends: a takeover waits for it, this lease's renewals do not. The
+// transaction lasts at most the lease's TTL from BeginTx, as Exec's: past it, its
+// statement is cancelled, the lease ends, and Commit is a *FencedError.
+//
+// The returned transaction's Commit is the only COMMIT that carries a fresh deadline:
+// do not commit it with SQL of your own.
+func (le *Lease) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptions) (pgx.Tx, error) {
+	return le.in.BeginTx(ctx, db, opts)
 }
 
-// acquire sends the acquisition under ctx; the lease it returns lives under parent, whose
-// end stops its renewals.
-func (l *Leases) acquire(ctx, parent context.Context, name string, ttl time.Duration) (*Lease, error) {
-	return l.acquireIn(ctx, parent, name, ttl, nil)
+// BeginFunc runs fn in a transaction of BeginTx and commits it when fn returns nil, or
+// rolls it back. The error is fn's, or BeginTx's or Commit's (a *FencedError when the
+// write was refused, and when fn's error came from the transaction's statement cancelled
+// past its bound, the lease's TTL: see Exec).
+func (le *Lease) BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	return le.in.BeginFunc(ctx, db, fn)
 }
 
-// acquireIn is acquire for a lease that group renews, with its other leases, in one
-// statement (group's ttl is the lease's); a nil group is acquire.
-func (l *Leases) acquireIn(ctx, parent context.Context, name string, ttl time.Duration, group *leaseGroup) (*Lease, error) {
-	margin, err := l.marginFor(name, ttl)
-	if err != nil {
-		return nil, err
+// LeaseLostError is the cause of a lost lease's context. Reason is one of:
+//
+//   - "taken": a renewal or a fence reached the database and found the lease no longer
+//     held under its epoch. Another holder took the lease over, the row was deleted, or
+//     it had expired by the database clock.
+//   - "error": the trust window ran out while the most recent renewal attempt had
+//     failed with an error (connection refused, pool closed, SQL error). Err is that
+//     error. A failed renewal is retried every ttl/16 until the window runs out.
+//   - "expired": the trust window ran out with no failed attempt to blame: a renewal
+//     was still unanswered (a hung network, a stalled server) or none could be sent in
+//     time (a paused process). Or a fenced transaction under the lease (Exec, BeginTx,
+//     BeginFunc) was open past its bound, the lease's ttl: Err says how long, and its
+//     statement was cancelled.
+//   - "not_alive": the holder is an Agent's instance that could no longer prove life;
+//     it stepped down before the fleet could call it dead and take the lease.
+type LeaseLostError struct {
+	Name   string
+	Epoch  int64
+	Reason string
+	Err    error
+}
+
+// Error names the lease, the epoch, the reason and the error behind it, if any.
+func (e *LeaseLostError) Error() string {
+	l := lease.Loss(*e) // the same fields: one text
+	return l.Error()
+}
+
+// Unwrap makes errors.Is(err, ErrLeaseLost) true, and reaches Err.
+func (e *LeaseLostError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrLeaseLost}
 	}
-	holder, err := l.holderID()
-	if err != nil {
-		return nil, err
+	return []error{ErrLeaseLost, e.Err}
+}
+
+// FencedError is a write fenced under a lease (Lease.Exec, Lease.BeginTx, Lease.BeginFunc)
+// that was refused: nothing of it committed. Refused by the
+// fence (the lease not held, a fence or a COMMIT past its deadline), or ended by the
+// server or the library before its COMMIT could count: a transaction that idled past
+// its limit (the server ends its session, SQLSTATE 25P03, and a COMMIT sent then, or not
+// sent because the connection is closed, is refused), or one open past its bound, the
+// lease's TTL.
+type FencedError struct {
+	Lease string
+	Epoch int64
+	// Held is true when this process still held the lease as the write was refused: the
+	// fence or the COMMIT reached the server past its deadline (a network that held it
+	// back, a pause), not a lost lease; the next write, with a new deadline, may pass.
+	// False when the lease has ended (Lease.Err says why); the error is then errors.Is
+	// ErrLeaseLost as well.
+	Held bool
+	// AtCommit is true when the statements ran and the COMMIT was refused, rolling them
+	// back.
+	AtCommit bool
+	// Err is the server's error, or why the lease ended when nothing was sent.
+	Err error
+}
+
+// Error names the lease, the epoch and why the write was refused, and whether the lease
+// was still held.
+func (e *FencedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "liveness: write fenced under lease %q (epoch %d) refused", e.Lease, e.Epoch)
+	if e.AtCommit {
+		b.WriteString(" at commit")
 	}
-	if l.life != nil && !l.life.Alive() {
-		// The fleet may be about to call this instance dead: lead nothing until it can
-		// prove life again.
-		return nil, errNotAlive
-	}
-	var mark holdMark
-	if l.life != nil {
-		mark = l.life.hold()
-	}
-	start := time.Now()
-	trustUntil := start.Add(ttl - margin)
-	// An answer after the trust window would be a lease we may not trust anyway.
-	actx, cancel := context.WithDeadline(ctx, trustUntil)
-	defer cancel()
-	var (
-		epochOrNil       *int64
-		taken, expiresAt *time.Time
-		heldByLive       bool
-		heldBy           *uuid.UUID
-	)
-	l.abandonUnanswered(ctx)
-	err = l.sendAcquire(actx, trustUntil, func(ctx context.Context, conn *pgxpool.Conn) error {
-		return conn.QueryRow(ctx, l.stmts.acquire, name, holder, ttl.Seconds(), l.id, l.host).
-			Scan(&epochOrNil, &taken, &expiresAt, &heldByLive, &heldBy)
-	})
-	if err == nil && epochOrNil == nil {
-		held := &leaseHeldError{live: heldByLive}
-		if heldBy != nil {
-			held.holder = *heldBy
-		}
-		return nil, held
-	}
-	var epoch int64
-	if err == nil {
-		epoch = *epochOrNil
+	if e.Held {
+		b.WriteString(", past its deadline while the lease is still held")
 	} else {
-		taken, expiresAt = new(time.Time), new(time.Time)
+		b.WriteString(": the lease is not held")
 	}
-	fenceAt := fenceUntil(*expiresAt, time.Since(start), margin)
-	if err == nil && actx.Err() != nil {
-		// Taken as the caller gave up: give it back at once rather than at its ttl.
-		l.giveBack(ctx, []string{name}, []string{holder}, ttl)
-		return nil, fmt.Errorf("liveness: acquire lease %q: %w", name, context.Cause(actx))
+	if e.Err != nil {
+		b.WriteString(": " + e.Err.Error())
 	}
-	if err != nil {
-		// The insert may have committed before its answer was lost (the caller gave up,
-		// the window ran out, the connection was cut, the server is restarting): delete
-		// what this acquisition may hold, so that the lease does not wait for its ttl.
-		l.giveBack(ctx, []string{name}, []string{holder}, ttl)
-		return nil, fmt.Errorf("liveness: acquire lease %q: %w", name, logging.RedactError(err))
-	}
-	var life *leadership
-	if l.life != nil {
-		// The lease is not trusted, and no job runs under it, until the alive lock has been
-		// proved held since before the acquisition ran: the fleet may call this instance
-		// dead one lock grace after its lock vanished, however recently it was renewed.
-		if life, err = l.life.lead(actx, mark, time.Now()); err != nil {
-			l.giveBack(ctx, []string{name}, []string{holder}, ttl)
-			l.log.Debug("lease given back: the alive lock was not proved held in time", "lease", name, "epoch", epoch, "err", err)
-			return nil, errNotAlive
-		}
-	}
-
-	le := l.newLease(parent, name, holder, epoch, *taken, *expiresAt, trustUntil, fenceAt, ttl, margin, life, nil, group)
-	go le.renewLoop()
-	return le, nil
+	return b.String()
 }
 
-// newLease is a lease just taken, its trust window running and its group (if any)
-// renewing it; whoever calls it starts renewLoop, or, for a lease of a batch (shares of
-// its leadership not nil: acquireMany), ends it with its batch.
-func (l *Leases) newLease(parent context.Context, name, holder string, epoch int64, taken, expiresAt, trustUntil,
-	fenceAt time.Time, ttl, margin time.Duration, life *leadership, shares *atomic.Int64, group *leaseGroup) *Lease {
-	lctx, lcancel := context.WithCancelCause(parent)
-	le := &Lease{
-		Name: name, Holder: holder, Epoch: epoch, TakenAt: taken,
-		leases: l, ttl: ttl, margin: margin,
-		ctx: lctx, cancel: lcancel,
-		renewerDone: make(chan struct{}),
-		expiresAt:   expiresAt, trustUntil: trustUntil, fenceUntil: fenceAt,
-		life: life, lifeShares: shares, group: group, inBatch: shares != nil,
+// Unwrap makes errors.Is(err, ErrFenced) true, errors.Is(err, ErrLeaseLost) too when the
+// lease is no longer held, and reaches Err.
+func (e *FencedError) Unwrap() []error {
+	errs := []error{ErrFenced}
+	if !e.Held {
+		errs = append(errs, ErrLeaseLost)
 	}
-	l.noteAcquired(le.statName(), epoch)
-	le.mu.Lock()
-	le.window = time.AfterFunc(time.Until(trustUntil), le.windowClosed)
-	le.mu.Unlock()
-	if group != nil {
-		group.add(le)
+	if e.Err != nil {
+		errs = append(errs, e.Err)
 	}
-	return le
-}
-
-// leaseHeldError is a refused acquisition: errors.Is ErrLeaseHeld, and says whether a
-// holder alive by the verdict holds the lease, and which instance the row names.
-type leaseHeldError struct {
-	live   bool
-	holder uuid.UUID // uuid.Nil when the row names none, or there is no row
-}
-
-func (e *leaseHeldError) Error() string        { return ErrLeaseHeld.Error() }
-func (e *leaseHeldError) Is(target error) bool { return target == ErrLeaseHeld }
-
-// sendAcquire runs the acquisition on a connection taken from the pool under ctx, but
-// lets the statement itself finish, up to until, even when ctx ends meanwhile: a statement
-// given up in flight may still commit on the server after the abandon that follows it,
-// leaving a row nobody renews for its whole ttl. The caller looks at ctx afterwards.
-func (l *Leases) sendAcquire(ctx context.Context, until time.Time, send func(context.Context, *pgxpool.Conn) error) error {
-	conn, err := l.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
-	defer cancel()
-	return send(sctx, conn)
-}
-
-// instanceID is the holder instance recorded in the leases taken, or uuid.Nil.
-// fleetSize is the fleet's size as last read, 0 when unknown.
-func (l *Leases) fleetSize() int {
-	if l.fleet == nil {
-		return 0
-	}
-	return int(l.fleet.Load())
-}
-
-func (l *Leases) instanceID() uuid.UUID {
-	if l.id == nil {
-		return uuid.Nil
-	}
-	return *l.id
-}
-
-// Run runs fn under the lease name if it can be taken, and reports whether it ran. When
-// another holder has the lease, Run skips the round: false, nil.
-//
-// fn's context is cancelled when the lease is lost or ctx ends. The lease stays renewed
-// until fn returns, also after ctx has ended, and is released only then, with its own
-// short deadline: nobody else runs under the lease while fn runs, unless the lease is
-// lost (fn's context then says why). A process that dies leaves the lease to expire.
-//
-// The error joins fn's error, the *LeaseLostError if the lease was lost, and any
-// release error.
-func (l *Leases) Run(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, lease *Lease) error) (ran bool, err error) {
-	lease, err := l.acquire(ctx, context.WithoutCancel(ctx), name, ttl)
-	if errors.Is(err, ErrLeaseHeld) || errors.Is(err, errNotAlive) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	fnCtx, cancelFn := context.WithCancelCause(lease.ctx)
-	stopFn := context.AfterFunc(ctx, func() { cancelFn(context.Cause(ctx)) })
-	defer func() {
-		stopFn()
-		cancelFn(nil)
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runReleaseTimeout)
-		defer cancel()
-		relErr := lease.Release(rctx)
-		var lost error
-		if cause := context.Cause(lease.ctx); errors.Is(cause, ErrLeaseLost) {
-			lost = cause
-			// fn gave up because the loss cancelled its context: the loss is the error, so
-			// that filtering out context.Canceled never hides a lost lease.
-			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				err = nil
-			}
-		}
-		err = errors.Join(err, lost, relErr)
-	}()
-	return true, fn(fnCtx, lease)
-}
-
-// leaseStatements are the lease statements (internal/store/sql/leases.sql) rendered for one
-// schema, once, when the Leases are built.
-type leaseStatements struct {
-	acquire, renew, release, abandon, leader, fence, detach string
-	// A shard set member's: many leases at once.
-	renewMany, acquireMany, abandonMany, releaseMany, detachMany, shardMembers, shardFree string
-	// fenceStrict is BeginTx's fence; fenceCommit[0] + the deadline literal +
-	// fenceCommit[1] + "; COMMIT" is its COMMIT (lease_fence_commit, its $1 inlined);
-	// fenceExec is Exec's, in one pipeline with its write.
-	fenceStrict string
-	fenceCommit [2]string
-	fenceExec   string
-}
-
-func newLeaseStatements(schema string) leaseStatements {
-	return leaseStatements{
-		acquire: store.LeaseAcquire.In(schema).SQL,
-		renew:   store.LeaseRenew.In(schema).SQL,
-		release: store.LeaseRelease.In(schema).SQL,
-		abandon: store.LeaseAbandon.In(schema).SQL,
-		leader:  store.LeaseLeader.In(schema).SQL,
-		fence:   store.LeaseFence.In(schema).SQL,
-		detach:  store.LeaseDetach.In(schema).SQL,
-
-		renewMany:    store.LeaseRenewMany.In(schema).SQL,
-		acquireMany:  store.LeaseAcquireMany.In(schema).SQL,
-		abandonMany:  store.LeaseAbandonMany.In(schema).SQL,
-		releaseMany:  store.LeaseReleaseMany.In(schema).SQL,
-		detachMany:   store.LeaseDetachMany.In(schema).SQL,
-		shardMembers: store.ShardMembers.In(schema).SQL,
-		shardFree:    store.ShardFree.In(schema).SQL,
-
-		fenceStrict: store.LeaseFenceStrict.In(schema).SQL,
-		fenceCommit: splitParam(store.LeaseFenceCommit.In(schema).SQL),
-		fenceExec:   store.LeaseFenceExec.In(schema).SQL,
-	}
+	return errs
 }

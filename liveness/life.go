@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/lease"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/lifegate"
 )
 
@@ -152,20 +153,24 @@ func (m *lifeMonitor) steadyFor() time.Duration {
 // errNoLockProof: no proof that the alive lock is held came in time for a new leadership.
 var errNoLockProof = errors.New("liveness: no proof in time that the alive lock is held")
 
-// holdMark is what hold saw before an acquisition was sent: whether the lock was held,
-// and by which claim.
-type holdMark struct {
-	held  bool
-	claim uint64
-}
-
-// hold is taken just before an acquisition is sent.
-func (m *lifeMonitor) hold() holdMark {
+// Hold is taken just before an acquisition is sent: whether the lock was held, and by
+// which claim (lease.Gate).
+func (m *lifeMonitor) Hold() lease.HoldMark {
 	if !m.lockMode {
-		return holdMark{}
+		return lease.HoldMark{}
 	}
 	claim := m.lock.ClaimCount() // before Held: a claim counts before it is held
-	return holdMark{held: m.lock.Held(), claim: claim}
+	return lease.HoldMark{Held: m.lock.Held(), Claim: claim}
+}
+
+// Lead is lead for internal/lease (lease.Gate): no leadership, not a nil one, with an
+// error.
+func (m *lifeMonitor) Lead(ctx context.Context, mark lease.HoldMark, answered time.Time) (lease.Leadership, error) {
+	l, err := m.lead(ctx, mark, answered)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
 }
 
 // lead begins a leadership whose acquisition was sent after mark was taken and answered
@@ -174,17 +179,17 @@ func (m *lifeMonitor) hold() holdMark {
 // answered by the same claim as mark's, so that the job starts with a fresh proof and
 // the whole of its three quarters of the grace ahead. Then the leadership's Trust starts,
 // if the gate's deadline for a leader lies ahead.
-func (m *lifeMonitor) lead(ctx context.Context, mark holdMark, answered time.Time) (*leadership, error) {
+func (m *lifeMonitor) lead(ctx context.Context, mark lease.HoldMark, answered time.Time) (*leadership, error) {
 	done := func() {}
 	if m.lockMode {
 		done = m.lock.Lead()
 	}
-	if m.lockMode && mark.held {
+	if m.lockMode && mark.Held {
 		wctx, cancel := context.WithDeadline(ctx, answered.Add(m.timing.Grace))
 		defer cancel()
 		for {
 			p, proved := m.lock.LastProof()
-			if p.Claim > mark.claim {
+			if p.Claim > mark.Claim {
 				done()
 				return nil, errNoLockProof // the lock was lost and claimed again meanwhile
 			}
@@ -264,10 +269,10 @@ func (l *leadership) Alive() bool {
 // Over returns a channel closed once the leadership has ended.
 func (l *leadership) Over() <-chan struct{} { return l.over }
 
-// fenceDeadline is the moment, on the server's clock, past which a write fenced now under
+// FenceDeadline is the moment, on the server's clock, past which a write fenced now under
 // this leadership must be refused (lifegate.FenceUntil carried over with the latest
 // statement that returned the server's clock); false when it must be refused already.
-func (l *leadership) fenceDeadline() (time.Time, bool) {
+func (l *leadership) FenceDeadline() (time.Time, bool) {
 	ev := l.m.evidence()
 	anchor := l.m.anchor()
 	now := time.Now()
@@ -293,9 +298,9 @@ func (l *leadership) end() {
 	})
 }
 
-// stop is called once the lease has ended: the leadership is over, the monitor forgets
+// Stop is called once the lease has ended: the leadership is over, the monitor forgets
 // it, and the lock goes back to its usual verifications once no leadership is left.
-func (l *leadership) stop() {
+func (l *leadership) Stop() {
 	l.stopOnce.Do(func() {
 		l.end()
 		l.m.mu.Lock()

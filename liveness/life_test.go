@@ -10,6 +10,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/lease"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/testutil"
 )
 
@@ -104,7 +105,7 @@ func TestLeadershipEndsAtItsDeadlineUnseenAndStaysOver(t *testing.T) {
 	hb.lastSent, hb.lastHolds, hb.lastStamp, hb.lastRoundTrip = now, true, server, 10*time.Millisecond
 	lock.change(true)
 	lock.noteProof(now, lock.claims.Add(1))
-	mark := m.hold()
+	mark := m.Hold()
 	go func() {
 		time.Sleep(10 * time.Millisecond)
 		lock.noteProof(time.Now(), lock.claims.Load())
@@ -113,7 +114,7 @@ func TestLeadershipEndsAtItsDeadlineUnseenAndStaysOver(t *testing.T) {
 	if err != nil {
 		t.Fatalf("lead: %v", err)
 	}
-	defer l.stop()
+	defer l.Stop()
 	if !l.Alive() {
 		t.Fatal("not alive just after a fresh proof")
 	}
@@ -128,7 +129,7 @@ func TestLeadershipEndsAtItsDeadlineUnseenAndStaysOver(t *testing.T) {
 	default:
 		t.Fatal("Over not closed once the leadership was found over")
 	}
-	if d, ok := l.fenceDeadline(); ok {
+	if d, ok := l.FenceDeadline(); ok {
 		t.Fatalf("a fence deadline %s after the leadership ended", d)
 	}
 }
@@ -144,14 +145,14 @@ func TestLeadershipFenceDeadlineOnTheServersClock(t *testing.T) {
 	hb.lastSent, hb.lastHolds, hb.lastStamp, hb.lastRoundTrip = now, true, server, 10*time.Millisecond
 	lock.change(true)
 	lock.noteProof(now, lock.claims.Add(1)) // made by hand: no server clock, so the beat carries it over
-	l, err := m.lead(testutil.Context(t, 10*time.Second), holdMark{}, now)
+	l, err := m.lead(testutil.Context(t, 10*time.Second), lease.HoldMark{}, now)
 	if err != nil {
 		t.Fatalf("lead: %v", err)
 	}
-	defer l.stop()
+	defer l.Stop()
 	expect := func(what string, want time.Time) {
 		t.Helper()
-		if d, ok := l.fenceDeadline(); !ok || !d.Equal(want) {
+		if d, ok := l.FenceDeadline(); !ok || !d.Equal(want) {
 			t.Fatalf("%s: fence deadline %s, %v; want %s", what, d, ok, want)
 		}
 	}
@@ -185,7 +186,7 @@ func TestLifeGateLeadWaitsForAProofOfTheSameClaim(t *testing.T) {
 	defer stop()
 	testutil.Eventually(t, 5*time.Second, "alive", m.Alive)
 
-	mark := m.hold()
+	mark := m.Hold()
 	answered := time.Now()
 	go func() {
 		time.Sleep(50 * time.Millisecond) // the verification's round trip
@@ -204,9 +205,9 @@ func TestLifeGateLeadWaitsForAProofOfTheSameClaim(t *testing.T) {
 	if !l.Alive() {
 		t.Fatal("lead returned while not alive")
 	}
-	l.stop()
+	l.Stop()
 
-	mark = m.hold()
+	mark = m.Hold()
 	answered = time.Now()
 	lock.noteProof(time.Now(), lock.claims.Add(1)) // lost and claimed again: a new claim
 	if l, err := m.lead(ctx, mark, answered); !errors.Is(err, errNoLockProof) {
@@ -215,7 +216,7 @@ func TestLifeGateLeadWaitsForAProofOfTheSameClaim(t *testing.T) {
 		t.Fatal("lead refused but returned a leadership")
 	}
 
-	mark = m.hold()
+	mark = m.Hold()
 	began := time.Now()
 	if _, err := m.lead(ctx, mark, began); !errors.Is(err, errNoLockProof) {
 		t.Fatalf("lead without a new proof: %v; want %v", err, errNoLockProof)

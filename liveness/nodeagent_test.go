@@ -203,7 +203,7 @@ func TestNodeAgentDeathKillsNoneOfItsProcesses(t *testing.T) {
 
 // TestNodeAgentLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce: a process leading through
 // its node agent leads nothing while the node agent is away (its trust runs out three
-// quarters of the grace after its last proof, lostNotAlive), and attaches again, its lock
+// quarters of the grace after its last proof, Reason "not_alive"), and attaches again, its lock
 // held, within half a second of the node agent's return, whether it was away one second
 // or five. Five trials.
 func TestNodeAgentLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce(t *testing.T) {
@@ -221,7 +221,7 @@ func TestNodeAgentLeadersStepDownWhileItIsAwayAndAttachAgainAtOnce(t *testing.T)
 
 // leadersStepDownAndAttachAgain runs an agent of cfg, attached to a node agent that runs
 // (stop stops it), and leading; for each of aways, it stops the node agent, checks that
-// the agent stops leading, lostNotAlive, within 2 s, and starts the node agent again
+// the agent stops leading, Reason "not_alive", within 2 s, and starts the node agent again
 // (start, which notes when it listens) after that long away; then that the lock is held
 // again within half a second of the node agent's return.
 func leadersStepDownAndAttachAgain(t *testing.T, cfg liveness.AgentConfig, stop func(), start func(*time.Time) func(),

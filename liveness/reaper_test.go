@@ -88,38 +88,6 @@ func TestReaperRespectsLocksAndItsLease(t *testing.T) {
 	}
 }
 
-// A release says how the leadership ended: a plain one released, one after a loss
-// stepped down with its string.
-func TestReleaseRecordsWhyTheLeadershipEnded(t *testing.T) {
-	t.Parallel()
-	_, pool := testdb.MigratedPool(t, 4)
-	leases, err := NewLeases(LeasesConfig{Pool: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for _, lost := range []string{"", lostError, lostNotAlive} {
-		le, err := leases.TryAcquire(ctx, "job-"+string(lost), time.Minute)
-		if err != nil || le == nil {
-			t.Fatalf("TryAcquire: %v, %v", le, err)
-		}
-		if lost != "" {
-			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lost})
-		}
-		if err := le.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		var how, reason string
-		if err := pool.QueryRow(ctx, `SELECT how, coalesce(reason, '') FROM liveness.history WHERE kind = 'ended' AND epoch = $1`, le.Epoch).Scan(&how, &reason); err != nil {
-			t.Fatal(err)
-		}
-		if want := map[bool]string{true: "released", false: "stepped_down"}[lost == ""]; how != want || reason != string(lost) {
-			t.Errorf("lost %q: the history says %s (%q); want %s (%q)", lost, how, reason, want, lost)
-		}
-	}
-}
-
 func TestReaperConfigErrors(t *testing.T) {
 	t.Parallel()
 	_, pool := testdb.MigratedPool(t, 4)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/defaults"
+	"github.com/pg-liveness/pg_liveness_exporter/internal/lease"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/notify"
 )
@@ -201,7 +202,7 @@ func (a *Agent) Shards(ctx context.Context, cfg ShardsConfig) error {
 	stop := context.AfterFunc(a.leading.stopping, func() { cancel(context.Cause(a.leading.stopping)) })
 	defer stop()
 	s := &shardSet{agent: a, cfg: cfg, names: names, owned: map[string]*ownedShard{}, due: map[string]bool{}, log: a.leases.log,
-		group: newLeaseGroup(a.leases, cfg.TTL, cfg.Set+"/*"), stats: a.shardStats(cfg.Set, len(names))}
+		group: lease.NewGroup(a.leases.in, cfg.TTL, cfg.Set+"/*"), stats: a.shardStats(cfg.Set, len(names))}
 	defer a.dropShardStats(cfg.Set, s.stats)
 	return s.run(setCtx)
 }
@@ -211,7 +212,7 @@ type shardSet struct {
 	agent *Agent
 	cfg   ShardsConfig
 	names []string
-	group *leaseGroup
+	group *lease.Group
 	log   *slog.Logger
 	stats *shardSetCounts
 	ended chan string // a shard whose callback returned
@@ -367,7 +368,7 @@ func (s *shardSet) run(ctx context.Context) error {
 	s.ended = make(chan string, len(s.names)+1)
 	var renewing sync.WaitGroup
 	groupCtx, stopGroup := context.WithCancel(context.WithoutCancel(ctx))
-	renewing.Go(func() { s.group.run(groupCtx) })
+	renewing.Go(func() { s.group.Run(groupCtx) })
 	defer func() {
 		s.leave(ctx)
 		stopGroup()
@@ -390,7 +391,7 @@ func (s *shardSet) run(ctx context.Context) error {
 		if len(s.unreleased) > 0 && !now.Before(s.releaseAt) {
 			s.retryReleases(ctx)
 		}
-		if s.member != nil && s.member.ctx.Err() != nil {
+		if s.member != nil && s.member.Context().Err() != nil {
 			s.giveUp() // no member: no shard may stay
 		}
 		if s.member == nil && lifeChanged == nil && !now.Before(joinAt) {
@@ -435,7 +436,7 @@ func (s *shardSet) run(ctx context.Context) error {
 		timer.Reset(max(time.Until(next), 0))
 		var memberLost <-chan struct{}
 		if s.member != nil {
-			memberLost = s.member.ctx.Done()
+			memberLost = s.member.Context().Done()
 		}
 		select {
 		case <-ctx.Done():
@@ -504,7 +505,7 @@ func (s *shardSet) join(ctx context.Context) (lifeChanged <-chan struct{}, retry
 	if ctx.Err() != nil {
 		return nil, time.Time{}
 	}
-	var held *leaseHeldError
+	var held *lease.HeldError
 	switch {
 	case errors.As(err, &held):
 		// Its own member lease from before, whose release is being sent again, or the
@@ -513,7 +514,7 @@ func (s *shardSet) join(ctx context.Context) (lifeChanged <-chan struct{}, retry
 			"(this instance's own from before, until its release lands, or the fleet does not see this instance "+
 			"alive yet); retrying", "set", s.cfg.Set, "retry", shardJoinRetry)
 		return nil, time.Now().Add(shardJoinRetry)
-	case errors.Is(err, errNotAlive):
+	case errors.Is(err, lease.ErrNotAlive):
 		s.joining.Log(s.log, slog.LevelInfo, "not_alive", "shards: cannot join the set yet: this instance could "+
 			"not prove life in time for its member lease; retrying", "set", s.cfg.Set, "retry", shardJoinRetry)
 		return nil, time.Now().Add(shardJoinRetry)
@@ -632,13 +633,13 @@ func (s *shardSet) takeWanted(ctx context.Context, all bool) {
 	}
 	slices.Sort(names)
 	for batch := range slices.Chunk(names, shardTakeBatch) {
-		if ctx.Err() != nil || s.member == nil || s.member.ctx.Err() != nil || !s.agent.leading.enterN(len(batch)) {
+		if ctx.Err() != nil || s.member == nil || s.member.Context().Err() != nil || !s.agent.leading.enterN(len(batch)) {
 			return
 		}
 		les, err := s.agent.leases.acquireMany(ctx, batch, s.group)
 		s.agent.leading.leaveN(len(batch) - len(les))
 		if err != nil {
-			if ctx.Err() == nil && !errors.Is(err, errNotAlive) {
+			if ctx.Err() == nil && !errors.Is(err, lease.ErrNotAlive) {
 				s.taking.Log(s.log, slog.LevelWarn, "error", "shards: cannot take shards; retrying at the next read of "+
 					"the members", "set", s.cfg.Set, "err", err)
 			}
@@ -672,7 +673,7 @@ func (s *shardSet) free(ctx context.Context, names []string) []string {
 
 // start runs the callback of a shard whose lease it has just taken.
 func (s *shardSet) start(name string, le *Lease) {
-	job, cancel := context.WithCancelCause(le.ctx)
+	job, cancel := context.WithCancelCause(le.Context())
 	o := &ownedShard{lease: le, cancel: cancel, done: make(chan struct{})}
 	s.owned[name] = o
 	delete(s.wanted, name)
@@ -744,7 +745,7 @@ func (s *shardSet) letGo(names []string, withMember bool) (cameBack bool) {
 		g := &done[i]
 		delete(s.owned, g.name)
 		var ll *LeaseLostError
-		var outlived *txOutlivedError
+		var outlived *lease.OutlivedError
 		switch {
 		case errors.As(g.reason, &ll):
 			s.stats.lost.Add(1)

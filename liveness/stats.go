@@ -20,17 +20,6 @@ type heartbeatStats struct {
 	Duplicate       bool
 }
 
-// Why a lease was lost: LeaseLostError.Reason, and the keys of LeaseStats.Lost.
-const (
-	lostExpired = "expired" // the local trust window ran out without a renewal
-	lostTaken   = "taken"   // a renewal found another holder or epoch, or no row
-	lostError   = "error"   // a renewal failed and the lease could not be confirmed
-	// lostNotAlive: the holder's instance could no longer prove that it is alive (its
-	// alive lock vanished without a heartbeat in time, or its heartbeat aged), so it
-	// stepped down before the fleet could call it dead and take the lease over.
-	lostNotAlive = "not_alive"
-)
-
 // LeaseStats is a point-in-time view of one lease name as used by this process.
 type LeaseStats struct {
 	Name string

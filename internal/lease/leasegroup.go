@@ -1,4 +1,4 @@
-package liveness
+package lease
 
 import (
 	"context"
@@ -6,16 +6,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/pg-liveness/pg_liveness_exporter/internal/alivelock"
 )
 
-// leaseGroup renews many leases of one holder, with one ttl, in one statement
+// Group renews many leases of one holder, with one ttl, in one statement
 // (lease_renew_many): a shard set's member lease and every shard its member owns. Each
 // lease keeps its own trust window, fence deadline and context, exactly as when it
 // renews itself; a lease missing from a renewal's answer is lost (taken), and a renewal
 // that fails or goes unanswered is retried, the windows running out as they would.
-type leaseGroup struct {
+type Group struct {
 	leases *Leases
 	ttl    time.Duration
 	// statName is what its leases count under in Leases.Stats ("<set>/*"): one entry,
@@ -26,24 +24,25 @@ type leaseGroup struct {
 	members map[*Lease]struct{}
 }
 
-func newLeaseGroup(l *Leases, ttl time.Duration, statName string) *leaseGroup {
-	return &leaseGroup{leases: l, ttl: ttl, statName: statName, members: map[*Lease]struct{}{}}
+// NewGroup is a group of l's leases of ttl, counted in Stats under statName.
+func NewGroup(l *Leases, ttl time.Duration, statName string) *Group {
+	return &Group{leases: l, ttl: ttl, statName: statName, members: map[*Lease]struct{}{}}
 }
 
-func (g *leaseGroup) add(le *Lease) {
+func (g *Group) add(le *Lease) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.members[le] = struct{}{}
 }
 
-func (g *leaseGroup) remove(le *Lease) {
+func (g *Group) remove(le *Lease) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.members, le)
 }
 
-// run renews every ttl/4, and ttl/16 after a failed attempt, until ctx ends.
-func (g *leaseGroup) run(ctx context.Context) {
+// Run renews every ttl/4, and ttl/16 after a failed attempt, until ctx ends.
+func (g *Group) Run(ctx context.Context) {
 	every, retry := g.ttl/4, g.ttl/16
 	t := time.NewTimer(every)
 	defer t.Stop()
@@ -62,7 +61,7 @@ func (g *leaseGroup) run(ctx context.Context) {
 }
 
 // renew sends one renewal of every member and reports whether it was answered.
-func (g *leaseGroup) renew(ctx context.Context) bool {
+func (g *Group) renew(ctx context.Context) bool {
 	g.mu.Lock()
 	members := make([]*Lease, 0, len(g.members))
 	for le := range g.members {
@@ -79,7 +78,9 @@ func (g *leaseGroup) renew(ctx context.Context) bool {
 	for i, le := range members {
 		names[i], holders[i], epochs[i] = le.Name, le.Holder, le.Epoch
 		le.mu.Lock()
-		until = alivelock.Earliest(until, le.trustUntil)
+		if le.trustUntil.Before(until) {
+			until = le.trustUntil
+		}
 		le.lastErr = nil // an unanswered attempt counts as "expired", not "error"
 		le.mu.Unlock()
 	}
@@ -109,7 +110,7 @@ func (g *leaseGroup) renew(ctx context.Context) bool {
 		if expiresAt, ok := renewed[le.Name]; ok {
 			le.extend(expiresAt, sent)
 		} else {
-			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostTaken})
+			le.lose(ReasonTaken, nil)
 		}
 	}
 	return true

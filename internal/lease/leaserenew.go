@@ -1,7 +1,7 @@
 // A held lease: renewed every ttl/4 within its trust window until it is released, lost
-// (LeaseLostError) or left to expire, and how it ends.
+// (a Loss) or left to expire, and how it ends.
 
-package liveness
+package lease
 
 import (
 	"context"
@@ -18,33 +18,25 @@ import (
 // answer slowly, and a short ttl leaves no room for retries anyway.
 const minRenewAttempt = 2 * time.Second
 
-// ErrLeaseLost matches (errors.Is) every *LeaseLostError, and every error of a fence that
-// found its lease not held.
-var ErrLeaseLost = errors.New("liveness: lease lost")
-
-// ErrLeaseReleased is the cause of a lease's context after Release.
-var ErrLeaseReleased = errors.New("liveness: lease released")
-
 // errLeftToExpire is the cause of a lease's context when its holder stopped renewing it
 // without deleting its row: the lease is free once it expires.
 var errLeftToExpire = errors.New("liveness: lease left to expire")
 
-// LeaseLostError is the cause of a lost lease's context. Reason is one of:
-//
-//   - "taken": a renewal or a fence reached the database and found the lease no longer
-//     held under its epoch. Another holder took the lease over, the row was deleted, or
-//     it had expired by the database clock.
-//   - "error": the trust window ran out while the most recent renewal attempt had
-//     failed with an error (connection refused, pool closed, SQL error). Err is that
-//     error. A failed renewal is retried every ttl/16 until the window runs out.
-//   - "expired": the trust window ran out with no failed attempt to blame: a renewal
-//     was still unanswered (a hung network, a stalled server) or none could be sent in
-//     time (a paused process). Or a fenced transaction under the lease (Exec, BeginTx,
-//     BeginFunc) was open past its bound, the lease's ttl: Err says how long, and its
-//     statement was cancelled.
-//   - "not_alive": the holder is an Agent's instance that could no longer prove life;
-//     it stepped down before the fleet could call it dead and take the lease.
-type LeaseLostError struct {
+// Why a lease was lost: Loss.Reason (the library's LeaseLostError.Reason, which says
+// what each means), and the keys of Stats.Lost.
+const (
+	ReasonExpired = "expired" // the local trust window ran out without a renewal
+	ReasonTaken   = "taken"   // a renewal found another holder or epoch, or no row
+	ReasonError   = "error"   // a renewal failed and the lease could not be confirmed
+	// ReasonNotAlive: the holder's instance could no longer prove that it is alive (its
+	// alive lock vanished without a heartbeat in time, or its heartbeat aged), so it
+	// stepped down before the fleet could call it dead and take the lease over.
+	ReasonNotAlive = "not_alive"
+)
+
+// Loss is why a lease was lost, as this package finds it; users see it as
+// Errors.LostLease made it (the library's *LeaseLostError, of the same fields).
+type Loss struct {
 	Name   string
 	Epoch  int64
 	Reason string
@@ -52,7 +44,7 @@ type LeaseLostError struct {
 }
 
 // Error names the lease, the epoch, the reason and the error behind it, if any.
-func (e *LeaseLostError) Error() string {
+func (e *Loss) Error() string {
 	msg := fmt.Sprintf("liveness: lease %q (epoch %d) lost: %s", e.Name, e.Epoch, e.Reason)
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
@@ -60,19 +52,32 @@ func (e *LeaseLostError) Error() string {
 	return msg
 }
 
-// Unwrap makes errors.Is(err, ErrLeaseLost) true, and reaches Err.
-func (e *LeaseLostError) Unwrap() []error {
-	if e.Err == nil {
-		return []error{ErrLeaseLost}
-	}
-	return []error{ErrLeaseLost, e.Err}
+// Unwrap reaches Err.
+func (e *Loss) Unwrap() error { return e.Err }
+
+// lose ends the lease for reason, err behind it.
+func (le *Lease) lose(reason string, err error) {
+	le.end(&Loss{Name: le.Name, Epoch: le.Epoch, Reason: reason, Err: err})
 }
 
-// Context is cancelled when the lease is lost, released, or its parent context ends.
+// Loss is why the lease was lost; nil while it is held, and when it ended otherwise
+// (released, left to expire, its parent context ended).
+func (le *Lease) Loss() *Loss {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.loss
+}
+
+// TTL is the lease's ttl.
+func (le *Lease) TTL() time.Duration { return le.ttl }
+
+// Context is cancelled when the lease is lost, released, or its parent context ends;
+// its cause is then Err's.
 func (le *Lease) Context() context.Context { return le.ctx }
 
-// Err is nil while the lease is held. Afterwards it is a *LeaseLostError when the lease
-// was lost, ErrLeaseReleased after Release, or the parent context's cause.
+// Err is nil while the lease is held. Afterwards it is what Errors.LostLease made of its
+// Loss when the lease was lost, Errors.Released after Release, or the parent context's
+// cause.
 func (le *Lease) Err() error {
 	if le.ctx.Err() == nil {
 		return nil
@@ -94,9 +99,9 @@ func (le *Lease) ExpiresAt() time.Time {
 // and after a loss; later calls return the first call's error.
 func (le *Lease) Release(ctx context.Context) error {
 	le.releaseOnce.Do(func() {
-		le.end(ErrLeaseReleased)
+		le.end(le.leases.errs.Released)
 		<-le.renewerDone
-		err := le.deleteRow(ctx)
+		err := le.DeleteRow(ctx)
 		le.mu.Lock()
 		le.releaseErr = err
 		le.mu.Unlock()
@@ -106,10 +111,10 @@ func (le *Lease) Release(ctx context.Context) error {
 	return le.releaseErr
 }
 
-// deleteRow sends the release statement: the row goes if it still belongs to this
+// DeleteRow sends the release statement: the row goes if it still belongs to this
 // acquisition (name, holder and epoch). It may be sent again after a failure; once a
 // newer acquisition holds the row, it deletes nothing.
-func (le *Lease) deleteRow(ctx context.Context) error {
+func (le *Lease) DeleteRow(ctx context.Context) error {
 	if _, err := le.leases.pool.Exec(ctx, le.leases.stmts.release, le.Name, le.Holder, le.Epoch, le.endReason()); err != nil {
 		return fmt.Errorf("liveness: release lease %q: %w", le.Name, logging.RedactError(err))
 	}
@@ -119,19 +124,18 @@ func (le *Lease) deleteRow(ctx context.Context) error {
 // endReason is what the history records of a release: the string of a lease this
 // process lost before it let it go (a stepped-down leader's), "" for a plain release.
 func (le *Lease) endReason() string {
-	var lost *LeaseLostError
-	if errors.As(context.Cause(le.ctx), &lost) {
-		return string(lost.Reason)
+	if lost := le.Loss(); lost != nil {
+		return lost.Reason
 	}
 	return ""
 }
 
-// leaveToExpire stops the renewals without deleting the row, so that the lease is free
+// LeaveToExpire stops the renewals without deleting the row, so that the lease is free
 // only once it expires. For a holder instance it also clears the row's
 // holder_instance_id: otherwise the lease would be free as soon as the instance is dead
 // (its process stopping), which is what leaving it to expire must prevent. ctx bounds
 // that statement.
-func (le *Lease) leaveToExpire(ctx context.Context) error {
+func (le *Lease) LeaveToExpire(ctx context.Context) error {
 	le.end(errLeftToExpire)
 	<-le.renewerDone
 	if le.leases.id == nil {
@@ -166,7 +170,7 @@ func (le *Lease) renewLoop() {
 			le.end(nil) // the parent context ended, unless the lease already had
 			return
 		case <-over:
-			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostNotAlive})
+			le.lose(ReasonNotAlive, nil)
 			over = nil
 			continue
 		case <-t.C:
@@ -184,13 +188,13 @@ func (le *Lease) renewLoop() {
 // network waits up to ttl/5, far past the moment the fleet may call this instance dead.
 // The returned func stops the watch and waits for it; ending the lease cancels ctx, which
 // ends the renewal.
-func (le *Lease) endWhenNotAlive(ctx context.Context, life *leadership) (stop func()) {
+func (le *Lease) endWhenNotAlive(ctx context.Context, life Leadership) (stop func()) {
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
 		select {
 		case <-life.Over():
-			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostNotAlive})
+			le.lose(ReasonNotAlive, nil)
 		case <-ctx.Done():
 		case <-quit:
 		}
@@ -225,7 +229,7 @@ func (le *Lease) renew() bool {
 		le.extend(expiresAt, sent)
 		return true
 	case errors.Is(err, pgx.ErrNoRows):
-		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostTaken})
+		le.lose(ReasonTaken, nil)
 		return false
 	case le.ctx.Err() != nil:
 		return false // released, lost or the parent ended: the loop exits
@@ -284,10 +288,10 @@ func (le *Lease) windowClosed() {
 
 // windowLostLocked is the loss of a trust window that ran out: expired, or the last
 // attempt's error.
-func (le *Lease) windowLostLocked() *LeaseLostError {
-	lost := &LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostExpired}
+func (le *Lease) windowLostLocked() *Loss {
+	lost := &Loss{Name: le.Name, Epoch: le.Epoch, Reason: ReasonExpired}
 	if le.lastErr != nil {
-		lost.Reason, lost.Err = lostError, le.lastErr
+		lost.Reason, lost.Err = ReasonError, le.lastErr
 	}
 	return lost
 }
@@ -299,8 +303,9 @@ func (le *Lease) end(cause error) {
 }
 
 // endLocked ends the lease once: it stops the window timer, cancels the context with
-// cause and updates the counts. A nil cause, or a context the parent already ended, means
-// the parent context ended it; that is not a loss.
+// cause (a *Loss made into the error users see) and updates the counts. A nil cause, or
+// a context the parent already ended, means the parent context ended it; that is not a
+// loss.
 func (le *Lease) endLocked(cause error) {
 	if le.ended {
 		return
@@ -308,21 +313,23 @@ func (le *Lease) endLocked(cause error) {
 	le.ended = true
 	le.window.Stop()
 	if last := le.lifeShares == nil || le.lifeShares.Add(-1) == 0; le.life != nil && last {
-		defer le.life.stop() // after the cancel: the job's context ends first
+		defer le.life.Stop() // after the cancel: the job's context ends first
 	}
 	if le.inBatch {
 		le.group.remove(le)
 		close(le.renewerDone)
 	}
-	var lost *LeaseLostError
+	var lost *Loss
 	if le.ctx.Err() != nil || !errors.As(cause, &lost) {
 		lost = nil
 	}
 	// Count and log first: whoever wakes on Done must see the loss.
 	le.leases.noteEnded(le.statName(), le.Epoch, lost)
-	var outlived *txOutlivedError
+	var outlived *OutlivedError
 	if lost != nil {
-		attrs := []any{"lease", le.Name, "epoch", le.Epoch, "reason", string(lost.Reason)}
+		le.loss = lost
+		cause = le.leases.errs.LostLease(*lost)
+		attrs := []any{"lease", le.Name, "epoch", le.Epoch, "reason", lost.Reason}
 		if lost.Err != nil {
 			attrs = append(attrs, "err", lost.Err)
 		}

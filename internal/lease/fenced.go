@@ -1,4 +1,4 @@
-package liveness
+package lease
 
 import (
 	"context"
@@ -19,15 +19,8 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
-// ErrFenced matches (errors.Is) every *FencedError: a fenced write that was refused, of
-// which nothing committed.
-var ErrFenced = errors.New("liveness: fenced write refused")
-
 // SQLStateCommitLate is the SQLSTATE of a COMMIT that the server refused because it
-// came past the deadline of a fence in its transaction (migration 0009's check at
-// commit): what a transaction committed by its own caller after Lease.Fence gets, as a
-// *pgconn.PgError. The transaction is rolled back. Lease.BeginTx's Commit returns a
-// *FencedError instead.
+// came past the deadline of a fence in its transaction (the library's SQLStateCommitLate).
 const SQLStateCommitLate = "LVF03"
 
 // The SQLSTATEs of a refused strict fence (lease_fence_strict): the lease is not held
@@ -41,100 +34,19 @@ const (
 // caller's context has ended: the connection goes back to its pool only once it has.
 const fenceEndTimeout = 5 * time.Second
 
-// FencedError is a write fenced under a lease (Lease.Exec, Lease.BeginTx, Lease.BeginFunc)
-// that was refused: nothing of it committed. Refused by the
-// fence (the lease not held, a fence or a COMMIT past its deadline), or ended by the
-// server or the library before its COMMIT could count: a transaction that idled past
-// its limit (the server ends its session, SQLSTATE 25P03, and a COMMIT sent then, or not
-// sent because the connection is closed, is refused), or one open past its bound, the
-// lease's TTL.
-type FencedError struct {
-	Lease string
-	Epoch int64
-	// Held is true when this process still held the lease as the write was refused: the
-	// fence or the COMMIT reached the server past its deadline (a network that held it
-	// back, a pause), not a lost lease; the next write, with a new deadline, may pass.
-	// False when the lease has ended (Lease.Err says why); the error is then errors.Is
-	// ErrLeaseLost as well.
-	Held bool
-	// AtCommit is true when the statements ran and the COMMIT was refused, rolling them
-	// back.
+// Refusal is a write fenced under a lease that was refused, as this package finds it;
+// users see it as Errors.Refused made it (the library's *FencedError, of the same
+// fields, which says what each means).
+type Refusal struct {
+	Lease    string
+	Epoch    int64
+	Held     bool
 	AtCommit bool
-	// Err is the server's error, or why the lease ended when nothing was sent.
-	Err error
+	Err      error
 }
 
-// Error names the lease, the epoch and why the write was refused, and whether the lease
-// was still held.
-func (e *FencedError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "liveness: write fenced under lease %q (epoch %d) refused", e.Lease, e.Epoch)
-	if e.AtCommit {
-		b.WriteString(" at commit")
-	}
-	if e.Held {
-		b.WriteString(", past its deadline while the lease is still held")
-	} else {
-		b.WriteString(": the lease is not held")
-	}
-	if e.Err != nil {
-		b.WriteString(": " + e.Err.Error())
-	}
-	return b.String()
-}
-
-// Unwrap makes errors.Is(err, ErrFenced) true, errors.Is(err, ErrLeaseLost) too when the
-// lease is no longer held, and reaches Err.
-func (e *FencedError) Unwrap() []error {
-	errs := []error{ErrFenced}
-	if !e.Held {
-		errs = append(errs, ErrLeaseLost)
-	}
-	if e.Err != nil {
-		errs = append(errs, e.Err)
-	}
-	return errs
-}
-
-// Exec runs sql with args as one fenced transaction under this lease, in one round trip:
-// the fence and the statement go in one pipeline, without BEGIN or COMMIT, and run as
-// one implicit transaction that commits at the pipeline's end. It returns the
-// statement's command tag, or a *FencedError (errors.Is ErrFenced) when the write was
-// refused: the lease is not held under Epoch, or the write reached the server, or
-// committed, past the lease's deadline (FenceDeadline) as of when it was sent. A refused
-// write never commits, so a write is either counted under this epoch, committed before
-// any later holder's first, or an error. An error that is not a *FencedError after the
-// statement ran (the connection lost as it committed, say) leaves the outcome unknown,
-// as for any COMMIT.
-//
-// The connection is taken from db first and the deadline read after, so a wait for a
-// connection never counts against it. The time the statement takes does: its COMMIT
-// leaves with it, so the check at commit holds it to the deadline as of the send. A
-// statement that outlasts that (a row lock's wait, a slow plan), for a lease still held,
-// is rolled back and run once more as a transaction whose COMMIT is sent on its own with
-// the deadline as of then (two round trips, and the statement's work twice): a healthy
-// leader's slow write lands. Only the time that COMMIT takes to reach the server counts
-// then: it is refused when that is past the moment this process would stop trusting the
-// lease, by FenceDeadline's rule (half to three quarters of the lock grace ahead for a
-// healthy leader of an Agent).
-//
-// One round trip once the statements are prepared on the connection: pgx's default
-// statement cache prepares a new statement in a round trip of its own, once.
-//
-// A fenced transaction (Exec's, BeginTx's, BeginFunc's) lasts at most the lease's TTL
-// from its start: it holds the lease row FOR KEY SHARE, so that any takeover waits for
-// it, and one that never ended would hold every other holder back. Shorter, it costs no
-// lease, its own included (renewals do not wait for the fence). Past the TTL, its running
-// statement is cancelled on the server, its lease ends (a *LeaseLostError, Reason "expired",
-// whose Err names the transaction's age and the bound), with one warning line, and the
-// write is a *FencedError; other leases are not touched. It may also idle between its
-// statements at most the TTL: the server then ends its session, and its COMMIT is a
-// *FencedError. A job whose write may take longer needs a longer TTL, or to split the
-// write.
-//
-// sql must be a single statement without transaction control (one that leaves a
-// transaction open is rolled back, with an error). db must be a pool on the leases'
-// database and schema.
+// Exec runs sql with args as one fenced transaction under this lease, in one round
+// trip: the library's Lease.Exec, which documents it.
 func (le *Lease) Exec(ctx context.Context, db *pgxpool.Pool, sql string, args ...any) (pgconn.CommandTag, error) {
 	if blankSQL(sql) {
 		return pgconn.CommandTag{}, fmt.Errorf("liveness: fenced write under lease %q: the statement is empty "+
@@ -236,16 +148,7 @@ func (le *Lease) execInTransaction(ctx context.Context, conn *pgx.Conn, w *txWat
 }
 
 // BeginTx begins a transaction on a connection of its own from db, fenced under this
-// lease: its fence runs first, and its Commit is refused unless it reaches the server
-// before the lease's deadline as of when Commit is called. Errors are as Exec's: a
-// *FencedError when the fence or the COMMIT is refused. The connection goes back to db
-// at Commit or Rollback: call one of them. The fence holds the lease row FOR KEY SHARE
-// until the transaction ends: a takeover waits for it, this lease's renewals do not. The
-// transaction lasts at most the lease's TTL from BeginTx, as Exec's: past it, its
-// statement is cancelled, the lease ends, and Commit is a *FencedError.
-//
-// The returned transaction's Commit is the only COMMIT that carries a fresh deadline:
-// do not commit it with SQL of your own.
+// lease: the library's Lease.BeginTx, which documents it.
 func (le *Lease) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptions) (pgx.Tx, error) {
 	if cause := le.Err(); cause != nil {
 		return nil, le.refused(false, cause)
@@ -274,9 +177,7 @@ func (le *Lease) BeginTx(ctx context.Context, db *pgxpool.Pool, opts pgx.TxOptio
 }
 
 // BeginFunc runs fn in a transaction of BeginTx and commits it when fn returns nil, or
-// rolls it back. The error is fn's, or BeginTx's or Commit's (a *FencedError when the
-// write was refused, and when fn's error came from the transaction's statement cancelled
-// past its bound, the lease's TTL: see Exec).
+// rolls it back: the library's Lease.BeginFunc, which documents it.
 func (le *Lease) BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) error {
 	tx, err := le.BeginTx(ctx, db, pgx.TxOptions{})
 	if err != nil {
@@ -379,13 +280,13 @@ const (
 	sqlStateQueryCanceled   = "57014"
 )
 
-// txOutlivedError is why a lease ended whose fenced transaction stayed open past its
-// bound, the lease's ttl (LeaseLostError.Err, with Reason "expired").
-type txOutlivedError struct {
+// OutlivedError is why a lease ended whose fenced transaction stayed open past its
+// bound, the lease's ttl (Loss.Err, with Reason "expired").
+type OutlivedError struct {
 	age, bound time.Duration
 }
 
-func (e *txOutlivedError) Error() string {
+func (e *OutlivedError) Error() string {
 	return fmt.Sprintf("a fenced transaction under it was open %s, past its bound (the lease's TTL, %s): its statement "+
 		"was cancelled", e.age.Round(time.Millisecond), e.bound)
 }
@@ -396,7 +297,7 @@ func (e *txOutlivedError) Error() string {
 // holder's job) would hold back every other holder forever. Past the bound its running
 // statement is cancelled on the server (a cancel request: ending the job's context only
 // closes this end of the connection, and the server would run the statement on), then
-// the lease ends (lostExpired, with a *txOutlivedError), with one log line; its COMMIT is
+// the lease ends (ReasonExpired, with an *OutlivedError), with one log line; its COMMIT is
 // refused. A shorter transaction costs the lease nothing: its renewals do not wait for
 // the fence.
 type txWatch struct {
@@ -429,7 +330,7 @@ func (le *Lease) watchTx(conn *pgconn.PgConn, began time.Time) *txWatch {
 		}
 		le.leases.log.Warn("fenced transaction open past its bound, the lease's TTL: its statement is cancelled and "+
 			"the lease ends, so that no takeover waits for it any longer", attrs...)
-		le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostExpired, Err: &txOutlivedError{age: age, bound: le.ttl}})
+		le.lose(ReasonExpired, &OutlivedError{age: age, bound: le.ttl})
 	})
 	return w
 }
@@ -485,14 +386,14 @@ func endTx(ctx context.Context, conn *pgx.Conn) {
 	}
 }
 
-// fenceFailed turns a fenced write's error into a *FencedError when the fence refused it,
+// fenceFailed turns a fenced write's error into a refusal when the fence refused it,
 // and ends the lease when the fence found it not held.
 func (le *Lease) fenceFailed(err error) error {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) {
 		switch pg.Code {
 		case sqlStateNotHeld:
-			le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostTaken})
+			le.lose(ReasonTaken, nil)
 			return le.refused(false, err)
 		case sqlStateFenceLate:
 			return le.refused(false, err)
@@ -503,22 +404,22 @@ func (le *Lease) fenceFailed(err error) error {
 	return fmt.Errorf("liveness: fenced write under lease %q: %w", le.Name, logging.RedactError(err))
 }
 
-// refused counts a refused write and returns its error.
+// refused counts a refused write and returns its error, as Errors.Refused makes it.
 func (le *Lease) refused(atCommit bool, err error) error {
 	cause := le.Err()
-	fe := &FencedError{Lease: le.Name, Epoch: le.Epoch, Held: cause == nil, AtCommit: atCommit, Err: logging.RedactError(err)}
-	var outlived *txOutlivedError
-	le.leases.noteRefused(le.statName(), fe, errors.As(cause, &outlived)) // its watch has said why
-	return fe
+	r := Refusal{Lease: le.Name, Epoch: le.Epoch, Held: cause == nil, AtCommit: atCommit, Err: logging.RedactError(err)}
+	var outlived *OutlivedError
+	le.leases.noteRefused(le.statName(), r, errors.As(cause, &outlived)) // its watch has said why
+	return le.leases.errs.Refused(r)
 }
 
 // noteRefused counts a refused write, and logs the first one of each lease name at
 // warning level (but one whose cause a line has told already): a healthy leader should
 // see none, so the first says that writes are being dropped (by the lease's end, or by a
 // network slower than the deadline allows).
-func (l *Leases) noteRefused(statName string, fe *FencedError, told bool) {
+func (l *Leases) noteRefused(statName string, fe Refusal, told bool) {
 	l.mu.Lock()
-	c := l.counts(statName)
+	c := l.countsOf(statName)
 	c.refused++
 	first := !c.refusalTold && !told
 	c.refusalTold = c.refusalTold || first

@@ -1,7 +1,7 @@
 // Many leases of one group at once: a shard set member's shards taken, released and left
 // to expire in one statement each, however many there are.
 
-package liveness
+package lease
 
 import (
 	"context"
@@ -17,14 +17,14 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/logging"
 )
 
-// acquireMany takes, in one statement, those of names that are free, each with a holder
-// token of its own, as acquire takes one: group (whose ttl they get) renews them, and
+// AcquireMany takes, in one statement, those of names that are free, each with a holder
+// token of its own, as Acquire takes one: group (whose ttl they get) renews them, and
 // they are trusted, as one lease is, only once the alive lock has been proved held by a
 // proof sent after the statement was answered: one proof for the whole batch, whose
 // leases then follow one leadership. It returns the leases taken; a name it leaves out
 // is held by another. A lease of the batch ends when it is released, lost (a renewal
 // that misses it, its window, a fence) or when the leadership ends (all of them then).
-func (l *Leases) acquireMany(ctx context.Context, names []string, group *leaseGroup) ([]*Lease, error) {
+func (l *Leases) AcquireMany(ctx context.Context, names []string, group *Group) ([]*Lease, error) {
 	if len(names) == 0 {
 		return nil, nil
 	}
@@ -39,12 +39,12 @@ func (l *Leases) acquireMany(ctx context.Context, names []string, group *leaseGr
 			return nil, err
 		}
 	}
-	if l.life != nil && !l.life.Alive() {
-		return nil, errNotAlive
+	if l.gate != nil && !l.gate.Alive() {
+		return nil, ErrNotAlive
 	}
-	var mark holdMark
-	if l.life != nil {
-		mark = l.life.hold()
+	var mark HoldMark
+	if l.gate != nil {
+		mark = l.gate.Hold()
 	}
 	start := time.Now()
 	trustUntil := start.Add(ttl - margin)
@@ -88,16 +88,16 @@ func (l *Leases) acquireMany(ctx context.Context, names []string, group *leaseGr
 	for i, n := range names {
 		holderOf[n] = holders[i]
 	}
-	var life *leadership
-	if l.life != nil {
-		if life, err = l.life.lead(actx, mark, time.Now()); err != nil {
+	var life Leadership
+	if l.gate != nil {
+		if life, err = l.gate.Lead(actx, mark, time.Now()); err != nil {
 			gave, tokens := make([]string, len(got)), make([]string, len(got))
 			for i, r := range got {
 				gave[i], tokens[i] = r.name, holderOf[r.name]
 			}
 			l.giveBack(ctx, gave, tokens, ttl)
 			l.log.Debug("leases given back: the alive lock was not proved held in time", "leases", len(got), "err", err)
-			return nil, errNotAlive
+			return nil, ErrNotAlive
 		}
 	}
 	shares := new(atomic.Int64) // a batch's leases have no renewLoop, with or without life
@@ -113,7 +113,7 @@ func (l *Leases) acquireMany(ctx context.Context, names []string, group *leaseGr
 		go func() {
 			<-life.Over()
 			for _, le := range out {
-				le.end(&LeaseLostError{Name: le.Name, Epoch: le.Epoch, Reason: lostNotAlive})
+				le.lose(ReasonNotAlive, nil)
 			}
 		}()
 	}
@@ -126,7 +126,7 @@ func (l *Leases) acquireMany(ctx context.Context, names []string, group *leaseGr
 // server restarting, out of reach) is deleted before this process's next acquisition of
 // any lease, until their ttl has passed: the holder, alive again as soon as the server
 // answers, would otherwise keep the lease from everyone, itself included, for its ttl.
-// It runs even when ctx has ended (the caller gave up), within runReleaseTimeout.
+// It runs even when ctx has ended (the caller gave up), within ReleaseTimeout.
 func (l *Leases) giveBack(ctx context.Context, names, holders []string, ttl time.Duration) {
 	now := time.Now()
 	l.mu.Lock()
@@ -142,7 +142,7 @@ func (l *Leases) giveBack(ctx context.Context, names, holders []string, ttl time
 
 // abandonUnanswered deletes, by their holder tokens (so nothing else), the rows that the
 // given-back acquisitions may hold, whatever their names (the lease may be another
-// process's to take now), under ctx and within runReleaseTimeout; those it cannot delete
+// process's to take now), under ctx and within ReleaseTimeout; those it cannot delete
 // now are kept for this process's next acquisition. With nothing given back, it sends
 // nothing.
 func (l *Leases) abandonUnanswered(ctx context.Context) {
@@ -164,7 +164,7 @@ func (l *Leases) abandonUnanswered(ctx context.Context) {
 	if len(ns) == 0 {
 		return
 	}
-	dctx, cancel := context.WithTimeout(ctx, runReleaseTimeout)
+	dctx, cancel := context.WithTimeout(ctx, ReleaseTimeout)
 	defer cancel()
 	var err error
 	if len(ns) == 1 {
@@ -191,22 +191,22 @@ func (l *Leases) abandonUnanswered(ctx context.Context) {
 // give back nothing at all.
 const manyBatch = 5_000
 
-// releaseMany is Release for many leases, in one statement for up to manyBatch of them,
-// each within runReleaseTimeout: each lease ends, and its row goes if it still belongs to
+// ReleaseMany is Release for many leases, in one statement for up to manyBatch of them,
+// each within ReleaseTimeout: each lease ends, and its row goes if it still belongs to
 // its acquisition. A lease
 // released before is left out. No other Release of these leases may run meanwhile.
-func (l *Leases) releaseMany(ctx context.Context, les []*Lease) error {
+func (l *Leases) ReleaseMany(ctx context.Context, les []*Lease) error {
 	mine := make([]*Lease, 0, len(les))
 	for _, le := range les {
 		le.releaseOnce.Do(func() { mine = append(mine, le) })
 	}
 	for _, le := range mine {
-		le.end(ErrLeaseReleased)
+		le.end(l.errs.Released)
 	}
 	for _, le := range mine {
 		<-le.renewerDone
 	}
-	err := l.deleteRows(ctx, mine)
+	err := l.DeleteRows(ctx, mine)
 	for _, le := range mine {
 		le.mu.Lock()
 		le.releaseErr = err
@@ -215,14 +215,14 @@ func (l *Leases) releaseMany(ctx context.Context, les []*Lease) error {
 	return err
 }
 
-// deleteRows sends the release statement of many leases, one for each manyBatch, each
-// within runReleaseTimeout: each row goes if it still belongs to its acquisition. It may
+// DeleteRows sends the release statement of many leases, one for each manyBatch, each
+// within ReleaseTimeout: each row goes if it still belongs to its acquisition. It may
 // be sent again after a failure.
-func (l *Leases) deleteRows(ctx context.Context, les []*Lease) error {
+func (l *Leases) DeleteRows(ctx context.Context, les []*Lease) error {
 	var errs []error
 	for batch := range slices.Chunk(les, manyBatch) {
 		names, holders, epochs := leaseKeys(batch)
-		bctx, cancel := context.WithTimeout(ctx, runReleaseTimeout)
+		bctx, cancel := context.WithTimeout(ctx, ReleaseTimeout)
 		_, err := l.pool.Exec(bctx, l.stmts.releaseMany, names, holders, epochs)
 		cancel()
 		if err != nil {
@@ -233,9 +233,9 @@ func (l *Leases) deleteRows(ctx context.Context, les []*Lease) error {
 	return errors.Join(errs...)
 }
 
-// leaveManyToExpire is leaveToExpire for many leases, in one statement for up to
-// manyBatch of them, each within runReleaseTimeout.
-func (l *Leases) leaveManyToExpire(ctx context.Context, les []*Lease) error {
+// LeaveManyToExpire is LeaveToExpire for many leases, in one statement for up to
+// manyBatch of them, each within ReleaseTimeout.
+func (l *Leases) LeaveManyToExpire(ctx context.Context, les []*Lease) error {
 	for _, le := range les {
 		le.end(errLeftToExpire)
 	}
@@ -248,7 +248,7 @@ func (l *Leases) leaveManyToExpire(ctx context.Context, les []*Lease) error {
 	var errs []error
 	for batch := range slices.Chunk(les, manyBatch) {
 		names, holders, epochs := leaseKeys(batch)
-		bctx, cancel := context.WithTimeout(ctx, runReleaseTimeout)
+		bctx, cancel := context.WithTimeout(ctx, ReleaseTimeout)
 		_, err := l.pool.Exec(bctx, l.stmts.detachMany, names, holders, epochs)
 		cancel()
 		if err != nil {
