@@ -80,7 +80,7 @@ deps:
 # set runs all of it on one major.
 PG_MAJORS     ?= 14 16 17 18
 DB_PKGS       := . ./collector ./internal/database ./internal/status ./internal/targets ./internal/testkit/pgtest ./liveness \
-	./migrations ./internal/store ./internal/nodeagent ./internal/alivelock
+	./migrations ./internal/store ./internal/nodeagent ./internal/alivelock ./internal/lease
 # The binary's package and the library's (. and ./liveness, the longest) run, besides 15,
 # on the oldest and the newest major, where what differs between majors lies (README:
 # Supported PostgreSQL majors); on 16 and 17 the rest of DB_PKGS runs, internal/store's
