@@ -165,10 +165,12 @@ dashboard-plots:
 	cd tools && $(GO) run ./cmd/dashboardplots -prometheus $(DASHBOARD_PLOTS_PROMETHEUS) -out $(CURDIR)/docs/dashboards -dashboards $(CURDIR)/dashboards
 
 # The fault suite (tools/faults): every scenario FAULT_TRIALS times (default 10), then
-# docs/failover.md is rewritten from the measurements. Needs root for the
-# network-namespace scenarios.
+# docs/failover.md is rewritten from the measurements, and so is every figure the other
+# docs quote from it (tools/docquote; make test fails on a quote the report does not
+# say). Needs root for the network-namespace scenarios.
 faults:
 	cd tools && $(GO) test -count=1 -timeout 60m ./faults/ -args -faults.trials=$${FAULT_TRIALS:-10} -faults.report=$(CURDIR)/docs/failover.md
+	cd tools && $(GO) test -count=1 -run '^TestDocsQuoteTheFailoverReport$$' ./docquote/ -update
 
 # The randomized fault soak (tools/soak): the fleet under a seeded nemesis for
 # SOAK_DURATION, the history checked, the soak's section of docs/failover.md rewritten.
