@@ -55,10 +55,10 @@ func (e *campaign) lead(ctx context.Context, le *Lease) error {
 			err := le.in.LeaveToExpire(rctx)
 			cancel()
 			e.gate.leave()
-			e.leases.log.Error("the job did not return within its wind-down: its le is left to expire, and "+
+			e.leases.log.Error("the job did not return within its wind-down: its lease is left to expire, and "+
 				"another process may take it then while this job still runs", "lease", le.Name,
 				"epoch", le.Epoch, "wind_down", e.windDown, "expires_at", le.ExpiresAt(), "err", err)
-			return fmt.Errorf("%w (%s): le %q (epoch %d) left to expire at %s", ErrWindDownExceeded, e.windDown,
+			return fmt.Errorf("%w (%s): lease %q (epoch %d) left to expire at %s", ErrWindDownExceeded, e.windDown,
 				le.Name, le.Epoch, le.ExpiresAt().Format(time.RFC3339Nano))
 		}
 	}
@@ -95,7 +95,7 @@ func (e *campaign) release(ctx context.Context, le *Lease) bool {
 	defer cancel()
 	if err := le.Release(rctx); err != nil {
 		if ctx.Err() != nil {
-			e.leases.log.Warn("campaign: release failed; the le will expire", "lease", le.Name, "err", err)
+			e.leases.log.Warn("campaign: release failed; the lease will expire", "lease", le.Name, "err", err)
 		} else {
 			e.leases.log.Info("campaign: release failed; retrying until it expires", "lease", le.Name, "err", err)
 		}
@@ -126,10 +126,10 @@ func (e *campaign) retryRelease(ctx context.Context, le *Lease) {
 		err := le.in.DeleteRow(rctx)
 		cancel()
 		if err == nil {
-			e.leases.log.Info("campaign: released the le after all", "lease", le.Name, "epoch", le.Epoch)
+			e.leases.log.Info("campaign: released the lease after all", "lease", le.Name, "epoch", le.Epoch)
 			return
 		}
 		e.leases.log.Debug("campaign: release failed; retrying", "lease", le.Name, "err", err)
 	}
-	e.leases.log.Warn("campaign: release failed until the le expired", "lease", le.Name, "epoch", le.Epoch)
+	e.leases.log.Warn("campaign: release failed until the lease expired", "lease", le.Name, "epoch", le.Epoch)
 }
