@@ -316,12 +316,17 @@ func TestNetworkBlipUnderAVerification(t *testing.T) {
 		return pid, last
 	}
 	verifyEvery := defaults.VerifyInterval // the faultagent has no flag for it
-	kept := 0
-	for range trials() {
-		waitHealthy(t, s, victim, true)
-		if n := heldBy(victim.ids); n != 0 {
-			t.Fatalf("the victim leads %d of the reaper and the watchers; it must lead nothing", n)
+	kept, void := 0, 0
+	for done := 0; done < trials(); {
+		// A busy host can make the bystanders step down (a leader must prove its lock every
+		// three quarters of a second), and the victim take what they led: a leader verifies
+		// its lock four times a second, which is another scenario's. Such an attempt is
+		// still cut, and checked for false deads, but it is not a trial of this one.
+		if void > trials() {
+			t.Fatalf("%d attempts found the victim leading at the cut, and only %d trials did not: the bystanders "+
+				"keep losing the reaper and the watchers to it", void, done)
 		}
+		waitHealthy(t, s, victim, true)
 		pid, last := lockSession()
 		cut := last.Add(verifyEvery - before)
 		if time.Until(cut) < 0 {
@@ -331,7 +336,14 @@ func TestNetworkBlipUnderAVerification(t *testing.T) {
 		if now, _ := lockSession(); now != pid {
 			t.Fatalf("the lock's session changed before the cut: backend %d, then %d", pid, now)
 		}
+		leading := heldBy(victim.ids) // cut off, it takes nothing more
 		t0, healed := blipLink(t, ns, blip)
+		if leading != 0 {
+			sc.watchFalseDead(s, t0, 10*time.Second, victim)
+			void++
+			t.Logf("the victim led %d of the reaper and the watchers at the cut (its bystanders stepped down): not a trial", leading)
+			continue
+		}
 		unheld := false
 		for _, ev := range victim.Events("lock", t0) {
 			unheld = unheld || (!ev.Held && ev.At.Before(healed))
@@ -354,12 +366,17 @@ func TestNetworkBlipUnderAVerification(t *testing.T) {
 		} else {
 			kept++
 		}
+		done++
 	}
 	sc.s.Trials = trials()
 	sc.bound("lock trusted again, from the heal", 0, 10*time.Second)
 	sc.note("The cut comes %s before the verification is due, so it is sent into the cut; the lock stops "+
 		"counting as held a second after it was sent. The same backend held the lock before and after the blip "+
 		"in %d of %d trials.", before, kept, trials())
+	if void > 0 {
+		sc.note("%d more attempts found the victim leading at the cut (its bystanders had stepped down) and were "+
+			"not counted as trials; nothing called it dead in them either.", void)
+	}
 }
 
 // blipLink cuts the namespace's link for d and heals it, and returns when it cut and when
