@@ -337,6 +337,10 @@ func TestAgentLeavesAnOverrunningJobsLeaseToExpire(t *testing.T) {
 		if !errors.Is(err, liveness.ErrWindDownExceeded) {
 			t.Fatalf("Elect = %v; want ErrWindDownExceeded", err)
 		}
+		// The operator's one line: which lease, left to expire when.
+		if !strings.Contains(err.Error(), `lease "stubborn" (epoch `) || !strings.Contains(err.Error(), "left to expire at") {
+			t.Errorf("Elect = %q; want it to name the lease, its epoch and when it expires", err)
+		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("Elect did not return within 15s of the agent's stop")
 	}
