@@ -19,7 +19,7 @@ LDFLAGS := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REV
 	-X $(VERSION_PKG).Branch=$(BRANCH) -X $(VERSION_PKG).BuildUser=$(BUILD_USER) \
 	-X $(VERSION_PKG).BuildDate=$(BUILD_DATE)
 
-.PHONY: all build image test test-majors test-stress lint run bench bench-compare bench-discovery bench-fleet clean deps faults faults-majors dashboard-plots soak
+.PHONY: all build image test test-majors test-stress lint run bench records $(RECORDS) bench-compare bench-discovery bench-fleet clean deps faults faults-majors dashboard-plots soak
 
 all: lint test build
 
@@ -199,6 +199,34 @@ faults-majors:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m ./...
 	cd tools && $(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m ./...
+
+# The run records the docs quote (docs/runs/<name>.txt, tools/cmd/runrecord): each target
+# runs its benchmarks, keeps what they printed with the revision, date and machine, and
+# rewrites every figure the docs quote from it; make test compares the quotes with the
+# records. Run them on an otherwise idle machine; all of them take about 30 minutes.
+RECORDS = record-scrape-binary record-scrape-collectors record-leases record-fenced-write \
+	record-history-writes record-watcher-tick record-lease-refused record-status-page \
+	record-scrape-under-page-load
+RUNRECORD = cd tools && $(GO) run ./cmd/runrecord
+records: $(RECORDS)
+record-scrape-binary:
+	$(RUNRECORD) -name scrape-binary -- $(GO) test . -run '^$$' -bench '^BenchmarkExporterScrape$$' -count=1 -timeout 30m
+record-scrape-collectors:
+	$(RUNRECORD) -name scrape-collectors -- $(GO) test ./collector -run '^$$' -bench '^BenchmarkScrape$$' -benchtime=60x -benchmem -count=1 -timeout 30m
+record-leases:
+	$(RUNRECORD) -name leases -- $(GO) test ./liveness -run '^$$' -bench 'BenchmarkSelect1|BenchmarkLease(AcquireRelease|Renew)$$|BenchmarkLeaseContention/' -count=1 -timeout 30m
+record-fenced-write:
+	$(RUNRECORD) -name fenced-write -- $(GO) test ./liveness -run '^$$' -bench 'BenchmarkSelect1/goroutines=1$$|BenchmarkFencedWrite' -benchtime=4000x -count=3 -timeout 30m
+record-history-writes:
+	$(RUNRECORD) -name history-writes -- $(GO) test ./liveness -run '^$$' -bench BenchmarkHistoryWrites -benchtime=30x -count=3 -timeout 30m
+record-watcher-tick:
+	$(RUNRECORD) -name watcher-tick -- $(GO) test ./liveness -run '^$$' -bench BenchmarkWatcherTick -benchtime=200x -count=1 -timeout 30m
+record-lease-refused:
+	$(RUNRECORD) -name lease-refused -- $(GO) test ./liveness -run '^$$' -bench 'BenchmarkLeaseAcquireRefused|BenchmarkAliveLockVerify' -benchtime=200x -count=1 -timeout 30m
+record-status-page:
+	$(RUNRECORD) -name status-page -- $(GO) test ./internal/status -run '^$$' -bench BenchmarkStatusPage -benchtime=50x -benchmem -count=1 -timeout 30m
+record-scrape-under-page-load:
+	$(RUNRECORD) -name scrape-under-page-load -- $(GO) test . -run '^$$' -bench BenchmarkScrapeUnderStatusPageLoad -benchtime=1x -count=1 -timeout 30m
 
 # What a fleet of agents at the library's defaults costs one PostgreSQL: 100 and 1,000
 # agents each on a session of its own, then 100, 1,000 and 5,000 attached to 50 node

@@ -37,6 +37,7 @@ var (
 //   - default: a value the code holds, by its name in Settings;
 //   - flag: a flag's default, by the flag's name;
 //   - alert: an alert rule's `for`, by the alert's name;
+//   - bench: a figure of a run record under docs/runs (records.go);
 //   - given: a scenario's input or an example's value, which nothing measures and no
 //     default holds ("a 1-3 s restart", "SIGSTOP 20 s"); the text beside it says which.
 const (
@@ -45,6 +46,7 @@ const (
 	KindFlag     = "flag"
 	KindAlert    = "alert"
 	KindGiven    = "given"
+	// KindBench is in records.go.
 )
 
 // Mark is a marked figure in a doc.
@@ -126,7 +128,7 @@ func (q Quantity) Equal(o Quantity) bool {
 	return q.Dim == o.Dim && math.Abs(q.Value-o.Value) <= 1e-9*math.Max(math.Abs(q.Value), 1)
 }
 
-var quantityText = regexp.MustCompile(`^(\d[\d,]*(?:\.\d+)?)\s?([a-zA-Zµ%×]*)$`)
+var quantityText = regexp.MustCompile(`^(\d[\d,]*(?:\.\d+)?)\s?([a-zA-Zµ%×/]*)$`)
 
 var units = map[string]Quantity{
 	"ns": {1, "duration"}, "µs": {1e3, "duration"}, "us": {1e3, "duration"}, "ms": {1e6, "duration"},
@@ -137,6 +139,8 @@ var units = map[string]Quantity{
 	"bytes": {1, "size"}, "B": {1, "size"}, "KB": {1e3, "size"}, "MB": {1e6, "size"}, "GB": {1e9, "size"},
 	"KiB": {1 << 10, "size"}, "MiB": {1 << 20, "size"}, "GiB": {1 << 30, "size"},
 	"": {1, "count"}, "×": {1, "ratio"}, "x": {1, "ratio"}, "%": {1, "share"},
+	"core": {1, "cpu"}, "cores": {1, "cpu"},
+	"rounds/s": {1, "rate"}, "statements/s": {1, "rate"}, "rows/s": {1, "rate"},
 }
 
 // ParseQuantity reads a single figure as the docs write it: "30 s", "0.75 s", "2 min",

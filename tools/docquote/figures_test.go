@@ -29,6 +29,10 @@ func TestDocsFiguresAreRunsOrCode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	recs, err := Records(root)
+	if err != nil {
+		t.Fatal(err)
+	}
 	kinds := map[string]int{}
 	for _, f := range files {
 		marks, unmarked, err := Scan(root, f)
@@ -37,7 +41,7 @@ func TestDocsFiguresAreRunsOrCode(t *testing.T) {
 		}
 		for _, m := range marks {
 			kinds[m.Kind]++
-			if msg := checkMark(m, settings, flags, alerts); msg != "" {
+			if msg := checkMark(m, settings, flags, alerts, recs); msg != "" {
 				t.Errorf("%s:%d: %s", m.File, m.Line, msg)
 			}
 		}
@@ -56,7 +60,7 @@ func TestDocsFiguresAreRunsOrCode(t *testing.T) {
 		}
 	}
 	// Each kind is used: a marker the scan stopped reading would pass everything above.
-	for _, k := range []string{KindFailover, KindDefault, KindFlag, KindAlert, KindGiven} {
+	for _, k := range []string{KindFailover, KindDefault, KindFlag, KindAlert, KindGiven, KindBench} {
 		if kinds[k] == 0 {
 			t.Errorf("the docs hold no %s marker; the scan reads none?", k)
 		}
@@ -66,11 +70,25 @@ func TestDocsFiguresAreRunsOrCode(t *testing.T) {
 // checkMark says what is wrong with a marked figure, or "" when the code, the flags or the
 // rules file hold what it says. Quotes of the failover report are
 // TestDocsQuoteTheFailoverReport's.
-func checkMark(m Mark, settings map[string]any, flags map[string]string, alerts map[string]time.Duration) string {
+func checkMark(m Mark, settings map[string]any, flags map[string]string, alerts map[string]time.Duration, recs map[string]Record) string {
 	var want Quantity
 	var what string
 	switch m.Kind {
 	case KindFailover:
+		return ""
+	case KindBench:
+		q, err := Measure(m.Key, recs)
+		if err != nil {
+			return err.Error()
+		}
+		ok, err := Agrees(m.Text, q)
+		switch {
+		case err != nil:
+			return err.Error()
+		case !ok:
+			r, _ := Rewritten(m.Text, q)
+			return "quotes " + m.Key + " as " + m.Text + "; the record says " + r + " (go run ./cmd/runrecord writes it when it runs)"
+		}
 		return ""
 	case KindGiven:
 		if !figure.MatchString(" " + m.Text + " ") {
@@ -177,7 +195,7 @@ func TestAMarkedFigureIsComparedWithTheCode(t *testing.T) {
 		{Mark{Kind: KindGiven, Text: "soon"}, false},
 		{Mark{Kind: "guess", Key: "x", Text: "1 s"}, false},
 	} {
-		if msg := checkMark(c.m, settings, flags, alerts); (msg == "") != c.ok {
+		if msg := checkMark(c.m, settings, flags, alerts, nil); (msg == "") != c.ok {
 			t.Errorf("checkMark(%+v) = %q; want it to pass: %v", c.m, msg, c.ok)
 		}
 	}
