@@ -88,12 +88,29 @@ func TestShards(t *testing.T) {
 		moved("SIGTERM of an owner: every shard written again", t0, l0, time.Minute)
 		termAt, termTook := t0, time.Since(l0)
 
+		// A join is timed from the new process's start (before its exec) to its last shard
+		// owned: its share is what it owns once a second passes with no shard more.
+		l0 = time.Now()
 		procs = append(procs, start())
-		t0, l0 = dbNow(t, e), time.Now()
-		testutil.Eventually(t, 30*time.Second, "the joiner owning shards", func() bool {
-			return len(procs[4].Events("shard_owned", time.Time{})) > 0
+		joiner := procs[4]
+		var share int
+		var last time.Time
+		joined := testutil.Poll(time.Minute, func() bool {
+			evs := joiner.Events("shard_owned", l0)
+			if len(evs) > 0 && len(evs) == share && time.Since(last) > time.Second {
+				return true
+			}
+			if len(evs) > 0 {
+				share, last = len(evs), evs[len(evs)-1].At
+			}
+			return false
 		})
-		moved("a join: every shard written again", t0, l0, time.Minute)
+		if !joined {
+			t.Logf("the joiner owned %d shards within a minute of its start", share)
+		}
+		sc.observe("a join: the new process owns its share, from its start", time.Minute, last.Sub(l0), joined && share > 0)
+		sc.note("The joiner owned %d shards.", share)
+		moved("a join: every shard written again, from the joiner's share", dbNow(t, e), time.Now(), time.Minute)
 
 		hung := procs[2]
 		owned := len(hung.Events("shard_owned", time.Time{})) - len(hung.Events("shard_released", time.Time{}))
@@ -141,7 +158,8 @@ func TestShards(t *testing.T) {
 	}
 	sc.bound("kill -9 of an owner: every shard written again", 0, 3*time.Second)
 	sc.bound("SIGTERM of an owner: every shard written again", 0, 3*time.Second)
-	sc.bound("a join: every shard written again", 0, 5*time.Second)
+	sc.bound("a join: the new process owns its share, from its start", 0, 5*time.Second)
+	sc.bound("a join: every shard written again, from the joiner's share", 0, 5*time.Second)
 	sc.bound("SIGSTOP of an owner: every shard written again (the leases' ttl is 15 s)", 0, 20*time.Second)
 	sc.bound("PostgreSQL restart (-m fast): every shard written again", 0, 30*time.Second)
 	sc.s.Trials = trials()
