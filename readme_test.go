@@ -18,7 +18,6 @@ import (
 	"github.com/pg-liveness/pg_liveness_exporter/internal/cli"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/exposition"
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
-	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 )
 
 // docBlock returns the text of the Markdown file at path (relative to the repository's
@@ -136,52 +135,6 @@ func TestDocsMetricsMatchTheExporter(t *testing.T) {
 	checkDocumented(t, "docs/metrics.md", "metrics", regexp.MustCompile("`(pg_liveness_[a-z_]+)`"), "exposed", names)
 }
 
-// TestReadmeQuotesTheShutdownBudget: the README's number for the agent's SIGTERM
-// clean-up is the library's ShutdownBudget with the binary's defaults (its flags default
-// to the library's; the wind-down and the row's timeout have no flag).
-func TestReadmeQuotesTheShutdownBudget(t *testing.T) {
-	b, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	re := regexp.MustCompile("\\((\\d+) s together, `liveness\\.AgentConfig\\.ShutdownBudget`\\)")
-	m := re.FindSubmatch(b)
-	if m == nil {
-		t.Fatalf("README.md quotes no shutdown budget (%s)", re)
-	}
-	budget := liveness.AgentConfig{Reaper: true}.ShutdownBudget()
-	if quoted := string(m[1]) + "s"; quoted != fmt.Sprintf("%.0fs", budget.Seconds()) {
-		t.Fatalf("README.md quotes a shutdown budget of %s; the agent's is %s with the binary's defaults", quoted, budget)
-	}
-}
-
-// TestLibraryQuotesTheFencedWriteFigures: docs/library.md's cost of Lease.Exec is the
-// one docs/performance.md's table of BenchmarkFencedWrite has, as written there.
-func TestLibraryQuotesTheFencedWriteFigures(t *testing.T) {
-	read := func(path string) string {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.Join(strings.Fields(string(b)), " ") // a line break is a space
-	}
-	perf, guide := read("docs/performance.md"), read("docs/library.md")
-	measured := func(write string) string {
-		m := regexp.MustCompile("\\| `Lease\\.Exec` of the " + write + " \\| 1 \\| [^|]+ \\| [^|]+ \\| ([0-9.]+ ×) \\|").FindStringSubmatch(perf)
-		if m == nil {
-			t.Fatalf("docs/performance.md has no row for Lease.Exec of the %s in its fenced-write table", write)
-		}
-		return m[1]
-	}
-	quote := regexp.MustCompile("its server time was ([0-9.]+ ×) the bare insert's and ([0-9.]+ ×) a one-row update's").FindStringSubmatch(guide)
-	if quote == nil {
-		t.Fatal("docs/library.md quotes no cost of Lease.Exec (\"its server time was … the bare insert's and … a one-row update's\")")
-	}
-	if insert, update := measured("insert"), measured("update"); quote[1] != insert || quote[2] != update {
-		t.Fatalf("docs/library.md quotes %s and %s for Lease.Exec; docs/performance.md measured %s and %s", quote[1], quote[2], insert, update)
-	}
-}
-
 // TestDocsEmbeddingBuilds compiles the library guide's whole program (docs/library.md) as
 // it is written, against this module, so the documented API cannot drift from the real one.
 func TestDocsEmbeddingBuilds(t *testing.T) {
@@ -212,7 +165,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pg-liveness/pg_liveness_exporter/liveness"
 	"github.com/pg-liveness/pg_liveness_exporter/migrations"
 )
 

@@ -191,10 +191,13 @@ func (s *Server) Served() <-chan error { return s.served }
 // answers at once with what it has (that database down), instead of at its deadline.
 const shutdownGrace = time.Second
 
+// shutdownTimeout is the longest Shutdown takes.
+const shutdownTimeout = 5 * time.Second
+
 // Shutdown stops the server: requests in flight get shutdownGrace, then their contexts
-// end; the whole takes at most 5 s.
+// end; the whole takes at most shutdownTimeout.
 func (s *Server) Shutdown() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	end := time.AfterFunc(shutdownGrace, s.end)
 	defer end.Stop()

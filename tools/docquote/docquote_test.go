@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-var update = flag.Bool("update", false, "write every quote of docs/failover.md as the report says it (make faults does, after the report)")
+var update = flag.Bool("update", false, "write every quote of docs/failover.md as the report says it (make faults does, after the report), and every quote of a run record as the record says it")
 
 // The docs quote the failover report as it stands: every quote names a row and column the
 // report has, and reads what that row says. A make faults run rewrites them (-update);

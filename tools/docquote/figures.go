@@ -36,16 +36,21 @@ var (
 //   - failover: a figure of docs/failover.md's table (TestDocsQuoteTheFailoverReport);
 //   - default: a value the code holds, by its name in Settings;
 //   - flag: a flag's default, by the flag's name;
-//   - alert: an alert rule's `for`, by the alert's name;
+//   - alert: an alert rule's `for`, by the alert's name, or a figure its expression holds
+//     (the name, then "expr");
+//   - yaml: a value of a YAML file of the repository (the chart's values), by the file and
+//     a dotted path;
 //   - bench: a figure of a run record under docs/runs (records.go);
-//   - given: a scenario's input or an example's value, which nothing measures and no
-//     default holds ("a 1-3 s restart", "SIGSTOP 20 s"); the text beside it says which.
+//   - given: a scenario's input, an example's value, or another program's (the kernel's,
+//     PostgreSQL's, client-go's), which nothing here measures and no code of this
+//     repository holds ("a 1-3 s restart", "SIGSTOP 20 s"); the text beside it says which.
 const (
 	KindFailover = "failover"
 	KindDefault  = "default"
 	KindFlag     = "flag"
 	KindAlert    = "alert"
 	KindGiven    = "given"
+	KindYAML     = "yaml"
 	// KindBench is in records.go.
 )
 

@@ -1,9 +1,11 @@
 package docquote
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -11,7 +13,7 @@ import (
 // pending are docs whose figures are not all quoted from a run or the code yet, with how
 // many are left: the count may not grow, and a change that lowers it lowers it here.
 var pending = map[string]int{
-	"docs/performance.md": 390,
+	"docs/performance.md": 252,
 }
 
 // Every figure in the docs is a run's or the code's: a quote of the failover report, a
@@ -24,14 +26,25 @@ func TestDocsFiguresAreRunsOrCode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	settings, flags := Settings(), FlagDefaults()
-	alerts, err := AlertFors(filepath.Join(root, "alerts", "pg_liveness.rules.yml"))
+	settings, flags := Settings(root), FlagDefaults()
+	alerts, err := AlertRules(filepath.Join(root, "alerts", "pg_liveness.rules.yml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	recs, err := Records(root)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if *update {
+		for name := range recs {
+			failed, err := UpdateBench(root, name, recs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range failed {
+				t.Errorf("%s: quotes %q, which the record does not have", m.File, m.Key)
+			}
+		}
 	}
 	kinds := map[string]int{}
 	for _, f := range files {
@@ -41,7 +54,7 @@ func TestDocsFiguresAreRunsOrCode(t *testing.T) {
 		}
 		for _, m := range marks {
 			kinds[m.Kind]++
-			if msg := checkMark(m, settings, flags, alerts, recs); msg != "" {
+			if msg := checkMark(root, m, settings, flags, alerts, recs); msg != "" {
 				t.Errorf("%s:%d: %s", m.File, m.Line, msg)
 			}
 		}
@@ -60,7 +73,7 @@ func TestDocsFiguresAreRunsOrCode(t *testing.T) {
 		}
 	}
 	// Each kind is used: a marker the scan stopped reading would pass everything above.
-	for _, k := range []string{KindFailover, KindDefault, KindFlag, KindAlert, KindGiven, KindBench} {
+	for _, k := range []string{KindFailover, KindDefault, KindFlag, KindAlert, KindGiven, KindBench, KindYAML} {
 		if kinds[k] == 0 {
 			t.Errorf("the docs hold no %s marker; the scan reads none?", k)
 		}
@@ -70,7 +83,7 @@ func TestDocsFiguresAreRunsOrCode(t *testing.T) {
 // checkMark says what is wrong with a marked figure, or "" when the code, the flags or the
 // rules file hold what it says. Quotes of the failover report are
 // TestDocsQuoteTheFailoverReport's.
-func checkMark(m Mark, settings map[string]any, flags map[string]string, alerts map[string]time.Duration, recs map[string]Record) string {
+func checkMark(root string, m Mark, settings map[string]any, flags map[string]string, alerts map[string]Rule, recs map[string]Record) string {
 	var want Quantity
 	var what string
 	switch m.Kind {
@@ -87,7 +100,8 @@ func checkMark(m Mark, settings map[string]any, flags map[string]string, alerts 
 			return err.Error()
 		case !ok:
 			r, _ := Rewritten(m.Text, q)
-			return "quotes " + m.Key + " as " + m.Text + "; the record says " + r + " (go run ./cmd/runrecord writes it when it runs)"
+			name, _, _ := strings.Cut(m.Key, " ")
+			return "quotes " + m.Key + " as " + m.Text + "; the record says " + r + " (make record-" + name + " runs it again and writes it; go test ./docquote -update writes what the records say)"
 		}
 		return ""
 	case KindGiven:
@@ -116,11 +130,34 @@ func checkMark(m Mark, settings map[string]any, flags map[string]string, alerts 
 		}
 		want, what = q, m.Key+"'s default ("+def+")"
 	case KindAlert:
-		d, ok := alerts[m.Key]
-		if !ok {
-			return "quotes the `for` of alert " + m.Key + ", which the rules do not have"
+		name, part, _ := strings.Cut(m.Key, " ")
+		r, ok := alerts[name]
+		switch {
+		case !ok:
+			return "quotes alert " + name + ", which the rules do not have"
+		case part == "expr":
+			q, err := ParseQuantity(m.Text)
+			if err != nil {
+				return err.Error()
+			}
+			if !InExpr(r.Expr, q) {
+				return "says alert " + name + "'s expression holds " + m.Text + "; it does not:\n" + r.Expr
+			}
+			return ""
+		case part != "":
+			return "quotes alert " + name + "'s " + part + ": a rule's for (no more in the key) or its expr"
 		}
-		want, what = Quantity{Value: float64(d), Dim: "duration"}, "alert "+m.Key+"'s for ("+d.String()+")"
+		want, what = Quantity{Value: float64(r.For), Dim: "duration"}, "alert "+name+"'s for ("+r.For.String()+")"
+	case KindYAML:
+		file, path, ok := strings.Cut(m.Key, " ")
+		if !ok {
+			return "a yaml quote's key is a file under the root and a dotted path: " + m.Key
+		}
+		q, err := YAMLValue(filepath.Join(root, file), path)
+		if err != nil {
+			return err.Error()
+		}
+		want, what = q, file+"'s "+path
 	default:
 		return "a marker of unknown kind " + m.Kind
 	}
@@ -173,9 +210,10 @@ func TestScanFindsTheFiguresWrittenByHand(t *testing.T) {
 // A marked figure is compared with the code's value, whatever unit the doc writes it in,
 // and one that says another value fails.
 func TestAMarkedFigureIsComparedWithTheCode(t *testing.T) {
-	settings := map[string]any{"Grace": time.Second, "Max": bytes(16 << 10), "Count": 3}
+	settings := map[string]any{"Grace": time.Second, "Max": bytes(16 << 10), "Count": 3, "Share": share(50),
+		"Unreadable": fmt.Errorf("no such declaration")}
 	flags := map[string]string{"--a.interval": "1m0s"}
-	alerts := map[string]time.Duration{"Dead": 5 * time.Minute}
+	alerts := map[string]Rule{"Dead": {For: 5 * time.Minute, Expr: "changes(x[30m]) > 3 and y > 0.75 or z > 120"}}
 	for _, c := range []struct {
 		m  Mark
 		ok bool
@@ -191,11 +229,21 @@ func TestAMarkedFigureIsComparedWithTheCode(t *testing.T) {
 		{Mark{Kind: KindFlag, Key: "--a.interval", Text: "30 s"}, false},
 		{Mark{Kind: KindAlert, Key: "Dead", Text: "5 minutes"}, true},
 		{Mark{Kind: KindAlert, Key: "Dead", Text: "2 min"}, false},
+		{Mark{Kind: KindAlert, Key: "Alive", Text: "5 min"}, false},
+		{Mark{Kind: KindAlert, Key: "Dead expr", Text: "30 minutes"}, true},
+		{Mark{Kind: KindAlert, Key: "Dead expr", Text: "75 %"}, true},
+		{Mark{Kind: KindAlert, Key: "Dead expr", Text: "120 s"}, true},
+		{Mark{Kind: KindAlert, Key: "Dead expr", Text: "60 minutes"}, false},
+		{Mark{Kind: KindAlert, Key: "Dead expr", Text: "4 s"}, false},
+		{Mark{Kind: KindAlert, Key: "Dead labels", Text: "30 minutes"}, false},
+		{Mark{Kind: KindDefault, Key: "Share", Text: "50 %"}, true},
+		{Mark{Kind: KindDefault, Key: "Share", Text: "50"}, false},
+		{Mark{Kind: KindDefault, Key: "Unreadable", Text: "1 s"}, false},
 		{Mark{Kind: KindGiven, Text: "1-3 s"}, true},
 		{Mark{Kind: KindGiven, Text: "soon"}, false},
 		{Mark{Kind: "guess", Key: "x", Text: "1 s"}, false},
 	} {
-		if msg := checkMark(c.m, settings, flags, alerts, nil); (msg == "") != c.ok {
+		if msg := checkMark(".", c.m, settings, flags, alerts, nil); (msg == "") != c.ok {
 			t.Errorf("checkMark(%+v) = %q; want it to pass: %v", c.m, msg, c.ok)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // A run record is what one run of Go benchmarks printed, kept as it printed it under
@@ -20,9 +21,9 @@ import (
 //	<!-- bench:leases BenchmarkLeaseAcquireRelease ns/op ÷ BenchmarkSelect1/goroutines=1 ns/op -->13.7 ×<!-- /bench -->
 //
 // (the record, a benchmark as the run named it without its -N suffix, a unit it
-// reported; or the ratio of two such), and make test compares each quote with the record
-// (TestDocsQuoteTheRunRecords). A benchmark run more than once (-count) is quoted by its
-// median.
+// reported; or the ratio of two such; or "took", the whole command's wall time), and
+// make test compares each quote with the record (TestDocsFiguresAreRunsOrCode). A
+// benchmark run more than once (-count) is quoted by its median.
 const KindBench = "bench"
 
 // RunsDir is where the run records are, under the repository's root.
@@ -35,6 +36,12 @@ type Record map[string]map[string][]float64 // benchmark → unit → one value 
 // iterations, then value and unit pairs.
 var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+(.+)$`)
 
+// tookLine is the header line runrecord writes with the command's wall time.
+var tookLine = regexp.MustCompile(`^# Took (\S+?);`)
+
+// took is the benchmark name a record keeps the command's wall time under, in ns.
+const took = "took"
+
 // ReadRecord reads a run record.
 func ReadRecord(path string) (Record, error) {
 	b, err := os.ReadFile(path)
@@ -43,6 +50,14 @@ func ReadRecord(path string) (Record, error) {
 	}
 	rec := Record{}
 	for l := range strings.Lines(string(b)) {
+		if m := tookLine.FindStringSubmatch(l); m != nil {
+			d, err := time.ParseDuration(m[1])
+			if err != nil {
+				return nil, fmt.Errorf("%s: %q: %w", path, l, err)
+			}
+			rec[took] = map[string][]float64{"ns/op": {float64(d)}}
+			continue
+		}
 		m := benchLine.FindStringSubmatch(strings.TrimSpace(l))
 		if m == nil {
 			continue
@@ -127,6 +142,9 @@ func Measure(key string, recs map[string]Record) (Quantity, error) {
 		}
 		u := unitQuantity(f[1])
 		return Quantity{Value: median(vs) * u.Value, Dim: u.Dim}, nil
+	}
+	if rest == took {
+		rest = took + " ns/op"
 	}
 	num, den, ratio := strings.Cut(rest, " ÷ ")
 	q, err := one(num)

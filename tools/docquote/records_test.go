@@ -16,7 +16,7 @@ func TestARecordIsQuotedAsWrittenAndRewritten(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	record := "# Run record leases\ngoos: linux\n" +
+	record := "# Run record leases\n# Took 1m30s; load average at its end: 1 1 1\ngoos: linux\n" +
 		"BenchmarkSelect1/goroutines=1-2   \t 20000\t     51600 ns/op\t     120 B/op\n" +
 		"BenchmarkLeaseAcquireRelease-2    \t  1000\t    708300 ns/op\t  95.9 ms-median\n" +
 		"BenchmarkLeaseAcquireRelease-2    \t  1000\t    700000 ns/op\t  97.0 ms-median\n" +
@@ -41,10 +41,13 @@ func TestARecordIsQuotedAsWrittenAndRewritten(t *testing.T) {
 		{"leases BenchmarkLeaseAcquireRelease ns/op ÷ BenchmarkSelect1/goroutines=1 ns/op", "13.7 ×", true},
 		{"leases BenchmarkLeaseAcquireRelease ns/op ÷ BenchmarkSelect1/goroutines=1 ns/op", "13.9 ×", false},
 		{"leases BenchmarkSelect1/goroutines=1 B/op", "120 bytes", true},
+		{"leases took", "1.5 min", true},
+		{"leases took", "90 s", true},
+		{"leases took", "3 min", false},
 		{"leases BenchmarkSelect1 ns/op", "51.6 µs", false}, // no such benchmark
 		{"other BenchmarkSelect1/goroutines=1 ns/op", "51.6 µs", false},
 	} {
-		msg := checkMark(Mark{Kind: KindBench, Key: c.key, Text: c.text}, nil, nil, nil, recs)
+		msg := checkMark(root, Mark{Kind: KindBench, Key: c.key, Text: c.text}, nil, nil, nil, recs)
 		if (msg == "") != c.ok {
 			t.Errorf("quote %q of %q: %q; want it to pass: %v", c.text, c.key, msg, c.ok)
 		}

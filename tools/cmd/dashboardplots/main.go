@@ -49,12 +49,15 @@ type panel struct {
 	Panels []panel `json:"panels"`
 }
 
+// defaultMaxRange is -max-range's default.
+const defaultMaxRange = 30 * time.Minute
+
 func main() {
 	prom := flag.String("prometheus", "http://127.0.0.1:9090", "Prometheus to query (loopback only)")
 	dir := flag.String("dashboards", "../dashboards", "folder of the dashboard JSON files")
 	out := flag.String("out", "../docs/dashboards", "folder to write <dashboard>-<panel id>.png to")
 	rateInterval := flag.Duration("rate-interval", time.Minute, "stands in for Grafana's $__rate_interval")
-	maxRange := flag.Duration("max-range", 30*time.Minute, "longest time range to plot, ending now")
+	maxRange := flag.Duration("max-range", defaultMaxRange, "longest time range to plot, ending now")
 	flag.Parse()
 	if err := run(*prom, *dir, *out, *rateInterval, *maxRange); err != nil {
 		fmt.Fprintln(os.Stderr, "dashboardplots:", err)
