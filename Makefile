@@ -204,7 +204,7 @@ bench:
 # runs its benchmarks, keeps what they printed with the revision, date and machine, and
 # rewrites every figure the docs quote from it; make test compares the quotes with the
 # records. Run them on an otherwise idle machine; all of them take about 30 minutes.
-RECORDS = record-scrape-binary record-scrape-collectors record-leases record-fenced-write \
+RECORDS = record-scrape-binary record-scrape-collectors record-heartbeat-writes record-leases record-fenced-write \
 	record-history-writes record-watcher-tick record-lease-refused record-status-page \
 	record-scrape-under-page-load
 RUNRECORD = cd tools && $(GO) run ./cmd/runrecord
@@ -213,6 +213,8 @@ record-scrape-binary:
 	$(RUNRECORD) -name scrape-binary -- $(GO) test . -run '^$$' -bench '^BenchmarkExporterScrape$$' -count=1 -timeout 30m
 record-scrape-collectors:
 	$(RUNRECORD) -name scrape-collectors -- $(GO) test ./collector -run '^$$' -bench '^BenchmarkScrape$$' -benchtime=60x -benchmem -count=1 -timeout 30m
+record-heartbeat-writes:
+	$(RUNRECORD) -name heartbeat-writes -- $(GO) -C tools test ./fleetsim -run '^$$' -bench '^BenchmarkHeartbeatWrites$$' -count=1 -timeout 30m
 record-leases:
 	$(RUNRECORD) -name leases -- $(GO) test ./liveness -run '^$$' -bench 'BenchmarkSelect1|BenchmarkLease(AcquireRelease|Renew)$$|BenchmarkLeaseContention/' -count=1 -timeout 30m
 record-fenced-write:
