@@ -203,10 +203,11 @@ bench:
 # The run records the docs quote (docs/runs/<name>.txt, tools/cmd/runrecord): each target
 # runs its benchmarks, keeps what they printed with the revision, date and machine, and
 # rewrites every figure the docs quote from it; make test compares the quotes with the
-# records. Run them on an otherwise idle machine; all of them take about 30 minutes.
+# records. Run them on an otherwise idle machine: the fleet's takes about 25 minutes (it
+# is make bench-fleet), the others about 6 together.
 RECORDS = record-scrape-binary record-scrape-collectors record-heartbeat-writes record-leases record-fenced-write \
 	record-history-writes record-watcher-tick record-lease-refused record-status-page \
-	record-scrape-under-page-load
+	record-scrape-under-page-load record-fleet
 RUNRECORD = cd tools && $(GO) run ./cmd/runrecord
 records: $(RECORDS)
 record-scrape-binary:
@@ -229,6 +230,8 @@ record-status-page:
 	$(RUNRECORD) -name status-page -- $(GO) test ./internal/status -run '^$$' -bench BenchmarkStatusPage -benchtime=50x -benchmem -count=1 -timeout 30m
 record-scrape-under-page-load:
 	$(RUNRECORD) -name scrape-under-page-load -- $(GO) test . -run '^$$' -bench BenchmarkScrapeUnderStatusPageLoad -benchtime=1x -count=1 -timeout 30m
+record-fleet:
+	$(RUNRECORD) -name fleet -- $(MAKE) --no-print-directory bench-fleet
 
 # What a fleet of agents at the library's defaults costs one PostgreSQL: 100 and 1,000
 # agents each on a session of its own, then 100, 1,000 and 5,000 attached to 50 node

@@ -104,6 +104,7 @@ func TestBenchFleet(t *testing.T) {
 			}
 			results = append(results, res)
 			t.Logf("%+v", res)
+			fmt.Println(res.BenchLine())
 		})
 	}
 	fmt.Println(table(results))

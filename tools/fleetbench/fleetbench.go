@@ -870,3 +870,20 @@ func (r *relay) cut() {
 		_ = c.Close()
 	}
 }
+
+// BenchLine is the result as a line of Go benchmark output, one value and unit after
+// another, named by the fleet's size and node agents: what make record-fleet keeps as a
+// run record, which the docs quote (tools/cmd/runrecord, tools/docquote).
+func (r Result) BenchLine() string {
+	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 3, 64) }
+	return fmt.Sprintf("BenchmarkFleet/agents=%d/node-agents=%d 1 %.4f cores %.4f millicores/agent %.1f statements/s %.3f statements/s/agent "+
+		"%d locks-held %d backends %d lock-sessions %d lookups-idle %d lookups "+
+		"%s ms-lookup-p50-idle %s ms-lookup-p50-fleet %s ms-lookup-p99-idle %s ms-lookup-p99-fleet "+
+		"%s ms-lookup-executor-mean %s ms-lookup-executor-max %s ms-crash-to-dead %s ms-crash-to-takeover "+
+		"%d leader-changes %d history-rows",
+		r.Agents, r.Nodes, r.LivenessCPU, 1000*r.LivenessCPU/float64(max(r.Agents, 1)), r.Statements, r.Statements/float64(max(r.Agents, 1)),
+		r.LocksHeld, r.Backends, r.LockSessions, r.IdleLookups, r.Lookups,
+		ms(r.LookupIdle.P50), ms(r.LookupFleet.P50), ms(r.LookupIdle.P99), ms(r.LookupFleet.P99),
+		ms(r.LookupServerFleet.Mean), ms(r.LookupServerFleet.Max), ms(r.CrashToDead), ms(r.CrashToTakeover),
+		r.LeaderChanges, r.HistoryRows)
+}

@@ -2,12 +2,17 @@ package fleetbench_test
 
 import (
 	"context"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pg-liveness/pg_liveness_exporter/internal/testkit/pgtest"
+	"github.com/pg-liveness/pg_liveness_exporter/tools/docquote"
 	"github.com/pg-liveness/pg_liveness_exporter/tools/fleetbench"
 )
 
@@ -101,6 +106,7 @@ func runSmall(t *testing.T, nodes, processes, nice int) (fleetbench.Config, flee
 		t.Fatal(err)
 	}
 	t.Logf("%+v", res)
+	checkBenchLine(t, res)
 	if res.LocksHeld != cfg.Agents {
 		t.Errorf("%d of %d agents hold their alive lock", res.LocksHeld, cfg.Agents)
 	}
@@ -127,5 +133,35 @@ func TestFleetBenchSmallWithNodeAgents(t *testing.T) {
 	cfg, res := runSmall(t, 2, 2, 1)
 	if res.LockSessions != cfg.Nodes {
 		t.Errorf("%d liveness sessions for %d agents on %d nodes; want one per node", res.LockSessions, cfg.Agents, cfg.Nodes)
+	}
+}
+
+// checkBenchLine: the line make record-fleet keeps reads back as the result it was
+// written from, so that the docs' quotes of a fleet run stand on what it measured.
+func checkBenchLine(t *testing.T, res fleetbench.Result) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "fleet.txt")
+	if err := os.WriteFile(path, []byte(res.BenchLine()+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := docquote.ReadRecord(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("BenchmarkFleet/agents=%d/node-agents=%d", res.Agents, res.Nodes)
+	for key, want := range map[string]docquote.Quantity{
+		name + " cores":               {Value: res.LivenessCPU, Dim: ""},
+		name + " locks-held":          {Value: float64(res.LocksHeld), Dim: ""},
+		name + " ms-crash-to-dead":    {Value: float64(res.CrashToDead.Round(time.Microsecond)), Dim: "duration"},
+		name + " ms-lookup-p99-fleet": {Value: float64(res.LookupFleet.P99.Round(time.Microsecond)), Dim: "duration"},
+	} {
+		got, err := docquote.Measure("fleet "+key, map[string]docquote.Record{"fleet": rec})
+		if err != nil {
+			t.Errorf("the fleet's bench line: %v\n%s", err, res.BenchLine())
+			continue
+		}
+		if math.Abs(got.Value-want.Value) > 1e-4*math.Max(math.Abs(want.Value), 1) || got.Dim != want.Dim {
+			t.Errorf("the fleet's bench line reads back %s as %v, want %v\n%s", key, got, want, res.BenchLine())
+		}
 	}
 }
