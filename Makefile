@@ -231,7 +231,7 @@ record-status-page:
 record-scrape-under-page-load:
 	$(RUNRECORD) -name scrape-under-page-load -- $(GO) test . -run '^$$' -bench BenchmarkScrapeUnderStatusPageLoad -benchtime=1x -count=1 -timeout 30m
 record-fleet:
-	$(RUNRECORD) -name fleet -- $(MAKE) --no-print-directory bench-fleet
+	$(RUNRECORD) -name fleet -- $(MAKE) --no-print-directory bench-fleet FLEET_SIZES=$(FLEET_SIZES) FLEET_NODES=$(FLEET_NODES)
 
 # What a fleet of agents at the library's defaults costs one PostgreSQL: 100 and 1,000
 # agents each on a session of its own, then 100, 1,000 and 5,000 attached to 50 node

@@ -102,7 +102,7 @@ func recordHeader(ctx context.Context, name, root string, command []string) stri
 		rev = "unknown (" + err.Error() + ")"
 	}
 	// The docs' own edits change nothing a benchmark measures.
-	if st, err := output(ctx, "git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs"); err == nil && st != "" {
+	if st, err := output(ctx, "git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs", ":!README.md"); err == nil && st != "" {
 		rev += " with uncommitted changes"
 	}
 	pg := "unknown"
