@@ -13,7 +13,7 @@ import (
 // pending are docs whose figures are not all quoted from a run or the code yet, with how
 // many are left: the count may not grow, and a change that lowers it lowers it here.
 var pending = map[string]int{
-	"docs/performance.md": 252,
+	"docs/performance.md": 230,
 }
 
 // Every figure in the docs is a run's or the code's: a quote of the failover report, a

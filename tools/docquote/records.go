@@ -221,6 +221,9 @@ func Rewritten(text string, measure Quantity) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if measure.Dim != "" && w.q.Dim != measure.Dim {
+		return "", fmt.Errorf("%q is no %s, which the record measures", text, measure.Dim)
+	}
 	scale := w.q.Value
 	if measure.Dim == "" {
 		scale = 1

@@ -95,4 +95,8 @@ func TestRewrittenKeepsTheWritersForm(t *testing.T) {
 			t.Errorf("Rewritten(%q, %v) = %q, %v; want %q", c.text, c.q, got, err, c.want)
 		}
 	}
+	// A figure written in no unit of the record's dimension is not rewritten into one.
+	if got, err := Rewritten("0.000", Quantity{18_000, "duration"}); err == nil {
+		t.Errorf("Rewritten wrote a duration as %q, a plain number", got)
+	}
 }
