@@ -162,25 +162,42 @@ func want(key string, rows map[string]Row) string {
 // Update writes every quote of the report in the docs under root as the report says it,
 // and returns the quotes whose row or column the report does not have (left as they are).
 func Update(root string, rows map[string]Row) ([]Quote, error) {
+	left, err := rewriteMarks(root, KindFailover, func(key, _ string) (string, bool) {
+		w := want(key, rows)
+		return w, w != ""
+	})
+	var unknown []Quote
+	for _, m := range left {
+		unknown = append(unknown, Quote{File: m.File, Key: m.Key, Written: m.Text})
+	}
+	return unknown, err
+}
+
+// rewriteMarks writes, in every doc under root, the figure of each mark of kind as fix
+// says it, and returns the marks fix has no figure for (left as they are).
+func rewriteMarks(root, kind string, fix func(key, text string) (string, bool)) ([]Mark, error) {
 	files, err := docs(root)
 	if err != nil {
 		return nil, err
 	}
-	var unknown []Quote
+	var left []Mark
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return nil, err
 		}
-		text := quote.ReplaceAllStringFunc(string(b), func(q string) string {
-			m := quote.FindStringSubmatch(q)
-			w := want(m[1], rows)
-			if w == "" {
-				rel, _ := filepath.Rel(root, f)
-				unknown = append(unknown, Quote{File: rel, Key: m[1], Written: m[2]})
-				return q
+		text := marker.ReplaceAllStringFunc(string(b), func(s string) string {
+			m := marker.FindStringSubmatch(s)
+			if m[1] != kind {
+				return s
 			}
-			return "<!-- failover:" + m[1] + " -->" + w + "<!-- /failover -->"
+			w, ok := fix(m[2], m[3])
+			if !ok {
+				rel, _ := filepath.Rel(root, f)
+				left = append(left, Mark{File: rel, Kind: kind, Key: m[2], Text: m[3]})
+				return s
+			}
+			return "<!-- " + kind + ":" + m[2] + " -->" + w + "<!-- /" + kind + " -->"
 		})
 		if text != string(b) {
 			if err := os.WriteFile(f, []byte(text), 0o644); err != nil {
@@ -188,7 +205,7 @@ func Update(root string, rows map[string]Row) ([]Quote, error) {
 			}
 		}
 	}
-	return unknown, nil
+	return left, nil
 }
 
 // docs are README.md and docs/*.md under root, but the report.

@@ -255,39 +255,22 @@ func thousands(num string) string {
 // says it (the same unit and decimals), and returns the quotes it could not (a benchmark
 // or unit the record does not have).
 func UpdateBench(root, name string, recs map[string]Record) ([]Mark, error) {
-	files, err := docs(root)
-	if err != nil {
-		return nil, err
-	}
 	var failed []Mark
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return nil, err
+	left, err := rewriteMarks(root, KindBench, func(key, text string) (string, bool) {
+		if !strings.HasPrefix(key, name+" ") {
+			return "", false
 		}
-		text := marker.ReplaceAllStringFunc(string(b), func(s string) string {
-			m := marker.FindStringSubmatch(s)
-			if m[1] != KindBench || !strings.HasPrefix(m[2], name+" ") {
-				return s
-			}
-			rel, _ := filepath.Rel(root, f)
-			q, err := Measure(m[2], recs)
-			if err != nil {
-				failed = append(failed, Mark{File: rel, Kind: m[1], Key: m[2], Text: m[3]})
-				return s
-			}
-			w, err := Rewritten(m[3], q)
-			if err != nil {
-				failed = append(failed, Mark{File: rel, Kind: m[1], Key: m[2], Text: m[3]})
-				return s
-			}
-			return "<!-- " + KindBench + ":" + m[2] + " -->" + w + "<!-- /" + KindBench + " -->"
-		})
-		if text != string(b) {
-			if err := os.WriteFile(f, []byte(text), 0o644); err != nil {
-				return nil, err
-			}
+		q, err := Measure(key, recs)
+		if err != nil {
+			return "", false
+		}
+		w, err := Rewritten(text, q)
+		return w, err == nil
+	})
+	for _, m := range left {
+		if strings.HasPrefix(m.Key, name+" ") {
+			failed = append(failed, m)
 		}
 	}
-	return failed, nil
+	return failed, err
 }
