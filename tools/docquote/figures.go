@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 )
 
@@ -133,8 +132,6 @@ func (q Quantity) Equal(o Quantity) bool {
 	return q.Dim == o.Dim && math.Abs(q.Value-o.Value) <= 1e-9*math.Max(math.Abs(q.Value), 1)
 }
 
-var quantityText = regexp.MustCompile(`^(\d[\d,]*(?:\.\d+)?)\s?([a-zA-Zµ%×/]*)$`)
-
 var units = map[string]Quantity{
 	"ns": {1, "duration"}, "µs": {1e3, "duration"}, "us": {1e3, "duration"}, "ms": {1e6, "duration"},
 	"s": {1e9, "duration"}, "second": {1e9, "duration"}, "seconds": {1e9, "duration"},
@@ -151,17 +148,9 @@ var units = map[string]Quantity{
 // ParseQuantity reads a single figure as the docs write it: "30 s", "0.75 s", "2 min",
 // "7 days", "16 KiB", "4,096", "2.2 ×".
 func ParseQuantity(text string) (Quantity, error) {
-	m := quantityText.FindStringSubmatch(strings.TrimSpace(text))
-	if m == nil {
-		return Quantity{}, fmt.Errorf("%q is not one number and a unit", text)
-	}
-	u, ok := units[m[2]]
-	if !ok {
-		return Quantity{}, fmt.Errorf("%q: unknown unit %q", text, m[2])
-	}
-	v, err := strconv.ParseFloat(strings.ReplaceAll(m[1], ",", ""), 64)
+	w, _, err := parseWritten(text)
 	if err != nil {
-		return Quantity{}, fmt.Errorf("%q: %w", text, err)
+		return Quantity{}, err
 	}
-	return Quantity{Value: v * u.Value, Dim: u.Dim}, nil
+	return Quantity{Value: w.value * w.q.Value, Dim: w.q.Dim}, nil
 }

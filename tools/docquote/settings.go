@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -49,9 +50,14 @@ func Settings(root string) map[string]any {
 		}
 		return v
 	}
-	srcDuration := func(dir, name string) time.Duration {
-		d, _ := src(dir, name).(time.Duration)
-		return d
+	// withSource is f of a duration read from the source, or the error that reading it
+	// gave: a value derived from one that cannot be read is no value.
+	withSource := func(dir, name string, f func(time.Duration) any) any {
+		d, ok := src(dir, name).(time.Duration)
+		if !ok {
+			return fmt.Errorf("%s.%s: %v is no duration", filepath.Base(dir), name, src(dir, name))
+		}
+		return f(d)
 	}
 	_, clientUserTimeout, err := alivelock.Config{DSN: "postgres://docs@127.0.0.1/docs", InstanceID: uuid.New(),
 		ServiceName: "docs"}.ConnConfig()
@@ -59,7 +65,10 @@ func Settings(root string) map[string]any {
 	if err != nil {
 		clientTimeout = err
 	}
-	gc, _ := src(".", "gcPercent").(int)
+	var gc any = src(".", "gcPercent")
+	if n, ok := gc.(int); ok {
+		gc = share(n)
+	}
 	return map[string]any{
 		"HeartbeatInterval":        defaults.HeartbeatInterval,
 		"HeartbeatSlowInterval":    defaults.HeartbeatSlowInterval,
@@ -89,10 +98,12 @@ func Settings(root string) map[string]any {
 		// The agent's clean-up on SIGTERM with the binary's defaults, and with the HTTP
 		// server's shutdown after it: what a SIGTERM may take.
 		"ShutdownBudget": lib.ShutdownBudget(),
-		"ShutdownTotal":  lib.ShutdownBudget() + srcDuration("internal/server", "shutdownTimeout"),
+		"ShutdownTotal":  withSource("internal/server", "shutdownTimeout", func(d time.Duration) any { return lib.ShutdownBudget() + d }),
 		// A beat's deadline at the defaults: half the fast interval, at most the cap
 		// (liveness's beatTimeout).
-		"liveness.BeatTimeout": min(defaults.HeartbeatInterval/2, srcDuration("liveness", "heartbeatMaxStatementTimeout")),
+		"liveness.BeatTimeout": withSource("liveness", "heartbeatMaxStatementTimeout", func(d time.Duration) any {
+			return min(defaults.HeartbeatInterval/2, d)
+		}),
 		// The life gate's margin at the defaults: half the fast interval (liveness's
 		// newLifeMonitor).
 		"lifegate.Margin": defaults.HeartbeatInterval / 2,
@@ -134,7 +145,7 @@ func Settings(root string) map[string]any {
 		"targets.minTurnBudget":          src("internal/targets", "minTurnBudget"),
 		"reload.filePoll":                src("internal/reload", "filePoll"),
 		"collector.ofLocksRecheck":       src("collector", "ofLocksRecheck"),
-		"main.gcPercent":                 share(gc),
+		"main.gcPercent":                 gc,
 		"dashboardplots.defaultMaxRange": src("tools/cmd/dashboardplots", "defaultMaxRange"),
 	}
 }
