@@ -3,8 +3,11 @@
 # hog as large as the machine's two cores), so that a verdict that depends on the host's
 # load shows up here rather than at CI. Each package runs as make test runs it (the race
 # detector on, PostgreSQL 15 unless PG_LIVENESS_TEST_PG_MAJOR says otherwise): the
-# binary's tests, the library's, the gate's schedules, the collectors', and the fault
-# suite's scenarios of make test. It passes when every one does.
+# binary's tests, the library's facade and every package under internal/ (the alive lock,
+# leases, the node agent, the gate's schedules, the store, the status page), the
+# collectors', the examples', the alert rules' end-to-end run against Prometheus and
+# Alertmanager, and the fault suite's scenarios of make test. It passes when every one
+# does.
 #
 # Environment: GO, TEST_FLAGS (as make test's), STRESS_HOGS (default 2).
 set -euo pipefail
@@ -26,11 +29,11 @@ echo "== $hogs busy processes beside the tests: ${pids[*]}"
 start=$(date +%s)
 rc=0
 # shellcheck disable=SC2086 # TEST_FLAGS is a list
-$GO test $TEST_FLAGS . ./liveness ./internal/lifegate ./collector || rc=1
+$GO test $TEST_FLAGS . ./liveness ./internal/... ./collector ./examples/... || rc=1
 # The fault scenarios hold their times to the quiet machine's bounds times an allowance:
 # 2 beside make test's other jobs, 3 here, where the busy processes take both cores. What
 # they count (false deads, two holders, stale writes) has no allowance.
 # shellcheck disable=SC2086
-(cd tools && FAULTS_LOAD_ALLOWANCE=3 $GO test $TEST_FLAGS ./faults/) || rc=1
+(cd tools && FAULTS_LOAD_ALLOWANCE=3 $GO test $TEST_FLAGS ./faults/ ./alerts/) || rc=1
 echo "== $(($(date +%s) - start)) s beside $hogs busy processes: $([[ $rc == 0 ]] && echo ok || echo FAILED)"
 exit $rc
