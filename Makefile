@@ -204,10 +204,11 @@ bench:
 # runs its benchmarks, keeps what they printed with the revision, date and machine, and
 # rewrites every figure the docs quote from it; make test compares the quotes with the
 # records. Run them on an otherwise idle machine: the fleet's takes about 25 minutes (it
-# is make bench-fleet), the others about 6 together.
+# is make bench-fleet), the others about 15 together.
 RECORDS = record-scrape-binary record-scrape-collectors record-heartbeat-writes record-leases record-fenced-write \
 	record-history-writes record-watcher-tick record-lease-refused record-status-page \
-	record-scrape-under-page-load record-fleet
+	record-scrape-under-page-load record-collector-costs record-server-locks record-many-databases \
+	record-shard-statements record-fleet
 RUNRECORD = cd tools && $(GO) run ./cmd/runrecord
 records: $(RECORDS)
 record-scrape-binary:
@@ -230,6 +231,14 @@ record-status-page:
 	$(RUNRECORD) -name status-page -- $(GO) test ./internal/status -run '^$$' -bench BenchmarkStatusPage -benchtime=50x -benchmem -count=1 -timeout 30m
 record-scrape-under-page-load:
 	$(RUNRECORD) -name scrape-under-page-load -- $(GO) test . -run '^$$' -bench BenchmarkScrapeUnderStatusPageLoad -benchtime=1x -count=1 -timeout 30m
+record-collector-costs:
+	$(RUNRECORD) -name collector-costs -- $(GO) test ./collector -run '^$$' -bench 'BenchmarkInstancesVerdictCost|BenchmarkWhizbangInstancesCost' -benchtime=60x -count=1 -timeout 30m
+record-server-locks:
+	$(RUNRECORD) -name server-locks -- $(GO) test ./collector -run '^$$' -bench 'BenchmarkAdvisoryLocksByServerLocks|BenchmarkDiscoveredServerScrape' -benchtime=50x -count=1 -timeout 30m
+record-many-databases:
+	$(RUNRECORD) -name many-databases -- $(GO) test . -run '^$$' -bench 'BenchmarkProbeManyDatabases|BenchmarkDiscoveryAgainstProbe' -benchtime=1x -count=1 -timeout 30m
+record-shard-statements:
+	$(RUNRECORD) -name shard-statements -- $(GO) test ./liveness -run '^$$' -bench BenchmarkShardMemberStatements -benchtime=1x -count=1 -timeout 30m
 record-fleet:
 	$(RUNRECORD) -name fleet -- $(MAKE) --no-print-directory bench-fleet FLEET_SIZES=$(FLEET_SIZES) FLEET_NODES=$(FLEET_NODES)
 

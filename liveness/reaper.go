@@ -100,6 +100,11 @@ func newReaper(cfg reaperConfig) (*reaper, error) {
 // Reaped counts the instances this reaper deleted.
 func (r *reaper) Reaped() uint64 { return r.reaped.Load() }
 
+// reaperMaxRetryPeriod bounds how long a follower of the reaper's lease waits between
+// tries while its Agent does not listen: a reap Interval is long, a missing reaper should
+// not be.
+const reaperMaxRetryPeriod = 5 * time.Second
+
 // Run campaigns for the reaper's lease until ctx ends, and reaps every Interval while
 // it leads. A dead reaper's lease is notified free by the watcher (or a sentry standing
 // in for it), which wakes the followers; they poll at the elector's QuietPeriod besides,
@@ -108,7 +113,7 @@ func (r *reaper) Run(ctx context.Context) error {
 	return r.cfg.Leases.elect(ctx, ElectorConfig{
 		Lease:       defaults.ReaperLease,
 		TTL:         r.cfg.LeaseTTL,
-		RetryPeriod: min(r.cfg.Interval, 5*time.Second),
+		RetryPeriod: min(r.cfg.Interval, reaperMaxRetryPeriod),
 		OnStartedLeading: func(ctx context.Context, _ *Lease) {
 			if r.cfg.whileLeading != nil {
 				var beside sync.WaitGroup

@@ -15,7 +15,7 @@ import (
 // ("1,000 agents") is not one: counts in the docs are the scale of a scenario, not what it
 // measured.
 var figure = regexp.MustCompile(`(?:^|[^\w.])(\d[\d,]*(?:\.\d+)?(?:\s?[-–]\s?\d[\d,]*(?:\.\d+)?)?)\s?` +
-	`(ms|µs|us|ns|s|seconds?|minutes?|mins?|hours?|h|days?|MiB|MB|KB|KiB|GiB|GB|bytes|%|×|x|cores?|statements/s|rows/s|rounds/s)(?:$|[^\w])`)
+	`(ms|µs|us|ns|s|seconds?|minutes?|mins?|hours?|h|days?|MiB|MB|KB|KiB|GiB|GB|bytes|%|×|x|millicores?|cores?|statements/s|rows/s|rounds/s)(?:$|[^\w])`)
 
 // marker is a figure's markers and the figure between them: a kind, a key for every kind
 // but given, and the closing tag of the same kind (checked by Scan).
@@ -141,7 +141,7 @@ var units = map[string]Quantity{
 	"bytes": {1, "size"}, "B": {1, "size"}, "KB": {1e3, "size"}, "MB": {1e6, "size"}, "GB": {1e9, "size"},
 	"KiB": {1 << 10, "size"}, "MiB": {1 << 20, "size"}, "GiB": {1 << 30, "size"},
 	"": {1, "count"}, "×": {1, "ratio"}, "x": {1, "ratio"}, "%": {1, "share"},
-	"core": {1, "cpu"}, "cores": {1, "cpu"},
+	"core": {1, "cpu"}, "cores": {1, "cpu"}, "millicore": {1e-3, "cpu"}, "millicores": {1e-3, "cpu"},
 	"rounds/s": {1, "rate"}, "statements/s": {1, "rate"}, "rows/s": {1, "rate"},
 }
 

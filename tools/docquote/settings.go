@@ -131,6 +131,8 @@ func Settings(root string) map[string]any {
 		"liveness.releaseRetry":          src("liveness", "releaseRetry"),
 		"liveness.shardReleaseRetry":     src("liveness", "shardReleaseRetry"),
 		"liveness.proofRetry":            src("liveness", "proofRetry"),
+		"liveness.watcherRetryPeriod":    src("liveness", "watcherRetryPeriod"),
+		"liveness.reaperMaxRetryPeriod":  src("liveness", "reaperMaxRetryPeriod"),
 		"nodeagent.tcpAttachTimeout":     src("internal/nodeagent", "tcpAttachTimeout"),
 		"nodeagent.rareLogEvery":         src("internal/nodeagent", "rareLogEvery"),
 		"nodeagent.handOverWait":         src("internal/nodeagent", "handOverWait"),
