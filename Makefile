@@ -204,7 +204,7 @@ bench:
 # runs its benchmarks, keeps what they printed with the revision, date and machine, and
 # rewrites every figure the docs quote from it; make test compares the quotes with the
 # records. Run them on an otherwise idle machine: the fleet's takes about 25 minutes (it
-# is make bench-fleet), the others about 15 together.
+# is make bench-fleet), the others about 10 together.
 RECORDS = record-scrape-binary record-scrape-collectors record-heartbeat-writes record-leases record-fenced-write \
 	record-history-writes record-watcher-tick record-lease-refused record-status-page \
 	record-scrape-under-page-load record-collector-costs record-server-locks record-many-databases \
