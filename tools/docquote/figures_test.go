@@ -164,7 +164,7 @@ func TestScanFindsTheFiguresWrittenByHand(t *testing.T) {
 		"Run `sleep 5s` and\n```sh\nsleep 10s\n```\n" +
 		"<!-- bench:begin -->\n| a | 40 ms |\n<!-- bench:end -->\n" +
 		"After <!-- default:LockGrace -->1 s<!-- /default --> and <!-- given -->20 s<!-- /given -->, 16 KiB.\n" +
-		"0.08 millicores an agent.\n"
+		"0.08 millicores an agent, 8 statements a second, 50 a second.\n"
 	path := filepath.Join(root, "doc.md")
 	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
@@ -177,7 +177,7 @@ func TestScanFindsTheFiguresWrittenByHand(t *testing.T) {
 	for _, u := range unmarked {
 		got = append(got, u.Text)
 	}
-	if want := []string{"1.3 s", "34-95 ms", "16 KiB", "0.08 millicores"}; !slices.Equal(got, want) {
+	if want := []string{"1.3 s", "34-95 ms", "16 KiB", "0.08 millicores", "8 statements a second", "50 a second"}; !slices.Equal(got, want) {
 		t.Errorf("unmarked figures %q, want %q", got, want)
 	}
 	if len(marks) != 2 || marks[0] != (Mark{File: "doc.md", Line: 9, Kind: KindDefault, Key: "LockGrace", Text: "1 s"}) || marks[1].Kind != KindGiven {

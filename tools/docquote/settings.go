@@ -128,6 +128,8 @@ func Settings(root string) map[string]any {
 		"status.historyTimeout":          src("internal/status", "historyTimeout"),
 		"status.maxWait":                 src("internal/status", "maxWait"),
 		"status.queryTimeout":            src("internal/status", "queryTimeout"),
+		"status.pagesPerSecond":          src("internal/status", "pagesPerSecond"),
+		"status.pageBurst":               src("internal/status", "pageBurst"),
 		"liveness.releaseRetry":          src("liveness", "releaseRetry"),
 		"liveness.shardReleaseRetry":     src("liveness", "shardReleaseRetry"),
 		"liveness.proofRetry":            src("liveness", "proofRetry"),
