@@ -40,9 +40,9 @@ type HistoryConfig struct {
 
 func (s *HistoryConfig) enabled() *bool { return &s.Enabled }
 
-// defaultLeaderlessObjective: a crashed leader's lease moves in about 1.3 s at the
-// library's defaults, an expired one within its ttl (15 s by default); a minute without a
-// leader is an incident, not a takeover in progress.
+// defaultLeaderlessObjective: a crashed leader's lease moves within a few seconds at the
+// library's defaults (docs/failover.md has the measured times), an expired one within its
+// TTL; a minute without a leader is an incident, not a takeover in progress.
 const defaultLeaderlessObjective = time.Minute
 
 func (s *HistoryConfig) defaults() { s.LeaderlessObjective = defaultLeaderlessObjective }
