@@ -6,8 +6,8 @@
 # binary's tests, the library's facade and every package under internal/ (the alive lock,
 # leases, the node agent, the gate's schedules, the store, the status page), the
 # collectors', the examples', the alert rules' end-to-end run against Prometheus and
-# Alertmanager, and the fault suite's scenarios of make test. It passes when every one
-# does.
+# Alertmanager, the small fleet and the heartbeat simulation, the status page in
+# Chromium, and the fault suite's scenarios of make test. It passes when every one does.
 #
 # Environment: GO, TEST_FLAGS (as make test's), STRESS_HOGS (default 2).
 set -euo pipefail
@@ -34,6 +34,6 @@ $GO test $TEST_FLAGS . ./liveness ./internal/... ./collector ./examples/... || r
 # 2 beside make test's other jobs, 3 here, where the busy processes take both cores. What
 # they count (false deads, two holders, stale writes) has no allowance.
 # shellcheck disable=SC2086
-(cd tools && FAULTS_LOAD_ALLOWANCE=3 $GO test $TEST_FLAGS ./faults/ ./alerts/) || rc=1
+(cd tools && FAULTS_LOAD_ALLOWANCE=3 $GO test $TEST_FLAGS ./faults/ ./alerts/ ./fleetbench/ ./fleetsim/ ./statuspage/) || rc=1
 echo "== $(($(date +%s) - start)) s beside $hogs busy processes: $([[ $rc == 0 ]] && echo ok || echo FAILED)"
 exit $rc
