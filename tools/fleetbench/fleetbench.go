@@ -620,6 +620,11 @@ func (f *fleet) startVictim(ctx context.Context) (*agent, error) {
 	return v, nil
 }
 
+// ErrVictimLost is a run that ended before the crash because the victim no longer led its
+// lease: it stepped down during the run, as a leader does that cannot prove its lock in
+// time (a process starved of the CPU does so by design), and another agent leads it.
+var ErrVictimLost = errors.New("fleetbench: the victim no longer leads its lease at its crash (it lost it during the run)")
+
 // crash cuts the victim's connections and waits for the fleet to call it dead and take
 // its lease.
 func (f *fleet) crash(ctx context.Context, admin *pgx.Conn, v *agent) (dead, takeover time.Duration, err error) {
@@ -628,7 +633,7 @@ func (f *fleet) crash(ctx context.Context, admin *pgx.Conn, v *agent) (dead, tak
 		return 0, 0, fmt.Errorf("fleetbench: listen: %w", err)
 	}
 	if !v.leading.Load() {
-		return 0, 0, fmt.Errorf("fleetbench: the victim no longer leads %s at its crash (it lost the lease during the run)", victimLease)
+		return 0, 0, fmt.Errorf("%w (%s)", ErrVictimLost, victimLease)
 	}
 	t0 := time.Now()
 	for _, r := range v.relays {

@@ -2,6 +2,7 @@ package fleetbench_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -92,19 +93,40 @@ func TestFleetBenchSmall(t *testing.T) {
 
 // runSmall runs the fleet benchmark with 20 agents on a server of its own, attached to
 // nodes node agents (0: each on sessions of its own), in processes processes of agents
-// (1: this one) at niceness nice (Config.FleetNice), and checks what holds on any: every agent holds its alive lock, and the
-// victim's crash is dead and taken over within seconds.
+// (1: this one) at niceness nice (Config.FleetNice), and checks what holds on any run
+// (checkSmall).
+//
+// A run whose victim stepped down before its crash (fleetbench.ErrVictimLost: its process
+// could not prove its lock in time, which a machine busy with other work can cause, and
+// the library's guarantee demands) measured no crash; it is logged and the fleet runs
+// again on a fresh server, at most three times in all.
 func runSmall(t *testing.T, nodes, processes, nice int) (fleetbench.Config, fleetbench.Result) {
 	t.Helper()
-	cfg := startServer(t, 20)
-	cfg.Nodes, cfg.Processes, cfg.FleetNice = nodes, processes, nice
-	cfg.Idle, cfg.Warmup, cfg.Measure = 3*time.Second, 8*time.Second, 8*time.Second
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	res, err := fleetbench.Run(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		cfg := startServer(t, 20)
+		cfg.Nodes, cfg.Processes, cfg.FleetNice = nodes, processes, nice
+		cfg.Idle, cfg.Warmup, cfg.Measure = 3*time.Second, 8*time.Second, 8*time.Second
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		res, err := fleetbench.Run(ctx, cfg)
+		cancel()
+		switch {
+		case errors.Is(err, fleetbench.ErrVictimLost) && attempt < attempts:
+			t.Logf("run %d of at most %d measured no crash, running the fleet again: %v", attempt, attempts, err)
+			continue
+		case err != nil:
+			t.Fatal(err)
+		}
+		checkSmall(t, cfg, res)
+		return cfg, res
 	}
+}
+
+// checkSmall checks what holds of any small run: every agent holds its alive lock, the
+// history gains rows only for changes of leadership, and the victim's crash is dead and
+// taken over within seconds.
+func checkSmall(t *testing.T, cfg fleetbench.Config, res fleetbench.Result) {
+	t.Helper()
 	t.Logf("%+v", res)
 	checkBenchLine(t, res)
 	if res.LocksHeld != cfg.Agents {
@@ -118,7 +140,6 @@ func runSmall(t *testing.T, nodes, processes, nice int) (fleetbench.Config, flee
 	if res.CrashToDead > 5*time.Second || res.CrashToTakeover > 5*time.Second {
 		t.Errorf("the victim was dead %s and taken over %s after its crash; want within seconds", res.CrashToDead, res.CrashToTakeover)
 	}
-	return cfg, res
 }
 
 // TestFleetBenchSmallWithNodeAgents is the small run with its agents attached to two
