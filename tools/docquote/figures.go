@@ -12,9 +12,8 @@ import (
 
 // A figure is a number with a unit of time, size, share, ratio, rate or CPU ("1.1 s",
 // "16 KiB", "90 %", "2.2 ×", "0.1 core", "8 statements a second"), or a range of two
-// ("34-95 ms"). A bare count
-// ("1,000 agents") is not one: counts in the docs are the scale of a scenario, not what it
-// measured.
+// ("34-95 ms"). A bare count ("1,000 agents") is not one: counts in the docs are the
+// scale of a scenario, not what it measured.
 var figure = regexp.MustCompile(`(?:^|[^\w.])(\d[\d,]*(?:\.\d+)?(?:\s?[-–]\s?\d[\d,]*(?:\.\d+)?)?)\s?` +
 	`(ms|µs|us|ns|s|seconds?|minutes?|mins?|hours?|h|days?|MiB|MB|KB|KiB|GiB|GB|bytes|%|×|x|millicores?|cores?|statements/s|rows/s|rounds/s|(?:[a-z_]+ ){0,2}a (?:second|minute))(?:$|[^\w])`)
 
